@@ -1,0 +1,119 @@
+// Reading and writing `torch.save` files (the zip container, see zip.h).
+//
+// Layout (torch >= 1.6, as ../shared/docs/FORMAT.md describes): a stored
+// (uncompressed) zip whose members are `<stem>/data.pkl` (pickle protocol 2),
+// `<stem>/data/<key>` (raw little-endian storage bytes) and `<stem>/version`;
+// newer torch adds `<stem>/byteorder` and `<stem>/.data/serialization_id`.
+// A tensor is `torch._utils._rebuild_tensor_v2(storage, offset, size, stride,
+// requires_grad, backward_hooks)` whose storage is a BINPERSID of
+// `('storage', torch.<T>Storage, key, location, numel)`.
+//
+// TorchFile::Open memory-maps the file and validates everything up front:
+// the archive, the pickle, every persistent id (known storage class, a record
+// of exactly numel * itemsize bytes) and every tensor view (inside its
+// storage). Tensors are then zero-copy views into the mapping.
+//
+// TorchWriter builds a file the way torch 1.13 writes one (record order,
+// 64-byte aligned data, data descriptors, zip64 when needed), with storages
+// deduplicated by identity so views keep sharing, and storage bytes streamed
+// from a producer so a writer never holds a whole large tensor.
+//
+// Example:
+//   UCP_ASSIGN_OR_RETURN(auto file, TorchFile::Open(path));
+//   const pickle::Value* sd = file->root()->DictGet("optimizer_state_dict");
+//   UCP_ASSIGN_OR_RETURN(Tensor t, file->GetTensor(*some_value));
+//
+//   TorchWriter w;
+//   auto d = pickle::Value::MakeDict();
+//   d->DictSet(pickle::Value::Str("param"), w.AddTensor(tensor));
+//   UCP_RETURN_IF_ERROR(w.WriteFile("/tmp/x/fp32.pt", *d));
+#ifndef UCP_FORMAT_TORCH_TORCH_FILE_H_
+#define UCP_FORMAT_TORCH_TORCH_FILE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "format/pickle/reader.h"
+#include "format/pickle/value.h"
+#include "format/torch/tensor.h"
+
+namespace ucp::torch {
+
+struct OpenOptions {
+  pickle::ReadOptions pickle;
+  // Largest data.pkl accepted.
+  size_t max_pickle_bytes = size_t{1} << 31;
+};
+
+class TorchFile {
+ public:
+  // kNotFound for a missing file; kDataLoss / kInvalidArgument for a damaged
+  // one. Every message starts with the path.
+  static absl::StatusOr<std::unique_ptr<TorchFile>> Open(const std::string& path, const OpenOptions& options = {});
+  // The same from bytes in memory (tests, fuzzing); `name` is used in messages.
+  static absl::StatusOr<std::unique_ptr<TorchFile>> FromBytes(std::string bytes, const std::string& name,
+                                                              const OpenOptions& options = {});
+
+  const std::string& path() const { return path_; }
+  // The archive's record prefix (`<stem>`).
+  const std::string& stem() const { return stem_; }
+  const pickle::ValuePtr& root() const { return root_; }
+  size_t file_size() const;
+
+  // True for a `_rebuild_tensor_v2` (or `_rebuild_parameter` wrapping one) object.
+  static bool IsTensor(const pickle::Value& v);
+  // The tensor a rebuild object stands for (kInvalidArgument if `v` is not one).
+  absl::StatusOr<Tensor> GetTensor(const pickle::Value& v) const;
+  // The record names in archive order (for inspect and tests).
+  std::vector<std::string> RecordNames() const;
+
+ private:
+  TorchFile() = default;
+  std::string path_;
+  std::string stem_;
+  pickle::ValuePtr root_;
+  std::shared_ptr<const void> mapping_;
+  struct Impl;
+  std::shared_ptr<Impl> impl_;
+};
+
+// Fills `dst` with the storage bytes [offset, offset + dst.size()); called
+// with increasing, adjacent ranges that together cover the whole storage.
+using StorageProducer = std::function<absl::Status(uint64_t offset, absl::Span<uint8_t> dst)>;
+
+class TorchWriter {
+ public:
+  TorchWriter();
+  ~TorchWriter();
+  TorchWriter(const TorchWriter&) = delete;
+  TorchWriter& operator=(const TorchWriter&) = delete;
+
+  // The pickle value for `t` (a `_rebuild_tensor_v2` object). Tensors that
+  // share a Storage object share one record.
+  pickle::ValuePtr AddTensor(const Tensor& t);
+  // A tensor of `sizes` (contiguous) over a new storage of `storage_numel`
+  // elements whose bytes come from `producer` at write time. The tensor views
+  // elements [offset, offset + numel(sizes)) of that storage.
+  pickle::ValuePtr AddStreamedTensor(DType dtype, std::vector<int64_t> sizes, int64_t storage_numel,
+                                     int64_t offset, StorageProducer producer);
+
+  // Writes the archive to `path` (record stem = file name without ".pt").
+  // On failure the partial file is removed.
+  absl::Status WriteFile(const std::string& path, const pickle::Value& root);
+  // The same into memory (tests).
+  absl::StatusOr<std::string> WriteToString(const std::string& stem, const pickle::Value& root);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ucp::torch
+
+#endif  // UCP_FORMAT_TORCH_TORCH_FILE_H_

@@ -119,6 +119,13 @@ absl::StatusOr<Tensor> Average(const std::vector<Tensor>& tensors);
 absl::StatusOr<double> MaxAbsDiff(const Tensor& a, const Tensor& b);
 // Round-to-nearest-even cast between float types (float32 <-> bfloat16,
 // float16, float64), bitwise as torch's `Tensor.to(dtype)` on CPU.
+// The result is contiguous; a cast to the same dtype returns `t` itself.
+// NaN encodings follow torch 1.13 too: float32 -> bfloat16 writes 0xFFFF
+// when torch's vectorized copy loop runs (any non-overlapping dense view,
+// and most others; modelled on TensorIterator) and 0x7FC0 on its scalar
+// path (0-dim, strided rows); -> float16 writes sign|0x7E00; 16-bit -> 32
+// keeps payloads (quieted). From float64 torch's NaN encoding depends on
+// vector width and thread split; here it is that of float32 scalars.
 absl::StatusOr<Tensor> Cast(const Tensor& t, DType dtype);
 
 std::string ShapeString(const std::vector<int64_t>& sizes);  // "[64, 32]"

@@ -1,0 +1,46 @@
+// SHA-256 (FIPS 180-4), for content fingerprints in dumps, manifests and tests.
+//
+// Not constant-time and not meant for secrets; the project has no OpenSSL.
+//
+// Example:
+//   ucp::Sha256 h;
+//   h.Update(header);
+//   h.Update(payload);
+//   std::string hex = h.HexDigest();          // 64 lowercase hex chars
+//   std::string once = ucp::Sha256Hex("abc");  // "ba7816bf..."
+#ifndef UCP_BASE_SHA256_H_
+#define UCP_BASE_SHA256_H_
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace ucp {
+
+// Sha256: incremental hasher. Update() any number of times, then Digest() or
+// HexDigest() once (the hasher is then spent; Reset() to reuse it).
+class Sha256 {
+ public:
+  Sha256() { Reset(); }
+  void Reset();
+  void Update(const void* data, size_t len);
+  void Update(std::string_view data) { Update(data.data(), data.size()); }
+  std::array<uint8_t, 32> Digest();
+  std::string HexDigest();
+
+ private:
+  void Compress(const uint8_t* block);  // one 64-byte block
+  uint32_t state_[8];
+  uint64_t total_len_ = 0;
+  uint8_t buffer_[64];
+  size_t buffered_ = 0;
+};
+
+// The hex digest of `data` in one call.
+std::string Sha256Hex(std::string_view data);
+
+}  // namespace ucp
+
+#endif  // UCP_BASE_SHA256_H_

@@ -1,0 +1,48 @@
+#include "base/sha256.h"
+
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace ucp {
+namespace {
+
+// FIPS 180-4 / NIST CAVS example vectors.
+TEST(Sha256Test, KnownVectors) {
+  EXPECT_EQ(Sha256Hex(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(Sha256Hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(Sha256Hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
+            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  EXPECT_EQ(Sha256Hex("abcdefghbcdefghicdefghijdefghijkefghijklfghijklmghijklmnhijklmnoijklmnopjklmnopqklmnopqrlmnopqrsmnopqrstnopqrstu"),
+            "cf5b16a778af8380036ce59e7b0492370b249b11e8f07a51afac45037afee9d1");
+  EXPECT_EQ(Sha256Hex(std::string(1000000, 'a')),
+            "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+// Every split of the input into two Update() calls gives the same digest,
+// covering the 55/56/63/64-byte padding boundaries.
+TEST(Sha256Test, IncrementalMatchesOneShot) {
+  std::string data;
+  for (int i = 0; i < 200; ++i) data.push_back(static_cast<char>(i * 7 + 3));
+  for (size_t len : {0, 1, 55, 56, 57, 63, 64, 65, 119, 120, 128, 200}) {
+    std::string part = data.substr(0, len);
+    std::string expected = Sha256Hex(part);
+    for (size_t split = 0; split <= len; ++split) {
+      Sha256 h;
+      h.Update(part.substr(0, split));
+      h.Update(part.substr(split));
+      ASSERT_EQ(h.HexDigest(), expected) << "len " << len << " split " << split;
+    }
+  }
+}
+
+TEST(Sha256Test, ResetReuses) {
+  Sha256 h;
+  h.Update("garbage");
+  h.Reset();
+  h.Update("abc");
+  EXPECT_EQ(h.HexDigest(), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+}
+
+}  // namespace
+}  // namespace ucp

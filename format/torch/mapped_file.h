@@ -1,0 +1,68 @@
+// A read-only memory mapping of a whole file, shared by everything that
+// points into it (storages and tensors hold a shared_ptr to it), plus the
+// page-cache hints a streaming converter needs and pread-based reads for
+// callers that prefer copying into their own buffers.
+//
+// The mapping is MAP_PRIVATE + PROT_READ: nothing can write through it. An
+// empty file has no mapping (data() == nullptr, size() == 0). If another
+// process truncates the file while it is mapped, touching the lost pages
+// raises SIGBUS; checkpoints are expected to be immutable while read.
+//
+// Example:
+//   UCP_ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> f, MappedFile::Open(path));
+//   f->AdviseSequential(0, f->size());
+//   Consume(f->data() + off, len);
+//   f->Release(off, len);  // drop those pages from RSS once used
+#ifndef UCP_FORMAT_TORCH_MAPPED_FILE_H_
+#define UCP_FORMAT_TORCH_MAPPED_FILE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace ucp::torch {
+
+class MappedFile {
+ public:
+  // kNotFound for a missing file, kFailedPrecondition for a directory or other
+  // non-regular file, the errno's code otherwise; messages start with the path.
+  static absl::StatusOr<std::shared_ptr<const MappedFile>> Open(const std::string& path);
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  absl::Span<const uint8_t> bytes() const { return {data_, size_}; }
+
+  // Page-cache hints over [offset, offset + len) (clamped to the file). They
+  // never change what is read; failures are ignored (hints are best effort).
+  void AdviseSequential(uint64_t offset, uint64_t len) const;
+  void AdviseWillNeed(uint64_t offset, uint64_t len) const;
+  // Drops the pages wholly inside [offset, offset + len) from this process's
+  // RSS (MADV_DONTNEED); a later access reads them again from the file.
+  void Release(uint64_t offset, uint64_t len) const;
+
+  // Copies bytes [offset, offset + dst.size()) with pread (no mapping
+  // involved). kOutOfRange past the end of the file, kDataLoss if the file
+  // is shorter than at Open, the errno's code on a read error.
+  absl::Status ReadAt(uint64_t offset, absl::Span<uint8_t> dst) const;
+
+ private:
+  MappedFile() = default;
+  void Advise(uint64_t offset, uint64_t len, int advice, bool inward) const;
+  std::string path_;
+  int fd_ = -1;
+  uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+}  // namespace ucp::torch
+
+#endif  // UCP_FORMAT_TORCH_MAPPED_FILE_H_

@@ -1,0 +1,87 @@
+#include "format/torch/mapped_file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace ucp::torch {
+namespace {
+
+std::string TempPath(const std::string& name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return std::string(dir ? dir : "/tmp") + "/" + name;
+}
+
+void WriteFile(const std::string& path, const std::string& content) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << content;
+}
+
+TEST(MappedFileTest, MapsContentAndReadsAt) {
+  std::string content;
+  for (int i = 0; i < 20000; ++i) content.push_back(static_cast<char>(i * 13));
+  std::string path = TempPath("mapped.bin");
+  WriteFile(path, content);
+  auto file = MappedFile::Open(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  const MappedFile& f = **file;
+  ASSERT_EQ(f.size(), content.size());
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(f.data()), f.size()), content);
+  EXPECT_EQ(f.path(), path);
+
+  std::vector<uint8_t> buf(100);
+  ASSERT_TRUE(f.ReadAt(5000, absl::MakeSpan(buf)).ok());
+  EXPECT_EQ(std::string(buf.begin(), buf.end()), content.substr(5000, 100));
+  ASSERT_TRUE(f.ReadAt(content.size() - 100, absl::MakeSpan(buf)).ok());
+  EXPECT_EQ(f.ReadAt(content.size() - 99, absl::MakeSpan(buf)).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(f.ReadAt(~uint64_t{0}, absl::MakeSpan(buf)).code(), absl::StatusCode::kOutOfRange);
+
+  // Hints never change content, including after pages are dropped.
+  f.AdviseSequential(0, f.size());
+  f.AdviseWillNeed(100, 1 << 30);
+  f.Release(0, f.size());
+  f.Release(12345, 1);
+  f.Release(f.size() + 10, 10);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(f.data()), f.size()), content);
+}
+
+TEST(MappedFileTest, EmptyFile) {
+  std::string path = TempPath("empty.bin");
+  WriteFile(path, "");
+  auto file = MappedFile::Open(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ((*file)->size(), 0u);
+  EXPECT_EQ((*file)->data(), nullptr);
+  EXPECT_TRUE((*file)->ReadAt(0, {}).ok());
+  (*file)->Release(0, 100);
+}
+
+TEST(MappedFileTest, ErrorsNameThePath) {
+  auto missing = MappedFile::Open(TempPath("does-not-exist.pt"));
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("does-not-exist.pt"), std::string::npos);
+  auto dir = MappedFile::Open(TempPath(""));
+  EXPECT_EQ(dir.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(MappedFileTest, MappingOutlivesCallerReferenceOnly) {
+  std::string path = TempPath("keep.bin");
+  WriteFile(path, "hello");
+  std::shared_ptr<const MappedFile> keep;
+  {
+    auto file = MappedFile::Open(path);
+    ASSERT_TRUE(file.ok());
+    keep = *file;
+  }
+  ::unlink(path.c_str());  // the mapping stays valid after unlink
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(keep->data()), keep->size()), "hello");
+}
+
+}  // namespace
+}  // namespace ucp::torch

@@ -1,0 +1,666 @@
+#include "format/torch/zip.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "format/torch/crc32.h"
+
+namespace ucp::torch {
+namespace {
+
+constexpr uint32_t kLocalHeaderSig = 0x04034b50;
+constexpr uint32_t kCentralHeaderSig = 0x02014b50;
+constexpr uint32_t kEndOfCentralDirSig = 0x06054b50;
+constexpr uint32_t kZip64EndOfCentralDirSig = 0x06064b50;
+constexpr uint32_t kZip64LocatorSig = 0x07064b50;
+constexpr uint32_t kDataDescriptorSig = 0x08074b50;
+constexpr uint16_t kZip64ExtraId = 0x0001;
+
+constexpr size_t kLocalHeaderSize = 30;
+constexpr size_t kCentralHeaderSize = 46;
+constexpr size_t kEndOfCentralDirSize = 22;
+constexpr size_t kZip64EndOfCentralDirSize = 56;
+constexpr size_t kZip64LocatorSize = 20;
+constexpr uint64_t kMax32 = 0xFFFFFFFF;
+constexpr uint16_t kMax16 = 0xFFFF;
+
+constexpr uint16_t kFlagEncrypted = 0x0001;
+constexpr uint16_t kFlagDataDescriptor = 0x0008;
+constexpr uint16_t kFlagUtf8 = 0x0800;
+
+// torch's kFieldAlignment: record data starts at a multiple of this.
+constexpr uint64_t kDataAlignment = 64;
+
+// Debian's Abseil has its own string_view type; messages take this one.
+absl::string_view Sv(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+
+uint16_t Le16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
+uint32_t Le32(const uint8_t* p) {
+  return uint32_t{p[0]} | (uint32_t{p[1]} << 8) | (uint32_t{p[2]} << 16) | (uint32_t{p[3]} << 24);
+}
+uint64_t Le64(const uint8_t* p) { return uint64_t{Le32(p)} | (uint64_t{Le32(p + 4)} << 32); }
+
+void Put16(std::string& s, uint16_t v) {
+  s.push_back(static_cast<char>(v & 0xFF));
+  s.push_back(static_cast<char>(v >> 8));
+}
+void Put32(std::string& s, uint32_t v) {
+  Put16(s, static_cast<uint16_t>(v & 0xFFFF));
+  Put16(s, static_cast<uint16_t>(v >> 16));
+}
+void Put64(std::string& s, uint64_t v) {
+  Put32(s, static_cast<uint32_t>(v & kMax32));
+  Put32(s, static_cast<uint32_t>(v >> 32));
+}
+
+// a + b, false on overflow.
+bool AddOk(uint64_t a, uint64_t b, uint64_t* out) { return !__builtin_add_overflow(a, b, out); }
+
+// The zip64 extended-information field in an extra block, if any.
+struct Zip64Field {
+  bool present = false;
+  const uint8_t* data = nullptr;
+  size_t size = 0;
+};
+
+// Walks an extra block; kDataLoss when a field overruns it.
+absl::Status FindZip64Field(const uint8_t* extra, size_t len, Zip64Field* out, const std::string& where) {
+  size_t pos = 0;
+  while (pos < len) {
+    if (len - pos < 4) {
+      return absl::DataLossError(absl::StrCat(where, ": truncated extra field header"));
+    }
+    uint16_t id = Le16(extra + pos);
+    uint16_t size = Le16(extra + pos + 2);
+    if (size > len - pos - 4) {
+      return absl::DataLossError(absl::StrCat(where, ": extra field 0x", absl::Hex(id), " of ", size,
+                                              " bytes overruns the extra block"));
+    }
+    if (id == kZip64ExtraId && !out->present) {
+      out->present = true;
+      out->data = extra + pos + 4;
+      out->size = size;
+    }
+    pos += 4 + size;
+  }
+  return absl::OkStatus();
+}
+
+// Reads the 64-bit values of a zip64 field in spec order, each only when its
+// 32-bit counterpart is saturated.
+class Zip64Values {
+ public:
+  Zip64Values(const Zip64Field& f, std::string where) : f_(f), where_(std::move(where)) {}
+  absl::Status Resolve(uint64_t* value, bool needed, const char* what) {
+    if (!needed) return absl::OkStatus();
+    if (!f_.present || f_.size < pos_ + 8) {
+      return absl::DataLossError(absl::StrCat(where_, ": ", what, " is 0xFFFFFFFF but the zip64 extra field does not hold it"));
+    }
+    *value = Le64(f_.data + pos_);
+    pos_ += 8;
+    return absl::OkStatus();
+  }
+  absl::Status Resolve32(uint32_t* value, bool needed, const char* what) {
+    if (!needed) return absl::OkStatus();
+    if (!f_.present || f_.size < pos_ + 4) {
+      return absl::DataLossError(absl::StrCat(where_, ": ", what, " is 0xFFFF but the zip64 extra field does not hold it"));
+    }
+    *value = Le32(f_.data + pos_);
+    pos_ += 4;
+    return absl::OkStatus();
+  }
+
+ private:
+  const Zip64Field& f_;
+  std::string where_;
+  size_t pos_ = 0;
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// ZipReader
+
+absl::StatusOr<ZipReader> ZipReader::Open(absl::Span<const uint8_t> archive, std::string name,
+                                          const ZipReadOptions& options) {
+  ZipReader reader;
+  reader.archive_ = archive;
+  reader.name_ = std::move(name);
+  absl::Status status = reader.Parse(options);
+  if (!status.ok()) return status;
+  if (options.crc == ZipReadOptions::Crc::kOnOpen) {
+    status = reader.VerifyAllCrcs();
+    if (!status.ok()) return status;
+  }
+  return reader;
+}
+
+absl::Status ZipReader::Parse(const ZipReadOptions& options) {
+  const uint8_t* base = archive_.data();
+  const uint64_t size = archive_.size();
+  auto data_loss = [&](auto&&... parts) {
+    return absl::DataLossError(absl::StrCat(name_, ": ", parts...));
+  };
+
+  // End of central directory: the last signature whose comment length
+  // reaches exactly the end of the archive.
+  if (size < kEndOfCentralDirSize) {
+    return data_loss("not a zip archive (", size, " bytes, too short for an end of central directory record)");
+  }
+  uint64_t eocd = 0;
+  bool found = false;
+  const uint64_t lowest = size - kEndOfCentralDirSize > 0xFFFF ? size - kEndOfCentralDirSize - 0xFFFF : 0;
+  for (uint64_t pos = size - kEndOfCentralDirSize + 1; pos-- > lowest;) {
+    if (base[pos] == 'P' && Le32(base + pos) == kEndOfCentralDirSig &&
+        pos + kEndOfCentralDirSize + Le16(base + pos + 20) == size) {
+      eocd = pos;
+      found = true;
+      break;
+    }
+  }
+  if (!found) {
+    return data_loss("no end of central directory record (not a zip archive, or truncated)");
+  }
+  const uint8_t* e = base + eocd;
+  uint16_t disk = Le16(e + 4), cd_disk = Le16(e + 6);
+  uint64_t entries_disk = Le16(e + 8), entries = Le16(e + 10);
+  uint64_t cd_size = Le32(e + 12), cd_offset = Le32(e + 16);
+  uint64_t records_end_limit = eocd;  // nothing of the central directory may pass this
+
+  // Zip64 end of central directory locator and record.
+  if (eocd >= kZip64LocatorSize && Le32(base + eocd - kZip64LocatorSize) == kZip64LocatorSig) {
+    const uint8_t* loc = base + eocd - kZip64LocatorSize;
+    uint32_t z64_disk = Le32(loc + 4);
+    uint64_t z64_offset = Le64(loc + 8);
+    uint32_t total_disks = Le32(loc + 16);
+    if (z64_disk != 0 || total_disks > 1) {
+      return absl::InvalidArgumentError(absl::StrCat(name_, ": multi-disk zip archives are not supported"));
+    }
+    const uint64_t locator_pos = eocd - kZip64LocatorSize;
+    if (z64_offset > locator_pos || locator_pos - z64_offset < kZip64EndOfCentralDirSize) {
+      return data_loss("zip64 end of central directory record at offset ", z64_offset,
+                       " does not fit before its locator at offset ", locator_pos);
+    }
+    const uint8_t* z = base + z64_offset;
+    if (Le32(z) != kZip64EndOfCentralDirSig) {
+      return data_loss("bad zip64 end of central directory signature at offset ", z64_offset);
+    }
+    uint64_t record_size = Le64(z + 4);
+    uint64_t record_end;
+    if (record_size < kZip64EndOfCentralDirSize - 12 || !AddOk(z64_offset + 12, record_size, &record_end) ||
+        record_end > locator_pos) {
+      return data_loss("zip64 end of central directory record size ", record_size, " is inconsistent");
+    }
+    uint32_t z_disk = Le32(z + 16), z_cd_disk = Le32(z + 20);
+    uint64_t z_entries_disk = Le64(z + 24), z_entries = Le64(z + 32);
+    uint64_t z_cd_size = Le64(z + 40), z_cd_offset = Le64(z + 48);
+    if (z_disk != 0 || z_cd_disk != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(name_, ": multi-disk zip archives are not supported"));
+    }
+    // Classic fields are either saturated or equal to the zip64 ones.
+    if ((entries_disk != kMax16 && entries_disk != z_entries_disk) || (entries != kMax16 && entries != z_entries) ||
+        (cd_size != kMax32 && cd_size != z_cd_size) || (cd_offset != kMax32 && cd_offset != z_cd_offset)) {
+      return data_loss("end of central directory and zip64 end of central directory records disagree");
+    }
+    entries_disk = z_entries_disk;
+    entries = z_entries;
+    cd_size = z_cd_size;
+    cd_offset = z_cd_offset;
+    records_end_limit = z64_offset;
+  } else if (disk != 0 || cd_disk != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(name_, ": multi-disk zip archives are not supported"));
+  }
+  if (entries_disk != entries) {
+    return absl::InvalidArgumentError(absl::StrCat(name_, ": multi-disk zip archives are not supported"));
+  }
+  uint64_t cd_end;
+  if (!AddOk(cd_offset, cd_size, &cd_end) || cd_end > records_end_limit) {
+    return data_loss("central directory (offset ", cd_offset, ", ", cd_size,
+                     " bytes) extends past the end records at offset ", records_end_limit);
+  }
+  if (entries > cd_size / kCentralHeaderSize) {
+    return data_loss("central directory of ", cd_size, " bytes cannot hold ", entries, " records");
+  }
+  if (entries > options.max_records) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(name_, ": ", entries, " records exceed the limit of ", options.max_records));
+  }
+  cd_offset_ = cd_offset;
+
+  // Central directory.
+  records_.reserve(entries);
+  by_name_.reserve(entries);
+  uint64_t pos = cd_offset;
+  for (uint64_t i = 0; i < entries; ++i) {
+    if (cd_end - pos < kCentralHeaderSize) {
+      return data_loss("central directory truncated in entry ", i, " of ", entries);
+    }
+    const uint8_t* h = base + pos;
+    if (Le32(h) != kCentralHeaderSig) {
+      return data_loss("bad central directory signature for entry ", i, " at offset ", pos);
+    }
+    ZipRecord r;
+    r.flags = Le16(h + 8);
+    uint16_t method = Le16(h + 10);
+    r.crc32 = Le32(h + 16);
+    uint64_t csize = Le32(h + 20), usize = Le32(h + 24);
+    uint16_t name_len = Le16(h + 28), extra_len = Le16(h + 30), comment_len = Le16(h + 32);
+    uint32_t disk_start = Le16(h + 34);
+    r.header_offset = Le32(h + 42);
+    uint64_t var_len = uint64_t{name_len} + extra_len + comment_len;
+    if (cd_end - pos - kCentralHeaderSize < var_len) {
+      return data_loss("central directory entry ", i, " overruns the central directory");
+    }
+    r.name.assign(reinterpret_cast<const char*>(h + kCentralHeaderSize), name_len);
+    const std::string where = absl::StrCat(name_, ": record '", r.name, "'");
+    Zip64Field z64;
+    absl::Status s = FindZip64Field(h + kCentralHeaderSize + name_len, extra_len, &z64, where);
+    if (!s.ok()) return s;
+    Zip64Values values(z64, where);
+    if (!(s = values.Resolve(&usize, usize == kMax32, "uncompressed size")).ok()) return s;
+    if (!(s = values.Resolve(&csize, csize == kMax32, "compressed size")).ok()) return s;
+    if (!(s = values.Resolve(&r.header_offset, r.header_offset == kMax32, "local header offset")).ok()) return s;
+    if (!(s = values.Resolve32(&disk_start, disk_start == kMax16, "disk number")).ok()) return s;
+    if (r.flags & kFlagEncrypted) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": encrypted records are not supported"));
+    }
+    if (method != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": unsupported compression method ", method, " (only stored, 0, is supported)"));
+    }
+    if (disk_start != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": multi-disk zip archives are not supported"));
+    }
+    if (csize != usize) {
+      return absl::DataLossError(
+          absl::StrCat(where, ": stored record has compressed size ", csize, " != uncompressed size ", usize));
+    }
+    r.size = usize;
+    if (!by_name_.emplace(r.name, records_.size()).second) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": duplicate record name"));
+    }
+    records_.push_back(std::move(r));
+    pos += kCentralHeaderSize + var_len;
+  }
+  if (pos != cd_end) {
+    return data_loss("central directory has ", cd_end - pos, " bytes after its ", entries, " entries");
+  }
+
+  // Local headers, checked against the central directory; record extents.
+  struct Extent {
+    uint64_t begin, end;
+    size_t index;
+  };
+  std::vector<Extent> extents;
+  extents.reserve(records_.size());
+  for (size_t i = 0; i < records_.size(); ++i) {
+    ZipRecord& r = records_[i];
+    const std::string where = absl::StrCat(name_, ": record '", r.name, "'");
+    if (r.header_offset > cd_offset || cd_offset - r.header_offset < kLocalHeaderSize) {
+      return absl::DataLossError(absl::StrCat(where, ": local header at offset ", r.header_offset,
+                                              " is not before the central directory at offset ", cd_offset));
+    }
+    const uint8_t* h = base + r.header_offset;
+    if (Le32(h) != kLocalHeaderSig) {
+      return absl::DataLossError(absl::StrCat(where, ": bad local header signature at offset ", r.header_offset));
+    }
+    uint16_t flags = Le16(h + 6), method = Le16(h + 8);
+    uint32_t crc = Le32(h + 14);
+    uint64_t csize = Le32(h + 18), usize = Le32(h + 22);
+    uint16_t name_len = Le16(h + 26), extra_len = Le16(h + 28);
+    uint64_t data_offset = r.header_offset + kLocalHeaderSize + name_len + extra_len;
+    uint64_t data_end;
+    if (data_offset > cd_offset || !AddOk(data_offset, r.size, &data_end) || data_end > cd_offset) {
+      return absl::DataLossError(absl::StrCat(where, ": data (", r.size, " bytes at offset ", data_offset,
+                                              ") extends past the start of the central directory at offset ",
+                                              cd_offset));
+    }
+    if (name_len != r.name.size() || std::memcmp(h + kLocalHeaderSize, r.name.data(), name_len) != 0) {
+      return absl::DataLossError(absl::StrCat(where, ": local header names '",
+                                              std::string(reinterpret_cast<const char*>(h + kLocalHeaderSize), name_len),
+                                              "'"));
+    }
+    if (method != 0 || (flags & kFlagDataDescriptor) != (r.flags & kFlagDataDescriptor)) {
+      return absl::DataLossError(absl::StrCat(where, ": local header (method ", method, ", flags 0x", absl::Hex(flags),
+                                              ") disagrees with the central directory (flags 0x", absl::Hex(r.flags), ")"));
+    }
+    Zip64Field z64;
+    absl::Status s = FindZip64Field(h + kLocalHeaderSize + name_len, extra_len, &z64, where);
+    if (!s.ok()) return s;
+    // With a data descriptor, miniz leaves CRC and sizes 0 here; otherwise
+    // they must match the central directory.
+    const bool deferred = (flags & kFlagDataDescriptor) && crc == 0 && csize == 0 && usize == 0;
+    if (!deferred) {
+      Zip64Values values(z64, where);
+      if (!(s = values.Resolve(&usize, usize == kMax32, "local uncompressed size")).ok()) return s;
+      if (!(s = values.Resolve(&csize, csize == kMax32, "local compressed size")).ok()) return s;
+      if (crc != r.crc32 || usize != r.size || csize != r.size) {
+        return absl::DataLossError(absl::StrFormat(
+            "%s: local header (crc %08x, sizes %d/%d) disagrees with the central directory (crc %08x, size %d)",
+            where, crc, csize, usize, r.crc32, r.size));
+      }
+    }
+    uint64_t end = data_end;
+    if (flags & kFlagDataDescriptor) {
+      // Optional signature, CRC, then 32-bit sizes, or 64-bit ones when the
+      // local header carries a zip64 field (miniz's rule).
+      uint64_t p = data_end;
+      if (cd_offset - p >= 4 && Le32(base + p) == kDataDescriptorSig) p += 4;
+      const uint64_t avail = cd_offset - p;
+      bool ok = false;
+      uint64_t len = 0;
+      for (int wide = z64.present ? 1 : 0, tries = 0; tries < 2; ++tries, wide ^= 1) {
+        len = wide ? 20 : 12;
+        if (avail < len) continue;
+        const uint8_t* d = base + p;
+        uint64_t dc = wide ? Le64(d + 4) : Le32(d + 4);
+        uint64_t du = wide ? Le64(d + 12) : Le32(d + 8);
+        if (Le32(d) == r.crc32 && dc == r.size && du == r.size) {
+          ok = true;
+          break;
+        }
+      }
+      if (!ok) {
+        return absl::DataLossError(absl::StrCat(where, ": data descriptor at offset ", data_end,
+                                                " is missing or disagrees with the central directory"));
+      }
+      end = p + len;
+    }
+    r.data_offset = data_offset;
+    extents.push_back({r.header_offset, end, i});
+  }
+  std::sort(extents.begin(), extents.end(), [](const Extent& a, const Extent& b) { return a.begin < b.begin; });
+  for (size_t i = 1; i < extents.size(); ++i) {
+    if (extents[i].begin < extents[i - 1].end) {
+      return data_loss("records '", records_[extents[i - 1].index].name, "' and '", records_[extents[i].index].name,
+                       "' overlap");
+    }
+  }
+  crc_ok_ = std::make_unique<std::atomic<uint8_t>[]>(records_.size());
+  for (size_t i = 0; i < records_.size(); ++i) crc_ok_[i].store(0, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+const ZipRecord* ZipReader::Find(std::string_view record_name) const {
+  auto it = by_name_.find(Sv(record_name));
+  return it == by_name_.end() ? nullptr : &records_[it->second];
+}
+
+absl::StatusOr<const ZipRecord*> ZipReader::Get(std::string_view record_name) const {
+  const ZipRecord* r = Find(record_name);
+  if (r == nullptr) {
+    return absl::NotFoundError(absl::StrCat(name_, ": no record '", Sv(record_name), "'"));
+  }
+  return r;
+}
+
+absl::StatusOr<absl::Span<const uint8_t>> ZipReader::Read(std::string_view record_name) const {
+  absl::StatusOr<const ZipRecord*> r = Get(record_name);
+  if (!r.ok()) return r.status();
+  absl::Status s = VerifyCrc(**r);
+  if (!s.ok()) return s;
+  return Data(**r);
+}
+
+absl::Status ZipReader::VerifyCrc(const ZipRecord& record) const {
+  const size_t index = IndexOf(record);
+  if (crc_ok_[index].load(std::memory_order_acquire)) return absl::OkStatus();
+  absl::Span<const uint8_t> data = Data(record);
+  uint32_t crc = Crc32(0, data.data(), data.size());
+  if (crc != record.crc32) {
+    return absl::DataLossError(absl::StrFormat("%s: record '%s': CRC-32 mismatch (stored %08x, computed %08x)",
+                                               name_, record.name, record.crc32, crc));
+  }
+  crc_ok_[index].store(1, std::memory_order_release);
+  return absl::OkStatus();
+}
+
+absl::Status ZipReader::VerifyAllCrcs() const {
+  for (const ZipRecord& r : records_) {
+    absl::Status s = VerifyCrc(r);
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------
+// Sinks
+
+FdSink::FdSink(int fd, std::string path_for_messages, size_t buffer_size)
+    : fd_(fd), path_(std::move(path_for_messages)), buffer_(buffer_size) {}
+
+absl::Status FdSink::WriteAll(const uint8_t* p, size_t n) {
+  while (n > 0) {
+    ssize_t w = ::write(fd_, p, std::min<size_t>(n, size_t{1} << 30));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return absl::ErrnoToStatus(errno, absl::StrCat(path_, ": write failed"));
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FdSink::Write(absl::Span<const uint8_t> bytes) {
+  if (used_ + bytes.size() <= buffer_.size()) {
+    std::memcpy(buffer_.data() + used_, bytes.data(), bytes.size());
+    used_ += bytes.size();
+    return absl::OkStatus();
+  }
+  absl::Status s = Flush();
+  if (!s.ok()) return s;
+  if (bytes.size() < buffer_.size()) {
+    std::memcpy(buffer_.data(), bytes.data(), bytes.size());
+    used_ = bytes.size();
+    return absl::OkStatus();
+  }
+  return WriteAll(bytes.data(), bytes.size());
+}
+
+absl::Status FdSink::Flush() {
+  absl::Status s = WriteAll(buffer_.data(), used_);
+  used_ = 0;
+  return s;
+}
+
+// ---------------------------------------------------------------------------
+// ZipWriter
+
+ZipWriter::ZipWriter(ZipSink* sink, std::string name, ZipWriterOptions options)
+    : sink_(sink), name_(std::move(name)), options_(options) {}
+
+absl::Status ZipWriter::Fail(absl::Status status) {
+  if (status_.ok()) status_ = status;
+  return status;
+}
+
+absl::Status ZipWriter::Emit(absl::Span<const uint8_t> bytes) {
+  absl::Status s = sink_->Write(bytes);
+  if (!s.ok()) return Fail(s);
+  offset_ += bytes.size();
+  return absl::OkStatus();
+}
+
+absl::Status ZipWriter::BeginRecord(std::string_view record_name, uint64_t size) {
+  if (!status_.ok()) return status_;
+  if (in_record_ || finished_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(name_, ": BeginRecord('", Sv(record_name), "') while a record is open or after Finish"));
+  }
+  if (record_name.empty() || record_name.size() > kMax16 || record_name.front() == '/' ||
+      record_name.find_first_of(std::string_view("\\:\0", 3)) != std::string_view::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(name_, ": invalid record name '", Sv(record_name), "'"));
+  }
+  if (!names_.insert(std::string(record_name)).second) {
+    return absl::InvalidArgumentError(absl::StrCat(name_, ": duplicate record name '", Sv(record_name), "'"));
+  }
+  const uint64_t header_offset = offset_;
+  const bool zip64_size = Zip64(size), zip64_offset = Zip64(header_offset);
+  std::string zip64_extra;
+  if (zip64_size || zip64_offset) {
+    Put16(zip64_extra, kZip64ExtraId);
+    Put16(zip64_extra, static_cast<uint16_t>((zip64_size ? 16 : 0) + (zip64_offset ? 8 : 0)));
+    if (zip64_size) {
+      Put64(zip64_extra, size);
+      Put64(zip64_extra, size);
+    }
+    if (zip64_offset) Put64(zip64_extra, header_offset);
+  }
+  // torch's getPadding: data starts at the next multiple of 64 after the
+  // header, the name, the zip64 field and the 4-byte `FB` field header.
+  const uint64_t start = header_offset + kLocalHeaderSize + record_name.size() + zip64_extra.size() + 4;
+  const uint64_t padding = (kDataAlignment - start % kDataAlignment) % kDataAlignment;
+
+  std::string header;
+  header.reserve(kLocalHeaderSize + record_name.size() + zip64_extra.size() + 4 + padding);
+  Put32(header, kLocalHeaderSig);
+  Put16(header, 0);  // version needed (miniz: 0 for stored)
+  Put16(header, size > 0 ? (kFlagDataDescriptor | kFlagUtf8) : kFlagUtf8);
+  Put16(header, 0);  // method: stored
+  Put16(header, 0);  // DOS time
+  Put16(header, 0);  // DOS date
+  Put32(header, 0);  // CRC (in the data descriptor)
+  Put32(header, 0);  // compressed size
+  Put32(header, 0);  // uncompressed size
+  Put16(header, static_cast<uint16_t>(record_name.size()));
+  Put16(header, static_cast<uint16_t>(zip64_extra.size() + 4 + padding));
+  header.append(record_name.data(), record_name.size());
+  header.append(zip64_extra);
+  header.append("FB");
+  Put16(header, static_cast<uint16_t>(padding));
+  header.append(padding, 'Z');
+  absl::Status s = Emit(absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(header.data()), header.size()));
+  if (!s.ok()) return s;
+  entries_.push_back({std::string(record_name), header_offset, size, 0});
+  in_record_ = true;
+  record_written_ = 0;
+  record_crc_ = 0;
+  return absl::OkStatus();
+}
+
+absl::Status ZipWriter::WriteData(absl::Span<const uint8_t> chunk) {
+  if (!status_.ok()) return status_;
+  if (!in_record_) return absl::FailedPreconditionError(absl::StrCat(name_, ": WriteData with no open record"));
+  const Entry& entry = entries_.back();
+  if (chunk.size() > entry.size - record_written_) {
+    return Fail(absl::FailedPreconditionError(absl::StrCat(name_, ": record '", entry.name, "' declared ", entry.size,
+                                                           " bytes, got more")));
+  }
+  record_crc_ = Crc32(record_crc_, chunk.data(), chunk.size());
+  record_written_ += chunk.size();
+  return Emit(chunk);
+}
+
+absl::Status ZipWriter::EndRecord() {
+  if (!status_.ok()) return status_;
+  if (!in_record_) return absl::FailedPreconditionError(absl::StrCat(name_, ": EndRecord with no open record"));
+  Entry& entry = entries_.back();
+  if (record_written_ != entry.size) {
+    return Fail(absl::FailedPreconditionError(absl::StrCat(name_, ": record '", entry.name, "' declared ", entry.size,
+                                                           " bytes, got ", record_written_)));
+  }
+  entry.crc32 = record_crc_;
+  in_record_ = false;
+  if (entry.size == 0) return absl::OkStatus();  // miniz writes no descriptor
+  std::string descriptor;
+  Put32(descriptor, kDataDescriptorSig);
+  Put32(descriptor, entry.crc32);
+  if (Zip64(entry.size) || Zip64(entry.header_offset)) {
+    Put64(descriptor, entry.size);
+    Put64(descriptor, entry.size);
+  } else {
+    Put32(descriptor, static_cast<uint32_t>(entry.size));
+    Put32(descriptor, static_cast<uint32_t>(entry.size));
+  }
+  return Emit(absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(descriptor.data()), descriptor.size()));
+}
+
+absl::Status ZipWriter::AddRecord(std::string_view record_name, absl::Span<const uint8_t> data) {
+  absl::Status s = BeginRecord(record_name, data.size());
+  if (s.ok()) s = WriteData(data);
+  if (s.ok()) s = EndRecord();
+  return s;
+}
+
+absl::Status ZipWriter::Finish() {
+  if (!status_.ok()) return status_;
+  if (in_record_ || finished_) {
+    return absl::FailedPreconditionError(absl::StrCat(name_, ": Finish while a record is open or twice"));
+  }
+  const uint64_t cd_offset = offset_;
+  std::string cd;
+  for (const Entry& entry : entries_) {
+    const bool zip64_size = Zip64(entry.size), zip64_offset = Zip64(entry.header_offset);
+    std::string zip64_extra;
+    if (zip64_size || zip64_offset) {
+      Put16(zip64_extra, kZip64ExtraId);
+      Put16(zip64_extra, static_cast<uint16_t>((zip64_size ? 16 : 0) + (zip64_offset ? 8 : 0)));
+      if (zip64_size) {
+        Put64(zip64_extra, entry.size);
+        Put64(zip64_extra, entry.size);
+      }
+      if (zip64_offset) Put64(zip64_extra, entry.header_offset);
+    }
+    Put32(cd, kCentralHeaderSig);
+    Put16(cd, 0);  // version made by
+    Put16(cd, 0);  // version needed
+    Put16(cd, entry.size > 0 ? (kFlagDataDescriptor | kFlagUtf8) : kFlagUtf8);
+    Put16(cd, 0);  // method
+    Put16(cd, 0);  // time
+    Put16(cd, 0);  // date
+    Put32(cd, entry.crc32);
+    Put32(cd, zip64_size ? static_cast<uint32_t>(kMax32) : static_cast<uint32_t>(entry.size));
+    Put32(cd, zip64_size ? static_cast<uint32_t>(kMax32) : static_cast<uint32_t>(entry.size));
+    Put16(cd, static_cast<uint16_t>(entry.name.size()));
+    Put16(cd, static_cast<uint16_t>(zip64_extra.size()));
+    Put16(cd, 0);  // comment length
+    Put16(cd, 0);  // disk number start
+    Put16(cd, 0);  // internal attributes
+    Put32(cd, 0);  // external attributes
+    Put32(cd, zip64_offset ? static_cast<uint32_t>(kMax32) : static_cast<uint32_t>(entry.header_offset));
+    cd.append(entry.name);
+    cd.append(zip64_extra);
+  }
+  const uint64_t cd_size = cd.size();
+  const uint64_t z64_offset = cd_offset + cd_size;
+  const uint64_t n = entries_.size();
+  // Zip64 end of central directory record (torch always writes it).
+  Put32(cd, kZip64EndOfCentralDirSig);
+  Put64(cd, kZip64EndOfCentralDirSize - 12);
+  Put16(cd, 0x031E);  // made by
+  Put16(cd, 0x002D);  // needed: 4.5
+  Put32(cd, 0);
+  Put32(cd, 0);
+  Put64(cd, n);
+  Put64(cd, n);
+  Put64(cd, cd_size);
+  Put64(cd, cd_offset);
+  // Locator.
+  Put32(cd, kZip64LocatorSig);
+  Put32(cd, 0);
+  Put64(cd, z64_offset);
+  Put32(cd, 1);
+  // Classic end of central directory record.
+  Put32(cd, kEndOfCentralDirSig);
+  Put16(cd, 0);
+  Put16(cd, 0);
+  Put16(cd, static_cast<uint16_t>(std::min<uint64_t>(n, kMax16)));
+  Put16(cd, static_cast<uint16_t>(std::min<uint64_t>(n, kMax16)));
+  Put32(cd, Zip64(cd_size) ? static_cast<uint32_t>(kMax32) : static_cast<uint32_t>(cd_size));
+  Put32(cd, Zip64(cd_offset) ? static_cast<uint32_t>(kMax32) : static_cast<uint32_t>(cd_offset));
+  Put16(cd, 0);  // comment length
+  absl::Status s = Emit(absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(cd.data()), cd.size()));
+  if (!s.ok()) return s;
+  s = sink_->Flush();
+  if (!s.ok()) return Fail(s);
+  finished_ = true;
+  return absl::OkStatus();
+}
+
+}  // namespace ucp::torch

@@ -1,0 +1,260 @@
+#include "converter/universal_writer.h"
+
+#include <algorithm>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "base/fs.h"
+#include "base/parallel.h"
+#include "base/status_macros.h"
+#include "deepspeed/checkpoint_files.h"
+#include "deepspeed/tree_copy.h"
+#include "google/protobuf/text_format.h"
+#include "tp/plan_io.h"
+
+namespace ucp::converter {
+namespace {
+
+using deepspeed::ParamState;
+using pickle::Value;
+using pickle::ValuePtr;
+
+// Rejects names that would escape the output folder or cannot be file names.
+absl::Status CheckParamName(const std::string& name) {
+  if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos ||
+      name.find('\0') != std::string::npos || name.size() > 255) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("param name '", name, "' cannot be a folder name in a universal checkpoint"));
+  }
+  return absl::OkStatus();
+}
+
+class FileList {
+ public:
+  void Add(const std::string& rel, int64_t size, const std::string& sha) {
+    std::lock_guard<std::mutex> lock(mu_);
+    FileDigest d;
+    d.set_path(rel);
+    d.set_size(size);
+    d.set_sha256(sha);
+    files_.push_back(std::move(d));
+  }
+  std::vector<FileDigest> Sorted() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<FileDigest> out = files_;
+    std::sort(out.begin(), out.end(), [](const FileDigest& a, const FileDigest& b) { return a.path() < b.path(); });
+    return out;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<FileDigest> files_;
+};
+
+}  // namespace
+
+pickle::ValuePtr SubparamShapeValue(const MergeRule& rule) {
+  const SubParamShape& s = rule.sub_param_shape();
+  std::vector<ValuePtr> dims;
+  for (const auto& d : s.dim()) {
+    if (d.size_size() == 1) {
+      dims.push_back(Value::Int(d.size(0)));
+    } else {
+      std::vector<ValuePtr> sizes;
+      for (int64_t x : d.size()) sizes.push_back(Value::Int(x));
+      dims.push_back(Value::Tuple(std::move(sizes)));
+    }
+  }
+  ValuePtr state = Value::MakeDict();
+  state->DictSet(Value::Str("patterns"), Value::List({Value::Str(rule.pattern())}));
+  state->DictSet(Value::Str("shape"), Value::Tuple(std::move(dims)));
+  state->DictSet(Value::Str("partition_dim"), Value::Int(s.partition_dim()));
+  pickle::Object o;
+  o.callable = Value::Global("deepspeed.checkpoint.universal_checkpoint", "SubparamShape");
+  o.how = pickle::ObjectHow::kNewObj;
+  o.args = Value::Tuple({});
+  o.state = state;
+  return Value::MakeObject(std::move(o));
+}
+
+pickle::ValuePtr UniversalParamDict(const MergeRule& rule, pickle::ValuePtr param_value) {
+  ValuePtr d = Value::MakeDict();
+  switch (rule.kind()) {
+    case COLUMN:
+      d->DictSet(Value::Str("cat_dim"), Value::Int(0));
+      break;
+    case ROW:
+      d->DictSet(Value::Str("cat_dim"), Value::Int(1));
+      break;
+    case VOCAB:
+      d->DictSet(Value::Str("cat_dim"), Value::Int(0));
+      d->DictSet(Value::Str("vocab_tensor"), Value::Bool(true));
+      break;
+    case SUB_PARAMS:
+      if (rule.sub_param_shape().dim_size() > 0) {
+        d->DictSet(Value::Str("sub_param_shape"), SubparamShapeValue(rule));
+      } else {
+        d->DictSet(Value::Str("cat_dim"), Value::Int(rule.cat_dim()));
+        d->DictSet(Value::Str("param_n_sub_params"), Value::Int(rule.num_sub_params()));
+      }
+      break;
+    default:  // REPLICATED, AVERAGE: the full tensor alone
+      break;
+  }
+  d->DictSet(Value::Str("param"), std::move(param_value));
+  return d;
+}
+
+absl::StatusOr<WriteStats> WriteUniversal(const deepspeed::ModelState& state, const std::string& output_folder,
+                                          const UniversalWriteOptions& options) {
+  const deepspeed::ModelInfo& info = state.info();
+  for (const ParamState& p : info.params) UCP_RETURN_IF_ERROR(CheckParamName(p.name));
+  UCP_ASSIGN_OR_RETURN(StagingDir staging, StagingDir::Create(output_folder, options.overwrite));
+  if (options.keep_temp_folder) staging.Keep();
+  const std::string out = staging.path();
+  const std::string zero_dir = JoinPath(out, deepspeed::kUniversalZeroDir);
+  UCP_RETURN_IF_ERROR(MakeDirs(zero_dir));
+  bool any_module = false;
+  for (const ParamState& p : info.params) any_module |= !p.trainable();
+  if (any_module) UCP_RETURN_IF_ERROR(MakeDirs(JoinPath(out, deepspeed::kUniversalModuleDir)));
+
+  FileList files;
+  std::atomic<int64_t> bytes{0};
+  std::atomic<size_t> done{0};
+  auto write_file = [&](const std::string& rel, torch::TorchWriter& w, const Value& root) -> absl::Status {
+    const std::string path = JoinPath(out, rel);
+    UCP_ASSIGN_OR_RETURN(tp::WrittenFile f, tp::WriteTorchFile(w, path, root));
+    files.Add(rel, f.size, f.sha256);
+    bytes += f.size;
+    return absl::OkStatus();
+  };
+
+  UCP_RETURN_IF_ERROR(ParallelFor(info.params.size(), options.num_threads, [&](size_t i) -> absl::Status {
+    const ParamState& p = info.params[i];
+    if (p.trainable()) {
+      const std::string rel_dir = JoinPath(deepspeed::kUniversalZeroDir, p.name);
+      UCP_RETURN_IF_ERROR(MakeDirs(JoinPath(out, rel_dir)));
+      UCP_ASSIGN_OR_RETURN(deepspeed::FileValue step, state.GroupScalar(p.group, "step"));
+      if (step.value) {
+        torch::TorchWriter w;
+        UCP_ASSIGN_OR_RETURN(ValuePtr v, deepspeed::CopyTreeForWrite(step, w));
+        UCP_RETURN_IF_ERROR(write_file(JoinPath(rel_dir, "step.pt"), w, *v));
+      }
+      std::vector<std::string> states = {deepspeed::kFp32State};
+      states.insert(states.end(), info.state_keys.begin(), info.state_keys.end());
+      for (const std::string& s : states) {
+        UCP_ASSIGN_OR_RETURN(tp::TensorPlan plan, state.Full(p, s));
+        if (plan.shape() != p.full_shape) {
+          return absl::InternalError(absl::StrCat("param '", p.name, "' ", s, ": merged shape ",
+                                                  torch::ShapeString(plan.shape()), " differs from ",
+                                                  torch::ShapeString(p.full_shape)));
+        }
+        torch::TorchWriter w;
+        ValuePtr t = tp::AddPlan(w, plan);
+        // DeepSpeed's fp32 masters keep requires_grad=True through the merge.
+        if (s == deepspeed::kFp32State) UCP_RETURN_IF_ERROR(tp::SetRequiresGrad(*t, true));
+        UCP_RETURN_IF_ERROR(write_file(JoinPath(rel_dir, s + ".pt"), w, *UniversalParamDict(p.rule, t)));
+      }
+    } else {
+      UCP_ASSIGN_OR_RETURN(tp::TensorPlan plan, state.Full(p, deepspeed::kLpState));
+      torch::TorchWriter w;
+      ValuePtr t = tp::AddPlan(w, plan);
+      UCP_RETURN_IF_ERROR(write_file(JoinPath(deepspeed::kUniversalModuleDir, p.name + ".pt"), w,
+                                     *UniversalParamDict(p.rule, t)));
+    }
+    const size_t n = ++done;
+    if (options.progress) options.progress(n, info.params.size());
+    return absl::OkStatus();
+  }));
+
+  // Optimizer state without the sharded parts.
+  {
+    UCP_ASSIGN_OR_RETURN(deepspeed::FileValue common, state.OptimizerCommon());
+    torch::TorchWriter w;
+    UCP_ASSIGN_OR_RETURN(ValuePtr v, deepspeed::CopyTreeForWrite(common, w));
+    UCP_RETURN_IF_ERROR(
+        write_file(JoinPath(deepspeed::kUniversalZeroDir, deepspeed::kUniversalOptimizerStateFile), w, *v));
+  }
+  // The model-state files, byte for byte.
+  const deepspeed::Topology& src = info.source_topology;
+  for (int pp = 0; pp < src.pp; ++pp) {
+    for (int t = 0; t < src.tp; ++t) {
+      const std::string rel = deepspeed::MpRankFileName(src.mp_rank(pp, t));
+      const std::string from = state.ModelStatesPath(pp, t);
+      if (!from.empty()) {
+        std::string sha;
+        UCP_RETURN_IF_ERROR(CopyFile(from, JoinPath(out, rel), &sha));
+        UCP_ASSIGN_OR_RETURN(int64_t size, FileSize(JoinPath(out, rel)));
+        files.Add(rel, size, sha);
+        bytes += size;
+      } else {
+        deepspeed::FileValue root = state.ModelStatesRoot(pp, t);
+        if (!root.value) {
+          return absl::FailedPreconditionError(absl::StrCat("no model states for stage ", pp, " tp rank ", t));
+        }
+        torch::TorchWriter w;
+        UCP_ASSIGN_OR_RETURN(ValuePtr v, deepspeed::CopyTreeForWrite(root, w));
+        UCP_RETURN_IF_ERROR(write_file(rel, w, *v));
+      }
+    }
+  }
+  // The manifest.
+  Manifest manifest;
+  manifest.set_ucp_version("ucp 0.1");
+  manifest.set_source_folder(options.source_folder);
+  manifest.set_source_kind("zero");
+  *manifest.mutable_source_topology() = src.ToProto();
+  manifest.set_zero_stage(info.zero_stage);
+  manifest.set_optimizer_layout(deepspeed::OptimizerKindName(info.optimizer_kind));
+  for (const ParamState& p : info.params) {
+    Manifest::Param* mp = manifest.add_param();
+    mp->set_name(p.name);
+    for (int64_t d : p.full_shape) mp->add_shape(d);
+    mp->set_kind(p.rule.kind());
+    mp->set_source(p.source);
+    mp->set_rule(p.origin);
+    mp->set_group(p.group);
+    mp->set_frozen(p.role == deepspeed::TensorRole::kFrozen);
+    mp->set_tied(!p.tied_key.empty() || !p.tied_layers.empty());
+    mp->set_layer(p.layer);
+    mp->set_local_name(p.local_name);
+    for (int l : p.tied_layers) mp->add_tied_layer(l);
+    mp->set_role(deepspeed::TensorRoleName(p.role));
+    mp->set_lp_dtype(std::string(torch::DTypeName(p.lp_dtype)));
+    mp->set_tied_key(p.tied_key);
+  }
+  manifest.set_pipeline(info.pipeline);
+  manifest.set_num_layers(info.num_layers);
+  for (int l : info.module_layers) manifest.add_module_layer(l);
+  for (const auto& k : info.module_order) {
+    Manifest::ModuleKey* mk = manifest.add_module_key();
+    mk->set_layer(k.layer);
+    mk->set_name(k.name);
+  }
+  manifest.set_lp_dtype(std::string(torch::DTypeName(info.lp_dtype)));
+  manifest.set_original_vocab_size(info.original_vocab_size);
+  manifest.set_make_vocab_size_divisible_by(info.make_vocab_size_divisible_by);
+  manifest.set_partition_method(info.partition_method);
+  for (const auto& k : info.state_keys) manifest.add_state_key(k);
+  for (const auto& k : info.scalar_keys) manifest.add_scalar_key(k);
+  manifest.set_num_groups(info.num_groups);
+  manifest.set_bf16_file_prefix(info.bf16_file_prefix);
+  for (auto& f : files.Sorted()) *manifest.add_file() = f;
+  *manifest.mutable_rules() = options.rules;
+  std::string text;
+  google::protobuf::TextFormat::PrintToString(manifest, &text);
+  UCP_RETURN_IF_ERROR(WriteFileAtomic(JoinPath(out, deepspeed::kManifestFile), text));
+
+  WriteStats stats;
+  stats.files = static_cast<int64_t>(manifest.file_size()) + 1;
+  stats.bytes = bytes.load() + static_cast<int64_t>(text.size());
+  stats.params = static_cast<int64_t>(info.params.size());
+  UCP_RETURN_IF_ERROR(staging.Commit());
+  if (options.write_latest) {
+    UCP_RETURN_IF_ERROR(WriteFileAtomic(JoinPath(Dirname(staging.target()), deepspeed::kLatestUniversalFile),
+                                        Basename(staging.target())));
+  }
+  return stats;
+}
+
+}  // namespace ucp::converter

@@ -1,0 +1,26 @@
+#include "deepspeed/model_state.h"
+
+namespace ucp::deepspeed {
+
+void ModelInfo::Reindex() {
+  index_.clear();
+  for (size_t i = 0; i < params.size(); ++i) index_.emplace(params[i].name, static_cast<int>(i));
+}
+
+int ModelInfo::IndexOf(const std::string& name) const {
+  if (index_.size() == params.size()) {
+    auto it = index_.find(name);
+    return it == index_.end() ? -1 : it->second;
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (params[i].name == name) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+const ParamState* ModelInfo::Find(const std::string& name) const {
+  const int i = IndexOf(name);
+  return i < 0 ? nullptr : &params[i];
+}
+
+}  // namespace ucp::deepspeed

@@ -1,0 +1,129 @@
+// ModelState: a model's full (tp-merged, unpartitioned) training state, the
+// common currency between the readers and the writers of ucp.
+//
+//   ZeRO folder ──(converter/zero_state)──┐
+//   universal folder ──(loader/universal_state)──┼──> ModelState ──> universal writer
+//   generated model ──(conformance)──┘                        └──> ZeRO writer (any tp/pp/dp)
+//
+// A ModelState lists every tensor of the model (`ParamState`: optimizer
+// params, frozen params, buffers) with its full shape and tp merge rule, and
+// hands out each tensor's full value for a state ("fp32", "exp_avg", ...,
+// or "lp" for the module weight) as a TensorPlan, i.e. lazily: nothing is
+// read until a writer copies the bytes. Implementations must be thread-safe
+// for concurrent `Full` calls (each param is an independent unit of work).
+#ifndef UCP_DEEPSPEED_MODEL_STATE_H_
+#define UCP_DEEPSPEED_MODEL_STATE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "deepspeed/topology.h"
+#include "deepspeed/zero_checkpoint.h"
+#include "format/pickle/value.h"
+#include "format/torch/dtype.h"
+#include "format/torch/torch_file.h"
+#include "proto/ucp.pb.h"
+#include "tp/tensor_plan.h"
+
+namespace ucp::deepspeed {
+
+// The state name of the module (lp) weight of a tensor.
+inline constexpr char kLpState[] = "lp";
+inline constexpr char kFp32State[] = "fp32";
+
+struct ParamState {
+  std::string name;                 // optimizer / module state name
+  std::vector<int64_t> full_shape;  // universal shape (vocab padding stripped)
+  MergeRule rule;
+  RuleSource source = RULE_SOURCE_UNSPECIFIED;
+  std::string origin;               // the pattern or evidence that decided the rule
+  int group = -1;                   // optimizer param group; -1 outside the optimizer
+  TensorRole role = TensorRole::kTrainable;
+  torch::DType lp_dtype = torch::DType::kFloat32;  // in layer / module files
+  int layer = -1;                   // pipeline layer index (first one for tied params)
+  std::string local_name;           // key in the layer file
+  std::string tied_key;             // tied module key, "" if not tied
+  std::vector<int> tied_layers;     // all layer indices holding a tied param
+
+  bool trainable() const { return role == TensorRole::kTrainable; }
+};
+
+struct ModelInfo {
+  // Trainable params in the global flatten order of each group (groups in
+  // order, pipeline stages in order within a group), then frozen params and
+  // buffers in module order.
+  std::vector<ParamState> params;
+  int num_groups = 0;
+  // Per-element optimizer states besides fp32 (exp_avg, exp_avg_sq, ...).
+  std::vector<std::string> state_keys;
+  // Per-group scalar optimizer states (step, ...).
+  std::vector<std::string> scalar_keys;
+  bool pipeline = true;
+  // Pipeline layer specs: how many, and which ones are modules with a file
+  // (may hold no tensors), ascending.
+  int num_layers = 0;
+  std::vector<int> module_layers;
+  // Module state keys in file order: per layer file (pipeline; tied params
+  // once per layer holding them) or of the `module` dict. Empty when unknown
+  // (a universal checkpoint written by DeepSpeed).
+  struct ModuleKey {
+    int layer = -1;
+    std::string name;
+  };
+  std::vector<ModuleKey> module_order;
+  torch::DType lp_dtype = torch::DType::kFloat32;
+  OptimizerKind optimizer_kind = OptimizerKind::kZero;
+  int zero_stage = 1;
+  bool bf16_file_prefix = false;            // optimizer files named bf16_zero_pp_rank_*
+  int64_t original_vocab_size = 0;          // 0 when unknown
+  int64_t make_vocab_size_divisible_by = 0; // 0 when unknown
+  std::string partition_method;             // recorded pipe partition method, "" if none
+  Topology source_topology;
+
+  const ParamState* Find(const std::string& name) const;
+  int IndexOf(const std::string& name) const;
+  // Rebuilds the name index; call after changing `params`.
+  void Reindex();
+
+ private:
+  absl::flat_hash_map<std::string, int> index_;
+};
+
+// A pickle value tree whose tensors are views into `file` (null when the
+// tree was built in memory and holds no file-backed tensors).
+struct FileValue {
+  pickle::ValuePtr value;
+  std::shared_ptr<const torch::TorchFile> file;
+};
+
+// A non-owning handle for files whose owner outlives every use.
+inline std::shared_ptr<const torch::TorchFile> Unowned(const torch::TorchFile* f) {
+  return std::shared_ptr<const torch::TorchFile>(std::shared_ptr<const torch::TorchFile>(), f);
+}
+
+class ModelState {
+ public:
+  virtual ~ModelState() = default;
+  virtual const ModelInfo& info() const = 0;
+  // The full tensor of `param` for `state` ("fp32", a state key, or "lp").
+  virtual absl::StatusOr<tp::TensorPlan> Full(const ParamState& param, const std::string& state) const = 0;
+  // A per-group scalar optimizer state (e.g. "step"); value null when absent.
+  virtual absl::StatusOr<FileValue> GroupScalar(int group, const std::string& key) const = 0;
+  // The optimizer state that is not sharded: what the universal
+  // `zero/optimizer_state.pt` holds (loss_scaler, clip_grad, ..., param_groups).
+  virtual absl::StatusOr<FileValue> OptimizerCommon() const = 0;
+  // The model-state dict (an mp_rank_*_model_states.pt root) of source
+  // stage `pp` and tp rank `tp` (each clamped to the source's degrees): its
+  // client state is carried into written checkpoints.
+  virtual FileValue ModelStatesRoot(int pp, int tp) const = 0;
+  // The path of that mp_rank file, for byte-identical copies.
+  virtual std::string ModelStatesPath(int pp, int tp) const = 0;
+};
+
+}  // namespace ucp::deepspeed
+
+#endif  // UCP_DEEPSPEED_MODEL_STATE_H_

@@ -1,0 +1,269 @@
+#include "deepspeed/universal_checkpoint.h"
+
+#include <algorithm>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/fs.h"
+#include "base/sha256.h"
+#include "base/status_macros.h"
+#include "deepspeed/checkpoint_files.h"
+#include "deepspeed/zero_checkpoint.h"
+#include "format/pickle/accessors.h"
+#include "google/protobuf/text_format.h"
+
+namespace ucp::deepspeed {
+namespace {
+
+using pickle::Kind;
+using pickle::Value;
+
+const std::vector<std::string>& EmptyList() {
+  static const auto* empty = new std::vector<std::string>();
+  return *empty;
+}
+
+}  // namespace
+
+absl::StatusOr<MergeRule> RuleFromUniversalMetadata(const Value& dict, const std::string& name) {
+  MergeRule rule;
+  rule.set_pattern(name);
+  auto err = [&](absl::string_view what) {
+    return absl::InvalidArgumentError(absl::StrCat("param '", name, "': ", what));
+  };
+  if (const Value* sps = dict.DictGet("sub_param_shape"); sps != nullptr && !sps->is_none()) {
+    // A SubparamShape object (NEWOBJ + BUILD {patterns, shape, partition_dim})
+    // or a plain dict of the same fields.
+    const Value* fields = sps;
+    if (sps->is(Kind::kObject) && sps->object().state) fields = sps->object().state.get();
+    if (!fields->is(Kind::kDict)) return err(absl::StrCat("sub_param_shape is ", sps->DebugString(80)));
+    rule.set_kind(SUB_PARAMS);
+    SubParamShape* out = rule.mutable_sub_param_shape();
+    const Value* pd = fields->DictGet("partition_dim");
+    if (pd == nullptr) return err("sub_param_shape has no partition_dim");
+    UCP_ASSIGN_OR_RETURN(int64_t partition_dim, pickle::AsInt(*pd, "sub_param_shape.partition_dim"));
+    out->set_partition_dim(static_cast<int32_t>(partition_dim));
+    const Value* shape = fields->DictGet("shape");
+    if (shape == nullptr) return err("sub_param_shape has no shape");
+    UCP_ASSIGN_OR_RETURN(auto* dims, pickle::AsSequence(*shape, "sub_param_shape.shape"));
+    for (const auto& d : *dims) {
+      auto* od = out->add_dim();
+      if (d->is(Kind::kTuple) || d->is(Kind::kList)) {
+        for (const auto& x : d->items()) {
+          UCP_ASSIGN_OR_RETURN(int64_t v, pickle::AsInt(*x, "sub_param_shape.shape"));
+          od->add_size(v);
+        }
+      } else {
+        UCP_ASSIGN_OR_RETURN(int64_t v, pickle::AsInt(*d, "sub_param_shape.shape"));
+        od->add_size(v);
+      }
+    }
+    return rule;
+  }
+  const Value* cat = dict.DictGet("cat_dim");
+  if (cat == nullptr || cat->is_none()) {
+    rule.set_kind(REPLICATED);
+    return rule;
+  }
+  UCP_ASSIGN_OR_RETURN(int64_t cat_dim, pickle::AsInt(*cat, "cat_dim"));
+  int64_t n_sub = 1;
+  if (const Value* n = dict.DictGet("param_n_sub_params"); n != nullptr && !n->is_none()) {
+    UCP_ASSIGN_OR_RETURN(n_sub, pickle::AsInt(*n, "param_n_sub_params"));
+  }
+  bool vocab = false;
+  if (const Value* v = dict.DictGet("vocab_tensor"); v != nullptr && !v->is_none()) {
+    UCP_ASSIGN_OR_RETURN(vocab, pickle::AsBool(*v, "vocab_tensor"));
+  }
+  if (n_sub > 1) {
+    rule.set_kind(SUB_PARAMS);
+    rule.set_num_sub_params(static_cast<int32_t>(n_sub));
+    rule.set_cat_dim(static_cast<int32_t>(cat_dim));
+  } else if (vocab) {
+    if (cat_dim != 0) return err(absl::StrCat("vocab_tensor with cat_dim ", cat_dim, " (only 0 is supported)"));
+    rule.set_kind(VOCAB);
+  } else if (cat_dim == 0) {
+    rule.set_kind(COLUMN);
+  } else if (cat_dim == 1) {
+    rule.set_kind(ROW);
+  } else {
+    // Any other dim: one "sub-param" concatenated on that dim.
+    rule.set_kind(SUB_PARAMS);
+    rule.set_num_sub_params(1);
+    rule.set_cat_dim(static_cast<int32_t>(cat_dim));
+  }
+  return rule;
+}
+
+absl::StatusOr<std::unique_ptr<UniversalCheckpoint>> UniversalCheckpoint::Open(const std::string& path_in,
+                                                                               const Options& options) {
+  std::string path = path_in;
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  if (!IsDirectory(path)) return absl::NotFoundError(absl::StrCat(path, ": no such universal checkpoint folder"));
+  std::unique_ptr<UniversalCheckpoint> u(new UniversalCheckpoint());
+  u->options_ = options;
+  if (!IsDirectory(JoinPath(path, kUniversalZeroDir)) && PathExists(JoinPath(path, kLatestUniversalFile))) {
+    UCP_ASSIGN_OR_RETURN(std::string tag, ReadLatestTag(path, kLatestUniversalFile));
+    u->dir_ = JoinPath(path, tag);
+    u->tag_ = tag;
+  } else {
+    u->dir_ = path;
+    u->tag_ = Basename(path);
+  }
+  const std::string zero = JoinPath(u->dir_, kUniversalZeroDir);
+  if (!IsDirectory(zero)) {
+    return absl::InvalidArgumentError(absl::StrCat(u->dir_, ": not a universal checkpoint: no '", kUniversalZeroDir,
+                                                   "' folder"));
+  }
+  // The manifest first, so checksums can be verified before anything is parsed.
+  const std::string manifest_path = JoinPath(u->dir_, kManifestFile);
+  if (PathExists(manifest_path)) {
+    UCP_ASSIGN_OR_RETURN(std::string text, ReadFileToString(manifest_path));
+    Manifest m;
+    if (!google::protobuf::TextFormat::ParseFromString(text, &m)) {
+      return absl::DataLossError(absl::StrCat(manifest_path, ": not a valid ucp manifest"));
+    }
+    u->manifest_ = std::move(m);
+    if (options.verify_checksums) UCP_RETURN_IF_ERROR(u->VerifyChecksums());
+  } else if (options.verify_checksums) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(u->dir_, ": no ", kManifestFile, " to verify checksums against (not written by ucp)"));
+  }
+  UCP_ASSIGN_OR_RETURN(u->ms_, ModelStatesFiles::Open(u->dir_, 0));
+  UCP_ASSIGN_OR_RETURN(std::vector<std::string> entries, ListDirectory(zero));
+  bool has_optimizer_state = false;
+  for (const auto& e : entries) {
+    const std::string full = JoinPath(zero, e);
+    if (e == kUniversalOptimizerStateFile) {
+      has_optimizer_state = true;
+      continue;
+    }
+    if (!IsDirectory(full)) continue;
+    UCP_ASSIGN_OR_RETURN(std::vector<std::string> files, ListDirectory(full));
+    std::vector<std::string> states;
+    for (const auto& f : files) {
+      if (absl::EndsWith(f, ".pt")) states.push_back(f.substr(0, f.size() - 3));
+    }
+    u->param_names_.push_back(e);
+    u->state_files_[e] = std::move(states);
+  }
+  if (!has_optimizer_state) {
+    return absl::NotFoundError(absl::StrCat(JoinPath(zero, kUniversalOptimizerStateFile), ": missing"));
+  }
+  UCP_ASSIGN_OR_RETURN(u->optimizer_state_, torch::TorchFile::Open(JoinPath(zero, kUniversalOptimizerStateFile)));
+  const std::string module_dir = JoinPath(u->dir_, kUniversalModuleDir);
+  if (IsDirectory(module_dir)) {
+    UCP_ASSIGN_OR_RETURN(std::vector<std::string> files, ListDirectory(module_dir));
+    for (const auto& f : files) {
+      if (absl::EndsWith(f, ".pt")) u->module_names_.push_back(f.substr(0, f.size() - 3));
+    }
+  }
+  // Every optimizer param has its folder with an fp32 state, and nothing else does.
+  for (const ZeroParam& p : u->ms_->params()) {
+    auto it = u->state_files_.find(p.name);
+    if (it == u->state_files_.end()) {
+      return absl::NotFoundError(absl::StrCat(JoinPath(zero, p.name), ": missing (param '", p.name,
+                                              "' is in the param_shapes of ", MpRankFileName(0), ")"));
+    }
+    if (std::find(it->second.begin(), it->second.end(), "fp32") == it->second.end()) {
+      return absl::NotFoundError(absl::StrCat(JoinPath(JoinPath(zero, p.name), "fp32.pt"), ": missing"));
+    }
+  }
+  for (const auto& name : u->param_names_) {
+    if (u->ms_->FindParam(name) == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(JoinPath(zero, name), ": no param '", name,
+                                                     "' in the param_shapes of the model-state files"));
+    }
+  }
+  return u;
+}
+
+const std::vector<std::string>& UniversalCheckpoint::StateFiles(const std::string& name) const {
+  auto it = state_files_.find(name);
+  return it == state_files_.end() ? EmptyList() : it->second;
+}
+
+absl::StatusOr<std::shared_ptr<const torch::TorchFile>> UniversalCheckpoint::OpenCached(const std::string& rel) const {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = cache_.find(rel);
+    if (it != cache_.end()) {
+      lru_.splice(lru_.begin(), lru_, it->second.second);
+      return it->second.first;
+    }
+  }
+  UCP_ASSIGN_OR_RETURN(std::unique_ptr<torch::TorchFile> f, torch::TorchFile::Open(JoinPath(dir_, rel)));
+  std::shared_ptr<const torch::TorchFile> shared(std::move(f));
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = cache_.find(rel);
+  if (it != cache_.end()) return it->second.first;
+  lru_.push_front(rel);
+  cache_[rel] = {shared, lru_.begin()};
+  while (cache_.size() > std::max<size_t>(options_.max_open_files, 1)) {
+    cache_.erase(lru_.back());
+    lru_.pop_back();
+  }
+  return shared;
+}
+
+absl::StatusOr<UniversalStateFile> UniversalCheckpoint::ReadParamDict(const std::string& rel,
+                                                                      const std::string& name) const {
+  UCP_ASSIGN_OR_RETURN(std::shared_ptr<const torch::TorchFile> f, OpenCached(rel));
+  const Value& root = *f->root();
+  if (!root.is(Kind::kDict)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(f->path(), ": expected a dict with 'param', found ", root.DebugString(60)));
+  }
+  const Value* param = root.DictGet("param");
+  if (param == nullptr || !torch::TorchFile::IsTensor(*param)) {
+    return absl::InvalidArgumentError(absl::StrCat(f->path(), ": no tensor under 'param'"));
+  }
+  UniversalStateFile out;
+  out.file = f;
+  UCP_ASSIGN_OR_RETURN(out.param, f->GetTensor(*param));
+  UCP_ASSIGN_OR_RETURN(out.rule, RuleFromUniversalMetadata(root, name), _.Prepend(absl::StrCat(f->path(), ": ")));
+  return out;
+}
+
+absl::StatusOr<UniversalStateFile> UniversalCheckpoint::ReadState(const std::string& name,
+                                                                  const std::string& state) const {
+  const auto& states = StateFiles(name);
+  if (std::find(states.begin(), states.end(), state) == states.end()) {
+    return absl::NotFoundError(absl::StrCat(JoinPath(JoinPath(JoinPath(dir_, kUniversalZeroDir), name), state + ".pt"),
+                                            ": missing"));
+  }
+  return ReadParamDict(JoinPath(JoinPath(kUniversalZeroDir, name), state + ".pt"), name);
+}
+
+absl::StatusOr<UniversalStateFile> UniversalCheckpoint::ReadModule(const std::string& name) const {
+  return ReadParamDict(JoinPath(kUniversalModuleDir, name + ".pt"), name);
+}
+
+absl::StatusOr<std::shared_ptr<const torch::TorchFile>> UniversalCheckpoint::ReadStep(const std::string& name) const {
+  const auto& states = StateFiles(name);
+  if (std::find(states.begin(), states.end(), "step") == states.end()) {
+    return std::shared_ptr<const torch::TorchFile>();
+  }
+  return OpenCached(JoinPath(JoinPath(kUniversalZeroDir, name), "step.pt"));
+}
+
+absl::Status UniversalCheckpoint::VerifyChecksums() const {
+  if (!manifest_) return absl::FailedPreconditionError(absl::StrCat(dir_, ": no manifest"));
+  for (const FileDigest& d : manifest_->file()) {
+    if (d.path().find("..") != std::string::npos || (!d.path().empty() && d.path()[0] == '/')) {
+      return absl::DataLossError(absl::StrCat(JoinPath(dir_, kManifestFile), ": bad file path '", d.path(), "'"));
+    }
+    const std::string path = JoinPath(dir_, d.path());
+    UCP_ASSIGN_OR_RETURN(std::string bytes, ReadFileToString(path));
+    if (static_cast<int64_t>(bytes.size()) != d.size()) {
+      return absl::DataLossError(absl::StrCat(path, ": ", bytes.size(), " bytes, the manifest says ", d.size()));
+    }
+    const std::string sha = Sha256Hex(bytes);
+    if (sha != d.sha256()) {
+      return absl::DataLossError(absl::StrCat(path, ": sha256 ", sha, " differs from the manifest's ", d.sha256()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ucp::deepspeed

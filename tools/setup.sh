@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs what ucp needs to build and test, from Debian 12's archive only.
+# Idempotent: packages already present are skipped; safe to run twice.
+set -euo pipefail
+
+PACKAGES=(
+  bazel-bootstrap bazel-platforms          # Bazel 4.2.3 (WORKSPACE mode) + platforms
+  g++ libtorch-dev libabsl-dev librapidcheck-dev
+  libprotobuf-dev protobuf-compiler googletest libgtest-dev libgmock-dev
+  python3-torch python3-numpy              # /usr/bin/python3 + torch 1.13 for interop tests
+  clang libclang-rt-14-dev                 # libFuzzer + ASan/UBSan (tools/fuzz.sh)
+  time unzip                               # /usr/bin/time -v for bench/, unzip for tests
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if ((${#missing[@]} == 0)); then
+  echo "setup: all ${#PACKAGES[@]} packages already installed"
+  exit 0
+fi
+
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+echo "setup: installing ${missing[*]}"
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "setup: done"

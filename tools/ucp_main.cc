@@ -1,0 +1,317 @@
+// ucp: universal checkpoints for DeepSpeed that survive any change of
+// parallelism. Subcommands are thin wrappers over the libraries:
+//
+//   ucp inspect PATH            what a checkpoint folder or .pt file holds
+//   ucp convert ...             ZeRO checkpoint -> universal checkpoint
+//   ucp reshard ...             any checkpoint -> ZeRO checkpoint at tp/pp/dp
+//   ucp rules [--preset=NAME]   the built-in merge-rule presets, as textproto
+//   ucp demo                    the built-in end-to-end example
+//   ucp fuzz / ucp golden       the conformance suite's tools
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <mutex>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "converter/convert.h"
+#include "converter/rules.h"
+#include "deepspeed/inspect.h"
+#include "google/protobuf/text_format.h"
+#include "loader/reshard.h"
+#include "tools/commands.h"
+#include "tools/flags.h"
+#include "tp/merge.h"
+
+namespace ucp::tools {
+namespace {
+
+// Progress on a terminal: one updating line on stderr, at most 10 per second.
+class Progress {
+ public:
+  explicit Progress(std::string label) : label_(std::move(label)), tty_(isatty(STDERR_FILENO)) {}
+  ~Progress() {
+    if (tty_ && printed_) std::fprintf(stderr, "\n");
+  }
+  std::function<void(size_t, size_t)> Callback() {
+    if (!tty_) return nullptr;
+    return [this](size_t done, size_t total) {
+      std::lock_guard<std::mutex> lock(mu_);
+      const auto now = std::chrono::steady_clock::now();
+      if (done != total && now - last_ < std::chrono::milliseconds(100)) return;
+      last_ = now;
+      printed_ = true;
+      std::fprintf(stderr, "\r[%s] %zu/%zu", label_.c_str(), done, total);
+      std::fflush(stderr);
+    };
+  }
+
+ private:
+  std::string label_;
+  bool tty_;
+  bool printed_ = false;
+  std::mutex mu_;
+  std::chrono::steady_clock::time_point last_;
+};
+
+absl::Status ParseMismatch(const std::string& s, converter::ReplicatedMismatch* out) {
+  if (s == "error") *out = converter::ReplicatedMismatch::kError;
+  else if (s == "average") *out = converter::ReplicatedMismatch::kAverage;
+  else if (s == "first") *out = converter::ReplicatedMismatch::kFirst;
+  else return absl::InvalidArgumentError(absl::StrCat("--replicated_mismatch=", s, ": expected error, average or first"));
+  return absl::OkStatus();
+}
+
+// Flags shared by convert and reshard for reading a ZeRO checkpoint.
+struct ZeroSourceFlags {
+  std::string rules, preset, mismatch = "error", default_kind;
+  int64_t original_vocab_size = 0;
+
+  void Register(FlagSet& f) {
+    f.String("rules", &rules,
+             "a MergeRules textproto (rule { pattern: \"REGEX\" kind: ROW }, ...): how the tp slices of matching "
+             "params merge; first match wins and these rules take precedence over every other source");
+    f.String("preset", &preset,
+             "built-in rules: gpt-neox, megatron-deepspeed, bloom; \"\" detects one from the param names, \"none\" "
+             "disables presets (see `ucp rules`)");
+    f.String("replicated_mismatch", &mismatch,
+             "what to do when the tp copies of a replicated param differ: error, average (keep their mean), first "
+             "(keep tp rank 0)");
+    f.String("default_kind", &default_kind,
+             "merge kind for params nothing else decides (replicated, column, row, ...); empty = stop with a list of "
+             "them");
+    f.Int("original_vocab_size", &original_vocab_size,
+          "unpadded vocabulary size, to strip vocab padding from vocabulary-parallel params (0 = from the "
+          "checkpoint's universal_checkpoint_info, else the padding is kept)");
+  }
+  absl::StatusOr<converter::ZeroStateOptions> Options(int threads, int64_t divisible_by) const {
+    converter::ZeroStateOptions o;
+    o.rules.rules_file = rules;
+    o.rules.preset = preset;
+    o.rules.original_vocab_size = original_vocab_size;
+    if (!default_kind.empty()) {
+      auto k = tp::ParseMergeKind(default_kind);
+      if (!k.ok()) return k.status();
+      o.rules.default_kind = *k;
+    }
+    absl::Status s = ParseMismatch(mismatch, &o.replicated_mismatch);
+    if (!s.ok()) return s;
+    o.num_threads = threads;
+    o.make_vocab_size_divisible_by = divisible_by;
+    return o;
+  }
+};
+
+int Fail(const absl::Status& s) {
+  std::cerr << "ucp: " << s.message() << " [" << absl::StatusCodeToString(s.code()) << "]\n";
+  return 1;
+}
+
+int RunInspect(int argc, char** argv) {
+  FlagSet f("inspect", "what a checkpoint folder (ZeRO or universal) or a single .pt file holds. Usage: ucp inspect PATH");
+  std::string format = "text";
+  f.String("format", &format, "text or textproto (an InspectReport message, proto/ucp.proto)");
+  auto pos = f.Parse(argc, argv);
+  if (!pos.ok()) return Fail(pos.status());
+  if (f.help_requested()) {
+    std::cout << f.Usage();
+    return 0;
+  }
+  if (pos->size() != 1) return Fail(absl::InvalidArgumentError("usage: ucp inspect PATH [--format=text|textproto]"));
+  auto report = deepspeed::Inspect((*pos)[0]);
+  if (!report.ok()) return Fail(report.status());
+  if (format == "textproto") {
+    std::string text;
+    google::protobuf::TextFormat::PrintToString(*report, &text);
+    std::cout << text;
+  } else if (format == "text") {
+    std::cout << deepspeed::FormatReport(*report);
+  } else {
+    return Fail(absl::InvalidArgumentError(absl::StrCat("--format=", format, ": expected text or textproto")));
+  }
+  return 0;
+}
+
+int RunConvert(int argc, char** argv) {
+  FlagSet f("convert",
+            "DeepSpeed ZeRO checkpoint -> universal checkpoint (a drop-in for deepspeed/checkpoint/ds_to_universal.py "
+            "that merges every param's tp slices by an explicit rule)");
+  converter::ConvertOptions o;
+  ZeroSourceFlags src;
+  bool explain = false, keep = false;
+  int threads = 0, extract_workers = 0;
+  int64_t divisible_by = 0;
+  f.String("input_folder", &o.input_folder, "the ZeRO checkpoint: a tag folder (global_stepN) or a root with `latest`",
+           true);
+  f.String("output_folder", &o.output_folder,
+           "the universal checkpoint folder to create (e.g. ROOT/global_stepN_universal); ROOT/latest_universal is "
+           "written last",
+           true);
+  src.Register(f);
+  f.Bool("explain", &explain, "print every param's merge kind, the source of that rule and why");
+  f.Int32("num_threads", &threads, "threads converting params in parallel (0 = all cores)");
+  f.Bool("overwrite", &o.write.overwrite, "replace an existing output folder (only once the new one is complete)");
+  f.Int("make_vocab_size_divisible_by", &divisible_by,
+        "recorded in the manifest for later resharding (0 = from the checkpoint's args)");
+  f.Int32("num_extract_workers", &extract_workers, "ds_to_universal.py compatibility: used as --num_threads when that is not set");
+  f.Ignored("num_merge_workers", true, "ds_to_universal.py compatibility: accepted, ucp has a single pass");
+  f.Bool("keep_temp_folder", &keep,
+         "ds_to_universal.py compatibility: ucp writes no temporary fragment files; with this flag a failed run "
+         "keeps its staging folder for inspection");
+  f.NegatedBool("no_strict", &o.strict,
+                "accept --rules patterns that match no param (by default they are an error, as ds_to_universal.py's "
+                "strict mode treats unused patterns)");
+  f.Ignored("inject_missing_state", false,
+            "ds_to_universal.py compatibility: ucp never requires universal_checkpoint_info, nothing to inject");
+  auto pos = f.Parse(argc, argv);
+  if (!pos.ok()) return Fail(pos.status());
+  if (f.help_requested()) {
+    std::cout << f.Usage();
+    return 0;
+  }
+  if (threads == 0 && extract_workers > 0) threads = extract_workers;
+  auto state = src.Options(threads, divisible_by);
+  if (!state.ok()) return Fail(state.status());
+  o.state = *state;
+  o.write.num_threads = threads;
+  o.write.keep_temp_folder = keep;
+  Progress progress("convert");
+  o.write.progress = progress.Callback();
+  auto result = converter::Convert(o);
+  if (!result.ok()) return Fail(result.status());
+  for (const auto& w : result->warnings) std::cerr << "ucp: warning: " << w << "\n";
+  if (explain) std::cout << result->explain << "\n";
+  std::cout << result->summary;
+  std::cout << "wrote " << o.output_folder << ": " << result->stats.params << " params, " << result->stats.files
+            << " files, " << result->stats.bytes << " bytes\n";
+  return 0;
+}
+
+int RunReshard(int argc, char** argv) {
+  FlagSet f("reshard",
+            "any checkpoint (universal, or ZeRO read in one pass) -> a regular DeepSpeed ZeRO checkpoint at a target "
+            "tp/pp/dp that any DeepSpeed version loads with a plain load_checkpoint");
+  loader::ReshardOptions o;
+  ZeroSourceFlags src;
+  int threads = 0;
+  std::string layer_types;
+  f.String("input_folder", &o.input_folder,
+           "a universal folder (or a root with latest_universal) or a ZeRO folder (tag folder or root with latest)",
+           true);
+  f.String("output_folder", &o.output_folder, "ROOT/TAG of the checkpoint to write; ROOT/latest is written last",
+           true);
+  f.Int32("tp", &o.write.target.tp, "target tensor-parallel degree");
+  f.Int32("pp", &o.write.target.pp, "target pipeline-parallel degree");
+  f.Int32("dp", &o.write.target.dp, "target data-parallel degree");
+  f.Int32("zero_stage", &o.write.zero_stage, "ZeRO stage of the output, 1 or 2 (0 = the source's)");
+  f.String("partition_method", &o.write.partition_method,
+           "pipeline stage partitioning, as PipelineModule's partition_method: parameters, uniform or type:REGEX "
+           "(\"\" = the one recorded in the checkpoint's args, else parameters)");
+  f.Int("make_vocab_size_divisible_by", &o.write.make_vocab_size_divisible_by,
+        "vocabulary padding multiple per tp rank, as Megatron's flag (0 = from the checkpoint's args or manifest)");
+  f.Int32("num_layers", &o.write.num_layers,
+          "number of PipelineModule layer specs (0 = up to the last layer holding tensors)");
+  f.String("layer_types", &layer_types,
+           "class names of layers for type:REGEX partitioning, as INDEX:NAME,... (default: guessed from param names)");
+  f.Int32("num_threads", &threads, "threads writing files in parallel (0 = all cores)");
+  f.Bool("overwrite", &o.write.overwrite, "replace an existing output folder (only once the new one is complete)");
+  f.Bool("verify_checksums", &o.verify_checksums, "check a ucp universal source against its manifest's sha256s first");
+  src.Register(f);
+  auto pos = f.Parse(argc, argv);
+  if (!pos.ok()) return Fail(pos.status());
+  if (f.help_requested()) {
+    std::cout << f.Usage();
+    return 0;
+  }
+  for (absl::string_view item : absl::StrSplit(layer_types, ',', absl::SkipEmpty())) {
+    std::pair<std::string, std::string> kv = absl::StrSplit(item, ':');
+    int idx = 0;
+    if (!absl::SimpleAtoi(kv.first, &idx) || kv.second.empty()) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat("--layer_types: expected INDEX:NAME, got '", item, "'")));
+    }
+    o.write.layer_types[idx] = kv.second;
+  }
+  auto zs = src.Options(threads, o.write.make_vocab_size_divisible_by);
+  if (!zs.ok()) return Fail(zs.status());
+  o.zero_source = *zs;
+  o.write.num_threads = threads;
+  Progress progress("reshard");
+  o.write.progress = progress.Callback();
+  auto result = loader::Reshard(o);
+  if (!result.ok()) return Fail(result.status());
+  std::cout << "resharded " << result->source_kind << " checkpoint " << o.input_folder << " ("
+            << result->source.ToString() << ") -> " << o.output_folder << " (" << o.write.target.ToString()
+            << ", ZeRO stage " << result->write.layout.zero_stage << "): " << result->write.files << " files, "
+            << result->write.bytes << " bytes\n";
+  if (!result->write.layout.parts.empty() && o.write.target.pp > 1) {
+    std::cout << "pipeline stages (" << result->write.layout.partition_method << "):";
+    for (int s = 0; s < o.write.target.pp; ++s) {
+      std::cout << " [" << result->write.layout.parts[s] << ", " << result->write.layout.parts[s + 1] << ")";
+    }
+    std::cout << "\n";
+  }
+  return 0;
+}
+
+int RunRules(int argc, char** argv) {
+  FlagSet f("rules", "prints the built-in merge-rule presets as MergeRules textproto, a start for a --rules file");
+  std::string preset;
+  f.String("preset", &preset, "one preset (gpt-neox, megatron-deepspeed, bloom); empty prints all");
+  auto pos = f.Parse(argc, argv);
+  if (!pos.ok()) return Fail(pos.status());
+  if (f.help_requested()) {
+    std::cout << f.Usage();
+    return 0;
+  }
+  std::vector<std::string> names = preset.empty() ? converter::PresetNames() : std::vector<std::string>{preset};
+  for (const auto& name : names) {
+    auto rules = converter::PresetRules(name);
+    if (!rules.ok()) return Fail(rules.status());
+    std::string text;
+    google::protobuf::TextFormat::PrintToString(*rules, &text);
+    std::cout << "# preset " << name << "\n" << text << "\n";
+  }
+  return 0;
+}
+
+constexpr char kUsage[] = R"(ucp: universal checkpoints for DeepSpeed that survive any change of parallelism
+
+usage: ucp <command> [flags]   (ucp <command> --help explains each flag)
+
+commands:
+  inspect PATH   what a checkpoint folder (ZeRO or universal) or a .pt file holds
+  convert        ZeRO checkpoint -> universal checkpoint (drop-in for ds_to_universal.py)
+  reshard        any checkpoint -> regular ZeRO checkpoint at a new tp/pp/dp
+  rules          print the built-in merge-rule presets
+  demo           the built-in example: generate a GPT-NeoX-style tp=2 ZeRO-1 checkpoint,
+                 convert it, reshard it to tp=1, verify it bitwise
+  fuzz           run the conformance properties on random models and topologies
+  golden         check (or update) a golden description of a universal checkpoint
+)";
+
+}  // namespace
+}  // namespace ucp::tools
+
+int main(int argc, char** argv) {
+  using namespace ucp::tools;
+  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h" ||
+      std::string(argv[1]) == "help") {
+    std::cout << kUsage;
+    return argc < 2 ? 1 : 0;
+  }
+  const std::string cmd = argv[1];
+  if (cmd == "inspect") return RunInspect(argc - 1, argv + 1);
+  if (cmd == "convert") return RunConvert(argc - 1, argv + 1);
+  if (cmd == "reshard") return RunReshard(argc - 1, argv + 1);
+  if (cmd == "rules") return RunRules(argc - 1, argv + 1);
+  for (const Command& c : ExtraCommands()) {
+    if (cmd == c.name) return c.run(argc - 1, argv + 1);
+  }
+  std::cerr << "ucp: unknown command '" << cmd << "'\n" << kUsage;
+  return 1;
+}

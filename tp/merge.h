@@ -1,0 +1,68 @@
+// How one parameter's tp slices combine into the full tensor and split again,
+// per MergeRule (proto/ucp.proto).
+//
+// Merging follows deepspeed/checkpoint/ds_to_universal.py:merge_tp_slices
+// when the right patterns are given; splitting follows
+// deepspeed/checkpoint/universal_checkpoint.py:load_hp_checkpoint_state
+// (chunk on cat_dim, sub-params chunked one by one, vocab re-padded with
+// zeros), except that a replicated or averaged param is recognized from its
+// rule, never from a shape comparison.
+//
+// Example:
+//   UCP_ASSIGN_OR_RETURN(TensorPlan full, MergeSlices(rule, slices, "2.attention.dense.weight"));
+//   UCP_ASSIGN_OR_RETURN(TensorPlan s1, SplitFull(rule, full, /*tp=*/4, /*rank=*/1, padded_rows, name));
+#ifndef UCP_TP_MERGE_H_
+#define UCP_TP_MERGE_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "absl/status/statusor.h"
+#include "proto/ucp.pb.h"
+#include "tp/tensor_plan.h"
+
+namespace ucp::tp {
+
+// "replicated", "average", "column", "row", "vocab", "sub_params".
+std::string MergeKindName(MergeKind kind);
+absl::StatusOr<MergeKind> ParseMergeKind(absl::string_view name);
+// A one-line description of a rule, e.g. "row (cat dim 1)", "sub_params (2 on dim 0)".
+std::string DescribeRule(const MergeRule& rule);
+// Checks the rule's own parameters (a SUB_PARAMS rule needs num_sub_params or
+// a sub_param_shape, ...). `name` is for messages.
+absl::Status ValidateRule(const MergeRule& rule, absl::string_view name);
+
+// The dimension the tp slices are concatenated on (0 for COLUMN/VOCAB, 1 for
+// ROW, cat_dim / partition_dim for SUB_PARAMS); -1 for REPLICATED/AVERAGE.
+int64_t PartitionDim(const MergeRule& rule);
+
+// Full (universal) shape from the shape of one tp slice. VOCAB returns the
+// padded shape (rows * tp); strip with `original_vocab_size` separately.
+absl::StatusOr<std::vector<int64_t>> FullShapeFromSlice(const MergeRule& rule, const std::vector<int64_t>& slice,
+                                                        int tp, absl::string_view name);
+// Shape of each tp slice for a full shape. For VOCAB, `padded_rows` is the
+// target's padded vocabulary (>= full rows); ignored for other kinds.
+absl::StatusOr<std::vector<int64_t>> SliceShapeFromFull(const MergeRule& rule, const std::vector<int64_t>& full,
+                                                        int tp, int64_t padded_rows, absl::string_view name);
+
+// Merges tp slices (in tp rank order) into the full tensor. REPLICATED returns
+// slices[0] (callers check that the copies agree); AVERAGE materializes the
+// element-wise mean (float types only); VOCAB strips the rows past
+// `original_vocab_size` (0 = keep all).
+absl::StatusOr<TensorPlan> MergeSlices(const MergeRule& rule, const std::vector<TensorPlan>& slices,
+                                       int64_t original_vocab_size, absl::string_view name);
+// The slice of tp rank `rank` out of `tp`. For VOCAB the full tensor is first
+// padded with zero rows to `padded_rows`.
+absl::StatusOr<TensorPlan> SplitFull(const MergeRule& rule, const TensorPlan& full, int tp, int rank,
+                                     int64_t padded_rows, absl::string_view name);
+
+// Megatron's padded vocabulary: the smallest multiple of
+// divisible_by * tp that is >= vocab.
+int64_t PaddedVocabSize(int64_t vocab, int64_t divisible_by, int tp);
+
+}  // namespace ucp::tp
+
+#endif  // UCP_TP_MERGE_H_

@@ -1,0 +1,170 @@
+#include "tp/merge.h"
+
+#include <cstring>
+#include <numeric>
+
+#include "gtest/gtest.h"
+#include "rapidcheck.h"
+#include "rapidcheck/gtest.h"
+
+namespace ucp::tp {
+namespace {
+
+using torch::DType;
+using torch::Tensor;
+
+TensorPlan Iota(std::vector<int64_t> shape, int32_t base) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  std::vector<int32_t> v(n);
+  std::iota(v.begin(), v.end(), base);
+  std::string bytes(v.size() * 4, '\0');
+  std::memcpy(bytes.data(), v.data(), bytes.size());
+  return TensorPlan::FromTensor(*Tensor::FromBytes(DType::kInt32, shape, bytes));
+}
+
+std::vector<int32_t> Values(const TensorPlan& p) {
+  std::vector<int32_t> out(p.numel());
+  EXPECT_TRUE(p.CopyFlat(0, p.numel(), reinterpret_cast<uint8_t*>(out.data())).ok());
+  return out;
+}
+
+MergeRule Rule(MergeKind kind) {
+  MergeRule r;
+  r.set_kind(kind);
+  return r;
+}
+
+TEST(MergeTest, ColumnAndRowAsDeepSpeedConcatenates) {
+  // tp slices [[0,1],[2,3]] and [[10,11],[12,13]].
+  std::vector<TensorPlan> slices = {Iota({2, 2}, 0), Iota({2, 2}, 10)};
+  auto col = MergeSlices(Rule(COLUMN), slices, 0, "w");
+  ASSERT_TRUE(col.ok());
+  EXPECT_EQ(col->shape(), (std::vector<int64_t>{4, 2}));
+  EXPECT_EQ(Values(*col), (std::vector<int32_t>{0, 1, 2, 3, 10, 11, 12, 13}));
+  auto row = MergeSlices(Rule(ROW), slices, 0, "w");
+  ASSERT_TRUE(row.ok());
+  EXPECT_EQ(row->shape(), (std::vector<int64_t>{2, 4}));
+  EXPECT_EQ(Values(*row), (std::vector<int32_t>{0, 1, 10, 11, 2, 3, 12, 13}));
+  // A row merge of a 1-D param is an error naming it.
+  auto bad = MergeSlices(Rule(ROW), {Iota({4}, 0), Iota({4}, 0)}, 0, "2.input_layernorm.scale");
+  EXPECT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("2.input_layernorm.scale"), std::string::npos);
+}
+
+TEST(MergeTest, ReplicatedKeepsOneCopy) {
+  auto full = MergeSlices(Rule(REPLICATED), {Iota({3}, 5), Iota({3}, 5)}, 0, "b");
+  ASSERT_TRUE(full.ok());
+  EXPECT_EQ(Values(*full), (std::vector<int32_t>{5, 6, 7}));
+  auto split = SplitFull(Rule(REPLICATED), *full, 4, 3, 0, "b");
+  ASSERT_TRUE(split.ok());
+  EXPECT_EQ(Values(*split), (std::vector<int32_t>{5, 6, 7}));
+}
+
+TEST(MergeTest, VocabStripsAndRepads) {
+  MergeRule r = Rule(VOCAB);
+  // 2 tp slices of 4 rows (8 padded rows), original vocab 6.
+  auto full = MergeSlices(r, {Iota({4, 1}, 0), Iota({4, 1}, 100)}, 6, "emb");
+  ASSERT_TRUE(full.ok());
+  EXPECT_EQ(Values(*full), (std::vector<int32_t>{0, 1, 2, 3, 100, 101}));
+  EXPECT_EQ(PaddedVocabSize(6, 4, 1), 8);
+  EXPECT_EQ(PaddedVocabSize(6, 4, 3), 12);
+  EXPECT_EQ(PaddedVocabSize(50257, 128, 8), 51200);
+  // tp=3 with 12 padded rows: 4 rows each, the last ones zero.
+  auto s2 = SplitFull(r, *full, 3, 1, 12, "emb");
+  ASSERT_TRUE(s2.ok());
+  EXPECT_EQ(Values(*s2), (std::vector<int32_t>{100, 101, 0, 0}));
+  EXPECT_FALSE(SplitFull(r, *full, 3, 0, 4, "emb").ok());  // padding below the vocab
+  EXPECT_FALSE(MergeSlices(r, {Iota({2, 1}, 0)}, 3, "emb").ok());  // vocab above the rows
+}
+
+TEST(MergeTest, TwoSubParamsInterleaveLikeSwiglu) {
+  MergeRule r = Rule(SUB_PARAMS);
+  r.set_num_sub_params(2);
+  r.set_cat_dim(0);
+  // Each tp rank holds [a_t; b_t] (2 rows each).
+  auto full = MergeSlices(r, {Iota({4, 1}, 0), Iota({4, 1}, 10)}, 0, "h_to_4h");
+  ASSERT_TRUE(full.ok());
+  // Full = [a_0; a_1; b_0; b_1].
+  EXPECT_EQ(Values(*full), (std::vector<int32_t>{0, 1, 10, 11, 2, 3, 12, 13}));
+  auto back = SplitFull(r, *full, 2, 1, 0, "h_to_4h");
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(Values(*back), (std::vector<int32_t>{10, 11, 12, 13}));
+}
+
+TEST(MergeTest, UnevenSubParamsLikeGqa) {
+  // q of 4 rows, k and v of 2 rows each, hidden 1; tp=2: each rank holds
+  // [q_t (2); k_t (1); v_t (1)].
+  MergeRule r = Rule(SUB_PARAMS);
+  auto* s = r.mutable_sub_param_shape();
+  auto* d0 = s->add_dim();
+  d0->add_size(4);
+  d0->add_size(2);
+  d0->add_size(2);
+  s->add_dim()->add_size(1);
+  s->set_partition_dim(0);
+  auto full = MergeSlices(r, {Iota({4, 1}, 0), Iota({4, 1}, 10)}, 0, "qkv");
+  ASSERT_TRUE(full.ok()) << full.status();
+  // Full = [q_0; q_1; k_0; k_1; v_0; v_1].
+  EXPECT_EQ(Values(*full), (std::vector<int32_t>{0, 1, 10, 11, 2, 12, 3, 13}));
+  for (int t = 0; t < 2; ++t) {
+    auto back = SplitFull(r, *full, 2, t, 0, "qkv");
+    ASSERT_TRUE(back.ok());
+    EXPECT_EQ(Values(*back), Values(Iota({4, 1}, 10 * t)));
+  }
+  // tp=4 splits 4/2/2 into 1/0.5: not divisible.
+  EXPECT_FALSE(SplitFull(r, *full, 4, 0, 0, "qkv").ok());
+}
+
+TEST(MergeTest, ShapesBothWays) {
+  EXPECT_EQ(*FullShapeFromSlice(Rule(ROW), {64, 32}, 2, "w"), (std::vector<int64_t>{64, 64}));
+  EXPECT_EQ(*FullShapeFromSlice(Rule(REPLICATED), {64}, 2, "w"), (std::vector<int64_t>{64}));
+  EXPECT_EQ(*SliceShapeFromFull(Rule(COLUMN), {192, 64}, 4, 0, "w"), (std::vector<int64_t>{48, 64}));
+  auto bad = SliceShapeFromFull(Rule(COLUMN), {190, 64}, 4, 0, "2.qkv");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("not divisible by 4"), std::string::npos);
+  EXPECT_EQ(*SliceShapeFromFull(Rule(VOCAB), {50257, 8}, 8, 51200, "e"), (std::vector<int64_t>{6400, 8}));
+}
+
+TEST(MergeTest, AverageOfEqualCopiesIsExact) {
+  // 0.1f * 3 / 3 is not 0.1f in float32 arithmetic; equal copies must stay exact.
+  float x = 0.1f;
+  std::string b(4, '\0');
+  std::memcpy(b.data(), &x, 4);
+  TensorPlan p = TensorPlan::FromTensor(*Tensor::FromBytes(DType::kFloat32, {1}, b));
+  auto avg = MergeSlices(Rule(AVERAGE), {p, p, p}, 0, "ln");
+  ASSERT_TRUE(avg.ok());
+  float y = 0;
+  ASSERT_TRUE(avg->CopyFlat(0, 1, reinterpret_cast<uint8_t*>(&y)).ok());
+  EXPECT_EQ(std::memcmp(&x, &y, 4), 0);
+}
+
+// Split then merge gives back the full tensor, for every kind and tp.
+RC_GTEST_PROP(MergeProperty, SplitThenMergeIsIdentity, ()) {
+  const int tp = *rc::gen::inRange(1, 9);
+  const int kind = *rc::gen::inRange(0, 4);
+  MergeRule r;
+  std::vector<int64_t> shape;
+  const int64_t unit = *rc::gen::inRange<int64_t>(1, 4);
+  const int64_t other = *rc::gen::inRange<int64_t>(1, 4);
+  switch (kind) {
+    case 0: r.set_kind(COLUMN); shape = {unit * tp, other}; break;
+    case 1: r.set_kind(ROW); shape = {other, unit * tp}; break;
+    case 2: r.set_kind(SUB_PARAMS); r.set_num_sub_params(2); r.set_cat_dim(0); shape = {2 * unit * tp, other}; break;
+    default: r.set_kind(REPLICATED); shape = {unit, other}; break;
+  }
+  TensorPlan full = Iota(shape, 7);
+  std::vector<TensorPlan> slices;
+  for (int t = 0; t < tp; ++t) {
+    auto s = SplitFull(r, full, tp, t, 0, "p");
+    RC_ASSERT(s.ok());
+    slices.push_back(*s);
+  }
+  auto merged = MergeSlices(r, slices, 0, "p");
+  RC_ASSERT(merged.ok());
+  RC_ASSERT(merged->shape() == shape);
+  RC_ASSERT(Values(*merged) == Values(full));
+}
+
+}  // namespace
+}  // namespace ucp::tp

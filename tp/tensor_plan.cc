@@ -1,0 +1,339 @@
+#include "tp/tensor_plan.h"
+
+#include <algorithm>
+#include <cstring>
+#include <unordered_map>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+
+namespace ucp::tp {
+namespace {
+
+int64_t Product(const std::vector<int64_t>& v, size_t begin, size_t end) {
+  int64_t p = 1;
+  for (size_t i = begin; i < end; ++i) p *= v[i];
+  return p;
+}
+
+absl::Status CheckDim(const std::vector<int64_t>& shape, int64_t dim, const char* op) {
+  if (dim < 0 || dim >= static_cast<int64_t>(shape.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": dim ", dim, " out of range for shape ",
+                                                   torch::ShapeString(shape)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+TensorPlan TensorPlan::FromTensor(const torch::Tensor& t) {
+  TensorPlan p;
+  p.dtype_ = t.dtype();
+  p.shape_ = t.sizes();
+  p.numel_ = t.numel();
+  p.sources_ = std::make_shared<const std::vector<torch::Tensor>>(std::vector<torch::Tensor>{t});
+  if (p.numel_ > 0) p.runs_.push_back(Run{0, 0, p.numel_});
+  p.FinishRuns();
+  return p;
+}
+
+absl::StatusOr<TensorPlan> TensorPlan::FromPieces(torch::DType dtype, std::vector<int64_t> shape,
+                                                  const std::vector<torch::Tensor>& pieces) {
+  TensorPlan p;
+  p.dtype_ = dtype;
+  p.numel_ = Product(shape, 0, shape.size());
+  p.shape_ = std::move(shape);
+  int64_t total = 0;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    if (pieces[i].dtype() != dtype) {
+      return absl::InvalidArgumentError(absl::StrCat("piece ", i, " has dtype ", std::string(torch::DTypeName(pieces[i].dtype())),
+                                                     ", expected ", std::string(torch::DTypeName(dtype))));
+    }
+    total += pieces[i].numel();
+  }
+  if (total != p.numel_) {
+    return absl::InvalidArgumentError(absl::StrCat("pieces hold ", total, " elements, shape ",
+                                                   torch::ShapeString(p.shape_), " needs ", p.numel_));
+  }
+  p.sources_ = std::make_shared<const std::vector<torch::Tensor>>(pieces);
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    if (pieces[i].numel() > 0) p.AppendRun(Run{static_cast<int>(i), 0, pieces[i].numel()});
+  }
+  p.FinishRuns();
+  return p;
+}
+
+TensorPlan TensorPlan::Zeros(torch::DType dtype, std::vector<int64_t> shape) {
+  TensorPlan p;
+  p.dtype_ = dtype;
+  p.numel_ = Product(shape, 0, shape.size());
+  p.shape_ = std::move(shape);
+  p.sources_ = std::make_shared<const std::vector<torch::Tensor>>();
+  if (p.numel_ > 0) p.runs_.push_back(Run{-1, 0, p.numel_});
+  p.FinishRuns();
+  return p;
+}
+
+void TensorPlan::AppendRun(const Run& r) {
+  if (r.length == 0) return;
+  if (!runs_.empty()) {
+    Run& last = runs_.back();
+    if (last.source == r.source && (r.source == -1 || last.offset + last.length == r.offset)) {
+      last.length += r.length;
+      return;
+    }
+  }
+  runs_.push_back(r);
+}
+
+void TensorPlan::FinishRuns() { run_starts_ = ComputeStarts(); }
+
+std::vector<int64_t> TensorPlan::ComputeStarts() const {
+  std::vector<int64_t> starts;
+  starts.reserve(runs_.size());
+  int64_t s = 0;
+  for (const Run& r : runs_) {
+    starts.push_back(s);
+    s += r.length;
+  }
+  return starts;
+}
+
+void TensorPlan::AppendRange(const TensorPlan& from, int64_t start, int64_t count, int source_base) {
+  if (count <= 0) return;
+  auto it = std::upper_bound(from.run_starts_.begin(), from.run_starts_.end(), start);
+  size_t i = static_cast<size_t>(it - from.run_starts_.begin()) - 1;
+  int64_t pos = start;
+  const int64_t end = start + count;
+  while (pos < end && i < from.runs_.size()) {
+    const Run& r = from.runs_[i];
+    const int64_t run_start = from.run_starts_[i];
+    const int64_t within = pos - run_start;
+    const int64_t take = std::min(r.length - within, end - pos);
+    Run out;
+    out.source = r.source < 0 ? -1 : r.source + source_base;
+    out.offset = r.source < 0 ? 0 : r.offset + within;
+    out.length = take;
+    AppendRun(out);
+    pos += take;
+    ++i;
+  }
+}
+
+absl::StatusOr<TensorPlan> TensorPlan::Reshape(std::vector<int64_t> shape) const {
+  int64_t n = 1;
+  int infer = -1;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] == -1) {
+      if (infer >= 0) return absl::InvalidArgumentError("reshape: more than one -1");
+      infer = static_cast<int>(i);
+    } else if (shape[i] < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("reshape: negative size in ", torch::ShapeString(shape)));
+    } else {
+      n *= shape[i];
+    }
+  }
+  if (infer >= 0) {
+    if (n == 0 || numel_ % n != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("reshape: cannot view ", torch::ShapeString(shape_), " as ", torch::ShapeString(shape)));
+    }
+    shape[infer] = numel_ / n;
+    n = numel_;
+  }
+  if (n != numel_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("reshape: cannot view ", torch::ShapeString(shape_), " as ", torch::ShapeString(shape)));
+  }
+  TensorPlan p = *this;
+  p.shape_ = std::move(shape);
+  return p;
+}
+
+absl::StatusOr<TensorPlan> TensorPlan::Narrow(int64_t dim, int64_t start, int64_t length) const {
+  UCP_RETURN_IF_ERROR(CheckDim(shape_, dim, "narrow"));
+  if (start < 0 || length < 0 || start + length > shape_[dim]) {
+    return absl::OutOfRangeError(absl::StrCat("narrow: [", start, ", ", start + length, ") outside dim ", dim,
+                                              " of ", torch::ShapeString(shape_)));
+  }
+  TensorPlan p;
+  p.dtype_ = dtype_;
+  p.sources_ = sources_;
+  p.shape_ = shape_;
+  p.shape_[dim] = length;
+  p.numel_ = Product(p.shape_, 0, p.shape_.size());
+  const int64_t outer = Product(shape_, 0, dim);
+  const int64_t block = Product(shape_, dim + 1, shape_.size());
+  for (int64_t o = 0; o < outer; ++o) {
+    p.AppendRange(*this, (o * shape_[dim] + start) * block, length * block, 0);
+  }
+  p.FinishRuns();
+  return p;
+}
+
+absl::StatusOr<std::vector<TensorPlan>> TensorPlan::Chunk(int64_t chunks, int64_t dim) const {
+  UCP_RETURN_IF_ERROR(CheckDim(shape_, dim, "chunk"));
+  if (chunks <= 0) return absl::InvalidArgumentError(absl::StrCat("chunk: chunks must be > 0, got ", chunks));
+  const int64_t size = shape_[dim];
+  const int64_t step = (size + chunks - 1) / chunks;
+  std::vector<TensorPlan> out;
+  if (step == 0) {
+    out.push_back(*this);
+    return out;
+  }
+  for (int64_t start = 0; start < size; start += step) {
+    UCP_ASSIGN_OR_RETURN(TensorPlan c, Narrow(dim, start, std::min(step, size - start)));
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+absl::StatusOr<TensorPlan> TensorPlan::FlatRange(int64_t start, int64_t count) const {
+  if (start < 0 || count < 0 || start + count > numel_) {
+    return absl::OutOfRangeError(absl::StrCat("flat range [", start, ", ", start + count, ") outside ", numel_,
+                                              " elements"));
+  }
+  TensorPlan p;
+  p.dtype_ = dtype_;
+  p.sources_ = sources_;
+  p.shape_ = {count};
+  p.numel_ = count;
+  p.AppendRange(*this, start, count, 0);
+  p.FinishRuns();
+  return p;
+}
+
+absl::StatusOr<TensorPlan> TensorPlan::Cat(const std::vector<TensorPlan>& plans, int64_t dim) {
+  if (plans.empty()) return absl::InvalidArgumentError("cat: no tensors");
+  const TensorPlan& first = plans[0];
+  UCP_RETURN_IF_ERROR(CheckDim(first.shape_, dim, "cat"));
+  std::vector<int64_t> shape = first.shape_;
+  shape[dim] = 0;
+  for (size_t i = 0; i < plans.size(); ++i) {
+    const TensorPlan& p = plans[i];
+    if (p.dtype_ != first.dtype_) {
+      return absl::InvalidArgumentError(absl::StrCat("cat: tensor ", i, " has dtype ", std::string(torch::DTypeName(p.dtype_)),
+                                                     ", tensor 0 has ", std::string(torch::DTypeName(first.dtype_))));
+    }
+    if (p.shape_.size() != first.shape_.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("cat: tensor ", i, " has shape ", torch::ShapeString(p.shape_),
+                                                     ", tensor 0 has ", torch::ShapeString(first.shape_)));
+    }
+    for (size_t d = 0; d < p.shape_.size(); ++d) {
+      if (static_cast<int64_t>(d) != dim && p.shape_[d] != first.shape_[d]) {
+        return absl::InvalidArgumentError(absl::StrCat("cat on dim ", dim, ": tensor ", i, " has shape ",
+                                                       torch::ShapeString(p.shape_), ", tensor 0 has ",
+                                                       torch::ShapeString(first.shape_)));
+      }
+    }
+    shape[dim] += p.shape_[dim];
+  }
+  TensorPlan out;
+  out.dtype_ = first.dtype_;
+  out.shape_ = shape;
+  out.numel_ = Product(shape, 0, shape.size());
+  // Merge the source lists, sharing them when plans share one.
+  auto sources = std::make_shared<std::vector<torch::Tensor>>();
+  std::unordered_map<const void*, int> base_of;
+  std::vector<int> bases(plans.size());
+  for (size_t i = 0; i < plans.size(); ++i) {
+    const void* key = plans[i].sources_.get();
+    auto it = base_of.find(key);
+    if (it != base_of.end()) {
+      bases[i] = it->second;
+      continue;
+    }
+    bases[i] = static_cast<int>(sources->size());
+    base_of[key] = bases[i];
+    if (plans[i].sources_) sources->insert(sources->end(), plans[i].sources_->begin(), plans[i].sources_->end());
+  }
+  out.sources_ = sources;
+  const int64_t outer = Product(shape, 0, dim);
+  const int64_t block = Product(shape, dim + 1, shape.size());
+  for (int64_t o = 0; o < outer; ++o) {
+    for (size_t i = 0; i < plans.size(); ++i) {
+      const int64_t n = plans[i].shape_[dim] * block;
+      out.AppendRange(plans[i], o * n, n, bases[i]);
+    }
+  }
+  out.FinishRuns();
+  return out;
+}
+
+absl::StatusOr<TensorPlan> TensorPlan::PadDim0(int64_t rows) const {
+  if (shape_.empty()) return absl::InvalidArgumentError("pad: a 0-dim tensor has no rows");
+  if (rows < shape_[0]) {
+    return absl::InvalidArgumentError(absl::StrCat("pad: ", rows, " rows is fewer than the ", shape_[0], " of ",
+                                                   torch::ShapeString(shape_)));
+  }
+  if (rows == shape_[0]) return *this;
+  std::vector<int64_t> pad_shape = shape_;
+  pad_shape[0] = rows - shape_[0];
+  return Cat({*this, Zeros(dtype_, pad_shape)}, 0);
+}
+
+absl::Status TensorPlan::CopyFlat(int64_t start, int64_t count, uint8_t* out) const {
+  if (start < 0 || count < 0 || start + count > numel_) {
+    return absl::OutOfRangeError(absl::StrCat("copy: [", start, ", ", start + count, ") outside ", numel_,
+                                              " elements"));
+  }
+  if (count == 0) return absl::OkStatus();
+  const size_t isz = torch::ItemSize(dtype_);
+  auto it = std::upper_bound(run_starts_.begin(), run_starts_.end(), start);
+  size_t i = static_cast<size_t>(it - run_starts_.begin()) - 1;
+  int64_t pos = start;
+  const int64_t end = start + count;
+  while (pos < end) {
+    const Run& r = runs_[i];
+    const int64_t within = pos - run_starts_[i];
+    const int64_t take = std::min(r.length - within, end - pos);
+    uint8_t* dst = out + static_cast<size_t>(pos - start) * isz;
+    if (r.source < 0) {
+      std::memset(dst, 0, static_cast<size_t>(take) * isz);
+    } else {
+      const torch::Tensor& src = (*sources_)[r.source];
+      if (src.is_contiguous()) {
+        std::memcpy(dst, src.data() + static_cast<size_t>(r.offset + within) * isz, static_cast<size_t>(take) * isz);
+      } else {
+        UCP_RETURN_IF_ERROR(src.CopyFlatRange(r.offset + within, take, dst));
+      }
+    }
+    pos += take;
+    ++i;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<torch::Tensor> TensorPlan::Materialize() const {
+  std::string bytes(nbytes(), '\0');
+  UCP_RETURN_IF_ERROR(CopyFlat(0, numel_, reinterpret_cast<uint8_t*>(bytes.data())));
+  return torch::Tensor::FromBytes(dtype_, shape_, std::move(bytes));
+}
+
+absl::StatusOr<bool> TensorPlan::BitwiseEqual(const TensorPlan& a, const TensorPlan& b) {
+  if (a.dtype_ != b.dtype_ || a.shape_ != b.shape_) return false;
+  const size_t isz = torch::ItemSize(a.dtype_);
+  const int64_t chunk = std::max<int64_t>(1, (int64_t{4} << 20) / static_cast<int64_t>(isz));
+  std::vector<uint8_t> x(static_cast<size_t>(std::min(chunk, a.numel_)) * isz);
+  std::vector<uint8_t> y(x.size());
+  for (int64_t s = 0; s < a.numel_; s += chunk) {
+    const int64_t n = std::min(chunk, a.numel_ - s);
+    UCP_RETURN_IF_ERROR(a.CopyFlat(s, n, x.data()));
+    UCP_RETURN_IF_ERROR(b.CopyFlat(s, n, y.data()));
+    if (std::memcmp(x.data(), y.data(), static_cast<size_t>(n) * isz) != 0) return false;
+  }
+  return true;
+}
+
+bool TensorPlan::IsWholeContiguousSource() const {
+  if (runs_.size() != 1 || runs_[0].source < 0 || runs_[0].offset != 0) return false;
+  const torch::Tensor& src = (*sources_)[runs_[0].source];
+  return src.is_contiguous() && src.numel() == numel_ && src.sizes() == shape_;
+}
+
+const torch::Tensor* TensorPlan::source_tensor() const {
+  if (!IsWholeContiguousSource()) return nullptr;
+  return &(*sources_)[runs_[0].source];
+}
+
+}  // namespace ucp::tp

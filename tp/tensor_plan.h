@@ -1,0 +1,98 @@
+// TensorPlan: a tensor described as a row-major sequence of runs of elements
+// taken from source tensors (or zeros), so that tp merges, tp splits, vocab
+// padding and ZeRO flattening can be composed without copying anything until
+// the bytes are written out.
+//
+// The converter builds the full tensor of a param as Cat/Narrow of plans over
+// the ZeRO fragments in the optimizer files; the loader builds a tp slice as
+// Narrow/Chunk of a plan over the universal file's tensor; the writers then
+// stream `CopyFlat` ranges straight into the output files. Sources are
+// `torch::Tensor` views (memory-mapped), so a plan holds no tensor data.
+//
+// Example:
+//   TensorPlan a = TensorPlan::FromTensor(slice0), b = TensorPlan::FromTensor(slice1);
+//   UCP_ASSIGN_OR_RETURN(TensorPlan full, TensorPlan::Cat({a, b}, /*dim=*/1));
+//   std::vector<uint8_t> out(full.nbytes());
+//   UCP_RETURN_IF_ERROR(full.CopyFlat(0, full.numel(), out.data()));
+#ifndef UCP_TP_TENSOR_PLAN_H_
+#define UCP_TP_TENSOR_PLAN_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "format/torch/dtype.h"
+#include "format/torch/tensor.h"
+
+namespace ucp::tp {
+
+class TensorPlan {
+ public:
+  TensorPlan() = default;
+  // The whole of `t` (any strides), with its shape.
+  static TensorPlan FromTensor(const torch::Tensor& t);
+  // The flat concatenation of `pieces` (each taken in its own row-major
+  // order), viewed as `shape`. kInvalidArgument unless the numels add up and
+  // the dtypes agree.
+  static absl::StatusOr<TensorPlan> FromPieces(torch::DType dtype, std::vector<int64_t> shape,
+                                               const std::vector<torch::Tensor>& pieces);
+  static TensorPlan Zeros(torch::DType dtype, std::vector<int64_t> shape);
+
+  torch::DType dtype() const { return dtype_; }
+  const std::vector<int64_t>& shape() const { return shape_; }
+  int64_t dim() const { return static_cast<int64_t>(shape_.size()); }
+  int64_t numel() const { return numel_; }
+  size_t nbytes() const { return static_cast<size_t>(numel_) * torch::ItemSize(dtype_); }
+  size_t num_runs() const { return runs_.size(); }
+
+  // Same elements, another shape of equal numel (row-major, like a view).
+  absl::StatusOr<TensorPlan> Reshape(std::vector<int64_t> shape) const;
+  absl::StatusOr<TensorPlan> Narrow(int64_t dim, int64_t start, int64_t length) const;
+  // torch.chunk semantics (ceil(size / chunks) per chunk, last may be smaller).
+  absl::StatusOr<std::vector<TensorPlan>> Chunk(int64_t chunks, int64_t dim) const;
+  // Elements [start, start + count) of the flattening, as a 1-D plan.
+  absl::StatusOr<TensorPlan> FlatRange(int64_t start, int64_t count) const;
+  // torch.cat: equal dtype, equal sizes except on `dim`.
+  static absl::StatusOr<TensorPlan> Cat(const std::vector<TensorPlan>& plans, int64_t dim);
+  // Appends rows of zeros on dim 0 up to `rows` (vocab padding); `rows` must be
+  // >= shape()[0].
+  absl::StatusOr<TensorPlan> PadDim0(int64_t rows) const;
+
+  // Copies elements [start, start + count) of the row-major flattening to
+  // `out` (count * itemsize bytes).
+  absl::Status CopyFlat(int64_t start, int64_t count, uint8_t* out) const;
+  // The whole plan as a contiguous tensor on an owned storage.
+  absl::StatusOr<torch::Tensor> Materialize() const;
+  // Bitwise equality of the elements (shapes must match too), streamed in
+  // bounded memory.
+  static absl::StatusOr<bool> BitwiseEqual(const TensorPlan& a, const TensorPlan& b);
+  // True when the plan is exactly one contiguous source tensor viewed whole:
+  // then `source_tensor()` can be written without copying.
+  bool IsWholeContiguousSource() const;
+  const torch::Tensor* source_tensor() const;
+
+ private:
+  struct Run {
+    int source = -1;     // index into sources_, or -1 for zeros
+    int64_t offset = 0;  // first element in the source's row-major order
+    int64_t length = 0;  // elements
+  };
+  void AppendRun(const Run& r);
+  void AppendRange(const TensorPlan& from, int64_t start, int64_t count, int source_base);
+  void FinishRuns();
+  std::vector<int64_t> ComputeStarts() const;
+
+  torch::DType dtype_ = torch::DType::kFloat32;
+  std::vector<int64_t> shape_;
+  int64_t numel_ = 0;
+  std::shared_ptr<const std::vector<torch::Tensor>> sources_;
+  std::vector<Run> runs_;
+  std::vector<int64_t> run_starts_;  // flat start of each run
+};
+
+}  // namespace ucp::tp
+
+#endif  // UCP_TP_TENSOR_PLAN_H_

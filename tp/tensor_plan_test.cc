@@ -1,0 +1,179 @@
+#include "tp/tensor_plan.h"
+
+#include <cstring>
+#include <numeric>
+
+#include "gtest/gtest.h"
+#include "rapidcheck.h"
+#include "rapidcheck/gtest.h"
+
+namespace ucp::tp {
+namespace {
+
+using torch::DType;
+using torch::Tensor;
+
+// A reference dense tensor of int32 values with naive index math.
+struct Dense {
+  std::vector<int64_t> shape;
+  std::vector<int32_t> data;
+};
+
+int64_t Numel(const std::vector<int64_t>& s) {
+  return std::accumulate(s.begin(), s.end(), int64_t{1}, std::multiplies<int64_t>());
+}
+
+Dense MakeDense(std::vector<int64_t> shape, int32_t base) {
+  Dense d{shape, std::vector<int32_t>(Numel(shape))};
+  std::iota(d.data.begin(), d.data.end(), base);
+  return d;
+}
+
+Tensor ToTensor(const Dense& d) {
+  std::string bytes(d.data.size() * 4, '\0');
+  std::memcpy(bytes.data(), d.data.data(), bytes.size());
+  return *Tensor::FromBytes(DType::kInt32, d.shape, bytes);
+}
+
+std::vector<int32_t> PlanValues(const TensorPlan& p) {
+  std::vector<int32_t> out(p.numel());
+  EXPECT_TRUE(p.CopyFlat(0, p.numel(), reinterpret_cast<uint8_t*>(out.data())).ok());
+  return out;
+}
+
+Dense NarrowDense(const Dense& d, int dim, int64_t start, int64_t len) {
+  Dense out;
+  out.shape = d.shape;
+  out.shape[dim] = len;
+  const int64_t outer = Numel({d.shape.begin(), d.shape.begin() + dim});
+  const int64_t block = Numel({d.shape.begin() + dim + 1, d.shape.end()});
+  for (int64_t o = 0; o < outer; ++o) {
+    for (int64_t i = 0; i < len * block; ++i) {
+      out.data.push_back(d.data[(o * d.shape[dim] + start) * block + i]);
+    }
+  }
+  return out;
+}
+
+Dense CatDense(const std::vector<Dense>& ds, int dim) {
+  Dense out;
+  out.shape = ds[0].shape;
+  out.shape[dim] = 0;
+  for (const auto& d : ds) out.shape[dim] += d.shape[dim];
+  const int64_t outer = Numel({out.shape.begin(), out.shape.begin() + dim});
+  const int64_t block = Numel({out.shape.begin() + dim + 1, out.shape.end()});
+  for (int64_t o = 0; o < outer; ++o) {
+    for (const auto& d : ds) {
+      const int64_t n = d.shape[dim] * block;
+      for (int64_t i = 0; i < n; ++i) out.data.push_back(d.data[o * n + i]);
+    }
+  }
+  return out;
+}
+
+TEST(TensorPlanTest, RowCatInterleavesRows) {
+  Dense a = MakeDense({2, 2}, 0);   // [[0,1],[2,3]]
+  Dense b = MakeDense({2, 2}, 10);  // [[10,11],[12,13]]
+  auto cat = TensorPlan::Cat({TensorPlan::FromTensor(ToTensor(a)), TensorPlan::FromTensor(ToTensor(b))}, 1);
+  ASSERT_TRUE(cat.ok());
+  EXPECT_EQ(cat->shape(), (std::vector<int64_t>{2, 4}));
+  EXPECT_EQ(PlanValues(*cat), (std::vector<int32_t>{0, 1, 10, 11, 2, 3, 12, 13}));
+  // Narrowing back gives the second slice as one run per row.
+  auto back = cat->Narrow(1, 2, 2);
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(PlanValues(*back), b.data);
+}
+
+TEST(TensorPlanTest, PiecesFormOneFlatTensor) {
+  Dense a = MakeDense({3}, 0);
+  Dense b = MakeDense({2, 1}, 3);
+  Dense c = MakeDense({1}, 5);
+  auto p = TensorPlan::FromPieces(DType::kInt32, {2, 3}, {ToTensor(a), ToTensor(b), ToTensor(c)});
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(PlanValues(*p), (std::vector<int32_t>{0, 1, 2, 3, 4, 5}));
+  // Adjacent runs of different sources stay separate, runs of one source merge.
+  EXPECT_EQ(p->num_runs(), 3u);
+  EXPECT_FALSE(TensorPlan::FromPieces(DType::kInt32, {2, 2}, {ToTensor(a)}).ok());
+  EXPECT_FALSE(TensorPlan::FromPieces(DType::kFloat32, {3}, {ToTensor(a)}).ok());
+}
+
+TEST(TensorPlanTest, PadDim0AddsZeroRows) {
+  Dense a = MakeDense({2, 2}, 1);
+  auto p = TensorPlan::FromTensor(ToTensor(a)).PadDim0(3);
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(PlanValues(*p), (std::vector<int32_t>{1, 2, 3, 4, 0, 0}));
+  EXPECT_FALSE(TensorPlan::FromTensor(ToTensor(a)).PadDim0(1).ok());
+}
+
+TEST(TensorPlanTest, ErrorsNameTheShapes) {
+  Dense a = MakeDense({2, 3}, 0);
+  TensorPlan p = TensorPlan::FromTensor(ToTensor(a));
+  EXPECT_EQ(p.Narrow(1, 2, 2).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(p.Narrow(2, 0, 1).status().code(), absl::StatusCode::kInvalidArgument);
+  auto bad = TensorPlan::Cat({p, TensorPlan::FromTensor(ToTensor(MakeDense({3, 3}, 0)))}, 1);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("[3, 3]"), std::string::npos) << bad.status();
+  EXPECT_FALSE(p.Reshape({4, 2}).ok());
+  EXPECT_TRUE(p.Reshape({3, -1}).ok());
+}
+
+TEST(TensorPlanTest, WholeContiguousSourceIsRecognized) {
+  Tensor t = ToTensor(MakeDense({4, 4}, 0));
+  TensorPlan p = TensorPlan::FromTensor(t);
+  EXPECT_TRUE(p.IsWholeContiguousSource());
+  EXPECT_FALSE(p.Narrow(0, 0, 2)->IsWholeContiguousSource());
+  auto parts = p.Chunk(2, 1);
+  ASSERT_TRUE(parts.ok());
+  auto whole = TensorPlan::Cat(*parts, 1);
+  ASSERT_TRUE(whole.ok());
+  EXPECT_TRUE(whole->IsWholeContiguousSource());  // runs re-merge into the source
+}
+
+// Random compositions of narrow and cat agree with the naive reference.
+RC_GTEST_PROP(TensorPlanProperty, NarrowCatMatchReference, ()) {
+  const int ndim = *rc::gen::inRange(1, 4);
+  std::vector<int64_t> shape;
+  for (int i = 0; i < ndim; ++i) shape.push_back(*rc::gen::inRange<int64_t>(1, 6));
+  const int parts = *rc::gen::inRange(1, 4);
+  const int cat_dim = *rc::gen::inRange(0, ndim);
+  std::vector<Dense> dense;
+  std::vector<TensorPlan> plans;
+  for (int i = 0; i < parts; ++i) {
+    std::vector<int64_t> s = shape;
+    s[cat_dim] = *rc::gen::inRange<int64_t>(1, 5);
+    dense.push_back(MakeDense(s, 1000 * i));
+    // Half the parts come as two flat pieces, as ZeRO fragments do.
+    Tensor t = ToTensor(dense.back());
+    if (t.numel() > 1 && *rc::gen::arbitrary<bool>()) {
+      auto flat = *t.View({t.numel()});
+      const int64_t cut = *rc::gen::inRange<int64_t>(1, t.numel());
+      plans.push_back(*TensorPlan::FromPieces(DType::kInt32, s, {*flat.Narrow(0, 0, cut),
+                                                                 *flat.Narrow(0, cut, t.numel() - cut)}));
+    } else {
+      plans.push_back(TensorPlan::FromTensor(t));
+    }
+  }
+  Dense ref = CatDense(dense, cat_dim);
+  auto plan = TensorPlan::Cat(plans, cat_dim);
+  RC_ASSERT(plan.ok());
+  RC_ASSERT(plan->shape() == ref.shape);
+  RC_ASSERT(PlanValues(*plan) == ref.data);
+  const int nd = *rc::gen::inRange(0, ndim);
+  const int64_t start = *rc::gen::inRange<int64_t>(0, ref.shape[nd]);
+  const int64_t len = *rc::gen::inRange<int64_t>(0, ref.shape[nd] - start + 1);
+  Dense ref_n = NarrowDense(ref, nd, start, len);
+  auto n = plan->Narrow(nd, start, len);
+  RC_ASSERT(n.ok());
+  RC_ASSERT(PlanValues(*n) == ref_n.data);
+  // Any flat sub-range copies the same elements.
+  if (n->numel() > 0) {
+    const int64_t fs = *rc::gen::inRange<int64_t>(0, n->numel());
+    const int64_t fc = *rc::gen::inRange<int64_t>(0, n->numel() - fs + 1);
+    std::vector<int32_t> sub(fc);
+    RC_ASSERT(n->CopyFlat(fs, fc, reinterpret_cast<uint8_t*>(sub.data())).ok());
+    RC_ASSERT(std::equal(sub.begin(), sub.end(), ref_n.data.begin() + fs));
+  }
+}
+
+}  // namespace
+}  // namespace ucp::tp

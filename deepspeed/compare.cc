@@ -61,7 +61,10 @@ class Comparer {
           for (const auto& k : ky) {
             if (std::find(kx.begin(), kx.end(), k) == kx.end()) Add(path, absl::StrCat("key ", k, " only in the second"));
           }
-          if (diffs.empty() || kx.size() == ky.size()) Add(path, "keys in a different order");
+          std::vector<std::string> sx = kx, sy = ky;
+          std::sort(sx.begin(), sx.end());
+          std::sort(sy.begin(), sy.end());
+          if (sx == sy && !o_.ignore_key_order) Add(path, "keys in a different order");
         }
         for (const auto& [k, v] : x.dict_items()) {
           const Value* w = y.DictGet(k);

@@ -16,6 +16,8 @@ namespace ucp::deepspeed {
 struct CompareOptions {
   size_t max_differences = 20;
   bool compare_requires_grad = false;
+  // Dicts with the same keys in another order are equal.
+  bool ignore_key_order = false;
 };
 
 // Differences between two value trees, as "path: what" lines.

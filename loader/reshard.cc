@@ -24,7 +24,9 @@ absl::StatusOr<std::unique_ptr<deepspeed::ModelState>> OpenModelState(
     o.verify_checksums = verify_checksums;
     UCP_ASSIGN_OR_RETURN(auto u, deepspeed::UniversalCheckpoint::Open(path, o));
     std::shared_ptr<const deepspeed::UniversalCheckpoint> shared(std::move(u));
-    UCP_ASSIGN_OR_RETURN(auto state, UniversalModelState::Make(shared));
+    UniversalModelState::Options uo;
+    uo.rules = zero_options.rules;
+    UCP_ASSIGN_OR_RETURN(auto state, UniversalModelState::Make(shared, uo));
     return std::unique_ptr<deepspeed::ModelState>(std::move(state));
   }
   UCP_ASSIGN_OR_RETURN(auto z, deepspeed::ZeroCheckpoint::Open(path));

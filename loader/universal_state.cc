@@ -47,14 +47,14 @@ std::string LocalName(const std::string& name) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<UniversalModelState>> UniversalModelState::Make(
-    std::shared_ptr<const deepspeed::UniversalCheckpoint> ckpt) {
+    std::shared_ptr<const deepspeed::UniversalCheckpoint> ckpt, const Options& options) {
   std::unique_ptr<UniversalModelState> s(new UniversalModelState());
   s->ckpt_ = std::move(ckpt);
-  UCP_RETURN_IF_ERROR(s->Build());
+  UCP_RETURN_IF_ERROR(s->Build(options));
   return s;
 }
 
-absl::Status UniversalModelState::Build() {
+absl::Status UniversalModelState::Build(const Options& options) {
   const deepspeed::UniversalCheckpoint& u = *ckpt_;
   const deepspeed::ModelStatesFiles& ms = u.model_states();
   const std::optional<Manifest>& manifest = u.manifest();
@@ -194,6 +194,106 @@ absl::Status UniversalModelState::Build() {
     info_.num_layers = max_layer + 1;
     for (int l = 0; l < info_.num_layers; ++l) info_.module_layers.push_back(l);
   }
+  stored_rule_.assign(info_.params.size(), std::nullopt);
+  if (!manifest) UCP_RETURN_IF_ERROR(Reinterpret(options));
+  return absl::OkStatus();
+}
+
+absl::Status UniversalModelState::Reinterpret(const Options& options) {
+  const deepspeed::UniversalCheckpoint& u = *ckpt_;
+  const int tp_src = u.model_states().topology().tp;
+  std::vector<std::string> names;
+  for (const auto& p : info_.params) names.push_back(p.name);
+  UCP_ASSIGN_OR_RETURN(converter::RuleResolver resolver,
+                       converter::RuleResolver::Make(options.rules, u.model_states().universal_checkpoint_info(), names));
+  if (resolver.original_vocab_size() > 0 && info_.original_vocab_size == 0) {
+    info_.original_vocab_size = resolver.original_vocab_size();
+  }
+  auto same = [](MergeRule a, MergeRule b) {
+    for (MergeRule* r : {&a, &b}) {
+      r->clear_pattern();
+      r->clear_comment();
+      r->clear_original_vocab_size();
+    }
+    return a.SerializeAsString() == b.SerializeAsString();
+  };
+  for (size_t i = 0; i < info_.params.size(); ++i) {
+    ParamState& p = info_.params[i];
+    // Only DeepSpeed's default for names no pattern matched is suspect.
+    if (!p.trainable() || p.rule.kind() != COLUMN) continue;
+    const MergeRule stored = p.rule;
+    converter::RuleDecision d = resolver.Decide(p.name);
+    if (!d.rule && tp_src > 1) {
+      // Evidence: tp equal copies concatenated on dim 0 are a replicated param.
+      bool equal = true;
+      std::vector<std::string> states = {deepspeed::kFp32State};
+      states.insert(states.end(), info_.state_keys.begin(), info_.state_keys.end());
+      for (const std::string& state : states) {
+        UCP_ASSIGN_OR_RETURN(deepspeed::UniversalStateFile f, u.ReadState(p.name, state));
+        tp::TensorPlan plan = tp::TensorPlan::FromTensor(f.param);
+        auto first = tp::SplitFull(stored, plan, tp_src, 0, 0, p.name);
+        if (!first.ok()) {
+          equal = false;
+          break;
+        }
+        for (int t = 1; t < tp_src && equal; ++t) {
+          UCP_ASSIGN_OR_RETURN(tp::TensorPlan other, tp::SplitFull(stored, plan, tp_src, t, 0, p.name));
+          UCP_ASSIGN_OR_RETURN(equal, tp::TensorPlan::BitwiseEqual(*first, other));
+        }
+        if (!equal) break;
+      }
+      if (equal) {
+        MergeRule r;
+        r.set_pattern(p.name);
+        r.set_kind(REPLICATED);
+        d.rule = r;
+        d.source = EVIDENCE;
+        d.origin = absl::StrCat("DeepSpeed stored ", tp_src, " bitwise equal tp copies concatenated on dim 0");
+      }
+    }
+    if (d.rule && d.rule->kind() == REPLICATED && d.source != EVIDENCE && tp_src > 1) {
+      // A rule says replicated: the tp copies DeepSpeed concatenated must agree.
+      std::vector<std::string> states = {deepspeed::kFp32State};
+      states.insert(states.end(), info_.state_keys.begin(), info_.state_keys.end());
+      for (const std::string& state : states) {
+        UCP_ASSIGN_OR_RETURN(deepspeed::UniversalStateFile f, u.ReadState(p.name, state));
+        tp::TensorPlan plan = tp::TensorPlan::FromTensor(f.param);
+        UCP_ASSIGN_OR_RETURN(tp::TensorPlan first, tp::SplitFull(stored, plan, tp_src, 0, 0, p.name),
+                             _.Prepend(absl::StrCat(f.file->path(), ": ")));
+        for (int t = 1; t < tp_src; ++t) {
+          UCP_ASSIGN_OR_RETURN(tp::TensorPlan other, tp::SplitFull(stored, plan, tp_src, t, 0, p.name));
+          UCP_ASSIGN_OR_RETURN(bool equal, tp::TensorPlan::BitwiseEqual(first, other));
+          if (!equal) {
+            return absl::FailedPreconditionError(absl::StrCat(
+                f.file->path(), ": param '", p.name, "' is replicated (", d.origin, ") but the ", tp_src,
+                " tp copies DeepSpeed concatenated on dim 0 differ in ", state));
+          }
+        }
+      }
+    }
+    if (!d.rule || same(*d.rule, stored)) {
+      if (d.rule) {
+        p.source = d.source;
+        p.origin = d.origin;
+      }
+      continue;
+    }
+    UCP_ASSIGN_OR_RETURN(std::vector<int64_t> slice, tp::SliceShapeFromFull(stored, p.full_shape, tp_src, 0, p.name),
+                         _.Prepend(absl::StrCat(u.dir(), ": ")));
+    UCP_ASSIGN_OR_RETURN(std::vector<int64_t> full, tp::FullShapeFromSlice(*d.rule, slice, tp_src, p.name),
+                         _.Prepend(absl::StrCat(u.dir(), ": ")));
+    if (d.rule->kind() == VOCAB) {
+      const int64_t v = d.rule->original_vocab_size() > 0 ? d.rule->original_vocab_size() : info_.original_vocab_size;
+      if (v > 0 && v <= full[0]) full[0] = v;
+      d.rule->set_original_vocab_size(v > 0 ? v : full[0]);
+    }
+    stored_rule_[i] = stored;
+    p.rule = *d.rule;
+    p.full_shape = full;
+    p.source = d.source;
+    p.origin = absl::StrCat(d.origin, "; re-merged from DeepSpeed's ", tp::DescribeRule(stored), " of the tp=", tp_src,
+                            " slices");
+  }
   return absl::OkStatus();
 }
 
@@ -204,6 +304,18 @@ absl::StatusOr<tp::TensorPlan> UniversalModelState::Full(const ParamState& param
                                               "': a universal checkpoint holds no lp weights of trainable params"));
     }
     UCP_ASSIGN_OR_RETURN(deepspeed::UniversalStateFile f, ckpt_->ReadState(param.name, state));
+    const int i = info_.IndexOf(param.name);
+    if (i >= 0 && stored_rule_[i]) {
+      // DeepSpeed's concatenation of the source's tp slices, re-merged.
+      const int tp_src = ckpt_->model_states().topology().tp;
+      tp::TensorPlan stored = tp::TensorPlan::FromTensor(f.param);
+      std::vector<tp::TensorPlan> slices;
+      for (int t = 0; t < tp_src; ++t) {
+        UCP_ASSIGN_OR_RETURN(tp::TensorPlan s, tp::SplitFull(*stored_rule_[i], stored, tp_src, t, 0, param.name));
+        slices.push_back(std::move(s));
+      }
+      return tp::MergeSlices(info_.params[i].rule, slices, info_.original_vocab_size, param.name);
+    }
     if (f.param.sizes() != param.full_shape) {
       return absl::InvalidArgumentError(absl::StrCat(f.file->path(), ": 'param' has shape ",
                                                      torch::ShapeString(f.param.sizes()), ", fp32.pt has ",

@@ -55,17 +55,25 @@ struct LossScalerInfo {
   const Value* state = nullptr;  // the whole attribute dict
 };
 absl::StatusOr<LossScalerInfo> AsLossScaler(const Value& v, std::string_view what = "loss_scaler");
+// A static LossScaler (EMPTY_TUPLE NEWOBJ + BUILD {cur_scale, dynamic: False}),
+// as DeepSpeed's fp32/bf16 ZeRO optimizers save it.
+ValuePtr MakeLossScaler(double cur_scale = 1.0);
 
 // ---- deepspeed.runtime.zero.config.ZeroStageEnum ----
-// Both encodings: ZeroStageEnum(1) and getattr(ZeroStageEnum, 'optimizer_states').
+// Both encodings: ZeroStageEnum(1) and getattr(ZeroStageEnum, 'optimizer_states');
+// a plain int is accepted too. Stages outside 0-3 are kInvalidArgument.
 absl::StatusOr<int> AsZeroStage(const Value& v, std::string_view what = "zero_stage");
 enum class EnumEncoding { kCall, kGetattr };
+// The getattr encoding needs a stage name: for a stage outside 0-3 it falls
+// back to kCall. (`getattr` is spelled `builtins`, the writer writes `__builtin__`.)
 ValuePtr MakeZeroStage(int stage, EnumEncoding encoding = EnumEncoding::kCall);
 // disabled, optimizer_states, gradients, weights
 absl::StatusOr<std::string> ZeroStageName(int stage);
 
 // ---- argparse.Namespace ----
-// The attribute dict of an argparse.Namespace object (its BUILD state).
+// The attribute dict of an argparse.Namespace object (its BUILD state; an
+// empty dict when it has none). Accepts NEWOBJ (protocol 2+) and
+// copyreg._reconstructor (protocol 0/1) encodings.
 absl::StatusOr<const Value*> AsNamespace(const Value& v, std::string_view what = "args");
 
 // ---- numpy arrays (numpy.core.multiarray._reconstruct + BUILD) ----
@@ -75,7 +83,15 @@ struct NumpyArray {
   bool fortran_order = false;
   std::string data;  // raw bytes
 };
+// Accepts `numpy.core.multiarray._reconstruct` + BUILD (protocols 0-4; also
+// `numpy._core` as numpy 2 spells it) and `numpy.core.numeric._frombuffer`
+// (protocol 5). Only plain dtypes (no fields, no objects); the data size must
+// equal numel * itemsize.
 absl::StatusOr<NumpyArray> AsNumpyArray(const Value& v, std::string_view what = "ndarray");
+// The protocol 2 encoding numpy 1.x writes (as in torch checkpoints' RNG
+// states). kInvalidArgument for a dtype other than [<>|=][biufcSV]N or a
+// data size that does not match the shape.
+absl::StatusOr<ValuePtr> MakeNumpyArray(const NumpyArray& array);
 
 // ---- set / frozenset ----
 absl::StatusOr<const std::vector<ValuePtr>*> AsSet(const Value& v, std::string_view what = "set");

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <new>
 
 #include "absl/hash/hash.h"
 #include "absl/strings/escaping.h"
@@ -129,14 +130,107 @@ bool ValueEq::operator()(const ValuePtr& pa, const ValuePtr& pb) const {
   }
 }
 
-ValuePtr Value::None() { return ValuePtr(new Value(Kind::kNone)); }
+ValuePtr Value::Make(Kind kind) { return std::make_shared<Value>(kind, ConstructionKey()); }
+
+const std::string& Value::EmptyString() {
+  static const std::string* const kEmpty = new std::string();
+  return *kEmpty;
+}
+const std::vector<ValuePtr>& Value::EmptyItems() {
+  static const std::vector<ValuePtr>* const kEmpty = new std::vector<ValuePtr>();
+  return *kEmpty;
+}
+const std::vector<std::pair<ValuePtr, ValuePtr>>& Value::EmptyDictItems() {
+  static const std::vector<std::pair<ValuePtr, ValuePtr>>* const kEmpty =
+      new std::vector<std::pair<ValuePtr, ValuePtr>>();
+  return *kEmpty;
+}
+const ValuePtr& Value::NullValuePtr() {
+  static const ValuePtr* const kNull = new ValuePtr();
+  return *kNull;
+}
+
+Value::Payload& Value::MutablePayload() {
+  if (payload_ == nullptr) payload_ = std::make_unique<Payload>();
+  return *payload_;
+}
+
+Value::Extra& Value::MutableExtra() {
+  Payload& payload = MutablePayload();
+  if (payload.extra == nullptr) payload.extra = std::make_unique<Extra>();
+  return *payload.extra;
+}
+
+bool Value::HasChildren() const {
+  if (payload_ == nullptr) return false;
+  if (!payload_->items.empty() || !payload_->dict.empty()) return true;
+  const Extra* extra = payload_->extra.get();
+  return extra != nullptr && (extra->object != nullptr || extra->pid != nullptr || extra->dict_state != nullptr);
+}
+
+void Value::MoveOutNestedChildren(std::vector<ValuePtr>& out) {
+  auto take = [&out](ValuePtr& child) {
+    if (child != nullptr && child->HasChildren()) out.push_back(std::move(child));
+  };
+  if (payload_->extra != nullptr) payload_->extra->index.reset();
+  for (ValuePtr& item : payload_->items) take(item);
+  for (auto& [key, value] : payload_->dict) {
+    take(key);
+    take(value);
+  }
+  if (Extra* extra = payload_->extra.get()) {
+    take(extra->pid);
+    take(extra->dict_state);
+    if (Object* object = extra->object.get()) {
+      take(object->callable);
+      take(object->args);
+      take(object->kwargs);
+      take(object->state);
+      for (ValuePtr& item : object->list_items) take(item);
+      for (auto& [key, value] : object->dict_items) {
+        take(key);
+        take(value);
+      }
+    }
+  }
+}
+
+namespace {
+// Containers whose destruction was deferred by an enclosing ~Value (see below).
+thread_local std::vector<ValuePtr>* t_deferred_releases = nullptr;
+}  // namespace
+
+// Destroying a chain of a million nested lists through shared_ptr would
+// recurse a million frames deep. Instead the outermost ~Value on the thread
+// collects nested containers into a work list and releases them one by one;
+// nested ~Value calls only append to that list.
+Value::~Value() {
+  if (!HasChildren()) return;
+  if (t_deferred_releases != nullptr) {
+    MoveOutNestedChildren(*t_deferred_releases);
+    return;
+  }
+  std::vector<ValuePtr> pending;
+  MoveOutNestedChildren(pending);
+  if (pending.empty()) return;
+  payload_.reset();
+  t_deferred_releases = &pending;
+  while (!pending.empty()) {
+    ValuePtr next = std::move(pending.back());
+    pending.pop_back();
+    next.reset();
+  }
+  t_deferred_releases = nullptr;
+}
+
+ValuePtr Value::None() { return Make(Kind::kNone); }
 ValuePtr Value::Bool(bool b) {
-  ValuePtr v(new Value(Kind::kBool));
+  ValuePtr v = Make(Kind::kBool);
   v->int_ = b ? 1 : 0;
   return v;
 }
 ValuePtr Value::Int(int64_t i) {
-  ValuePtr v(new Value(Kind::kInt));
+  ValuePtr v = Make(Kind::kInt);
   v->int_ = i;
   return v;
 }
@@ -151,126 +245,138 @@ ValuePtr Value::BigInt(std::string le) {
     }
     return Int(static_cast<int64_t>(u));
   }
-  ValuePtr v(new Value(Kind::kInt));
-  v->big_ = std::move(le);
+  ValuePtr v = Make(Kind::kInt);
   // int_ keeps the low 64 bits for convenience; fits_int64() is false.
   uint64_t u = 0;
-  for (size_t i = 0; i < 8; ++i) u |= static_cast<uint64_t>(static_cast<uint8_t>(v->big_[i])) << (8 * i);
+  for (size_t i = 0; i < 8; ++i) u |= static_cast<uint64_t>(static_cast<uint8_t>(le[i])) << (8 * i);
   v->int_ = static_cast<int64_t>(u);
+  v->MutablePayload().str = std::move(le);
   return v;
 }
 ValuePtr Value::Float(double d) {
-  ValuePtr v(new Value(Kind::kFloat));
+  ValuePtr v = Make(Kind::kFloat);
   v->float_ = d;
   return v;
 }
 ValuePtr Value::Str(std::string s) {
-  ValuePtr v(new Value(Kind::kStr));
-  v->str_ = std::move(s);
+  ValuePtr v = Make(Kind::kStr);
+  v->MutablePayload().str = std::move(s);
   return v;
 }
 ValuePtr Value::Bytes(std::string b) {
-  ValuePtr v(new Value(Kind::kBytes));
-  v->str_ = std::move(b);
+  ValuePtr v = Make(Kind::kBytes);
+  v->MutablePayload().str = std::move(b);
   return v;
 }
 ValuePtr Value::ByteArray(std::string b) {
-  ValuePtr v(new Value(Kind::kByteArray));
-  v->str_ = std::move(b);
+  ValuePtr v = Make(Kind::kByteArray);
+  v->MutablePayload().str = std::move(b);
   return v;
 }
 ValuePtr Value::Tuple(std::vector<ValuePtr> items) {
-  ValuePtr v(new Value(Kind::kTuple));
-  v->items_ = std::move(items);
+  ValuePtr v = Make(Kind::kTuple);
+  v->MutablePayload().items = std::move(items);
   return v;
 }
 ValuePtr Value::List(std::vector<ValuePtr> items) {
-  ValuePtr v(new Value(Kind::kList));
-  v->items_ = std::move(items);
+  ValuePtr v = Make(Kind::kList);
+  v->MutablePayload().items = std::move(items);
   return v;
 }
 ValuePtr Value::MakeDict(bool ordered_dict) {
-  ValuePtr v(new Value(Kind::kDict));
+  ValuePtr v = Make(Kind::kDict);
   v->ordered_dict_ = ordered_dict;
+  v->MutablePayload();
   return v;
 }
-ValuePtr Value::MakeSet(bool frozen) { return ValuePtr(new Value(frozen ? Kind::kFrozenSet : Kind::kSet)); }
+ValuePtr Value::MakeSet(bool frozen) {
+  ValuePtr v = Make(frozen ? Kind::kFrozenSet : Kind::kSet);
+  v->MutablePayload();
+  return v;
+}
 ValuePtr Value::Global(std::string module, std::string name) {
-  ValuePtr v(new Value(Kind::kGlobal));
-  v->str_ = std::move(module);
-  v->name_ = std::move(name);
+  ValuePtr v = Make(Kind::kGlobal);
+  v->MutablePayload().str = std::move(module);
+  v->MutableExtra().name = std::move(name);
   return v;
 }
 ValuePtr Value::MakeObject(Object object) {
-  ValuePtr v(new Value(Kind::kObject));
+  ValuePtr v = Make(Kind::kObject);
   if (!object.args) object.args = Tuple({});
-  v->object_ = std::make_unique<Object>(std::move(object));
+  v->MutableExtra().object = std::make_unique<Object>(std::move(object));
   return v;
 }
 ValuePtr Value::PersistentId(ValuePtr pid) {
-  ValuePtr v(new Value(Kind::kPersistentId));
-  v->pid_ = std::move(pid);
+  ValuePtr v = Make(Kind::kPersistentId);
+  v->MutableExtra().pid = std::move(pid);
   return v;
 }
 
 std::string Value::big_int_bytes() const {
-  if (!big_.empty()) return big_;
+  if (kind_ == Kind::kInt && payload_ != nullptr) return payload_->str;
+  if (int_ == 0) return std::string();  // Python encodes 0 as LONG1 with 0 bytes
   std::string b(8, '\0');
   const uint64_t u = static_cast<uint64_t>(int_);
   for (size_t i = 0; i < 8; ++i) b[i] = static_cast<char>((u >> (8 * i)) & 0xff);
-  b = TrimTwosComplement(std::move(b));
-  if (int_ == 0) return std::string();  // Python encodes 0 as LONG1 with 0 bytes
-  return b;
+  return TrimTwosComplement(std::move(b));
 }
 
 size_t Value::size() const {
   switch (kind_) {
-    case Kind::kDict: return dict_.size();
+    case Kind::kDict: return dict_items().size();
     case Kind::kStr:
     case Kind::kBytes:
-    case Kind::kByteArray: return str_.size();
-    default: return items_.size();
+    case Kind::kByteArray: return str().size();
+    default: return items().size();
   }
 }
 
 void Value::RebuildIndex() {
-  index_ = std::make_unique<absl::flat_hash_map<ValuePtr, size_t, ValueHash, ValueEq>>();
+  Extra& extra = MutableExtra();
+  extra.index = std::make_unique<Index>();
   if (kind_ == Kind::kDict) {
-    for (size_t i = 0; i < dict_.size(); ++i) index_->emplace(dict_[i].first, i);
+    const auto& dict = payload_->dict;
+    for (size_t i = 0; i < dict.size(); ++i) extra.index->emplace(dict[i].first, i);
   } else {
-    for (size_t i = 0; i < items_.size(); ++i) index_->emplace(items_[i], i);
+    const auto& items = payload_->items;
+    for (size_t i = 0; i < items.size(); ++i) extra.index->emplace(items[i], i);
   }
 }
 
 void Value::DictSet(ValuePtr key, ValuePtr value) {
-  if (index_ != nullptr) {
-    auto it = index_->find(key);
-    if (it != index_->end()) {
-      dict_[it->second].second = std::move(value);
+  Payload& payload = MutablePayload();
+  auto& dict = payload.dict;
+  Index* index = payload.extra != nullptr ? payload.extra->index.get() : nullptr;
+  if (index != nullptr) {
+    auto it = index->find(key);
+    if (it != index->end()) {
+      dict[it->second].second = std::move(value);
       return;
     }
-    index_->emplace(key, dict_.size());
-    dict_.emplace_back(std::move(key), std::move(value));
+    index->emplace(key, dict.size());
+    dict.emplace_back(std::move(key), std::move(value));
     return;
   }
   ValueEq eq;
-  for (auto& entry : dict_) {
+  for (auto& entry : dict) {
     if (eq(entry.first, key)) {
       entry.second = std::move(value);
       return;
     }
   }
-  dict_.emplace_back(std::move(key), std::move(value));
-  if (dict_.size() > kIndexThreshold) RebuildIndex();
+  dict.emplace_back(std::move(key), std::move(value));
+  if (dict.size() > kIndexThreshold) RebuildIndex();
 }
 
 ValuePtr Value::DictGetPtr(const ValuePtr& key) const {
-  if (index_ != nullptr) {
-    auto it = index_->find(key);
-    return it == index_->end() ? nullptr : dict_[it->second].second;
+  const auto& dict = dict_items();
+  const Index* index = payload_ != nullptr && payload_->extra != nullptr ? payload_->extra->index.get() : nullptr;
+  if (index != nullptr) {
+    auto it = index->find(key);
+    return it == index->end() ? nullptr : dict[it->second].second;
   }
   ValueEq eq;
-  for (const auto& entry : dict_) {
+  for (const auto& entry : dict) {
     if (eq(entry.first, key)) return entry.second;
   }
   return nullptr;
@@ -279,8 +385,10 @@ ValuePtr Value::DictGetPtr(const ValuePtr& key) const {
 const Value* Value::DictGet(const ValuePtr& key) const { return DictGetPtr(key).get(); }
 
 ValuePtr Value::DictGetPtr(std::string_view str_key) const {
-  if (index_ != nullptr) return DictGetPtr(Str(std::string(str_key)));
-  for (const auto& entry : dict_) {
+  if (payload_ != nullptr && payload_->extra != nullptr && payload_->extra->index != nullptr) {
+    return DictGetPtr(Str(std::string(str_key)));
+  }
+  for (const auto& entry : dict_items()) {
     if (entry.first->is(Kind::kStr) && entry.first->str() == str_key) return entry.second;
   }
   return nullptr;
@@ -289,10 +397,12 @@ ValuePtr Value::DictGetPtr(std::string_view str_key) const {
 const Value* Value::DictGet(std::string_view str_key) const { return DictGetPtr(str_key).get(); }
 
 bool Value::DictErase(std::string_view str_key) {
-  for (size_t i = 0; i < dict_.size(); ++i) {
-    if (dict_[i].first->is(Kind::kStr) && dict_[i].first->str() == str_key) {
-      dict_.erase(dict_.begin() + i);
-      if (index_ != nullptr) RebuildIndex();
+  if (payload_ == nullptr) return false;
+  auto& dict = payload_->dict;
+  for (size_t i = 0; i < dict.size(); ++i) {
+    if (dict[i].first->is(Kind::kStr) && dict[i].first->str() == str_key) {
+      dict.erase(dict.begin() + i);
+      if (payload_->extra != nullptr && payload_->extra->index != nullptr) RebuildIndex();
       return true;
     }
   }
@@ -300,31 +410,72 @@ bool Value::DictErase(std::string_view str_key) {
 }
 
 void Value::SetAdd(ValuePtr item) {
-  if (index_ != nullptr) {
-    if (index_->contains(item)) return;
-    index_->emplace(item, items_.size());
-    items_.push_back(std::move(item));
+  Payload& payload = MutablePayload();
+  auto& items = payload.items;
+  Index* index = payload.extra != nullptr ? payload.extra->index.get() : nullptr;
+  if (index != nullptr) {
+    if (index->contains(item)) return;
+    index->emplace(item, items.size());
+    items.push_back(std::move(item));
     return;
   }
   ValueEq eq;
-  for (const auto& x : items_) {
+  for (const auto& x : items) {
     if (eq(x, item)) return;
   }
-  items_.push_back(std::move(item));
-  if (items_.size() > kIndexThreshold) RebuildIndex();
+  items.push_back(std::move(item));
+  if (items.size() > kIndexThreshold) RebuildIndex();
+}
+
+// ---- ScalarPool ----
+
+struct ScalarPool::Block {
+  static constexpr size_t kValues = 2048;
+  Block() = default;
+  Block(const Block&) = delete;
+  Block& operator=(const Block&) = delete;
+  ~Block() {
+    for (size_t i = 0; i < constructed; ++i) at(i)->~Value();
+  }
+  Value* at(size_t i) { return reinterpret_cast<Value*>(storage) + i; }
+  alignas(Value) unsigned char storage[kValues * sizeof(Value)];
+  size_t constructed = 0;
+};
+
+Value* ScalarPool::Next(Kind kind) {
+  if (block_ == nullptr || used_ == Block::kValues) {
+    block_ = std::make_shared<Block>();
+    used_ = 0;
+  }
+  Value* v = new (block_->at(used_)) Value(kind, Value::ConstructionKey());
+  ++used_;
+  block_->constructed = used_;
+  return v;
+}
+
+ValuePtr ScalarPool::Int(int64_t i) {
+  Value* v = Next(Kind::kInt);
+  v->int_ = i;
+  return ValuePtr(block_, v);
+}
+
+ValuePtr ScalarPool::Float(double d) {
+  Value* v = Next(Kind::kFloat);
+  v->float_ = d;
+  return ValuePtr(block_, v);
 }
 
 bool Value::IsGlobal(std::string_view module, std::string_view name) const {
-  return kind_ == Kind::kGlobal && str_ == module && name_ == name;
+  return kind_ == Kind::kGlobal && this->module() == module && this->name() == name;
 }
 
 std::string_view Value::object_module() const {
-  if (kind_ != Kind::kObject || !object_->callable || !object_->callable->is(Kind::kGlobal)) return {};
-  return object_->callable->module();
+  if (kind_ != Kind::kObject || !object().callable || !object().callable->is(Kind::kGlobal)) return {};
+  return object().callable->module();
 }
 std::string_view Value::object_name() const {
-  if (kind_ != Kind::kObject || !object_->callable || !object_->callable->is(Kind::kGlobal)) return {};
-  return object_->callable->name();
+  if (kind_ != Kind::kObject || !object().callable || !object().callable->is(Kind::kGlobal)) return {};
+  return object().callable->name();
 }
 bool Value::IsObjectOf(std::string_view module, std::string_view name) const {
   return kind_ == Kind::kObject && object_module() == module && object_name() == name;
@@ -336,20 +487,20 @@ std::string Value::DebugString(size_t max_len) const {
     case Kind::kNone: out = "None"; break;
     case Kind::kBool: out = int_ ? "True" : "False"; break;
     case Kind::kInt:
-      out = fits_int64() ? absl::StrCat(int_) : absl::StrCat("<int of ", big_.size(), " bytes>");
+      out = fits_int64() ? absl::StrCat(int_) : absl::StrCat("<int of ", payload_->str.size(), " bytes>");
       break;
     case Kind::kFloat: out = absl::StrCat(float_); break;
-    case Kind::kStr: out = absl::StrCat("'", absl::CHexEscape(str_.substr(0, max_len)), "'"); break;
-    case Kind::kBytes: out = absl::StrCat("b'", absl::CHexEscape(str_.substr(0, max_len)), "'"); break;
+    case Kind::kStr: out = absl::StrCat("'", absl::CHexEscape(str().substr(0, max_len)), "'"); break;
+    case Kind::kBytes: out = absl::StrCat("b'", absl::CHexEscape(str().substr(0, max_len)), "'"); break;
     case Kind::kByteArray:
-      out = absl::StrCat("bytearray(b'", absl::CHexEscape(str_.substr(0, max_len)), "')");
+      out = absl::StrCat("bytearray(b'", absl::CHexEscape(str().substr(0, max_len)), "')");
       break;
     case Kind::kTuple:
     case Kind::kList:
     case Kind::kSet:
     case Kind::kFrozenSet: {
       std::vector<std::string> parts;
-      for (const auto& item : items_) {
+      for (const auto& item : items()) {
         parts.push_back(item->DebugString(max_len));
         if (parts.size() > 8) {
           parts.push_back("...");
@@ -364,7 +515,7 @@ std::string Value::DebugString(size_t max_len) const {
     }
     case Kind::kDict: {
       std::vector<std::string> parts;
-      for (const auto& [k, v] : dict_) {
+      for (const auto& [k, v] : dict_items()) {
         parts.push_back(absl::StrCat(k->DebugString(max_len), ": ", v->DebugString(max_len)));
         if (parts.size() > 8) {
           parts.push_back("...");
@@ -373,15 +524,20 @@ std::string Value::DebugString(size_t max_len) const {
       }
       out = absl::StrCat(ordered_dict_ ? "OrderedDict(" : "", "{", absl::StrJoin(parts, ", "), "}",
                          ordered_dict_ ? ")" : "");
+      if (dict_state()) absl::StrAppend(&out, ".__setstate__(", dict_state()->DebugString(max_len), ")");
       break;
     }
-    case Kind::kGlobal: out = absl::StrCat(str_, ".", name_); break;
-    case Kind::kObject:
-      out = absl::StrCat(object_->callable ? object_->callable->DebugString(max_len) : "?",
-                         object_->args ? object_->args->DebugString(max_len) : "()");
-      if (object_->state) absl::StrAppend(&out, ".__setstate__(", object_->state->DebugString(max_len), ")");
+    case Kind::kGlobal: out = absl::StrCat(module(), ".", name()); break;
+    case Kind::kObject: {
+      const Object& o = object();
+      out = absl::StrCat(o.callable ? o.callable->DebugString(max_len) : "?",
+                         o.args ? o.args->DebugString(max_len) : "()");
+      if (o.state) absl::StrAppend(&out, ".__setstate__(", o.state->DebugString(max_len), ")");
       break;
-    case Kind::kPersistentId: out = absl::StrCat("persistent_id(", pid_->DebugString(max_len), ")"); break;
+    }
+    case Kind::kPersistentId:
+      out = absl::StrCat("persistent_id(", pid() ? pid()->DebugString(max_len) : "?", ")");
+      break;
   }
   if (out.size() > max_len) out = out.substr(0, max_len) + "...";
   return out;
@@ -422,6 +578,7 @@ bool DeepEqualImpl(const Value& a, const Value& b, int depth) {
     }
     case Kind::kDict: {
       if (a.ordered_dict() != b.ordered_dict()) return false;
+      if (!eq_ptr(a.dict_state(), b.dict_state())) return false;
       if (a.dict_items().size() != b.dict_items().size()) return false;
       for (size_t i = 0; i < a.dict_items().size(); ++i) {
         if (!eq_ptr(a.dict_items()[i].first, b.dict_items()[i].first)) return false;

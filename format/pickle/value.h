@@ -8,7 +8,9 @@
 //
 // A few globals are pure data constructors and are decoded to the value they
 // build, because protocol 2 has no other way to write that value:
-//   collections.OrderedDict()      -> Dict with ordered_dict() == true
+//   collections.OrderedDict()      -> Dict with ordered_dict() == true (a BUILD
+//                                     after its items, e.g. a torch state dict's
+//                                     `_metadata`, is kept as dict_state())
 //   __builtin__.set([...]) / builtins.set, frozenset  -> Set / FrozenSet
 //   _codecs.encode(str, 'latin1')  -> Bytes
 //   __builtin__.bytes() / bytearray(...)  -> Bytes / ByteArray
@@ -91,6 +93,14 @@ struct ValueEq {
 };
 
 class Value {
+  // Passkey that keeps construction to the factories below while letting them
+  // use std::make_shared (one allocation per value).
+  class ConstructionKey {
+    friend class Value;
+    friend class ScalarPool;
+    ConstructionKey() = default;
+  };
+
  public:
   // ---- construction ----
   static ValuePtr None();
@@ -111,29 +121,38 @@ class Value {
   static ValuePtr MakeObject(Object object);
   static ValuePtr PersistentId(ValuePtr pid);
 
+  // Use the factories above; public only so that std::make_shared can call it.
+  Value(Kind kind, ConstructionKey) : kind_(kind) {}
+  // Releases arbitrarily deep trees without deep recursion.
+  ~Value();
+  Value(const Value&) = delete;
+  Value& operator=(const Value&) = delete;
+
   Kind kind() const { return kind_; }
   bool is(Kind k) const { return kind_ == k; }
   bool is_none() const { return kind_ == Kind::kNone; }
 
   // ---- scalars (precondition: matching kind) ----
-  bool bool_value() const { return int_; }
+  bool bool_value() const { return kind_ != Kind::kFloat && int_ != 0; }
   // kInt that fits in int64 (check fits_int64()).
-  int64_t int_value() const { return int_; }
-  bool fits_int64() const { return big_.empty(); }
+  int64_t int_value() const { return kind_ == Kind::kFloat ? 0 : int_; }
+  bool fits_int64() const { return !(kind_ == Kind::kInt && payload_ != nullptr); }
   // kInt: little-endian two's complement bytes (minimal length), for any value.
   std::string big_int_bytes() const;
-  double float_value() const { return float_; }
+  double float_value() const { return kind_ == Kind::kFloat ? float_ : 0.0; }
   // kStr, kBytes, kByteArray.
-  const std::string& str() const { return str_; }
+  const std::string& str() const { return payload_ != nullptr ? payload_->str : EmptyString(); }
 
   // ---- sequences: kTuple, kList ----
-  const std::vector<ValuePtr>& items() const { return items_; }
-  std::vector<ValuePtr>& mutable_items() { return items_; }
+  const std::vector<ValuePtr>& items() const { return payload_ != nullptr ? payload_->items : EmptyItems(); }
+  std::vector<ValuePtr>& mutable_items() { return MutablePayload().items; }
   size_t size() const;
 
   // ---- kDict ----
   bool ordered_dict() const { return ordered_dict_; }
-  const std::vector<std::pair<ValuePtr, ValuePtr>>& dict_items() const { return dict_; }
+  const std::vector<std::pair<ValuePtr, ValuePtr>>& dict_items() const {
+    return payload_ != nullptr ? payload_->dict : EmptyDictItems();
+  }
   // Python `d[key] = value`: replaces in place if the key exists, else appends.
   void DictSet(ValuePtr key, ValuePtr value);
   const Value* DictGet(const ValuePtr& key) const;
@@ -141,19 +160,23 @@ class Value {
   ValuePtr DictGetPtr(std::string_view str_key) const;
   ValuePtr DictGetPtr(const ValuePtr& key) const;
   bool DictErase(std::string_view str_key);
+  // The instance attributes of an OrderedDict (the BUILD state pickled after
+  // its items, e.g. the `_metadata` of a torch `state_dict()`), or null.
+  const ValuePtr& dict_state() const { return payload_ != nullptr && payload_->extra ? payload_->extra->dict_state : NullValuePtr(); }
+  void set_dict_state(ValuePtr state) { MutableExtra().dict_state = std::move(state); }
 
   // ---- kSet / kFrozenSet (insertion ordered, unique) ----
-  const std::vector<ValuePtr>& set_items() const { return items_; }
+  const std::vector<ValuePtr>& set_items() const { return items(); }
   void SetAdd(ValuePtr item);
 
   // ---- kGlobal ----
-  const std::string& module() const { return str_; }
-  const std::string& name() const { return name_; }
+  const std::string& module() const { return str(); }
+  const std::string& name() const { return payload_ != nullptr && payload_->extra ? payload_->extra->name : EmptyString(); }
   bool IsGlobal(std::string_view module, std::string_view name) const;
 
   // ---- kObject ----
-  const Object& object() const { return *object_; }
-  Object& mutable_object() { return *object_; }
+  const Object& object() const { return *payload_->extra->object; }
+  Object& mutable_object() { return *payload_->extra->object; }
   // The callable's module/name when it is a global, else empty.
   std::string_view object_module() const;
   std::string_view object_name() const;
@@ -161,28 +184,69 @@ class Value {
   bool IsObjectOf(std::string_view module, std::string_view name) const;
 
   // ---- kPersistentId ----
-  const ValuePtr& pid() const { return pid_; }
+  const ValuePtr& pid() const { return payload_ != nullptr && payload_->extra ? payload_->extra->pid : NullValuePtr(); }
 
   // A short Python-like rendering for messages (truncated past max_len).
   std::string DebugString(size_t max_len = 200) const;
 
  private:
-  explicit Value(Kind kind) : kind_(kind) {}
+  friend class ScalarPool;
+  using Index = absl::flat_hash_map<ValuePtr, size_t, ValueHash, ValueEq>;
+  // Parts only globals, objects, persistent ids and large dicts/sets need.
+  struct Extra {
+    std::string name;  // a global's name
+    // key -> position in dict (or items for sets); built when size > 8.
+    std::unique_ptr<Index> index;
+    std::unique_ptr<Object> object;
+    ValuePtr pid;
+    ValuePtr dict_state;
+  };
+  // Everything but the scalar: absent for None, bool, float and int64 ints,
+  // so that those stay one small allocation each.
+  struct Payload {
+    std::string str;  // str/bytes payload, a global's module, or big int bytes
+    std::vector<ValuePtr> items;
+    std::vector<std::pair<ValuePtr, ValuePtr>> dict;
+    std::unique_ptr<Extra> extra;
+  };
+
+  static ValuePtr Make(Kind kind);
+  static const std::string& EmptyString();
+  static const std::vector<ValuePtr>& EmptyItems();
+  static const std::vector<std::pair<ValuePtr, ValuePtr>>& EmptyDictItems();
+  static const ValuePtr& NullValuePtr();
+  Payload& MutablePayload();
+  Extra& MutableExtra();
   void RebuildIndex();
+  bool HasChildren() const;
+  void MoveOutNestedChildren(std::vector<ValuePtr>& out);
 
   Kind kind_;
   bool ordered_dict_ = false;
-  int64_t int_ = 0;
-  std::string big_;  // non-empty only for ints outside int64
-  double float_ = 0;
-  std::string str_;   // str/bytes payload, or a global's module
-  std::string name_;  // a global's name
-  std::vector<ValuePtr> items_;
-  std::vector<std::pair<ValuePtr, ValuePtr>> dict_;
-  // key -> position in dict_ (or items_ for sets); built when size > 8.
-  std::unique_ptr<absl::flat_hash_map<ValuePtr, size_t, ValueHash, ValueEq>> index_;
-  std::unique_ptr<Object> object_;
-  ValuePtr pid_;
+  union {
+    int64_t int_ = 0;  // kBool, kInt (the low 64 bits of a big int)
+    double float_;     // kFloat
+  };
+  std::unique_ptr<Payload> payload_;
+};
+
+// ScalarPool: makes immutable scalar values (int, float) in blocks that share
+// one allocation and one reference count, for readers that create millions
+// of them. A block is freed when no value from it is referenced any more.
+// Not thread-safe; the values it returns are ordinary ValuePtrs.
+class ScalarPool {
+ public:
+  ScalarPool() = default;
+  ScalarPool(const ScalarPool&) = delete;
+  ScalarPool& operator=(const ScalarPool&) = delete;
+  ValuePtr Int(int64_t i);
+  ValuePtr Float(double d);
+
+ private:
+  struct Block;
+  Value* Next(Kind kind);
+  std::shared_ptr<Block> block_;
+  size_t used_ = 0;
 };
 
 // Deep structural equality (tensors are objects, so compared structurally).

@@ -8,6 +8,10 @@
 #include <cerrno>
 #include <cstring>
 
+#include <mutex>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 
 namespace ucp::torch {
@@ -15,6 +19,16 @@ namespace {
 
 absl::Status ErrnoError(int err, const std::string& path, const char* what) {
   return absl::ErrnoToStatus(err, absl::StrCat(path, ": ", what));
+}
+
+// (device, inode) -> number of live mappings, for IsMappedByThisProcess.
+struct MappedRegistry {
+  std::mutex mu;
+  absl::flat_hash_map<std::pair<uint64_t, uint64_t>, int> count;
+};
+MappedRegistry& Registry() {
+  static MappedRegistry* registry = new MappedRegistry();
+  return *registry;
 }
 
 size_t PageSize() {
@@ -39,6 +53,12 @@ absl::StatusOr<std::shared_ptr<const MappedFile>> MappedFile::Open(const std::st
     return absl::OutOfRangeError(absl::StrCat(path, ": file too large to map"));
   }
   file->size_ = static_cast<size_t>(st.st_size);
+  file->device_ = static_cast<uint64_t>(st.st_dev);
+  file->inode_ = static_cast<uint64_t>(st.st_ino);
+  {
+    std::lock_guard<std::mutex> lock(Registry().mu);
+    ++Registry().count[{file->device_, file->inode_}];
+  }
   if (file->size_ > 0) {
     void* p = ::mmap(nullptr, file->size_, PROT_READ, MAP_PRIVATE, fd, 0);
     if (p == MAP_FAILED) return ErrnoError(errno, path, "cannot mmap");
@@ -48,8 +68,20 @@ absl::StatusOr<std::shared_ptr<const MappedFile>> MappedFile::Open(const std::st
 }
 
 MappedFile::~MappedFile() {
+  if (fd_ >= 0 && (device_ != 0 || inode_ != 0)) {
+    std::lock_guard<std::mutex> lock(Registry().mu);
+    auto it = Registry().count.find({device_, inode_});
+    if (it != Registry().count.end() && --it->second == 0) Registry().count.erase(it);
+  }
   if (data_ != nullptr) ::munmap(data_, size_);
   if (fd_ >= 0) ::close(fd_);
+}
+
+bool MappedFile::IsMappedByThisProcess(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return false;
+  std::lock_guard<std::mutex> lock(Registry().mu);
+  return Registry().count.contains({static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)});
 }
 
 void MappedFile::Advise(uint64_t offset, uint64_t len, int advice, bool inward) const {

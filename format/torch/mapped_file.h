@@ -49,6 +49,12 @@ class MappedFile {
   // RSS (MADV_DONTNEED); a later access reads them again from the file.
   void Release(uint64_t offset, uint64_t len) const;
 
+  // True when `path` names a file (same device and inode) that a live
+  // MappedFile of this process maps. Writers use it to refuse truncating a
+  // file they are reading from (that would turn the mapping's pages into
+  // SIGBUS and lose the source).
+  static bool IsMappedByThisProcess(const std::string& path);
+
   // Copies bytes [offset, offset + dst.size()) with pread (no mapping
   // involved). kOutOfRange past the end of the file, kDataLoss if the file
   // is shorter than at Open, the errno's code on a read error.
@@ -58,6 +64,7 @@ class MappedFile {
   MappedFile() = default;
   void Advise(uint64_t offset, uint64_t len, int advice, bool inward) const;
   std::string path_;
+  uint64_t device_ = 0, inode_ = 0;
   int fd_ = -1;
   uint8_t* data_ = nullptr;
   size_t size_ = 0;

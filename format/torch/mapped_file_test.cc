@@ -51,6 +51,24 @@ TEST(MappedFileTest, MapsContentAndReadsAt) {
   EXPECT_EQ(std::string(reinterpret_cast<const char*>(f.data()), f.size()), content);
 }
 
+TEST(MappedFileTest, KnowsWhichFilesAreMapped) {
+  std::string path = TempPath("registry.bin");
+  WriteFile(path, "abc");
+  EXPECT_FALSE(MappedFile::IsMappedByThisProcess(path));
+  {
+    auto a = MappedFile::Open(path);
+    auto b = MappedFile::Open(path);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_TRUE(MappedFile::IsMappedByThisProcess(path));
+    ::symlink(path.c_str(), TempPath("registry.link").c_str());
+    EXPECT_TRUE(MappedFile::IsMappedByThisProcess(TempPath("registry.link")));  // same inode
+    a->reset();
+    EXPECT_TRUE(MappedFile::IsMappedByThisProcess(path));
+  }
+  EXPECT_FALSE(MappedFile::IsMappedByThisProcess(path));
+  EXPECT_FALSE(MappedFile::IsMappedByThisProcess(TempPath("no-such-file")));
+}
+
 TEST(MappedFileTest, EmptyFile) {
   std::string path = TempPath("empty.bin");
   WriteFile(path, "");

@@ -10,8 +10,12 @@
 //
 // TorchFile::Open memory-maps the file and validates everything up front:
 // the archive, the pickle, every persistent id (known storage class, a record
-// of exactly numel * itemsize bytes) and every tensor view (inside its
-// storage). Tensors are then zero-copy views into the mapping.
+// of numel * itemsize bytes, or up to itemsize - 1 more: torch writes the
+// whole untyped storage and pickles numel = nbytes / itemsize, so a storage
+// whose byte size is not a multiple of its element size leaves a partial
+// element that torch.load ignores; the Storage keeps those bytes so that a
+// rewrite reproduces the file) and every tensor view (inside its storage,
+// checked arithmetic). Tensors are then zero-copy views into the mapping.
 //
 // TorchWriter builds a file the way torch 1.13 writes one (record order,
 // 64-byte aligned data, data descriptors, zip64 when needed), with storages
@@ -45,10 +49,16 @@
 
 namespace ucp::torch {
 
+class MappedFile;
+
 struct OpenOptions {
   pickle::ReadOptions pickle;
   // Largest data.pkl accepted.
   size_t max_pickle_bytes = size_t{1} << 31;
+  // Verify the CRC-32 of every record in Open (reads all storage bytes once,
+  // ~10 GB/s when cached). When false only data.pkl and version are
+  // verified; call VerifyAllCrcs() (or rely on later reads) for the rest.
+  bool verify_crc = true;
 };
 
 class TorchFile {
@@ -70,8 +80,19 @@ class TorchFile {
   static bool IsTensor(const pickle::Value& v);
   // The tensor a rebuild object stands for (kInvalidArgument if `v` is not one).
   absl::StatusOr<Tensor> GetTensor(const pickle::Value& v) const;
+  // The storage a kPersistentId node of this file's tree refers to
+  // (kInvalidArgument for any other value).
+  absl::StatusOr<std::shared_ptr<const Storage>> GetStorage(const pickle::Value& pid) const;
   // The record names in archive order (for inspect and tests).
   std::vector<std::string> RecordNames() const;
+
+  // Verifies every record's CRC-32 (each at most once per TorchFile).
+  absl::Status VerifyAllCrcs() const;
+  // The mapping behind Open (null for FromBytes), e.g. to Release() pages
+  // of storages already consumed.
+  const std::shared_ptr<const MappedFile>& mapped_file() const;
+  // Storages in record order, each once (shared by the tensors viewing it).
+  std::vector<std::shared_ptr<const Storage>> Storages() const;
 
  private:
   TorchFile() = default;
@@ -87,15 +108,28 @@ class TorchFile {
 // with increasing, adjacent ranges that together cover the whole storage.
 using StorageProducer = std::function<absl::Status(uint64_t offset, absl::Span<uint8_t> dst)>;
 
+struct TorchWriteOptions {
+  // Bytes per WriteData call when streaming storages (also the producer
+  // buffer size).
+  size_t chunk_bytes = size_t{8} << 20;
+  // fdatasync the file before closing it.
+  bool sync = false;
+  // See ZipWriterOptions; lower only in tests.
+  uint64_t zip64_size_threshold = 0xFFFFFFFF;
+  uint64_t zip64_offset_threshold = 0xFFFFFFFF;
+};
+
 class TorchWriter {
  public:
   TorchWriter();
+  explicit TorchWriter(TorchWriteOptions options);
   ~TorchWriter();
   TorchWriter(const TorchWriter&) = delete;
   TorchWriter& operator=(const TorchWriter&) = delete;
 
   // The pickle value for `t` (a `_rebuild_tensor_v2` object). Tensors that
-  // share a Storage object share one record.
+  // share a Storage object share one record, which holds the whole storage
+  // (as torch writes `flat[:n]` views). Location is always 'cpu'.
   pickle::ValuePtr AddTensor(const Tensor& t);
   // A tensor of `sizes` (contiguous) over a new storage of `storage_numel`
   // elements whose bytes come from `producer` at write time. The tensor views
@@ -103,8 +137,16 @@ class TorchWriter {
   pickle::ValuePtr AddStreamedTensor(DType dtype, std::vector<int64_t> sizes, int64_t storage_numel,
                                      int64_t offset, StorageProducer producer);
 
-  // Writes the archive to `path` (record stem = file name without ".pt").
-  // On failure the partial file is removed.
+  // Writes the archive to `path` (record stem = file name without its last
+  // extension, as torch's PyTorchStreamWriter names it). On failure the
+  // partial file is removed. Record keys are assigned here, in order of first
+  // appearance in the pickle, and records are written in torch's order:
+  // data.pkl, data/<key> sorted as strings ("0", "1", "10", "2", ...), version.
+  // kInvalidArgument when `root` holds a persistent id this writer did not
+  // make, or AddStreamedTensor got inconsistent sizes; kFailedPrecondition
+  // when `path` is a file this process has memory-mapped (a TorchFile being
+  // read: overwriting it in place would destroy the source). A producer's
+  // error is returned as is.
   absl::Status WriteFile(const std::string& path, const pickle::Value& root);
   // The same into memory (tests).
   absl::StatusOr<std::string> WriteToString(const std::string& stem, const pickle::Value& root);

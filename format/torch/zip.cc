@@ -501,14 +501,16 @@ absl::Status ZipWriter::BeginRecord(std::string_view record_name, uint64_t size)
     return absl::InvalidArgumentError(absl::StrCat(name_, ": duplicate record name '", Sv(record_name), "'"));
   }
   const uint64_t header_offset = offset_;
-  const bool zip64_size = Zip64(size), zip64_offset = Zip64(header_offset);
+  const bool zip64_size = Zip64Size(size), zip64_offset = Zip64Offset(header_offset);
   std::string zip64_extra;
   if (zip64_size || zip64_offset) {
     Put16(zip64_extra, kZip64ExtraId);
     Put16(zip64_extra, static_cast<uint16_t>((zip64_size ? 16 : 0) + (zip64_offset ? 8 : 0)));
     if (zip64_size) {
+      // miniz fills the local field before it knows the compressed size:
+      // uncompressed = size, compressed = 0 (the central one has both).
       Put64(zip64_extra, size);
-      Put64(zip64_extra, size);
+      Put64(zip64_extra, 0);
     }
     if (zip64_offset) Put64(zip64_extra, header_offset);
   }
@@ -571,7 +573,7 @@ absl::Status ZipWriter::EndRecord() {
   std::string descriptor;
   Put32(descriptor, kDataDescriptorSig);
   Put32(descriptor, entry.crc32);
-  if (Zip64(entry.size) || Zip64(entry.header_offset)) {
+  if (Zip64Size(entry.size) || Zip64Offset(entry.header_offset)) {
     Put64(descriptor, entry.size);
     Put64(descriptor, entry.size);
   } else {
@@ -596,7 +598,7 @@ absl::Status ZipWriter::Finish() {
   const uint64_t cd_offset = offset_;
   std::string cd;
   for (const Entry& entry : entries_) {
-    const bool zip64_size = Zip64(entry.size), zip64_offset = Zip64(entry.header_offset);
+    const bool zip64_size = Zip64Size(entry.size), zip64_offset = Zip64Offset(entry.header_offset);
     std::string zip64_extra;
     if (zip64_size || zip64_offset) {
       Put16(zip64_extra, kZip64ExtraId);
@@ -652,8 +654,8 @@ absl::Status ZipWriter::Finish() {
   Put16(cd, 0);
   Put16(cd, static_cast<uint16_t>(std::min<uint64_t>(n, kMax16)));
   Put16(cd, static_cast<uint16_t>(std::min<uint64_t>(n, kMax16)));
-  Put32(cd, Zip64(cd_size) ? static_cast<uint32_t>(kMax32) : static_cast<uint32_t>(cd_size));
-  Put32(cd, Zip64(cd_offset) ? static_cast<uint32_t>(kMax32) : static_cast<uint32_t>(cd_offset));
+  Put32(cd, Zip64Size(cd_size) ? static_cast<uint32_t>(kMax32) : static_cast<uint32_t>(cd_size));
+  Put32(cd, Zip64Offset(cd_offset) ? static_cast<uint32_t>(kMax32) : static_cast<uint32_t>(cd_offset));
   Put16(cd, 0);  // comment length
   absl::Status s = Emit(absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(cd.data()), cd.size()));
   if (!s.ok()) return s;

@@ -8,8 +8,10 @@
 //                  UTF-8; 0x0800 for an empty record), method 0 (stored),
 //                  DOS time/date 0 (shown as 1980-00-00), CRC and sizes 0;
 //                  extra fields: zip64 (0x0001) when the size or the header
-//                  offset is >= 0xFFFFFFFF, then `FB` + LE16 n + n bytes 'Z'
-//                  so that the data starts at a multiple of 64
+//                  offset is >= 0xFFFFFFFF (uncompressed size, compressed
+//                  size left 0 as miniz does, header offset: each only when
+//                  needed), then `FB` + LE16 n + n bytes 'Z' so that the data
+//                  starts at a multiple of 64
 //   data           stored bytes
 //   descriptor     PK\7\8, CRC, compressed and uncompressed size (32-bit, or
 //                  64-bit when the local header has a zip64 field); none for
@@ -157,10 +159,13 @@ class StringSink : public ZipSink {
 };
 
 struct ZipWriterOptions {
-  // Record sizes and header offsets at or above this get zip64 fields (and
-  // 0xFFFFFFFF in the 32-bit fields). miniz's value; lower it only to test
-  // the zip64 paths with small archives.
-  uint64_t zip64_threshold = 0xFFFFFFFF;
+  // Record sizes (resp. header and central directory offsets) at or above
+  // these get zip64 fields and 0xFFFFFFFF in the 32-bit fields. miniz's
+  // value; lower them only to test the zip64 paths with small archives
+  // (miniz, hence torch.load, rejects saturated offsets in archives smaller
+  // than 4 GiB, so only the size threshold keeps files torch-loadable).
+  uint64_t zip64_size_threshold = 0xFFFFFFFF;
+  uint64_t zip64_offset_threshold = 0xFFFFFFFF;
 };
 
 class ZipWriter {
@@ -196,7 +201,8 @@ class ZipWriter {
   };
   absl::Status Emit(absl::Span<const uint8_t> bytes);
   absl::Status Fail(absl::Status status);
-  bool Zip64(uint64_t v) const { return v >= options_.zip64_threshold; }
+  bool Zip64Size(uint64_t v) const { return v >= options_.zip64_size_threshold; }
+  bool Zip64Offset(uint64_t v) const { return v >= options_.zip64_offset_threshold; }
 
   ZipSink* sink_;
   std::string name_;

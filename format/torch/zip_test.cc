@@ -141,7 +141,8 @@ TEST(ZipTest, ReproducesFreshTorchSave) {
 // reads the result and checks every CRC.
 TEST(ZipTest, Zip64ThresholdKnob) {
   ZipWriterOptions options;
-  options.zip64_threshold = 100;
+  options.zip64_size_threshold = 100;
+  options.zip64_offset_threshold = 100;
   std::vector<Rec> recs = SampleRecords();
   std::string zip = WriteArchive(recs, options);
   auto reader = ZipReader::Open(Bytes(zip), "zip64");

@@ -1,0 +1,685 @@
+#include "format/torch/torch_file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <optional>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "format/pickle/writer.h"
+#include "format/torch/mapped_file.h"
+#include "format/torch/zip.h"
+
+namespace ucp::torch {
+namespace {
+
+using pickle::Kind;
+using pickle::Value;
+using pickle::ValuePtr;
+
+// The pickle record torch writes and the versions torch 1.13 reads
+// (caffe2/serialize/inline_container.h: kMinSupportedFileFormatVersion to
+// kMaxSupportedFileFormatVersion).
+constexpr int64_t kMinFileFormatVersion = 1;
+constexpr int64_t kMaxFileFormatVersion = 10;
+constexpr char kWrittenVersion[] = "3\n";
+
+bool IsRebuildTensor(const Value& v) { return v.IsObjectOf("torch._utils", "_rebuild_tensor_v2"); }
+bool IsRebuildParameter(const Value& v) { return v.IsObjectOf("torch._utils", "_rebuild_parameter"); }
+
+// A list/tuple of int64 (or torch.Size of one).
+absl::StatusOr<std::vector<int64_t>> IntList(const Value* v, const char* what) {
+  if (v != nullptr && v->is(Kind::kObject) && v->IsObjectOf("torch", "Size") && v->object().args != nullptr &&
+      v->object().args->items().size() == 1) {
+    v = v->object().args->items()[0].get();
+  }
+  if (v == nullptr || !(v->is(Kind::kTuple) || v->is(Kind::kList))) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " is not a tuple of ints"));
+  }
+  std::vector<int64_t> out;
+  out.reserve(v->items().size());
+  for (const ValuePtr& item : v->items()) {
+    if (item == nullptr || !item->is(Kind::kInt) || !item->fits_int64()) {
+      return absl::InvalidArgumentError(absl::StrCat(what, " holds a non-int64 entry"));
+    }
+    out.push_back(item->int_value());
+  }
+  return out;
+}
+
+// torch's basename() in caffe2/serialize/inline_container.cc: the file name
+// without folders and without its last extension.
+std::string ArchiveStem(const std::string& path) {
+  size_t start = 0;
+  for (size_t i = 0; i < path.size(); ++i) {
+    if (path[i] == '/' || path[i] == '\\') start = i + 1;
+  }
+  if (start >= path.size()) return "";
+  size_t end = path.size();
+  for (size_t i = end; i > start; --i) {
+    if (path[i - 1] == '.') {
+      end = i - 1;
+      break;
+    }
+  }
+  return path.substr(start, end - start);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// TorchFile
+
+namespace internal_torch_file {
+// What TorchFile keeps besides the tree (TorchFile::Impl derives from it so
+// that the parsing code below can fill it).
+struct State {
+  std::shared_ptr<const MappedFile> mapped;
+  std::shared_ptr<const std::string> owned;  // FromBytes
+  std::optional<ZipReader> zip;
+  // One Storage per record key.
+  struct StorageEntry {
+    std::shared_ptr<const Storage> storage;
+    const ZipRecord* record;
+  };
+  absl::flat_hash_map<std::string, StorageEntry> by_key;
+  // Every persistent id node and every rebuild object of the tree.
+  absl::flat_hash_map<const Value*, std::shared_ptr<const Storage>> by_pid;
+  absl::flat_hash_map<const Value*, Tensor> tensors;
+};
+}  // namespace internal_torch_file
+
+struct TorchFile::Impl : internal_torch_file::State {};
+
+namespace {
+
+// Validates the tree of one file: every persistent id against the archive,
+// every tensor view against its storage. Visits each shared node once.
+class TreeValidator {
+ public:
+  TreeValidator(const std::string& name, const std::string& stem, const ZipReader& zip,
+                std::shared_ptr<const void> keep_alive, internal_torch_file::State* impl)
+      : name_(name), stem_(stem), zip_(zip), keep_alive_(std::move(keep_alive)), impl_(impl) {}
+
+  absl::Status Visit(const ValuePtr& v) {
+    if (v == nullptr) return absl::OkStatus();
+    const Value& value = *v;
+    switch (value.kind()) {
+      case Kind::kTuple:
+      case Kind::kList:
+      case Kind::kSet:
+      case Kind::kFrozenSet:
+      case Kind::kDict:
+      case Kind::kObject:
+      case Kind::kPersistentId:
+        if (!visited_.insert(&value).second) return absl::OkStatus();
+        break;
+      default:
+        return absl::OkStatus();
+    }
+    switch (value.kind()) {
+      case Kind::kTuple:
+      case Kind::kList:
+      case Kind::kSet:
+      case Kind::kFrozenSet:
+        for (const ValuePtr& item : value.items()) UCP_RETURN_IF_ERROR(Visit(item));
+        return absl::OkStatus();
+      case Kind::kDict:
+        for (const auto& [k, item] : value.dict_items()) {
+          UCP_RETURN_IF_ERROR(Visit(k));
+          UCP_RETURN_IF_ERROR(Visit(item));
+        }
+        return Visit(value.dict_state());
+      case Kind::kPersistentId:
+        return VisitPersistentId(value);
+      case Kind::kObject: {
+        const pickle::Object& o = value.object();
+        UCP_RETURN_IF_ERROR(Visit(o.callable));
+        UCP_RETURN_IF_ERROR(Visit(o.args));
+        UCP_RETURN_IF_ERROR(Visit(o.kwargs));
+        UCP_RETURN_IF_ERROR(Visit(o.state));
+        for (const ValuePtr& item : o.list_items) UCP_RETURN_IF_ERROR(Visit(item));
+        for (const auto& [k, item] : o.dict_items) {
+          UCP_RETURN_IF_ERROR(Visit(k));
+          UCP_RETURN_IF_ERROR(Visit(item));
+        }
+        if (IsRebuildTensor(value)) return VisitTensor(value);
+        if (IsRebuildParameter(value)) return VisitParameter(value);
+        return absl::OkStatus();
+      }
+      default:
+        return absl::OkStatus();
+    }
+  }
+
+ private:
+  absl::Status Invalid(const Value& where, absl::string_view message) const {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name_, ": ", message, " in ", where.DebugString(160)));
+  }
+
+  // ('storage', torch.<T>Storage, key, location, numel)
+  absl::Status VisitPersistentId(const Value& pid_node) {
+    const Value* pid = pid_node.pid().get();
+    if (pid == nullptr || !pid->is(Kind::kTuple) || pid->items().size() != 5) {
+      return Invalid(pid_node, "persistent id is not a 5-tuple ('storage', class, key, location, numel)");
+    }
+    const auto& f = pid->items();
+    for (const ValuePtr& item : f) {
+      if (item == nullptr) return Invalid(pid_node, "persistent id has a null field");
+    }
+    if (!(f[0]->is(Kind::kStr) || f[0]->is(Kind::kBytes)) || f[0]->str() != "storage") {
+      return Invalid(pid_node, "persistent id type is not 'storage'");
+    }
+    if (!f[1]->is(Kind::kGlobal) || f[1]->module() != "torch") {
+      return Invalid(pid_node, "persistent id storage class is not a torch global");
+    }
+    absl::StatusOr<DType> dtype = DTypeFromStorageClass(f[1]->name());
+    if (!dtype.ok()) return Invalid(pid_node, dtype.status().message());
+    if (!f[2]->is(Kind::kStr)) return Invalid(pid_node, "persistent id key is not a str");
+    if (!f[3]->is(Kind::kStr)) return Invalid(pid_node, "persistent id location is not a str");
+    if (!f[4]->is(Kind::kInt) || !f[4]->fits_int64() || f[4]->int_value() < 0) {
+      return Invalid(pid_node, "persistent id numel is not a non-negative int64");
+    }
+    const std::string& key = f[2]->str();
+    const int64_t numel = f[4]->int_value();
+    auto it = impl_->by_key.find(key);
+    if (it == impl_->by_key.end()) {
+      const std::string record_name = absl::StrCat(stem_, "/data/", key);
+      absl::StatusOr<const ZipRecord*> record = zip_.Get(record_name);
+      if (!record.ok()) {
+        return absl::DataLossError(absl::StrCat(name_, ": storage '", key, "' has no record '", record_name, "'"));
+      }
+      // torch writes storage.nbytes() and pickles numel = nbytes / itemsize
+      // (floor: an untyped storage may hold a partial trailing element, which
+      // torch.load then ignores). So the record must hold [numel * itemsize,
+      // (numel + 1) * itemsize) bytes.
+      const uint64_t item = ItemSize(*dtype);
+      const uint64_t size = (*record)->size;
+      if (size / item != static_cast<uint64_t>(numel)) {
+        return absl::DataLossError(absl::StrCat(name_, ": record '", record_name, "' holds ", size,
+                                                " bytes, but its persistent id says ", numel, " ",
+                                                DTypeName(*dtype).data(), " elements (", item, " bytes each)"));
+      }
+      const uint8_t* data = zip_.Data(**record).data();
+      it = impl_->by_key
+               .emplace(key, internal_torch_file::State::StorageEntry{
+                                 Storage::Borrowed(*dtype, data, size, keep_alive_), *record})
+               .first;
+    } else if (it->second.storage->dtype() != *dtype || it->second.storage->numel() != numel) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name_, ": storage '", key, "' is used as ", DTypeName(it->second.storage->dtype()).data(), "[",
+          it->second.storage->numel(), "] and as ", DTypeName(*dtype).data(), "[", numel, "]"));
+    }
+    impl_->by_pid.emplace(&pid_node, it->second.storage);
+    return absl::OkStatus();
+  }
+
+  // _rebuild_tensor_v2(storage, offset, size, stride, requires_grad, hooks[, metadata])
+  absl::Status VisitTensor(const Value& obj) {
+    const Value* args = obj.object().args.get();
+    if (args == nullptr || !args->is(Kind::kTuple) || args->items().size() < 6 || args->items().size() > 7) {
+      return Invalid(obj, "_rebuild_tensor_v2 takes 6 or 7 arguments");
+    }
+    const auto& a = args->items();
+    if (a[0] == nullptr || !a[0]->is(Kind::kPersistentId)) {
+      return Invalid(obj, "_rebuild_tensor_v2's storage is not a persistent id");
+    }
+    auto storage = impl_->by_pid.find(a[0].get());
+    if (storage == impl_->by_pid.end()) return Invalid(obj, "unvalidated storage");
+    if (a[1] == nullptr || !a[1]->is(Kind::kInt) || !a[1]->fits_int64()) {
+      return Invalid(obj, "_rebuild_tensor_v2's storage offset is not an int64");
+    }
+    absl::StatusOr<std::vector<int64_t>> sizes = IntList(a[2].get(), "size");
+    if (!sizes.ok()) return Invalid(obj, sizes.status().message());
+    absl::StatusOr<std::vector<int64_t>> strides = IntList(a[3].get(), "stride");
+    if (!strides.ok()) return Invalid(obj, strides.status().message());
+    if (a[4] == nullptr || !a[4]->is(Kind::kBool)) return Invalid(obj, "requires_grad is not a bool");
+    absl::StatusOr<Tensor> t = Tensor::Make(storage->second, a[1]->int_value(), *std::move(sizes),
+                                            *std::move(strides), a[4]->bool_value());
+    if (!t.ok()) {
+      return absl::Status(t.status().code(), absl::StrCat(name_, ": ", t.status().message(), " (storage '",
+                                                          a[0]->pid()->items()[2]->str(), "')"));
+    }
+    impl_->tensors.emplace(&obj, *std::move(t));
+    return absl::OkStatus();
+  }
+
+  // _rebuild_parameter(tensor, requires_grad, hooks)
+  absl::Status VisitParameter(const Value& obj) {
+    const Value* args = obj.object().args.get();
+    if (args == nullptr || !args->is(Kind::kTuple) || args->items().size() != 3) {
+      return Invalid(obj, "_rebuild_parameter takes 3 arguments");
+    }
+    const auto& a = args->items();
+    auto inner = a[0] == nullptr ? impl_->tensors.end() : impl_->tensors.find(a[0].get());
+    if (inner == impl_->tensors.end()) return Invalid(obj, "_rebuild_parameter's data is not a tensor");
+    if (a[1] == nullptr || !a[1]->is(Kind::kBool)) return Invalid(obj, "requires_grad is not a bool");
+    Tensor t = inner->second;
+    absl::StatusOr<Tensor> p =
+        Tensor::Make(t.storage(), t.storage_offset(), t.sizes(), t.strides(), a[1]->bool_value());
+    if (!p.ok()) return p.status();
+    impl_->tensors.emplace(&obj, *std::move(p));
+    return absl::OkStatus();
+  }
+
+  const std::string& name_;
+  const std::string& stem_;
+  const ZipReader& zip_;
+  std::shared_ptr<const void> keep_alive_;
+  internal_torch_file::State* impl_;
+  absl::flat_hash_set<const Value*> visited_;
+};
+
+absl::Status Annotate(const absl::Status& s, const std::string& prefix) {
+  return absl::Status(s.code(), absl::StrCat(prefix, s.message()));
+}
+
+}  // namespace
+
+namespace {
+
+// Shared by Open and FromBytes once the bytes are in place.
+absl::Status ParseTorchFile(const std::string& name, absl::Span<const uint8_t> bytes,
+                            std::shared_ptr<const void> keep_alive, const OpenOptions& options,
+                            internal_torch_file::State* impl, std::string* stem, ValuePtr* root) {
+  ZipReadOptions zip_options;
+  zip_options.crc = options.verify_crc ? ZipReadOptions::Crc::kOnOpen : ZipReadOptions::Crc::kLazy;
+  absl::StatusOr<ZipReader> zip = ZipReader::Open(bytes, name, zip_options);
+  if (!zip.ok()) return zip.status();
+  impl->zip.emplace(*std::move(zip));
+  const ZipReader& z = *impl->zip;
+  if (z.records().empty()) return absl::DataLossError(absl::StrCat(name, ": archive has no records"));
+  // torch takes the folder of the first record as the archive name.
+  const std::string& first = z.records()[0].name;
+  size_t slash = first.find('/');
+  if (slash == std::string::npos) {
+    return absl::DataLossError(absl::StrCat(name, ": first record '", first, "' is not in a folder"));
+  }
+  *stem = first.substr(0, slash);
+
+  // version (or .data/version, as torch >= 1.?? writes for version >= 6)
+  const ZipRecord* version = z.Find(absl::StrCat(*stem, "/version"));
+  if (version == nullptr) version = z.Find(absl::StrCat(*stem, "/.data/version"));
+  if (version == nullptr) return absl::DataLossError(absl::StrCat(name, ": no '", *stem, "/version' record"));
+  absl::StatusOr<absl::Span<const uint8_t>> vbytes = z.Read(version->name);
+  if (!vbytes.ok()) return vbytes.status();
+  int64_t v = 0;
+  size_t digits = 0;
+  for (uint8_t c : *vbytes) {
+    if (c >= '0' && c <= '9' && digits < 18) {
+      v = v * 10 + (c - '0');
+      ++digits;
+    } else if (c == '\n' && digits > 0) {
+      break;
+    } else {
+      digits = 0;
+      break;
+    }
+  }
+  if (digits == 0 || v < kMinFileFormatVersion || v > kMaxFileFormatVersion) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": unsupported torch file format version '",
+                                                   std::string(vbytes->begin(), vbytes->end()), "'"));
+  }
+  if (const ZipRecord* order = z.Find(absl::StrCat(*stem, "/byteorder")); order != nullptr) {
+    absl::StatusOr<absl::Span<const uint8_t>> b = z.Read(order->name);
+    if (!b.ok()) return b.status();
+    if (std::string(b->begin(), b->end()) != "little") {
+      return absl::UnimplementedError(absl::StrCat(name, ": byte order '", std::string(b->begin(), b->end()),
+                                                   "' is not supported (only little-endian)"));
+    }
+  }
+
+  const std::string pkl_name = absl::StrCat(*stem, "/data.pkl");
+  absl::StatusOr<const ZipRecord*> pkl = z.Get(pkl_name);
+  if (!pkl.ok()) return absl::DataLossError(absl::StrCat(name, ": no '", pkl_name, "' record"));
+  if ((*pkl)->size > options.max_pickle_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(name, ": ", pkl_name, " is ", (*pkl)->size,
+                                                     " bytes, more than the limit of ", options.max_pickle_bytes));
+  }
+  absl::StatusOr<absl::Span<const uint8_t>> pkl_bytes = z.Read(pkl_name);
+  if (!pkl_bytes.ok()) return pkl_bytes.status();
+  absl::StatusOr<ValuePtr> tree = pickle::Unpickle(
+      std::string_view(reinterpret_cast<const char*>(pkl_bytes->data()), pkl_bytes->size()), options.pickle);
+  if (!tree.ok()) return Annotate(tree.status(), absl::StrCat(name, ": ", pkl_name, ": "));
+  *root = *std::move(tree);
+  TreeValidator validator(name, *stem, z, std::move(keep_alive), impl);
+  return validator.Visit(*root);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TorchFile>> TorchFile::Open(const std::string& path, const OpenOptions& options) {
+  absl::StatusOr<std::shared_ptr<const MappedFile>> mapped = MappedFile::Open(path);
+  if (!mapped.ok()) return mapped.status();
+  std::unique_ptr<TorchFile> file(new TorchFile());
+  file->path_ = path;
+  file->impl_ = std::make_shared<Impl>();
+  file->impl_->mapped = *mapped;
+  file->mapping_ = *mapped;
+  absl::Status s = ParseTorchFile(path, (*mapped)->bytes(), *mapped, options, file->impl_.get(), &file->stem_,
+                                  &file->root_);
+  if (!s.ok()) return s;
+  return file;
+}
+
+absl::StatusOr<std::unique_ptr<TorchFile>> TorchFile::FromBytes(std::string bytes, const std::string& name,
+                                                                const OpenOptions& options) {
+  std::unique_ptr<TorchFile> file(new TorchFile());
+  file->path_ = name;
+  file->impl_ = std::make_shared<Impl>();
+  auto owned = std::make_shared<const std::string>(std::move(bytes));
+  file->impl_->owned = owned;
+  file->mapping_ = owned;
+  absl::Span<const uint8_t> span(reinterpret_cast<const uint8_t*>(owned->data()), owned->size());
+  absl::Status s = ParseTorchFile(name, span, owned, options, file->impl_.get(), &file->stem_, &file->root_);
+  if (!s.ok()) return s;
+  return file;
+}
+
+size_t TorchFile::file_size() const {
+  return impl_->mapped != nullptr ? impl_->mapped->size() : impl_->owned->size();
+}
+
+bool TorchFile::IsTensor(const pickle::Value& v) { return IsRebuildTensor(v) || IsRebuildParameter(v); }
+
+absl::StatusOr<Tensor> TorchFile::GetTensor(const pickle::Value& v) const {
+  auto it = impl_->tensors.find(&v);
+  if (it != impl_->tensors.end()) return it->second;
+  if (!IsTensor(v)) {
+    return absl::InvalidArgumentError(absl::StrCat(path_, ": not a tensor: ", v.DebugString(120)));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(path_, ": tensor value does not belong to this file's tree: ", v.DebugString(120)));
+}
+
+std::vector<std::string> TorchFile::RecordNames() const {
+  std::vector<std::string> names;
+  for (const ZipRecord& r : impl_->zip->records()) names.push_back(r.name);
+  return names;
+}
+
+absl::StatusOr<std::shared_ptr<const Storage>> TorchFile::GetStorage(const pickle::Value& pid) const {
+  auto it = impl_->by_pid.find(&pid);
+  if (it == impl_->by_pid.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path_, ": not a persistent id of this file's tree: ", pid.DebugString(120)));
+  }
+  return it->second;
+}
+
+absl::Status TorchFile::VerifyAllCrcs() const { return impl_->zip->VerifyAllCrcs(); }
+
+const std::shared_ptr<const MappedFile>& TorchFile::mapped_file() const { return impl_->mapped; }
+
+std::vector<std::shared_ptr<const Storage>> TorchFile::Storages() const {
+  std::vector<std::pair<uint64_t, std::shared_ptr<const Storage>>> v;
+  for (const auto& [key, entry] : impl_->by_key) v.push_back({entry.record->header_offset, entry.storage});
+  std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<std::shared_ptr<const Storage>> out;
+  for (auto& [offset, s] : v) out.push_back(std::move(s));
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// TorchWriter
+
+struct TorchWriter::Impl {
+  TorchWriteOptions options;
+  struct Entry {
+    std::shared_ptr<const Storage> storage;  // or:
+    StorageProducer producer;
+    DType dtype;
+    int64_t numel = 0;
+    uint64_t nbytes = 0;
+    std::vector<ValuePtr> pid_tuples;  // item 2 (the key) is set at write time
+    std::string key;                   // assigned at write time
+  };
+  std::vector<Entry> entries;
+  absl::flat_hash_map<const Storage*, size_t> by_storage;
+  absl::flat_hash_map<const Value*, size_t> by_pid;  // kPersistentId node -> entry
+  absl::Status deferred_error;                       // from AddStreamedTensor
+  // Values shared like the Python objects torch's pickler sees (so memo
+  // references, and thus bytes, match torch.save).
+  ValuePtr storage_str = Value::Str("storage");
+  ValuePtr location_str = Value::Str("cpu");
+  ValuePtr rebuild = Value::Global("torch._utils", "_rebuild_tensor_v2");
+  ValuePtr placeholder_key = Value::Str("");
+  absl::flat_hash_map<int, ValuePtr> storage_classes;
+
+  ValuePtr StorageClass(DType dtype) {
+    auto& g = storage_classes[static_cast<int>(dtype)];
+    if (g == nullptr) g = Value::Global("torch", std::string(StorageClassName(dtype)));
+    return g;
+  }
+
+  ValuePtr MakeTensorValue(size_t entry_index, int64_t offset, const std::vector<int64_t>& sizes,
+                           const std::vector<int64_t>& strides, bool requires_grad) {
+    Entry& e = entries[entry_index];
+    ValuePtr pid_tuple = Value::Tuple({storage_str, StorageClass(e.dtype), placeholder_key, location_str,
+                                       Value::Int(e.numel)});
+    e.pid_tuples.push_back(pid_tuple);
+    ValuePtr pid = Value::PersistentId(pid_tuple);
+    by_pid.emplace(pid.get(), entry_index);
+    std::vector<ValuePtr> size_items, stride_items;
+    for (int64_t s : sizes) size_items.push_back(Value::Int(s));
+    for (int64_t s : strides) stride_items.push_back(Value::Int(s));
+    pickle::Object o;
+    o.callable = rebuild;
+    o.how = pickle::ObjectHow::kReduce;
+    o.args = Value::Tuple({pid, Value::Int(offset), Value::Tuple(std::move(size_items)),
+                           Value::Tuple(std::move(stride_items)), Value::Bool(requires_grad),
+                           Value::MakeDict(/*ordered_dict=*/true)});
+    return Value::MakeObject(std::move(o));
+  }
+
+  // Assigns keys "0", "1", ... in order of first appearance of each storage's
+  // persistent ids in pickling order (depth first, children in the order the
+  // pickler writes them, shared nodes once), as torch's persistent_id does.
+  absl::Status AssignKeys(const Value& root, std::vector<size_t>* order) {
+    for (Entry& e : entries) e.key.clear();
+    absl::flat_hash_set<const Value*> seen;
+    std::vector<const Value*> stack = {&root};
+    while (!stack.empty()) {
+      const Value* v = stack.back();
+      stack.pop_back();
+      if (v == nullptr) continue;
+      switch (v->kind()) {
+        case Kind::kTuple:
+        case Kind::kList:
+        case Kind::kSet:
+        case Kind::kFrozenSet:
+        case Kind::kDict:
+        case Kind::kObject:
+        case Kind::kPersistentId:
+          if (!seen.insert(v).second) continue;
+          break;
+        default:
+          continue;
+      }
+      // Push children in reverse so they pop in pickling order.
+      std::vector<const Value*> children;
+      switch (v->kind()) {
+        case Kind::kTuple:
+        case Kind::kList:
+        case Kind::kSet:
+        case Kind::kFrozenSet:
+          for (const ValuePtr& item : v->items()) children.push_back(item.get());
+          break;
+        case Kind::kDict:
+          for (const auto& [k, item] : v->dict_items()) {
+            children.push_back(k.get());
+            children.push_back(item.get());
+          }
+          children.push_back(v->dict_state().get());
+          break;
+        case Kind::kObject: {
+          const pickle::Object& o = v->object();
+          children = {o.callable.get(), o.args.get(), o.kwargs.get()};
+          for (const ValuePtr& item : o.list_items) children.push_back(item.get());
+          for (const auto& [k, item] : o.dict_items) {
+            children.push_back(k.get());
+            children.push_back(item.get());
+          }
+          children.push_back(o.state.get());
+          break;
+        }
+        case Kind::kPersistentId: {
+          auto it = by_pid.find(v);
+          if (it == by_pid.end()) {
+            return absl::InvalidArgumentError(
+                absl::StrCat("persistent id not created by this TorchWriter: ", v->DebugString(120)));
+          }
+          Entry& e = entries[it->second];
+          if (e.key.empty()) {
+            e.key = absl::StrCat(order->size());
+            order->push_back(it->second);
+          }
+          break;
+        }
+        default:
+          break;
+      }
+      for (auto c = children.rbegin(); c != children.rend(); ++c) stack.push_back(*c);
+    }
+    for (size_t index : *order) {
+      Entry& e = entries[index];
+      ValuePtr key = Value::Str(e.key);
+      for (const ValuePtr& t : e.pid_tuples) t->mutable_items()[2] = key;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status WriteArchive(ZipSink* sink, const std::string& name, const std::string& stem, const Value& root) {
+    if (!deferred_error.ok()) return deferred_error;
+    if (stem.empty()) return absl::InvalidArgumentError(absl::StrCat(name, ": empty archive name"));
+    std::vector<size_t> order;
+    absl::Status s = AssignKeys(root, &order);
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat(name, ": ", s.message()));
+    absl::StatusOr<std::string> pkl = pickle::Pickle(root);
+    if (!pkl.ok()) return absl::Status(pkl.status().code(), absl::StrCat(name, ": ", pkl.status().message()));
+    ZipWriterOptions zip_options;
+    zip_options.zip64_size_threshold = options.zip64_size_threshold;
+    zip_options.zip64_offset_threshold = options.zip64_offset_threshold;
+    ZipWriter zip(sink, name, zip_options);
+    s = zip.AddRecord(absl::StrCat(stem, "/data.pkl"), *pkl);
+    if (!s.ok()) return s;
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return entries[a].key < entries[b].key; });
+    std::vector<uint8_t> buffer;
+    for (size_t index : order) {
+      const Entry& e = entries[index];
+      s = zip.BeginRecord(absl::StrCat(stem, "/data/", e.key), e.nbytes);
+      if (!s.ok()) return s;
+      const size_t chunk = std::max<size_t>(options.chunk_bytes, 4096);
+      if (e.storage != nullptr) {
+        const uint8_t* data = e.storage->data();
+        for (uint64_t pos = 0; pos < e.nbytes && s.ok(); pos += chunk) {
+          s = zip.WriteData(absl::MakeConstSpan(data + pos, std::min<uint64_t>(chunk, e.nbytes - pos)));
+        }
+      } else {
+        buffer.resize(std::min<uint64_t>(chunk, e.nbytes));
+        for (uint64_t pos = 0; pos < e.nbytes && s.ok(); pos += chunk) {
+          absl::Span<uint8_t> dst(buffer.data(), std::min<uint64_t>(chunk, e.nbytes - pos));
+          s = e.producer(pos, dst);
+          if (!s.ok()) break;
+          s = zip.WriteData(dst);
+        }
+      }
+      if (!s.ok()) return s;
+      s = zip.EndRecord();
+      if (!s.ok()) return s;
+    }
+    s = zip.AddRecord(absl::StrCat(stem, "/version"), kWrittenVersion);
+    if (!s.ok()) return s;
+    return zip.Finish();
+  }
+};
+
+TorchWriter::TorchWriter() : TorchWriter(TorchWriteOptions()) {}
+TorchWriter::TorchWriter(TorchWriteOptions options) : impl_(std::make_unique<Impl>()) {
+  impl_->options = options;
+}
+TorchWriter::~TorchWriter() = default;
+
+pickle::ValuePtr TorchWriter::AddTensor(const Tensor& t) {
+  if (!t.defined()) {
+    if (impl_->deferred_error.ok()) impl_->deferred_error = absl::InvalidArgumentError("AddTensor: undefined tensor");
+    return Value::None();
+  }
+  const std::shared_ptr<const Storage>& storage = t.storage();
+  auto [it, inserted] = impl_->by_storage.emplace(storage.get(), impl_->entries.size());
+  if (inserted) {
+    Impl::Entry e;
+    e.storage = storage;
+    e.dtype = storage->dtype();
+    e.numel = storage->numel();
+    e.nbytes = storage->nbytes();
+    impl_->entries.push_back(std::move(e));
+  }
+  return impl_->MakeTensorValue(it->second, t.storage_offset(), t.sizes(), t.strides(), t.requires_grad());
+}
+
+pickle::ValuePtr TorchWriter::AddStreamedTensor(DType dtype, std::vector<int64_t> sizes, int64_t storage_numel,
+                                                int64_t offset, StorageProducer producer) {
+  int64_t numel = 1;
+  bool ok = storage_numel >= 0 && offset >= 0 && producer != nullptr;
+  for (int64_t s : sizes) ok = ok && s >= 0 && !__builtin_mul_overflow(numel, s, &numel);
+  int64_t end = 0, nbytes = 0;
+  ok = ok && !__builtin_add_overflow(offset, numel, &end) && end <= storage_numel &&
+       !__builtin_mul_overflow(storage_numel, static_cast<int64_t>(ItemSize(dtype)), &nbytes);
+  if (!ok && impl_->deferred_error.ok()) {
+    impl_->deferred_error = absl::InvalidArgumentError(
+        absl::StrCat("AddStreamedTensor: a ", ShapeString(sizes), " view at offset ", offset,
+                     " does not fit a storage of ", storage_numel, " elements (or no producer)"));
+  }
+  Impl::Entry e;
+  e.producer = std::move(producer);
+  e.dtype = dtype;
+  e.numel = std::max<int64_t>(storage_numel, 0);
+  e.nbytes = ok ? static_cast<uint64_t>(nbytes) : 0;
+  impl_->entries.push_back(std::move(e));
+  std::vector<int64_t> strides(sizes.size());
+  int64_t stride = 1;
+  for (size_t i = sizes.size(); i-- > 0;) {
+    strides[i] = stride;
+    stride *= std::max<int64_t>(sizes[i], 1);
+  }
+  return impl_->MakeTensorValue(impl_->entries.size() - 1, offset, sizes, strides, false);
+}
+
+absl::Status TorchWriter::WriteFile(const std::string& path, const pickle::Value& root) {
+  // Truncating a file this process has mapped (e.g. the checkpoint the
+  // storages come from) would destroy the source and SIGBUS the reader.
+  if (MappedFile::IsMappedByThisProcess(path)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, ": refusing to overwrite a file that is open for reading (memory-mapped)"));
+  }
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat(path, ": cannot create"));
+  absl::Status s;
+  {
+    FdSink sink(fd, path);
+    s = impl_->WriteArchive(&sink, path, ArchiveStem(path), root);
+  }
+  if (s.ok() && impl_->options.sync && ::fdatasync(fd) != 0) {
+    s = absl::ErrnoToStatus(errno, absl::StrCat(path, ": fdatasync failed"));
+  }
+  if (::close(fd) != 0 && s.ok()) s = absl::ErrnoToStatus(errno, absl::StrCat(path, ": close failed"));
+  if (!s.ok()) ::unlink(path.c_str());
+  return s;
+}
+
+absl::StatusOr<std::string> TorchWriter::WriteToString(const std::string& stem, const pickle::Value& root) {
+  std::string out;
+  StringSink sink(&out);
+  absl::Status s = impl_->WriteArchive(&sink, stem, stem, root);
+  if (!s.ok()) return s;
+  return out;
+}
+
+}  // namespace ucp::torch

@@ -1,0 +1,414 @@
+#include "format/torch/torch_file.h"
+
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "format/pickle/writer.h"
+#include "format/torch/dump.h"
+#include "format/torch/test_util.h"
+#include "format/torch/torch_test_util.h"
+#include "format/torch/zip.h"
+#include "gtest/gtest.h"
+
+namespace ucp::torch {
+namespace {
+
+using pickle::Value;
+using pickle::ValuePtr;
+using testing::ReadFileToString;
+using testing::TempPath;
+
+Tensor FloatTensor(std::vector<float> values, std::vector<int64_t> sizes) {
+  std::string bytes(values.size() * 4, '\0');
+  std::memcpy(bytes.data(), values.data(), bytes.size());
+  return *Tensor::FromBytes(DType::kFloat32, std::move(sizes), std::move(bytes));
+}
+
+// ---- crafting (possibly hostile) torch files ----
+
+ValuePtr Pid(const std::string& cls, const std::string& key, int64_t numel) {
+  return Value::PersistentId(
+      Value::Tuple({Value::Str("storage"), Value::Global("torch", cls), Value::Str(key), Value::Str("cpu"),
+                    Value::Int(numel)}));
+}
+
+ValuePtr Ints(const std::vector<int64_t>& v) {
+  std::vector<ValuePtr> items;
+  for (int64_t x : v) items.push_back(Value::Int(x));
+  return Value::Tuple(items);
+}
+
+ValuePtr RebuildTensor(ValuePtr pid, int64_t offset, const std::vector<int64_t>& sizes,
+                       const std::vector<int64_t>& strides) {
+  pickle::Object o;
+  o.callable = Value::Global("torch._utils", "_rebuild_tensor_v2");
+  o.args = Value::Tuple({std::move(pid), Value::Int(offset), Ints(sizes), Ints(strides), Value::Bool(false),
+                         Value::MakeDict(true)});
+  return Value::MakeObject(std::move(o));
+}
+
+struct Record {
+  std::string name;
+  std::string data;
+};
+
+std::string Zip(const std::vector<Record>& records) {
+  std::string out;
+  StringSink sink(&out);
+  ZipWriter w(&sink, "craft");
+  for (const Record& r : records) EXPECT_TRUE(w.AddRecord(r.name, r.data).ok());
+  EXPECT_TRUE(w.Finish().ok());
+  return out;
+}
+
+std::string Pkl(const Value& root) {
+  auto p = pickle::Pickle(root);
+  EXPECT_TRUE(p.ok()) << p.status();
+  return p.value_or("");
+}
+
+// archive/data.pkl holding `root`, data/0 of `data0_bytes`, version 3.
+std::string CraftFile(const Value& root, size_t data0_bytes) {
+  return Zip({{"archive/data.pkl", Pkl(root)}, {"archive/data/0", std::string(data0_bytes, '\x01')},
+              {"archive/version", "3\n"}});
+}
+
+absl::StatusCode OpenCode(const std::string& bytes) {
+  return TorchFile::FromBytes(bytes, "craft.pt").status().code();
+}
+
+TEST(TorchFileTest, ReadsCraftedFile) {
+  ValuePtr root = RebuildTensor(Pid("FloatStorage", "0", 4), 1, {3}, {1});
+  auto file = TorchFile::FromBytes(CraftFile(*root, 16), "craft.pt");
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ((*file)->stem(), "archive");
+  EXPECT_TRUE(TorchFile::IsTensor(*(*file)->root()));
+  auto t = (*file)->GetTensor(*(*file)->root());
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->sizes(), (std::vector<int64_t>{3}));
+  EXPECT_EQ(t->storage_offset(), 1);
+  EXPECT_EQ(t->storage()->nbytes(), 16u);
+  EXPECT_EQ((*file)->RecordNames(),
+            (std::vector<std::string>{"archive/data.pkl", "archive/data/0", "archive/version"}));
+  EXPECT_EQ((*file)->GetTensor(*Value::Int(3)).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(TorchFileTest, ViewPastStorageIsOutOfRange) {
+  ValuePtr root = RebuildTensor(Pid("FloatStorage", "0", 4), 2, {3}, {1});
+  auto file = TorchFile::FromBytes(CraftFile(*root, 16), "craft.pt");
+  EXPECT_EQ(file.status().code(), absl::StatusCode::kOutOfRange) << file.status();
+  EXPECT_NE(file.status().message().find("craft.pt"), std::string::npos);
+  ValuePtr strided = RebuildTensor(Pid("FloatStorage", "0", 4), 0, {2, 2}, {3, 1});
+  EXPECT_EQ(OpenCode(CraftFile(*strided, 16)), absl::StatusCode::kOutOfRange);
+  ValuePtr huge = RebuildTensor(Pid("FloatStorage", "0", 4), 0, {int64_t{1} << 40, int64_t{1} << 40}, {1, 1});
+  EXPECT_EQ(OpenCode(CraftFile(*huge, 16)), absl::StatusCode::kOutOfRange);
+  ValuePtr negative = RebuildTensor(Pid("FloatStorage", "0", 4), 0, {2}, {-1});
+  EXPECT_EQ(OpenCode(CraftFile(*negative, 16)), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(TorchFileTest, PersistentIdsAreChecked) {
+  // numel disagrees with the record size.
+  EXPECT_EQ(OpenCode(CraftFile(*RebuildTensor(Pid("FloatStorage", "0", 5), 0, {1}, {1}), 16)),
+            absl::StatusCode::kDataLoss);
+  // A partial trailing element is what torch writes for untyped storages.
+  EXPECT_TRUE(TorchFile::FromBytes(CraftFile(*RebuildTensor(Pid("FloatStorage", "0", 4), 0, {4}, {1}), 19), "x").ok());
+  // No such record.
+  EXPECT_EQ(OpenCode(CraftFile(*RebuildTensor(Pid("FloatStorage", "7", 4), 0, {1}, {1}), 16)),
+            absl::StatusCode::kDataLoss);
+  // Unknown storage class, non-torch global, bad tuple shapes.
+  EXPECT_EQ(OpenCode(CraftFile(*RebuildTensor(Pid("EvilStorage", "0", 4), 0, {1}, {1}), 16)),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(OpenCode(CraftFile(*Value::PersistentId(Value::Tuple({Value::Str("storage")})), 16)),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(OpenCode(CraftFile(*Value::PersistentId(Value::Str("0")), 16)), absl::StatusCode::kInvalidArgument);
+  // One key, two dtypes.
+  ValuePtr two = Value::List({RebuildTensor(Pid("FloatStorage", "0", 4), 0, {1}, {1}),
+                              RebuildTensor(Pid("IntStorage", "0", 4), 0, {1}, {1})});
+  EXPECT_EQ(OpenCode(CraftFile(*two, 16)), absl::StatusCode::kInvalidArgument);
+  // Tensor arguments of the wrong type.
+  pickle::Object o;
+  o.callable = Value::Global("torch._utils", "_rebuild_tensor_v2");
+  o.args = Value::Tuple({Value::Int(0), Value::Int(0), Ints({1}), Ints({1}), Value::Bool(false), Value::None()});
+  EXPECT_EQ(OpenCode(CraftFile(*Value::MakeObject(o), 16)), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(TorchFileTest, ArchiveLayoutIsChecked) {
+  std::string pkl = Pkl(*Value::None());
+  EXPECT_TRUE(TorchFile::FromBytes(Zip({{"a/data.pkl", pkl}, {"a/version", "3\n"}}), "x").ok());
+  EXPECT_EQ(OpenCode(Zip({{"a/data.pkl", pkl}})), absl::StatusCode::kDataLoss);               // no version
+  EXPECT_EQ(OpenCode(Zip({{"a/version", "3\n"}})), absl::StatusCode::kDataLoss);              // no data.pkl
+  EXPECT_EQ(OpenCode(Zip({{"data.pkl", pkl}, {"version", "3\n"}})), absl::StatusCode::kDataLoss);  // no folder
+  EXPECT_EQ(OpenCode(Zip({{"a/data.pkl", pkl}, {"a/version", "99\n"}})), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(OpenCode(Zip({{"a/data.pkl", pkl}, {"a/version", "x"}})), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(OpenCode(Zip({{"a/data.pkl", pkl}, {"a/version", "3\n"}, {"a/byteorder", "big"}})),
+            absl::StatusCode::kUnimplemented);
+  EXPECT_TRUE(TorchFile::FromBytes(Zip({{"a/data.pkl", pkl}, {"a/.data/version", "3\n"}, {"a/byteorder", "little"}}), "x")
+                  .ok());
+  EXPECT_FALSE(TorchFile::FromBytes(Zip({{"a/data.pkl", "\x80\x02garbage"}, {"a/version", "3\n"}}), "x").ok());
+  OpenOptions small;
+  small.max_pickle_bytes = 2;
+  EXPECT_EQ(TorchFile::FromBytes(Zip({{"a/data.pkl", pkl}, {"a/version", "3\n"}}), "x", small).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  auto missing = TorchFile::Open(TempPath("no/such/file.pt"));
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(missing.status().message().rfind(TempPath("no/such/file.pt"), 0), 0u) << missing.status();
+}
+
+TEST(TorchFileTest, LazyCrcDefersStorageVerification) {
+  ValuePtr root = RebuildTensor(Pid("FloatStorage", "0", 4), 0, {4}, {1});
+  std::string bytes = CraftFile(*root, 16);
+  size_t pos = bytes.find(std::string(16, '\x01'));
+  ASSERT_NE(pos, std::string::npos);
+  bytes[pos + 3] = 9;
+  EXPECT_EQ(OpenCode(bytes), absl::StatusCode::kDataLoss);
+  OpenOptions lazy;
+  lazy.verify_crc = false;
+  auto file = TorchFile::FromBytes(bytes, "lazy.pt", lazy);
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ((*file)->VerifyAllCrcs().code(), absl::StatusCode::kDataLoss);
+}
+
+// Every truncation and many single-byte corruptions of a real file give a
+// status, never a crash.
+TEST(TorchFileTest, DamagedFilesNeverCrash) {
+  TorchWriter w;
+  Tensor a = FloatTensor({1, 2, 3, 4, 5, 6}, {2, 3});
+  ValuePtr root = Value::MakeDict(true);
+  root->DictSet(Value::Str("a"), w.AddTensor(a));
+  root->DictSet(Value::Str("b"), w.AddTensor(*a.Narrow(1, 1, 2)));
+  root->DictSet(Value::Str("n"), Value::List({Value::Int(1), Value::Float(2.5), Value::Str("x")}));
+  auto bytes = w.WriteToString("damaged", *root);
+  ASSERT_TRUE(bytes.ok());
+  for (size_t len = 0; len < bytes->size(); ++len) {
+    EXPECT_FALSE(TorchFile::FromBytes(bytes->substr(0, len), "cut.pt").ok()) << len;
+  }
+  int accepted = 0;
+  for (size_t pos = 0; pos < bytes->size(); ++pos) {
+    for (char v : {'\x00', '\xff', '\x05'}) {
+      std::string bad = *bytes;
+      if (bad[pos] == v) continue;
+      bad[pos] = v;
+      auto file = TorchFile::FromBytes(bad, "bad.pt");
+      if (!file.ok()) continue;
+      ++accepted;  // e.g. a changed padding byte; whatever was accepted is dumpable
+      EXPECT_TRUE(CanonicalDump(**file).ok());
+    }
+  }
+  EXPECT_GT(accepted, 0);
+}
+
+TEST(TorchWriterTest, WritesSharedStoragesAndStreams) {
+  TorchWriteOptions options;
+  options.chunk_bytes = 4096;  // several chunks per streamed storage
+  TorchWriter w(options);
+  Tensor base = FloatTensor({0, 1, 2, 3, 4, 5, 6, 7}, {2, 4});
+  ValuePtr root = Value::MakeDict();
+  root->DictSet(Value::Str("view"), w.AddTensor(*base.Narrow(1, 1, 2)));  // whole storage is written
+  root->DictSet(Value::Str("base"), w.AddTensor(base));
+  const int64_t n = 10000;
+  std::vector<std::pair<uint64_t, size_t>> calls;
+  root->DictSet(Value::Str("streamed"),
+                w.AddStreamedTensor(DType::kInt32, {50, 100}, n + 7, 7, [&](uint64_t offset, absl::Span<uint8_t> dst) {
+                  calls.push_back({offset, dst.size()});
+                  for (size_t i = 0; i < dst.size(); ++i) dst[i] = static_cast<uint8_t>((offset + i) / 4);
+                  return absl::OkStatus();
+                }));
+  auto bytes = w.WriteToString("arch", *root);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  // Adjacent, increasing chunks covering the storage.
+  uint64_t next = 0;
+  for (const auto& [offset, size] : calls) {
+    EXPECT_EQ(offset, next);
+    EXPECT_LE(size, 4096u);
+    next += size;
+  }
+  EXPECT_EQ(next, uint64_t(n + 7) * 4);
+  auto file = TorchFile::FromBytes(*bytes, "arch.pt");
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ((*file)->RecordNames(),
+            (std::vector<std::string>{"arch/data.pkl", "arch/data/0", "arch/data/1", "arch/version"}));
+  const Value& r = *(*file)->root();
+  Tensor view = *(*file)->GetTensor(*r.DictGet("view"));
+  Tensor b = *(*file)->GetTensor(*r.DictGet("base"));
+  Tensor s = *(*file)->GetTensor(*r.DictGet("streamed"));
+  EXPECT_EQ(view.storage(), b.storage());  // one Storage for one record
+  EXPECT_TRUE(b.BitwiseEqual(base));
+  EXPECT_TRUE(view.BitwiseEqual(*base.Narrow(1, 1, 2)));
+  EXPECT_EQ(s.storage_offset(), 7);
+  EXPECT_EQ(s.sizes(), (std::vector<int64_t>{50, 100}));
+  int32_t first;
+  std::memcpy(&first, s.data(), 4);
+  EXPECT_EQ(first, 0x07070707);
+}
+
+TEST(TorchWriterTest, KeysFollowPickleOrderNotAddOrder) {
+  TorchWriter w;
+  ValuePtr first_added = w.AddTensor(FloatTensor({1}, {1}));
+  ValuePtr second_added = w.AddTensor(FloatTensor({2}, {1}));
+  ValuePtr root = Value::List({second_added, first_added});
+  auto bytes = w.WriteToString("k", *root);
+  ASSERT_TRUE(bytes.ok());
+  auto file = TorchFile::FromBytes(*bytes, "k.pt");
+  ASSERT_TRUE(file.ok());
+  const auto& pid = (*file)->root()->items()[0]->object().args->items()[0]->pid();
+  EXPECT_EQ(pid->items()[2]->str(), "0");
+  float v;
+  std::memcpy(&v, (*file)->GetTensor(*(*file)->root()->items()[0])->data(), 4);
+  EXPECT_EQ(v, 2.0f);
+}
+
+TEST(TorchWriterTest, Failures) {
+  TorchWriter w;
+  // A persistent id from elsewhere.
+  EXPECT_EQ(w.WriteToString("x", *Pid("FloatStorage", "0", 1)).status().code(), absl::StatusCode::kInvalidArgument);
+  // A streamed view that does not fit its storage.
+  TorchWriter bad;
+  ValuePtr t = bad.AddStreamedTensor(DType::kFloat32, {10}, 5, 0, [](uint64_t, absl::Span<uint8_t>) {
+    return absl::OkStatus();
+  });
+  EXPECT_EQ(bad.WriteToString("x", *t).status().code(), absl::StatusCode::kInvalidArgument);
+  // An undefined tensor.
+  TorchWriter undefined;
+  EXPECT_EQ(undefined.WriteToString("x", *undefined.AddTensor(Tensor())).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // A failing producer: error returned, partial file removed.
+  TorchWriter failing;
+  ValuePtr f = failing.AddStreamedTensor(DType::kFloat32, {10}, 10, 0, [](uint64_t, absl::Span<uint8_t>) {
+    return absl::UnavailableError("disk on fire");
+  });
+  const std::string path = TempPath("writer/failing.pt");
+  absl::Status s = failing.WriteFile(path, *f);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+  EXPECT_FALSE(std::filesystem::exists(path));
+  // An unwritable path.
+  TorchWriter empty;
+  EXPECT_EQ(empty.WriteFile(TempPath("writer") + "/no/such/dir/x.pt", *Value::None()).code(),
+            absl::StatusCode::kNotFound);
+}
+
+// Writing over the file the tensors are read from must not truncate it.
+TEST(TorchWriterTest, RefusesToOverwriteAMappedSource) {
+  const std::string path = TempPath("writer/source.pt");
+  {
+    TorchWriter w;
+    ASSERT_TRUE(w.WriteFile(path, *w.AddTensor(FloatTensor({1, 2, 3}, {3}))).ok());
+  }
+  const std::string before = *ReadFileToString(path);
+  auto file = TorchFile::Open(path);
+  ASSERT_TRUE(file.ok());
+  TorchWriter w;
+  ValuePtr copy = w.AddTensor(*(*file)->GetTensor(*(*file)->root()));
+  EXPECT_EQ(w.WriteFile(path, *copy).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(*ReadFileToString(path), before);
+  // The writer's storages keep the mapping alive after the TorchFile is gone.
+  file->reset();
+  EXPECT_EQ(w.WriteFile(path, *copy).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(*ReadFileToString(path), before);
+}
+
+// ---- against Python ----
+
+// Cases whose data.pkl //format/pickle's writer does not yet reproduce byte
+// for byte (the values are the same, Python's dumps are checked):
+// - state_dict: torch's storage keys are `str(n)`, not CPython's interned
+//   1-char strs, so torch memoizes key '0' apart from the `_metadata` key
+//   '0'; the writer treats every 1-char str as the interned singleton.
+// - nested: CPython 3.11 pickles bytearray(b'abc') at protocol 2 as
+//   bytearray(_codecs.encode('abc', 'latin1')); the writer writes
+//   bytearray('abc', 'latin-1').
+const std::set<std::string> kPickleWriterDifferences = {"state_dict", "nested"};
+
+// name -> bytes of every record but data.pkl.
+std::map<std::string, std::string> NonPickleRecords(const std::string& archive) {
+  std::map<std::string, std::string> out;
+  auto zip = ZipReader::Open(absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(archive.data()), archive.size()),
+                             "archive");
+  if (!zip.ok()) return out;
+  for (const ZipRecord& r : zip->records()) {
+    if (r.name.size() >= 9 && r.name.compare(r.name.size() - 9, 9, "/data.pkl") == 0) continue;
+    absl::Span<const uint8_t> d = zip->Data(r);
+    out[r.name] = std::string(d.begin(), d.end());
+  }
+  return out;
+}
+
+// Files written by torch.save (testdata/make_cases.py): every dtype, views,
+// shared storages, 0-dim/empty tensors, parameters, nested containers,
+// objects, an odd-sized storage. Each must dump like Python, and survive a
+// C++ read -> write round trip byte for byte and as Python sees it.
+TEST(TorchFilePythonTest, GeneratedCasesReadLikePythonAndRoundTrip) {
+  const std::string in_dir = TempPath("cases/in");
+  const std::string out_dir = TempPath("cases/out");
+  std::filesystem::create_directories(out_dir);
+  auto made = testing::RunPython(testing::PackageDataPath("testdata/make_cases.py"), {in_dir});
+  ASSERT_TRUE(made.ok()) << made.status();
+  std::vector<std::string> inputs = testing::FindTorchFiles(in_dir);
+  ASSERT_GE(inputs.size(), 13u);
+  std::vector<std::string> outputs;
+  std::vector<std::string> cpp_dumps;
+  for (const std::string& path : inputs) {
+    auto file = TorchFile::Open(path);
+    ASSERT_TRUE(file.ok()) << file.status();
+    auto dump = CanonicalDump(**file);
+    ASSERT_TRUE(dump.ok()) << dump.status();
+    cpp_dumps.push_back(*dump);
+    TorchWriteOptions options;
+    options.chunk_bytes = 100000;  // "big" spans several chunks
+    TorchWriter writer(options);
+    auto copy = testing::CopyTreeForWrite(**file, (*file)->root(), writer);
+    ASSERT_TRUE(copy.ok()) << copy.status();
+    const std::string out = out_dir + "/" + std::filesystem::path(path).filename().string();
+    ASSERT_TRUE(writer.WriteFile(out, **copy).ok());
+    outputs.push_back(out);
+  }
+  std::vector<std::string> all = inputs;
+  all.insert(all.end(), outputs.begin(), outputs.end());
+  auto python = testing::PythonDumps(all);
+  ASSERT_TRUE(python.ok()) << python.status();
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const std::string& expected = (*python)[inputs[i]];
+    EXPECT_EQ(testing::DiffExcerpt(expected, cpp_dumps[i]), "") << inputs[i] << " (C++ dump vs Python)";
+    EXPECT_EQ(testing::DiffExcerpt(expected, (*python)[outputs[i]]), "") << outputs[i] << " (Python, rewritten)";
+    auto original = ReadFileToString(inputs[i]);
+    auto rewritten = ReadFileToString(outputs[i]);
+    const std::string name = std::filesystem::path(inputs[i]).stem().string();
+    if (*original != *rewritten) {
+      // Known differences of //format/pickle's writer from CPython 3.11 (see
+      // kPickleWriterDifferences); every other record must still match.
+      EXPECT_TRUE(kPickleWriterDifferences.count(name)) << inputs[i] << ": rewritten file differs in bytes";
+      EXPECT_EQ(NonPickleRecords(*original), NonPickleRecords(*rewritten)) << inputs[i];
+    }
+    auto reread = TorchFile::Open(outputs[i]);
+    ASSERT_TRUE(reread.ok()) << reread.status();
+    EXPECT_EQ(testing::DiffExcerpt(cpp_dumps[i], *CanonicalDump(**reread)), "") << outputs[i];
+  }
+}
+
+// Records with zip64 sizes (low size threshold) are read by torch.load.
+TEST(TorchFilePythonTest, Zip64FilesLoadInTorch) {
+  TorchWriteOptions options;
+  options.zip64_size_threshold = 200;
+  TorchWriter w(options);
+  ValuePtr root = Value::MakeDict();
+  std::vector<float> values(1000);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i) * 0.5f;
+  root->DictSet(Value::Str("big"), w.AddTensor(FloatTensor(values, {10, 100})));
+  root->DictSet(Value::Str("small"), w.AddTensor(FloatTensor({1, 2}, {2})));
+  const std::string path = TempPath("zip64/zip64.pt");
+  ASSERT_TRUE(w.WriteFile(path, *root).ok());
+  auto file = TorchFile::Open(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  auto python = testing::PythonDumps({path});
+  ASSERT_TRUE(python.ok()) << python.status();
+  EXPECT_EQ(testing::DiffExcerpt((*python)[path], *CanonicalDump(**file)), "");
+}
+
+}  // namespace
+}  // namespace ucp::torch

@@ -29,11 +29,13 @@ std::string TensorSummary(const torch::Tensor& t) {
 }
 
 // The object tree of one file, one node per value, tensors summarized.
-absl::Status WalkTree(const torch::TorchFile& f, const Value& v, const std::string& path, int depth,
-                      InspectReport& report) {
+absl::Status WalkTree(const torch::TorchFile& f, const Value& v, const std::string& path, const std::string& key,
+                      int depth, InspectReport& report) {
   if (depth > 64) return absl::OkStatus();
   InspectReport::Node* node = report.add_node();
   node->set_path(path.empty() ? "." : path);
+  node->set_key(key.empty() ? "<root>" : key);
+  node->set_depth(depth);
   if (torch::TorchFile::IsTensor(v)) {
     UCP_ASSIGN_OR_RETURN(torch::Tensor t, f.GetTensor(v));
     node->set_type("tensor");
@@ -47,7 +49,7 @@ absl::Status WalkTree(const torch::TorchFile& f, const Value& v, const std::stri
       node->set_summary(absl::StrCat(v.ordered_dict() ? "OrderedDict" : "dict", " of ", v.dict_items().size()));
       for (const auto& [k, val] : v.dict_items()) {
         const std::string key = k->is(Kind::kStr) ? k->str() : k->DebugString(40);
-        UCP_RETURN_IF_ERROR(WalkTree(f, *val, child(key), depth + 1, report));
+        UCP_RETURN_IF_ERROR(WalkTree(f, *val, child(key), key, depth + 1, report));
       }
       return absl::OkStatus();
     case Kind::kList:
@@ -58,7 +60,7 @@ absl::Status WalkTree(const torch::TorchFile& f, const Value& v, const std::stri
       for (const auto& item : v.items()) scalars &= item->is(Kind::kInt) || item->is(Kind::kFloat);
       if (scalars && v.items().size() > 8) return absl::OkStatus();
       for (size_t i = 0; i < v.items().size(); ++i) {
-        UCP_RETURN_IF_ERROR(WalkTree(f, *v.items()[i], child(absl::StrCat(i)), depth + 1, report));
+        UCP_RETURN_IF_ERROR(WalkTree(f, *v.items()[i], child(absl::StrCat(i)), absl::StrCat(i), depth + 1, report));
       }
       return absl::OkStatus();
     }
@@ -77,7 +79,7 @@ absl::StatusOr<InspectReport> InspectFile(const std::string& path) {
   report.set_kind("file");
   UCP_ASSIGN_OR_RETURN(auto f, torch::TorchFile::Open(path));
   for (const auto& r : f->RecordNames()) report.add_file(r);
-  UCP_RETURN_IF_ERROR(WalkTree(*f, *f->root(), "", 0, report));
+  UCP_RETURN_IF_ERROR(WalkTree(*f, *f->root(), "", "", 0, report));
   return report;
 }
 
@@ -203,9 +205,7 @@ std::string FormatReport(const InspectReport& r) {
   if (r.kind() == "file") {
     absl::StrAppend(&out, r.path(), ": torch.save archive, ", r.file_size(), " records\n");
     for (const auto& n : r.node()) {
-      const int depth = n.path() == "." ? 0 : static_cast<int>(std::count(n.path().begin(), n.path().end(), '.')) + 1;
-      absl::StrAppend(&out, std::string(2 * depth, ' '), n.path() == "." ? "<root>" : n.path(), ": ", n.summary(),
-                      "\n");
+      absl::StrAppend(&out, std::string(2 * n.depth(), ' '), n.key(), ": ", n.summary(), "\n");
     }
     return out;
   }

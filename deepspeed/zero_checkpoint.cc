@@ -43,42 +43,6 @@ using pickle::ValuePtr;
 
 
 
-// The names of each param group (OrderedDict name -> torch.Size) with shapes.
-struct GroupShapes {
-  std::vector<std::vector<std::pair<std::string, std::vector<int64_t>>>> groups;
-};
-
-absl::StatusOr<GroupShapes> ReadParamShapes(const torch::TorchFile& f) {
-  const Value& root = *f.root();
-  UCP_ASSIGN_OR_RETURN(const Value* shapes, GetField(root, "param_shapes", "model states"),
-                       _.Prepend(absl::StrCat(f.path(), ": ")));
-  if (shapes->is_none()) {
-    return FileError(f.path(), absl::StatusCode::kFailedPrecondition,
-                     "param_shapes is None: the checkpoint was not saved by a ZeRO or bf16 optimizer");
-  }
-  UCP_ASSIGN_OR_RETURN(auto* list, AsSequence(*shapes, "param_shapes"), _.Prepend(absl::StrCat(f.path(), ": ")));
-  GroupShapes out;
-  for (size_t g = 0; g < list->size(); ++g) {
-    const Value& d = *(*list)[g];
-    if (!d.is(Kind::kDict)) {
-      return FileError(f.path(), absl::StatusCode::kInvalidArgument,
-                       absl::StrCat("param_shapes[", g, "] is a ", pickle::KindName(d.kind()), ", expected a dict"));
-    }
-    std::vector<std::pair<std::string, std::vector<int64_t>>> group;
-    for (const auto& [k, v] : d.dict_items()) {
-      if (!k->is(Kind::kStr)) {
-        return FileError(f.path(), absl::StatusCode::kInvalidArgument,
-                         absl::StrCat("param_shapes[", g, "] has a non-string key ", k->DebugString()));
-      }
-      UCP_ASSIGN_OR_RETURN(std::vector<int64_t> shape,
-                           AsTorchSize(*v, absl::StrCat("param_shapes[", g, "]['", k->str(), "']")),
-                           _.Prepend(absl::StrCat(f.path(), ": ")));
-      group.emplace_back(k->str(), std::move(shape));
-    }
-    out.groups.push_back(std::move(group));
-  }
-  return out;
-}
 
 
 

@@ -29,7 +29,7 @@ Tensor Iota(std::vector<int64_t> sizes) {
 std::vector<float> Values(const Tensor& t) {
   std::string b = t.ContiguousBytes();
   std::vector<float> v(b.size() / 4);
-  std::memcpy(v.data(), b.data(), b.size());
+  if (!b.empty()) std::memcpy(v.data(), b.data(), b.size());
   return v;
 }
 

@@ -108,7 +108,8 @@ TEST(FragmentAddressTest, BuildReadAndEncoding) {
 // ---- LossScaler ----
 
 TEST(LossScalerTest, StaticAndDynamic) {
-  LossScalerInfo info = AsLossScaler(*RoundTrip(MakeLossScaler(1.0))).value();
+  const ValuePtr scaler = RoundTrip(MakeLossScaler(1.0));  // info.state points into it
+  LossScalerInfo info = AsLossScaler(*scaler).value();
   EXPECT_EQ(info.class_name, "LossScaler");
   EXPECT_EQ(info.cur_scale, 1.0);
   EXPECT_FALSE(info.dynamic);

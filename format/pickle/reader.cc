@@ -382,7 +382,11 @@ class Unpickler {
     if (depth > options_.max_nesting) {
       return Exhausted(absl::StrCat("nesting deeper than max_nesting ", options_.max_nesting));
     }
-    depth_.insert_or_assign(&container, depth);
+    if (depth > 1) {
+      depth_.insert_or_assign(&container, depth);
+    } else if (!depth_.empty()) {
+      depth_.erase(&container);  // absent means 1; the address may be a freed container's
+    }
     return absl::OkStatus();
   }
   // A container just built from `children` (none of which can contain it).
@@ -1183,7 +1187,7 @@ class Unpickler {
   Memo memo_;
   size_t values_created_ = 0;
 
-  // Nesting depth of each container created (absent: not a container).
+  // Nesting depth of containers deeper than 1 (absent: 1, or not a container).
   absl::flat_hash_map<const Value*, uint32_t> depth_;
   // Containers a second reference was made to (DUP, GET).
   absl::flat_hash_set<const Value*> aliased_;

@@ -97,7 +97,11 @@ std::string CanonicalRepr(const Value& v) {
     case Kind::kList: return "[" + Items(v.items(), false) + "]";
     case Kind::kDict: {
       std::string out = absl::StrCat(v.ordered_dict() ? "O{" : "{", Pairs(v.dict_items()), "}");
-      if (v.dict_state() != nullptr) absl::StrAppend(&out, "~", CanonicalRepr(*v.dict_state()));
+      // An empty attribute dict leaves no trace in Python (vars() is empty).
+      const ValuePtr& state = v.dict_state();
+      if (state != nullptr && !(state->is(Kind::kDict) && state->dict_items().empty())) {
+        absl::StrAppend(&out, "~", CanonicalRepr(*state));
+      }
       return out;
     }
     case Kind::kSet: return "S{" + Items(v.set_items(), true) + "}";

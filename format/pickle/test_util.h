@@ -19,9 +19,10 @@
 namespace ucp::pickle::testing {
 
 // The canonical repr documented in testdata/pickle_interop.py: equal for two
-// trees iff DeepEqual, except that sets are compared unordered and a NEWOBJ_EX
-// object with no kwargs reads as NEWOBJ (Python cannot tell them apart), and
-// INST objects as REDUCE (the writer writes them so).
+// trees iff DeepEqual, except where Python cannot tell the difference: sets
+// are unordered, a NEWOBJ_EX object with no kwargs reads as NEWOBJ, an
+// OrderedDict with an empty dict_state as one without, and INST objects as
+// REDUCE (the writer writes them so).
 std::string CanonicalRepr(const Value& v);
 
 std::string Hex(std::string_view bytes);

@@ -7,7 +7,8 @@
                                        "<case>\t<canonical repr of the original object>"
   pickle_interop.py numpy <dir>        load every <dir>/*.pkl with the real numpy, print
                                        "<file>\t<dtype.str>\t<shape>\t<fortran>\t<hex data>"
-  pickle_interop.py torch <dir>        torch.load every <dir>/*.pt, print "<file>\t<summary>"
+  pickle_interop.py torch <dir>        torch.load every <dir>/*.pkl (zipped with its
+                                       <name>.storage.<key> files), print "<file>\t<summary>"
 
 The canonical repr is the one `CanonicalRepr` (test_util.h) computes in C++:
   N T F | i<hex LE two's complement> | f<hex LE double>|fnan | s<hex UTF-8> | b<hex> | B<hex>
@@ -17,6 +18,7 @@ Objects of unknown classes are loaded as `Recorded` stubs that remember how the
 pickle built them (REDUCE calls __init__, NEWOBJ does not), so nothing is executed.
 """
 
+import _compat_pickle
 import codecs
 import collections
 import copyreg
@@ -86,8 +88,18 @@ def stub_class(module, name):
     return _stubs[key]
 
 
+def python3_name(module, name):
+    """What pickle.Unpickler.find_class does with fix_imports (the C
+    Unpickler does not expose the stream's protocol; the streams here never
+    use Python 2 names at protocol 3+, so the mapping is applied always)."""
+    if (module, name) in _compat_pickle.NAME_MAPPING:
+        return _compat_pickle.NAME_MAPPING[(module, name)]
+    return _compat_pickle.IMPORT_MAPPING.get(module, module), name
+
+
 class StubUnpickler(pickle.Unpickler):
     def find_class(self, module, name):
+        module, name = python3_name(module, name)
         if (module, name) in REAL_GLOBALS:
             return REAL_GLOBALS[(module, name)]
         return stub_class(module, name)
@@ -304,6 +316,7 @@ def cmd_numpy(directory):
 
     class NumpyUnpickler(pickle.Unpickler):
         def find_class(self, module, name):
+            module, name = python3_name(module, name)
             if module.split(".")[0] in ("numpy", "_codecs", "builtins", "copyreg"):
                 return super().find_class(module, name)
             raise pickle.UnpicklingError("unexpected global %s.%s" % (module, name))
@@ -318,20 +331,39 @@ def cmd_numpy(directory):
 
 
 def cmd_torch(directory):
+    """torch.load each <name>.pkl, zipped as torch does with the storages
+    <name>.storage.<key> beside it; deepspeed classes are stubs."""
     import torch
+    import zipfile
 
-    stub_module = types.ModuleType("stub_pickle")
+    enum_class = make_deepspeed_enum()
 
     class TorchStubUnpickler(pickle.Unpickler):
         def find_class(self, module, name):
+            module, name = python3_name(module, name)
+            if (module, name) == ("deepspeed.runtime.zero.config", "ZeroStageEnum"):
+                return enum_class
             if module.startswith("deepspeed"):
                 return stub_class(module, name)
             return super().find_class(module, name)
 
-    stub_module.Unpickler = TorchStubUnpickler
-    stub_module.load = pickle.load
-    for name in sorted(f for f in os.listdir(directory) if f.endswith(".pt")):
-        obj = torch.load(os.path.join(directory, name), pickle_module=stub_module)
+    # Debian's torch 1.13 ignores torch.load's pickle_module (it always uses
+    # `pickle`), so the stub unpickler is installed there.
+    pickle.Unpickler = TorchStubUnpickler
+    for name in pkl_files(directory):
+        stem = name[:-len(".pkl")]
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
+            with open(os.path.join(directory, name), "rb") as f:
+                z.writestr("archive/data.pkl", f.read())
+            z.writestr("archive/version", "3\n")
+            prefix = stem + ".storage."
+            for f in sorted(os.listdir(directory)):
+                if f.startswith(prefix):
+                    with open(os.path.join(directory, f), "rb") as g:
+                        z.writestr("archive/data/" + f[len(prefix):], g.read())
+        buf.seek(0)
+        obj = torch.load(buf)
         print("%s\t%s" % (name, summarize(obj)))
 
 
@@ -343,7 +375,8 @@ def summarize(x):
     if isinstance(x, torch.Size):
         return "Size%s" % (list(x),)
     if isinstance(x, collections.OrderedDict):
-        return "O{" + ",".join("%s:%s" % (summarize(k), summarize(v)) for k, v in x.items()) + "}"
+        out = "O{" + ",".join("%s:%s" % (summarize(k), summarize(v)) for k, v in x.items()) + "}"
+        return out + ("~" + summarize(dict(vars(x))) if vars(x) else "")
     if isinstance(x, dict):
         return "{" + ",".join("%s:%s" % (summarize(k), summarize(v)) for k, v in x.items()) + "}"
     if isinstance(x, (list, tuple)):
@@ -352,6 +385,8 @@ def summarize(x):
         return "S{" + ",".join(sorted(summarize(i) for i in x)) + "}"
     if isinstance(x, Recorded):
         return canon(x)
+    if type(x).__module__ == "numpy":
+        return "ndarray(%s,%s,%s)" % (x.dtype.str, list(x.shape), x.flatten().tolist())
     return repr(x)
 
 

@@ -91,6 +91,7 @@ struct State {
   // Every persistent id node and every rebuild object of the tree.
   absl::flat_hash_map<const Value*, std::shared_ptr<const Storage>> by_pid;
   absl::flat_hash_map<const Value*, Tensor> tensors;
+  absl::flat_hash_map<const Storage*, const ZipRecord*> record_by_storage;
 };
 }  // namespace internal_torch_file
 
@@ -211,6 +212,7 @@ class TreeValidator {
                .emplace(key, internal_torch_file::State::StorageEntry{
                                  Storage::Borrowed(*dtype, data, size, keep_alive_), *record})
                .first;
+      impl_->record_by_storage.emplace(it->second.storage.get(), *record);
     } else if (it->second.storage->dtype() != *dtype || it->second.storage->numel() != numel) {
       return absl::InvalidArgumentError(absl::StrCat(
           name_, ": storage '", key, "' is used as ", DTypeName(it->second.storage->dtype()).data(), "[",
@@ -414,6 +416,14 @@ absl::StatusOr<std::shared_ptr<const Storage>> TorchFile::GetStorage(const pickl
 }
 
 absl::Status TorchFile::VerifyAllCrcs() const { return impl_->zip->VerifyAllCrcs(); }
+
+absl::Status TorchFile::VerifyStorageCrc(const Storage& storage) const {
+  auto it = impl_->record_by_storage.find(&storage);
+  if (it == impl_->record_by_storage.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(path_, ": storage does not belong to this file"));
+  }
+  return impl_->zip->VerifyCrc(*it->second);
+}
 
 const std::shared_ptr<const MappedFile>& TorchFile::mapped_file() const { return impl_->mapped; }
 

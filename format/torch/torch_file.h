@@ -88,6 +88,10 @@ class TorchFile {
 
   // Verifies every record's CRC-32 (each at most once per TorchFile).
   absl::Status VerifyAllCrcs() const;
+  // Verifies the CRC-32 of the record behind one storage of this file (for
+  // OpenOptions::verify_crc = false: check each storage when it is used).
+  // kInvalidArgument for a storage of another file, kDataLoss on mismatch.
+  absl::Status VerifyStorageCrc(const Storage& storage) const;
   // The mapping behind Open (null for FromBytes), e.g. to Release() pages
   // of storages already consumed.
   const std::shared_ptr<const MappedFile>& mapped_file() const;

@@ -172,7 +172,16 @@ TEST(TorchFileTest, LazyCrcDefersStorageVerification) {
   lazy.verify_crc = false;
   auto file = TorchFile::FromBytes(bytes, "lazy.pt", lazy);
   ASSERT_TRUE(file.ok()) << file.status();
+  Tensor t = *(*file)->GetTensor(*(*file)->root());
+  absl::Status s = (*file)->VerifyStorageCrc(*t.storage());
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(s.message().find("archive/data/0"), std::string::npos) << s;
   EXPECT_EQ((*file)->VerifyAllCrcs().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ((*file)->VerifyStorageCrc(*Storage::Zeros(DType::kFloat32, 1)).code(),
+            absl::StatusCode::kInvalidArgument);
+  auto good = TorchFile::FromBytes(CraftFile(*root, 16), "good.pt", lazy);
+  ASSERT_TRUE(good.ok());
+  EXPECT_TRUE((*good)->VerifyStorageCrc(*(*good)->Storages()[0]).ok());
 }
 
 // Every truncation and many single-byte corruptions of a real file give a

@@ -1,7 +1,13 @@
 #include "base/sha256.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <immintrin.h>
+#endif
 
 namespace ucp {
 namespace {
@@ -19,7 +25,81 @@ constexpr uint32_t kRoundConstants[64] = {
 
 inline uint32_t RotR(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
 
+#if defined(__x86_64__)
+bool DetectShaNi() {
+  unsigned a, b, c, d;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  const bool sha = (b >> 29) & 1;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+  const bool sse41 = (c >> 19) & 1;
+  const bool ssse3 = (c >> 9) & 1;
+  return sha && sse41 && ssse3;
+}
+
+// The SHA-NI message schedule and rounds (Intel SHA extensions): four rounds
+// per 128-bit group of message words; W[16..63] derived with msg1/msg2.
+__attribute__((target("sha,sse4.1,ssse3"))) void CompressShaNi(uint32_t state[8], const uint8_t* data,
+                                                                size_t blocks) {
+  const __m128i kByteSwap = _mm_set_epi64x(0x0c0d0e0f08090a0bULL, 0x0405060700010203ULL);
+  __m128i tmp = _mm_loadu_si128(reinterpret_cast<const __m128i*>(&state[0]));
+  __m128i state1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(&state[4]));
+  tmp = _mm_shuffle_epi32(tmp, 0xB1);            // CDAB
+  state1 = _mm_shuffle_epi32(state1, 0x1B);      // EFGH
+  __m128i state0 = _mm_alignr_epi8(tmp, state1, 8);  // ABEF
+  state1 = _mm_blend_epi16(state1, tmp, 0xF0);   // CDGH
+  for (size_t blk = 0; blk < blocks; ++blk, data += 64) {
+    const __m128i abef = state0;
+    const __m128i cdgh = state1;
+    __m128i w[4];
+#pragma GCC unroll 16
+    for (int g = 0; g < 16; ++g) {
+      if (g < 4) {
+        w[g] = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(data + 16 * g)), kByteSwap);
+      }
+      __m128i msg = _mm_add_epi32(w[g & 3], _mm_loadu_si128(reinterpret_cast<const __m128i*>(&kRoundConstants[4 * g])));
+      state1 = _mm_sha256rnds2_epu32(state1, state0, msg);
+      if (g >= 3 && g < 15) {
+        const __m128i t = _mm_alignr_epi8(w[g & 3], w[(g + 3) & 3], 4);
+        w[(g + 1) & 3] = _mm_sha256msg2_epu32(_mm_add_epi32(w[(g + 1) & 3], t), w[g & 3]);
+      }
+      msg = _mm_shuffle_epi32(msg, 0x0E);
+      state0 = _mm_sha256rnds2_epu32(state0, state1, msg);
+      if (g >= 1 && g < 13) w[(g + 3) & 3] = _mm_sha256msg1_epu32(w[(g + 3) & 3], w[g & 3]);
+    }
+    state0 = _mm_add_epi32(state0, abef);
+    state1 = _mm_add_epi32(state1, cdgh);
+  }
+  tmp = _mm_shuffle_epi32(state0, 0x1B);         // FEBA
+  state1 = _mm_shuffle_epi32(state1, 0xB1);      // DCHG
+  state0 = _mm_blend_epi16(tmp, state1, 0xF0);   // DCBA
+  state1 = _mm_alignr_epi8(state1, tmp, 8);      // ABEF
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(&state[0]), state0);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(&state[4]), state1);
+}
+#endif
+
+const bool kHardware =
+#if defined(__x86_64__)
+    DetectShaNi();
+#else
+    false;
+#endif
+std::atomic<bool> hardware_enabled{true};
+
 }  // namespace
+
+bool Sha256HardwareAvailable() { return kHardware; }
+void SetSha256HardwareEnabled(bool enabled) { hardware_enabled = enabled; }
+
+void Sha256::CompressBlocks(const uint8_t* blocks, size_t n) {
+#if defined(__x86_64__)
+  if (kHardware && hardware_enabled.load(std::memory_order_relaxed)) {
+    CompressShaNi(state_, blocks, n);
+    return;
+  }
+#endif
+  for (size_t i = 0; i < n; ++i) Compress(blocks + 64 * i);
+}
 
 void Sha256::Reset() {
   static constexpr uint32_t kInit[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
@@ -78,13 +158,14 @@ void Sha256::Update(const void* data, size_t len) {
     p += take;
     len -= take;
     if (buffered_ < sizeof(buffer_)) return;
-    Compress(buffer_);
+    CompressBlocks(buffer_, 1);
     buffered_ = 0;
   }
-  while (len >= 64) {
-    Compress(p);
-    p += 64;
-    len -= 64;
+  if (len >= 64) {
+    const size_t n = len / 64;
+    CompressBlocks(p, n);
+    p += 64 * n;
+    len -= 64 * n;
   }
   if (len > 0) {
     std::memcpy(buffer_, p, len);

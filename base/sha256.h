@@ -32,6 +32,9 @@ class Sha256 {
 
  private:
   void Compress(const uint8_t* block);  // one 64-byte block
+  // `n` consecutive 64-byte blocks, with the SHA-NI instructions when the CPU
+  // has them (x86-64), else Compress() per block.
+  void CompressBlocks(const uint8_t* blocks, size_t n);
   uint32_t state_[8];
   uint64_t total_len_ = 0;
   uint8_t buffer_[64];
@@ -40,6 +43,11 @@ class Sha256 {
 
 // The hex digest of `data` in one call.
 std::string Sha256Hex(std::string_view data);
+
+// Whether CompressBlocks uses the CPU's SHA extensions; tests can turn them
+// off to check both paths give the same digests.
+bool Sha256HardwareAvailable();
+void SetSha256HardwareEnabled(bool enabled);
 
 }  // namespace ucp
 

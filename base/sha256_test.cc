@@ -1,5 +1,7 @@
 #include "base/sha256.h"
 
+#include <iostream>
+#include <vector>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -34,6 +36,25 @@ TEST(Sha256Test, IncrementalMatchesOneShot) {
       ASSERT_EQ(h.HexDigest(), expected) << "len " << len << " split " << split;
     }
   }
+}
+
+// The SHA-NI path (when this CPU has it) and the portable one agree on
+// inputs of every length around block boundaries and on large ones.
+TEST(Sha256Test, HardwareMatchesPortable) {
+  std::string data;
+  for (int i = 0; i < (1 << 20) + 77; ++i) data.push_back(static_cast<char>((i * 131 + (i >> 9)) & 0xff));
+  for (size_t len : std::vector<size_t>{0, 1, 63, 64, 65, 127, 128, 129, 1000, 4096 + 13, size_t{1} << 20, data.size()}) {
+    const std::string part = data.substr(0, len);
+    SetSha256HardwareEnabled(false);
+    const std::string portable = Sha256Hex(part);
+    SetSha256HardwareEnabled(true);
+    EXPECT_EQ(Sha256Hex(part), portable) << "len " << len;
+  }
+  SetSha256HardwareEnabled(false);
+  EXPECT_EQ(Sha256Hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  SetSha256HardwareEnabled(true);
+  EXPECT_EQ(Sha256Hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  if (!Sha256HardwareAvailable()) std::cerr << "note: this CPU has no SHA extensions; only the portable path ran\n";
 }
 
 TEST(Sha256Test, ResetReuses) {

@@ -295,6 +295,8 @@ class Writer {
         out->DictSet(k, m);
       } else if (key == "param_shapes") {
         out->DictSet(k, ParamShapes(stage));
+      } else if (key == "buffer_names") {
+        out->DictSet(k, BufferNames(stage));
       } else if (key == "frozen_param_shapes" || key == "frozen_param_fragments") {
         if (layout_.zero_stage >= 2) {
           UCP_ASSIGN_OR_RETURN(ValuePtr f, FrozenParams(w, stage, rank, key == "frozen_param_fragments"));
@@ -441,6 +443,19 @@ class Writer {
     return Value::List(groups);
   }
 
+  // engine._get_buffer_names: the persistent buffers of this stage's module,
+  // in module order; a PipelineModule registers tied_modules before its layers.
+  ValuePtr BufferNames(int stage) {
+    std::vector<ValuePtr> names, untied;
+    for (int i : layout_.stage_module_params[stage]) {
+      const ParamState& p = info_.params[i];
+      if (p.role != TensorRole::kBuffer) continue;
+      (p.tied_key.empty() ? untied : names).push_back(Value::Str(p.name));
+    }
+    names.insert(names.end(), untied.begin(), untied.end());
+    return Value::List(std::move(names));
+  }
+
   absl::StatusOr<ValuePtr> FrozenParams(torch::TorchWriter& w, int stage, int rank, bool fragments) {
     ValuePtr d = Value::MakeDict(/*ordered_dict=*/true);
     for (int i : layout_.stage_module_params[stage]) {
@@ -471,6 +486,16 @@ class Writer {
     for (int i : order) {
       UCP_ASSIGN_OR_RETURN(ValuePtr t, LpTensor(w, i, rank));
       sd->DictSet(Value::Str(info_.params[i].name), t);
+    }
+    // nn.Module.state_dict() leaves the module versions in the OrderedDict's
+    // `_metadata` attribute, which load_state_dict passes to each module; it
+    // depends on the module tree only, so the source's carries over.
+    deepspeed::FileValue src = state_.ModelStatesRoot(0, rank);
+    const Value* module = src.value ? src.value->DictGet("module") : nullptr;
+    if (module != nullptr && module->is(Kind::kDict) && module->dict_state()) {
+      UCP_ASSIGN_OR_RETURN(ValuePtr metadata,
+                           deepspeed::CopyTreeForWrite(deepspeed::FileValue{module->dict_state(), src.file}, w));
+      sd->set_dict_state(std::move(metadata));
     }
     return sd;
   }

@@ -31,11 +31,16 @@ class LossScaler:
 
 
 class DynamicLossScaler:
-    """deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler (fp16 runs)."""
+    """deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler (fp16 runs).
 
-    def __init__(self, init_scale=2.0**16, scale_factor=2.0, scale_window=1000, min_scale=1, delayed_shift=1,
+    Attributes are set in DeepSpeed's order (LossScalerBase.__init__ sets
+    cur_scale and dynamic first), which is the order pickle records them in.
+    """
+
+    def __init__(self, init_scale=2**32, scale_factor=2.0, scale_window=1000, min_scale=1, delayed_shift=1,
                  consecutive_hysteresis=False, raise_error_at_min_scale=True, dtype=None):
         self.cur_scale = init_scale
+        self.dynamic = False
         self.cur_iter = 0
         self.last_overflow_iter = -1
         self.scale_factor = scale_factor

@@ -4,8 +4,6 @@
 
 #include <cstring>
 #include <filesystem>
-#include <map>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -324,30 +322,6 @@ TEST(TorchWriterTest, RefusesToOverwriteAMappedSource) {
 
 // ---- against Python ----
 
-// Cases whose data.pkl //format/pickle's writer does not yet reproduce byte
-// for byte (the values are the same, Python's dumps are checked):
-// - state_dict: torch's storage keys are `str(n)`, not CPython's interned
-//   1-char strs, so torch memoizes key '0' apart from the `_metadata` key
-//   '0'; the writer treats every 1-char str as the interned singleton.
-// - nested: CPython 3.11 pickles bytearray(b'abc') at protocol 2 as
-//   bytearray(_codecs.encode('abc', 'latin1')); the writer writes
-//   bytearray('abc', 'latin-1').
-const std::set<std::string> kPickleWriterDifferences = {"state_dict", "nested"};
-
-// name -> bytes of every record but data.pkl.
-std::map<std::string, std::string> NonPickleRecords(const std::string& archive) {
-  std::map<std::string, std::string> out;
-  auto zip = ZipReader::Open(absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(archive.data()), archive.size()),
-                             "archive");
-  if (!zip.ok()) return out;
-  for (const ZipRecord& r : zip->records()) {
-    if (r.name.size() >= 9 && r.name.compare(r.name.size() - 9, 9, "/data.pkl") == 0) continue;
-    absl::Span<const uint8_t> d = zip->Data(r);
-    out[r.name] = std::string(d.begin(), d.end());
-  }
-  return out;
-}
-
 // Files written by torch.save (testdata/make_cases.py): every dtype, views,
 // shared storages, 0-dim/empty tensors, parameters, nested containers,
 // objects, an odd-sized storage. Each must dump like Python, and survive a
@@ -387,13 +361,7 @@ TEST(TorchFilePythonTest, GeneratedCasesReadLikePythonAndRoundTrip) {
     EXPECT_EQ(testing::DiffExcerpt(expected, (*python)[outputs[i]]), "") << outputs[i] << " (Python, rewritten)";
     auto original = ReadFileToString(inputs[i]);
     auto rewritten = ReadFileToString(outputs[i]);
-    const std::string name = std::filesystem::path(inputs[i]).stem().string();
-    if (*original != *rewritten) {
-      // Known differences of //format/pickle's writer from CPython 3.11 (see
-      // kPickleWriterDifferences); every other record must still match.
-      EXPECT_TRUE(kPickleWriterDifferences.count(name)) << inputs[i] << ": rewritten file differs in bytes";
-      EXPECT_EQ(NonPickleRecords(*original), NonPickleRecords(*rewritten)) << inputs[i];
-    }
+    EXPECT_TRUE(*original == *rewritten) << inputs[i] << ": rewritten file differs in bytes";
     auto reread = TorchFile::Open(outputs[i]);
     ASSERT_TRUE(reread.ok()) << reread.status();
     EXPECT_EQ(testing::DiffExcerpt(cpp_dumps[i], *CanonicalDump(**reread)), "") << outputs[i];

@@ -9,6 +9,7 @@
 #include "base/fs.h"
 #include "converter/convert.h"
 #include "deepspeed/compare.h"
+#include "deepspeed/universal_checkpoint.h"
 #include "format/torch/torch_file.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -196,6 +197,20 @@ TEST(ConvertFixtureTest, ExplainAndSummaryNameSources) {
   ASSERT_TRUE(manifest.ok());
   EXPECT_NE(manifest->find("sha256"), std::string::npos);
   EXPECT_NE(manifest->find("source_topology"), std::string::npos);
+  // The sha256 of every file, hashed while writing, matches the bytes on disk.
+  deepspeed::UniversalCheckpoint::Options verify;
+  verify.verify_checksums = true;
+  auto u = deepspeed::UniversalCheckpoint::Open(out, verify);
+  EXPECT_TRUE(u.ok()) << u.status();
+  // ... and a changed byte is caught.
+  const std::string victim = JoinPath(out, "zero/2.attention.dense.weight/exp_avg.pt");
+  auto bytes = ReadFileToString(victim);
+  ASSERT_TRUE(bytes.ok());
+  (*bytes)[bytes->size() / 2] ^= 0x01;
+  ASSERT_TRUE(WriteFileAtomic(victim, *bytes).ok());
+  auto bad = deepspeed::UniversalCheckpoint::Open(out, verify);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(bad.status().message().find("differs from the manifest's"), std::string::npos) << bad.status();
 }
 
 }  // namespace

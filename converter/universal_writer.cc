@@ -29,6 +29,13 @@ absl::Status CheckParamName(const std::string& name) {
   return absl::OkStatus();
 }
 
+// Universal files are listed in the manifest with their sha256.
+torch::TorchWriteOptions HashedWrites() {
+  torch::TorchWriteOptions o;
+  o.sha256 = true;
+  return o;
+}
+
 class FileList {
  public:
   void Add(const std::string& rel, int64_t size, const std::string& sha) {
@@ -136,7 +143,7 @@ absl::StatusOr<WriteStats> WriteUniversal(const deepspeed::ModelState& state, co
       UCP_RETURN_IF_ERROR(MakeDirs(JoinPath(out, rel_dir)));
       UCP_ASSIGN_OR_RETURN(deepspeed::FileValue step, state.GroupScalar(p.group, "step"));
       if (step.value) {
-        torch::TorchWriter w;
+        torch::TorchWriter w(HashedWrites());
         UCP_ASSIGN_OR_RETURN(ValuePtr v, deepspeed::CopyTreeForWrite(step, w));
         UCP_RETURN_IF_ERROR(write_file(JoinPath(rel_dir, "step.pt"), w, *v));
       }
@@ -149,7 +156,7 @@ absl::StatusOr<WriteStats> WriteUniversal(const deepspeed::ModelState& state, co
                                                   torch::ShapeString(plan.shape()), " differs from ",
                                                   torch::ShapeString(p.full_shape)));
         }
-        torch::TorchWriter w;
+        torch::TorchWriter w(HashedWrites());
         ValuePtr t = tp::AddPlan(w, plan);
         // DeepSpeed's fp32 masters keep requires_grad=True through the merge.
         if (s == deepspeed::kFp32State) UCP_RETURN_IF_ERROR(tp::SetRequiresGrad(*t, true));
@@ -157,7 +164,7 @@ absl::StatusOr<WriteStats> WriteUniversal(const deepspeed::ModelState& state, co
       }
     } else {
       UCP_ASSIGN_OR_RETURN(tp::TensorPlan plan, state.Full(p, deepspeed::kLpState));
-      torch::TorchWriter w;
+      torch::TorchWriter w(HashedWrites());
       ValuePtr t = tp::AddPlan(w, plan);
       UCP_RETURN_IF_ERROR(write_file(JoinPath(deepspeed::kUniversalModuleDir, p.name + ".pt"), w,
                                      *UniversalParamDict(p.rule, t)));
@@ -170,7 +177,7 @@ absl::StatusOr<WriteStats> WriteUniversal(const deepspeed::ModelState& state, co
   // Optimizer state without the sharded parts.
   {
     UCP_ASSIGN_OR_RETURN(deepspeed::FileValue common, state.OptimizerCommon());
-    torch::TorchWriter w;
+    torch::TorchWriter w(HashedWrites());
     UCP_ASSIGN_OR_RETURN(ValuePtr v, deepspeed::CopyTreeForWrite(common, w));
     UCP_RETURN_IF_ERROR(
         write_file(JoinPath(deepspeed::kUniversalZeroDir, deepspeed::kUniversalOptimizerStateFile), w, *v));
@@ -192,7 +199,7 @@ absl::StatusOr<WriteStats> WriteUniversal(const deepspeed::ModelState& state, co
         if (!root.value) {
           return absl::FailedPreconditionError(absl::StrCat("no model states for stage ", pp, " tp rank ", t));
         }
-        torch::TorchWriter w;
+        torch::TorchWriter w(HashedWrites());
         UCP_ASSIGN_OR_RETURN(ValuePtr v, deepspeed::CopyTreeForWrite(root, w));
         UCP_RETURN_IF_ERROR(write_file(rel, w, *v));
       }

@@ -4,8 +4,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "base/fs.h"
-#include "base/sha256.h"
 #include "base/status_macros.h"
 
 namespace ucp::tp {
@@ -77,11 +75,9 @@ absl::StatusOr<pickle::ValuePtr> AddPlanView(torch::TorchWriter& writer, const T
 absl::StatusOr<WrittenFile> WriteTorchFile(torch::TorchWriter& writer, const std::string& path,
                                            const pickle::Value& root) {
   UCP_RETURN_IF_ERROR(writer.WriteFile(path, root));
-  // TODO(perf): hash while writing instead of reading the file back.
-  UCP_ASSIGN_OR_RETURN(std::string bytes, ReadFileToString(path));
   WrittenFile out;
-  out.size = static_cast<int64_t>(bytes.size());
-  out.sha256 = Sha256Hex(bytes);
+  out.size = static_cast<int64_t>(writer.bytes_written());
+  out.sha256 = writer.sha256_hex();
   return out;
 }
 

@@ -31,9 +31,10 @@ absl::Status SetRequiresGrad(pickle::Value& tensor_value, bool requires_grad);
 
 struct WrittenFile {
   int64_t size = 0;
-  std::string sha256;  // hex
+  std::string sha256;  // hex; empty unless the writer was made with TorchWriteOptions::sha256
 };
-// Writes the archive and reports its size and sha256.
+// Writes the archive and reports its size and sha256, both measured while
+// writing (the file is never read back).
 absl::StatusOr<WrittenFile> WriteTorchFile(torch::TorchWriter& writer, const std::string& path,
                                            const pickle::Value& root);
 

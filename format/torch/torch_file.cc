@@ -10,6 +10,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "base/sha256.h"
 #include "base/status_macros.h"
 #include "format/pickle/writer.h"
 #include "format/torch/mapped_file.h"
@@ -441,6 +442,8 @@ std::vector<std::shared_ptr<const Storage>> TorchFile::Storages() const {
 
 struct TorchWriter::Impl {
   TorchWriteOptions options;
+  uint64_t last_bytes = 0;
+  std::string last_sha256;
   struct Entry {
     std::shared_ptr<const Storage> storage;  // or:
     StorageProducer producer;
@@ -662,6 +665,33 @@ pickle::ValuePtr TorchWriter::AddStreamedTensor(DType dtype, std::vector<int64_t
   return impl_->MakeTensorValue(impl_->entries.size() - 1, offset, sizes, strides, false);
 }
 
+namespace {
+
+// Passes bytes on to another sink, counting and (optionally) hashing them.
+class HashingSink : public ZipSink {
+ public:
+  HashingSink(ZipSink* next, bool hash) : next_(next), hash_(hash) {}
+  absl::Status Write(absl::Span<const uint8_t> bytes) override {
+    if (hash_) sha_.Update(bytes.data(), bytes.size());
+    count_ += bytes.size();
+    return next_->Write(bytes);
+  }
+  absl::Status Flush() override { return next_->Flush(); }
+  uint64_t count() const { return count_; }
+  std::string HexDigest() { return hash_ ? sha_.HexDigest() : std::string(); }
+
+ private:
+  ZipSink* next_;
+  bool hash_;
+  Sha256 sha_;
+  uint64_t count_ = 0;
+};
+
+}  // namespace
+
+uint64_t TorchWriter::bytes_written() const { return impl_->last_bytes; }
+const std::string& TorchWriter::sha256_hex() const { return impl_->last_sha256; }
+
 absl::Status TorchWriter::WriteFile(const std::string& path, const pickle::Value& root) {
   // Truncating a file this process has mapped (e.g. the checkpoint the
   // storages come from) would destroy the source and SIGBUS the reader.
@@ -674,7 +704,10 @@ absl::Status TorchWriter::WriteFile(const std::string& path, const pickle::Value
   absl::Status s;
   {
     FdSink sink(fd, path);
-    s = impl_->WriteArchive(&sink, path, ArchiveStem(path), root);
+    HashingSink hashing(&sink, impl_->options.sha256);
+    s = impl_->WriteArchive(&hashing, path, ArchiveStem(path), root);
+    impl_->last_bytes = hashing.count();
+    impl_->last_sha256 = hashing.HexDigest();
   }
   if (s.ok() && impl_->options.sync && ::fdatasync(fd) != 0) {
     s = absl::ErrnoToStatus(errno, absl::StrCat(path, ": fdatasync failed"));

@@ -121,6 +121,9 @@ struct TorchWriteOptions {
   // See ZipWriterOptions; lower only in tests.
   uint64_t zip64_size_threshold = 0xFFFFFFFF;
   uint64_t zip64_offset_threshold = 0xFFFFFFFF;
+  // Hash the file's bytes while writing them (see TorchWriter::sha256_hex),
+  // so a manifest never needs to read an output back.
+  bool sha256 = false;
 };
 
 class TorchWriter {
@@ -154,6 +157,11 @@ class TorchWriter {
   absl::Status WriteFile(const std::string& path, const pickle::Value& root);
   // The same into memory (tests).
   absl::StatusOr<std::string> WriteToString(const std::string& stem, const pickle::Value& root);
+
+  // After a successful WriteFile: the file's size, and its sha256 (hex) when
+  // TorchWriteOptions::sha256 was set (else empty).
+  uint64_t bytes_written() const;
+  const std::string& sha256_hex() const;
 
  private:
   struct Impl;

@@ -73,6 +73,7 @@ absl::StatusOr<ConvertResult> Convert(const ConvertOptions& options) {
                                   result.summary);
   }
   result.explain = RuleExplanation(state->info());
+  for (const auto& note : state->info().notes) result.warnings.push_back(note);
   return result;
 }
 

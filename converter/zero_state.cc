@@ -165,6 +165,7 @@ absl::Status ZeroModelState::Resolve(const ZeroStateOptions& options) {
   for (int l : info_.module_layers) max_layer = std::max(max_layer, l);
   for (const auto& p : info_.params) max_layer = std::max(max_layer, p.layer);
   info_.num_layers = info_.pipeline ? max_layer + 1 : 0;
+  if (info_.pipeline) UCP_RETURN_IF_ERROR(PlaceTiedModules(options, max_layer));
 
   info_.Reindex();
 
@@ -319,6 +320,53 @@ absl::Status ZeroModelState::Resolve(const ZeroStateOptions& options) {
       }
       p.full_shape[0] = p.rule.original_vocab_size();
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ZeroModelState::PlaceTiedModules(const ZeroStateOptions& options, int max_layer) {
+  const int pp = ckpt_->topology().pp;
+  std::map<std::string, std::vector<int>> assumed;  // key -> layers incl. an assumed head
+  for (size_t i = 0; i < info_.params.size(); ++i) {
+    ParamState& p = info_.params[i];
+    if (p.tied_key.empty()) continue;
+    std::vector<int> layers = p.tied_layers;
+    if (layers.empty() && p.layer >= 0) layers = {p.layer};
+    auto given = options.tied_layers.find(p.tied_key);
+    if (given != options.tied_layers.end()) {
+      for (int l : layers) {
+        if (std::find(given->second.begin(), given->second.end(), l) == given->second.end()) {
+          return absl::InvalidArgumentError(absl::StrCat("--tied_layers: tied module '", p.tied_key,
+                                                         "' is in the file of layer ", l, ", which the flag omits"));
+        }
+      }
+      p.tied_layers = given->second;
+      std::sort(p.tied_layers.begin(), p.tied_layers.end());
+      p.layer = p.tied_layers.front();
+      for (int l : p.tied_layers) info_.num_layers = std::max(info_.num_layers, l + 1);
+      continue;
+    }
+    if (layers.size() >= 2) continue;  // every use has its layer file
+    // One layer file holds the tied module. A tied head without a file
+    // exists when the module is also in a later stage, and cannot be ruled
+    // out at pp=1 (the checkpoint looks the same either way).
+    const ZeroParam* zp = zero_params_[i];
+    bool head = pp == 1;
+    if (zp != nullptr && pp > 1) head = zp->stages.size() > 1;
+    if (!head) continue;
+    const int head_layer = max_layer + 1;
+    if (!layers.empty() && layers[0] == head_layer) continue;
+    p.tied_layers = layers;
+    p.tied_layers.push_back(head_layer);
+    assumed[p.tied_key] = p.tied_layers;
+    info_.num_layers = std::max(info_.num_layers, head_layer + 1);
+  }
+  for (const auto& [key, layers] : assumed) {
+    info_.notes.push_back(absl::StrCat(
+        "tied module '", key, "' is in the layer file of layer ", layers.front(),
+        " only; assumed it is also used by a file-less layer ", layers.back(),
+        " at the end (the tied output head of Megatron-DeepSpeed and GPT-NeoX); pass --tied_layers=", key, ":",
+        absl::StrJoin(layers, ","), " or another list to say otherwise"));
   }
   return absl::OkStatus();
 }

@@ -14,6 +14,7 @@
 #ifndef UCP_CONVERTER_ZERO_STATE_H_
 #define UCP_CONVERTER_ZERO_STATE_H_
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -32,6 +33,11 @@ struct ZeroStateOptions {
   ReplicatedMismatch replicated_mismatch = ReplicatedMismatch::kError;
   int num_threads = 0;  // 0 = all cores
   int64_t make_vocab_size_divisible_by = 0;  // 0 = from the checkpoint's args
+  // Pipeline layers that use each tied module (--tied_layers=KEY:L1,L2;...).
+  // Layers with files are known from the checkpoint; a TiedLayerSpec with a
+  // forward_fn (Megatron-DeepSpeed's and GPT-NeoX's tied output head) leaves
+  // no file, so without this ucp assumes it is the last layer spec.
+  std::map<std::string, std::vector<int>> tied_layers;
 };
 
 class ZeroModelState : public deepspeed::ModelState {
@@ -55,6 +61,7 @@ class ZeroModelState : public deepspeed::ModelState {
  private:
   ZeroModelState() = default;
   absl::Status Resolve(const ZeroStateOptions& options);
+  absl::Status PlaceTiedModules(const ZeroStateOptions& options, int max_layer);
 
   std::shared_ptr<const deepspeed::ZeroCheckpoint> ckpt_;
   RuleResolver resolver_;

@@ -82,6 +82,8 @@ struct ModelInfo {
   int64_t original_vocab_size = 0;          // 0 when unknown
   int64_t make_vocab_size_divisible_by = 0; // 0 when unknown
   std::string partition_method;             // recorded pipe partition method, "" if none
+  // Assumptions the reader made that the user should see (printed by the CLI).
+  std::vector<std::string> notes;
   Topology source_topology;
 
   const ParamState* Find(const std::string& name) const;

@@ -503,15 +503,13 @@ TEST(DsInteropVocabTest, ConvertStripsNonZeroVocabPadding) {
 }
 
 // ---------------------------------------------------------------------------
-// Known limitation (not fixed here): Megatron-DeepSpeed and GPT-NeoX tie the
-// output layer to the embedding with TiedLayerSpec(..., forward_fn=...). That
-// layer is a functools.partial, so PipelineModule.save_state_dict writes no
-// file for it, and the checkpoint only shows the tied params in the last
-// stage's param_shapes, not at which layer index. ucp then places the tied
-// params by the layers that have files only, and drops them from the last
-// stage when writing pp > 1: an unloadable checkpoint, even at the source's
-// own topology. (From pp = 1 the information is not in the checkpoint at all.)
-TEST(DsInteropLimitationTest, DISABLED_MegatronTiedOutputLayerStaysInTheLastStage) {
+// Megatron-DeepSpeed and GPT-NeoX tie the output layer to the embedding with
+// TiedLayerSpec(..., forward_fn=...). That layer is a functools.partial, so
+// PipelineModule.save_state_dict writes no file for it and the checkpoint
+// only shows the tied params in the last stage's param_shapes. ucp places the
+// file-less use as the last layer spec (and says so), so the tied params stay
+// in the last stage at every pp.
+TEST(DsInteropTiedHeadTest, MegatronTiedOutputLayerStaysInTheLastStage) {
   InteropCase c;
   c.name = "megatron_tied_output_pp2";
   c.spec = "gpt_pipe.json";  // layer 6: {"tied": "embed", "forward_fn": true}

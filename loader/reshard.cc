@@ -41,6 +41,7 @@ absl::StatusOr<ReshardResult> Reshard(const ReshardOptions& options) {
   ReshardResult result;
   result.source_kind = IsUniversal(options.input_folder) ? "universal" : "zero";
   result.source = state->info().source_topology;
+  result.notes = state->info().notes;
   UCP_ASSIGN_OR_RETURN(result.write, WriteZeroCheckpoint(*state, options.output_folder, options.write));
   return result;
 }

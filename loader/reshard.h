@@ -32,6 +32,7 @@ struct ReshardResult {
   ZeroWriteResult write;
   std::string source_kind;  // "universal" or "zero"
   deepspeed::Topology source;
+  std::vector<std::string> notes;  // assumptions about the source (ModelInfo::notes)
 };
 
 absl::StatusOr<ReshardResult> Reshard(const ReshardOptions& options);

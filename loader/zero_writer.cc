@@ -199,7 +199,10 @@ absl::StatusOr<TargetLayout> PlanTarget(const ModelInfo& info, const ZeroWriteOp
   // Layer files and their keys in file order.
   if (info.pipeline) {
     std::vector<int> module_layers = info.module_layers;
+    // A tied module's other layers may be functions (a TiedLayerSpec with a
+    // forward_fn has no file); the layers of other params are modules.
     for (const auto& p : info.params) {
+      if (!p.tied_layers.empty()) continue;
       for (int l : LayersOf(p)) {
         if (std::find(module_layers.begin(), module_layers.end(), l) == module_layers.end()) module_layers.push_back(l);
       }

@@ -69,7 +69,7 @@ absl::Status ParseMismatch(const std::string& s, converter::ReplicatedMismatch* 
 
 // Flags shared by convert and reshard for reading a ZeRO checkpoint.
 struct ZeroSourceFlags {
-  std::string rules, preset, mismatch = "error", default_kind;
+  std::string rules, preset, mismatch = "error", default_kind, tied_layers;
   int64_t original_vocab_size = 0;
 
   void Register(FlagSet& f) {
@@ -85,6 +85,10 @@ struct ZeroSourceFlags {
     f.String("default_kind", &default_kind,
              "merge kind for params nothing else decides (replicated, column, row, ...); empty = stop with a list of "
              "them");
+    f.String("tied_layers", &tied_layers,
+             "pipeline layers using each tied module, as KEY:L1,L2;... (e.g. embed:0,12). Layers with files are "
+             "read from the checkpoint; a tied layer without a file (a TiedLayerSpec with forward_fn, like "
+             "Megatron-DeepSpeed's and GPT-NeoX's output head) is otherwise assumed to be the last layer");
     f.Int("original_vocab_size", &original_vocab_size,
           "unpadded vocabulary size, to strip vocab padding from vocabulary-parallel params (0 = from the "
           "checkpoint's universal_checkpoint_info, else the padding is kept)");
@@ -101,6 +105,21 @@ struct ZeroSourceFlags {
     }
     absl::Status s = ParseMismatch(mismatch, &o.replicated_mismatch);
     if (!s.ok()) return s;
+    for (absl::string_view item : absl::StrSplit(tied_layers, ';', absl::SkipEmpty())) {
+      std::pair<std::string, std::string> kv = absl::StrSplit(item, ':');
+      std::vector<int> layers;
+      for (absl::string_view l : absl::StrSplit(kv.second, ',', absl::SkipEmpty())) {
+        int v = 0;
+        if (!absl::SimpleAtoi(l, &v)) {
+          return absl::InvalidArgumentError(absl::StrCat("--tied_layers: expected KEY:L1,L2, got '", item, "'"));
+        }
+        layers.push_back(v);
+      }
+      if (kv.first.empty() || layers.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat("--tied_layers: expected KEY:L1,L2, got '", item, "'"));
+      }
+      o.tied_layers[kv.first] = layers;
+    }
     o.num_threads = threads;
     o.make_vocab_size_divisible_by = divisible_by;
     return o;
@@ -184,7 +203,7 @@ int RunConvert(int argc, char** argv) {
   o.write.progress = progress.Callback();
   auto result = converter::Convert(o);
   if (!result.ok()) return Fail(result.status());
-  for (const auto& w : result->warnings) std::cerr << "ucp: warning: " << w << "\n";
+  for (const auto& w : result->warnings) std::cerr << "ucp: note: " << w << "\n";
   if (explain) std::cout << result->explain << "\n";
   std::cout << result->summary;
   std::cout << "wrote " << o.output_folder << ": " << result->stats.params << " params, " << result->stats.files
@@ -244,6 +263,7 @@ int RunReshard(int argc, char** argv) {
   o.write.progress = progress.Callback();
   auto result = loader::Reshard(o);
   if (!result.ok()) return Fail(result.status());
+  for (const auto& n : result->notes) std::cerr << "ucp: note: " << n << "\n";
   std::cout << "resharded " << result->source_kind << " checkpoint " << o.input_folder << " ("
             << result->source.ToString() << ") -> " << o.output_folder << " (" << o.write.target.ToString()
             << ", ZeRO stage " << result->write.layout.zero_stage << "): " << result->write.files << " files, "

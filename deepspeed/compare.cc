@@ -51,6 +51,11 @@ class Comparer {
     switch (x.kind()) {
       case Kind::kDict: {
         if (x.ordered_dict() != y.ordered_dict()) Add(path, "OrderedDict vs dict");
+        if ((x.dict_state() == nullptr) != (y.dict_state() == nullptr)) {
+          Add(path, "dict attributes (e.g. _metadata) present in one only");
+        } else if (x.dict_state() != nullptr) {
+          Compare(*x.dict_state(), *y.dict_state(), Child(path, "<attributes>"));
+        }
         std::vector<std::string> kx, ky;
         for (const auto& [k, v] : x.dict_items()) kx.push_back(k->DebugString(80));
         for (const auto& [k, v] : y.dict_items()) ky.push_back(k->DebugString(80));

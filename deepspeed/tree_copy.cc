@@ -58,6 +58,10 @@ class Copier {
           UCP_ASSIGN_OR_RETURN(ValuePtr cv, Copy(val, depth + 1));
           out->DictSet(std::move(ck), std::move(cv));
         }
+        if (v->dict_state()) {  // an OrderedDict's attributes (state_dict's _metadata)
+          UCP_ASSIGN_OR_RETURN(ValuePtr st, Copy(v->dict_state(), depth + 1));
+          out->set_dict_state(std::move(st));
+        }
         break;
       }
       case Kind::kObject: {

@@ -87,6 +87,17 @@ TEST(ReshardRoundTripTest, DpAndTpRoundTripThroughEveryShape) {
               IsEmpty());
 }
 
+// A plain-module ZeRO-2 checkpoint (module state dict in the mp_rank files,
+// with its _metadata) survives a round trip through tp=1, dp=3.
+TEST(ReshardRoundTripTest, Zero2PlainModuleRoundTrip) {
+  const std::string src = FixturePath("gpt-zero2-nopipe-tp2-dp2/global_step4");
+  const std::string root = FreshTempDir("rt_zero2");
+  DoReshard(src, JoinPath(root, "tp1/global_step4"), {1, 1, 3});
+  DoReshard(JoinPath(root, "tp1/global_step4"), JoinPath(root, "back/global_step4"), {2, 1, 2});
+  EXPECT_THAT(WithoutLostRngStates(Diff(JoinPath(root, "back/global_step4"), src), {"mp_rank_01_model_states.pt"}),
+              IsEmpty());
+}
+
 // The layout of a reshard to tp=2/dp=2 is that of a separate DeepSpeed run at
 // tp=2/dp=2: same files and keys, partition sizes, param_slice_mappings and
 // group_paddings (only the trained values differ).

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "format/torch/mapped_file.h"
 
 namespace ucp::tp {
 namespace {
@@ -301,6 +302,9 @@ absl::Status TensorPlan::CopyFlat(int64_t start, int64_t count, uint8_t* out) co
     pos += take;
     ++i;
   }
+  // Bound the RSS that memory-mapped sources add (pages are given back every
+  // few hundred MiB; see MappedFile::NoteBytesConsumed).
+  torch::MappedFile::NoteBytesConsumed(static_cast<size_t>(count) * isz);
   return absl::OkStatus();
 }
 

@@ -1,5 +1,7 @@
 #include "format/torch/mapped_file.h"
 
+#include <atomic>
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -12,6 +14,7 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 
 namespace ucp::torch {
@@ -25,7 +28,11 @@ absl::Status ErrnoError(int err, const std::string& path, const char* what) {
 struct MappedRegistry {
   std::mutex mu;
   absl::flat_hash_map<std::pair<uint64_t, uint64_t>, int> count;
+  absl::flat_hash_set<const MappedFile*> live;
 };
+
+std::atomic<size_t> consumed_since_release{0};
+std::atomic<size_t> release_budget{size_t{256} << 20};
 MappedRegistry& Registry() {
   static MappedRegistry* registry = new MappedRegistry();
   return *registry;
@@ -58,6 +65,7 @@ absl::StatusOr<std::shared_ptr<const MappedFile>> MappedFile::Open(const std::st
   {
     std::lock_guard<std::mutex> lock(Registry().mu);
     ++Registry().count[{file->device_, file->inode_}];
+    Registry().live.insert(file.get());
   }
   if (file->size_ > 0) {
     void* p = ::mmap(nullptr, file->size_, PROT_READ, MAP_PRIVATE, fd, 0);
@@ -72,10 +80,28 @@ MappedFile::~MappedFile() {
     std::lock_guard<std::mutex> lock(Registry().mu);
     auto it = Registry().count.find({device_, inode_});
     if (it != Registry().count.end() && --it->second == 0) Registry().count.erase(it);
+    Registry().live.erase(this);
   }
   if (data_ != nullptr) ::munmap(data_, size_);
   if (fd_ >= 0) ::close(fd_);
 }
+
+void MappedFile::ReleaseAll() {
+  std::lock_guard<std::mutex> lock(Registry().mu);
+  for (const MappedFile* f : Registry().live) f->Release(0, f->size());
+}
+
+void MappedFile::NoteBytesConsumed(size_t n) {
+  const size_t budget = release_budget.load(std::memory_order_relaxed);
+  if (budget == 0) return;
+  const size_t total = consumed_since_release.fetch_add(n, std::memory_order_relaxed) + n;
+  if (total >= budget) {
+    consumed_since_release.store(0, std::memory_order_relaxed);
+    ReleaseAll();
+  }
+}
+
+void MappedFile::SetReleaseBudget(size_t budget) { release_budget = budget; }
 
 bool MappedFile::IsMappedByThisProcess(const std::string& path) {
   struct stat st;

@@ -49,6 +49,17 @@ class MappedFile {
   // RSS (MADV_DONTNEED); a later access reads them again from the file.
   void Release(uint64_t offset, uint64_t len) const;
 
+  // Drops every live mapping's pages from RSS (as Release on all of them).
+  // Safe while other threads read: read-only private file mappings fault
+  // their pages in again from the page cache.
+  static void ReleaseAll();
+  // Streaming readers report the mapped bytes they have consumed; every
+  // `budget` bytes (default 256 MiB, 0 = never) all mappings are released,
+  // which bounds the RSS that memory-mapped sources add, however large the
+  // checkpoint.
+  static void NoteBytesConsumed(size_t n);
+  static void SetReleaseBudget(size_t budget);
+
   // True when `path` names a file (same device and inode) that a live
   // MappedFile of this process maps. Writers use it to refuse truncating a
   // file they are reading from (that would turn the mapping's pages into

@@ -101,5 +101,50 @@ TEST(MappedFileTest, MappingOutlivesCallerReferenceOnly) {
   EXPECT_EQ(std::string(reinterpret_cast<const char*>(keep->data()), keep->size()), "hello");
 }
 
+
+// Resident set size of this process in KiB, from /proc/self/status.
+int64_t RssKiB() {
+  FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) return -1;
+  char line[256];
+  int64_t kib = -1;
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    if (std::sscanf(line, "VmRSS: %ld kB", &kib) == 1) break;
+  }
+  std::fclose(f);
+  return kib;
+}
+
+TEST(MappedFileRssTest, ReleaseAllGivesBackTouchedPages) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string path = std::string(tmp != nullptr ? tmp : "/tmp") + "/rss_probe.bin";
+  {
+    std::string data(64 << 20, '\x5a');
+    FILE* f = std::fopen(path.c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    ASSERT_EQ(std::fwrite(data.data(), 1, data.size(), f), data.size());
+    std::fclose(f);
+  }
+  auto mapped = MappedFile::Open(path);
+  ASSERT_TRUE(mapped.ok());
+  const int64_t before = RssKiB();
+  uint64_t sum = 0;
+  for (size_t i = 0; i < (*mapped)->size(); i += 4096) sum += (*mapped)->data()[i];
+  EXPECT_EQ(sum, uint64_t{0x5a} * ((64 << 20) / 4096));
+  const int64_t touched = RssKiB();
+  EXPECT_GT(touched - before, 48 * 1024) << "touching 64 MiB should add to RSS";
+  MappedFile::ReleaseAll();
+  const int64_t released = RssKiB();
+  EXPECT_LT(released - before, 8 * 1024) << "before " << before << " touched " << touched << " released " << released;
+  // The data is still there.
+  EXPECT_EQ((*mapped)->data()[12345], 0x5a);
+  // The budget does the same on its own.
+  MappedFile::SetReleaseBudget(32 << 20);
+  for (size_t i = 0; i < (*mapped)->size(); i += 4096) sum += (*mapped)->data()[i];
+  MappedFile::NoteBytesConsumed(40 << 20);
+  EXPECT_LT(RssKiB() - before, 8 * 1024);
+  MappedFile::SetReleaseBudget(256 << 20);
+}
+
 }  // namespace
 }  // namespace ucp::torch

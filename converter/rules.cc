@@ -199,6 +199,15 @@ absl::StatusOr<MergeRules> ReadRulesFile(const std::string& path) {
 absl::StatusOr<CheckpointInfoRules> RulesFromCheckpointInfo(const Value& uc) {
   CheckpointInfoRules out;
   if (!uc.is(Kind::kDict)) return out;
+  // The pattern lists are a declaration even when empty (Megatron-DeepSpeed
+  // stores every list; an empty one says no param is of that kind). GPT-NeoX
+  // stores {}: no declaration at all.
+  for (const char* key : {"tp_replicated_parameter_patterns", "parameter_to_average_patterns",
+                          "parameter_with_2_sub_params_cat_dim_0", "parameter_with_sub_params",
+                          "vocabulary_parameter_patterns", "parameter_with_row_parallelism_patterns"}) {
+    const Value* v = uc.DictGet(key);
+    if (v != nullptr && (v->is(Kind::kList) || v->is(Kind::kTuple))) out.has_patterns = true;
+  }
   auto add = [&](const char* key, MergeKind kind, int n_sub = 0) {
     for (const auto& p : StringsOf(uc.DictGet(key))) {
       MergeRule* r = out.rules.add_rule();
@@ -385,6 +394,20 @@ RuleDecision RuleResolver::Decide(absl::string_view name) const {
 
 RuleDecision RuleResolver::DecideWithoutRules(absl::string_view name, std::optional<bool> copies_equal) const {
   RuleDecision d;
+  // A checkpoint that declares DeepSpeed's patterns says how every name they
+  // do not match merges: cat on dim 0. Evidence must not overrule that: a
+  // column-parallel param whose tp slices happen to be equal (zero-initialized
+  // biases, frozen params) would otherwise be merged as replicated, and the
+  // universal checkpoint would depend on the source's tp.
+  if (checkpoint_has_patterns_) {
+    MergeRule rule;
+    rule.set_pattern(std::string(name));
+    rule.set_kind(COLUMN);
+    d.rule = rule;
+    d.source = CHECKPOINT_INFO;
+    d.origin = "no checkpoint pattern matches: DeepSpeed's default, cat on dim 0";
+    return d;
+  }
   if (copies_equal.has_value() && *copies_equal) {
     MergeRule rule;
     rule.set_pattern(std::string(name));
@@ -401,15 +424,6 @@ RuleDecision RuleResolver::DecideWithoutRules(absl::string_view name, std::optio
     d.rule = rule;
     d.source = RULE_FILE;
     d.origin = "--default_kind";
-    return d;
-  }
-  if (checkpoint_has_patterns_) {
-    MergeRule rule;
-    rule.set_pattern(std::string(name));
-    rule.set_kind(COLUMN);
-    d.rule = rule;
-    d.source = CHECKPOINT_INFO;
-    d.origin = "no checkpoint pattern matches: DeepSpeed's default, cat on dim 0";
     return d;
   }
   return d;

@@ -8,12 +8,14 @@
 //   3. PRESET           --preset, or the preset detected from the names:
 //                       gpt-neox, megatron-deepspeed (GPT and Llama naming),
 //                       bloom
-//   4. EVIDENCE         tp == 1 leaves nothing to merge for the tensor itself;
-//                       tp copies bitwise equal in fp32, exp_avg and
-//                       exp_avg_sq -> replicated
-//   5. CHECKPOINT_INFO  when the checkpoint lists patterns, DeepSpeed's default
-//                       for an unmatched name (cat on dim 0), as
+//   4. CHECKPOINT_INFO  when the checkpoint declares DeepSpeed's pattern lists
+//                       (even empty ones), DeepSpeed's default for an
+//                       unmatched name (cat on dim 0), as
 //                       ds_to_universal.py:merge_tp_slices does
+//   5. EVIDENCE         tp == 1 leaves nothing to merge for the tensor itself;
+//                       tp copies bitwise equal in fp32, exp_avg and
+//                       exp_avg_sq -> replicated (for checkpoints that declare
+//                       nothing, e.g. GPT-NeoX's {})
 // A param no source settles is ambiguous: the conversion stops with a list of
 // every such param and the rule that would settle it.
 //
@@ -61,7 +63,8 @@ absl::StatusOr<MergeRules> ReadRulesFile(const std::string& path);
 absl::StatusOr<MergeRules> ParseRulesText(const std::string& text, const std::string& name);
 
 // DeepSpeed's universal_checkpoint_info patterns as rules, in the precedence
-// of merge_tp_slices. `has_patterns` tells whether the dict listed any.
+// of merge_tp_slices. `has_patterns` tells whether the dict declares any
+// pattern list (an empty list counts: it declares no param of that kind).
 struct CheckpointInfoRules {
   MergeRules rules;
   bool has_patterns = false;
@@ -98,8 +101,9 @@ class RuleResolver {
 
   // Sources 1-3 only.
   RuleDecision Decide(absl::string_view name) const;
-  // What decides a param that sources 1-3 left open, given whether its tp
-  // copies are bitwise equal (nullopt when tp == 1: no evidence).
+  // What decides a param that sources 1-3 left open (sources 4, 5 and
+  // --default_kind), given whether its tp copies are bitwise equal (nullopt
+  // when tp == 1: no evidence).
   RuleDecision DecideWithoutRules(absl::string_view name, std::optional<bool> copies_equal) const;
 
   const std::string& preset() const { return preset_; }

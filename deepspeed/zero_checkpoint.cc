@@ -423,7 +423,11 @@ absl::StatusOr<std::unique_ptr<OptimFile>> ZeroCheckpoint::ParseOptim(int pp, in
   for (int g = 0; g < num_groups_; ++g) {
     const ZeroGroupLayout& layout = layouts_[pp][tp][g];
     const int64_t p = layout.partition_numel();
-    const int64_t lean = p - layout.padding(dp);
+    // DeepSpeed saves group[:p - padding]: when a group is smaller than the
+    // last rank's alignment padding that stop is negative, and Python's
+    // slicing keeps max(0, p + stop) elements (loader/zero_writer.cc does too).
+    int64_t lean = p - layout.padding(dp);
+    if (lean < 0) lean = std::max<int64_t>(0, p + lean);
     if (paddings[g] != layout.padding(dp)) {
       return err(absl::StrCat("group_paddings[", g, "] is ", paddings[g], ", expected ", layout.padding(dp),
                               " (", layout.numel(), " elements padded to ", layout.padded_numel(), " over dp=",

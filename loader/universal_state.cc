@@ -136,6 +136,20 @@ absl::Status UniversalModelState::Build(const Options& options) {
     if (p.role == TensorRole::kTrainable) p.role = TensorRole::kFrozen;
     info_.params.push_back(std::move(p));
   }
+  // ModelInfo lists frozen params and buffers in module order (what
+  // frozen_param_shapes follows), not in ucp_module/'s file-name order.
+  if (manifest && manifest->module_key_size() > 0) {
+    std::map<std::string, int> position;
+    for (const auto& k : manifest->module_key()) position.emplace(k.name(), static_cast<int>(position.size()));
+    auto rank = [&](const ParamState& p) {
+      auto it = position.find(p.name);
+      return it == position.end() ? static_cast<int>(position.size()) : it->second;
+    };
+    auto first_module = std::find_if(info_.params.begin(), info_.params.end(),
+                                     [](const ParamState& p) { return !p.trainable(); });
+    std::stable_sort(first_module, info_.params.end(),
+                     [&](const ParamState& a, const ParamState& b) { return rank(a) < rank(b); });
+  }
   info_.Reindex();
 
   // Optimizer states.

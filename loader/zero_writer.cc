@@ -188,6 +188,20 @@ absl::StatusOr<TargetLayout> PlanTarget(const ModelInfo& info, const ZeroWriteOp
       }
     }
   }
+  // DeepSpeed 0.14.4 drops a param group with no params on a stage
+  // (engine._configure_optimizer), so that stage's files would number their
+  // groups differently from the others'; one group list per checkpoint cannot
+  // say that, and ZeRO cannot flatten an empty group either.
+  for (int s = 0; s < pp; ++s) {
+    for (int g = 0; g < info.num_groups; ++g) {
+      if (out.stage_groups[s][g].empty()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "pipeline stage ", s, " of pp=", pp, " (", out.partition_method.empty() ? "" : out.partition_method,
+            " partitioning) holds no params of optimizer group ", g, " of ", info.num_groups,
+            ": DeepSpeed would drop that group on this stage only; choose another pp or partition method"));
+      }
+    }
+  }
   out.layouts.assign(pp, {});
   for (int s = 0; s < pp; ++s) {
     for (int g = 0; g < info.num_groups; ++g) {

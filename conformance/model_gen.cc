@@ -1,0 +1,498 @@
+#include "conformance/model_gen.h"
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+#include <set>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "conformance/spec_rules.h"
+#include "conformance/synthetic_state.h"
+#include "loader/zero_writer.h"
+#include "google/protobuf/text_format.h"
+#include "tp/merge.h"
+
+namespace ucp::conformance {
+namespace {
+
+// Sizes of one model; every partitioned dim is a multiple of `unit`.
+struct Dims {
+  int64_t unit = 1;
+  int64_t hidden = 4;
+  int64_t attention = 1;  // A: qkv is [3A, H], attention.dense [H, A]
+  int64_t q = 2, kv = 1;  // GQA rows of q and of each of k, v
+  int64_t ffn = 1;        // F
+  int64_t vocab = 8;
+  int64_t positions = 4;
+  int64_t rotary = 2;
+};
+
+// One tensor slot of a layer, before naming.
+struct Slot {
+  std::string local;
+  std::vector<int64_t> shape;
+  MergeRule rule;
+  bool buffer = false;
+};
+
+MergeRule Rule(MergeKind kind) {
+  MergeRule r;
+  r.set_kind(kind);
+  return r;
+}
+
+MergeRule TwoSubParams() {
+  MergeRule r = Rule(SUB_PARAMS);
+  r.set_num_sub_params(2);
+  r.set_cat_dim(0);
+  return r;
+}
+
+// Uneven q/k/v fused on dim 0 (Megatron-DeepSpeed's GQA query_key_value).
+MergeRule Gqa(const Dims& d, bool with_hidden_dim) {
+  MergeRule r = Rule(SUB_PARAMS);
+  SubParamShape* s = r.mutable_sub_param_shape();
+  auto* rows = s->add_dim();
+  rows->add_size(d.q);
+  rows->add_size(d.kv);
+  rows->add_size(d.kv);
+  if (with_hidden_dim) s->add_dim()->add_size(d.hidden);
+  s->set_partition_dim(0);
+  return r;
+}
+
+Slot S(std::string local, std::vector<int64_t> shape, MergeRule rule, bool buffer = false) {
+  return Slot{std::move(local), std::move(shape), std::move(rule), buffer};
+}
+
+struct Variants {
+  bool gqa = false;     // fused uneven q/k/v (else plain fused qkv or separate projections)
+  bool swiglu = false;  // fused 2-chunk h_to_4h
+  bool average_norm = false;
+};
+
+std::vector<Slot> TransformerSlots(const std::string& style, const Variants& v, const Dims& d) {
+  const int64_t h = d.hidden;
+  const MergeKind norm = v.average_norm ? AVERAGE : REPLICATED;
+  const int64_t qkv_rows = v.gqa ? d.q + 2 * d.kv : 3 * d.attention;
+  const int64_t attn_in = v.gqa ? d.q : d.attention;
+  const MergeRule qkv_w = v.gqa ? Gqa(d, true) : Rule(COLUMN);
+  const MergeRule qkv_b = v.gqa ? Gqa(d, false) : Rule(COLUMN);
+  std::vector<Slot> s;
+  if (style == "gpt-neox") {
+    s.push_back(S("input_layernorm.scale", {h}, Rule(norm)));
+    s.push_back(S("attention.query_key_value.weight", {qkv_rows, h}, qkv_w));
+    s.push_back(S("attention.query_key_value.bias", {qkv_rows}, qkv_b));
+    s.push_back(S("attention.rotary_emb.inv_freq", {d.rotary}, Rule(REPLICATED), /*buffer=*/true));
+    s.push_back(S("attention.dense.weight", {h, attn_in}, Rule(ROW)));
+    s.push_back(S("attention.dense.bias", {h}, Rule(REPLICATED)));
+    s.push_back(S("post_attention_layernorm.scale", {h}, Rule(REPLICATED)));
+    if (v.swiglu) {
+      s.push_back(S("mlp.linear1.weight", {2 * d.ffn, h}, TwoSubParams()));
+      s.push_back(S("mlp.linear1.bias", {2 * d.ffn}, TwoSubParams()));
+      s.push_back(S("mlp.linear2.weight", {h, d.ffn}, Rule(ROW)));
+      s.push_back(S("mlp.linear2.bias", {h}, Rule(REPLICATED)));
+    } else {
+      s.push_back(S("mlp.dense_h_to_4h.weight", {d.ffn, h}, Rule(COLUMN)));
+      s.push_back(S("mlp.dense_h_to_4h.bias", {d.ffn}, Rule(COLUMN)));
+      s.push_back(S("mlp.dense_4h_to_h.weight", {h, d.ffn}, Rule(ROW)));
+      s.push_back(S("mlp.dense_4h_to_h.bias", {h}, Rule(REPLICATED)));
+    }
+  } else if (style == "megatron") {
+    s.push_back(S("input_layernorm.weight", {h}, Rule(norm)));
+    s.push_back(S("input_layernorm.bias", {h}, Rule(REPLICATED)));
+    s.push_back(S("self_attention.query_key_value.weight", {qkv_rows, h}, qkv_w));
+    s.push_back(S("self_attention.query_key_value.bias", {qkv_rows}, qkv_b));
+    s.push_back(S("self_attention.rotary_emb.inv_freq", {d.rotary}, Rule(REPLICATED), /*buffer=*/true));
+    s.push_back(S("self_attention.dense.weight", {h, attn_in}, Rule(ROW)));
+    s.push_back(S("self_attention.dense.bias", {h}, Rule(REPLICATED)));
+    s.push_back(S("post_attention_layernorm.weight", {h}, Rule(REPLICATED)));
+    s.push_back(S("post_attention_layernorm.bias", {h}, Rule(REPLICATED)));
+    const int64_t rows = v.swiglu ? 2 * d.ffn : d.ffn;
+    const MergeRule h4 = v.swiglu ? TwoSubParams() : Rule(COLUMN);
+    s.push_back(S("mlp.dense_h_to_4h.weight", {rows, h}, h4));
+    s.push_back(S("mlp.dense_h_to_4h.bias", {rows}, h4));
+    s.push_back(S("mlp.dense_4h_to_h.weight", {h, d.ffn}, Rule(ROW)));
+    s.push_back(S("mlp.dense_4h_to_h.bias", {h}, Rule(REPLICATED)));
+  } else {  // llama
+    s.push_back(S("input_layernorm.weight", {h}, Rule(norm)));
+    if (v.gqa) {
+      s.push_back(S("self_attn.qkv_proj.weight", {qkv_rows, h}, qkv_w));
+    } else {
+      s.push_back(S("self_attn.q_proj.weight", {d.q, h}, Rule(COLUMN)));
+      s.push_back(S("self_attn.k_proj.weight", {d.kv, h}, Rule(COLUMN)));
+      s.push_back(S("self_attn.v_proj.weight", {d.kv, h}, Rule(COLUMN)));
+    }
+    s.push_back(S("self_attn.rotary_emb.inv_freq", {d.rotary}, Rule(REPLICATED), /*buffer=*/true));
+    s.push_back(S("self_attn.o_proj.weight", {h, d.q}, Rule(ROW)));
+    s.push_back(S("post_attention_layernorm.weight", {h}, Rule(REPLICATED)));
+    if (v.swiglu) {
+      s.push_back(S("mlp.gate_up_proj.weight", {2 * d.ffn, h}, TwoSubParams()));
+    } else {
+      s.push_back(S("mlp.gate_proj.weight", {d.ffn, h}, Rule(COLUMN)));
+      s.push_back(S("mlp.up_proj.weight", {d.ffn, h}, Rule(COLUMN)));
+    }
+    s.push_back(S("mlp.down_proj.weight", {h, d.ffn}, Rule(ROW)));
+  }
+  return s;
+}
+
+std::vector<Slot> EmbeddingSlots(const std::string& style, bool positions, const Dims& d) {
+  std::vector<Slot> s;
+  s.push_back(S(style == "llama" ? "embed_tokens.weight" : "word_embeddings.weight", {d.vocab, d.hidden}, Rule(VOCAB)));
+  if (positions && style != "llama") {
+    s.push_back(S("position_embeddings.weight", {d.positions, d.hidden}, Rule(REPLICATED)));
+  }
+  return s;
+}
+
+std::vector<Slot> FinalNormSlots(const std::string& style, bool pipeline, const Dims& d) {
+  if (style == "gpt-neox") return {S("norm.scale", {d.hidden}, Rule(REPLICATED))};
+  if (style == "llama") return {S("norm.weight", {d.hidden}, Rule(REPLICATED))};
+  // GPTModelPipe's final LayerNorm is the layer itself: "<layer>.weight".
+  const std::string prefix = pipeline ? "" : "final_layernorm.";
+  return {S(prefix + "weight", {d.hidden}, Rule(REPLICATED)), S(prefix + "bias", {d.hidden}, Rule(REPLICATED))};
+}
+
+Slot HeadSlot(const std::string& style, const Dims& d) {
+  return S(style == "gpt-neox" ? "final_linear.weight" : "lm_head.weight", {d.vocab, d.hidden}, Rule(VOCAB));
+}
+
+// Where the layers of a plain nn.Module live in its names.
+std::string PlainPrefix(const std::string& style, const std::string& part, int index, int transformer_index) {
+  if (style == "gpt-neox") return absl::StrCat("sequential.", index, ".");
+  if (part == "head") return "";
+  if (style == "megatron") {
+    if (part == "embed") return "language_model.embedding.";
+    if (part == "norm") return "language_model.encoder.";
+    return absl::StrCat("language_model.encoder.layers.", transformer_index, ".");
+  }
+  if (part == "embed" || part == "norm") return "model.";
+  return absl::StrCat("model.layers.", transformer_index, ".");
+}
+
+int64_t Lcm(int64_t a, int64_t b) { return a / std::gcd(a, b) * b; }
+
+// Uniform in [lo, hi) whatever RapidCheck's size (inRange scales its range with
+// the size, so early cases would never see tp = 8); shrinks towards lo.
+template <typename T>
+rc::Gen<T> Uniform(T lo, T hi) {
+  return rc::gen::resize(rc::kNominalSize, rc::gen::inRange<T>(lo, hi));
+}
+
+// Indices into the per-slot attributes: transformer slots first.
+constexpr int kEmbedAttr = 14, kNormAttr = 16, kHeadAttr = 18, kAttrSlots = 19;
+
+// RapidCheck's gen::element and gen::weightedElement never shrink: these
+// pick by an index that shrinks towards the first (simplest) choice.
+template <typename T>
+rc::Gen<T> Pick(std::vector<T> values) {
+  const size_t n = values.size();
+  return rc::gen::map(Uniform<size_t>(0, n), [values = std::move(values)](size_t i) { return values[i]; });
+}
+
+// true with odds weight_true : weight_false; shrinks towards false.
+rc::Gen<bool> Maybe(int weight_true, int weight_false) {
+  return rc::gen::map(Uniform(0, weight_true + weight_false), [weight_false](int x) { return x >= weight_false; });
+}
+
+Topology DrawTopology(const CaseGenOptions& o, int max_pp, bool tp_at_least_2) {
+  Topology t;
+  t.set_tp(*Uniform(tp_at_least_2 ? 2 : 1, o.max_tp + 1));
+  t.set_pp(*Uniform(1, std::max(1, std::min(o.max_pp, max_pp)) + 1));
+  t.set_dp(*Uniform(1, o.max_dp + 1));
+  // Keep the file count bounded: shrink dp first, then pp.
+  while (t.tp() * t.pp() * t.dp() > o.max_world && t.dp() > 1) t.set_dp(t.dp() / 2);
+  while (t.tp() * t.pp() * t.dp() > o.max_world && t.pp() > 1) t.set_pp(t.pp() - 1);
+  return t;
+}
+
+// Makes both topologies ones DeepSpeed can train the model at: every
+// pipeline stage holds params of every optimizer group (DeepSpeed 0.14.4
+// drops a group that is empty on a stage, which a checkpoint's single group
+// list cannot express; the writer refuses such a target). Merges the groups
+// into one first, then lowers pp.
+void FitTopologies(GoldenCase& c) {
+  ModelSpec& spec = *c.mutable_model();
+  const deepspeed::OptimizerKind kind =
+      c.optimizer_layout() == "bf16" ? deepspeed::OptimizerKind::kBf16 : deepspeed::OptimizerKind::kZero;
+  for (Topology* t : {c.mutable_source(), c.mutable_target(), c.mutable_source()}) {
+    for (;;) {
+      auto info = ModelInfoFromSpec(spec, c.zero_stage(), kind);
+      if (!info.ok()) return;  // the properties report it
+      loader::ZeroWriteOptions o;
+      o.target = deepspeed::Topology::FromProto(*t);
+      const absl::Status s = loader::PlanTarget(*info, o).status();
+      if (s.ok() || s.code() != absl::StatusCode::kFailedPrecondition ||
+          !absl::StrContains(s.message(), "holds no params of optimizer group")) {
+        break;
+      }
+      if (spec.num_groups() > 1) {
+        for (ModelParam& p : *spec.mutable_param()) {
+          if (p.group() > 0) p.set_group(0);
+        }
+        spec.set_num_groups(1);
+      } else if (t->pp() > 1) {
+        t->set_pp(t->pp() - 1);
+      } else {
+        break;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+rc::Gen<GoldenCase> GenCase(const CaseGenOptions& options) {
+  return rc::gen::exec([options]() {
+    GoldenCase c;
+    ModelSpec& spec = *c.mutable_model();
+    const bool pipeline = *Maybe(3, 1);
+    const std::string style = *Pick<std::string>({"gpt-neox", "megatron", "llama"});
+    const std::string source =
+        *Pick<std::string>({kRulesFileSource, kCheckpointInfoSource, kPresetSource});
+    const std::string lp = *Pick<std::string>({"fp32", "fp16", "bf16"});
+    spec.set_style(style);
+    spec.set_pipeline(pipeline);
+    spec.set_rules_source(source);
+    spec.set_preset(style == "gpt-neox" ? "gpt-neox" : "megatron-deepspeed");
+    // With DeepSpeed's patterns in the checkpoint, also without any preset
+    // (names no preset knows): the patterns and DeepSpeed's default decide.
+    if (source == kCheckpointInfoSource && *Maybe(1, 1)) spec.set_preset("none");
+    spec.set_lp_dtype(lp);
+    c.set_optimizer_layout(lp == "bf16" ? "bf16" : "zero");
+    const bool preset = source == kPresetSource;
+
+    // Structure.
+    const int layers = *Uniform(1, 4);
+    const bool embedding = *Maybe(3, 1);
+    const bool positions = *Maybe(1, 2);
+    const bool paramless = pipeline && *Maybe(1, 2);
+    const bool function = pipeline && *Maybe(1, 2);
+    const bool final_norm = *Maybe(3, 1);
+    // 0: none, 1: its own output layer, 2: the embedding tied to the last stage.
+    int head = *Pick<int>({0, 1, 2});
+    if (head == 2 && (!pipeline || !embedding)) head = 1;
+    Variants v;
+    v.gqa = !preset && *Maybe(1, 2);
+    v.swiglu = !(preset && style == "llama") && *Maybe(1, 2);
+    v.average_norm = !preset && *Maybe(1, 3);
+    spec.set_swiglu(v.swiglu && style == "megatron");
+    Dims probe;  // slot names only
+    const std::vector<Slot> slot_names = TransformerSlots(style, v, probe);
+    std::vector<bool> use_slot;
+    for (size_t i = 0; i < slot_names.size(); ++i) use_slot.push_back(*Maybe(3, 1));
+    // Per slot (the same in every layer, so that dropping a layer or a slot
+    // while shrinking leaves the others as they were): frozen, equal tp
+    // slices, and the param group under the random group scheme.
+    const int group_scheme = *Pick<int>({0, 1, 2});  // one group; weights / norms+biases; random of 3
+    struct SlotAttrs {
+      bool frozen = false;
+      bool equal = false;
+      int group = 0;
+    };
+    std::vector<SlotAttrs> attrs(kAttrSlots);
+    for (SlotAttrs& a : attrs) {
+      a.frozen = *Maybe(1, 9);
+      a.equal = *Maybe(1, 4);
+      if (group_scheme == 2) a.group = *Uniform(0, 3);
+    }
+
+    // Pipeline layer count, then topologies.
+    int num_layers = 0;
+    if (pipeline) {
+      num_layers = (embedding ? 1 : 0) + (paramless ? 1 : 0) + layers + (final_norm ? 1 : 0) + (head != 0 ? 1 : 0);
+      if (function && (final_norm || head != 0)) ++num_layers;
+    }
+    const int max_pp = pipeline ? num_layers : 1;
+    *c.mutable_source() = DrawTopology(options, max_pp, options.source_tp_at_least_2);
+    *c.mutable_target() = DrawTopology(options, max_pp, false);
+
+    // Sizes.
+    Dims d;
+    d.unit = Lcm(c.source().tp(), c.target().tp());
+    d.hidden = 4 * *rc::gen::inRange(1, 4);
+    d.attention = d.unit * *rc::gen::inRange(1, 3);
+    d.kv = d.unit;
+    d.q = d.unit * *rc::gen::inRange(1, 4);
+    d.ffn = d.unit * *rc::gen::inRange(1, 3);
+    d.vocab = *Uniform<int64_t>(3, 41);
+    d.positions = *rc::gen::inRange(2, 9);
+    d.rotary = 2 * *rc::gen::inRange(1, 3);
+    spec.set_hidden_size(d.hidden);
+    spec.set_original_vocab_size(d.vocab);
+    spec.set_make_vocab_size_divisible_by(*Pick<int64_t>({1, 2, 4, 8, 16, 128}));
+
+    // The tensors, in module order (tied params first, as PipelineModule
+    // registers tied_modules before the layers).
+    std::vector<ModelParam> params;
+    std::set<int> module_layers;
+    std::vector<int> attr_of;  // per param: its slot's index in `attrs`
+    auto add = [&](const Slot& slot, const std::string& prefix, int layer, const std::string& tied, int attr) {
+      attr_of.push_back(attr);
+      ModelParam p;
+      p.set_name(prefix + slot.local);
+      p.set_local_name(pipeline ? slot.local : p.name());
+      p.set_layer(pipeline ? layer : -1);
+      for (int64_t x : slot.shape) p.add_shape(x);
+      *p.mutable_rule() = slot.rule;
+      p.set_role(slot.buffer ? "buffer" : "trainable");
+      p.set_tied_key(tied);
+      params.push_back(std::move(p));
+    };
+    int index = 0;
+    int embed_layer = -1;
+    if (embedding) {
+      embed_layer = index++;
+      module_layers.insert(embed_layer);
+      if (head != 2) {
+        const std::vector<Slot> slots = EmbeddingSlots(style, positions, d);
+        for (size_t k = 0; k < slots.size(); ++k) {
+          add(slots[k], pipeline ? absl::StrCat(embed_layer, ".") : PlainPrefix(style, "embed", embed_layer, 0),
+              embed_layer, "", kEmbedAttr + static_cast<int>(k));
+        }
+      }
+    }
+    if (paramless) module_layers.insert(index++);
+    for (int i = 0; i < layers; ++i) {
+      const int l = index++;
+      module_layers.insert(l);
+      const std::vector<Slot> slots = TransformerSlots(style, v, d);
+      bool any = false;
+      for (size_t k = 0; k < slots.size(); ++k) {
+        if (!use_slot[k]) continue;
+        add(slots[k], pipeline ? absl::StrCat(l, ".") : PlainPrefix(style, "layer", l, i), l, "", static_cast<int>(k));
+        any = true;
+      }
+      if (!any) add(slots[0], pipeline ? absl::StrCat(l, ".") : PlainPrefix(style, "layer", l, i), l, "", 0);
+    }
+    if (function && (final_norm || head != 0)) ++index;
+    if (final_norm) {
+      const int l = index++;
+      module_layers.insert(l);
+      const std::vector<Slot> slots = FinalNormSlots(style, pipeline, d);
+      for (size_t k = 0; k < slots.size(); ++k) {
+        add(slots[k], pipeline ? absl::StrCat(l, ".") : PlainPrefix(style, "norm", l, 0), l, "",
+            kNormAttr + static_cast<int>(k));
+      }
+    }
+    if (head == 1) {
+      const int l = index++;
+      module_layers.insert(l);
+      add(HeadSlot(style, d), pipeline ? absl::StrCat(l, ".") : PlainPrefix(style, "head", l, 0), l, "", kHeadAttr);
+    } else if (head == 2) {
+      const int l = index++;
+      module_layers.insert(l);
+      std::vector<ModelParam> tied;
+      for (const Slot& s : EmbeddingSlots(style, positions, d)) {
+        ModelParam p;
+        p.set_name("tied_modules.embed." + s.local);
+        p.set_local_name(s.local);
+        p.set_layer(embed_layer);
+        p.add_tied_layer(embed_layer);
+        p.add_tied_layer(l);
+        for (int64_t x : s.shape) p.add_shape(x);
+        *p.mutable_rule() = s.rule;
+        p.set_role("trainable");
+        p.set_tied_key("embed");
+        tied.push_back(std::move(p));
+      }
+      params.insert(params.begin(), tied.begin(), tied.end());
+      for (size_t k = 0; k < tied.size(); ++k) attr_of.insert(attr_of.begin() + k, kEmbedAttr + static_cast<int>(k));
+    }
+    if (pipeline) {
+      spec.set_num_layers(index);
+      for (int l : module_layers) spec.add_module_layers(l);
+    }
+
+    // Frozen params, equal slices, param groups.
+    bool any_trainable = false;
+    for (size_t i = 0; i < params.size(); ++i) {
+      ModelParam& p = params[i];
+      const SlotAttrs& a = attrs[attr_of[i]];
+      const bool partitioned = tp::PartitionDim(p.rule()) >= 0;
+      if (partitioned && a.equal) p.set_equal_slices(true);
+      if (p.role() == "trainable" && p.tied_key().empty() && a.frozen) p.set_role("frozen");
+      if (p.role() == "trainable") {
+        any_trainable = true;
+        int g = 0;
+        if (group_scheme == 1) g = p.shape_size() >= 2 ? 0 : 1;
+        if (group_scheme == 2) g = a.group;
+        p.set_group(g);
+      } else {
+        p.set_group(-1);
+      }
+    }
+    if (!any_trainable) {
+      for (ModelParam& p : params) {
+        if (p.role() == "frozen") {
+          p.set_role("trainable");
+          p.set_group(0);
+          break;
+        }
+      }
+    }
+    std::set<int> groups;
+    for (const ModelParam& p : params) {
+      if (p.group() >= 0) groups.insert(p.group());
+    }
+    std::map<int, int> renumber;
+    for (int g : groups) renumber[g] = static_cast<int>(renumber.size());
+    for (ModelParam& p : params) {
+      if (p.group() >= 0) p.set_group(renumber[p.group()]);
+      *spec.add_param() = p;
+    }
+    spec.set_num_groups(std::max<int>(1, static_cast<int>(groups.size())));
+
+    // Optimizer, values, job.
+    c.set_zero_stage(!pipeline && lp != "bf16" ? *Pick<int>({1, 2}) : 1);
+    if (pipeline) {
+      spec.set_partition_method(*Pick<std::string>({"", "parameters", "uniform", "type:transformer"}));
+    }
+    FitTopologies(c);
+    spec.set_train_batch_size(*Maybe(1, 3) ? 5040 : 0);
+    c.set_seed(*Uniform<uint64_t>(0, uint64_t{1} << 40));
+    c.set_name("fuzz");
+    return c;
+  });
+}
+
+std::vector<std::string> CaseFeatures(const GoldenCase& c) {
+  std::set<std::string> f;
+  const ModelSpec& spec = c.model();
+  for (const ModelParam& p : spec.param()) {
+    const MergeRule& r = p.rule();
+    switch (r.kind()) {
+      case SUB_PARAMS: f.insert(r.sub_param_shape().dim_size() > 0 ? "sub_params_gqa" : "sub_params_2"); break;
+      case VOCAB: {
+        f.insert("vocab");
+        for (const Topology& t : {c.source(), c.target()}) {
+          if (tp::PaddedVocabSize(spec.original_vocab_size(), spec.make_vocab_size_divisible_by(), t.tp()) !=
+              spec.original_vocab_size()) {
+            f.insert("vocab_padded");
+          }
+        }
+        break;
+      }
+      default: f.insert(tp::MergeKindName(r.kind()));
+    }
+    if (p.role() == "frozen") f.insert("frozen");
+    if (p.role() == "buffer") f.insert("buffer");
+    if (!p.tied_key().empty()) f.insert("tied");
+    if (p.equal_slices()) f.insert("equal_slices");
+  }
+  return std::vector<std::string>(f.begin(), f.end());
+}
+
+}  // namespace ucp::conformance
+
+namespace ucp {
+
+void showValue(const GoldenCase& c, std::ostream& os) {
+  std::string text;
+  google::protobuf::TextFormat::PrintToString(c, &text);
+  os << "\n" << text;
+}
+
+}  // namespace ucp

@@ -1,0 +1,68 @@
+// RapidCheck generators of synthetic models and the topologies they are
+// saved at, for the conformance properties (properties.h).
+//
+// A generated case (a GoldenCase: model, source topology T1, target T2,
+// seed, ZeRO stage, optimizer layout) has:
+//   - a PipelineModule (GPT-NeoX layer layout: embedding, optional param-less
+//     module, transformer layers, optional function layer, final norm,
+//     output layer or the embedding tied between the first and last stage)
+//     or a plain nn.Module (ZeRO 1 or 2);
+//   - names in GPT-NeoX, Megatron-DeepSpeed or Llama (HF) style;
+//   - params of every merge kind: replicated (norms, row-parallel biases,
+//     buffers), averaged (BLOOM-style norms), column, row, vocab (padded by
+//     make_vocab_size_divisible_by * tp), 2-chunk fused sub-params (swiglu),
+//     uneven GQA q/k/v sub-params (SubparamShape);
+//   - frozen params and buffers; partitioned params whose tp slices happen to
+//     be equal (ModelParam.equal_slices), so that rules and not evidence must
+//     decide them;
+//   - the rules given to the converter as a --rules file, as DeepSpeed's
+//     universal_checkpoint_info patterns, or by a preset the names follow;
+//   - lp dtype fp32 / fp16 (ZeRO optimizer) or bf16 (BF16_Optimizer);
+//   - tp <= 8, pp <= 4 (<= the layers), dp <= 8, every partitioned dim
+//     divisible by lcm(T1.tp, T2.tp) (and sub-params by it per sub-param).
+// Everything is drawn with shrinkable generators, so a failing case shrinks
+// towards fewer layers, fewer kinds, tp = pp = dp = 1 and small sizes.
+//
+// Example:
+//   RC_GTEST_PROP(MyTest, Prop, ()) {
+//     const GoldenCase c = *GenCase(CaseGenOptions());
+//     ...
+//   }
+#ifndef UCP_CONFORMANCE_MODEL_GEN_H_
+#define UCP_CONFORMANCE_MODEL_GEN_H_
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "proto/ucp.pb.h"
+#include "rapidcheck.h"
+
+namespace ucp::conformance {
+
+struct CaseGenOptions {
+  int max_tp = 8;
+  int max_pp = 4;
+  int max_dp = 8;
+  // Largest tp * pp * dp of a drawn topology (keeps file counts small).
+  int max_world = 64;
+  // Draw T1 with tp >= 2 (cases that need tp copies to compare).
+  bool source_tp_at_least_2 = false;
+};
+
+rc::Gen<GoldenCase> GenCase(const CaseGenOptions& options);
+
+// The merge kinds a case exercises, by name: replicated, average, column,
+// row, vocab (padded when padding is needed at T1 or T2), sub_params_2,
+// sub_params_gqa; and its other features: frozen, buffer, tied,
+// equal_slices. For the distribution `ucp fuzz` prints.
+std::vector<std::string> CaseFeatures(const GoldenCase& c);
+
+}  // namespace ucp::conformance
+
+namespace ucp {
+// How RapidCheck prints a case (its counterexamples): the textproto.
+void showValue(const GoldenCase& c, std::ostream& os);
+}  // namespace ucp
+
+#endif  // UCP_CONFORMANCE_MODEL_GEN_H_

@@ -1,0 +1,130 @@
+// The generator makes what the properties assume: valid specs the writer can
+// save at both topologies, rules that say what the model is (for each of the
+// three ways the converter learns them), and every kind, style and degree.
+#include "conformance/model_gen.h"
+
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "conformance/spec_rules.h"
+#include "conformance/synthetic_state.h"
+#include "converter/rules.h"
+#include "gtest/gtest.h"
+#include "rapidcheck/gtest.h"
+#include "tp/merge.h"
+
+namespace ucp::conformance {
+namespace {
+
+bool SameKindAndShape(const MergeRule& a, const MergeRule& b) {
+  if (a.kind() != b.kind()) return false;
+  if (a.kind() != SUB_PARAMS) return true;
+  if (a.sub_param_shape().dim_size() != b.sub_param_shape().dim_size()) return false;
+  if (a.sub_param_shape().dim_size() > 0) return a.sub_param_shape().SerializeAsString() == b.sub_param_shape().SerializeAsString();
+  return a.num_sub_params() == b.num_sub_params() && a.cat_dim() == b.cat_dim();
+}
+
+RC_GTEST_PROP(ModelGenTest, CasesAreValidAndFitBothTopologies, ()) {
+  const GoldenCase c = *GenCase(CaseGenOptions());
+  const ModelSpec& spec = c.model();
+  RC_ASSERT(ValidateModelSpec(spec).ok());
+  auto m = SyntheticModelState::FromCase(c);
+  RC_ASSERT(m.ok());
+  for (const Topology& t : {c.source(), c.target()}) {
+    RC_ASSERT(t.tp() >= 1 && t.tp() <= 8 && t.dp() >= 1 && t.dp() <= 8 && t.pp() >= 1 && t.pp() <= 4);
+    RC_ASSERT(t.tp() * t.pp() * t.dp() <= 64);
+    if (spec.pipeline()) {
+      RC_ASSERT(t.pp() <= spec.num_layers());
+    } else {
+      RC_ASSERT(t.pp() == 1);
+    }
+    for (const ModelParam& p : spec.param()) {
+      const std::vector<int64_t> shape(p.shape().begin(), p.shape().end());
+      const int64_t padded = p.rule().kind() == VOCAB ? tp::PaddedVocabSize(spec.original_vocab_size(),
+                                                                           spec.make_vocab_size_divisible_by(), t.tp())
+                                                      : 0;
+      const auto s = tp::SliceShapeFromFull(p.rule(), shape, t.tp(), padded, p.name());
+      RC_ASSERT(s.ok());
+    }
+  }
+  if (!spec.pipeline()) RC_ASSERT(c.zero_stage() == 1 || c.zero_stage() == 2);
+  if (spec.pipeline()) RC_ASSERT(c.zero_stage() == 1);
+}
+
+// Whatever source the converter is told the rules by, it is told the truth.
+RC_GTEST_PROP(ModelGenTest, RulesSourcesSayWhatTheModelIs, ()) {
+  const GoldenCase c = *GenCase(CaseGenOptions());
+  const ModelSpec& spec = c.model();
+  std::vector<std::string> names;
+  for (const ModelParam& p : spec.param()) names.push_back(p.name());
+  // The rules file.
+  auto file_rules = converter::RuleSet::Compile(SpecMergeRules(spec), RULE_FILE, "rules");
+  RC_ASSERT(file_rules.ok());
+  for (const ModelParam& p : spec.param()) {
+    const MergeRule* r = file_rules->Match(p.name());
+    RC_ASSERT(r != nullptr);
+    RC_ASSERT(SameKindAndShape(*r, p.rule()));
+  }
+  if (spec.rules_source() == kCheckpointInfoSource) {
+    auto info = SpecCheckpointInfo(spec);
+    RC_ASSERT(info.ok());
+    auto rules = converter::RulesFromCheckpointInfo(**info);
+    RC_ASSERT(rules.ok());
+    RC_ASSERT(rules->rules.original_vocab_size() == spec.original_vocab_size());
+    auto set = converter::RuleSet::Compile(rules->rules, CHECKPOINT_INFO, "info");
+    RC_ASSERT(set.ok());
+    for (const ModelParam& p : spec.param()) {
+      const MergeRule* r = set->Match(p.name());
+      if (r == nullptr) {
+        RC_ASSERT(p.rule().kind() == COLUMN);  // DeepSpeed's default
+      } else {
+        RC_ASSERT(SameKindAndShape(*r, p.rule()));
+      }
+    }
+  }
+  if (spec.rules_source() == kPresetSource) {
+    auto preset = converter::PresetRules(spec.preset());
+    RC_ASSERT(preset.ok());
+    auto set = converter::RuleSet::Compile(*preset, PRESET, spec.preset());
+    RC_ASSERT(set.ok());
+    for (const ModelParam& p : spec.param()) {
+      const MergeRule* r = set->Match(p.name());
+      RC_ASSERT(r != nullptr);
+      MergeRule want = p.rule();
+      if (spec.swiglu() && want.kind() == SUB_PARAMS && r->kind() == COLUMN) continue;  // args.swiglu upgrades it
+      RC_ASSERT(SameKindAndShape(*r, want));
+    }
+  }
+}
+
+TEST(ModelGenTest, CoversEveryKindStyleAndDegree) {
+  std::map<std::string, std::set<std::string>> seen;
+  for (int i = 0; i < 600; ++i) {
+    const GoldenCase c = GenCase(CaseGenOptions())(rc::Random(static_cast<uint64_t>(i) * 7919 + 1), 50).value();
+    for (const Topology& t : {c.source(), c.target()}) {
+      seen["tp"].insert(absl::StrCat(t.tp()));
+      seen["pp"].insert(absl::StrCat(t.pp()));
+      seen["dp"].insert(absl::StrCat(t.dp()));
+    }
+    seen["style"].insert(c.model().style());
+    seen["source"].insert(c.model().rules_source());
+    seen["lp"].insert(c.model().lp_dtype());
+    seen["stage"].insert(absl::StrCat(c.zero_stage(), c.model().pipeline() ? "pipe" : "plain"));
+    for (const auto& f : CaseFeatures(c)) seen["features"].insert(f);
+  }
+  EXPECT_EQ(seen["tp"].size(), 8u);
+  EXPECT_EQ(seen["pp"].size(), 4u);
+  EXPECT_EQ(seen["dp"].size(), 8u);
+  EXPECT_EQ(seen["style"].size(), 3u);
+  EXPECT_EQ(seen["source"].size(), 3u);
+  EXPECT_EQ(seen["lp"].size(), 3u);
+  EXPECT_EQ(seen["stage"], (std::set<std::string>{"1pipe", "1plain", "2plain"}));
+  EXPECT_EQ(seen["features"],
+            (std::set<std::string>{"average", "buffer", "column", "equal_slices", "frozen", "replicated", "row",
+                                   "sub_params_2", "sub_params_gqa", "tied", "vocab", "vocab_padded"}))
+      << absl::StrJoin(seen["features"], ", ");
+}
+
+}  // namespace
+}  // namespace ucp::conformance

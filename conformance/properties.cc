@@ -1,0 +1,710 @@
+#include "conformance/properties.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <sstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "base/fs.h"
+#include "base/status_macros.h"
+#include "conformance/spec_rules.h"
+#include "converter/convert.h"
+#include "deepspeed/checkpoint_files.h"
+#include "deepspeed/compare.h"
+#include "deepspeed/tree_copy.h"
+#include "deepspeed/universal_checkpoint.h"
+#include "deepspeed/zero_checkpoint.h"
+#include "format/torch/torch_file.h"
+#include "google/protobuf/text_format.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "loader/reshard.h"
+#include "rapidcheck.h"
+#include "tp/merge.h"
+
+namespace ucp::conformance {
+namespace {
+
+using pickle::Kind;
+using pickle::Value;
+using pickle::ValuePtr;
+
+constexpr char kTag[] = "global_step";
+
+absl::Status Violation(Property p, const std::string& what) {
+  return absl::InternalError(absl::StrCat("property (", PropertyLetter(p), ") ", PropertyName(p), ": ", what));
+}
+
+std::string Joined(const std::vector<std::string>& v, size_t max = 12) {
+  std::vector<std::string> head(v.begin(), v.begin() + std::min(v.size(), max));
+  std::string out = absl::StrJoin(head, "\n  ");
+  if (v.size() > max) absl::StrAppend(&out, "\n  ... (", v.size() - max, " more)");
+  return out;
+}
+
+// A case's scratch folders, removed when done.
+class Scratch {
+ public:
+  explicit Scratch(std::string dir) : dir_(std::move(dir)) {
+    (void)RemoveTree(dir_);
+    (void)MakeDirs(dir_);
+  }
+  ~Scratch() { (void)RemoveTree(dir_); }
+  std::string Path(const std::string& rel) const { return JoinPath(dir_, rel); }
+  const std::string& dir() const { return dir_; }
+
+ private:
+  std::string dir_;
+};
+
+absl::Status CopyTree(const std::string& from, const std::string& to) {
+  UCP_RETURN_IF_ERROR(MakeDirs(to));
+  UCP_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirectory(from));
+  for (const auto& n : names) {
+    const std::string a = JoinPath(from, n), b = JoinPath(to, n);
+    if (IsDirectory(a)) {
+      UCP_RETURN_IF_ERROR(CopyTree(a, b));
+    } else {
+      UCP_RETURN_IF_ERROR(CopyFile(a, b));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The pieces every property needs: the model, and ucp's operations on it
+// with the options a user would give for such a model.
+class CaseRunner {
+ public:
+  static absl::StatusOr<std::unique_ptr<CaseRunner>> Make(const GoldenCase& c, const std::string& dir) {
+    std::unique_ptr<CaseRunner> r(new CaseRunner());
+    r->case_ = c;
+    r->dir_ = dir;
+    UCP_ASSIGN_OR_RETURN(r->model_, SyntheticModelState::FromCase(c));
+    UCP_ASSIGN_OR_RETURN(r->zero_options_, ZeroSourceOptionsFor(c.model(), dir));
+    return r;
+  }
+  const SyntheticModelState& model() const { return *model_; }
+  const GoldenCase& c() const { return case_; }
+  std::string TagOf(const std::string& root) const { return JoinPath(root, absl::StrCat(kTag, model_->Step(0))); }
+
+  // save(M, T) into <work>/<root>/<tag>; returns the tag folder. Each step
+  // is memoized by its output name, so properties checked on the same case
+  // share it (names must say what the folder holds).
+  absl::StatusOr<std::string> Save(const std::string& root, const Topology& t) {
+    if (auto it = done_.find(root); it != done_.end()) return it->second;
+    const std::string out = TagOf(JoinPath(dir_, root));
+    UCP_RETURN_IF_ERROR(SaveZero(*model_, out, deepspeed::Topology::FromProto(t), 1).status());
+    return done_[root] = out;
+  }
+  absl::StatusOr<std::string> Convert(const std::string& zero, const std::string& root) {
+    if (auto it = done_.find(root); it != done_.end()) return it->second;
+    converter::ConvertOptions o;
+    o.input_folder = zero;
+    o.output_folder = TagOf(JoinPath(dir_, root)) + "_universal";
+    o.state = zero_options_;
+    o.write.num_threads = 1;
+    UCP_RETURN_IF_ERROR(converter::Convert(o).status());
+    return done_[root] = o.output_folder;
+  }
+  absl::StatusOr<std::string> Reshard(const std::string& input, const std::string& root, const Topology& t) {
+    if (auto it = done_.find(root); it != done_.end()) return it->second;
+    loader::ReshardOptions o;
+    o.input_folder = input;
+    o.output_folder = TagOf(JoinPath(dir_, root));
+    o.write.target = deepspeed::Topology::FromProto(t);
+    o.write.num_threads = 1;
+    o.zero_source = zero_options_;
+    UCP_RETURN_IF_ERROR(loader::Reshard(o).status());
+    return done_[root] = o.output_folder;
+  }
+  const converter::ZeroStateOptions& zero_options() const { return zero_options_; }
+
+ private:
+  CaseRunner() = default;
+  GoldenCase case_;
+  std::string dir_;
+  std::unique_ptr<SyntheticModelState> model_;
+  converter::ZeroStateOptions zero_options_;
+  std::map<std::string, std::string> done_;
+};
+
+// A dict without some keys (same values), for comparisons that skip them.
+ValuePtr Without(const Value& dict, const std::vector<std::string>& keys) {
+  ValuePtr out = Value::MakeDict(dict.ordered_dict());
+  for (const auto& [k, v] : dict.dict_items()) {
+    if (k->is(Kind::kStr) && std::find(keys.begin(), keys.end(), k->str()) != keys.end()) continue;
+    out->DictSet(k, v);
+  }
+  return out;
+}
+
+// group_paddings and partition_count describe the source's dp layout.
+const std::vector<std::string> kSourceLayoutKeys = {"group_paddings", "partition_count"};
+
+bool SameRule(const MergeRule& got, const MergeRule& want) {
+  const MergeKind w = want.kind() == AVERAGE ? REPLICATED : want.kind();  // no metadata for either
+  if (got.kind() != w) return false;
+  if (w != SUB_PARAMS) return true;
+  if (want.sub_param_shape().dim_size() > 0) {
+    return google::protobuf::util::MessageDifferencer::Equals(got.sub_param_shape(), want.sub_param_shape());
+  }
+  return got.num_sub_params() == want.num_sub_params() && got.cat_dim() == want.cat_dim();
+}
+
+// The universal checkpoint `dir` holds M's tensors, steps and optimizer state.
+absl::StatusOr<std::vector<std::string>> UniversalVsModel(const std::string& dir, const SyntheticModelState& m) {
+  std::vector<std::string> diffs;
+  UCP_ASSIGN_OR_RETURN(auto u, deepspeed::UniversalCheckpoint::Open(dir));
+  int trainable = 0, module = 0;
+  std::map<std::string, const Manifest::Param*> recorded;
+  if (u->manifest()) {
+    for (const auto& p : u->manifest()->param()) recorded[p.name()] = &p;
+  } else {
+    diffs.push_back("no ucp manifest");
+  }
+  for (const deepspeed::ParamState& p : m.info().params) {
+    auto rec = recorded.find(p.name);
+    if (rec == recorded.end()) {
+      diffs.push_back(absl::StrCat(p.name, ": not in the manifest"));
+    } else if (rec->second->kind() != p.rule.kind() ||
+               std::vector<int64_t>(rec->second->shape().begin(), rec->second->shape().end()) != p.full_shape) {
+      diffs.push_back(absl::StrCat(p.name, ": manifest says ", tp::MergeKindName(rec->second->kind()), " ",
+                                   torch::ShapeString({rec->second->shape().begin(), rec->second->shape().end()}),
+                                   ", the model is ", tp::DescribeRule(p.rule), " ", torch::ShapeString(p.full_shape)));
+    }
+    if (!p.trainable()) {
+      ++module;
+      auto f = u->ReadModule(p.name);
+      if (!f.ok()) {
+        diffs.push_back(absl::StrCat(p.name, ": ", f.status().message()));
+        continue;
+      }
+      UCP_ASSIGN_OR_RETURN(torch::Tensor want, m.Tensor(p.name, deepspeed::kLpState));
+      if (!f->param.BitwiseEqual(want)) {
+        diffs.push_back(absl::StrCat("ucp_module/", p.name, ".pt: ", std::string(torch::DTypeName(f->param.dtype())),
+                                     torch::ShapeString(f->param.sizes()), " differs from the model's ",
+                                     std::string(torch::DTypeName(want.dtype())), torch::ShapeString(want.sizes())));
+      }
+      continue;
+    }
+    ++trainable;
+    for (const std::string state : {"fp32", "exp_avg", "exp_avg_sq"}) {
+      auto f = u->ReadState(p.name, state);
+      if (!f.ok()) {
+        diffs.push_back(absl::StrCat(p.name, "/", state, ": ", f.status().message()));
+        continue;
+      }
+      UCP_ASSIGN_OR_RETURN(torch::Tensor want, m.Tensor(p.name, state));
+      if (!f->param.BitwiseEqual(want)) {
+        std::string detail;
+        if (f->param.sizes() == want.sizes()) {
+          auto d = torch::MaxAbsDiff(f->param, want);
+          if (d.ok()) detail = absl::StrCat(", max |diff| ", *d);
+        }
+        diffs.push_back(absl::StrCat("zero/", p.name, "/", state, ".pt: ", torch::ShapeString(f->param.sizes()),
+                                     " differs from the model's ", torch::ShapeString(want.sizes()), detail));
+      }
+      if (!SameRule(f->rule, p.rule)) {
+        diffs.push_back(absl::StrCat("zero/", p.name, "/", state, ".pt: metadata says ", tp::DescribeRule(f->rule),
+                                     ", the model is ", tp::DescribeRule(p.rule)));
+      }
+    }
+    UCP_ASSIGN_OR_RETURN(auto step, u->ReadStep(p.name));
+    if (!step) {
+      diffs.push_back(absl::StrCat(p.name, ": no step.pt"));
+    } else {
+      auto t = step->GetTensor(*step->root());
+      if (!t.ok() || t->dim() != 0 || t->dtype() != torch::DType::kFloat32 ||
+          *reinterpret_cast<const float*>(t->data()) != static_cast<float>(m.Step(p.group))) {
+        diffs.push_back(absl::StrCat("zero/", p.name, "/step.pt: expected the 0-dim float32 step ", m.Step(p.group),
+                                     " of group ", p.group));
+      }
+    }
+  }
+  if (static_cast<int>(u->param_names().size()) != trainable || static_cast<int>(u->module_names().size()) != module) {
+    diffs.push_back(absl::StrCat("universal has ", u->param_names().size(), " params and ", u->module_names().size(),
+                                 " module tensors, the model ", trainable, " and ", module));
+  }
+  UCP_ASSIGN_OR_RETURN(deepspeed::FileValue common, m.OptimizerCommon());
+  const torch::TorchFile& os = u->optimizer_state();
+  for (const auto& d : deepspeed::CompareTrees(os, *Without(*os.root(), kSourceLayoutKeys), *common.file,
+                                               *Without(*common.value, kSourceLayoutKeys))) {
+    diffs.push_back(absl::StrCat("zero/optimizer_state.pt: ", d));
+  }
+  return diffs;
+}
+
+// Two universal checkpoints of one model converted from different
+// topologies: equal but for their source-specific parts.
+absl::StatusOr<std::vector<std::string>> UniversalDiffs(const std::string& a, const std::string& b) {
+  std::vector<std::string> ignore = {deepspeed::kManifestFile, "zero/optimizer_state.pt"};
+  UCP_ASSIGN_OR_RETURN(std::vector<std::string> fa, deepspeed::ListFilesRecursive(a));
+  UCP_ASSIGN_OR_RETURN(std::vector<std::string> fb, deepspeed::ListFilesRecursive(b));
+  for (const auto* files : {&fa, &fb}) {
+    for (const auto& f : *files) {
+      if (absl::StartsWith(f, "mp_rank_")) ignore.push_back(f);
+    }
+  }
+  UCP_ASSIGN_OR_RETURN(std::vector<std::string> diffs, FolderByteDiffs(a, b, ignore));
+  // The optimizer state, but for the source's dp layout.
+  UCP_ASSIGN_OR_RETURN(auto oa, torch::TorchFile::Open(JoinPath(a, "zero/optimizer_state.pt")));
+  UCP_ASSIGN_OR_RETURN(auto ob, torch::TorchFile::Open(JoinPath(b, "zero/optimizer_state.pt")));
+  for (const auto& d : deepspeed::CompareTrees(*oa, *Without(*oa->root(), kSourceLayoutKeys), *ob,
+                                               *Without(*ob->root(), kSourceLayoutKeys))) {
+    diffs.push_back(absl::StrCat("zero/optimizer_state.pt: ", d));
+  }
+  // The manifests, but for the source folder, topology and mp_rank copies.
+  Manifest ma, mb;
+  for (auto [dir, m] : {std::make_pair(a, &ma), std::make_pair(b, &mb)}) {
+    UCP_ASSIGN_OR_RETURN(std::string text, ReadFileToString(JoinPath(dir, deepspeed::kManifestFile)));
+    if (!google::protobuf::TextFormat::ParseFromString(text, m)) {
+      return absl::DataLossError(absl::StrCat(dir, ": unreadable manifest"));
+    }
+    m->clear_source_folder();
+    m->clear_source_topology();
+    Manifest kept = *m;
+    kept.clear_file();
+    for (const FileDigest& f : m->file()) {
+      if (!absl::StartsWith(f.path(), "mp_rank_") && f.path() != "zero/optimizer_state.pt") *kept.add_file() = f;
+    }
+    *m = kept;
+  }
+  std::string report;
+  google::protobuf::util::MessageDifferencer differ;
+  differ.ReportDifferencesToString(&report);
+  if (!differ.Compare(ma, mb)) diffs.push_back(absl::StrCat("ucp_manifest.textproto:\n", report));
+  return diffs;
+}
+
+// --- the properties ---
+
+absl::Status ConvertIsTopologyFree(CaseRunner& r) {
+  const Property p = Property::kConvertIsTopologyFree;
+  std::string universal[2];
+  const Topology topologies[2] = {r.c().source(), r.c().target()};
+  for (int i = 0; i < 2; ++i) {
+    UCP_ASSIGN_OR_RETURN(std::string zero, r.Save(absl::StrCat("zero_t", i + 1), topologies[i]),
+                         _.Prepend(absl::StrCat("save at T", i + 1, ": ")));
+    UCP_ASSIGN_OR_RETURN(universal[i], r.Convert(zero, absl::StrCat("universal_t", i + 1)),
+                         _.Prepend(absl::StrCat("convert from T", i + 1, ": ")));
+    // The model-state files are byte-identical copies of the source's.
+    UCP_ASSIGN_OR_RETURN(std::vector<std::string> files, ListDirectory(zero));
+    for (const auto& f : files) {
+      if (!absl::StartsWith(f, "mp_rank_")) continue;
+      UCP_ASSIGN_OR_RETURN(std::string x, ReadFileToString(JoinPath(zero, f)));
+      UCP_ASSIGN_OR_RETURN(std::string y, ReadFileToString(JoinPath(universal[i], f)));
+      if (x != y) return Violation(p, absl::StrCat(f, " is not a byte-identical copy of the source's"));
+    }
+  }
+  UCP_ASSIGN_OR_RETURN(std::vector<std::string> diffs, UniversalDiffs(universal[0], universal[1]));
+  if (!diffs.empty()) {
+    return Violation(p, absl::StrCat("convert(save(M, T1)) and convert(save(M, T2)) differ:\n  ", Joined(diffs)));
+  }
+  UCP_ASSIGN_OR_RETURN(diffs, UniversalVsModel(universal[0], r.model()));
+  if (!diffs.empty()) return Violation(p, absl::StrCat("convert(save(M, T1)) is not M:\n  ", Joined(diffs)));
+  return absl::OkStatus();
+}
+
+absl::Status ReshardMatchesSave(CaseRunner& r) {
+  const Property p = Property::kReshardMatchesSave;
+  UCP_ASSIGN_OR_RETURN(std::string zero1, r.Save("zero_t1", r.c().source()), _.Prepend("save at T1: "));
+  UCP_ASSIGN_OR_RETURN(std::string universal, r.Convert(zero1, "universal_t1"), _.Prepend("convert from T1: "));
+  UCP_ASSIGN_OR_RETURN(std::string resharded, r.Reshard(universal, "universal_t1_to_t2", r.c().target()),
+                       _.Prepend("reshard to T2: "));
+  UCP_ASSIGN_OR_RETURN(std::string zero2, r.Save("zero_t2", r.c().target()), _.Prepend("save at T2: "));
+  UCP_ASSIGN_OR_RETURN(std::vector<std::string> diffs, FolderByteDiffs(resharded, zero2));
+  if (!diffs.empty()) {
+    return Violation(p, absl::StrCat("reshard(convert(save(M, T1)), T2) differs from save(M, T2):\n  ", Joined(diffs)));
+  }
+  UCP_ASSIGN_OR_RETURN(std::string l1, ReadFileToString(JoinPath(Dirname(resharded), deepspeed::kLatestFile)));
+  UCP_ASSIGN_OR_RETURN(std::string l2, ReadFileToString(JoinPath(Dirname(zero2), deepspeed::kLatestFile)));
+  if (l1 != l2) return Violation(p, absl::StrCat("latest is '", l1, "', save wrote '", l2, "'"));
+  return absl::OkStatus();
+}
+
+absl::Status DirectReshardMatchesTwoStep(CaseRunner& r) {
+  const Property p = Property::kDirectReshardMatchesTwoStep;
+  UCP_ASSIGN_OR_RETURN(std::string zero1, r.Save("zero_t1", r.c().source()), _.Prepend("save at T1: "));
+  UCP_ASSIGN_OR_RETURN(std::string direct, r.Reshard(zero1, "zero_t1_to_t2", r.c().target()),
+                       _.Prepend("reshard the ZeRO folder to T2: "));
+  UCP_ASSIGN_OR_RETURN(std::string universal, r.Convert(zero1, "universal_t1"), _.Prepend("convert from T1: "));
+  UCP_ASSIGN_OR_RETURN(std::string two_step, r.Reshard(universal, "universal_t1_to_t2", r.c().target()),
+                       _.Prepend("reshard the universal folder to T2: "));
+  UCP_ASSIGN_OR_RETURN(std::vector<std::string> diffs, FolderByteDiffs(direct, two_step));
+  if (!diffs.empty()) {
+    return Violation(p, absl::StrCat("ZeRO -> ZeRO reshard differs from ZeRO -> universal -> ZeRO:\n  ", Joined(diffs)));
+  }
+  return absl::OkStatus();
+}
+
+// Expects `s` to be an error with `code` whose message contains every one of `parts`.
+absl::Status ExpectError(Property p, const std::string& what, const absl::Status& s, absl::StatusCode code,
+                         const std::vector<std::string>& parts) {
+  if (s.ok()) return Violation(p, absl::StrCat(what, ": ucp succeeded"));
+  bool all = s.code() == code;
+  for (const auto& part : parts) all &= absl::StrContains(s.message(), part);
+  if (!all) {
+    return Violation(p, absl::StrCat(what, ": expected ", absl::StatusCodeToString(code), " mentioning '",
+                                     absl::StrJoin(parts, "', '"), "', got ", s.ToString()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ExpectNoOutput(Property p, const std::string& what, const std::string& output) {
+  if (PathExists(output)) return Violation(p, absl::StrCat(what, ": a failed run left ", output, " behind"));
+  const std::string root = Dirname(output);
+  if (IsDirectory(root)) {
+    UCP_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirectory(root));
+    if (!names.empty()) return Violation(p, absl::StrCat(what, ": a failed run left ", JoinPath(root, names[0])));
+  }
+  return absl::OkStatus();
+}
+
+// Rewrites one optimizer file with element `offset` of a state of group
+// `group` (fp32 partition or a base optimizer state) changed by `delta`.
+absl::Status NudgeOptimizerElement(const std::string& path, int group, const std::string& state, int64_t offset,
+                                   float delta) {
+  const std::string tmp = path + ".nudged";
+  {
+    UCP_ASSIGN_OR_RETURN(auto f, torch::TorchFile::Open(path));
+    torch::TorchWriter w;
+    UCP_ASSIGN_OR_RETURN(ValuePtr root, deepspeed::CopyTreeForWrite(deepspeed::FileValue{f->root(), deepspeed::Unowned(f.get())}, w));
+    const Value* osd_in = f->root()->DictGet("optimizer_state_dict");
+    if (osd_in == nullptr) return absl::InvalidArgumentError(absl::StrCat(path, ": no optimizer_state_dict"));
+    const Value* tensor_in = nullptr;
+    if (state == "fp32") {
+      tensor_in = osd_in->DictGet("single_partition_of_fp32_groups")->items()[group].get();
+    } else {
+      tensor_in = osd_in->DictGet("base_optimizer_state")->DictGet("state")->DictGet(Value::Int(group))->DictGet(state);
+    }
+    UCP_ASSIGN_OR_RETURN(torch::Tensor t, f->GetTensor(*tensor_in));
+    std::string bytes = t.ContiguousBytes();
+    if (t.dtype() != torch::DType::kFloat32 || offset < 0 || (offset + 1) * 4 > static_cast<int64_t>(bytes.size())) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": cannot nudge element ", offset, " of ", state));
+    }
+    float x;
+    std::memcpy(&x, &bytes[offset * 4], 4);
+    x += delta;
+    std::memcpy(&bytes[offset * 4], &x, 4);
+    UCP_ASSIGN_OR_RETURN(torch::Tensor nudged, torch::Tensor::FromBytes(t.dtype(), t.sizes(), std::move(bytes)));
+    ValuePtr value = w.AddTensor(nudged);
+    ValuePtr osd = root->DictGetPtr("optimizer_state_dict");
+    if (state == "fp32") {
+      osd->DictGetPtr("single_partition_of_fp32_groups")->mutable_items()[group] = value;
+    } else {
+      osd->DictGetPtr("base_optimizer_state")->DictGetPtr("state")->DictGetPtr(Value::Int(group))->DictSet(
+          Value::Str(state), value);
+    }
+    UCP_RETURN_IF_ERROR(w.WriteFile(tmp, *root));
+  }
+  if (rename(tmp.c_str(), path.c_str()) != 0) return absl::InternalError(absl::StrCat("rename ", tmp));
+  return absl::OkStatus();
+}
+
+absl::Status CorruptionsAreCaught(CaseRunner& r, const std::string& scratch) {
+  const Property p = Property::kCorruptionsAreCaught;
+  const uint64_t seed = r.c().seed();
+  UCP_ASSIGN_OR_RETURN(std::string zero, r.Save("zero_t1", r.c().source()), _.Prepend("save at T1: "));
+  UCP_ASSIGN_OR_RETURN(std::vector<std::string> files, ListDirectory(zero));
+  std::vector<std::string> optim;
+  for (const auto& f : files) {
+    auto parsed = deepspeed::ParseCheckpointFileName(f);
+    if (parsed && parsed->type == deepspeed::CheckpointFileName::Type::kOptim) optim.push_back(f);
+  }
+  auto damaged_copy = [&](const std::string& name) -> absl::StatusOr<std::string> {
+    const std::string dir = JoinPath(JoinPath(scratch, name), Basename(zero));
+    UCP_RETURN_IF_ERROR(CopyTree(zero, dir));
+    return dir;
+  };
+  const converter::ZeroStateOptions zero_options = r.zero_options();
+  auto convert_to = [&](const std::string& src, const std::string& name) {
+    converter::ConvertOptions o;
+    o.input_folder = src;
+    o.output_folder = JoinPath(JoinPath(scratch, name + "_out"), "universal");
+    o.state = zero_options;
+    o.write.num_threads = 1;
+    return std::make_pair(converter::Convert(o).status(), o.output_folder);
+  };
+
+  // A missing optimizer shard.
+  {
+    UCP_ASSIGN_OR_RETURN(std::string dir, damaged_copy("missing"));
+    const std::string victim = JoinPath(dir, optim[seed % optim.size()]);
+    if (unlink(victim.c_str()) != 0) return absl::InternalError(absl::StrCat("unlink ", victim));
+    auto [s, out] = convert_to(dir, "missing");
+    // The only optimizer file gone: nothing says which layout it had.
+    const std::vector<std::string> parts =
+        optim.size() == 1 ? std::vector<std::string>{dir, "no *zero_pp_rank_*_optim_states.pt files"}
+                          : std::vector<std::string>{victim, "missing"};
+    UCP_RETURN_IF_ERROR(ExpectError(p, "missing shard", s, absl::StatusCode::kNotFound, parts));
+    UCP_RETURN_IF_ERROR(ExpectNoOutput(p, "missing shard", out));
+  }
+  // A truncated file (any file of the checkpoint).
+  {
+    UCP_ASSIGN_OR_RETURN(std::string dir, damaged_copy("truncated"));
+    const std::string victim = JoinPath(dir, files[(seed / 7) % files.size()]);
+    UCP_ASSIGN_OR_RETURN(int64_t size, FileSize(victim));
+    const int64_t keep = static_cast<int64_t>((seed / 13) % static_cast<uint64_t>(size));
+    if (truncate(victim.c_str(), keep) != 0) return absl::InternalError(absl::StrCat("truncate ", victim));
+    auto [s, out] = convert_to(dir, "truncated");
+    UCP_RETURN_IF_ERROR(ExpectError(p, absl::StrCat("file truncated to ", keep, " of ", size, " bytes"), s,
+                                    absl::StatusCode::kDataLoss, {victim}));
+    UCP_RETURN_IF_ERROR(ExpectNoOutput(p, "truncated file", out));
+  }
+  // A flipped byte in a universal file, caught by the manifest's checksums.
+  {
+    // Its own conversion: the bytes it flips must not reach the other properties.
+    UCP_ASSIGN_OR_RETURN(std::string universal, r.Convert(zero, "universal_t1_to_damage"),
+                         _.Prepend("convert from T1: "));
+    UCP_ASSIGN_OR_RETURN(std::string text, ReadFileToString(JoinPath(universal, deepspeed::kManifestFile)));
+    Manifest m;
+    if (!google::protobuf::TextFormat::ParseFromString(text, &m) || m.file_size() == 0) {
+      return Violation(p, "the universal checkpoint has no manifest listing its files");
+    }
+    const FileDigest& d = m.file(static_cast<int>((seed / 3) % m.file_size()));
+    const std::string victim = JoinPath(universal, d.path());
+    UCP_ASSIGN_OR_RETURN(std::string bytes, ReadFileToString(victim));
+    const size_t at = static_cast<size_t>((seed / 5) % bytes.size());
+    bytes[at] = static_cast<char>(bytes[at] ^ (1 << (seed % 8)));
+    UCP_RETURN_IF_ERROR(WriteFileAtomic(victim, bytes));
+    const std::string out = JoinPath(JoinPath(scratch, "flipped_out"), "global_step1");
+    loader::ReshardOptions o;
+    o.input_folder = universal;
+    o.output_folder = out;
+    o.write.target = deepspeed::Topology::FromProto(r.c().target());
+    o.write.num_threads = 1;
+    o.verify_checksums = true;
+    absl::Status s = loader::Reshard(o).status();
+    UCP_RETURN_IF_ERROR(ExpectError(p, absl::StrCat("byte ", at, " of ", d.path(), " flipped"), s,
+                                    absl::StatusCode::kDataLoss, {victim, "differs from the manifest's"}));
+    UCP_RETURN_IF_ERROR(ExpectNoOutput(p, "flipped byte", out));
+  }
+  // tp copies of a replicated param that disagree.
+  if (r.c().source().tp() >= 2) {
+    const deepspeed::ParamState* victim = nullptr;
+    for (const auto& ps : r.model().info().params) {
+      if (ps.trainable() && ps.rule.kind() == REPLICATED && ps.tied_layers.empty()) {
+        victim = &ps;
+        if ((seed / 11) % 2 == 0) break;
+      }
+    }
+    if (victim != nullptr) {
+      UCP_ASSIGN_OR_RETURN(std::string dir, damaged_copy("replicated"));
+      UCP_ASSIGN_OR_RETURN(auto ckpt, deepspeed::ZeroCheckpoint::Open(dir));
+      const deepspeed::ZeroParam* zp = ckpt->FindParam(victim->name);
+      if (zp == nullptr) return Violation(p, absl::StrCat(victim->name, " is not in the saved checkpoint"));
+      const int stage = zp->stages[0];
+      const auto frags = ckpt->Layout(stage, 1, zp->group).FragmentsOfParam(zp->index_in_group[0]);
+      if (frags.empty()) return Violation(p, absl::StrCat(victim->name, " has no fragments"));
+      const std::string state = std::vector<std::string>{"fp32", "exp_avg", "exp_avg_sq"}[seed % 3];
+      const std::string path = ckpt->OptimPath(stage, 1, frags[0].first);
+      ckpt.reset();
+      UCP_RETURN_IF_ERROR(NudgeOptimizerElement(path, zp->group, state, frags[0].second.partition_offset, 0.5f));
+      auto [s, out] = convert_to(dir, "replicated");
+      UCP_RETURN_IF_ERROR(ExpectError(p, absl::StrCat("tp rank 1's ", state, " of ", victim->name, " changed"), s,
+                                      absl::StatusCode::kFailedPrecondition,
+                                      {"replicated param(s) differ between tp ranks", absl::StrCat(victim->name, " ("),
+                                       absl::StrCat("tp copies differ in ", state)}));
+      UCP_RETURN_IF_ERROR(ExpectNoOutput(p, "replicated copies", out));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+const char* PropertyLetter(Property p) {
+  switch (p) {
+    case Property::kConvertIsTopologyFree: return "a";
+    case Property::kReshardMatchesSave: return "b";
+    case Property::kDirectReshardMatchesTwoStep: return "c";
+    case Property::kCorruptionsAreCaught: return "d";
+  }
+  return "?";
+}
+
+const char* PropertyName(Property p) {
+  switch (p) {
+    case Property::kConvertIsTopologyFree: return "convert(save(M, T)) is the same for every T and equals M";
+    case Property::kReshardMatchesSave: return "reshard(convert(save(M, T1)), T2) == save(M, T2)";
+    case Property::kDirectReshardMatchesTwoStep: return "ZeRO -> ZeRO reshard == the two-step path";
+    case Property::kCorruptionsAreCaught: return "corruptions give the right error";
+  }
+  return "?";
+}
+
+std::vector<Property> AllProperties() {
+  return {Property::kConvertIsTopologyFree, Property::kReshardMatchesSave, Property::kDirectReshardMatchesTwoStep,
+          Property::kCorruptionsAreCaught};
+}
+
+absl::StatusOr<Property> ParseProperty(const std::string& s) {
+  for (Property p : AllProperties()) {
+    if (s == PropertyLetter(p)) return p;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown property '", s, "' (a, b, c, d)"));
+}
+
+absl::Status CheckProperty(Property p, const GoldenCase& c, const std::string& work) {
+  return CheckProperties({p}, c, work);
+}
+
+absl::Status CheckProperties(const std::vector<Property>& properties, const GoldenCase& c, const std::string& work) {
+  Scratch scratch(work);
+  UCP_ASSIGN_OR_RETURN(std::unique_ptr<CaseRunner> r, CaseRunner::Make(c, scratch.dir()),
+                       _.Prepend("building the synthetic model: "));
+  for (Property p : properties) {
+    absl::Status s;
+    switch (p) {
+      case Property::kConvertIsTopologyFree: s = ConvertIsTopologyFree(*r); break;
+      case Property::kReshardMatchesSave: s = ReshardMatchesSave(*r); break;
+      case Property::kDirectReshardMatchesTwoStep: s = DirectReshardMatchesTwoStep(*r); break;
+      case Property::kCorruptionsAreCaught: s = CorruptionsAreCaught(*r, scratch.Path("damaged")); break;
+    }
+    // ucp failing on a valid model is a violation too: say which property hit it.
+    if (!s.ok() && s.code() != absl::StatusCode::kInternal) {
+      s = Violation(p, absl::StrCat("ucp failed on a valid checkpoint: ", s.ToString()));
+    }
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::string>> FolderByteDiffs(const std::string& a, const std::string& b,
+                                                        const std::vector<std::string>& ignore) {
+  UCP_ASSIGN_OR_RETURN(std::vector<std::string> fa, deepspeed::ListFilesRecursive(a));
+  UCP_ASSIGN_OR_RETURN(std::vector<std::string> fb, deepspeed::ListFilesRecursive(b));
+  auto skip = [&](const std::string& f) { return std::find(ignore.begin(), ignore.end(), f) != ignore.end(); };
+  std::vector<std::string> diffs;
+  for (const auto& f : fa) {
+    if (!skip(f) && !std::binary_search(fb.begin(), fb.end(), f)) diffs.push_back(absl::StrCat(f, ": only in ", a));
+  }
+  for (const auto& f : fb) {
+    if (!skip(f) && !std::binary_search(fa.begin(), fa.end(), f)) diffs.push_back(absl::StrCat(f, ": only in ", b));
+  }
+  for (const auto& f : fa) {
+    if (skip(f) || !std::binary_search(fb.begin(), fb.end(), f)) continue;
+    UCP_ASSIGN_OR_RETURN(std::string x, ReadFileToString(JoinPath(a, f)));
+    UCP_ASSIGN_OR_RETURN(std::string y, ReadFileToString(JoinPath(b, f)));
+    if (x == y) continue;
+    std::vector<std::string> why;
+    if (absl::EndsWith(f, ".pt")) {
+      auto d = deepspeed::CompareFiles(JoinPath(a, f), JoinPath(b, f));
+      if (d.ok()) why = *d;
+    }
+    diffs.push_back(absl::StrCat(f, ": bytes differ (", x.size(), " vs ", y.size(), " bytes)",
+                                 why.empty() ? "" : absl::StrCat("; ", absl::StrJoin(why, "; "))));
+  }
+  return diffs;
+}
+
+// --- fuzzing ---
+
+std::string DefaultScratchDir(const std::string& name) {
+  // Thousands of small checkpoints: memory is several times faster than disk.
+  std::string base = "/dev/shm";
+  if (!IsDirectory(base) || access(base.c_str(), W_OK) != 0) {
+    const char* t = std::getenv("TEST_TMPDIR");
+    if (t == nullptr || *t == '\0') t = std::getenv("TMPDIR");
+    base = t != nullptr && *t != '\0' ? t : "/tmp";
+  }
+  return JoinPath(base, absl::StrCat("ucp_", name, "_", getpid()));
+}
+
+void FuzzDistribution::Add(const GoldenCase& c) {
+  ++cases;
+  for (const Topology& t : {c.source(), c.target()}) {
+    ++counts["tp"][absl::StrCat(t.tp())];
+    ++counts["pp"][absl::StrCat(t.pp())];
+    ++counts["dp"][absl::StrCat(t.dp())];
+  }
+  const ModelSpec& m = c.model();
+  ++counts["style"][m.style()];
+  ++counts["rules source"][m.rules_source()];
+  ++counts["module"][m.pipeline() ? "pipeline" : "plain"];
+  ++counts["optimizer"][absl::StrCat(c.optimizer_layout(), "/", m.lp_dtype(), "/zero", c.zero_stage())];
+  for (const auto& f : CaseFeatures(c)) ++counts["features (cases)"][f];
+  for (const ModelParam& p : m.param()) {
+    std::string kind = tp::MergeKindName(p.rule().kind());
+    if (p.rule().kind() == SUB_PARAMS) kind = p.rule().sub_param_shape().dim_size() > 0 ? "sub_params_gqa" : "sub_params_2";
+    ++counts["param kinds (params)"][kind];
+  }
+  if (m.pipeline()) ++counts["partition method"][m.partition_method().empty() ? "(default)" : m.partition_method()];
+}
+
+std::string FuzzDistribution::ToString() const {
+  std::string out = absl::StrCat("distribution over ", cases, " cases (tp, pp, dp count both topologies of a case):\n");
+  for (const auto& [dim, values] : counts) {
+    std::vector<std::pair<std::string, int>> v(values.begin(), values.end());
+    // Numbers in numeric order.
+    std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) {
+      if (a.first.size() != b.first.size() && std::isdigit(a.first[0]) && std::isdigit(b.first[0])) {
+        return a.first.size() < b.first.size();
+      }
+      return a.first < b.first;
+    });
+    std::vector<std::string> parts;
+    for (const auto& [k, n] : v) parts.push_back(absl::StrCat(k, ":", n));
+    absl::StrAppendFormat(&out, "  %-20s %s\n", dim, absl::StrJoin(parts, "  "));
+  }
+  return out;
+}
+
+FuzzReport RunFuzz(const FuzzOptions& options) {
+  FuzzReport report;
+  const std::string work = options.workdir.empty() ? DefaultScratchDir("fuzz") : options.workdir;
+  bool failing = false;  // after the first failure RapidCheck only shrinks
+  std::string last_failure;
+  GoldenCase last_failed_case;
+  auto property = [&]() {
+    const GoldenCase c = *GenCase(options.gen);
+    if (!failing) report.distribution.Add(c);
+    const absl::Status s = CheckProperties(options.properties, c, JoinPath(work, "case"));
+    if (!s.ok()) {
+      failing = true;
+      last_failure = std::string(s.message());
+      last_failed_case = c;
+      RC_FAIL(std::string(s.message()));
+    }
+  };
+  rc::detail::TestParams params;
+  params.seed = options.seed;
+  params.maxSuccess = options.cases;
+  params.maxSize = options.max_size;
+  rc::detail::TestMetadata metadata;
+  metadata.id = "ucp_fuzz";
+  metadata.description = "ucp conformance properties";
+  const rc::detail::TestResult result = rc::detail::checkTestable(property, metadata, params);
+  (void)RemoveTree(work);
+  if (result.template is<rc::detail::SuccessResult>()) {
+    report.passed = true;
+    report.cases_passed = result.template get<rc::detail::SuccessResult>().numSuccess;
+    return report;
+  }
+  std::ostringstream os;
+  rc::detail::printResultMessage(result, os);
+  if (result.template is<rc::detail::FailureResult>()) {
+    const auto& f = result.template get<rc::detail::FailureResult>();
+    report.cases_passed = f.numSuccess;
+    // The last failing run RapidCheck made is the shrunk case.
+    report.failure = last_failure;
+    std::string text;
+    google::protobuf::TextFormat::PrintToString(last_failed_case, &text);
+    report.shrunk_case = text;
+  } else {
+    report.failure = os.str();
+  }
+  report.replay = absl::StrCat("ucp fuzz --seed=", options.seed, " --cases=", options.cases,
+                               " (or RC_PARAMS=\"seed=", options.seed, "\" for the tests)");
+  return report;
+}
+
+}  // namespace ucp::conformance

@@ -1,0 +1,96 @@
+// The conformance properties, as functions of one case (model_gen.h), each
+// OK or an error describing the first violation (kInternal for a property
+// that does not hold, with what differs):
+//
+//   (a) ConvertIsTopologyFree: convert(save(M, T)) is the same universal
+//       checkpoint for T1 and T2 (every per-param file byte for byte; the
+//       manifest and zero/optimizer_state.pt up to their source-specific
+//       fields), and equals M's full tensors, steps and optimizer state.
+//   (b) ReshardMatchesSave: reshard(convert(save(M, T1)), T2) == save(M, T2),
+//       every file byte for byte.
+//   (c) DirectReshardMatchesTwoStep: loader::Reshard from the ZeRO folder
+//       save(M, T1) to T2 == the same from convert(save(M, T1)).
+//   (d) CorruptionsAreCaught: a missing optimizer shard (kNotFound naming it),
+//       a truncated file (kDataLoss naming it), a flipped byte in a universal
+//       file with verify_checksums (kDataLoss: sha256 differs from the
+//       manifest's), tp copies of a replicated param that disagree
+//       (kFailedPrecondition naming the param and the state); never a
+//       success, and no output folder left behind.
+//
+// RunFuzz drives them with RapidCheck (seeded, shrinking to a minimal case)
+// for `ucp fuzz` and the tests.
+//
+// Example:
+//   UCP_RETURN_IF_ERROR(CheckProperty(Property::kReshardMatchesSave, c, "/tmp/work"));
+#ifndef UCP_CONFORMANCE_PROPERTIES_H_
+#define UCP_CONFORMANCE_PROPERTIES_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "conformance/model_gen.h"
+#include "conformance/synthetic_state.h"
+#include "proto/ucp.pb.h"
+
+namespace ucp::conformance {
+
+enum class Property { kConvertIsTopologyFree, kReshardMatchesSave, kDirectReshardMatchesTwoStep, kCorruptionsAreCaught };
+// "a".."d" and a readable name.
+const char* PropertyLetter(Property p);
+const char* PropertyName(Property p);
+absl::StatusOr<Property> ParseProperty(const std::string& letter_or_name);
+std::vector<Property> AllProperties();
+
+// Checks one property on one case; `work` is a scratch folder (created,
+// and emptied afterwards).
+absl::Status CheckProperty(Property p, const GoldenCase& c, const std::string& work);
+// Several properties on one case, sharing the checkpoints they have in common.
+absl::Status CheckProperties(const std::vector<Property>& properties, const GoldenCase& c, const std::string& work);
+
+// Differences between two folders, every file byte for byte (with a
+// structural diff of .pt files that differ); `ignore` lists relative paths.
+absl::StatusOr<std::vector<std::string>> FolderByteDiffs(const std::string& a, const std::string& b,
+                                                        const std::vector<std::string>& ignore = {});
+
+// How often each value was drawn, for coverage.
+struct FuzzDistribution {
+  int cases = 0;
+  std::map<std::string, std::map<std::string, int>> counts;  // dimension -> value -> cases
+  void Add(const GoldenCase& c);
+  std::string ToString() const;
+};
+
+struct FuzzOptions {
+  uint64_t seed = 1;
+  int cases = 200;
+  std::vector<Property> properties = AllProperties();
+  CaseGenOptions gen;
+  std::string workdir;  // scratch; "" = DefaultScratchDir("fuzz")
+  int max_size = 100;   // RapidCheck's size bound
+};
+
+struct FuzzReport {
+  bool passed = false;
+  int cases_passed = 0;
+  FuzzDistribution distribution;
+  // On failure: the property's error for the shrunk case, the case as
+  // textproto, and how to replay it.
+  std::string failure;
+  std::string shrunk_case;
+  std::string replay;
+};
+
+// Runs every property in `options.properties` on each generated case.
+FuzzReport RunFuzz(const FuzzOptions& options);
+
+// A fresh scratch folder name for `name`: under /dev/shm when writable (the
+// properties write thousands of small files), else $TEST_TMPDIR, $TMPDIR or /tmp.
+std::string DefaultScratchDir(const std::string& name);
+
+}  // namespace ucp::conformance
+
+#endif  // UCP_CONFORMANCE_PROPERTIES_H_

@@ -1,0 +1,55 @@
+// How the converter learns a synthetic model's merge rules: the three ways a
+// real user tells ucp (conformance/model_gen.h draws one per model).
+//
+//   rules_source "rules_file"       SpecMergeRules(spec) written as a MergeRules
+//                                   textproto and passed as --rules
+//   rules_source "checkpoint_info"  SpecCheckpointInfo(spec): DeepSpeed's
+//                                   universal_checkpoint_info patterns, stored in
+//                                   the model states as Megatron-DeepSpeed does
+//                                   (column-parallel params have no pattern:
+//                                   DeepSpeed's default, cat on dim 0)
+//                                   (with spec.preset "none": --preset=none)
+//   rules_source "preset"           --preset=<spec.preset> --original_vocab_size
+//
+// ZeroSourceOptionsFor(spec, dir) is what a user would pass to `ucp convert`
+// or `ucp reshard` for a checkpoint of that model.
+//
+// Example:
+//   UCP_ASSIGN_OR_RETURN(converter::ZeroStateOptions o, ZeroSourceOptionsFor(spec, case_dir));
+//   converter::ConvertOptions c;  c.state = o;  ...
+#ifndef UCP_CONFORMANCE_SPEC_RULES_H_
+#define UCP_CONFORMANCE_SPEC_RULES_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "converter/zero_state.h"
+#include "format/pickle/value.h"
+#include "proto/ucp.pb.h"
+
+namespace ucp::conformance {
+
+inline constexpr char kRulesFileSource[] = "rules_file";
+inline constexpr char kCheckpointInfoSource[] = "checkpoint_info";
+inline constexpr char kPresetSource[] = "preset";
+
+// The regex that matches exactly `name` (Python re.match semantics).
+std::string ExactPattern(const std::string& name);
+
+// One rule per tensor of the model, exact names, original vocab size set.
+MergeRules SpecMergeRules(const ModelSpec& spec);
+
+// The `universal_checkpoint_info` dict of the model states: DeepSpeed's
+// pattern lists when the spec's rules source is "checkpoint_info" (names
+// generalized over layer numbers where that stays exact), else {}.
+// kInvalidArgument for a rule DeepSpeed's patterns cannot express (sub-params
+// other than 2 on dim 0 without a sub-param shape).
+absl::StatusOr<pickle::ValuePtr> SpecCheckpointInfo(const ModelSpec& spec);
+
+// The ZeroStateOptions a user would give for a checkpoint of `spec`; for a
+// rules file, the file is written to `dir`/rules.textproto.
+absl::StatusOr<converter::ZeroStateOptions> ZeroSourceOptionsFor(const ModelSpec& spec, const std::string& dir);
+
+}  // namespace ucp::conformance
+
+#endif  // UCP_CONFORMANCE_SPEC_RULES_H_

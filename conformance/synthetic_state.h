@@ -1,0 +1,109 @@
+// SyntheticModelState: a made-up model's full training state, built from a
+// ModelSpec (proto/ucp.proto) and a seed, that the ZeRO writer
+// (loader/zero_writer.h) saves at any topology exactly as DeepSpeed 0.14.4
+// would have: save(M, T) = loader::WriteZeroCheckpoint(SyntheticModelState(M), T).
+// The conformance properties compare everything ucp reads back with it.
+//
+// What it holds, all in memory:
+//   - per trainable param: fp32 master, exp_avg, exp_avg_sq (full tensors,
+//     distinct and deterministic from the seed; exp_avg_sq >= 0). No lp
+//     weight: the writer casts the fp32 master, as DeepSpeed's optimizers
+//     keep the module weights.
+//   - per frozen param and buffer: its lp tensor in the spec's lp dtype.
+//   - per optimizer group: `step`, a 0-dim float32 tensor (as torch AdamW).
+//   - OptimizerCommon(): what DeepSpeed 0.14.4's optimizer state_dict holds
+//     besides the partitions (stage_1_and_2.py / bf16_optimizer.py state_dict:
+//     loss_scaler (LossScaler, or DynamicLossScaler for fp16),
+//     dynamic_loss_scale, overflow, clip_grad, zero_stage (ZeroStageEnum),
+//     group_paddings, partition_count, ds_version; bf16: clip_grad,
+//     group_paddings, partition_count, ds_version), plus torch AdamW's
+//     param_groups.
+//   - ModelStatesRoot(): an mp_rank_*_model_states.pt dict with
+//     engine.py:_save_checkpoint's keys in its order, then the client state of
+//     a Megatron/NeoX job (iteration, args, rng states,
+//     universal_checkpoint_info).
+// Value trees are written and read back through the torch file writer/reader
+// once ("baked"), so they are exactly what a reader of a saved file sees.
+// Vocabulary params are held at their unpadded size; the spec records the
+// original vocab size and make_vocab_size_divisible_by.
+//
+// Example:
+//   UCP_ASSIGN_OR_RETURN(auto m, SyntheticModelState::Make(spec, /*seed=*/7, /*zero_stage=*/1,
+//                                                          deepspeed::OptimizerKind::kZero));
+//   UCP_RETURN_IF_ERROR(SaveZero(*m, "/tmp/ckpt/global_step7", {2, 1, 4}).status());
+#ifndef UCP_CONFORMANCE_SYNTHETIC_STATE_H_
+#define UCP_CONFORMANCE_SYNTHETIC_STATE_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "deepspeed/model_state.h"
+#include "deepspeed/topology.h"
+#include "format/torch/tensor.h"
+#include "loader/zero_writer.h"
+#include "proto/ucp.pb.h"
+
+namespace ucp::conformance {
+
+// Checks that a spec describes a model the writer can save at tp=1: shapes
+// agree with rules, groups are dense, layers and tied params are consistent.
+absl::Status ValidateModelSpec(const ModelSpec& spec);
+
+// "zero" / "bf16" (GoldenCase.optimizer_layout).
+absl::StatusOr<deepspeed::OptimizerKind> ParseOptimizerLayout(const std::string& name);
+
+// The ModelInfo a SyntheticModelState of `spec` has (no tensors made), e.g.
+// to plan where its params go at a topology (loader::PlanTarget).
+absl::StatusOr<deepspeed::ModelInfo> ModelInfoFromSpec(const ModelSpec& spec, int zero_stage,
+                                                       deepspeed::OptimizerKind kind);
+
+class SyntheticModelState : public deepspeed::ModelState {
+ public:
+  static absl::StatusOr<std::unique_ptr<SyntheticModelState>> Make(const ModelSpec& spec, uint64_t seed,
+                                                                   int zero_stage, deepspeed::OptimizerKind kind);
+  // The same from a case (its model, seed, zero stage and optimizer layout).
+  static absl::StatusOr<std::unique_ptr<SyntheticModelState>> FromCase(const GoldenCase& c);
+
+  const deepspeed::ModelInfo& info() const override { return info_; }
+  absl::StatusOr<tp::TensorPlan> Full(const deepspeed::ParamState& param, const std::string& state) const override;
+  absl::StatusOr<deepspeed::FileValue> GroupScalar(int group, const std::string& key) const override;
+  absl::StatusOr<deepspeed::FileValue> OptimizerCommon() const override;
+  deepspeed::FileValue ModelStatesRoot(int pp, int tp) const override;
+  // "": there is no file; writers serialize ModelStatesRoot().
+  std::string ModelStatesPath(int pp, int tp) const override { return ""; }
+
+  const ModelSpec& spec() const { return spec_; }
+  uint64_t seed() const { return seed_; }
+  // The full tensor of a param for "fp32", "exp_avg", "exp_avg_sq" (trainable)
+  // or "lp" (frozen params and buffers); kNotFound otherwise.
+  absl::StatusOr<torch::Tensor> Tensor(const std::string& name, const std::string& state) const;
+  // The step of a group (also what GroupScalar returns), as a float.
+  double Step(int group) const { return steps_[group]; }
+
+ private:
+  SyntheticModelState() = default;
+  absl::Status Build();
+
+  ModelSpec spec_;
+  uint64_t seed_ = 0;
+  deepspeed::ModelInfo info_;
+  // name -> state -> tensor
+  std::map<std::string, std::map<std::string, torch::Tensor>> tensors_;
+  std::vector<double> steps_;
+  deepspeed::FileValue steps_value_;  // a list, one 0-dim tensor per group
+  deepspeed::FileValue common_;
+  deepspeed::FileValue root_;
+};
+
+// save(M, T): the writer the resharder uses, into `folder` (ROOT/TAG; ROOT/latest
+// is written too).
+absl::StatusOr<loader::ZeroWriteResult> SaveZero(const deepspeed::ModelState& state, const std::string& folder,
+                                                 const deepspeed::Topology& topology, int num_threads = 1);
+
+}  // namespace ucp::conformance
+
+#endif  // UCP_CONFORMANCE_SYNTHETIC_STATE_H_

@@ -1,0 +1,267 @@
+// SyntheticModelState and save(M, T) on their own: the state is what the
+// header promises, and for the fixtures' model at the fixtures' topologies
+// the writer lays files out exactly as DeepSpeed 0.14.4 did (file names, dict
+// keys, param_slice_mappings, group_paddings, partition sizes, tensor shapes
+// and dtypes; the values differ: another model, another run).
+#include "conformance/synthetic_state.h"
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/fs.h"
+#include "conformance/neox_model.h"
+#include "deepspeed/compare.h"
+#include "format/pickle/accessors.h"
+#include "format/torch/torch_file.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "testing/fixtures.h"
+
+namespace ucp::conformance {
+namespace {
+
+using ::testing::IsEmpty;
+using pickle::Kind;
+using pickle::Value;
+using ucp::testing::FixturePath;
+using ucp::testing::FreshTempDir;
+
+// Top-level keys whose values depend on the job, not on the layout.
+const std::set<std::string> kJobKeys = {"ds_config",     "args",         "random_rng_state", "np_rng_state",
+                                        "torch_rng_state", "rng_tracker_states", "iteration", "global_steps",
+                                        "global_samples", "universal_checkpoint_info"};
+
+// Compares two value trees by layout: kinds, dict keys in order, sequence
+// lengths, scalars; tensors by dtype, shape, storage size, offset and
+// requires_grad (not by values). ZeroStageEnum by stage, whatever its encoding.
+class LayoutComparer {
+ public:
+  LayoutComparer(const torch::TorchFile& a, const torch::TorchFile& b) : a_(a), b_(b) {}
+  std::vector<std::string> diffs;
+
+  void Compare(const Value& x, const Value& y, const std::string& path, int depth) {
+    if (diffs.size() > 20) return;
+    if (depth == 1 && kJobKeys.count(path)) return;
+    const bool tx = torch::TorchFile::IsTensor(x), ty = torch::TorchFile::IsTensor(y);
+    if (tx || ty) {
+      if (tx != ty) return Add(path, "tensor vs non-tensor");
+      auto a = a_.GetTensor(x);
+      auto b = b_.GetTensor(y);
+      if (!a.ok() || !b.ok()) return Add(path, "unreadable tensor");
+      if (a->dtype() != b->dtype() || a->sizes() != b->sizes() || a->storage()->numel() != b->storage()->numel() ||
+          a->storage_offset() != b->storage_offset() || a->requires_grad() != b->requires_grad()) {
+        Add(path, absl::StrCat("tensor ", std::string(torch::DTypeName(a->dtype())), torch::ShapeString(a->sizes()), " storage ",
+                               a->storage()->numel(), "+", a->storage_offset(), " rg ", a->requires_grad(), " vs ",
+                               std::string(torch::DTypeName(b->dtype())), torch::ShapeString(b->sizes()), " storage ",
+                               b->storage()->numel(), "+", b->storage_offset(), " rg ", b->requires_grad()));
+      }
+      return;
+    }
+    if (x.IsObjectOf("deepspeed.runtime.zero.config", "ZeroStageEnum") ||
+        y.IsObjectOf("deepspeed.runtime.zero.config", "ZeroStageEnum") || x.is(Kind::kObject) && x.object_name() == "getattr") {
+      auto sa = pickle::AsZeroStage(x), sb = pickle::AsZeroStage(y);
+      if (!sa.ok() || !sb.ok() || *sa != *sb) Add(path, "zero_stage differs");
+      return;
+    }
+    if (x.kind() != y.kind()) return Add(path, absl::StrCat(pickle::KindName(x.kind()), " vs ", pickle::KindName(y.kind())));
+    switch (x.kind()) {
+      case Kind::kDict: {
+        std::vector<std::string> kx, ky;
+        for (const auto& [k, v] : x.dict_items()) kx.push_back(k->DebugString());
+        for (const auto& [k, v] : y.dict_items()) ky.push_back(k->DebugString());
+        if (kx != ky || x.ordered_dict() != y.ordered_dict()) {
+          return Add(path, absl::StrCat(x.ordered_dict() ? "OrderedDict" : "dict", " keys [", absl::StrJoin(kx, ", "),
+                                        "] vs ", y.ordered_dict() ? "OrderedDict" : "dict", " [",
+                                        absl::StrJoin(ky, ", "), "]"));
+        }
+        for (size_t i = 0; i < x.dict_items().size(); ++i) {
+          const std::string key = x.dict_items()[i].first->is(Kind::kStr) ? x.dict_items()[i].first->str()
+                                                                           : x.dict_items()[i].first->DebugString();
+          Compare(*x.dict_items()[i].second, *y.dict_items()[i].second, path.empty() ? key : path + "." + key,
+                  depth + 1);
+        }
+        return;
+      }
+      case Kind::kList:
+      case Kind::kTuple:
+      case Kind::kSet:
+        if (x.items().size() != y.items().size()) {
+          return Add(path, absl::StrCat(x.items().size(), " items vs ", y.items().size()));
+        }
+        for (size_t i = 0; i < x.items().size(); ++i) {
+          Compare(*x.items()[i], *y.items()[i], absl::StrCat(path, "[", i, "]"), depth + 1);
+        }
+        return;
+      case Kind::kObject:
+        if (x.object_module() != y.object_module() || x.object_name() != y.object_name()) {
+          return Add(path, absl::StrCat("object ", std::string(x.object_name()), " vs ", std::string(y.object_name())));
+        }
+        if (x.object().state && y.object().state) Compare(*x.object().state, *y.object().state, path + ".__state__", depth + 1);
+        if (x.object().args && y.object().args) Compare(*x.object().args, *y.object().args, path + ".__args__", depth + 1);
+        return;
+      default:
+        if (!pickle::DeepEqual(x, y)) Add(path, absl::StrCat(x.DebugString(), " vs ", y.DebugString()));
+        return;
+    }
+  }
+
+ private:
+  void Add(const std::string& path, const std::string& what) { diffs.push_back(absl::StrCat(path, ": ", what)); }
+  const torch::TorchFile& a_;
+  const torch::TorchFile& b_;
+};
+
+std::vector<std::string> LayoutDiffs(const std::string& ours, const std::string& theirs) {
+  std::vector<std::string> diffs;
+  auto fa = deepspeed::ListFilesRecursive(ours);
+  auto fb = deepspeed::ListFilesRecursive(theirs);
+  if (!fa.ok() || !fb.ok()) return {"cannot list"};
+  if (*fa != *fb) return {absl::StrCat("files [", absl::StrJoin(*fa, ", "), "] vs [", absl::StrJoin(*fb, ", "), "]")};
+  for (const auto& f : *fa) {
+    auto a = torch::TorchFile::Open(JoinPath(ours, f));
+    auto b = torch::TorchFile::Open(JoinPath(theirs, f));
+    if (!a.ok() || !b.ok()) {
+      diffs.push_back(absl::StrCat(f, ": cannot open"));
+      continue;
+    }
+    LayoutComparer c(**a, **b);
+    c.Compare(*(*a)->root(), *(*b)->root(), "", 0);
+    for (const auto& d : c.diffs) diffs.push_back(absl::StrCat(f, ": ", d));
+  }
+  return diffs;
+}
+
+absl::StatusOr<std::unique_ptr<SyntheticModelState>> FixtureModel(const std::string& lp_dtype,
+                                                                  deepspeed::OptimizerKind kind) {
+  NeoxShape shape;  // the fixtures' model
+  shape.lp_dtype = lp_dtype;
+  return SyntheticModelState::Make(NeoxSpec(shape), /*seed=*/4, /*zero_stage=*/1, kind);
+}
+
+class FixtureLayoutTest : public ::testing::TestWithParam<std::tuple<std::string, deepspeed::Topology, bool>> {};
+
+TEST_P(FixtureLayoutTest, SaveLaysOutFilesAsDeepSpeedDid) {
+  const auto& [fixture, topology, bf16] = GetParam();
+  auto m = FixtureModel(bf16 ? "bf16" : "fp32", bf16 ? deepspeed::OptimizerKind::kBf16 : deepspeed::OptimizerKind::kZero);
+  ASSERT_TRUE(m.ok()) << m.status();
+  const std::string out = JoinPath(FreshTempDir(absl::StrCat("layout_", fixture)), "global_step4");
+  auto saved = SaveZero(**m, out, topology, 2);
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  const std::vector<std::string> diffs = LayoutDiffs(out, FixturePath(fixture + "/global_step4"));
+  EXPECT_THAT(diffs, IsEmpty()) << absl::StrJoin(diffs, "\n");
+  // The comparison sees what it must: a fixture is not the layout of another topology.
+  if (topology.dp == 1) {
+    const std::vector<std::string> other = LayoutDiffs(out, FixturePath("neox-tp2-pp1-dp2/global_step4"));
+    EXPECT_THAT(other, Not(IsEmpty()));
+  }
+  // ... nor that of another model: one bias in the other param group.
+  NeoxShape shape;
+  shape.lp_dtype = bf16 ? "bf16" : "fp32";
+  ModelSpec moved = NeoxSpec(shape);
+  for (ModelParam& p : *moved.mutable_param()) {
+    if (p.name() == "5.attention.dense.bias") p.set_group(0);
+  }
+  auto m2 = SyntheticModelState::Make(moved, 4, 1, (*m)->info().optimizer_kind);
+  ASSERT_TRUE(m2.ok()) << m2.status();
+  const std::string out2 = JoinPath(FreshTempDir(absl::StrCat("layout_moved_", fixture)), "global_step4");
+  ASSERT_TRUE(SaveZero(**m2, out2, topology, 2).ok());
+  EXPECT_THAT(LayoutDiffs(out2, FixturePath(fixture + "/global_step4")), Not(IsEmpty()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureLayoutTest,
+                         ::testing::Values(std::make_tuple("neox-tp2-pp1-dp1", deepspeed::Topology{2, 1, 1}, false),
+                                           std::make_tuple("neox-tp2-pp1-dp2", deepspeed::Topology{2, 1, 2}, false),
+                                           std::make_tuple("neox-tp1-pp2-dp1", deepspeed::Topology{1, 2, 1}, false),
+                                           std::make_tuple("neox-bf16-tp2-pp1-dp2", deepspeed::Topology{2, 1, 2}, true)));
+
+TEST(SyntheticModelStateTest, TensorsFollowTheHeader) {
+  auto m = FixtureModel("fp32", deepspeed::OptimizerKind::kZero);
+  ASSERT_TRUE(m.ok()) << m.status();
+  const deepspeed::ModelInfo& info = (*m)->info();
+  EXPECT_EQ(info.num_groups, 2);
+  // Flatten order: group 0 then group 1, module order within.
+  EXPECT_EQ(info.params.front().name, "0.word_embeddings.weight");
+  EXPECT_EQ(info.params[1].name, "2.attention.query_key_value.weight");
+  const std::string name = "2.attention.dense.weight";
+  const deepspeed::ParamState* p = info.Find(name);
+  ASSERT_NE(p, nullptr);
+  auto fp32 = (*m)->Tensor(name, "fp32");
+  auto avg = (*m)->Tensor(name, "exp_avg");
+  auto sq = (*m)->Tensor(name, "exp_avg_sq");
+  ASSERT_TRUE(fp32.ok() && avg.ok() && sq.ok());
+  EXPECT_EQ(fp32->sizes(), (std::vector<int64_t>{64, 64}));
+  EXPECT_FALSE(fp32->BitwiseEqual(*avg));
+  EXPECT_FALSE(avg->BitwiseEqual(*sq));
+  const float* v = reinterpret_cast<const float*>(sq->data());
+  for (int64_t i = 0; i < sq->numel(); ++i) ASSERT_GE(v[i], 0.0f);
+  // Deterministic from the seed, different for another seed.
+  auto again = FixtureModel("fp32", deepspeed::OptimizerKind::kZero);
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE((*again)->Tensor(name, "fp32")->BitwiseEqual(*fp32));
+  NeoxShape shape;
+  auto other = SyntheticModelState::Make(NeoxSpec(shape), 5, 1, deepspeed::OptimizerKind::kZero);
+  ASSERT_TRUE(other.ok());
+  EXPECT_FALSE((*other)->Tensor(name, "fp32")->BitwiseEqual(*fp32));
+  // Trainable params have no lp weight of their own.
+  EXPECT_EQ((*m)->Full(*p, "lp").status().code(), absl::StatusCode::kNotFound);
+  // step: a 0-dim float32 tensor per group.
+  auto step = (*m)->GroupScalar(1, "step");
+  ASSERT_TRUE(step.ok() && step->value && step->file);
+  auto t = step->file->GetTensor(*step->value);
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->dim(), 0);
+  EXPECT_EQ(t->dtype(), torch::DType::kFloat32);
+  EXPECT_EQ(*reinterpret_cast<const float*>(t->data()), static_cast<float>((*m)->Step(1)));
+  // The vocabulary is held unpadded.
+  EXPECT_EQ(info.Find("0.word_embeddings.weight")->full_shape[0], 96);
+}
+
+TEST(SyntheticModelStateTest, OptimizerCommonAndRootAreShapedLikeDeepSpeeds) {
+  auto zero = FixtureModel("fp16", deepspeed::OptimizerKind::kZero);
+  ASSERT_TRUE(zero.ok()) << zero.status();
+  auto common = (*zero)->OptimizerCommon();
+  ASSERT_TRUE(common.ok());
+  std::vector<std::string> keys;
+  for (const auto& [k, v] : common->value->dict_items()) keys.push_back(k->str());
+  EXPECT_EQ(keys, (std::vector<std::string>{"loss_scaler", "dynamic_loss_scale", "overflow", "clip_grad", "zero_stage",
+                                            "group_paddings", "partition_count", "ds_version", "param_groups"}));
+  auto scaler = pickle::AsLossScaler(*common->value->DictGet("loss_scaler"));
+  ASSERT_TRUE(scaler.ok());
+  EXPECT_EQ(scaler->class_name, "DynamicLossScaler");
+  EXPECT_TRUE(scaler->dynamic);
+  EXPECT_EQ(*pickle::AsZeroStage(*common->value->DictGet("zero_stage")), 1);
+
+  auto bf16 = FixtureModel("bf16", deepspeed::OptimizerKind::kBf16);
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  keys.clear();
+  for (const auto& [k, v] : (*bf16)->OptimizerCommon()->value->dict_items()) keys.push_back(k->str());
+  EXPECT_EQ(keys, (std::vector<std::string>{"clip_grad", "group_paddings", "partition_count", "ds_version",
+                                            "param_groups"}));
+  keys.clear();
+  for (const auto& [k, v] : (*bf16)->ModelStatesRoot(0, 0).value->dict_items()) keys.push_back(k->str());
+  EXPECT_EQ(keys, (std::vector<std::string>{
+                      "module", "buffer_names", "optimizer", "param_shapes", "frozen_param_shapes", "shared_params",
+                      "frozen_param_fragments", "lr_scheduler", "data_sampler", "random_ltd",
+                      "sparse_tensor_module_names", "skipped_steps", "global_steps", "global_samples", "dp_world_size",
+                      "mp_world_size", "ds_config", "ds_version", "iteration", "args", "random_rng_state",
+                      "np_rng_state", "torch_rng_state", "rng_tracker_states", "universal_checkpoint_info"}));
+}
+
+TEST(SyntheticModelStateTest, RejectsInconsistentSpecs) {
+  NeoxShape shape;
+  ModelSpec spec = NeoxSpec(shape);
+  spec.mutable_param(1)->set_group(5);
+  EXPECT_EQ(SyntheticModelState::Make(spec, 1, 1, deepspeed::OptimizerKind::kZero).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  spec = NeoxSpec(shape);
+  EXPECT_FALSE(SyntheticModelState::Make(spec, 1, 2, deepspeed::OptimizerKind::kZero).ok());  // stage 2 + pipeline
+  EXPECT_FALSE(SyntheticModelState::Make(spec, 1, 1, deepspeed::OptimizerKind::kBf16).ok());  // bf16 needs bf16 weights
+  spec.set_num_layers(spec.num_layers() + 1);  // a trailing function layer
+  EXPECT_FALSE(SyntheticModelState::Make(spec, 1, 1, deepspeed::OptimizerKind::kZero).ok());
+}
+
+}  // namespace
+}  // namespace ucp::conformance

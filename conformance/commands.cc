@@ -34,7 +34,7 @@ absl::StatusOr<std::vector<Property>> ParseProperties(const std::string& s) {
     if (!p.ok()) return p.status();
     out.push_back(*p);
   }
-  if (out.empty()) return absl::InvalidArgumentError("--properties: name at least one of a, b, c, d");
+  if (out.empty()) return absl::InvalidArgumentError("--properties: name at least one of a, b, c, d, e");
   return out;
 }
 
@@ -64,15 +64,16 @@ int RunFuzzCommand(int argc, char** argv) {
                    "runs the conformance properties on random models x topologies: (a) convert(save(M, T)) is the "
                    "same universal checkpoint for every T and equals M; (b) reshard(convert(save(M, T1)), T2) == "
                    "save(M, T2) bitwise; (c) ZeRO -> ZeRO reshard == the two-step path; (d) a missing shard, a "
-                   "truncated file, a flipped byte, disagreeing replicated copies give the right error. Prints the "
+                   "truncated file, a flipped byte, disagreeing replicated copies give the right error; (e) save(M, T) is "
+                   "laid out as DeepSpeed 0.14.4 lays it out (formulas checked independently). Prints the "
                    "distribution of what was generated; a failure shrinks to a minimal model and prints the seed "
                    "and the case");
   int64_t seed = 1, cases = 200;
-  std::string properties = "abcd", workdir, case_file;
+  std::string properties = "abcde", workdir, case_file;
   CaseGenOptions gen;
   f.Int("seed", &seed, "RapidCheck seed: the same seed and --cases replay the same run");
   f.Int("cases", &cases, "cases per run; each case is checked against every selected property");
-  f.String("properties", &properties, "which properties to check: any of a, b, c, d");
+  f.String("properties", &properties, "which properties to check: any of a, b, c, d, e");
   f.String("workdir", &workdir, "scratch folder for the checkpoints (default: under /dev/shm, else $TMPDIR or /tmp; removed)");
   f.String("case", &case_file, "replay one case (a GoldenCase textproto, as a failure writes it) instead of fuzzing");
   f.Int32("max_tp", &gen.max_tp, "largest tensor-parallel degree drawn");

@@ -3,7 +3,7 @@
 // demo.h. Each takes argv with argv[0] = the command name and returns the
 // process exit code (0 ok, 1 failure or bad usage).
 //
-//   ucp fuzz --seed=S --cases=N [--properties=abcd] [--case=FILE]
+//   ucp fuzz --seed=S --cases=N [--properties=abcde] [--case=FILE]
 //   ucp golden check --golden=DIR --universal=DIR
 //   ucp golden update --golden=DIR
 //   ucp golden source --golden=DIR --output=ROOT

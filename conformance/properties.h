@@ -16,6 +16,14 @@
 //       manifest's), tp copies of a replicated param that disagree
 //       (kFailedPrecondition naming the param and the state); never a
 //       success, and no output folder left behind.
+//   (e) SaveMatchesDeepSpeedLayout: save(M, T1) and save(M, T2) are laid out
+//       as DeepSpeed 0.14.4 lays them out, by formulas computed here
+//       independently of the writer's (stage_1_and_2.py flatten + align to
+//       2*dp + equal partitions, group_paddings, partition sizes,
+//       _init_lp_to_hp_mapping fragments, Megatron's tp slicing and vocab
+//       padding): every fragment, lp weight and module tensor holds M's tp
+//       slice. The round trips (a)-(c) cannot see a change made consistently
+//       to the writer and the readers; this can.
 //
 // RunFuzz drives them with RapidCheck (seeded, shrinking to a minimal case)
 // for `ucp fuzz` and the tests.
@@ -26,6 +34,7 @@
 #define UCP_CONFORMANCE_PROPERTIES_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -38,8 +47,14 @@
 
 namespace ucp::conformance {
 
-enum class Property { kConvertIsTopologyFree, kReshardMatchesSave, kDirectReshardMatchesTwoStep, kCorruptionsAreCaught };
-// "a".."d" and a readable name.
+enum class Property {
+  kConvertIsTopologyFree,
+  kReshardMatchesSave,
+  kDirectReshardMatchesTwoStep,
+  kCorruptionsAreCaught,
+  kSaveMatchesDeepSpeedLayout,
+};
+// "a".."e" and a readable name.
 const char* PropertyLetter(Property p);
 const char* PropertyName(Property p);
 absl::StatusOr<Property> ParseProperty(const std::string& letter_or_name);
@@ -71,6 +86,8 @@ struct FuzzOptions {
   CaseGenOptions gen;
   std::string workdir;  // scratch; "" = DefaultScratchDir("fuzz")
   int max_size = 100;   // RapidCheck's size bound
+  // An extra check of each case after the properties (tests of the runner).
+  std::function<absl::Status(const GoldenCase&)> case_check;
 };
 
 struct FuzzReport {

@@ -8,6 +8,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 #include "rapidcheck.h"
 
@@ -43,6 +44,39 @@ TEST(ConformanceTest, ConvertIsTopologyFree) { RunProperty(Property::kConvertIsT
 TEST(ConformanceTest, ReshardMatchesSave) { RunProperty(Property::kReshardMatchesSave); }
 TEST(ConformanceTest, DirectReshardMatchesTwoStep) { RunProperty(Property::kDirectReshardMatchesTwoStep); }
 TEST(ConformanceTest, CorruptionsAreCaught) { RunProperty(Property::kCorruptionsAreCaught); }
+TEST(ConformanceTest, SaveMatchesDeepSpeedLayout) { RunProperty(Property::kSaveMatchesDeepSpeedLayout); }
+
+// The runner itself: a failure shrinks to a minimal model and reports the seed.
+TEST(FuzzRunnerTest, ShrinksAFailureToAMinimalCaseAndReportsTheSeed) {
+  FuzzOptions o;
+  o.seed = 42;
+  o.cases = 200;
+  o.properties = {};
+  // "Fails" for any model with a row-parallel param saved at tp >= 2.
+  o.case_check = [](const GoldenCase& c) -> absl::Status {
+    for (const ModelParam& p : c.model().param()) {
+      if (p.rule().kind() == ROW && c.source().tp() >= 2) return absl::InternalError("row-parallel param at tp >= 2");
+    }
+    return absl::OkStatus();
+  };
+  const FuzzReport r = RunFuzz(o);
+  ASSERT_FALSE(r.passed);
+  EXPECT_EQ(r.failure, "row-parallel param at tp >= 2");
+  GoldenCase shrunk;
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(r.shrunk_case, &shrunk)) << r.shrunk_case;
+  ASSERT_EQ(shrunk.model().param_size(), 1) << r.shrunk_case;
+  EXPECT_EQ(shrunk.model().param(0).rule().kind(), ROW);
+  EXPECT_EQ(shrunk.source().tp(), 2);
+  EXPECT_EQ(shrunk.source().pp(), 1);
+  EXPECT_EQ(shrunk.source().dp(), 1);
+  EXPECT_EQ(shrunk.target().tp(), 1);
+  EXPECT_FALSE(shrunk.model().pipeline());
+  EXPECT_NE(r.replay.find("--seed=42"), std::string::npos) << r.replay;
+  // The same seed replays the same run.
+  const FuzzReport again = RunFuzz(o);
+  EXPECT_EQ(again.cases_passed, r.cases_passed);
+  EXPECT_EQ(again.shrunk_case, r.shrunk_case);
+}
 
 }  // namespace
 }  // namespace ucp::conformance

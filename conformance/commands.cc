@@ -14,6 +14,7 @@
 #include "conformance/demo.h"
 #include "conformance/golden.h"
 #include "conformance/properties.h"
+#include "conformance/spec_rules.h"
 #include "google/protobuf/text_format.h"
 #include "tools/flags.h"
 
@@ -179,6 +180,17 @@ int RunGoldenCommand(int argc, char** argv) {
     if (!dir.ok()) return Fail(dir.status());
     std::cout << "wrote the source checkpoint of " << c->name() << " (" << c->source().ShortDebugString()
               << ") to " << *dir << "\n";
+    // What the golden's own conversion was told about the model.
+    auto zero_options = ZeroSourceOptionsFor(c->model(), output);
+    if (!zero_options.ok()) return Fail(zero_options.status());
+    std::string flags;
+    if (!zero_options->rules.rules_file.empty()) absl::StrAppend(&flags, " --rules=", zero_options->rules.rules_file);
+    if (!zero_options->rules.preset.empty()) absl::StrAppend(&flags, " --preset=", zero_options->rules.preset);
+    if (zero_options->rules.original_vocab_size > 0) {
+      absl::StrAppend(&flags, " --original_vocab_size=", zero_options->rules.original_vocab_size);
+    }
+    std::cout << "the golden's universal/ part is what `ucp convert --input_folder=" << *dir
+              << " --output_folder=DIR" << flags << "` writes; check another converter's output with `ucp golden check`\n";
     return 0;
   }
   auto g = ReadGolden(golden);

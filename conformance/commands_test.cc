@@ -72,6 +72,7 @@ TEST(CommandsTest, GoldenCheckPassesUcpAndNamesWhatDeepSpeedGetsWrong) {
   const std::string golden = RunfilePath(kCase);
   auto [code, out] = RunCommand(&RunGoldenCommand, {"golden", "source", "--golden=" + golden, "--output=" + JoinPath(work, "src")});
   ASSERT_EQ(code, 0) << out;
+  EXPECT_THAT(out, HasSubstr("--preset=gpt-neox --original_vocab_size=50"));
   auto c = ReadGoldenCase(golden);
   ASSERT_TRUE(c.ok());
   auto run = RunGoldenCase(*c, JoinPath(work, "ucp"));

@@ -968,7 +968,9 @@ void FuzzDistribution::Add(const GoldenCase& c) {
   }
   const ModelSpec& m = c.model();
   ++counts["style"][m.style()];
-  ++counts["rules source"][m.rules_source()];
+  ++counts["rules source"][m.rules_source() == kCheckpointInfoSource && m.preset() == "none"
+                                ? "checkpoint_info(--preset=none)"
+                                : m.rules_source()];
   ++counts["module"][m.pipeline() ? "pipeline" : "plain"];
   ++counts["optimizer"][absl::StrCat(c.optimizer_layout(), "/", m.lp_dtype(), "/zero", c.zero_stage())];
   for (const auto& f : CaseFeatures(c)) ++counts["features (cases)"][f];

@@ -208,6 +208,19 @@ absl::Status CopyFile(const std::string& from, const std::string& to, std::strin
   return absl::OkStatus();
 }
 
+absl::Status CopyTree(const std::string& from, const std::string& to) {
+  absl::Status s = MakeDirs(to);
+  if (!s.ok()) return s;
+  absl::StatusOr<std::vector<std::string>> names = ListDirectory(from);
+  if (!names.ok()) return names.status();
+  for (const auto& n : *names) {
+    const std::string a = JoinPath(from, n), b = JoinPath(to, n);
+    s = IsDirectory(a) ? CopyTree(a, b) : CopyFile(a, b);
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<StagingDir> StagingDir::Create(const std::string& target_in, bool overwrite) {
   std::string target = target_in;
   while (target.size() > 1 && target.back() == '/') target.pop_back();

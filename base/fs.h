@@ -36,6 +36,8 @@ absl::Status WriteFileAtomic(const std::string& path, const std::string& content
 // Copies a file (byte-identical); returns the sha256 hex digest of its bytes
 // when `sha256_hex` is not null.
 absl::Status CopyFile(const std::string& from, const std::string& to, std::string* sha256_hex = nullptr);
+// Copies a folder tree (cp -r).
+absl::Status CopyTree(const std::string& from, const std::string& to);
 
 // StagingDir: a temporary sibling `.<name>.ucp-tmp-<pid>` of the target.
 class StagingDir {

@@ -68,20 +68,6 @@ class Scratch {
   std::string dir_;
 };
 
-absl::Status CopyTree(const std::string& from, const std::string& to) {
-  UCP_RETURN_IF_ERROR(MakeDirs(to));
-  UCP_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirectory(from));
-  for (const auto& n : names) {
-    const std::string a = JoinPath(from, n), b = JoinPath(to, n);
-    if (IsDirectory(a)) {
-      UCP_RETURN_IF_ERROR(CopyTree(a, b));
-    } else {
-      UCP_RETURN_IF_ERROR(CopyFile(a, b));
-    }
-  }
-  return absl::OkStatus();
-}
-
 // The pieces every property needs: the model, and ucp's operations on it
 // with the options a user would give for such a model.
 class CaseRunner {
@@ -920,30 +906,10 @@ absl::Status CheckProperties(const std::vector<Property>& properties, const Gold
 
 absl::StatusOr<std::vector<std::string>> FolderByteDiffs(const std::string& a, const std::string& b,
                                                         const std::vector<std::string>& ignore) {
-  UCP_ASSIGN_OR_RETURN(std::vector<std::string> fa, deepspeed::ListFilesRecursive(a));
-  UCP_ASSIGN_OR_RETURN(std::vector<std::string> fb, deepspeed::ListFilesRecursive(b));
-  auto skip = [&](const std::string& f) { return std::find(ignore.begin(), ignore.end(), f) != ignore.end(); };
-  std::vector<std::string> diffs;
-  for (const auto& f : fa) {
-    if (!skip(f) && !std::binary_search(fb.begin(), fb.end(), f)) diffs.push_back(absl::StrCat(f, ": only in ", a));
-  }
-  for (const auto& f : fb) {
-    if (!skip(f) && !std::binary_search(fa.begin(), fa.end(), f)) diffs.push_back(absl::StrCat(f, ": only in ", b));
-  }
-  for (const auto& f : fa) {
-    if (skip(f) || !std::binary_search(fb.begin(), fb.end(), f)) continue;
-    UCP_ASSIGN_OR_RETURN(std::string x, ReadFileToString(JoinPath(a, f)));
-    UCP_ASSIGN_OR_RETURN(std::string y, ReadFileToString(JoinPath(b, f)));
-    if (x == y) continue;
-    std::vector<std::string> why;
-    if (absl::EndsWith(f, ".pt")) {
-      auto d = deepspeed::CompareFiles(JoinPath(a, f), JoinPath(b, f));
-      if (d.ok()) why = *d;
-    }
-    diffs.push_back(absl::StrCat(f, ": bytes differ (", x.size(), " vs ", y.size(), " bytes)",
-                                 why.empty() ? "" : absl::StrCat("; ", absl::StrJoin(why, "; "))));
-  }
-  return diffs;
+  deepspeed::CompareOptions o;
+  o.byte_identical = true;
+  o.max_differences = 1000;
+  return deepspeed::CompareFolders(a, b, ignore, o);
 }
 
 // --- fuzzing ---

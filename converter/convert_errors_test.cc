@@ -13,7 +13,6 @@
 namespace ucp::converter {
 namespace {
 
-using ucp::testing::CopyTree;
 using ucp::testing::FixturePath;
 using ucp::testing::FreshTempDir;
 

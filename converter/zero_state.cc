@@ -23,30 +23,6 @@ using pickle::Kind;
 using pickle::Value;
 using tp::TensorPlan;
 
-int64_t IntArg(const Value* args, std::initializer_list<const char*> keys) {
-  if (args == nullptr || !args->is(Kind::kDict)) return 0;
-  for (const char* k : keys) {
-    const Value* v = args->DictGet(k);
-    if (v != nullptr && v->is(Kind::kInt) && v->fits_int64()) return v->int_value();
-  }
-  return 0;
-}
-
-std::string StrArg(const Value* args, std::initializer_list<const char*> keys) {
-  if (args == nullptr || !args->is(Kind::kDict)) return "";
-  for (const char* k : keys) {
-    const Value* v = args->DictGet(k);
-    if (v != nullptr && v->is(Kind::kStr)) return v->str();
-  }
-  return "";
-}
-
-bool BoolArg(const Value* args, const char* key) {
-  if (args == nullptr || !args->is(Kind::kDict)) return false;
-  const Value* v = args->DictGet(key);
-  return v != nullptr && (v->is(Kind::kBool) || v->is(Kind::kInt)) && v->int_value() != 0;
-}
-
 // A suggestion for the rules file that would settle an ambiguous param.
 std::string SuggestRule(const std::string& name, const std::vector<int64_t>& slice_shape) {
   std::string kinds = slice_shape.size() >= 2 ? "COLUMN (cat dim 0) or ROW (cat dim 1)" : "COLUMN or REPLICATED";
@@ -95,11 +71,11 @@ absl::Status ZeroModelState::Resolve(const ZeroStateOptions& options) {
       for (const auto& [k, v] : f->groups[0].scalars) info_.scalar_keys.push_back(k);
     }
   }
-  const Value* args = c.args();
+  const deepspeed::ModelStatesFiles& ms = c.model_states();
   info_.make_vocab_size_divisible_by = options.make_vocab_size_divisible_by > 0
                                            ? options.make_vocab_size_divisible_by
-                                           : IntArg(args, {"make_vocab_size_divisible_by"});
-  info_.partition_method = StrArg(args, {"pipe_partition_method", "partition_method", "partition-method"});
+                                           : ms.ArgInt({"make_vocab_size_divisible_by"});
+  info_.partition_method = ms.RecordedPartitionMethod();
   info_.module_layers = c.layer_files();
 
   // Module entries by full name (tied names appear in several layers).
@@ -180,7 +156,7 @@ absl::Status ZeroModelState::Resolve(const ZeroStateOptions& options) {
   for (size_t i = 0; i < info_.params.size(); ++i) {
     decisions[i] = resolver_.Decide(info_.params[i].name);
     if (decisions[i].rule && decisions[i].source == PRESET && decisions[i].rule->kind() == COLUMN &&
-        BoolArg(args, "swiglu") && absl::StrContains(info_.params[i].name, "mlp.dense_h_to_4h.")) {
+        ms.ArgBool("swiglu") && absl::StrContains(info_.params[i].name, "mlp.dense_h_to_4h.")) {
       decisions[i].rule->set_kind(SUB_PARAMS);
       decisions[i].rule->set_num_sub_params(2);
       decisions[i].rule->set_cat_dim(0);

@@ -4,6 +4,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/fs.h"
 #include "base/status_macros.h"
 
@@ -171,13 +172,20 @@ absl::StatusOr<std::vector<std::string>> CompareFolders(const std::string& a, co
   for (const auto& f : fa) {
     if (skip(f) || !std::binary_search(fb.begin(), fb.end(), f)) continue;
     if (diffs.size() >= options.max_differences) break;
-    if (absl::EndsWith(f, ".pt")) {
-      UCP_ASSIGN_OR_RETURN(std::vector<std::string> d, CompareFiles(JoinPath(a, f), JoinPath(b, f), options));
-      for (const auto& x : d) diffs.push_back(absl::StrCat(f, ": ", x));
-    } else {
+    if (options.byte_identical || !absl::EndsWith(f, ".pt")) {
       UCP_ASSIGN_OR_RETURN(std::string x, ReadFileToString(JoinPath(a, f)));
       UCP_ASSIGN_OR_RETURN(std::string y, ReadFileToString(JoinPath(b, f)));
-      if (x != y) diffs.push_back(absl::StrCat(f, ": bytes differ"));
+      if (x == y) continue;
+      std::vector<std::string> why;
+      if (absl::EndsWith(f, ".pt")) {
+        auto d = CompareFiles(JoinPath(a, f), JoinPath(b, f), options);
+        if (d.ok()) why = *d;
+      }
+      diffs.push_back(absl::StrCat(f, ": bytes differ (", x.size(), " vs ", y.size(), " bytes)",
+                                   why.empty() ? "" : absl::StrCat("; ", absl::StrJoin(why, "; "))));
+    } else {
+      UCP_ASSIGN_OR_RETURN(std::vector<std::string> d, CompareFiles(JoinPath(a, f), JoinPath(b, f), options));
+      for (const auto& x : d) diffs.push_back(absl::StrCat(f, ": ", x));
     }
   }
   return diffs;

@@ -18,6 +18,9 @@ struct CompareOptions {
   bool compare_requires_grad = false;
   // Dicts with the same keys in another order are equal.
   bool ignore_key_order = false;
+  // CompareFolders: files must be byte-identical (differences are then
+  // explained by CompareFiles where it finds any).
+  bool byte_identical = false;
 };
 
 // Differences between two value trees, as "path: what" lines.

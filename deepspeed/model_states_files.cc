@@ -273,6 +273,26 @@ absl::Status ModelStatesFiles::Load(int layer_files_tp) {
   return absl::OkStatus();
 }
 
+int64_t ModelStatesFiles::ArgInt(std::initializer_list<const char*> keys) const {
+  if (args_ == nullptr || !args_->is(Kind::kDict)) return 0;
+  for (const char* k : keys) {
+    const Value* v = args_->DictGet(k);
+    if (v != nullptr && v->is(Kind::kInt) && v->fits_int64()) return v->int_value();
+  }
+  return 0;
+}
+
+std::string ModelStatesFiles::ArgString(std::initializer_list<const char*> keys) const {
+  if (args_ == nullptr || !args_->is(Kind::kDict)) return "";
+  for (const char* k : keys) {
+    const Value* v = args_->DictGet(k);
+    if (v != nullptr && v->is(Kind::kStr)) return v->str();
+  }
+  return "";
+}
+
+bool ModelStatesFiles::ArgBool(const char* key) const { return Truthy(args_ != nullptr && args_->is(Kind::kDict) ? args_->DictGet(key) : nullptr); }
+
 std::string ModelStatesFiles::path(int pp, int tp) const {
   return JoinPath(dir_, MpRankFileName(topo_.mp_rank(pp, tp)));
 }

@@ -13,6 +13,7 @@
 #ifndef UCP_DEEPSPEED_MODEL_STATES_FILES_H_
 #define UCP_DEEPSPEED_MODEL_STATES_FILES_H_
 
+#include <initializer_list>
 #include <memory>
 #include <set>
 #include <string>
@@ -65,6 +66,14 @@ class ModelStatesFiles {
   const pickle::Value& universal_checkpoint_info() const { return *uc_info_; }
   // mp_rank_00's `args` (a dict or an argparse.Namespace's attributes), or null.
   const pickle::Value* args() const { return args_; }
+  // A field of `args` (the first of `keys` present), else 0 / "" / false.
+  int64_t ArgInt(std::initializer_list<const char*> keys) const;
+  std::string ArgString(std::initializer_list<const char*> keys) const;
+  bool ArgBool(const char* key) const;
+  // The pipeline partition method the training recorded in its args, or "".
+  std::string RecordedPartitionMethod() const {
+    return ArgString({"pipe_partition_method", "partition_method", "partition-method"});
+  }
   // The lp dtype the ds_config implies (bf16.enabled, fp16.enabled, else fp32).
   torch::DType config_lp_dtype() const { return config_lp_dtype_; }
   std::vector<std::string> file_names() const;

@@ -17,21 +17,6 @@ using deepspeed::TensorRole;
 using pickle::Kind;
 using pickle::Value;
 
-int64_t IntArg(const Value* args, const char* key) {
-  if (args == nullptr || !args->is(Kind::kDict)) return 0;
-  const Value* v = args->DictGet(key);
-  return v != nullptr && v->is(Kind::kInt) && v->fits_int64() ? v->int_value() : 0;
-}
-
-std::string StrArg(const Value* args, std::initializer_list<const char*> keys) {
-  if (args == nullptr || !args->is(Kind::kDict)) return "";
-  for (const char* k : keys) {
-    const Value* v = args->DictGet(k);
-    if (v != nullptr && v->is(Kind::kStr)) return v->str();
-  }
-  return "";
-}
-
 TensorRole RoleFromName(const std::string& role) {
   if (role == "buffer") return TensorRole::kBuffer;
   if (role == "trainable") return TensorRole::kTrainable;
@@ -69,7 +54,6 @@ absl::Status UniversalModelState::Build(const Options& options) {
   if (manifest && !manifest->lp_dtype().empty()) {
     UCP_ASSIGN_OR_RETURN(info_.lp_dtype, torch::ParseDType(manifest->lp_dtype()));
   }
-  const Value* args = ms.args();
 
   auto apply_recorded = [&](ParamState& p) -> absl::Status {
     auto it = recorded.find(p.name);
@@ -193,10 +177,10 @@ absl::Status UniversalModelState::Build(const Options& options) {
   }
   info_.make_vocab_size_divisible_by =
       manifest && manifest->make_vocab_size_divisible_by() > 0 ? manifest->make_vocab_size_divisible_by()
-                                                               : IntArg(args, "make_vocab_size_divisible_by");
+                                                               : ms.ArgInt({"make_vocab_size_divisible_by"});
   info_.partition_method = manifest ? manifest->partition_method() : "";
   if (info_.partition_method.empty()) {
-    info_.partition_method = StrArg(args, {"pipe_partition_method", "partition_method", "partition-method"});
+    info_.partition_method = ms.RecordedPartitionMethod();
   }
   if (manifest && (manifest->num_layers() > 0 || !manifest->pipeline())) {
     info_.num_layers = manifest->num_layers();

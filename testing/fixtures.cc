@@ -41,20 +41,6 @@ std::string FreshTempDir(const std::string& name) {
   return dir;
 }
 
-absl::Status CopyTree(const std::string& from, const std::string& to) {
-  UCP_RETURN_IF_ERROR(MakeDirs(to));
-  UCP_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirectory(from));
-  for (const auto& n : names) {
-    const std::string a = JoinPath(from, n), b = JoinPath(to, n);
-    if (IsDirectory(a)) {
-      UCP_RETURN_IF_ERROR(CopyTree(a, b));
-    } else {
-      UCP_RETURN_IF_ERROR(CopyFile(a, b));
-    }
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<std::string> RunCommand(const std::string& command) {
   const std::string full = absl::StrCat(command, " 2>&1");
   FILE* p = popen(full.c_str(), "r");

@@ -14,8 +14,6 @@ namespace ucp::testing {
 std::string FixturePath(const std::string& rel);
 // A new empty folder under TEST_TMPDIR named after `name`.
 std::string FreshTempDir(const std::string& name);
-// Copies a folder tree (for tests that damage a checkpoint).
-absl::Status CopyTree(const std::string& from, const std::string& to);
 // Runs a shell command; returns its stdout, or an error with its stderr.
 absl::StatusOr<std::string> RunCommand(const std::string& command);
 // The interpreter with torch: /usr/bin/python3.

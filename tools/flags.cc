@@ -23,7 +23,8 @@ void FlagSet::String(const std::string& name, std::string* value, const std::str
   flags_.push_back(std::move(f));
 }
 
-void FlagSet::Int(const std::string& name, int64_t* value, const std::string& help) {
+template <typename T>
+void FlagSet::Integer(const std::string& name, T* value, const std::string& help) {
   Flag f;
   f.name = name;
   f.help = help;
@@ -38,20 +39,8 @@ void FlagSet::Int(const std::string& name, int64_t* value, const std::string& he
   flags_.push_back(std::move(f));
 }
 
-void FlagSet::Int32(const std::string& name, int* value, const std::string& help) {
-  Flag f;
-  f.name = name;
-  f.help = help;
-  f.type = "int";
-  f.default_text = absl::StrCat(*value);
-  f.set = [value, name](const std::string& v) {
-    if (!absl::SimpleAtoi(v, value)) {
-      return absl::InvalidArgumentError(absl::StrCat("--", name, ": expected an integer, got '", v, "'"));
-    }
-    return absl::OkStatus();
-  };
-  flags_.push_back(std::move(f));
-}
+void FlagSet::Int(const std::string& name, int64_t* value, const std::string& help) { Integer(name, value, help); }
+void FlagSet::Int32(const std::string& name, int* value, const std::string& help) { Integer(name, value, help); }
 
 void FlagSet::Bool(const std::string& name, bool* value, const std::string& help) {
   Flag f;

@@ -54,6 +54,8 @@ class FlagSet {
     std::function<absl::Status(const std::string&)> set;
   };
   Flag* Find(const std::string& name);
+  template <typename T>
+  void Integer(const std::string& name, T* value, const std::string& help);
 
   std::string command_;
   std::string summary_;

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <iostream>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -131,18 +132,29 @@ int Fail(const absl::Status& s) {
   return 1;
 }
 
-int RunInspect(int argc, char** argv) {
-  FlagSet f("inspect", "what a checkpoint folder (ZeRO or universal) or a single .pt file holds. Usage: ucp inspect PATH");
-  std::string format = "text";
-  f.String("format", &format, "text or textproto (an InspectReport message, proto/ucp.proto)");
+// Parses the flags; an exit code when the command is already done (a bad
+// flag: 1, --help: 0), else nullopt.
+std::optional<int> ParseOrExit(FlagSet& f, int argc, char** argv, std::vector<std::string>* positional) {
   auto pos = f.Parse(argc, argv);
   if (!pos.ok()) return Fail(pos.status());
   if (f.help_requested()) {
     std::cout << f.Usage();
     return 0;
   }
-  if (pos->size() != 1) return Fail(absl::InvalidArgumentError("usage: ucp inspect PATH [--format=text|textproto]"));
-  auto report = deepspeed::Inspect((*pos)[0]);
+  *positional = *std::move(pos);
+  return std::nullopt;
+}
+
+int RunInspect(int argc, char** argv) {
+  FlagSet f("inspect", "what a checkpoint folder (ZeRO or universal) or a single .pt file holds. Usage: ucp inspect PATH");
+  std::string format = "text";
+  f.String("format", &format, "text or textproto (an InspectReport message, proto/ucp.proto)");
+  std::vector<std::string> positional;
+  if (std::optional<int> done = ParseOrExit(f, argc, argv, &positional)) return *done;
+  if (positional.size() != 1) {
+    return Fail(absl::InvalidArgumentError("usage: ucp inspect PATH [--format=text|textproto]"));
+  }
+  auto report = deepspeed::Inspect(positional[0]);
   if (!report.ok()) return Fail(report.status());
   if (format == "textproto") {
     std::string text;
@@ -187,12 +199,8 @@ int RunConvert(int argc, char** argv) {
                 "strict mode treats unused patterns)");
   f.Ignored("inject_missing_state", false,
             "ds_to_universal.py compatibility: ucp never requires universal_checkpoint_info, nothing to inject");
-  auto pos = f.Parse(argc, argv);
-  if (!pos.ok()) return Fail(pos.status());
-  if (f.help_requested()) {
-    std::cout << f.Usage();
-    return 0;
-  }
+  std::vector<std::string> positional;
+  if (std::optional<int> done = ParseOrExit(f, argc, argv, &positional)) return *done;
   if (threads == 0 && extract_workers > 0) threads = extract_workers;
   auto state = src.Options(threads, divisible_by);
   if (!state.ok()) return Fail(state.status());
@@ -241,12 +249,8 @@ int RunReshard(int argc, char** argv) {
   f.Bool("overwrite", &o.write.overwrite, "replace an existing output folder (only once the new one is complete)");
   f.Bool("verify_checksums", &o.verify_checksums, "check a ucp universal source against its manifest's sha256s first");
   src.Register(f);
-  auto pos = f.Parse(argc, argv);
-  if (!pos.ok()) return Fail(pos.status());
-  if (f.help_requested()) {
-    std::cout << f.Usage();
-    return 0;
-  }
+  std::vector<std::string> positional;
+  if (std::optional<int> done = ParseOrExit(f, argc, argv, &positional)) return *done;
   for (absl::string_view item : absl::StrSplit(layer_types, ',', absl::SkipEmpty())) {
     std::pair<std::string, std::string> kv = absl::StrSplit(item, ':');
     int idx = 0;
@@ -282,12 +286,8 @@ int RunRules(int argc, char** argv) {
   FlagSet f("rules", "prints the built-in merge-rule presets as MergeRules textproto, a start for a --rules file");
   std::string preset;
   f.String("preset", &preset, "one preset (gpt-neox, megatron-deepspeed, bloom); empty prints all");
-  auto pos = f.Parse(argc, argv);
-  if (!pos.ok()) return Fail(pos.status());
-  if (f.help_requested()) {
-    std::cout << f.Usage();
-    return 0;
-  }
+  std::vector<std::string> positional;
+  if (std::optional<int> done = ParseOrExit(f, argc, argv, &positional)) return *done;
   std::vector<std::string> names = preset.empty() ? converter::PresetNames() : std::vector<std::string>{preset};
   for (const auto& name : names) {
     auto rules = converter::PresetRules(name);

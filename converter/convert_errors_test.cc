@@ -103,6 +103,15 @@ TEST(ConvertErrorsTest, UnknownFileLayout) {
   ExpectNothingWritten(c);
 }
 
+TEST(ConvertErrorsTest, MixtureOfExpertsIsRefused) {
+  Case c = Prepare("moe", "neox-tp2-pp1-dp1");
+  ASSERT_TRUE(WriteFileAtomic(JoinPath(c.source, "layer_02_expert_0_mp_rank_00_model_states.pt"), "x").ok());
+  absl::Status s = RunConvert(c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(s.message().find("mixture-of-experts checkpoints are not supported"), std::string::npos) << s;
+  ExpectNothingWritten(c);
+}
+
 TEST(ConvertErrorsTest, TruncatedTensorFile) {
   Case c = Prepare("truncated", "neox-tp2-pp1-dp1");
   const std::string f = JoinPath(c.source, "zero_pp_rank_0_mp_rank_00_optim_states.pt");

@@ -139,6 +139,15 @@ absl::Status ZeroCheckpoint::Load() {
     return absl::UnimplementedError(absl::StrCat(dir_, ": ZeRO stage 3 checkpoints are not supported (found ",
                                                  zero3.front(), ")"));
   }
+  // Mixture-of-experts checkpoints keep experts in files of their own
+  // (engine.py _get_expert_ckpt_name / _get_optimizer_ckpt_name with
+  // expp_rank); converting the rest alone would silently drop them.
+  for (const auto& n : names) {
+    if (absl::StrContains(n, "_expert_") || absl::StartsWith(n, "expp_rank_")) {
+      return absl::UnimplementedError(
+          absl::StrCat(dir_, ": mixture-of-experts checkpoints are not supported (found ", n, ")"));
+    }
+  }
   if (mp_ranks.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         dir_, ": unrecognized checkpoint layout: expected mp_rank_XX_model_states.pt files (DeepSpeed ZeRO 1/2), found ",

@@ -23,6 +23,14 @@ seeds/pickle/: the data.pkl of each .pt file, pickle.dumps of small trees at
 
 The output is deterministic for a given torch/Python version; the files are
 committed so that fuzzing does not need torch.
+
+found_*: inputs the fuzzers found that broke an assumption of the fuzz
+targets (not the readers), kept as seeds so that the replay tests cover those
+paths; this script does not write them:
+  pickle/found_inst_written_as_reduce.pkl: an OBJ object, which the writer
+    writes back as REDUCE (fuzz_checks.h: RoundTripsExactly);
+  torch_file/found_python2_str_not_utf8.data.pkl: a SHORT_BINSTRING that is
+    not UTF-8, which the writer refuses (HasValueTheWriterRefuses).
 """
 
 import argparse

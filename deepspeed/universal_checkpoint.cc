@@ -9,6 +9,7 @@
 #include "base/sha256.h"
 #include "base/status_macros.h"
 #include "deepspeed/checkpoint_files.h"
+#include "deepspeed/value_util.h"
 #include "deepspeed/zero_checkpoint.h"
 #include "format/pickle/accessors.h"
 #include "google/protobuf/text_format.h"
@@ -221,6 +222,7 @@ absl::StatusOr<UniversalStateFile> UniversalCheckpoint::ReadParamDict(const std:
   UniversalStateFile out;
   out.file = f;
   UCP_ASSIGN_OR_RETURN(out.param, f->GetTensor(*param));
+  UCP_RETURN_IF_ERROR(internal::CheckDense(out.param, f->path(), "'param'"));
   UCP_ASSIGN_OR_RETURN(out.rule, RuleFromUniversalMetadata(root, name), _.Prepend(absl::StrCat(f->path(), ": ")));
   return out;
 }

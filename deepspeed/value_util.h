@@ -55,6 +55,17 @@ inline bool Truthy(const pickle::Value* v) {
   return false;
 }
 
+// Checkpoint tensors are dense: a view addressing more elements than its
+// storage holds (stride 0 repeats) would make a writer produce far more bytes
+// than the file has, so such views are refused.
+inline absl::Status CheckDense(const torch::Tensor& t, const std::string& path, absl::string_view what) {
+  if (t.numel() > t.storage()->numel()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", what, " views ", t.numel(), " elements of a storage of ",
+                                                   t.storage()->numel(), " (overlapping strides)"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace ucp::deepspeed::internal
 
 #endif  // UCP_DEEPSPEED_VALUE_UTIL_H_

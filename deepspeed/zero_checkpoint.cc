@@ -23,6 +23,7 @@
 namespace ucp::deepspeed {
 namespace {
 
+using internal::CheckDense;
 using internal::DictPath;
 using internal::FileError;
 using internal::Numel;
@@ -317,6 +318,7 @@ absl::Status ZeroCheckpoint::LoadModuleLayout() {
                              absl::StrCat("missing '", e.local_name, "' which ", Basename(files[0]->path()), " has"));
           }
           UCP_ASSIGN_OR_RETURN(torch::Tensor tensor, files[t]->GetTensor(*tv));
+          UCP_RETURN_IF_ERROR(CheckDense(tensor, files[t]->path(), e.local_name));
           per_tp.push_back(std::move(tensor));
         }
         add_entry(std::move(e), per_tp);
@@ -345,6 +347,7 @@ absl::Status ZeroCheckpoint::LoadModuleLayout() {
                            absl::StrCat("module has no '", e.name, "' which ", MpRankFileName(0), " has"));
         }
         UCP_ASSIGN_OR_RETURN(torch::Tensor tensor, ms_->file(0, t).GetTensor(*tv));
+        UCP_RETURN_IF_ERROR(CheckDense(tensor, ms_->file(0, t).path(), e.name));
         per_tp.push_back(std::move(tensor));
       }
       add_entry(std::move(e), per_tp);
@@ -448,6 +451,7 @@ absl::StatusOr<std::unique_ptr<OptimFile>> ZeroCheckpoint::ParseOptim(int pp, in
       return err(absl::StrCat("single_partition_of_fp32_groups[", g, "] is not a tensor"));
     }
     UCP_ASSIGN_OR_RETURN(group.fp32, out->file->GetTensor(*(*fp32s)[g]));
+    UCP_RETURN_IF_ERROR(CheckDense(group.fp32, path, absl::StrCat("single_partition_of_fp32_groups[", g, "]")));
     if (group.fp32.dim() != 1 || (group.fp32.numel() != lean && group.fp32.numel() != p)) {
       return err(absl::StrCat("single_partition_of_fp32_groups[", g, "] has shape ",
                               ShapeStr(group.fp32.sizes()), ", expected [", lean, "] (partition of ", p,
@@ -461,6 +465,7 @@ absl::StatusOr<std::unique_ptr<OptimFile>> ZeroCheckpoint::ParseOptim(int pp, in
       if (!k->is(Kind::kStr)) continue;
       if (torch::TorchFile::IsTensor(*v)) {
         UCP_ASSIGN_OR_RETURN(torch::Tensor t, out->file->GetTensor(*v));
+        UCP_RETURN_IF_ERROR(CheckDense(t, path, absl::StrCat("optimizer state '", k->str(), "' of group ", g)));
         if (t.dim() == 0 || (t.numel() == 1 && p != 1)) {
           group.scalars.emplace_back(k->str(), v);
           continue;

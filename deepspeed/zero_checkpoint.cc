@@ -16,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "base/fs.h"
+#include "base/parallel.h"
 #include "base/status_macros.h"
 #include "deepspeed/checkpoint_files.h"
 #include "deepspeed/value_util.h"
@@ -206,15 +207,21 @@ absl::Status ZeroCheckpoint::Load() {
       }
     }
   }
-  // Parse and check every optimizer file.
+  // Parse and check every optimizer file (their CRCs are verified as they
+  // open: spread over all cores).
+  std::vector<std::tuple<int, int, int>> keys;
   for (int s = 0; s < topo_.pp; ++s) {
     for (int t = 0; t < topo_.tp; ++t) {
-      for (int d = 0; d < topo_.dp; ++d) {
-        UCP_ASSIGN_OR_RETURN(auto f, ParseOptim(s, t, d));
-        optim_cache_[{s, t, d}] = std::move(f);
-      }
+      for (int d = 0; d < topo_.dp; ++d) keys.emplace_back(s, t, d);
     }
   }
+  std::vector<std::unique_ptr<OptimFile>> parsed(keys.size());
+  UCP_RETURN_IF_ERROR(ParallelFor(keys.size(), 0, [&](size_t i) -> absl::Status {
+    const auto& [s, t, d] = keys[i];
+    UCP_ASSIGN_OR_RETURN(parsed[i], ParseOptim(s, t, d));
+    return absl::OkStatus();
+  }));
+  for (size_t i = 0; i < keys.size(); ++i) optim_cache_[keys[i]] = std::move(parsed[i]);
   // Zero stage from the files or the config.
   const OptimFile& first = *optim_cache_[{0, 0, 0}];
   kind_ = first.optimizer_state_dict->DictGet("zero_stage") == nullptr &&

@@ -8,17 +8,24 @@
 
 namespace ucp::tp {
 
-pickle::ValuePtr AddPlan(torch::TorchWriter& writer, const TensorPlan& plan) {
+namespace {
+
+// Streams a plan's bytes: views of the sources where they are contiguous.
+torch::StorageViewer PlanViewer(const TensorPlan& plan) {
   const size_t isz = torch::ItemSize(plan.dtype());
-  return writer.AddStreamedTensor(
-      plan.dtype(), plan.shape(), plan.numel(), 0,
-      [plan, isz](uint64_t offset, absl::Span<uint8_t> dst) -> absl::Status {
-        if (offset % isz != 0 || dst.size() % isz != 0) {
-          return absl::InternalError(absl::StrCat("storage chunk [", offset, ", +", dst.size(),
-                                                  ") is not aligned to the element size ", isz));
-        }
-        return plan.CopyFlat(static_cast<int64_t>(offset / isz), static_cast<int64_t>(dst.size() / isz), dst.data());
-      });
+  return [plan, isz](uint64_t offset, size_t len, uint8_t* scratch) -> absl::StatusOr<absl::Span<const uint8_t>> {
+    if (offset % isz != 0 || len % isz != 0) {
+      return absl::InternalError(
+          absl::StrCat("storage chunk [", offset, ", +", len, ") is not aligned to the element size ", isz));
+    }
+    return plan.ViewFlat(static_cast<int64_t>(offset / isz), static_cast<int64_t>(len / isz), scratch);
+  };
+}
+
+}  // namespace
+
+pickle::ValuePtr AddPlan(torch::TorchWriter& writer, const TensorPlan& plan) {
+  return writer.AddStreamedTensor(plan.dtype(), plan.shape(), plan.numel(), 0, PlanViewer(plan));
 }
 
 absl::StatusOr<pickle::ValuePtr> AddPlanAs(torch::TorchWriter& writer, const TensorPlan& plan, torch::DType cast_to) {
@@ -62,12 +69,7 @@ absl::StatusOr<pickle::ValuePtr> AddPlanView(torch::TorchWriter& writer, const T
     return absl::InvalidArgumentError(absl::StrCat("a view of ", view_numel, " elements of a plan of shape ",
                                                    torch::ShapeString(plan.shape())));
   }
-  const size_t isz = torch::ItemSize(plan.dtype());
-  pickle::ValuePtr v = writer.AddStreamedTensor(
-      plan.dtype(), {view_numel}, plan.numel(), 0,
-      [plan, isz](uint64_t offset, absl::Span<uint8_t> dst) -> absl::Status {
-        return plan.CopyFlat(static_cast<int64_t>(offset / isz), static_cast<int64_t>(dst.size() / isz), dst.data());
-      });
+  pickle::ValuePtr v = writer.AddStreamedTensor(plan.dtype(), {view_numel}, plan.numel(), 0, PlanViewer(plan));
   UCP_RETURN_IF_ERROR(SetRequiresGrad(*v, requires_grad));
   return v;
 }

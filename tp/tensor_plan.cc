@@ -308,6 +308,26 @@ absl::Status TensorPlan::CopyFlat(int64_t start, int64_t count, uint8_t* out) co
   return absl::OkStatus();
 }
 
+absl::StatusOr<absl::Span<const uint8_t>> TensorPlan::ViewFlat(int64_t start, int64_t count, uint8_t* scratch) const {
+  const size_t isz = torch::ItemSize(dtype_);
+  if (count > 0 && start >= 0 && start + count <= numel_) {
+    auto it = std::upper_bound(run_starts_.begin(), run_starts_.end(), start);
+    const size_t i = static_cast<size_t>(it - run_starts_.begin()) - 1;
+    const Run& r = runs_[i];
+    const int64_t within = start - run_starts_[i];
+    if (r.source >= 0 && within + count <= r.length) {
+      const torch::Tensor& src = (*sources_)[r.source];
+      if (src.is_contiguous()) {
+        torch::MappedFile::NoteBytesConsumed(static_cast<size_t>(count) * isz);
+        return absl::MakeConstSpan(src.data() + static_cast<size_t>(r.offset + within) * isz,
+                                   static_cast<size_t>(count) * isz);
+      }
+    }
+  }
+  UCP_RETURN_IF_ERROR(CopyFlat(start, count, scratch));
+  return absl::MakeConstSpan(scratch, static_cast<size_t>(count) * isz);
+}
+
 absl::StatusOr<torch::Tensor> TensorPlan::Materialize() const {
   std::string bytes(nbytes(), '\0');
   UCP_RETURN_IF_ERROR(CopyFlat(0, numel_, reinterpret_cast<uint8_t*>(bytes.data())));

@@ -64,6 +64,10 @@ class TensorPlan {
   // Copies elements [start, start + count) of the row-major flattening to
   // `out` (count * itemsize bytes).
   absl::Status CopyFlat(int64_t start, int64_t count, uint8_t* out) const;
+  // Elements [start, start + count): a view of the source's memory when they
+  // lie in one run of one contiguous source (no copy), else copied into
+  // `scratch` (count * itemsize bytes) and returned from there.
+  absl::StatusOr<absl::Span<const uint8_t>> ViewFlat(int64_t start, int64_t count, uint8_t* scratch) const;
   // The whole plan as a contiguous tensor on an owned storage.
   absl::StatusOr<torch::Tensor> Materialize() const;
   // Bitwise equality of the elements (shapes must match too), streamed in

@@ -97,6 +97,26 @@ TEST(TensorPlanTest, PiecesFormOneFlatTensor) {
   EXPECT_FALSE(TensorPlan::FromPieces(DType::kFloat32, {3}, {ToTensor(a)}).ok());
 }
 
+TEST(TensorPlanTest, ViewFlatAvoidsCopiesInsideOneRun) {
+  Tensor a = ToTensor(MakeDense({4}, 0));
+  Tensor b = ToTensor(MakeDense({4}, 100));
+  auto p = TensorPlan::FromPieces(DType::kInt32, {8}, {a, b});
+  ASSERT_TRUE(p.ok());
+  std::vector<uint8_t> scratch(8 * 4);
+  // Inside the second piece: a view of its own memory.
+  auto inside = p->ViewFlat(5, 2, scratch.data());
+  ASSERT_TRUE(inside.ok());
+  EXPECT_EQ(inside->data(), b.data() + 4);
+  EXPECT_EQ(inside->size(), 8u);
+  // Across both pieces: copied into the scratch buffer.
+  auto across = p->ViewFlat(2, 4, scratch.data());
+  ASSERT_TRUE(across.ok());
+  EXPECT_EQ(across->data(), scratch.data());
+  std::vector<int32_t> got(4);
+  std::memcpy(got.data(), across->data(), 16);
+  EXPECT_EQ(got, (std::vector<int32_t>{2, 3, 100, 101}));
+}
+
 TEST(TensorPlanTest, PadDim0AddsZeroRows) {
   Dense a = MakeDense({2, 2}, 1);
   auto p = TensorPlan::FromTensor(ToTensor(a)).PadDim0(3);

@@ -289,10 +289,16 @@ namespace {
 
 // Shared by Open and FromBytes once the bytes are in place.
 absl::Status ParseTorchFile(const std::string& name, absl::Span<const uint8_t> bytes,
-                            std::shared_ptr<const void> keep_alive, const OpenOptions& options,
+                            std::shared_ptr<const void> keep_alive, std::shared_ptr<const MappedFile> mapped,
+                            const OpenOptions& options,
                             internal_torch_file::State* impl, std::string* stem, ValuePtr* root) {
   ZipReadOptions zip_options;
   zip_options.crc = options.verify_crc ? ZipReadOptions::Crc::kOnOpen : ZipReadOptions::Crc::kLazy;
+  // A memory-mapped archive gives its pages back as the CRC check reads
+  // them, so that opening files never grows RSS by their size.
+  if (mapped != nullptr && options.verify_crc) {
+    zip_options.on_verified = [mapped](uint64_t offset, uint64_t len) { mapped->Release(offset, len); };
+  }
   absl::StatusOr<ZipReader> zip = ZipReader::Open(bytes, name, zip_options);
   if (!zip.ok()) return zip.status();
   impl->zip.emplace(*std::move(zip));
@@ -365,13 +371,9 @@ absl::StatusOr<std::unique_ptr<TorchFile>> TorchFile::Open(const std::string& pa
   file->impl_ = std::make_shared<Impl>();
   file->impl_->mapped = *mapped;
   file->mapping_ = *mapped;
-  absl::Status s = ParseTorchFile(path, (*mapped)->bytes(), *mapped, options, file->impl_.get(), &file->stem_,
+  absl::Status s = ParseTorchFile(path, (*mapped)->bytes(), *mapped, *mapped, options, file->impl_.get(), &file->stem_,
                                   &file->root_);
   if (!s.ok()) return s;
-  // Verifying the CRCs touched every page: give them back (the page cache
-  // keeps them; a later read maps them again), so that opening a whole
-  // checkpoint does not grow RSS by its size.
-  if (options.verify_crc) (*mapped)->Release(0, (*mapped)->size());
   return file;
 }
 
@@ -384,7 +386,8 @@ absl::StatusOr<std::unique_ptr<TorchFile>> TorchFile::FromBytes(std::string byte
   file->impl_->owned = owned;
   file->mapping_ = owned;
   absl::Span<const uint8_t> span(reinterpret_cast<const uint8_t*>(owned->data()), owned->size());
-  absl::Status s = ParseTorchFile(name, span, owned, options, file->impl_.get(), &file->stem_, &file->root_);
+  absl::Status s =
+      ParseTorchFile(name, span, owned, /*mapped=*/nullptr, options, file->impl_.get(), &file->stem_, &file->root_);
   if (!s.ok()) return s;
   return file;
 }
@@ -451,6 +454,7 @@ struct TorchWriter::Impl {
   struct Entry {
     std::shared_ptr<const Storage> storage;  // or:
     StorageProducer producer;
+    StorageViewer viewer;
     DType dtype;
     int64_t numel = 0;
     uint64_t nbytes = 0;
@@ -601,10 +605,32 @@ struct TorchWriter::Impl {
       } else {
         buffer.resize(std::min<uint64_t>(chunk, e.nbytes));
         for (uint64_t pos = 0; pos < e.nbytes && s.ok(); pos += chunk) {
-          absl::Span<uint8_t> dst(buffer.data(), std::min<uint64_t>(chunk, e.nbytes - pos));
-          s = e.producer(pos, dst);
-          if (!s.ok()) break;
-          s = zip.WriteData(dst);
+          const size_t len = static_cast<size_t>(std::min<uint64_t>(chunk, e.nbytes - pos));
+          absl::Span<const uint8_t> bytes;
+          if (e.viewer) {
+            absl::StatusOr<absl::Span<const uint8_t>> view = e.viewer(pos, len, buffer.data());
+            if (!view.ok()) {
+              s = view.status();
+              break;
+            }
+            if (view->size() != len) {
+              s = absl::InternalError(absl::StrCat(name, ": a storage viewer returned ", view->size(),
+                                                   " bytes for ", len));
+              break;
+            }
+            bytes = *view;
+          } else {
+            absl::Span<uint8_t> dst(buffer.data(), len);
+            s = e.producer(pos, dst);
+            if (!s.ok()) break;
+            bytes = dst;
+          }
+          // Sub-chunks small enough to stay in cache between the CRC, the
+          // hash and the write of each.
+          constexpr size_t kPiece = size_t{1} << 19;
+          for (size_t p = 0; p < bytes.size() && s.ok(); p += kPiece) {
+            s = zip.WriteData(bytes.subspan(p, std::min(kPiece, bytes.size() - p)));
+          }
         }
       }
       if (!s.ok()) return s;
@@ -639,6 +665,18 @@ pickle::ValuePtr TorchWriter::AddTensor(const Tensor& t) {
     impl_->entries.push_back(std::move(e));
   }
   return impl_->MakeTensorValue(it->second, t.storage_offset(), t.sizes(), t.strides(), t.requires_grad());
+}
+
+pickle::ValuePtr TorchWriter::AddStreamedTensor(DType dtype, std::vector<int64_t> sizes, int64_t storage_numel,
+                                                int64_t offset, StorageViewer viewer) {
+  if (viewer == nullptr) return AddStreamedTensor(dtype, std::move(sizes), storage_numel, offset, StorageProducer());
+  pickle::ValuePtr v = AddStreamedTensor(
+      dtype, std::move(sizes), storage_numel, offset,
+      StorageProducer([](uint64_t, absl::Span<uint8_t>) {
+        return absl::InternalError("a viewed storage has no producer");
+      }));
+  impl_->entries.back().viewer = std::move(viewer);
+  return v;
 }
 
 pickle::ValuePtr TorchWriter::AddStreamedTensor(DType dtype, std::vector<int64_t> sizes, int64_t storage_numel,

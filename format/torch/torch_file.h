@@ -111,6 +111,12 @@ class TorchFile {
 // Fills `dst` with the storage bytes [offset, offset + dst.size()); called
 // with increasing, adjacent ranges that together cover the whole storage.
 using StorageProducer = std::function<absl::Status(uint64_t offset, absl::Span<uint8_t> dst)>;
+// The zero-copy form: returns the storage bytes [offset, offset + len),
+// either as a view of memory that stays valid until the next call (e.g. a
+// memory-mapped source), or after filling `scratch` (len bytes) and returning
+// it. Called like a StorageProducer.
+using StorageViewer =
+    std::function<absl::StatusOr<absl::Span<const uint8_t>>(uint64_t offset, size_t len, uint8_t* scratch)>;
 
 struct TorchWriteOptions {
   // Bytes per WriteData call when streaming storages (also the producer
@@ -143,6 +149,10 @@ class TorchWriter {
   // elements [offset, offset + numel(sizes)) of that storage.
   pickle::ValuePtr AddStreamedTensor(DType dtype, std::vector<int64_t> sizes, int64_t storage_numel,
                                      int64_t offset, StorageProducer producer);
+  // The same with a viewer: bytes that already sit in memory are written
+  // from there, without a copy into the writer's buffer.
+  pickle::ValuePtr AddStreamedTensor(DType dtype, std::vector<int64_t> sizes, int64_t storage_numel,
+                                     int64_t offset, StorageViewer viewer);
 
   // Writes the archive to `path` (record stem = file name without its last
   // extension, as torch's PyTorchStreamWriter names it). On failure the

@@ -387,5 +387,36 @@ TEST(TorchFilePythonTest, Zip64FilesLoadInTorch) {
   EXPECT_EQ(testing::DiffExcerpt((*python)[path], *CanonicalDump(**file)), "");
 }
 
+// Opening (and CRC-checking) a file must not leave its pages in this
+// process's RSS: a converter opens every file of a checkpoint at once.
+int64_t RssKiB() {
+  FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) return -1;
+  char line[256];
+  int64_t kib = -1;
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    if (std::sscanf(line, "VmRSS: %ld kB", &kib) == 1) break;
+  }
+  std::fclose(f);
+  return kib;
+}
+
+TEST(TorchFileRssTest, OpenWithCrcChecksGivesPagesBack) {
+  const std::string path = TempPath("rss_open.pt");
+  {
+    TorchWriter w;
+    const int64_t n = int64_t{96} << 20 >> 2;  // 96 MiB of float32
+    ValuePtr t = w.AddStreamedTensor(DType::kFloat32, {n}, n, 0, [](uint64_t offset, absl::Span<uint8_t> dst) {
+      for (size_t i = 0; i < dst.size(); ++i) dst[i] = static_cast<uint8_t>((offset + i) * 7);
+      return absl::OkStatus();
+    });
+    ASSERT_TRUE(w.WriteFile(path, *t).ok());
+  }
+  const int64_t before = RssKiB();
+  auto file = TorchFile::Open(path);  // verifies every CRC
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_LT(RssKiB() - before, 32 * 1024) << "before " << before << " KiB";
+}
+
 }  // namespace
 }  // namespace ucp::torch

@@ -131,6 +131,7 @@ absl::StatusOr<ZipReader> ZipReader::Open(absl::Span<const uint8_t> archive, std
   ZipReader reader;
   reader.archive_ = archive;
   reader.name_ = std::move(name);
+  reader.on_verified_ = options.on_verified;
   absl::Status status = reader.Parse(options);
   if (!status.ok()) return status;
   if (options.crc == ZipReadOptions::Crc::kOnOpen) {
@@ -411,7 +412,14 @@ absl::Status ZipReader::VerifyCrc(const ZipRecord& record) const {
   const size_t index = IndexOf(record);
   if (crc_ok_[index].load(std::memory_order_acquire)) return absl::OkStatus();
   absl::Span<const uint8_t> data = Data(record);
-  uint32_t crc = Crc32(0, data.data(), data.size());
+  uint32_t crc = 0;
+  // In pieces, so that a caller can release what was read as it goes.
+  constexpr size_t kPiece = size_t{16} << 20;
+  for (size_t pos = 0; pos < data.size(); pos += kPiece) {
+    const size_t len = std::min(kPiece, data.size() - pos);
+    crc = Crc32(crc, data.data() + pos, len);
+    if (on_verified_) on_verified_(record.data_offset + pos, len);
+  }
   if (crc != record.crc32) {
     return absl::DataLossError(absl::StrFormat("%s: record '%s': CRC-32 mismatch (stored %08x, computed %08x)",
                                                name_, record.name, record.crc32, crc));

@@ -46,6 +46,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -77,6 +78,9 @@ struct ZipReadOptions {
   Crc crc = Crc::kOnOpen;
   // Most records accepted (bounds memory on hostile central directories).
   size_t max_records = size_t{1} << 22;
+  // Called after each verified piece of a record, with its archive offset and
+  // length (e.g. to give memory-mapped pages back as verification streams).
+  std::function<void(uint64_t offset, uint64_t len)> on_verified;
 };
 
 class ZipReader {
@@ -118,6 +122,7 @@ class ZipReader {
   uint64_t cd_offset_ = 0;
   // 1 once a record's CRC matched (shared so the reader stays movable).
   std::unique_ptr<std::atomic<uint8_t>[]> crc_ok_;
+  std::function<void(uint64_t, uint64_t)> on_verified_;
 };
 
 // ZipSink: where a ZipWriter's bytes go, in order.

@@ -263,8 +263,12 @@ namespace {
 // Writes one target checkpoint; each Write* method is one output file.
 class Writer {
  public:
-  Writer(const deepspeed::ModelState& state, const TargetLayout& layout, const std::string& dir)
-      : state_(state), info_(state.info()), layout_(layout), dir_(dir) {}
+  Writer(const deepspeed::ModelState& state, const TargetLayout& layout, const std::string& dir, int threads)
+      : state_(state), info_(state.info()), layout_(layout), dir_(dir) {
+    // A file's storage records are filled in parallel too: a target with a
+    // small dp has a few very large optimizer files.
+    write_options_.record_threads = threads > 0 ? threads : DefaultThreadCount();
+  }
 
   absl::Status Init() {
     UCP_ASSIGN_OR_RETURN(common_, state_.OptimizerCommon());
@@ -289,7 +293,7 @@ class Writer {
   }
 
   absl::Status WriteLayerFile(int layer, const std::vector<int>& keys, int rank) {
-    torch::TorchWriter w;
+    torch::TorchWriter w(write_options_);
     ValuePtr sd = Value::MakeDict(/*ordered_dict=*/true);
     for (int i : keys) {
       UCP_ASSIGN_OR_RETURN(ValuePtr t, LpTensor(w, i, rank));
@@ -299,7 +303,7 @@ class Writer {
   }
 
   absl::Status WriteMpRankFile(int stage, int rank) {
-    torch::TorchWriter w;
+    torch::TorchWriter w(write_options_);
     deepspeed::FileValue src = state_.ModelStatesRoot(stage, rank);
     if (!src.value || !src.value->is(Kind::kDict)) {
       return absl::FailedPreconditionError(absl::StrCat("no model states for stage ", stage, " tp rank ", rank));
@@ -337,7 +341,7 @@ class Writer {
   }
 
   absl::Status WriteOptimFile(int stage, int rank, int dp_rank) {
-    torch::TorchWriter w;
+    torch::TorchWriter w(write_options_);
     const bool bf16 = info_.optimizer_kind == deepspeed::OptimizerKind::kBf16;
     const Value& common = *common_.value;
     auto copy_common = [&](const char* key) -> absl::StatusOr<ValuePtr> {
@@ -551,6 +555,7 @@ class Writer {
   const ModelInfo& info_;
   const TargetLayout& layout_;
   std::string dir_;
+  torch::TorchWriteOptions write_options_;
   deepspeed::FileValue common_;
 };
 
@@ -562,7 +567,7 @@ absl::StatusOr<ZeroWriteResult> WriteZeroCheckpoint(const deepspeed::ModelState&
   const ModelInfo& info = state.info();
   UCP_ASSIGN_OR_RETURN(TargetLayout layout, PlanTarget(info, options));
   UCP_ASSIGN_OR_RETURN(StagingDir staging, StagingDir::Create(output_folder, options.overwrite));
-  Writer writer(state, layout, staging.path());
+  Writer writer(state, layout, staging.path(), options.num_threads);
   UCP_RETURN_IF_ERROR(writer.Init());
 
   // Every output file is one unit of work.

@@ -10,9 +10,11 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "base/parallel.h"
 #include "base/sha256.h"
 #include "base/status_macros.h"
 #include "format/pickle/writer.h"
+#include "format/torch/crc32.h"
 #include "format/torch/mapped_file.h"
 #include "format/torch/zip.h"
 
@@ -576,7 +578,107 @@ struct TorchWriter::Impl {
     return absl::OkStatus();
   }
 
-  absl::Status WriteArchive(ZipSink* sink, const std::string& name, const std::string& stem, const Value& root) {
+  // Hands an entry's bytes to `emit` in order, in cache-sized pieces: from
+  // its in-memory storage, its viewer (zero-copy where the source is
+  // contiguous) or its producer (through `buffer`, grown as needed and never
+  // zero-filled: every byte handed out is written first).
+  absl::Status StreamEntry(const Entry& e, const std::string& name, std::unique_ptr<uint8_t[]>& buffer,
+                           size_t& buffer_size, const std::function<absl::Status(absl::Span<const uint8_t>)>& emit) {
+    const size_t chunk = std::max<size_t>(options.chunk_bytes, 4096);
+    // Small enough to stay in cache between the CRC, the hash and the write.
+    constexpr size_t kPiece = size_t{1} << 19;
+    absl::Status s;
+    for (uint64_t pos = 0; pos < e.nbytes && s.ok(); pos += chunk) {
+      const size_t len = static_cast<size_t>(std::min<uint64_t>(chunk, e.nbytes - pos));
+      absl::Span<const uint8_t> bytes;
+      if (e.storage != nullptr) {
+        bytes = absl::MakeConstSpan(e.storage->data() + pos, len);
+      } else {
+        if (len > buffer_size) {
+          buffer.reset(new uint8_t[len]);
+          buffer_size = len;
+        }
+        if (e.viewer) {
+          absl::StatusOr<absl::Span<const uint8_t>> view = e.viewer(pos, len, buffer.get());
+          if (!view.ok()) return view.status();
+          if (view->size() != len) {
+            return absl::InternalError(
+                absl::StrCat(name, ": a storage viewer returned ", view->size(), " bytes for ", len));
+          }
+          bytes = *view;
+        } else {
+          absl::Span<uint8_t> dst(buffer.get(), len);
+          s = e.producer(pos, dst);
+          if (!s.ok()) return s;
+          bytes = dst;
+        }
+      }
+      for (size_t p = 0; p < bytes.size() && s.ok(); p += kPiece) s = emit(bytes.subspan(p, std::min(kPiece, bytes.size() - p)));
+    }
+    return s;
+  }
+
+  // Writes the storage records at their final offsets in parallel (pwrite),
+  // then the headers, descriptors and directory around them: the same bytes
+  // as the sequential path.
+  absl::Status WriteArchiveParallel(int fd, ZipSink* sink, const std::string& name, const std::string& stem,
+                                    const std::string& pkl, const std::vector<size_t>& order) {
+    ZipWriterOptions zip_options;
+    zip_options.zip64_size_threshold = options.zip64_size_threshold;
+    zip_options.zip64_offset_threshold = options.zip64_offset_threshold;
+    // Lay the archive out.
+    std::vector<uint64_t> data_offset(order.size());
+    {
+      CountingSink counting;
+      ZipWriter layout(&counting, name, zip_options);
+      absl::Status s = layout.AddRecord(absl::StrCat(stem, "/data.pkl"), pkl);
+      for (size_t i = 0; i < order.size() && s.ok(); ++i) {
+        s = layout.BeginRecord(absl::StrCat(stem, "/data/", entries[order[i]].key), entries[order[i]].nbytes);
+        data_offset[i] = layout.bytes_written();
+        if (s.ok()) s = layout.SkipData(0);
+        if (s.ok()) s = layout.EndRecord();
+      }
+      if (!s.ok()) return s;
+    }
+    // Fill the records.
+    std::vector<uint32_t> crc(order.size(), 0);
+    absl::Status s = ParallelFor(order.size(), options.record_threads, [&](size_t i) -> absl::Status {
+      std::unique_ptr<uint8_t[]> buffer;
+      size_t buffer_size = 0;
+      uint64_t at = data_offset[i];
+      return StreamEntry(entries[order[i]], name, buffer, buffer_size, [&](absl::Span<const uint8_t> piece) {
+        crc[i] = Crc32(crc[i], piece.data(), piece.size());
+        size_t done = 0;
+        while (done < piece.size()) {
+          const ssize_t w = ::pwrite(fd, piece.data() + done, piece.size() - done, static_cast<off_t>(at + done));
+          if (w < 0) {
+            if (errno == EINTR) continue;
+            return absl::ErrnoToStatus(errno, absl::StrCat(name, ": write failed"));
+          }
+          done += static_cast<size_t>(w);
+        }
+        at += piece.size();
+        return absl::OkStatus();
+      });
+    });
+    if (!s.ok()) return s;
+    // Everything around them.
+    ZipWriter zip(sink, name, zip_options);
+    s = zip.AddRecord(absl::StrCat(stem, "/data.pkl"), pkl);
+    for (size_t i = 0; i < order.size() && s.ok(); ++i) {
+      s = zip.BeginRecord(absl::StrCat(stem, "/data/", entries[order[i]].key), entries[order[i]].nbytes);
+      if (s.ok() && zip.bytes_written() != data_offset[i]) {
+        s = absl::InternalError(absl::StrCat(name, ": record layout changed between passes"));
+      }
+      if (s.ok()) s = zip.SkipData(crc[i]);
+      if (s.ok()) s = zip.EndRecord();
+    }
+    if (s.ok()) s = zip.AddRecord(absl::StrCat(stem, "/version"), kWrittenVersion);
+    if (s.ok()) s = zip.Finish();
+    return s;
+  }
+
+  absl::Status WriteArchive(ZipSink* sink, const std::string& name, const std::string& stem, const Value& root, int fd = -1) {
     if (!deferred_error.ok()) return deferred_error;
     if (stem.empty()) return absl::InvalidArgumentError(absl::StrCat(name, ": empty archive name"));
     std::vector<size_t> order;
@@ -584,55 +686,26 @@ struct TorchWriter::Impl {
     if (!s.ok()) return absl::Status(s.code(), absl::StrCat(name, ": ", s.message()));
     absl::StatusOr<std::string> pkl = pickle::Pickle(root);
     if (!pkl.ok()) return absl::Status(pkl.status().code(), absl::StrCat(name, ": ", pkl.status().message()));
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return entries[a].key < entries[b].key; });
+    size_t large = 0;
+    for (size_t index : order) large += entries[index].nbytes >= (size_t{1} << 20) ? 1 : 0;
+    if (fd >= 0 && options.record_threads > 1 && !options.sha256 && large >= 2) {
+      return WriteArchiveParallel(fd, sink, name, stem, *pkl, order);
+    }
     ZipWriterOptions zip_options;
     zip_options.zip64_size_threshold = options.zip64_size_threshold;
     zip_options.zip64_offset_threshold = options.zip64_offset_threshold;
     ZipWriter zip(sink, name, zip_options);
     s = zip.AddRecord(absl::StrCat(stem, "/data.pkl"), *pkl);
     if (!s.ok()) return s;
-    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return entries[a].key < entries[b].key; });
-    std::vector<uint8_t> buffer;
+    std::unique_ptr<uint8_t[]> buffer;
+    size_t buffer_size = 0;
     for (size_t index : order) {
       const Entry& e = entries[index];
       s = zip.BeginRecord(absl::StrCat(stem, "/data/", e.key), e.nbytes);
       if (!s.ok()) return s;
-      const size_t chunk = std::max<size_t>(options.chunk_bytes, 4096);
-      if (e.storage != nullptr) {
-        const uint8_t* data = e.storage->data();
-        for (uint64_t pos = 0; pos < e.nbytes && s.ok(); pos += chunk) {
-          s = zip.WriteData(absl::MakeConstSpan(data + pos, std::min<uint64_t>(chunk, e.nbytes - pos)));
-        }
-      } else {
-        buffer.resize(std::min<uint64_t>(chunk, e.nbytes));
-        for (uint64_t pos = 0; pos < e.nbytes && s.ok(); pos += chunk) {
-          const size_t len = static_cast<size_t>(std::min<uint64_t>(chunk, e.nbytes - pos));
-          absl::Span<const uint8_t> bytes;
-          if (e.viewer) {
-            absl::StatusOr<absl::Span<const uint8_t>> view = e.viewer(pos, len, buffer.data());
-            if (!view.ok()) {
-              s = view.status();
-              break;
-            }
-            if (view->size() != len) {
-              s = absl::InternalError(absl::StrCat(name, ": a storage viewer returned ", view->size(),
-                                                   " bytes for ", len));
-              break;
-            }
-            bytes = *view;
-          } else {
-            absl::Span<uint8_t> dst(buffer.data(), len);
-            s = e.producer(pos, dst);
-            if (!s.ok()) break;
-            bytes = dst;
-          }
-          // Sub-chunks small enough to stay in cache between the CRC, the
-          // hash and the write of each.
-          constexpr size_t kPiece = size_t{1} << 19;
-          for (size_t p = 0; p < bytes.size() && s.ok(); p += kPiece) {
-            s = zip.WriteData(bytes.subspan(p, std::min(kPiece, bytes.size() - p)));
-          }
-        }
-      }
+      s = StreamEntry(e, name, buffer, buffer_size,
+                      [&](absl::Span<const uint8_t> piece) { return zip.WriteData(piece); });
       if (!s.ok()) return s;
       s = zip.EndRecord();
       if (!s.ok()) return s;
@@ -719,6 +792,11 @@ class HashingSink : public ZipSink {
     return next_->Write(bytes);
   }
   absl::Status Flush() override { return next_->Flush(); }
+  absl::Status Skip(uint64_t n) override {
+    if (hash_) return absl::FailedPreconditionError("cannot hash bytes written elsewhere");
+    count_ += n;
+    return next_->Skip(n);
+  }
   uint64_t count() const { return count_; }
   std::string HexDigest() { return hash_ ? sha_.HexDigest() : std::string(); }
 
@@ -747,7 +825,7 @@ absl::Status TorchWriter::WriteFile(const std::string& path, const pickle::Value
   {
     FdSink sink(fd, path);
     HashingSink hashing(&sink, impl_->options.sha256);
-    s = impl_->WriteArchive(&hashing, path, ArchiveStem(path), root);
+    s = impl_->WriteArchive(&hashing, path, ArchiveStem(path), root, fd);
     impl_->last_bytes = hashing.count();
     impl_->last_sha256 = hashing.HexDigest();
   }

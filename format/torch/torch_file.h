@@ -130,6 +130,10 @@ struct TorchWriteOptions {
   // Hash the file's bytes while writing them (see TorchWriter::sha256_hex),
   // so a manifest never needs to read an output back.
   bool sha256 = false;
+  // Threads filling the storage records of one file at once (each at its own
+  // offset, with pwrite); 1 writes them in order. Not with sha256, which
+  // needs the bytes in order.
+  int record_threads = 1;
 };
 
 class TorchWriter {

@@ -418,5 +418,41 @@ TEST(TorchFileRssTest, OpenWithCrcChecksGivesPagesBack) {
   EXPECT_LT(RssKiB() - before, 32 * 1024) << "before " << before << " KiB";
 }
 
+// Records filled in parallel at their final offsets give the same bytes as
+// the sequential writer (also through the zip64 path).
+TEST(TorchWriterParallelTest, SameBytesAsSequential) {
+  for (uint64_t zip64_threshold : {uint64_t{0xFFFFFFFF}, uint64_t{1} << 20}) {
+    std::string files[2];
+    for (int threads : {1, 3}) {
+      TorchWriteOptions o;
+      o.record_threads = threads;
+      o.zip64_size_threshold = zip64_threshold;
+      o.zip64_offset_threshold = zip64_threshold;
+      TorchWriter w(o);
+      auto root = Value::MakeDict();
+      for (int k = 0; k < 5; ++k) {
+        const int64_t n = (int64_t{1} << 18) * (k + 1) + 7 * k;
+        root->DictSet(Value::Str(absl::StrCat("t", k)),
+                      w.AddStreamedTensor(DType::kFloat32, {n}, n, 0, [k](uint64_t offset, absl::Span<uint8_t> dst) {
+                        for (size_t i = 0; i < dst.size(); ++i) dst[i] = static_cast<uint8_t>((offset + i) * (k + 3));
+                        return absl::OkStatus();
+                      }));
+      }
+      root->DictSet(Value::Str("small"), w.AddTensor(*Tensor::FromBytes(DType::kInt64, {2}, std::string(16, 'x'))));
+      // The same file name (it names the archive's records), another folder.
+      const std::string dir = TempPath(absl::StrCat("parallel_", threads));
+      std::filesystem::create_directories(dir);
+      const std::string path = dir + "/parallel.pt";
+      absl::Status written = w.WriteFile(path, *root);
+      ASSERT_TRUE(written.ok()) << written << " (threads " << threads << ")";
+      files[threads == 1 ? 0 : 1] = *ReadFileToString(path);
+      auto back = TorchFile::Open(path);
+      ASSERT_TRUE(back.ok()) << back.status();
+    }
+    EXPECT_EQ(files[0].size(), files[1].size());
+    EXPECT_TRUE(files[0] == files[1]) << "zip64 threshold " << zip64_threshold;
+  }
+}
+
 }  // namespace
 }  // namespace ucp::torch

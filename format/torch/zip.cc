@@ -471,6 +471,15 @@ absl::Status FdSink::Write(absl::Span<const uint8_t> bytes) {
   return WriteAll(bytes.data(), bytes.size());
 }
 
+absl::Status FdSink::Skip(uint64_t n) {
+  absl::Status s = Flush();
+  if (!s.ok()) return s;
+  if (::lseek(fd_, static_cast<off_t>(n), SEEK_CUR) < 0) {
+    return absl::ErrnoToStatus(errno, absl::StrCat(path_, ": seek failed"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status FdSink::Flush() {
   absl::Status s = WriteAll(buffer_.data(), used_);
   used_ = 0;
@@ -565,6 +574,20 @@ absl::Status ZipWriter::WriteData(absl::Span<const uint8_t> chunk) {
   record_crc_ = Crc32(record_crc_, chunk.data(), chunk.size());
   record_written_ += chunk.size();
   return Emit(chunk);
+}
+
+absl::Status ZipWriter::SkipData(uint32_t crc) {
+  if (!status_.ok()) return status_;
+  if (!in_record_ || record_written_ != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(name_, ": SkipData needs a freshly begun record"));
+  }
+  const uint64_t n = entries_.back().size;
+  absl::Status s = sink_->Skip(n);
+  if (!s.ok()) return Fail(s);
+  offset_ += n;
+  record_written_ = n;
+  record_crc_ = crc;
+  return absl::OkStatus();
 }
 
 absl::Status ZipWriter::EndRecord() {

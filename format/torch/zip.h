@@ -132,6 +132,27 @@ class ZipSink {
   virtual absl::Status Write(absl::Span<const uint8_t> bytes) = 0;
   // Pushes buffered bytes to the destination.
   virtual absl::Status Flush() { return absl::OkStatus(); }
+  // Moves past `n` bytes that someone else writes (positional sinks only).
+  virtual absl::Status Skip(uint64_t n) {
+    return absl::UnimplementedError("this zip sink cannot skip over data written elsewhere");
+  }
+};
+
+// CountingSink: counts bytes and writes nothing (to lay an archive out).
+class CountingSink : public ZipSink {
+ public:
+  absl::Status Write(absl::Span<const uint8_t> bytes) override {
+    count_ += bytes.size();
+    return absl::OkStatus();
+  }
+  absl::Status Skip(uint64_t n) override {
+    count_ += n;
+    return absl::OkStatus();
+  }
+  uint64_t count() const { return count_; }
+
+ private:
+  uint64_t count_ = 0;
 };
 
 // FdSink: writes to a file descriptor it does not own, coalescing small
@@ -141,6 +162,8 @@ class FdSink : public ZipSink {
   FdSink(int fd, std::string path_for_messages, size_t buffer_size = size_t{1} << 20);
   absl::Status Write(absl::Span<const uint8_t> bytes) override;
   absl::Status Flush() override;
+  // Seeks forward over bytes written with pwrite at their own offsets.
+  absl::Status Skip(uint64_t n) override;
 
  private:
   absl::Status WriteAll(const uint8_t* p, size_t n);
@@ -185,6 +208,10 @@ class ZipWriter {
   absl::Status BeginRecord(std::string_view record_name, uint64_t size);
   // Appends to the open record; CRC computed on the fly.
   absl::Status WriteData(absl::Span<const uint8_t> chunk);
+  // The whole data of the open record was written straight to the
+  // destination at its place (see bytes_written() after BeginRecord); here is
+  // its CRC-32. The sink skips over it.
+  absl::Status SkipData(uint32_t crc);
   // kFailedPrecondition unless exactly `size` bytes were written.
   absl::Status EndRecord();
   // BeginRecord + WriteData + EndRecord.

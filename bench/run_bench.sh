@@ -17,6 +17,13 @@
 # every byte written once (the bytes the process wrote, getrusage's block
 # outputs, equal its final output: no temporary files), and for convert and the
 # ZeRO -> ZeRO reshard an output no larger than the input plus the manifest.
+#
+# Page-cache state decides these numbers on a VM (reclaim can add seconds to
+# any run), so every run starts from a known state, in two protocols:
+#   warm  sync, drop all caches, then read the run's input once: the input is
+#         in memory, nothing else is (the best case for cp -r);
+#   cold  sync, drop all caches: input and output both go through the disk.
+# Dropping caches needs root; without it both protocols run as the cache is.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -42,103 +49,117 @@ MAKE="$BIN/bench/make_checkpoint"
 rm -rf "$WORK"
 mkdir -p "$WORK"
 SRC="$WORK/src/global_step1"
+UNI="$WORK/src/global_step1_universal"
 echo "== generating a ~${GB} GB checkpoint (tp=2 pp=1 dp=2, ZeRO-1, fp32) in $WORK"
 "$MAKE" --gb="$GB" --tp=2 --dp=2 --output_folder="$SRC"
+# The universal checkpoint reshard-u reads (made once, outside the timings).
+"$UCP" convert --input_folder="$SRC" --output_folder="$UNI" >/dev/null
 sync
 
 bytes_of() { du -sb "$1" | cut -f1; }
-largest_file() { find "$1" -type f -printf '%s\n' | sort -n | tail -1; }
 IN_BYTES=$(bytes_of "$SRC")
-LARGEST=$(largest_file "$SRC")
+LARGEST=$(find "$SRC" -type f -printf '%s\n' | sort -n | tail -1)
+MANIFEST_BYTES=$(stat -c %s "$UNI/ucp_manifest.textproto")
 echo "source: $IN_BYTES bytes in $(find "$SRC" -type f | wc -l) files, largest file $LARGEST bytes"
 
-# run NAME OUTPUT CMD...: times CMD RUNS times (OUTPUT removed before each run),
-# records seconds and peak RSS (KiB) per run in $WORK/NAME.times.
+CAN_DROP=0
+if [[ -w /proc/sys/vm/drop_caches ]]; then CAN_DROP=1; fi
+
+# prepare PROTOCOL INPUT: the page-cache state a run starts from.
+prepare() {
+  sync
+  if ((CAN_DROP)); then
+    echo 3 >/proc/sys/vm/drop_caches
+    if [[ "$1" == warm ]]; then find "$2" -type f -exec cat {} + >/dev/null; fi
+  fi
+}
+
+# run PROTOCOL NAME INPUT OUTPUT CMD...: times CMD RUNS times (OUTPUT removed
+# first), one line "seconds peak_rss_kib block_outputs" per run in
+# $WORK/PROTOCOL-NAME.times.
 run() {
-  local name="$1" out="$2"
-  shift 2
-  : >"$WORK/$name.times"
+  local protocol="$1" name="$2" input="$3" out="$4"
+  shift 4
+  : >"$WORK/$protocol-$name.times"
   for ((i = 1; i <= RUNS; i++)); do
-    rm -rf "$out" "$(dirname "$out")/latest_universal"
-    sync
+    rm -rf "$out"
+    prepare "$protocol" "$input"
     /usr/bin/time -f "%e %M %O" -o "$WORK/time.out" "$@" >"$WORK/$name.log" 2>&1
-    cat "$WORK/time.out" >>"$WORK/$name.times"
+    cat "$WORK/time.out" >>"$WORK/$protocol-$name.times"
   done
 }
 
-run cp "$WORK/cp_out" cp -r "$WORK/src" "$WORK/cp_out"
-CP_READ=$IN_BYTES
+PROTOCOLS="warm cold"
+if ((!CAN_DROP)); then PROTOCOLS="as-is"; fi
+for protocol in $PROTOCOLS; do
+  echo "== timing ($protocol)"
+  run "$protocol" cp "$SRC" "$WORK/cp_out" cp -r "$SRC" "$WORK/cp_out"
+  run "$protocol" convert "$SRC" "$WORK/u/global_step1_universal" \
+    "$UCP" convert --input_folder="$SRC" --output_folder="$WORK/u/global_step1_universal" --num_threads="$THREADS"
+  run "$protocol" reshard-u "$UNI" "$WORK/tp1_from_universal/global_step1" \
+    "$UCP" reshard --input_folder="$UNI" --output_folder="$WORK/tp1_from_universal/global_step1" --tp=1 --pp=1 \
+    --dp=1 --num_threads="$THREADS"
+  run "$protocol" reshard-z "$SRC" "$WORK/tp1_from_zero/global_step1" \
+    "$UCP" reshard --input_folder="$SRC" --output_folder="$WORK/tp1_from_zero/global_step1" --tp=1 --pp=1 --dp=1 \
+    --num_threads="$THREADS"
+done
+
+# Bytes each one reads (convert and reshard-z need the optimizer and mp_rank
+# files; the layer files hold lp weights the fp32 masters determine) and writes.
 CP_WRITE=$(bytes_of "$WORK/cp_out")
-
-run convert "$WORK/src/global_step1_universal" \
-  "$UCP" convert --input_folder="$SRC" --output_folder="$WORK/src/global_step1_universal" --num_threads="$THREADS"
-UNI="$WORK/src/global_step1_universal"
-UNI_BYTES=$(bytes_of "$UNI")
-MANIFEST_BYTES=$(stat -c %s "$UNI/ucp_manifest.textproto")
-# convert reads the optimizer files and the mp_rank files (copied); the
-# layer files hold lp weights the universal format does not keep.
-CONVERT_READ=$(find "$SRC" -type f \( -name '*optim_states.pt' -o -name 'mp_rank_*' \) -printf '%s\n' | awk '{s+=$1} END {print s}')
-
-run reshard-u "$WORK/tp1_from_universal/global_step1" \
-  "$UCP" reshard --input_folder="$UNI" --output_folder="$WORK/tp1_from_universal/global_step1" --tp=1 --pp=1 --dp=1 \
-  --num_threads="$THREADS"
+ZERO_READ=$(find "$SRC" -type f \( -name '*optim_states.pt' -o -name 'mp_rank_*' \) -printf '%s\n' |
+  awk '{s+=$1} END {printf "%d\n", s}')
+CONVERT_WRITE=$(bytes_of "$WORK/u/global_step1_universal")
+RU_READ=$(($(bytes_of "$UNI") - MANIFEST_BYTES))
 RU_WRITE=$(bytes_of "$WORK/tp1_from_universal/global_step1")
-RU_READ=$((UNI_BYTES - MANIFEST_BYTES))
-
-run reshard-z "$WORK/tp1_from_zero/global_step1" \
-  "$UCP" reshard --input_folder="$SRC" --output_folder="$WORK/tp1_from_zero/global_step1" --tp=1 --pp=1 --dp=1 \
-  --num_threads="$THREADS"
 RZ_WRITE=$(bytes_of "$WORK/tp1_from_zero/global_step1")
-RZ_READ=$CONVERT_READ
 
 # The two reshard paths give the same checkpoint.
 if cmp -s <(cd "$WORK/tp1_from_universal/global_step1" && find . -type f -exec sha256sum {} + | sort -k2) \
-          <(cd "$WORK/tp1_from_zero/global_step1" && find . -type f -exec sha256sum {} + | sort -k2); then
+  <(cd "$WORK/tp1_from_zero/global_step1" && find . -type f -exec sha256sum {} + | sort -k2); then
   SAME="identical"
 else
   SAME="DIFFERENT"
 fi
 
-python_report() {
-  /usr/bin/python3 - "$WORK" "$RUNS" "$GB" "$LARGEST" "$IN_BYTES" "$MANIFEST_BYTES" "$SAME" \
-    "cp:$CP_READ:$CP_WRITE" "convert:$CONVERT_READ:$UNI_BYTES" "reshard-u:$RU_READ:$RU_WRITE" \
-    "reshard-z:$RZ_READ:$RZ_WRITE" <<'EOF'
+/usr/bin/python3 - "$WORK" "$RUNS" "$GB" "$LARGEST" "$IN_BYTES" "$MANIFEST_BYTES" "$SAME" "$PROTOCOLS" \
+  "cp:$IN_BYTES:$CP_WRITE" "convert:$ZERO_READ:$CONVERT_WRITE" "reshard-u:$RU_READ:$RU_WRITE" \
+  "reshard-z:$ZERO_READ:$RZ_WRITE" <<'EOF' | tee "$WORK/report.txt"
 import statistics, sys
-work, runs, gb, largest, in_bytes, manifest, same = sys.argv[1:8]
+work, runs, gb, largest, in_bytes, manifest, same, protocols = sys.argv[1:9]
 runs, largest, in_bytes, manifest = int(runs), int(largest), int(in_bytes), int(manifest)
-rows = {}
-for arg in sys.argv[8:]:
-    name, rd, wr = arg.split(":")
-    t, rss, out = [], [], []
-    for line in open(f"{work}/{name}.times"):
-        s, kb, blocks = line.split()
-        t.append(float(s)); rss.append(int(kb)); out.append(int(blocks) * 512)
-    rows[name] = dict(read=int(rd), write=int(wr), min=min(t), med=statistics.median(t), rss=max(rss) * 1024,
-                      wrote=max(out))
-cp = rows["cp"]
-cp_rate = (cp["read"] + cp["write"]) / cp["med"]
-print(f"\n== ucp benchmark: ~{gb} GB GPT-NeoX-shaped checkpoint, tp=2 dp=2 -> universal / tp=1 dp=1, {runs} runs each")
-print(f"{'op':10} {'min s':>7} {'median s':>9} {'read MB':>8} {'written MB':>11} {'MB/s':>7} {'vs cp':>6} {'peak RSS MB':>12}")
-for name, r in rows.items():
-    rate = (r["read"] + r["write"]) / r["med"]
-    print(f"{name:10} {r['min']:7.2f} {r['med']:9.2f} {r['read']/1e6:8.0f} {r['write']/1e6:11.0f} {rate/1e6:7.0f} "
-          f"{rate/cp_rate:6.0%} {r['rss']/2**20:12.0f}")
+ops = [a.split(":") for a in sys.argv[9:]]
 budget = largest + 256 * 2**20
-print(f"\ntargets (largest input file {largest/2**20:.0f} MiB -> RSS budget {budget/2**20:.0f} MiB; input {in_bytes/1e6:.0f} MB):")
 ok = same == "identical"
-for name in ("convert", "reshard-u", "reshard-z"):
-    r = rows[name]
-    rate = (r["read"] + r["write"]) / r["med"] / cp_rate
-    rss_ok = r["rss"] <= budget
-    once = r["wrote"] <= r["write"] * 1.01 + 2**20
-    size_ok = name == "reshard-u" or r["write"] <= in_bytes + manifest
-    print(f"  {name:10} throughput {rate:4.0%} of cp {'OK' if rate >= 0.5 else 'MISSED'}; "
-          f"peak RSS {r['rss']/2**20:.0f} MiB {'OK' if rss_ok else 'MISSED'}; "
-          f"wrote {r['wrote']/1e6:.0f} MB for a {r['write']/1e6:.0f} MB output {'OK' if once else 'MISSED'}"
-          + ("" if name == "reshard-u" else f"; output <= input + manifest {'OK' if size_ok else 'MISSED'}"))
-    ok &= rate >= 0.5 and rss_ok and once and size_ok
-print(f"  reshard universal->tp1 and ZeRO->tp1 outputs: {same}")
+print(f"\n== ucp benchmark: ~{gb} GB GPT-NeoX-shaped checkpoint, tp=2 dp=2 -> universal / tp=1 dp=1, {runs} runs each")
+print(f"input {in_bytes/1e6:.0f} MB, largest input file {largest/2**20:.0f} MiB -> RSS budget {budget/2**20:.0f} MiB")
+for protocol in protocols.split():
+    rows = {}
+    for name, rd, wr in ops:
+        t, rss, out = [], [], []
+        for line in open(f"{work}/{protocol}-{name}.times"):
+            s, kb, blocks = line.split()
+            t.append(float(s)); rss.append(int(kb)); out.append(int(blocks) * 512)
+        rows[name] = dict(read=int(rd), write=int(wr), min=min(t), med=statistics.median(t),
+                          rss=max(rss) * 1024, wrote=max(out))
+    cp_rate = (rows["cp"]["read"] + rows["cp"]["write"]) / rows["cp"]["med"]
+    print(f"\n-- {protocol} --")
+    print(f"{'op':10} {'min s':>7} {'median s':>9} {'read MB':>8} {'written MB':>11} {'MB/s':>7} {'vs cp':>6} {'peak RSS MB':>12}")
+    for name, r in rows.items():
+        rate = (r["read"] + r["write"]) / r["med"]
+        print(f"{name:10} {r['min']:7.2f} {r['med']:9.2f} {r['read']/1e6:8.0f} {r['write']/1e6:11.0f} {rate/1e6:7.0f} "
+              f"{rate/cp_rate:6.0%} {r['rss']/2**20:12.0f}")
+    for name in ("convert", "reshard-u", "reshard-z"):
+        r = rows[name]
+        rate = (r["read"] + r["write"]) / r["med"] / cp_rate
+        rss_ok = r["rss"] <= budget
+        once = r["wrote"] <= r["write"] * 1.01 + 2**20 or protocol == "as-is"
+        size_ok = name == "reshard-u" or r["write"] <= in_bytes + manifest
+        print(f"  {name:10} throughput {rate:4.0%} of cp {'OK' if rate >= 0.5 else 'MISSED'}; "
+              f"peak RSS {r['rss']/2**20:.0f} MiB {'OK' if rss_ok else 'MISSED'}; "
+              f"wrote {r['wrote']/1e6:.0f} MB for a {r['write']/1e6:.0f} MB output {'OK' if once else 'MISSED'}"
+              + ("" if name == "reshard-u" else f"; output <= input + manifest {'OK' if size_ok else 'MISSED'}"))
+        ok &= rate >= 0.5 and rss_ok and once and size_ok
+print(f"\nreshard universal->tp1 and ZeRO->tp1 outputs: {same}")
 print("all targets met" if ok else "SOME TARGETS MISSED")
 EOF
-}
-python_report | tee "$WORK/report.txt"

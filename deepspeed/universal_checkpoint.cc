@@ -194,6 +194,8 @@ absl::StatusOr<std::shared_ptr<const torch::TorchFile>> UniversalCheckpoint::Ope
     }
   }
   UCP_ASSIGN_OR_RETURN(std::unique_ptr<torch::TorchFile> f, torch::TorchFile::Open(JoinPath(dir_, rel)));
+  // A param's file is wanted whole, now: start reading it in the background.
+  if (f->mapped_file() != nullptr) f->mapped_file()->AdviseWillNeed(0, f->mapped_file()->size());
   std::shared_ptr<const torch::TorchFile> shared(std::move(f));
   std::lock_guard<std::mutex> lock(mu_);
   auto it = cache_.find(rel);

@@ -27,6 +27,7 @@
 #include "absl/status/statusor.h"
 #include "deepspeed/model_states_files.h"
 #include "format/torch/tensor.h"
+#include "format/torch/mapped_file.h"
 #include "format/torch/torch_file.h"
 #include "proto/ucp.pb.h"
 

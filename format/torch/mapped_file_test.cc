@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "format/torch/test_util.h"
 #include "gtest/gtest.h"
 
 namespace ucp::torch {
@@ -102,19 +103,6 @@ TEST(MappedFileTest, MappingOutlivesCallerReferenceOnly) {
 }
 
 
-// Resident set size of this process in KiB, from /proc/self/status.
-int64_t RssKiB() {
-  FILE* f = std::fopen("/proc/self/status", "r");
-  if (f == nullptr) return -1;
-  char line[256];
-  int64_t kib = -1;
-  while (std::fgets(line, sizeof(line), f) != nullptr) {
-    if (std::sscanf(line, "VmRSS: %ld kB", &kib) == 1) break;
-  }
-  std::fclose(f);
-  return kib;
-}
-
 TEST(MappedFileRssTest, ReleaseAllGivesBackTouchedPages) {
   const char* tmp = std::getenv("TEST_TMPDIR");
   const std::string path = std::string(tmp != nullptr ? tmp : "/tmp") + "/rss_probe.bin";
@@ -127,14 +115,14 @@ TEST(MappedFileRssTest, ReleaseAllGivesBackTouchedPages) {
   }
   auto mapped = MappedFile::Open(path);
   ASSERT_TRUE(mapped.ok());
-  const int64_t before = RssKiB();
+  const int64_t before = testing::RssKiB();
   uint64_t sum = 0;
   for (size_t i = 0; i < (*mapped)->size(); i += 4096) sum += (*mapped)->data()[i];
   EXPECT_EQ(sum, uint64_t{0x5a} * ((64 << 20) / 4096));
-  const int64_t touched = RssKiB();
+  const int64_t touched = testing::RssKiB();
   EXPECT_GT(touched - before, 48 * 1024) << "touching 64 MiB should add to RSS";
   MappedFile::ReleaseAll();
-  const int64_t released = RssKiB();
+  const int64_t released = testing::RssKiB();
   EXPECT_LT(released - before, 8 * 1024) << "before " << before << " touched " << touched << " released " << released;
   // The data is still there.
   EXPECT_EQ((*mapped)->data()[12345], 0x5a);
@@ -142,7 +130,7 @@ TEST(MappedFileRssTest, ReleaseAllGivesBackTouchedPages) {
   MappedFile::SetReleaseBudget(32 << 20);
   for (size_t i = 0; i < (*mapped)->size(); i += 4096) sum += (*mapped)->data()[i];
   MappedFile::NoteBytesConsumed(40 << 20);
-  EXPECT_LT(RssKiB() - before, 8 * 1024);
+  EXPECT_LT(testing::RssKiB() - before, 8 * 1024);
   MappedFile::SetReleaseBudget(256 << 20);
 }
 

@@ -105,4 +105,16 @@ std::string DiffExcerpt(const std::string& expected, const std::string& actual, 
   return out;
 }
 
+int64_t RssKiB() {
+  FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) return -1;
+  char line[256];
+  int64_t kib = -1;
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    if (std::sscanf(line, "VmRSS: %ld kB", &kib) == 1) break;
+  }
+  std::fclose(f);
+  return kib;
+}
+
 }  // namespace ucp::torch::testing

@@ -4,6 +4,7 @@
 #ifndef UCP_FORMAT_TORCH_TEST_UTIL_H_
 #define UCP_FORMAT_TORCH_TEST_UTIL_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,8 @@ absl::StatusOr<std::string> RunPython(const std::string& script, const std::vect
 
 // The first differing line of two texts with a few lines of context, for
 // test failure messages ("" when equal).
+// This process's resident set size in KiB (VmRSS), -1 if unknown.
+int64_t RssKiB();
 std::string DiffExcerpt(const std::string& expected, const std::string& actual, int context = 3);
 
 }  // namespace ucp::torch::testing

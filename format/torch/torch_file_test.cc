@@ -389,18 +389,6 @@ TEST(TorchFilePythonTest, Zip64FilesLoadInTorch) {
 
 // Opening (and CRC-checking) a file must not leave its pages in this
 // process's RSS: a converter opens every file of a checkpoint at once.
-int64_t RssKiB() {
-  FILE* f = std::fopen("/proc/self/status", "r");
-  if (f == nullptr) return -1;
-  char line[256];
-  int64_t kib = -1;
-  while (std::fgets(line, sizeof(line), f) != nullptr) {
-    if (std::sscanf(line, "VmRSS: %ld kB", &kib) == 1) break;
-  }
-  std::fclose(f);
-  return kib;
-}
-
 TEST(TorchFileRssTest, OpenWithCrcChecksGivesPagesBack) {
   const std::string path = TempPath("rss_open.pt");
   {
@@ -412,10 +400,10 @@ TEST(TorchFileRssTest, OpenWithCrcChecksGivesPagesBack) {
     });
     ASSERT_TRUE(w.WriteFile(path, *t).ok());
   }
-  const int64_t before = RssKiB();
+  const int64_t before = testing::RssKiB();
   auto file = TorchFile::Open(path);  // verifies every CRC
   ASSERT_TRUE(file.ok()) << file.status();
-  EXPECT_LT(RssKiB() - before, 32 * 1024) << "before " << before << " KiB";
+  EXPECT_LT(testing::RssKiB() - before, 32 * 1024) << "before " << before << " KiB";
 }
 
 // Records filled in parallel at their final offsets give the same bytes as

@@ -155,6 +155,8 @@ absl::Status ZeroModelState::Resolve(const ZeroStateOptions& options) {
   std::vector<char> needs_data(info_.params.size(), 0);
   for (size_t i = 0; i < info_.params.size(); ++i) {
     decisions[i] = resolver_.Decide(info_.params[i].name);
+    // Megatron-DeepSpeed's fused swiglu h_to_4h (args.swiglu) holds two
+    // sub-params per rank: only the preset's plain column guess is upgraded.
     if (decisions[i].rule && decisions[i].source == PRESET && decisions[i].rule->kind() == COLUMN &&
         ms.ArgBool("swiglu") && absl::StrContains(info_.params[i].name, "mlp.dense_h_to_4h.")) {
       decisions[i].rule->set_kind(SUB_PARAMS);
@@ -162,8 +164,6 @@ absl::Status ZeroModelState::Resolve(const ZeroStateOptions& options) {
       decisions[i].rule->set_cat_dim(0);
       absl::StrAppend(&decisions[i].origin, " (args.swiglu: 2 sub-params)");
     }
-    // Megatron-DeepSpeed's fused swiglu h_to_4h (args.swiglu) holds two
-    // sub-params per rank: only the preset's plain column guess is upgraded.
     const bool replicated = decisions[i].rule && (decisions[i].rule->kind() == REPLICATED);
     const bool multi_stage = zero_params_[i] != nullptr && zero_params_[i]->stages.size() > 1;
     needs_data[i] = !decisions[i].rule || (replicated && tp_degree > 1) || multi_stage;

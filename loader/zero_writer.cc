@@ -106,16 +106,6 @@ absl::StatusOr<TargetLayout> PlanTarget(const ModelInfo& info, const ZeroWriteOp
     UCP_ASSIGN_OR_RETURN(out.slice_shapes[i],
                          tp::SliceShapeFromFull(p.rule, p.full_shape, tp, out.padded_rows[i], p.name),
                          _.Prepend(absl::StrCat("target tp=", tp, ": ")));
-    if (p.rule.kind() == SUB_PARAMS && p.rule.sub_param_shape().dim_size() > 0) {
-      // DeepSpeed flattens the sub-param slice; the module keeps its own 2-D
-      // (or n-D) shape: dim 0 shrinks by tp, the other dims stay.
-      std::vector<int64_t> s = p.full_shape;
-      const int64_t total = Numel(out.slice_shapes[i]);
-      if (!s.empty() && s[0] % tp == 0 && Numel(s) / tp == total) {
-        s[0] /= tp;
-        out.slice_shapes[i] = s;
-      }
-    }
   }
 
   // Pipeline stages.

@@ -37,46 +37,6 @@ namespace ucp::fuzz {
     if (!(condition)) ::ucp::fuzz::FailInvariant(__FILE__, __LINE__, #condition, absl::StrCat(__VA_ARGS__)); \
   } while (0)
 
-// Calls f(const pickle::ValuePtr&) for every reference `v` holds (some may
-// be null), in the order the pickle writer visits them.
-template <typename F>
-void ForEachChild(const pickle::Value& v, F&& f) {
-  using pickle::Kind;
-  switch (v.kind()) {
-    case Kind::kTuple:
-    case Kind::kList:
-    case Kind::kSet:
-    case Kind::kFrozenSet:
-      for (const pickle::ValuePtr& item : v.items()) f(item);
-      break;
-    case Kind::kDict:
-      for (const auto& [key, value] : v.dict_items()) {
-        f(key);
-        f(value);
-      }
-      f(v.dict_state());
-      break;
-    case Kind::kObject: {
-      const pickle::Object& o = v.object();
-      f(o.callable);
-      f(o.args);
-      f(o.kwargs);
-      for (const pickle::ValuePtr& item : o.list_items) f(item);
-      for (const auto& [key, value] : o.dict_items) {
-        f(key);
-        f(value);
-      }
-      f(o.state);
-      break;
-    }
-    case Kind::kPersistentId:
-      f(v.pid());
-      break;
-    default:
-      break;
-  }
-}
-
 // The number of nodes of `root` walked as a tree (shared nodes counted once
 // per reference), saturated at `cap` + 1. Visits each distinct node once.
 // Fails the invariant that reader output is acyclic when it finds a cycle.

@@ -67,44 +67,6 @@ bool IsContainer(Kind kind) {
   }
 }
 
-// Calls f(const ValuePtr&) for every reference `v` holds (some may be null).
-template <typename F>
-void ForEachChild(const Value& v, F&& f) {
-  switch (v.kind()) {
-    case Kind::kTuple:
-    case Kind::kList:
-    case Kind::kSet:
-    case Kind::kFrozenSet:
-      for (const ValuePtr& item : v.items()) f(item);
-      break;
-    case Kind::kDict:
-      for (const auto& [key, value] : v.dict_items()) {
-        f(key);
-        f(value);
-      }
-      f(v.dict_state());
-      break;
-    case Kind::kObject: {
-      const Object& o = v.object();
-      f(o.callable);
-      f(o.args);
-      f(o.kwargs);
-      f(o.state);
-      for (const ValuePtr& item : o.list_items) f(item);
-      for (const auto& [key, value] : o.dict_items) {
-        f(key);
-        f(value);
-      }
-      break;
-    }
-    case Kind::kPersistentId:
-      f(v.pid());
-      break;
-    default:
-      break;
-  }
-}
-
 // Python's hashability: what may be a dict key or a set item.
 bool IsHashable(const Value& v) {
   switch (v.kind()) {

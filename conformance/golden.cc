@@ -324,7 +324,7 @@ absl::Status UpdateGolden(const std::string& dir, const std::string& work) {
 
 std::string DeepSpeedSliceAssertion(int64_t full_numel, int64_t slice_numel, int tp_world_size) {
   // universal_checkpoint.py:load_hp_checkpoint_state:
-  //   assert full_hp_param.numel() == tp_world_size * tp_slice.numel(), \
+  //   assert full_hp_param.numel() == tp_world_size * tp_slice.numel(), (line continues)
   //       f'Loading {ckpt_file} full param numel {full_hp_param.numel()} != tensor slice numel
   //       {tp_slice.numel()} * tp_world_size {tp_world_size}'
   return absl::StrCat("full param numel ", full_numel, " != tensor slice numel ", slice_numel, " * tp_world_size ",

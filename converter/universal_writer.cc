@@ -1,6 +1,7 @@
 #include "converter/universal_writer.h"
 
 #include <algorithm>
+#include <memory>
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
@@ -135,6 +136,24 @@ absl::StatusOr<WriteStats> WriteUniversal(const deepspeed::ModelState& state, co
     bytes += f.size;
     return absl::OkStatus();
   };
+  auto write_files = [&](const std::vector<std::string>& rels,
+                         const std::vector<std::unique_ptr<torch::TorchWriter>>& writers,
+                         const std::vector<ValuePtr>& roots) -> absl::Status {
+    std::vector<std::string> paths;
+    std::vector<torch::TorchWriter*> w;
+    std::vector<const Value*> r;
+    for (size_t k = 0; k < rels.size(); ++k) {
+      paths.push_back(JoinPath(out, rels[k]));
+      w.push_back(writers[k].get());
+      r.push_back(roots[k].get());
+    }
+    UCP_RETURN_IF_ERROR(torch::TorchWriter::WriteFiles(w, paths, r));
+    for (size_t k = 0; k < rels.size(); ++k) {
+      files.Add(rels[k], static_cast<int64_t>(writers[k]->bytes_written()), writers[k]->sha256_hex());
+      bytes += static_cast<int64_t>(writers[k]->bytes_written());
+    }
+    return absl::OkStatus();
+  };
 
   UCP_RETURN_IF_ERROR(ParallelFor(info.params.size(), options.num_threads, [&](size_t i) -> absl::Status {
     const ParamState& p = info.params[i];
@@ -149,6 +168,11 @@ absl::StatusOr<WriteStats> WriteUniversal(const deepspeed::ModelState& state, co
       }
       std::vector<std::string> states = {deepspeed::kFp32State};
       states.insert(states.end(), info.state_keys.begin(), info.state_keys.end());
+      // The fp32 master and the optimizer states (same shape) are written
+      // together, so their hashes are computed two at a time.
+      std::vector<std::unique_ptr<torch::TorchWriter>> writers;
+      std::vector<ValuePtr> roots;
+      std::vector<std::string> rels;
       for (const std::string& s : states) {
         UCP_ASSIGN_OR_RETURN(tp::TensorPlan plan, state.Full(p, s));
         if (plan.shape() != p.full_shape) {
@@ -156,12 +180,14 @@ absl::StatusOr<WriteStats> WriteUniversal(const deepspeed::ModelState& state, co
                                                   torch::ShapeString(plan.shape()), " differs from ",
                                                   torch::ShapeString(p.full_shape)));
         }
-        torch::TorchWriter w(HashedWrites());
-        ValuePtr t = tp::AddPlan(w, plan);
+        writers.push_back(std::make_unique<torch::TorchWriter>(HashedWrites()));
+        ValuePtr t = tp::AddPlan(*writers.back(), plan);  // the writer keeps a copy of the plan
         // DeepSpeed's fp32 masters keep requires_grad=True through the merge.
         if (s == deepspeed::kFp32State) UCP_RETURN_IF_ERROR(tp::SetRequiresGrad(*t, true));
-        UCP_RETURN_IF_ERROR(write_file(JoinPath(rel_dir, s + ".pt"), w, *UniversalParamDict(p.rule, t)));
+        roots.push_back(UniversalParamDict(p.rule, t));
+        rels.push_back(JoinPath(rel_dir, s + ".pt"));
       }
+      UCP_RETURN_IF_ERROR(write_files(rels, writers, roots));
     } else {
       UCP_ASSIGN_OR_RETURN(tp::TensorPlan plan, state.Full(p, deepspeed::kLpState));
       torch::TorchWriter w(HashedWrites());

@@ -28,11 +28,16 @@ TEST(Crc32Test, ImplementationsAgreeOnAllLengthsAndAlignments) {
   std::vector<uint8_t> data(4096 + 64);
   for (auto& b : data) b = static_cast<uint8_t>(rng());
   for (size_t offset : {0, 1, 3, 8, 15}) {
-    for (size_t len = 0; len <= 1100; ++len) {
+    for (size_t len = 0; len <= 4096; ++len) {
       const uint8_t* p = data.data() + offset;
       uint32_t expected = Crc32Bytewise(0, p, len);
       ASSERT_EQ(Crc32Slicing16(0, p, len), expected) << len;
-      if (internal_crc32::HasPclmul()) ASSERT_EQ(Crc32Pclmul(0, p, len), expected) << len;
+      if (internal_crc32::HasPclmul()) {
+        ASSERT_EQ(Crc32Pclmul(0, p, len), expected) << len;
+      }
+      if (internal_crc32::HasVpclmul256()) {
+        ASSERT_EQ(internal_crc32::Crc32Vpclmul(0, p, len), expected) << len;
+      }
       ASSERT_EQ(Crc32(0, p, len), expected) << len;
     }
   }
@@ -62,7 +67,13 @@ TEST(Crc32Test, Throughput) {
     return c;
   };
   uint32_t a = time("slicing16", &Crc32Slicing16);
-  if (internal_crc32::HasPclmul()) EXPECT_EQ(time("pclmul", &Crc32Pclmul), a);
+  if (internal_crc32::HasPclmul()) {
+    EXPECT_EQ(time("pclmul", &Crc32Pclmul), a);
+  }
+  if (internal_crc32::HasVpclmul256()) {
+    EXPECT_EQ(time("vpclmul256", &internal_crc32::Crc32Vpclmul), a);
+  }
+  if (!internal_crc32::HasVpclmul256()) std::printf("note: no VPCLMULQDQ on this CPU; that path did not run\n");
 }
 
 }  // namespace

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <deque>
+#include <memory>
 #include <optional>
 #include <utility>
 
@@ -449,6 +451,54 @@ std::vector<std::shared_ptr<const Storage>> TorchFile::Storages() const {
 // ---------------------------------------------------------------------------
 // TorchWriter
 
+namespace {
+
+// Passes bytes on to another sink, counting them and, with a hasher, hashing
+// them, except while paused: then whoever writes the bytes hashes them (in
+// the same order) itself.
+class HashingSink : public ZipSink {
+ public:
+  HashingSink(ZipSink* next, Sha256* sha) : next_(next), sha_(sha) {}
+  absl::Status Write(absl::Span<const uint8_t> bytes) override {
+    if (sha_ != nullptr && !paused_) sha_->Update(bytes.data(), bytes.size());
+    count_ += bytes.size();
+    return next_->Write(bytes);
+  }
+  absl::Status Flush() override { return next_->Flush(); }
+  absl::Status Skip(uint64_t n) override {
+    if (sha_ != nullptr) return absl::FailedPreconditionError("cannot hash bytes written elsewhere");
+    count_ += n;
+    return next_->Skip(n);
+  }
+  void set_paused(bool paused) { paused_ = paused; }
+  Sha256* sha() const { return sha_; }
+  uint64_t count() const { return count_; }
+
+ private:
+  ZipSink* next_;
+  Sha256* sha_;
+  bool paused_ = false;
+  uint64_t count_ = 0;
+};
+
+// A buffer that grows as needed and is never zero-filled.
+class GrowBuffer {
+ public:
+  uint8_t* Get(size_t n) {
+    if (n > size_) {
+      data_.reset(new uint8_t[n]);
+      size_ = n;
+    }
+    return data_.get();
+  }
+
+ private:
+  std::unique_ptr<uint8_t[]> data_;
+  size_t size_ = 0;
+};
+
+}  // namespace
+
 struct TorchWriter::Impl {
   TorchWriteOptions options;
   uint64_t last_bytes = 0;
@@ -578,54 +628,152 @@ struct TorchWriter::Impl {
     return absl::OkStatus();
   }
 
-  // Hands an entry's bytes to `emit` in order, in cache-sized pieces: from
-  // its in-memory storage, its viewer (zero-copy where the source is
-  // contiguous) or its producer (through `buffer`, grown as needed and never
-  // zero-filled: every byte handed out is written first).
-  absl::Status StreamEntry(const Entry& e, const std::string& name, std::unique_ptr<uint8_t[]>& buffer,
-                           size_t& buffer_size, const std::function<absl::Status(absl::Span<const uint8_t>)>& emit) {
-    const size_t chunk = std::max<size_t>(options.chunk_bytes, 4096);
-    // Small enough to stay in cache between the CRC, the hash and the write.
-    constexpr size_t kPiece = size_t{1} << 19;
-    absl::Status s;
-    for (uint64_t pos = 0; pos < e.nbytes && s.ok(); pos += chunk) {
-      const size_t len = static_cast<size_t>(std::min<uint64_t>(chunk, e.nbytes - pos));
-      absl::Span<const uint8_t> bytes;
-      if (e.storage != nullptr) {
-        bytes = absl::MakeConstSpan(e.storage->data() + pos, len);
-      } else {
-        if (len > buffer_size) {
-          buffer.reset(new uint8_t[len]);
-          buffer_size = len;
-        }
-        if (e.viewer) {
-          absl::StatusOr<absl::Span<const uint8_t>> view = e.viewer(pos, len, buffer.get());
-          if (!view.ok()) return view.status();
-          if (view->size() != len) {
+  // Hands out an entry's bytes in order, in cache-sized pieces (small enough
+  // to stay in cache between the CRC, the hash and the write): from its
+  // in-memory storage, its viewer (zero-copy where the source is contiguous)
+  // or its producer (through `buffer`; every byte handed out is written
+  // first). A piece stays valid until the next call.
+  class EntryCursor {
+   public:
+    EntryCursor(const Entry& e, const std::string& name, size_t chunk_bytes, GrowBuffer* buffer)
+        : e_(e), name_(name), chunk_bytes_(std::max<size_t>(chunk_bytes, 4096)), buffer_(buffer) {}
+
+    // The next piece; empty once the entry is done.
+    absl::StatusOr<absl::Span<const uint8_t>> Next() {
+      constexpr size_t kPiece = size_t{1} << 19;
+      if (within_ == chunk_.size()) {
+        if (pos_ >= e_.nbytes) return absl::Span<const uint8_t>();
+        const size_t len = static_cast<size_t>(std::min<uint64_t>(chunk_bytes_, e_.nbytes - pos_));
+        if (e_.storage != nullptr) {
+          chunk_ = absl::MakeConstSpan(e_.storage->data() + pos_, len);
+        } else if (e_.viewer) {
+          UCP_ASSIGN_OR_RETURN(chunk_, e_.viewer(pos_, len, buffer_->Get(len)));
+          if (chunk_.size() != len) {
             return absl::InternalError(
-                absl::StrCat(name, ": a storage viewer returned ", view->size(), " bytes for ", len));
+                absl::StrCat(name_, ": a storage viewer returned ", chunk_.size(), " bytes for ", len));
           }
-          bytes = *view;
         } else {
-          absl::Span<uint8_t> dst(buffer.get(), len);
-          s = e.producer(pos, dst);
-          if (!s.ok()) return s;
-          bytes = dst;
+          absl::Span<uint8_t> dst(buffer_->Get(len), len);
+          UCP_RETURN_IF_ERROR(e_.producer(pos_, dst));
+          chunk_ = dst;
         }
+        pos_ += len;
+        within_ = 0;
       }
-      for (size_t p = 0; p < bytes.size() && s.ok(); p += kPiece) s = emit(bytes.subspan(p, std::min(kPiece, bytes.size() - p)));
+      const absl::Span<const uint8_t> piece = chunk_.subspan(within_, std::min(kPiece, chunk_.size() - within_));
+      within_ += piece.size();
+      return piece;
     }
-    return s;
+
+   private:
+    const Entry& e_;
+    const std::string& name_;
+    const size_t chunk_bytes_;
+    GrowBuffer* buffer_;
+    uint64_t pos_ = 0;  // of the next chunk
+    absl::Span<const uint8_t> chunk_;
+    size_t within_ = 0;
+  };
+
+  // Passes an entry's bytes to `emit` in order, piece by piece.
+  absl::Status StreamEntry(const Entry& e, const std::string& name, GrowBuffer& buffer,
+                           const std::function<absl::Status(absl::Span<const uint8_t>)>& emit) {
+    EntryCursor cursor(e, name, options.chunk_bytes, &buffer);
+    while (true) {
+      UCP_ASSIGN_OR_RETURN(absl::Span<const uint8_t> piece, cursor.Next());
+      if (piece.empty()) return absl::OkStatus();
+      UCP_RETURN_IF_ERROR(emit(piece));
+    }
   }
+
+  ZipWriterOptions ZipOptions() const {
+    ZipWriterOptions zip_options;
+    zip_options.zip64_size_threshold = options.zip64_size_threshold;
+    zip_options.zip64_offset_threshold = options.zip64_offset_threshold;
+    return zip_options;
+  }
+
+  // The storage records in writing order and the pickle of `root`.
+  struct Prepared {
+    std::vector<size_t> order;
+    std::string pkl;
+  };
+  absl::StatusOr<Prepared> Prepare(const std::string& name, const std::string& stem, const Value& root) {
+    if (!deferred_error.ok()) return deferred_error;
+    if (stem.empty()) return absl::InvalidArgumentError(absl::StrCat(name, ": empty archive name"));
+    Prepared p;
+    absl::Status s = AssignKeys(root, &p.order);
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat(name, ": ", s.message()));
+    absl::StatusOr<std::string> pkl = pickle::Pickle(root);
+    if (!pkl.ok()) return absl::Status(pkl.status().code(), absl::StrCat(name, ": ", pkl.status().message()));
+    p.pkl = *std::move(pkl);
+    std::sort(p.order.begin(), p.order.end(), [&](size_t a, size_t b) { return entries[a].key < entries[b].key; });
+    return p;
+  }
+
+  // One archive written a piece at a time, so several can be written (and
+  // hashed) in step: Start(), then Next() until it returns an empty span, then
+  // Finish(). Next() writes the next piece of storage bytes to the sink with
+  // its hashing paused and returns the piece, which the caller hashes (when
+  // the sink has a hasher) before calling Next() again; everything around the
+  // storages (data.pkl, headers, descriptors, directory) the sink hashes.
+  class ArchiveLane {
+   public:
+    ArchiveLane(Impl* impl, HashingSink* sink, std::string name, std::string stem, Prepared prepared)
+        : impl_(impl),
+          sink_(sink),
+          name_(std::move(name)),
+          stem_(std::move(stem)),
+          prepared_(std::move(prepared)),
+          zip_(sink, name_, impl->ZipOptions()) {}
+
+    absl::Status Start() { return zip_.AddRecord(absl::StrCat(stem_, "/data.pkl"), prepared_.pkl); }
+
+    absl::StatusOr<absl::Span<const uint8_t>> Next() {
+      while (true) {
+        if (cursor_.has_value()) {
+          UCP_ASSIGN_OR_RETURN(absl::Span<const uint8_t> piece, cursor_->Next());
+          if (!piece.empty()) {
+            sink_->set_paused(true);
+            absl::Status s = zip_.WriteData(piece);
+            sink_->set_paused(false);
+            if (!s.ok()) return s;
+            return piece;
+          }
+          cursor_.reset();
+          UCP_RETURN_IF_ERROR(zip_.EndRecord());
+          ++next_record_;
+        }
+        if (next_record_ == prepared_.order.size()) return absl::Span<const uint8_t>();
+        const Entry& e = impl_->entries[prepared_.order[next_record_]];
+        UCP_RETURN_IF_ERROR(zip_.BeginRecord(absl::StrCat(stem_, "/data/", e.key), e.nbytes));
+        cursor_.emplace(e, name_, impl_->options.chunk_bytes, &buffer_);
+      }
+    }
+
+    absl::Status Finish() {
+      UCP_RETURN_IF_ERROR(zip_.AddRecord(absl::StrCat(stem_, "/version"), kWrittenVersion));
+      return zip_.Finish();
+    }
+
+   private:
+    Impl* impl_;
+    HashingSink* sink_;
+    std::string name_;
+    std::string stem_;
+    Prepared prepared_;
+    ZipWriter zip_;
+    GrowBuffer buffer_;
+    size_t next_record_ = 0;
+    std::optional<EntryCursor> cursor_;
+  };
 
   // Writes the storage records at their final offsets in parallel (pwrite),
   // then the headers, descriptors and directory around them: the same bytes
   // as the sequential path.
   absl::Status WriteArchiveParallel(int fd, ZipSink* sink, const std::string& name, const std::string& stem,
                                     const std::string& pkl, const std::vector<size_t>& order) {
-    ZipWriterOptions zip_options;
-    zip_options.zip64_size_threshold = options.zip64_size_threshold;
-    zip_options.zip64_offset_threshold = options.zip64_offset_threshold;
+    const ZipWriterOptions zip_options = ZipOptions();
     // Lay the archive out.
     std::vector<uint64_t> data_offset(order.size());
     {
@@ -643,10 +791,9 @@ struct TorchWriter::Impl {
     // Fill the records.
     std::vector<uint32_t> crc(order.size(), 0);
     absl::Status s = ParallelFor(order.size(), options.record_threads, [&](size_t i) -> absl::Status {
-      std::unique_ptr<uint8_t[]> buffer;
-      size_t buffer_size = 0;
+      GrowBuffer buffer;
       uint64_t at = data_offset[i];
-      return StreamEntry(entries[order[i]], name, buffer, buffer_size, [&](absl::Span<const uint8_t> piece) {
+      return StreamEntry(entries[order[i]], name, buffer, [&](absl::Span<const uint8_t> piece) {
         crc[i] = Crc32(crc[i], piece.data(), piece.size());
         size_t done = 0;
         while (done < piece.size()) {
@@ -678,41 +825,24 @@ struct TorchWriter::Impl {
     return s;
   }
 
-  absl::Status WriteArchive(ZipSink* sink, const std::string& name, const std::string& stem, const Value& root, int fd = -1) {
-    if (!deferred_error.ok()) return deferred_error;
-    if (stem.empty()) return absl::InvalidArgumentError(absl::StrCat(name, ": empty archive name"));
-    std::vector<size_t> order;
-    absl::Status s = AssignKeys(root, &order);
-    if (!s.ok()) return absl::Status(s.code(), absl::StrCat(name, ": ", s.message()));
-    absl::StatusOr<std::string> pkl = pickle::Pickle(root);
-    if (!pkl.ok()) return absl::Status(pkl.status().code(), absl::StrCat(name, ": ", pkl.status().message()));
-    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return entries[a].key < entries[b].key; });
+  // Writes one archive to `sink` (whose hasher, if any, sees every byte in
+  // order); with `fd`, large records may be filled in parallel.
+  absl::Status WriteArchive(HashingSink* sink, const std::string& name, const std::string& stem, const Value& root,
+                            int fd = -1) {
+    UCP_ASSIGN_OR_RETURN(Prepared prepared, Prepare(name, stem, root));
     size_t large = 0;
-    for (size_t index : order) large += entries[index].nbytes >= (size_t{1} << 20) ? 1 : 0;
-    if (fd >= 0 && options.record_threads > 1 && !options.sha256 && large >= 2) {
-      return WriteArchiveParallel(fd, sink, name, stem, *pkl, order);
+    for (size_t index : prepared.order) large += entries[index].nbytes >= (size_t{1} << 20) ? 1 : 0;
+    if (fd >= 0 && options.record_threads > 1 && sink->sha() == nullptr && large >= 2) {
+      return WriteArchiveParallel(fd, sink, name, stem, prepared.pkl, prepared.order);
     }
-    ZipWriterOptions zip_options;
-    zip_options.zip64_size_threshold = options.zip64_size_threshold;
-    zip_options.zip64_offset_threshold = options.zip64_offset_threshold;
-    ZipWriter zip(sink, name, zip_options);
-    s = zip.AddRecord(absl::StrCat(stem, "/data.pkl"), *pkl);
-    if (!s.ok()) return s;
-    std::unique_ptr<uint8_t[]> buffer;
-    size_t buffer_size = 0;
-    for (size_t index : order) {
-      const Entry& e = entries[index];
-      s = zip.BeginRecord(absl::StrCat(stem, "/data/", e.key), e.nbytes);
-      if (!s.ok()) return s;
-      s = StreamEntry(e, name, buffer, buffer_size,
-                      [&](absl::Span<const uint8_t> piece) { return zip.WriteData(piece); });
-      if (!s.ok()) return s;
-      s = zip.EndRecord();
-      if (!s.ok()) return s;
+    ArchiveLane lane(this, sink, name, stem, std::move(prepared));
+    UCP_RETURN_IF_ERROR(lane.Start());
+    while (true) {
+      UCP_ASSIGN_OR_RETURN(absl::Span<const uint8_t> piece, lane.Next());
+      if (piece.empty()) break;
+      if (sink->sha() != nullptr) sink->sha()->Update(piece.data(), piece.size());
     }
-    s = zip.AddRecord(absl::StrCat(stem, "/version"), kWrittenVersion);
-    if (!s.ok()) return s;
-    return zip.Finish();
+    return lane.Finish();
   }
 };
 
@@ -780,67 +910,171 @@ pickle::ValuePtr TorchWriter::AddStreamedTensor(DType dtype, std::vector<int64_t
   return impl_->MakeTensorValue(impl_->entries.size() - 1, offset, sizes, strides, false);
 }
 
-namespace {
-
-// Passes bytes on to another sink, counting and (optionally) hashing them.
-class HashingSink : public ZipSink {
- public:
-  HashingSink(ZipSink* next, bool hash) : next_(next), hash_(hash) {}
-  absl::Status Write(absl::Span<const uint8_t> bytes) override {
-    if (hash_) sha_.Update(bytes.data(), bytes.size());
-    count_ += bytes.size();
-    return next_->Write(bytes);
-  }
-  absl::Status Flush() override { return next_->Flush(); }
-  absl::Status Skip(uint64_t n) override {
-    if (hash_) return absl::FailedPreconditionError("cannot hash bytes written elsewhere");
-    count_ += n;
-    return next_->Skip(n);
-  }
-  uint64_t count() const { return count_; }
-  std::string HexDigest() { return hash_ ? sha_.HexDigest() : std::string(); }
-
- private:
-  ZipSink* next_;
-  bool hash_;
-  Sha256 sha_;
-  uint64_t count_ = 0;
-};
-
-}  // namespace
 
 uint64_t TorchWriter::bytes_written() const { return impl_->last_bytes; }
 const std::string& TorchWriter::sha256_hex() const { return impl_->last_sha256; }
 
+namespace {
+
+// A file being written: created (never over a file this process has mapped),
+// written through a buffer and, optionally, a hasher; closed by Close(), and
+// removed when writing failed or it is destroyed unclosed.
+class OutputFile {
+ public:
+  static absl::StatusOr<std::unique_ptr<OutputFile>> Create(const std::string& path, bool hash) {
+    // Truncating a file this process has mapped (e.g. the checkpoint the
+    // storages come from) would destroy the source and SIGBUS the reader.
+    if (MappedFile::IsMappedByThisProcess(path)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(path, ": refusing to overwrite a file that is open for reading (memory-mapped)"));
+    }
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat(path, ": cannot create"));
+    return std::unique_ptr<OutputFile>(new OutputFile(fd, path, hash));
+  }
+  OutputFile(const OutputFile&) = delete;
+  OutputFile& operator=(const OutputFile&) = delete;
+  ~OutputFile() {
+    if (fd_ >= 0) (void)Close(absl::CancelledError("abandoned"), false);
+  }
+
+  HashingSink* sink() { return &hashing_; }
+  int fd() const { return fd_; }
+  const std::string& path() const { return path_; }
+  uint64_t bytes_written() const { return hashing_.count(); }
+  std::string HexDigest() { return hashing_.sha() != nullptr ? sha_.HexDigest() : std::string(); }
+
+  // Ends writing with `status` (what writing the contents returned): syncs
+  // if asked, closes, and removes the file unless all went well.
+  absl::Status Close(absl::Status status, bool sync) {
+    if (status.ok() && sync && ::fdatasync(fd_) != 0) {
+      status = absl::ErrnoToStatus(errno, absl::StrCat(path_, ": fdatasync failed"));
+    }
+    if (::close(fd_) != 0 && status.ok()) status = absl::ErrnoToStatus(errno, absl::StrCat(path_, ": close failed"));
+    fd_ = -1;
+    if (!status.ok()) ::unlink(path_.c_str());
+    return status;
+  }
+
+ private:
+  OutputFile(int fd, std::string path, bool hash)
+      : fd_(fd), path_(std::move(path)), sink_(fd, path_), hashing_(&sink_, hash ? &sha_ : nullptr) {}
+  int fd_;
+  std::string path_;
+  FdSink sink_;
+  Sha256 sha_;
+  HashingSink hashing_;
+};
+
+}  // namespace
+
 absl::Status TorchWriter::WriteFile(const std::string& path, const pickle::Value& root) {
-  // Truncating a file this process has mapped (e.g. the checkpoint the
-  // storages come from) would destroy the source and SIGBUS the reader.
-  if (MappedFile::IsMappedByThisProcess(path)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(path, ": refusing to overwrite a file that is open for reading (memory-mapped)"));
+  UCP_ASSIGN_OR_RETURN(std::unique_ptr<OutputFile> file, OutputFile::Create(path, impl_->options.sha256));
+  absl::Status s = impl_->WriteArchive(file->sink(), path, ArchiveStem(path), root, file->fd());
+  impl_->last_bytes = file->bytes_written();
+  impl_->last_sha256 = file->HexDigest();
+  return file->Close(std::move(s), impl_->options.sync);
+}
+
+absl::Status TorchWriter::WriteFiles(absl::Span<TorchWriter* const> writers, absl::Span<const std::string> paths,
+                                     absl::Span<const pickle::Value* const> roots) {
+  if (writers.size() != paths.size() || writers.size() != roots.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("WriteFiles: ", writers.size(), " writers, ", paths.size(),
+                                                   " paths and ", roots.size(), " roots"));
   }
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat(path, ": cannot create"));
-  absl::Status s;
-  {
-    FdSink sink(fd, path);
-    HashingSink hashing(&sink, impl_->options.sha256);
-    s = impl_->WriteArchive(&hashing, path, ArchiveStem(path), root, fd);
-    impl_->last_bytes = hashing.count();
-    impl_->last_sha256 = hashing.HexDigest();
+  absl::flat_hash_set<const TorchWriter*> distinct;
+  bool hashed = true;
+  for (size_t i = 0; i < writers.size(); ++i) {
+    if (writers[i] == nullptr || roots[i] == nullptr || !distinct.insert(writers[i]).second) {
+      return absl::InvalidArgumentError("WriteFiles: each file needs its own writer and a root");
+    }
+    hashed = hashed && writers[i]->impl_->options.sha256;
   }
-  if (s.ok() && impl_->options.sync && ::fdatasync(fd) != 0) {
-    s = absl::ErrnoToStatus(errno, absl::StrCat(path, ": fdatasync failed"));
+  std::vector<std::string> written;
+  auto remove_written = [&](absl::Status s) {
+    for (const std::string& path : written) ::unlink(path.c_str());
+    return s;
+  };
+  if (!hashed || writers.size() < 2) {
+    for (size_t i = 0; i < writers.size(); ++i) {
+      absl::Status s = writers[i]->WriteFile(paths[i], *roots[i]);
+      if (!s.ok()) return remove_written(s);
+      written.push_back(paths[i]);
+    }
+    return absl::OkStatus();
   }
-  if (::close(fd) != 0 && s.ok()) s = absl::ErrnoToStatus(errno, absl::StrCat(path, ": close failed"));
-  if (!s.ok()) ::unlink(path.c_str());
-  return s;
+
+  // Every file hashes: write them a piece at a time in turn, hashing the
+  // pieces of two different files at once.
+  struct Lane {
+    Impl* impl;
+    std::unique_ptr<OutputFile> file;
+    std::optional<Impl::ArchiveLane> lane;
+  };
+  std::vector<std::unique_ptr<Lane>> lanes;
+  auto fail = [&](absl::Status s) {
+    lanes.clear();  // closes and removes the files not finished
+    return remove_written(std::move(s));
+  };
+  std::deque<Lane*> turn;
+  for (size_t i = 0; i < writers.size(); ++i) {
+    auto l = std::make_unique<Lane>();
+    l->impl = writers[i]->impl_.get();
+    absl::StatusOr<std::unique_ptr<OutputFile>> file = OutputFile::Create(paths[i], true);
+    if (!file.ok()) return fail(file.status());
+    l->file = *std::move(file);
+    absl::StatusOr<Impl::Prepared> prepared = l->impl->Prepare(paths[i], ArchiveStem(paths[i]), *roots[i]);
+    if (!prepared.ok()) return fail(prepared.status());
+    l->lane.emplace(l->impl, l->file->sink(), paths[i], ArchiveStem(paths[i]), *std::move(prepared));
+    absl::Status s = l->lane->Start();
+    if (!s.ok()) return fail(s);
+    turn.push_back(l.get());
+    lanes.push_back(std::move(l));
+  }
+  while (!turn.empty()) {
+    Lane* pair[2] = {turn.front(), nullptr};
+    turn.pop_front();
+    if (!turn.empty()) {
+      pair[1] = turn.front();
+      turn.pop_front();
+    }
+    absl::Span<const uint8_t> piece[2];
+    for (int k = 0; k < 2 && pair[k] != nullptr; ++k) {
+      absl::StatusOr<absl::Span<const uint8_t>> next = pair[k]->lane->Next();
+      if (!next.ok()) return fail(next.status());
+      piece[k] = *next;
+    }
+    Sha256* sha0 = pair[0]->file->sink()->sha();
+    if (pair[1] != nullptr) {
+      Sha256::UpdatePair(*sha0, piece[0].data(), piece[0].size(), *pair[1]->file->sink()->sha(), piece[1].data(),
+                         piece[1].size());
+    } else {
+      sha0->Update(piece[0].data(), piece[0].size());
+    }
+    for (int k = 0; k < 2 && pair[k] != nullptr; ++k) {
+      Lane* l = pair[k];
+      if (!piece[k].empty()) {
+        turn.push_back(l);
+        continue;
+      }
+      absl::Status s = l->lane->Finish();
+      l->impl->last_bytes = l->file->bytes_written();
+      l->impl->last_sha256 = l->file->HexDigest();
+      const std::string path = l->file->path();
+      s = l->file->Close(std::move(s), l->impl->options.sync);
+      l->file.reset();
+      if (!s.ok()) return fail(s);
+      written.push_back(path);
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> TorchWriter::WriteToString(const std::string& stem, const pickle::Value& root) {
   std::string out;
   StringSink sink(&out);
-  absl::Status s = impl_->WriteArchive(&sink, stem, stem, root);
+  HashingSink passthrough(&sink, nullptr);
+  absl::Status s = impl_->WriteArchive(&passthrough, stem, stem, root);
   if (!s.ok()) return s;
   return out;
 }

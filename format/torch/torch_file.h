@@ -121,7 +121,7 @@ using StorageViewer =
 struct TorchWriteOptions {
   // Bytes per WriteData call when streaming storages (also the producer
   // buffer size).
-  size_t chunk_bytes = size_t{8} << 20;
+  size_t chunk_bytes = size_t{1} << 20;
   // fdatasync the file before closing it.
   bool sync = false;
   // See ZipWriterOptions; lower only in tests.
@@ -169,6 +169,14 @@ class TorchWriter {
   // read: overwriting it in place would destroy the source). A producer's
   // error is returned as is.
   absl::Status WriteFile(const std::string& path, const pickle::Value& root);
+  // Writes writers[i]'s archive to paths[i] (with roots[i]) for every i, each
+  // file as WriteFile would. When every writer hashes (sha256), the files'
+  // storage bytes are written a piece at a time in turn and two files' pieces
+  // are hashed together (Sha256::UpdatePair), nearly twice as fast as one
+  // file after another. Each writer's bytes_written() and sha256_hex() then
+  // describe its file. On failure no file of the call is left.
+  static absl::Status WriteFiles(absl::Span<TorchWriter* const> writers, absl::Span<const std::string> paths,
+                                 absl::Span<const pickle::Value* const> roots);
   // The same into memory (tests).
   absl::StatusOr<std::string> WriteToString(const std::string& stem, const pickle::Value& root);
 

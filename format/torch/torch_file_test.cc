@@ -4,10 +4,12 @@
 
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/sha256.h"
 #include "format/pickle/writer.h"
 #include "format/torch/dump.h"
 #include "format/torch/test_util.h"
@@ -440,6 +442,103 @@ TEST(TorchWriterParallelTest, SameBytesAsSequential) {
     EXPECT_EQ(files[0].size(), files[1].size());
     EXPECT_TRUE(files[0] == files[1]) << "zip64 threshold " << zip64_threshold;
   }
+}
+
+// A writer for WriteFiles tests: file `k` of a batch, with streamed storages
+// (producer and viewer), an in-memory one and an empty one of k-dependent
+// sizes, so the files' pieces and headers never line up.
+std::unique_ptr<TorchWriter> BatchWriter(int k, bool hash, ValuePtr* root, const std::string* viewed,
+                                         bool fail = false) {
+  TorchWriteOptions o;
+  o.sha256 = hash;
+  o.chunk_bytes = size_t{1} << 20;
+  auto w = std::make_unique<TorchWriter>(o);
+  *root = Value::MakeDict();
+  const int64_t n = (int64_t{1} << 18) * (k % 3 + 1) + 13 * k;
+  (*root)->DictSet(Value::Str(absl::StrCat("produced_", std::string(k, 'x'))),
+                   w->AddStreamedTensor(DType::kFloat32, {n}, n, 0, [k, fail](uint64_t offset, absl::Span<uint8_t> dst) {
+                     if (fail && offset > 0) return absl::DataLossError("source went away");
+                     for (size_t i = 0; i < dst.size(); ++i) dst[i] = static_cast<uint8_t>((offset + i) * (k + 5) >> 3);
+                     return absl::OkStatus();
+                   }));
+  const int64_t m = static_cast<int64_t>(viewed->size()) / 2 - k;
+  (*root)->DictSet(Value::Str("viewed"),
+                   w->AddStreamedTensor(DType::kInt16, {m}, m, 0,
+                                        [viewed, k](uint64_t offset, size_t len, uint8_t*) -> absl::StatusOr<absl::Span<const uint8_t>> {
+                                          return absl::MakeConstSpan(
+                                              reinterpret_cast<const uint8_t*>(viewed->data()) + 2 * k + offset, len);
+                                        }));
+  (*root)->DictSet(Value::Str("small"), w->AddTensor(FloatTensor({1.0f * k, 2, 3}, {3})));
+  (*root)->DictSet(Value::Str("empty"), w->AddTensor(*Tensor::FromBytes(DType::kFloat32, {0}, "")));
+  return w;
+}
+
+// WriteFiles writes each file exactly as WriteFile does, and when the files
+// are hashed in pairs each digest is the sha256 of its file; a failure in one
+// file leaves none of the batch behind.
+TEST(TorchWriterBatchTest, SameFilesAndDigestsAsOneByOne) {
+  std::string viewed(size_t{5} << 20, '\0');
+  for (size_t i = 0; i < viewed.size(); ++i) viewed[i] = static_cast<char>(i * 31 + (i >> 11));
+  for (bool hash : {true, false}) {
+    for (int count : {1, 2, 3, 5}) {
+      const std::string one_dir = TempPath(absl::StrCat("batch/one_", hash, "_", count));
+      const std::string all_dir = TempPath(absl::StrCat("batch/all_", hash, "_", count));
+      std::filesystem::create_directories(one_dir);
+      std::filesystem::create_directories(all_dir);
+      std::vector<std::unique_ptr<TorchWriter>> writers;
+      std::vector<ValuePtr> roots(count);
+      std::vector<std::string> paths;
+      std::vector<std::string> one_digests;
+      for (int k = 0; k < count; ++k) {
+        const std::string name = absl::StrCat("f", k, ".pt");
+        ValuePtr root;
+        auto single = BatchWriter(k, hash, &root, &viewed);
+        ASSERT_TRUE(single->WriteFile(one_dir + "/" + name, *root).ok());
+        one_digests.push_back(single->sha256_hex());
+        writers.push_back(BatchWriter(k, hash, &roots[k], &viewed));
+        paths.push_back(all_dir + "/" + name);
+      }
+      std::vector<TorchWriter*> w;
+      std::vector<const Value*> r;
+      for (int k = 0; k < count; ++k) {
+        w.push_back(writers[k].get());
+        r.push_back(roots[k].get());
+      }
+      absl::Status s = TorchWriter::WriteFiles(w, paths, r);
+      ASSERT_TRUE(s.ok()) << s;
+      for (int k = 0; k < count; ++k) {
+        const std::string bytes = *ReadFileToString(paths[k]);
+        EXPECT_TRUE(bytes == *ReadFileToString(one_dir + absl::StrCat("/f", k, ".pt"))) << k;
+        EXPECT_EQ(writers[k]->bytes_written(), bytes.size());
+        EXPECT_EQ(writers[k]->sha256_hex(), one_digests[k]);
+        EXPECT_EQ(writers[k]->sha256_hex(), hash ? Sha256Hex(bytes) : "") << "hash " << hash << " file " << k;
+        EXPECT_TRUE(TorchFile::Open(paths[k]).ok());
+      }
+    }
+    // File 1 of 3 fails half way: no file of the batch is left.
+    const std::string dir = TempPath(absl::StrCat("batch/failing_", hash));
+    std::filesystem::create_directories(dir);
+    std::vector<std::unique_ptr<TorchWriter>> writers;
+    std::vector<ValuePtr> roots(3);
+    std::vector<TorchWriter*> w;
+    std::vector<const Value*> r;
+    std::vector<std::string> paths;
+    for (int k = 0; k < 3; ++k) {
+      writers.push_back(BatchWriter(k, hash, &roots[k], &viewed, /*fail=*/k == 1));
+      w.push_back(writers.back().get());
+      r.push_back(roots[k].get());
+      paths.push_back(dir + absl::StrCat("/f", k, ".pt"));
+    }
+    EXPECT_EQ(TorchWriter::WriteFiles(w, paths, r).code(), absl::StatusCode::kDataLoss);
+    EXPECT_TRUE(std::filesystem::is_empty(dir)) << "hash " << hash;
+  }
+  // Misuse.
+  TorchWriter one;
+  ValuePtr none = Value::None();
+  std::vector<TorchWriter*> twice = {&one, &one};
+  std::vector<std::string> two_paths = {TempPath("batch/a.pt"), TempPath("batch/b.pt")};
+  std::vector<const Value*> two_roots = {none.get(), none.get()};
+  EXPECT_EQ(TorchWriter::WriteFiles(twice, two_paths, two_roots).code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

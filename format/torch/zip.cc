@@ -456,14 +456,16 @@ absl::Status FdSink::WriteAll(const uint8_t* p, size_t n) {
 }
 
 absl::Status FdSink::Write(absl::Span<const uint8_t> bytes) {
-  if (used_ + bytes.size() <= buffer_.size()) {
+  // Pieces of a quarter of the buffer or more are not worth a copy.
+  const bool large = bytes.size() >= buffer_.size() / 4 && !bytes.empty();
+  if (!large && used_ + bytes.size() <= buffer_.size()) {
     std::memcpy(buffer_.data() + used_, bytes.data(), bytes.size());
     used_ += bytes.size();
     return absl::OkStatus();
   }
   absl::Status s = Flush();
   if (!s.ok()) return s;
-  if (bytes.size() < buffer_.size()) {
+  if (!large) {
     std::memcpy(buffer_.data(), bytes.data(), bytes.size());
     used_ = bytes.size();
     return absl::OkStatus();

@@ -156,7 +156,8 @@ class CountingSink : public ZipSink {
 };
 
 // FdSink: writes to a file descriptor it does not own, coalescing small
-// writes in a buffer; large writes go straight through.
+// writes in a buffer; writes of a quarter of the buffer or more go straight
+// through (after what is buffered).
 class FdSink : public ZipSink {
  public:
   FdSink(int fd, std::string path_for_messages, size_t buffer_size = size_t{1} << 20);

@@ -6,7 +6,7 @@
 #
 # Generates a GPT-NeoX-shaped tp=2 dp=2 ZeRO-1 checkpoint (fp32 weights, fp32
 # master + Adam) of about --gb GB with the conformance writer, then times,
-# --runs times each:
+# --runs times each, in turn:
 #   cp        cp -r of the source folder
 #   convert   ucp convert  (ZeRO -> universal)
 #   reshard-u ucp reshard  universal -> tp=1 dp=1
@@ -74,34 +74,36 @@ prepare() {
   fi
 }
 
-# run PROTOCOL NAME INPUT OUTPUT CMD...: times CMD RUNS times (OUTPUT removed
-# first), one line "seconds peak_rss_kib block_outputs" per run in
+# run PROTOCOL NAME INPUT OUTPUT CMD...: times CMD once (OUTPUT removed
+# first), appending "seconds peak_rss_kib block_outputs" to
 # $WORK/PROTOCOL-NAME.times.
 run() {
   local protocol="$1" name="$2" input="$3" out="$4"
   shift 4
-  : >"$WORK/$protocol-$name.times"
-  for ((i = 1; i <= RUNS; i++)); do
-    rm -rf "$out"
-    prepare "$protocol" "$input"
-    /usr/bin/time -f "%e %M %O" -o "$WORK/time.out" "$@" >"$WORK/$name.log" 2>&1
-    cat "$WORK/time.out" >>"$WORK/$protocol-$name.times"
-  done
+  rm -rf "$out"
+  prepare "$protocol" "$input"
+  /usr/bin/time -f "%e %M %O" -o "$WORK/time.out" "$@" >"$WORK/$name.log" 2>&1
+  cat "$WORK/time.out" >>"$WORK/$protocol-$name.times"
 }
 
 PROTOCOLS="warm cold"
 if ((!CAN_DROP)); then PROTOCOLS="as-is"; fi
 for protocol in $PROTOCOLS; do
   echo "== timing ($protocol)"
-  run "$protocol" cp "$SRC" "$WORK/cp_out" cp -r "$SRC" "$WORK/cp_out"
-  run "$protocol" convert "$SRC" "$WORK/u/global_step1_universal" \
-    "$UCP" convert --input_folder="$SRC" --output_folder="$WORK/u/global_step1_universal" --num_threads="$THREADS"
-  run "$protocol" reshard-u "$UNI" "$WORK/tp1_from_universal/global_step1" \
-    "$UCP" reshard --input_folder="$UNI" --output_folder="$WORK/tp1_from_universal/global_step1" --tp=1 --pp=1 \
-    --dp=1 --num_threads="$THREADS"
-  run "$protocol" reshard-z "$SRC" "$WORK/tp1_from_zero/global_step1" \
-    "$UCP" reshard --input_folder="$SRC" --output_folder="$WORK/tp1_from_zero/global_step1" --tp=1 --pp=1 --dp=1 \
-    --num_threads="$THREADS"
+  for name in cp convert reshard-u reshard-z; do : >"$WORK/$protocol-$name.times"; done
+  # Round robin (cp, convert, reshard-u, reshard-z, cp, ...), so that a slow
+  # spell of the machine hits every operation alike.
+  for ((i = 1; i <= RUNS; i++)); do
+    run "$protocol" cp "$SRC" "$WORK/cp_out" cp -r "$SRC" "$WORK/cp_out"
+    run "$protocol" convert "$SRC" "$WORK/u/global_step1_universal" \
+      "$UCP" convert --input_folder="$SRC" --output_folder="$WORK/u/global_step1_universal" --num_threads="$THREADS"
+    run "$protocol" reshard-u "$UNI" "$WORK/tp1_from_universal/global_step1" \
+      "$UCP" reshard --input_folder="$UNI" --output_folder="$WORK/tp1_from_universal/global_step1" --tp=1 --pp=1 \
+      --dp=1 --num_threads="$THREADS"
+    run "$protocol" reshard-z "$SRC" "$WORK/tp1_from_zero/global_step1" \
+      "$UCP" reshard --input_folder="$SRC" --output_folder="$WORK/tp1_from_zero/global_step1" --tp=1 --pp=1 \
+      --dp=1 --num_threads="$THREADS"
+  done
 done
 
 # Bytes each one reads (convert and reshard-z need the optimizer and mp_rank

@@ -1,5 +1,6 @@
 // Bad input: each case gets its specific error naming the file or param, and
 // leaves neither an output folder, nor a staging folder, nor latest_universal.
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <string>
@@ -7,6 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "base/fs.h"
 #include "converter/convert.h"
+#include "deepspeed/zero_checkpoint.h"
+#include "format/torch/mapped_file.h"
+#include "format/torch/torch_file.h"
 #include "gtest/gtest.h"
 #include "testing/fixtures.h"
 
@@ -122,6 +126,48 @@ TEST(ConvertErrorsTest, TruncatedTensorFile) {
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
   EXPECT_EQ(s.message().rfind(f, 0), 0u) << "the message should start with the file: " << s;
   ExpectNothingWritten(c);
+}
+
+// Layer files are CRC-checked per tensor, when a tensor is read: a damaged
+// lp weight is reported (file, record) the moment anything uses it.
+TEST(ConvertErrorsTest, DamagedLayerRecordIsCaughtWhenRead) {
+  Case c = Prepare("damaged_layer_record", "neox-tp2-pp1-dp1");
+  const std::string f = JoinPath(c.source, "layer_02-model_01-model_states.pt");
+  // Flip one byte in the middle of the record behind 'attention.dense.weight'.
+  {
+    int64_t offset = -1;
+    {
+      torch::OpenOptions lazy;
+      lazy.verify_crc = false;
+      auto file = torch::TorchFile::Open(f, lazy);
+      ASSERT_TRUE(file.ok()) << file.status();
+      const pickle::Value* v = (*file)->root()->DictGet("attention.dense.weight");
+      ASSERT_NE(v, nullptr);
+      auto t = (*file)->GetTensor(*v);
+      ASSERT_TRUE(t.ok()) << t.status();
+      offset = (t->storage()->data() - (*file)->mapped_file()->data()) +
+               static_cast<int64_t>(t->storage()->nbytes() / 2);
+    }
+    const int fd = open(f.c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    uint8_t byte = 0;
+    ASSERT_EQ(pread(fd, &byte, 1, offset), 1);
+    byte ^= 0x40;
+    ASSERT_EQ(pwrite(fd, &byte, 1, offset), 1);
+    close(fd);
+  }
+  auto ckpt = deepspeed::ZeroCheckpoint::Open(c.source);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  const deepspeed::ModuleEntry* entry = nullptr;
+  for (const auto& e : (*ckpt)->module_entries()) {
+    if (e.name == "2.attention.dense.weight") entry = &e;
+  }
+  ASSERT_NE(entry, nullptr);
+  EXPECT_TRUE((*ckpt)->ModuleTensor(*entry, 0).ok());
+  auto damaged = (*ckpt)->ModuleTensor(*entry, 1);
+  EXPECT_EQ(damaged.status().code(), absl::StatusCode::kDataLoss) << damaged.status();
+  EXPECT_EQ(damaged.status().message().rfind(f, 0), 0u) << damaged.status();
+  EXPECT_NE(damaged.status().message().find("CRC-32 mismatch"), std::string::npos) << damaged.status();
 }
 
 TEST(ConvertErrorsTest, ExistingOutputIsNotReplaced) {

@@ -550,7 +550,12 @@ absl::StatusOr<const torch::TorchFile*> ZeroCheckpoint::LayerFile(int layer, int
   if (path == layer_paths_.end()) {
     return absl::NotFoundError(absl::StrCat(JoinPath(dir_, LayerFileName(layer, tp)), ": missing"));
   }
-  UCP_ASSIGN_OR_RETURN(auto f, torch::TorchFile::Open(path->second));
+  // Layer files hold the lp weights, which the fp32 masters in the optimizer
+  // files determine: their records are verified only when a tensor is used
+  // (ModuleTensor), so that a conversion never reads the bytes it ignores.
+  torch::OpenOptions lazy;
+  lazy.verify_crc = false;
+  UCP_ASSIGN_OR_RETURN(auto f, torch::TorchFile::Open(path->second, lazy));
   const torch::TorchFile* raw = f.get();
   layer_cache_[{layer, tp}] = std::move(f);
   return raw;
@@ -601,7 +606,9 @@ absl::StatusOr<torch::Tensor> ZeroCheckpoint::ModuleTensor(const ModuleEntry& en
     UCP_ASSIGN_OR_RETURN(const torch::TorchFile* f, LayerFile(entry.layer, tp));
     const Value* v = f->root()->DictGet(entry.local_name);
     if (v == nullptr) return absl::NotFoundError(absl::StrCat(f->path(), ": no '", entry.local_name, "'"));
-    return f->GetTensor(*v);
+    UCP_ASSIGN_OR_RETURN(torch::Tensor t, f->GetTensor(*v));
+    UCP_RETURN_IF_ERROR(f->VerifyStorageCrc(*t.storage()));
+    return t;
   }
   const torch::TorchFile& f = MpRankFile(0, tp);
   const Value* m = f.root()->DictGet("module");

@@ -123,6 +123,8 @@ class ZeroCheckpoint {
   // The mp_rank file of (pp, tp) (opened at Open).
   const torch::TorchFile& MpRankFile(int pp, int tp) const { return ms_->file(pp, tp); }
   // Optimizer / layer files, opened on first use and cached (thread-safe).
+  // A layer file's records are not CRC-checked when it opens: read its
+  // tensors through ModuleTensor, which checks each one it returns.
   absl::StatusOr<const OptimFile*> Optim(int pp, int tp, int dp) const;
   absl::StatusOr<const torch::TorchFile*> LayerFile(int layer, int tp) const;
 
@@ -132,8 +134,8 @@ class ZeroCheckpoint {
                                                          const std::string& state) const;
   // A scalar state (e.g. "step") of `group` in (pp, tp, dp); null if absent.
   absl::StatusOr<pickle::ValuePtr> GroupScalar(int pp, int tp, int dp, int group, const std::string& key) const;
-  // The lp tensor of a module entry on tp rank `tp` (from its layer file or
-  // from the mp_rank `module` of stage 0).
+  // The lp tensor of a module entry on tp rank `tp` (from its layer file,
+  // CRC-checked, or from the mp_rank `module` of stage 0).
   absl::StatusOr<torch::Tensor> ModuleTensor(const ModuleEntry& entry, int tp) const;
 
   // mp_rank_00's `universal_checkpoint_info` (an empty dict when absent).

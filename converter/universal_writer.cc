@@ -155,8 +155,17 @@ absl::StatusOr<WriteStats> WriteUniversal(const deepspeed::ModelState& state, co
     return absl::OkStatus();
   };
 
-  UCP_RETURN_IF_ERROR(ParallelFor(info.params.size(), options.num_threads, [&](size_t i) -> absl::Status {
-    const ParamState& p = info.params[i];
+  // Largest params first, so that the threads finish together rather than
+  // one of them ending alone on a large param.
+  std::vector<size_t> order(info.params.size());
+  std::vector<int64_t> numel(info.params.size(), 1);
+  for (size_t i = 0; i < order.size(); ++i) {
+    order[i] = i;
+    for (int64_t d : info.params[i].full_shape) numel[i] *= d;
+  }
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return numel[a] > numel[b]; });
+  UCP_RETURN_IF_ERROR(ParallelFor(order.size(), options.num_threads, [&](size_t k) -> absl::Status {
+    const ParamState& p = info.params[order[k]];
     if (p.trainable()) {
       const std::string rel_dir = JoinPath(deepspeed::kUniversalZeroDir, p.name);
       UCP_RETURN_IF_ERROR(MakeDirs(JoinPath(out, rel_dir)));

@@ -230,20 +230,21 @@ __attribute__((target("avx2,vpclmulqdq,pclmul,sse4.1"))) static uint32_t FoldVpc
   return FoldLanes(x1, x2, x3, x4, buf, len);
 }
 
-uint32_t Crc32Pclmul(uint32_t crc, const void* data, size_t len) {
+// `fold` over the whole 16-byte blocks of `data`, slicing for the tail.
+uint32_t FoldThenSlice(uint32_t crc, const void* data, size_t len, uint32_t (*fold)(const uint8_t*, size_t, uint32_t)) {
   const uint8_t* p = static_cast<const uint8_t*>(data);
-  if (len < 64) return Crc32Slicing16(crc, p, len);
-  size_t bulk = len & ~size_t{15};
-  uint32_t raw = FoldPclmul(p, bulk, ~crc);
-  return Crc32Slicing16(~raw, p + bulk, len - bulk);
+  const size_t bulk = len & ~size_t{15};
+  return Crc32Slicing16(~fold(p, bulk, ~crc), p + bulk, len - bulk);
+}
+
+uint32_t Crc32Pclmul(uint32_t crc, const void* data, size_t len) {
+  if (len < 64) return Crc32Slicing16(crc, data, len);
+  return FoldThenSlice(crc, data, len, &FoldPclmul);
 }
 
 uint32_t Crc32Vpclmul(uint32_t crc, const void* data, size_t len) {
-  const uint8_t* p = static_cast<const uint8_t*>(data);
-  if (len < 256) return Crc32Pclmul(crc, p, len);
-  size_t bulk = len & ~size_t{15};
-  uint32_t raw = FoldVpclmul(p, bulk, ~crc);
-  return Crc32Slicing16(~raw, p + bulk, len - bulk);
+  if (len < 256) return Crc32Pclmul(crc, data, len);
+  return FoldThenSlice(crc, data, len, &FoldVpclmul);
 }
 
 #else  // !__x86_64__

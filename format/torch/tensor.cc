@@ -721,6 +721,26 @@ absl::StatusOr<Tensor> Cat(const std::vector<Tensor>& tensors, int64_t dim) {
   return Tensor::FromBytes(dtype, std::move(sizes), std::move(bytes));
 }
 
+// The element-wise mean of `inputs` (contiguous, `n` elements of T each)
+// into `out`, as torch computes sum(tensors) / len(tensors): Python's sum()
+// starts from the int 0, torch adds each tensor in turn, rounding every step
+// in the tensor's dtype, then divides by len().
+template <typename T>
+void MeanInto(const std::vector<Tensor>& inputs, int64_t n, char* out_bytes) {
+  T* out = reinterpret_cast<T*>(out_bytes);
+  std::fill(out, out + n, T{0});
+  for (const Tensor& t : inputs) {
+    const uint8_t* in = t.data();
+    for (int64_t i = 0; i < n; ++i) {
+      T v;
+      std::memcpy(&v, in + i * sizeof(T), sizeof(T));
+      out[i] = out[i] + v;
+    }
+  }
+  const T divisor = static_cast<T>(inputs.size());
+  for (int64_t i = 0; i < n; ++i) out[i] = out[i] / divisor;
+}
+
 absl::StatusOr<Tensor> Average(const std::vector<Tensor>& tensors) {
   if (tensors.empty()) return absl::InvalidArgumentError("average of no tensors");
   const Tensor& ref = tensors[0];
@@ -742,36 +762,11 @@ absl::StatusOr<Tensor> Average(const std::vector<Tensor>& tensors) {
     inputs.push_back(t.is_contiguous() ? t : t.Contiguous());
   }
   const int64_t n = ref.numel();
-  const size_t count = inputs.size();
   std::string bytes(ref.nbytes(), '\0');
-  // Python's sum() starts from the int 0; torch adds each tensor in turn,
-  // rounding every step in the tensor's dtype, then divides by len().
   if (dtype == DType::kFloat32) {
-    float* out = reinterpret_cast<float*>(bytes.data());
-    std::fill(out, out + n, 0.0f);
-    for (const Tensor& t : inputs) {
-      const float* in = reinterpret_cast<const float*>(t.data());
-      for (int64_t i = 0; i < n; ++i) {
-        float v;
-        std::memcpy(&v, in + i, 4);
-        out[i] = out[i] + v;
-      }
-    }
-    const float divisor = static_cast<float>(count);
-    for (int64_t i = 0; i < n; ++i) out[i] = out[i] / divisor;
+    MeanInto<float>(inputs, n, bytes.data());
   } else {
-    double* out = reinterpret_cast<double*>(bytes.data());
-    std::fill(out, out + n, 0.0);
-    for (const Tensor& t : inputs) {
-      const double* in = reinterpret_cast<const double*>(t.data());
-      for (int64_t i = 0; i < n; ++i) {
-        double v;
-        std::memcpy(&v, in + i, 8);
-        out[i] = out[i] + v;
-      }
-    }
-    const double divisor = static_cast<double>(count);
-    for (int64_t i = 0; i < n; ++i) out[i] = out[i] / divisor;
+    MeanInto<double>(inputs, n, bytes.data());
   }
   return Tensor::FromBytes(dtype, ref.sizes(), std::move(bytes));
 }

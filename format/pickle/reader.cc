@@ -67,24 +67,6 @@ bool IsContainer(Kind kind) {
   }
 }
 
-// Python's hashability: what may be a dict key or a set item.
-bool IsHashable(const Value& v) {
-  switch (v.kind()) {
-    case Kind::kList:
-    case Kind::kDict:
-    case Kind::kSet:
-    case Kind::kByteArray:
-      return false;
-    case Kind::kTuple:
-      for (const ValuePtr& item : v.items()) {
-        if (!IsHashable(*item)) return false;
-      }
-      return true;
-    default:
-      return true;
-  }
-}
-
 bool IsBuiltinsModule(std::string_view module) { return module == "builtins" || module == "__builtin__"; }
 
 // The spellings of latin-1 Python's codec registry accepts, normalized

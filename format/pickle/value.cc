@@ -616,4 +616,21 @@ bool DeepEqualImpl(const Value& a, const Value& b, int depth) {
 
 bool DeepEqual(const Value& a, const Value& b) { return DeepEqualImpl(a, b, 0); }
 
+bool IsHashable(const Value& v) {
+  switch (v.kind()) {
+    case Kind::kList:
+    case Kind::kDict:
+    case Kind::kSet:
+    case Kind::kByteArray:
+      return false;
+    case Kind::kTuple:
+      for (const ValuePtr& item : v.items()) {
+        if (item == nullptr || !IsHashable(*item)) return false;
+      }
+      return true;
+    default:
+      return true;
+  }
+}
+
 }  // namespace ucp::pickle

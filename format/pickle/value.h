@@ -253,6 +253,10 @@ class ScalarPool {
 // Floats compare bitwise-equal-or-both-NaN. Shared references need not match.
 bool DeepEqual(const Value& a, const Value& b);
 
+// Python's hashability: whether `v` may be a dict key or a set item (not a
+// list, dict, set or bytearray, nor a tuple holding one or a null item).
+bool IsHashable(const Value& v);
+
 // Calls f(const ValuePtr&) for every reference `v` holds (some may
 // be null), in the order the pickle writer visits them.
 template <typename F>

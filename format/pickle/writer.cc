@@ -22,23 +22,6 @@ namespace op = internal_opcodes;
 // CPython's pickler writes APPENDS/SETITEMS in batches of this many items.
 constexpr size_t kBatchSize = 1000;
 
-bool IsHashable(const Value& v) {
-  switch (v.kind()) {
-    case Kind::kList:
-    case Kind::kDict:
-    case Kind::kSet:
-    case Kind::kByteArray:
-      return false;
-    case Kind::kTuple:
-      for (const ValuePtr& item : v.items()) {
-        if (item == nullptr || !IsHashable(*item)) return false;
-      }
-      return true;
-    default:
-      return true;
-  }
-}
-
 // Writes what CPython 3.11's C pickler (Modules/_pickle.c) writes at
 // protocol 2 for the Python object a Value stands for: same opcodes, same
 // memo numbering (every str, bytes, non-empty tuple, list, dict, set, global

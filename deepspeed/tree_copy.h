@@ -1,8 +1,6 @@
-// Carrying pickle value trees from a file being read into a file being
-// written: tensors (views into the source archive) become tensors of the
-// TorchWriter, everything else is copied as data, shared references stay
-// shared. Used for client state, optimizer state and rng states that ucp
-// passes through unchanged.
+// torch::CopyTreeForWrite for a FileValue: carries client state, optimizer
+// state and rng states that ucp passes through unchanged into a file being
+// written.
 #ifndef UCP_DEEPSPEED_TREE_COPY_H_
 #define UCP_DEEPSPEED_TREE_COPY_H_
 
@@ -13,8 +11,7 @@
 
 namespace ucp::deepspeed {
 
-// kInvalidArgument when the tree holds a tensor but `source.file` is null, or
-// a bare storage (a persistent id outside a tensor).
+// See torch::CopyTreeForWrite (format/torch/tree_copy.h).
 absl::StatusOr<pickle::ValuePtr> CopyTreeForWrite(const FileValue& source, torch::TorchWriter& writer);
 
 }  // namespace ucp::deepspeed

@@ -230,18 +230,7 @@ class Rewriter {
 
   ValuePtr Copy(const ValuePtr& v) {
     if (v == nullptr) return nullptr;
-    switch (v->kind()) {
-      case Kind::kTuple:
-      case Kind::kList:
-      case Kind::kDict:
-      case Kind::kSet:
-      case Kind::kFrozenSet:
-      case Kind::kObject:
-      case Kind::kPersistentId:
-        break;
-      default:
-        return v;  // immutable leaves can be shared with the original
-    }
+    if (!pickle::IsContainer(v->kind())) return v;  // immutable leaves can be shared with the original
     auto it = copies_.find(v.get());
     if (it != copies_.end()) return it->second;
     ValuePtr copy = CopyContainer(*v);

@@ -52,21 +52,6 @@ class CommonScalars {
   std::vector<ValuePtr> ints_;
 };
 
-bool IsContainer(Kind kind) {
-  switch (kind) {
-    case Kind::kTuple:
-    case Kind::kList:
-    case Kind::kDict:
-    case Kind::kSet:
-    case Kind::kFrozenSet:
-    case Kind::kObject:
-    case Kind::kPersistentId:
-      return true;
-    default:
-      return false;
-  }
-}
-
 bool IsBuiltinsModule(std::string_view module) { return module == "builtins" || module == "__builtin__"; }
 
 // The spellings of latin-1 Python's codec registry accepts, normalized

@@ -257,6 +257,23 @@ bool DeepEqual(const Value& a, const Value& b);
 // list, dict, set or bytearray, nor a tuple holding one or a null item).
 bool IsHashable(const Value& v);
 
+// Whether values of `kind` hold references to other values (the kinds
+// ForEachChild has children for, and that can be shared or form cycles).
+inline bool IsContainer(Kind kind) {
+  switch (kind) {
+    case Kind::kTuple:
+    case Kind::kList:
+    case Kind::kDict:
+    case Kind::kSet:
+    case Kind::kFrozenSet:
+    case Kind::kObject:
+    case Kind::kPersistentId:
+      return true;
+    default:
+      return false;
+  }
+}
+
 // Calls f(const ValuePtr&) for every reference `v` holds (some may
 // be null), in the order the pickle writer visits them.
 template <typename F>

@@ -17,6 +17,7 @@
 #include "format/torch/test_util.h"
 #include "format/torch/torch_file.h"
 #include "format/torch/torch_test_util.h"
+#include "format/torch/tree_copy.h"
 #include "gtest/gtest.h"
 
 namespace ucp::torch {
@@ -75,7 +76,7 @@ TEST(FixturesInteropTest, RoundTripThroughTorchWriter) {
     auto file = TorchFile::Open(path);
     ASSERT_TRUE(file.ok()) << file.status();
     TorchWriter writer;
-    auto copy = testing::CopyTreeForWrite(**file, (*file)->root(), writer);
+    auto copy = CopyTreeForWrite(file->get(), (*file)->root(), writer);
     ASSERT_TRUE(copy.ok()) << path << ": " << copy.status();
     // Same file name (hence the same record stem) in a mirror tree. The
     // relative path is taken lexically: std::filesystem::relative resolves

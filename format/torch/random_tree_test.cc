@@ -16,6 +16,7 @@
 #include "format/torch/test_util.h"
 #include "format/torch/torch_file.h"
 #include "format/torch/torch_test_util.h"
+#include "format/torch/tree_copy.h"
 #include "gtest/gtest.h"
 #include "rapidcheck.h"
 #include "rapidcheck/gtest.h"
@@ -151,7 +152,7 @@ RC_GTEST_PROP(RandomTreeProperty, ReadOfWriteKeepsValuesAndTensorBytes, ()) {
   RC_ASSERT(read.size() == written.size());
   // Writing what was read gives the same file, and the same dump.
   auto again_writer = std::make_unique<TorchWriter>();
-  auto copy = testing::CopyTreeForWrite(**file, (*file)->root(), *again_writer);
+  auto copy = CopyTreeForWrite(file->get(), (*file)->root(), *again_writer);
   RC_ASSERT(copy.ok());
   auto bytes2 = again_writer->WriteToString("archive", **copy);
   RC_ASSERT(bytes2.ok());

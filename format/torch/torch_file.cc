@@ -113,21 +113,9 @@ class TreeValidator {
       : name_(name), stem_(stem), zip_(zip), keep_alive_(std::move(keep_alive)), impl_(impl) {}
 
   absl::Status Visit(const ValuePtr& v) {
-    if (v == nullptr) return absl::OkStatus();
+    if (v == nullptr || !pickle::IsContainer(v->kind())) return absl::OkStatus();
     const Value& value = *v;
-    switch (value.kind()) {
-      case Kind::kTuple:
-      case Kind::kList:
-      case Kind::kSet:
-      case Kind::kFrozenSet:
-      case Kind::kDict:
-      case Kind::kObject:
-      case Kind::kPersistentId:
-        if (!visited_.insert(&value).second) return absl::OkStatus();
-        break;
-      default:
-        return absl::OkStatus();
-    }
+    if (!visited_.insert(&value).second) return absl::OkStatus();
     switch (value.kind()) {
       case Kind::kTuple:
       case Kind::kList:
@@ -561,63 +549,23 @@ struct TorchWriter::Impl {
     while (!stack.empty()) {
       const Value* v = stack.back();
       stack.pop_back();
-      if (v == nullptr) continue;
-      switch (v->kind()) {
-        case Kind::kTuple:
-        case Kind::kList:
-        case Kind::kSet:
-        case Kind::kFrozenSet:
-        case Kind::kDict:
-        case Kind::kObject:
-        case Kind::kPersistentId:
-          if (!seen.insert(v).second) continue;
-          break;
-        default:
-          continue;
+      if (v == nullptr || !pickle::IsContainer(v->kind()) || !seen.insert(v).second) continue;
+      if (v->is(Kind::kPersistentId)) {
+        auto it = by_pid.find(v);
+        if (it == by_pid.end()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("persistent id not created by this TorchWriter: ", v->DebugString(120)));
+        }
+        Entry& e = entries[it->second];
+        if (e.key.empty()) {
+          e.key = absl::StrCat(order->size());
+          order->push_back(it->second);
+        }
+        continue;
       }
       // Push children in reverse so they pop in pickling order.
       std::vector<const Value*> children;
-      switch (v->kind()) {
-        case Kind::kTuple:
-        case Kind::kList:
-        case Kind::kSet:
-        case Kind::kFrozenSet:
-          for (const ValuePtr& item : v->items()) children.push_back(item.get());
-          break;
-        case Kind::kDict:
-          for (const auto& [k, item] : v->dict_items()) {
-            children.push_back(k.get());
-            children.push_back(item.get());
-          }
-          children.push_back(v->dict_state().get());
-          break;
-        case Kind::kObject: {
-          const pickle::Object& o = v->object();
-          children = {o.callable.get(), o.args.get(), o.kwargs.get()};
-          for (const ValuePtr& item : o.list_items) children.push_back(item.get());
-          for (const auto& [k, item] : o.dict_items) {
-            children.push_back(k.get());
-            children.push_back(item.get());
-          }
-          children.push_back(o.state.get());
-          break;
-        }
-        case Kind::kPersistentId: {
-          auto it = by_pid.find(v);
-          if (it == by_pid.end()) {
-            return absl::InvalidArgumentError(
-                absl::StrCat("persistent id not created by this TorchWriter: ", v->DebugString(120)));
-          }
-          Entry& e = entries[it->second];
-          if (e.key.empty()) {
-            e.key = absl::StrCat(order->size());
-            order->push_back(it->second);
-          }
-          break;
-        }
-        default:
-          break;
-      }
+      pickle::ForEachChild(*v, [&](const ValuePtr& child) { children.push_back(child.get()); });
       for (auto c = children.rbegin(); c != children.rend(); ++c) stack.push_back(*c);
     }
     for (size_t index : *order) {

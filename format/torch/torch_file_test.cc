@@ -14,6 +14,7 @@
 #include "format/torch/dump.h"
 #include "format/torch/test_util.h"
 #include "format/torch/torch_test_util.h"
+#include "format/torch/tree_copy.h"
 #include "format/torch/zip.h"
 #include "gtest/gtest.h"
 
@@ -347,7 +348,7 @@ TEST(TorchFilePythonTest, GeneratedCasesReadLikePythonAndRoundTrip) {
     TorchWriteOptions options;
     options.chunk_bytes = 100000;  // "big" spans several chunks
     TorchWriter writer(options);
-    auto copy = testing::CopyTreeForWrite(**file, (*file)->root(), writer);
+    auto copy = CopyTreeForWrite(file->get(), (*file)->root(), writer);
     ASSERT_TRUE(copy.ok()) << copy.status();
     const std::string out = out_dir + "/" + std::filesystem::path(path).filename().string();
     ASSERT_TRUE(writer.WriteFile(out, **copy).ok());

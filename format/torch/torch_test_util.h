@@ -1,5 +1,4 @@
-// Test helpers over the torch file layer: copying a read tree into a
-// TorchWriter (the round trip), and running testdata/canonical_dump.py.
+// Test helpers over the torch file layer: running testdata/canonical_dump.py.
 #ifndef UCP_FORMAT_TORCH_TORCH_TEST_UTIL_H_
 #define UCP_FORMAT_TORCH_TORCH_TEST_UTIL_H_
 
@@ -12,12 +11,6 @@
 #include "format/torch/torch_file.h"
 
 namespace ucp::torch::testing {
-
-// A copy of `root` in which every tensor of `file` is re-added to `writer`
-// (storages stay shared, whole storages are written); everything else is
-// rebuilt as the same data, shared references stay shared.
-absl::StatusOr<pickle::ValuePtr> CopyTreeForWrite(const TorchFile& file, const pickle::ValuePtr& root,
-                                                  TorchWriter& writer);
 
 // canonical_dump.py over `files` in one Python run: path -> dump text (or
 // "!error ..." for files torch.load rejected).

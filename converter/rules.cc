@@ -7,6 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "deepspeed/universal_checkpoint.h"
 #include "format/pickle/accessors.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
@@ -230,35 +231,10 @@ absl::StatusOr<CheckpointInfoRules> RulesFromCheckpointInfo(const Value& uc) {
   if (const Value* subs = uc.DictGet("parameter_with_sub_params");
       subs != nullptr && (subs->is(Kind::kList) || subs->is(Kind::kTuple))) {
     for (const auto& s : subs->items()) {
-      // A dict {patterns, shape, partition_dim} (SubparamShape(**s)) or a
-      // SubparamShape object whose state is that dict.
-      const Value* d = s.get();
-      if (d->is(Kind::kObject) && d->object().state) d = d->object().state.get();
-      if (!d->is(Kind::kDict)) {
-        return absl::InvalidArgumentError(absl::StrCat("universal_checkpoint_info.parameter_with_sub_params: ",
-                                                       "expected dicts, found ", s->DebugString(80)));
-      }
-      SubParamShape shape;
-      const Value* pd = d->DictGet("partition_dim");
-      UCP_ASSIGN_OR_RETURN(int64_t partition_dim,
-                           pd ? pickle::AsInt(*pd, "partition_dim") : absl::StatusOr<int64_t>(0));
-      shape.set_partition_dim(static_cast<int32_t>(partition_dim));
-      const Value* sv = d->DictGet("shape");
-      UCP_ASSIGN_OR_RETURN(auto* dims, sv ? pickle::AsSequence(*sv, "shape")
-                                          : absl::StatusOr<const std::vector<pickle::ValuePtr>*>(
-                                                absl::InvalidArgumentError("parameter_with_sub_params: no shape")));
-      for (const auto& dim : *dims) {
-        auto* out_dim = shape.add_dim();
-        if (dim->is(Kind::kTuple) || dim->is(Kind::kList)) {
-          for (const auto& x : dim->items()) {
-            UCP_ASSIGN_OR_RETURN(int64_t v, pickle::AsInt(*x, "shape"));
-            out_dim->add_size(v);
-          }
-        } else {
-          UCP_ASSIGN_OR_RETURN(int64_t v, pickle::AsInt(*dim, "shape"));
-          out_dim->add_size(v);
-        }
-      }
+      UCP_ASSIGN_OR_RETURN(
+          SubParamShape shape,
+          deepspeed::ParseSubparamShape(*s, "universal_checkpoint_info.parameter_with_sub_params", /*default=*/0));
+      const Value* d = deepspeed::SubparamShapeFields(*s);
       for (const auto& p : StringsOf(d->DictGet("patterns"))) {
         MergeRule* r = out.rules.add_rule();
         r->set_pattern(p);

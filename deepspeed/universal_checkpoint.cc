@@ -27,6 +27,50 @@ const std::vector<std::string>& EmptyList() {
 
 }  // namespace
 
+const Value* SubparamShapeFields(const Value& v) {
+  const Value* fields = &v;
+  if (fields->is(Kind::kObject) && fields->object().state) fields = fields->object().state.get();
+  return fields->is(Kind::kDict) ? fields : nullptr;
+}
+
+absl::StatusOr<SubParamShape> ParseSubparamShape(const Value& v, const std::string& what,
+                                                 std::optional<int32_t> default_partition_dim) {
+  const Value* fields = SubparamShapeFields(v);
+  if (fields == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": expected a SubparamShape or a dict, found ", v.DebugString(80)));
+  }
+  SubParamShape out;
+  const Value* pd = fields->DictGet("partition_dim");
+  if (pd == nullptr && !default_partition_dim) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " has no partition_dim"));
+  }
+  int64_t partition_dim = default_partition_dim.value_or(0);
+  if (pd != nullptr) {
+    UCP_ASSIGN_OR_RETURN(partition_dim, pickle::AsInt(*pd, absl::StrCat(what, ".partition_dim")));
+  }
+  out.set_partition_dim(static_cast<int32_t>(partition_dim));
+  const Value* shape = fields->DictGet("shape");
+  if (shape == nullptr) return absl::InvalidArgumentError(absl::StrCat(what, " has no shape"));
+  const std::string shape_what = absl::StrCat(what, ".shape");
+  UCP_ASSIGN_OR_RETURN(auto* dims, pickle::AsSequence(*shape, shape_what));
+  for (const auto& d : *dims) {
+    SubParamShape::Dim* od = out.add_dim();
+    auto add_size = [&](const Value& x) -> absl::Status {
+      UCP_ASSIGN_OR_RETURN(int64_t size, pickle::AsInt(x, shape_what));
+      od->add_size(size);
+      return absl::OkStatus();
+    };
+    // A dim is one size, or a tuple of the sizes of uneven sub-params.
+    if (d->is(Kind::kTuple) || d->is(Kind::kList)) {
+      for (const auto& x : d->items()) UCP_RETURN_IF_ERROR(add_size(*x));
+    } else {
+      UCP_RETURN_IF_ERROR(add_size(*d));
+    }
+  }
+  return out;
+}
+
 absl::StatusOr<MergeRule> RuleFromUniversalMetadata(const Value& dict, const std::string& name) {
   MergeRule rule;
   rule.set_pattern(name);
@@ -34,32 +78,9 @@ absl::StatusOr<MergeRule> RuleFromUniversalMetadata(const Value& dict, const std
     return absl::InvalidArgumentError(absl::StrCat("param '", name, "': ", what));
   };
   if (const Value* sps = dict.DictGet("sub_param_shape"); sps != nullptr && !sps->is_none()) {
-    // A SubparamShape object (NEWOBJ + BUILD {patterns, shape, partition_dim})
-    // or a plain dict of the same fields.
-    const Value* fields = sps;
-    if (sps->is(Kind::kObject) && sps->object().state) fields = sps->object().state.get();
-    if (!fields->is(Kind::kDict)) return err(absl::StrCat("sub_param_shape is ", sps->DebugString(80)));
     rule.set_kind(SUB_PARAMS);
-    SubParamShape* out = rule.mutable_sub_param_shape();
-    const Value* pd = fields->DictGet("partition_dim");
-    if (pd == nullptr) return err("sub_param_shape has no partition_dim");
-    UCP_ASSIGN_OR_RETURN(int64_t partition_dim, pickle::AsInt(*pd, "sub_param_shape.partition_dim"));
-    out->set_partition_dim(static_cast<int32_t>(partition_dim));
-    const Value* shape = fields->DictGet("shape");
-    if (shape == nullptr) return err("sub_param_shape has no shape");
-    UCP_ASSIGN_OR_RETURN(auto* dims, pickle::AsSequence(*shape, "sub_param_shape.shape"));
-    for (const auto& d : *dims) {
-      auto* od = out->add_dim();
-      if (d->is(Kind::kTuple) || d->is(Kind::kList)) {
-        for (const auto& x : d->items()) {
-          UCP_ASSIGN_OR_RETURN(int64_t v, pickle::AsInt(*x, "sub_param_shape.shape"));
-          od->add_size(v);
-        }
-      } else {
-        UCP_ASSIGN_OR_RETURN(int64_t v, pickle::AsInt(*d, "sub_param_shape.shape"));
-        od->add_size(v);
-      }
-    }
+    UCP_ASSIGN_OR_RETURN(*rule.mutable_sub_param_shape(),
+                         ParseSubparamShape(*sps, absl::StrCat("param '", name, "': sub_param_shape"), std::nullopt));
     return rule;
   }
   const Value* cat = dict.DictGet("cat_dim");

@@ -95,6 +95,16 @@ class UniversalCheckpoint {
       cache_;
 };
 
+// The fields of a DeepSpeed SubparamShape as pickled: the state dict
+// {patterns, shape, partition_dim} of a SubparamShape object, or a plain dict
+// of the same fields (SubparamShape(**d)); null when `v` is neither.
+const pickle::Value* SubparamShapeFields(const pickle::Value& v);
+// Its shape and partition_dim. `what` names it in errors; partition_dim is
+// required unless `default_partition_dim` is given (SubparamShape's own
+// default is 0).
+absl::StatusOr<SubParamShape> ParseSubparamShape(const pickle::Value& v, const std::string& what,
+                                                 std::optional<int32_t> default_partition_dim);
+
 // The MergeRule DeepSpeed's loader would apply to a universal param dict:
 // `cat_dim` (with `param_n_sub_params` or `vocab_tensor`), `sub_param_shape`,
 // or none of them (replicated).

@@ -234,7 +234,7 @@ class FixtureAccessorTest : public ::testing::Test {
   ValuePtr Load(const std::string& relative_path) {
     absl::StatusOr<std::string> dir = testing::FixturesDir();
     EXPECT_TRUE(dir.ok()) << dir.status();
-    absl::StatusOr<std::string> zip = testing::ReadFile(*dir + "/" + relative_path);
+    absl::StatusOr<std::string> zip = ReadFileToString(*dir + "/" + relative_path);
     EXPECT_TRUE(zip.ok()) << zip.status();
     absl::StatusOr<std::string> pkl = testing::ReadStoredZipMember(*zip, "/data.pkl");
     EXPECT_TRUE(pkl.ok()) << pkl.status();

@@ -20,7 +20,7 @@ TEST(FixturesTest, EveryPickleReadsAndRoundTrips) {
   size_t objects_seen = 0;
   for (const std::string& path : files) {
     SCOPED_TRACE(path);
-    absl::StatusOr<std::string> zip = testing::ReadFile(path);
+    absl::StatusOr<std::string> zip = ReadFileToString(path);
     ASSERT_TRUE(zip.ok()) << zip.status();
     absl::StatusOr<std::string> pkl = testing::ReadStoredZipMember(*zip, "/data.pkl");
     ASSERT_TRUE(pkl.ok()) << pkl.status();

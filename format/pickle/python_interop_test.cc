@@ -58,7 +58,7 @@ class PythonInteropTest : public ::testing::Test {
   }
 
   static std::string Bytes(const std::string& case_name, int protocol) {
-    absl::StatusOr<std::string> bytes = testing::ReadFile(absl::StrCat(*dir_, "/", case_name, ".p", protocol, ".pkl"));
+    absl::StatusOr<std::string> bytes = ReadFileToString(absl::StrCat(*dir_, "/", case_name, ".p", protocol, ".pkl"));
     EXPECT_TRUE(bytes.ok()) << bytes.status();
     return bytes.ok() ? *bytes : std::string();
   }
@@ -153,7 +153,7 @@ TEST_F(PythonInteropTest, ObjectsReadAsTheOpcodesBuiltThem) {
 }
 
 TEST_F(PythonInteropTest, OutOfBandBuffersAreRefused) {
-  absl::StatusOr<std::string> bytes = testing::ReadFile(*dir_ + "/out_of_band.p5.pkl");
+  absl::StatusOr<std::string> bytes = ReadFileToString(*dir_ + "/out_of_band.p5.pkl");
   ASSERT_TRUE(bytes.ok());
   EXPECT_EQ(Unpickle(*bytes).status().code(), absl::StatusCode::kUnimplemented);
 }
@@ -164,7 +164,7 @@ TEST_F(PythonInteropTest, Protocol2PicklesAreReproducedByteForByte) {
   for (const std::string& file : testing::ListDir(*dir_)) {
     if (file.size() < 7 || file.compare(file.size() - 7, 7, ".p2.pkl") != 0) continue;
     SCOPED_TRACE(file);
-    absl::StatusOr<std::string> bytes = testing::ReadFile(*dir_ + "/" + file);
+    absl::StatusOr<std::string> bytes = ReadFileToString(*dir_ + "/" + file);
     ASSERT_TRUE(bytes.ok());
     absl::StatusOr<ValuePtr> v = Unpickle(*bytes);
     ASSERT_TRUE(v.ok()) << v.status();
@@ -185,7 +185,7 @@ TEST_F(PythonInteropTest, PythonLoadsWhatTheWriterWrites) {
       const std::string file = absl::StrCat(name, ".p", protocol, ".pkl");
       absl::StatusOr<std::string> bytes = Pickle(*Load(name, protocol));
       ASSERT_TRUE(bytes.ok()) << bytes.status();
-      ASSERT_TRUE(testing::WriteFile(out + "/" + file, *bytes).ok());
+      ASSERT_TRUE(WriteFileAtomic(out + "/" + file, *bytes).ok());
       expected[file] = canonical;
     }
   }
@@ -208,7 +208,7 @@ TEST_F(PythonInteropTest, PythonLoadsWhatTheWriterWrites) {
   for (const auto& [file, tree] : built) {
     absl::StatusOr<std::string> bytes = Pickle(*tree);
     ASSERT_TRUE(bytes.ok()) << bytes.status();
-    ASSERT_TRUE(testing::WriteFile(out + "/" + file, *bytes).ok());
+    ASSERT_TRUE(WriteFileAtomic(out + "/" + file, *bytes).ok());
     expected[file] = CanonicalRepr(*tree);
   }
   absl::StatusOr<std::string> python = testing::RunPython({testing::InteropScript(), "canon", out});
@@ -246,7 +246,7 @@ TEST(PythonNumpyTest, NumpyLoadsTheArraysMakeNumpyArrayBuilds) {
     a.data = cases[i].data;
     absl::StatusOr<ValuePtr> v = MakeNumpyArray(a);
     ASSERT_TRUE(v.ok()) << v.status();
-    ASSERT_TRUE(testing::WriteFile(absl::StrCat(out, "/array", i, ".pkl"), Pickle(**v).value()).ok());
+    ASSERT_TRUE(WriteFileAtomic(absl::StrCat(out, "/array", i, ".pkl"), Pickle(**v).value()).ok());
   }
   absl::StatusOr<std::string> python = testing::RunPython({testing::InteropScript(), "numpy", out});
   ASSERT_TRUE(python.ok()) << python.status();
@@ -269,7 +269,7 @@ TEST(PythonNumpyTest, BigEndianArraysKeepTheirValues) {
   a.dtype = ">i2";
   a.shape = {2};
   a.data = "\x00\x01\xff\xfe"s;  // 1, -2
-  ASSERT_TRUE(testing::WriteFile(out + "/be.pkl", Pickle(*MakeNumpyArray(a).value()).value()).ok());
+  ASSERT_TRUE(WriteFileAtomic(out + "/be.pkl", Pickle(*MakeNumpyArray(a).value()).value()).ok());
   absl::StatusOr<std::string> python = testing::RunPython({testing::InteropScript(), "numpy", out});
   ASSERT_TRUE(python.ok()) << python.status();
   EXPECT_EQ(testing::ParseTabbedLines(*python)["be.pkl"], "<i2\t2\t0\t0100feff");
@@ -307,11 +307,11 @@ TEST(PythonTorchTest, TorchLoadsWhatTheWriterWrites) {
                            {"stage2", MakeZeroStage(2)},
                            {"rng", MakeNumpyArray(rng).value()},
                            {"scaler", MakeLossScaler(1.0)}});
-  ASSERT_TRUE(testing::WriteFile(out + "/ckpt.pkl", Pickle(*root).value()).ok());
+  ASSERT_TRUE(WriteFileAtomic(out + "/ckpt.pkl", Pickle(*root).value()).ok());
   const float w[4] = {1, 2, 3, 4};
   const float b[2] = {0.5, -0.5};
-  ASSERT_TRUE(testing::WriteFile(out + "/ckpt.storage.0", std::string(reinterpret_cast<const char*>(w), 16)).ok());
-  ASSERT_TRUE(testing::WriteFile(out + "/ckpt.storage.1", std::string(reinterpret_cast<const char*>(b), 8)).ok());
+  ASSERT_TRUE(WriteFileAtomic(out + "/ckpt.storage.0", std::string(reinterpret_cast<const char*>(w), 16)).ok());
+  ASSERT_TRUE(WriteFileAtomic(out + "/ckpt.storage.1", std::string(reinterpret_cast<const char*>(b), 8)).ok());
   absl::StatusOr<std::string> python = testing::RunPython({testing::InteropScript(), "torch", out});
   ASSERT_TRUE(python.ok()) << python.status();
   const std::string expected = absl::StrCat(

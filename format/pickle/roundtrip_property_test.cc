@@ -275,7 +275,7 @@ TEST(PickleRoundTripPythonTest, PythonLoadsRandomTreesAsWritten) {
     ASSERT_TRUE(bytes.ok()) << bytes.status();
     char name[32];
     std::snprintf(name, sizeof name, "tree%03d.pkl", i);
-    ASSERT_TRUE(testing::WriteFile(dir + "/" + name, *bytes).ok());
+    ASSERT_TRUE(WriteFileAtomic(dir + "/" + name, *bytes).ok());
     expected[name] = testing::CanonicalRepr(*tree);
   }
   absl::StatusOr<std::string> python = testing::RunPython({testing::InteropScript(), "canon", dir});

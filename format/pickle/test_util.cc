@@ -9,8 +9,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -118,21 +116,6 @@ std::string CanonicalRepr(const Value& v) {
     case Kind::kPersistentId: return "P(" + CanonicalOrNull(v.pid()) + ")";
   }
   return "?";
-}
-
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-absl::Status WriteFile(const std::string& path, std::string_view contents) {
-  std::ofstream out(path, std::ios::binary);
-  out.write(contents.data(), contents.size());
-  if (!out) return absl::InternalError(absl::StrCat("cannot write ", path));
-  return absl::OkStatus();
 }
 
 std::string MakeTempDir(std::string_view prefix) {

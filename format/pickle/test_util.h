@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "base/fs.h"
 #include "format/pickle/value.h"
 
 namespace ucp::pickle::testing {
@@ -27,8 +28,8 @@ std::string CanonicalRepr(const Value& v);
 
 std::string Hex(std::string_view bytes);
 
-absl::StatusOr<std::string> ReadFile(const std::string& path);
-absl::Status WriteFile(const std::string& path, std::string_view contents);
+// Whole files are read with base/fs.h's ReadFileToString and written with
+// its WriteFileAtomic.
 // A fresh directory under $TEST_TMPDIR (or /tmp).
 std::string MakeTempDir(std::string_view prefix);
 // Regular files directly in `dir`, sorted.

@@ -60,7 +60,7 @@ TEST(DumpTest, FloatReprMatchesPython) {
     absl::StrAppend(&input, bits, "\n");
   }
   const std::string in_path = testing::TempPath("repr/in.txt");
-  ASSERT_TRUE(testing::WriteStringToFile(in_path, input).ok());
+  ASSERT_TRUE(WriteFileAtomic(in_path, input).ok());
   auto out = testing::RunPython(
       "-c", {"import struct,sys\n"
              "for line in open(sys.argv[1]):\n"

@@ -20,7 +20,6 @@ namespace {
 using testing::ReadFileToString;
 using testing::RunPython;
 using testing::TempPath;
-using testing::WriteStringToFile;
 
 template <typename T>
 std::string Raw(const std::vector<T>& v) {
@@ -160,7 +159,7 @@ TEST(TensorPythonTest, CastAndAverageMatchTorchBitwise) {
   for (size_t i = 0; i < cases.size(); ++i) {
     const CastCase& c = cases[i];
     std::string in = TempPath(absl::StrCat("ops/cast", i, ".in"));
-    ASSERT_TRUE(WriteStringToFile(in, c.input).ok());
+    ASSERT_TRUE(WriteFileAtomic(in, c.input).ok());
     absl::StrAppend(&json, i ? ",\n" : "", "{\"op\": \"cast\", \"in\": \"", in, "\", \"dtype\": \"",
                     DTypeName(c.from).data(), "\", \"offset\": ", c.offset, ", \"sizes\": ", Json(c.sizes),
                     ", \"strides\": ", Json(c.strides), ", \"to\": \"", DTypeName(c.to).data(), "\", \"out\": \"",
@@ -211,7 +210,7 @@ TEST(TensorPythonTest, CastAndAverageMatchTorchBitwise) {
     std::string ins;
     for (size_t j = 0; j < avg_cases[i].slices.size(); ++j) {
       std::string p = TempPath(absl::StrCat("ops/avg", i, "_", j, ".in"));
-      ASSERT_TRUE(WriteStringToFile(p, avg_cases[i].slices[j]).ok());
+      ASSERT_TRUE(WriteFileAtomic(p, avg_cases[i].slices[j]).ok());
       absl::StrAppend(&ins, j ? ", " : "", "\"", p, "\"");
     }
     absl::StrAppend(&json, ",\n{\"op\": \"average\", \"dtype\": \"", DTypeName(avg_cases[i].dtype).data(),
@@ -219,7 +218,7 @@ TEST(TensorPythonTest, CastAndAverageMatchTorchBitwise) {
   }
   json += "]";
   const std::string spec = TempPath("ops/cases.json");
-  ASSERT_TRUE(WriteStringToFile(spec, json).ok());
+  ASSERT_TRUE(WriteFileAtomic(spec, json).ok());
   auto ran = RunPython(testing::PackageDataPath("testdata/torch_ops.py"), {spec});
   ASSERT_TRUE(ran.ok()) << ran.status();
 

@@ -6,8 +6,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -21,22 +19,6 @@ std::string TempPath(const std::string& name) {
   std::error_code ec;
   std::filesystem::create_directories(p.parent_path(), ec);
   return p.string();
-}
-
-absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-absl::Status WriteStringToFile(const std::string& path, const std::string& content) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << content;
-  out.close();
-  if (!out) return absl::InternalError(absl::StrCat("cannot write ", path));
-  return absl::OkStatus();
 }
 
 std::string PackageDataPath(const std::string& relative) { return "format/torch/" + relative; }

@@ -1,5 +1,4 @@
-// Helpers shared by the format/torch tests: temp paths, whole-file I/O,
-// running /usr/bin/python3 (Debian's, with torch 1.13 + numpy) on a script
+// Helpers shared by the format/torch tests: temp paths, running /usr/bin/python3 (Debian's, with torch 1.13 + numpy) on a script
 // from testdata/.
 #ifndef UCP_FORMAT_TORCH_TEST_UTIL_H_
 #define UCP_FORMAT_TORCH_TEST_UTIL_H_
@@ -10,13 +9,15 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "base/fs.h"
 
 namespace ucp::torch::testing {
 
 // $TEST_TMPDIR/<name> (or /tmp/<name>), parent folders created.
 std::string TempPath(const std::string& name);
-absl::StatusOr<std::string> ReadFileToString(const std::string& path);
-absl::Status WriteStringToFile(const std::string& path, const std::string& content);
+// Whole files are read with base/fs.h's ReadFileToString and written with
+// its WriteFileAtomic.
+using ::ucp::ReadFileToString;
 
 // The runfiles path of a data file of this package, e.g.
 // "testdata/canonical_dump.py" -> "format/torch/testdata/canonical_dump.py".
@@ -30,10 +31,10 @@ std::vector<std::string> FindTorchFiles(const std::string& root);
 // stderr tail when it exits non-zero. Returns stdout.
 absl::StatusOr<std::string> RunPython(const std::string& script, const std::vector<std::string>& args);
 
-// The first differing line of two texts with a few lines of context, for
-// test failure messages ("" when equal).
 // This process's resident set size in KiB (VmRSS), -1 if unknown.
 int64_t RssKiB();
+// The first differing line of two texts with a few lines of context, for
+// test failure messages ("" when equal).
 std::string DiffExcerpt(const std::string& expected, const std::string& actual, int context = 3);
 
 }  // namespace ucp::torch::testing

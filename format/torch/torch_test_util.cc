@@ -13,7 +13,7 @@ absl::StatusOr<std::map<std::string, std::string>> PythonDumps(const std::vector
   const std::string list = TempPath(absl::StrCat("python_dumps/list", run, ".txt"));
   const std::string out = TempPath(absl::StrCat("python_dumps/out", run, ".txt"));
   ++run;
-  absl::Status s = WriteStringToFile(list, absl::StrJoin(files, "\n") + "\n");
+  absl::Status s = WriteFileAtomic(list, absl::StrJoin(files, "\n") + "\n");
   if (!s.ok()) return s;
   absl::StatusOr<std::string> ran = RunPython(PackageDataPath("testdata/canonical_dump.py"), {out, "@" + list});
   if (!ran.ok()) return ran.status();

@@ -15,7 +15,6 @@ namespace {
 using testing::ReadFileToString;
 using testing::RunPython;
 using testing::TempPath;
-using testing::WriteStringToFile;
 
 absl::Span<const uint8_t> Bytes(const std::string& s) {
   return absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(s.data()), s.size());
@@ -157,7 +156,7 @@ TEST(ZipTest, Zip64ThresholdKnob) {
   EXPECT_EQ(zip.compare(zip.size() - 10, 8, std::string(8, '\xff')), 0);
 
   std::string path = TempPath("zip64_knob.zip");
-  ASSERT_TRUE(WriteStringToFile(path, zip).ok());
+  ASSERT_TRUE(WriteFileAtomic(path, zip).ok());
   auto listing = RunPython("-c", {"import zipfile,sys\n"
                                   "z = zipfile.ZipFile(sys.argv[1])\n"
                                   "assert z.testzip() is None\n"

@@ -25,14 +25,7 @@ ValuePtr RoundTrip(const ValuePtr& v) {
   return back.ok() ? *back : Value::None();
 }
 
-ValuePtr Obj(ValuePtr callable, ObjectHow how, std::vector<ValuePtr> args, ValuePtr state = nullptr) {
-  Object o;
-  o.callable = std::move(callable);
-  o.how = how;
-  o.args = Value::Tuple(std::move(args));
-  o.state = std::move(state);
-  return Value::MakeObject(std::move(o));
-}
+using testing::Obj;
 
 // ---- generic ----
 

@@ -21,17 +21,9 @@ namespace {
 
 using namespace std::string_literals;
 using testing::CanonicalRepr;
+using testing::Obj;
 
 ValuePtr G(const std::string& module, const std::string& name) { return Value::Global(module, name); }
-
-ValuePtr Obj(ValuePtr callable, ObjectHow how, std::vector<ValuePtr> args, ValuePtr state = nullptr) {
-  Object o;
-  o.callable = std::move(callable);
-  o.how = how;
-  o.args = Value::Tuple(std::move(args));
-  o.state = std::move(state);
-  return Value::MakeObject(std::move(o));
-}
 
 ValuePtr StrDict(std::vector<std::pair<std::string, ValuePtr>> items, bool ordered = false) {
   ValuePtr d = Value::MakeDict(ordered);

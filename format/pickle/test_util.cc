@@ -118,6 +118,15 @@ std::string CanonicalRepr(const Value& v) {
   return "?";
 }
 
+ValuePtr Obj(ValuePtr callable, ObjectHow how, std::vector<ValuePtr> args, ValuePtr state) {
+  Object o;
+  o.callable = std::move(callable);
+  o.how = how;
+  o.args = Value::Tuple(std::move(args));
+  o.state = std::move(state);
+  return Value::MakeObject(std::move(o));
+}
+
 std::string MakeTempDir(std::string_view prefix) {
   const char* base = getenv("TEST_TMPDIR");
   std::string pattern = absl::StrCat(base != nullptr ? base : "/tmp", "/", std::string(prefix), "XXXXXX");

@@ -28,6 +28,9 @@ std::string CanonicalRepr(const Value& v);
 
 std::string Hex(std::string_view bytes);
 
+// An Object: `callable` applied (`how`) to the tuple of `args`, with `state`.
+ValuePtr Obj(ValuePtr callable, ObjectHow how, std::vector<ValuePtr> args, ValuePtr state = nullptr);
+
 // Whole files are read with base/fs.h's ReadFileToString and written with
 // its WriteFileAtomic.
 // A fresh directory under $TEST_TMPDIR (or /tmp).

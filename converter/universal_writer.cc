@@ -129,30 +129,22 @@ absl::StatusOr<WriteStats> WriteUniversal(const deepspeed::ModelState& state, co
   FileList files;
   std::atomic<int64_t> bytes{0};
   std::atomic<size_t> done{0};
-  auto write_file = [&](const std::string& rel, torch::TorchWriter& w, const Value& root) -> absl::Status {
-    const std::string path = JoinPath(out, rel);
-    UCP_ASSIGN_OR_RETURN(tp::WrittenFile f, tp::WriteTorchFile(w, path, root));
-    files.Add(rel, f.size, f.sha256);
-    bytes += f.size;
-    return absl::OkStatus();
-  };
-  auto write_files = [&](const std::vector<std::string>& rels,
-                         const std::vector<std::unique_ptr<torch::TorchWriter>>& writers,
-                         const std::vector<ValuePtr>& roots) -> absl::Status {
+  // Writes out/rels[k] from writers[k] and roots[k] (when several, their
+  // hashes are computed two at a time: TorchWriter::WriteFiles) and lists
+  // them for the manifest.
+  auto write_files = [&](const std::vector<std::string>& rels, const std::vector<torch::TorchWriter*>& writers,
+                         const std::vector<const Value*>& roots) -> absl::Status {
     std::vector<std::string> paths;
-    std::vector<torch::TorchWriter*> w;
-    std::vector<const Value*> r;
-    for (size_t k = 0; k < rels.size(); ++k) {
-      paths.push_back(JoinPath(out, rels[k]));
-      w.push_back(writers[k].get());
-      r.push_back(roots[k].get());
-    }
-    UCP_RETURN_IF_ERROR(torch::TorchWriter::WriteFiles(w, paths, r));
+    for (const std::string& rel : rels) paths.push_back(JoinPath(out, rel));
+    UCP_RETURN_IF_ERROR(torch::TorchWriter::WriteFiles(writers, paths, roots));
     for (size_t k = 0; k < rels.size(); ++k) {
       files.Add(rels[k], static_cast<int64_t>(writers[k]->bytes_written()), writers[k]->sha256_hex());
       bytes += static_cast<int64_t>(writers[k]->bytes_written());
     }
     return absl::OkStatus();
+  };
+  auto write_file = [&](const std::string& rel, torch::TorchWriter& w, const Value& root) {
+    return write_files({rel}, {&w}, {&root});
   };
 
   // Largest params first, so that the threads finish together rather than
@@ -169,19 +161,25 @@ absl::StatusOr<WriteStats> WriteUniversal(const deepspeed::ModelState& state, co
     if (p.trainable()) {
       const std::string rel_dir = JoinPath(deepspeed::kUniversalZeroDir, p.name);
       UCP_RETURN_IF_ERROR(MakeDirs(JoinPath(out, rel_dir)));
+      // The step, the fp32 master and the optimizer states, written together.
+      std::vector<std::unique_ptr<torch::TorchWriter>> owned;
+      std::vector<torch::TorchWriter*> writers;
+      std::vector<ValuePtr> roots;
+      std::vector<std::string> rels;
+      auto add_file = [&](std::string rel) -> torch::TorchWriter& {
+        owned.push_back(std::make_unique<torch::TorchWriter>(HashedWrites()));
+        writers.push_back(owned.back().get());
+        rels.push_back(std::move(rel));
+        return *owned.back();
+      };
       UCP_ASSIGN_OR_RETURN(deepspeed::FileValue step, state.GroupScalar(p.group, "step"));
       if (step.value) {
-        torch::TorchWriter w(HashedWrites());
+        torch::TorchWriter& w = add_file(JoinPath(rel_dir, "step.pt"));
         UCP_ASSIGN_OR_RETURN(ValuePtr v, deepspeed::CopyTreeForWrite(step, w));
-        UCP_RETURN_IF_ERROR(write_file(JoinPath(rel_dir, "step.pt"), w, *v));
+        roots.push_back(std::move(v));
       }
       std::vector<std::string> states = {deepspeed::kFp32State};
       states.insert(states.end(), info.state_keys.begin(), info.state_keys.end());
-      // The fp32 master and the optimizer states (same shape) are written
-      // together, so their hashes are computed two at a time.
-      std::vector<std::unique_ptr<torch::TorchWriter>> writers;
-      std::vector<ValuePtr> roots;
-      std::vector<std::string> rels;
       for (const std::string& s : states) {
         UCP_ASSIGN_OR_RETURN(tp::TensorPlan plan, state.Full(p, s));
         if (plan.shape() != p.full_shape) {
@@ -189,14 +187,15 @@ absl::StatusOr<WriteStats> WriteUniversal(const deepspeed::ModelState& state, co
                                                   torch::ShapeString(plan.shape()), " differs from ",
                                                   torch::ShapeString(p.full_shape)));
         }
-        writers.push_back(std::make_unique<torch::TorchWriter>(HashedWrites()));
-        ValuePtr t = tp::AddPlan(*writers.back(), plan);  // the writer keeps a copy of the plan
+        torch::TorchWriter& w = add_file(JoinPath(rel_dir, s + ".pt"));
+        ValuePtr t = tp::AddPlan(w, plan);  // the writer keeps a copy of the plan
         // DeepSpeed's fp32 masters keep requires_grad=True through the merge.
         if (s == deepspeed::kFp32State) UCP_RETURN_IF_ERROR(tp::SetRequiresGrad(*t, true));
         roots.push_back(UniversalParamDict(p.rule, t));
-        rels.push_back(JoinPath(rel_dir, s + ".pt"));
       }
-      UCP_RETURN_IF_ERROR(write_files(rels, writers, roots));
+      std::vector<const Value*> root_ptrs;
+      for (const ValuePtr& r : roots) root_ptrs.push_back(r.get());
+      UCP_RETURN_IF_ERROR(write_files(rels, writers, root_ptrs));
     } else {
       UCP_ASSIGN_OR_RETURN(tp::TensorPlan plan, state.Full(p, deepspeed::kLpState));
       torch::TorchWriter w(HashedWrites());

@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/fs.h"
 #include "conformance/golden.h"
-#include "converter/convert.h"
+#include "ops/convert.h"
 #include "google/protobuf/text_format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -82,11 +82,11 @@ TEST(CommandsTest, GoldenCheckPassesUcpAndNamesWhatDeepSpeedGetsWrong) {
   EXPECT_THAT(out, HasSubstr("matches the golden neox_zero1_mp2_to_mp1"));
   // Everything on dim 0, as DeepSpeed without patterns.
   ASSERT_TRUE(WriteFileAtomic(JoinPath(work, "cat0.textproto"), "rule { pattern: \".*\" kind: COLUMN }").ok());
-  converter::ConvertOptions o;
+  ops::ConvertOptions o;
   o.input_folder = JoinPath(work, "src");  // the root: its `latest` names the tag
   o.output_folder = JoinPath(work, "deepspeed_like/global_step5_universal");
   o.state.rules.rules_file = JoinPath(work, "cat0.textproto");
-  ASSERT_TRUE(converter::Convert(o).ok());
+  ASSERT_TRUE(ops::Convert(o).ok());
   std::tie(code, out) =
       RunCommand(&RunGoldenCommand, {"golden", "check", "--golden=" + golden, "--universal=" + JoinPath(work, "deepspeed_like")});
   EXPECT_EQ(code, 1) << out;

@@ -11,9 +11,9 @@
 #include "base/status_macros.h"
 #include "conformance/neox_model.h"
 #include "conformance/synthetic_state.h"
-#include "converter/convert.h"
-#include "deepspeed/zero_checkpoint.h"
-#include "loader/reshard.h"
+#include "ops/convert.h"
+#include "readers/zero_checkpoint.h"
+#include "ops/reshard.h"
 #include "tp/merge.h"
 #include "tp/tensor_plan.h"
 
@@ -63,7 +63,7 @@ absl::StatusOr<DemoReport> RunDemo(const DemoOptions& options) {
   // 1. The tp=2 ZeRO-1 checkpoint, as DeepSpeed 0.14.4 saves it.
   const deepspeed::Topology source{2, 1, 1};
   report.source = JoinPath(JoinPath(work, "neox-tp2"), tag);
-  UCP_ASSIGN_OR_RETURN(loader::ZeroWriteResult saved, SaveZero(*model, report.source, source, options.num_threads),
+  UCP_ASSIGN_OR_RETURN(writers::ZeroWriteResult saved, SaveZero(*model, report.source, source, options.num_threads),
                        _.Prepend("saving the generated model: "));
   absl::StrAppendFormat(&out,
                         "1. saved it as DeepSpeed 0.14.4 saves a %s ZeRO-1 PipelineModule checkpoint (no "
@@ -71,12 +71,12 @@ absl::StatusOr<DemoReport> RunDemo(const DemoOptions& options) {
                         source.ToString(), saved.files, Bytes(saved.bytes), report.source);
 
   // 2. Universal checkpoint, no extra options.
-  converter::ConvertOptions co;
+  ops::ConvertOptions co;
   co.input_folder = report.source;
   co.output_folder = report.source + "_universal";
   co.state.num_threads = options.num_threads;
   co.write.num_threads = options.num_threads;
-  UCP_ASSIGN_OR_RETURN(converter::ConvertResult converted, converter::Convert(co), _.Prepend("converting: "));
+  UCP_ASSIGN_OR_RETURN(ops::ConvertResult converted, ops::Convert(co), _.Prepend("converting: "));
   report.universal = co.output_folder;
   absl::StrAppendFormat(&out, "2. converted it to a universal checkpoint: %d params, %d files, %s\n   %s\n",
                         converted.stats.params, converted.stats.files, Bytes(converted.stats.bytes), report.universal);
@@ -85,24 +85,24 @@ absl::StatusOr<DemoReport> RunDemo(const DemoOptions& options) {
   }
 
   // 3. tp=1.
-  loader::ReshardOptions ro;
+  ops::ReshardOptions ro;
   ro.input_folder = report.universal;
   ro.output_folder = JoinPath(JoinPath(work, "neox-tp1"), tag);
   ro.write.target = deepspeed::Topology{1, 1, 1};
   ro.write.num_threads = options.num_threads;
   ro.verify_checksums = true;
-  UCP_ASSIGN_OR_RETURN(loader::ReshardResult resharded, loader::Reshard(ro), _.Prepend("resharding: "));
+  UCP_ASSIGN_OR_RETURN(ops::ReshardResult resharded, ops::Reshard(ro), _.Prepend("resharding: "));
   report.target = ro.output_folder;
   absl::StrAppendFormat(&out, "3. resharded the universal checkpoint to %s: %d files, %s\n   %s\n",
                         ro.write.target.ToString(), resharded.write.files, Bytes(resharded.write.bytes),
                         report.target);
 
   // 4. Every tensor of the tp=1 checkpoint against the generated model.
-  UCP_ASSIGN_OR_RETURN(auto target, deepspeed::ZeroCheckpoint::Open(report.target));
+  UCP_ASSIGN_OR_RETURN(auto target, readers::ZeroCheckpoint::Open(report.target));
   int64_t counts[4] = {0, 0, 0, 0};  // weights, fp32, exp_avg, exp_avg_sq
   const std::string states[3] = {"fp32", "exp_avg", "exp_avg_sq"};
   for (const deepspeed::ParamState& p : info.params) {
-    const deepspeed::ZeroParam* zp = target->FindParam(p.name);
+    const readers::ZeroParam* zp = target->FindParam(p.name);
     if (p.trainable() && zp == nullptr) {
       report.mismatches.push_back(absl::StrCat(p.name, ": not in the tp=1 checkpoint"));
       continue;
@@ -120,7 +120,7 @@ absl::StatusOr<DemoReport> RunDemo(const DemoOptions& options) {
       }
     }
     // The module weight (a cast of the fp32 master for trainable params).
-    for (const deepspeed::ModuleEntry& e : target->module_entries()) {
+    for (const readers::ModuleEntry& e : target->module_entries()) {
       if (e.name != p.name) continue;
       torch::Tensor full;
       if (p.trainable()) {

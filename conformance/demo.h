@@ -5,8 +5,8 @@
 //      saves a tp=2 ZeRO-1 PipelineModule checkpoint, without
 //      universal_checkpoint_info patterns (the conformance writer,
 //      synthetic_state.h);
-//   2. convert it with converter::Convert, no extra options;
-//   3. reshard the universal checkpoint to tp=1 with loader::Reshard;
+//   2. convert it with ops::Convert, no extra options;
+//   3. reshard the universal checkpoint to tp=1 with ops::Reshard;
 //   4. verify every weight, fp32 master, exp_avg and exp_avg_sq of the tp=1
 //      checkpoint bitwise against the generated model (its full tensors,
 //      i.e. its tp=2 slices merged by its rules);

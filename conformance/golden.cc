@@ -11,11 +11,11 @@
 #include "base/status_macros.h"
 #include "conformance/spec_rules.h"
 #include "conformance/synthetic_state.h"
-#include "converter/convert.h"
-#include "deepspeed/compare.h"
+#include "ops/convert.h"
+#include "readers/compare.h"
 #include "format/torch/torch_file.h"
 #include "google/protobuf/text_format.h"
-#include "loader/reshard.h"
+#include "ops/reshard.h"
 
 namespace ucp::conformance {
 namespace {
@@ -209,25 +209,25 @@ absl::StatusOr<GoldenRun> RunGoldenCase(const GoldenCase& c, const std::string& 
   GoldenRun run;
   UCP_ASSIGN_OR_RETURN(run.source, WriteGoldenSource(c, JoinPath(work, "source")));
   const std::string tag = Basename(run.source);
-  UCP_ASSIGN_OR_RETURN(converter::ZeroStateOptions zero_options, ZeroSourceOptionsFor(c.model(), work));
-  converter::ConvertOptions co;
+  UCP_ASSIGN_OR_RETURN(ops::SourceOptions zero_options, ZeroSourceOptionsFor(c.model(), work));
+  ops::ConvertOptions co;
   co.input_folder = run.source;
   co.output_folder = JoinPath(JoinPath(work, "universal"), tag + "_universal");
   co.state = zero_options;
-  UCP_RETURN_IF_ERROR(converter::Convert(co).status());
+  UCP_RETURN_IF_ERROR(ops::Convert(co).status());
   run.universal = co.output_folder;
-  loader::ReshardOptions ro;
+  ops::ReshardOptions ro;
   ro.input_folder = run.universal;
   ro.output_folder = JoinPath(JoinPath(work, "target"), tag);
   ro.write.target = deepspeed::Topology::FromProto(c.target());
   ro.verify_checksums = true;
-  UCP_RETURN_IF_ERROR(loader::Reshard(ro).status());
+  UCP_RETURN_IF_ERROR(ops::Reshard(ro).status());
   run.target = ro.output_folder;
   return run;
 }
 
 absl::StatusOr<std::vector<GoldenFile>> DescribeFolder(const std::string& dir, const std::string& prefix) {
-  UCP_ASSIGN_OR_RETURN(std::vector<std::string> files, deepspeed::ListFilesRecursive(dir));
+  UCP_ASSIGN_OR_RETURN(std::vector<std::string> files, readers::ListFilesRecursive(dir));
   std::vector<GoldenFile> out;
   for (const auto& f : files) {
     if (!absl::EndsWith(f, ".pt")) continue;  // the manifest names the run's folders

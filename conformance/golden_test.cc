@@ -10,8 +10,9 @@
 #include "absl/strings/str_join.h"
 #include "base/fs.h"
 #include "conformance/synthetic_state.h"
-#include "converter/convert.h"
-#include "converter/zero_state.h"
+#include "ops/convert.h"
+#include "ops/open.h"
+#include "readers/zero_state.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "testing/fixtures.h"
@@ -88,18 +89,16 @@ TEST(GoldenTest, PatternlessMergeReproducesDeepSpeedsAssertion) {
   ASSERT_TRUE(c.ok()) << c.status();
   auto source = WriteGoldenSource(*c, FreshTempDir("golden_assertion"));
   ASSERT_TRUE(source.ok()) << source.status();
-  auto ckpt = deepspeed::ZeroCheckpoint::Open(*source);
-  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
-  std::shared_ptr<const deepspeed::ZeroCheckpoint> shared(std::move(*ckpt));
-  converter::ZeroStateOptions options;
+  const std::string source_folder = *source;
+  ops::SourceOptions options;
   options.rules.preset = "none";
   options.rules.default_kind = COLUMN;
-  auto state = converter::ZeroModelState::Make(shared, options);
+  auto state = ops::OpenZeroState(source_folder, options);
   ASSERT_TRUE(state.ok()) << state.status();
   const std::string name = "9.input_layernorm.scale";
   const deepspeed::ParamState* p = (*state)->info().Find(name);
   ASSERT_NE(p, nullptr);
-  auto slices = (*state)->Slices(*p, 0, "fp32");
+  auto slices = (*state)->source().Slices(*p, 0, "fp32");
   ASSERT_TRUE(slices.ok()) << slices.status();
   ASSERT_EQ(slices->size(), 2u);
   MergeRule cat0;
@@ -134,11 +133,11 @@ TEST(GoldenTest, CheckUniversalReportsEveryParamDeepSpeedGetsWrong) {
   auto source = WriteGoldenSource(*c, JoinPath(work, "source"));
   ASSERT_TRUE(source.ok()) << source.status();
   ASSERT_TRUE(WriteFileAtomic(JoinPath(work, "cat0.textproto"), "rule { pattern: \".*\" kind: COLUMN }").ok());
-  converter::ConvertOptions o;
+  ops::ConvertOptions o;
   o.input_folder = *source;
   o.output_folder = JoinPath(work, "deepspeed_like");
   o.state.rules.rules_file = JoinPath(work, "cat0.textproto");
-  ASSERT_TRUE(converter::Convert(o).ok());
+  ASSERT_TRUE(ops::Convert(o).ok());
   auto report = CheckUniversal(*golden, o.output_folder);
   ASSERT_TRUE(report.ok()) << report.status();
   std::set<std::string> wrong;

@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "conformance/spec_rules.h"
 #include "conformance/synthetic_state.h"
-#include "loader/zero_writer.h"
+#include "writers/zero_writer.h"
 #include "google/protobuf/text_format.h"
 #include "tp/merge.h"
 
@@ -221,9 +221,9 @@ void FitTopologies(GoldenCase& c) {
     for (;;) {
       auto info = ModelInfoFromSpec(spec, c.zero_stage(), kind);
       if (!info.ok()) return;  // the properties report it
-      loader::ZeroWriteOptions o;
+      writers::ZeroWriteOptions o;
       o.target = deepspeed::Topology::FromProto(*t);
-      const absl::Status s = loader::PlanTarget(*info, o).status();
+      const absl::Status s = writers::PlanTarget(*info, o).status();
       if (s.ok() || s.code() != absl::StatusCode::kFailedPrecondition ||
           !absl::StrContains(s.message(), "holds no params of optimizer group")) {
         break;

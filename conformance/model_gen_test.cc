@@ -9,7 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "conformance/spec_rules.h"
 #include "conformance/synthetic_state.h"
-#include "converter/rules.h"
+#include "rules/rules.h"
 #include "gtest/gtest.h"
 #include "rapidcheck/gtest.h"
 #include "tp/merge.h"
@@ -59,7 +59,7 @@ RC_GTEST_PROP(ModelGenTest, RulesSourcesSayWhatTheModelIs, ()) {
   std::vector<std::string> names;
   for (const ModelParam& p : spec.param()) names.push_back(p.name());
   // The rules file.
-  auto file_rules = converter::RuleSet::Compile(SpecMergeRules(spec), RULE_FILE, "rules");
+  auto file_rules = rules::RuleSet::Compile(SpecMergeRules(spec), RULE_FILE, "rules");
   RC_ASSERT(file_rules.ok());
   for (const ModelParam& p : spec.param()) {
     const MergeRule* r = file_rules->Match(p.name());
@@ -69,10 +69,10 @@ RC_GTEST_PROP(ModelGenTest, RulesSourcesSayWhatTheModelIs, ()) {
   if (spec.rules_source() == kCheckpointInfoSource) {
     auto info = SpecCheckpointInfo(spec);
     RC_ASSERT(info.ok());
-    auto rules = converter::RulesFromCheckpointInfo(**info);
+    auto rules = rules::RulesFromCheckpointInfo(**info);
     RC_ASSERT(rules.ok());
     RC_ASSERT(rules->rules.original_vocab_size() == spec.original_vocab_size());
-    auto set = converter::RuleSet::Compile(rules->rules, CHECKPOINT_INFO, "info");
+    auto set = rules::RuleSet::Compile(rules->rules, CHECKPOINT_INFO, "info");
     RC_ASSERT(set.ok());
     for (const ModelParam& p : spec.param()) {
       const MergeRule* r = set->Match(p.name());
@@ -84,9 +84,9 @@ RC_GTEST_PROP(ModelGenTest, RulesSourcesSayWhatTheModelIs, ()) {
     }
   }
   if (spec.rules_source() == kPresetSource) {
-    auto preset = converter::PresetRules(spec.preset());
+    auto preset = rules::PresetRules(spec.preset());
     RC_ASSERT(preset.ok());
-    auto set = converter::RuleSet::Compile(*preset, PRESET, spec.preset());
+    auto set = rules::RuleSet::Compile(*preset, PRESET, spec.preset());
     RC_ASSERT(set.ok());
     for (const ModelParam& p : spec.param()) {
       const MergeRule* r = set->Match(p.name());

@@ -19,17 +19,17 @@
 #include "base/fs.h"
 #include "base/status_macros.h"
 #include "conformance/spec_rules.h"
-#include "converter/convert.h"
+#include "ops/convert.h"
 #include "deepspeed/checkpoint_files.h"
-#include "deepspeed/compare.h"
+#include "readers/compare.h"
 #include "deepspeed/tree_copy.h"
-#include "deepspeed/universal_checkpoint.h"
-#include "deepspeed/zero_checkpoint.h"
+#include "readers/universal_checkpoint.h"
+#include "readers/zero_checkpoint.h"
 #include "format/pickle/accessors.h"
 #include "format/torch/torch_file.h"
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/message_differencer.h"
-#include "loader/reshard.h"
+#include "ops/reshard.h"
 #include "rapidcheck.h"
 #include "tp/merge.h"
 
@@ -95,33 +95,33 @@ class CaseRunner {
   }
   absl::StatusOr<std::string> Convert(const std::string& zero, const std::string& root) {
     if (auto it = done_.find(root); it != done_.end()) return it->second;
-    converter::ConvertOptions o;
+    ops::ConvertOptions o;
     o.input_folder = zero;
     o.output_folder = TagOf(JoinPath(dir_, root)) + "_universal";
     o.state = zero_options_;
     o.write.num_threads = 1;
-    UCP_RETURN_IF_ERROR(converter::Convert(o).status());
+    UCP_RETURN_IF_ERROR(ops::Convert(o).status());
     return done_[root] = o.output_folder;
   }
   absl::StatusOr<std::string> Reshard(const std::string& input, const std::string& root, const Topology& t) {
     if (auto it = done_.find(root); it != done_.end()) return it->second;
-    loader::ReshardOptions o;
+    ops::ReshardOptions o;
     o.input_folder = input;
     o.output_folder = TagOf(JoinPath(dir_, root));
     o.write.target = deepspeed::Topology::FromProto(t);
     o.write.num_threads = 1;
     o.zero_source = zero_options_;
-    UCP_RETURN_IF_ERROR(loader::Reshard(o).status());
+    UCP_RETURN_IF_ERROR(ops::Reshard(o).status());
     return done_[root] = o.output_folder;
   }
-  const converter::ZeroStateOptions& zero_options() const { return zero_options_; }
+  const ops::SourceOptions& zero_options() const { return zero_options_; }
 
  private:
   CaseRunner() = default;
   GoldenCase case_;
   std::string dir_;
   std::unique_ptr<SyntheticModelState> model_;
-  converter::ZeroStateOptions zero_options_;
+  ops::SourceOptions zero_options_;
   std::map<std::string, std::string> done_;
 };
 
@@ -151,7 +151,7 @@ bool SameRule(const MergeRule& got, const MergeRule& want) {
 // The universal checkpoint `dir` holds M's tensors, steps and optimizer state.
 absl::StatusOr<std::vector<std::string>> UniversalVsModel(const std::string& dir, const SyntheticModelState& m) {
   std::vector<std::string> diffs;
-  UCP_ASSIGN_OR_RETURN(auto u, deepspeed::UniversalCheckpoint::Open(dir));
+  UCP_ASSIGN_OR_RETURN(auto u, readers::UniversalCheckpoint::Open(dir));
   int trainable = 0, module = 0;
   std::map<std::string, const Manifest::Param*> recorded;
   if (u->manifest()) {
@@ -224,7 +224,7 @@ absl::StatusOr<std::vector<std::string>> UniversalVsModel(const std::string& dir
   }
   UCP_ASSIGN_OR_RETURN(deepspeed::FileValue common, m.OptimizerCommon());
   const torch::TorchFile& os = u->optimizer_state();
-  for (const auto& d : deepspeed::CompareTrees(os, *Without(*os.root(), kSourceLayoutKeys), *common.file,
+  for (const auto& d : readers::CompareTrees(os, *Without(*os.root(), kSourceLayoutKeys), *common.file,
                                                *Without(*common.value, kSourceLayoutKeys))) {
     diffs.push_back(absl::StrCat("zero/optimizer_state.pt: ", d));
   }
@@ -235,8 +235,8 @@ absl::StatusOr<std::vector<std::string>> UniversalVsModel(const std::string& dir
 // topologies: equal but for their source-specific parts.
 absl::StatusOr<std::vector<std::string>> UniversalDiffs(const std::string& a, const std::string& b) {
   std::vector<std::string> ignore = {deepspeed::kManifestFile, "zero/optimizer_state.pt"};
-  UCP_ASSIGN_OR_RETURN(std::vector<std::string> fa, deepspeed::ListFilesRecursive(a));
-  UCP_ASSIGN_OR_RETURN(std::vector<std::string> fb, deepspeed::ListFilesRecursive(b));
+  UCP_ASSIGN_OR_RETURN(std::vector<std::string> fa, readers::ListFilesRecursive(a));
+  UCP_ASSIGN_OR_RETURN(std::vector<std::string> fb, readers::ListFilesRecursive(b));
   for (const auto* files : {&fa, &fb}) {
     for (const auto& f : *files) {
       if (absl::StartsWith(f, "mp_rank_")) ignore.push_back(f);
@@ -246,7 +246,7 @@ absl::StatusOr<std::vector<std::string>> UniversalDiffs(const std::string& a, co
   // The optimizer state, but for the source's dp layout.
   UCP_ASSIGN_OR_RETURN(auto oa, torch::TorchFile::Open(JoinPath(a, "zero/optimizer_state.pt")));
   UCP_ASSIGN_OR_RETURN(auto ob, torch::TorchFile::Open(JoinPath(b, "zero/optimizer_state.pt")));
-  for (const auto& d : deepspeed::CompareTrees(*oa, *Without(*oa->root(), kSourceLayoutKeys), *ob,
+  for (const auto& d : readers::CompareTrees(*oa, *Without(*oa->root(), kSourceLayoutKeys), *ob,
                                                *Without(*ob->root(), kSourceLayoutKeys))) {
     diffs.push_back(absl::StrCat("zero/optimizer_state.pt: ", d));
   }
@@ -413,14 +413,14 @@ absl::Status CorruptionsAreCaught(CaseRunner& r, const std::string& scratch) {
     UCP_RETURN_IF_ERROR(CopyTree(zero, dir));
     return dir;
   };
-  const converter::ZeroStateOptions zero_options = r.zero_options();
+  const ops::SourceOptions zero_options = r.zero_options();
   auto convert_to = [&](const std::string& src, const std::string& name) {
-    converter::ConvertOptions o;
+    ops::ConvertOptions o;
     o.input_folder = src;
     o.output_folder = JoinPath(JoinPath(scratch, name + "_out"), "universal");
     o.state = zero_options;
     o.write.num_threads = 1;
-    return std::make_pair(converter::Convert(o).status(), o.output_folder);
+    return std::make_pair(ops::Convert(o).status(), o.output_folder);
   };
 
   // A missing optimizer shard.
@@ -465,13 +465,13 @@ absl::Status CorruptionsAreCaught(CaseRunner& r, const std::string& scratch) {
     bytes[at] = static_cast<char>(bytes[at] ^ (1 << (seed % 8)));
     UCP_RETURN_IF_ERROR(WriteFileAtomic(victim, bytes));
     const std::string out = JoinPath(JoinPath(scratch, "flipped_out"), "global_step1");
-    loader::ReshardOptions o;
+    ops::ReshardOptions o;
     o.input_folder = universal;
     o.output_folder = out;
     o.write.target = deepspeed::Topology::FromProto(r.c().target());
     o.write.num_threads = 1;
     o.verify_checksums = true;
-    absl::Status s = loader::Reshard(o).status();
+    absl::Status s = ops::Reshard(o).status();
     UCP_RETURN_IF_ERROR(ExpectError(p, absl::StrCat("byte ", at, " of ", d.path(), " flipped"), s,
                                     absl::StatusCode::kDataLoss, {victim, "differs from the manifest's"}));
     UCP_RETURN_IF_ERROR(ExpectNoOutput(p, "flipped byte", out));
@@ -487,8 +487,8 @@ absl::Status CorruptionsAreCaught(CaseRunner& r, const std::string& scratch) {
     }
     if (victim != nullptr) {
       UCP_ASSIGN_OR_RETURN(std::string dir, damaged_copy("replicated"));
-      UCP_ASSIGN_OR_RETURN(auto ckpt, deepspeed::ZeroCheckpoint::Open(dir));
-      const deepspeed::ZeroParam* zp = ckpt->FindParam(victim->name);
+      UCP_ASSIGN_OR_RETURN(auto ckpt, readers::ZeroCheckpoint::Open(dir));
+      const readers::ZeroParam* zp = ckpt->FindParam(victim->name);
       if (zp == nullptr) return Violation(p, absl::StrCat(victim->name, " is not in the saved checkpoint"));
       const int stage = zp->stages[0];
       const auto frags = ckpt->Layout(stage, 1, zp->group).FragmentsOfParam(zp->index_in_group[0]);
@@ -906,10 +906,10 @@ absl::Status CheckProperties(const std::vector<Property>& properties, const Gold
 
 absl::StatusOr<std::vector<std::string>> FolderByteDiffs(const std::string& a, const std::string& b,
                                                         const std::vector<std::string>& ignore) {
-  deepspeed::CompareOptions o;
+  readers::CompareOptions o;
   o.byte_identical = true;
   o.max_differences = 1000;
-  return deepspeed::CompareFolders(a, b, ignore, o);
+  return readers::CompareFolders(a, b, ignore, o);
 }
 
 // --- fuzzing ---

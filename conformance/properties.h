@@ -8,7 +8,7 @@
 //       fields), and equals M's full tensors, steps and optimizer state.
 //   (b) ReshardMatchesSave: reshard(convert(save(M, T1)), T2) == save(M, T2),
 //       every file byte for byte.
-//   (c) DirectReshardMatchesTwoStep: loader::Reshard from the ZeRO folder
+//   (c) DirectReshardMatchesTwoStep: ops::Reshard from the ZeRO folder
 //       save(M, T1) to T2 == the same from convert(save(M, T1)).
 //   (d) CorruptionsAreCaught: a missing optimizer shard (kNotFound naming it),
 //       a truncated file (kDataLoss naming it), a flipped byte in a universal

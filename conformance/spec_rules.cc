@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/fs.h"
 #include "base/status_macros.h"
-#include "converter/universal_writer.h"
+#include "deepspeed/universal_metadata.h"
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/message_differencer.h"
 
@@ -139,7 +139,7 @@ absl::StatusOr<ValuePtr> SpecCheckpointInfo(const ModelSpec& spec) {
       case PatternList::kSubParamShape: {
         MergeRule r = p.rule();
         r.set_pattern(pattern);
-        sub_shapes.push_back(converter::SubparamShapeValue(r));
+        sub_shapes.push_back(deepspeed::SubparamShapeValue(r));
         break;
       }
       case PatternList::kNone: break;
@@ -159,8 +159,8 @@ absl::StatusOr<ValuePtr> SpecCheckpointInfo(const ModelSpec& spec) {
   return info;
 }
 
-absl::StatusOr<converter::ZeroStateOptions> ZeroSourceOptionsFor(const ModelSpec& spec, const std::string& dir) {
-  converter::ZeroStateOptions o;
+absl::StatusOr<ops::SourceOptions> ZeroSourceOptionsFor(const ModelSpec& spec, const std::string& dir) {
+  ops::SourceOptions o;
   o.num_threads = 1;
   if (spec.rules_source() == kRulesFileSource) {
     std::string text;

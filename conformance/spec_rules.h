@@ -15,15 +15,15 @@
 // or `ucp reshard` for a checkpoint of that model.
 //
 // Example:
-//   UCP_ASSIGN_OR_RETURN(converter::ZeroStateOptions o, ZeroSourceOptionsFor(spec, case_dir));
-//   converter::ConvertOptions c;  c.state = o;  ...
+//   UCP_ASSIGN_OR_RETURN(ops::SourceOptions o, ZeroSourceOptionsFor(spec, case_dir));
+//   ops::ConvertOptions c;  c.state = o;  ...
 #ifndef UCP_CONFORMANCE_SPEC_RULES_H_
 #define UCP_CONFORMANCE_SPEC_RULES_H_
 
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "converter/zero_state.h"
+#include "ops/open.h"
 #include "format/pickle/value.h"
 #include "proto/ucp.pb.h"
 
@@ -48,7 +48,7 @@ absl::StatusOr<pickle::ValuePtr> SpecCheckpointInfo(const ModelSpec& spec);
 
 // The ZeroStateOptions a user would give for a checkpoint of `spec`; for a
 // rules file, the file is written to `dir`/rules.textproto.
-absl::StatusOr<converter::ZeroStateOptions> ZeroSourceOptionsFor(const ModelSpec& spec, const std::string& dir);
+absl::StatusOr<ops::SourceOptions> ZeroSourceOptionsFor(const ModelSpec& spec, const std::string& dir);
 
 }  // namespace ucp::conformance
 

@@ -558,12 +558,12 @@ absl::StatusOr<FileValue> SyntheticModelState::OptimizerCommon() const { return 
 
 FileValue SyntheticModelState::ModelStatesRoot(int pp, int tp) const { return root_; }
 
-absl::StatusOr<loader::ZeroWriteResult> SaveZero(const deepspeed::ModelState& state, const std::string& folder,
+absl::StatusOr<writers::ZeroWriteResult> SaveZero(const deepspeed::ModelState& state, const std::string& folder,
                                                  const deepspeed::Topology& topology, int num_threads) {
-  loader::ZeroWriteOptions o;
+  writers::ZeroWriteOptions o;
   o.target = topology;
   o.num_threads = num_threads;
-  return loader::WriteZeroCheckpoint(state, folder, o);
+  return writers::WriteZeroCheckpoint(state, folder, o);
 }
 
 }  // namespace ucp::conformance

@@ -1,7 +1,7 @@
 // SyntheticModelState: a made-up model's full training state, built from a
 // ModelSpec (proto/ucp.proto) and a seed, that the ZeRO writer
-// (loader/zero_writer.h) saves at any topology exactly as DeepSpeed 0.14.4
-// would have: save(M, T) = loader::WriteZeroCheckpoint(SyntheticModelState(M), T).
+// (writers/zero_writer.h) saves at any topology exactly as DeepSpeed 0.14.4
+// would have: save(M, T) = writers::WriteZeroCheckpoint(SyntheticModelState(M), T).
 // The conformance properties compare everything ucp reads back with it.
 //
 // What it holds, all in memory:
@@ -44,7 +44,7 @@
 #include "deepspeed/model_state.h"
 #include "deepspeed/topology.h"
 #include "format/torch/tensor.h"
-#include "loader/zero_writer.h"
+#include "writers/zero_writer.h"
 #include "proto/ucp.pb.h"
 
 namespace ucp::conformance {
@@ -57,7 +57,7 @@ absl::Status ValidateModelSpec(const ModelSpec& spec);
 absl::StatusOr<deepspeed::OptimizerKind> ParseOptimizerLayout(const std::string& name);
 
 // The ModelInfo a SyntheticModelState of `spec` has (no tensors made), e.g.
-// to plan where its params go at a topology (loader::PlanTarget).
+// to plan where its params go at a topology (writers::PlanTarget).
 absl::StatusOr<deepspeed::ModelInfo> ModelInfoFromSpec(const ModelSpec& spec, int zero_stage,
                                                        deepspeed::OptimizerKind kind);
 
@@ -101,7 +101,7 @@ class SyntheticModelState : public deepspeed::ModelState {
 
 // save(M, T): the writer the resharder uses, into `folder` (ROOT/TAG; ROOT/latest
 // is written too).
-absl::StatusOr<loader::ZeroWriteResult> SaveZero(const deepspeed::ModelState& state, const std::string& folder,
+absl::StatusOr<writers::ZeroWriteResult> SaveZero(const deepspeed::ModelState& state, const std::string& folder,
                                                  const deepspeed::Topology& topology, int num_threads = 1);
 
 }  // namespace ucp::conformance

@@ -13,7 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "base/fs.h"
 #include "conformance/neox_model.h"
-#include "deepspeed/compare.h"
+#include "readers/compare.h"
 #include "format/pickle/accessors.h"
 #include "format/torch/torch_file.h"
 #include "gmock/gmock.h"
@@ -116,8 +116,8 @@ class LayoutComparer {
 
 std::vector<std::string> LayoutDiffs(const std::string& ours, const std::string& theirs) {
   std::vector<std::string> diffs;
-  auto fa = deepspeed::ListFilesRecursive(ours);
-  auto fb = deepspeed::ListFilesRecursive(theirs);
+  auto fa = readers::ListFilesRecursive(ours);
+  auto fb = readers::ListFilesRecursive(theirs);
   if (!fa.ok() || !fb.ok()) return {"cannot list"};
   if (*fa != *fb) return {absl::StrCat("files [", absl::StrJoin(*fa, ", "), "] vs [", absl::StrJoin(*fb, ", "), "]")};
   for (const auto& f : *fa) {

@@ -2,6 +2,18 @@
 
 namespace ucp::deepspeed {
 
+const char* OptimizerKindName(OptimizerKind kind) { return kind == OptimizerKind::kBf16 ? "bf16" : "zero"; }
+
+const char* TensorRoleName(TensorRole role) {
+  switch (role) {
+    case TensorRole::kTrainable: return "trainable";
+    case TensorRole::kFrozen: return "frozen";
+    case TensorRole::kBuffer: return "buffer";
+  }
+  return "?";
+}
+
+
 void ModelInfo::Reindex() {
   index_.clear();
   for (size_t i = 0; i < params.size(); ++i) index_.emplace(params[i].name, static_cast<int>(i));

@@ -1,16 +1,24 @@
 // ModelState: a model's full (tp-merged, unpartitioned) training state, the
-// common currency between the readers and the writers of ucp.
+// common currency between the readers, the rules and the writers of ucp.
 //
-//   ZeRO folder ──(converter/zero_state)──┐
-//   universal folder ──(loader/universal_state)──┼──> ModelState ──> universal writer
-//   generated model ──(conformance)──┘                        └──> ZeRO writer (any tp/pp/dp)
+//   ZeRO folder ──(readers/zero_state)──> SlicedState ──(rules/resolve)──┐
+//   universal folder ──(readers/universal_state)─────────────────────────┼──> ModelState ──> writers/
+//   generated model ──(conformance/synthetic_state)──────────────────────┘    (universal, ZeRO at any
+//                                                                              tp/pp/dp, export)
+//
+// A SlicedState is a checkpoint as its tp ranks hold it: every tensor of the
+// model with its shape on each source tp rank (`ParamState::tp_shapes`) and
+// its tp slices as TensorPlans; how the slices merge is not decided yet. The
+// rules (rules/resolve.h) decide each param's MergeRule and turn it into a
+// ModelState.
 //
 // A ModelState lists every tensor of the model (`ParamState`: optimizer
 // params, frozen params, buffers) with its full shape and tp merge rule, and
 // hands out each tensor's full value for a state ("fp32", "exp_avg", ...,
 // or "lp" for the module weight) as a TensorPlan, i.e. lazily: nothing is
 // read until a writer copies the bytes. Implementations must be thread-safe
-// for concurrent `Full` calls (each param is an independent unit of work).
+// for concurrent `Full` / `Slices` calls (each param is an independent unit
+// of work).
 #ifndef UCP_DEEPSPEED_MODEL_STATE_H_
 #define UCP_DEEPSPEED_MODEL_STATE_H_
 
@@ -22,7 +30,6 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "deepspeed/topology.h"
-#include "deepspeed/zero_checkpoint.h"
 #include "format/pickle/value.h"
 #include "format/torch/dtype.h"
 #include "format/torch/torch_file.h"
@@ -30,6 +37,17 @@
 #include "tp/tensor_plan.h"
 
 namespace ucp::deepspeed {
+
+// Which optimizer wrote the *_optim_states.pt files.
+enum class OptimizerKind {
+  kZero,  // DeepSpeedZeroOptimizer (stage 1/2): fp32 or fp16 lp weights
+  kBf16,  // BF16_Optimizer: bf16 lp weights, 7-key state dict
+};
+const char* OptimizerKindName(OptimizerKind kind);
+
+// The role of a tensor in the module state (layer files or mp_rank `module`).
+enum class TensorRole { kTrainable, kFrozen, kBuffer };
+const char* TensorRoleName(TensorRole role);
 
 // The state name of the module (lp) weight of a tensor.
 inline constexpr char kLpState[] = "lp";
@@ -48,6 +66,10 @@ struct ParamState {
   std::string local_name;           // key in the layer file
   std::string tied_key;             // tied module key, "" if not tied
   std::vector<int> tied_layers;     // all layer indices holding a tied param
+  // SlicedState only: the tensor's shape on each source tp rank, and the
+  // pipeline stages holding it (several for params tied across stages).
+  std::vector<std::vector<int64_t>> tp_shapes;
+  std::vector<int> stages;
 
   bool trainable() const { return role == TensorRole::kTrainable; }
 };
@@ -107,12 +129,11 @@ inline std::shared_ptr<const torch::TorchFile> Unowned(const torch::TorchFile* f
   return std::shared_ptr<const torch::TorchFile>(std::shared_ptr<const torch::TorchFile>(), f);
 }
 
-class ModelState {
+// What every checkpoint state offers besides its tensors.
+class CheckpointState {
  public:
-  virtual ~ModelState() = default;
+  virtual ~CheckpointState() = default;
   virtual const ModelInfo& info() const = 0;
-  // The full tensor of `param` for `state` ("fp32", a state key, or "lp").
-  virtual absl::StatusOr<tp::TensorPlan> Full(const ParamState& param, const std::string& state) const = 0;
   // A per-group scalar optimizer state (e.g. "step"); value null when absent.
   virtual absl::StatusOr<FileValue> GroupScalar(int group, const std::string& key) const = 0;
   // The optimizer state that is not sharded: what the universal
@@ -122,8 +143,32 @@ class ModelState {
   // stage `pp` and tp rank `tp` (each clamped to the source's degrees): its
   // client state is carried into written checkpoints.
   virtual FileValue ModelStatesRoot(int pp, int tp) const = 0;
-  // The path of that mp_rank file, for byte-identical copies.
+  // The path of that mp_rank file, for byte-identical copies ("" when the
+  // state has no such file: writers then serialize ModelStatesRoot()).
   virtual std::string ModelStatesPath(int pp, int tp) const = 0;
+};
+
+class ModelState : public CheckpointState {
+ public:
+  // The full tensor of `param` for `state` ("fp32", a state key, or "lp").
+  virtual absl::StatusOr<tp::TensorPlan> Full(const ParamState& param, const std::string& state) const = 0;
+};
+
+// A checkpoint as its tp ranks hold it. `info()` lists every tensor with
+// `tp_shapes` and `stages`; `rule`, `source`, `origin` and `full_shape` are
+// not set, nor `original_vocab_size`.
+class SlicedState : public CheckpointState {
+ public:
+  // The tp slices (in tp rank order) of `param` for `state` as pipeline stage
+  // `stage` holds them.
+  virtual absl::StatusOr<std::vector<tp::TensorPlan>> Slices(const ParamState& param, int stage,
+                                                             const std::string& state) const = 0;
+  // The model states' `universal_checkpoint_info` (an empty dict when absent).
+  virtual const pickle::Value& checkpoint_info() const = 0;
+  // The training's `args` (a dict, or an argparse.Namespace's attributes), or null.
+  virtual const pickle::Value* args() const = 0;
+  // The checkpoint folder, for messages.
+  virtual const std::string& dir() const = 0;
 };
 
 }  // namespace ucp::deepspeed

@@ -26,9 +26,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/fs.h"
-#include "converter/convert.h"
-#include "deepspeed/compare.h"
-#include "deepspeed/inspect.h"
+#include "ops/convert.h"
+#include "readers/compare.h"
+#include "readers/inspect.h"
 #include "deepspeed/topology.h"
 #include "format/pickle/value.h"
 #include "format/torch/torch_file.h"
@@ -36,7 +36,7 @@
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
-#include "loader/reshard.h"
+#include "ops/reshard.h"
 #include "proto/ucp.pb.h"
 #include "testing/fixtures.h"
 
@@ -111,8 +111,8 @@ absl::StatusOr<std::string> TagFolder(const std::string& root) {
   return JoinPath(root, *tag);
 }
 
-converter::ZeroStateOptions StateOptions(const InteropCase& c, const std::string& root) {
-  converter::ZeroStateOptions o;
+ops::SourceOptions StateOptions(const InteropCase& c, const std::string& root) {
+  ops::SourceOptions o;
   if (c.rules_file) o.rules.rules_file = JoinPath(root, "rules.textproto");
   o.num_threads = 2;
   return o;
@@ -187,12 +187,12 @@ TEST_P(DsInteropTest, ConvertGivesTheExpectedUniversalCheckpoint) {
   ASSERT_TRUE(tag_dir.ok()) << tag_dir.status();
   const std::string out_root = FreshTempDir(absl::StrCat("convert_", c.name));
   const std::string out = JoinPath(out_root, "universal");
-  converter::ConvertOptions o;
+  ops::ConvertOptions o;
   o.input_folder = *tag_dir;
   o.output_folder = out;
   o.state = StateOptions(c, *root);
   o.write.num_threads = 2;
-  auto result = converter::Convert(o);
+  auto result = ops::Convert(o);
   ASSERT_TRUE(result.ok()) << result.status();
 
   auto expected = torch::TorchFile::Open(JoinPath(*root, "expected.pt"));
@@ -236,7 +236,7 @@ TEST_P(DsInteropTest, ConvertGivesTheExpectedUniversalCheckpoint) {
   }
   std::sort(trainable.begin(), trainable.end());
   EXPECT_EQ(dirs, trainable);
-  auto diffs = deepspeed::CompareFiles(JoinPath(out, "zero/optimizer_state.pt"),
+  auto diffs = readers::CompareFiles(JoinPath(out, "zero/optimizer_state.pt"),
                                        JoinPath(*root, "expected_optimizer_state.pt"));
   ASSERT_TRUE(diffs.ok()) << diffs.status();
   EXPECT_THAT(*diffs, IsEmpty()) << absl::StrJoin(*diffs, "\n");
@@ -263,9 +263,9 @@ TEST_P(DsInteropTest, ConvertGivesTheExpectedUniversalCheckpoint) {
 // added to `python_checks` for one run at the end.
 void ExpectSameCheckpoint(const std::string& ours, const std::string& writers,
                           std::vector<std::string>& python_checks) {
-  deepspeed::CompareOptions o;
+  readers::CompareOptions o;
   o.compare_requires_grad = true;
-  auto diffs = deepspeed::CompareFolders(ours, writers, {}, o);
+  auto diffs = readers::CompareFolders(ours, writers, {}, o);
   ASSERT_TRUE(diffs.ok()) << diffs.status();
   EXPECT_THAT(*diffs, IsEmpty()) << ours << " vs " << writers << ":\n" << absl::StrJoin(*diffs, "\n");
   if (!python_checks.empty()) python_checks.push_back("---");
@@ -286,23 +286,23 @@ TEST_P(DsInteropTest, ReshardToAnotherTopologyAndBack) {
   absl::Status generated = Generate(c, c.other, other_root);
   ASSERT_TRUE(generated.ok()) << generated;
 
-  loader::ReshardOptions there;
+  ops::ReshardOptions there;
   there.input_folder = *tag_dir;
   there.output_folder = JoinPath(work, "there/" + tag);
   there.write.target = c.other;
   there.write.num_threads = 2;
   there.zero_source = StateOptions(c, *root);
   std::vector<std::string> python_checks;
-  auto r1 = loader::Reshard(there);
+  auto r1 = ops::Reshard(there);
   ASSERT_TRUE(r1.ok()) << r1.status();
   EXPECT_EQ(r1->source, c.source);
   ExpectSameCheckpoint(there.output_folder, JoinPath(other_root, tag), python_checks);
 
-  loader::ReshardOptions back = there;
+  ops::ReshardOptions back = there;
   back.input_folder = there.output_folder;
   back.output_folder = JoinPath(work, "back/" + tag);
   back.write.target = c.source;
-  auto r2 = loader::Reshard(back);
+  auto r2 = ops::Reshard(back);
   ASSERT_TRUE(r2.ok()) << r2.status();
   EXPECT_EQ(r2->source, c.other);
   ExpectSameCheckpoint(back.output_folder, *tag_dir, python_checks);
@@ -311,17 +311,17 @@ TEST_P(DsInteropTest, ReshardToAnotherTopologyAndBack) {
   EXPECT_EQ(*latest, tag);
 
   // The same target from ucp's universal checkpoint of the source.
-  converter::ConvertOptions convert;
+  ops::ConvertOptions convert;
   convert.input_folder = *tag_dir;
   convert.output_folder = JoinPath(work, "universal/" + tag + "_universal");
   convert.state = StateOptions(c, *root);
   convert.write.num_threads = 2;
-  auto converted = converter::Convert(convert);
+  auto converted = ops::Convert(convert);
   ASSERT_TRUE(converted.ok()) << converted.status();
-  loader::ReshardOptions from_universal = there;
+  ops::ReshardOptions from_universal = there;
   from_universal.input_folder = convert.output_folder;
   from_universal.output_folder = JoinPath(work, "from_universal/" + tag);
-  auto r3 = loader::Reshard(from_universal);
+  auto r3 = ops::Reshard(from_universal);
   ASSERT_TRUE(r3.ok()) << r3.status();
   EXPECT_EQ(r3->source_kind, "universal");
   ExpectSameCheckpoint(from_universal.output_folder, JoinPath(other_root, tag), python_checks);
@@ -337,7 +337,7 @@ TEST_P(DsInteropTest, InspectReportsWhatTheWriterWrote) {
   ASSERT_TRUE(root.ok()) << root.status();
   auto tag_dir = TagFolder(*root);
   ASSERT_TRUE(tag_dir.ok());
-  auto report = deepspeed::Inspect(*root);  // a root with `latest`
+  auto report = readers::Inspect(*root);  // a root with `latest`
   ASSERT_TRUE(report.ok()) << report.status();
   EXPECT_EQ(report->kind(), "zero");
   EXPECT_EQ(Topology::FromProto(report->topology()), c.source);
@@ -493,11 +493,11 @@ TEST(DsInteropVocabTest, ConvertStripsNonZeroVocabPadding) {
   auto tag_dir = TagFolder(*root);
   ASSERT_TRUE(tag_dir.ok());
   const std::string out = JoinPath(FreshTempDir("convert_vocab_padding"), "universal");
-  converter::ConvertOptions o;
+  ops::ConvertOptions o;
   o.input_folder = *tag_dir;
   o.output_folder = out;
   o.state = StateOptions(c, *root);
-  auto result = converter::Convert(o);
+  auto result = ops::Convert(o);
   ASSERT_TRUE(result.ok()) << result.status();
   ExpectPythonCheck({"universal", *root, out});
 }
@@ -523,12 +523,12 @@ TEST(DsInteropTiedHeadTest, MegatronTiedOutputLayerStaysInTheLastStage) {
   const std::string other_root = JoinPath(work, "writer_other");
   absl::Status generated = Generate(c, c.other, other_root);
   ASSERT_TRUE(generated.ok()) << generated;
-  loader::ReshardOptions o;
+  ops::ReshardOptions o;
   o.input_folder = *tag_dir;
   o.output_folder = JoinPath(work, "there/global_step4");
   o.write.target = c.other;
   o.zero_source = StateOptions(c, *root);
-  auto r = loader::Reshard(o);
+  auto r = ops::Reshard(o);
   ASSERT_TRUE(r.ok()) << r.status();
   std::vector<std::string> python_checks;
   ExpectSameCheckpoint(o.output_folder, JoinPath(other_root, "global_step4"), python_checks);

@@ -20,11 +20,11 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "converter/convert.h"
-#include "converter/rules.h"
-#include "deepspeed/inspect.h"
+#include "ops/convert.h"
+#include "rules/rules.h"
+#include "readers/inspect.h"
 #include "google/protobuf/text_format.h"
-#include "loader/reshard.h"
+#include "ops/reshard.h"
 #include "tools/commands.h"
 #include "tools/flags.h"
 #include "tp/merge.h"
@@ -60,10 +60,10 @@ class Progress {
   std::chrono::steady_clock::time_point last_;
 };
 
-absl::Status ParseMismatch(const std::string& s, converter::ReplicatedMismatch* out) {
-  if (s == "error") *out = converter::ReplicatedMismatch::kError;
-  else if (s == "average") *out = converter::ReplicatedMismatch::kAverage;
-  else if (s == "first") *out = converter::ReplicatedMismatch::kFirst;
+absl::Status ParseMismatch(const std::string& s, rules::ReplicatedMismatch* out) {
+  if (s == "error") *out = rules::ReplicatedMismatch::kError;
+  else if (s == "average") *out = rules::ReplicatedMismatch::kAverage;
+  else if (s == "first") *out = rules::ReplicatedMismatch::kFirst;
   else return absl::InvalidArgumentError(absl::StrCat("--replicated_mismatch=", s, ": expected error, average or first"));
   return absl::OkStatus();
 }
@@ -94,8 +94,8 @@ struct ZeroSourceFlags {
           "unpadded vocabulary size, to strip vocab padding from vocabulary-parallel params (0 = from the "
           "checkpoint's universal_checkpoint_info, else the padding is kept)");
   }
-  absl::StatusOr<converter::ZeroStateOptions> Options(int threads, int64_t divisible_by) const {
-    converter::ZeroStateOptions o;
+  absl::StatusOr<ops::SourceOptions> Options(int threads, int64_t divisible_by) const {
+    ops::SourceOptions o;
     o.rules.rules_file = rules;
     o.rules.preset = preset;
     o.rules.original_vocab_size = original_vocab_size;
@@ -154,14 +154,14 @@ int RunInspect(int argc, char** argv) {
   if (positional.size() != 1) {
     return Fail(absl::InvalidArgumentError("usage: ucp inspect PATH [--format=text|textproto]"));
   }
-  auto report = deepspeed::Inspect(positional[0]);
+  auto report = readers::Inspect(positional[0]);
   if (!report.ok()) return Fail(report.status());
   if (format == "textproto") {
     std::string text;
     google::protobuf::TextFormat::PrintToString(*report, &text);
     std::cout << text;
   } else if (format == "text") {
-    std::cout << deepspeed::FormatReport(*report);
+    std::cout << readers::FormatReport(*report);
   } else {
     return Fail(absl::InvalidArgumentError(absl::StrCat("--format=", format, ": expected text or textproto")));
   }
@@ -172,7 +172,7 @@ int RunConvert(int argc, char** argv) {
   FlagSet f("convert",
             "DeepSpeed ZeRO checkpoint -> universal checkpoint (a drop-in for deepspeed/checkpoint/ds_to_universal.py "
             "that merges every param's tp slices by an explicit rule)");
-  converter::ConvertOptions o;
+  ops::ConvertOptions o;
   ZeroSourceFlags src;
   bool explain = false, keep = false;
   int threads = 0, extract_workers = 0;
@@ -209,7 +209,7 @@ int RunConvert(int argc, char** argv) {
   o.write.keep_temp_folder = keep;
   Progress progress("convert");
   o.write.progress = progress.Callback();
-  auto result = converter::Convert(o);
+  auto result = ops::Convert(o);
   if (!result.ok()) return Fail(result.status());
   for (const auto& w : result->warnings) std::cerr << "ucp: note: " << w << "\n";
   if (explain) std::cout << result->explain << "\n";
@@ -223,7 +223,7 @@ int RunReshard(int argc, char** argv) {
   FlagSet f("reshard",
             "any checkpoint (universal, or ZeRO read in one pass) -> a regular DeepSpeed ZeRO checkpoint at a target "
             "tp/pp/dp that any DeepSpeed version loads with a plain load_checkpoint");
-  loader::ReshardOptions o;
+  ops::ReshardOptions o;
   ZeroSourceFlags src;
   int threads = 0;
   std::string layer_types;
@@ -265,7 +265,7 @@ int RunReshard(int argc, char** argv) {
   o.write.num_threads = threads;
   Progress progress("reshard");
   o.write.progress = progress.Callback();
-  auto result = loader::Reshard(o);
+  auto result = ops::Reshard(o);
   if (!result.ok()) return Fail(result.status());
   for (const auto& n : result->notes) std::cerr << "ucp: note: " << n << "\n";
   std::cout << "resharded " << result->source_kind << " checkpoint " << o.input_folder << " ("
@@ -288,9 +288,9 @@ int RunRules(int argc, char** argv) {
   f.String("preset", &preset, "one preset (gpt-neox, megatron-deepspeed, bloom); empty prints all");
   std::vector<std::string> positional;
   if (std::optional<int> done = ParseOrExit(f, argc, argv, &positional)) return *done;
-  std::vector<std::string> names = preset.empty() ? converter::PresetNames() : std::vector<std::string>{preset};
+  std::vector<std::string> names = preset.empty() ? rules::PresetNames() : std::vector<std::string>{preset};
   for (const auto& name : names) {
-    auto rules = converter::PresetRules(name);
+    auto rules = rules::PresetRules(name);
     if (!rules.ok()) return Fail(rules.status());
     std::string text;
     google::protobuf::TextFormat::PrintToString(*rules, &text);

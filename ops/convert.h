@@ -1,0 +1,42 @@
+// `ucp convert`: a DeepSpeed ZeRO checkpoint folder -> a universal checkpoint,
+// the drop-in replacement of deepspeed/checkpoint/ds_to_universal.py that
+// decides every param's tp merge from rules, patterns, presets or evidence
+// (rules/) instead of concatenating unknown params on dim 0.
+#ifndef UCP_OPS_CONVERT_H_
+#define UCP_OPS_CONVERT_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "deepspeed/model_state.h"
+#include "ops/open.h"
+#include "writers/universal_writer.h"
+
+namespace ucp::ops {
+
+struct ConvertOptions {
+  std::string input_folder;   // a tag folder, or a root with `latest`
+  std::string output_folder;  // the universal folder to create
+  SourceOptions state;
+  writers::UniversalWriteOptions write;
+  // Unused patterns of a --rules file are an error (ds_to_universal's strict
+  // mode checks its patterns likewise); --no_strict turns that off.
+  bool strict = true;
+};
+
+struct ConvertResult {
+  writers::WriteStats stats;
+  std::string summary;   // how many params got each kind from each source
+  std::string explain;   // one line per param: name, shape, kind, source, why
+  std::vector<std::string> warnings;
+};
+
+absl::StatusOr<ConvertResult> Convert(const ConvertOptions& options);
+
+// The summary and per-param table of a model state's rules.
+std::string RuleSummary(const deepspeed::ModelInfo& info);
+std::string RuleExplanation(const deepspeed::ModelInfo& info);
+
+}  // namespace ucp::ops
+
+#endif  // UCP_OPS_CONVERT_H_

@@ -1,0 +1,200 @@
+// Bad input: each case gets its specific error naming the file or param, and
+// leaves neither an output folder, nor a staging folder, nor latest_universal.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "base/fs.h"
+#include "ops/convert.h"
+#include "readers/zero_checkpoint.h"
+#include "format/torch/mapped_file.h"
+#include "format/torch/torch_file.h"
+#include "gtest/gtest.h"
+#include "testing/fixtures.h"
+
+namespace ucp::ops {
+namespace {
+
+using ucp::testing::FixturePath;
+using ucp::testing::FreshTempDir;
+
+struct Case {
+  std::string root;    // holds the damaged source and the output
+  std::string source;  // the damaged checkpoint tag folder
+  std::string output;
+};
+
+Case Prepare(const std::string& name, const std::string& fixture) {
+  Case c;
+  c.root = FreshTempDir(name);
+  c.source = JoinPath(c.root, "src/global_step4");
+  EXPECT_TRUE(CopyTree(FixturePath(fixture + "/global_step4"), c.source).ok());
+  c.output = JoinPath(c.root, "out/global_step4_universal");
+  return c;
+}
+
+absl::Status RunConvert(const Case& c) {
+  ConvertOptions o;
+  o.input_folder = c.source;
+  o.output_folder = c.output;
+  o.write.num_threads = 2;
+  return Convert(o).status();
+}
+
+void ExpectNothingWritten(const Case& c) {
+  EXPECT_FALSE(PathExists(c.output));
+  const std::string out_root = JoinPath(c.root, "out");
+  EXPECT_FALSE(PathExists(JoinPath(out_root, "latest_universal")));
+  if (IsDirectory(out_root)) {
+    auto names = ListDirectory(out_root);
+    ASSERT_TRUE(names.ok());
+    EXPECT_TRUE(names->empty()) << "left behind: " << (*names)[0];
+  }
+}
+
+TEST(ConvertErrorsTest, MissingDpShard) {
+  Case c = Prepare("missing_dp_shard", "neox-tp2-pp1-dp2");
+  const std::string gone = JoinPath(c.source, "zero_pp_rank_1_mp_rank_01_optim_states.pt");
+  ASSERT_EQ(unlink(gone.c_str()), 0);
+  absl::Status s = RunConvert(c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(s.message(), absl::StrCat(gone, ": missing (dp_world_size 2 in mp_rank_01_model_states.pt)"));
+  ExpectNothingWritten(c);
+}
+
+TEST(ConvertErrorsTest, ReplicatedCopiesDiffer) {
+  Case c = Prepare("replicated_differ", "neox-tp2-pp1-dp1");
+  // 2.input_layernorm.scale is the first param of group 1 on every tp rank:
+  // nudge element 3 of tp rank 1's fp32 copy.
+  auto out = ucp::testing::RunCommand(absl::StrCat(
+      ucp::testing::kPython, " ", ucp::testing::RunfilePath("testdata/python/mutate_checkpoint.py"), " ",
+      JoinPath(c.source, "zero_pp_rank_0_mp_rank_01_optim_states.pt"),
+      " add-to-element optimizer_state_dict.single_partition_of_fp32_groups.1 3 0.25"));
+  ASSERT_TRUE(out.ok()) << out.status();
+  absl::Status s = RunConvert(c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("1 replicated param(s) differ between tp ranks"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("2.input_layernorm.scale (preset gpt-neox"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("tp copies differ in fp32, largest |difference| 0.25"), std::string::npos) << s;
+  ExpectNothingWritten(c);
+
+  // Accepting the mismatch keeps the mean, or tp rank 0.
+  ConvertOptions o;
+  o.input_folder = c.source;
+  o.output_folder = c.output;
+  o.state.replicated_mismatch = rules::ReplicatedMismatch::kAverage;
+  auto result = Convert(o);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_NE(result->explain.find("2.input_layernorm.scale [64] average [preset]"), std::string::npos)
+      << result->explain;
+}
+
+TEST(ConvertErrorsTest, UnknownFileLayout) {
+  Case c;
+  c.root = FreshTempDir("unknown_layout");
+  c.source = JoinPath(c.root, "src/global_step4");
+  ASSERT_TRUE(MakeDirs(c.source).ok());
+  ASSERT_TRUE(WriteFileAtomic(JoinPath(c.source, "model.safetensors"), "{}").ok());
+  ASSERT_TRUE(WriteFileAtomic(JoinPath(c.source, "pytorch_model.bin"), "x").ok());
+  c.output = JoinPath(c.root, "out/u");
+  absl::Status s = RunConvert(c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(),
+            absl::StrCat(c.source, ": unrecognized checkpoint layout: expected mp_rank_XX_model_states.pt files "
+                                   "(DeepSpeed ZeRO 1/2), found 2 other entries, e.g. 'model.safetensors'"));
+  ExpectNothingWritten(c);
+}
+
+TEST(ConvertErrorsTest, MixtureOfExpertsIsRefused) {
+  Case c = Prepare("moe", "neox-tp2-pp1-dp1");
+  ASSERT_TRUE(WriteFileAtomic(JoinPath(c.source, "layer_02_expert_0_mp_rank_00_model_states.pt"), "x").ok());
+  absl::Status s = RunConvert(c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(s.message().find("mixture-of-experts checkpoints are not supported"), std::string::npos) << s;
+  ExpectNothingWritten(c);
+}
+
+TEST(ConvertErrorsTest, TruncatedTensorFile) {
+  Case c = Prepare("truncated", "neox-tp2-pp1-dp1");
+  const std::string f = JoinPath(c.source, "zero_pp_rank_0_mp_rank_00_optim_states.pt");
+  auto size = FileSize(f);
+  ASSERT_TRUE(size.ok());
+  ASSERT_EQ(truncate(f.c_str(), *size / 2), 0);
+  absl::Status s = RunConvert(c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_EQ(s.message().rfind(f, 0), 0u) << "the message should start with the file: " << s;
+  ExpectNothingWritten(c);
+}
+
+// Layer files are CRC-checked per tensor, when a tensor is read: a damaged
+// lp weight is reported (file, record) the moment anything uses it.
+TEST(ConvertErrorsTest, DamagedLayerRecordIsCaughtWhenRead) {
+  Case c = Prepare("damaged_layer_record", "neox-tp2-pp1-dp1");
+  const std::string f = JoinPath(c.source, "layer_02-model_01-model_states.pt");
+  // Flip one byte in the middle of the record behind 'attention.dense.weight'.
+  {
+    int64_t offset = -1;
+    {
+      torch::OpenOptions lazy;
+      lazy.verify_crc = false;
+      auto file = torch::TorchFile::Open(f, lazy);
+      ASSERT_TRUE(file.ok()) << file.status();
+      const pickle::Value* v = (*file)->root()->DictGet("attention.dense.weight");
+      ASSERT_NE(v, nullptr);
+      auto t = (*file)->GetTensor(*v);
+      ASSERT_TRUE(t.ok()) << t.status();
+      offset = (t->storage()->data() - (*file)->mapped_file()->data()) +
+               static_cast<int64_t>(t->storage()->nbytes() / 2);
+    }
+    const int fd = open(f.c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    uint8_t byte = 0;
+    ASSERT_EQ(pread(fd, &byte, 1, offset), 1);
+    byte ^= 0x40;
+    ASSERT_EQ(pwrite(fd, &byte, 1, offset), 1);
+    close(fd);
+  }
+  auto ckpt = readers::ZeroCheckpoint::Open(c.source);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  const readers::ModuleEntry* entry = nullptr;
+  for (const auto& e : (*ckpt)->module_entries()) {
+    if (e.name == "2.attention.dense.weight") entry = &e;
+  }
+  ASSERT_NE(entry, nullptr);
+  EXPECT_TRUE((*ckpt)->ModuleTensor(*entry, 0).ok());
+  auto damaged = (*ckpt)->ModuleTensor(*entry, 1);
+  EXPECT_EQ(damaged.status().code(), absl::StatusCode::kDataLoss) << damaged.status();
+  EXPECT_EQ(damaged.status().message().rfind(f, 0), 0u) << damaged.status();
+  EXPECT_NE(damaged.status().message().find("CRC-32 mismatch"), std::string::npos) << damaged.status();
+}
+
+TEST(ConvertErrorsTest, ExistingOutputIsNotReplaced) {
+  Case c = Prepare("existing_output", "neox-tp2-pp1-dp1");
+  ASSERT_TRUE(MakeDirs(c.output).ok());
+  ASSERT_TRUE(WriteFileAtomic(JoinPath(c.output, "keep"), "x").ok());
+  absl::Status s = RunConvert(c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_TRUE(PathExists(JoinPath(c.output, "keep")));
+}
+
+TEST(ConvertErrorsTest, AmbiguousParamsAreListedWithTheRuleThatSettlesThem) {
+  Case c = Prepare("ambiguous", "neox-tp2-pp1-dp1");
+  ConvertOptions o;
+  o.input_folder = c.source;
+  o.output_folder = c.output;
+  o.state.rules.preset = "none";
+  absl::Status s = Convert(o).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  // Every partitioned param is listed (34 weights + 2x8 column biases), with a suggestion.
+  EXPECT_NE(s.message().find("cannot tell how to merge the tp slices of 50 param(s)"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("2.attention.dense.weight: tp copies differ"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("rule { pattern: \"2\\\\.attention\\\\.dense\\\\.weight$\" kind: COLUMN }"),
+            std::string::npos)
+      << s;
+  ExpectNothingWritten(c);
+}
+
+}  // namespace
+}  // namespace ucp::ops

@@ -1,0 +1,215 @@
+// Acceptance tests of `ucp convert` on the real DeepSpeed 0.14.4 fixtures.
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "base/fs.h"
+#include "ops/convert.h"
+#include "readers/compare.h"
+#include "readers/universal_checkpoint.h"
+#include "format/torch/torch_file.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "testing/fixtures.h"
+#include "tp/merge.h"
+
+namespace ucp::ops {
+namespace {
+
+using ::testing::IsEmpty;
+using ucp::testing::FixturePath;
+using ucp::testing::FreshTempDir;
+
+ConvertOptions Options(const std::string& in, const std::string& out) {
+  ConvertOptions o;
+  o.input_folder = in;
+  o.output_folder = out;
+  o.write.num_threads = 2;
+  return o;
+}
+
+// Converts a fixture with no extra flags and compares with an expected folder.
+void ConvertAndCompare(const std::string& fixture, const std::string& expected,
+                       const std::vector<std::string>& extra_ignore = {}) {
+  const std::string root = FreshTempDir(absl::StrCat("convert_", absl::StrReplaceAll(fixture, {{"/", "_"}})));
+  const std::string out = JoinPath(root, "global_step4_universal");
+  auto result = Convert(Options(FixturePath(fixture + "/global_step4"), out));
+  ASSERT_TRUE(result.ok()) << result.status();
+  std::vector<std::string> ignore = {"ucp_manifest.textproto"};
+  ignore.insert(ignore.end(), extra_ignore.begin(), extra_ignore.end());
+  auto diffs = readers::CompareFolders(out, FixturePath(fixture + "/" + expected), ignore);
+  ASSERT_TRUE(diffs.ok()) << diffs.status();
+  EXPECT_THAT(*diffs, IsEmpty()) << absl::StrJoin(*diffs, "\n");
+  // The mp_rank files are byte-identical copies of the source's.
+  for (const std::string mp : {"mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt"}) {
+    auto a = ReadFileToString(JoinPath(out, mp));
+    auto b = ReadFileToString(FixturePath(fixture + "/global_step4/" + mp));
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_TRUE(*a == *b) << mp;
+  }
+  // latest_universal names the output folder.
+  auto latest = ReadFileToString(JoinPath(root, "latest_universal"));
+  ASSERT_TRUE(latest.ok());
+  EXPECT_EQ(*latest, "global_step4_universal");
+}
+
+TEST(ConvertFixtureTest, NeoxTp2Dp1MatchesExpected) {
+  ConvertAndCompare("neox-tp2-pp1-dp1", "global_step4_universal_expected");
+}
+
+TEST(ConvertFixtureTest, NeoxTp2Dp2MatchesExpected) {
+  ConvertAndCompare("neox-tp2-pp1-dp2", "global_step4_universal_expected");
+}
+
+TEST(ConvertFixtureTest, Bf16Tp2Dp2MatchesExpected) {
+  ConvertAndCompare("neox-bf16-tp2-pp1-dp2", "global_step4_universal_expected");
+}
+
+TEST(ConvertFixtureTest, Zero2NoPipelineMatchesExpected) {
+  ConvertAndCompare("gpt-zero2-nopipe-tp2-dp2", "global_step4_universal_expected");
+}
+
+// tp=1, pp=2: DeepSpeed's own output is right for the tensors (nothing to
+// merge); its metadata says cat_dim 0 for everything. ucp writes the same
+// tensors and files; the metadata differs exactly where DeepSpeed's would
+// break a later load at tp > 1: replicated params carry no cat_dim, row-parallel
+// weights cat_dim 1 (the same as the tp=2 expected output).
+TEST(ConvertFixtureTest, NeoxTp1Pp2MatchesDeepSpeedUpToRowAndReplicatedMetadata) {
+  const std::string fixture = "neox-tp1-pp2-dp1";
+  const std::string root = FreshTempDir("convert_tp1_pp2");
+  const std::string out = JoinPath(root, "global_step4_universal");
+  auto result = Convert(Options(FixturePath(fixture + "/global_step4"), out));
+  ASSERT_TRUE(result.ok()) << result.status();
+  const std::string ds = FixturePath(fixture + "/global_step4_universal_deepspeed");
+  auto ours = readers::ListFilesRecursive(out);
+  auto theirs = readers::ListFilesRecursive(ds);
+  ASSERT_TRUE(ours.ok() && theirs.ok());
+  std::vector<std::string> ours_pt;
+  for (const auto& f : *ours) {
+    if (f != "ucp_manifest.textproto") ours_pt.push_back(f);
+  }
+  EXPECT_EQ(ours_pt, *theirs);
+  int replicated = 0, row = 0, column = 0;
+  for (const auto& f : *theirs) {
+    if (!absl::StartsWith(f, "zero/") || f == "zero/optimizer_state.pt" || absl::EndsWith(f, "/step.pt")) {
+      if (absl::EndsWith(f, ".pt")) {
+        auto d = readers::CompareFiles(JoinPath(out, f), JoinPath(ds, f));
+        ASSERT_TRUE(d.ok());
+        EXPECT_THAT(*d, IsEmpty()) << f << "\n" << absl::StrJoin(*d, "\n");
+      }
+      continue;
+    }
+    auto a = torch::TorchFile::Open(JoinPath(out, f));
+    auto b = torch::TorchFile::Open(JoinPath(ds, f));
+    ASSERT_TRUE(a.ok() && b.ok()) << f;
+    const pickle::Value& ra = *(*a)->root();
+    const pickle::Value& rb = *(*b)->root();
+    // DeepSpeed wrote {'cat_dim': 0, 'param'} everywhere.
+    ASSERT_NE(rb.DictGet("cat_dim"), nullptr) << f;
+    EXPECT_EQ(rb.DictGet("cat_dim")->int_value(), 0);
+    auto ta = (*a)->GetTensor(*ra.DictGet("param"));
+    auto tb = (*b)->GetTensor(*rb.DictGet("param"));
+    ASSERT_TRUE(ta.ok() && tb.ok());
+    EXPECT_TRUE(ta->BitwiseEqual(*tb)) << f;
+    const pickle::Value* cat = ra.DictGet("cat_dim");
+    const bool is_row = absl::StrContains(f, "attention.dense.weight") || absl::StrContains(f, "dense_4h_to_h.weight");
+    const bool is_replicated = absl::StrContains(f, "norm.scale") || absl::StrContains(f, "attention.dense.bias") ||
+                               absl::StrContains(f, "dense_4h_to_h.bias");
+    if (is_replicated) {
+      EXPECT_EQ(cat, nullptr) << f;
+      ++replicated;
+    } else if (is_row) {
+      ASSERT_NE(cat, nullptr) << f;
+      EXPECT_EQ(cat->int_value(), 1) << f;
+      ++row;
+    } else {
+      ASSERT_NE(cat, nullptr) << f;
+      EXPECT_EQ(cat->int_value(), 0) << f;
+      ++column;
+    }
+  }
+  // 8 layers x (2 norms + 2 row biases) + final norm, x 3 states; 16 row weights x 3.
+  EXPECT_EQ(replicated, 33 * 3);
+  EXPECT_EQ(row, 16 * 3);
+  EXPECT_EQ(column, (83 - 33 - 16) * 3);  // 83 params
+}
+
+// The bug: DeepSpeed's pattern-less merge concatenates the replicated
+// layernorm scale of both tp ranks, 128 elements where a tp=1 model has 64.
+TEST(ConvertFixtureTest, ReproducesTheBugAndFixesIt) {
+  const std::string name = "2.input_layernorm.scale";
+  // What DeepSpeed wrote.
+  auto ds = torch::TorchFile::Open(
+      FixturePath("neox-tp2-pp1-dp1/global_step4_universal_deepspeed/zero/" + name + "/fp32.pt"));
+  ASSERT_TRUE(ds.ok());
+  auto ds_param = (*ds)->GetTensor(*(*ds)->root()->DictGet("param"));
+  ASSERT_TRUE(ds_param.ok());
+  EXPECT_EQ(ds_param->numel(), 128);
+  // DeepSpeed's merge, emulated: every param cat on dim 0.
+  const std::string source_folder = FixturePath("neox-tp2-pp1-dp1/global_step4");
+  SourceOptions options;
+  options.rules.preset = "none";
+  options.rules.default_kind = COLUMN;
+  auto patternless = OpenZeroState(source_folder, options);
+  ASSERT_TRUE(patternless.ok()) << patternless.status();
+  const deepspeed::ParamState* p = (*patternless)->info().Find(name);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(p->source, EVIDENCE);  // the data alone shows it is replicated...
+  MergeRule cat0;
+  cat0.set_kind(COLUMN);
+  auto slices = (*patternless)->source().Slices(*p, 0, "fp32");
+  ASSERT_TRUE(slices.ok());
+  auto merged = tp::MergeSlices(cat0, *slices, 0, name);  // ...but DeepSpeed cats it anyway.
+  ASSERT_TRUE(merged.ok());
+  EXPECT_EQ(merged->numel(), 128);
+  EXPECT_TRUE(*tp::TensorPlan::BitwiseEqual(*merged, tp::TensorPlan::FromTensor(*ds_param)));
+  // The tp=1 loader's check: full numel == slice numel (64, the tp=1 shape) * 1.
+  const int64_t tp1_slice_numel = 64;
+  EXPECT_NE(merged->numel(), tp1_slice_numel * 1)
+      << "full param numel 128 != tensor slice numel 64 * tp_world_size 1";
+  // ucp's output.
+  const std::string out = JoinPath(FreshTempDir("convert_bug"), "global_step4_universal");
+  auto result = Convert(Options(FixturePath("neox-tp2-pp1-dp1/global_step4"), out));
+  ASSERT_TRUE(result.ok()) << result.status();
+  auto ours = torch::TorchFile::Open(JoinPath(out, "zero/" + name + "/fp32.pt"));
+  ASSERT_TRUE(ours.ok());
+  auto t = (*ours)->GetTensor(*(*ours)->root()->DictGet("param"));
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->numel(), tp1_slice_numel * 1);
+  EXPECT_EQ((*ours)->root()->DictGet("cat_dim"), nullptr);
+}
+
+TEST(ConvertFixtureTest, ExplainAndSummaryNameSources) {
+  const std::string out = JoinPath(FreshTempDir("convert_explain"), "u");
+  auto result = Convert(Options(FixturePath("neox-tp2-pp1-dp1/global_step4"), out));
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_NE(result->summary.find("preset: gpt-neox (detected from param names)"), std::string::npos)
+      << result->summary;
+  EXPECT_NE(result->summary.find("row"), std::string::npos);
+  EXPECT_NE(result->explain.find("2.attention.dense.weight [64, 64] row (cat dim 1) [preset]"), std::string::npos)
+      << result->explain;
+  auto manifest = ReadFileToString(JoinPath(out, "ucp_manifest.textproto"));
+  ASSERT_TRUE(manifest.ok());
+  EXPECT_NE(manifest->find("sha256"), std::string::npos);
+  EXPECT_NE(manifest->find("source_topology"), std::string::npos);
+  // The sha256 of every file, hashed while writing, matches the bytes on disk.
+  readers::UniversalCheckpoint::Options verify;
+  verify.verify_checksums = true;
+  auto u = readers::UniversalCheckpoint::Open(out, verify);
+  EXPECT_TRUE(u.ok()) << u.status();
+  // ... and a changed byte is caught.
+  const std::string victim = JoinPath(out, "zero/2.attention.dense.weight/exp_avg.pt");
+  auto bytes = ReadFileToString(victim);
+  ASSERT_TRUE(bytes.ok());
+  (*bytes)[bytes->size() / 2] ^= 0x01;
+  ASSERT_TRUE(WriteFileAtomic(victim, *bytes).ok());
+  auto bad = readers::UniversalCheckpoint::Open(out, verify);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(bad.status().message().find("differs from the manifest's"), std::string::npos) << bad.status();
+}
+
+}  // namespace
+}  // namespace ucp::ops

@@ -1,0 +1,37 @@
+// `ucp reshard`: any checkpoint (a universal folder, or a ZeRO folder read in
+// one pass with no universal checkpoint on disk) -> a regular ZeRO checkpoint
+// at a target tp/pp/dp (zero_writer.h).
+#ifndef UCP_OPS_RESHARD_H_
+#define UCP_OPS_RESHARD_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "deepspeed/model_state.h"
+#include "ops/open.h"
+#include "writers/zero_writer.h"
+
+namespace ucp::ops {
+
+struct ReshardOptions {
+  std::string input_folder;   // universal folder (or root with latest_universal), or ZeRO folder
+  std::string output_folder;  // ROOT/TAG
+  writers::ZeroWriteOptions write;
+  // For a ZeRO source: how its tp slices merge.
+  SourceOptions zero_source;
+  bool verify_checksums = false;  // a universal source's manifest sha256s
+};
+
+struct ReshardResult {
+  writers::ZeroWriteResult write;
+  std::string source_kind;  // "universal" or "zero"
+  deepspeed::Topology source;
+  std::vector<std::string> notes;  // assumptions about the source (ModelInfo::notes)
+};
+
+absl::StatusOr<ReshardResult> Reshard(const ReshardOptions& options);
+
+}  // namespace ucp::ops
+
+#endif  // UCP_OPS_RESHARD_H_

@@ -1,0 +1,42 @@
+// Comparing checkpoint files and folders the way the acceptance tests, the
+// demo and `ucp golden` need it: dict keys in order, scalars exactly, tensors
+// by dtype, shape and bytes (not by how the storage is laid out).
+#ifndef UCP_READERS_COMPARE_H_
+#define UCP_READERS_COMPARE_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "format/pickle/value.h"
+#include "format/torch/torch_file.h"
+
+namespace ucp::readers {
+
+struct CompareOptions {
+  size_t max_differences = 20;
+  bool compare_requires_grad = false;
+  // Dicts with the same keys in another order are equal.
+  bool ignore_key_order = false;
+  // CompareFolders: files must be byte-identical (differences are then
+  // explained by CompareFiles where it finds any).
+  bool byte_identical = false;
+};
+
+// Differences between two value trees, as "path: what" lines.
+std::vector<std::string> CompareTrees(const torch::TorchFile& a, const pickle::Value& va, const torch::TorchFile& b,
+                                      const pickle::Value& vb, const CompareOptions& options = {});
+// The same for two files.
+absl::StatusOr<std::vector<std::string>> CompareFiles(const std::string& a, const std::string& b,
+                                                      const CompareOptions& options = {});
+// Every regular file under `dir`, relative paths, sorted.
+absl::StatusOr<std::vector<std::string>> ListFilesRecursive(const std::string& dir);
+// Two folders: the same relative file names, and each .pt pair equal by
+// CompareFiles (other files byte for byte). `ignore` lists relative paths to skip.
+absl::StatusOr<std::vector<std::string>> CompareFolders(const std::string& a, const std::string& b,
+                                                        const std::vector<std::string>& ignore = {},
+                                                        const CompareOptions& options = {});
+
+}  // namespace ucp::readers
+
+#endif  // UCP_READERS_COMPARE_H_

@@ -1,0 +1,245 @@
+#include "readers/inspect.h"
+
+#include <algorithm>
+#include <functional>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "base/fs.h"
+#include "base/status_macros.h"
+#include "deepspeed/checkpoint_files.h"
+#include "readers/universal_checkpoint.h"
+#include "readers/zero_checkpoint.h"
+#include "format/torch/torch_file.h"
+
+namespace ucp::readers {
+namespace {
+
+using pickle::Kind;
+using pickle::Value;
+
+std::string TensorSummary(const torch::Tensor& t) {
+  std::string s = absl::StrCat("tensor ", std::string(torch::DTypeName(t.dtype())), torch::ShapeString(t.sizes()));
+  if (!t.is_contiguous()) absl::StrAppend(&s, " stride=", torch::ShapeString(t.strides()));
+  if (t.storage_offset() != 0) absl::StrAppend(&s, " offset=", t.storage_offset());
+  if (t.storage()->numel() != t.numel()) absl::StrAppend(&s, " storage=", t.storage()->numel());
+  if (t.requires_grad()) absl::StrAppend(&s, " requires_grad");
+  return s;
+}
+
+// The object tree of one file, one node per value, tensors summarized.
+absl::Status WalkTree(const torch::TorchFile& f, const Value& v, const std::string& path, const std::string& key,
+                      int depth, InspectReport& report) {
+  if (depth > 64) return absl::OkStatus();
+  InspectReport::Node* node = report.add_node();
+  node->set_path(path.empty() ? "." : path);
+  node->set_key(key.empty() ? "<root>" : key);
+  node->set_depth(depth);
+  if (torch::TorchFile::IsTensor(v)) {
+    UCP_ASSIGN_OR_RETURN(torch::Tensor t, f.GetTensor(v));
+    node->set_type("tensor");
+    node->set_summary(TensorSummary(t));
+    return absl::OkStatus();
+  }
+  node->set_type(pickle::KindName(v.kind()));
+  auto child = [&](const std::string& key) { return path.empty() ? key : absl::StrCat(path, ".", key); };
+  switch (v.kind()) {
+    case Kind::kDict:
+      node->set_summary(absl::StrCat(v.ordered_dict() ? "OrderedDict" : "dict", " of ", v.dict_items().size()));
+      for (const auto& [k, val] : v.dict_items()) {
+        const std::string key = k->is(Kind::kStr) ? k->str() : k->DebugString(40);
+        UCP_RETURN_IF_ERROR(WalkTree(f, *val, child(key), key, depth + 1, report));
+      }
+      return absl::OkStatus();
+    case Kind::kList:
+    case Kind::kTuple: {
+      node->set_summary(absl::StrCat(pickle::KindName(v.kind()), " of ", v.items().size()));
+      // Long lists of scalars (rng states) are summarized, not listed.
+      bool scalars = true;
+      for (const auto& item : v.items()) scalars &= item->is(Kind::kInt) || item->is(Kind::kFloat);
+      if (scalars && v.items().size() > 8) return absl::OkStatus();
+      for (size_t i = 0; i < v.items().size(); ++i) {
+        UCP_RETURN_IF_ERROR(WalkTree(f, *v.items()[i], child(absl::StrCat(i)), absl::StrCat(i), depth + 1, report));
+      }
+      return absl::OkStatus();
+    }
+    case Kind::kObject:
+      node->set_summary(v.DebugString(160));
+      return absl::OkStatus();
+    default:
+      node->set_summary(v.DebugString(160));
+      return absl::OkStatus();
+  }
+}
+
+absl::StatusOr<InspectReport> InspectFile(const std::string& path) {
+  InspectReport report;
+  report.set_path(path);
+  report.set_kind("file");
+  UCP_ASSIGN_OR_RETURN(auto f, torch::TorchFile::Open(path));
+  for (const auto& r : f->RecordNames()) report.add_file(r);
+  UCP_RETURN_IF_ERROR(WalkTree(*f, *f->root(), "", "", 0, report));
+  return report;
+}
+
+absl::StatusOr<InspectReport> InspectZero(const std::string& path) {
+  UCP_ASSIGN_OR_RETURN(auto ckpt, ZeroCheckpoint::Open(path));
+  InspectReport report;
+  report.set_path(ckpt->dir());
+  report.set_kind("zero");
+  report.set_tag(ckpt->tag());
+  *report.mutable_topology() = ckpt->topology().ToProto();
+  report.set_zero_stage(ckpt->zero_stage());
+  report.set_optimizer_layout(deepspeed::OptimizerKindName(ckpt->optimizer_kind()));
+  report.set_lp_dtype(std::string(torch::DTypeName(ckpt->lp_dtype())));
+  report.set_pipeline(ckpt->pipeline());
+  for (const auto& f : ckpt->files()) report.add_file(f);
+  const Value* ver = ckpt->MpRankFile(0, 0).root()->DictGet("ds_version");
+  if (ver != nullptr && ver->is(Kind::kStr)) report.set_ds_version(ver->str());
+  const deepspeed::Topology& t = ckpt->topology();
+  for (int g = 0; g < ckpt->num_groups(); ++g) {
+    const deepspeed::ZeroGroupLayout& layout = ckpt->Layout(0, 0, g);
+    InspectReport::ParamGroup* pg = report.add_group();
+    pg->set_index(g);
+    pg->set_numel(layout.numel());
+    int n = 0;
+    for (int s = 0; s < t.pp; ++s) n += static_cast<int>(ckpt->StageGroup(s, g).size());
+    pg->set_num_params(n);
+    for (int d = 0; d < t.dp; ++d) pg->add_padding(layout.padding(d));
+    pg->set_partition_numel(layout.partition_numel());
+  }
+  for (const ZeroParam& p : ckpt->params()) {
+    InspectReport::Param* ip = report.add_param();
+    ip->set_name(p.name);
+    for (int64_t d : p.tp_shapes[0]) ip->add_shape(d);
+    ip->set_dtype("float32");
+    ip->set_group(p.group);
+    ip->set_layer(p.layer);
+    for (size_t si = 0; si < p.stages.size(); ++si) {
+      const int s = p.stages[si];
+      for (int r = 0; r < t.tp; ++r) {
+        for (const auto& [d, frag] : ckpt->Layout(s, r, p.group).FragmentsOfParam(p.index_in_group[si])) {
+          InspectReport::Fragment* f = ip->add_fragment();
+          f->set_file(Basename(ckpt->OptimPath(s, r, d)));
+          f->set_tp_rank(r);
+          f->set_pp_rank(s);
+          f->set_dp_rank(d);
+          f->set_offset(frag.partition_offset);
+          f->set_numel(frag.numel);
+        }
+      }
+    }
+  }
+  for (const ModuleEntry& e : ckpt->module_entries()) {
+    if (e.role == deepspeed::TensorRole::kTrainable) continue;
+    InspectReport::Param* ip = report.add_param();
+    ip->set_name(e.name);
+    for (int64_t d : e.tp_shapes[0]) ip->add_shape(d);
+    ip->set_dtype(std::string(torch::DTypeName(e.dtype)));
+    ip->set_group(-1);
+    ip->set_frozen(e.role == deepspeed::TensorRole::kFrozen);
+    ip->set_layer(e.layer);
+    for (int r = 0; r < t.tp; ++r) {
+      InspectReport::Fragment* f = ip->add_fragment();
+      f->set_file(e.layer >= 0 ? deepspeed::LayerFileName(e.layer, r) : deepspeed::MpRankFileName(r));
+      f->set_tp_rank(r);
+      f->set_numel(1);
+      for (int64_t d : e.tp_shapes[r]) f->set_numel(f->numel() * d);
+    }
+  }
+  return report;
+}
+
+absl::StatusOr<InspectReport> InspectUniversal(const std::string& path) {
+  UCP_ASSIGN_OR_RETURN(auto u, UniversalCheckpoint::Open(path));
+  InspectReport report;
+  report.set_path(u->dir());
+  report.set_kind("universal");
+  report.set_tag(u->tag());
+  *report.mutable_topology() = u->model_states().topology().ToProto();
+  report.set_pipeline(u->model_states().pipeline());
+  report.set_lp_dtype(std::string(torch::DTypeName(u->model_states().config_lp_dtype())));
+  const Value* ver = u->model_states().file(0, 0).root()->DictGet("ds_version");
+  if (ver != nullptr && ver->is(Kind::kStr)) report.set_ds_version(ver->str());
+  for (const ZeroParam& p : u->model_states().params()) {
+    UCP_ASSIGN_OR_RETURN(UniversalStateFile f, u->ReadState(p.name, "fp32"));
+    InspectReport::Param* ip = report.add_param();
+    ip->set_name(p.name);
+    for (int64_t d : f.param.sizes()) ip->add_shape(d);
+    ip->set_dtype(std::string(torch::DTypeName(f.param.dtype())));
+    ip->set_group(p.group);
+    ip->set_layer(p.layer);
+    for (const auto& s : u->StateFiles(p.name)) {
+      InspectReport::Fragment* fr = ip->add_fragment();
+      fr->set_file(JoinPath(JoinPath(deepspeed::kUniversalZeroDir, p.name), s + ".pt"));
+    }
+  }
+  for (const auto& name : u->module_names()) {
+    UCP_ASSIGN_OR_RETURN(UniversalStateFile f, u->ReadModule(name));
+    InspectReport::Param* ip = report.add_param();
+    ip->set_name(name);
+    for (int64_t d : f.param.sizes()) ip->add_shape(d);
+    ip->set_dtype(std::string(torch::DTypeName(f.param.dtype())));
+    ip->set_group(-1);
+    ip->set_frozen(true);
+    ip->add_fragment()->set_file(JoinPath(deepspeed::kUniversalModuleDir, name + ".pt"));
+  }
+  return report;
+}
+
+}  // namespace
+
+absl::StatusOr<InspectReport> Inspect(const std::string& path) {
+  if (!PathExists(path)) return absl::NotFoundError(absl::StrCat(path, ": no such file or folder"));
+  if (!IsDirectory(path)) return InspectFile(path);
+  if (IsDirectory(JoinPath(path, deepspeed::kUniversalZeroDir)) ||
+      (PathExists(JoinPath(path, deepspeed::kLatestUniversalFile)) && !PathExists(JoinPath(path, deepspeed::kLatestFile)))) {
+    return InspectUniversal(path);
+  }
+  return InspectZero(path);
+}
+
+std::string FormatReport(const InspectReport& r) {
+  std::string out;
+  if (r.kind() == "file") {
+    absl::StrAppend(&out, r.path(), ": torch.save archive, ", r.file_size(), " records\n");
+    for (const auto& n : r.node()) {
+      absl::StrAppend(&out, std::string(2 * n.depth(), ' '), n.key(), ": ", n.summary(), "\n");
+    }
+    return out;
+  }
+  absl::StrAppendFormat(&out, "%s\n  kind: %s", r.path(), r.kind());
+  if (r.kind() == "zero") {
+    absl::StrAppendFormat(&out, " (ZeRO stage %d, %s optimizer layout)", r.zero_stage(),
+                          r.optimizer_layout() == "bf16" ? "BF16_Optimizer" : "DeepSpeedZeroOptimizer");
+  }
+  absl::StrAppendFormat(&out, "\n  tag: %s\n  topology: tp=%d pp=%d dp=%d\n  pipeline: %s\n  lp dtype: %s\n",
+                        r.tag(), r.topology().tp(), r.topology().pp(), r.topology().dp(),
+                        r.pipeline() ? "PipelineModule (layer files)" : "plain module", r.lp_dtype());
+  if (!r.ds_version().empty()) absl::StrAppend(&out, "  ds_version: ", r.ds_version(), "\n");
+  for (const auto& g : r.group()) {
+    absl::StrAppendFormat(&out, "  group %d: %d params, %d elements per tp rank, partitions of %d, padding [%s]\n",
+                          g.index(), g.num_params(), g.numel(), g.partition_numel(), absl::StrJoin(g.padding(), ", "));
+  }
+  absl::StrAppendFormat(&out, "  params: %d\n", r.param_size());
+  for (const auto& p : r.param()) {
+    absl::StrAppendFormat(&out, "    %s %s[%s]", p.name(), p.dtype(), absl::StrJoin(p.shape(), ", "));
+    if (p.group() >= 0) {
+      absl::StrAppendFormat(&out, " group %d", p.group());
+    } else {
+      absl::StrAppend(&out, p.frozen() ? " frozen" : " buffer");
+    }
+    absl::StrAppend(&out, "\n");
+    for (const auto& f : p.fragment()) {
+      if (r.kind() == "zero" && p.group() >= 0) {
+        absl::StrAppendFormat(&out, "      %s [%d, +%d)\n", f.file(), f.offset(), f.numel());
+      } else {
+        absl::StrAppendFormat(&out, "      %s\n", f.file());
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace ucp::readers

@@ -1,0 +1,206 @@
+#include "readers/universal_checkpoint.h"
+
+#include <algorithm>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/fs.h"
+#include "base/sha256.h"
+#include "base/status_macros.h"
+#include "deepspeed/checkpoint_files.h"
+#include "deepspeed/universal_metadata.h"
+#include "readers/value_util.h"
+#include "readers/zero_checkpoint.h"
+#include "format/pickle/accessors.h"
+#include "google/protobuf/text_format.h"
+
+namespace ucp::readers {
+namespace {
+
+using pickle::Kind;
+using pickle::Value;
+
+const std::vector<std::string>& EmptyList() {
+  static const auto* empty = new std::vector<std::string>();
+  return *empty;
+}
+
+}  // namespace
+
+
+absl::StatusOr<std::unique_ptr<UniversalCheckpoint>> UniversalCheckpoint::Open(const std::string& path_in,
+                                                                               const Options& options) {
+  std::string path = path_in;
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  if (!IsDirectory(path)) return absl::NotFoundError(absl::StrCat(path, ": no such universal checkpoint folder"));
+  std::unique_ptr<UniversalCheckpoint> u(new UniversalCheckpoint());
+  u->options_ = options;
+  if (!IsDirectory(JoinPath(path, deepspeed::kUniversalZeroDir)) && PathExists(JoinPath(path, deepspeed::kLatestUniversalFile))) {
+    UCP_ASSIGN_OR_RETURN(std::string tag, ReadLatestTag(path, deepspeed::kLatestUniversalFile));
+    u->dir_ = JoinPath(path, tag);
+    u->tag_ = tag;
+  } else {
+    u->dir_ = path;
+    u->tag_ = Basename(path);
+  }
+  const std::string zero = JoinPath(u->dir_, deepspeed::kUniversalZeroDir);
+  if (!IsDirectory(zero)) {
+    return absl::InvalidArgumentError(absl::StrCat(u->dir_, ": not a universal checkpoint: no '", deepspeed::kUniversalZeroDir,
+                                                   "' folder"));
+  }
+  // The manifest first, so checksums can be verified before anything is parsed.
+  const std::string manifest_path = JoinPath(u->dir_, deepspeed::kManifestFile);
+  if (PathExists(manifest_path)) {
+    UCP_ASSIGN_OR_RETURN(std::string text, ReadFileToString(manifest_path));
+    Manifest m;
+    if (!google::protobuf::TextFormat::ParseFromString(text, &m)) {
+      return absl::DataLossError(absl::StrCat(manifest_path, ": not a valid ucp manifest"));
+    }
+    u->manifest_ = std::move(m);
+    if (options.verify_checksums) UCP_RETURN_IF_ERROR(u->VerifyChecksums());
+  } else if (options.verify_checksums) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(u->dir_, ": no ", deepspeed::kManifestFile, " to verify checksums against (not written by ucp)"));
+  }
+  UCP_ASSIGN_OR_RETURN(u->ms_, ModelStatesFiles::Open(u->dir_, 0));
+  UCP_ASSIGN_OR_RETURN(std::vector<std::string> entries, ListDirectory(zero));
+  bool has_optimizer_state = false;
+  for (const auto& e : entries) {
+    const std::string full = JoinPath(zero, e);
+    if (e == deepspeed::kUniversalOptimizerStateFile) {
+      has_optimizer_state = true;
+      continue;
+    }
+    if (!IsDirectory(full)) continue;
+    UCP_ASSIGN_OR_RETURN(std::vector<std::string> files, ListDirectory(full));
+    std::vector<std::string> states;
+    for (const auto& f : files) {
+      if (absl::EndsWith(f, ".pt")) states.push_back(f.substr(0, f.size() - 3));
+    }
+    u->param_names_.push_back(e);
+    u->state_files_[e] = std::move(states);
+  }
+  if (!has_optimizer_state) {
+    return absl::NotFoundError(absl::StrCat(JoinPath(zero, deepspeed::kUniversalOptimizerStateFile), ": missing"));
+  }
+  UCP_ASSIGN_OR_RETURN(u->optimizer_state_, torch::TorchFile::Open(JoinPath(zero, deepspeed::kUniversalOptimizerStateFile)));
+  const std::string module_dir = JoinPath(u->dir_, deepspeed::kUniversalModuleDir);
+  if (IsDirectory(module_dir)) {
+    UCP_ASSIGN_OR_RETURN(std::vector<std::string> files, ListDirectory(module_dir));
+    for (const auto& f : files) {
+      if (absl::EndsWith(f, ".pt")) u->module_names_.push_back(f.substr(0, f.size() - 3));
+    }
+  }
+  // Every optimizer param has its folder with an fp32 state, and nothing else does.
+  for (const ZeroParam& p : u->ms_->params()) {
+    auto it = u->state_files_.find(p.name);
+    if (it == u->state_files_.end()) {
+      return absl::NotFoundError(absl::StrCat(JoinPath(zero, p.name), ": missing (param '", p.name,
+                                              "' is in the param_shapes of ", deepspeed::MpRankFileName(0), ")"));
+    }
+    if (std::find(it->second.begin(), it->second.end(), "fp32") == it->second.end()) {
+      return absl::NotFoundError(absl::StrCat(JoinPath(JoinPath(zero, p.name), "fp32.pt"), ": missing"));
+    }
+  }
+  for (const auto& name : u->param_names_) {
+    if (u->ms_->FindParam(name) == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(JoinPath(zero, name), ": no param '", name,
+                                                     "' in the param_shapes of the model-state files"));
+    }
+  }
+  return u;
+}
+
+const std::vector<std::string>& UniversalCheckpoint::StateFiles(const std::string& name) const {
+  auto it = state_files_.find(name);
+  return it == state_files_.end() ? EmptyList() : it->second;
+}
+
+absl::StatusOr<std::shared_ptr<const torch::TorchFile>> UniversalCheckpoint::OpenCached(const std::string& rel) const {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = cache_.find(rel);
+    if (it != cache_.end()) {
+      lru_.splice(lru_.begin(), lru_, it->second.second);
+      return it->second.first;
+    }
+  }
+  UCP_ASSIGN_OR_RETURN(std::unique_ptr<torch::TorchFile> f, torch::TorchFile::Open(JoinPath(dir_, rel)));
+  // A param's file is wanted whole, now: start reading it in the background.
+  if (f->mapped_file() != nullptr) f->mapped_file()->AdviseWillNeed(0, f->mapped_file()->size());
+  std::shared_ptr<const torch::TorchFile> shared(std::move(f));
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = cache_.find(rel);
+  if (it != cache_.end()) return it->second.first;
+  lru_.push_front(rel);
+  cache_[rel] = {shared, lru_.begin()};
+  while (cache_.size() > std::max<size_t>(options_.max_open_files, 1)) {
+    cache_.erase(lru_.back());
+    lru_.pop_back();
+  }
+  return shared;
+}
+
+absl::StatusOr<UniversalStateFile> UniversalCheckpoint::ReadParamDict(const std::string& rel,
+                                                                      const std::string& name) const {
+  UCP_ASSIGN_OR_RETURN(std::shared_ptr<const torch::TorchFile> f, OpenCached(rel));
+  const Value& root = *f->root();
+  if (!root.is(Kind::kDict)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(f->path(), ": expected a dict with 'param', found ", root.DebugString(60)));
+  }
+  const Value* param = root.DictGet("param");
+  if (param == nullptr || !torch::TorchFile::IsTensor(*param)) {
+    return absl::InvalidArgumentError(absl::StrCat(f->path(), ": no tensor under 'param'"));
+  }
+  UniversalStateFile out;
+  out.file = f;
+  UCP_ASSIGN_OR_RETURN(out.param, f->GetTensor(*param));
+  UCP_RETURN_IF_ERROR(internal::CheckDense(out.param, f->path(), "'param'"));
+  UCP_ASSIGN_OR_RETURN(out.rule, deepspeed::RuleFromUniversalMetadata(root, name), _.Prepend(absl::StrCat(f->path(), ": ")));
+  return out;
+}
+
+absl::StatusOr<UniversalStateFile> UniversalCheckpoint::ReadState(const std::string& name,
+                                                                  const std::string& state) const {
+  const auto& states = StateFiles(name);
+  if (std::find(states.begin(), states.end(), state) == states.end()) {
+    return absl::NotFoundError(absl::StrCat(JoinPath(JoinPath(JoinPath(dir_, deepspeed::kUniversalZeroDir), name), state + ".pt"),
+                                            ": missing"));
+  }
+  return ReadParamDict(JoinPath(JoinPath(deepspeed::kUniversalZeroDir, name), state + ".pt"), name);
+}
+
+absl::StatusOr<UniversalStateFile> UniversalCheckpoint::ReadModule(const std::string& name) const {
+  return ReadParamDict(JoinPath(deepspeed::kUniversalModuleDir, name + ".pt"), name);
+}
+
+absl::StatusOr<std::shared_ptr<const torch::TorchFile>> UniversalCheckpoint::ReadStep(const std::string& name) const {
+  const auto& states = StateFiles(name);
+  if (std::find(states.begin(), states.end(), "step") == states.end()) {
+    return std::shared_ptr<const torch::TorchFile>();
+  }
+  return OpenCached(JoinPath(JoinPath(deepspeed::kUniversalZeroDir, name), "step.pt"));
+}
+
+absl::Status UniversalCheckpoint::VerifyChecksums() const {
+  if (!manifest_) return absl::FailedPreconditionError(absl::StrCat(dir_, ": no manifest"));
+  for (const FileDigest& d : manifest_->file()) {
+    if (d.path().find("..") != std::string::npos || (!d.path().empty() && d.path()[0] == '/')) {
+      return absl::DataLossError(absl::StrCat(JoinPath(dir_, deepspeed::kManifestFile), ": bad file path '", d.path(), "'"));
+    }
+    const std::string path = JoinPath(dir_, d.path());
+    UCP_ASSIGN_OR_RETURN(std::string bytes, ReadFileToString(path));
+    if (static_cast<int64_t>(bytes.size()) != d.size()) {
+      return absl::DataLossError(absl::StrCat(path, ": ", bytes.size(), " bytes, the manifest says ", d.size()));
+    }
+    const std::string sha = Sha256Hex(bytes);
+    if (sha != d.sha256()) {
+      return absl::DataLossError(absl::StrCat(path, ": sha256 ", sha, " differs from the manifest's ", d.sha256()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ucp::readers

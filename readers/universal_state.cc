@@ -1,0 +1,242 @@
+#include "readers/universal_state.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "format/pickle/accessors.h"
+#include "tp/merge.h"
+
+namespace ucp::readers {
+namespace {
+
+using deepspeed::ParamState;
+using deepspeed::TensorRole;
+using pickle::Kind;
+using pickle::Value;
+
+deepspeed::TensorRole RoleFromName(const std::string& role) {
+  if (role == "buffer") return deepspeed::TensorRole::kBuffer;
+  if (role == "trainable") return deepspeed::TensorRole::kTrainable;
+  return deepspeed::TensorRole::kFrozen;
+}
+
+std::string LocalName(const std::string& name) {
+  const int layer = LayerOfName(name);
+  if (layer < 0) return name;
+  return name.substr(name.find('.') + 1);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<UniversalModelState>> UniversalModelState::Make(
+    std::shared_ptr<const UniversalCheckpoint> ckpt) {
+  std::unique_ptr<UniversalModelState> s(new UniversalModelState());
+  s->ckpt_ = std::move(ckpt);
+  UCP_RETURN_IF_ERROR(s->Build());
+  return s;
+}
+
+absl::Status UniversalModelState::Build() {
+  const UniversalCheckpoint& u = *ckpt_;
+  const ModelStatesFiles& ms = u.model_states();
+  const std::optional<Manifest>& manifest = u.manifest();
+  std::map<std::string, const Manifest::Param*> recorded;
+  if (manifest) {
+    for (const auto& p : manifest->param()) recorded[p.name()] = &p;
+  }
+  info_.source_topology = ms.topology();
+  info_.pipeline = ms.pipeline();
+  info_.num_groups = ms.num_groups();
+  info_.lp_dtype = ms.config_lp_dtype();
+  if (manifest && !manifest->lp_dtype().empty()) {
+    UCP_ASSIGN_OR_RETURN(info_.lp_dtype, torch::ParseDType(manifest->lp_dtype()));
+  }
+
+  auto apply_recorded = [&](deepspeed::ParamState& p) -> absl::Status {
+    auto it = recorded.find(p.name);
+    if (it == recorded.end()) {
+      p.layer = info_.pipeline ? LayerOfName(p.name) : -1;
+      p.local_name = info_.pipeline ? LocalName(p.name) : p.name;
+      p.tied_key = TiedKeyOfName(p.name);
+      if (!p.tied_key.empty()) p.local_name = p.name.substr(std::string("tied_modules.").size() + p.tied_key.size() + 1);
+      return absl::OkStatus();
+    }
+    const Manifest::Param& m = *it->second;
+    if (m.kind() == AVERAGE && p.rule.kind() == REPLICATED) p.rule.set_kind(AVERAGE);
+    p.source = m.source();
+    p.origin = m.rule();
+    p.layer = m.layer();
+    p.local_name = m.local_name();
+    p.tied_key = m.tied_key();
+    p.tied_layers.assign(m.tied_layer().begin(), m.tied_layer().end());
+    if (!m.role().empty()) p.role = RoleFromName(m.role());
+    if (!m.lp_dtype().empty()) {
+      UCP_ASSIGN_OR_RETURN(p.lp_dtype, torch::ParseDType(m.lp_dtype()));
+    }
+    return absl::OkStatus();
+  };
+
+  // Trainable params in global flatten order.
+  std::set<std::string> seen;
+  first_param_of_group_.assign(info_.num_groups, "");
+  for (int g = 0; g < info_.num_groups; ++g) {
+    for (int st = 0; st < ms.topology().pp; ++st) {
+      for (const std::string& name : ms.StageGroup(st, g)) {
+        if (!seen.insert(name).second) continue;
+        if (first_param_of_group_[g].empty()) first_param_of_group_[g] = name;
+        UCP_ASSIGN_OR_RETURN(UniversalStateFile f, u.ReadState(name, deepspeed::kFp32State));
+        deepspeed::ParamState p;
+        p.name = name;
+        p.group = g;
+        p.role = deepspeed::TensorRole::kTrainable;
+        p.full_shape = f.param.sizes();
+        p.rule = f.rule;
+        p.source = UNIVERSAL_METADATA;
+        p.origin = "universal checkpoint metadata";
+        p.lp_dtype = info_.lp_dtype;
+        if (p.rule.kind() == VOCAB) p.rule.set_original_vocab_size(p.full_shape.empty() ? 0 : p.full_shape[0]);
+        UCP_RETURN_IF_ERROR(apply_recorded(p));
+        info_.params.push_back(std::move(p));
+      }
+    }
+  }
+  // Module tensors outside the optimizer.
+  for (const std::string& name : u.module_names()) {
+    UCP_ASSIGN_OR_RETURN(UniversalStateFile f, u.ReadModule(name));
+    deepspeed::ParamState p;
+    p.name = name;
+    p.group = -1;
+    p.role = deepspeed::TensorRole::kFrozen;
+    p.full_shape = f.param.sizes();
+    p.rule = f.rule;
+    p.source = UNIVERSAL_METADATA;
+    p.origin = "universal checkpoint metadata";
+    p.lp_dtype = f.param.dtype();
+    if (p.rule.kind() == VOCAB) p.rule.set_original_vocab_size(p.full_shape.empty() ? 0 : p.full_shape[0]);
+    UCP_RETURN_IF_ERROR(apply_recorded(p));
+    if (p.role == deepspeed::TensorRole::kTrainable) p.role = deepspeed::TensorRole::kFrozen;
+    info_.params.push_back(std::move(p));
+  }
+  // ModelInfo lists frozen params and buffers in module order (what
+  // frozen_param_shapes follows), not in ucp_module/'s file-name order.
+  if (manifest && manifest->module_key_size() > 0) {
+    std::map<std::string, int> position;
+    for (const auto& k : manifest->module_key()) position.emplace(k.name(), static_cast<int>(position.size()));
+    auto rank = [&](const deepspeed::ParamState& p) {
+      auto it = position.find(p.name);
+      return it == position.end() ? static_cast<int>(position.size()) : it->second;
+    };
+    auto first_module = std::find_if(info_.params.begin(), info_.params.end(),
+                                     [](const deepspeed::ParamState& p) { return !p.trainable(); });
+    std::stable_sort(first_module, info_.params.end(),
+                     [&](const deepspeed::ParamState& a, const deepspeed::ParamState& b) { return rank(a) < rank(b); });
+  }
+  info_.Reindex();
+
+  // Optimizer states.
+  if (manifest && manifest->state_key_size() > 0) {
+    info_.state_keys.assign(manifest->state_key().begin(), manifest->state_key().end());
+    info_.scalar_keys.assign(manifest->scalar_key().begin(), manifest->scalar_key().end());
+  } else if (!info_.params.empty() && info_.params[0].trainable()) {
+    std::vector<std::string> keys;
+    for (const auto& s : u.StateFiles(info_.params[0].name)) {
+      if (s == "step") {
+        info_.scalar_keys.push_back(s);
+      } else if (s != deepspeed::kFp32State) {
+        keys.push_back(s);
+      }
+    }
+    // DeepSpeed's order: exp_avg before exp_avg_sq, others after.
+    std::stable_sort(keys.begin(), keys.end(), [](const std::string& a, const std::string& b) {
+      auto rank = [](const std::string& k) { return k == "exp_avg" ? 0 : k == "exp_avg_sq" ? 1 : 2; };
+      return rank(a) < rank(b);
+    });
+    info_.state_keys = keys;
+  }
+  const Value& common = *u.optimizer_state().root();
+  if (!common.is(Kind::kDict)) {
+    return absl::InvalidArgumentError(absl::StrCat(u.optimizer_state().path(), ": expected a dict"));
+  }
+  info_.optimizer_kind = common.DictGet("zero_stage") == nullptr && common.DictGet("loss_scaler") == nullptr
+                             ? deepspeed::OptimizerKind::kBf16
+                             : deepspeed::OptimizerKind::kZero;
+  if (const Value* zs = common.DictGet("zero_stage")) {
+    UCP_ASSIGN_OR_RETURN(info_.zero_stage, pickle::AsZeroStage(*zs, "zero_stage"),
+                         _.Prepend(absl::StrCat(u.optimizer_state().path(), ": ")));
+  }
+  info_.bf16_file_prefix = manifest ? manifest->bf16_file_prefix() : info_.lp_dtype == torch::DType::kBFloat16;
+
+  // Vocabulary and pipeline layout.
+  info_.original_vocab_size = manifest ? manifest->original_vocab_size() : 0;
+  if (info_.original_vocab_size == 0) {
+    const Value* ov = ms.universal_checkpoint_info().DictGet("original_vocab_size");
+    if (ov != nullptr && ov->is(Kind::kInt)) info_.original_vocab_size = ov->int_value();
+  }
+  info_.make_vocab_size_divisible_by =
+      manifest && manifest->make_vocab_size_divisible_by() > 0 ? manifest->make_vocab_size_divisible_by()
+                                                               : ms.ArgInt({"make_vocab_size_divisible_by"});
+  info_.partition_method = manifest ? manifest->partition_method() : "";
+  if (info_.partition_method.empty()) {
+    info_.partition_method = ms.RecordedPartitionMethod();
+  }
+  if (manifest && (manifest->num_layers() > 0 || !manifest->pipeline())) {
+    info_.num_layers = manifest->num_layers();
+    info_.module_layers.assign(manifest->module_layer().begin(), manifest->module_layer().end());
+    for (const auto& k : manifest->module_key()) info_.module_order.push_back({k.layer(), k.name()});
+  } else if (info_.pipeline) {
+    int max_layer = -1;
+    for (const auto& p : info_.params) max_layer = std::max(max_layer, p.layer);
+    info_.num_layers = max_layer + 1;
+    for (int l = 0; l < info_.num_layers; ++l) info_.module_layers.push_back(l);
+  }
+  info_.Reindex();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<tp::TensorPlan> UniversalModelState::Full(const deepspeed::ParamState& param, const std::string& state) const {
+  if (param.trainable()) {
+    if (state == deepspeed::kLpState) {
+      return absl::NotFoundError(absl::StrCat("param '", param.name,
+                                              "': a universal checkpoint holds no lp weights of trainable params"));
+    }
+    UCP_ASSIGN_OR_RETURN(UniversalStateFile f, ckpt_->ReadState(param.name, state));
+    if (f.param.sizes() != param.full_shape) {
+      return absl::InvalidArgumentError(absl::StrCat(f.file->path(), ": 'param' has shape ",
+                                                     torch::ShapeString(f.param.sizes()), ", fp32.pt has ",
+                                                     torch::ShapeString(param.full_shape)));
+    }
+    return tp::TensorPlan::FromTensor(f.param);
+  }
+  UCP_ASSIGN_OR_RETURN(UniversalStateFile f, ckpt_->ReadModule(param.name));
+  return tp::TensorPlan::FromTensor(f.param);
+}
+
+absl::StatusOr<deepspeed::FileValue> UniversalModelState::GroupScalar(int group, const std::string& key) const {
+  if (key != "step" || group < 0 || group >= static_cast<int>(first_param_of_group_.size()) ||
+      first_param_of_group_[group].empty()) {
+    return deepspeed::FileValue{};
+  }
+  UCP_ASSIGN_OR_RETURN(std::shared_ptr<const torch::TorchFile> f, ckpt_->ReadStep(first_param_of_group_[group]));
+  if (!f) return deepspeed::FileValue{};
+  return deepspeed::FileValue{f->root(), f};
+}
+
+absl::StatusOr<deepspeed::FileValue> UniversalModelState::OptimizerCommon() const {
+  return deepspeed::FileValue{ckpt_->optimizer_state().root(), deepspeed::Unowned(&ckpt_->optimizer_state())};
+}
+
+deepspeed::FileValue UniversalModelState::ModelStatesRoot(int pp, int tp) const {
+  const auto& t = ckpt_->model_states().topology();
+  const torch::TorchFile& f = ckpt_->model_states().file(std::min(pp, t.pp - 1), std::min(tp, t.tp - 1));
+  return deepspeed::FileValue{f.root(), deepspeed::Unowned(&f)};
+}
+
+std::string UniversalModelState::ModelStatesPath(int pp, int tp) const {
+  const auto& t = ckpt_->model_states().topology();
+  return ckpt_->model_states().path(std::min(pp, t.pp - 1), std::min(tp, t.tp - 1));
+}
+
+}  // namespace ucp::readers

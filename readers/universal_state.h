@@ -1,0 +1,51 @@
+// UniversalModelState: the ModelState of a universal checkpoint folder.
+// Tensors are zero-copy views of the `zero/<param>/<state>.pt` files; rules come from the ucp manifest or the files' metadata
+// (universal_checkpoint.h); the module layout (layer files, key order, tied
+// layers) from the manifest, or, for a folder written by DeepSpeed, from the
+// param names alone (then every layer index up to the last one gets a file).
+//
+// A folder written by DeepSpeed's ds_to_universal.py without patterns holds
+// every param concatenated on dim 0 (the bug ucp exists for): this reader
+// reports those params as COLUMN, as their metadata says;
+// rules::ReinterpretDeepSpeedUniversal re-merges them when a rule source or
+// the evidence knows better.
+#ifndef UCP_READERS_UNIVERSAL_STATE_H_
+#define UCP_READERS_UNIVERSAL_STATE_H_
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "deepspeed/model_state.h"
+#include "readers/universal_checkpoint.h"
+
+namespace ucp::readers {
+
+class UniversalModelState : public deepspeed::ModelState {
+ public:
+  static absl::StatusOr<std::unique_ptr<UniversalModelState>> Make(std::shared_ptr<const UniversalCheckpoint> ckpt);
+
+  const deepspeed::ModelInfo& info() const override { return info_; }
+  absl::StatusOr<tp::TensorPlan> Full(const deepspeed::ParamState& param, const std::string& state) const override;
+  absl::StatusOr<deepspeed::FileValue> GroupScalar(int group, const std::string& key) const override;
+  absl::StatusOr<deepspeed::FileValue> OptimizerCommon() const override;
+  deepspeed::FileValue ModelStatesRoot(int pp, int tp) const override;
+  std::string ModelStatesPath(int pp, int tp) const override;
+
+  const UniversalCheckpoint& checkpoint() const { return *ckpt_; }
+  // True when the layout came from a ucp manifest (else it was inferred).
+  bool layout_recorded() const { return ckpt_->manifest().has_value(); }
+
+ private:
+  UniversalModelState() = default;
+  absl::Status Build();
+
+  std::shared_ptr<const UniversalCheckpoint> ckpt_;
+  deepspeed::ModelInfo info_;
+  std::vector<std::string> first_param_of_group_;
+};
+
+}  // namespace ucp::readers
+
+#endif  // UCP_READERS_UNIVERSAL_STATE_H_

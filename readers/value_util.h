@@ -1,0 +1,71 @@
+// Small helpers for reading DeepSpeed's pickled dicts, shared by the
+// checkpoint readers of this package.
+#ifndef UCP_READERS_VALUE_UTIL_H_
+#define UCP_READERS_VALUE_UTIL_H_
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "format/pickle/value.h"
+#include "format/torch/tensor.h"
+
+namespace ucp::readers::internal {
+
+// A status whose message starts with the file's path.
+inline absl::Status FileError(const std::string& path, absl::StatusCode code, absl::string_view what) {
+  return absl::Status(code, absl::StrCat(path, ": ", what));
+}
+
+inline int64_t Numel(const std::vector<int64_t>& s) {
+  int64_t n = 1;
+  for (int64_t x : s) n *= x;
+  return n;
+}
+
+inline std::string ShapeStr(const std::vector<int64_t>& s) { return torch::ShapeString(s); }
+
+// The strings of a list value (e.g. buffer_names); empty when None.
+inline std::vector<std::string> StringList(const pickle::Value* v) {
+  std::vector<std::string> out;
+  if (v == nullptr || !(v->is(pickle::Kind::kList) || v->is(pickle::Kind::kTuple))) return out;
+  for (const auto& item : v->items()) {
+    if (item->is(pickle::Kind::kStr)) out.push_back(item->str());
+  }
+  return out;
+}
+
+// v[k0][k1]... through nested dicts; null when a level is missing.
+inline const pickle::Value* DictPath(const pickle::Value* v, std::initializer_list<const char*> keys) {
+  for (const char* k : keys) {
+    if (v == nullptr || !v->is(pickle::Kind::kDict)) return nullptr;
+    v = v->DictGet(k);
+  }
+  return v;
+}
+
+// Python truthiness of a bool or int; false for anything else or null.
+inline bool Truthy(const pickle::Value* v) {
+  if (v == nullptr) return false;
+  if (v->is(pickle::Kind::kBool) || v->is(pickle::Kind::kInt)) return v->int_value() != 0;
+  return false;
+}
+
+// Checkpoint tensors are dense: a view addressing more elements than its
+// storage holds (stride 0 repeats) would make a writer produce far more bytes
+// than the file has, so such views are refused.
+inline absl::Status CheckDense(const torch::Tensor& t, const std::string& path, absl::string_view what) {
+  if (t.numel() > t.storage()->numel()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", what, " views ", t.numel(), " elements of a storage of ",
+                                                   t.storage()->numel(), " (overlapping strides)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ucp::readers::internal
+
+#endif  // UCP_READERS_VALUE_UTIL_H_

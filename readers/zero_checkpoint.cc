@@ -1,0 +1,609 @@
+#include "readers/zero_checkpoint.h"
+
+#include <dirent.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/strip.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "base/fs.h"
+#include "base/parallel.h"
+#include "base/status_macros.h"
+#include "deepspeed/checkpoint_files.h"
+#include "readers/value_util.h"
+
+namespace ucp::readers {
+namespace {
+
+using internal::CheckDense;
+using internal::DictPath;
+using internal::FileError;
+using internal::Numel;
+using internal::ShapeStr;
+using internal::StringList;
+using internal::Truthy;
+
+using pickle::AsFragmentAddress;
+using pickle::AsInt;
+using pickle::AsSequence;
+using pickle::AsTorchSize;
+using pickle::GetField;
+using pickle::Kind;
+using pickle::Value;
+using pickle::ValuePtr;
+
+
+
+
+
+
+
+
+
+
+
+}  // namespace
+
+absl::StatusOr<std::string> ReadLatestTag(const std::string& root, const std::string& file_name) {
+  const std::string path = JoinPath(root, file_name);
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot read"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string tag(absl::StripAsciiWhitespace(ss.str()));
+  if (tag.empty() || tag.find('/') != std::string::npos || tag == "." || tag == "..") {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": expected a tag folder name, found '", tag, "'"));
+  }
+  return tag;
+}
+
+absl::StatusOr<std::unique_ptr<ZeroCheckpoint>> ZeroCheckpoint::Open(const std::string& path_in) {
+  std::string path = path_in;
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  if (!IsDirectory(path)) return absl::NotFoundError(absl::StrCat(path, ": no such checkpoint folder"));
+  std::unique_ptr<ZeroCheckpoint> c(new ZeroCheckpoint());
+  // A root with `latest` and no checkpoint files of its own: follow the tag.
+  bool has_mp = false;
+  UCP_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirectory(path));
+  for (const auto& n : names) {
+    auto parsed = deepspeed::ParseCheckpointFileName(n);
+    if (parsed && parsed->type == deepspeed::CheckpointFileName::Type::kMpRank) has_mp = true;
+  }
+  if (!has_mp && PathExists(JoinPath(path, deepspeed::kLatestFile))) {
+    UCP_ASSIGN_OR_RETURN(std::string tag, ReadLatestTag(path, deepspeed::kLatestFile));
+    c->root_ = path;
+    c->tag_ = tag;
+    c->dir_ = JoinPath(path, tag);
+    if (!IsDirectory(c->dir_)) {
+      return absl::NotFoundError(absl::StrCat(JoinPath(path, deepspeed::kLatestFile), " names tag '", tag, "' but ", c->dir_,
+                                              " is not a folder"));
+    }
+  } else {
+    c->dir_ = path;
+    c->tag_ = Basename(path);
+    c->root_ = Dirname(path);
+  }
+  UCP_RETURN_IF_ERROR(c->Load());
+  return c;
+}
+
+absl::Status ZeroCheckpoint::Load() {
+  UCP_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirectory(dir_));
+  std::set<int> mp_ranks;
+  std::map<int, std::set<int>> optim_dp;  // mp rank -> dp ranks
+  std::set<int> bf16_values;
+  std::set<int> layer_tp;
+  std::vector<std::string> zero3;
+  for (const auto& n : names) {
+    auto parsed = deepspeed::ParseCheckpointFileName(n);
+    if (!parsed) continue;
+    switch (parsed->type) {
+      case deepspeed::CheckpointFileName::Type::kMpRank:
+        mp_ranks.insert(parsed->mp_rank);
+        files_.push_back(n);
+        break;
+      case deepspeed::CheckpointFileName::Type::kOptim:
+        optim_dp[parsed->mp_rank].insert(parsed->dp_rank);
+        bf16_values.insert(parsed->bf16_prefix ? 1 : 0);
+        files_.push_back(n);
+        break;
+      case deepspeed::CheckpointFileName::Type::kLayer:
+        layer_paths_[{parsed->layer, parsed->tp_rank}] = JoinPath(dir_, n);
+        layer_tp.insert(parsed->tp_rank);
+        files_.push_back(n);
+        break;
+      case deepspeed::CheckpointFileName::Type::kZero3Model:
+        zero3.push_back(n);
+        break;
+    }
+  }
+  if (!zero3.empty()) {
+    return absl::UnimplementedError(absl::StrCat(dir_, ": ZeRO stage 3 checkpoints are not supported (found ",
+                                                 zero3.front(), ")"));
+  }
+  // Mixture-of-experts checkpoints keep experts in files of their own
+  // (engine.py _get_expert_ckpt_name / _get_optimizer_ckpt_name with
+  // expp_rank); converting the rest alone would silently drop them.
+  for (const auto& n : names) {
+    if (absl::StrContains(n, "_expert_") || absl::StartsWith(n, "expp_rank_")) {
+      return absl::UnimplementedError(
+          absl::StrCat(dir_, ": mixture-of-experts checkpoints are not supported (found ", n, ")"));
+    }
+  }
+  if (mp_ranks.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        dir_, ": unrecognized checkpoint layout: expected mp_rank_XX_model_states.pt files (DeepSpeed ZeRO 1/2), found ",
+        names.empty() ? "an empty folder" : absl::StrCat(names.size(), " other entries, e.g. '", names.front(), "'")));
+  }
+  if (bf16_values.size() > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(dir_, ": mixes bf16_zero_pp_rank_* and zero_pp_rank_* files"));
+  }
+  bf16_prefix_ = bf16_values.count(1) > 0;
+  if (optim_dp.empty()) {
+    return absl::NotFoundError(absl::StrCat(dir_, ": no *zero_pp_rank_*_optim_states.pt files: ucp reads ZeRO stage 1/2 "
+                                            "and bf16 optimizer checkpoints"));
+  }
+
+  // Model states.
+  UCP_ASSIGN_OR_RETURN(ms_, ModelStatesFiles::Open(dir_, layer_tp.empty() ? 0 : *layer_tp.rbegin() + 1));
+  topo_ = ms_->topology();
+  pipeline_ = ms_->pipeline();
+  num_groups_ = ms_->num_groups();
+  if (!layer_tp.empty() && static_cast<int>(layer_tp.size()) != *layer_tp.rbegin() + 1) {
+    return absl::NotFoundError(absl::StrCat(dir_, ": layer files exist for tp ranks ", absl::StrJoin(layer_tp, ","),
+                                            " only"));
+  }
+  const int mp = topo_.mp_world_size();
+  // Optimizer files: dp ranks 0..dp-1 for every mp rank.
+  for (int r = 0; r < mp; ++r) {
+    for (int d = 0; d < topo_.dp; ++d) {
+      if (!optim_dp[r].count(d)) {
+        return absl::NotFoundError(absl::StrCat(JoinPath(dir_, deepspeed::OptimFileName(d, r, bf16_prefix_)), ": missing (dp_world_size ",
+                                                topo_.dp, " in ", deepspeed::MpRankFileName(r), ")"));
+      }
+    }
+    for (int d : optim_dp[r]) {
+      if (d >= topo_.dp) {
+        return absl::InvalidArgumentError(absl::StrCat(JoinPath(dir_, deepspeed::OptimFileName(d, r, bf16_prefix_)),
+                                                       ": dp rank ", d, " but dp_world_size is ", topo_.dp));
+      }
+    }
+  }
+  for (const auto& [r, dps] : optim_dp) {
+    if (r >= mp) {
+      return absl::InvalidArgumentError(absl::StrCat(dir_, ": optimizer files for mp rank ", r, " but only ", mp,
+                                                     " mp_rank_*_model_states.pt files"));
+    }
+  }
+
+  // Partition layouts.
+  layouts_.assign(topo_.pp, std::vector<std::vector<deepspeed::ZeroGroupLayout>>(topo_.tp));
+  for (int s = 0; s < topo_.pp; ++s) {
+    for (int t = 0; t < topo_.tp; ++t) {
+      for (int g = 0; g < num_groups_; ++g) {
+        std::vector<int64_t> numels;
+        for (const auto& [name, shape] : ms_->Shapes(s, t, g)) numels.push_back(Numel(shape));
+        layouts_[s][t].push_back(deepspeed::ZeroGroupLayout::Make(std::move(numels), topo_.dp));
+      }
+    }
+  }
+  // Parse and check every optimizer file (their CRCs are verified as they
+  // open: spread over all cores).
+  std::vector<std::tuple<int, int, int>> keys;
+  for (int s = 0; s < topo_.pp; ++s) {
+    for (int t = 0; t < topo_.tp; ++t) {
+      for (int d = 0; d < topo_.dp; ++d) keys.emplace_back(s, t, d);
+    }
+  }
+  std::vector<std::unique_ptr<OptimFile>> parsed(keys.size());
+  UCP_RETURN_IF_ERROR(ParallelFor(keys.size(), 0, [&](size_t i) -> absl::Status {
+    const auto& [s, t, d] = keys[i];
+    UCP_ASSIGN_OR_RETURN(parsed[i], ParseOptim(s, t, d));
+    return absl::OkStatus();
+  }));
+  for (size_t i = 0; i < keys.size(); ++i) optim_cache_[keys[i]] = std::move(parsed[i]);
+  // Zero stage from the files or the config.
+  const OptimFile& first = *optim_cache_[{0, 0, 0}];
+  kind_ = first.optimizer_state_dict->DictGet("zero_stage") == nullptr &&
+                  first.optimizer_state_dict->DictGet("loss_scaler") == nullptr
+              ? deepspeed::OptimizerKind::kBf16
+              : deepspeed::OptimizerKind::kZero;
+  if (const Value* zs = first.optimizer_state_dict->DictGet("zero_stage")) {
+    UCP_ASSIGN_OR_RETURN(zero_stage_, pickle::AsZeroStage(*zs, "optimizer_state_dict.zero_stage"),
+                         _.Prepend(first.path + ": "));
+  } else if (const Value* st = DictPath(ms_->file(0, 0).root().get(), {"ds_config", "zero_optimization", "stage"})) {
+    if (st->is(Kind::kInt)) zero_stage_ = static_cast<int>(st->int_value());
+  }
+  if (zero_stage_ == 3) {
+    return FileError(first.path, absl::StatusCode::kUnimplemented, "ZeRO stage 3 is not supported");
+  }
+  for (const auto& [key, file] : optim_cache_) {
+    const bool has_stage = file->optimizer_state_dict->DictGet("zero_stage") != nullptr;
+    if (has_stage != (kind_ == deepspeed::OptimizerKind::kZero)) {
+      return FileError(file->path, absl::StatusCode::kInvalidArgument,
+                       absl::StrCat("optimizer state layout differs from ", first.path));
+    }
+  }
+  // The per-element state keys, the same in every file.
+  if (!first.groups.empty()) {
+    for (const auto& s : first.groups[0].states) state_keys_.push_back(s.first);
+  }
+  for (const auto& [key, file] : optim_cache_) {
+    if (file->groups.empty()) continue;
+    std::vector<std::string> have;
+    for (const auto& s : file->groups[0].states) have.push_back(s.first);
+    if (have != state_keys_) {
+      return FileError(file->path, absl::StatusCode::kInvalidArgument,
+                       absl::StrCat("optimizer states [", absl::StrJoin(have, ", "), "] differ from [",
+                                    absl::StrJoin(state_keys_, ", "), "] in ", first.path));
+    }
+  }
+  lp_dtype_ = ms_->config_lp_dtype();
+  UCP_RETURN_IF_ERROR(LoadModuleLayout());
+  return absl::OkStatus();
+}
+
+absl::Status ZeroCheckpoint::LoadModuleLayout() {
+  const std::set<std::string>& buffer_names = ms_->buffer_names();
+  std::set<std::string> tied_keys;
+  for (const auto& p : ms_->params()) {
+    if (!p.tied_key.empty()) tied_keys.insert(p.tied_key);
+  }
+  auto role_of = [&](const std::string& name) {
+    if (ms_->FindParam(name)) return deepspeed::TensorRole::kTrainable;
+    if (buffer_names.count(name)) return deepspeed::TensorRole::kBuffer;
+    return deepspeed::TensorRole::kFrozen;
+  };
+  auto add_entry = [&](ModuleEntry e, const std::vector<torch::Tensor>& per_tp) {
+    e.dtype = per_tp[0].dtype();
+    for (const auto& t : per_tp) e.tp_shapes.push_back(t.sizes());
+    module_entries_.push_back(std::move(e));
+  };
+  if (pipeline_) {
+    std::set<int> layers;
+    for (const auto& [key, path] : layer_paths_) layers.insert(key.first);
+    layer_files_.assign(layers.begin(), layers.end());
+    for (int layer : layer_files_) {
+      for (int t = 0; t < topo_.tp; ++t) {
+        if (!layer_paths_.count({layer, t})) {
+          return absl::NotFoundError(absl::StrCat(JoinPath(dir_, deepspeed::LayerFileName(layer, t)), ": missing (layer ", layer,
+                                                  " has a file for another tp rank)"));
+        }
+      }
+      std::vector<const torch::TorchFile*> files;
+      for (int t = 0; t < topo_.tp; ++t) {
+        UCP_ASSIGN_OR_RETURN(const torch::TorchFile* f, LayerFile(layer, t));
+        files.push_back(f);
+      }
+      const Value& sd0 = *files[0]->root();
+      if (!sd0.is(Kind::kDict)) {
+        return FileError(files[0]->path(), absl::StatusCode::kInvalidArgument,
+                         absl::StrCat("expected a state dict, found ", sd0.DebugString(60)));
+      }
+      for (const auto& [k, v] : sd0.dict_items()) {
+        if (!k->is(Kind::kStr) || !torch::TorchFile::IsTensor(*v)) continue;
+        ModuleEntry e;
+        e.local_name = k->str();
+        e.layer = layer;
+        e.name = absl::StrCat(layer, ".", e.local_name);
+        if (!ms_->FindParam(e.name) && !buffer_names.count(e.name)) {
+          for (const auto& key : tied_keys) {
+            const std::string tied = absl::StrCat("tied_modules.", key, ".", e.local_name);
+            if (ms_->FindParam(tied) || buffer_names.count(tied)) {
+              e.name = tied;
+              e.tied_key = key;
+              break;
+            }
+          }
+        }
+        e.role = role_of(e.name);
+        std::vector<torch::Tensor> per_tp;
+        for (int t = 0; t < topo_.tp; ++t) {
+          const Value* tv = files[t]->root()->is(Kind::kDict) ? files[t]->root()->DictGet(e.local_name) : nullptr;
+          if (tv == nullptr) {
+            return FileError(files[t]->path(), absl::StatusCode::kInvalidArgument,
+                             absl::StrCat("missing '", e.local_name, "' which ", Basename(files[0]->path()), " has"));
+          }
+          UCP_ASSIGN_OR_RETURN(torch::Tensor tensor, files[t]->GetTensor(*tv));
+          UCP_RETURN_IF_ERROR(CheckDense(tensor, files[t]->path(), e.local_name));
+          per_tp.push_back(std::move(tensor));
+        }
+        add_entry(std::move(e), per_tp);
+      }
+    }
+  } else {
+    for (int t = 0; t < topo_.tp; ++t) {
+      const Value* m = ms_->file(0, t).root()->DictGet("module");
+      if (m == nullptr || !m->is(Kind::kDict)) {
+        return FileError(ms_->file(0, t).path(), absl::StatusCode::kInvalidArgument,
+                         "expected a module state dict, found none (mixed pipeline and plain module files?)");
+      }
+    }
+    const Value& m0 = *ms_->file(0, 0).root()->DictGet("module");
+    for (const auto& [k, v] : m0.dict_items()) {
+      if (!k->is(Kind::kStr) || !torch::TorchFile::IsTensor(*v)) continue;
+      ModuleEntry e;
+      e.name = k->str();
+      e.local_name = e.name;
+      e.role = role_of(e.name);
+      std::vector<torch::Tensor> per_tp;
+      for (int t = 0; t < topo_.tp; ++t) {
+        const Value* tv = ms_->file(0, t).root()->DictGet("module")->DictGet(e.name);
+        if (tv == nullptr) {
+          return FileError(ms_->file(0, t).path(), absl::StatusCode::kInvalidArgument,
+                           absl::StrCat("module has no '", e.name, "' which ", deepspeed::MpRankFileName(0), " has"));
+        }
+        UCP_ASSIGN_OR_RETURN(torch::Tensor tensor, ms_->file(0, t).GetTensor(*tv));
+        UCP_RETURN_IF_ERROR(CheckDense(tensor, ms_->file(0, t).path(), e.name));
+        per_tp.push_back(std::move(tensor));
+      }
+      add_entry(std::move(e), per_tp);
+    }
+  }
+  // lp dtype from the weights themselves when there are any.
+  for (const auto& e : module_entries_) {
+    if (e.role == deepspeed::TensorRole::kTrainable) {
+      lp_dtype_ = e.dtype;
+      break;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<OptimFile>> ZeroCheckpoint::ParseOptim(int pp, int tp, int dp) const {
+  const std::string path = OptimPath(pp, tp, dp);
+  auto out = std::make_unique<OptimFile>();
+  out->path = path;
+  UCP_ASSIGN_OR_RETURN(out->file, torch::TorchFile::Open(path));
+  const Value& root = *out->file->root();
+  auto err = [&](absl::string_view what) { return FileError(path, absl::StatusCode::kInvalidArgument, what); };
+  if (!root.is(Kind::kDict)) return err(absl::StrCat("expected a dict, found ", root.DebugString(60)));
+  UCP_ASSIGN_OR_RETURN(const Value* osd, GetField(root, "optimizer_state_dict", "optimizer states"),
+                       _.Prepend(path + ": "));
+  if (!osd->is(Kind::kDict)) return err("optimizer_state_dict is not a dict");
+  out->optimizer_state_dict = osd;
+  // partition_count
+  UCP_ASSIGN_OR_RETURN(const Value* pc, GetField(*osd, "partition_count", "optimizer_state_dict"),
+                       _.Prepend(path + ": "));
+  std::vector<int64_t> counts;
+  if (pc->is(Kind::kInt)) {
+    counts.assign(num_groups_, pc->int_value());
+  } else {
+    UCP_ASSIGN_OR_RETURN(auto* seq, AsSequence(*pc, "partition_count"), _.Prepend(path + ": "));
+    for (const auto& c : *seq) {
+      UCP_ASSIGN_OR_RETURN(int64_t n, AsInt(*c, "partition_count"), _.Prepend(path + ": "));
+      counts.push_back(n);
+    }
+  }
+  for (int64_t c : counts) {
+    if (c != topo_.dp) {
+      return err(absl::StrCat("partition_count is [", absl::StrJoin(counts, ", "), "], expected ", topo_.dp,
+                              " (dp_world_size) for every group"));
+    }
+  }
+  // group_paddings
+  std::vector<int64_t> paddings;
+  UCP_ASSIGN_OR_RETURN(const Value* gp, GetField(*osd, "group_paddings", "optimizer_state_dict"),
+                       _.Prepend(path + ": "));
+  UCP_ASSIGN_OR_RETURN(auto* gps, AsSequence(*gp, "group_paddings"), _.Prepend(path + ": "));
+  for (const auto& v : *gps) {
+    UCP_ASSIGN_OR_RETURN(int64_t n, AsInt(*v, "group_paddings"), _.Prepend(path + ": "));
+    paddings.push_back(n);
+  }
+  UCP_ASSIGN_OR_RETURN(const Value* fp32v, GetField(*osd, "single_partition_of_fp32_groups", "optimizer_state_dict"),
+                       _.Prepend(path + ": "));
+  UCP_ASSIGN_OR_RETURN(auto* fp32s, AsSequence(*fp32v, "single_partition_of_fp32_groups"), _.Prepend(path + ": "));
+  UCP_ASSIGN_OR_RETURN(const Value* base, GetField(*osd, "base_optimizer_state", "optimizer_state_dict"),
+                       _.Prepend(path + ": "));
+  UCP_ASSIGN_OR_RETURN(const Value* mappings_v, GetField(*osd, "param_slice_mappings", "optimizer_state_dict"),
+                       _.Prepend(path + ": "));
+  UCP_ASSIGN_OR_RETURN(auto* mappings, AsSequence(*mappings_v, "param_slice_mappings"), _.Prepend(path + ": "));
+  if (static_cast<int>(paddings.size()) != num_groups_ || static_cast<int>(fp32s->size()) != num_groups_ ||
+      static_cast<int>(mappings->size()) != num_groups_) {
+    return err(absl::StrCat("expected ", num_groups_, " param groups (param_shapes of ", deepspeed::MpRankFileName(topo_.mp_rank(pp, tp)),
+                            "), found ", paddings.size(), " group_paddings, ", fp32s->size(),
+                            " fp32 partitions and ", mappings->size(), " param_slice_mappings"));
+  }
+  // Base optimizer state: {'state': {g: {...}}, 'param_groups': [...]}, or
+  // the elastic form: a list of per-group dicts.
+  std::vector<const Value*> group_states(num_groups_, nullptr);
+  if (base->is(Kind::kDict)) {
+    UCP_ASSIGN_OR_RETURN(const Value* st, GetField(*base, "state", "base_optimizer_state"), _.Prepend(path + ": "));
+    if (!st->is(Kind::kDict)) return err("base_optimizer_state.state is not a dict");
+    for (int g = 0; g < num_groups_; ++g) group_states[g] = st->DictGet(Value::Int(g));
+  } else if (base->is(Kind::kList)) {
+    if (static_cast<int>(base->items().size()) != num_groups_) {
+      return err(absl::StrCat("base_optimizer_state has ", base->items().size(), " groups, expected ", num_groups_));
+    }
+    for (int g = 0; g < num_groups_; ++g) group_states[g] = base->items()[g].get();
+  } else {
+    return err(absl::StrCat("base_optimizer_state is a ", pickle::KindName(base->kind()), ", expected a dict or list"));
+  }
+  for (int g = 0; g < num_groups_; ++g) {
+    const deepspeed::ZeroGroupLayout& layout = layouts_[pp][tp][g];
+    const int64_t p = layout.partition_numel();
+    // DeepSpeed saves group[:p - padding]: when a group is smaller than the
+    // last rank's alignment padding that stop is negative, and Python's
+    // slicing keeps max(0, p + stop) elements (writers/zero_writer.cc does too).
+    int64_t lean = p - layout.padding(dp);
+    if (lean < 0) lean = std::max<int64_t>(0, p + lean);
+    if (paddings[g] != layout.padding(dp)) {
+      return err(absl::StrCat("group_paddings[", g, "] is ", paddings[g], ", expected ", layout.padding(dp),
+                              " (", layout.numel(), " elements padded to ", layout.padded_numel(), " over dp=",
+                              topo_.dp, ")"));
+    }
+    OptimFile::Group group;
+    group.padding = paddings[g];
+    if (!torch::TorchFile::IsTensor(*(*fp32s)[g])) {
+      return err(absl::StrCat("single_partition_of_fp32_groups[", g, "] is not a tensor"));
+    }
+    UCP_ASSIGN_OR_RETURN(group.fp32, out->file->GetTensor(*(*fp32s)[g]));
+    UCP_RETURN_IF_ERROR(CheckDense(group.fp32, path, absl::StrCat("single_partition_of_fp32_groups[", g, "]")));
+    if (group.fp32.dim() != 1 || (group.fp32.numel() != lean && group.fp32.numel() != p)) {
+      return err(absl::StrCat("single_partition_of_fp32_groups[", g, "] has shape ",
+                              ShapeStr(group.fp32.sizes()), ", expected [", lean, "] (partition of ", p,
+                              " minus padding ", layout.padding(dp), ")"));
+    }
+    const Value* gs = group_states[g];
+    if (gs == nullptr || !gs->is(Kind::kDict)) {
+      return err(absl::StrCat("base_optimizer_state has no state for group ", g));
+    }
+    for (const auto& [k, v] : gs->dict_items()) {
+      if (!k->is(Kind::kStr)) continue;
+      if (torch::TorchFile::IsTensor(*v)) {
+        UCP_ASSIGN_OR_RETURN(torch::Tensor t, out->file->GetTensor(*v));
+        UCP_RETURN_IF_ERROR(CheckDense(t, path, absl::StrCat("optimizer state '", k->str(), "' of group ", g)));
+        if (t.dim() == 0 || (t.numel() == 1 && p != 1)) {
+          group.scalars.emplace_back(k->str(), v);
+          continue;
+        }
+        if (t.dim() != 1 || (t.numel() != p && t.numel() != lean)) {
+          return err(absl::StrCat("optimizer state '", k->str(), "' of group ", g, " has shape ",
+                                  ShapeStr(t.sizes()), ", expected [", p, "] (the dp partition)"));
+        }
+        group.states.emplace_back(k->str(), std::move(t));
+      } else {
+        group.scalars.emplace_back(k->str(), v);
+      }
+    }
+    // param_slice_mappings must be what the partition math says.
+    const Value& m = *(*mappings)[g];
+    if (!m.is(Kind::kDict)) return err(absl::StrCat("param_slice_mappings[", g, "] is not a dict"));
+    const std::vector<deepspeed::ZeroFragment> expected = layout.Fragments(dp);
+    const auto& names = ms_->StageGroup(pp, g);
+    if (m.dict_items().size() != expected.size()) {
+      return err(absl::StrCat("param_slice_mappings[", g, "] lists ", m.dict_items().size(), " params, expected ",
+                              expected.size(), " for dp rank ", dp, " of ", topo_.dp));
+    }
+    for (size_t i = 0; i < expected.size(); ++i) {
+      const auto& [k, v] = m.dict_items()[i];
+      const std::string& want = names[expected[i].param_index];
+      if (!k->is(Kind::kStr) || k->str() != want) {
+        return err(absl::StrCat("param_slice_mappings[", g, "] entry ", i, " is ", k->DebugString(),
+                                ", expected '", want, "'"));
+      }
+      UCP_ASSIGN_OR_RETURN(pickle::FragmentAddress a, AsFragmentAddress(*v, want), _.Prepend(path + ": "));
+      if (a.numel != expected[i].numel || a.start != expected[i].partition_offset) {
+        return err(absl::StrCat("param '", want, "' has fragment_address(numel=", a.numel, ", start=", a.start,
+                                "), expected (numel=", expected[i].numel, ", start=", expected[i].partition_offset,
+                                ") from param_shapes"));
+      }
+    }
+    out->groups.push_back(std::move(group));
+  }
+  // All groups hold the same state keys.
+  for (int g = 1; g < num_groups_; ++g) {
+    std::vector<std::string> a, b;
+    for (const auto& s : out->groups[0].states) a.push_back(s.first);
+    for (const auto& s : out->groups[g].states) b.push_back(s.first);
+    if (a != b) {
+      return err(absl::StrCat("group ", g, " has optimizer states [", absl::StrJoin(b, ", "), "], group 0 has [",
+                              absl::StrJoin(a, ", "), "]"));
+    }
+  }
+  return out;
+}
+
+const deepspeed::ZeroGroupLayout& ZeroCheckpoint::Layout(int pp, int tp, int group) const { return layouts_[pp][tp][group]; }
+
+std::string ZeroCheckpoint::MpRankPath(int pp, int tp) const { return ms_->path(pp, tp); }
+std::string ZeroCheckpoint::OptimPath(int pp, int tp, int dp) const {
+  return JoinPath(dir_, deepspeed::OptimFileName(dp, topo_.mp_rank(pp, tp), bf16_prefix_));
+}
+std::string ZeroCheckpoint::LayerPath(int layer, int tp) const {
+  auto it = layer_paths_.find({layer, tp});
+  return it != layer_paths_.end() ? it->second : JoinPath(dir_, deepspeed::LayerFileName(layer, tp));
+}
+
+absl::StatusOr<const OptimFile*> ZeroCheckpoint::Optim(int pp, int tp, int dp) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = optim_cache_.find({pp, tp, dp});
+  if (it != optim_cache_.end()) return it->second.get();
+  return absl::NotFoundError(absl::StrCat(OptimPath(pp, tp, dp), ": not part of this checkpoint"));
+}
+
+absl::StatusOr<const torch::TorchFile*> ZeroCheckpoint::LayerFile(int layer, int tp) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = layer_cache_.find({layer, tp});
+  if (it != layer_cache_.end()) return it->second.get();
+  auto path = layer_paths_.find({layer, tp});
+  if (path == layer_paths_.end()) {
+    return absl::NotFoundError(absl::StrCat(JoinPath(dir_, deepspeed::LayerFileName(layer, tp)), ": missing"));
+  }
+  // Layer files hold the lp weights, which the fp32 masters in the optimizer
+  // files determine: their records are verified only when a tensor is used
+  // (ModuleTensor), so that a conversion never reads the bytes it ignores.
+  torch::OpenOptions lazy;
+  lazy.verify_crc = false;
+  UCP_ASSIGN_OR_RETURN(auto f, torch::TorchFile::Open(path->second, lazy));
+  const torch::TorchFile* raw = f.get();
+  layer_cache_[{layer, tp}] = std::move(f);
+  return raw;
+}
+
+absl::StatusOr<std::vector<torch::Tensor>> ZeroCheckpoint::SlicePieces(const ZeroParam& param, int pp, int tp,
+                                                                       const std::string& state) const {
+  auto sit = std::find(param.stages.begin(), param.stages.end(), pp);
+  if (sit == param.stages.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("param '", param.name, "' is not in pipeline stage ", pp));
+  }
+  const int index = param.index_in_group[sit - param.stages.begin()];
+  const deepspeed::ZeroGroupLayout& layout = layouts_[pp][tp][param.group];
+  std::vector<torch::Tensor> pieces;
+  for (const auto& [rank, frag] : layout.FragmentsOfParam(index)) {
+    UCP_ASSIGN_OR_RETURN(const OptimFile* f, Optim(pp, tp, rank));
+    const OptimFile::Group& g = f->groups[param.group];
+    const torch::Tensor* flat = nullptr;
+    if (state == "fp32") {
+      flat = &g.fp32;
+    } else {
+      for (const auto& [k, t] : g.states) {
+        if (k == state) flat = &t;
+      }
+    }
+    if (flat == nullptr) {
+      return absl::NotFoundError(absl::StrCat(f->path, ": group ", param.group, " has no optimizer state '", state,
+                                              "'"));
+    }
+    UCP_ASSIGN_OR_RETURN(torch::Tensor piece, flat->Narrow(0, frag.partition_offset, frag.numel),
+                         _.Prepend(absl::StrCat(f->path, ": param '", param.name, "' ", state, ": ")));
+    pieces.push_back(std::move(piece));
+  }
+  return pieces;
+}
+
+absl::StatusOr<pickle::ValuePtr> ZeroCheckpoint::GroupScalar(int pp, int tp, int dp, int group,
+                                                             const std::string& key) const {
+  UCP_ASSIGN_OR_RETURN(const OptimFile* f, Optim(pp, tp, dp));
+  for (const auto& [k, v] : f->groups[group].scalars) {
+    if (k == key) return v;
+  }
+  return pickle::ValuePtr();
+}
+
+absl::StatusOr<torch::Tensor> ZeroCheckpoint::ModuleTensor(const ModuleEntry& entry, int tp) const {
+  if (entry.layer >= 0) {
+    UCP_ASSIGN_OR_RETURN(const torch::TorchFile* f, LayerFile(entry.layer, tp));
+    const Value* v = f->root()->DictGet(entry.local_name);
+    if (v == nullptr) return absl::NotFoundError(absl::StrCat(f->path(), ": no '", entry.local_name, "'"));
+    UCP_ASSIGN_OR_RETURN(torch::Tensor t, f->GetTensor(*v));
+    UCP_RETURN_IF_ERROR(f->VerifyStorageCrc(*t.storage()));
+    return t;
+  }
+  const torch::TorchFile& f = MpRankFile(0, tp);
+  const Value* m = f.root()->DictGet("module");
+  const Value* v = m != nullptr && m->is(Kind::kDict) ? m->DictGet(entry.name) : nullptr;
+  if (v == nullptr) return absl::NotFoundError(absl::StrCat(f.path(), ": module has no '", entry.name, "'"));
+  return f.GetTensor(*v);
+}
+
+}  // namespace ucp::readers

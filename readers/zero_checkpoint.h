@@ -1,0 +1,170 @@
+// ZeroCheckpoint: a DeepSpeed ZeRO stage 1/2 (or BF16_Optimizer) checkpoint
+// folder, opened and cross-checked, with lazy zero-copy access to every file.
+//
+// The folder is `<root>/<tag>/` (or `<root>` with a `latest` file naming the
+// tag). Topology comes from the files and their contents, never from
+// `layer_01*` files alone:
+//   - pp * tp = the number of mp_rank files = their `mp_world_size`;
+//   - tp = how many leading mp ranks share mp_rank_00's parameter names (all
+//     tp ranks of a pipeline stage hold the same names), cross-checked with
+//     layer file names when there are any;
+//   - dp = `dp_world_size` = the optimizer files per mp rank = their
+//     `partition_count`.
+// Every optimizer file is checked against the partition math of
+// layout_math.h: its `param_slice_mappings`, `group_paddings`, partition
+// sizes. Errors name the file and what was expected versus found.
+//
+// Mirrors deepspeed/runtime/engine.py (_save_checkpoint), zero/stage_1_and_2.py
+// and bf16_optimizer.py (state_dict), pipe/module.py (save_state_dict).
+//
+// Example:
+//   UCP_ASSIGN_OR_RETURN(auto ckpt, ZeroCheckpoint::Open("/ckpt/global_step4"));
+//   for (const ZeroParam& p : ckpt->params()) { ... }
+//   UCP_ASSIGN_OR_RETURN(auto pieces, ckpt->SlicePieces(p, /*pp=*/0, /*tp=*/1, "exp_avg"));
+#ifndef UCP_READERS_ZERO_CHECKPOINT_H_
+#define UCP_READERS_ZERO_CHECKPOINT_H_
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "deepspeed/layout_math.h"
+#include "deepspeed/model_state.h"
+#include "readers/model_states_files.h"
+#include "deepspeed/topology.h"
+#include "format/pickle/accessors.h"
+#include "format/pickle/value.h"
+#include "format/torch/tensor.h"
+#include "format/torch/torch_file.h"
+
+namespace ucp::readers {
+
+// ModuleEntry: one tensor of the module state (lp weights, frozen params,
+// buffers): a key of a layer file, or of the mp_rank `module` dict.
+struct ModuleEntry {
+  std::string name;        // full module name ("2.attention.dense.weight")
+  std::string local_name;  // key in its layer file (== name without pipeline)
+  int layer = -1;          // layer file index, -1 without pipeline
+  deepspeed::TensorRole role = deepspeed::TensorRole::kTrainable;
+  std::string tied_key;
+  torch::DType dtype = torch::DType::kFloat32;
+  std::vector<std::vector<int64_t>> tp_shapes;  // per tp rank
+};
+
+// OptimFile: one parsed `*_optim_states.pt`.
+struct OptimFile {
+  struct Group {
+    torch::Tensor fp32;  // single_partition_of_fp32_groups[g]
+    // Per-element optimizer states (exp_avg, exp_avg_sq, ...) in file order.
+    std::vector<std::pair<std::string, torch::Tensor>> states;
+    // Scalar states (step) of the group, e.g. {"step": 0-dim tensor}.
+    std::vector<std::pair<std::string, pickle::ValuePtr>> scalars;
+    int64_t padding = 0;
+  };
+  std::string path;
+  std::unique_ptr<torch::TorchFile> file;
+  std::vector<Group> groups;
+  const pickle::Value* optimizer_state_dict = nullptr;  // inside file->root()
+};
+
+class ZeroCheckpoint {
+ public:
+  // `path`: a tag folder, or a root folder with a `latest` file.
+  static absl::StatusOr<std::unique_ptr<ZeroCheckpoint>> Open(const std::string& path);
+
+  const std::string& dir() const { return dir_; }     // the tag folder
+  const std::string& tag() const { return tag_; }
+  const std::string& root() const { return root_; }   // its parent
+  const deepspeed::Topology& topology() const { return topo_; }
+  int zero_stage() const { return zero_stage_; }
+  deepspeed::OptimizerKind optimizer_kind() const { return kind_; }
+  bool bf16_file_prefix() const { return bf16_prefix_; }
+  bool pipeline() const { return pipeline_; }
+  int num_groups() const { return num_groups_; }
+  torch::DType lp_dtype() const { return lp_dtype_; }
+
+  // Trainable params, in the order: stage 0's groups in flatten order, then
+  // the params first seen in stage 1, ...
+  const std::vector<ZeroParam>& params() const { return ms_->params(); }
+  const ZeroParam* FindParam(const std::string& name) const { return ms_->FindParam(name); }
+  // Names of group `group` of pipeline stage `pp`, in flatten order.
+  const std::vector<std::string>& StageGroup(int pp, int group) const { return ms_->StageGroup(pp, group); }
+  const ModelStatesFiles& model_states() const { return *ms_; }
+  // The partition layout of (pp stage, tp rank, group).
+  const deepspeed::ZeroGroupLayout& Layout(int pp, int tp, int group) const;
+  // Per-element optimizer state keys besides "fp32" (exp_avg, exp_avg_sq, ...),
+  // as found in the files, in file order.
+  const std::vector<std::string>& state_keys() const { return state_keys_; }
+
+  // Module tensors (layer files or mp_rank `module`) in file order; layer
+  // files ascending by layer index.
+  const std::vector<ModuleEntry>& module_entries() const { return module_entries_; }
+  // Layer indices that have files (pipeline only), ascending.
+  const std::vector<int>& layer_files() const { return layer_files_; }
+
+  std::string MpRankPath(int pp, int tp) const;
+  std::string OptimPath(int pp, int tp, int dp) const;
+  std::string LayerPath(int layer, int tp) const;
+  // The mp_rank file of (pp, tp) (opened at Open).
+  const torch::TorchFile& MpRankFile(int pp, int tp) const { return ms_->file(pp, tp); }
+  // Optimizer / layer files, opened on first use and cached (thread-safe).
+  // A layer file's records are not CRC-checked when it opens: read its
+  // tensors through ModuleTensor, which checks each one it returns.
+  absl::StatusOr<const OptimFile*> Optim(int pp, int tp, int dp) const;
+  absl::StatusOr<const torch::TorchFile*> LayerFile(int layer, int tp) const;
+
+  // The flat pieces (in dp order) whose concatenation is the tp slice of
+  // `param` in stage `pp`, tp rank `tp`, for `state` ("fp32" or a state key).
+  absl::StatusOr<std::vector<torch::Tensor>> SlicePieces(const ZeroParam& param, int pp, int tp,
+                                                         const std::string& state) const;
+  // A scalar state (e.g. "step") of `group` in (pp, tp, dp); null if absent.
+  absl::StatusOr<pickle::ValuePtr> GroupScalar(int pp, int tp, int dp, int group, const std::string& key) const;
+  // The lp tensor of a module entry on tp rank `tp` (from its layer file,
+  // CRC-checked, or from the mp_rank `module` of stage 0).
+  absl::StatusOr<torch::Tensor> ModuleTensor(const ModuleEntry& entry, int tp) const;
+
+  // mp_rank_00's `universal_checkpoint_info` (an empty dict when absent).
+  const pickle::Value& universal_checkpoint_info() const { return ms_->universal_checkpoint_info(); }
+  // mp_rank_00's `args` (dict or argparse.Namespace attributes), null if none.
+  const pickle::Value* args() const { return ms_->args(); }
+  // Every file of the folder that belongs to the checkpoint.
+  const std::vector<std::string>& files() const { return files_; }
+
+ private:
+  ZeroCheckpoint() = default;
+  absl::Status Load();
+  absl::Status LoadModuleLayout();
+  absl::StatusOr<std::unique_ptr<OptimFile>> ParseOptim(int pp, int tp, int dp) const;
+
+  std::string dir_, tag_, root_;
+  deepspeed::Topology topo_;
+  int zero_stage_ = 1;
+  deepspeed::OptimizerKind kind_ = deepspeed::OptimizerKind::kZero;
+  bool bf16_prefix_ = false;
+  bool pipeline_ = true;
+  int num_groups_ = 0;
+  torch::DType lp_dtype_ = torch::DType::kFloat32;
+  std::vector<std::string> files_;
+  std::unique_ptr<ModelStatesFiles> ms_;
+  // [pp][tp][group] -> layout
+  std::vector<std::vector<std::vector<deepspeed::ZeroGroupLayout>>> layouts_;
+  std::vector<std::string> state_keys_;
+  std::vector<ModuleEntry> module_entries_;
+  std::vector<int> layer_files_;
+  std::map<std::pair<int, int>, std::string> layer_paths_;  // (layer, tp) -> path
+
+  mutable std::mutex mu_;
+  mutable std::map<std::tuple<int, int, int>, std::unique_ptr<OptimFile>> optim_cache_;
+  mutable std::map<std::pair<int, int>, std::unique_ptr<torch::TorchFile>> layer_cache_;
+};
+
+// Reads `<root>/latest` (or `latest_universal`) and returns the tag, trimmed.
+absl::StatusOr<std::string> ReadLatestTag(const std::string& root, const std::string& file_name);
+
+}  // namespace ucp::readers
+
+#endif  // UCP_READERS_ZERO_CHECKPOINT_H_

@@ -1,0 +1,370 @@
+#include "rules/resolve.h"
+
+#include <algorithm>
+#include <map>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/parallel.h"
+#include "base/status_macros.h"
+#include "tp/merge.h"
+
+namespace ucp::rules {
+namespace {
+
+using deepspeed::ParamState;
+using pickle::Kind;
+using pickle::Value;
+using tp::TensorPlan;
+
+// A suggestion for the rules file that would settle an ambiguous param.
+std::string SuggestRule(const std::string& name, const std::vector<int64_t>& slice_shape) {
+  std::string kinds = slice_shape.size() >= 2 ? "COLUMN (cat dim 0) or ROW (cat dim 1)" : "COLUMN or REPLICATED";
+  std::string escaped;
+  for (char c : name) {
+    if (c == '.') escaped += "\\\\.";
+    else escaped += c;
+  }
+  return absl::StrCat("rule { pattern: \"", escaped, "$\" kind: ", slice_shape.size() >= 2 ? "COLUMN" : "REPLICATED",
+                      " }  # tp slice ", torch::ShapeString(slice_shape), ": ", kinds);
+}
+
+// Python truthiness of args[key] (a bool or int); false when absent.
+bool ArgTruthy(const Value* args, const char* key) {
+  if (args == nullptr || !args->is(Kind::kDict)) return false;
+  const Value* v = args->DictGet(key);
+  if (v == nullptr) return false;
+  return (v->is(Kind::kBool) || v->is(Kind::kInt)) && v->int_value() != 0;
+}
+
+// Evidence for one param: are the tp copies (and pipeline copies) equal?
+struct Evidence {
+  bool tp_equal = true;
+  double tp_max_diff = 0;
+  std::string tp_diff_state;
+  bool stages_equal = true;
+  std::string stage_diff_state;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ResolvedState>> ResolveRules(std::shared_ptr<const deepspeed::SlicedState> source,
+                                                            const ResolveOptions& options) {
+  std::unique_ptr<ResolvedState> s(new ResolvedState());
+  s->source_ = std::move(source);
+  UCP_RETURN_IF_ERROR(s->Resolve(options));
+  return s;
+}
+
+absl::Status ResolvedState::Resolve(const ResolveOptions& options) {
+  const deepspeed::SlicedState& src = *source_;
+  info_ = src.info();
+  info_.Reindex();
+  const int tp_degree = info_.source_topology.tp;
+
+  std::vector<std::string> names;
+  for (const auto& p : info_.params) names.push_back(p.name);
+  UCP_ASSIGN_OR_RETURN(resolver_, RuleResolver::Make(options.rules, src.checkpoint_info(), names));
+  info_.original_vocab_size = resolver_.original_vocab_size();
+
+  std::vector<RuleDecision> decisions(info_.params.size());
+  std::vector<char> needs_data(info_.params.size(), 0);
+  const bool swiglu = ArgTruthy(src.args(), "swiglu");
+  for (size_t i = 0; i < info_.params.size(); ++i) {
+    decisions[i] = resolver_.Decide(info_.params[i].name);
+    // Megatron-DeepSpeed's fused swiglu h_to_4h (args.swiglu) holds two
+    // sub-params per rank: only the preset's plain column guess is upgraded.
+    if (decisions[i].rule && decisions[i].source == PRESET && decisions[i].rule->kind() == COLUMN && swiglu &&
+        absl::StrContains(info_.params[i].name, "mlp.dense_h_to_4h.")) {
+      decisions[i].rule->set_kind(SUB_PARAMS);
+      decisions[i].rule->set_num_sub_params(2);
+      decisions[i].rule->set_cat_dim(0);
+      absl::StrAppend(&decisions[i].origin, " (args.swiglu: 2 sub-params)");
+    }
+    const bool replicated = decisions[i].rule && (decisions[i].rule->kind() == REPLICATED);
+    const bool multi_stage = info_.params[i].trainable() && info_.params[i].stages.size() > 1;
+    needs_data[i] = !decisions[i].rule || (replicated && tp_degree > 1) || multi_stage;
+  }
+
+  // Evidence, in parallel over the params that need it.
+  std::vector<Evidence> evidence(info_.params.size());
+  std::vector<size_t> todo;
+  for (size_t i = 0; i < info_.params.size(); ++i) {
+    if (needs_data[i]) todo.push_back(i);
+  }
+  UCP_RETURN_IF_ERROR(ParallelFor(todo.size(), options.num_threads, [&](size_t k) -> absl::Status {
+    const size_t i = todo[k];
+    const ParamState& p = info_.params[i];
+    std::vector<std::string> states;
+    if (p.trainable()) {
+      states.push_back(deepspeed::kFp32State);
+      for (const auto& key : info_.state_keys) states.push_back(key);
+    } else {
+      states.push_back(deepspeed::kLpState);
+    }
+    Evidence& ev = evidence[i];
+    const int first_stage = p.stages.empty() ? 0 : p.stages[0];
+    for (const std::string& state : states) {
+      UCP_ASSIGN_OR_RETURN(std::vector<TensorPlan> slices, src.Slices(p, first_stage, state));
+      for (size_t t = 1; t < slices.size(); ++t) {
+        UCP_ASSIGN_OR_RETURN(bool eq, TensorPlan::BitwiseEqual(slices[0], slices[t]));
+        if (!eq) {
+          if (ev.tp_equal) ev.tp_diff_state = state;
+          ev.tp_equal = false;
+          if (slices[0].shape() == slices[t].shape() && torch::IsFloatingPoint(slices[0].dtype())) {
+            UCP_ASSIGN_OR_RETURN(torch::Tensor a, slices[0].Materialize());
+            UCP_ASSIGN_OR_RETURN(torch::Tensor b, slices[t].Materialize());
+            UCP_ASSIGN_OR_RETURN(double d, torch::MaxAbsDiff(a, b));
+            ev.tp_max_diff = std::max(ev.tp_max_diff, d);
+          }
+        }
+      }
+      if (p.trainable()) {
+        for (size_t si = 1; si < p.stages.size(); ++si) {
+          UCP_ASSIGN_OR_RETURN(std::vector<TensorPlan> other, src.Slices(p, p.stages[si], state));
+          for (size_t t = 0; t < slices.size(); ++t) {
+            UCP_ASSIGN_OR_RETURN(bool eq, TensorPlan::BitwiseEqual(slices[t], other[t]));
+            if (!eq && ev.stages_equal) {
+              ev.stages_equal = false;
+              ev.stage_diff_state = absl::StrCat(state, " (tp rank ", t, ", stages ", p.stages[0], " and ",
+                                                 p.stages[si], ")");
+            }
+          }
+        }
+      }
+    }
+    return absl::OkStatus();
+  }));
+
+  std::vector<std::string> ambiguous, mismatched, tied_mismatch;
+  for (size_t i = 0; i < info_.params.size(); ++i) {
+    ParamState& p = info_.params[i];
+    RuleDecision d = decisions[i];
+    const Evidence& ev = evidence[i];
+    if (!ev.stages_equal) {
+      tied_mismatch.push_back(absl::StrCat("'", p.name, "' differs between pipeline stages in ", ev.stage_diff_state));
+    }
+    if (!d.rule) {
+      d = resolver_.DecideWithoutRules(p.name, tp_degree > 1 ? std::optional<bool>(ev.tp_equal) : std::nullopt);
+      if (!d.rule) {
+        std::string why = tp_degree > 1
+                              ? absl::StrCat("tp copies differ (", ev.tp_diff_state, ", max |diff| ", ev.tp_max_diff, ")")
+                              : "tp=1: no copies to compare";
+        ambiguous.push_back(absl::StrCat("  ", p.name, ": ", why, "\n      ", SuggestRule(p.name, p.tp_shapes[0])));
+        continue;
+      }
+    } else if (d.rule->kind() == REPLICATED && tp_degree > 1 && !ev.tp_equal) {
+      switch (options.replicated_mismatch) {
+        case ReplicatedMismatch::kError:
+          mismatched.push_back(absl::StrCat("  ", p.name, " (", d.origin, "): tp copies differ in ", ev.tp_diff_state,
+                                            ", largest |difference| ", ev.tp_max_diff));
+          break;
+        case ReplicatedMismatch::kAverage:
+          d.rule->set_kind(AVERAGE);
+          absl::StrAppend(&d.origin, "; tp copies differ (max |diff| ", ev.tp_max_diff,
+                          "): averaged (--replicated_mismatch=average)");
+          break;
+        case ReplicatedMismatch::kFirst:
+          absl::StrAppend(&d.origin, "; tp copies differ (max |diff| ", ev.tp_max_diff,
+                          "): tp rank 0 kept (--replicated_mismatch=first)");
+          break;
+      }
+    }
+    p.rule = *d.rule;
+    p.rule.set_pattern(d.rule->pattern());
+    p.source = d.source;
+    p.origin = d.origin;
+  }
+  if (!tied_mismatch.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(src.dir(), ": params tied across pipeline stages are not equal:\n  ",
+                     absl::StrJoin(tied_mismatch, "\n  ")));
+  }
+  if (!mismatched.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        src.dir(), ": ", mismatched.size(), " replicated param(s) differ between tp ranks (use ",
+        "--replicated_mismatch=average or =first to accept):\n", absl::StrJoin(mismatched, "\n")));
+  }
+  if (!ambiguous.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        src.dir(), ": cannot tell how to merge the tp slices of ", ambiguous.size(),
+        " param(s); no rule file, checkpoint pattern or preset",
+        resolver_.preset().empty() ? "" : absl::StrCat(" (", resolver_.preset(), ")"),
+        " covers them. Settle them with --rules=FILE (a MergeRules textproto), --preset, or --default_kind:\n",
+        absl::StrJoin(ambiguous, "\n")));
+  }
+  // Full shapes.
+  for (size_t i = 0; i < info_.params.size(); ++i) {
+    ParamState& p = info_.params[i];
+    UCP_ASSIGN_OR_RETURN(p.full_shape, tp::FullShapeFromSlice(p.rule, p.tp_shapes[0], tp_degree, p.name),
+                         _.Prepend(absl::StrCat(src.dir(), ": ")));
+    if (p.rule.kind() == VOCAB && p.rule.original_vocab_size() > 0) {
+      if (p.rule.original_vocab_size() > p.full_shape[0]) {
+        return absl::InvalidArgumentError(absl::StrCat(src.dir(), ": param '", p.name, "': original vocab size ",
+                                                       p.rule.original_vocab_size(), " exceeds its ",
+                                                       p.full_shape[0], " rows"));
+      }
+      p.full_shape[0] = p.rule.original_vocab_size();
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TensorPlan> ResolvedState::Full(const ParamState& param, const std::string& state) const {
+  const int i = info_.IndexOf(param.name);
+  if (i < 0) return absl::NotFoundError(absl::StrCat("no param '", param.name, "'"));
+  const ParamState& p = info_.params[i];
+  const int stage = p.trainable() && !p.stages.empty() ? p.stages[0] : 0;
+  UCP_ASSIGN_OR_RETURN(std::vector<TensorPlan> slices, source_->Slices(source_->info().params[i], stage, state));
+  return tp::MergeSlices(p.rule, slices, info_.original_vocab_size, param.name);
+}
+
+namespace {
+
+// A universal checkpoint DeepSpeed wrote, with some params re-merged.
+class ReinterpretedState : public deepspeed::ModelState {
+ public:
+  ReinterpretedState(std::unique_ptr<deepspeed::ModelState> base) : base_(std::move(base)), info_(base_->info()) {
+    stored_rule_.assign(info_.params.size(), std::nullopt);
+  }
+
+  absl::Status Reinterpret(const pickle::Value& uc_info, const RuleResolver::Options& options,
+                           const std::string& dir);
+
+  const deepspeed::ModelInfo& info() const override { return info_; }
+  absl::StatusOr<TensorPlan> Full(const ParamState& param, const std::string& state) const override {
+    const int i = info_.IndexOf(param.name);
+    if (i < 0) return base_->Full(param, state);
+    if (!stored_rule_[i]) return base_->Full(base_->info().params[i], state);
+    // DeepSpeed's concatenation of the source's tp slices, re-merged.
+    const int tp_src = info_.source_topology.tp;
+    UCP_ASSIGN_OR_RETURN(TensorPlan stored, base_->Full(base_->info().params[i], state));
+    std::vector<TensorPlan> slices;
+    for (int t = 0; t < tp_src; ++t) {
+      UCP_ASSIGN_OR_RETURN(TensorPlan s, tp::SplitFull(*stored_rule_[i], stored, tp_src, t, 0, param.name));
+      slices.push_back(std::move(s));
+    }
+    return tp::MergeSlices(info_.params[i].rule, slices, info_.original_vocab_size, param.name);
+  }
+  absl::StatusOr<deepspeed::FileValue> GroupScalar(int group, const std::string& key) const override {
+    return base_->GroupScalar(group, key);
+  }
+  absl::StatusOr<deepspeed::FileValue> OptimizerCommon() const override { return base_->OptimizerCommon(); }
+  deepspeed::FileValue ModelStatesRoot(int pp, int tp) const override { return base_->ModelStatesRoot(pp, tp); }
+  std::string ModelStatesPath(int pp, int tp) const override { return base_->ModelStatesPath(pp, tp); }
+
+ private:
+  std::unique_ptr<deepspeed::ModelState> base_;
+  deepspeed::ModelInfo info_;
+  // Per param: the rule its stored tensor was merged with, when it differs
+  // from the rule it is re-merged by (DeepSpeed's pattern-less cat on dim 0).
+  std::vector<std::optional<MergeRule>> stored_rule_;
+};
+
+absl::Status ReinterpretedState::Reinterpret(const pickle::Value& uc_info, const RuleResolver::Options& options,
+                                             const std::string& dir) {
+  const int tp_src = info_.source_topology.tp;
+  std::vector<std::string> names;
+  for (const auto& p : info_.params) names.push_back(p.name);
+  UCP_ASSIGN_OR_RETURN(RuleResolver resolver, RuleResolver::Make(options, uc_info, names));
+  if (resolver.original_vocab_size() > 0 && info_.original_vocab_size == 0) {
+    info_.original_vocab_size = resolver.original_vocab_size();
+  }
+  auto same = [](MergeRule a, MergeRule b) {
+    for (MergeRule* r : {&a, &b}) {
+      r->clear_pattern();
+      r->clear_comment();
+      r->clear_original_vocab_size();
+    }
+    return a.SerializeAsString() == b.SerializeAsString();
+  };
+  std::vector<std::string> states = {deepspeed::kFp32State};
+  states.insert(states.end(), info_.state_keys.begin(), info_.state_keys.end());
+  for (size_t i = 0; i < info_.params.size(); ++i) {
+    ParamState& p = info_.params[i];
+    // Only DeepSpeed's default for names no pattern matched is suspect.
+    if (!p.trainable() || p.rule.kind() != COLUMN) continue;
+    const MergeRule stored = p.rule;
+    RuleDecision d = resolver.Decide(p.name);
+    if (!d.rule && tp_src > 1) {
+      // Evidence: tp equal copies concatenated on dim 0 are a replicated param.
+      bool equal = true;
+      for (const std::string& state : states) {
+        UCP_ASSIGN_OR_RETURN(TensorPlan plan, base_->Full(base_->info().params[i], state));
+        auto first = tp::SplitFull(stored, plan, tp_src, 0, 0, p.name);
+        if (!first.ok()) {
+          equal = false;
+          break;
+        }
+        for (int t = 1; t < tp_src && equal; ++t) {
+          UCP_ASSIGN_OR_RETURN(TensorPlan other, tp::SplitFull(stored, plan, tp_src, t, 0, p.name));
+          UCP_ASSIGN_OR_RETURN(equal, TensorPlan::BitwiseEqual(*first, other));
+        }
+        if (!equal) break;
+      }
+      if (equal) {
+        MergeRule r;
+        r.set_pattern(p.name);
+        r.set_kind(REPLICATED);
+        d.rule = r;
+        d.source = EVIDENCE;
+        d.origin = absl::StrCat("DeepSpeed stored ", tp_src, " bitwise equal tp copies concatenated on dim 0");
+      }
+    }
+    if (d.rule && d.rule->kind() == REPLICATED && d.source != EVIDENCE && tp_src > 1) {
+      // A rule says replicated: the tp copies DeepSpeed concatenated must agree.
+      for (const std::string& state : states) {
+        const std::string path = absl::StrCat(dir, "/zero/", p.name, "/", state, ".pt");
+        UCP_ASSIGN_OR_RETURN(TensorPlan plan, base_->Full(base_->info().params[i], state));
+        UCP_ASSIGN_OR_RETURN(TensorPlan first, tp::SplitFull(stored, plan, tp_src, 0, 0, p.name),
+                             _.Prepend(absl::StrCat(path, ": ")));
+        for (int t = 1; t < tp_src; ++t) {
+          UCP_ASSIGN_OR_RETURN(TensorPlan other, tp::SplitFull(stored, plan, tp_src, t, 0, p.name));
+          UCP_ASSIGN_OR_RETURN(bool equal, TensorPlan::BitwiseEqual(first, other));
+          if (!equal) {
+            return absl::FailedPreconditionError(absl::StrCat(
+                path, ": param '", p.name, "' is replicated (", d.origin, ") but the ", tp_src,
+                " tp copies DeepSpeed concatenated on dim 0 differ in ", state));
+          }
+        }
+      }
+    }
+    if (!d.rule || same(*d.rule, stored)) {
+      if (d.rule) {
+        p.source = d.source;
+        p.origin = d.origin;
+      }
+      continue;
+    }
+    UCP_ASSIGN_OR_RETURN(std::vector<int64_t> slice, tp::SliceShapeFromFull(stored, p.full_shape, tp_src, 0, p.name),
+                         _.Prepend(absl::StrCat(dir, ": ")));
+    UCP_ASSIGN_OR_RETURN(std::vector<int64_t> full, tp::FullShapeFromSlice(*d.rule, slice, tp_src, p.name),
+                         _.Prepend(absl::StrCat(dir, ": ")));
+    if (d.rule->kind() == VOCAB) {
+      const int64_t v = d.rule->original_vocab_size() > 0 ? d.rule->original_vocab_size() : info_.original_vocab_size;
+      if (v > 0 && v <= full[0]) full[0] = v;
+      d.rule->set_original_vocab_size(v > 0 ? v : full[0]);
+    }
+    stored_rule_[i] = stored;
+    p.rule = *d.rule;
+    p.full_shape = full;
+    p.source = d.source;
+    p.origin = absl::StrCat(d.origin, "; re-merged from DeepSpeed's ", tp::DescribeRule(stored), " of the tp=", tp_src,
+                            " slices");
+  }
+  info_.Reindex();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<deepspeed::ModelState>> ReinterpretDeepSpeedUniversal(
+    std::unique_ptr<deepspeed::ModelState> universal, const pickle::Value& uc_info,
+    const RuleResolver::Options& options, const std::string& dir) {
+  auto s = std::make_unique<ReinterpretedState>(std::move(universal));
+  UCP_RETURN_IF_ERROR(s->Reinterpret(uc_info, options, dir));
+  return std::unique_ptr<deepspeed::ModelState>(std::move(s));
+}
+
+}  // namespace ucp::rules

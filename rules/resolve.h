@@ -1,0 +1,87 @@
+// Deciding every param's tp merge and turning a SlicedState (a checkpoint as
+// its tp ranks hold it) into a ModelState (full tensors), lazily.
+//
+// ResolveRules decides each param's MergeRule from the sources of rules.h in
+// order, then checks, before anything is written, what the rules assume of
+// the data:
+//   - a REPLICATED param's tp copies are bitwise equal in fp32 and every
+//     optimizer state (else an error naming the param and the largest
+//     difference, unless ReplicatedMismatch says otherwise);
+//   - a param tied across pipeline stages is bitwise equal in every stage;
+//   - params no source decides are settled by evidence or listed, all at
+//     once, in one error with the rule that would settle each.
+// The resulting state's `Full(param, state)` is a TensorPlan over the
+// source's slices (merge_tp_slices of ds_to_universal.py, without temp files).
+//
+// ReinterpretDeepSpeedUniversal does the same for a universal checkpoint that
+// DeepSpeed's ds_to_universal.py wrote without patterns: a tensor it
+// concatenated on dim 0 by default is read back as the source's tp slices and
+// re-merged by the rule a rule source (or the evidence of bitwise equal
+// copies) gives.
+//
+// Example:
+//   UCP_ASSIGN_OR_RETURN(auto sliced, readers::ZeroSlicedState::Make(ckpt, {}));
+//   UCP_ASSIGN_OR_RETURN(auto state, ResolveRules(std::move(sliced), ResolveOptions()));
+//   UCP_ASSIGN_OR_RETURN(tp::TensorPlan full, state->Full(state->info().params[0], "fp32"));
+#ifndef UCP_RULES_RESOLVE_H_
+#define UCP_RULES_RESOLVE_H_
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "deepspeed/model_state.h"
+#include "rules/rules.h"
+
+namespace ucp::rules {
+
+enum class ReplicatedMismatch { kError, kAverage, kFirst };
+
+struct ResolveOptions {
+  RuleResolver::Options rules;
+  ReplicatedMismatch replicated_mismatch = ReplicatedMismatch::kError;
+  int num_threads = 0;  // evidence is gathered in parallel; 0 = all cores
+};
+
+// A SlicedState with every param's rule decided.
+class ResolvedState : public deepspeed::ModelState {
+ public:
+  const deepspeed::ModelInfo& info() const override { return info_; }
+  absl::StatusOr<tp::TensorPlan> Full(const deepspeed::ParamState& param, const std::string& state) const override;
+  absl::StatusOr<deepspeed::FileValue> GroupScalar(int group, const std::string& key) const override {
+    return source_->GroupScalar(group, key);
+  }
+  absl::StatusOr<deepspeed::FileValue> OptimizerCommon() const override { return source_->OptimizerCommon(); }
+  deepspeed::FileValue ModelStatesRoot(int pp, int tp) const override { return source_->ModelStatesRoot(pp, tp); }
+  std::string ModelStatesPath(int pp, int tp) const override { return source_->ModelStatesPath(pp, tp); }
+
+  const deepspeed::SlicedState& source() const { return *source_; }
+  const RuleResolver& resolver() const { return resolver_; }
+
+ private:
+  friend absl::StatusOr<std::unique_ptr<ResolvedState>> ResolveRules(std::shared_ptr<const deepspeed::SlicedState>,
+                                                                     const ResolveOptions&);
+  ResolvedState() = default;
+  absl::Status Resolve(const ResolveOptions& options);
+
+  std::shared_ptr<const deepspeed::SlicedState> source_;
+  RuleResolver resolver_;
+  deepspeed::ModelInfo info_;
+};
+
+absl::StatusOr<std::unique_ptr<ResolvedState>> ResolveRules(std::shared_ptr<const deepspeed::SlicedState> source,
+                                                            const ResolveOptions& options);
+
+// A universal checkpoint written by DeepSpeed (rules from its files'
+// metadata) with the params it concatenated on dim 0 by default re-merged
+// where a rule source or the evidence knows better. `uc_info` is the model
+// states' universal_checkpoint_info; `dir` the universal folder (for messages).
+absl::StatusOr<std::unique_ptr<deepspeed::ModelState>> ReinterpretDeepSpeedUniversal(
+    std::unique_ptr<deepspeed::ModelState> universal, const pickle::Value& uc_info,
+    const RuleResolver::Options& options, const std::string& dir);
+
+}  // namespace ucp::rules
+
+#endif  // UCP_RULES_RESOLVE_H_

@@ -1,0 +1,417 @@
+#include "rules/rules.h"
+
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "deepspeed/universal_metadata.h"
+#include "format/pickle/accessors.h"
+#include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/text_format.h"
+
+namespace ucp::rules {
+namespace {
+
+using pickle::Kind;
+using pickle::Value;
+
+// Collects parser errors with their line numbers.
+class ErrorCollector : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, int column, const std::string& message) override {
+    absl::StrAppend(&errors_, errors_.empty() ? "" : "; ", "line ", line + 1, ":", column + 1, ": ", message);
+  }
+  const std::string& errors() const { return errors_; }
+
+ private:
+  std::string errors_;
+};
+
+// Built-in presets, as textproto so that `ucp rules --preset=NAME` prints
+// something a user can copy into a --rules file.
+constexpr char kGptNeoxPreset[] = R"pb(
+  # GPT-NeoX (EleutherAI/gpt-neox): PipelineModule names "<layer>.<module>.<param>",
+  # tied embeddings "tied_modules.embed.word_embeddings.weight", RMSNorm ".scale".
+  rule { pattern: ".*\\.input_layernorm\\.(weight|bias|scale)$" kind: REPLICATED }
+  rule { pattern: ".*\\.post_attention_layernorm\\.(weight|bias|scale)$" kind: REPLICATED }
+  rule { pattern: "(.*\\.)?norm\\.(weight|bias|scale)$" kind: REPLICATED comment: "final NormPipe" }
+  rule { pattern: ".*\\.attention\\.dense\\.bias$" kind: REPLICATED comment: "row-parallel bias" }
+  rule { pattern: ".*\\.mlp\\.dense_4h_to_h\\.bias$" kind: REPLICATED comment: "row-parallel bias" }
+  rule { pattern: ".*\\.mlp\\.linear2\\.bias$" kind: REPLICATED comment: "row-parallel bias (swiglu MLP)" }
+  rule { pattern: ".*\\.position_embeddings\\.weight$" kind: REPLICATED }
+  rule { pattern: ".*\\.rotary_emb\\.inv_freq$" kind: REPLICATED }
+  rule { pattern: ".*\\.attention\\.dense\\.weight$" kind: ROW }
+  rule { pattern: ".*\\.mlp\\.dense_4h_to_h\\.weight$" kind: ROW }
+  rule { pattern: ".*\\.mlp\\.linear2\\.weight$" kind: ROW }
+  rule { pattern: ".*\\.word_embeddings\\.weight$" kind: VOCAB }
+  rule { pattern: ".*\\.final_linear\\.weight$" kind: VOCAB }
+  rule { pattern: ".*\\.mlp\\.linear1\\.(weight|bias)$" kind: SUB_PARAMS num_sub_params: 2 cat_dim: 0 comment: "fused swiglu" }
+  rule { pattern: ".*\\.attention\\.query_key_value\\.(weight|bias)$" kind: COLUMN }
+  rule { pattern: ".*\\.mlp\\.dense_h_to_4h\\.(weight|bias)$" kind: COLUMN }
+)pb";
+
+constexpr char kMegatronDeepSpeedPreset[] = R"pb(
+  # Megatron-DeepSpeed (GPTModelPipe; GPT and Llama models) and Llama-style names
+  # (self_attn.q_proj, mlp.gate_proj, ...).
+  rule { pattern: ".*\\.input_layernorm\\.(weight|bias)$" kind: REPLICATED }
+  rule { pattern: ".*\\.post_attention_layernorm\\.(weight|bias)$" kind: REPLICATED }
+  rule { pattern: ".*\\.post_inter_attention_layernorm\\.(weight|bias)$" kind: REPLICATED }
+  rule { pattern: ".*word_embeddings\\.norm\\.(weight|bias)$" kind: REPLICATED }
+  rule { pattern: "(.*\\.)?final_layernorm\\.(weight|bias)$" kind: REPLICATED }
+  rule { pattern: "(.*\\.)?norm\\.(weight|bias)$" kind: REPLICATED comment: "final RMSNorm (Llama)" }
+  rule { pattern: "\\d+\\.(weight|bias)$" kind: REPLICATED comment: "final LayerNorm of GPTModelPipe" }
+  rule { pattern: ".*\\.self_attention\\.dense\\.bias$" kind: REPLICATED comment: "row-parallel bias" }
+  rule { pattern: ".*\\.mlp\\.dense_4h_to_h\\.bias$" kind: REPLICATED comment: "row-parallel bias" }
+  rule { pattern: ".*\\.self_attn\\.o_proj\\.bias$" kind: REPLICATED }
+  rule { pattern: ".*\\.mlp\\.down_proj\\.bias$" kind: REPLICATED }
+  rule { pattern: ".*\\.position_embeddings\\.weight$" kind: REPLICATED }
+  rule { pattern: ".*\\.rotary_emb\\.inv_freq$" kind: REPLICATED }
+  rule { pattern: ".*\\.self_attention\\.dense\\.weight$" kind: ROW }
+  rule { pattern: ".*\\.mlp\\.dense_4h_to_h\\.weight$" kind: ROW }
+  rule { pattern: ".*\\.self_attn\\.o_proj\\.weight$" kind: ROW }
+  rule { pattern: ".*\\.mlp\\.down_proj\\.weight$" kind: ROW }
+  rule { pattern: ".*word_embeddings\\.weight$" kind: VOCAB }
+  rule { pattern: ".*embed_tokens\\.weight$" kind: VOCAB }
+  rule { pattern: "(.*\\.)?lm_head\\.weight$" kind: VOCAB }
+  rule { pattern: ".*\\.self_attention\\.query_key_value\\.(weight|bias)$" kind: COLUMN }
+  rule { pattern: ".*\\.self_attention\\.(query|key_value)\\.(weight|bias)$" kind: COLUMN }
+  rule { pattern: ".*\\.mlp\\.dense_h_to_4h\\.(weight|bias)$" kind: COLUMN comment: "SUB_PARAMS(2) when args.swiglu" }
+  rule { pattern: ".*\\.self_attn\\.(q_proj|k_proj|v_proj)\\.(weight|bias)$" kind: COLUMN }
+  rule { pattern: ".*\\.mlp\\.(gate_proj|up_proj)\\.(weight|bias)$" kind: COLUMN }
+)pb";
+
+constexpr char kBloomPreset[] = R"pb(
+  # BigScience BLOOM (Megatron-DeepSpeed fork): layer norms drift apart across
+  # tp ranks in bf16 training, so they are averaged, as BLOOM's own universal
+  # conversion does.
+  rule { pattern: ".*\\.input_layernorm\\.(weight|bias)$" kind: AVERAGE }
+  rule { pattern: ".*\\.post_attention_layernorm\\.(weight|bias)$" kind: AVERAGE }
+  rule { pattern: ".*word_embeddings\\.norm\\.(weight|bias)$" kind: AVERAGE }
+  rule { pattern: "\\d+\\.(weight|bias)$" kind: AVERAGE comment: "final LayerNorm" }
+  rule { pattern: ".*\\.self_attention\\.dense\\.bias$" kind: REPLICATED }
+  rule { pattern: ".*\\.mlp\\.dense_4h_to_h\\.bias$" kind: REPLICATED }
+  rule { pattern: ".*\\.self_attention\\.dense\\.weight$" kind: ROW }
+  rule { pattern: ".*\\.mlp\\.dense_4h_to_h\\.weight$" kind: ROW }
+  rule { pattern: ".*word_embeddings\\.weight$" kind: VOCAB }
+  rule { pattern: ".*\\.self_attention\\.query_key_value\\.(weight|bias)$" kind: COLUMN }
+  rule { pattern: ".*\\.mlp\\.dense_h_to_4h\\.(weight|bias)$" kind: COLUMN }
+)pb";
+
+const std::map<std::string, const char*>& Presets() {
+  static const auto* presets = new std::map<std::string, const char*>{
+      {"gpt-neox", kGptNeoxPreset},
+      {"megatron-deepspeed", kMegatronDeepSpeedPreset},
+      {"bloom", kBloomPreset},
+  };
+  return *presets;
+}
+
+std::vector<std::string> StringsOf(const Value* v) {
+  std::vector<std::string> out;
+  if (v == nullptr || !(v->is(Kind::kList) || v->is(Kind::kTuple))) return out;
+  for (const auto& item : v->items()) {
+    if (item->is(Kind::kStr)) out.push_back(item->str());
+  }
+  return out;
+}
+
+// The Python `re` syntax DeepSpeed users write that ECMAScript lacks.
+absl::Status CheckPortablePattern(const std::string& pattern) {
+  if (absl::StrContains(pattern, "(?P") || absl::StrContains(pattern, "(?<") ||
+      absl::StrContains(pattern, "\\A") || absl::StrContains(pattern, "\\Z")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pattern '", pattern, "' uses Python-only regex syntax ((?P<..>), (?<..), \\A, \\Z); rewrite it"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string RuleSourceName(RuleSource source) {
+  switch (source) {
+    case RULE_FILE: return "rules file";
+    case CHECKPOINT_INFO: return "checkpoint patterns";
+    case PRESET: return "preset";
+    case EVIDENCE: return "evidence";
+    case UNIVERSAL_METADATA: return "universal metadata";
+    default: return "none";
+  }
+}
+
+absl::StatusOr<RuleSet> RuleSet::Compile(const MergeRules& rules, RuleSource source, std::string label) {
+  RuleSet set;
+  set.rules_ = rules;
+  set.source_ = source;
+  set.label_ = std::move(label);
+  for (int i = 0; i < rules.rule_size(); ++i) {
+    const MergeRule& r = rules.rule(i);
+    UCP_RETURN_IF_ERROR(Annotate(CheckPortablePattern(r.pattern()), absl::StrCat(set.label_, ": rule ", i, ": ")));
+    if (r.kind() == MERGE_KIND_UNSPECIFIED) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(set.label_, ": rule ", i, " (pattern '", r.pattern(), "') has no kind"));
+    }
+    try {
+      set.compiled_.push_back(std::make_shared<const std::regex>(r.pattern(), std::regex::ECMAScript));
+    } catch (const std::regex_error& e) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(set.label_, ": rule ", i, ": bad pattern '", r.pattern(), "': ", e.what()));
+    }
+  }
+  return set;
+}
+
+int RuleSet::MatchIndex(absl::string_view name) const {
+  for (size_t i = 0; i < compiled_.size(); ++i) {
+    std::match_results<absl::string_view::const_iterator> m;
+    if (std::regex_search(name.begin(), name.end(), m, *compiled_[i], std::regex_constants::match_continuous)) {
+      return static_cast<int>(i);
+    }
+  }
+  return -1;
+}
+
+const MergeRule* RuleSet::Match(absl::string_view name) const {
+  const int i = MatchIndex(name);
+  return i < 0 ? nullptr : &rules_.rule(i);
+}
+
+absl::StatusOr<MergeRules> ParseRulesText(const std::string& text, const std::string& name) {
+  MergeRules rules;
+  google::protobuf::TextFormat::Parser parser;
+  ErrorCollector errors;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.ParseFromString(text, &rules)) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": not a MergeRules textproto: ", errors.errors()));
+  }
+  return rules;
+}
+
+absl::StatusOr<MergeRules> ReadRulesFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot read rules file"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ParseRulesText(ss.str(), path);
+}
+
+absl::StatusOr<CheckpointInfoRules> RulesFromCheckpointInfo(const Value& uc) {
+  CheckpointInfoRules out;
+  if (!uc.is(Kind::kDict)) return out;
+  // The pattern lists are a declaration even when empty (Megatron-DeepSpeed
+  // stores every list; an empty one says no param is of that kind). GPT-NeoX
+  // stores {}: no declaration at all.
+  for (const char* key : {"tp_replicated_parameter_patterns", "parameter_to_average_patterns",
+                          "parameter_with_2_sub_params_cat_dim_0", "parameter_with_sub_params",
+                          "vocabulary_parameter_patterns", "parameter_with_row_parallelism_patterns"}) {
+    const Value* v = uc.DictGet(key);
+    if (v != nullptr && (v->is(Kind::kList) || v->is(Kind::kTuple))) out.has_patterns = true;
+  }
+  auto add = [&](const char* key, MergeKind kind, int n_sub = 0) {
+    for (const auto& p : StringsOf(uc.DictGet(key))) {
+      MergeRule* r = out.rules.add_rule();
+      r->set_pattern(p);
+      r->set_kind(kind);
+      if (n_sub > 0) {
+        r->set_num_sub_params(n_sub);
+        r->set_cat_dim(0);
+      }
+      r->set_comment(key);
+      out.has_patterns = true;
+    }
+  };
+  // merge_tp_slices's precedence: replicated, average, 2 sub-params,
+  // sub-param shapes, then cat (vocab strip applies to cat on dim 0, row
+  // parallel cats on dim 1).
+  add("tp_replicated_parameter_patterns", REPLICATED);
+  add("parameter_to_average_patterns", AVERAGE);
+  add("parameter_with_2_sub_params_cat_dim_0", SUB_PARAMS, 2);
+  if (const Value* subs = uc.DictGet("parameter_with_sub_params");
+      subs != nullptr && (subs->is(Kind::kList) || subs->is(Kind::kTuple))) {
+    for (const auto& s : subs->items()) {
+      UCP_ASSIGN_OR_RETURN(
+          SubParamShape shape,
+          deepspeed::ParseSubparamShape(*s, "universal_checkpoint_info.parameter_with_sub_params", /*default=*/0));
+      const Value* d = deepspeed::SubparamShapeFields(*s);
+      for (const auto& p : StringsOf(d->DictGet("patterns"))) {
+        MergeRule* r = out.rules.add_rule();
+        r->set_pattern(p);
+        r->set_kind(SUB_PARAMS);
+        *r->mutable_sub_param_shape() = shape;
+        r->set_comment("parameter_with_sub_params");
+        out.has_patterns = true;
+      }
+    }
+  }
+  add("vocabulary_parameter_patterns", VOCAB);
+  add("parameter_with_row_parallelism_patterns", ROW);
+  out.pipeline_replicated = StringsOf(uc.DictGet("pipeline_replicated_parameter_patterns"));
+  if (const Value* v = uc.DictGet("original_vocab_size"); v != nullptr && v->is(Kind::kInt)) {
+    out.rules.set_original_vocab_size(v->int_value());
+  }
+  return out;
+}
+
+std::vector<std::string> PresetNames() {
+  std::vector<std::string> names;
+  for (const auto& [name, text] : Presets()) names.push_back(name);
+  return names;
+}
+
+absl::StatusOr<MergeRules> PresetRules(absl::string_view preset) {
+  auto it = Presets().find(std::string(preset));
+  if (it == Presets().end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown preset '", preset, "' (gpt-neox, megatron-deepspeed, bloom)"));
+  }
+  return ParseRulesText(it->second, absl::StrCat("preset ", preset));
+}
+
+std::optional<std::string> DetectPreset(const std::vector<std::string>& names) {
+  if (names.empty()) return std::nullopt;
+  std::map<std::string, size_t> score;
+  for (const auto& [preset, text] : Presets()) {
+    auto rules = PresetRules(preset);
+    if (!rules.ok()) continue;
+    auto set = RuleSet::Compile(*rules, PRESET, preset);
+    if (!set.ok()) continue;
+    for (const auto& n : names) {
+      if (set->Match(n) != nullptr) ++score[preset];
+    }
+  }
+  // BLOOM and Megatron-DeepSpeed share module names; BLOOM alone has an
+  // embedding layer norm.
+  bool bloom_marker = false;
+  for (const auto& n : names) bloom_marker |= absl::StrContains(n, "word_embeddings.norm.");
+  if (!bloom_marker) score.erase("bloom");
+  std::string best;
+  size_t best_score = 0;
+  bool tie = false;
+  for (const auto& [preset, s] : score) {
+    if (s > best_score) {
+      best = preset;
+      best_score = s;
+      tie = false;
+    } else if (s == best_score && s > 0) {
+      tie = true;
+    }
+  }
+  if (bloom_marker && score["bloom"] == best_score) {
+    best = "bloom";
+    tie = false;
+  }
+  if (best.empty() || tie || best_score * 2 < names.size()) return std::nullopt;
+  return best;
+}
+
+absl::StatusOr<RuleResolver> RuleResolver::Make(const Options& options, const Value& uc_info,
+                                                const std::vector<std::string>& names) {
+  RuleResolver r;
+  r.default_kind_ = options.default_kind;
+  if (!options.rules_file.empty()) {
+    UCP_ASSIGN_OR_RETURN(MergeRules rules, ReadRulesFile(options.rules_file));
+    UCP_ASSIGN_OR_RETURN(RuleSet set, RuleSet::Compile(rules, RULE_FILE, options.rules_file));
+    if (rules.original_vocab_size() > 0) r.original_vocab_size_ = rules.original_vocab_size();
+    r.sets_.push_back(std::move(set));
+  }
+  UCP_ASSIGN_OR_RETURN(CheckpointInfoRules info, RulesFromCheckpointInfo(uc_info));
+  r.checkpoint_has_patterns_ = info.has_patterns;
+  r.pipeline_replicated_ = info.pipeline_replicated;
+  if (r.original_vocab_size_ == 0 && info.rules.original_vocab_size() > 0) {
+    r.original_vocab_size_ = info.rules.original_vocab_size();
+  }
+  if (info.has_patterns) {
+    UCP_ASSIGN_OR_RETURN(RuleSet set,
+                         RuleSet::Compile(info.rules, CHECKPOINT_INFO, "universal_checkpoint_info"));
+    r.sets_.push_back(std::move(set));
+  }
+  if (options.preset != "none") {
+    std::string preset = options.preset;
+    if (preset.empty()) {
+      if (auto detected = DetectPreset(names)) {
+        preset = *detected;
+        r.preset_detected_ = true;
+      }
+    }
+    if (!preset.empty()) {
+      UCP_ASSIGN_OR_RETURN(MergeRules rules, PresetRules(preset));
+      UCP_ASSIGN_OR_RETURN(RuleSet set, RuleSet::Compile(rules, PRESET, absl::StrCat("preset ", preset)));
+      r.sets_.push_back(std::move(set));
+      r.preset_ = preset;
+    }
+  }
+  if (options.original_vocab_size > 0) r.original_vocab_size_ = options.original_vocab_size;
+  return r;
+}
+
+RuleDecision RuleResolver::Decide(absl::string_view name) const {
+  RuleDecision d;
+  for (const RuleSet& set : sets_) {
+    const int i = set.MatchIndex(name);
+    if (i < 0) continue;
+    MergeRule rule = set.rules().rule(i);
+    d.source = set.source();
+    d.origin = absl::StrCat(set.label(), ": '", rule.pattern(), "'");
+    // A vocab param whose original size is unknown keeps its padding: it is
+    // then an ordinary column-parallel concatenation, as DeepSpeed writes it.
+    if (rule.kind() == VOCAB && rule.original_vocab_size() == 0 && original_vocab_size_ == 0) {
+      rule.set_kind(COLUMN);
+      absl::StrAppend(&d.origin, " (vocab size unknown: cat on dim 0, padding kept)");
+    } else if (rule.kind() == VOCAB && rule.original_vocab_size() == 0) {
+      rule.set_original_vocab_size(original_vocab_size_);
+    }
+    d.rule = std::move(rule);
+    return d;
+  }
+  return d;
+}
+
+RuleDecision RuleResolver::DecideWithoutRules(absl::string_view name, std::optional<bool> copies_equal) const {
+  RuleDecision d;
+  // A checkpoint that declares DeepSpeed's patterns says how every name they
+  // do not match merges: cat on dim 0. Evidence must not overrule that: a
+  // column-parallel param whose tp slices happen to be equal (zero-initialized
+  // biases, frozen params) would otherwise be merged as replicated, and the
+  // universal checkpoint would depend on the source's tp.
+  if (checkpoint_has_patterns_) {
+    MergeRule rule;
+    rule.set_pattern(std::string(name));
+    rule.set_kind(COLUMN);
+    d.rule = rule;
+    d.source = CHECKPOINT_INFO;
+    d.origin = "no checkpoint pattern matches: DeepSpeed's default, cat on dim 0";
+    return d;
+  }
+  if (copies_equal.has_value() && *copies_equal) {
+    MergeRule rule;
+    rule.set_pattern(std::string(name));
+    rule.set_kind(REPLICATED);
+    d.rule = rule;
+    d.source = EVIDENCE;
+    d.origin = "tp copies are bitwise equal in every optimizer state";
+    return d;
+  }
+  if (default_kind_ != MERGE_KIND_UNSPECIFIED) {
+    MergeRule rule;
+    rule.set_pattern(std::string(name));
+    rule.set_kind(default_kind_);
+    d.rule = rule;
+    d.source = RULE_FILE;
+    d.origin = "--default_kind";
+    return d;
+  }
+  return d;
+}
+
+MergeRules RuleResolver::EffectiveRules() const {
+  MergeRules out;
+  for (const RuleSet& set : sets_) {
+    for (const auto& r : set.rules().rule()) *out.add_rule() = r;
+  }
+  out.set_original_vocab_size(original_vocab_size_);
+  return out;
+}
+
+}  // namespace ucp::rules

@@ -1,0 +1,130 @@
+// Deciding, per parameter, how its tp slices merge.
+//
+// Sources, in order; within a source the first matching rule wins:
+//   1. RULE_FILE        --rules=FILE (a MergeRules textproto)
+//   2. CHECKPOINT_INFO  the checkpoint's `universal_checkpoint_info` patterns,
+//                       in DeepSpeed's precedence (replicated, average,
+//                       2 sub-params, sub-param shapes, vocab, row)
+//   3. PRESET           --preset, or the preset detected from the names:
+//                       gpt-neox, megatron-deepspeed (GPT and Llama naming),
+//                       bloom
+//   4. CHECKPOINT_INFO  when the checkpoint declares DeepSpeed's pattern lists
+//                       (even empty ones), DeepSpeed's default for an
+//                       unmatched name (cat on dim 0), as
+//                       ds_to_universal.py:merge_tp_slices does
+//   5. EVIDENCE         tp == 1 leaves nothing to merge for the tensor itself;
+//                       tp copies bitwise equal in fp32, exp_avg and
+//                       exp_avg_sq -> replicated (for checkpoints that declare
+//                       nothing, e.g. GPT-NeoX's {})
+// A param no source settles is ambiguous: the conversion stops with a list of
+// every such param and the rule that would settle it.
+//
+// Patterns use Python `re.match` semantics (anchored at the start only), as
+// DeepSpeed applies them.
+#ifndef UCP_RULES_RULES_H_
+#define UCP_RULES_RULES_H_
+
+#include <memory>
+#include <optional>
+#include <regex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "absl/status/statusor.h"
+#include "format/pickle/value.h"
+#include "proto/ucp.pb.h"
+
+namespace ucp::rules {
+
+// A MergeRules list with compiled patterns.
+class RuleSet {
+ public:
+  static absl::StatusOr<RuleSet> Compile(const MergeRules& rules, RuleSource source, std::string origin_label);
+  // The first rule whose pattern matches `name` at its start, or null.
+  const MergeRule* Match(absl::string_view name) const;
+  // Index of the matching rule, -1 if none.
+  int MatchIndex(absl::string_view name) const;
+  const MergeRules& rules() const { return rules_; }
+  RuleSource source() const { return source_; }
+  const std::string& label() const { return label_; }
+  bool empty() const { return rules_.rule_size() == 0; }
+
+ private:
+  MergeRules rules_;
+  RuleSource source_ = RULE_SOURCE_UNSPECIFIED;
+  std::string label_;
+  std::vector<std::shared_ptr<const std::regex>> compiled_;
+};
+
+// Reads a MergeRules textproto (kInvalidArgument with the parser's message).
+absl::StatusOr<MergeRules> ReadRulesFile(const std::string& path);
+absl::StatusOr<MergeRules> ParseRulesText(const std::string& text, const std::string& name);
+
+// DeepSpeed's universal_checkpoint_info patterns as rules, in the precedence
+// of merge_tp_slices. `has_patterns` tells whether the dict declares any
+// pattern list (an empty list counts: it declares no param of that kind).
+struct CheckpointInfoRules {
+  MergeRules rules;
+  bool has_patterns = false;
+  std::vector<std::string> pipeline_replicated;  // tied params, informational
+};
+absl::StatusOr<CheckpointInfoRules> RulesFromCheckpointInfo(const pickle::Value& uc_info);
+
+// Built-in presets.
+std::vector<std::string> PresetNames();
+absl::StatusOr<MergeRules> PresetRules(absl::string_view preset);
+// The preset whose patterns match the most of `names` (at least half of
+// them and more than any other), or nullopt.
+std::optional<std::string> DetectPreset(const std::vector<std::string>& names);
+
+// The decision for one param.
+struct RuleDecision {
+  std::optional<MergeRule> rule;  // unset: needs evidence or is ambiguous
+  RuleSource source = RULE_SOURCE_UNSPECIFIED;
+  std::string origin;
+};
+
+// The resolver: sources 1-3 (and 5 as a fallback), evidence supplied by the caller.
+class RuleResolver {
+ public:
+  struct Options {
+    std::string rules_file;  // --rules
+    std::string preset;      // --preset ("" = detect, "none" = no preset)
+    // Used when nothing else decides (--default_kind); UNSPECIFIED = error.
+    MergeKind default_kind = MERGE_KIND_UNSPECIFIED;
+    int64_t original_vocab_size = 0;  // 0 = from the checkpoint info if any
+  };
+  static absl::StatusOr<RuleResolver> Make(const Options& options, const pickle::Value& uc_info,
+                                           const std::vector<std::string>& names);
+
+  // Sources 1-3 only.
+  RuleDecision Decide(absl::string_view name) const;
+  // What decides a param that sources 1-3 left open (sources 4, 5 and
+  // --default_kind), given whether its tp copies are bitwise equal (nullopt
+  // when tp == 1: no evidence).
+  RuleDecision DecideWithoutRules(absl::string_view name, std::optional<bool> copies_equal) const;
+
+  const std::string& preset() const { return preset_; }
+  bool preset_detected() const { return preset_detected_; }
+  int64_t original_vocab_size() const { return original_vocab_size_; }
+  const std::vector<std::string>& pipeline_replicated() const { return pipeline_replicated_; }
+  // The rules in effect, for the manifest.
+  MergeRules EffectiveRules() const;
+
+ private:
+  std::vector<RuleSet> sets_;
+  bool checkpoint_has_patterns_ = false;
+  MergeKind default_kind_ = MERGE_KIND_UNSPECIFIED;
+  std::string preset_;
+  bool preset_detected_ = false;
+  int64_t original_vocab_size_ = 0;
+  std::vector<std::string> pipeline_replicated_;
+};
+
+std::string RuleSourceName(RuleSource source);
+
+}  // namespace ucp::rules
+
+#endif  // UCP_RULES_RULES_H_

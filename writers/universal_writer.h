@@ -1,0 +1,58 @@
+// Writes a ModelState as DeepSpeed's universal checkpoint, exactly the layout
+// deepspeed/checkpoint/ds_to_universal.py writes and
+// universal_checkpoint.py:load_hp_checkpoint_state reads:
+//
+//   <output>/mp_rank_XX_model_states.pt      byte-identical copies of the source's
+//   <output>/zero/optimizer_state.pt         optimizer state minus the sharded parts, + param_groups
+//   <output>/zero/<param>/fp32.pt            {['cat_dim'], ['vocab_tensor'], ['param_n_sub_params'],
+//   <output>/zero/<param>/exp_avg.pt          ['sub_param_shape'], 'param': full tensor}
+//   <output>/zero/<param>/exp_avg_sq.pt       (keys in DeepSpeed's order, per merge kind)
+//   <output>/zero/<param>/step.pt            the group's step (a 0-dim tensor or a number)
+//   <root>/latest_universal                  the output folder's name, written last
+// plus ucp's own additions, which stock DeepSpeed ignores:
+//   <output>/ucp_module/<name>.pt            frozen params and buffers (full lp tensors)
+//   <output>/ucp_manifest.textproto          source topology, each param's rule and its
+//                                            source, sha256 of every file
+//
+// The output is written into a staging folder beside the target and renamed
+// into place when complete; `latest_universal` follows. One param is one unit
+// of work (its own files only), spread over `num_threads` threads.
+#ifndef UCP_WRITERS_UNIVERSAL_WRITER_H_
+#define UCP_WRITERS_UNIVERSAL_WRITER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "deepspeed/model_state.h"
+#include "format/pickle/value.h"
+#include "proto/ucp.pb.h"
+#include "tp/tensor_plan.h"
+
+namespace ucp::writers {
+
+struct UniversalWriteOptions {
+  int num_threads = 0;  // 0 = all cores
+  bool overwrite = false;
+  bool keep_temp_folder = false;  // keep the staging folder on failure
+  bool write_latest = true;       // <root>/latest_universal
+  // Called after each param with (done, total); may be empty.
+  std::function<void(size_t, size_t)> progress;
+  std::string source_folder;  // for the manifest
+  MergeRules rules;           // for the manifest
+};
+
+struct WriteStats {
+  int64_t files = 0;
+  int64_t bytes = 0;
+  int64_t params = 0;
+};
+
+absl::StatusOr<WriteStats> WriteUniversal(const deepspeed::ModelState& state, const std::string& output_folder,
+                                          const UniversalWriteOptions& options);
+
+}  // namespace ucp::writers
+
+#endif  // UCP_WRITERS_UNIVERSAL_WRITER_H_

@@ -1,0 +1,613 @@
+#include "writers/zero_writer.h"
+
+#include <algorithm>
+#include <atomic>
+#include <set>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/fs.h"
+#include "base/parallel.h"
+#include "base/status_macros.h"
+#include "deepspeed/checkpoint_files.h"
+#include "deepspeed/tree_copy.h"
+#include "format/pickle/accessors.h"
+#include "tp/merge.h"
+#include "tp/plan_io.h"
+
+namespace ucp::writers {
+namespace {
+
+using deepspeed::ModelInfo;
+using deepspeed::ParamState;
+using deepspeed::TensorRole;
+using pickle::Kind;
+using pickle::Value;
+using pickle::ValuePtr;
+using tp::TensorPlan;
+
+int64_t Numel(const std::vector<int64_t>& s) {
+  int64_t n = 1;
+  for (int64_t x : s) n *= x;
+  return n;
+}
+
+bool ContainsLayer(const ParamState& p, int layer) {
+  if (!p.tied_layers.empty()) {
+    return std::find(p.tied_layers.begin(), p.tied_layers.end(), layer) != p.tied_layers.end();
+  }
+  return p.layer == layer;
+}
+
+// The layers a param lives in.
+std::vector<int> LayersOf(const ParamState& p) {
+  if (!p.tied_layers.empty()) return p.tied_layers;
+  return {p.layer};
+}
+
+}  // namespace
+
+std::string GuessLayerTypeName(const std::vector<std::string>& local_names) {
+  bool attention = false, mlp = false, embed = false, norm = false, head = false;
+  for (const auto& n : local_names) {
+    attention |= absl::StrContains(n, "attention") || absl::StrContains(n, "self_attn");
+    mlp |= absl::StrContains(n, "mlp");
+    embed |= absl::StrContains(n, "embed");
+    norm |= absl::StrContains(n, "norm");
+    head |= absl::StrContains(n, "final_linear") || absl::StrContains(n, "lm_head");
+  }
+  if (attention || mlp) return "ParallelTransformerLayerPipe";
+  if (embed) return "EmbeddingPipe";
+  if (head) return "ParallelLinearPipe";
+  if (norm) return "NormPipe";
+  return local_names.empty() ? "function" : "Layer";
+}
+
+absl::StatusOr<TargetLayout> PlanTarget(const ModelInfo& info, const ZeroWriteOptions& options) {
+  TargetLayout out;
+  out.topo = options.target;
+  UCP_RETURN_IF_ERROR(out.topo.Validate());
+  const int tp = out.topo.tp;
+  const int pp = out.topo.pp;
+  out.zero_stage = options.zero_stage > 0 ? options.zero_stage : info.zero_stage;
+  if (out.zero_stage != 1 && out.zero_stage != 2) {
+    return absl::InvalidArgumentError(absl::StrCat("ZeRO stage ", out.zero_stage, ": ucp writes stages 1 and 2"));
+  }
+  if (info.optimizer_kind == deepspeed::OptimizerKind::kBf16 && out.zero_stage != 1) {
+    return absl::InvalidArgumentError("the bf16 optimizer (BF16_Optimizer) partitions like ZeRO stage 1 only");
+  }
+  if (info.pipeline && out.zero_stage == 2) {
+    return absl::InvalidArgumentError("ZeRO stage 2 cannot run under a PipelineModule (DeepSpeed refuses it)");
+  }
+  if (!info.pipeline && pp > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pp=", pp, ": the source is a plain nn.Module, not a PipelineModule, so it has no layers to "
+                     "split into pipeline stages"));
+  }
+  const int64_t divisible_by =
+      options.make_vocab_size_divisible_by > 0 ? options.make_vocab_size_divisible_by : info.make_vocab_size_divisible_by;
+
+  // Slice shapes at the target tp.
+  const size_t n = info.params.size();
+  out.slice_shapes.resize(n);
+  out.padded_rows.assign(n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    const ParamState& p = info.params[i];
+    if (p.rule.kind() == VOCAB) {
+      if (divisible_by <= 0) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "param '", p.name, "' is a vocabulary tensor of ", p.full_shape.empty() ? 0 : p.full_shape[0],
+            " rows whose padding depends on tp: pass --make_vocab_size_divisible_by (Megatron's default is 128)"));
+      }
+      out.padded_rows[i] = tp::PaddedVocabSize(p.full_shape[0], divisible_by, tp);
+    }
+    UCP_ASSIGN_OR_RETURN(out.slice_shapes[i],
+                         tp::SliceShapeFromFull(p.rule, p.full_shape, tp, out.padded_rows[i], p.name),
+                         _.Prepend(absl::StrCat("target tp=", tp, ": ")));
+  }
+
+  // Pipeline stages.
+  std::vector<int> stage_of_layer;
+  if (info.pipeline) {
+    const int num_layers = options.num_layers > 0 ? options.num_layers : info.num_layers;
+    int max_layer = -1;
+    for (const auto& p : info.params) {
+      for (int l : LayersOf(p)) max_layer = std::max(max_layer, l);
+    }
+    for (int l : info.module_layers) max_layer = std::max(max_layer, l);
+    if (num_layers <= max_layer) {
+      return absl::InvalidArgumentError(absl::StrCat("--num_layers=", num_layers, " but layer ", max_layer,
+                                                     " holds tensors"));
+    }
+    std::vector<deepspeed::PipelineLayerInfo> layers(num_layers);
+    std::vector<std::vector<std::string>> local_names(num_layers);
+    for (size_t i = 0; i < n; ++i) {
+      const ParamState& p = info.params[i];
+      if (p.layer < 0 && p.tied_layers.empty()) {
+        if (!p.tied_key.empty()) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "param '", p.name, "' belongs to tied module '", p.tied_key,
+              "' whose pipeline layers the source does not record (a universal checkpoint written by DeepSpeed): "
+              "reshard from the ZeRO checkpoint, or convert it with `ucp convert` first"));
+        }
+        return absl::InvalidArgumentError(
+            absl::StrCat("param '", p.name, "' has no pipeline layer index (expected '<layer>.<name>')"));
+      }
+      for (int l : LayersOf(p)) {
+        if (p.trainable()) layers[l].trainable_numel += Numel(out.slice_shapes[i]);
+        local_names[l].push_back(p.local_name);
+      }
+    }
+    for (int l = 0; l < num_layers; ++l) {
+      auto it = options.layer_types.find(l);
+      layers[l].type_name = it != options.layer_types.end() ? it->second : GuessLayerTypeName(local_names[l]);
+    }
+    out.partition_method = !options.partition_method.empty()      ? options.partition_method
+                           : !info.partition_method.empty() ? info.partition_method
+                                                             : "parameters";
+    UCP_ASSIGN_OR_RETURN(out.parts, deepspeed::PartitionLayers(layers, pp, out.partition_method));
+    stage_of_layer.assign(num_layers, 0);
+    for (int s = 0; s < pp; ++s) {
+      for (int l = out.parts[s]; l < out.parts[s + 1]; ++l) stage_of_layer[l] = s;
+    }
+  }
+  auto stages_of = [&](const ParamState& p) {
+    std::set<int> s;
+    if (!info.pipeline) {
+      s.insert(0);
+    } else {
+      for (int l : LayersOf(p)) s.insert(stage_of_layer[l]);
+    }
+    return s;
+  };
+  out.stage_groups.assign(pp, std::vector<std::vector<int>>(info.num_groups));
+  out.stage_module_params.assign(pp, {});
+  for (size_t i = 0; i < n; ++i) {
+    const ParamState& p = info.params[i];
+    for (int s : stages_of(p)) {
+      if (p.trainable()) {
+        if (p.group < 0 || p.group >= info.num_groups) {
+          return absl::InvalidArgumentError(absl::StrCat("param '", p.name, "' has group ", p.group, " of ",
+                                                         info.num_groups));
+        }
+        out.stage_groups[s][p.group].push_back(static_cast<int>(i));
+      } else {
+        out.stage_module_params[s].push_back(static_cast<int>(i));
+      }
+    }
+  }
+  // DeepSpeed 0.14.4 drops a param group with no params on a stage
+  // (engine._configure_optimizer), so that stage's files would number their
+  // groups differently from the others'; one group list per checkpoint cannot
+  // say that, and ZeRO cannot flatten an empty group either.
+  for (int s = 0; s < pp; ++s) {
+    for (int g = 0; g < info.num_groups; ++g) {
+      if (out.stage_groups[s][g].empty()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "pipeline stage ", s, " of pp=", pp, " (", out.partition_method.empty() ? "" : out.partition_method,
+            " partitioning) holds no params of optimizer group ", g, " of ", info.num_groups,
+            ": DeepSpeed would drop that group on this stage only; choose another pp or partition method"));
+      }
+    }
+  }
+  out.layouts.assign(pp, {});
+  for (int s = 0; s < pp; ++s) {
+    for (int g = 0; g < info.num_groups; ++g) {
+      std::vector<int64_t> numels;
+      for (int i : out.stage_groups[s][g]) numels.push_back(Numel(out.slice_shapes[i]));
+      out.layouts[s].push_back(deepspeed::ZeroGroupLayout::Make(std::move(numels), out.topo.dp));
+    }
+  }
+  // Layer files and their keys in file order.
+  if (info.pipeline) {
+    std::vector<int> module_layers = info.module_layers;
+    // A tied module's other layers may be functions (a TiedLayerSpec with a
+    // forward_fn has no file); the layers of other params are modules.
+    for (const auto& p : info.params) {
+      if (!p.tied_layers.empty()) continue;
+      for (int l : LayersOf(p)) {
+        if (std::find(module_layers.begin(), module_layers.end(), l) == module_layers.end()) module_layers.push_back(l);
+      }
+    }
+    std::sort(module_layers.begin(), module_layers.end());
+    for (int l : module_layers) {
+      std::vector<int> keys;
+      if (!info.module_order.empty()) {
+        for (const auto& k : info.module_order) {
+          if (k.layer != l) continue;
+          const int i = info.IndexOf(k.name);
+          if (i < 0) return absl::InvalidArgumentError(absl::StrCat("module key '", k.name, "' is not a known tensor"));
+          keys.push_back(i);
+        }
+      }
+      // Tensors the recorded order misses (or all of them when none is recorded).
+      for (size_t i = 0; i < n; ++i) {
+        if (ContainsLayer(info.params[i], l) && std::find(keys.begin(), keys.end(), static_cast<int>(i)) == keys.end()) {
+          keys.push_back(static_cast<int>(i));
+        }
+      }
+      out.layer_files.emplace_back(l, std::move(keys));
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<TensorPlan> TargetSlice(const deepspeed::ModelState& state, const TargetLayout& layout,
+                                       int param_index, const std::string& state_name, int rank) {
+  const ParamState& p = state.info().params[param_index];
+  UCP_ASSIGN_OR_RETURN(TensorPlan full, state.Full(p, state_name));
+  if (full.shape() != p.full_shape) {
+    return absl::InvalidArgumentError(absl::StrCat("param '", p.name, "' ", state_name, ": full shape ",
+                                                   torch::ShapeString(full.shape()), " differs from ",
+                                                   torch::ShapeString(p.full_shape)));
+  }
+  UCP_ASSIGN_OR_RETURN(TensorPlan slice,
+                       tp::SplitFull(p.rule, full, layout.topo.tp, rank, layout.padded_rows[param_index], p.name));
+  return slice.Reshape(layout.slice_shapes[param_index]);
+}
+
+namespace {
+
+// Writes one target checkpoint; each Write* method is one output file.
+class Writer {
+ public:
+  Writer(const deepspeed::ModelState& state, const TargetLayout& layout, const std::string& dir, int threads)
+      : state_(state), info_(state.info()), layout_(layout), dir_(dir) {
+    // A file's storage records are filled in parallel too: a target with a
+    // small dp has a few very large optimizer files.
+    write_options_.record_threads = threads > 0 ? threads : DefaultThreadCount();
+  }
+
+  absl::Status Init() {
+    UCP_ASSIGN_OR_RETURN(common_, state_.OptimizerCommon());
+    if (!common_.value || !common_.value->is(Kind::kDict)) {
+      return absl::InvalidArgumentError("the source's optimizer state is not a dict");
+    }
+    return absl::OkStatus();
+  }
+
+  std::atomic<int64_t> bytes{0};
+  std::atomic<int64_t> files{0};
+
+  // The lp tensor of a param on a tp rank.
+  absl::StatusOr<ValuePtr> LpTensor(torch::TorchWriter& w, int i, int rank) {
+    const ParamState& p = info_.params[i];
+    if (p.trainable()) {
+      UCP_ASSIGN_OR_RETURN(TensorPlan fp32, TargetSlice(state_, layout_, i, deepspeed::kFp32State, rank));
+      return tp::AddPlanAs(w, fp32, p.lp_dtype);
+    }
+    UCP_ASSIGN_OR_RETURN(TensorPlan lp, TargetSlice(state_, layout_, i, deepspeed::kLpState, rank));
+    return tp::AddPlan(w, lp);
+  }
+
+  absl::Status WriteLayerFile(int layer, const std::vector<int>& keys, int rank) {
+    torch::TorchWriter w(write_options_);
+    ValuePtr sd = Value::MakeDict(/*ordered_dict=*/true);
+    for (int i : keys) {
+      UCP_ASSIGN_OR_RETURN(ValuePtr t, LpTensor(w, i, rank));
+      sd->DictSet(Value::Str(info_.params[i].local_name), t);
+    }
+    return Finish(w, deepspeed::LayerFileName(layer, rank), *sd);
+  }
+
+  absl::Status WriteMpRankFile(int stage, int rank) {
+    torch::TorchWriter w(write_options_);
+    deepspeed::FileValue src = state_.ModelStatesRoot(stage, rank);
+    if (!src.value || !src.value->is(Kind::kDict)) {
+      return absl::FailedPreconditionError(absl::StrCat("no model states for stage ", stage, " tp rank ", rank));
+    }
+    ValuePtr out = Value::MakeDict();
+    for (const auto& [k, v] : src.value->dict_items()) {
+      const std::string key = k->is(Kind::kStr) ? k->str() : "";
+      if (key == "module") {
+        UCP_ASSIGN_OR_RETURN(ValuePtr m, ModuleDict(w, rank));
+        out->DictSet(k, m);
+      } else if (key == "param_shapes") {
+        out->DictSet(k, ParamShapes(stage));
+      } else if (key == "buffer_names") {
+        out->DictSet(k, BufferNames(stage));
+      } else if (key == "frozen_param_shapes" || key == "frozen_param_fragments") {
+        if (layout_.zero_stage >= 2) {
+          UCP_ASSIGN_OR_RETURN(ValuePtr f, FrozenParams(w, stage, rank, key == "frozen_param_fragments"));
+          out->DictSet(k, f);
+        } else {
+          out->DictSet(k, Value::None());
+        }
+      } else if (key == "dp_world_size") {
+        out->DictSet(k, Value::Int(layout_.topo.dp));
+      } else if (key == "mp_world_size") {
+        out->DictSet(k, Value::Int(layout_.topo.mp_world_size()));
+      } else if (key == "ds_config") {
+        UCP_ASSIGN_OR_RETURN(ValuePtr c, DsConfig(deepspeed::FileValue{v, src.file}, w));
+        out->DictSet(k, c);
+      } else {
+        UCP_ASSIGN_OR_RETURN(ValuePtr c, deepspeed::CopyTreeForWrite(deepspeed::FileValue{v, src.file}, w));
+        out->DictSet(k, c);
+      }
+    }
+    return Finish(w, deepspeed::MpRankFileName(layout_.topo.mp_rank(stage, rank)), *out);
+  }
+
+  absl::Status WriteOptimFile(int stage, int rank, int dp_rank) {
+    torch::TorchWriter w(write_options_);
+    const bool bf16 = info_.optimizer_kind == deepspeed::OptimizerKind::kBf16;
+    const Value& common = *common_.value;
+    auto copy_common = [&](const char* key) -> absl::StatusOr<ValuePtr> {
+      ValuePtr v = common.DictGetPtr(key);
+      if (!v) return absl::NotFoundError(absl::StrCat("the source's optimizer state has no '", key, "'"));
+      return deepspeed::CopyTreeForWrite(deepspeed::FileValue{v, common_.file}, w);
+    };
+    std::vector<ValuePtr> fp32_groups, paddings, counts, mappings;
+    ValuePtr group_states = Value::MakeDict();
+    for (int g = 0; g < info_.num_groups; ++g) {
+      const deepspeed::ZeroGroupLayout& gl = layout_.layouts[stage][g];
+      const int64_t p_numel = gl.partition_numel();
+      int64_t lean = p_numel - gl.padding(dp_rank);
+      if (lean < 0) lean = std::max<int64_t>(0, p_numel + lean);  // Python's group[:negative]
+      const std::vector<deepspeed::ZeroFragment> frags = gl.Fragments(dp_rank);
+      ValuePtr mapping = Value::MakeDict(/*ordered_dict=*/true);
+      for (const auto& f : frags) {
+        mapping->DictSet(Value::Str(info_.params[layout_.stage_groups[stage][g][f.param_index]].name),
+                         pickle::MakeFragmentAddress(f.numel, f.partition_offset));
+      }
+      mappings.push_back(mapping);
+      paddings.push_back(Value::Int(gl.padding(dp_rank)));
+      counts.push_back(Value::Int(layout_.topo.dp));
+      // fp32 partition: the ZeRO optimizer saves group[:lean] of the padded
+      // partition (the file holds the whole storage); bf16 saves it whole.
+      UCP_ASSIGN_OR_RETURN(TensorPlan fp32, Partition(stage, rank, dp_rank, g, deepspeed::kFp32State));
+      UCP_ASSIGN_OR_RETURN(ValuePtr fp32_value, tp::AddPlanView(w, fp32, bf16 ? p_numel : lean, /*requires_grad=*/true));
+      fp32_groups.push_back(fp32_value);
+      ValuePtr st = Value::MakeDict();
+      for (const std::string& key : info_.scalar_keys) {
+        UCP_ASSIGN_OR_RETURN(deepspeed::FileValue sv, state_.GroupScalar(g, key));
+        if (!sv.value) continue;
+        UCP_ASSIGN_OR_RETURN(ValuePtr c, deepspeed::CopyTreeForWrite(sv, w));
+        st->DictSet(Value::Str(key), c);
+      }
+      for (const std::string& key : info_.state_keys) {
+        UCP_ASSIGN_OR_RETURN(TensorPlan plan, Partition(stage, rank, dp_rank, g, key));
+        st->DictSet(Value::Str(key), tp::AddPlan(w, plan));
+      }
+      group_states->DictSet(Value::Int(g), st);
+    }
+    ValuePtr base = Value::MakeDict();
+    base->DictSet(Value::Str("state"), group_states);
+    UCP_ASSIGN_OR_RETURN(ValuePtr param_groups, copy_common("param_groups"));
+    base->DictSet(Value::Str("param_groups"), param_groups);
+
+    ValuePtr osd = Value::MakeDict();
+    auto set_common = [&](const char* key) -> absl::Status {
+      UCP_ASSIGN_OR_RETURN(ValuePtr v, copy_common(key));
+      osd->DictSet(Value::Str(key), v);
+      return absl::OkStatus();
+    };
+    if (!bf16) {
+      UCP_RETURN_IF_ERROR(set_common("loss_scaler"));
+      UCP_RETURN_IF_ERROR(set_common("dynamic_loss_scale"));
+      UCP_RETURN_IF_ERROR(set_common("overflow"));
+    }
+    UCP_RETURN_IF_ERROR(set_common("clip_grad"));
+    osd->DictSet(Value::Str("base_optimizer_state"), base);
+    osd->DictSet(Value::Str("single_partition_of_fp32_groups"), Value::List(fp32_groups));
+    if (!bf16) {
+      const Value* zs = common.DictGet("zero_stage");
+      auto stage_value = zs ? pickle::AsZeroStage(*zs) : absl::StatusOr<int>(-1);
+      if (zs != nullptr && stage_value.ok() && *stage_value == layout_.zero_stage) {
+        UCP_RETURN_IF_ERROR(set_common("zero_stage"));
+      } else {
+        osd->DictSet(Value::Str("zero_stage"), pickle::MakeZeroStage(layout_.zero_stage));
+      }
+    }
+    osd->DictSet(Value::Str("group_paddings"), Value::List(paddings));
+    osd->DictSet(Value::Str("partition_count"), Value::List(counts));
+    UCP_RETURN_IF_ERROR(set_common("ds_version"));
+    osd->DictSet(Value::Str("param_slice_mappings"), Value::List(mappings));
+
+    ValuePtr root = Value::MakeDict();
+    root->DictSet(Value::Str("optimizer_state_dict"), osd);
+    deepspeed::FileValue src = state_.ModelStatesRoot(stage, rank);
+    ValuePtr config = src.value ? src.value->DictGetPtr("ds_config") : nullptr;
+    if (config) {
+      UCP_ASSIGN_OR_RETURN(ValuePtr c, DsConfig(deepspeed::FileValue{config, src.file}, w));
+      root->DictSet(Value::Str("ds_config"), c);
+    }
+    UCP_ASSIGN_OR_RETURN(ValuePtr version, copy_common("ds_version"));
+    root->DictSet(Value::Str("ds_version"), version);
+    return Finish(w, deepspeed::OptimFileName(dp_rank, layout_.topo.mp_rank(stage, rank), info_.bf16_file_prefix),
+                  *root);
+  }
+
+ private:
+  // The flat partition `dp_rank` of group `g` for one state: the fragments
+  // of the params it overlaps, then zeros for the alignment padding.
+  absl::StatusOr<TensorPlan> Partition(int stage, int rank, int dp_rank, int g, const std::string& key) {
+    const deepspeed::ZeroGroupLayout& gl = layout_.layouts[stage][g];
+    std::vector<TensorPlan> pieces;
+    int64_t covered = 0;
+    torch::DType dtype = torch::DType::kFloat32;
+    for (const auto& f : gl.Fragments(dp_rank)) {
+      const int i = layout_.stage_groups[stage][g][f.param_index];
+      UCP_ASSIGN_OR_RETURN(TensorPlan slice, TargetSlice(state_, layout_, i, key, rank));
+      UCP_ASSIGN_OR_RETURN(TensorPlan flat, slice.Reshape({slice.numel()}));
+      UCP_ASSIGN_OR_RETURN(TensorPlan piece, flat.FlatRange(f.param_offset, f.numel));
+      dtype = piece.dtype();
+      pieces.push_back(std::move(piece));
+      covered += f.numel;
+    }
+    if (covered < gl.partition_numel()) pieces.push_back(TensorPlan::Zeros(dtype, {gl.partition_numel() - covered}));
+    if (pieces.size() == 1) return pieces[0];
+    return TensorPlan::Cat(pieces, 0);
+  }
+
+  ValuePtr ParamShapes(int stage) {
+    std::vector<ValuePtr> groups;
+    for (int g = 0; g < info_.num_groups; ++g) {
+      ValuePtr d = Value::MakeDict(/*ordered_dict=*/true);
+      for (int i : layout_.stage_groups[stage][g]) {
+        d->DictSet(Value::Str(info_.params[i].name), pickle::MakeTorchSize(layout_.slice_shapes[i]));
+      }
+      groups.push_back(d);
+    }
+    return Value::List(groups);
+  }
+
+  // engine._get_buffer_names: the persistent buffers of this stage's module,
+  // in module order; a PipelineModule registers tied_modules before its layers.
+  ValuePtr BufferNames(int stage) {
+    std::vector<ValuePtr> names, untied;
+    for (int i : layout_.stage_module_params[stage]) {
+      const ParamState& p = info_.params[i];
+      if (p.role != TensorRole::kBuffer) continue;
+      (p.tied_key.empty() ? untied : names).push_back(Value::Str(p.name));
+    }
+    names.insert(names.end(), untied.begin(), untied.end());
+    return Value::List(std::move(names));
+  }
+
+  absl::StatusOr<ValuePtr> FrozenParams(torch::TorchWriter& w, int stage, int rank, bool fragments) {
+    ValuePtr d = Value::MakeDict(/*ordered_dict=*/true);
+    for (int i : layout_.stage_module_params[stage]) {
+      const ParamState& p = info_.params[i];
+      if (p.role != TensorRole::kFrozen) continue;
+      if (fragments) {
+        UCP_ASSIGN_OR_RETURN(ValuePtr t, LpTensor(w, i, rank));
+        d->DictSet(Value::Str(p.name), t);
+      } else {
+        d->DictSet(Value::Str(p.name), pickle::MakeTorchSize(layout_.slice_shapes[i]));
+      }
+    }
+    return d;
+  }
+
+  // The plain module's state dict on a tp rank (non-pipeline checkpoints).
+  absl::StatusOr<ValuePtr> ModuleDict(torch::TorchWriter& w, int rank) {
+    if (info_.pipeline) return Value::None();
+    ValuePtr sd = Value::MakeDict(/*ordered_dict=*/true);
+    std::vector<int> order;
+    for (const auto& k : info_.module_order) {
+      const int i = info_.IndexOf(k.name);
+      if (i >= 0) order.push_back(i);
+    }
+    for (size_t i = 0; i < info_.params.size(); ++i) {
+      if (std::find(order.begin(), order.end(), static_cast<int>(i)) == order.end()) order.push_back(static_cast<int>(i));
+    }
+    for (int i : order) {
+      UCP_ASSIGN_OR_RETURN(ValuePtr t, LpTensor(w, i, rank));
+      sd->DictSet(Value::Str(info_.params[i].name), t);
+    }
+    // nn.Module.state_dict() leaves the module versions in the OrderedDict's
+    // `_metadata` attribute, which load_state_dict passes to each module; it
+    // depends on the module tree only, so the source's carries over.
+    deepspeed::FileValue src = state_.ModelStatesRoot(0, rank);
+    const Value* module = src.value ? src.value->DictGet("module") : nullptr;
+    if (module != nullptr && module->is(Kind::kDict) && module->dict_state()) {
+      UCP_ASSIGN_OR_RETURN(ValuePtr metadata,
+                           deepspeed::CopyTreeForWrite(deepspeed::FileValue{module->dict_state(), src.file}, w));
+      sd->set_dict_state(std::move(metadata));
+    }
+    return sd;
+  }
+
+  // ds_config with the target's ZeRO stage and, when a global batch size is
+  // recorded, gradient accumulation steps that keep it at the new dp.
+  absl::StatusOr<ValuePtr> DsConfig(const deepspeed::FileValue& src, torch::TorchWriter& w) {
+    UCP_ASSIGN_OR_RETURN(ValuePtr c, deepspeed::CopyTreeForWrite(src, w));
+    if (!c->is(Kind::kDict)) return c;
+    if (const Value* z = c->DictGet("zero_optimization"); z != nullptr && z->is(Kind::kDict)) {
+      ValuePtr zc = c->DictGetPtr("zero_optimization");
+      if (zc->DictGet("stage") != nullptr) zc->DictSet(Value::Str("stage"), Value::Int(layout_.zero_stage));
+    }
+    if (ValuePtr ck = c->DictGetPtr("checkpoint"); ck && ck->is(Kind::kDict) && ck->DictGet("load_universal")) {
+      ck->DictSet(Value::Str("load_universal"), Value::Bool(false));
+    }
+    const Value* tbs = c->DictGet("train_batch_size");
+    const Value* micro = c->DictGet("train_micro_batch_size_per_gpu");
+    if (tbs != nullptr && micro != nullptr && tbs->is(Kind::kInt) && micro->is(Kind::kInt) && micro->int_value() > 0) {
+      const int64_t per_step = micro->int_value() * layout_.topo.dp;
+      if (tbs->int_value() % per_step == 0) {
+        c->DictSet(Value::Str("gradient_accumulation_steps"), Value::Int(tbs->int_value() / per_step));
+      }
+    }
+    return c;
+  }
+
+  absl::Status Finish(torch::TorchWriter& w, const std::string& name, const Value& root) {
+    UCP_ASSIGN_OR_RETURN(tp::WrittenFile f, tp::WriteTorchFile(w, JoinPath(dir_, name), root));
+    bytes += f.size;
+    files += 1;
+    return absl::OkStatus();
+  }
+
+  const deepspeed::ModelState& state_;
+  const ModelInfo& info_;
+  const TargetLayout& layout_;
+  std::string dir_;
+  torch::TorchWriteOptions write_options_;
+  deepspeed::FileValue common_;
+};
+
+}  // namespace
+
+absl::StatusOr<ZeroWriteResult> WriteZeroCheckpoint(const deepspeed::ModelState& state,
+                                                    const std::string& output_folder,
+                                                    const ZeroWriteOptions& options) {
+  const ModelInfo& info = state.info();
+  UCP_ASSIGN_OR_RETURN(TargetLayout layout, PlanTarget(info, options));
+  UCP_ASSIGN_OR_RETURN(StagingDir staging, StagingDir::Create(output_folder, options.overwrite));
+  Writer writer(state, layout, staging.path(), options.num_threads);
+  UCP_RETURN_IF_ERROR(writer.Init());
+
+  // Every output file is one unit of work.
+  struct Job {
+    enum { kLayer, kMpRank, kOptim } type;
+    int a, b, c;
+  };
+  std::vector<Job> jobs;
+  const deepspeed::Topology& t = layout.topo;
+  for (size_t l = 0; l < layout.layer_files.size(); ++l) {
+    for (int r = 0; r < t.tp; ++r) jobs.push_back({Job::kLayer, static_cast<int>(l), r, 0});
+  }
+  for (int s = 0; s < t.pp; ++s) {
+    for (int r = 0; r < t.tp; ++r) jobs.push_back({Job::kMpRank, s, r, 0});
+  }
+  for (int s = 0; s < t.pp; ++s) {
+    for (int r = 0; r < t.tp; ++r) {
+      for (int d = 0; d < t.dp; ++d) jobs.push_back({Job::kOptim, s, r, d});
+    }
+  }
+  std::atomic<size_t> done{0};
+  UCP_RETURN_IF_ERROR(ParallelFor(jobs.size(), options.num_threads, [&](size_t j) -> absl::Status {
+    const Job& job = jobs[j];
+    switch (job.type) {
+      case Job::kLayer: {
+        const auto& [layer, keys] = layout.layer_files[job.a];
+        UCP_RETURN_IF_ERROR(writer.WriteLayerFile(layer, keys, job.b));
+        break;
+      }
+      case Job::kMpRank:
+        UCP_RETURN_IF_ERROR(writer.WriteMpRankFile(job.a, job.b));
+        break;
+      case Job::kOptim:
+        UCP_RETURN_IF_ERROR(writer.WriteOptimFile(job.a, job.b, job.c));
+        break;
+    }
+    const size_t n = ++done;
+    if (options.progress) options.progress(n, jobs.size());
+    return absl::OkStatus();
+  }));
+  UCP_RETURN_IF_ERROR(staging.Commit());
+  if (options.write_latest) {
+    UCP_RETURN_IF_ERROR(
+        WriteFileAtomic(JoinPath(Dirname(staging.target()), deepspeed::kLatestFile), Basename(staging.target())));
+  }
+  ZeroWriteResult result;
+  result.layout = std::move(layout);
+  result.files = writer.files.load();
+  result.bytes = writer.bytes.load();
+  return result;
+}
+
+}  // namespace ucp::writers

@@ -1,0 +1,97 @@
+// Writes a ModelState as a regular DeepSpeed 0.14.4 ZeRO checkpoint for a
+// target topology: what DeepSpeed itself saves at that tp/pp/dp, so that any
+// DeepSpeed version loads it with a plain `load_checkpoint`.
+//
+//   ROOT/TAG/layer_LL-model_TT-model_states.pt    PipelineModule layers (lp weights,
+//                                                 frozen params, buffers)
+//   ROOT/TAG/mp_rank_XX_model_states.pt           param_shapes, world sizes, ds_config
+//                                                 updated; client state carried over
+//   ROOT/TAG/[bf16_]zero_pp_rank_D_mp_rank_XX_optim_states.pt
+//                                                 flat fp32 partitions and optimizer
+//                                                 states per param group
+//   ROOT/latest                                   TAG, written last
+//
+// Mirrors deepspeed/runtime/zero/stage_1_and_2.py and bf16_optimizer.py
+// (state_dict; partitions as layout_math.h computes them; a ZeRO optimizer
+// saves its fp32 partition without the padding, as a view of the padded
+// storage, and its Adam states with it), deepspeed/runtime/pipe/module.py
+// (save_state_dict; stages from partition_uniform / partition_balanced),
+// deepspeed/runtime/engine.py (_save_checkpoint). Module weights of trainable
+// params are the fp32 masters cast to the lp dtype, as DeepSpeed's optimizers
+// keep them.
+//
+// Every output file is an independent unit of work; files are written into a
+// staging folder renamed into place when complete, then `latest`.
+#ifndef UCP_WRITERS_ZERO_WRITER_H_
+#define UCP_WRITERS_ZERO_WRITER_H_
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "deepspeed/layout_math.h"
+#include "deepspeed/model_state.h"
+#include "deepspeed/topology.h"
+#include "tp/tensor_plan.h"
+
+namespace ucp::writers {
+
+struct ZeroWriteOptions {
+  deepspeed::Topology target;
+  int zero_stage = 0;                 // 0 = the source's
+  std::string partition_method;       // "" = the recorded one, else "parameters"
+  int64_t make_vocab_size_divisible_by = 0;  // 0 = the source's
+  int num_layers = 0;                 // pipeline layer specs; 0 = inferred
+  std::map<int, std::string> layer_types;  // layer -> class name, for type:REGEX
+  int num_threads = 0;
+  bool overwrite = false;
+  bool write_latest = true;
+  std::function<void(size_t, size_t)> progress;
+};
+
+// Where everything goes at the target topology.
+struct TargetLayout {
+  deepspeed::Topology topo;
+  int zero_stage = 1;
+  std::string partition_method;
+  std::vector<int> parts;  // pp + 1 layer boundaries (pipeline only)
+  // [stage][group] -> indices into ModelInfo::params, in flatten order.
+  std::vector<std::vector<std::vector<int>>> stage_groups;
+  // [stage][group] -> partition layout (the same on every tp rank).
+  std::vector<std::vector<deepspeed::ZeroGroupLayout>> layouts;
+  // Per param: its tp slice shape and, for vocab params, the padded rows.
+  std::vector<std::vector<int64_t>> slice_shapes;
+  std::vector<int64_t> padded_rows;
+  // Per stage: params outside the optimizer (frozen, buffers) it holds.
+  std::vector<std::vector<int>> stage_module_params;
+  // Layer files: (layer, ordered param indices).
+  std::vector<std::pair<int, std::vector<int>>> layer_files;
+};
+
+absl::StatusOr<TargetLayout> PlanTarget(const deepspeed::ModelInfo& info, const ZeroWriteOptions& options);
+
+// The tp slice `rank` of a param's state at the target, as a plan.
+absl::StatusOr<tp::TensorPlan> TargetSlice(const deepspeed::ModelState& state, const TargetLayout& layout,
+                                           int param_index, const std::string& state_name, int rank);
+
+struct ZeroWriteResult {
+  TargetLayout layout;
+  int64_t files = 0;
+  int64_t bytes = 0;
+};
+
+// `output_folder` is ROOT/TAG.
+absl::StatusOr<ZeroWriteResult> WriteZeroCheckpoint(const deepspeed::ModelState& state,
+                                                    const std::string& output_folder,
+                                                    const ZeroWriteOptions& options);
+
+// The class name DeepSpeed would print for a layer, guessed from its params'
+// local names (ParallelTransformerLayerPipe, EmbeddingPipe, NormPipe,
+// ParallelLinearPipe, ...), for `type:REGEX` partitioning.
+std::string GuessLayerTypeName(const std::vector<std::string>& local_names);
+
+}  // namespace ucp::writers
+
+#endif  // UCP_WRITERS_ZERO_WRITER_H_

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "conformance/spec_rules.h"
 #include "conformance/synthetic_state.h"
+#include "rules/presets.h"
 #include "writers/zero_writer.h"
 #include "google/protobuf/text_format.h"
 #include "tp/merge.h"
@@ -223,6 +224,7 @@ void FitTopologies(GoldenCase& c) {
       if (!info.ok()) return;  // the properties report it
       writers::ZeroWriteOptions o;
       o.target = deepspeed::Topology::FromProto(*t);
+      o.layer_type_name = rules::LayerTypeNamerFor("");
       const absl::Status s = writers::PlanTarget(*info, o).status();
       if (s.ok() || s.code() != absl::StatusCode::kFailedPrecondition ||
           !absl::StrContains(s.message(), "holds no params of optimizer group")) {

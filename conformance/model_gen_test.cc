@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "conformance/spec_rules.h"
 #include "conformance/synthetic_state.h"
+#include "rules/presets.h"
 #include "rules/rules.h"
 #include "gtest/gtest.h"
 #include "rapidcheck/gtest.h"

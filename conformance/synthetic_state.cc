@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "conformance/spec_rules.h"
+#include "rules/presets.h"
 #include "format/pickle/accessors.h"
 #include "format/torch/torch_file.h"
 #include "tp/merge.h"
@@ -563,6 +564,7 @@ absl::StatusOr<writers::ZeroWriteResult> SaveZero(const deepspeed::ModelState& s
   writers::ZeroWriteOptions o;
   o.target = topology;
   o.num_threads = num_threads;
+  o.layer_type_name = rules::LayerTypeNamerFor("");
   return writers::WriteZeroCheckpoint(state, folder, o);
 }
 

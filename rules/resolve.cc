@@ -30,14 +30,6 @@ std::string SuggestRule(const std::string& name, const std::vector<int64_t>& sli
                       " }  # tp slice ", torch::ShapeString(slice_shape), ": ", kinds);
 }
 
-// Python truthiness of args[key] (a bool or int); false when absent.
-bool ArgTruthy(const Value* args, const char* key) {
-  if (args == nullptr || !args->is(Kind::kDict)) return false;
-  const Value* v = args->DictGet(key);
-  if (v == nullptr) return false;
-  return (v->is(Kind::kBool) || v->is(Kind::kInt)) && v->int_value() != 0;
-}
-
 // Evidence for one param: are the tp copies (and pipeline copies) equal?
 struct Evidence {
   bool tp_equal = true;
@@ -65,23 +57,13 @@ absl::Status ResolvedState::Resolve(const ResolveOptions& options) {
 
   std::vector<std::string> names;
   for (const auto& p : info_.params) names.push_back(p.name);
-  UCP_ASSIGN_OR_RETURN(resolver_, RuleResolver::Make(options.rules, src.checkpoint_info(), names));
+  UCP_ASSIGN_OR_RETURN(resolver_, RuleResolver::Make(options.rules, src.checkpoint_info(), names, src.args()));
   info_.original_vocab_size = resolver_.original_vocab_size();
 
   std::vector<RuleDecision> decisions(info_.params.size());
   std::vector<char> needs_data(info_.params.size(), 0);
-  const bool swiglu = ArgTruthy(src.args(), "swiglu");
   for (size_t i = 0; i < info_.params.size(); ++i) {
     decisions[i] = resolver_.Decide(info_.params[i].name);
-    // Megatron-DeepSpeed's fused swiglu h_to_4h (args.swiglu) holds two
-    // sub-params per rank: only the preset's plain column guess is upgraded.
-    if (decisions[i].rule && decisions[i].source == PRESET && decisions[i].rule->kind() == COLUMN && swiglu &&
-        absl::StrContains(info_.params[i].name, "mlp.dense_h_to_4h.")) {
-      decisions[i].rule->set_kind(SUB_PARAMS);
-      decisions[i].rule->set_num_sub_params(2);
-      decisions[i].rule->set_cat_dim(0);
-      absl::StrAppend(&decisions[i].origin, " (args.swiglu: 2 sub-params)");
-    }
     const bool replicated = decisions[i].rule && (decisions[i].rule->kind() == REPLICATED);
     const bool multi_stage = info_.params[i].trainable() && info_.params[i].stages.size() > 1;
     needs_data[i] = !decisions[i].rule || (replicated && tp_degree > 1) || multi_stage;

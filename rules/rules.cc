@@ -9,6 +9,7 @@
 #include "base/status_macros.h"
 #include "deepspeed/universal_metadata.h"
 #include "format/pickle/accessors.h"
+#include "rules/presets.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 
@@ -29,85 +30,6 @@ class ErrorCollector : public google::protobuf::io::ErrorCollector {
  private:
   std::string errors_;
 };
-
-// Built-in presets, as textproto so that `ucp rules --preset=NAME` prints
-// something a user can copy into a --rules file.
-constexpr char kGptNeoxPreset[] = R"pb(
-  # GPT-NeoX (EleutherAI/gpt-neox): PipelineModule names "<layer>.<module>.<param>",
-  # tied embeddings "tied_modules.embed.word_embeddings.weight", RMSNorm ".scale".
-  rule { pattern: ".*\\.input_layernorm\\.(weight|bias|scale)$" kind: REPLICATED }
-  rule { pattern: ".*\\.post_attention_layernorm\\.(weight|bias|scale)$" kind: REPLICATED }
-  rule { pattern: "(.*\\.)?norm\\.(weight|bias|scale)$" kind: REPLICATED comment: "final NormPipe" }
-  rule { pattern: ".*\\.attention\\.dense\\.bias$" kind: REPLICATED comment: "row-parallel bias" }
-  rule { pattern: ".*\\.mlp\\.dense_4h_to_h\\.bias$" kind: REPLICATED comment: "row-parallel bias" }
-  rule { pattern: ".*\\.mlp\\.linear2\\.bias$" kind: REPLICATED comment: "row-parallel bias (swiglu MLP)" }
-  rule { pattern: ".*\\.position_embeddings\\.weight$" kind: REPLICATED }
-  rule { pattern: ".*\\.rotary_emb\\.inv_freq$" kind: REPLICATED }
-  rule { pattern: ".*\\.attention\\.dense\\.weight$" kind: ROW }
-  rule { pattern: ".*\\.mlp\\.dense_4h_to_h\\.weight$" kind: ROW }
-  rule { pattern: ".*\\.mlp\\.linear2\\.weight$" kind: ROW }
-  rule { pattern: ".*\\.word_embeddings\\.weight$" kind: VOCAB }
-  rule { pattern: ".*\\.final_linear\\.weight$" kind: VOCAB }
-  rule { pattern: ".*\\.mlp\\.linear1\\.(weight|bias)$" kind: SUB_PARAMS num_sub_params: 2 cat_dim: 0 comment: "fused swiglu" }
-  rule { pattern: ".*\\.attention\\.query_key_value\\.(weight|bias)$" kind: COLUMN }
-  rule { pattern: ".*\\.mlp\\.dense_h_to_4h\\.(weight|bias)$" kind: COLUMN }
-)pb";
-
-constexpr char kMegatronDeepSpeedPreset[] = R"pb(
-  # Megatron-DeepSpeed (GPTModelPipe; GPT and Llama models) and Llama-style names
-  # (self_attn.q_proj, mlp.gate_proj, ...).
-  rule { pattern: ".*\\.input_layernorm\\.(weight|bias)$" kind: REPLICATED }
-  rule { pattern: ".*\\.post_attention_layernorm\\.(weight|bias)$" kind: REPLICATED }
-  rule { pattern: ".*\\.post_inter_attention_layernorm\\.(weight|bias)$" kind: REPLICATED }
-  rule { pattern: ".*word_embeddings\\.norm\\.(weight|bias)$" kind: REPLICATED }
-  rule { pattern: "(.*\\.)?final_layernorm\\.(weight|bias)$" kind: REPLICATED }
-  rule { pattern: "(.*\\.)?norm\\.(weight|bias)$" kind: REPLICATED comment: "final RMSNorm (Llama)" }
-  rule { pattern: "\\d+\\.(weight|bias)$" kind: REPLICATED comment: "final LayerNorm of GPTModelPipe" }
-  rule { pattern: ".*\\.self_attention\\.dense\\.bias$" kind: REPLICATED comment: "row-parallel bias" }
-  rule { pattern: ".*\\.mlp\\.dense_4h_to_h\\.bias$" kind: REPLICATED comment: "row-parallel bias" }
-  rule { pattern: ".*\\.self_attn\\.o_proj\\.bias$" kind: REPLICATED }
-  rule { pattern: ".*\\.mlp\\.down_proj\\.bias$" kind: REPLICATED }
-  rule { pattern: ".*\\.position_embeddings\\.weight$" kind: REPLICATED }
-  rule { pattern: ".*\\.rotary_emb\\.inv_freq$" kind: REPLICATED }
-  rule { pattern: ".*\\.self_attention\\.dense\\.weight$" kind: ROW }
-  rule { pattern: ".*\\.mlp\\.dense_4h_to_h\\.weight$" kind: ROW }
-  rule { pattern: ".*\\.self_attn\\.o_proj\\.weight$" kind: ROW }
-  rule { pattern: ".*\\.mlp\\.down_proj\\.weight$" kind: ROW }
-  rule { pattern: ".*word_embeddings\\.weight$" kind: VOCAB }
-  rule { pattern: ".*embed_tokens\\.weight$" kind: VOCAB }
-  rule { pattern: "(.*\\.)?lm_head\\.weight$" kind: VOCAB }
-  rule { pattern: ".*\\.self_attention\\.query_key_value\\.(weight|bias)$" kind: COLUMN }
-  rule { pattern: ".*\\.self_attention\\.(query|key_value)\\.(weight|bias)$" kind: COLUMN }
-  rule { pattern: ".*\\.mlp\\.dense_h_to_4h\\.(weight|bias)$" kind: COLUMN comment: "SUB_PARAMS(2) when args.swiglu" }
-  rule { pattern: ".*\\.self_attn\\.(q_proj|k_proj|v_proj)\\.(weight|bias)$" kind: COLUMN }
-  rule { pattern: ".*\\.mlp\\.(gate_proj|up_proj)\\.(weight|bias)$" kind: COLUMN }
-)pb";
-
-constexpr char kBloomPreset[] = R"pb(
-  # BigScience BLOOM (Megatron-DeepSpeed fork): layer norms drift apart across
-  # tp ranks in bf16 training, so they are averaged, as BLOOM's own universal
-  # conversion does.
-  rule { pattern: ".*\\.input_layernorm\\.(weight|bias)$" kind: AVERAGE }
-  rule { pattern: ".*\\.post_attention_layernorm\\.(weight|bias)$" kind: AVERAGE }
-  rule { pattern: ".*word_embeddings\\.norm\\.(weight|bias)$" kind: AVERAGE }
-  rule { pattern: "\\d+\\.(weight|bias)$" kind: AVERAGE comment: "final LayerNorm" }
-  rule { pattern: ".*\\.self_attention\\.dense\\.bias$" kind: REPLICATED }
-  rule { pattern: ".*\\.mlp\\.dense_4h_to_h\\.bias$" kind: REPLICATED }
-  rule { pattern: ".*\\.self_attention\\.dense\\.weight$" kind: ROW }
-  rule { pattern: ".*\\.mlp\\.dense_4h_to_h\\.weight$" kind: ROW }
-  rule { pattern: ".*word_embeddings\\.weight$" kind: VOCAB }
-  rule { pattern: ".*\\.self_attention\\.query_key_value\\.(weight|bias)$" kind: COLUMN }
-  rule { pattern: ".*\\.mlp\\.dense_h_to_4h\\.(weight|bias)$" kind: COLUMN }
-)pb";
-
-const std::map<std::string, const char*>& Presets() {
-  static const auto* presets = new std::map<std::string, const char*>{
-      {"gpt-neox", kGptNeoxPreset},
-      {"megatron-deepspeed", kMegatronDeepSpeedPreset},
-      {"bloom", kBloomPreset},
-  };
-  return *presets;
-}
 
 std::vector<std::string> StringsOf(const Value* v) {
   std::vector<std::string> out;
@@ -254,60 +176,8 @@ absl::StatusOr<CheckpointInfoRules> RulesFromCheckpointInfo(const Value& uc) {
   return out;
 }
 
-std::vector<std::string> PresetNames() {
-  std::vector<std::string> names;
-  for (const auto& [name, text] : Presets()) names.push_back(name);
-  return names;
-}
-
-absl::StatusOr<MergeRules> PresetRules(absl::string_view preset) {
-  auto it = Presets().find(std::string(preset));
-  if (it == Presets().end()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unknown preset '", preset, "' (gpt-neox, megatron-deepspeed, bloom)"));
-  }
-  return ParseRulesText(it->second, absl::StrCat("preset ", preset));
-}
-
-std::optional<std::string> DetectPreset(const std::vector<std::string>& names) {
-  if (names.empty()) return std::nullopt;
-  std::map<std::string, size_t> score;
-  for (const auto& [preset, text] : Presets()) {
-    auto rules = PresetRules(preset);
-    if (!rules.ok()) continue;
-    auto set = RuleSet::Compile(*rules, PRESET, preset);
-    if (!set.ok()) continue;
-    for (const auto& n : names) {
-      if (set->Match(n) != nullptr) ++score[preset];
-    }
-  }
-  // BLOOM and Megatron-DeepSpeed share module names; BLOOM alone has an
-  // embedding layer norm.
-  bool bloom_marker = false;
-  for (const auto& n : names) bloom_marker |= absl::StrContains(n, "word_embeddings.norm.");
-  if (!bloom_marker) score.erase("bloom");
-  std::string best;
-  size_t best_score = 0;
-  bool tie = false;
-  for (const auto& [preset, s] : score) {
-    if (s > best_score) {
-      best = preset;
-      best_score = s;
-      tie = false;
-    } else if (s == best_score && s > 0) {
-      tie = true;
-    }
-  }
-  if (bloom_marker && score["bloom"] == best_score) {
-    best = "bloom";
-    tie = false;
-  }
-  if (best.empty() || tie || best_score * 2 < names.size()) return std::nullopt;
-  return best;
-}
-
 absl::StatusOr<RuleResolver> RuleResolver::Make(const Options& options, const Value& uc_info,
-                                                const std::vector<std::string>& names) {
+                                                const std::vector<std::string>& names, const Value* args) {
   RuleResolver r;
   r.default_kind_ = options.default_kind;
   if (!options.rules_file.empty()) {
@@ -336,10 +206,19 @@ absl::StatusOr<RuleResolver> RuleResolver::Make(const Options& options, const Va
       }
     }
     if (!preset.empty()) {
+      UCP_ASSIGN_OR_RETURN(const Preset* p, FindPreset(preset));
       UCP_ASSIGN_OR_RETURN(MergeRules rules, PresetRules(preset));
       UCP_ASSIGN_OR_RETURN(RuleSet set, RuleSet::Compile(rules, PRESET, absl::StrCat("preset ", preset)));
+      r.preset_set_ = static_cast<int>(r.sets_.size());
       r.sets_.push_back(std::move(set));
       r.preset_ = preset;
+      MergeRules override_rules;
+      for (const ActiveOverride& o : ActiveOverrides(*p, args)) {
+        *override_rules.add_rule() = o.rule;
+        r.override_notes_.push_back(o.note);
+      }
+      UCP_ASSIGN_OR_RETURN(r.overrides_, RuleSet::Compile(override_rules, PRESET,
+                                                          absl::StrCat("preset ", preset, " (args)")));
     }
   }
   if (options.original_vocab_size > 0) r.original_vocab_size_ = options.original_vocab_size;
@@ -354,6 +233,13 @@ RuleDecision RuleResolver::Decide(absl::string_view name) const {
     MergeRule rule = set.rules().rule(i);
     d.source = set.source();
     d.origin = absl::StrCat(set.label(), ": '", rule.pattern(), "'");
+    // The preset's rules that the checkpoint's args replace.
+    if (&set - sets_.data() == preset_set_) {
+      if (const int k = overrides_.MatchIndex(name); k >= 0) {
+        rule = overrides_.rules().rule(k);
+        absl::StrAppend(&d.origin, " (", override_notes_[k], ")");
+      }
+    }
     // A vocab param whose original size is unknown keeps its padding: it is
     // then an ordinary column-parallel concatenation, as DeepSpeed writes it.
     if (rule.kind() == VOCAB && rule.original_vocab_size() == 0 && original_vocab_size_ == 0) {

@@ -5,9 +5,9 @@
 //   2. CHECKPOINT_INFO  the checkpoint's `universal_checkpoint_info` patterns,
 //                       in DeepSpeed's precedence (replicated, average,
 //                       2 sub-params, sub-param shapes, vocab, row)
-//   3. PRESET           --preset, or the preset detected from the names:
-//                       gpt-neox, megatron-deepspeed (GPT and Llama naming),
-//                       bloom
+//   3. PRESET           --preset, or the preset detected from the names
+//                       (presets.h: rules/presets/*.textproto), with the
+//                       rules the checkpoint's args switch on
 //   4. CHECKPOINT_INFO  when the checkpoint declares DeepSpeed's pattern lists
 //                       (even empty ones), DeepSpeed's default for an
 //                       unmatched name (cat on dim 0), as
@@ -72,13 +72,6 @@ struct CheckpointInfoRules {
 };
 absl::StatusOr<CheckpointInfoRules> RulesFromCheckpointInfo(const pickle::Value& uc_info);
 
-// Built-in presets.
-std::vector<std::string> PresetNames();
-absl::StatusOr<MergeRules> PresetRules(absl::string_view preset);
-// The preset whose patterns match the most of `names` (at least half of
-// them and more than any other), or nullopt.
-std::optional<std::string> DetectPreset(const std::vector<std::string>& names);
-
 // The decision for one param.
 struct RuleDecision {
   std::optional<MergeRule> rule;  // unset: needs evidence or is ambiguous
@@ -96,8 +89,12 @@ class RuleResolver {
     MergeKind default_kind = MERGE_KIND_UNSPECIFIED;
     int64_t original_vocab_size = 0;  // 0 = from the checkpoint info if any
   };
+  // `uc_info`: the checkpoint's universal_checkpoint_info; `names`: every
+  // param (for preset detection); `args`: the training's args (a dict), for
+  // the preset's argument-conditional rules.
   static absl::StatusOr<RuleResolver> Make(const Options& options, const pickle::Value& uc_info,
-                                           const std::vector<std::string>& names);
+                                           const std::vector<std::string>& names,
+                                           const pickle::Value* args = nullptr);
 
   // Sources 1-3 only.
   RuleDecision Decide(absl::string_view name) const;
@@ -115,6 +112,9 @@ class RuleResolver {
 
  private:
   std::vector<RuleSet> sets_;
+  int preset_set_ = -1;            // index of the preset's set in sets_
+  RuleSet overrides_;              // the preset's rules the args switched on
+  std::vector<std::string> override_notes_;
   bool checkpoint_has_patterns_ = false;
   MergeKind default_kind_ = MERGE_KIND_UNSPECIFIED;
   std::string preset_;

@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "ops/convert.h"
+#include "rules/presets.h"
 #include "rules/rules.h"
 #include "readers/inspect.h"
 #include "google/protobuf/text_format.h"

@@ -49,22 +49,6 @@ std::vector<int> LayersOf(const ParamState& p) {
 
 }  // namespace
 
-std::string GuessLayerTypeName(const std::vector<std::string>& local_names) {
-  bool attention = false, mlp = false, embed = false, norm = false, head = false;
-  for (const auto& n : local_names) {
-    attention |= absl::StrContains(n, "attention") || absl::StrContains(n, "self_attn");
-    mlp |= absl::StrContains(n, "mlp");
-    embed |= absl::StrContains(n, "embed");
-    norm |= absl::StrContains(n, "norm");
-    head |= absl::StrContains(n, "final_linear") || absl::StrContains(n, "lm_head");
-  }
-  if (attention || mlp) return "ParallelTransformerLayerPipe";
-  if (embed) return "EmbeddingPipe";
-  if (head) return "ParallelLinearPipe";
-  if (norm) return "NormPipe";
-  return local_names.empty() ? "function" : "Layer";
-}
-
 absl::StatusOr<TargetLayout> PlanTarget(const ModelInfo& info, const ZeroWriteOptions& options) {
   TargetLayout out;
   out.topo = options.target;
@@ -142,7 +126,13 @@ absl::StatusOr<TargetLayout> PlanTarget(const ModelInfo& info, const ZeroWriteOp
     }
     for (int l = 0; l < num_layers; ++l) {
       auto it = options.layer_types.find(l);
-      layers[l].type_name = it != options.layer_types.end() ? it->second : GuessLayerTypeName(local_names[l]);
+      if (it != options.layer_types.end()) {
+        layers[l].type_name = it->second;
+      } else if (options.layer_type_name) {
+        layers[l].type_name = options.layer_type_name(local_names[l]);
+      } else {
+        layers[l].type_name = local_names[l].empty() ? "function" : "Layer";
+      }
     }
     out.partition_method = !options.partition_method.empty()      ? options.partition_method
                            : !info.partition_method.empty() ? info.partition_method

@@ -44,7 +44,11 @@ struct ZeroWriteOptions {
   std::string partition_method;       // "" = the recorded one, else "parameters"
   int64_t make_vocab_size_divisible_by = 0;  // 0 = the source's
   int num_layers = 0;                 // pipeline layer specs; 0 = inferred
-  std::map<int, std::string> layer_types;  // layer -> class name, for type:REGEX
+  // Class names of pipeline layers, for type:REGEX partitioning: `layer_types`
+  // first, else `layer_type_name` of the layer's param names (local names);
+  // without it a layer is "Layer" ("function" when it holds no tensors).
+  std::map<int, std::string> layer_types;
+  std::function<std::string(const std::vector<std::string>& local_names)> layer_type_name;
   int num_threads = 0;
   bool overwrite = false;
   bool write_latest = true;
@@ -86,11 +90,6 @@ struct ZeroWriteResult {
 absl::StatusOr<ZeroWriteResult> WriteZeroCheckpoint(const deepspeed::ModelState& state,
                                                     const std::string& output_folder,
                                                     const ZeroWriteOptions& options);
-
-// The class name DeepSpeed would print for a layer, guessed from its params'
-// local names (ParallelTransformerLayerPipe, EmbeddingPipe, NormPipe,
-// ParallelLinearPipe, ...), for `type:REGEX` partitioning.
-std::string GuessLayerTypeName(const std::vector<std::string>& local_names);
 
 }  // namespace ucp::writers
 

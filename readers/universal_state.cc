@@ -6,6 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "deepspeed/checkpoint_files.h"
+#include "deepspeed/manifest.h"
 #include "format/pickle/accessors.h"
 #include "tp/merge.h"
 
@@ -16,12 +18,6 @@ using deepspeed::ParamState;
 using deepspeed::TensorRole;
 using pickle::Kind;
 using pickle::Value;
-
-deepspeed::TensorRole RoleFromName(const std::string& role) {
-  if (role == "buffer") return deepspeed::TensorRole::kBuffer;
-  if (role == "trainable") return deepspeed::TensorRole::kTrainable;
-  return deepspeed::TensorRole::kFrozen;
-}
 
 std::string LocalName(const std::string& name) {
   const int layer = LayerOfName(name);
@@ -51,8 +47,11 @@ absl::Status UniversalModelState::Build() {
   info_.pipeline = ms.pipeline();
   info_.num_groups = ms.num_groups();
   info_.lp_dtype = ms.config_lp_dtype();
-  if (manifest && !manifest->lp_dtype().empty()) {
-    UCP_ASSIGN_OR_RETURN(info_.lp_dtype, torch::ParseDType(manifest->lp_dtype()));
+  deepspeed::ModelInfo layout;  // what the manifest records of the layout
+  if (manifest) {
+    UCP_RETURN_IF_ERROR(Annotate(deepspeed::DecodeLayout(*manifest, &layout),
+                                 absl::StrCat(u.dir(), "/", deepspeed::kManifestFile, ": ")));
+    if (!manifest->lp_dtype().empty()) info_.lp_dtype = layout.lp_dtype;
   }
 
   auto apply_recorded = [&](deepspeed::ParamState& p) -> absl::Status {
@@ -64,18 +63,20 @@ absl::Status UniversalModelState::Build() {
       if (!p.tied_key.empty()) p.local_name = p.name.substr(std::string("tied_modules.").size() + p.tied_key.size() + 1);
       return absl::OkStatus();
     }
+    // The files' metadata gives the rule and shape; the manifest what they
+    // cannot say (averaged vs replicated, the rule's source, the layout).
     const Manifest::Param& m = *it->second;
-    if (m.kind() == AVERAGE && p.rule.kind() == REPLICATED) p.rule.set_kind(AVERAGE);
-    p.source = m.source();
-    p.origin = m.rule();
-    p.layer = m.layer();
-    p.local_name = m.local_name();
-    p.tied_key = m.tied_key();
-    p.tied_layers.assign(m.tied_layer().begin(), m.tied_layer().end());
-    if (!m.role().empty()) p.role = RoleFromName(m.role());
-    if (!m.lp_dtype().empty()) {
-      UCP_ASSIGN_OR_RETURN(p.lp_dtype, torch::ParseDType(m.lp_dtype()));
-    }
+    UCP_ASSIGN_OR_RETURN(deepspeed::ParamState r, deepspeed::DecodeParam(m),
+                         _.Prepend(absl::StrCat(u.dir(), "/", deepspeed::kManifestFile, ": ")));
+    if (r.rule.kind() == AVERAGE && p.rule.kind() == REPLICATED) p.rule.set_kind(AVERAGE);
+    p.source = r.source;
+    p.origin = r.origin;
+    p.layer = r.layer;
+    p.local_name = r.local_name;
+    p.tied_key = r.tied_key;
+    p.tied_layers = r.tied_layers;
+    if (!m.role().empty()) p.role = r.role;
+    if (!m.lp_dtype().empty()) p.lp_dtype = r.lp_dtype;
     return absl::OkStatus();
   };
 
@@ -137,9 +138,9 @@ absl::Status UniversalModelState::Build() {
   info_.Reindex();
 
   // Optimizer states.
-  if (manifest && manifest->state_key_size() > 0) {
-    info_.state_keys.assign(manifest->state_key().begin(), manifest->state_key().end());
-    info_.scalar_keys.assign(manifest->scalar_key().begin(), manifest->scalar_key().end());
+  if (manifest && !layout.state_keys.empty()) {
+    info_.state_keys = layout.state_keys;
+    info_.scalar_keys = layout.scalar_keys;
   } else if (!info_.params.empty() && info_.params[0].trainable()) {
     std::vector<std::string> keys;
     for (const auto& s : u.StateFiles(info_.params[0].name)) {
@@ -167,25 +168,25 @@ absl::Status UniversalModelState::Build() {
     UCP_ASSIGN_OR_RETURN(info_.zero_stage, pickle::AsZeroStage(*zs, "zero_stage"),
                          _.Prepend(absl::StrCat(u.optimizer_state().path(), ": ")));
   }
-  info_.bf16_file_prefix = manifest ? manifest->bf16_file_prefix() : info_.lp_dtype == torch::DType::kBFloat16;
+  info_.bf16_file_prefix = manifest ? layout.bf16_file_prefix : info_.lp_dtype == torch::DType::kBFloat16;
 
   // Vocabulary and pipeline layout.
-  info_.original_vocab_size = manifest ? manifest->original_vocab_size() : 0;
+  info_.original_vocab_size = manifest ? layout.original_vocab_size : 0;
   if (info_.original_vocab_size == 0) {
     const Value* ov = ms.universal_checkpoint_info().DictGet("original_vocab_size");
     if (ov != nullptr && ov->is(Kind::kInt)) info_.original_vocab_size = ov->int_value();
   }
   info_.make_vocab_size_divisible_by =
-      manifest && manifest->make_vocab_size_divisible_by() > 0 ? manifest->make_vocab_size_divisible_by()
-                                                               : ms.ArgInt({"make_vocab_size_divisible_by"});
-  info_.partition_method = manifest ? manifest->partition_method() : "";
+      manifest && layout.make_vocab_size_divisible_by > 0 ? layout.make_vocab_size_divisible_by
+                                                           : ms.ArgInt({"make_vocab_size_divisible_by"});
+  info_.partition_method = manifest ? layout.partition_method : "";
   if (info_.partition_method.empty()) {
     info_.partition_method = ms.RecordedPartitionMethod();
   }
-  if (manifest && (manifest->num_layers() > 0 || !manifest->pipeline())) {
-    info_.num_layers = manifest->num_layers();
-    info_.module_layers.assign(manifest->module_layer().begin(), manifest->module_layer().end());
-    for (const auto& k : manifest->module_key()) info_.module_order.push_back({k.layer(), k.name()});
+  if (manifest && (layout.num_layers > 0 || !layout.pipeline)) {
+    info_.num_layers = layout.num_layers;
+    info_.module_layers = layout.module_layers;
+    info_.module_order = layout.module_order;
   } else if (info_.pipeline) {
     int max_layer = -1;
     for (const auto& p : info_.params) max_layer = std::max(max_layer, p.layer);

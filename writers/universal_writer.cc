@@ -9,6 +9,7 @@
 #include "base/parallel.h"
 #include "base/status_macros.h"
 #include "deepspeed/checkpoint_files.h"
+#include "deepspeed/manifest.h"
 #include "deepspeed/tree_copy.h"
 #include "deepspeed/universal_metadata.h"
 #include "google/protobuf/text_format.h"
@@ -189,46 +190,10 @@ absl::StatusOr<WriteStats> WriteUniversal(const deepspeed::ModelState& state, co
     }
   }
   // The manifest.
-  Manifest manifest;
-  manifest.set_ucp_version("ucp 0.1");
-  manifest.set_source_folder(options.source_folder);
-  manifest.set_source_kind("zero");
-  *manifest.mutable_source_topology() = src.ToProto();
-  manifest.set_zero_stage(info.zero_stage);
-  manifest.set_optimizer_layout(deepspeed::OptimizerKindName(info.optimizer_kind));
-  for (const ParamState& p : info.params) {
-    Manifest::Param* mp = manifest.add_param();
-    mp->set_name(p.name);
-    for (int64_t d : p.full_shape) mp->add_shape(d);
-    mp->set_kind(p.rule.kind());
-    mp->set_source(p.source);
-    mp->set_rule(p.origin);
-    mp->set_group(p.group);
-    mp->set_frozen(p.role == deepspeed::TensorRole::kFrozen);
-    mp->set_tied(!p.tied_key.empty() || !p.tied_layers.empty());
-    mp->set_layer(p.layer);
-    mp->set_local_name(p.local_name);
-    for (int l : p.tied_layers) mp->add_tied_layer(l);
-    mp->set_role(deepspeed::TensorRoleName(p.role));
-    mp->set_lp_dtype(std::string(torch::DTypeName(p.lp_dtype)));
-    mp->set_tied_key(p.tied_key);
-  }
-  manifest.set_pipeline(info.pipeline);
-  manifest.set_num_layers(info.num_layers);
-  for (int l : info.module_layers) manifest.add_module_layer(l);
-  for (const auto& k : info.module_order) {
-    Manifest::ModuleKey* mk = manifest.add_module_key();
-    mk->set_layer(k.layer);
-    mk->set_name(k.name);
-  }
-  manifest.set_lp_dtype(std::string(torch::DTypeName(info.lp_dtype)));
-  manifest.set_original_vocab_size(info.original_vocab_size);
-  manifest.set_make_vocab_size_divisible_by(info.make_vocab_size_divisible_by);
-  manifest.set_partition_method(info.partition_method);
-  for (const auto& k : info.state_keys) manifest.add_state_key(k);
-  for (const auto& k : info.scalar_keys) manifest.add_scalar_key(k);
-  manifest.set_num_groups(info.num_groups);
-  manifest.set_bf16_file_prefix(info.bf16_file_prefix);
+  deepspeed::ManifestHeader header;
+  header.source_folder = options.source_folder;
+  header.source_kind = "zero";
+  Manifest manifest = deepspeed::ToManifest(info, header);
   for (auto& f : files.Sorted()) *manifest.add_file() = f;
   *manifest.mutable_rules() = options.rules;
   std::string text;

@@ -1,0 +1,52 @@
+// The ucp manifest (`ucp_manifest.textproto`, the Manifest message of
+// proto/ucp.proto) and a ModelInfo, in both directions side by side: what a
+// writer records of the model beside a checkpoint (each param's rule and its
+// source, the pipeline layout, the optimizer's state keys) and what a reader
+// recovers from it. Like LevelDB's BlockHandle::EncodeTo / DecodeFrom: one
+// place knows the mapping, and a round-trip test holds the two together.
+//
+// The manifest records a param's merge *kind*; the rule's details (sub-param
+// shapes, cat dims) live in the universal files' metadata
+// (universal_metadata.h), which stock DeepSpeed reads too.
+//
+// Example:
+//   Manifest m = ToManifest(info, header);
+//   ... add m.file() digests, m.rules() ...
+//   UCP_ASSIGN_OR_RETURN(ModelInfo back, FromManifest(m));
+#ifndef UCP_DEEPSPEED_MANIFEST_H_
+#define UCP_DEEPSPEED_MANIFEST_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "deepspeed/model_state.h"
+#include "proto/ucp.pb.h"
+
+namespace ucp::deepspeed {
+
+inline constexpr char kUcpVersion[] = "ucp 0.1";
+
+struct ManifestHeader {
+  std::string source_folder;
+  std::string source_kind;  // "zero", "universal"
+};
+
+// ---- encode ----
+
+void EncodeParam(const ParamState& p, Manifest::Param* out);
+// Everything but the params, the files and the rules.
+void EncodeLayout(const ModelInfo& info, Manifest* out);
+// Header, layout and every param, in ModelInfo order.
+Manifest ToManifest(const ModelInfo& info, const ManifestHeader& header);
+
+// ---- decode ----
+
+// name, full shape, merge kind (the rest of the rule is not recorded),
+// source, origin, group, role, layer, local name, tied key and layers, lp dtype.
+absl::StatusOr<ParamState> DecodeParam(const Manifest::Param& m);
+absl::Status DecodeLayout(const Manifest& m, ModelInfo* out);
+absl::StatusOr<ModelInfo> FromManifest(const Manifest& m);
+
+}  // namespace ucp::deepspeed
+
+#endif  // UCP_DEEPSPEED_MANIFEST_H_

@@ -129,11 +129,23 @@ inline std::shared_ptr<const torch::TorchFile> Unowned(const torch::TorchFile* f
   return std::shared_ptr<const torch::TorchFile>(std::shared_ptr<const torch::TorchFile>(), f);
 }
 
+// A byte range of a tensor in an input file (offset and length within the
+// tensor's bytes), or a whole file (tensor "", length -1).
+struct InputRange {
+  std::string path;
+  std::string tensor;  // e.g. "single_partition_of_fp32_groups[0]"
+  int64_t offset = 0;
+  int64_t length = -1;
+};
+
 // What every checkpoint state offers besides its tensors.
 class CheckpointState {
  public:
   virtual ~CheckpointState() = default;
   virtual const ModelInfo& info() const = 0;
+  // The input files (and tensor byte ranges in them) that reading every
+  // state of `param` touches; empty for a state held in memory.
+  virtual std::vector<InputRange> Inputs(const ParamState& param) const { return {}; }
   // A per-group scalar optimizer state (e.g. "step"); value null when absent.
   virtual absl::StatusOr<FileValue> GroupScalar(int group, const std::string& key) const = 0;
   // The optimizer state that is not sharded: what the universal

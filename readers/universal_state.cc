@@ -5,6 +5,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "base/fs.h"
 #include "base/status_macros.h"
 #include "deepspeed/checkpoint_files.h"
 #include "deepspeed/manifest.h"
@@ -213,6 +214,17 @@ absl::StatusOr<tp::TensorPlan> UniversalModelState::Full(const deepspeed::ParamS
   }
   UCP_ASSIGN_OR_RETURN(UniversalStateFile f, ckpt_->ReadModule(param.name));
   return tp::TensorPlan::FromTensor(f.param);
+}
+
+std::vector<deepspeed::InputRange> UniversalModelState::Inputs(const deepspeed::ParamState& param) const {
+  std::vector<deepspeed::InputRange> out;
+  if (!param.trainable()) {
+    out.push_back({JoinPath(JoinPath(ckpt_->dir(), deepspeed::kUniversalModuleDir), param.name + ".pt"), "", 0, -1});
+    return out;
+  }
+  const std::string dir = JoinPath(JoinPath(ckpt_->dir(), deepspeed::kUniversalZeroDir), param.name);
+  for (const std::string& s : ckpt_->StateFiles(param.name)) out.push_back({JoinPath(dir, s + ".pt"), "", 0, -1});
+  return out;
 }
 
 absl::StatusOr<deepspeed::FileValue> UniversalModelState::GroupScalar(int group, const std::string& key) const {

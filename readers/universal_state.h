@@ -29,6 +29,7 @@ class UniversalModelState : public deepspeed::ModelState {
   const deepspeed::ModelInfo& info() const override { return info_; }
   absl::StatusOr<tp::TensorPlan> Full(const deepspeed::ParamState& param, const std::string& state) const override;
   absl::StatusOr<deepspeed::FileValue> GroupScalar(int group, const std::string& key) const override;
+  std::vector<deepspeed::InputRange> Inputs(const deepspeed::ParamState& param) const override;
   absl::StatusOr<deepspeed::FileValue> OptimizerCommon() const override;
   deepspeed::FileValue ModelStatesRoot(int pp, int tp) const override;
   std::string ModelStatesPath(int pp, int tp) const override;

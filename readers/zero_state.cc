@@ -201,6 +201,35 @@ absl::StatusOr<std::vector<TensorPlan>> ZeroSlicedState::Slices(const deepspeed:
   return out;
 }
 
+std::vector<deepspeed::InputRange> ZeroSlicedState::Inputs(const ParamState& param) const {
+  std::vector<deepspeed::InputRange> out;
+  const int i = info_.IndexOf(param.name);
+  if (i < 0) return out;
+  const int tp_degree = ckpt_->topology().tp;
+  if (const ZeroParam* zp = zero_params_[i]) {
+    const int stage = zp->stages[0];
+    const int index = zp->index_in_group[0];
+    for (int t = 0; t < tp_degree; ++t) {
+      for (const auto& [rank, frag] : ckpt_->Layout(stage, t, zp->group).FragmentsOfParam(index)) {
+        const std::string path = ckpt_->OptimPath(stage, t, rank);
+        out.push_back({path, absl::StrCat("single_partition_of_fp32_groups[", zp->group, "]"),
+                       frag.partition_offset * 4, frag.numel * 4});
+        for (const std::string& key : info_.state_keys) {
+          out.push_back({path, absl::StrCat("base_optimizer_state.state[", zp->group, "].", key),
+                         frag.partition_offset * 4, frag.numel * 4});
+        }
+      }
+    }
+    return out;
+  }
+  const ModuleEntry& e = ckpt_->module_entries()[module_entry_[i]];
+  for (int t = 0; t < tp_degree; ++t) {
+    out.push_back({e.layer >= 0 ? ckpt_->LayerPath(e.layer, t) : ckpt_->MpRankPath(0, t),
+                   e.layer >= 0 ? e.local_name : absl::StrCat("module.", e.name), 0, -1});
+  }
+  return out;
+}
+
 absl::StatusOr<deepspeed::FileValue> ZeroSlicedState::GroupScalar(int group, const std::string& key) const {
   UCP_ASSIGN_OR_RETURN(const OptimFile* f, ckpt_->Optim(0, 0, 0));
   UCP_ASSIGN_OR_RETURN(pickle::ValuePtr v, ckpt_->GroupScalar(0, 0, 0, group, key));

@@ -50,6 +50,7 @@ class ZeroSlicedState : public deepspeed::SlicedState {
   absl::StatusOr<std::vector<tp::TensorPlan>> Slices(const deepspeed::ParamState& param, int stage,
                                                      const std::string& state) const override;
   absl::StatusOr<deepspeed::FileValue> GroupScalar(int group, const std::string& key) const override;
+  std::vector<deepspeed::InputRange> Inputs(const deepspeed::ParamState& param) const override;
   absl::StatusOr<deepspeed::FileValue> OptimizerCommon() const override;
   deepspeed::FileValue ModelStatesRoot(int pp, int tp) const override;
   std::string ModelStatesPath(int pp, int tp) const override;

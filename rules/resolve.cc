@@ -232,6 +232,7 @@ class ReinterpretedState : public deepspeed::ModelState {
   absl::StatusOr<deepspeed::FileValue> GroupScalar(int group, const std::string& key) const override {
     return base_->GroupScalar(group, key);
   }
+  std::vector<deepspeed::InputRange> Inputs(const ParamState& param) const override { return base_->Inputs(param); }
   absl::StatusOr<deepspeed::FileValue> OptimizerCommon() const override { return base_->OptimizerCommon(); }
   deepspeed::FileValue ModelStatesRoot(int pp, int tp) const override { return base_->ModelStatesRoot(pp, tp); }
   std::string ModelStatesPath(int pp, int tp) const override { return base_->ModelStatesPath(pp, tp); }

@@ -53,6 +53,9 @@ class ResolvedState : public deepspeed::ModelState {
   absl::StatusOr<deepspeed::FileValue> GroupScalar(int group, const std::string& key) const override {
     return source_->GroupScalar(group, key);
   }
+  std::vector<deepspeed::InputRange> Inputs(const deepspeed::ParamState& param) const override {
+    return source_->Inputs(param);
+  }
   absl::StatusOr<deepspeed::FileValue> OptimizerCommon() const override { return source_->OptimizerCommon(); }
   deepspeed::FileValue ModelStatesRoot(int pp, int tp) const override { return source_->ModelStatesRoot(pp, tp); }
   std::string ModelStatesPath(int pp, int tp) const override { return source_->ModelStatesPath(pp, tp); }

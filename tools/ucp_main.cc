@@ -28,38 +28,11 @@
 #include "ops/reshard.h"
 #include "tools/commands.h"
 #include "tools/flags.h"
+#include "tools/progress.h"
 #include "tp/merge.h"
 
 namespace ucp::tools {
 namespace {
-
-// Progress on a terminal: one updating line on stderr, at most 10 per second.
-class Progress {
- public:
-  explicit Progress(std::string label) : label_(std::move(label)), tty_(isatty(STDERR_FILENO)) {}
-  ~Progress() {
-    if (tty_ && printed_) std::fprintf(stderr, "\n");
-  }
-  std::function<void(size_t, size_t)> Callback() {
-    if (!tty_) return nullptr;
-    return [this](size_t done, size_t total) {
-      std::lock_guard<std::mutex> lock(mu_);
-      const auto now = std::chrono::steady_clock::now();
-      if (done != total && now - last_ < std::chrono::milliseconds(100)) return;
-      last_ = now;
-      printed_ = true;
-      std::fprintf(stderr, "\r[%s] %zu/%zu", label_.c_str(), done, total);
-      std::fflush(stderr);
-    };
-  }
-
- private:
-  std::string label_;
-  bool tty_;
-  bool printed_ = false;
-  std::mutex mu_;
-  std::chrono::steady_clock::time_point last_;
-};
 
 absl::Status ParseMismatch(const std::string& s, rules::ReplicatedMismatch* out) {
   if (s == "error") *out = rules::ReplicatedMismatch::kError;
@@ -128,6 +101,12 @@ struct ZeroSourceFlags {
   }
 };
 
+void RegisterProgressFlag(FlagSet& f, std::string* mode) {
+  f.String("progress", mode,
+           "auto (a live line on a terminal, else one line per phase), always, never, or json (JSON lines for CI "
+           "logs)");
+}
+
 int Fail(const absl::Status& s) {
   std::cerr << "ucp: " << s.message() << " [" << absl::StatusCodeToString(s.code()) << "]\n";
   return 1;
@@ -186,6 +165,8 @@ int RunConvert(int argc, char** argv) {
            true);
   src.Register(f);
   f.Bool("explain", &explain, "print every param's merge kind, the source of that rule and why");
+  std::string progress_flag = "auto";
+  RegisterProgressFlag(f, &progress_flag);
   f.Int32("num_threads", &threads, "threads converting params in parallel (0 = all cores)");
   f.Bool("overwrite", &o.write.overwrite, "replace an existing output folder (only once the new one is complete)");
   f.Int("make_vocab_size_divisible_by", &divisible_by,
@@ -208,7 +189,9 @@ int RunConvert(int argc, char** argv) {
   o.state = *state;
   o.write.num_threads = threads;
   o.write.keep_temp_folder = keep;
-  Progress progress("convert");
+  auto mode = ParseProgressMode(progress_flag);
+  if (!mode.ok()) return Fail(mode.status());
+  ProgressPrinter progress("convert", *mode);
   o.write.progress = progress.Callback();
   auto result = ops::Convert(o);
   if (!result.ok()) return Fail(result.status());
@@ -249,6 +232,8 @@ int RunReshard(int argc, char** argv) {
   f.Int32("num_threads", &threads, "threads writing files in parallel (0 = all cores)");
   f.Bool("overwrite", &o.write.overwrite, "replace an existing output folder (only once the new one is complete)");
   f.Bool("verify_checksums", &o.verify_checksums, "check a ucp universal source against its manifest's sha256s first");
+  std::string progress_flag = "auto";
+  RegisterProgressFlag(f, &progress_flag);
   src.Register(f);
   std::vector<std::string> positional;
   if (std::optional<int> done = ParseOrExit(f, argc, argv, &positional)) return *done;
@@ -264,7 +249,9 @@ int RunReshard(int argc, char** argv) {
   if (!zs.ok()) return Fail(zs.status());
   o.zero_source = *zs;
   o.write.num_threads = threads;
-  Progress progress("reshard");
+  auto mode = ParseProgressMode(progress_flag);
+  if (!mode.ok()) return Fail(mode.status());
+  ProgressPrinter progress("reshard", *mode);
   o.write.progress = progress.Callback();
   auto result = ops::Reshard(o);
   if (!result.ok()) return Fail(result.status());

@@ -2,11 +2,9 @@
 
 #include <algorithm>
 #include <memory>
-#include <mutex>
 
 #include "absl/strings/str_cat.h"
 #include "base/fs.h"
-#include "base/parallel.h"
 #include "base/status_macros.h"
 #include "deepspeed/checkpoint_files.h"
 #include "deepspeed/manifest.h"
@@ -39,177 +37,232 @@ torch::TorchWriteOptions HashedWrites() {
   return o;
 }
 
-class FileList {
+int64_t Numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+FileDigest Digest(const std::string& rel, int64_t size, const std::string& sha) {
+  FileDigest d;
+  d.set_path(rel);
+  d.set_size(size);
+  d.set_sha256(sha);
+  return d;
+}
+
+class UniversalPlan : public Plan {
  public:
-  void Add(const std::string& rel, int64_t size, const std::string& sha) {
-    std::lock_guard<std::mutex> lock(mu_);
-    FileDigest d;
-    d.set_path(rel);
-    d.set_size(size);
-    d.set_sha256(sha);
-    files_.push_back(std::move(d));
-  }
-  std::vector<FileDigest> Sorted() {
-    std::lock_guard<std::mutex> lock(mu_);
-    std::vector<FileDigest> out = files_;
-    std::sort(out.begin(), out.end(), [](const FileDigest& a, const FileDigest& b) { return a.path() < b.path(); });
-    return out;
-  }
+  UniversalPlan(const deepspeed::ModelState& state, const UniversalWriteOptions& options)
+      : state_(state), info_(state.info()), options_(options) {}
 
- private:
-  std::mutex mu_;
-  std::vector<FileDigest> files_;
-};
-
-}  // namespace
-
-absl::StatusOr<WriteStats> WriteUniversal(const deepspeed::ModelState& state, const std::string& output_folder,
-                                          const UniversalWriteOptions& options) {
-  const deepspeed::ModelInfo& info = state.info();
-  for (const ParamState& p : info.params) UCP_RETURN_IF_ERROR(CheckParamName(p.name));
-  UCP_ASSIGN_OR_RETURN(StagingDir staging, StagingDir::Create(output_folder, options.overwrite));
-  if (options.keep_temp_folder) staging.Keep();
-  const std::string out = staging.path();
-  const std::string zero_dir = JoinPath(out, deepspeed::kUniversalZeroDir);
-  UCP_RETURN_IF_ERROR(MakeDirs(zero_dir));
-  bool any_module = false;
-  for (const ParamState& p : info.params) any_module |= !p.trainable();
-  if (any_module) UCP_RETURN_IF_ERROR(MakeDirs(JoinPath(out, deepspeed::kUniversalModuleDir)));
-
-  FileList files;
-  std::atomic<int64_t> bytes{0};
-  std::atomic<size_t> done{0};
-  // Writes out/rels[k] from writers[k] and roots[k] (when several, their
-  // hashes are computed two at a time: TorchWriter::WriteFiles) and lists
-  // them for the manifest.
-  auto write_files = [&](const std::vector<std::string>& rels, const std::vector<torch::TorchWriter*>& writers,
-                         const std::vector<const Value*>& roots) -> absl::Status {
-    std::vector<std::string> paths;
-    for (const std::string& rel : rels) paths.push_back(JoinPath(out, rel));
-    UCP_RETURN_IF_ERROR(torch::TorchWriter::WriteFiles(writers, paths, roots));
-    for (size_t k = 0; k < rels.size(); ++k) {
-      files.Add(rels[k], static_cast<int64_t>(writers[k]->bytes_written()), writers[k]->sha256_hex());
-      bytes += static_cast<int64_t>(writers[k]->bytes_written());
-    }
-    return absl::OkStatus();
-  };
-  auto write_file = [&](const std::string& rel, torch::TorchWriter& w, const Value& root) {
-    return write_files({rel}, {&w}, {&root});
-  };
-
-  // Largest params first, so that the threads finish together rather than
-  // one of them ending alone on a large param.
-  std::vector<size_t> order(info.params.size());
-  std::vector<int64_t> numel(info.params.size(), 1);
-  for (size_t i = 0; i < order.size(); ++i) {
-    order[i] = i;
-    for (int64_t d : info.params[i].full_shape) numel[i] *= d;
-  }
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return numel[a] > numel[b]; });
-  UCP_RETURN_IF_ERROR(ParallelFor(order.size(), options.num_threads, [&](size_t k) -> absl::Status {
-    const ParamState& p = info.params[order[k]];
-    if (p.trainable()) {
-      const std::string rel_dir = JoinPath(deepspeed::kUniversalZeroDir, p.name);
-      UCP_RETURN_IF_ERROR(MakeDirs(JoinPath(out, rel_dir)));
-      // The step, the fp32 master and the optimizer states, written together.
-      std::vector<std::unique_ptr<torch::TorchWriter>> owned;
-      std::vector<torch::TorchWriter*> writers;
-      std::vector<ValuePtr> roots;
-      std::vector<std::string> rels;
-      auto add_file = [&](std::string rel) -> torch::TorchWriter& {
-        owned.push_back(std::make_unique<torch::TorchWriter>(HashedWrites()));
-        writers.push_back(owned.back().get());
-        rels.push_back(std::move(rel));
-        return *owned.back();
-      };
-      UCP_ASSIGN_OR_RETURN(deepspeed::FileValue step, state.GroupScalar(p.group, "step"));
-      if (step.value) {
-        torch::TorchWriter& w = add_file(JoinPath(rel_dir, "step.pt"));
-        UCP_ASSIGN_OR_RETURN(ValuePtr v, deepspeed::CopyTreeForWrite(step, w));
-        roots.push_back(std::move(v));
-      }
-      std::vector<std::string> states = {deepspeed::kFp32State};
-      states.insert(states.end(), info.state_keys.begin(), info.state_keys.end());
-      for (const std::string& s : states) {
-        UCP_ASSIGN_OR_RETURN(tp::TensorPlan plan, state.Full(p, s));
-        if (plan.shape() != p.full_shape) {
-          return absl::InternalError(absl::StrCat("param '", p.name, "' ", s, ": merged shape ",
-                                                  torch::ShapeString(plan.shape()), " differs from ",
-                                                  torch::ShapeString(p.full_shape)));
-        }
-        torch::TorchWriter& w = add_file(JoinPath(rel_dir, s + ".pt"));
-        ValuePtr t = tp::AddPlan(w, plan);  // the writer keeps a copy of the plan
-        // DeepSpeed's fp32 masters keep requires_grad=True through the merge.
-        if (s == deepspeed::kFp32State) UCP_RETURN_IF_ERROR(tp::SetRequiresGrad(*t, true));
-        roots.push_back(deepspeed::UniversalParamDict(p.rule, t));
-      }
-      std::vector<const Value*> root_ptrs;
-      for (const ValuePtr& r : roots) root_ptrs.push_back(r.get());
-      UCP_RETURN_IF_ERROR(write_files(rels, writers, root_ptrs));
-    } else {
-      UCP_ASSIGN_OR_RETURN(tp::TensorPlan plan, state.Full(p, deepspeed::kLpState));
-      torch::TorchWriter w(HashedWrites());
-      ValuePtr t = tp::AddPlan(w, plan);
-      UCP_RETURN_IF_ERROR(write_file(JoinPath(deepspeed::kUniversalModuleDir, p.name + ".pt"), w,
-                                     *deepspeed::UniversalParamDict(p.rule, t)));
-    }
-    const size_t n = ++done;
-    if (options.progress) options.progress(n, info.params.size());
-    return absl::OkStatus();
-  }));
-
-  // Optimizer state without the sharded parts.
-  {
-    UCP_ASSIGN_OR_RETURN(deepspeed::FileValue common, state.OptimizerCommon());
-    torch::TorchWriter w(HashedWrites());
-    UCP_ASSIGN_OR_RETURN(ValuePtr v, deepspeed::CopyTreeForWrite(common, w));
-    UCP_RETURN_IF_ERROR(
-        write_file(JoinPath(deepspeed::kUniversalZeroDir, deepspeed::kUniversalOptimizerStateFile), w, *v));
-  }
-  // The model-state files, byte for byte.
-  const deepspeed::Topology& src = info.source_topology;
-  for (int pp = 0; pp < src.pp; ++pp) {
-    for (int t = 0; t < src.tp; ++t) {
-      const std::string rel = deepspeed::MpRankFileName(src.mp_rank(pp, t));
-      const std::string from = state.ModelStatesPath(pp, t);
-      if (!from.empty()) {
-        std::string sha;
-        UCP_RETURN_IF_ERROR(CopyFile(from, JoinPath(out, rel), &sha));
-        UCP_ASSIGN_OR_RETURN(int64_t size, FileSize(JoinPath(out, rel)));
-        files.Add(rel, size, sha);
-        bytes += size;
+  absl::Status Build() {
+    for (const ParamState& p : info_.params) UCP_RETURN_IF_ERROR(CheckParamName(p.name));
+    states_ = {deepspeed::kFp32State};
+    states_.insert(states_.end(), info_.state_keys.begin(), info_.state_keys.end());
+    for (size_t i = 0; i < info_.params.size(); ++i) {
+      const ParamState& p = info_.params[i];
+      Unit u;
+      u.name = absl::StrCat("param ", p.name);
+      if (p.trainable()) {
+        const std::string dir = JoinPath(deepspeed::kUniversalZeroDir, p.name);
+        if (!info_.scalar_keys.empty()) u.outputs.push_back(JoinPath(dir, "step.pt"));
+        for (const std::string& s : states_) u.outputs.push_back(JoinPath(dir, s + ".pt"));
+        u.bytes = Numel(p.full_shape) * 4 * static_cast<int64_t>(states_.size());
       } else {
-        deepspeed::FileValue root = state.ModelStatesRoot(pp, t);
+        u.outputs.push_back(JoinPath(deepspeed::kUniversalModuleDir, p.name + ".pt"));
+        u.bytes = Numel(p.full_shape) * static_cast<int64_t>(torch::ItemSize(p.lp_dtype));
+      }
+      for (const auto& r : state_.Inputs(p)) u.inputs.push_back(r);
+      kinds_.push_back(kParam);
+      index_.push_back(static_cast<int>(i));
+      units_.push_back(std::move(u));
+      any_module_ |= !p.trainable();
+    }
+    {
+      Unit u;
+      u.name = "optimizer state";
+      u.outputs.push_back(JoinPath(deepspeed::kUniversalZeroDir, deepspeed::kUniversalOptimizerStateFile));
+      u.bytes = 4096;
+      kinds_.push_back(kOptimizerState);
+      index_.push_back(-1);
+      units_.push_back(std::move(u));
+    }
+    const deepspeed::Topology& src = info_.source_topology;
+    for (int pp = 0; pp < src.pp; ++pp) {
+      for (int t = 0; t < src.tp; ++t) {
+        Unit u;
+        u.outputs.push_back(deepspeed::MpRankFileName(src.mp_rank(pp, t)));
+        u.name = absl::StrCat("model states ", u.outputs[0]);
+        const std::string from = state_.ModelStatesPath(pp, t);
+        if (!from.empty()) {
+          u.inputs.push_back({from, "", 0, -1});
+          auto size = FileSize(from);
+          u.bytes = size.ok() ? *size : 0;
+        }
+        kinds_.push_back(kModelStates);
+        index_.push_back(pp * src.tp + t);
+        units_.push_back(std::move(u));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Prepare(const std::string& staging) const override {
+    UCP_RETURN_IF_ERROR(MakeDirs(JoinPath(staging, deepspeed::kUniversalZeroDir)));
+    if (any_module_) UCP_RETURN_IF_ERROR(MakeDirs(JoinPath(staging, deepspeed::kUniversalModuleDir)));
+    return absl::OkStatus();
+  }
+
+  absl::Status Execute(size_t i, const std::string& staging, UnitResult* result) const override {
+    switch (kinds_[i]) {
+      case kParam:
+        return WriteParam(info_.params[index_[i]], staging, result);
+      case kOptimizerState: {
+        UCP_ASSIGN_OR_RETURN(deepspeed::FileValue common, state_.OptimizerCommon());
+        torch::TorchWriter w(HashedWrites());
+        UCP_ASSIGN_OR_RETURN(ValuePtr v, deepspeed::CopyTreeForWrite(common, w));
+        return WriteFiles(staging, units_[i].outputs, {&w}, {v.get()}, result);
+      }
+      case kModelStates: {
+        const int pp = index_[i] / info_.source_topology.tp, t = index_[i] % info_.source_topology.tp;
+        const std::string& rel = units_[i].outputs[0];
+        const std::string from = state_.ModelStatesPath(pp, t);
+        if (!from.empty()) {
+          // The model-state files, byte for byte.
+          std::string sha;
+          UCP_RETURN_IF_ERROR(CopyFile(from, JoinPath(staging, rel), &sha));
+          UCP_ASSIGN_OR_RETURN(int64_t size, FileSize(JoinPath(staging, rel)));
+          result->files.push_back(Digest(rel, size, sha));
+          return absl::OkStatus();
+        }
+        deepspeed::FileValue root = state_.ModelStatesRoot(pp, t);
         if (!root.value) {
           return absl::FailedPreconditionError(absl::StrCat("no model states for stage ", pp, " tp rank ", t));
         }
         torch::TorchWriter w(HashedWrites());
         UCP_ASSIGN_OR_RETURN(ValuePtr v, deepspeed::CopyTreeForWrite(root, w));
-        UCP_RETURN_IF_ERROR(write_file(rel, w, *v));
+        return WriteFiles(staging, {rel}, {&w}, {v.get()}, result);
       }
     }
+    return absl::InternalError("unknown unit");
   }
-  // The manifest.
-  deepspeed::ManifestHeader header;
-  header.source_folder = options.source_folder;
-  header.source_kind = "zero";
-  Manifest manifest = deepspeed::ToManifest(info, header);
-  for (auto& f : files.Sorted()) *manifest.add_file() = f;
-  *manifest.mutable_rules() = options.rules;
-  std::string text;
-  google::protobuf::TextFormat::PrintToString(manifest, &text);
-  UCP_RETURN_IF_ERROR(WriteFileAtomic(JoinPath(out, deepspeed::kManifestFile), text));
 
-  WriteStats stats;
-  stats.files = static_cast<int64_t>(manifest.file_size()) + 1;
-  stats.bytes = bytes.load() + static_cast<int64_t>(text.size());
-  stats.params = static_cast<int64_t>(info.params.size());
-  UCP_RETURN_IF_ERROR(staging.Commit());
-  if (options.write_latest) {
-    UCP_RETURN_IF_ERROR(WriteFileAtomic(JoinPath(Dirname(staging.target()), deepspeed::kLatestUniversalFile),
-                                        Basename(staging.target())));
+  absl::StatusOr<WriteStats> Finish(const std::vector<UnitResult>& results, const std::string& staging) const override {
+    deepspeed::ManifestHeader header;
+    header.source_folder = options_.source_folder;
+    header.source_kind = "zero";
+    Manifest manifest = deepspeed::ToManifest(info_, header);
+    std::vector<FileDigest> files;
+    for (const UnitResult& r : results) files.insert(files.end(), r.files.begin(), r.files.end());
+    std::sort(files.begin(), files.end(), [](const FileDigest& a, const FileDigest& b) { return a.path() < b.path(); });
+    for (auto& f : files) *manifest.add_file() = f;
+    *manifest.mutable_rules() = options_.rules;
+    std::string text;
+    google::protobuf::TextFormat::PrintToString(manifest, &text);
+    UCP_RETURN_IF_ERROR(WriteFileAtomic(JoinPath(staging, deepspeed::kManifestFile), text));
+    WriteStats stats;
+    AddUnitResults(results, &stats);
+    stats.files += 1;
+    stats.bytes += static_cast<int64_t>(text.size());
+    stats.params = static_cast<int64_t>(info_.params.size());
+    return stats;
   }
-  return stats;
+
+  std::string latest_file() const override { return deepspeed::kLatestUniversalFile; }
+
+ private:
+  enum Kind { kParam, kOptimizerState, kModelStates };
+
+  // Writes staging/rels[k] from writers[k] and roots[k] (their hashes are
+  // computed two at a time: TorchWriter::WriteFiles).
+  static absl::Status WriteFiles(const std::string& staging, const std::vector<std::string>& rels,
+                                 const std::vector<torch::TorchWriter*>& writers,
+                                 const std::vector<const Value*>& roots, UnitResult* result) {
+    std::vector<std::string> paths;
+    for (const std::string& rel : rels) paths.push_back(JoinPath(staging, rel));
+    UCP_RETURN_IF_ERROR(torch::TorchWriter::WriteFiles(writers, paths, roots));
+    for (size_t k = 0; k < rels.size(); ++k) {
+      result->files.push_back(
+          Digest(rels[k], static_cast<int64_t>(writers[k]->bytes_written()), writers[k]->sha256_hex()));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status WriteParam(const ParamState& p, const std::string& staging, UnitResult* result) const {
+    if (!p.trainable()) {
+      UCP_ASSIGN_OR_RETURN(tp::TensorPlan plan, state_.Full(p, deepspeed::kLpState));
+      torch::TorchWriter w(HashedWrites());
+      ValuePtr t = tp::AddPlan(w, plan);
+      ValuePtr root = deepspeed::UniversalParamDict(p.rule, t);
+      return WriteFiles(staging, {JoinPath(deepspeed::kUniversalModuleDir, p.name + ".pt")}, {&w}, {root.get()},
+                        result);
+    }
+    const std::string rel_dir = JoinPath(deepspeed::kUniversalZeroDir, p.name);
+    UCP_RETURN_IF_ERROR(MakeDirs(JoinPath(staging, rel_dir)));
+    // The step, the fp32 master and the optimizer states, written together.
+    std::vector<std::unique_ptr<torch::TorchWriter>> owned;
+    std::vector<torch::TorchWriter*> writers;
+    std::vector<ValuePtr> roots;
+    std::vector<std::string> rels;
+    auto add_file = [&](std::string rel) -> torch::TorchWriter& {
+      owned.push_back(std::make_unique<torch::TorchWriter>(HashedWrites()));
+      writers.push_back(owned.back().get());
+      rels.push_back(std::move(rel));
+      return *owned.back();
+    };
+    UCP_ASSIGN_OR_RETURN(deepspeed::FileValue step, state_.GroupScalar(p.group, "step"));
+    if (step.value) {
+      torch::TorchWriter& w = add_file(JoinPath(rel_dir, "step.pt"));
+      UCP_ASSIGN_OR_RETURN(ValuePtr v, deepspeed::CopyTreeForWrite(step, w));
+      roots.push_back(std::move(v));
+    }
+    for (const std::string& s : states_) {
+      UCP_ASSIGN_OR_RETURN(tp::TensorPlan plan, state_.Full(p, s));
+      if (plan.shape() != p.full_shape) {
+        return absl::InternalError(absl::StrCat("param '", p.name, "' ", s, ": merged shape ",
+                                                torch::ShapeString(plan.shape()), " differs from ",
+                                                torch::ShapeString(p.full_shape)));
+      }
+      torch::TorchWriter& w = add_file(JoinPath(rel_dir, s + ".pt"));
+      ValuePtr t = tp::AddPlan(w, plan);  // the writer keeps a copy of the plan
+      // DeepSpeed's fp32 masters keep requires_grad=True through the merge.
+      if (s == deepspeed::kFp32State) UCP_RETURN_IF_ERROR(tp::SetRequiresGrad(*t, true));
+      roots.push_back(deepspeed::UniversalParamDict(p.rule, t));
+    }
+    std::vector<const Value*> root_ptrs;
+    for (const ValuePtr& r : roots) root_ptrs.push_back(r.get());
+    return WriteFiles(staging, rels, writers, root_ptrs, result);
+  }
+
+  const deepspeed::ModelState& state_;
+  const deepspeed::ModelInfo& info_;
+  UniversalWriteOptions options_;
+  std::vector<std::string> states_;
+  std::vector<Kind> kinds_;
+  std::vector<int> index_;  // param index, or pp * tp + t of a model-states unit
+  bool any_module_ = false;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Plan>> PlanUniversal(const deepspeed::ModelState& state,
+                                                    const UniversalWriteOptions& options) {
+  auto plan = std::make_unique<UniversalPlan>(state, options);
+  UCP_RETURN_IF_ERROR(plan->Build());
+  return std::unique_ptr<Plan>(std::move(plan));
+}
+
+absl::StatusOr<WriteStats> WriteUniversal(const deepspeed::ModelState& state, const std::string& output_folder,
+                                          const UniversalWriteOptions& options) {
+  UCP_ASSIGN_OR_RETURN(std::unique_ptr<Plan> plan, PlanUniversal(state, options));
+  RunOptions run;
+  run.num_threads = options.num_threads;
+  run.overwrite = options.overwrite;
+  run.keep_temp_folder = options.keep_temp_folder;
+  run.write_latest = options.write_latest;
+  run.progress = options.progress;
+  return RunPlan(*plan, output_folder, run);
 }
 
 }  // namespace ucp::writers

@@ -14,15 +14,16 @@
 //   <output>/ucp_manifest.textproto          source topology, each param's rule and its
 //                                            source, sha256 of every file
 //
-// The output is written into a staging folder beside the target and renamed
-// into place when complete; `latest_universal` follows. One param is one unit
-// of work (its own files only), spread over `num_threads` threads.
+// A plan (plan.h) whose units are: one per param (its state files, or its
+// ucp_module file), one for zero/optimizer_state.pt, one per mp_rank file.
+// Finish writes the manifest from every unit's file digests. The output is
+// written into a staging folder beside the target and renamed into place
+// when complete; `latest_universal` follows.
 #ifndef UCP_WRITERS_UNIVERSAL_WRITER_H_
 #define UCP_WRITERS_UNIVERSAL_WRITER_H_
 
-#include <atomic>
 #include <cstdint>
-#include <functional>
+#include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -30,6 +31,7 @@
 #include "format/pickle/value.h"
 #include "proto/ucp.pb.h"
 #include "tp/tensor_plan.h"
+#include "writers/plan.h"
 
 namespace ucp::writers {
 
@@ -38,18 +40,16 @@ struct UniversalWriteOptions {
   bool overwrite = false;
   bool keep_temp_folder = false;  // keep the staging folder on failure
   bool write_latest = true;       // <root>/latest_universal
-  // Called after each param with (done, total); may be empty.
-  std::function<void(size_t, size_t)> progress;
+  ProgressFn progress;  // may be empty
   std::string source_folder;  // for the manifest
   MergeRules rules;           // for the manifest
 };
 
-struct WriteStats {
-  int64_t files = 0;
-  int64_t bytes = 0;
-  int64_t params = 0;
-};
+// The plan of the universal checkpoint of `state` (which must outlive it).
+absl::StatusOr<std::unique_ptr<Plan>> PlanUniversal(const deepspeed::ModelState& state,
+                                                    const UniversalWriteOptions& options);
 
+// PlanUniversal, then RunPlan in this process.
 absl::StatusOr<WriteStats> WriteUniversal(const deepspeed::ModelState& state, const std::string& output_folder,
                                           const UniversalWriteOptions& options);
 

@@ -243,8 +243,8 @@ namespace {
 // Writes one target checkpoint; each Write* method is one output file.
 class Writer {
  public:
-  Writer(const deepspeed::ModelState& state, const TargetLayout& layout, const std::string& dir, int threads)
-      : state_(state), info_(state.info()), layout_(layout), dir_(dir) {
+  Writer(const deepspeed::ModelState& state, const TargetLayout& layout, int threads)
+      : state_(state), info_(state.info()), layout_(layout) {
     // A file's storage records are filled in parallel too: a target with a
     // small dp has a few very large optimizer files.
     write_options_.record_threads = threads > 0 ? threads : DefaultThreadCount();
@@ -258,11 +258,8 @@ class Writer {
     return absl::OkStatus();
   }
 
-  std::atomic<int64_t> bytes{0};
-  std::atomic<int64_t> files{0};
-
   // The lp tensor of a param on a tp rank.
-  absl::StatusOr<ValuePtr> LpTensor(torch::TorchWriter& w, int i, int rank) {
+  absl::StatusOr<ValuePtr> LpTensor(torch::TorchWriter& w, int i, int rank) const {
     const ParamState& p = info_.params[i];
     if (p.trainable()) {
       UCP_ASSIGN_OR_RETURN(TensorPlan fp32, TargetSlice(state_, layout_, i, deepspeed::kFp32State, rank));
@@ -272,17 +269,18 @@ class Writer {
     return tp::AddPlan(w, lp);
   }
 
-  absl::Status WriteLayerFile(int layer, const std::vector<int>& keys, int rank) {
+  absl::Status WriteLayerFile(int layer, const std::vector<int>& keys, int rank, const std::string& dir,
+                              UnitResult* result) const {
     torch::TorchWriter w(write_options_);
     ValuePtr sd = Value::MakeDict(/*ordered_dict=*/true);
     for (int i : keys) {
       UCP_ASSIGN_OR_RETURN(ValuePtr t, LpTensor(w, i, rank));
       sd->DictSet(Value::Str(info_.params[i].local_name), t);
     }
-    return Finish(w, deepspeed::LayerFileName(layer, rank), *sd);
+    return Finish(w, deepspeed::LayerFileName(layer, rank), *sd, dir, result);
   }
 
-  absl::Status WriteMpRankFile(int stage, int rank) {
+  absl::Status WriteMpRankFile(int stage, int rank, const std::string& dir, UnitResult* result) const {
     torch::TorchWriter w(write_options_);
     deepspeed::FileValue src = state_.ModelStatesRoot(stage, rank);
     if (!src.value || !src.value->is(Kind::kDict)) {
@@ -317,10 +315,10 @@ class Writer {
         out->DictSet(k, c);
       }
     }
-    return Finish(w, deepspeed::MpRankFileName(layout_.topo.mp_rank(stage, rank)), *out);
+    return Finish(w, deepspeed::MpRankFileName(layout_.topo.mp_rank(stage, rank)), *out, dir, result);
   }
 
-  absl::Status WriteOptimFile(int stage, int rank, int dp_rank) {
+  absl::Status WriteOptimFile(int stage, int rank, int dp_rank, const std::string& dir, UnitResult* result) const {
     torch::TorchWriter w(write_options_);
     const bool bf16 = info_.optimizer_kind == deepspeed::OptimizerKind::kBf16;
     const Value& common = *common_.value;
@@ -407,13 +405,13 @@ class Writer {
     UCP_ASSIGN_OR_RETURN(ValuePtr version, copy_common("ds_version"));
     root->DictSet(Value::Str("ds_version"), version);
     return Finish(w, deepspeed::OptimFileName(dp_rank, layout_.topo.mp_rank(stage, rank), info_.bf16_file_prefix),
-                  *root);
+                  *root, dir, result);
   }
 
  private:
   // The flat partition `dp_rank` of group `g` for one state: the fragments
   // of the params it overlaps, then zeros for the alignment padding.
-  absl::StatusOr<TensorPlan> Partition(int stage, int rank, int dp_rank, int g, const std::string& key) {
+  absl::StatusOr<TensorPlan> Partition(int stage, int rank, int dp_rank, int g, const std::string& key) const {
     const deepspeed::ZeroGroupLayout& gl = layout_.layouts[stage][g];
     std::vector<TensorPlan> pieces;
     int64_t covered = 0;
@@ -432,7 +430,7 @@ class Writer {
     return TensorPlan::Cat(pieces, 0);
   }
 
-  ValuePtr ParamShapes(int stage) {
+  ValuePtr ParamShapes(int stage) const {
     std::vector<ValuePtr> groups;
     for (int g = 0; g < info_.num_groups; ++g) {
       ValuePtr d = Value::MakeDict(/*ordered_dict=*/true);
@@ -446,7 +444,7 @@ class Writer {
 
   // engine._get_buffer_names: the persistent buffers of this stage's module,
   // in module order; a PipelineModule registers tied_modules before its layers.
-  ValuePtr BufferNames(int stage) {
+  ValuePtr BufferNames(int stage) const {
     std::vector<ValuePtr> names, untied;
     for (int i : layout_.stage_module_params[stage]) {
       const ParamState& p = info_.params[i];
@@ -457,7 +455,7 @@ class Writer {
     return Value::List(std::move(names));
   }
 
-  absl::StatusOr<ValuePtr> FrozenParams(torch::TorchWriter& w, int stage, int rank, bool fragments) {
+  absl::StatusOr<ValuePtr> FrozenParams(torch::TorchWriter& w, int stage, int rank, bool fragments) const {
     ValuePtr d = Value::MakeDict(/*ordered_dict=*/true);
     for (int i : layout_.stage_module_params[stage]) {
       const ParamState& p = info_.params[i];
@@ -473,7 +471,7 @@ class Writer {
   }
 
   // The plain module's state dict on a tp rank (non-pipeline checkpoints).
-  absl::StatusOr<ValuePtr> ModuleDict(torch::TorchWriter& w, int rank) {
+  absl::StatusOr<ValuePtr> ModuleDict(torch::TorchWriter& w, int rank) const {
     if (info_.pipeline) return Value::None();
     ValuePtr sd = Value::MakeDict(/*ordered_dict=*/true);
     std::vector<int> order;
@@ -503,7 +501,7 @@ class Writer {
 
   // ds_config with the target's ZeRO stage and, when a global batch size is
   // recorded, gradient accumulation steps that keep it at the new dp.
-  absl::StatusOr<ValuePtr> DsConfig(const deepspeed::FileValue& src, torch::TorchWriter& w) {
+  absl::StatusOr<ValuePtr> DsConfig(const deepspeed::FileValue& src, torch::TorchWriter& w) const {
     UCP_ASSIGN_OR_RETURN(ValuePtr c, deepspeed::CopyTreeForWrite(src, w));
     if (!c->is(Kind::kDict)) return c;
     if (const Value* z = c->DictGet("zero_optimization"); z != nullptr && z->is(Kind::kDict)) {
@@ -524,79 +522,134 @@ class Writer {
     return c;
   }
 
-  absl::Status Finish(torch::TorchWriter& w, const std::string& name, const Value& root) {
-    UCP_ASSIGN_OR_RETURN(tp::WrittenFile f, tp::WriteTorchFile(w, JoinPath(dir_, name), root));
-    bytes += f.size;
-    files += 1;
+  static absl::Status Finish(torch::TorchWriter& w, const std::string& name, const Value& root,
+                             const std::string& dir, UnitResult* result) {
+    UCP_ASSIGN_OR_RETURN(tp::WrittenFile f, tp::WriteTorchFile(w, JoinPath(dir, name), root));
+    FileDigest d;
+    d.set_path(name);
+    d.set_size(f.size);
+    d.set_sha256(f.sha256);
+    result->files.push_back(std::move(d));
     return absl::OkStatus();
   }
 
   const deepspeed::ModelState& state_;
   const ModelInfo& info_;
   const TargetLayout& layout_;
-  std::string dir_;
   torch::TorchWriteOptions write_options_;
   deepspeed::FileValue common_;
 };
 
-}  // namespace
+class ZeroPlan : public Plan {
+ public:
+  ZeroPlan(const deepspeed::ModelState& state, TargetLayout layout, const ZeroWriteOptions& options)
+      : layout_(std::move(layout)), writer_(state, layout_, options.num_threads), info_(state.info()) {}
 
-absl::StatusOr<ZeroWriteResult> WriteZeroCheckpoint(const deepspeed::ModelState& state,
-                                                    const std::string& output_folder,
-                                                    const ZeroWriteOptions& options) {
-  const ModelInfo& info = state.info();
-  UCP_ASSIGN_OR_RETURN(TargetLayout layout, PlanTarget(info, options));
-  UCP_ASSIGN_OR_RETURN(StagingDir staging, StagingDir::Create(output_folder, options.overwrite));
-  Writer writer(state, layout, staging.path(), options.num_threads);
-  UCP_RETURN_IF_ERROR(writer.Init());
+  absl::Status Build() {
+    UCP_RETURN_IF_ERROR(writer_.Init());
+    // Every output file is one unit of work.
+    const deepspeed::Topology& t = layout_.topo;
+    auto slice_bytes = [&](int i, bool lp) {
+      const ParamState& p = info_.params[i];
+      return Numel(layout_.slice_shapes[i]) *
+             static_cast<int64_t>(torch::ItemSize(lp || !p.trainable() ? p.lp_dtype : torch::DType::kFloat32));
+    };
+    for (size_t l = 0; l < layout_.layer_files.size(); ++l) {
+      const auto& [layer, keys] = layout_.layer_files[l];
+      int64_t bytes = 0;
+      for (int i : keys) bytes += slice_bytes(i, true);
+      for (int r = 0; r < t.tp; ++r) Add({Job::kLayer, static_cast<int>(l), r, 0}, deepspeed::LayerFileName(layer, r), bytes);
+    }
+    for (int s = 0; s < t.pp; ++s) {
+      int64_t bytes = 4096;
+      if (!info_.pipeline) {
+        for (size_t i = 0; i < info_.params.size(); ++i) bytes += slice_bytes(static_cast<int>(i), true);
+      }
+      for (int r = 0; r < t.tp; ++r) Add({Job::kMpRank, s, r, 0}, deepspeed::MpRankFileName(t.mp_rank(s, r)), bytes);
+    }
+    const int64_t per_element = 4 * (1 + static_cast<int64_t>(info_.state_keys.size()));
+    for (int s = 0; s < t.pp; ++s) {
+      int64_t bytes = 0;
+      for (const auto& gl : layout_.layouts[s]) bytes += gl.partition_numel() * per_element;
+      for (int r = 0; r < t.tp; ++r) {
+        for (int d = 0; d < t.dp; ++d) {
+          Add({Job::kOptim, s, r, d}, deepspeed::OptimFileName(d, t.mp_rank(s, r), info_.bf16_file_prefix), bytes);
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
 
-  // Every output file is one unit of work.
+  absl::Status Prepare(const std::string& staging) const override { return absl::OkStatus(); }
+
+  absl::Status Execute(size_t i, const std::string& staging, UnitResult* result) const override {
+    const Job& job = jobs_[i];
+    switch (job.type) {
+      case Job::kLayer: {
+        const auto& [layer, keys] = layout_.layer_files[job.a];
+        return writer_.WriteLayerFile(layer, keys, job.b, staging, result);
+      }
+      case Job::kMpRank:
+        return writer_.WriteMpRankFile(job.a, job.b, staging, result);
+      case Job::kOptim:
+        return writer_.WriteOptimFile(job.a, job.b, job.c, staging, result);
+    }
+    return absl::InternalError("unknown unit");
+  }
+
+  absl::StatusOr<WriteStats> Finish(const std::vector<UnitResult>& results, const std::string& staging) const override {
+    WriteStats stats;
+    AddUnitResults(results, &stats);
+    return stats;
+  }
+
+  std::string latest_file() const override { return deepspeed::kLatestFile; }
+  const TargetLayout& layout() const { return layout_; }
+
+ private:
   struct Job {
     enum { kLayer, kMpRank, kOptim } type;
     int a, b, c;
   };
-  std::vector<Job> jobs;
-  const deepspeed::Topology& t = layout.topo;
-  for (size_t l = 0; l < layout.layer_files.size(); ++l) {
-    for (int r = 0; r < t.tp; ++r) jobs.push_back({Job::kLayer, static_cast<int>(l), r, 0});
+  void Add(Job job, std::string file, int64_t bytes) {
+    Unit u;
+    u.name = absl::StrCat("file ", file);
+    u.outputs.push_back(std::move(file));
+    u.bytes = bytes;
+    jobs_.push_back(job);
+    units_.push_back(std::move(u));
   }
-  for (int s = 0; s < t.pp; ++s) {
-    for (int r = 0; r < t.tp; ++r) jobs.push_back({Job::kMpRank, s, r, 0});
-  }
-  for (int s = 0; s < t.pp; ++s) {
-    for (int r = 0; r < t.tp; ++r) {
-      for (int d = 0; d < t.dp; ++d) jobs.push_back({Job::kOptim, s, r, d});
-    }
-  }
-  std::atomic<size_t> done{0};
-  UCP_RETURN_IF_ERROR(ParallelFor(jobs.size(), options.num_threads, [&](size_t j) -> absl::Status {
-    const Job& job = jobs[j];
-    switch (job.type) {
-      case Job::kLayer: {
-        const auto& [layer, keys] = layout.layer_files[job.a];
-        UCP_RETURN_IF_ERROR(writer.WriteLayerFile(layer, keys, job.b));
-        break;
-      }
-      case Job::kMpRank:
-        UCP_RETURN_IF_ERROR(writer.WriteMpRankFile(job.a, job.b));
-        break;
-      case Job::kOptim:
-        UCP_RETURN_IF_ERROR(writer.WriteOptimFile(job.a, job.b, job.c));
-        break;
-    }
-    const size_t n = ++done;
-    if (options.progress) options.progress(n, jobs.size());
-    return absl::OkStatus();
-  }));
-  UCP_RETURN_IF_ERROR(staging.Commit());
-  if (options.write_latest) {
-    UCP_RETURN_IF_ERROR(
-        WriteFileAtomic(JoinPath(Dirname(staging.target()), deepspeed::kLatestFile), Basename(staging.target())));
-  }
+
+  TargetLayout layout_;
+  Writer writer_;
+  const ModelInfo& info_;
+  std::vector<Job> jobs_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Plan>> PlanZero(const deepspeed::ModelState& state, const ZeroWriteOptions& options,
+                                               TargetLayout* layout) {
+  UCP_ASSIGN_OR_RETURN(TargetLayout target, PlanTarget(state.info(), options));
+  if (layout != nullptr) *layout = target;
+  auto plan = std::make_unique<ZeroPlan>(state, std::move(target), options);
+  UCP_RETURN_IF_ERROR(plan->Build());
+  return std::unique_ptr<Plan>(std::move(plan));
+}
+
+absl::StatusOr<ZeroWriteResult> WriteZeroCheckpoint(const deepspeed::ModelState& state,
+                                                    const std::string& output_folder,
+                                                    const ZeroWriteOptions& options) {
   ZeroWriteResult result;
-  result.layout = std::move(layout);
-  result.files = writer.files.load();
-  result.bytes = writer.bytes.load();
+  UCP_ASSIGN_OR_RETURN(std::unique_ptr<Plan> plan, PlanZero(state, options, &result.layout));
+  RunOptions run;
+  run.num_threads = options.num_threads;
+  run.overwrite = options.overwrite;
+  run.write_latest = options.write_latest;
+  run.progress = options.progress;
+  UCP_ASSIGN_OR_RETURN(WriteStats stats, RunPlan(*plan, output_folder, run));
+  result.files = stats.files;
+  result.bytes = stats.bytes;
   return result;
 }
 

@@ -20,8 +20,9 @@
 // params are the fp32 masters cast to the lp dtype, as DeepSpeed's optimizers
 // keep them.
 //
-// Every output file is an independent unit of work; files are written into a
-// staging folder renamed into place when complete, then `latest`.
+// Every output file is an independent unit of work (plan.h); files are
+// written into a staging folder renamed into place when complete, then
+// `latest`.
 #ifndef UCP_WRITERS_ZERO_WRITER_H_
 #define UCP_WRITERS_ZERO_WRITER_H_
 
@@ -35,6 +36,7 @@
 #include "deepspeed/model_state.h"
 #include "deepspeed/topology.h"
 #include "tp/tensor_plan.h"
+#include "writers/plan.h"
 
 namespace ucp::writers {
 
@@ -52,7 +54,7 @@ struct ZeroWriteOptions {
   int num_threads = 0;
   bool overwrite = false;
   bool write_latest = true;
-  std::function<void(size_t, size_t)> progress;
+  ProgressFn progress;
 };
 
 // Where everything goes at the target topology.
@@ -86,7 +88,13 @@ struct ZeroWriteResult {
   int64_t bytes = 0;
 };
 
-// `output_folder` is ROOT/TAG.
+// The plan of the ZeRO checkpoint of `state` at options.target (`state`
+// must outlive it); its TargetLayout goes to `layout` when not null. One unit
+// per output file.
+absl::StatusOr<std::unique_ptr<Plan>> PlanZero(const deepspeed::ModelState& state, const ZeroWriteOptions& options,
+                                               TargetLayout* layout = nullptr);
+
+// PlanZero, then RunPlan in this process. `output_folder` is ROOT/TAG.
 absl::StatusOr<ZeroWriteResult> WriteZeroCheckpoint(const deepspeed::ModelState& state,
                                                     const std::string& output_folder,
                                                     const ZeroWriteOptions& options);

@@ -1,0 +1,104 @@
+// Plan / execute / commit: how every ucp writer works, so that one output can
+// be written by threads of one process or by the ranks of an MPI job.
+//
+//   plan      A writer turns a ModelState into a Plan: named units of work,
+//             each listing the input files (and the byte ranges of the tensors
+//             in them) it reads, the output files it writes and how many bytes
+//             it writes. A unit reads only its own inputs and writes only its
+//             own files.
+//   execute   Any subset of units runs into the staging folder (ExecuteUnits:
+//             threads; exec/mpi.h: the units of one rank), each returning the
+//             size and digest of every file it wrote.
+//   commit    Once, after every unit succeeded: the plan finishes the staging
+//             folder (e.g. the manifest, from every unit's digests), which is
+//             then renamed into place, and the `latest` file is written last.
+//
+// RunPlan does all three in one process.
+//
+// Example:
+//   UCP_ASSIGN_OR_RETURN(auto plan, PlanUniversal(state, options));
+//   UCP_ASSIGN_OR_RETURN(WriteStats stats, RunPlan(*plan, "/ckpt/global_step4_universal", run_options));
+#ifndef UCP_WRITERS_PLAN_H_
+#define UCP_WRITERS_PLAN_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "base/progress.h"
+#include "deepspeed/model_state.h"
+#include "proto/ucp.pb.h"
+
+namespace ucp::writers {
+
+using deepspeed::InputRange;
+
+struct Unit {
+  std::string name;                  // e.g. "param 2.attention.dense.weight"
+  std::vector<std::string> outputs;  // paths relative to the output folder
+  std::vector<InputRange> inputs;
+  int64_t bytes = 0;                 // bytes it writes (an estimate for balancing)
+};
+
+// What one unit wrote.
+struct UnitResult {
+  std::vector<FileDigest> files;  // path relative to the output folder, size, digest
+};
+
+struct WriteStats {
+  int64_t files = 0;
+  int64_t bytes = 0;
+  int64_t params = 0;
+};
+
+class Plan {
+ public:
+  virtual ~Plan() = default;
+  const std::vector<Unit>& units() const { return units_; }
+  int64_t total_bytes() const;
+
+  // Creates the folders the units write into (once, before any unit runs).
+  virtual absl::Status Prepare(const std::string& staging) const = 0;
+  // Runs unit `i`, writing its files under `staging`.
+  virtual absl::Status Execute(size_t i, const std::string& staging, UnitResult* result) const = 0;
+  // After every unit succeeded: completes the staging folder (results are
+  // indexed like units()) and says what it added.
+  virtual absl::StatusOr<WriteStats> Finish(const std::vector<UnitResult>& results,
+                                            const std::string& staging) const = 0;
+  // The file beside the output that names it once committed ("latest",
+  // "latest_universal"), or "" for none.
+  virtual std::string latest_file() const = 0;
+
+ protected:
+  std::vector<Unit> units_;
+};
+
+// Runs the units `subset` (indices into plan.units()) on up to `threads`
+// threads (0 = all cores), largest first; results[i] is filled for each i in
+// the subset. The first failure wins; units not started by then are skipped.
+absl::Status ExecuteUnits(const Plan& plan, const std::vector<size_t>& subset, const std::string& staging,
+                          int threads, const ProgressFn& progress, std::vector<UnitResult>* results);
+
+// Splits the units over `ranks` by bytes, largest first, each to the rank
+// with the fewest bytes so far (ties: the lowest rank). Deterministic.
+std::vector<std::vector<size_t>> AssignUnits(const std::vector<Unit>& units, int ranks);
+
+struct RunOptions {
+  int num_threads = 0;
+  bool overwrite = false;
+  bool keep_temp_folder = false;  // keep the staging folder on failure
+  bool write_latest = true;
+  ProgressFn progress;
+};
+
+// Plan, execute and commit in this process: a staging folder beside
+// `output_folder`, every unit, Finish, rename into place, then the latest file.
+absl::StatusOr<WriteStats> RunPlan(const Plan& plan, const std::string& output_folder, const RunOptions& options);
+
+// Sums what the units wrote into `stats` (files, bytes).
+void AddUnitResults(const std::vector<UnitResult>& results, WriteStats* stats);
+
+}  // namespace ucp::writers
+
+#endif  // UCP_WRITERS_PLAN_H_

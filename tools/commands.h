@@ -1,5 +1,6 @@
-// Subcommands that live outside ucp_main.cc (the conformance suite's demo,
-// fuzz and golden), so that the main file stays a table of thin wrappers.
+// The ucp subcommands: each is a `Run*(argc, argv)` in its own file
+// (tools/cmd_*.cc, argv[0] is the command name) listed in Commands(), which
+// ucp_main.cc dispatches on and prints as usage.
 #ifndef UCP_TOOLS_COMMANDS_H_
 #define UCP_TOOLS_COMMANDS_H_
 
@@ -9,10 +10,17 @@ namespace ucp::tools {
 
 struct Command {
   const char* name;
-  int (*run)(int argc, char** argv);  // argv[0] is the command name
+  const char* summary;
+  int (*run)(int argc, char** argv);
 };
 
-std::vector<Command> ExtraCommands();
+// In the order `ucp --help` lists them.
+const std::vector<Command>& Commands();
+
+int RunInspect(int argc, char** argv);
+int RunConvert(int argc, char** argv);
+int RunReshard(int argc, char** argv);
+int RunRules(int argc, char** argv);
 
 }  // namespace ucp::tools
 

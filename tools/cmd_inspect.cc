@@ -1,0 +1,36 @@
+// `ucp inspect`.
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "google/protobuf/text_format.h"
+#include "readers/inspect.h"
+#include "tools/cli.h"
+#include "tools/commands.h"
+
+namespace ucp::tools {
+
+int RunInspect(int argc, char** argv) {
+  FlagSet f("inspect", "what a checkpoint folder (ZeRO or universal) or a single .pt file holds. Usage: ucp inspect PATH");
+  std::string format = "text";
+  f.String("format", &format, "text or textproto (an InspectReport message, proto/ucp.proto)");
+  std::vector<std::string> positional;
+  if (std::optional<int> done = ParseOrExit(f, argc, argv, &positional)) return *done;
+  if (positional.size() != 1) {
+    return Fail(absl::InvalidArgumentError("usage: ucp inspect PATH [--format=text|textproto]"));
+  }
+  auto report = readers::Inspect(positional[0]);
+  if (!report.ok()) return Fail(report.status());
+  if (format == "textproto") {
+    std::string text;
+    google::protobuf::TextFormat::PrintToString(*report, &text);
+    std::cout << text;
+  } else if (format == "text") {
+    std::cout << readers::FormatReport(*report);
+  } else {
+    return Fail(absl::InvalidArgumentError(absl::StrCat("--format=", format, ": expected text or textproto")));
+  }
+  return 0;
+}
+
+}  // namespace ucp::tools

@@ -1,0 +1,23 @@
+#include "tools/commands.h"
+
+#include "conformance/commands.h"
+
+namespace ucp::tools {
+
+const std::vector<Command>& Commands() {
+  static const auto* commands = new std::vector<Command>{
+      {"inspect", "PATH: what a checkpoint folder (ZeRO or universal) or a .pt file holds", &RunInspect},
+      {"convert", "ZeRO checkpoint -> universal checkpoint (drop-in for ds_to_universal.py)", &RunConvert},
+      {"reshard", "any checkpoint -> regular ZeRO checkpoint at a new tp/pp/dp", &RunReshard},
+      {"rules", "print the built-in merge-rule presets", &RunRules},
+      {"demo",
+       "the built-in example: generate a GPT-NeoX-style tp=2 ZeRO-1 checkpoint, convert it, reshard it to tp=1, "
+       "verify it bitwise",
+       &conformance::RunDemoCommand},
+      {"fuzz", "run the conformance properties on random models and topologies", &conformance::RunFuzzCommand},
+      {"golden", "check (or update) a golden description of a universal checkpoint", &conformance::RunGoldenCommand},
+  };
+  return *commands;
+}
+
+}  // namespace ucp::tools

@@ -196,23 +196,25 @@ absl::Status ZeroCheckpoint::Load() {
       }
     }
   }
-  // Parse and check every optimizer file (their CRCs are verified as they
-  // open: spread over all cores).
-  std::vector<std::tuple<int, int, int>> keys;
+  // Optimizer files open on first use (a unit of work reads only the files
+  // it needs); each is checked against the partition math and against
+  // zero_pp_rank_0_mp_rank_00, which is read now for what every file shares.
   for (int s = 0; s < topo_.pp; ++s) {
     for (int t = 0; t < topo_.tp; ++t) {
-      for (int d = 0; d < topo_.dp; ++d) keys.emplace_back(s, t, d);
+      for (int d = 0; d < topo_.dp; ++d) optim_slots_[{s, t, d}] = std::make_unique<OptimSlot>();
     }
   }
-  std::vector<std::unique_ptr<OptimFile>> parsed(keys.size());
-  UCP_RETURN_IF_ERROR(ParallelFor(keys.size(), 0, [&](size_t i) -> absl::Status {
-    const auto& [s, t, d] = keys[i];
-    UCP_ASSIGN_OR_RETURN(parsed[i], ParseOptim(s, t, d));
-    return absl::OkStatus();
-  }));
-  for (size_t i = 0; i < keys.size(); ++i) optim_cache_[keys[i]] = std::move(parsed[i]);
+  {
+    const auto& slot = optim_slots_.at({0, 0, 0});
+    slot->status = [&]() -> absl::Status {
+      UCP_ASSIGN_OR_RETURN(slot->file, ParseOptim(0, 0, 0));
+      return absl::OkStatus();
+    }();
+    std::call_once(slot->once, [] {});
+    UCP_RETURN_IF_ERROR(slot->status);
+  }
   // Zero stage from the files or the config.
-  const OptimFile& first = *optim_cache_[{0, 0, 0}];
+  const OptimFile& first = *optim_slots_.at({0, 0, 0})->file;
   kind_ = first.optimizer_state_dict->DictGet("zero_stage") == nullptr &&
                   first.optimizer_state_dict->DictGet("loss_scaler") == nullptr
               ? deepspeed::OptimizerKind::kBf16
@@ -226,26 +228,9 @@ absl::Status ZeroCheckpoint::Load() {
   if (zero_stage_ == 3) {
     return FileError(first.path, absl::StatusCode::kUnimplemented, "ZeRO stage 3 is not supported");
   }
-  for (const auto& [key, file] : optim_cache_) {
-    const bool has_stage = file->optimizer_state_dict->DictGet("zero_stage") != nullptr;
-    if (has_stage != (kind_ == deepspeed::OptimizerKind::kZero)) {
-      return FileError(file->path, absl::StatusCode::kInvalidArgument,
-                       absl::StrCat("optimizer state layout differs from ", first.path));
-    }
-  }
-  // The per-element state keys, the same in every file.
+  // The per-element state keys, the same in every file (CheckLikeFirst).
   if (!first.groups.empty()) {
     for (const auto& s : first.groups[0].states) state_keys_.push_back(s.first);
-  }
-  for (const auto& [key, file] : optim_cache_) {
-    if (file->groups.empty()) continue;
-    std::vector<std::string> have;
-    for (const auto& s : file->groups[0].states) have.push_back(s.first);
-    if (have != state_keys_) {
-      return FileError(file->path, absl::StatusCode::kInvalidArgument,
-                       absl::StrCat("optimizer states [", absl::StrJoin(have, ", "), "] differ from [",
-                                    absl::StrJoin(state_keys_, ", "), "] in ", first.path));
-    }
   }
   lp_dtype_ = ms_->config_lp_dtype();
   UCP_RETURN_IF_ERROR(LoadModuleLayout());
@@ -525,10 +510,39 @@ std::string ZeroCheckpoint::LayerPath(int layer, int tp) const {
 }
 
 absl::StatusOr<const OptimFile*> ZeroCheckpoint::Optim(int pp, int tp, int dp) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = optim_cache_.find({pp, tp, dp});
-  if (it != optim_cache_.end()) return it->second.get();
-  return absl::NotFoundError(absl::StrCat(OptimPath(pp, tp, dp), ": not part of this checkpoint"));
+  auto it = optim_slots_.find({pp, tp, dp});
+  if (it == optim_slots_.end()) {
+    return absl::NotFoundError(absl::StrCat(OptimPath(pp, tp, dp), ": not part of this checkpoint"));
+  }
+  OptimSlot& slot = *it->second;
+  std::call_once(slot.once, [&] {
+    slot.status = [&]() -> absl::Status {
+      UCP_ASSIGN_OR_RETURN(slot.file, ParseOptim(pp, tp, dp));
+      return CheckLikeFirst(*slot.file);
+    }();
+    if (!slot.status.ok()) slot.file.reset();
+  });
+  if (!slot.status.ok()) return slot.status;
+  return slot.file.get();
+}
+
+absl::Status ZeroCheckpoint::CheckLikeFirst(const OptimFile& file) const {
+  const OptimFile& first = *optim_slots_.at({0, 0, 0})->file;
+  const bool has_stage = file.optimizer_state_dict->DictGet("zero_stage") != nullptr;
+  if (has_stage != (kind_ == deepspeed::OptimizerKind::kZero)) {
+    return FileError(file.path, absl::StatusCode::kInvalidArgument,
+                     absl::StrCat("optimizer state layout differs from ", first.path));
+  }
+  if (!file.groups.empty()) {
+    std::vector<std::string> have;
+    for (const auto& s : file.groups[0].states) have.push_back(s.first);
+    if (have != state_keys_) {
+      return FileError(file.path, absl::StatusCode::kInvalidArgument,
+                       absl::StrCat("optimizer states [", absl::StrJoin(have, ", "), "] differ from [",
+                                    absl::StrJoin(state_keys_, ", "), "] in ", first.path));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<const torch::TorchFile*> ZeroCheckpoint::LayerFile(int layer, int tp) const {

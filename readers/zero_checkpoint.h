@@ -112,6 +112,9 @@ class ZeroCheckpoint {
   // The mp_rank file of (pp, tp) (opened at Open).
   const torch::TorchFile& MpRankFile(int pp, int tp) const { return ms_->file(pp, tp); }
   // Optimizer / layer files, opened on first use and cached (thread-safe).
+  // An optimizer file is checked against the partition math and against
+  // zero_pp_rank_0_mp_rank_00 when it opens; its error is kept and returned
+  // to every later call.
   // A layer file's records are not CRC-checked when it opens: read its
   // tensors through ModuleTensor, which checks each one it returns.
   absl::StatusOr<const OptimFile*> Optim(int pp, int tp, int dp) const;
@@ -157,8 +160,16 @@ class ZeroCheckpoint {
   std::vector<int> layer_files_;
   std::map<std::pair<int, int>, std::string> layer_paths_;  // (layer, tp) -> path
 
+  // One per optimizer file, created at Open; the file is parsed (and its
+  // CRCs verified) by the first Optim() call that needs it.
+  struct OptimSlot {
+    std::once_flag once;
+    absl::Status status;
+    std::unique_ptr<OptimFile> file;
+  };
+  absl::Status CheckLikeFirst(const OptimFile& file) const;
+  std::map<std::tuple<int, int, int>, std::unique_ptr<OptimSlot>> optim_slots_;
   mutable std::mutex mu_;
-  mutable std::map<std::tuple<int, int, int>, std::unique_ptr<OptimFile>> optim_cache_;
   mutable std::map<std::pair<int, int>, std::unique_ptr<torch::TorchFile>> layer_cache_;
 };
 

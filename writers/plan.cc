@@ -71,14 +71,15 @@ void AddUnitResults(const std::vector<UnitResult>& results, WriteStats* stats) {
   }
 }
 
-absl::StatusOr<WriteStats> RunPlan(const Plan& plan, const std::string& output_folder, const RunOptions& options) {
+absl::StatusOr<StagingDir> BeginOutput(const Plan& plan, const std::string& output_folder, const RunOptions& options) {
   UCP_ASSIGN_OR_RETURN(StagingDir staging, StagingDir::Create(output_folder, options.overwrite));
   if (options.keep_temp_folder) staging.Keep();
   UCP_RETURN_IF_ERROR(plan.Prepare(staging.path()));
-  std::vector<size_t> all(plan.units().size());
-  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
-  std::vector<UnitResult> results;
-  UCP_RETURN_IF_ERROR(ExecuteUnits(plan, all, staging.path(), options.num_threads, options.progress, &results));
+  return staging;
+}
+
+absl::StatusOr<WriteStats> CommitOutput(const Plan& plan, StagingDir& staging, const std::vector<UnitResult>& results,
+                                        const RunOptions& options) {
   UCP_ASSIGN_OR_RETURN(WriteStats stats, plan.Finish(results, staging.path()));
   UCP_RETURN_IF_ERROR(staging.Commit());
   if (options.write_latest && !plan.latest_file().empty()) {
@@ -86,6 +87,15 @@ absl::StatusOr<WriteStats> RunPlan(const Plan& plan, const std::string& output_f
         WriteFileAtomic(JoinPath(Dirname(staging.target()), plan.latest_file()), Basename(staging.target())));
   }
   return stats;
+}
+
+absl::StatusOr<WriteStats> RunPlan(const Plan& plan, const std::string& output_folder, const RunOptions& options) {
+  UCP_ASSIGN_OR_RETURN(StagingDir staging, BeginOutput(plan, output_folder, options));
+  std::vector<size_t> all(plan.units().size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+  std::vector<UnitResult> results;
+  UCP_RETURN_IF_ERROR(ExecuteUnits(plan, all, staging.path(), options.num_threads, options.progress, &results));
+  return CommitOutput(plan, staging, results, options);
 }
 
 }  // namespace ucp::writers

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "base/fs.h"
 #include "base/progress.h"
 #include "deepspeed/model_state.h"
 #include "proto/ucp.pb.h"
@@ -93,8 +94,15 @@ struct RunOptions {
 };
 
 // Plan, execute and commit in this process: a staging folder beside
-// `output_folder`, every unit, Finish, rename into place, then the latest file.
+// `output_folder` (BeginOutput), every unit, then CommitOutput.
 absl::StatusOr<WriteStats> RunPlan(const Plan& plan, const std::string& output_folder, const RunOptions& options);
+
+// The two ends of every run, shared by RunPlan and the MPI executor (only
+// its rank 0 calls them): the staging folder, with the plan's folders made;
+// and, once every unit succeeded, Finish, rename into place, latest file.
+absl::StatusOr<StagingDir> BeginOutput(const Plan& plan, const std::string& output_folder, const RunOptions& options);
+absl::StatusOr<WriteStats> CommitOutput(const Plan& plan, StagingDir& staging, const std::vector<UnitResult>& results,
+                                        const RunOptions& options);
 
 // Sums what the units wrote into `stats` (files, bytes).
 void AddUnitResults(const std::vector<UnitResult>& results, WriteStats* stats);

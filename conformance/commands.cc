@@ -69,10 +69,11 @@ int RunFuzzCommand(int argc, char** argv) {
                    "laid out as DeepSpeed 0.14.4 lays it out (formulas checked independently). Prints the "
                    "distribution of what was generated; a failure shrinks to a minimal model and prints the seed "
                    "and the case");
-  int64_t seed = 1, cases = 200;
+  uint64_t seed = 1;
+  int64_t cases = 200;
   std::string properties = "abcde", workdir, case_file;
   CaseGenOptions gen;
-  f.Int("seed", &seed, "RapidCheck seed: the same seed and --cases replay the same run");
+  f.Uint64("seed", &seed, "RapidCheck seed: the same seed and --cases replay the same run");
   f.Int("cases", &cases, "cases per run; each case is checked against every selected property");
   f.String("properties", &properties, "which properties to check: any of a, b, c, d, e");
   f.String("workdir", &workdir, "scratch folder for the checkpoints (default: under /dev/shm, else $TMPDIR or /tmp; removed)");

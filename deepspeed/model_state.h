@@ -146,6 +146,12 @@ class CheckpointState {
   // The input files (and tensor byte ranges in them) that reading every
   // state of `param` touches; empty for a state held in memory.
   virtual std::vector<InputRange> Inputs(const ParamState& param) const { return {}; }
+  // Every file of the source, and a check of one of them as thorough as
+  // reading it for a unit would be (CRCs, structure, consistency with the
+  // others): writers check the files no unit reads, so that no damaged
+  // input goes unnoticed.
+  virtual std::vector<std::string> InputFiles() const { return {}; }
+  virtual absl::Status VerifyInput(const std::string& path) const { return absl::OkStatus(); }
   // A per-group scalar optimizer state (e.g. "step"); value null when absent.
   virtual absl::StatusOr<FileValue> GroupScalar(int group, const std::string& key) const = 0;
   // The optimizer state that is not sharded: what the universal

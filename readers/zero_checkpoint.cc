@@ -545,6 +545,25 @@ absl::Status ZeroCheckpoint::CheckLikeFirst(const OptimFile& file) const {
   return absl::OkStatus();
 }
 
+absl::Status ZeroCheckpoint::VerifyFile(const std::string& path) const {
+  auto parsed = deepspeed::ParseCheckpointFileName(Basename(path));
+  if (!parsed || Dirname(path) != dir_) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a file of the checkpoint ", dir_));
+  }
+  switch (parsed->type) {
+    case deepspeed::CheckpointFileName::Type::kOptim: {
+      const int pp = parsed->mp_rank / topo_.tp, tp = parsed->mp_rank % topo_.tp;
+      return Optim(pp, tp, parsed->dp_rank).status();
+    }
+    case deepspeed::CheckpointFileName::Type::kLayer:
+      // Its structure (opened at Open); the lp weights of trainable params
+      // are the fp32 masters cast, and are not read for them.
+      return LayerFile(parsed->layer, parsed->tp_rank).status();
+    default:
+      return absl::OkStatus();
+  }
+}
+
 absl::StatusOr<const torch::TorchFile*> ZeroCheckpoint::LayerFile(int layer, int tp) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = layer_cache_.find({layer, tp});

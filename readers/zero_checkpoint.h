@@ -119,6 +119,10 @@ class ZeroCheckpoint {
   // tensors through ModuleTensor, which checks each one it returns.
   absl::StatusOr<const OptimFile*> Optim(int pp, int tp, int dp) const;
   absl::StatusOr<const torch::TorchFile*> LayerFile(int layer, int tp) const;
+  // Checks one file of the checkpoint (a path under dir()) as reading it
+  // would: an optimizer file is opened (Optim); layer and mp_rank files were
+  // checked at Open (a layer file's storages when a tensor is read).
+  absl::Status VerifyFile(const std::string& path) const;
 
   // The flat pieces (in dp order) whose concatenation is the tp slice of
   // `param` in stage `pp`, tp rank `tp`, for `state` ("fp32" or a state key).

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/fs.h"
 #include "base/status_macros.h"
 
 namespace ucp::readers {
@@ -227,6 +228,12 @@ std::vector<deepspeed::InputRange> ZeroSlicedState::Inputs(const ParamState& par
     out.push_back({e.layer >= 0 ? ckpt_->LayerPath(e.layer, t) : ckpt_->MpRankPath(0, t),
                    e.layer >= 0 ? e.local_name : absl::StrCat("module.", e.name), 0, -1});
   }
+  return out;
+}
+
+std::vector<std::string> ZeroSlicedState::InputFiles() const {
+  std::vector<std::string> out;
+  for (const std::string& f : ckpt_->files()) out.push_back(JoinPath(ckpt_->dir(), f));
   return out;
 }
 

@@ -51,6 +51,8 @@ class ZeroSlicedState : public deepspeed::SlicedState {
                                                      const std::string& state) const override;
   absl::StatusOr<deepspeed::FileValue> GroupScalar(int group, const std::string& key) const override;
   std::vector<deepspeed::InputRange> Inputs(const deepspeed::ParamState& param) const override;
+  std::vector<std::string> InputFiles() const override;
+  absl::Status VerifyInput(const std::string& path) const override { return ckpt_->VerifyFile(path); }
   absl::StatusOr<deepspeed::FileValue> OptimizerCommon() const override;
   deepspeed::FileValue ModelStatesRoot(int pp, int tp) const override;
   std::string ModelStatesPath(int pp, int tp) const override;

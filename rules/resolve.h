@@ -56,6 +56,8 @@ class ResolvedState : public deepspeed::ModelState {
   std::vector<deepspeed::InputRange> Inputs(const deepspeed::ParamState& param) const override {
     return source_->Inputs(param);
   }
+  std::vector<std::string> InputFiles() const override { return source_->InputFiles(); }
+  absl::Status VerifyInput(const std::string& path) const override { return source_->VerifyInput(path); }
   absl::StatusOr<deepspeed::FileValue> OptimizerCommon() const override { return source_->OptimizerCommon(); }
   deepspeed::FileValue ModelStatesRoot(int pp, int tp) const override { return source_->ModelStatesRoot(pp, tp); }
   std::string ModelStatesPath(int pp, int tp) const override { return source_->ModelStatesPath(pp, tp); }

@@ -41,6 +41,9 @@ void FlagSet::Integer(const std::string& name, T* value, const std::string& help
 
 void FlagSet::Int(const std::string& name, int64_t* value, const std::string& help) { Integer(name, value, help); }
 void FlagSet::Int32(const std::string& name, int* value, const std::string& help) { Integer(name, value, help); }
+void FlagSet::Uint64(const std::string& name, uint64_t* value, const std::string& help) {
+  Integer(name, value, help);
+}
 
 void FlagSet::Bool(const std::string& name, bool* value, const std::string& help) {
   Flag f;

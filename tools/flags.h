@@ -28,6 +28,7 @@ class FlagSet {
   void String(const std::string& name, std::string* value, const std::string& help, bool required = false);
   void Int(const std::string& name, int64_t* value, const std::string& help);
   void Int32(const std::string& name, int* value, const std::string& help);
+  void Uint64(const std::string& name, uint64_t* value, const std::string& help);
   void Bool(const std::string& name, bool* value, const std::string& help);
   // A boolean that sets `*value = false` when given (argparse's store_false,
   // e.g. ds_to_universal.py's --no_strict).

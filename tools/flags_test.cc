@@ -89,3 +89,25 @@ TEST(FlagSetTest, HelpListsEveryFlag) {
 
 }  // namespace
 }  // namespace ucp::tools
+
+namespace ucp::tools {
+namespace {
+
+// Fuzz failures print 64-bit seeds; `ucp fuzz --seed=` must take them back.
+TEST(FlagSetTest, Uint64TakesTheFullRange) {
+  FlagSet f("fuzz", "");
+  uint64_t seed = 1;
+  f.Uint64("seed", &seed, "");
+  std::vector<std::string> args = {"fuzz", "--seed=14309164124395595551"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  ASSERT_TRUE(f.Parse(static_cast<int>(argv.size()), argv.data()).ok());
+  EXPECT_EQ(seed, 14309164124395595551ull);
+  args[1] = "--seed=-1";
+  argv.clear();
+  for (auto& a : args) argv.push_back(a.data());
+  EXPECT_FALSE(f.Parse(static_cast<int>(argv.size()), argv.data()).ok());
+}
+
+}  // namespace
+}  // namespace ucp::tools

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <mutex>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "base/fs.h"
@@ -45,6 +46,29 @@ absl::Status ExecuteUnits(const Plan& plan, const std::vector<size_t>& subset, c
     }
     return absl::OkStatus();
   });
+}
+
+bool AddVerifyUnit(const deepspeed::CheckpointState& state, std::vector<Unit>* units) {
+  std::set<std::string> read;
+  for (const Unit& u : *units) {
+    for (const InputRange& r : u.inputs) read.insert(r.path);
+  }
+  Unit v;
+  v.name = "verify unread inputs";
+  for (const std::string& f : state.InputFiles()) {
+    if (read.count(f)) continue;
+    v.inputs.push_back({f, "", 0, -1});
+    auto size = FileSize(f);
+    v.bytes += size.ok() ? *size / 8 : 0;  // reading is cheaper than writing
+  }
+  if (v.inputs.empty()) return false;
+  units->push_back(std::move(v));
+  return true;
+}
+
+absl::Status ExecuteVerifyUnit(const deepspeed::CheckpointState& state, const Unit& unit) {
+  for (const InputRange& r : unit.inputs) UCP_RETURN_IF_ERROR(state.VerifyInput(r.path));
+  return absl::OkStatus();
 }
 
 std::vector<std::vector<size_t>> AssignUnits(const std::vector<Unit>& units, int ranks) {

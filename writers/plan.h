@@ -81,6 +81,12 @@ class Plan {
 absl::Status ExecuteUnits(const Plan& plan, const std::vector<size_t>& subset, const std::string& staging,
                           int threads, const ProgressFn& progress, std::vector<UnitResult>* results);
 
+// Appends to `units` one unit that checks the source's input files no unit
+// reads (CheckpointState::InputFiles / VerifyInput); Plan::Execute of a
+// writer runs it through ExecuteVerifyUnit. Returns false when there are none.
+bool AddVerifyUnit(const deepspeed::CheckpointState& state, std::vector<Unit>* units);
+absl::Status ExecuteVerifyUnit(const deepspeed::CheckpointState& state, const Unit& unit);
+
 // Splits the units over `ranks` by bytes, largest first, each to the rank
 // with the fewest bytes so far (ties: the lowest rank). Deterministic.
 std::vector<std::vector<size_t>> AssignUnits(const std::vector<Unit>& units, int ranks);

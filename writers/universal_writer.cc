@@ -105,6 +105,10 @@ class UniversalPlan : public Plan {
         units_.push_back(std::move(u));
       }
     }
+    if (AddVerifyUnit(state_, &units_)) {
+      kinds_.push_back(kVerify);
+      index_.push_back(-1);
+    }
     return absl::OkStatus();
   }
 
@@ -144,6 +148,8 @@ class UniversalPlan : public Plan {
         UCP_ASSIGN_OR_RETURN(ValuePtr v, deepspeed::CopyTreeForWrite(root, w));
         return WriteFiles(staging, {rel}, {&w}, {v.get()}, result);
       }
+      case kVerify:
+        return ExecuteVerifyUnit(state_, units_[i]);
     }
     return absl::InternalError("unknown unit");
   }
@@ -172,7 +178,7 @@ class UniversalPlan : public Plan {
   std::string latest_file() const override { return deepspeed::kLatestUniversalFile; }
 
  private:
-  enum Kind { kParam, kOptimizerState, kModelStates };
+  enum Kind { kParam, kOptimizerState, kModelStates, kVerify };
 
   // Writes staging/rels[k] from writers[k] and roots[k] (their hashes are
   // computed two at a time: TorchWriter::WriteFiles).

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <set>
+#include <tuple>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -543,7 +544,7 @@ class Writer {
 class ZeroPlan : public Plan {
  public:
   ZeroPlan(const deepspeed::ModelState& state, TargetLayout layout, const ZeroWriteOptions& options)
-      : layout_(std::move(layout)), writer_(state, layout_, options.num_threads), info_(state.info()) {}
+      : state_(state), layout_(std::move(layout)), writer_(state, layout_, options.num_threads), info_(state.info()) {}
 
   absl::Status Build() {
     UCP_RETURN_IF_ERROR(writer_.Init());
@@ -554,29 +555,65 @@ class ZeroPlan : public Plan {
       return Numel(layout_.slice_shapes[i]) *
              static_cast<int64_t>(torch::ItemSize(lp || !p.trainable() ? p.lp_dtype : torch::DType::kFloat32));
     };
+    // What each param's tensors read in the source (every output file that
+    // holds a slice of the param reads them).
+    std::vector<std::vector<InputRange>> inputs(info_.params.size());
+    for (size_t i = 0; i < info_.params.size(); ++i) inputs[i] = state_.Inputs(info_.params[i]);
+    auto params_inputs = [&](const std::vector<int>& params) {
+      std::vector<InputRange> out;
+      std::set<std::tuple<std::string, std::string, int64_t>> seen;
+      for (int i : params) {
+        for (const InputRange& r : inputs[i]) {
+          if (seen.insert({r.path, r.tensor, r.offset}).second) out.push_back(r);
+        }
+      }
+      return out;
+    };
     for (size_t l = 0; l < layout_.layer_files.size(); ++l) {
       const auto& [layer, keys] = layout_.layer_files[l];
       int64_t bytes = 0;
       for (int i : keys) bytes += slice_bytes(i, true);
-      for (int r = 0; r < t.tp; ++r) Add({Job::kLayer, static_cast<int>(l), r, 0}, deepspeed::LayerFileName(layer, r), bytes);
+      const std::vector<InputRange> in = params_inputs(keys);
+      for (int r = 0; r < t.tp; ++r) {
+        Add({Job::kLayer, static_cast<int>(l), r, 0}, deepspeed::LayerFileName(layer, r), bytes, in);
+      }
     }
     for (int s = 0; s < t.pp; ++s) {
       int64_t bytes = 4096;
+      std::vector<int> module;
       if (!info_.pipeline) {
-        for (size_t i = 0; i < info_.params.size(); ++i) bytes += slice_bytes(static_cast<int>(i), true);
+        for (size_t i = 0; i < info_.params.size(); ++i) {
+          bytes += slice_bytes(static_cast<int>(i), true);
+          module.push_back(static_cast<int>(i));
+        }
       }
-      for (int r = 0; r < t.tp; ++r) Add({Job::kMpRank, s, r, 0}, deepspeed::MpRankFileName(t.mp_rank(s, r)), bytes);
+      std::vector<InputRange> in = params_inputs(module);
+      for (int r = 0; r < t.tp; ++r) {
+        std::vector<InputRange> with_source = in;
+        const std::string from = state_.ModelStatesPath(s, r);
+        if (!from.empty()) with_source.push_back({from, "", 0, -1});
+        Add({Job::kMpRank, s, r, 0}, deepspeed::MpRankFileName(t.mp_rank(s, r)), bytes, std::move(with_source));
+      }
     }
     const int64_t per_element = 4 * (1 + static_cast<int64_t>(info_.state_keys.size()));
     for (int s = 0; s < t.pp; ++s) {
       int64_t bytes = 0;
       for (const auto& gl : layout_.layouts[s]) bytes += gl.partition_numel() * per_element;
-      for (int r = 0; r < t.tp; ++r) {
-        for (int d = 0; d < t.dp; ++d) {
-          Add({Job::kOptim, s, r, d}, deepspeed::OptimFileName(d, t.mp_rank(s, r), info_.bf16_file_prefix), bytes);
+      for (int d = 0; d < t.dp; ++d) {
+        std::vector<int> params;
+        for (int g = 0; g < info_.num_groups; ++g) {
+          for (const auto& f : layout_.layouts[s][g].Fragments(d)) {
+            params.push_back(layout_.stage_groups[s][g][f.param_index]);
+          }
+        }
+        const std::vector<InputRange> in = params_inputs(params);
+        for (int r = 0; r < t.tp; ++r) {
+          Add({Job::kOptim, s, r, d}, deepspeed::OptimFileName(d, t.mp_rank(s, r), info_.bf16_file_prefix), bytes,
+              in);
         }
       }
     }
+    if (AddVerifyUnit(state_, &units_)) jobs_.push_back({Job::kVerify, 0, 0, 0});
     return absl::OkStatus();
   }
 
@@ -593,6 +630,8 @@ class ZeroPlan : public Plan {
         return writer_.WriteMpRankFile(job.a, job.b, staging, result);
       case Job::kOptim:
         return writer_.WriteOptimFile(job.a, job.b, job.c, staging, result);
+      case Job::kVerify:
+        return ExecuteVerifyUnit(state_, units_[i]);
     }
     return absl::InternalError("unknown unit");
   }
@@ -608,18 +647,20 @@ class ZeroPlan : public Plan {
 
  private:
   struct Job {
-    enum { kLayer, kMpRank, kOptim } type;
+    enum { kLayer, kMpRank, kOptim, kVerify } type;
     int a, b, c;
   };
-  void Add(Job job, std::string file, int64_t bytes) {
+  void Add(Job job, std::string file, int64_t bytes, std::vector<InputRange> inputs) {
     Unit u;
     u.name = absl::StrCat("file ", file);
     u.outputs.push_back(std::move(file));
+    u.inputs = std::move(inputs);
     u.bytes = bytes;
     jobs_.push_back(job);
     units_.push_back(std::move(u));
   }
 
+  const deepspeed::ModelState& state_;
   TargetLayout layout_;
   Writer writer_;
   const ModelInfo& info_;

@@ -13,6 +13,7 @@
 #include "base/fs.h"
 #include "conformance/demo.h"
 #include "conformance/golden.h"
+#include "conformance/model_gen.h"
 #include "conformance/properties.h"
 #include "conformance/spec_rules.h"
 #include "google/protobuf/text_format.h"
@@ -58,6 +59,47 @@ int ReplayCase(const std::string& path, const std::vector<Property>& properties,
   return failed == 0 ? 0 : 1;
 }
 
+// The flags of `ucp convert` / `ucp reshard` that tell a ZeRO source's
+// rules as `o` does.
+std::string SourceFlags(const ops::SourceOptions& o) {
+  std::string flags;
+  if (!o.rules.rules_file.empty()) absl::StrAppend(&flags, " --rules=", o.rules.rules_file);
+  if (!o.rules.preset.empty()) absl::StrAppend(&flags, " --preset=", o.rules.preset);
+  if (o.rules.original_vocab_size > 0) absl::StrAppend(&flags, " --original_vocab_size=", o.rules.original_vocab_size);
+  return flags;
+}
+
+// Writes `cases` generated cases for tools outside this binary (e.g. the MPI
+// tests): DIR/case_K/case.textproto, the source checkpoint DIR/case_K/source
+// (its tag folder named in DIR/case_K/source_dir), the flags `ucp convert`
+// and `ucp reshard` from it need (DIR/case_K/source_flags) and the target
+// topology as flags (DIR/case_K/target_flags).
+int WriteSources(const std::string& dir, uint64_t seed, int cases, const CaseGenOptions& gen) {
+  const rc::Gen<GoldenCase> g = GenCase(gen);
+  for (int k = 0; k < cases; ++k) {
+    GoldenCase c = g(rc::Random(seed + static_cast<uint64_t>(k)), k % 100).value();
+    c.set_name(absl::StrCat("case_", k));
+    const std::string case_dir = JoinPath(dir, c.name());
+    std::string text;
+    google::protobuf::TextFormat::PrintToString(c, &text);
+    auto src = WriteGoldenSource(c, JoinPath(case_dir, "source"));
+    if (!src.ok()) return Fail(src.status());
+    auto zero_options = ZeroSourceOptionsFor(c.model(), case_dir);
+    if (!zero_options.ok()) return Fail(zero_options.status());
+    const Topology& t = c.target();
+    for (const auto& [name, contents] : std::vector<std::pair<std::string, std::string>>{
+             {"case.textproto", text},
+             {"source_dir", *src + "\n"},
+             {"source_flags", SourceFlags(*zero_options) + "\n"},
+             {"target_flags", absl::StrCat("--tp=", t.tp(), " --pp=", t.pp(), " --dp=", t.dp(), "\n")}}) {
+      if (absl::Status s = WriteFileAtomic(JoinPath(case_dir, name), contents); !s.ok()) return Fail(s);
+    }
+    std::cout << c.name() << ": " << c.source().ShortDebugString() << " -> " << t.ShortDebugString() << ", "
+              << c.model().param_size() << " tensors\n";
+  }
+  return 0;
+}
+
 }  // namespace
 
 int RunFuzzCommand(int argc, char** argv) {
@@ -78,6 +120,10 @@ int RunFuzzCommand(int argc, char** argv) {
   f.String("properties", &properties, "which properties to check: any of a, b, c, d, e");
   f.String("workdir", &workdir, "scratch folder for the checkpoints (default: under /dev/shm, else $TMPDIR or /tmp; removed)");
   f.String("case", &case_file, "replay one case (a GoldenCase textproto, as a failure writes it) instead of fuzzing");
+  std::string write_sources;
+  f.String("write_sources", &write_sources,
+           "instead of checking properties, write --cases generated source checkpoints into this folder (case_K/: "
+           "case.textproto, source/, source_dir, source_flags, target_flags), for tests of tools outside ucp");
   f.Int32("max_tp", &gen.max_tp, "largest tensor-parallel degree drawn");
   f.Int32("max_pp", &gen.max_pp, "largest pipeline-parallel degree drawn");
   f.Int32("max_dp", &gen.max_dp, "largest data-parallel degree drawn");
@@ -94,6 +140,7 @@ int RunFuzzCommand(int argc, char** argv) {
   if (workdir.empty()) workdir = DefaultScratchDir("fuzz");
   if (!case_file.empty()) return ReplayCase(case_file, *props, workdir);
   if (cases < 1) return Fail(absl::InvalidArgumentError("--cases must be >= 1"));
+  if (!write_sources.empty()) return WriteSources(write_sources, seed, static_cast<int>(cases), gen);
 
   // RapidCheck prints its global configuration when first used: make it
   // show the seed this run uses.
@@ -184,12 +231,7 @@ int RunGoldenCommand(int argc, char** argv) {
     // What the golden's own conversion was told about the model.
     auto zero_options = ZeroSourceOptionsFor(c->model(), output);
     if (!zero_options.ok()) return Fail(zero_options.status());
-    std::string flags;
-    if (!zero_options->rules.rules_file.empty()) absl::StrAppend(&flags, " --rules=", zero_options->rules.rules_file);
-    if (!zero_options->rules.preset.empty()) absl::StrAppend(&flags, " --preset=", zero_options->rules.preset);
-    if (zero_options->rules.original_vocab_size > 0) {
-      absl::StrAppend(&flags, " --original_vocab_size=", zero_options->rules.original_vocab_size);
-    }
+    const std::string flags = SourceFlags(*zero_options);
     std::cout << "the golden's universal/ part is what `ucp convert --input_folder=" << *dir
               << " --output_folder=DIR" << flags << "` writes; check another converter's output with `ucp golden check`\n";
     return 0;

@@ -37,7 +37,9 @@ std::string RuleExplanation(const deepspeed::ModelInfo& info) {
 }
 
 absl::StatusOr<ConvertResult> Convert(const ConvertOptions& options) {
-  UCP_ASSIGN_OR_RETURN(std::unique_ptr<rules::ResolvedState> state, OpenZeroState(options.input_folder, options.state));
+  UCP_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(options.input_folder, options.state, /*verify_checksums=*/false,
+                                                    /*zero_only=*/true, options.cluster));
+  const deepspeed::ModelState* state = src.state.get();
   ConvertResult result;
   // Rules of a --rules file that settle nothing are likely typos.
   if (!options.state.rules.rules_file.empty()) {
@@ -60,14 +62,25 @@ absl::StatusOr<ConvertResult> Convert(const ConvertOptions& options) {
     }
   }
   writers::UniversalWriteOptions write = options.write;
-  write.source_folder = state->source().dir();
-  write.rules = state->resolver().EffectiveRules();
-  UCP_ASSIGN_OR_RETURN(result.stats, writers::WriteUniversal(*state, options.output_folder, write));
+  write.source_folder = src.dir;
+  write.rules = src.effective_rules;
+  absl::StatusOr<std::unique_ptr<writers::Plan>> plan = writers::PlanUniversal(*state, write);
+  if (options.cluster != nullptr) UCP_RETURN_IF_ERROR(AgreeOnStatus(*options.cluster, plan.status()));
+  UCP_RETURN_IF_ERROR(plan.status());
+  if (options.dry_run_ranks > 0) {
+    result.plan = writers::DescribePlan(**plan, options.cluster ? options.cluster->size() : options.dry_run_ranks,
+                                        options.dry_run_units);
+    result.summary = RuleSummary(state->info());
+    return result;
+  }
+  writers::RunOptions run = writers::UniversalRunOptions(write);
+  UCP_ASSIGN_OR_RETURN(result.stats, options.cluster != nullptr
+                                         ? writers::RunPlanOnCluster(**plan, options.output_folder, run, *options.cluster)
+                                         : writers::RunPlan(**plan, options.output_folder, run));
   result.summary = RuleSummary(state->info());
-  if (!state->resolver().preset().empty()) {
-    result.summary = absl::StrCat("preset: ", state->resolver().preset(),
-                                  state->resolver().preset_detected() ? " (detected from param names)" : "", "\n",
-                                  result.summary);
+  if (!src.preset.empty()) {
+    result.summary = absl::StrCat("preset: ", src.preset, src.preset_detected ? " (detected from param names)" : "",
+                                  "\n", result.summary);
   }
   result.explain = RuleExplanation(state->info());
   for (const auto& note : state->info().notes) result.warnings.push_back(note);

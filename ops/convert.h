@@ -22,9 +22,17 @@ struct ConvertOptions {
   // Unused patterns of a --rules file are an error (ds_to_universal's strict
   // mode checks its patterns likewise); --no_strict turns that off.
   bool strict = true;
+  // > 0: plan only, for this many ranks (or the cluster's size), and describe
+  // the plan (writers::DescribePlan) instead of writing anything.
+  int dry_run_ranks = 0;
+  bool dry_run_units = false;  // with every unit's inputs and outputs
+  // The ranks of an MPI job sharing the work (OpenSource, RunPlanOnCluster);
+  // null: this process alone.
+  Cluster* cluster = nullptr;
 };
 
 struct ConvertResult {
+  std::string plan;  // the described plan of a dry run
   writers::WriteStats stats;
   std::string summary;   // how many params got each kind from each source
   std::string explain;   // one line per param: name, shape, kind, source, why

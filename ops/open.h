@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "base/cluster.h"
 #include "deepspeed/model_state.h"
 #include "readers/zero_checkpoint.h"
 #include "readers/zero_state.h"
@@ -50,6 +51,25 @@ absl::StatusOr<std::unique_ptr<rules::ResolvedState>> OpenZeroState(const std::s
 absl::StatusOr<std::unique_ptr<deepspeed::ModelState>> OpenModelState(const std::string& path,
                                                                       const SourceOptions& options,
                                                                       bool verify_checksums = false);
+
+// A source opened for a command, with what the command reports of it.
+struct OpenedSource {
+  std::unique_ptr<deepspeed::ModelState> state;
+  std::string kind;  // "zero" or "universal"
+  std::string dir;   // the checkpoint folder (a tag folder)
+  MergeRules effective_rules;  // the rules in effect (ZeRO sources), for the manifest
+  std::string preset;
+  bool preset_detected = false;
+};
+
+// OpenModelState for a command. With a cluster of several ranks (an MPI
+// job), rank 0 opens the source and resolves every rule, then describes it
+// (a JobDescription) to the other ranks, which open it from the description:
+// no other rank reads the source's metadata (layer files, the folders of a
+// universal checkpoint) or repeats the decisions and their evidence. Every
+// rank returns the same status. `zero_only`: refuse a universal source.
+absl::StatusOr<OpenedSource> OpenSource(const std::string& path, const SourceOptions& options, bool verify_checksums,
+                                        bool zero_only, Cluster* cluster);
 
 }  // namespace ucp::ops
 

@@ -6,10 +6,11 @@
 namespace ucp::ops {
 
 absl::StatusOr<ReshardResult> Reshard(const ReshardOptions& options) {
-  UCP_ASSIGN_OR_RETURN(std::unique_ptr<deepspeed::ModelState> state,
-                       OpenModelState(options.input_folder, options.zero_source, options.verify_checksums));
+  UCP_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(options.input_folder, options.zero_source, options.verify_checksums,
+                                                    /*zero_only=*/false, options.cluster));
+  const deepspeed::ModelState* state = src.state.get();
   ReshardResult result;
-  result.source_kind = IsUniversalFolder(options.input_folder) ? "universal" : "zero";
+  result.source_kind = src.kind;
   result.source = state->info().source_topology;
   result.notes = state->info().notes;
   writers::ZeroWriteOptions write = options.write;
@@ -23,7 +24,21 @@ absl::StatusOr<ReshardResult> Reshard(const ReshardOptions& options) {
     }
     write.layer_type_name = rules::LayerTypeNamerFor(preset);
   }
-  UCP_ASSIGN_OR_RETURN(result.write, writers::WriteZeroCheckpoint(*state, options.output_folder, write));
+  absl::StatusOr<std::unique_ptr<writers::Plan>> plan = writers::PlanZero(*state, write, &result.write.layout);
+  if (options.cluster != nullptr) UCP_RETURN_IF_ERROR(AgreeOnStatus(*options.cluster, plan.status()));
+  UCP_RETURN_IF_ERROR(plan.status());
+  if (options.dry_run_ranks > 0) {
+    result.plan = writers::DescribePlan(**plan, options.cluster ? options.cluster->size() : options.dry_run_ranks,
+                                        options.dry_run_units);
+    return result;
+  }
+  const writers::RunOptions run = writers::ZeroRunOptions(write);
+  UCP_ASSIGN_OR_RETURN(writers::WriteStats stats,
+                       options.cluster != nullptr
+                           ? writers::RunPlanOnCluster(**plan, options.output_folder, run, *options.cluster)
+                           : writers::RunPlan(**plan, options.output_folder, run));
+  result.write.files = stats.files;
+  result.write.bytes = stats.bytes;
   return result;
 }
 

@@ -21,9 +21,16 @@ struct ReshardOptions {
   // For a ZeRO source: how its tp slices merge.
   SourceOptions zero_source;
   bool verify_checksums = false;  // a universal source's manifest sha256s
+  // > 0: plan only, for this many ranks (or the cluster's size), and describe
+  // the plan (writers::DescribePlan) instead of writing anything.
+  int dry_run_ranks = 0;
+  bool dry_run_units = false;  // with every unit's inputs and outputs
+  // The ranks of an MPI job sharing the work; null: this process alone.
+  Cluster* cluster = nullptr;
 };
 
 struct ReshardResult {
+  std::string plan;  // the described plan of a dry run
   writers::ZeroWriteResult write;
   std::string source_kind;  // "universal" or "zero"
   deepspeed::Topology source;

@@ -54,7 +54,9 @@ absl::StatusOr<std::unique_ptr<UniversalCheckpoint>> UniversalCheckpoint::Open(c
   }
   // The manifest first, so checksums can be verified before anything is parsed.
   const std::string manifest_path = JoinPath(u->dir_, deepspeed::kManifestFile);
-  if (PathExists(manifest_path)) {
+  if (options.given_manifest) {
+    u->manifest_ = *options.given_manifest;
+  } else if (PathExists(manifest_path)) {
     UCP_ASSIGN_OR_RETURN(std::string text, ReadFileToString(manifest_path));
     Manifest m;
     if (!google::protobuf::TextFormat::ParseFromString(text, &m)) {

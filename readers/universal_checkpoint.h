@@ -47,6 +47,10 @@ class UniversalCheckpoint {
     bool verify_checksums = false;
     // Most state files kept open (memory-mapped) at once.
     size_t max_open_files = 1024;
+    // What another process (an MPI job's rank 0) read of this folder: its
+    // manifest, or one it made of a folder without (every file listed), used
+    // instead of reading and listing the folder again.
+    std::optional<Manifest> given_manifest;
   };
   // `path`: the universal folder, or a root holding `latest_universal`.
   static absl::StatusOr<std::unique_ptr<UniversalCheckpoint>> Open(const std::string& path, const Options& options);

@@ -66,7 +66,17 @@ absl::StatusOr<std::string> ReadLatestTag(const std::string& root, const std::st
   return tag;
 }
 
-absl::StatusOr<std::unique_ptr<ZeroCheckpoint>> ZeroCheckpoint::Open(const std::string& path_in) {
+absl::StatusOr<std::unique_ptr<ZeroCheckpoint>> ZeroCheckpoint::Open(const std::string& path,
+                                                                     std::vector<ModuleEntry> module_entries) {
+  return OpenImpl(path, &module_entries);
+}
+
+absl::StatusOr<std::unique_ptr<ZeroCheckpoint>> ZeroCheckpoint::Open(const std::string& path) {
+  return OpenImpl(path, nullptr);
+}
+
+absl::StatusOr<std::unique_ptr<ZeroCheckpoint>> ZeroCheckpoint::OpenImpl(const std::string& path_in,
+                                                                         std::vector<ModuleEntry>* module_entries) {
   std::string path = path_in;
   while (path.size() > 1 && path.back() == '/') path.pop_back();
   if (!IsDirectory(path)) return absl::NotFoundError(absl::StrCat(path, ": no such checkpoint folder"));
@@ -92,11 +102,11 @@ absl::StatusOr<std::unique_ptr<ZeroCheckpoint>> ZeroCheckpoint::Open(const std::
     c->tag_ = Basename(path);
     c->root_ = Dirname(path);
   }
-  UCP_RETURN_IF_ERROR(c->Load());
+  UCP_RETURN_IF_ERROR(c->Load(module_entries));
   return c;
 }
 
-absl::Status ZeroCheckpoint::Load() {
+absl::Status ZeroCheckpoint::Load(const std::vector<ModuleEntry>* module_entries) {
   UCP_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirectory(dir_));
   std::set<int> mp_ranks;
   std::map<int, std::set<int>> optim_dp;  // mp rank -> dp ranks
@@ -233,7 +243,30 @@ absl::Status ZeroCheckpoint::Load() {
     for (const auto& s : first.groups[0].states) state_keys_.push_back(s.first);
   }
   lp_dtype_ = ms_->config_lp_dtype();
+  if (module_entries != nullptr) return SetModuleLayout(*module_entries);
   UCP_RETURN_IF_ERROR(LoadModuleLayout());
+  return absl::OkStatus();
+}
+
+absl::Status ZeroCheckpoint::SetModuleLayout(std::vector<ModuleEntry> entries) {
+  if (pipeline_) {
+    std::set<int> layers;
+    for (const auto& [key, path] : layer_paths_) layers.insert(key.first);
+    layer_files_.assign(layers.begin(), layers.end());
+  }
+  for (const ModuleEntry& e : entries) {
+    if (static_cast<int>(e.tp_shapes.size()) != topo_.tp) {
+      return absl::InvalidArgumentError(absl::StrCat(dir_, ": module tensor '", e.name, "' given with ",
+                                                     e.tp_shapes.size(), " tp shapes for tp=", topo_.tp));
+    }
+  }
+  module_entries_ = std::move(entries);
+  for (const auto& e : module_entries_) {
+    if (e.role == deepspeed::TensorRole::kTrainable) {
+      lp_dtype_ = e.dtype;
+      break;
+    }
+  }
   return absl::OkStatus();
 }
 

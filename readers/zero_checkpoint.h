@@ -75,6 +75,11 @@ class ZeroCheckpoint {
  public:
   // `path`: a tag folder, or a root folder with a `latest` file.
   static absl::StatusOr<std::unique_ptr<ZeroCheckpoint>> Open(const std::string& path);
+  // The same, with the module tensors another process already read from the
+  // layer or module files (an MPI job's rank 0): no layer file is opened
+  // until a tensor of it is read.
+  static absl::StatusOr<std::unique_ptr<ZeroCheckpoint>> Open(const std::string& path,
+                                                              std::vector<ModuleEntry> module_entries);
 
   const std::string& dir() const { return dir_; }     // the tag folder
   const std::string& tag() const { return tag_; }
@@ -143,8 +148,11 @@ class ZeroCheckpoint {
 
  private:
   ZeroCheckpoint() = default;
-  absl::Status Load();
+  static absl::StatusOr<std::unique_ptr<ZeroCheckpoint>> OpenImpl(const std::string& path,
+                                                                  std::vector<ModuleEntry>* module_entries);
+  absl::Status Load(const std::vector<ModuleEntry>* module_entries);
   absl::Status LoadModuleLayout();
+  absl::Status SetModuleLayout(std::vector<ModuleEntry> entries);
   absl::StatusOr<std::unique_ptr<OptimFile>> ParseOptim(int pp, int tp, int dp) const;
 
   std::string dir_, tag_, root_;

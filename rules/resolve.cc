@@ -39,14 +39,48 @@ struct Evidence {
   std::string stage_diff_state;
 };
 
+// Takes each param's decision from `decided`; the params must be the same.
+absl::Status ApplyDecisions(const deepspeed::ModelInfo& decided, const std::string& dir, deepspeed::ModelInfo* info) {
+  if (decided.params.size() != info->params.size()) {
+    return absl::FailedPreconditionError(absl::StrCat(dir, ": ", info->params.size(), " params here, ",
+                                                      decided.params.size(), " in the job's description"));
+  }
+  for (size_t i = 0; i < info->params.size(); ++i) {
+    ParamState& p = info->params[i];
+    const ParamState& d = decided.params[i];
+    if (d.name != p.name) {
+      return absl::FailedPreconditionError(absl::StrCat(dir, ": param ", i, " is '", p.name, "' here, '", d.name,
+                                                        "' in the job's description"));
+    }
+    p.rule = d.rule;
+    p.source = d.source;
+    p.origin = d.origin;
+    p.full_shape = d.full_shape;
+  }
+  info->original_vocab_size = decided.original_vocab_size;
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ResolvedState>> ResolveRules(std::shared_ptr<const deepspeed::SlicedState> source,
-                                                            const ResolveOptions& options) {
+                                                            const ResolveOptions& options,
+                                                            const deepspeed::ModelInfo* decided) {
   std::unique_ptr<ResolvedState> s(new ResolvedState());
   s->source_ = std::move(source);
-  UCP_RETURN_IF_ERROR(s->Resolve(options));
+  if (decided != nullptr) {
+    UCP_RETURN_IF_ERROR(s->TakeDecisions(*decided));
+  } else {
+    UCP_RETURN_IF_ERROR(s->Resolve(options));
+  }
   return s;
+}
+
+absl::Status ResolvedState::TakeDecisions(const deepspeed::ModelInfo& decided) {
+  info_ = source_->info();
+  UCP_RETURN_IF_ERROR(ApplyDecisions(decided, source_->dir(), &info_));
+  info_.Reindex();
+  return absl::OkStatus();
 }
 
 absl::Status ResolvedState::Resolve(const ResolveOptions& options) {
@@ -204,6 +238,16 @@ absl::StatusOr<TensorPlan> ResolvedState::Full(const ParamState& param, const st
 
 namespace {
 
+// Rules equal but for their pattern, comment and vocab size.
+bool SameRule(MergeRule a, MergeRule b) {
+  for (MergeRule* r : {&a, &b}) {
+    r->clear_pattern();
+    r->clear_comment();
+    r->clear_original_vocab_size();
+  }
+  return a.SerializeAsString() == b.SerializeAsString();
+}
+
 // A universal checkpoint DeepSpeed wrote, with some params re-merged.
 class ReinterpretedState : public deepspeed::ModelState {
  public:
@@ -213,6 +257,15 @@ class ReinterpretedState : public deepspeed::ModelState {
 
   absl::Status Reinterpret(const pickle::Value& uc_info, const RuleResolver::Options& options,
                            const std::string& dir);
+  absl::Status TakeDecisions(const deepspeed::ModelInfo& decided, const std::string& dir) {
+    UCP_RETURN_IF_ERROR(ApplyDecisions(decided, dir, &info_));
+    for (size_t i = 0; i < info_.params.size(); ++i) {
+      const MergeRule& stored = base_->info().params[i].rule;
+      if (!SameRule(info_.params[i].rule, stored)) stored_rule_[i] = stored;
+    }
+    info_.Reindex();
+    return absl::OkStatus();
+  }
 
   const deepspeed::ModelInfo& info() const override { return info_; }
   absl::StatusOr<TensorPlan> Full(const ParamState& param, const std::string& state) const override {
@@ -256,14 +309,6 @@ absl::Status ReinterpretedState::Reinterpret(const pickle::Value& uc_info, const
   if (resolver.original_vocab_size() > 0 && info_.original_vocab_size == 0) {
     info_.original_vocab_size = resolver.original_vocab_size();
   }
-  auto same = [](MergeRule a, MergeRule b) {
-    for (MergeRule* r : {&a, &b}) {
-      r->clear_pattern();
-      r->clear_comment();
-      r->clear_original_vocab_size();
-    }
-    return a.SerializeAsString() == b.SerializeAsString();
-  };
   std::vector<std::string> states = {deepspeed::kFp32State};
   states.insert(states.end(), info_.state_keys.begin(), info_.state_keys.end());
   for (size_t i = 0; i < info_.params.size(); ++i) {
@@ -315,7 +360,7 @@ absl::Status ReinterpretedState::Reinterpret(const pickle::Value& uc_info, const
         }
       }
     }
-    if (!d.rule || same(*d.rule, stored)) {
+    if (!d.rule || SameRule(*d.rule, stored)) {
       if (d.rule) {
         p.source = d.source;
         p.origin = d.origin;
@@ -346,9 +391,13 @@ absl::Status ReinterpretedState::Reinterpret(const pickle::Value& uc_info, const
 
 absl::StatusOr<std::unique_ptr<deepspeed::ModelState>> ReinterpretDeepSpeedUniversal(
     std::unique_ptr<deepspeed::ModelState> universal, const pickle::Value& uc_info,
-    const RuleResolver::Options& options, const std::string& dir) {
+    const RuleResolver::Options& options, const std::string& dir, const deepspeed::ModelInfo* decided) {
   auto s = std::make_unique<ReinterpretedState>(std::move(universal));
-  UCP_RETURN_IF_ERROR(s->Reinterpret(uc_info, options, dir));
+  if (decided != nullptr) {
+    UCP_RETURN_IF_ERROR(s->TakeDecisions(*decided, dir));
+  } else {
+    UCP_RETURN_IF_ERROR(s->Reinterpret(uc_info, options, dir));
+  }
   return std::unique_ptr<deepspeed::ModelState>(std::move(s));
 }
 

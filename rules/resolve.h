@@ -67,17 +67,23 @@ class ResolvedState : public deepspeed::ModelState {
 
  private:
   friend absl::StatusOr<std::unique_ptr<ResolvedState>> ResolveRules(std::shared_ptr<const deepspeed::SlicedState>,
-                                                                     const ResolveOptions&);
+                                                                     const ResolveOptions&,
+                                                                     const deepspeed::ModelInfo*);
   ResolvedState() = default;
   absl::Status Resolve(const ResolveOptions& options);
+  absl::Status TakeDecisions(const deepspeed::ModelInfo& decided);
 
   std::shared_ptr<const deepspeed::SlicedState> source_;
   RuleResolver resolver_;
   deepspeed::ModelInfo info_;
 };
 
+// With `decided` (another process's result for the same source: an MPI
+// job's rank 0), every param takes its rule, source, origin and full shape
+// from it: nothing is read for evidence.
 absl::StatusOr<std::unique_ptr<ResolvedState>> ResolveRules(std::shared_ptr<const deepspeed::SlicedState> source,
-                                                            const ResolveOptions& options);
+                                                            const ResolveOptions& options,
+                                                            const deepspeed::ModelInfo* decided = nullptr);
 
 // A universal checkpoint written by DeepSpeed (rules from its files'
 // metadata) with the params it concatenated on dim 0 by default re-merged
@@ -85,7 +91,7 @@ absl::StatusOr<std::unique_ptr<ResolvedState>> ResolveRules(std::shared_ptr<cons
 // states' universal_checkpoint_info; `dir` the universal folder (for messages).
 absl::StatusOr<std::unique_ptr<deepspeed::ModelState>> ReinterpretDeepSpeedUniversal(
     std::unique_ptr<deepspeed::ModelState> universal, const pickle::Value& uc_info,
-    const RuleResolver::Options& options, const std::string& dir);
+    const RuleResolver::Options& options, const std::string& dir, const deepspeed::ModelInfo* decided = nullptr);
 
 }  // namespace ucp::rules
 

@@ -26,7 +26,16 @@ void RegisterProgressFlag(FlagSet& f, std::string* mode) {
            "logs)");
 }
 
+namespace {
+Cluster* job_cluster = nullptr;
+}  // namespace
+
+Cluster* JobCluster() { return job_cluster; }
+void SetJobCluster(Cluster* cluster) { job_cluster = cluster; }
+bool PrintsResults() { return job_cluster == nullptr || job_cluster->rank() == 0; }
+
 int Fail(const absl::Status& s) {
+  if (!PrintsResults()) return 1;
   std::cerr << "ucp: " << s.message() << " [" << absl::StatusCodeToString(s.code()) << "]\n";
   return 1;
 }

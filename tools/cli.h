@@ -9,12 +9,22 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "base/cluster.h"
 #include "ops/open.h"
 #include "tools/flags.h"
 
 namespace ucp::tools {
 
-// Prints "ucp: MESSAGE [CODE]" on stderr and returns 1.
+// The MPI job this process is a rank of (`mpirun -np N ucp ...`), or null
+// when it runs alone; set by main.
+Cluster* JobCluster();
+void SetJobCluster(Cluster* cluster);
+// Whether this process prints the command's results: it runs alone, or it is
+// rank 0 of the job (every rank returns the same status).
+bool PrintsResults();
+
+// Prints "ucp: MESSAGE [CODE]" on stderr (rank 0 only in an MPI job) and
+// returns 1.
 int Fail(const absl::Status& s);
 
 // Parses the flags; an exit code when the command is already done (a bad

@@ -31,6 +31,10 @@ int RunConvert(int argc, char** argv) {
   RegisterProgressFlag(f, &progress_flag);
   f.Int32("num_threads", &threads, "threads converting params in parallel (0 = all cores)");
   f.Bool("overwrite", &o.write.overwrite, "replace an existing output folder (only once the new one is complete)");
+  f.Int32("dry_run", &o.dry_run_ranks,
+          "write nothing; print the plan split over this many ranks (under mpirun: the job's ranks): units, bytes "
+          "and input files per rank");
+  f.Bool("dry_run_units", &o.dry_run_units, "with --dry_run: every unit with its outputs and the inputs it reads");
   f.Int("make_vocab_size_divisible_by", &divisible_by,
         "recorded in the manifest for later resharding (0 = from the checkpoint's args)");
   f.Int32("num_extract_workers", &extract_workers, "ds_to_universal.py compatibility: used as --num_threads when that is not set");
@@ -55,8 +59,14 @@ int RunConvert(int argc, char** argv) {
   if (!mode.ok()) return Fail(mode.status());
   ProgressPrinter progress("convert", *mode);
   o.write.progress = progress.Callback();
+  o.cluster = JobCluster();
   auto result = ops::Convert(o);
   if (!result.ok()) return Fail(result.status());
+  if (!PrintsResults()) return 0;
+  if (o.dry_run_ranks > 0) {
+    std::cout << result->plan;
+    return 0;
+  }
   for (const auto& w : result->warnings) std::cerr << "ucp: note: " << w << "\n";
   if (explain) std::cout << result->explain << "\n";
   std::cout << result->summary;

@@ -41,6 +41,10 @@ int RunReshard(int argc, char** argv) {
            "class names of layers for type:REGEX partitioning, as INDEX:NAME,... (default: guessed from param names)");
   f.Int32("num_threads", &threads, "threads writing files in parallel (0 = all cores)");
   f.Bool("overwrite", &o.write.overwrite, "replace an existing output folder (only once the new one is complete)");
+  f.Int32("dry_run", &o.dry_run_ranks,
+          "write nothing; print the plan split over this many ranks (under mpirun: the job's ranks): units, bytes "
+          "and input files per rank");
+  f.Bool("dry_run_units", &o.dry_run_units, "with --dry_run: every unit with its outputs and the inputs it reads");
   f.Bool("verify_checksums", &o.verify_checksums, "check a ucp universal source against its manifest's sha256s first");
   std::string progress_flag = "auto";
   RegisterProgressFlag(f, &progress_flag);
@@ -63,8 +67,14 @@ int RunReshard(int argc, char** argv) {
   if (!mode.ok()) return Fail(mode.status());
   ProgressPrinter progress("reshard", *mode);
   o.write.progress = progress.Callback();
+  o.cluster = JobCluster();
   auto result = ops::Reshard(o);
   if (!result.ok()) return Fail(result.status());
+  if (!PrintsResults()) return 0;
+  if (o.dry_run_ranks > 0) {
+    std::cout << result->plan;
+    return 0;
+  }
   for (const auto& n : result->notes) std::cerr << "ucp: note: " << n << "\n";
   std::cout << "resharded " << result->source_kind << " checkpoint " << o.input_folder << " ("
             << result->source.ToString() << ") -> " << o.output_folder << " (" << o.write.target.ToString()

@@ -10,6 +10,7 @@ PACKAGES=(
   python3-torch python3-numpy              # /usr/bin/python3 + torch 1.13 for interop tests
   clang libclang-rt-14-dev                 # libFuzzer + ASan/UBSan (tools/fuzz.sh)
   time unzip                               # /usr/bin/time -v for bench/, unzip for tests
+  openmpi-bin libopenmpi-dev               # mpirun -np N ucp ... (exec/, exec:mpi_test)
 )
 
 missing=()

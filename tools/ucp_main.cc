@@ -3,8 +3,11 @@
 // thin wrappers over the libraries: flags in, one library call, a status out.
 #include <cstdio>
 #include <iostream>
+#include <memory>
 #include <string>
 
+#include "exec/mpi_cluster.h"
+#include "tools/cli.h"
 #include "tools/commands.h"
 
 namespace {
@@ -27,9 +30,16 @@ int main(int argc, char** argv) {
     PrintUsage(std::cout);
     return argc < 2 ? 1 : 0;
   }
+  // Launched by mpirun: the ranks share the work (see README, "Many nodes").
+  std::unique_ptr<ucp::Cluster> cluster = ucp::exec::JoinMpiJobIfLaunched(&argc, &argv);
+  ucp::tools::SetJobCluster(cluster.get());
   const std::string cmd = argv[1];
   for (const auto& c : ucp::tools::Commands()) {
-    if (cmd == c.name) return c.run(argc - 1, argv + 1);
+    if (cmd == c.name) {
+      const int rc = c.run(argc - 1, argv + 1);
+      ucp::tools::SetJobCluster(nullptr);
+      return rc;
+    }
   }
   std::cerr << "ucp: unknown command '" << cmd << "'\n";
   PrintUsage(std::cerr);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <mutex>
+#include <optional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -86,6 +87,34 @@ std::vector<std::vector<size_t>> AssignUnits(const std::vector<Unit>& units, int
   return out;
 }
 
+std::string DescribePlan(const Plan& plan, int ranks, bool units) {
+  const std::vector<std::vector<size_t>> assignment = AssignUnits(plan.units(), ranks);
+  std::string out = absl::StrCat("plan: ", plan.units().size(), " units, ", plan.total_bytes(), " bytes to write, over ",
+                                 assignment.size(), " rank(s)\n");
+  for (size_t r = 0; r < assignment.size(); ++r) {
+    int64_t bytes = 0;
+    std::set<std::string> files;
+    for (size_t i : assignment[r]) {
+      bytes += plan.units()[i].bytes;
+      for (const InputRange& in : plan.units()[i].inputs) files.insert(in.path);
+    }
+    absl::StrAppend(&out, "rank ", r, ": ", assignment[r].size(), " units, ", bytes, " bytes to write, opens ",
+                    files.size(), " input files\n");
+    if (!units) continue;
+    for (size_t i : assignment[r]) {
+      const Unit& u = plan.units()[i];
+      absl::StrAppend(&out, "  unit ", i, " ", u.name, ": ", u.bytes, " bytes\n");
+      for (const std::string& o : u.outputs) absl::StrAppend(&out, "    writes ", o, "\n");
+      for (const InputRange& in : u.inputs) {
+        absl::StrAppend(&out, "    reads ", in.path);
+        if (!in.tensor.empty()) absl::StrAppend(&out, " ", in.tensor, " bytes [", in.offset, ", ", in.offset + in.length, ")");
+        absl::StrAppend(&out, "\n");
+      }
+    }
+  }
+  return out;
+}
+
 void AddUnitResults(const std::vector<UnitResult>& results, WriteStats* stats) {
   for (const UnitResult& r : results) {
     for (const FileDigest& f : r.files) {
@@ -120,6 +149,109 @@ absl::StatusOr<WriteStats> RunPlan(const Plan& plan, const std::string& output_f
   std::vector<UnitResult> results;
   UCP_RETURN_IF_ERROR(ExecuteUnits(plan, all, staging.path(), options.num_threads, options.progress, &results));
   return CommitOutput(plan, staging, results, options);
+}
+
+namespace {
+
+JobMessage StatusMessage(const absl::Status& s) {
+  JobMessage m;
+  m.set_code(static_cast<int>(s.code()));
+  m.set_message(std::string(s.message()));
+  return m;
+}
+
+absl::Status StatusOf(const JobMessage& m) {
+  return absl::Status(static_cast<absl::StatusCode>(m.code()), m.message());
+}
+
+// Broadcasts rank 0's message; every rank gets it back (parsed).
+absl::StatusOr<JobMessage> Share(Cluster& cluster, const JobMessage& mine) {
+  std::string bytes = cluster.rank() == 0 ? mine.SerializeAsString() : std::string();
+  UCP_RETURN_IF_ERROR(cluster.Broadcast(&bytes, 0));
+  JobMessage m;
+  if (!m.ParseFromString(bytes)) return absl::InternalError("a rank sent a message that does not parse");
+  return m;
+}
+
+}  // namespace
+
+absl::StatusOr<WriteStats> RunPlanOnCluster(const Plan& plan, const std::string& output_folder,
+                                            const RunOptions& options, Cluster& cluster) {
+  const int rank = cluster.rank();
+  // 1. Rank 0 makes the staging folder.
+  std::optional<StagingDir> staging;
+  JobMessage start;
+  if (rank == 0) {
+    absl::StatusOr<StagingDir> s = BeginOutput(plan, output_folder, options);
+    if (s.ok()) {
+      start.set_staging(s->path());
+      staging.emplace(*std::move(s));
+    } else {
+      start = StatusMessage(s.status());
+    }
+  }
+  UCP_ASSIGN_OR_RETURN(JobMessage started, Share(cluster, start));
+  UCP_RETURN_IF_ERROR(StatusOf(started));
+  // 2. Every rank runs its units.
+  const std::vector<std::vector<size_t>> assignment = AssignUnits(plan.units(), cluster.size());
+  std::vector<UnitResult> results;
+  absl::Status ran = ExecuteUnits(plan, assignment[rank], started.staging(), options.num_threads,
+                                  rank == 0 ? options.progress : ProgressFn(), &results);
+  RankReport report;
+  report.set_code(static_cast<int>(ran.code()));
+  report.set_message(std::string(ran.message()));
+  if (ran.ok()) {
+    for (size_t i : assignment[rank]) {
+      RankReport::UnitFiles* u = report.add_unit();
+      u->set_unit(static_cast<int>(i));
+      for (const FileDigest& f : results[i].files) *u->add_file() = f;
+    }
+  }
+  // 3. Rank 0 collects, commits or not, and says how it went.
+  UCP_ASSIGN_OR_RETURN(std::vector<std::string> reports, cluster.Gather(report.SerializeAsString(), 0));
+  JobMessage verdict;
+  if (rank == 0) {
+    std::vector<UnitResult> all(plan.units().size());
+    absl::Status failed;
+    for (size_t r = 0; r < reports.size() && failed.ok(); ++r) {
+      RankReport rr;
+      if (!rr.ParseFromString(reports[r])) {
+        failed = absl::InternalError(absl::StrCat("rank ", r, " sent a report that does not parse"));
+        break;
+      }
+      if (rr.code() != 0) {
+        failed = absl::Status(static_cast<absl::StatusCode>(rr.code()), absl::StrCat("rank ", r, ": ", rr.message()));
+        break;
+      }
+      for (const auto& u : rr.unit()) {
+        if (u.unit() < 0 || static_cast<size_t>(u.unit()) >= all.size()) {
+          failed = absl::InternalError(absl::StrCat("rank ", r, " reported unit ", u.unit()));
+          break;
+        }
+        all[u.unit()].files.assign(u.file().begin(), u.file().end());
+      }
+    }
+    if (failed.ok()) {
+      absl::StatusOr<WriteStats> stats = CommitOutput(plan, *staging, all, options);
+      if (stats.ok()) {
+        verdict.set_files(stats->files);
+        verdict.set_bytes(stats->bytes);
+        verdict.set_params(stats->params);
+      } else {
+        verdict = StatusMessage(stats.status());
+      }
+    } else {
+      verdict = StatusMessage(failed);
+    }
+    staging.reset();  // removes the staging folder unless committed
+  }
+  UCP_ASSIGN_OR_RETURN(JobMessage done, Share(cluster, verdict));
+  UCP_RETURN_IF_ERROR(StatusOf(done));
+  WriteStats stats;
+  stats.files = done.files();
+  stats.bytes = done.bytes();
+  stats.params = done.params();
+  return stats;
 }
 
 }  // namespace ucp::writers

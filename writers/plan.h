@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "base/cluster.h"
 #include "base/fs.h"
 #include "base/progress.h"
 #include "deepspeed/model_state.h"
@@ -91,6 +92,12 @@ absl::Status ExecuteVerifyUnit(const deepspeed::CheckpointState& state, const Un
 // with the fewest bytes so far (ties: the lowest rank). Deterministic.
 std::vector<std::vector<size_t>> AssignUnits(const std::vector<Unit>& units, int ranks);
 
+// The plan as text: per rank (units split as AssignUnits splits them over
+// `ranks`), the units it runs, the bytes it writes and the input files it
+// opens; with `units`, every unit with its outputs and inputs. What
+// `--dry_run` prints.
+std::string DescribePlan(const Plan& plan, int ranks, bool units);
+
 struct RunOptions {
   int num_threads = 0;
   bool overwrite = false;
@@ -102,6 +109,15 @@ struct RunOptions {
 // Plan, execute and commit in this process: a staging folder beside
 // `output_folder` (BeginOutput), every unit, then CommitOutput.
 absl::StatusOr<WriteStats> RunPlan(const Plan& plan, const std::string& output_folder, const RunOptions& options);
+
+// RunPlan over the ranks of a cluster (an MPI job): rank 0 begins the
+// output and tells the others where the staging folder is; every rank runs
+// its units (AssignUnits: by bytes, largest first); rank 0 collects every
+// rank's results and commits only if all succeeded, then tells everyone.
+// Every rank returns the same status: a failing rank's error (prefixed with
+// its rank) or the stats. Progress is reported for the rank's own units.
+absl::StatusOr<WriteStats> RunPlanOnCluster(const Plan& plan, const std::string& output_folder,
+                                            const RunOptions& options, Cluster& cluster);
 
 // The two ends of every run, shared by RunPlan and the MPI executor (only
 // its rank 0 calls them): the staging folder, with the plan's folders made;

@@ -259,16 +259,20 @@ absl::StatusOr<std::unique_ptr<Plan>> PlanUniversal(const deepspeed::ModelState&
   return std::unique_ptr<Plan>(std::move(plan));
 }
 
-absl::StatusOr<WriteStats> WriteUniversal(const deepspeed::ModelState& state, const std::string& output_folder,
-                                          const UniversalWriteOptions& options) {
-  UCP_ASSIGN_OR_RETURN(std::unique_ptr<Plan> plan, PlanUniversal(state, options));
+RunOptions UniversalRunOptions(const UniversalWriteOptions& options) {
   RunOptions run;
   run.num_threads = options.num_threads;
   run.overwrite = options.overwrite;
   run.keep_temp_folder = options.keep_temp_folder;
   run.write_latest = options.write_latest;
   run.progress = options.progress;
-  return RunPlan(*plan, output_folder, run);
+  return run;
+}
+
+absl::StatusOr<WriteStats> WriteUniversal(const deepspeed::ModelState& state, const std::string& output_folder,
+                                          const UniversalWriteOptions& options) {
+  UCP_ASSIGN_OR_RETURN(std::unique_ptr<Plan> plan, PlanUniversal(state, options));
+  return RunPlan(*plan, output_folder, UniversalRunOptions(options));
 }
 
 }  // namespace ucp::writers

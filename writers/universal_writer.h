@@ -49,6 +49,9 @@ struct UniversalWriteOptions {
 absl::StatusOr<std::unique_ptr<Plan>> PlanUniversal(const deepspeed::ModelState& state,
                                                     const UniversalWriteOptions& options);
 
+// The RunOptions the write options imply.
+RunOptions UniversalRunOptions(const UniversalWriteOptions& options);
+
 // PlanUniversal, then RunPlan in this process.
 absl::StatusOr<WriteStats> WriteUniversal(const deepspeed::ModelState& state, const std::string& output_folder,
                                           const UniversalWriteOptions& options);

@@ -678,17 +678,21 @@ absl::StatusOr<std::unique_ptr<Plan>> PlanZero(const deepspeed::ModelState& stat
   return std::unique_ptr<Plan>(std::move(plan));
 }
 
-absl::StatusOr<ZeroWriteResult> WriteZeroCheckpoint(const deepspeed::ModelState& state,
-                                                    const std::string& output_folder,
-                                                    const ZeroWriteOptions& options) {
-  ZeroWriteResult result;
-  UCP_ASSIGN_OR_RETURN(std::unique_ptr<Plan> plan, PlanZero(state, options, &result.layout));
+RunOptions ZeroRunOptions(const ZeroWriteOptions& options) {
   RunOptions run;
   run.num_threads = options.num_threads;
   run.overwrite = options.overwrite;
   run.write_latest = options.write_latest;
   run.progress = options.progress;
-  UCP_ASSIGN_OR_RETURN(WriteStats stats, RunPlan(*plan, output_folder, run));
+  return run;
+}
+
+absl::StatusOr<ZeroWriteResult> WriteZeroCheckpoint(const deepspeed::ModelState& state,
+                                                    const std::string& output_folder,
+                                                    const ZeroWriteOptions& options) {
+  ZeroWriteResult result;
+  UCP_ASSIGN_OR_RETURN(std::unique_ptr<Plan> plan, PlanZero(state, options, &result.layout));
+  UCP_ASSIGN_OR_RETURN(WriteStats stats, RunPlan(*plan, output_folder, ZeroRunOptions(options)));
   result.files = stats.files;
   result.bytes = stats.bytes;
   return result;

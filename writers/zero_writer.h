@@ -94,6 +94,9 @@ struct ZeroWriteResult {
 absl::StatusOr<std::unique_ptr<Plan>> PlanZero(const deepspeed::ModelState& state, const ZeroWriteOptions& options,
                                                TargetLayout* layout = nullptr);
 
+// The RunOptions the write options imply.
+RunOptions ZeroRunOptions(const ZeroWriteOptions& options);
+
 // PlanZero, then RunPlan in this process. `output_folder` is ROOT/TAG.
 absl::StatusOr<ZeroWriteResult> WriteZeroCheckpoint(const deepspeed::ModelState& state,
                                                     const std::string& output_folder,

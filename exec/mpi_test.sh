@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# `mpirun -np N ucp convert|reshard ...` with 1, 2 and 3 ranks (oversubscribed
+# on this machine's cores) writes exactly what one process writes, byte for
+# byte, manifest included: on the real DeepSpeed fixtures and on random
+# conformance models. And one rank failing (an input only its units read is
+# unreadable) makes every rank exit non-zero with that rank's message and
+# leaves no output and no staging folder.
+set -euo pipefail
+
+UCP=$(readlink -f "$1")
+FX=$(readlink -f "$2")   # the deepspeed-0.14.4 fixtures folder
+W=${TEST_TMPDIR:-/tmp}/mpi_test
+rm -rf "$W"; mkdir -p "$W"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1  # CI runs as root
+# Loopback only, no daemons beyond this host, quiet about the missing fabrics.
+export OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1
+export OMPI_MCA_plm=isolated OMPI_MCA_btl_base_warn_component_unused=0
+
+checks=0
+fail() { echo "FAIL: $*" >&2; exit 1; }
+mpi() { local n=$1; shift; mpirun -np "$n" --oversubscribe "$UCP" "$@" --progress=never; }
+same() {  # same DIR_A DIR_B: byte-identical trees
+  diff -r "$1" "$2" >/dev/null || { diff -r "$1" "$2" | head -20; fail "$2 differs from $1"; }
+  checks=$((checks + 1))
+}
+
+# 1. The fixtures: convert, then reshard the universal checkpoint and the
+#    ZeRO folder, one process vs 1, 2, 3 ranks.
+for fixture in neox-tp2-pp1-dp1 neox-tp2-pp1-dp2 neox-tp1-pp2-dp1 neox-bf16-tp2-pp1-dp2 gpt-zero2-nopipe-tp2-dp2; do
+  src=$FX/$fixture/global_step4
+  one=$W/$fixture/one
+  "$UCP" convert --input_folder="$src" --output_folder="$one/u" --progress=never >/dev/null
+  "$UCP" reshard --input_folder="$one/u" --output_folder="$one/r/global_step4" --tp=1 --progress=never >/dev/null
+  "$UCP" reshard --input_folder="$src" --output_folder="$one/z/global_step4" --tp=1 --dp=2 --progress=never >/dev/null
+  for n in 1 2 3; do
+    many=$W/$fixture/np$n
+    mpi "$n" convert --input_folder="$src" --output_folder="$many/u" >/dev/null
+    same "$one/u" "$many/u"
+    mpi "$n" reshard --input_folder="$one/u" --output_folder="$many/r/global_step4" --tp=1 >/dev/null
+    same "$one/r" "$many/r"
+    if [[ $n == 3 ]]; then
+      mpi "$n" reshard --input_folder="$src" --output_folder="$many/z/global_step4" --tp=1 --dp=2 >/dev/null
+      same "$one/z" "$many/z"
+    fi
+  done
+done
+
+# 2. Random conformance models (any tp/pp/dp, every merge kind, ZeRO 1/2,
+#    bf16/fp16, pipelines and plain modules, tied, frozen, buffers).
+"$UCP" fuzz --write_sources="$W/random" --cases=6 --seed=11 >/dev/null
+for case_dir in "$W"/random/case_*; do
+  src=$(cat "$case_dir/source_dir")
+  read -r -a flags <<<"$(cat "$case_dir/source_flags")"
+  read -r -a target <<<"$(cat "$case_dir/target_flags")"
+  "$UCP" convert --input_folder="$src" --output_folder="$case_dir/one/u" "${flags[@]}" --progress=never >/dev/null
+  "$UCP" reshard --input_folder="$case_dir/one/u" --output_folder="$case_dir/one/r/global_step1" "${target[@]}" \
+    --progress=never >/dev/null
+  for n in 2 3; do
+    mpi "$n" convert --input_folder="$src" --output_folder="$case_dir/np$n/u" "${flags[@]}" >/dev/null
+    same "$case_dir/one/u" "$case_dir/np$n/u"
+    mpi "$n" reshard --input_folder="$case_dir/one/u" --output_folder="$case_dir/np$n/r/global_step1" "${target[@]}" >/dev/null
+    same "$case_dir/one/r" "$case_dir/np$n/r"
+  done
+done
+
+# 3. One rank fails: an input that only rank 1's unit reads is unreadable
+#    (a dangling symlink). Resharding to pp=2 writes one optimizer file per
+#    stage, the two largest units: rank 0 gets one, rank 1 the other.
+bad=$W/failure/u
+mkdir -p "$W/failure"
+cp -r "$W/neox-tp2-pp1-dp2/one/u" "$bad"
+plan=$("$UCP" reshard --input_folder="$bad" --output_folder="$W/failure/out/global_step4" --tp=1 --pp=2 \
+  --dry_run=3 --dry_run_units)
+victim=$(awk '/^rank 1:/{r=1;next} /^rank 2:/{r=0} r && /reads .*exp_avg\.pt$/{print $2; exit}' <<<"$plan")
+[[ -n "$victim" ]] || { echo "$plan"; fail "no exp_avg.pt input in rank 1's units"; }
+grep -q "reads $victim\$" <(awk '/^rank 0:/{r=1;next} /^rank 1:/{r=0} r' <<<"$plan") && fail "$victim is read by rank 0 too"
+rm "$victim"; ln -s "$W/failure/nothing_here" "$victim"
+set +e
+out=$(mpi 3 reshard --input_folder="$bad" --output_folder="$W/failure/out/global_step4" --tp=1 --pp=2 2>&1)
+rc=$?
+set -e
+[[ $rc -ne 0 ]] || fail "mpirun succeeded with an unreadable input"
+grep -q "rank 1: .*$victim" <<<"$out" || { echo "$out"; fail "the error does not name rank 1 and $victim"; }
+[[ ! -e "$W/failure/out/global_step4" ]] || fail "an output was committed"
+leftovers=$(ls -A "$W/failure/out" 2>/dev/null | grep -c "ucp-tmp" || true)
+[[ "$leftovers" == 0 ]] || fail "staging folders left behind: $(ls -A "$W/failure/out")"
+checks=$((checks + 1))
+
+echo "PASS: $checks checks (fixtures x ranks 1-3, random models x ranks 2-3, a failing rank)"

@@ -165,7 +165,30 @@ absl::Status WriteFileAtomic(const std::string& path, const std::string& content
   return absl::OkStatus();
 }
 
-absl::Status CopyFile(const std::string& from, const std::string& to, std::string* sha256_hex) {
+absl::StatusOr<int64_t> FileDigestOf(const std::string& path, DigestKind digest, std::string* hex) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoError(path, "cannot open");
+  StreamDigest hash(digest);
+  std::vector<char> buf(size_t{1} << 20);
+  int64_t total = 0;
+  while (true) {
+    const ssize_t n = read(fd, buf.data(), buf.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      absl::Status s = ErrnoError(path, "cannot read");
+      close(fd);
+      return s;
+    }
+    if (n == 0) break;
+    hash.Update(buf.data(), static_cast<size_t>(n));
+    total += n;
+  }
+  close(fd);
+  *hex = hash.HexDigest();
+  return total;
+}
+
+absl::Status CopyFile(const std::string& from, const std::string& to, std::string* hex, DigestKind digest) {
   const int in = open(from.c_str(), O_RDONLY | O_CLOEXEC);
   if (in < 0) return ErrnoError(from, "cannot open");
   const int out = open(to.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -174,7 +197,7 @@ absl::Status CopyFile(const std::string& from, const std::string& to, std::strin
     close(in);
     return s;
   }
-  Sha256 hash;
+  StreamDigest hash(digest);
   std::vector<char> buf(size_t{4} << 20);
   absl::Status status;
   while (true) {
@@ -185,7 +208,7 @@ absl::Status CopyFile(const std::string& from, const std::string& to, std::strin
       break;
     }
     if (n == 0) break;
-    if (sha256_hex != nullptr) hash.Update(buf.data(), static_cast<size_t>(n));
+    if (hex != nullptr) hash.Update(buf.data(), static_cast<size_t>(n));
     size_t done = 0;
     while (done < static_cast<size_t>(n)) {
       const ssize_t w = write(out, buf.data() + done, static_cast<size_t>(n) - done);
@@ -204,7 +227,7 @@ absl::Status CopyFile(const std::string& from, const std::string& to, std::strin
     unlink(to.c_str());
     return status;
   }
-  if (sha256_hex != nullptr) *sha256_hex = hash.HexDigest();
+  if (hex != nullptr) *hex = hash.HexDigest();
   return absl::OkStatus();
 }
 

@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "base/digest.h"
 
 namespace ucp {
 
@@ -33,9 +34,12 @@ absl::StatusOr<std::string> ReadFileToString(const std::string& path);
 absl::StatusOr<int64_t> FileSize(const std::string& path);
 // Writes `contents` to a temporary file in the same folder and renames it.
 absl::Status WriteFileAtomic(const std::string& path, const std::string& contents);
-// Copies a file (byte-identical); returns the sha256 hex digest of its bytes
-// when `sha256_hex` is not null.
-absl::Status CopyFile(const std::string& from, const std::string& to, std::string* sha256_hex = nullptr);
+// Copies a file (byte-identical); returns the hex digest of its bytes of the
+// kind `digest` says in `*hex` when it is not null.
+absl::Status CopyFile(const std::string& from, const std::string& to, std::string* hex = nullptr,
+                      DigestKind digest = DigestKind::kSha256);
+// Reads a file once, in pieces: its size, and its digest in `*hex`.
+absl::StatusOr<int64_t> FileDigestOf(const std::string& path, DigestKind digest, std::string* hex);
 // Copies a folder tree (cp -r).
 absl::Status CopyTree(const std::string& from, const std::string& to);
 

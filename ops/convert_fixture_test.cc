@@ -193,9 +193,11 @@ TEST(ConvertFixtureTest, ExplainAndSummaryNameSources) {
       << result->explain;
   auto manifest = ReadFileToString(JoinPath(out, "ucp_manifest.textproto"));
   ASSERT_TRUE(manifest.ok());
-  EXPECT_NE(manifest->find("sha256"), std::string::npos);
+  // XXH3-128 by default (sha256 on request: DigestsOnRequest).
+  EXPECT_NE(manifest->find("xxh3_128"), std::string::npos);
+  EXPECT_EQ(manifest->find("sha256"), std::string::npos);
   EXPECT_NE(manifest->find("source_topology"), std::string::npos);
-  // The sha256 of every file, hashed while writing, matches the bytes on disk.
+  // The digest of every file, hashed while writing, matches the bytes on disk.
   readers::UniversalCheckpoint::Options verify;
   verify.verify_checksums = true;
   auto u = readers::UniversalCheckpoint::Open(out, verify);
@@ -209,6 +211,31 @@ TEST(ConvertFixtureTest, ExplainAndSummaryNameSources) {
   auto bad = readers::UniversalCheckpoint::Open(out, verify);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_NE(bad.status().message().find("differs from the manifest's"), std::string::npos) << bad.status();
+}
+
+// --digest=sha256 records SHA-256 digests, checked the same way; both kinds of
+// digest of a file agree with independent tools' (sha256sum, xxh128sum) in
+// base:digest_test.
+TEST(ConvertFixtureTest, DigestsOnRequest) {
+  const std::string out = JoinPath(FreshTempDir("convert_sha256"), "u");
+  ConvertOptions o = Options(FixturePath("neox-tp2-pp1-dp1/global_step4"), out);
+  o.write.digest = DigestKind::kSha256;
+  ASSERT_TRUE(Convert(o).ok());
+  auto manifest = ReadFileToString(JoinPath(out, "ucp_manifest.textproto"));
+  ASSERT_TRUE(manifest.ok());
+  EXPECT_NE(manifest->find("sha256: "), std::string::npos);
+  EXPECT_EQ(manifest->find("xxh3_128"), std::string::npos);
+  readers::UniversalCheckpoint::Options verify;
+  verify.verify_checksums = true;
+  EXPECT_TRUE(readers::UniversalCheckpoint::Open(out, verify).ok());
+  const std::string victim = JoinPath(out, "mp_rank_00_model_states.pt");
+  auto bytes = ReadFileToString(victim);
+  ASSERT_TRUE(bytes.ok());
+  (*bytes)[10] ^= 0x40;
+  ASSERT_TRUE(WriteFileAtomic(victim, *bytes).ok());
+  auto bad = readers::UniversalCheckpoint::Open(out, verify);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(bad.status().message().find("sha256"), std::string::npos) << bad.status();
 }
 
 }  // namespace

@@ -238,13 +238,22 @@ absl::Status UniversalCheckpoint::VerifyChecksums() const {
       return absl::DataLossError(absl::StrCat(JoinPath(dir_, deepspeed::kManifestFile), ": bad file path '", d.path(), "'"));
     }
     const std::string path = JoinPath(dir_, d.path());
-    UCP_ASSIGN_OR_RETURN(std::string bytes, ReadFileToString(path));
-    if (static_cast<int64_t>(bytes.size()) != d.size()) {
-      return absl::DataLossError(absl::StrCat(path, ": ", bytes.size(), " bytes, the manifest says ", d.size()));
+    const DigestKind kind = !d.xxh3_128().empty() ? DigestKind::kXxh3_128
+                            : !d.sha256().empty() ? DigestKind::kSha256
+                                                  : DigestKind::kNone;
+    if (kind == DigestKind::kNone) {
+      return absl::DataLossError(
+          absl::StrCat(JoinPath(dir_, deepspeed::kManifestFile), ": no digest for '", d.path(), "'"));
     }
-    const std::string sha = Sha256Hex(bytes);
-    if (sha != d.sha256()) {
-      return absl::DataLossError(absl::StrCat(path, ": sha256 ", sha, " differs from the manifest's ", d.sha256()));
+    const std::string& want = kind == DigestKind::kSha256 ? d.sha256() : d.xxh3_128();
+    std::string got;
+    UCP_ASSIGN_OR_RETURN(int64_t size, FileDigestOf(path, kind, &got));
+    if (size != d.size()) {
+      return absl::DataLossError(absl::StrCat(path, ": ", size, " bytes, the manifest says ", d.size()));
+    }
+    if (got != want) {
+      return absl::DataLossError(absl::StrCat(path, ": ", DigestKindName(kind), " ", got,
+                                              " differs from the manifest's ", want));
     }
   }
   return absl::OkStatus();

@@ -3,6 +3,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "base/digest.h"
 #include "ops/convert.h"
 #include "tools/progress.h"
 #include "tools/cli.h"
@@ -31,6 +33,10 @@ int RunConvert(int argc, char** argv) {
   RegisterProgressFlag(f, &progress_flag);
   f.Int32("num_threads", &threads, "threads converting params in parallel (0 = all cores)");
   f.Bool("overwrite", &o.write.overwrite, "replace an existing output folder (only once the new one is complete)");
+  std::string digest = "xxh3";
+  f.String("digest", &digest,
+           "the digest of every file in the manifest: xxh3 (XXH3-128: catches corruption, not tampering; fast) or "
+           "sha256");
   f.Int32("dry_run", &o.dry_run_ranks,
           "write nothing; print the plan split over this many ranks (under mpirun: the job's ranks): units, bytes "
           "and input files per rank");
@@ -59,6 +65,11 @@ int RunConvert(int argc, char** argv) {
   if (!mode.ok()) return Fail(mode.status());
   ProgressPrinter progress("convert", *mode);
   o.write.progress = progress.Callback();
+  auto digest_kind = ParseDigestKind(digest);
+  if (!digest_kind.ok() || *digest_kind == DigestKind::kNone) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat("--digest=", digest, ": expected xxh3 or sha256")));
+  }
+  o.write.digest = *digest_kind;
   o.cluster = JobCluster();
   auto result = ops::Convert(o);
   if (!result.ok()) return Fail(result.status());

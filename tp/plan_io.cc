@@ -79,7 +79,7 @@ absl::StatusOr<WrittenFile> WriteTorchFile(torch::TorchWriter& writer, const std
   UCP_RETURN_IF_ERROR(writer.WriteFile(path, root));
   WrittenFile out;
   out.size = static_cast<int64_t>(writer.bytes_written());
-  out.sha256 = writer.sha256_hex();
+  out.digest = writer.digest_hex();
   return out;
 }
 

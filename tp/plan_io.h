@@ -31,9 +31,9 @@ absl::Status SetRequiresGrad(pickle::Value& tensor_value, bool requires_grad);
 
 struct WrittenFile {
   int64_t size = 0;
-  std::string sha256;  // hex; empty unless the writer was made with TorchWriteOptions::sha256
+  std::string digest;  // hex; empty unless the writer was made with a TorchWriteOptions::digest
 };
-// Writes the archive and reports its size and sha256, both measured while
+// Writes the archive and reports its size and digest, both measured while
 // writing (the file is never read back).
 absl::StatusOr<WrittenFile> WriteTorchFile(torch::TorchWriter& writer, const std::string& path,
                                            const pickle::Value& root);

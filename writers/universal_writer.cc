@@ -30,10 +30,10 @@ absl::Status CheckParamName(const std::string& name) {
   return absl::OkStatus();
 }
 
-// Universal files are listed in the manifest with their sha256.
-torch::TorchWriteOptions HashedWrites() {
+// Universal files are listed in the manifest with their digest.
+torch::TorchWriteOptions HashedWrites(DigestKind digest) {
   torch::TorchWriteOptions o;
-  o.sha256 = true;
+  o.digest = digest;
   return o;
 }
 
@@ -43,11 +43,12 @@ int64_t Numel(const std::vector<int64_t>& shape) {
   return n;
 }
 
-FileDigest Digest(const std::string& rel, int64_t size, const std::string& sha) {
+FileDigest Digest(const std::string& rel, int64_t size, const std::string& hex, DigestKind kind) {
   FileDigest d;
   d.set_path(rel);
   d.set_size(size);
-  d.set_sha256(sha);
+  if (kind == DigestKind::kSha256) d.set_sha256(hex);
+  if (kind == DigestKind::kXxh3_128) d.set_xxh3_128(hex);
   return d;
 }
 
@@ -124,7 +125,7 @@ class UniversalPlan : public Plan {
         return WriteParam(info_.params[index_[i]], staging, result);
       case kOptimizerState: {
         UCP_ASSIGN_OR_RETURN(deepspeed::FileValue common, state_.OptimizerCommon());
-        torch::TorchWriter w(HashedWrites());
+        torch::TorchWriter w(HashedWrites(options_.digest));
         UCP_ASSIGN_OR_RETURN(ValuePtr v, deepspeed::CopyTreeForWrite(common, w));
         return WriteFiles(staging, units_[i].outputs, {&w}, {v.get()}, result);
       }
@@ -135,16 +136,16 @@ class UniversalPlan : public Plan {
         if (!from.empty()) {
           // The model-state files, byte for byte.
           std::string sha;
-          UCP_RETURN_IF_ERROR(CopyFile(from, JoinPath(staging, rel), &sha));
+          UCP_RETURN_IF_ERROR(CopyFile(from, JoinPath(staging, rel), &sha, options_.digest));
           UCP_ASSIGN_OR_RETURN(int64_t size, FileSize(JoinPath(staging, rel)));
-          result->files.push_back(Digest(rel, size, sha));
+          result->files.push_back(Digest(rel, size, sha, options_.digest));
           return absl::OkStatus();
         }
         deepspeed::FileValue root = state_.ModelStatesRoot(pp, t);
         if (!root.value) {
           return absl::FailedPreconditionError(absl::StrCat("no model states for stage ", pp, " tp rank ", t));
         }
-        torch::TorchWriter w(HashedWrites());
+        torch::TorchWriter w(HashedWrites(options_.digest));
         UCP_ASSIGN_OR_RETURN(ValuePtr v, deepspeed::CopyTreeForWrite(root, w));
         return WriteFiles(staging, {rel}, {&w}, {v.get()}, result);
       }
@@ -182,15 +183,15 @@ class UniversalPlan : public Plan {
 
   // Writes staging/rels[k] from writers[k] and roots[k] (their hashes are
   // computed two at a time: TorchWriter::WriteFiles).
-  static absl::Status WriteFiles(const std::string& staging, const std::vector<std::string>& rels,
-                                 const std::vector<torch::TorchWriter*>& writers,
-                                 const std::vector<const Value*>& roots, UnitResult* result) {
+  absl::Status WriteFiles(const std::string& staging, const std::vector<std::string>& rels,
+                          const std::vector<torch::TorchWriter*>& writers, const std::vector<const Value*>& roots,
+                          UnitResult* result) const {
     std::vector<std::string> paths;
     for (const std::string& rel : rels) paths.push_back(JoinPath(staging, rel));
     UCP_RETURN_IF_ERROR(torch::TorchWriter::WriteFiles(writers, paths, roots));
     for (size_t k = 0; k < rels.size(); ++k) {
       result->files.push_back(
-          Digest(rels[k], static_cast<int64_t>(writers[k]->bytes_written()), writers[k]->sha256_hex()));
+          Digest(rels[k], static_cast<int64_t>(writers[k]->bytes_written()), writers[k]->digest_hex(), options_.digest));
     }
     return absl::OkStatus();
   }
@@ -198,7 +199,7 @@ class UniversalPlan : public Plan {
   absl::Status WriteParam(const ParamState& p, const std::string& staging, UnitResult* result) const {
     if (!p.trainable()) {
       UCP_ASSIGN_OR_RETURN(tp::TensorPlan plan, state_.Full(p, deepspeed::kLpState));
-      torch::TorchWriter w(HashedWrites());
+      torch::TorchWriter w(HashedWrites(options_.digest));
       ValuePtr t = tp::AddPlan(w, plan);
       ValuePtr root = deepspeed::UniversalParamDict(p.rule, t);
       return WriteFiles(staging, {JoinPath(deepspeed::kUniversalModuleDir, p.name + ".pt")}, {&w}, {root.get()},
@@ -212,7 +213,7 @@ class UniversalPlan : public Plan {
     std::vector<ValuePtr> roots;
     std::vector<std::string> rels;
     auto add_file = [&](std::string rel) -> torch::TorchWriter& {
-      owned.push_back(std::make_unique<torch::TorchWriter>(HashedWrites()));
+      owned.push_back(std::make_unique<torch::TorchWriter>(HashedWrites(options_.digest)));
       writers.push_back(owned.back().get());
       rels.push_back(std::move(rel));
       return *owned.back();

@@ -27,6 +27,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "base/digest.h"
 #include "deepspeed/model_state.h"
 #include "format/pickle/value.h"
 #include "proto/ucp.pb.h"
@@ -41,6 +42,8 @@ struct UniversalWriteOptions {
   bool keep_temp_folder = false;  // keep the staging folder on failure
   bool write_latest = true;       // <root>/latest_universal
   ProgressFn progress;  // may be empty
+  // The digest of every file in the manifest (sha256 on request).
+  DigestKind digest = DigestKind::kXxh3_128;
   std::string source_folder;  // for the manifest
   MergeRules rules;           // for the manifest
 };

@@ -529,7 +529,7 @@ class Writer {
     FileDigest d;
     d.set_path(name);
     d.set_size(f.size);
-    d.set_sha256(f.sha256);
+
     result->files.push_back(std::move(d));
     return absl::OkStatus();
   }

@@ -13,7 +13,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "base/parallel.h"
-#include "base/sha256.h"
+#include "base/digest.h"
 #include "base/status_macros.h"
 #include "format/pickle/writer.h"
 #include "format/torch/crc32.h"
@@ -446,7 +446,7 @@ namespace {
 // the same order) itself.
 class HashingSink : public ZipSink {
  public:
-  HashingSink(ZipSink* next, Sha256* sha) : next_(next), sha_(sha) {}
+  HashingSink(ZipSink* next, StreamDigest* sha) : next_(next), sha_(sha) {}
   absl::Status Write(absl::Span<const uint8_t> bytes) override {
     if (sha_ != nullptr && !paused_) sha_->Update(bytes.data(), bytes.size());
     count_ += bytes.size();
@@ -459,12 +459,12 @@ class HashingSink : public ZipSink {
     return next_->Skip(n);
   }
   void set_paused(bool paused) { paused_ = paused; }
-  Sha256* sha() const { return sha_; }
+  StreamDigest* sha() const { return sha_; }
   uint64_t count() const { return count_; }
 
  private:
   ZipSink* next_;
-  Sha256* sha_;
+  StreamDigest* sha_;
   bool paused_ = false;
   uint64_t count_ = 0;
 };
@@ -490,7 +490,7 @@ class GrowBuffer {
 struct TorchWriter::Impl {
   TorchWriteOptions options;
   uint64_t last_bytes = 0;
-  std::string last_sha256;
+  std::string last_digest;
   struct Entry {
     std::shared_ptr<const Storage> storage;  // or:
     StorageProducer producer;
@@ -860,7 +860,7 @@ pickle::ValuePtr TorchWriter::AddStreamedTensor(DType dtype, std::vector<int64_t
 
 
 uint64_t TorchWriter::bytes_written() const { return impl_->last_bytes; }
-const std::string& TorchWriter::sha256_hex() const { return impl_->last_sha256; }
+const std::string& TorchWriter::digest_hex() const { return impl_->last_digest; }
 
 namespace {
 
@@ -869,7 +869,7 @@ namespace {
 // removed when writing failed or it is destroyed unclosed.
 class OutputFile {
  public:
-  static absl::StatusOr<std::unique_ptr<OutputFile>> Create(const std::string& path, bool hash) {
+  static absl::StatusOr<std::unique_ptr<OutputFile>> Create(const std::string& path, DigestKind hash) {
     // Truncating a file this process has mapped (e.g. the checkpoint the
     // storages come from) would destroy the source and SIGBUS the reader.
     if (MappedFile::IsMappedByThisProcess(path)) {
@@ -891,6 +891,7 @@ class OutputFile {
   const std::string& path() const { return path_; }
   uint64_t bytes_written() const { return hashing_.count(); }
   std::string HexDigest() { return hashing_.sha() != nullptr ? sha_.HexDigest() : std::string(); }
+  StreamDigest* digest() { return hashing_.sha(); }
 
   // Ends writing with `status` (what writing the contents returned): syncs
   // if asked, closes, and removes the file unless all went well.
@@ -905,22 +906,26 @@ class OutputFile {
   }
 
  private:
-  OutputFile(int fd, std::string path, bool hash)
-      : fd_(fd), path_(std::move(path)), sink_(fd, path_), hashing_(&sink_, hash ? &sha_ : nullptr) {}
+  OutputFile(int fd, std::string path, DigestKind hash)
+      : fd_(fd),
+        path_(std::move(path)),
+        sink_(fd, path_),
+        sha_(hash),
+        hashing_(&sink_, hash != DigestKind::kNone ? &sha_ : nullptr) {}
   int fd_;
   std::string path_;
   FdSink sink_;
-  Sha256 sha_;
+  StreamDigest sha_;
   HashingSink hashing_;
 };
 
 }  // namespace
 
 absl::Status TorchWriter::WriteFile(const std::string& path, const pickle::Value& root) {
-  UCP_ASSIGN_OR_RETURN(std::unique_ptr<OutputFile> file, OutputFile::Create(path, impl_->options.sha256));
+  UCP_ASSIGN_OR_RETURN(std::unique_ptr<OutputFile> file, OutputFile::Create(path, impl_->options.digest));
   absl::Status s = impl_->WriteArchive(file->sink(), path, ArchiveStem(path), root, file->fd());
   impl_->last_bytes = file->bytes_written();
-  impl_->last_sha256 = file->HexDigest();
+  impl_->last_digest = file->HexDigest();
   return file->Close(std::move(s), impl_->options.sync);
 }
 
@@ -936,7 +941,7 @@ absl::Status TorchWriter::WriteFiles(absl::Span<TorchWriter* const> writers, abs
     if (writers[i] == nullptr || roots[i] == nullptr || !distinct.insert(writers[i]).second) {
       return absl::InvalidArgumentError("WriteFiles: each file needs its own writer and a root");
     }
-    hashed = hashed && writers[i]->impl_->options.sha256;
+    hashed = hashed && writers[i]->impl_->options.digest != DigestKind::kNone;
   }
   std::vector<std::string> written;
   auto remove_written = [&](absl::Status s) {
@@ -968,7 +973,7 @@ absl::Status TorchWriter::WriteFiles(absl::Span<TorchWriter* const> writers, abs
   for (size_t i = 0; i < writers.size(); ++i) {
     auto l = std::make_unique<Lane>();
     l->impl = writers[i]->impl_.get();
-    absl::StatusOr<std::unique_ptr<OutputFile>> file = OutputFile::Create(paths[i], true);
+    absl::StatusOr<std::unique_ptr<OutputFile>> file = OutputFile::Create(paths[i], l->impl->options.digest);
     if (!file.ok()) return fail(file.status());
     l->file = *std::move(file);
     absl::StatusOr<Impl::Prepared> prepared = l->impl->Prepare(paths[i], ArchiveStem(paths[i]), *roots[i]);
@@ -992,10 +997,10 @@ absl::Status TorchWriter::WriteFiles(absl::Span<TorchWriter* const> writers, abs
       if (!next.ok()) return fail(next.status());
       piece[k] = *next;
     }
-    Sha256* sha0 = pair[0]->file->sink()->sha();
+    StreamDigest* sha0 = pair[0]->file->sink()->sha();
     if (pair[1] != nullptr) {
-      Sha256::UpdatePair(*sha0, piece[0].data(), piece[0].size(), *pair[1]->file->sink()->sha(), piece[1].data(),
-                         piece[1].size());
+      StreamDigest::UpdatePair(*sha0, piece[0].data(), piece[0].size(), *pair[1]->file->sink()->sha(), piece[1].data(),
+                               piece[1].size());
     } else {
       sha0->Update(piece[0].data(), piece[0].size());
     }
@@ -1007,7 +1012,7 @@ absl::Status TorchWriter::WriteFiles(absl::Span<TorchWriter* const> writers, abs
       }
       absl::Status s = l->lane->Finish();
       l->impl->last_bytes = l->file->bytes_written();
-      l->impl->last_sha256 = l->file->HexDigest();
+      l->impl->last_digest = l->file->HexDigest();
       const std::string path = l->file->path();
       s = l->file->Close(std::move(s), l->impl->options.sync);
       l->file.reset();

@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "base/digest.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "format/pickle/reader.h"
@@ -127,11 +128,11 @@ struct TorchWriteOptions {
   // See ZipWriterOptions; lower only in tests.
   uint64_t zip64_size_threshold = 0xFFFFFFFF;
   uint64_t zip64_offset_threshold = 0xFFFFFFFF;
-  // Hash the file's bytes while writing them (see TorchWriter::sha256_hex),
+  // Digest the file's bytes while writing them (see TorchWriter::digest_hex),
   // so a manifest never needs to read an output back.
-  bool sha256 = false;
+  DigestKind digest = DigestKind::kNone;
   // Threads filling the storage records of one file at once (each at its own
-  // offset, with pwrite); 1 writes them in order. Not with sha256, which
+  // offset, with pwrite); 1 writes them in order. Not with a digest, which
   // needs the bytes in order.
   int record_threads = 1;
 };
@@ -170,20 +171,21 @@ class TorchWriter {
   // error is returned as is.
   absl::Status WriteFile(const std::string& path, const pickle::Value& root);
   // Writes writers[i]'s archive to paths[i] (with roots[i]) for every i, each
-  // file as WriteFile would. When every writer hashes (sha256), the files'
-  // storage bytes are written a piece at a time in turn and two files' pieces
-  // are hashed together (Sha256::UpdatePair), nearly twice as fast as one
-  // file after another. Each writer's bytes_written() and sha256_hex() then
+  // file as WriteFile would. When every writer digests, the files' storage
+  // bytes are written a piece at a time in turn and two files' pieces are
+  // hashed together (StreamDigest::UpdatePair: for SHA-256 nearly twice as
+  // fast as one file after another). Each writer's bytes_written() and
+  // digest_hex() then
   // describe its file. On failure no file of the call is left.
   static absl::Status WriteFiles(absl::Span<TorchWriter* const> writers, absl::Span<const std::string> paths,
                                  absl::Span<const pickle::Value* const> roots);
   // The same into memory (tests).
   absl::StatusOr<std::string> WriteToString(const std::string& stem, const pickle::Value& root);
 
-  // After a successful WriteFile: the file's size, and its sha256 (hex) when
-  // TorchWriteOptions::sha256 was set (else empty).
+  // After a successful WriteFile: the file's size, and its digest (hex) of
+  // the kind TorchWriteOptions::digest says (empty for none).
   uint64_t bytes_written() const;
-  const std::string& sha256_hex() const;
+  const std::string& digest_hex() const;
 
  private:
   struct Impl;

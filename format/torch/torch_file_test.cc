@@ -451,7 +451,7 @@ TEST(TorchWriterParallelTest, SameBytesAsSequential) {
 std::unique_ptr<TorchWriter> BatchWriter(int k, bool hash, ValuePtr* root, const std::string* viewed,
                                          bool fail = false) {
   TorchWriteOptions o;
-  o.sha256 = hash;
+  o.digest = hash ? DigestKind::kSha256 : DigestKind::kNone;
   o.chunk_bytes = size_t{1} << 20;
   auto w = std::make_unique<TorchWriter>(o);
   *root = Value::MakeDict();
@@ -495,7 +495,7 @@ TEST(TorchWriterBatchTest, SameFilesAndDigestsAsOneByOne) {
         ValuePtr root;
         auto single = BatchWriter(k, hash, &root, &viewed);
         ASSERT_TRUE(single->WriteFile(one_dir + "/" + name, *root).ok());
-        one_digests.push_back(single->sha256_hex());
+        one_digests.push_back(single->digest_hex());
         writers.push_back(BatchWriter(k, hash, &roots[k], &viewed));
         paths.push_back(all_dir + "/" + name);
       }
@@ -511,8 +511,8 @@ TEST(TorchWriterBatchTest, SameFilesAndDigestsAsOneByOne) {
         const std::string bytes = *ReadFileToString(paths[k]);
         EXPECT_TRUE(bytes == *ReadFileToString(one_dir + absl::StrCat("/f", k, ".pt"))) << k;
         EXPECT_EQ(writers[k]->bytes_written(), bytes.size());
-        EXPECT_EQ(writers[k]->sha256_hex(), one_digests[k]);
-        EXPECT_EQ(writers[k]->sha256_hex(), hash ? Sha256Hex(bytes) : "") << "hash " << hash << " file " << k;
+        EXPECT_EQ(writers[k]->digest_hex(), one_digests[k]);
+        EXPECT_EQ(writers[k]->digest_hex(), hash ? Sha256Hex(bytes) : "") << "hash " << hash << " file " << k;
         EXPECT_TRUE(TorchFile::Open(paths[k]).ok());
       }
     }

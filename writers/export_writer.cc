@@ -23,7 +23,50 @@ namespace {
 
 constexpr int64_t kUnitBytes = int64_t{64} << 20;  // safetensors: small tensors batched into units this big
 
-// Streams `plan` as `dtype` bytes: views of the sources where no cast is needed.
+// Converts `count` elements of `from` at `in` to float32 at `out` as
+// torch's .float() does (static_cast: round to nearest even).
+template <typename T>
+void IntsToFloat(const uint8_t* in, int64_t count, float* out) {
+  for (int64_t i = 0; i < count; ++i) {
+    T v;
+    std::memcpy(&v, in + static_cast<size_t>(i) * sizeof(T), sizeof(T));
+    out[i] = static_cast<float>(v);
+  }
+}
+
+absl::StatusOr<torch::Tensor> ToFloat32(torch::DType from, int64_t count, const std::string& bytes) {
+  if (torch::IsFloatingPoint(from)) {
+    UCP_ASSIGN_OR_RETURN(torch::Tensor src, torch::Tensor::FromBytes(from, {count}, bytes));
+    return torch::Cast(src, torch::DType::kFloat32);
+  }
+  std::string out(static_cast<size_t>(count) * 4, '\0');
+  float* f = reinterpret_cast<float*>(out.data());
+  const uint8_t* in = reinterpret_cast<const uint8_t*>(bytes.data());
+  switch (from) {
+    case torch::DType::kInt64: IntsToFloat<int64_t>(in, count, f); break;
+    case torch::DType::kInt32: IntsToFloat<int32_t>(in, count, f); break;
+    case torch::DType::kInt16: IntsToFloat<int16_t>(in, count, f); break;
+    case torch::DType::kInt8: IntsToFloat<int8_t>(in, count, f); break;
+    case torch::DType::kUInt8: IntsToFloat<uint8_t>(in, count, f); break;
+    case torch::DType::kBool:
+      for (int64_t i = 0; i < count; ++i) f[i] = in[i] != 0 ? 1.0f : 0.0f;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot convert ", std::string(torch::DTypeName(from)), " to a floating dtype"));
+  }
+  return torch::Tensor::FromBytes(torch::DType::kFloat32, {count}, std::move(out));
+}
+
+bool Convertible(torch::DType from, torch::DType to) {
+  if (from == to) return true;
+  if (!torch::IsFloatingPoint(to)) return false;
+  return from != torch::DType::kComplex64 && from != torch::DType::kComplex128;
+}
+
+// Streams `plan` as `dtype` bytes: views of the sources where no conversion
+// is needed; else converted a chunk at a time (floats: round to nearest
+// even; integers: as torch's .float(), then to `dtype`).
 safetensors::TensorBytes PlanBytes(const tp::TensorPlan& plan, torch::DType dtype) {
   const size_t out_isz = torch::ItemSize(dtype);
   const size_t in_isz = torch::ItemSize(plan.dtype());
@@ -38,8 +81,18 @@ safetensors::TensorBytes PlanBytes(const tp::TensorPlan& plan, torch::DType dtyp
     if (from == dtype) return plan.ViewFlat(start, count, scratch);
     std::string buf(static_cast<size_t>(count) * in_isz, '\0');
     UCP_RETURN_IF_ERROR(plan.CopyFlat(start, count, reinterpret_cast<uint8_t*>(buf.data())));
-    UCP_ASSIGN_OR_RETURN(torch::Tensor src, torch::Tensor::FromBytes(from, {count}, std::move(buf)));
-    UCP_ASSIGN_OR_RETURN(torch::Tensor cast, torch::Cast(src, dtype));
+    torch::Tensor cast;
+    if (torch::IsFloatingPoint(from)) {
+      UCP_ASSIGN_OR_RETURN(torch::Tensor src, torch::Tensor::FromBytes(from, {count}, std::move(buf)));
+      UCP_ASSIGN_OR_RETURN(cast, torch::Cast(src, dtype));
+    } else {
+      UCP_ASSIGN_OR_RETURN(torch::Tensor f32, ToFloat32(from, count, buf));
+      if (dtype == torch::DType::kFloat32) {
+        cast = f32;
+      } else {
+        UCP_ASSIGN_OR_RETURN(cast, torch::Cast(f32, dtype));
+      }
+    }
     std::memcpy(scratch, cast.data(), len);
     return absl::MakeConstSpan(scratch, len);
   };
@@ -53,7 +106,7 @@ absl::StatusOr<tp::TensorPlan> SourcePlan(const ExportTensor& t) {
                                             torch::ShapeString(plan.shape()), ", expected ",
                                             torch::ShapeString(t.shape)));
   }
-  if (plan.dtype() != t.dtype && !(torch::IsFloatingPoint(plan.dtype()) && torch::IsFloatingPoint(t.dtype))) {
+  if (!Convertible(plan.dtype(), t.dtype)) {
     return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "': cannot write ",
                                                    std::string(torch::DTypeName(plan.dtype())), " as ",
                                                    std::string(torch::DTypeName(t.dtype))));
@@ -137,7 +190,14 @@ class ExportPlan : public Plan {
     for (size_t idx : split_.tensors[s]) {
       const ExportTensor& t = tensors_[idx];
       UCP_ASSIGN_OR_RETURN(tp::TensorPlan plan, SourcePlan(t));
-      UCP_ASSIGN_OR_RETURN(pickle::ValuePtr v, tp::AddPlanAs(w, plan, t.dtype));
+      pickle::ValuePtr v;
+      if (plan.dtype() == t.dtype) {
+        v = tp::AddPlan(w, plan);
+      } else {
+        safetensors::TensorBytes bytes = PlanBytes(plan, t.dtype);
+        v = w.AddStreamedTensor(t.dtype, t.shape, plan.numel(), 0,
+                                [bytes](uint64_t offset, size_t len, uint8_t* scratch) { return bytes(offset, len, scratch); });
+      }
       root->DictSet(pickle::Value::Str(t.name), v);
       for (const std::string& a : t.aliases) followers.emplace_back(a, v);
     }

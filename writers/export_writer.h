@@ -49,9 +49,10 @@ struct ExportTensor {
   std::string name;
   torch::DType dtype = torch::DType::kFloat32;  // as written
   std::vector<int64_t> shape;
-  // Its value, of `shape`, in any floating dtype when `dtype` is floating
-  // (cast to `dtype`, round to nearest even, while streaming), else exactly
-  // `dtype`. Called when the unit writing the tensor runs.
+  // Its value, of `shape`: exactly `dtype`, or any real dtype when `dtype` is
+  // floating (converted while streaming: floats round to nearest even,
+  // integers and bools as torch's .float()). Called when the unit writing the
+  // tensor runs.
   std::function<absl::StatusOr<tp::TensorPlan>()> source;
   // Tied names of the same tensor, written after every other tensor of the
   // owner's shard.

@@ -185,8 +185,14 @@ absl::Status WriteTensor(const std::string& path, const FileLayout& layout, size
   absl::Status st;
   for (uint64_t off = 0; st.ok() && off < t.end - t.begin; off += buf.size()) {
     const size_t n = static_cast<size_t>(std::min<uint64_t>(buf.size(), t.end - t.begin - off));
-    st = bytes(off, absl::MakeSpan(buf.data(), n));
-    if (st.ok()) st = PWriteAll(fd, path, buf.data(), n, layout.data_start() + t.begin + off);
+    auto view = bytes(off, n, buf.data());
+    if (!view.ok()) {
+      st = view.status();
+    } else if (view->size() != n) {
+      st = absl::InternalError(absl::StrCat("a producer returned ", view->size(), " bytes for ", n));
+    } else {
+      st = PWriteAll(fd, path, view->data(), n, layout.data_start() + t.begin + off);
+    }
   }
   if (::close(fd) != 0 && st.ok()) st = Errno(path, "close");
   if (!st.ok()) return absl::Status(st.code(), absl::StrCat(path, ": tensor \"", t.spec.name, "\": ", st.message()));

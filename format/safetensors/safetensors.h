@@ -29,6 +29,7 @@
 #define UCP_FORMAT_SAFETENSORS_SAFETENSORS_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -80,9 +81,11 @@ struct FileLayout {
 absl::StatusOr<FileLayout> Layout(std::vector<TensorSpec> tensors,
                                   const std::vector<std::pair<std::string, std::string>>& metadata);
 
-// Fills `dst` with bytes [offset, offset + dst.size()) of one tensor's data;
-// called with adjacent ranges in order.
-using TensorBytes = std::function<absl::Status(uint64_t offset, absl::Span<uint8_t> dst)>;
+// Returns bytes [offset, offset + len) of one tensor's data, either as a view
+// of memory valid until the next call (e.g. a memory-mapped source) or after
+// filling `scratch` (len bytes); called with adjacent ranges in order.
+using TensorBytes =
+    std::function<absl::StatusOr<absl::Span<const uint8_t>>(uint64_t offset, size_t len, uint8_t* scratch)>;
 
 // Creates `path` with the header written and the file extended to its full
 // size (the tensor bytes still zero).

@@ -59,9 +59,9 @@ TEST(WriteReadTest, RoundTripThroughAFile) {
   for (size_t i = 0; i < l->tensors.size(); ++i) {
     const auto status = WriteTensor(
         path, *l, i,
-        [&](uint64_t off, absl::Span<uint8_t> dst) {
-          for (size_t k = 0; k < dst.size(); ++k) dst[k] = static_cast<uint8_t>(i * 100 + off + k);
-          return absl::OkStatus();
+        [&](uint64_t off, size_t len, uint8_t* scratch) -> absl::StatusOr<absl::Span<const uint8_t>> {
+          for (size_t k = 0; k < len; ++k) scratch[k] = static_cast<uint8_t>(i * 100 + off + k);
+          return absl::MakeConstSpan(scratch, len);
         },
         /*chunk_bytes=*/4);
     ASSERT_TRUE(status.ok()) << status;

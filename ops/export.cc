@@ -299,8 +299,26 @@ absl::StatusOr<ExportResult> Export(const ExportOptions& options) {
   if (options.input_folder.empty() || options.output_folder.empty()) {
     return absl::InvalidArgumentError("export needs an input and an output folder");
   }
-  UCP_ASSIGN_OR_RETURN(std::unique_ptr<deepspeed::ModelState> state,
-                       OpenModelState(options.input_folder, options.state));
+  std::unique_ptr<deepspeed::ModelState> state;
+  std::vector<std::string> open_notes;
+  if (IsUniversalFolder(options.input_folder)) {
+    UCP_ASSIGN_OR_RETURN(state, OpenModelState(options.input_folder, options.state));
+  } else {
+    // At tp = 1 every merge rule gives the same full tensor (one slice): the
+    // checkpoints zero_to_fp32.py handles export without rules (a rule still
+    // decides VOCAB padding stripping).
+    UCP_ASSIGN_OR_RETURN(std::unique_ptr<readers::ZeroCheckpoint> ckpt,
+                         readers::ZeroCheckpoint::Open(options.input_folder));
+    SourceOptions source = options.state;
+    if (ckpt->topology().tp == 1 && source.rules.default_kind == MERGE_KIND_UNSPECIFIED) {
+      source.rules.default_kind = COLUMN;
+    }
+    UCP_ASSIGN_OR_RETURN(std::unique_ptr<readers::ZeroSlicedState> sliced,
+                         readers::ZeroSlicedState::Make(std::move(ckpt), source.read()));
+    UCP_ASSIGN_OR_RETURN(std::unique_ptr<rules::ResolvedState> resolved,
+                         rules::ResolveRules(std::move(sliced), source.resolve()));
+    state = std::move(resolved);
+  }
   UCP_ASSIGN_OR_RETURN(ExportContents c, PlanExportContents(*state, options));
   writers::ExportWriteOptions w = options.write;
   if (!c.config_json.empty()) w.extra_files.emplace_back("config.json", c.config_json);

@@ -77,7 +77,8 @@ Spec (JSON):
     "layers": [...],                  # a PipelineModule, or
     "module": [...],                  # a plain nn.Module (its `module` state dict in
                                       # mp_rank files)
-    "tied": {"embed": [...]}          # tied modules (pipeline only)
+    "tied": {"embed": [...]},         # tied modules (pipeline only)
+    "args": {"swiglu": true, ...}     # extra entries of the client state's args
   }
   A layer is {"module": [tensors], "type": "ClassName"}, {"function": "name"} or
   {"tied": "key", "forward_fn": bool}. A tensor is
@@ -722,6 +723,7 @@ class Checkpoint:
                 "make_vocab_size_divisible_by": self.model.divisible_by}
         if self.pipeline and self.spec.get("partition_method"):
             args["pipe_partition_method"] = self.spec["partition_method"]
+        args.update(self.spec.get("args", {}))  # the training's own (e.g. Megatron's swiglu, heads)
         out = {"iteration": self.global_steps, "args": args, "random_rng_state": rng.getstate(),
                "np_rng_state": np_rng.get_state(), "torch_rng_state": gen.get_state()}
         uc = self.spec.get("uc_info", "empty")

@@ -32,6 +32,7 @@ void EncodeParam(const ParamState& p, Manifest::Param* mp) {
   mp->set_role(TensorRoleName(p.role));
   mp->set_lp_dtype(std::string(torch::DTypeName(p.lp_dtype)));
   mp->set_tied_key(p.tied_key);
+  *mp->mutable_merge_rule() = p.rule;
 }
 
 void EncodeLayout(const ModelInfo& info, Manifest* m) {
@@ -72,7 +73,11 @@ absl::StatusOr<ParamState> DecodeParam(const Manifest::Param& m) {
   ParamState p;
   p.name = m.name();
   p.full_shape.assign(m.shape().begin(), m.shape().end());
-  p.rule.set_pattern(m.name());
+  if (m.has_merge_rule()) {
+    p.rule = m.merge_rule();
+  } else {
+    p.rule.set_pattern(m.name());
+  }
   p.rule.set_kind(m.kind());
   p.source = m.source();
   p.origin = m.rule();

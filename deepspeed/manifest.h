@@ -5,9 +5,10 @@
 // recovers from it. Like LevelDB's BlockHandle::EncodeTo / DecodeFrom: one
 // place knows the mapping, and a round-trip test holds the two together.
 //
-// The manifest records a param's merge *kind*; the rule's details (sub-param
-// shapes, cat dims) live in the universal files' metadata
-// (universal_metadata.h), which stock DeepSpeed reads too.
+// The manifest records each param's whole rule (`merge_rule`; manifests of
+// earlier ucp versions only its kind), so a reader needs no file of a param
+// to know its shape and rule; the universal files' metadata
+// (universal_metadata.h), which stock DeepSpeed reads, says the same.
 //
 // Example:
 //   Manifest m = ToManifest(info, header);
@@ -41,7 +42,7 @@ Manifest ToManifest(const ModelInfo& info, const ManifestHeader& header);
 
 // ---- decode ----
 
-// name, full shape, merge kind (the rest of the rule is not recorded),
+// name, full shape, rule (only its kind from a manifest without merge_rule),
 // source, origin, group, role, layer, local name, tied key and layers, lp dtype.
 absl::StatusOr<ParamState> DecodeParam(const Manifest::Param& m);
 absl::Status DecodeLayout(const Manifest& m, ModelInfo* out);

@@ -27,6 +27,13 @@ ParamState Param(const std::string& name, std::vector<int64_t> shape, MergeKind 
 ModelInfo RichInfo() {
   ModelInfo info;
   info.params.push_back(Param("2.attention.dense.weight", {8, 8}, ROW, TensorRole::kTrainable, 0));
+  ParamState qkv = Param("2.attention.query_key_value.weight", {12, 8}, SUB_PARAMS, TensorRole::kTrainable, 0);
+  qkv.rule.mutable_sub_param_shape()->set_partition_dim(0);
+  qkv.rule.mutable_sub_param_shape()->add_dim()->add_size(8);
+  qkv.rule.mutable_sub_param_shape()->mutable_dim(0)->add_size(2);
+  qkv.rule.mutable_sub_param_shape()->mutable_dim(0)->add_size(2);
+  qkv.rule.mutable_sub_param_shape()->add_dim()->add_size(8);
+  info.params.push_back(qkv);
   info.params.push_back(Param("2.input_layernorm.scale", {8}, AVERAGE, TensorRole::kTrainable, 1));
   ParamState tied = Param("tied_modules.embed.word_embeddings.weight", {50, 8}, VOCAB, TensorRole::kTrainable, 0);
   tied.tied_key = "embed";
@@ -69,6 +76,7 @@ TEST(ManifestTest, ModelInfoRoundTrips) {
     EXPECT_EQ(a.name, b.name);
     EXPECT_EQ(a.full_shape, b.full_shape);
     EXPECT_EQ(a.rule.kind(), b.rule.kind()) << a.name;
+    EXPECT_EQ(a.rule.SerializeAsString(), b.rule.SerializeAsString()) << a.name;
     EXPECT_EQ(a.source, b.source);
     EXPECT_EQ(a.origin, b.origin);
     EXPECT_EQ(a.group, b.group);
@@ -114,7 +122,7 @@ TEST(ManifestTest, ManifestRoundTripsThroughModelInfo) {
 
 TEST(ManifestTest, BadDtypeNamesTheParam) {
   Manifest m = ToManifest(RichInfo(), {"src", "zero"});
-  m.mutable_param(1)->set_lp_dtype("float7");
+  m.mutable_param(2)->set_lp_dtype("float7");
   auto info = FromManifest(m);
   ASSERT_FALSE(info.ok());
   EXPECT_NE(info.status().message().find("2.input_layernorm.scale"), std::string::npos) << info.status();

@@ -1,10 +1,13 @@
 #include "readers/universal_checkpoint.h"
 
 #include <algorithm>
+#include <map>
+#include <set>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "base/fs.h"
 #include "base/sha256.h"
 #include "base/status_macros.h"
@@ -66,10 +69,37 @@ absl::StatusOr<std::unique_ptr<UniversalCheckpoint>> UniversalCheckpoint::Open(c
   UCP_ASSIGN_OR_RETURN(u->ms_, ModelStatesFiles::Open(u->dir_, 0));
   UCP_ASSIGN_OR_RETURN(std::vector<std::string> entries, ListDirectory(zero));
   bool has_optimizer_state = false;
+  // A ucp manifest lists every file: no param folder needs listing (one
+  // metadata operation per param on a parallel file system).
+  std::map<std::string, std::vector<std::string>> recorded_states;
+  std::vector<std::string> recorded_modules;
+  if (u->manifest_ && u->manifest_->file_size() > 0) {
+    const std::string zero_prefix = absl::StrCat(deepspeed::kUniversalZeroDir, "/");
+    const std::string module_prefix = absl::StrCat(deepspeed::kUniversalModuleDir, "/");
+    for (const FileDigest& d : u->manifest_->file()) {
+      absl::string_view rel = d.path();
+      if (!absl::ConsumeSuffix(&rel, ".pt")) continue;
+      if (absl::ConsumePrefix(&rel, zero_prefix)) {
+        const size_t slash = rel.rfind('/');
+        if (slash == absl::string_view::npos) continue;
+        recorded_states[std::string(rel.substr(0, slash))].push_back(std::string(rel.substr(slash + 1)));
+      } else if (absl::ConsumePrefix(&rel, module_prefix)) {
+        recorded_modules.push_back(std::string(rel));
+      }
+    }
+  }
+  const bool recorded = !recorded_states.empty();
   for (const auto& e : entries) {
     const std::string full = JoinPath(zero, e);
     if (e == deepspeed::kUniversalOptimizerStateFile) {
       has_optimizer_state = true;
+      continue;
+    }
+    if (recorded) {
+      if (!recorded_states.count(e) && IsDirectory(full)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(full, ": a param folder the manifest ", deepspeed::kManifestFile, " does not list"));
+      }
       continue;
     }
     if (!IsDirectory(full)) continue;
@@ -81,12 +111,27 @@ absl::StatusOr<std::unique_ptr<UniversalCheckpoint>> UniversalCheckpoint::Open(c
     u->param_names_.push_back(e);
     u->state_files_[e] = std::move(states);
   }
+  if (recorded) {
+    const std::set<std::string> present(entries.begin(), entries.end());
+    for (auto& [name, states] : recorded_states) {
+      if (!present.count(name)) {
+        return absl::NotFoundError(absl::StrCat(JoinPath(zero, name), ": missing (listed in ", deepspeed::kManifestFile,
+                                                ")"));
+      }
+      std::sort(states.begin(), states.end());
+      u->param_names_.push_back(name);
+      u->state_files_[name] = std::move(states);
+    }
+  }
   if (!has_optimizer_state) {
     return absl::NotFoundError(absl::StrCat(JoinPath(zero, deepspeed::kUniversalOptimizerStateFile), ": missing"));
   }
   UCP_ASSIGN_OR_RETURN(u->optimizer_state_, torch::TorchFile::Open(JoinPath(zero, deepspeed::kUniversalOptimizerStateFile)));
   const std::string module_dir = JoinPath(u->dir_, deepspeed::kUniversalModuleDir);
-  if (IsDirectory(module_dir)) {
+  if (recorded) {
+    std::sort(recorded_modules.begin(), recorded_modules.end());
+    u->module_names_ = std::move(recorded_modules);
+  } else if (IsDirectory(module_dir)) {
     UCP_ASSIGN_OR_RETURN(std::vector<std::string> files, ListDirectory(module_dir));
     for (const auto& f : files) {
       if (absl::EndsWith(f, ".pt")) u->module_names_.push_back(f.substr(0, f.size() - 3));

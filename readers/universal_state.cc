@@ -26,6 +26,18 @@ std::string LocalName(const std::string& name) {
   return name.substr(name.find('.') + 1);
 }
 
+// A state file's metadata must say what the manifest (or the fp32 file) said
+// of the param: averaged and replicated params look alike in the files.
+absl::Status CheckRuleAgrees(const UniversalStateFile& f, const deepspeed::ParamState& param) {
+  auto kind = [](MergeKind k) { return k == AVERAGE ? REPLICATED : k; };
+  if (kind(f.rule.kind()) != kind(param.rule.kind())) {
+    return absl::DataLossError(absl::StrCat(f.file->path(), ": its metadata says ", tp::MergeKindName(f.rule.kind()),
+                                            ", the checkpoint's manifest says ", tp::MergeKindName(param.rule.kind()),
+                                            " for param '", param.name, "'"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<UniversalModelState>> UniversalModelState::Make(
@@ -81,6 +93,31 @@ absl::Status UniversalModelState::Build() {
     return absl::OkStatus();
   };
 
+  // A param's full shape and rule: from the manifest when it records the
+  // whole rule (no file of the param is opened; each file is checked against
+  // it when a unit reads it), else from the fp32 (or module) file's metadata.
+  auto shape_and_rule = [&](deepspeed::ParamState& p, bool module) -> absl::Status {
+    auto it = recorded.find(p.name);
+    if (it != recorded.end() && it->second->has_merge_rule()) {
+      UCP_ASSIGN_OR_RETURN(deepspeed::ParamState r, deepspeed::DecodeParam(*it->second),
+                           _.Prepend(absl::StrCat(u.dir(), "/", deepspeed::kManifestFile, ": ")));
+      p.full_shape = r.full_shape;
+      p.rule = r.rule;
+      p.lp_dtype = module ? r.lp_dtype : p.lp_dtype;
+      p.source = UNIVERSAL_METADATA;
+      p.origin = "universal checkpoint metadata";
+      return absl::OkStatus();
+    }
+    UCP_ASSIGN_OR_RETURN(UniversalStateFile f, module ? u.ReadModule(p.name) : u.ReadState(p.name, deepspeed::kFp32State));
+    p.full_shape = f.param.sizes();
+    p.rule = f.rule;
+    p.source = UNIVERSAL_METADATA;
+    p.origin = "universal checkpoint metadata";
+    if (module) p.lp_dtype = f.param.dtype();
+    if (p.rule.kind() == VOCAB) p.rule.set_original_vocab_size(p.full_shape.empty() ? 0 : p.full_shape[0]);
+    return absl::OkStatus();
+  };
+
   // Trainable params in global flatten order.
   std::set<std::string> seen;
   first_param_of_group_.assign(info_.num_groups, "");
@@ -89,17 +126,12 @@ absl::Status UniversalModelState::Build() {
       for (const std::string& name : ms.StageGroup(st, g)) {
         if (!seen.insert(name).second) continue;
         if (first_param_of_group_[g].empty()) first_param_of_group_[g] = name;
-        UCP_ASSIGN_OR_RETURN(UniversalStateFile f, u.ReadState(name, deepspeed::kFp32State));
         deepspeed::ParamState p;
         p.name = name;
         p.group = g;
         p.role = deepspeed::TensorRole::kTrainable;
-        p.full_shape = f.param.sizes();
-        p.rule = f.rule;
-        p.source = UNIVERSAL_METADATA;
-        p.origin = "universal checkpoint metadata";
         p.lp_dtype = info_.lp_dtype;
-        if (p.rule.kind() == VOCAB) p.rule.set_original_vocab_size(p.full_shape.empty() ? 0 : p.full_shape[0]);
+        UCP_RETURN_IF_ERROR(shape_and_rule(p, /*module=*/false));
         UCP_RETURN_IF_ERROR(apply_recorded(p));
         info_.params.push_back(std::move(p));
       }
@@ -107,17 +139,11 @@ absl::Status UniversalModelState::Build() {
   }
   // Module tensors outside the optimizer.
   for (const std::string& name : u.module_names()) {
-    UCP_ASSIGN_OR_RETURN(UniversalStateFile f, u.ReadModule(name));
     deepspeed::ParamState p;
     p.name = name;
     p.group = -1;
     p.role = deepspeed::TensorRole::kFrozen;
-    p.full_shape = f.param.sizes();
-    p.rule = f.rule;
-    p.source = UNIVERSAL_METADATA;
-    p.origin = "universal checkpoint metadata";
-    p.lp_dtype = f.param.dtype();
-    if (p.rule.kind() == VOCAB) p.rule.set_original_vocab_size(p.full_shape.empty() ? 0 : p.full_shape[0]);
+    UCP_RETURN_IF_ERROR(shape_and_rule(p, /*module=*/true));
     UCP_RETURN_IF_ERROR(apply_recorded(p));
     if (p.role == deepspeed::TensorRole::kTrainable) p.role = deepspeed::TensorRole::kFrozen;
     info_.params.push_back(std::move(p));
@@ -207,12 +233,19 @@ absl::StatusOr<tp::TensorPlan> UniversalModelState::Full(const deepspeed::ParamS
     UCP_ASSIGN_OR_RETURN(UniversalStateFile f, ckpt_->ReadState(param.name, state));
     if (f.param.sizes() != param.full_shape) {
       return absl::InvalidArgumentError(absl::StrCat(f.file->path(), ": 'param' has shape ",
-                                                     torch::ShapeString(f.param.sizes()), ", fp32.pt has ",
+                                                     torch::ShapeString(f.param.sizes()), ", expected ",
                                                      torch::ShapeString(param.full_shape)));
     }
+    UCP_RETURN_IF_ERROR(CheckRuleAgrees(f, param));
     return tp::TensorPlan::FromTensor(f.param);
   }
   UCP_ASSIGN_OR_RETURN(UniversalStateFile f, ckpt_->ReadModule(param.name));
+  if (f.param.sizes() != param.full_shape) {
+    return absl::InvalidArgumentError(absl::StrCat(f.file->path(), ": 'param' has shape ",
+                                                   torch::ShapeString(f.param.sizes()), ", expected ",
+                                                   torch::ShapeString(param.full_shape)));
+  }
+  UCP_RETURN_IF_ERROR(CheckRuleAgrees(f, param));
   return tp::TensorPlan::FromTensor(f.param);
 }
 

@@ -9,6 +9,10 @@ const std::vector<Command>& Commands() {
       {"inspect", "PATH: what a checkpoint folder (ZeRO or universal) or a .pt file holds", &RunInspect},
       {"convert", "ZeRO checkpoint -> universal checkpoint (drop-in for ds_to_universal.py)", &RunConvert},
       {"reshard", "any checkpoint -> regular ZeRO checkpoint at a new tp/pp/dp", &RunReshard},
+      {"export",
+       "any checkpoint -> plain weights: safetensors / pytorch_model.bin shards, zero_to_fp32.py's or Hugging Face "
+       "names (+ config.json)",
+       &RunExport},
       {"rules", "print the built-in merge-rule presets", &RunRules},
       {"demo",
        "the built-in example: generate a GPT-NeoX-style tp=2 ZeRO-1 checkpoint, convert it, reshard it to tp=1, "

@@ -20,6 +20,7 @@ const std::vector<Command>& Commands();
 int RunInspect(int argc, char** argv);
 int RunConvert(int argc, char** argv);
 int RunReshard(int argc, char** argv);
+int RunExport(int argc, char** argv);
 int RunRules(int argc, char** argv);
 
 }  // namespace ucp::tools

@@ -77,7 +77,8 @@ Spec (JSON):
     "layers": [...],                  # a PipelineModule, or
     "module": [...],                  # a plain nn.Module (its `module` state dict in
                                       # mp_rank files)
-    "tied": {"embed": [...]}          # tied modules (pipeline only)
+    "tied": {"embed": [...]},         # tied modules (pipeline only)
+    "args": {"swiglu": true, ...}     # extra entries of the client state's args
   }
   A layer is {"module": [tensors], "type": "ClassName"}, {"function": "name"} or
   {"tied": "key", "forward_fn": bool}. A tensor is
@@ -85,7 +86,8 @@ Spec (JSON):
    "group": 0, "frozen": false, "buffer": false}
   with split one of replicated, column, row, vocab (shape = unpadded vocab rows),
   sub2 (2 fused sub-params cut on dim 0); or {"name": "sequential.1",
-  "empty_module": true} for a submodule without tensors. Tensor names are module
+  "empty_module": true} for a submodule without tensors, or {"name": "lm_head.weight",
+  "tie": "embed.weight"} for a tied alias of an earlier tensor (plain modules). Tensor names are module
   paths; module order (state dicts, named_parameters, flatten order) is
   nn.Module's. The tp split of a tensor is Megatron's: column and vocab cut
   dim 0, row dim 1, sub2 cuts each half of dim 0; vocab rows are padded to a
@@ -177,10 +179,14 @@ class Tensor:
         self.group = int(d.get("group", 0))
         self.frozen = bool(d.get("frozen", False))
         self.buffer = bool(d.get("buffer", False))
+        # A tied alias: the same nn.Parameter as the tensor named here,
+        # registered under a second name (named_parameters() lists it once;
+        # state_dict() and engine._get_shared_params see both names).
+        self.tie = d.get("tie")
 
     @property
     def trainable(self):
-        return not self.frozen and not self.buffer and not self.empty_module
+        return not self.frozen and not self.buffer and not self.empty_module and not self.tie
 
     @property
     def role(self):
@@ -277,6 +283,12 @@ def build_module(tensors, model, tp, rank):
                 mod.add_module(p, nn.Module())
             mod = mod._modules[p]
         if t.empty_module:
+            continue
+        if t.tie:
+            owner = root
+            for q in t.tie.split("."):
+                owner = getattr(owner, q)
+            mod.register_parameter(parts[-1], owner)
             continue
         value = tp_slice(model.value(t, "fp32" if t.trainable else "lp", tp), t.split, tp, rank)
         if t.trainable:
@@ -711,6 +723,7 @@ class Checkpoint:
                 "make_vocab_size_divisible_by": self.model.divisible_by}
         if self.pipeline and self.spec.get("partition_method"):
             args["pipe_partition_method"] = self.spec["partition_method"]
+        args.update(self.spec.get("args", {}))  # the training's own (e.g. Megatron's swiglu, heads)
         out = {"iteration": self.global_steps, "args": args, "random_rng_state": rng.getstate(),
                "np_rng_state": np_rng.get_state(), "torch_rng_state": gen.get_state()}
         uc = self.spec.get("uc_info", "empty")
@@ -818,6 +831,8 @@ class Checkpoint:
     def _expected(self):
         out = {}
         for t in self.all_tensors:
+            if t.tie:
+                continue  # the owner's tensor
             e = {"kind": t.split, "role": t.role, "group": t.group if t.trainable else -1,
                  "keys": universal_keys(t.split)}
             if t.split in ("column", "vocab"):

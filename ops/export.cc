@@ -1,0 +1,333 @@
+#include "ops/export.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "format/json/json.h"
+#include "format/pickle/accessors.h"
+
+namespace ucp::ops {
+namespace {
+
+using deepspeed::ParamState;
+using deepspeed::TensorRole;
+using pickle::Kind;
+using pickle::Value;
+using torch::DType;
+
+// mp_rank_00's shared_params (alias -> owner, insertion order), as
+// engine._get_shared_params records tied params (global rank 0 only).
+std::vector<std::pair<std::string, std::string>> SharedParams(const deepspeed::ModelState& state) {
+  std::vector<std::pair<std::string, std::string>> out;
+  const deepspeed::FileValue root = state.ModelStatesRoot(0, 0);
+  if (!root.value || !root.value->is(Kind::kDict)) return out;
+  const Value* sp = root.value->DictGet("shared_params");
+  if (sp == nullptr || !sp->is(Kind::kDict)) return out;
+  for (const auto& [k, v] : sp->dict_items()) {
+    if (k->is(Kind::kStr) && v->is(Kind::kStr)) out.emplace_back(k->str(), v->str());
+  }
+  return out;
+}
+
+// The training's args as a dict (an argparse.Namespace's attributes), or null.
+const Value* Args(const deepspeed::ModelState& state) {
+  const deepspeed::FileValue root = state.ModelStatesRoot(0, 0);
+  if (!root.value || !root.value->is(Kind::kDict)) return nullptr;
+  const Value* a = root.value->DictGet("args");
+  if (a == nullptr) return nullptr;
+  if (a->is(Kind::kDict)) return a;
+  if (auto ns = pickle::AsNamespace(*a, "args"); ns.ok()) return *ns;
+  return nullptr;
+}
+
+absl::StatusOr<DType> ParseTargetDType(const std::string& s) {
+  if (s == "source") return DType::kComplex128;  // sentinel: no conversion requested
+  if (s == "fp32" || s == "float32") return DType::kFloat32;
+  if (s == "bf16" || s == "bfloat16") return DType::kBFloat16;
+  if (s == "fp16" || s == "float16") return DType::kFloat16;
+  return absl::InvalidArgumentError(absl::StrCat("--dtype must be source, fp32, bf16 or fp16, not '", s, "'"));
+}
+
+// Rows [start, start + length) of each of `groups` equal groups of dim 0.
+absl::StatusOr<tp::TensorPlan> GroupRows(const tp::TensorPlan& full, int64_t groups, int64_t start, int64_t length) {
+  if (full.dim() == 0) return absl::InvalidArgumentError("a scalar has no rows");
+  const int64_t rows = full.shape()[0];
+  if (groups == 1 && start == 0 && length == rows) return full;
+  if (groups <= 0 || rows % groups != 0 || start < 0 || start + length > rows / groups) {
+    return absl::InvalidArgumentError(absl::StrCat("rows [", start, ", +", length, ") of ", groups, " groups of a ",
+                                                   torch::ShapeString(full.shape()), " tensor"));
+  }
+  std::vector<int64_t> grouped = {groups, rows / groups};
+  grouped.insert(grouped.end(), full.shape().begin() + 1, full.shape().end());
+  UCP_ASSIGN_OR_RETURN(tp::TensorPlan g, full.Reshape(grouped));
+  UCP_ASSIGN_OR_RETURN(tp::TensorPlan n, g.Narrow(1, start, length));
+  std::vector<int64_t> out = {groups * length};
+  out.insert(out.end(), full.shape().begin() + 1, full.shape().end());
+  return n.Reshape(out);
+}
+
+// `plan` x `factor`, in float32 (GPT-NeoX's sum of identical tp copies).
+absl::StatusOr<tp::TensorPlan> Scale(const tp::TensorPlan& plan, int64_t factor) {
+  if (factor == 1) return plan;
+  if (plan.dtype() != DType::kFloat32) {
+    UCP_ASSIGN_OR_RETURN(torch::Tensor t, plan.Materialize());
+    UCP_ASSIGN_OR_RETURN(torch::Tensor f, torch::Cast(t, DType::kFloat32));
+    return Scale(tp::TensorPlan::FromTensor(f), factor);
+  }
+  UCP_ASSIGN_OR_RETURN(torch::Tensor t, plan.Materialize());
+  std::string bytes(t.nbytes(), '\0');
+  std::memcpy(bytes.data(), t.data(), bytes.size());
+  float* f = reinterpret_cast<float*>(bytes.data());
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    // The sum in tp rank order, as torch adds the copies one by one.
+    float s = 0;
+    for (int64_t k = 0; k < factor; ++k) s += f[i];
+    f[i] = s;
+  }
+  UCP_ASSIGN_OR_RETURN(torch::Tensor out, torch::Tensor::FromBytes(DType::kFloat32, t.sizes(), std::move(bytes)));
+  return tp::TensorPlan::FromTensor(out);
+}
+
+class Builder {
+ public:
+  Builder(const deepspeed::ModelState& state, const ExportOptions& options)
+      : state_(state), info_(state.info()), options_(options) {}
+
+  absl::StatusOr<ExportContents> Build() {
+    if (options_.weights != "fp32" && options_.weights != "lp") {
+      return absl::InvalidArgumentError(absl::StrCat("--weights must be fp32 or lp, not '", options_.weights, "'"));
+    }
+    lp_ = options_.weights == "lp";
+    UCP_ASSIGN_OR_RETURN(target_, ParseTargetDType(options_.dtype));
+    if (options_.names != "checkpoint" && options_.names != "hf") {
+      return absl::InvalidArgumentError(absl::StrCat("--names must be checkpoint or hf, not '", options_.names, "'"));
+    }
+    // Tied aliases: names of the module state that are another param.
+    for (const auto& [alias, owner] : SharedParams(state_)) {
+      if (alias == owner || info_.IndexOf(owner) < 0) continue;
+      const int a = info_.IndexOf(alias);
+      if (a >= 0 && info_.params[a].trainable()) continue;  // an optimizer param is never an alias
+      aliases_.emplace_back(alias, owner);
+      alias_names_.insert(alias);
+    }
+    return options_.names == "hf" ? BuildHf() : BuildCheckpointNames();
+  }
+
+ private:
+  bool Excluded(const ParamState& p) const {
+    if (alias_names_.count(p.name)) return true;
+    return p.role == TensorRole::kFrozen && options_.exclude_frozen_parameters;
+  }
+
+  // The dtype written for `p` (before --dtype).
+  DType SourceDType(const ParamState& p) const {
+    switch (p.role) {
+      case TensorRole::kTrainable: return lp_ ? info_.lp_dtype : DType::kFloat32;
+      case TensorRole::kFrozen: return p.lp_dtype;
+      case TensorRole::kBuffer: return lp_ ? p.lp_dtype : DType::kFloat32;
+    }
+    return DType::kFloat32;
+  }
+
+  DType OutDType(const ParamState& p) const {
+    const DType src = SourceDType(p);
+    if (target_ == DType::kComplex128) return src;
+    if (p.role == TensorRole::kBuffer && !torch::IsFloatingPoint(p.lp_dtype)) {
+      return lp_ ? p.lp_dtype : src;  // integer buffers keep their dtype under --dtype (float32 only as "source")
+    }
+    return target_;
+  }
+
+  // The full value of `p` for the chosen weights.
+  absl::StatusOr<tp::TensorPlan> Value(const ParamState& p) const {
+    if (!p.trainable()) return state_.Full(p, deepspeed::kLpState);
+    if (!lp_) return state_.Full(p, deepspeed::kFp32State);
+    auto lp = state_.Full(p, deepspeed::kLpState);
+    if (lp.ok() || lp.status().code() != absl::StatusCode::kNotFound) return lp;
+    return state_.Full(p, deepspeed::kFp32State);  // cast to the lp dtype by the writer
+  }
+
+  writers::ExportTensor Tensor(int index, std::string name) {
+    const ParamState& p = info_.params[static_cast<size_t>(index)];
+    writers::ExportTensor t;
+    t.name = std::move(name);
+    t.shape = p.full_shape;
+    t.dtype = OutDType(p);
+    t.inputs = state_.Inputs(p);
+    const Builder* self = this;
+    t.source = [self, index]() { return self->Value(self->info_.params[static_cast<size_t>(index)]); };
+    return t;
+  }
+
+  void NoteLpFromMasters() {
+    if (!lp_) return;
+    for (const ParamState& p : info_.params) {
+      if (!p.trainable()) continue;
+      auto lp = state_.Full(p, deepspeed::kLpState);
+      if (!lp.ok() && lp.status().code() == absl::StatusCode::kNotFound) {
+        notes_.push_back(absl::StrCat(
+            "--weights=lp: the checkpoint holds no lp weights of trainable params (a universal checkpoint); they are "
+            "the fp32 masters rounded to ", std::string(torch::DTypeName(info_.lp_dtype)),
+            " (round to nearest even), as DeepSpeed's optimizers derive them"));
+      }
+      return;
+    }
+  }
+
+  absl::StatusOr<ExportContents> BuildCheckpointNames() {
+    ExportContents out;
+    std::vector<int> buffers, frozen, trainable;
+    for (size_t i = 0; i < info_.params.size(); ++i) {
+      const ParamState& p = info_.params[i];
+      if (Excluded(p)) continue;
+      (p.role == TensorRole::kBuffer ? buffers : p.role == TensorRole::kFrozen ? frozen : trainable)
+          .push_back(static_cast<int>(i));
+    }
+    std::map<std::string, size_t> position;
+    for (const auto* list : {&buffers, &frozen, &trainable}) {
+      for (int i : *list) {
+        position[info_.params[i].name] = out.tensors.size();
+        out.tensors.push_back(Tensor(i, info_.params[i].name));
+      }
+    }
+    for (const auto& [alias, owner] : aliases_) {
+      auto it = position.find(owner);
+      if (it == position.end()) continue;  // owner not exported: nor its alias (as zero_to_fp32)
+      out.tensors[it->second].aliases.push_back(alias);
+    }
+    NoteLpFromMasters();
+    out.notes = notes_;
+    return out;
+  }
+
+  // Params in module order (layer by layer, each layer file's key order when
+  // known), for Hugging Face files, which list weights the way the model
+  // declares them.
+  std::vector<int> ModuleOrder() const {
+    std::map<std::pair<int, std::string>, int> key_rank;
+    for (size_t k = 0; k < info_.module_order.size(); ++k) {
+      key_rank.emplace(std::make_pair(info_.module_order[k].layer, info_.module_order[k].name), static_cast<int>(k));
+    }
+    auto rank = [&](const ParamState& p) -> std::pair<int, int> {
+      const int layer = p.layer;
+      const std::string local = p.local_name.empty() ? p.name : p.local_name;
+      auto it = key_rank.find({layer, local});
+      if (it == key_rank.end() && layer < 0) it = key_rank.find({-1, p.name});
+      return {layer, it == key_rank.end() ? static_cast<int>(key_rank.size()) : it->second};
+    };
+    std::vector<int> order;
+    for (size_t i = 0; i < info_.params.size(); ++i) {
+      if (!Excluded(info_.params[i])) order.push_back(static_cast<int>(i));
+    }
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int a, int b) { return rank(info_.params[a]) < rank(info_.params[b]); });
+    return order;
+  }
+
+  absl::StatusOr<ExportContents> BuildHf() {
+    ExportContents out;
+    rules::HfOptions hf = options_.hf;
+    if (hf.preset.empty()) hf.preset = options_.state.rules.preset;
+    UCP_ASSIGN_OR_RETURN(rules::HfNamePlan plan, rules::PlanHfNames(info_, ModuleOrder(), Args(state_), hf));
+    DType weights_dtype = DType::kFloat32;
+    bool have_weights_dtype = false;
+    for (const rules::HfTensor& h : plan.tensors) {
+      const ParamState& p = info_.params[static_cast<size_t>(h.param)];
+      writers::ExportTensor t = Tensor(h.param, h.name);
+      t.shape = h.shape;
+      const int index = h.param;
+      const rules::HfTensor spec = h;
+      const Builder* self = this;
+      t.source = [self, index, spec]() -> absl::StatusOr<tp::TensorPlan> {
+        UCP_ASSIGN_OR_RETURN(tp::TensorPlan full, self->Value(self->info_.params[static_cast<size_t>(index)]));
+        UCP_ASSIGN_OR_RETURN(tp::TensorPlan rows, GroupRows(full, spec.groups, spec.start, spec.length));
+        return Scale(rows, spec.scale);
+      };
+      if (p.trainable() && !have_weights_dtype) {
+        weights_dtype = t.dtype;
+        have_weights_dtype = true;
+      }
+      out.tensors.push_back(std::move(t));
+    }
+    plan.config.Set("torch_dtype", json::Value::String(std::string(torch::DTypeName(weights_dtype))));
+    out.config_json = json::DumpPython(plan.config) + "\n";
+    out.architecture = plan.architecture;
+    NoteLpFromMasters();
+    out.notes = plan.notes;
+    out.notes.insert(out.notes.end(), notes_.begin(), notes_.end());
+    if (!plan.dropped.empty()) {
+      out.notes.push_back(absl::StrCat(plan.dropped.size(), " tensor(s) with no ", plan.architecture,
+                                       " counterpart not exported (", plan.dropped.front(),
+                                       plan.dropped.size() > 1 ? ", ..." : "", ")"));
+    }
+    if (!aliases_.empty()) {
+      out.notes.push_back(absl::StrCat(aliases_.size(), " tied alias(es) not exported (Hugging Face ties them from "
+                                       "config.json), e.g. '", aliases_[0].first, "' = '", aliases_[0].second, "'"));
+    }
+    return out;
+  }
+
+  const deepspeed::ModelState& state_;
+  const deepspeed::ModelInfo& info_;
+  const ExportOptions options_;
+  bool lp_ = false;
+  DType target_ = DType::kComplex128;
+  std::vector<std::pair<std::string, std::string>> aliases_;
+  std::set<std::string> alias_names_;
+  std::vector<std::string> notes_;
+};
+
+}  // namespace
+
+absl::StatusOr<ExportContents> PlanExportContents(const deepspeed::ModelState& state, const ExportOptions& options) {
+  // The tensors' sources refer to the builder's copy of the state and
+  // options through `state` only.
+  auto builder = std::make_shared<Builder>(state, options);
+  UCP_ASSIGN_OR_RETURN(ExportContents c, builder->Build());
+  for (auto& t : c.tensors) {
+    auto src = std::move(t.source);
+    t.source = [builder, src]() { return src(); };  // keeps the builder alive
+  }
+  return c;
+}
+
+absl::StatusOr<ExportResult> Export(const ExportOptions& options) {
+  if (options.input_folder.empty() || options.output_folder.empty()) {
+    return absl::InvalidArgumentError("export needs an input and an output folder");
+  }
+  std::unique_ptr<deepspeed::ModelState> state;
+  std::vector<std::string> open_notes;
+  if (IsUniversalFolder(options.input_folder)) {
+    UCP_ASSIGN_OR_RETURN(state, OpenModelState(options.input_folder, options.state));
+  } else {
+    // At tp = 1 every merge rule gives the same full tensor (one slice): the
+    // checkpoints zero_to_fp32.py handles export without rules (a rule still
+    // decides VOCAB padding stripping).
+    UCP_ASSIGN_OR_RETURN(std::unique_ptr<readers::ZeroCheckpoint> ckpt,
+                         readers::ZeroCheckpoint::Open(options.input_folder));
+    SourceOptions source = options.state;
+    if (ckpt->topology().tp == 1 && source.rules.default_kind == MERGE_KIND_UNSPECIFIED) {
+      source.rules.default_kind = COLUMN;
+    }
+    UCP_ASSIGN_OR_RETURN(std::unique_ptr<readers::ZeroSlicedState> sliced,
+                         readers::ZeroSlicedState::Make(std::move(ckpt), source.read()));
+    UCP_ASSIGN_OR_RETURN(std::unique_ptr<rules::ResolvedState> resolved,
+                         rules::ResolveRules(std::move(sliced), source.resolve()));
+    state = std::move(resolved);
+  }
+  UCP_ASSIGN_OR_RETURN(ExportContents c, PlanExportContents(*state, options));
+  writers::ExportWriteOptions w = options.write;
+  if (!c.config_json.empty()) w.extra_files.emplace_back("config.json", c.config_json);
+  ExportResult r;
+  r.notes = state->info().notes;
+  r.notes.insert(r.notes.end(), c.notes.begin(), c.notes.end());
+  r.architecture = c.architecture;
+  UCP_ASSIGN_OR_RETURN(r.stats, writers::WriteExport(std::move(c.tensors), options.output_folder, w));
+  return r;
+}
+
+}  // namespace ucp::ops

@@ -381,7 +381,9 @@ absl::StatusOr<std::unique_ptr<OptimFile>> ZeroCheckpoint::ParseOptim(int pp, in
   const std::string path = OptimPath(pp, tp, dp);
   auto out = std::make_unique<OptimFile>();
   out->path = path;
-  UCP_ASSIGN_OR_RETURN(out->file, torch::TorchFile::Open(path));
+  torch::OpenOptions lazy;
+  lazy.verify_crc = false;  // the partitions when used (VerifyPartition), the rest below
+  UCP_ASSIGN_OR_RETURN(out->file, torch::TorchFile::Open(path, lazy));
   const Value& root = *out->file->root();
   auto err = [&](absl::string_view what) { return FileError(path, absl::StatusCode::kInvalidArgument, what); };
   if (!root.is(Kind::kDict)) return err(absl::StrCat("expected a dict, found ", root.DebugString(60)));
@@ -518,6 +520,17 @@ absl::StatusOr<std::unique_ptr<OptimFile>> ZeroCheckpoint::ParseOptim(int pp, in
     }
     out->groups.push_back(std::move(group));
   }
+  // Every storage but the flat partitions is checked now.
+  {
+    std::set<const torch::Storage*> partitions;
+    for (const auto& g : out->groups) {
+      partitions.insert(g.fp32.storage().get());
+      for (const auto& [k, t] : g.states) partitions.insert(t.storage().get());
+    }
+    for (const auto& storage : out->file->Storages()) {
+      if (!partitions.count(storage.get())) UCP_RETURN_IF_ERROR(out->file->VerifyStorageCrc(*storage));
+    }
+  }
   // All groups hold the same state keys.
   for (int g = 1; g < num_groups_; ++g) {
     std::vector<std::string> a, b;
@@ -559,6 +572,19 @@ absl::StatusOr<const OptimFile*> ZeroCheckpoint::Optim(int pp, int tp, int dp) c
   return slot.file.get();
 }
 
+absl::Status OptimFile::VerifyPartition(const torch::Tensor& flat) const {
+  const torch::Storage* storage = flat.storage().get();
+  {
+    std::lock_guard<std::mutex> lock(*verified_mu);
+    if (verified.count(storage)) return absl::OkStatus();
+  }
+  // Two threads may check the same storage at once; both get the answer.
+  UCP_RETURN_IF_ERROR(file->VerifyStorageCrc(*storage));
+  std::lock_guard<std::mutex> lock(*verified_mu);
+  verified.insert(storage);
+  return absl::OkStatus();
+}
+
 absl::Status ZeroCheckpoint::CheckLikeFirst(const OptimFile& file) const {
   const OptimFile& first = *optim_slots_.at({0, 0, 0})->file;
   const bool has_stage = file.optimizer_state_dict->DictGet("zero_stage") != nullptr;
@@ -586,7 +612,12 @@ absl::Status ZeroCheckpoint::VerifyFile(const std::string& path) const {
   switch (parsed->type) {
     case deepspeed::CheckpointFileName::Type::kOptim: {
       const int pp = parsed->mp_rank / topo_.tp, tp = parsed->mp_rank % topo_.tp;
-      return Optim(pp, tp, parsed->dp_rank).status();
+      UCP_ASSIGN_OR_RETURN(const OptimFile* f, Optim(pp, tp, parsed->dp_rank));
+      for (const auto& g : f->groups) {
+        UCP_RETURN_IF_ERROR(f->VerifyPartition(g.fp32));
+        for (const auto& [key, t] : g.states) UCP_RETURN_IF_ERROR(f->VerifyPartition(t));
+      }
+      return absl::OkStatus();
     }
     case deepspeed::CheckpointFileName::Type::kLayer:
       // Its structure (opened at Open); the lp weights of trainable params
@@ -640,6 +671,7 @@ absl::StatusOr<std::vector<torch::Tensor>> ZeroCheckpoint::SlicePieces(const Zer
       return absl::NotFoundError(absl::StrCat(f->path, ": group ", param.group, " has no optimizer state '", state,
                                               "'"));
     }
+    UCP_RETURN_IF_ERROR(f->VerifyPartition(*flat));
     UCP_ASSIGN_OR_RETURN(torch::Tensor piece, flat->Narrow(0, frag.partition_offset, frag.numel),
                          _.Prepend(absl::StrCat(f->path, ": param '", param.name, "' ", state, ": ")));
     pieces.push_back(std::move(piece));

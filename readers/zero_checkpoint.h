@@ -27,6 +27,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -69,6 +70,14 @@ struct OptimFile {
   std::unique_ptr<torch::TorchFile> file;
   std::vector<Group> groups;
   const pickle::Value* optimizer_state_dict = nullptr;  // inside file->root()
+
+  // The flat partitions (fp32 masters, optimizer states) are CRC-checked
+  // when first used, each once: a command reads only the bytes it needs and
+  // each of them once from disk (export reads no optimizer states). Every
+  // other storage of the file is checked when it opens.
+  absl::Status VerifyPartition(const torch::Tensor& flat) const;
+  std::unique_ptr<std::mutex> verified_mu = std::make_unique<std::mutex>();
+  mutable std::set<const torch::Storage*> verified;
 };
 
 class ZeroCheckpoint {

@@ -572,19 +572,6 @@ absl::StatusOr<const OptimFile*> ZeroCheckpoint::Optim(int pp, int tp, int dp) c
   return slot.file.get();
 }
 
-absl::Status OptimFile::VerifyPartition(const torch::Tensor& flat) const {
-  const torch::Storage* storage = flat.storage().get();
-  {
-    std::lock_guard<std::mutex> lock(*verified_mu);
-    if (verified.count(storage)) return absl::OkStatus();
-  }
-  // Two threads may check the same storage at once; both get the answer.
-  UCP_RETURN_IF_ERROR(file->VerifyStorageCrc(*storage));
-  std::lock_guard<std::mutex> lock(*verified_mu);
-  verified.insert(storage);
-  return absl::OkStatus();
-}
-
 absl::Status ZeroCheckpoint::CheckLikeFirst(const OptimFile& file) const {
   const OptimFile& first = *optim_slots_.at({0, 0, 0})->file;
   const bool has_stage = file.optimizer_state_dict->DictGet("zero_stage") != nullptr;

@@ -287,8 +287,9 @@ absl::Status ParseTorchFile(const std::string& name, absl::Span<const uint8_t> b
   ZipReadOptions zip_options;
   zip_options.crc = options.verify_crc ? ZipReadOptions::Crc::kOnOpen : ZipReadOptions::Crc::kLazy;
   // A memory-mapped archive gives its pages back as the CRC check reads
-  // them, so that opening files never grows RSS by their size.
-  if (mapped != nullptr && options.verify_crc) {
+  // them (at open, or when a record is checked later), so that checking
+  // files never grows RSS by their size.
+  if (mapped != nullptr) {
     zip_options.on_verified = [mapped](uint64_t offset, uint64_t len) { mapped->Release(offset, len); };
   }
   absl::StatusOr<ZipReader> zip = ZipReader::Open(bytes, name, zip_options);

@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -138,6 +139,9 @@ struct InputRange {
   int64_t length = -1;
 };
 
+// The key of an input record in CheckpointState::SetCheckedInputs.
+inline std::string InputKey(const std::string& path, const std::string& tensor) { return path + "|" + tensor; }
+
 // What every checkpoint state offers besides its tensors.
 class CheckpointState {
  public:
@@ -152,6 +156,14 @@ class CheckpointState {
   // input goes unnoticed.
   virtual std::vector<std::string> InputFiles() const { return {}; }
   virtual absl::Status VerifyInput(const std::string& path) const { return absl::OkStatus(); }
+  // Which input records this process CRC-checks when it reads them, as
+  // InputKey(path, tensor) of Inputs(); null (the default): every record it
+  // reads. A job of several ranks has each record checked by one rank only
+  // (writers::AssignCheckers: the rank that reads most of it) and the others
+  // read their ranges of it unchecked; the job commits only if every check
+  // passed, so no rank needs to read a whole record it uses a piece of.
+  // Call before any unit runs.
+  virtual void SetCheckedInputs(std::shared_ptr<const std::set<std::string>> keys) const {}
   // A per-group scalar optimizer state (e.g. "step"); value null when absent.
   virtual absl::StatusOr<FileValue> GroupScalar(int group, const std::string& key) const = 0;
   // The optimizer state that is not sharded: what the universal

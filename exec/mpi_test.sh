@@ -68,7 +68,7 @@ done
 #    stage, the two largest units: rank 0 gets one, rank 1 the other.
 bad=$W/failure/u
 mkdir -p "$W/failure"
-cp -r "$W/neox-tp2-pp1-dp2/one/u" "$bad"
+cp -rL "$W/neox-tp2-pp1-dp2/one/u" "$bad"
 plan=$("$UCP" reshard --input_folder="$bad" --output_folder="$W/failure/out/global_step4" --tp=1 --pp=2 \
   --dry_run=3 --dry_run_units)
 victim=$(awk '/^rank 1:/{r=1;next} /^rank 2:/{r=0} r && /reads .*exp_avg\.pt$/{print $2; exit}' <<<"$plan")
@@ -84,6 +84,36 @@ grep -q "rank 1: .*$victim" <<<"$out" || { echo "$out"; fail "the error does not
 [[ ! -e "$W/failure/out/global_step4" ]] || fail "an output was committed"
 leftovers=$(ls -A "$W/failure/out" 2>/dev/null | grep -c "ucp-tmp" || true)
 [[ "$leftovers" == 0 ]] || fail "staging folders left behind: $(ls -A "$W/failure/out")"
+checks=$((checks + 1))
+
+# 4. A damaged byte inside an optimizer file's flat partition: each record is
+#    CRC-checked by one rank only (the one reading most of it), and that is
+#    enough: the job fails with a data-loss error naming the file and commits
+#    nothing.
+flip=$W/failure/flip/global_step4
+mkdir -p "$(dirname "$flip")"
+# -L: the fixtures are symlinks in the runfiles; the copy must be real files
+# (a write through a symlink would damage the shared fixture itself).
+cp -rL "$FX/neox-tp2-pp1-dp2/global_step4" "$flip"
+victim=$flip/zero_pp_rank_1_mp_rank_01_optim_states.pt
+[[ -f "$victim" && ! -L "$victim" ]] || fail "$victim is not a copy"
+size=$(stat -c %s "$victim")
+/usr/bin/python3 - "$victim" $((size / 2)) <<'PY'
+import sys
+path, at = sys.argv[1], int(sys.argv[2])
+with open(path, "r+b") as f:
+    f.seek(at)
+    b = f.read(1)
+    f.seek(at)
+    f.write(bytes([b[0] ^ 0x10]))
+PY
+set +e
+out=$(mpi 3 convert --input_folder="$flip" --output_folder="$W/failure/flip_out/u" 2>&1)
+rc=$?
+set -e
+[[ $rc -ne 0 ]] || fail "mpirun converted a damaged optimizer file"
+grep -q "$victim.*CRC-32 mismatch" <<<"$out" || { echo "$out"; fail "the error does not name $victim's CRC"; }
+[[ ! -e "$W/failure/flip_out/u" ]] || fail "an output was committed from a damaged input"
 checks=$((checks + 1))
 
 echo "PASS: $checks checks (fixtures x ranks 1-3, random models x ranks 2-3, a failing rank)"

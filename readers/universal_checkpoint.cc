@@ -12,6 +12,7 @@
 #include "base/sha256.h"
 #include "base/status_macros.h"
 #include "deepspeed/checkpoint_files.h"
+#include "deepspeed/model_state.h"
 #include "deepspeed/universal_metadata.h"
 #include "readers/value_util.h"
 #include "readers/zero_checkpoint.h"
@@ -173,9 +174,17 @@ absl::StatusOr<std::shared_ptr<const torch::TorchFile>> UniversalCheckpoint::Ope
       return it->second.first;
     }
   }
-  UCP_ASSIGN_OR_RETURN(std::unique_ptr<torch::TorchFile> f, torch::TorchFile::Open(JoinPath(dir_, rel)));
-  // A param's file is wanted whole, now: start reading it in the background.
-  if (f->mapped_file() != nullptr) f->mapped_file()->AdviseWillNeed(0, f->mapped_file()->size());
+  const std::string path = JoinPath(dir_, rel);
+  bool check = true;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    check = checked_inputs_ == nullptr || checked_inputs_->count(deepspeed::InputKey(path, ""));
+  }
+  torch::OpenOptions open_options;
+  open_options.verify_crc = check;  // else another rank checks it (SetCheckedInputs)
+  UCP_ASSIGN_OR_RETURN(std::unique_ptr<torch::TorchFile> f, torch::TorchFile::Open(path, open_options));
+  // A checked file is read whole, now: start reading it in the background.
+  if (check && f->mapped_file() != nullptr) f->mapped_file()->AdviseWillNeed(0, f->mapped_file()->size());
   std::shared_ptr<const torch::TorchFile> shared(std::move(f));
   std::lock_guard<std::mutex> lock(mu_);
   auto it = cache_.find(rel);

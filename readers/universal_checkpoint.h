@@ -21,6 +21,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -76,6 +77,13 @@ class UniversalCheckpoint {
   absl::StatusOr<std::shared_ptr<const torch::TorchFile>> ReadStep(const std::string& name) const;
   const torch::TorchFile& optimizer_state() const { return *optimizer_state_; }
 
+  // The files this process CRC-checks when it opens them
+  // (deepspeed::CheckpointState::SetCheckedInputs, keys "path|"); null: all.
+  void SetCheckedInputs(std::shared_ptr<const std::set<std::string>> keys) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    checked_inputs_ = std::move(keys);
+  }
+
   // Compares every file listed in the manifest with its sha256 and size.
   absl::Status VerifyChecksums() const;
 
@@ -94,6 +102,7 @@ class UniversalCheckpoint {
   std::unique_ptr<torch::TorchFile> optimizer_state_;
 
   mutable std::mutex mu_;
+  mutable std::shared_ptr<const std::set<std::string>> checked_inputs_;  // guarded by mu_
   mutable std::list<std::string> lru_;
   mutable std::map<std::string, std::pair<std::shared_ptr<const torch::TorchFile>, std::list<std::string>::iterator>>
       cache_;

@@ -30,6 +30,9 @@ class UniversalModelState : public deepspeed::ModelState {
   absl::StatusOr<tp::TensorPlan> Full(const deepspeed::ParamState& param, const std::string& state) const override;
   absl::StatusOr<deepspeed::FileValue> GroupScalar(int group, const std::string& key) const override;
   std::vector<deepspeed::InputRange> Inputs(const deepspeed::ParamState& param) const override;
+  void SetCheckedInputs(std::shared_ptr<const std::set<std::string>> keys) const override {
+    ckpt_->SetCheckedInputs(std::move(keys));
+  }
   absl::StatusOr<deepspeed::FileValue> OptimizerCommon() const override;
   deepspeed::FileValue ModelStatesRoot(int pp, int tp) const override;
   std::string ModelStatesPath(int pp, int tp) const override;

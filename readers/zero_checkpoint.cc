@@ -647,18 +647,28 @@ absl::StatusOr<std::vector<torch::Tensor>> ZeroCheckpoint::SlicePieces(const Zer
     UCP_ASSIGN_OR_RETURN(const OptimFile* f, Optim(pp, tp, rank));
     const OptimFile::Group& g = f->groups[param.group];
     const torch::Tensor* flat = nullptr;
+    std::string tensor_name;
     if (state == "fp32") {
       flat = &g.fp32;
+      tensor_name = absl::StrCat("single_partition_of_fp32_groups[", param.group, "]");
     } else {
       for (const auto& [k, t] : g.states) {
         if (k == state) flat = &t;
       }
+      tensor_name = absl::StrCat("base_optimizer_state.state[", param.group, "].", state);
     }
     if (flat == nullptr) {
       return absl::NotFoundError(absl::StrCat(f->path, ": group ", param.group, " has no optimizer state '", state,
                                               "'"));
     }
-    UCP_RETURN_IF_ERROR(f->VerifyPartition(*flat));
+    std::shared_ptr<const std::set<std::string>> checked;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      checked = checked_inputs_;
+    }
+    if (checked == nullptr || checked->count(deepspeed::InputKey(f->path, tensor_name))) {
+      UCP_RETURN_IF_ERROR(f->VerifyPartition(*flat));
+    }
     UCP_ASSIGN_OR_RETURN(torch::Tensor piece, flat->Narrow(0, frag.partition_offset, frag.numel),
                          _.Prepend(absl::StrCat(f->path, ": param '", param.name, "' ", state, ": ")));
     pieces.push_back(std::move(piece));

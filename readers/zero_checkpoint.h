@@ -27,6 +27,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -132,6 +133,12 @@ class ZeroCheckpoint {
   // tensors through ModuleTensor, which checks each one it returns.
   absl::StatusOr<const OptimFile*> Optim(int pp, int tp, int dp) const;
   absl::StatusOr<const torch::TorchFile*> LayerFile(int layer, int tp) const;
+  // The flat partitions this process CRC-checks when it reads them
+  // (deepspeed::CheckpointState::SetCheckedInputs); null: all.
+  void SetCheckedInputs(std::shared_ptr<const std::set<std::string>> keys) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    checked_inputs_ = std::move(keys);
+  }
   // Checks one file of the checkpoint (a path under dir()) as reading it
   // would: an optimizer file is opened (Optim); layer and mp_rank files were
   // checked at Open (a layer file's storages when a tensor is read).
@@ -190,6 +197,7 @@ class ZeroCheckpoint {
   absl::Status CheckLikeFirst(const OptimFile& file) const;
   std::map<std::tuple<int, int, int>, std::unique_ptr<OptimSlot>> optim_slots_;
   mutable std::mutex mu_;
+  mutable std::shared_ptr<const std::set<std::string>> checked_inputs_;  // guarded by mu_
   mutable std::map<std::pair<int, int>, std::unique_ptr<torch::TorchFile>> layer_cache_;
 };
 

@@ -53,6 +53,9 @@ class ZeroSlicedState : public deepspeed::SlicedState {
   std::vector<deepspeed::InputRange> Inputs(const deepspeed::ParamState& param) const override;
   std::vector<std::string> InputFiles() const override;
   absl::Status VerifyInput(const std::string& path) const override { return ckpt_->VerifyFile(path); }
+  void SetCheckedInputs(std::shared_ptr<const std::set<std::string>> keys) const override {
+    ckpt_->SetCheckedInputs(std::move(keys));
+  }
   absl::StatusOr<deepspeed::FileValue> OptimizerCommon() const override;
   deepspeed::FileValue ModelStatesRoot(int pp, int tp) const override;
   std::string ModelStatesPath(int pp, int tp) const override;

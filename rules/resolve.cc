@@ -288,6 +288,9 @@ class ReinterpretedState : public deepspeed::ModelState {
   std::vector<deepspeed::InputRange> Inputs(const ParamState& param) const override { return base_->Inputs(param); }
   std::vector<std::string> InputFiles() const override { return base_->InputFiles(); }
   absl::Status VerifyInput(const std::string& path) const override { return base_->VerifyInput(path); }
+  void SetCheckedInputs(std::shared_ptr<const std::set<std::string>> keys) const override {
+    base_->SetCheckedInputs(std::move(keys));
+  }
   absl::StatusOr<deepspeed::FileValue> OptimizerCommon() const override { return base_->OptimizerCommon(); }
   deepspeed::FileValue ModelStatesRoot(int pp, int tp) const override { return base_->ModelStatesRoot(pp, tp); }
   std::string ModelStatesPath(int pp, int tp) const override { return base_->ModelStatesPath(pp, tp); }

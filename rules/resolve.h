@@ -58,6 +58,9 @@ class ResolvedState : public deepspeed::ModelState {
   }
   std::vector<std::string> InputFiles() const override { return source_->InputFiles(); }
   absl::Status VerifyInput(const std::string& path) const override { return source_->VerifyInput(path); }
+  void SetCheckedInputs(std::shared_ptr<const std::set<std::string>> keys) const override {
+    source_->SetCheckedInputs(std::move(keys));
+  }
   absl::StatusOr<deepspeed::FileValue> OptimizerCommon() const override { return source_->OptimizerCommon(); }
   deepspeed::FileValue ModelStatesRoot(int pp, int tp) const override { return source_->ModelStatesRoot(pp, tp); }
   std::string ModelStatesPath(int pp, int tp) const override { return source_->ModelStatesPath(pp, tp); }

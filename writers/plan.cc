@@ -4,6 +4,7 @@
 #include <atomic>
 #include <mutex>
 #include <optional>
+#include <map>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -89,6 +90,7 @@ std::vector<std::vector<size_t>> AssignUnits(const std::vector<Unit>& units, int
 
 std::string DescribePlan(const Plan& plan, int ranks, bool units) {
   const std::vector<std::vector<size_t>> assignment = AssignUnits(plan.units(), ranks);
+  const std::vector<std::set<std::string>> checkers = AssignCheckers(plan.units(), assignment);
   std::string out = absl::StrCat("plan: ", plan.units().size(), " units, ", plan.total_bytes(), " bytes to write, over ",
                                  assignment.size(), " rank(s)\n");
   for (size_t r = 0; r < assignment.size(); ++r) {
@@ -99,7 +101,7 @@ std::string DescribePlan(const Plan& plan, int ranks, bool units) {
       for (const InputRange& in : plan.units()[i].inputs) files.insert(in.path);
     }
     absl::StrAppend(&out, "rank ", r, ": ", assignment[r].size(), " units, ", bytes, " bytes to write, opens ",
-                    files.size(), " input files\n");
+                    files.size(), " input files, CRC-checks ", checkers[r].size(), " input records\n");
     if (!units) continue;
     for (size_t i : assignment[r]) {
       const Unit& u = plan.units()[i];
@@ -111,6 +113,27 @@ std::string DescribePlan(const Plan& plan, int ranks, bool units) {
         absl::StrAppend(&out, "\n");
       }
     }
+  }
+  return out;
+}
+
+std::vector<std::set<std::string>> AssignCheckers(const std::vector<Unit>& units,
+                                                  const std::vector<std::vector<size_t>>& assignment) {
+  // key -> bytes read by each rank
+  std::map<std::string, std::vector<int64_t>> read;
+  for (size_t r = 0; r < assignment.size(); ++r) {
+    for (size_t i : assignment[r]) {
+      for (const InputRange& in : units[i].inputs) {
+        std::vector<int64_t>& by_rank = read[deepspeed::InputKey(in.path, in.tensor)];
+        by_rank.resize(assignment.size(), 0);
+        by_rank[r] += std::max<int64_t>(in.length, 1);
+      }
+    }
+  }
+  std::vector<std::set<std::string>> out(assignment.size());
+  for (const auto& [key, by_rank] : read) {
+    const size_t r = static_cast<size_t>(std::max_element(by_rank.begin(), by_rank.end()) - by_rank.begin());
+    out[r].insert(key);
   }
   return out;
 }
@@ -192,8 +215,13 @@ absl::StatusOr<WriteStats> RunPlanOnCluster(const Plan& plan, const std::string&
   }
   UCP_ASSIGN_OR_RETURN(JobMessage started, Share(cluster, start));
   UCP_RETURN_IF_ERROR(StatusOf(started));
-  // 2. Every rank runs its units.
+  // 2. Every rank runs its units, CRC-checking the input records it was
+  //    given (one rank per record).
   const std::vector<std::vector<size_t>> assignment = AssignUnits(plan.units(), cluster.size());
+  if (plan.source() != nullptr) {
+    plan.source()->SetCheckedInputs(
+        std::make_shared<const std::set<std::string>>(AssignCheckers(plan.units(), assignment)[rank]));
+  }
   std::vector<UnitResult> results;
   absl::Status ran = ExecuteUnits(plan, assignment[rank], started.staging(), options.num_threads,
                                   rank == 0 ? options.progress : ProgressFn(), &results);

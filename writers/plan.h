@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <string>
+#include <set>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -71,6 +72,8 @@ class Plan {
   // The file beside the output that names it once committed ("latest",
   // "latest_universal"), or "" for none.
   virtual std::string latest_file() const = 0;
+  // The state the units read (for SetCheckedInputs), or null.
+  virtual const deepspeed::CheckpointState* source() const { return nullptr; }
 
  protected:
   std::vector<Unit> units_;
@@ -87,6 +90,14 @@ absl::Status ExecuteUnits(const Plan& plan, const std::vector<size_t>& subset, c
 // writer runs it through ExecuteVerifyUnit. Returns false when there are none.
 bool AddVerifyUnit(const deepspeed::CheckpointState& state, std::vector<Unit>* units);
 absl::Status ExecuteVerifyUnit(const deepspeed::CheckpointState& state, const Unit& unit);
+
+// For units split over ranks as `assignment` says: the input records
+// (deepspeed::InputKey) each rank CRC-checks. Each record any unit reads is
+// checked by one rank: the one whose units read most of its bytes (ties: the
+// lowest rank), so that no record is read whole by every rank that needs a
+// piece of it.
+std::vector<std::set<std::string>> AssignCheckers(const std::vector<Unit>& units,
+                                                  const std::vector<std::vector<size_t>>& assignment);
 
 // Splits the units over `ranks` by bytes, largest first, each to the rank
 // with the fewest bytes so far (ties: the lowest rank). Deterministic.

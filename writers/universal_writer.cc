@@ -177,6 +177,7 @@ class UniversalPlan : public Plan {
   }
 
   std::string latest_file() const override { return deepspeed::kLatestUniversalFile; }
+  const deepspeed::CheckpointState* source() const override { return &state_; }
 
  private:
   enum Kind { kParam, kOptimizerState, kModelStates, kVerify };

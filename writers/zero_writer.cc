@@ -643,6 +643,7 @@ class ZeroPlan : public Plan {
   }
 
   std::string latest_file() const override { return deepspeed::kLatestFile; }
+  const deepspeed::CheckpointState* source() const override { return &state_; }
   const TargetLayout& layout() const { return layout_; }
 
  private:

@@ -1,6 +1,9 @@
 #include "base/parallel.h"
 
+#include <sched.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <atomic>
 #include <mutex>
 #include <thread>
@@ -9,8 +12,26 @@
 namespace ucp {
 
 int DefaultThreadCount() {
-  const unsigned n = std::thread::hardware_concurrency();
-  return n == 0 ? 1 : static_cast<int>(n);
+  // The cores this process may run on (a launcher may bind it to a few).
+  int n = 0;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) n = CPU_COUNT(&set);
+  if (n <= 0) n = static_cast<int>(std::thread::hardware_concurrency());
+  if (n <= 0) n = 1;
+  // Ranks of one MPI job on this node that are not bound share its cores:
+  // each takes its part, so that R ranks run R * (cores / R) threads.
+  const int online = static_cast<int>(std::thread::hardware_concurrency());
+  if (n >= online) {
+    for (const char* var : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "MV2_COMM_WORLD_LOCAL_SIZE"}) {
+      if (const char* v = std::getenv(var)) {
+        const int local = std::atoi(v);
+        if (local > 1) n = std::max(1, n / local);
+        break;
+      }
+    }
+  }
+  return n;
 }
 
 absl::Status ParallelFor(size_t n, int num_threads, const std::function<absl::Status(size_t)>& fn) {

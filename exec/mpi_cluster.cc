@@ -5,6 +5,9 @@
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
 
+#include <time.h>
+
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
@@ -19,6 +22,22 @@ absl::Status MpiError(int code, const char* what) {
   int len = 0;
   MPI_Error_string(code, text, &len);
   return absl::InternalError(absl::StrCat("MPI ", what, " failed: ", std::string(text, len)));
+}
+
+// Waits for `request` without holding a core: a rank that finished its
+// units (or waits for rank 0's plan) polls with growing sleeps instead of
+// MPI's busy wait, which would take a core from the ranks still working
+// on the same node (and, with several ranks per node, from their threads).
+int PoliteWait(MPI_Request* request) {
+  int done = 0;
+  int64_t sleep_us = 20;
+  while (true) {
+    if (int rc = MPI_Test(request, &done, MPI_STATUS_IGNORE); rc != MPI_SUCCESS) return rc;
+    if (done) return MPI_SUCCESS;
+    timespec ts{0, static_cast<long>(sleep_us * 1000)};
+    nanosleep(&ts, nullptr);
+    sleep_us = std::min<int64_t>(sleep_us * 2, 2000);
+  }
 }
 
 // Sends and receives counts as 64-bit values but MPI counts are ints: large
@@ -40,13 +59,16 @@ class MpiCluster : public Cluster {
 
   absl::Status Broadcast(std::string* bytes, int root) override {
     int64_t n = static_cast<int64_t>(bytes->size());
-    if (int rc = MPI_Bcast(&n, 1, MPI_INT64_T, root, MPI_COMM_WORLD); rc != MPI_SUCCESS) return MpiError(rc, "Bcast");
+    MPI_Request req;
+    int rc = MPI_Ibcast(&n, 1, MPI_INT64_T, root, MPI_COMM_WORLD, &req);
+    if (rc == MPI_SUCCESS) rc = PoliteWait(&req);
+    if (rc != MPI_SUCCESS) return MpiError(rc, "Bcast");
     bytes->resize(static_cast<size_t>(n));
     for (int64_t off = 0; off < n; off += kMaxPiece) {
       const int piece = static_cast<int>(std::min(kMaxPiece, n - off));
-      if (int rc = MPI_Bcast(bytes->data() + off, piece, MPI_BYTE, root, MPI_COMM_WORLD); rc != MPI_SUCCESS) {
-        return MpiError(rc, "Bcast");
-      }
+      rc = MPI_Ibcast(bytes->data() + off, piece, MPI_BYTE, root, MPI_COMM_WORLD, &req);
+      if (rc == MPI_SUCCESS) rc = PoliteWait(&req);
+      if (rc != MPI_SUCCESS) return MpiError(rc, "Bcast");
     }
     return absl::OkStatus();
   }
@@ -54,10 +76,10 @@ class MpiCluster : public Cluster {
   absl::StatusOr<std::vector<std::string>> Gather(const std::string& mine, int root) override {
     const int64_t n = static_cast<int64_t>(mine.size());
     std::vector<int64_t> sizes(rank_ == root ? size_ : 0);
-    if (int rc = MPI_Gather(&n, 1, MPI_INT64_T, sizes.data(), 1, MPI_INT64_T, root, MPI_COMM_WORLD);
-        rc != MPI_SUCCESS) {
-      return MpiError(rc, "Gather");
-    }
+    MPI_Request req;
+    int rc = MPI_Igather(&n, 1, MPI_INT64_T, sizes.data(), 1, MPI_INT64_T, root, MPI_COMM_WORLD, &req);
+    if (rc == MPI_SUCCESS) rc = PoliteWait(&req);
+    if (rc != MPI_SUCCESS) return MpiError(rc, "Gather");
     std::vector<std::string> out;
     if (rank_ == root) {
       out.resize(size_);
@@ -69,18 +91,17 @@ class MpiCluster : public Cluster {
         out[r].resize(static_cast<size_t>(sizes[r]));
         for (int64_t off = 0; off < sizes[r]; off += kMaxPiece) {
           const int piece = static_cast<int>(std::min(kMaxPiece, sizes[r] - off));
-          if (int rc = MPI_Recv(out[r].data() + off, piece, MPI_BYTE, r, /*tag=*/7, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-              rc != MPI_SUCCESS) {
-            return MpiError(rc, "Recv");
-          }
+          rc = MPI_Irecv(out[r].data() + off, piece, MPI_BYTE, r, /*tag=*/7, MPI_COMM_WORLD, &req);
+          if (rc == MPI_SUCCESS) rc = PoliteWait(&req);
+          if (rc != MPI_SUCCESS) return MpiError(rc, "Recv");
         }
       }
     } else {
       for (int64_t off = 0; off < n; off += kMaxPiece) {
         const int piece = static_cast<int>(std::min(kMaxPiece, n - off));
-        if (int rc = MPI_Send(mine.data() + off, piece, MPI_BYTE, root, /*tag=*/7, MPI_COMM_WORLD); rc != MPI_SUCCESS) {
-          return MpiError(rc, "Send");
-        }
+        rc = MPI_Isend(mine.data() + off, piece, MPI_BYTE, root, /*tag=*/7, MPI_COMM_WORLD, &req);
+        if (rc == MPI_SUCCESS) rc = PoliteWait(&req);
+        if (rc != MPI_SUCCESS) return MpiError(rc, "Send");
       }
     }
     return out;

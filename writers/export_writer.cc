@@ -12,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "base/fs.h"
+#include "base/parallel.h"
 #include "base/status_macros.h"
 #include "format/json/json.h"
 #include "format/safetensors/safetensors.h"
@@ -182,7 +183,7 @@ class ExportPlan : public Plan {
     }
     const int s = unit_shard_[i];
     torch::TorchWriteOptions wo;
-    const int threads = options_.num_threads > 0 ? options_.num_threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const int threads = options_.num_threads > 0 ? options_.num_threads : DefaultThreadCount();
     wo.record_threads = std::max(1, threads / static_cast<int>(std::max<size_t>(1, split_.files.size())));
     torch::TorchWriter w(wo);
     pickle::ValuePtr root = pickle::Value::MakeDict();

@@ -176,6 +176,9 @@ class CheckpointState {
   // The path of that mp_rank file, for byte-identical copies ("" when the
   // state has no such file: writers then serialize ModelStatesRoot()).
   virtual std::string ModelStatesPath(int pp, int tp) const = 0;
+  // ZeRO-3 sources: the model-state file of dp rank `dp`
+  // (zero_pp_rank_D_mp_rank_00_model_states.pt); "" for other sources.
+  virtual std::string DpModelStatesPath(int dp) const { return ""; }
 };
 
 class ModelState : public CheckpointState {

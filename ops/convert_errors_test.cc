@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/fs.h"
 #include "ops/convert.h"
+#include "ops/reshard.h"
 #include "readers/zero_checkpoint.h"
 #include "format/torch/mapped_file.h"
 #include "format/torch/torch_file.h"
@@ -112,8 +113,31 @@ TEST(ConvertErrorsTest, MixtureOfExpertsIsRefused) {
   ASSERT_TRUE(WriteFileAtomic(JoinPath(c.source, "layer_02_expert_0_mp_rank_00_model_states.pt"), "x").ok());
   absl::Status s = RunConvert(c);
   EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(s.message().find("mixture-of-experts checkpoints are not supported"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("DeepSpeed 0.14.4 native mixture-of-experts checkpoint"), std::string::npos) << s;
   ExpectNothingWritten(c);
+}
+
+// The real DeepSpeed 0.19.5 MoE checkpoint: refused by convert and reshard
+// alike, naming the version and the layout, and writing nothing.
+TEST(ConvertErrorsTest, RealMixtureOfExpertsIsRefusedByVersionAndLayout) {
+  const std::string root = FreshTempDir("moe_0195");
+  const std::string src = ucp::testing::VersionFixturePath("0.19.5", "gpt-moe-ep2-zero2-dp2/global_step4");
+  ConvertOptions o;
+  o.input_folder = src;
+  o.output_folder = JoinPath(root, "u");
+  absl::Status s = Convert(o).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+  EXPECT_NE(s.message().find("DeepSpeed 0.19.5 native mixture-of-experts checkpoint"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("layer_0_expert_0_mp_rank_00_model_states.pt"), std::string::npos) << s;
+  EXPECT_FALSE(PathExists(JoinPath(root, "u")));
+  ReshardOptions r;
+  r.input_folder = src;
+  r.output_folder = JoinPath(root, "z/global_step4");
+  r.write.target = deepspeed::Topology{1, 1, 1};
+  absl::Status t = Reshard(r).status();
+  EXPECT_EQ(t.code(), absl::StatusCode::kUnimplemented) << t;
+  EXPECT_NE(t.message().find("mixture-of-experts"), std::string::npos) << t;
+  EXPECT_FALSE(PathExists(JoinPath(root, "z")));
 }
 
 TEST(ConvertErrorsTest, TruncatedTensorFile) {

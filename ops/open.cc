@@ -9,6 +9,7 @@
 #include "deepspeed/manifest.h"
 #include "readers/universal_checkpoint.h"
 #include "readers/universal_state.h"
+#include "readers/zero3_state.h"
 
 namespace ucp::ops {
 
@@ -35,6 +36,10 @@ bool IsUniversalFolder(const std::string& path) {
 
 absl::StatusOr<std::unique_ptr<rules::ResolvedState>> OpenZeroState(const std::string& path,
                                                                     const SourceOptions& options) {
+  if (readers::IsZero3Folder(path)) {
+    UCP_ASSIGN_OR_RETURN(std::unique_ptr<readers::Zero3State> z3, readers::Zero3State::Open(path));
+    return rules::ResolveRules(std::move(z3), options.resolve());
+  }
   UCP_ASSIGN_OR_RETURN(std::unique_ptr<readers::ZeroCheckpoint> ckpt, readers::ZeroCheckpoint::Open(path));
   UCP_ASSIGN_OR_RETURN(std::unique_ptr<readers::ZeroSlicedState> sliced,
                        readers::ZeroSlicedState::Make(std::move(ckpt), options.read()));
@@ -153,6 +158,23 @@ absl::StatusOr<std::pair<OpenedSource, JobDescription>> OpenAndDescribe(const st
     }
     return std::make_pair(std::move(out), std::move(d));
   }
+  if (readers::IsZero3Folder(path)) {
+    // ZeRO stage 3: tp = pp = 1, nothing to merge.
+    UCP_ASSIGN_OR_RETURN(std::unique_ptr<readers::Zero3State> z3, readers::Zero3State::Open(path));
+    out.dir = z3->dir();
+    UCP_ASSIGN_OR_RETURN(std::unique_ptr<rules::ResolvedState> state,
+                         rules::ResolveRules(std::move(z3), options.resolve()));
+    out.kind = "zero3";
+    out.effective_rules = state->resolver().EffectiveRules();
+    out.preset = state->resolver().preset();
+    out.preset_detected = state->resolver().preset_detected();
+    out.state = std::move(state);
+    JobDescription d;
+    if (describe) {
+      UCP_ASSIGN_OR_RETURN(d, Describe(out, nullptr, nullptr, nullptr, false));
+    }
+    return std::make_pair(std::move(out), std::move(d));
+  }
   UCP_ASSIGN_OR_RETURN(std::unique_ptr<readers::ZeroCheckpoint> ckpt, readers::ZeroCheckpoint::Open(path));
   std::shared_ptr<const readers::ZeroCheckpoint> shared(std::move(ckpt));
   UCP_ASSIGN_OR_RETURN(std::unique_ptr<readers::ZeroSlicedState> sliced,
@@ -196,6 +218,11 @@ absl::StatusOr<OpenedSource> OpenFromDescription(const std::string& path, const 
     } else {
       out.state = std::move(reader);
     }
+    return out;
+  }
+  if (d.source_kind() == "zero3") {
+    UCP_ASSIGN_OR_RETURN(std::unique_ptr<readers::Zero3State> z3, readers::Zero3State::Open(path));
+    UCP_ASSIGN_OR_RETURN(out.state, rules::ResolveRules(std::move(z3), options.resolve(), &decided));
     return out;
   }
   std::vector<readers::ModuleEntry> entries;

@@ -1,12 +1,14 @@
 // Acceptance tests of `ucp reshard` against what DeepSpeed 0.14.4 itself saved
 // after loading the correct universal checkpoint at a new topology
 // (the fixtures' resaved-* folders).
+#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "base/fs.h"
 #include "ops/convert.h"
 #include "readers/compare.h"
@@ -22,6 +24,7 @@ namespace {
 
 using ::testing::IsEmpty;
 using ucp::testing::FixturePath;
+using ucp::testing::VersionFixturePath;
 using ucp::testing::FreshTempDir;
 
 // What differs between two checkpoints of the same model state at the same
@@ -107,6 +110,105 @@ INSTANTIATE_TEST_SUITE_P(
                       std::make_tuple("neox-tp2-pp1-dp1", deepspeed::Topology{2, 1, 2}),
                       std::make_tuple("neox-tp2-pp1-dp1", deepspeed::Topology{1, 2, 1}),
                       std::make_tuple("neox-bf16-tp2-pp1-dp2", deepspeed::Topology{1, 1, 1})));
+
+// Checkpoints of later DeepSpeed versions: `from` resharded to `topo`
+// equals `expected`, both folders of fixtures/deepspeed-<version>/<fixture>.
+struct VersionCase {
+  std::string version, fixture, from, expected;
+  deepspeed::Topology topo;
+};
+
+void PrintTo(const VersionCase& c, std::ostream* os) {
+  *os << c.version << "/" << c.fixture << ":" << c.from << "->" << c.expected;
+}
+
+class VersionReshardTest : public ::testing::TestWithParam<VersionCase> {};
+
+TEST_P(VersionReshardTest, MatchesWhatDeepSpeedSaved) {
+  const VersionCase& c = GetParam();
+  const std::string root = FreshTempDir(absl::StrCat("reshard_", c.version, "_", c.fixture, "_",
+                                                     absl::StrReplaceAll(c.from, {{"/", "_"}})));
+  const std::string out = JoinPath(root, "global_step4");
+  auto result = DoReshard(VersionFixturePath(c.version, JoinPath(c.fixture, c.from)), out, c.topo);
+  ASSERT_TRUE(result.ok()) << result.status();
+  const std::vector<std::string> diffs =
+      CompareCheckpoints(out, VersionFixturePath(c.version, JoinPath(c.fixture, c.expected)));
+  EXPECT_THAT(diffs, IsEmpty()) << absl::StrJoin(diffs, "\n");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Versions, VersionReshardTest,
+    ::testing::Values(
+        // 0.19.5 records group_paddings per rank ([0,0,1] and [0,0,2], rank
+        // 1 saving a 0-element partition): dp2 -> dp1 is DeepSpeed's resave ...
+        VersionCase{"0.19.5", "gpt-zero1-padding-dp2", "global_step4", "resaved-dp1/global_step4", {1, 1, 1}},
+        // ... and its resave back to dp2 is the original, per-rank paddings
+        // included (ucp writes 0.19.5's convention).
+        VersionCase{"0.19.5", "gpt-zero1-padding-dp2", "resaved-dp1/global_step4", "global_step4", {1, 1, 2}},
+        // checkpoint_parallel_dimensions and the rest of the 0.19.5 / 0.16.4
+        // model states, unchanged at the same topology.
+        VersionCase{"0.19.5", "neox-tp2-pp1-dp1", "global_step4", "global_step4", {2, 1, 1}},
+        VersionCase{"0.19.5", "neox-bf16-tp2-pp1-dp2", "global_step4", "global_step4", {2, 1, 2}},
+        VersionCase{"0.16.4", "neox-tp2-pp1-dp1", "global_step4", "global_step4", {2, 1, 1}},
+        VersionCase{"0.16.4", "neox-bf16-tp2-pp1-dp2", "global_step4", "global_step4", {2, 1, 2}},
+        // ZeRO-3, dp2 -> dp1: what DeepSpeed saves after its universal load,
+        // with every sub-group's step its own tensor (the -stepfix resaves).
+        VersionCase{"0.19.5", "gpt-zero3-dp2", "global_step4", "resaved-dp1-stepfix/global_step4", {1, 1, 1}},
+        VersionCase{"0.19.5", "gpt-zero3-subgroups-dp2", "global_step4", "resaved-dp1-stepfix/global_step4",
+                    {1, 1, 1}},
+        VersionCase{"0.19.5", "gpt-zero3-bf16-dp2", "global_step4", "resaved-dp1/global_step4", {1, 1, 1}},
+        VersionCase{"0.16.4", "gpt-zero3-onegroup-dp2", "global_step4", "resaved-dp1/global_step4", {1, 1, 1}},
+        // ... and back: dp1 -> dp2 re-cuts the sub-groups (22 -> 20 with
+        // sub_group_size 1000) into exactly what the dp2 job saved.
+        VersionCase{"0.19.5", "gpt-zero3-subgroups-dp2", "resaved-dp1-stepfix/global_step4", "global_step4",
+                    {1, 1, 2}},
+        VersionCase{"0.19.5", "gpt-zero3-dp2", "resaved-dp1-stepfix/global_step4", "global_step4", {1, 1, 2}}));
+
+// Every sub-group's `step` is a tensor of its own in what ucp writes (DeepSpeed
+// 0.18 - 0.19.5's universal load gives all of them one tensor, which Adam then
+// increments once per sub-group).
+TEST(Zero3ReshardTest, EverySubGroupHasItsOwnStep) {
+  const std::string root = FreshTempDir("reshard_zero3_steps");
+  const std::string out = JoinPath(root, "global_step4");
+  auto result =
+      DoReshard(VersionFixturePath("0.19.5", "gpt-zero3-subgroups-dp2/global_step4"), out, deepspeed::Topology{1, 1, 1});
+  ASSERT_TRUE(result.ok()) << result.status();
+  auto f = torch::TorchFile::Open(JoinPath(out, "zero_pp_rank_0_mp_rank_00_optim_states.pt"));
+  ASSERT_TRUE(f.ok()) << f.status();
+  const pickle::Value* state = (*f)->root()->DictGet("optimizer_state_dict")->DictGet("optimizer_state_dict")->DictGet("state");
+  ASSERT_NE(state, nullptr);
+  ASSERT_EQ(state->dict_items().size(), 22u);  // sub_group_size 1000 at dp1
+  std::set<const torch::Storage*> storages;
+  for (const auto& [k, v] : state->dict_items()) {
+    auto step = (*f)->GetTensor(*v->DictGet("step"));
+    ASSERT_TRUE(step.ok()) << step.status();
+    EXPECT_EQ(step->dim(), 0);
+    storages.insert(step->storage().get());
+  }
+  EXPECT_EQ(storages.size(), 22u);
+}
+
+// --sub_group_size of the target job decides its sub-groups.
+TEST(Zero3ReshardTest, SubGroupSizeOfTheTarget) {
+  const std::string root = FreshTempDir("reshard_zero3_subgroup_size");
+  const std::string out = JoinPath(root, "global_step4");
+  ReshardOptions o;
+  o.input_folder = VersionFixturePath("0.19.5", "gpt-zero3-dp2/global_step4");
+  o.output_folder = out;
+  o.write.target = deepspeed::Topology{1, 1, 2};
+  o.write.sub_group_size = 1000;
+  o.write.num_threads = 2;
+  auto result = Reshard(o);
+  ASSERT_TRUE(result.ok()) << result.status();
+  // gpt-zero3-dp2 and gpt-zero3-subgroups-dp2 are the same model and run but
+  // for sub_group_size: the same dp2 checkpoint, cut into its 20 sub-groups.
+  std::vector<std::string> diffs =
+      CompareCheckpoints(out, VersionFixturePath("0.19.5", "gpt-zero3-subgroups-dp2/global_step4"));
+  // The runs differ in their values (sub-groups step separately), not in layout.
+  for (const auto& d : diffs) {
+    EXPECT_TRUE(absl::StrContains(d, "tensor bytes differ")) << d;
+  }
+}
 
 }  // namespace
 }  // namespace ucp::ops

@@ -294,6 +294,7 @@ class ReinterpretedState : public deepspeed::ModelState {
   absl::StatusOr<deepspeed::FileValue> OptimizerCommon() const override { return base_->OptimizerCommon(); }
   deepspeed::FileValue ModelStatesRoot(int pp, int tp) const override { return base_->ModelStatesRoot(pp, tp); }
   std::string ModelStatesPath(int pp, int tp) const override { return base_->ModelStatesPath(pp, tp); }
+  std::string DpModelStatesPath(int dp) const override { return base_->DpModelStatesPath(dp); }
 
  private:
   std::unique_ptr<deepspeed::ModelState> base_;

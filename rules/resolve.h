@@ -64,6 +64,7 @@ class ResolvedState : public deepspeed::ModelState {
   absl::StatusOr<deepspeed::FileValue> OptimizerCommon() const override { return source_->OptimizerCommon(); }
   deepspeed::FileValue ModelStatesRoot(int pp, int tp) const override { return source_->ModelStatesRoot(pp, tp); }
   std::string ModelStatesPath(int pp, int tp) const override { return source_->ModelStatesPath(pp, tp); }
+  std::string DpModelStatesPath(int dp) const override { return source_->DpModelStatesPath(dp); }
 
   const deepspeed::SlicedState& source() const { return *source_; }
   const RuleResolver& resolver() const { return resolver_; }

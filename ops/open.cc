@@ -9,6 +9,7 @@
 #include "deepspeed/manifest.h"
 #include "readers/universal_checkpoint.h"
 #include "readers/universal_state.h"
+#include "readers/moe_state.h"
 #include "readers/zero3_state.h"
 
 namespace ucp::ops {
@@ -158,6 +159,23 @@ absl::StatusOr<std::pair<OpenedSource, JobDescription>> OpenAndDescribe(const st
     }
     return std::make_pair(std::move(out), std::move(d));
   }
+  if (readers::IsMoeFolder(path)) {
+    // Native mixture of experts: tp = pp = 1, experts under global ids.
+    UCP_ASSIGN_OR_RETURN(std::unique_ptr<readers::MoeState> moe, readers::MoeState::Open(path));
+    out.dir = moe->dir();
+    UCP_ASSIGN_OR_RETURN(std::unique_ptr<rules::ResolvedState> state,
+                         rules::ResolveRules(std::move(moe), options.resolve()));
+    out.kind = "moe";
+    out.effective_rules = state->resolver().EffectiveRules();
+    out.preset = state->resolver().preset();
+    out.preset_detected = state->resolver().preset_detected();
+    out.state = std::move(state);
+    JobDescription d;
+    if (describe) {
+      UCP_ASSIGN_OR_RETURN(d, Describe(out, nullptr, nullptr, nullptr, false));
+    }
+    return std::make_pair(std::move(out), std::move(d));
+  }
   if (readers::IsZero3Folder(path)) {
     // ZeRO stage 3: tp = pp = 1, nothing to merge.
     UCP_ASSIGN_OR_RETURN(std::unique_ptr<readers::Zero3State> z3, readers::Zero3State::Open(path));
@@ -218,6 +236,11 @@ absl::StatusOr<OpenedSource> OpenFromDescription(const std::string& path, const 
     } else {
       out.state = std::move(reader);
     }
+    return out;
+  }
+  if (d.source_kind() == "moe") {
+    UCP_ASSIGN_OR_RETURN(std::unique_ptr<readers::MoeState> moe, readers::MoeState::Open(path));
+    UCP_ASSIGN_OR_RETURN(out.state, rules::ResolveRules(std::move(moe), options.resolve(), &decided));
     return out;
   }
   if (d.source_kind() == "zero3") {

@@ -18,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "ops/reshard.h"
 #include "testing/fixtures.h"
+#include "tp/tensor_plan.h"
 
 namespace ucp::ops {
 namespace {
@@ -208,6 +209,76 @@ TEST(Zero3ReshardTest, SubGroupSizeOfTheTarget) {
   for (const auto& d : diffs) {
     EXPECT_TRUE(absl::StrContains(d, "tensor bytes differ")) << d;
   }
+}
+
+// Native MoE (0.19.5, ep2, ZeRO-2, dp2) resharded to dp1 (ep1): every
+// expert's fp32 master, Adam states and weights equal the originals, under
+// the same global expert ids; the non-expert params too.
+TEST(MoeReshardTest, Dp1KeepsEveryExpert) {
+  const std::string src = VersionFixturePath("0.19.5", "gpt-moe-ep2-zero2-dp2/global_step4");
+  const std::string root = FreshTempDir("reshard_moe_dp1");
+  const std::string out = JoinPath(root, "global_step4");
+  auto result = DoReshard(src, out, deepspeed::Topology{1, 1, 1});
+  ASSERT_TRUE(result.ok()) << result.status();
+  auto a = OpenModelState(src, SourceOptions(), false);
+  auto b = OpenModelState(out, SourceOptions(), false);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ((*a)->info().expert_parallel, 2);
+  EXPECT_EQ((*b)->info().expert_parallel, 1);
+  ASSERT_EQ((*a)->info().params.size(), (*b)->info().params.size());
+  int experts = 0;
+  for (const auto& p : (*a)->info().params) {
+    const deepspeed::ParamState* q = (*b)->info().Find(p.name);
+    ASSERT_NE(q, nullptr) << p.name;
+    EXPECT_EQ(q->group, p.group) << p.name;
+    for (const std::string state : {"fp32", "exp_avg", "exp_avg_sq"}) {
+      auto x = (*a)->Full(p, state);
+      auto y = (*b)->Full(*q, state);
+      ASSERT_TRUE(x.ok() && y.ok()) << p.name << " " << state;
+      auto eq = tp::TensorPlan::BitwiseEqual(*x, *y);
+      ASSERT_TRUE(eq.ok());
+      EXPECT_TRUE(*eq) << p.name << " " << state;
+    }
+    if (absl::StrContains(p.name, ".deepspeed_experts.")) ++experts;
+  }
+  EXPECT_EQ(experts, 2 * 4 * 4);  // 2 MoE layers x 4 experts x (fc, proj) x (weight, bias)
+  // The expert files: the same weights under the same names.
+  for (int l = 0; l < 2; ++l) {
+    for (int e = 0; e < 4; ++e) {
+      const std::string f = absl::StrCat("layer_", l, "_expert_", e, "_mp_rank_00_model_states.pt");
+      auto d = readers::CompareFiles(JoinPath(out, f), JoinPath(src, f));
+      ASSERT_TRUE(d.ok()) << f << ": " << d.status();
+      EXPECT_THAT(*d, IsEmpty()) << f << "\n" << absl::StrJoin(*d, "\n");
+    }
+  }
+  // One optimizer file, groups named for ep 1, experts partitioned over dp 1.
+  auto f = torch::TorchFile::Open(JoinPath(out, "zero_pp_rank_0_mp_rank_00_optim_states.pt"));
+  ASSERT_TRUE(f.ok()) << f.status();
+  const pickle::Value* osd = (*f)->root()->DictGet("optimizer_state_dict");
+  EXPECT_EQ(osd->DictGet("partition_count")->DebugString(), "[1, 1, 1, 1]");
+  const pickle::Value* groups = osd->DictGet("base_optimizer_state")->DictGet("param_groups");
+  EXPECT_EQ(groups->items()[2]->DictGet("name")->str(), "ep_size_1");
+  EXPECT_EQ(groups->items()[1]->DictGet("name")->str(), "no_decay");
+  EXPECT_FALSE(PathExists(JoinPath(out, "zero_pp_rank_1_mp_rank_00_optim_states.pt")));
+}
+
+// And back: dp1 (ep1) -> dp2 (ep2) is exactly what DeepSpeed saved at dp2 ep2.
+TEST(MoeReshardTest, RoundTripIsWhatDeepSpeedSaved) {
+  const std::string src = VersionFixturePath("0.19.5", "gpt-moe-ep2-zero2-dp2/global_step4");
+  const std::string root = FreshTempDir("reshard_moe_roundtrip");
+  auto one = DoReshard(src, JoinPath(root, "dp1/global_step4"), deepspeed::Topology{1, 1, 1});
+  ASSERT_TRUE(one.ok()) << one.status();
+  ReshardOptions o;
+  o.input_folder = JoinPath(root, "dp1/global_step4");
+  o.output_folder = JoinPath(root, "dp2/global_step4");
+  o.write.target = deepspeed::Topology{1, 1, 2};
+  o.write.expert_parallel = 2;
+  o.write.num_threads = 2;
+  auto two = Reshard(o);
+  ASSERT_TRUE(two.ok()) << two.status();
+  const std::vector<std::string> diffs = CompareCheckpoints(JoinPath(root, "dp2/global_step4"), src);
+  EXPECT_THAT(diffs, IsEmpty()) << absl::StrJoin(diffs, "\n");
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include "base/fs.h"
 #include "base/status_macros.h"
 #include "deepspeed/checkpoint_files.h"
+#include "deepspeed/layout_math.h"
 #include "deepspeed/manifest.h"
 #include "deepspeed/tree_copy.h"
 #include "deepspeed/universal_metadata.h"
@@ -59,6 +60,7 @@ class UniversalPlan : public Plan {
 
   absl::Status Build() {
     for (const ParamState& p : info_.params) UCP_RETURN_IF_ERROR(CheckParamName(p.name));
+    if (zero3()) UCP_RETURN_IF_ERROR(CheckZero3Loader());
     states_ = {deepspeed::kFp32State};
     states_.insert(states_.end(), info_.state_keys.begin(), info_.state_keys.end());
     for (size_t i = 0; i < info_.params.size(); ++i) {
@@ -203,6 +205,34 @@ class UniversalPlan : public Plan {
 
   // A ZeRO stage 3 source: DeepSpeed's stage-3 universal layout.
   bool zero3() const { return info_.zero_stage == 3; }
+
+  // Whether the target version's stage-3 universal loader reads what ucp
+  // writes (stage3.py load_hp_checkpoint_state_from_checkpoint_dir_stage3).
+  absl::Status CheckZero3Loader() const {
+    const std::string version =
+        options_.target_ds_version.empty() ? deepspeed::SourceDsVersion(state_) : options_.target_ds_version;
+    auto v = deepspeed::ParseDsVersion(version);
+    if (!v.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ZeRO stage 3 source with ds_version '", version, "': pass --target_ds_version (0.15.0 to 0.19.5)"));
+    }
+    if (*v < deepspeed::DsVersion{0, 15, 0}) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "DeepSpeed ", version, " has no ZeRO stage 3 universal checkpoint loader (it came in 0.15.0): use "
+          "`ucp reshard` to write a ZeRO-3 checkpoint at the new dp instead"));
+    }
+    if (deepspeed::DsVersion{0, 19, 5} < *v) {
+      return absl::FailedPreconditionError(absl::StrCat("DeepSpeed ", version,
+                                                        ": ucp writes the ZeRO-3 universal layout of 0.15 to 0.19.5"));
+    }
+    if (*v < deepspeed::DsVersion{0, 18, 0} && info_.num_groups > 1) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "DeepSpeed ", version, "'s ZeRO stage 3 universal loader reads one param group (param_shapes[0]) and the "
+          "checkpoint has ", info_.num_groups, ": load it with DeepSpeed >= 0.18.0 (--target_ds_version), or use "
+          "`ucp reshard` to write a ZeRO-3 checkpoint at the new dp"));
+    }
+    return absl::OkStatus();
+  }
 
   // Writes staging/rels[k] from writers[k] and roots[k] (their hashes are
   // computed two at a time: TorchWriter::WriteFiles).

@@ -1,4 +1,5 @@
 #include "writers/zero_writer.h"
+#include "writers/moe_writer.h"
 #include "writers/zero3_writer.h"
 
 #include <algorithm>
@@ -729,6 +730,13 @@ class ZeroPlan : public Plan {
 absl::StatusOr<std::unique_ptr<Plan>> PlanZero(const deepspeed::ModelState& state, const ZeroWriteOptions& options,
                                                TargetLayout* layout) {
   const int stage = options.zero_stage > 0 ? options.zero_stage : state.info().zero_stage;
+  if (state.info().expert_parallel > 0) {
+    if (layout != nullptr) {
+      layout->topo = options.target;
+      layout->zero_stage = stage;
+    }
+    return PlanMoe(state, options);
+  }
   if (stage == 3) {
     if (layout != nullptr) {
       layout->topo = options.target;
@@ -736,17 +744,7 @@ absl::StatusOr<std::unique_ptr<Plan>> PlanZero(const deepspeed::ModelState& stat
     }
     return PlanZero3(state, options);
   }
-  std::string source_version;
-  {
-    UCP_ASSIGN_OR_RETURN(deepspeed::FileValue common, state.OptimizerCommon());
-    const Value* v = common.value && common.value->is(Kind::kDict) ? common.value->DictGet("ds_version") : nullptr;
-    if (v != nullptr && v->is(Kind::kStr)) source_version = v->str();
-    if (source_version.empty()) {  // ZeRO-3 keeps it beside the optimizer state only
-      deepspeed::FileValue root = state.ModelStatesRoot(0, 0);
-      const Value* r = root.value && root.value->is(Kind::kDict) ? root.value->DictGet("ds_version") : nullptr;
-      if (r != nullptr && r->is(Kind::kStr)) source_version = r->str();
-    }
-  }
+  const std::string source_version = deepspeed::SourceDsVersion(state);
   UCP_ASSIGN_OR_RETURN(TargetLayout target, PlanTarget(state.info(), options, source_version));
   if (layout != nullptr) *layout = target;
   auto plan = std::make_unique<ZeroPlan>(state, std::move(target), options);

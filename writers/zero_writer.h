@@ -46,6 +46,11 @@ struct ZeroWriteOptions {
   // ZeRO-3 targets: the target job's zero_optimization.sub_group_size;
   // 0 = the source's (ZeRO-3 sources record it), else DeepSpeed's 1e9.
   int64_t sub_group_size = 0;
+  // Mixture-of-experts sources (ModelInfo::expert_parallel > 0): the target's
+  // expert parallel degree; 0 = the source's when it divides the target dp,
+  // else the largest divisor of dp below it that divides every layer's
+  // expert count (writers/moe_writer.h).
+  int expert_parallel = 0;
   std::string partition_method;       // "" = the recorded one, else "parameters"
   int64_t make_vocab_size_divisible_by = 0;  // 0 = the source's
   int num_layers = 0;                 // pipeline layer specs; 0 = inferred

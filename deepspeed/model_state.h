@@ -53,6 +53,10 @@ const char* TensorRoleName(TensorRole role);
 // The state name of the module (lp) weight of a tensor.
 inline constexpr char kLpState[] = "lp";
 inline constexpr char kFp32State[] = "fp32";
+// ParamState::origin of a param of a source that exists at tp=1 only (ZeRO-3,
+// native MoE) that no rule covers: a whole tensor with no known tp split
+// (rules/resolve.h, ResolveOptions::tp1_whole_tensors).
+inline constexpr char kTp1WholeOrigin[] = "tp=1 source: a whole tensor, no tp split known";
 
 struct ParamState {
   std::string name;                 // optimizer / module state name

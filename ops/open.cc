@@ -39,7 +39,9 @@ absl::StatusOr<std::unique_ptr<rules::ResolvedState>> OpenZeroState(const std::s
                                                                     const SourceOptions& options) {
   if (readers::IsZero3Folder(path)) {
     UCP_ASSIGN_OR_RETURN(std::unique_ptr<readers::Zero3State> z3, readers::Zero3State::Open(path));
-    return rules::ResolveRules(std::move(z3), options.resolve());
+    rules::ResolveOptions resolve = options.resolve();
+    resolve.tp1_whole_tensors = true;
+    return rules::ResolveRules(std::move(z3), resolve);
   }
   UCP_ASSIGN_OR_RETURN(std::unique_ptr<readers::ZeroCheckpoint> ckpt, readers::ZeroCheckpoint::Open(path));
   UCP_ASSIGN_OR_RETURN(std::unique_ptr<readers::ZeroSlicedState> sliced,
@@ -163,8 +165,9 @@ absl::StatusOr<std::pair<OpenedSource, JobDescription>> OpenAndDescribe(const st
     // Native mixture of experts: tp = pp = 1, experts under global ids.
     UCP_ASSIGN_OR_RETURN(std::unique_ptr<readers::MoeState> moe, readers::MoeState::Open(path));
     out.dir = moe->dir();
-    UCP_ASSIGN_OR_RETURN(std::unique_ptr<rules::ResolvedState> state,
-                         rules::ResolveRules(std::move(moe), options.resolve()));
+    rules::ResolveOptions resolve = options.resolve();
+    resolve.tp1_whole_tensors = true;
+    UCP_ASSIGN_OR_RETURN(std::unique_ptr<rules::ResolvedState> state, rules::ResolveRules(std::move(moe), resolve));
     out.kind = "moe";
     out.effective_rules = state->resolver().EffectiveRules();
     out.preset = state->resolver().preset();
@@ -180,8 +183,9 @@ absl::StatusOr<std::pair<OpenedSource, JobDescription>> OpenAndDescribe(const st
     // ZeRO stage 3: tp = pp = 1, nothing to merge.
     UCP_ASSIGN_OR_RETURN(std::unique_ptr<readers::Zero3State> z3, readers::Zero3State::Open(path));
     out.dir = z3->dir();
-    UCP_ASSIGN_OR_RETURN(std::unique_ptr<rules::ResolvedState> state,
-                         rules::ResolveRules(std::move(z3), options.resolve()));
+    rules::ResolveOptions resolve = options.resolve();
+    resolve.tp1_whole_tensors = true;
+    UCP_ASSIGN_OR_RETURN(std::unique_ptr<rules::ResolvedState> state, rules::ResolveRules(std::move(z3), resolve));
     out.kind = "zero3";
     out.effective_rules = state->resolver().EffectiveRules();
     out.preset = state->resolver().preset();

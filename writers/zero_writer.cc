@@ -94,6 +94,18 @@ absl::StatusOr<TargetLayout> PlanTarget(const ModelInfo& info, const ZeroWriteOp
   const int64_t divisible_by =
       options.make_vocab_size_divisible_by > 0 ? options.make_vocab_size_divisible_by : info.make_vocab_size_divisible_by;
 
+  // Whole tensors of a tp=1 source (ZeRO-3, MoE) have no known tp split.
+  if (tp > 1) {
+    std::vector<std::string> unknown;
+    for (const auto& p : info.params) {
+      if (p.origin == deepspeed::kTp1WholeOrigin) unknown.push_back(p.name);
+    }
+    if (!unknown.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "target tp=", tp, ": ", unknown.size(), " param(s) of the tp=1 source have no tp merge rule (e.g. '",
+          unknown.front(), "'): give --rules=FILE or --preset to say how each splits"));
+    }
+  }
   // Slice shapes at the target tp.
   const size_t n = info.params.size();
   out.slice_shapes.resize(n);

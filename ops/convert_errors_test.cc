@@ -220,5 +220,34 @@ TEST(ConvertErrorsTest, AmbiguousParamsAreListedWithTheRuleThatSettlesThem) {
   ExpectNothingWritten(c);
 }
 
+// ZeRO-3 universal checkpoints for loaders that cannot read them are
+// refused, naming the version: 0.16.4's stage-3 loader reads one param
+// group (and DeepSpeed 0.16.4's own converter fails on this checkpoint);
+// before 0.15.0 there is none. For 0.19.5 the same checkpoint converts.
+TEST(ConvertErrorsTest, Zero3UniversalOnlyForLoadersThatReadIt) {
+  const std::string root = FreshTempDir("zero3_versions");
+  const std::string src = ucp::testing::VersionFixturePath("0.16.4", "gpt-zero3-dp2/global_step4");
+  ConvertOptions o;
+  o.input_folder = src;
+  o.output_folder = JoinPath(root, "u0164");
+  absl::Status s = Convert(o).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("DeepSpeed 0.16.4's ZeRO stage 3 universal loader reads one param group"),
+            std::string::npos)
+      << s;
+  EXPECT_FALSE(PathExists(o.output_folder));
+  o.write.target_ds_version = "0.14.4";
+  o.output_folder = JoinPath(root, "u0144");
+  s = Convert(o).status();
+  EXPECT_NE(s.message().find("DeepSpeed 0.14.4 has no ZeRO stage 3 universal checkpoint loader"), std::string::npos)
+      << s;
+  EXPECT_FALSE(PathExists(o.output_folder));
+  o.write.target_ds_version = "0.19.5";
+  o.output_folder = JoinPath(root, "u0195");
+  auto ok = Convert(o);
+  EXPECT_TRUE(ok.ok()) << ok.status();
+  EXPECT_TRUE(PathExists(JoinPath(o.output_folder, "zero/optimizer_state.pt")));
+}
+
 }  // namespace
 }  // namespace ucp::ops

@@ -26,6 +26,7 @@ rules::ResolveOptions SourceOptions::resolve() const {
   o.rules = rules;
   o.replicated_mismatch = replicated_mismatch;
   o.num_threads = num_threads;
+  o.tp1_whole_tensors = tp1_whole_tensors;
   return o;
 }
 

@@ -2,6 +2,7 @@
 // after loading the correct universal checkpoint at a new topology
 // (the fixtures' resaved-* folders).
 #include <set>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -189,6 +190,20 @@ TEST(Zero3ReshardTest, EverySubGroupHasItsOwnStep) {
   EXPECT_EQ(storages.size(), 22u);
 }
 
+// 0.16.4, two param groups (which DeepSpeed 0.16.4 cannot convert to
+// universal): dp2 -> dp1 -> dp2 gives back exactly the files it saved.
+TEST(Zero3ReshardTest, RoundTrip0164TwoGroups) {
+  const std::string src = VersionFixturePath("0.16.4", "gpt-zero3-dp2/global_step4");
+  const std::string root = FreshTempDir("reshard_zero3_0164");
+  auto one = DoReshard(src, JoinPath(root, "dp1/global_step4"), deepspeed::Topology{1, 1, 1});
+  ASSERT_TRUE(one.ok()) << one.status();
+  auto two = DoReshard(JoinPath(root, "dp1/global_step4"), JoinPath(root, "dp2/global_step4"),
+                       deepspeed::Topology{1, 1, 2});
+  ASSERT_TRUE(two.ok()) << two.status();
+  const std::vector<std::string> diffs = CompareCheckpoints(JoinPath(root, "dp2/global_step4"), src);
+  EXPECT_THAT(diffs, IsEmpty()) << absl::StrJoin(diffs, "\n");
+}
+
 // --sub_group_size of the target job decides its sub-groups.
 TEST(Zero3ReshardTest, SubGroupSizeOfTheTarget) {
   const std::string root = FreshTempDir("reshard_zero3_subgroup_size");
@@ -279,6 +294,72 @@ TEST(MoeReshardTest, RoundTripIsWhatDeepSpeedSaved) {
   ASSERT_TRUE(two.ok()) << two.status();
   const std::vector<std::string> diffs = CompareCheckpoints(JoinPath(root, "dp2/global_step4"), src);
   EXPECT_THAT(diffs, IsEmpty()) << absl::StrJoin(diffs, "\n");
+}
+
+// --target_ds_version decides the group_paddings convention: 0.16.3 puts the
+// whole padding on the last rank (which then saves group[:-1] of its 2
+// elements), 0.19.5 gives each rank its own; both read back to the same
+// tensors.
+TEST(VersionConventionTest, TargetVersionDecidesThePaddings) {
+  const std::string src = VersionFixturePath("0.19.5", "gpt-zero1-padding-dp2/resaved-dp1/global_step4");
+  const std::string root = FreshTempDir("reshard_target_version");
+  for (const auto& [version, rank0, rank1, lean1] :
+       std::vector<std::tuple<std::string, std::string, std::string, int64_t>>{
+           {"0.16.3", "[0, 0, 0]", "[0, 0, 3]", 1}, {"0.19.5", "[0, 0, 1]", "[0, 0, 2]", 0}}) {
+    ReshardOptions o;
+    o.input_folder = src;
+    o.output_folder = JoinPath(root, version + "/global_step4");
+    o.write.target = deepspeed::Topology{1, 1, 2};
+    o.write.target_ds_version = version;
+    o.write.num_threads = 2;
+    auto r = Reshard(o);
+    ASSERT_TRUE(r.ok()) << r.status();
+    std::string paddings[2];
+    for (int d = 0; d < 2; ++d) {
+      auto f = torch::TorchFile::Open(JoinPath(o.output_folder, absl::StrCat("zero_pp_rank_", d, "_mp_rank_00_optim_states.pt")));
+      ASSERT_TRUE(f.ok()) << f.status();
+      const pickle::Value* osd = (*f)->root()->DictGet("optimizer_state_dict");
+      paddings[d] = osd->DictGet("group_paddings")->DebugString();
+      EXPECT_EQ(osd->DictGet("ds_version")->str(), version);
+      EXPECT_EQ((*f)->root()->DictGet("ds_version")->str(), version);
+      if (d == 1) {
+        auto fp32 = (*f)->GetTensor(*osd->DictGet("single_partition_of_fp32_groups")->items()[2]);
+        ASSERT_TRUE(fp32.ok());
+        EXPECT_EQ(fp32->numel(), lean1) << version;
+      }
+    }
+    EXPECT_EQ(paddings[0], rank0) << version;
+    EXPECT_EQ(paddings[1], rank1) << version;
+    auto c = readers::ZeroCheckpoint::Open(o.output_folder);
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ((*c)->padding_convention(), version == "0.16.3" ? deepspeed::PaddingConvention::kLastRank
+                                                               : deepspeed::PaddingConvention::kPerRank);
+    SourceOptions whole;  // tp=1: whole tensors, no rules needed
+    whole.tp1_whole_tensors = true;
+    auto a = OpenModelState(src, whole, false);
+    auto b = OpenModelState(o.output_folder, whole, false);
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_TRUE(b.ok()) << b.status();
+    for (const auto& p : (*a)->info().params) {
+      if (!p.trainable()) continue;
+      for (const std::string state : {"fp32", "exp_avg", "exp_avg_sq"}) {
+        auto x = (*a)->Full(p, state);
+        auto y = (*b)->Full(*(*b)->info().Find(p.name), state);
+        ASSERT_TRUE(x.ok() && y.ok()) << p.name;
+        EXPECT_TRUE(*tp::TensorPlan::BitwiseEqual(*x, *y)) << version << " " << p.name << " " << state;
+      }
+    }
+  }
+  // Versions outside 0.12 - 0.19.5 are refused, naming the version.
+  ReshardOptions o;
+  o.input_folder = src;
+  o.output_folder = JoinPath(root, "future/global_step4");
+  o.write.target = deepspeed::Topology{1, 1, 2};
+  o.write.target_ds_version = "0.20.0";
+  auto r = Reshard(o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "DeepSpeed 0.20.0")) << r.status();
+  EXPECT_FALSE(PathExists(JoinPath(root, "future")));
 }
 
 }  // namespace

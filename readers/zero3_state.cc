@@ -453,7 +453,7 @@ absl::StatusOr<std::unique_ptr<Zero3State::OptimFile>> Zero3State::ParseOptim(in
     UCP_ASSIGN_OR_RETURN(torch::Tensor flat, out->file->GetTensor(*(*flats)[s]));
     UCP_RETURN_IF_ERROR(CheckDense(flat, path, absl::StrCat("fp32_flat_groups[", s, "]")));
     if (flat.dim() != 1 || flat.numel() != want || flat.dtype() != torch::DType::kFloat32) {
-      return err(absl::StrCat("fp32_flat_groups[", s, "] is ", torch::DTypeName(flat.dtype()), ShapeStr(flat.sizes()),
+      return err(absl::StrCat("fp32_flat_groups[", s, "] is ", std::string(torch::DTypeName(flat.dtype())), ShapeStr(flat.sizes()),
                               ", expected float32[", want, "] (the partitions of its ",
                               "params: ceil(numel / ", dp_, ") each)"));
     }

@@ -1,5 +1,6 @@
 // ZeroCheckpoint on the layouts of DeepSpeed 0.16.4 and 0.19.5: per-rank
 // group_paddings, checkpoint_parallel_dimensions, numpy 2 / enum pickles.
+#include <cstdio>
 #include <functional>
 #include <string>
 

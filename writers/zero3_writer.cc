@@ -333,7 +333,7 @@ class Zero3Plan : public Plan {
         UCP_ASSIGN_OR_RETURN(TensorPlan piece, flat.FlatRange(begin, len));
         if (piece.dtype() != torch::DType::kFloat32) {
           return absl::InvalidArgumentError(absl::StrCat("param '", p.name, "' ", key, " is ",
-                                                         torch::DTypeName(piece.dtype()), ", expected float32"));
+                                                         std::string(torch::DTypeName(piece.dtype())), ", expected float32"));
         }
         pieces.push_back(std::move(piece));
       }

@@ -108,14 +108,21 @@ std::string MoeState::ExpertPath(int layer, int expert) const {
 
 absl::Status MoeState::Load() {
   UCP_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirectory(dir_));
+  // The version, for the messages of what is refused below.
+  std::string version = "(no ds_version)";
+  if (auto f = torch::TorchFile::Open(JoinPath(dir_, deepspeed::MpRankFileName(0))); f.ok()) {
+    const Value* v = (*f)->root()->is(Kind::kDict) ? (*f)->root()->DictGet("ds_version") : nullptr;
+    if (v != nullptr && v->is(Kind::kStr)) version = v->str();
+  }
+  const std::string what = absl::StrCat("DeepSpeed ", version, " native mixture-of-experts checkpoint");
+  const std::string supported = "ucp reads native MoE checkpoints of ZeRO stage 1/2 (not bf16) at tp=pp=1";
   std::set<int> optim_dp;
   for (const auto& n : names) {
     int l, e, m;
     if (ParseExpertFileName(n, &l, &e, &m)) {
       if (m != 0) {
-        return absl::UnimplementedError(absl::StrCat(
-            dir_, ": mixture-of-experts checkpoint with model parallelism (", n,
-            "): ucp reads native MoE checkpoints at tp=pp=1"));
+        return absl::UnimplementedError(
+            absl::StrCat(dir_, ": ", what, " with model parallelism (", n, "): ", supported));
       }
       expert_files_[{l, e}] = JoinPath(dir_, n);
       continue;
@@ -124,27 +131,25 @@ absl::Status MoeState::Load() {
     if (!parsed) continue;
     if (parsed->type == deepspeed::CheckpointFileName::Type::kOptim) {
       if (parsed->bf16_prefix || parsed->mp_rank != 0) {
-        return absl::UnimplementedError(absl::StrCat(dir_, ": mixture-of-experts checkpoint with ", n,
-                                                     ": ucp reads native MoE ZeRO 1/2 checkpoints at tp=pp=1"));
+        return absl::UnimplementedError(absl::StrCat(dir_, ": ", what, " with ", n, ": ", supported));
       }
       optim_dp.insert(parsed->dp_rank);
     } else if (parsed->type != deepspeed::CheckpointFileName::Type::kMpRank || parsed->mp_rank != 0) {
-      return absl::UnimplementedError(absl::StrCat(dir_, ": mixture-of-experts checkpoint with ", n,
-                                                   ": ucp reads native MoE ZeRO 1/2 checkpoints at tp=pp=1"));
+      return absl::UnimplementedError(absl::StrCat(dir_, ": ", what, " with ", n, ": ", supported));
     }
+  }
+  for (const auto& n : names) {
     if (absl::StartsWith(n, "expp_rank_")) {
-      return absl::UnimplementedError(absl::StrCat(dir_, ": mixture-of-experts checkpoint without ZeRO (", n, ")"));
+      return absl::UnimplementedError(absl::StrCat(dir_, ": ", what, " without ZeRO (", n, "): ", supported));
     }
   }
   const std::string mp_path = JoinPath(dir_, deepspeed::MpRankFileName(0));
   UCP_ASSIGN_OR_RETURN(mp_, torch::TorchFile::Open(mp_path));
   const Value& root = *mp_->root();
-  auto err = [&](const std::string& path, absl::string_view what) {
-    return FileError(path, absl::StatusCode::kInvalidArgument, what);
+  auto err = [&](const std::string& path, absl::string_view message) {
+    return FileError(path, absl::StatusCode::kInvalidArgument, message);
   };
   if (!root.is(Kind::kDict)) return err(mp_path, "expected a dict of model states");
-  std::string version;
-  if (const Value* v = root.DictGet("ds_version"); v != nullptr && v->is(Kind::kStr)) version = v->str();
   {
     UCP_ASSIGN_OR_RETURN(const Value* d, GetField(root, "dp_world_size", "model states"), _.Prepend(mp_path + ": "));
     UCP_ASSIGN_OR_RETURN(int64_t dp, AsInt(*d, "dp_world_size"), _.Prepend(mp_path + ": "));

@@ -204,6 +204,58 @@ TEST(Zero3ReshardTest, RoundTrip0164TwoGroups) {
   EXPECT_THAT(diffs, IsEmpty()) << absl::StrJoin(diffs, "\n");
 }
 
+// Stage changes: ZeRO-3 -> ZeRO-1 (dp2) keeps every tensor, and back to
+// ZeRO-3 gives the files DeepSpeed saved; ZeRO-1 -> ZeRO-3 keeps every tensor.
+TEST(Zero3ReshardTest, StageChangesBothWays) {
+  const std::string src = VersionFixturePath("0.19.5", "gpt-zero3-subgroups-dp2/global_step4");
+  const std::string root = FreshTempDir("reshard_zero3_stages");
+  ReshardOptions o;
+  o.input_folder = src;
+  o.output_folder = JoinPath(root, "z1/global_step4");
+  o.write.target = deepspeed::Topology{1, 1, 2};
+  o.write.zero_stage = 1;
+  o.write.num_threads = 2;
+  auto one = Reshard(o);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_TRUE(PathExists(JoinPath(o.output_folder, "mp_rank_00_model_states.pt")));
+  SourceOptions whole;
+  whole.tp1_whole_tensors = true;
+  auto a = OpenModelState(src, whole, false);
+  auto b = OpenModelState(o.output_folder, whole, false);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ((*b)->info().zero_stage, 1);
+  ASSERT_EQ((*a)->info().params.size(), (*b)->info().params.size());
+  for (const auto& p : (*a)->info().params) {
+    const deepspeed::ParamState* q = (*b)->info().Find(p.name);
+    ASSERT_NE(q, nullptr) << p.name;
+    EXPECT_EQ(q->group, p.group);
+    for (const std::string state : {"fp32", "exp_avg", "exp_avg_sq"}) {
+      auto x = (*a)->Full(p, state);
+      auto y = (*b)->Full(*q, state);
+      ASSERT_TRUE(x.ok() && y.ok()) << p.name;
+      EXPECT_TRUE(*tp::TensorPlan::BitwiseEqual(*x, *y)) << p.name << " " << state;
+    }
+  }
+  // ZeRO-1 optimizer files: one flat param per group.
+  auto f = torch::TorchFile::Open(JoinPath(o.output_folder, "zero_pp_rank_0_mp_rank_00_optim_states.pt"));
+  ASSERT_TRUE(f.ok()) << f.status();
+  const pickle::Value* groups =
+      (*f)->root()->DictGet("optimizer_state_dict")->DictGet("base_optimizer_state")->DictGet("param_groups");
+  EXPECT_EQ(groups->items()[1]->DictGet("params")->DebugString(), "[1]");
+  // Back to ZeRO-3 at dp2 (the sub_group_size carried in ds_config): DeepSpeed's files.
+  ReshardOptions back;
+  back.input_folder = o.output_folder;
+  back.output_folder = JoinPath(root, "z3/global_step4");
+  back.write.target = deepspeed::Topology{1, 1, 2};
+  back.write.zero_stage = 3;
+  back.write.num_threads = 2;
+  auto three = Reshard(back);
+  ASSERT_TRUE(three.ok()) << three.status();
+  const std::vector<std::string> diffs = CompareCheckpoints(back.output_folder, src);
+  EXPECT_THAT(diffs, IsEmpty()) << absl::StrJoin(diffs, "\n");
+}
+
 // --sub_group_size of the target job decides its sub-groups.
 TEST(Zero3ReshardTest, SubGroupSizeOfTheTarget) {
   const std::string root = FreshTempDir("reshard_zero3_subgroup_size");

@@ -95,6 +95,21 @@ absl::Status ModelStatesFiles::Load(int layer_files_tp) {
     if (parsed && parsed->type == deepspeed::CheckpointFileName::Type::kMpRank) mp_ranks.insert(parsed->mp_rank);
   }
   if (mp_ranks.empty()) {
+    for (const auto& n : names) {
+      auto parsed = deepspeed::ParseCheckpointFileName(n);
+      if (!parsed || parsed->type != deepspeed::CheckpointFileName::Type::kZero3Model) continue;
+      // DeepSpeed's ZeRO-3 universal layout (ds_to_universal.py copies the
+      // zero_pp_rank_* model states beside zero/).
+      std::string version = "(no ds_version)";
+      if (auto f = torch::TorchFile::Open(JoinPath(dir_, n)); f.ok()) {
+        const Value* v = (*f)->root()->is(Kind::kDict) ? (*f)->root()->DictGet("ds_version") : nullptr;
+        if (v != nullptr && v->is(Kind::kStr)) version = v->str();
+      }
+      return absl::UnimplementedError(absl::StrCat(
+          dir_, ": a DeepSpeed ", version, " ZeRO stage 3 universal checkpoint (", n,
+          " beside zero/): ucp does not read the stage-3 universal layout; reshard the ZeRO-3 checkpoint it was "
+          "converted from (`ucp reshard --input_folder=<its global_stepN> --dp=N`)"));
+    }
     return absl::InvalidArgumentError(absl::StrCat(
         dir_, ": unrecognized checkpoint layout: expected mp_rank_XX_model_states.pt files, found ",
         names.empty() ? "an empty folder" : absl::StrCat(names.size(), " other entries, e.g. '", names.front(), "'")));

@@ -151,12 +151,10 @@ absl::Status ZeroCheckpoint::Load(const std::vector<ModuleEntry>* module_entries
         const Value* v = (*f)->root()->is(Kind::kDict) ? (*f)->root()->DictGet("ds_version") : nullptr;
         if (v != nullptr && v->is(Kind::kStr)) version = v->str();
       }
-      return absl::UnimplementedError(absl::StrCat(
+      // readers/moe_state.h reads these (ops/open.cc picks it).
+      return absl::InvalidArgumentError(absl::StrCat(
           dir_, ": DeepSpeed ", version, " native mixture-of-experts checkpoint (found ", n,
-          "; experts in layer_L_expert_E files, expert param groups partitioned over expert data parallel ranks): "
-          "ucp does not read this layout yet, for convert, reshard or export. DeepSpeed's own ds_to_universal.py "
-          "cannot convert it either (it merges each ep rank's local experts as dp shards); keep resuming it at the "
-          "same dp and expert-parallel size"));
+          "; experts in layer_L_expert_E files): open it with readers::MoeState (`ucp reshard`)"));
     }
   }
   if (mp_ranks.empty()) {

@@ -406,6 +406,16 @@ class Writer {
     ValuePtr base = Value::MakeDict();
     base->DictSet(Value::Str("state"), group_states);
     UCP_ASSIGN_OR_RETURN(ValuePtr param_groups, copy_common("param_groups"));
+    // A ZeRO 1/2 optimizer has one flat param per group: params = [g] (a
+    // ZeRO-3 source lists its sub-groups there).
+    if (param_groups->is(Kind::kList) && static_cast<int>(param_groups->items().size()) == info_.num_groups) {
+      for (int g = 0; g < info_.num_groups; ++g) {
+        const ValuePtr& group = param_groups->items()[g];
+        if (group->is(Kind::kDict) && group->DictGet("params") != nullptr) {
+          group->DictSet(Value::Str("params"), Value::List({Value::Int(g)}));
+        }
+      }
+    }
     base->DictSet(Value::Str("param_groups"), param_groups);
 
     ValuePtr osd = Value::MakeDict();

@@ -286,6 +286,10 @@ std::string FormatReport(const InspectReport& r) {
                         r.pipeline() ? "PipelineModule (layer files)" : "plain module", r.lp_dtype());
   if (!r.ds_version().empty()) absl::StrAppend(&out, "  ds_version: ", r.ds_version(), "\n");
   for (const auto& g : r.group()) {
+    if (r.kind() == "zero3" || r.kind() == "moe") {
+      absl::StrAppendFormat(&out, "  group %d: %d params, %d elements\n", g.index(), g.num_params(), g.numel());
+      continue;
+    }
     absl::StrAppendFormat(&out, "  group %d: %d params, %d elements per tp rank, partitions of %d, padding [%s]\n",
                           g.index(), g.num_params(), g.numel(), g.partition_numel(), absl::StrJoin(g.padding(), ", "));
   }

@@ -11,6 +11,7 @@
 #include "deepspeed/checkpoint_files.h"
 #include "deepspeed/tree_copy.h"
 #include "format/pickle/accessors.h"
+#include "tp/merge.h"
 #include "tp/plan_io.h"
 
 namespace ucp::writers {
@@ -82,6 +83,19 @@ class Zero3Plan : public Plan {
       if (p.role == deepspeed::TensorRole::kFrozen) {
         return absl::UnimplementedError(absl::StrCat("ZeRO stage 3 target: frozen param '", p.name,
                                                      "' (ucp does not write frozen_param_fragments)"));
+      }
+    }
+    // Megatron pads the vocabulary per tp rank; at tp=1 a model whose rows
+    // are not a multiple of make_vocab_size_divisible_by has padded rows in
+    // its embedding, which ucp does not add for ZeRO-3.
+    for (const ParamState& p : info_.params) {
+      if (p.rule.kind() != VOCAB || p.full_shape.empty()) continue;
+      const int64_t divisible_by = options_.make_vocab_size_divisible_by > 0 ? options_.make_vocab_size_divisible_by
+                                                                             : info_.make_vocab_size_divisible_by;
+      if (divisible_by <= 0 || tp::PaddedVocabSize(p.full_shape[0], divisible_by, 1) != p.full_shape[0]) {
+        return absl::UnimplementedError(absl::StrCat(
+            "ZeRO stage 3 target: vocabulary param '", p.name, "' (", p.full_shape[0],
+            " rows) would need Megatron's vocab padding, which ucp does not write for ZeRO-3"));
       }
     }
     UCP_ASSIGN_OR_RETURN(common_, state_.OptimizerCommon());

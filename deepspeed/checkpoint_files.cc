@@ -20,6 +20,10 @@ std::string LayerFileName(int layer, int tp_rank) {
   return absl::StrFormat("layer_%02d-model_%02d-model_states.pt", layer, tp_rank);
 }
 
+std::string Zero3ModelFileName(int dp_rank, int mp_rank) {
+  return absl::StrFormat("zero_pp_rank_%d_mp_rank_%02d_model_states.pt", dp_rank, mp_rank);
+}
+
 namespace {
 
 // Consumes a run of decimal digits at the front of `s`.

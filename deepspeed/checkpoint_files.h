@@ -3,7 +3,8 @@
 //   mp_rank_XX_model_states.pt                      XX = pp_rank * tp + tp_rank
 //   [bf16_]zero_pp_rank_D_mp_rank_XX_optim_states.pt  D = dp rank (ZeRO 1/2, BF16_Optimizer)
 //   layer_LL-model_TT-model_states.pt               PipelineModule layer LL, tp rank TT
-//   zero_pp_rank_D_mp_rank_XX_model_states.pt       ZeRO stage 3 (not supported)
+//   zero_pp_rank_D_mp_rank_XX_model_states.pt       ZeRO stage 3: one per dp rank (with
+//                                                   [bf16_]zero_pp_rank_D_mp_rank_XX_optim_states.pt)
 //
 // Mirrors deepspeed/runtime/engine.py (_get_ckpt_name, _get_rank_zero_ckpt_name)
 // and deepspeed/runtime/pipe/module.py (ckpt_layer_path): numbers are printed
@@ -22,6 +23,7 @@ namespace ucp::deepspeed {
 std::string MpRankFileName(int mp_rank);
 std::string OptimFileName(int dp_rank, int mp_rank, bool bf16_prefix);
 std::string LayerFileName(int layer, int tp_rank);
+std::string Zero3ModelFileName(int dp_rank, int mp_rank);
 
 // CheckpointFileName: what a file name in a checkpoint folder denotes.
 struct CheckpointFileName {

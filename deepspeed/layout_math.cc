@@ -10,9 +10,50 @@
 
 namespace ucp::deepspeed {
 
-ZeroGroupLayout ZeroGroupLayout::Make(std::vector<int64_t> numels, int dp) {
+const char* PaddingConventionName(PaddingConvention c) {
+  return c == PaddingConvention::kPerRank ? "per-rank (DeepSpeed >= 0.16.4)" : "last-rank (DeepSpeed <= 0.16.3)";
+}
+
+absl::StatusOr<DsVersion> ParseDsVersion(const std::string& s) {
+  DsVersion v;
+  int* parts[3] = {&v.major, &v.minor, &v.patch};
+  size_t i = 0;
+  int n = 0;
+  while (n < 3) {
+    size_t start = i;
+    int64_t x = 0;
+    while (i < s.size() && s[i] >= '0' && s[i] <= '9' && i - start < 6) x = x * 10 + (s[i++] - '0');
+    if (i == start) break;
+    *parts[n++] = static_cast<int>(x);
+    if (i < s.size() && s[i] == '.' && i + 1 < s.size() && s[i + 1] >= '0' && s[i + 1] <= '9') {
+      ++i;
+    } else {
+      break;
+    }
+  }
+  if (n < 2) return absl::InvalidArgumentError(absl::StrCat("'", s, "' is not a DeepSpeed version (MAJOR.MINOR.PATCH)"));
+  return v;
+}
+
+PaddingConvention PaddingConventionOf(const DsVersion& version, bool bf16_optimizer) {
+  if (bf16_optimizer) return PaddingConvention::kLastRank;
+  return version >= DsVersion{0, 16, 4} ? PaddingConvention::kPerRank : PaddingConvention::kLastRank;
+}
+
+int64_t ZeroGroupLayout::PaddingAs(int rank, PaddingConvention c) const {
+  if (c == PaddingConvention::kLastRank) return rank == dp_ - 1 ? padded_numel_ - numel_ : 0;
+  // The part of [rank * P, (rank + 1) * P) beyond the params.
+  const int64_t p = partition_numel();
+  const int64_t left = static_cast<int64_t>(rank) * p;
+  if (numel_ <= left) return p;
+  if (numel_ < left + p) return left + p - numel_;
+  return 0;
+}
+
+ZeroGroupLayout ZeroGroupLayout::Make(std::vector<int64_t> numels, int dp, PaddingConvention convention) {
   ZeroGroupLayout g;
   g.dp_ = dp < 1 ? 1 : dp;
+  g.convention_ = convention;
   g.numels_ = std::move(numels);
   g.starts_.reserve(g.numels_.size());
   int64_t offset = 0;

@@ -19,6 +19,7 @@
 #ifndef UCP_DEEPSPEED_LAYOUT_MATH_H_
 #define UCP_DEEPSPEED_LAYOUT_MATH_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -26,6 +27,32 @@
 #include "absl/status/statusor.h"
 
 namespace ucp::deepspeed {
+
+// Which dp ranks record the alignment padding in `group_paddings`, and so
+// save their fp32 partition (and elastic states) without it.
+//   kLastRank: DeepSpeed <= 0.16.3 ZeRO 1/2, and BF16_Optimizer in every
+//     version: the last rank records padded_numel - numel (which may exceed
+//     its partition for a tiny group; DeepSpeed then slices group[:negative]).
+//   kPerRank: DeepSpeed >= 0.16.4 ZeRO 1/2 (stage_1_and_2.py, "Record padding
+//     required for alignment"): every rank records the padding inside its own
+//     partition, so a rank whose partition is all padding saves 0 elements.
+enum class PaddingConvention { kLastRank, kPerRank };
+const char* PaddingConventionName(PaddingConvention c);
+
+// A DeepSpeed version string ("0.16.4", "0.19.5+cf443004", "0.14.5.dev0").
+struct DsVersion {
+  int major = 0, minor = 0, patch = 0;
+  bool operator<(const DsVersion& o) const {
+    return major != o.major ? major < o.major : minor != o.minor ? minor < o.minor : patch < o.patch;
+  }
+  bool operator>=(const DsVersion& o) const { return !(*this < o); }
+  bool operator==(const DsVersion& o) const { return major == o.major && minor == o.minor && patch == o.patch; }
+};
+// The leading MAJOR.MINOR[.PATCH] of `s`; an error for anything else.
+absl::StatusOr<DsVersion> ParseDsVersion(const std::string& s);
+// The padding convention DeepSpeed `version` writes for a ZeRO 1/2 optimizer
+// (`bf16_optimizer`: BF16_Optimizer, last rank in every version).
+PaddingConvention PaddingConventionOf(const DsVersion& version, bool bf16_optimizer);
 
 // One param's piece inside one dp rank's flat partition.
 struct ZeroFragment {
@@ -40,7 +67,8 @@ class ZeroGroupLayout {
  public:
   // `numels`: the params of the group in flatten order (param_shapes order).
   // The flat buffer is padded at the end to a multiple of 2 * dp.
-  static ZeroGroupLayout Make(std::vector<int64_t> numels, int dp);
+  static ZeroGroupLayout Make(std::vector<int64_t> numels, int dp,
+                              PaddingConvention convention = PaddingConvention::kLastRank);
 
   int dp() const { return dp_; }
   int64_t numel() const { return numel_; }                // without padding
@@ -49,10 +77,18 @@ class ZeroGroupLayout {
   int64_t param_start(int param_index) const { return starts_[param_index]; }
   int64_t param_numel(int param_index) const { return numels_[param_index]; }
   int num_params() const { return static_cast<int>(numels_.size()); }
-  // groups_padding / group_paddings entry of `rank`: non-zero only on the last.
-  int64_t padding(int rank) const { return rank == dp_ - 1 ? padded_numel_ - numel_ : 0; }
-  // Elements of the rank's partition that hold params (partition minus padding).
-  int64_t lean_partition_numel(int rank) const { return partition_numel() - padding(rank); }
+  PaddingConvention convention() const { return convention_; }
+  // groups_padding / group_paddings entry of `rank` in the layout's convention.
+  int64_t padding(int rank) const { return PaddingAs(rank, convention_); }
+  int64_t PaddingAs(int rank, PaddingConvention c) const;
+  // Elements of the rank's saved fp32 partition: partition minus padding, as
+  // Python's group[:partition - padding] keeps them (a negative stop counts
+  // from the end, never below 0).
+  int64_t lean_partition_numel(int rank) const { return LeanNumel(padding(rank)); }
+  int64_t LeanNumel(int64_t padding) const {
+    const int64_t stop = partition_numel() - padding;
+    return stop >= 0 ? stop : std::max<int64_t>(0, partition_numel() + stop);
+  }
   // Params overlapping [rank * P, (rank + 1) * P), in flatten order, as
   // DeepSpeed's param_slice_mappings lists them. Zero-numel params never
   // appear (DeepSpeed requires fragment_start < fragment_end).
@@ -62,6 +98,7 @@ class ZeroGroupLayout {
 
  private:
   int dp_ = 1;
+  PaddingConvention convention_ = PaddingConvention::kLastRank;
   int64_t numel_ = 0;
   int64_t padded_numel_ = 0;
   std::vector<int64_t> numels_;

@@ -17,7 +17,59 @@ TEST(ZeroGroupLayoutTest, PadsToMultipleOfTwiceDp) {
   EXPECT_EQ(g.padding(0), 0);
   EXPECT_EQ(g.padding(2), 0);
   EXPECT_EQ(g.padding(3), 6);
-  EXPECT_EQ(g.lean_partition_numel(3), -2);  // the last partition is all padding and then some
+  // The last partition is all padding and then some: DeepSpeed saves
+  // group[:4 - 6], i.e. group[:-2], which keeps 2 elements.
+  EXPECT_EQ(g.lean_partition_numel(3), 2);
+  EXPECT_EQ(g.convention(), PaddingConvention::kLastRank);
+}
+
+TEST(ZeroGroupLayoutTest, PerRankPaddingSince0164) {
+  // Same group in DeepSpeed >= 0.16.4: ranks 0, 1 hold [0, 8), rank 2 holds
+  // elements 8, 9 and 2 padding, rank 3 only padding.
+  ZeroGroupLayout g = ZeroGroupLayout::Make({3, 7}, 4, PaddingConvention::kPerRank);
+  EXPECT_EQ(g.padding(0), 0);
+  EXPECT_EQ(g.padding(1), 0);
+  EXPECT_EQ(g.padding(2), 2);
+  EXPECT_EQ(g.padding(3), 4);
+  EXPECT_EQ(g.lean_partition_numel(2), 2);
+  EXPECT_EQ(g.lean_partition_numel(3), 0);
+  EXPECT_EQ(g.PaddingAs(3, PaddingConvention::kLastRank), 6);
+}
+
+TEST(ZeroGroupLayoutTest, PerRankPaddingOfTheFixture) {
+  // deepspeed-0.19.5/gpt-zero1-padding-dp2, group 2 (one element) on dp2:
+  // group_paddings [.., 1] on rank 0 and [.., 2] on rank 1 (0 elements saved).
+  ZeroGroupLayout g = ZeroGroupLayout::Make({1}, 2, PaddingConvention::kPerRank);
+  EXPECT_EQ(g.partition_numel(), 2);
+  EXPECT_EQ(g.padding(0), 1);
+  EXPECT_EQ(g.padding(1), 2);
+  EXPECT_EQ(g.lean_partition_numel(0), 1);
+  EXPECT_EQ(g.lean_partition_numel(1), 0);
+  // Before 0.16.4 only the last rank recorded padding, 3, and saved
+  // group[:-1], i.e. 1 element.
+  EXPECT_EQ(g.PaddingAs(0, PaddingConvention::kLastRank), 0);
+  EXPECT_EQ(g.PaddingAs(1, PaddingConvention::kLastRank), 3);
+  EXPECT_EQ(g.LeanNumel(3), 1);
+  // At dp1 both conventions agree: [0, 0, 1].
+  ZeroGroupLayout one = ZeroGroupLayout::Make({1}, 1, PaddingConvention::kPerRank);
+  EXPECT_EQ(one.padding(0), 1);
+  EXPECT_EQ(one.PaddingAs(0, PaddingConvention::kLastRank), 1);
+}
+
+TEST(DsVersionTest, ParsesAndPicksTheConvention) {
+  auto v = ParseDsVersion("0.19.5");
+  ASSERT_TRUE(v.ok());
+  EXPECT_TRUE((*v == DsVersion{0, 19, 5}));
+  auto dev = ParseDsVersion("0.14.5+cf443004");
+  ASSERT_TRUE(dev.ok());
+  EXPECT_TRUE((*dev == DsVersion{0, 14, 5}));
+  EXPECT_FALSE(ParseDsVersion("ucp").ok());
+  EXPECT_FALSE(ParseDsVersion("").ok());
+  EXPECT_EQ(PaddingConventionOf(DsVersion{0, 16, 3}, false), PaddingConvention::kLastRank);
+  EXPECT_EQ(PaddingConventionOf(DsVersion{0, 16, 4}, false), PaddingConvention::kPerRank);
+  EXPECT_EQ(PaddingConventionOf(DsVersion{0, 19, 5}, false), PaddingConvention::kPerRank);
+  // BF16_Optimizer keeps the last-rank convention.
+  EXPECT_EQ(PaddingConventionOf(DsVersion{0, 19, 5}, true), PaddingConvention::kLastRank);
 }
 
 TEST(ZeroGroupLayoutTest, NoPaddingWhenAligned) {

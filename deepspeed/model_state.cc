@@ -2,6 +2,20 @@
 
 namespace ucp::deepspeed {
 
+std::string SourceDsVersion(const CheckpointState& state) {
+  auto common = state.OptimizerCommon();
+  if (common.ok() && common->value && common->value->is(pickle::Kind::kDict)) {
+    const pickle::Value* v = common->value->DictGet("ds_version");
+    if (v != nullptr && v->is(pickle::Kind::kStr)) return v->str();
+  }
+  FileValue root = state.ModelStatesRoot(0, 0);
+  if (root.value && root.value->is(pickle::Kind::kDict)) {
+    const pickle::Value* v = root.value->DictGet("ds_version");
+    if (v != nullptr && v->is(pickle::Kind::kStr)) return v->str();
+  }
+  return "";
+}
+
 const char* OptimizerKindName(OptimizerKind kind) { return kind == OptimizerKind::kBf16 ? "bf16" : "zero"; }
 
 const char* TensorRoleName(TensorRole role) {

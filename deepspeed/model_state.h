@@ -53,6 +53,10 @@ const char* TensorRoleName(TensorRole role);
 // The state name of the module (lp) weight of a tensor.
 inline constexpr char kLpState[] = "lp";
 inline constexpr char kFp32State[] = "fp32";
+// ParamState::origin of a param of a source that exists at tp=1 only (ZeRO-3,
+// native MoE) that no rule covers: a whole tensor with no known tp split
+// (rules/resolve.h, ResolveOptions::tp1_whole_tensors).
+inline constexpr char kTp1WholeOrigin[] = "tp=1 source: a whole tensor, no tp split known";
 
 struct ParamState {
   std::string name;                 // optimizer / module state name
@@ -105,6 +109,17 @@ struct ModelInfo {
   int64_t original_vocab_size = 0;          // 0 when unknown
   int64_t make_vocab_size_divisible_by = 0; // 0 when unknown
   std::string partition_method;             // recorded pipe partition method, "" if none
+  // Native mixture of experts (readers/moe_state.h): the source's expert
+  // parallel degree (0: not a MoE model), each MoE layer's module prefix and
+  // expert count, and which optimizer groups hold experts. Expert params are
+  // named with global expert ids ("<prefix>.deepspeed_moe.experts.deepspeed_experts.<id>.<suffix>").
+  struct MoeLayer {
+    std::string prefix;
+    int num_experts = 0;
+  };
+  int expert_parallel = 0;
+  std::vector<MoeLayer> moe_layers;
+  std::vector<bool> expert_groups;
   // Assumptions the reader made that the user should see (printed by the CLI).
   std::vector<std::string> notes;
   Topology source_topology;
@@ -176,7 +191,14 @@ class CheckpointState {
   // The path of that mp_rank file, for byte-identical copies ("" when the
   // state has no such file: writers then serialize ModelStatesRoot()).
   virtual std::string ModelStatesPath(int pp, int tp) const = 0;
+  // ZeRO-3 sources: the model-state file of dp rank `dp`
+  // (zero_pp_rank_D_mp_rank_00_model_states.pt); "" for other sources.
+  virtual std::string DpModelStatesPath(int dp) const { return ""; }
 };
+
+// The DeepSpeed version that wrote a source: its optimizer state's
+// `ds_version`, else its model states' (ZeRO-3 keeps it there); "" if none.
+std::string SourceDsVersion(const CheckpointState& state);
 
 class ModelState : public CheckpointState {
  public:

@@ -45,6 +45,24 @@ for fixture in neox-tp2-pp1-dp1 neox-tp2-pp1-dp2 neox-tp1-pp2-dp1 neox-bf16-tp2-
   done
 done
 
+# 1b. DeepSpeed 0.19.5 layouts: ZeRO-3 (sub-groups), native MoE and per-rank
+#     paddings resharded to dp=1, and ZeRO-3 converted, by 2 and 3 ranks.
+V195=$(readlink -f "$FX/../deepspeed-0.19.5")
+for fixture in gpt-zero3-subgroups-dp2 gpt-moe-ep2-zero2-dp2 gpt-zero1-padding-dp2; do
+  src=$V195/$fixture/global_step4
+  one=$W/v0195-$fixture/one
+  "$UCP" reshard --input_folder="$src" --output_folder="$one/z/global_step4" --dp=1 --progress=never >/dev/null
+  for n in 2 3; do
+    many=$W/v0195-$fixture/np$n
+    mpi "$n" reshard --input_folder="$src" --output_folder="$many/z/global_step4" --dp=1 >/dev/null
+    same "$one/z" "$many/z"
+  done
+done
+src=$V195/gpt-zero3-dp2/global_step4
+"$UCP" convert --input_folder="$src" --output_folder="$W/v0195-zero3-convert/one/u" --progress=never >/dev/null
+mpi 2 convert --input_folder="$src" --output_folder="$W/v0195-zero3-convert/np2/u" >/dev/null
+same "$W/v0195-zero3-convert/one/u" "$W/v0195-zero3-convert/np2/u"
+
 # 2. Random conformance models (any tp/pp/dp, every merge kind, ZeRO 1/2,
 #    bf16/fp16, pipelines and plain modules, tied, frozen, buffers).
 "$UCP" fuzz --write_sources="$W/random" --cases=6 --seed=11 >/dev/null

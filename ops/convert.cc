@@ -40,6 +40,18 @@ absl::StatusOr<ConvertResult> Convert(const ConvertOptions& options) {
   UCP_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(options.input_folder, options.state, /*verify_checksums=*/false,
                                                     /*zero_only=*/true, options.cluster));
   const deepspeed::ModelState* state = src.state.get();
+  if (state->info().expert_parallel > 0) {
+    // DeepSpeed's universal loaders partition every param over dp; none
+    // places experts by expert parallel rank (and ds_to_universal.py 0.19.5
+    // fails on these checkpoints).
+    return absl::FailedPreconditionError(absl::StrCat(
+        src.dir, ": DeepSpeed ", deepspeed::SourceDsVersion(*state),
+        " native mixture-of-experts checkpoint (ZeRO stage ", state->info().zero_stage, ", ep=",
+        state->info().expert_parallel, "): no DeepSpeed universal loader places native MoE experts by expert "
+        "parallel rank (every ep rank would read its local expert ids; 0.19.5's EP slicing is for AutoEP's fused "
+        "expert tensors), so ucp does not write one; use `ucp reshard --dp=N [--expert_parallel=E]` to write the ZeRO checkpoint of the "
+        "new job directly"));
+  }
   ConvertResult result;
   // Rules of a --rules file that settle nothing are likely typos.
   if (!options.state.rules.rules_file.empty()) {

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/fs.h"
 #include "ops/convert.h"
+#include "ops/reshard.h"
 #include "readers/zero_checkpoint.h"
 #include "format/torch/mapped_file.h"
 #include "format/torch/torch_file.h"
@@ -112,88 +113,57 @@ TEST(ConvertErrorsTest, MixtureOfExpertsIsRefused) {
   ASSERT_TRUE(WriteFileAtomic(JoinPath(c.source, "layer_02_expert_0_mp_rank_00_model_states.pt"), "x").ok());
   absl::Status s = RunConvert(c);
   EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(s.message().find("mixture-of-experts checkpoints are not supported"), std::string::npos) << s;
-  ExpectNothingWritten(c);
-}
-
-TEST(ConvertErrorsTest, TruncatedTensorFile) {
-  Case c = Prepare("truncated", "neox-tp2-pp1-dp1");
-  const std::string f = JoinPath(c.source, "zero_pp_rank_0_mp_rank_00_optim_states.pt");
-  auto size = FileSize(f);
-  ASSERT_TRUE(size.ok());
-  ASSERT_EQ(truncate(f.c_str(), *size / 2), 0);
-  absl::Status s = RunConvert(c);
-  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
-  EXPECT_EQ(s.message().rfind(f, 0), 0u) << "the message should start with the file: " << s;
-  ExpectNothingWritten(c);
-}
-
-// Layer files are CRC-checked per tensor, when a tensor is read: a damaged
-// lp weight is reported (file, record) the moment anything uses it.
-TEST(ConvertErrorsTest, DamagedLayerRecordIsCaughtWhenRead) {
-  Case c = Prepare("damaged_layer_record", "neox-tp2-pp1-dp1");
-  const std::string f = JoinPath(c.source, "layer_02-model_01-model_states.pt");
-  // Flip one byte in the middle of the record behind 'attention.dense.weight'.
-  {
-    int64_t offset = -1;
-    {
-      torch::OpenOptions lazy;
-      lazy.verify_crc = false;
-      auto file = torch::TorchFile::Open(f, lazy);
-      ASSERT_TRUE(file.ok()) << file.status();
-      const pickle::Value* v = (*file)->root()->DictGet("attention.dense.weight");
-      ASSERT_NE(v, nullptr);
-      auto t = (*file)->GetTensor(*v);
-      ASSERT_TRUE(t.ok()) << t.status();
-      offset = (t->storage()->data() - (*file)->mapped_file()->data()) +
-               static_cast<int64_t>(t->storage()->nbytes() / 2);
-    }
-    const int fd = open(f.c_str(), O_RDWR);
-    ASSERT_GE(fd, 0);
-    uint8_t byte = 0;
-    ASSERT_EQ(pread(fd, &byte, 1, offset), 1);
-    byte ^= 0x40;
-    ASSERT_EQ(pwrite(fd, &byte, 1, offset), 1);
-    close(fd);
-  }
-  auto ckpt = readers::ZeroCheckpoint::Open(c.source);
-  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
-  const readers::ModuleEntry* entry = nullptr;
-  for (const auto& e : (*ckpt)->module_entries()) {
-    if (e.name == "2.attention.dense.weight") entry = &e;
-  }
-  ASSERT_NE(entry, nullptr);
-  EXPECT_TRUE((*ckpt)->ModuleTensor(*entry, 0).ok());
-  auto damaged = (*ckpt)->ModuleTensor(*entry, 1);
-  EXPECT_EQ(damaged.status().code(), absl::StatusCode::kDataLoss) << damaged.status();
-  EXPECT_EQ(damaged.status().message().rfind(f, 0), 0u) << damaged.status();
-  EXPECT_NE(damaged.status().message().find("CRC-32 mismatch"), std::string::npos) << damaged.status();
-}
-
-TEST(ConvertErrorsTest, ExistingOutputIsNotReplaced) {
-  Case c = Prepare("existing_output", "neox-tp2-pp1-dp1");
-  ASSERT_TRUE(MakeDirs(c.output).ok());
-  ASSERT_TRUE(WriteFileAtomic(JoinPath(c.output, "keep"), "x").ok());
-  absl::Status s = RunConvert(c);
-  EXPECT_EQ(s.code(), absl::StatusCode::kAlreadyExists);
-  EXPECT_TRUE(PathExists(JoinPath(c.output, "keep")));
-}
-
-TEST(ConvertErrorsTest, AmbiguousParamsAreListedWithTheRuleThatSettlesThem) {
-  Case c = Prepare("ambiguous", "neox-tp2-pp1-dp1");
-  ConvertOptions o;
-  o.input_folder = c.source;
-  o.output_folder = c.output;
-  o.state.rules.preset = "none";
-  absl::Status s = Convert(o).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
-  // Every partitioned param is listed (34 weights + 2x8 column biases), with a suggestion.
-  EXPECT_NE(s.message().find("cannot tell how to merge the tp slices of 50 param(s)"), std::string::npos) << s;
-  EXPECT_NE(s.message().find("2.attention.dense.weight: tp copies differ"), std::string::npos) << s;
-  EXPECT_NE(s.message().find("rule { pattern: \"2\\\\.attention\\\\.dense\\\\.weight$\" kind: COLUMN }"),
+  // A pipeline checkpoint with an expert file: MoE, but not at tp=pp=1.
+  EXPECT_NE(s.message().find("DeepSpeed 0.14.4 native mixture-of-experts checkpoint with layer_00-model_00"),
             std::string::npos)
       << s;
   ExpectNothingWritten(c);
+}
+
+// The real DeepSpeed 0.19.5 MoE checkpoint: convert refuses it (no
+// DeepSpeed universal loader places native experts), naming the version and
+// the layout and pointing to `ucp reshard`, and writes nothing.
+TEST(ConvertErrorsTest, RealMixtureOfExpertsIsRefusedByVersionAndLayout) {
+  const std::string root = FreshTempDir("moe_0195");
+  ConvertOptions o;
+  o.input_folder = ucp::testing::VersionFixturePath("0.19.5", "gpt-moe-ep2-zero2-dp2/global_step4");
+  o.output_folder = JoinPath(root, "u");
+  absl::Status s = Convert(o).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("DeepSpeed 0.19.5 native mixture-of-experts checkpoint (ZeRO stage 2, ep=2)"),
+            std::string::npos)
+      << s;
+  EXPECT_NE(s.message().find("use `ucp reshard"), std::string::npos) << s;
+  EXPECT_FALSE(PathExists(JoinPath(root, "u")));
+}
+
+// ZeRO-3 universal checkpoints for loaders that cannot read them are
+// refused, naming the version: 0.16.4's stage-3 loader reads one param
+// group (and DeepSpeed 0.16.4's own converter fails on this checkpoint);
+// before 0.15.0 there is none. For 0.19.5 the same checkpoint converts.
+TEST(ConvertErrorsTest, Zero3UniversalOnlyForLoadersThatReadIt) {
+  const std::string root = FreshTempDir("zero3_versions");
+  const std::string src = ucp::testing::VersionFixturePath("0.16.4", "gpt-zero3-dp2/global_step4");
+  ConvertOptions o;
+  o.input_folder = src;
+  o.output_folder = JoinPath(root, "u0164");
+  absl::Status s = Convert(o).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("DeepSpeed 0.16.4's ZeRO stage 3 universal loader reads one param group"),
+            std::string::npos)
+      << s;
+  EXPECT_FALSE(PathExists(o.output_folder));
+  o.write.target_ds_version = "0.14.4";
+  o.output_folder = JoinPath(root, "u0144");
+  s = Convert(o).status();
+  EXPECT_NE(s.message().find("DeepSpeed 0.14.4 has no ZeRO stage 3 universal checkpoint loader"), std::string::npos)
+      << s;
+  EXPECT_FALSE(PathExists(o.output_folder));
+  o.write.target_ds_version = "0.19.5";
+  o.output_folder = JoinPath(root, "u0195");
+  auto ok = Convert(o);
+  EXPECT_TRUE(ok.ok()) << ok.status();
+  EXPECT_TRUE(PathExists(JoinPath(o.output_folder, "zero/optimizer_state.pt")));
 }
 
 }  // namespace

@@ -1,5 +1,8 @@
 #include "ops/export.h"
 
+#include "readers/moe_state.h"
+#include "readers/zero3_state.h"
+
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -301,8 +304,16 @@ absl::StatusOr<ExportResult> Export(const ExportOptions& options) {
   }
   std::unique_ptr<deepspeed::ModelState> state;
   std::vector<std::string> open_notes;
-  if (IsUniversalFolder(options.input_folder)) {
-    UCP_ASSIGN_OR_RETURN(state, OpenModelState(options.input_folder, options.state));
+  if (readers::IsMoeFolder(options.input_folder)) {
+    return absl::UnimplementedError(absl::StrCat(
+        options.input_folder, ": export of a native mixture-of-experts checkpoint is not supported (its expert "
+        "names and files have no tested zero_to_fp32.py counterpart); reshard it with `ucp reshard`"));
+  }
+  if (IsUniversalFolder(options.input_folder) || readers::IsZero3Folder(options.input_folder)) {
+    // ZeRO-3 exists at tp = 1 only: whole tensors, no rules needed.
+    SourceOptions source = options.state;
+    source.tp1_whole_tensors = true;
+    UCP_ASSIGN_OR_RETURN(state, OpenModelState(options.input_folder, source));
   } else {
     // At tp = 1 every merge rule gives the same full tensor (one slice): the
     // checkpoints zero_to_fp32.py handles export without rules (a rule still

@@ -76,7 +76,9 @@ INSTANTIATE_TEST_SUITE_P(
         FixtureCase{"v0164_neox_tp2_pp1_dp1", "../deepspeed-0.16.4/neox-tp2-pp1-dp1", ""},
         FixtureCase{"v0164_neox_bf16_tp2_pp1_dp2", "../deepspeed-0.16.4/neox-bf16-tp2-pp1-dp2", ""},
         FixtureCase{"v0195_neox_tp2_pp1_dp1", "../deepspeed-0.19.5/neox-tp2-pp1-dp1", ""},
-        FixtureCase{"v0195_neox_bf16_tp2_pp1_dp2", "../deepspeed-0.19.5/neox-bf16-tp2-pp1-dp2", ""}),
+        FixtureCase{"v0195_neox_bf16_tp2_pp1_dp2", "../deepspeed-0.19.5/neox-bf16-tp2-pp1-dp2", ""},
+        // Per-rank group_paddings, rank 1 saving a 0-element partition.
+        FixtureCase{"v0195_gpt_zero1_padding_dp2", "../deepspeed-0.19.5/gpt-zero1-padding-dp2", ""}),
     [](const ::testing::TestParamInfo<FixtureCase>& i) { return i.param.name; });
 
 // A universal folder as input: the same tensors as from the ZeRO folder.
@@ -124,6 +126,17 @@ TEST(ExportRefusalTest, RmsNormNeoXHasNoGptNeoXEquivalentAndNothingIsLeft) {
   auto r = ops::Export(o);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("RMSNorm"), std::string::npos) << r.status();
+  EXPECT_FALSE(PathExists(o.output_folder));
+}
+
+TEST(ExportRefusalTest, NativeMoeIsRefusedAndNothingIsLeft) {
+  ops::ExportOptions o;
+  o.input_folder = FixturePath("../deepspeed-0.19.5/gpt-moe-ep2-zero2-dp2/global_step4");
+  o.output_folder = JoinPath(FreshTempDir("export_moe"), "out");
+  auto r = ops::Export(o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(r.status().message().find("native mixture-of-experts"), std::string::npos) << r.status();
   EXPECT_FALSE(PathExists(o.output_folder));
 }
 

@@ -9,6 +9,8 @@
 #include "deepspeed/manifest.h"
 #include "readers/universal_checkpoint.h"
 #include "readers/universal_state.h"
+#include "readers/moe_state.h"
+#include "readers/zero3_state.h"
 
 namespace ucp::ops {
 
@@ -24,6 +26,7 @@ rules::ResolveOptions SourceOptions::resolve() const {
   o.rules = rules;
   o.replicated_mismatch = replicated_mismatch;
   o.num_threads = num_threads;
+  o.tp1_whole_tensors = tp1_whole_tensors;
   return o;
 }
 
@@ -35,6 +38,12 @@ bool IsUniversalFolder(const std::string& path) {
 
 absl::StatusOr<std::unique_ptr<rules::ResolvedState>> OpenZeroState(const std::string& path,
                                                                     const SourceOptions& options) {
+  if (readers::IsZero3Folder(path)) {
+    UCP_ASSIGN_OR_RETURN(std::unique_ptr<readers::Zero3State> z3, readers::Zero3State::Open(path));
+    rules::ResolveOptions resolve = options.resolve();
+    resolve.tp1_whole_tensors = true;
+    return rules::ResolveRules(std::move(z3), resolve);
+  }
   UCP_ASSIGN_OR_RETURN(std::unique_ptr<readers::ZeroCheckpoint> ckpt, readers::ZeroCheckpoint::Open(path));
   UCP_ASSIGN_OR_RETURN(std::unique_ptr<readers::ZeroSlicedState> sliced,
                        readers::ZeroSlicedState::Make(std::move(ckpt), options.read()));
@@ -153,6 +162,42 @@ absl::StatusOr<std::pair<OpenedSource, JobDescription>> OpenAndDescribe(const st
     }
     return std::make_pair(std::move(out), std::move(d));
   }
+  if (readers::IsMoeFolder(path)) {
+    // Native mixture of experts: tp = pp = 1, experts under global ids.
+    UCP_ASSIGN_OR_RETURN(std::unique_ptr<readers::MoeState> moe, readers::MoeState::Open(path));
+    out.dir = moe->dir();
+    rules::ResolveOptions resolve = options.resolve();
+    resolve.tp1_whole_tensors = true;
+    UCP_ASSIGN_OR_RETURN(std::unique_ptr<rules::ResolvedState> state, rules::ResolveRules(std::move(moe), resolve));
+    out.kind = "moe";
+    out.effective_rules = state->resolver().EffectiveRules();
+    out.preset = state->resolver().preset();
+    out.preset_detected = state->resolver().preset_detected();
+    out.state = std::move(state);
+    JobDescription d;
+    if (describe) {
+      UCP_ASSIGN_OR_RETURN(d, Describe(out, nullptr, nullptr, nullptr, false));
+    }
+    return std::make_pair(std::move(out), std::move(d));
+  }
+  if (readers::IsZero3Folder(path)) {
+    // ZeRO stage 3: tp = pp = 1, nothing to merge.
+    UCP_ASSIGN_OR_RETURN(std::unique_ptr<readers::Zero3State> z3, readers::Zero3State::Open(path));
+    out.dir = z3->dir();
+    rules::ResolveOptions resolve = options.resolve();
+    resolve.tp1_whole_tensors = true;
+    UCP_ASSIGN_OR_RETURN(std::unique_ptr<rules::ResolvedState> state, rules::ResolveRules(std::move(z3), resolve));
+    out.kind = "zero3";
+    out.effective_rules = state->resolver().EffectiveRules();
+    out.preset = state->resolver().preset();
+    out.preset_detected = state->resolver().preset_detected();
+    out.state = std::move(state);
+    JobDescription d;
+    if (describe) {
+      UCP_ASSIGN_OR_RETURN(d, Describe(out, nullptr, nullptr, nullptr, false));
+    }
+    return std::make_pair(std::move(out), std::move(d));
+  }
   UCP_ASSIGN_OR_RETURN(std::unique_ptr<readers::ZeroCheckpoint> ckpt, readers::ZeroCheckpoint::Open(path));
   std::shared_ptr<const readers::ZeroCheckpoint> shared(std::move(ckpt));
   UCP_ASSIGN_OR_RETURN(std::unique_ptr<readers::ZeroSlicedState> sliced,
@@ -196,6 +241,16 @@ absl::StatusOr<OpenedSource> OpenFromDescription(const std::string& path, const 
     } else {
       out.state = std::move(reader);
     }
+    return out;
+  }
+  if (d.source_kind() == "moe") {
+    UCP_ASSIGN_OR_RETURN(std::unique_ptr<readers::MoeState> moe, readers::MoeState::Open(path));
+    UCP_ASSIGN_OR_RETURN(out.state, rules::ResolveRules(std::move(moe), options.resolve(), &decided));
+    return out;
+  }
+  if (d.source_kind() == "zero3") {
+    UCP_ASSIGN_OR_RETURN(std::unique_ptr<readers::Zero3State> z3, readers::Zero3State::Open(path));
+    UCP_ASSIGN_OR_RETURN(out.state, rules::ResolveRules(std::move(z3), options.resolve(), &decided));
     return out;
   }
   std::vector<readers::ModuleEntry> entries;

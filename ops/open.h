@@ -34,6 +34,9 @@ struct SourceOptions {
   int64_t make_vocab_size_divisible_by = 0;  // 0 = from the checkpoint's args
   // Pipeline layers that use each tied module (readers::ZeroReadOptions).
   std::map<std::string, std::vector<int>> tied_layers;
+  // A tp=1 source's params no rule covers are whole tensors (e.g. for a
+  // reshard to tp=1, which splits nothing): rules::ResolveOptions.
+  bool tp1_whole_tensors = false;
 
   readers::ZeroReadOptions read() const;
   rules::ResolveOptions resolve() const;

@@ -6,7 +6,10 @@
 namespace ucp::ops {
 
 absl::StatusOr<ReshardResult> Reshard(const ReshardOptions& options) {
-  UCP_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(options.input_folder, options.zero_source, options.verify_checksums,
+  // A reshard to tp=1 splits nothing: a tp=1 source needs no merge rules.
+  SourceOptions source = options.zero_source;
+  if (options.write.target.tp == 1) source.tp1_whole_tensors = true;
+  UCP_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(options.input_folder, source, options.verify_checksums,
                                                     /*zero_only=*/false, options.cluster));
   const deepspeed::ModelState* state = src.state.get();
   ReshardResult result;

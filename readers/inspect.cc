@@ -1,8 +1,12 @@
 #include "readers/inspect.h"
 
+#include "readers/moe_state.h"
+#include "readers/zero3_state.h"
+
 #include <algorithm>
 #include <functional>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -188,6 +192,57 @@ absl::StatusOr<InspectReport> InspectUniversal(const std::string& path) {
   return report;
 }
 
+// ZeRO-3 and native MoE folders: from their SlicedState (tp = pp = 1).
+absl::StatusOr<InspectReport> InspectSliced(const deepspeed::SlicedState& st, const std::string& kind,
+                                            const std::string& ds_version) {
+  const deepspeed::ModelInfo& info = st.info();
+  InspectReport report;
+  report.set_path(st.dir());
+  report.set_kind(kind);
+  report.set_tag(Basename(st.dir()));
+  *report.mutable_topology() = info.source_topology.ToProto();
+  report.set_zero_stage(info.zero_stage);
+  report.set_optimizer_layout(deepspeed::OptimizerKindName(info.optimizer_kind));
+  report.set_lp_dtype(std::string(torch::DTypeName(info.lp_dtype)));
+  report.set_pipeline(false);
+  report.set_ds_version(ds_version);
+  for (const std::string& f : st.InputFiles()) report.add_file(Basename(f));
+  std::vector<int64_t> numel(info.num_groups, 0);
+  std::vector<int> count(info.num_groups, 0);
+  for (const auto& p : info.params) {
+    InspectReport::Param* ip = report.add_param();
+    ip->set_name(p.name);
+    for (int64_t d : p.tp_shapes[0]) ip->add_shape(d);
+    ip->set_dtype(p.trainable() ? "float32" : std::string(torch::DTypeName(p.lp_dtype)));
+    ip->set_group(p.trainable() ? p.group : -1);
+    ip->set_frozen(p.role == deepspeed::TensorRole::kFrozen);
+    ip->set_layer(-1);
+    if (p.trainable() && p.group >= 0 && p.group < info.num_groups) {
+      int64_t n = 1;
+      for (int64_t d : p.tp_shapes[0]) n *= d;
+      numel[p.group] += n;
+      ++count[p.group];
+    }
+    for (const deepspeed::InputRange& r : st.Inputs(p)) {
+      if (p.trainable() && !absl::StartsWith(r.tensor, "fp32_flat_groups") &&
+          !absl::StartsWith(r.tensor, "single_partition_of_fp32_groups")) {
+        continue;  // the optimizer states sit beside the masters
+      }
+      InspectReport::Fragment* f = ip->add_fragment();
+      f->set_file(Basename(r.path));
+      f->set_offset(r.length >= 0 ? r.offset / 4 : 0);
+      f->set_numel(r.length >= 0 ? r.length / 4 : 0);
+    }
+  }
+  for (int g = 0; g < info.num_groups; ++g) {
+    InspectReport::ParamGroup* pg = report.add_group();
+    pg->set_index(g);
+    pg->set_numel(numel[g]);
+    pg->set_num_params(count[g]);
+  }
+  return report;
+}
+
 }  // namespace
 
 absl::StatusOr<InspectReport> Inspect(const std::string& path) {
@@ -196,6 +251,14 @@ absl::StatusOr<InspectReport> Inspect(const std::string& path) {
   if (IsDirectory(JoinPath(path, deepspeed::kUniversalZeroDir)) ||
       (PathExists(JoinPath(path, deepspeed::kLatestUniversalFile)) && !PathExists(JoinPath(path, deepspeed::kLatestFile)))) {
     return InspectUniversal(path);
+  }
+  if (IsZero3Folder(path)) {
+    UCP_ASSIGN_OR_RETURN(auto z3, Zero3State::Open(path));
+    return InspectSliced(*z3, "zero3", z3->ds_version());
+  }
+  if (IsMoeFolder(path)) {
+    UCP_ASSIGN_OR_RETURN(auto moe, MoeState::Open(path));
+    return InspectSliced(*moe, "moe", deepspeed::SourceDsVersion(*moe));
   }
   return InspectZero(path);
 }
@@ -213,12 +276,20 @@ std::string FormatReport(const InspectReport& r) {
   if (r.kind() == "zero") {
     absl::StrAppendFormat(&out, " (ZeRO stage %d, %s optimizer layout)", r.zero_stage(),
                           r.optimizer_layout() == "bf16" ? "BF16_Optimizer" : "DeepSpeedZeroOptimizer");
+  } else if (r.kind() == "zero3") {
+    absl::StrAppend(&out, " (ZeRO stage 3: every param partitioned over dp, fp32_flat_groups per sub-group)");
+  } else if (r.kind() == "moe") {
+    absl::StrAppendFormat(&out, " (native mixture of experts, ZeRO stage %d; experts under global ids)", r.zero_stage());
   }
   absl::StrAppendFormat(&out, "\n  tag: %s\n  topology: tp=%d pp=%d dp=%d\n  pipeline: %s\n  lp dtype: %s\n",
                         r.tag(), r.topology().tp(), r.topology().pp(), r.topology().dp(),
                         r.pipeline() ? "PipelineModule (layer files)" : "plain module", r.lp_dtype());
   if (!r.ds_version().empty()) absl::StrAppend(&out, "  ds_version: ", r.ds_version(), "\n");
   for (const auto& g : r.group()) {
+    if (r.kind() == "zero3" || r.kind() == "moe") {
+      absl::StrAppendFormat(&out, "  group %d: %d params, %d elements\n", g.index(), g.num_params(), g.numel());
+      continue;
+    }
     absl::StrAppendFormat(&out, "  group %d: %d params, %d elements per tp rank, partitions of %d, padding [%s]\n",
                           g.index(), g.num_params(), g.numel(), g.partition_numel(), absl::StrJoin(g.padding(), ", "));
   }
@@ -232,7 +303,7 @@ std::string FormatReport(const InspectReport& r) {
     }
     absl::StrAppend(&out, "\n");
     for (const auto& f : p.fragment()) {
-      if (r.kind() == "zero" && p.group() >= 0) {
+      if ((r.kind() == "zero" || r.kind() == "zero3" || r.kind() == "moe") && p.group() >= 0) {
         absl::StrAppendFormat(&out, "      %s [%d, +%d)\n", f.file(), f.offset(), f.numel());
       } else {
         absl::StrAppendFormat(&out, "      %s\n", f.file());

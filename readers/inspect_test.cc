@@ -74,5 +74,34 @@ TEST(InspectTest, UniversalFolderAndSingleFile) {
   EXPECT_EQ(Inspect("/nonexistent").status().code(), absl::StatusCode::kNotFound);
 }
 
+// ZeRO-3 and native MoE folders of DeepSpeed 0.19.5.
+TEST(InspectTest, Zero3AndMoeFolders) {
+  auto z3 = Inspect(ucp::testing::VersionFixturePath("0.19.5", "gpt-zero3-subgroups-dp2"));
+  ASSERT_TRUE(z3.ok()) << z3.status();
+  EXPECT_EQ(z3->kind(), "zero3");
+  EXPECT_EQ(z3->tag(), "global_step4");
+  EXPECT_EQ(z3->zero_stage(), 3);
+  EXPECT_EQ(z3->topology().dp(), 2);
+  EXPECT_EQ(z3->ds_version(), "0.19.5");
+  EXPECT_EQ(z3->param_size(), 53);
+  ASSERT_EQ(z3->group_size(), 2);
+  EXPECT_EQ(z3->group(0).num_params() + z3->group(1).num_params(), 53);
+  // wte.weight (96 x 64): 3072 elements on each dp rank, sub-group 0.
+  ASSERT_EQ(z3->param(0).name(), "wte.weight");
+  ASSERT_EQ(z3->param(0).fragment_size(), 2);
+  EXPECT_EQ(z3->param(0).fragment(1).file(), "zero_pp_rank_1_mp_rank_00_optim_states.pt");
+  EXPECT_EQ(z3->param(0).fragment(1).numel(), 3072);
+  EXPECT_NE(FormatReport(*z3).find("ZeRO stage 3"), std::string::npos);
+  auto moe = Inspect(ucp::testing::VersionFixturePath("0.19.5", "gpt-moe-ep2-zero2-dp2/global_step4"));
+  ASSERT_TRUE(moe.ok()) << moe.status();
+  EXPECT_EQ(moe->kind(), "moe");
+  EXPECT_EQ(moe->zero_stage(), 2);
+  ASSERT_EQ(moe->group_size(), 4);
+  EXPECT_EQ(moe->group(2).num_params(), 16);  // 2 layers x 4 experts x (fc, proj) weights
+  int experts = 0;
+  for (const auto& p : moe->param()) experts += p.name().find(".deepspeed_experts.3.") != std::string::npos;
+  EXPECT_EQ(experts, 8);  // global expert 3, held by ep rank 1 as its local expert 1
+}
+
 }  // namespace
 }  // namespace ucp::readers

@@ -95,6 +95,21 @@ absl::Status ModelStatesFiles::Load(int layer_files_tp) {
     if (parsed && parsed->type == deepspeed::CheckpointFileName::Type::kMpRank) mp_ranks.insert(parsed->mp_rank);
   }
   if (mp_ranks.empty()) {
+    for (const auto& n : names) {
+      auto parsed = deepspeed::ParseCheckpointFileName(n);
+      if (!parsed || parsed->type != deepspeed::CheckpointFileName::Type::kZero3Model) continue;
+      // DeepSpeed's ZeRO-3 universal layout (ds_to_universal.py copies the
+      // zero_pp_rank_* model states beside zero/).
+      std::string version = "(no ds_version)";
+      if (auto f = torch::TorchFile::Open(JoinPath(dir_, n)); f.ok()) {
+        const Value* v = (*f)->root()->is(Kind::kDict) ? (*f)->root()->DictGet("ds_version") : nullptr;
+        if (v != nullptr && v->is(Kind::kStr)) version = v->str();
+      }
+      return absl::UnimplementedError(absl::StrCat(
+          dir_, ": a DeepSpeed ", version, " ZeRO stage 3 universal checkpoint (", n,
+          " beside zero/): ucp does not read the stage-3 universal layout; reshard the ZeRO-3 checkpoint it was "
+          "converted from (`ucp reshard --input_folder=<its global_stepN> --dp=N`)"));
+    }
     return absl::InvalidArgumentError(absl::StrCat(
         dir_, ": unrecognized checkpoint layout: expected mp_rank_XX_model_states.pt files, found ",
         names.empty() ? "an empty folder" : absl::StrCat(names.size(), " other entries, e.g. '", names.front(), "'")));
@@ -171,6 +186,36 @@ absl::Status ModelStatesFiles::Load(int layer_files_tp) {
         tp = files_tp;
       }
     }
+    // DeepSpeed >= 0.19.5 records the degrees (checkpoint_parallel_dimensions
+    // = {pp_degree, tp_degree}) in every model-state file: they decide.
+    for (int r = 0; r < mp; ++r) {
+      const Value& root = *files_[r]->root();
+      const Value* dims = root.is(Kind::kDict) ? root.DictGet("checkpoint_parallel_dimensions") : nullptr;
+      if (dims == nullptr || dims->is_none()) {
+        if (r > 0 && recorded_tp_ > 0) {
+          return FileError(files_[r]->path(), absl::StatusCode::kInvalidArgument,
+                           absl::StrCat("has no checkpoint_parallel_dimensions, which ", deepspeed::MpRankFileName(0),
+                                        " records"));
+        }
+        continue;
+      }
+      const Value* tpv = dims->is(Kind::kDict) ? dims->DictGet("tp_degree") : nullptr;
+      const Value* ppv = dims->is(Kind::kDict) ? dims->DictGet("pp_degree") : nullptr;
+      if (tpv == nullptr || ppv == nullptr || !tpv->is(Kind::kInt) || !ppv->is(Kind::kInt) || tpv->int_value() < 1 ||
+          ppv->int_value() < 1 || tpv->int_value() * ppv->int_value() != mp) {
+        return FileError(files_[r]->path(), absl::StatusCode::kInvalidArgument,
+                         absl::StrCat("checkpoint_parallel_dimensions is ", dims->DebugString(80),
+                                      ", expected {pp_degree, tp_degree} whose product is mp_world_size ", mp));
+      }
+      if (r == 0) {
+        recorded_tp_ = static_cast<int>(tpv->int_value());
+      } else if (recorded_tp_ != tpv->int_value()) {
+        return FileError(files_[r]->path(), absl::StatusCode::kInvalidArgument,
+                         absl::StrCat("checkpoint_parallel_dimensions tp_degree ", tpv->int_value(), " differs from ",
+                                      recorded_tp_, " in ", deepspeed::MpRankFileName(0)));
+      }
+    }
+    if (recorded_tp_ > 0) tp = recorded_tp_;
     if (mp % tp != 0) {
       return absl::InvalidArgumentError(absl::StrCat(dir_, ": ", mp, " mp ranks do not split into stages of tp=", tp));
     }

@@ -53,6 +53,8 @@ class ModelStatesFiles {
   const std::string& dir() const { return dir_; }
   // tp and pp; dp is the files' dp_world_size.
   const deepspeed::Topology& topology() const { return topo_; }
+  // checkpoint_parallel_dimensions.tp_degree (DeepSpeed >= 0.19.5), 0 when absent.
+  int recorded_tp() const { return recorded_tp_; }
   bool pipeline() const { return pipeline_; }
   int num_groups() const { return num_groups_; }
   const torch::TorchFile& file(int pp, int tp) const { return *files_[pp * topo_.tp + tp]; }
@@ -86,6 +88,7 @@ class ModelStatesFiles {
   deepspeed::Topology topo_;
   bool pipeline_ = true;
   int num_groups_ = 0;
+  int recorded_tp_ = 0;  // checkpoint_parallel_dimensions.tp_degree, 0 when not recorded
   std::vector<std::unique_ptr<torch::TorchFile>> files_;  // by mp rank
   std::vector<std::vector<GroupShapes>> shapes_;          // [mp][group]
   std::vector<std::vector<std::vector<std::string>>> stage_groups_;

@@ -137,16 +137,24 @@ absl::Status ZeroCheckpoint::Load(const std::vector<ModuleEntry>* module_entries
     }
   }
   if (!zero3.empty()) {
-    return absl::UnimplementedError(absl::StrCat(dir_, ": ZeRO stage 3 checkpoints are not supported (found ",
-                                                 zero3.front(), ")"));
+    // readers/zero3_state.h reads these (ops/open.cc picks it).
+    return absl::InvalidArgumentError(absl::StrCat(dir_, ": a ZeRO stage 3 checkpoint (found ", zero3.front(),
+                                                   "): open it with readers::Zero3State"));
   }
   // Mixture-of-experts checkpoints keep experts in files of their own
   // (engine.py _get_expert_ckpt_name / _get_optimizer_ckpt_name with
   // expp_rank); converting the rest alone would silently drop them.
   for (const auto& n : names) {
     if (absl::StrContains(n, "_expert_") || absl::StartsWith(n, "expp_rank_")) {
-      return absl::UnimplementedError(
-          absl::StrCat(dir_, ": mixture-of-experts checkpoints are not supported (found ", n, ")"));
+      std::string version = "unknown";
+      if (auto f = torch::TorchFile::Open(JoinPath(dir_, deepspeed::MpRankFileName(0))); f.ok()) {
+        const Value* v = (*f)->root()->is(Kind::kDict) ? (*f)->root()->DictGet("ds_version") : nullptr;
+        if (v != nullptr && v->is(Kind::kStr)) version = v->str();
+      }
+      // readers/moe_state.h reads these (ops/open.cc picks it).
+      return absl::InvalidArgumentError(absl::StrCat(
+          dir_, ": DeepSpeed ", version, " native mixture-of-experts checkpoint (found ", n,
+          "; experts in layer_L_expert_E files): open it with readers::MoeState (`ucp reshard`)"));
     }
   }
   if (mp_ranks.empty()) {
@@ -236,7 +244,32 @@ absl::Status ZeroCheckpoint::Load(const std::vector<ModuleEntry>* module_entries
     if (st->is(Kind::kInt)) zero_stage_ = static_cast<int>(st->int_value());
   }
   if (zero_stage_ == 3) {
-    return FileError(first.path, absl::StatusCode::kUnimplemented, "ZeRO stage 3 is not supported");
+    return FileError(first.path, absl::StatusCode::kUnimplemented,
+                     "records ZeRO stage 3 but has the stage 1/2 layout (mp_rank_XX_model_states.pt): not a layout "
+                     "any DeepSpeed version writes");
+  }
+  // ds_version: the optimizer state's, the file's, or mp_rank_00's.
+  for (const Value* v : {first.optimizer_state_dict->DictGet("ds_version"), first.file->root()->DictGet("ds_version"),
+                         ms_->file(0, 0).root()->DictGet("ds_version")}) {
+    if (v != nullptr && v->is(Kind::kStr)) {
+      ds_version_ = v->str();
+      break;
+    }
+  }
+  {
+    auto version = deepspeed::ParseDsVersion(ds_version_);
+    convention_ = deepspeed::PaddingConventionOf(version.ok() ? *version : deepspeed::DsVersion{0, 14, 4},
+                                                 kind_ == deepspeed::OptimizerKind::kBf16);
+    if (first.convention_decided) convention_ = first.convention;
+    for (auto& per_tp : layouts_) {
+      for (auto& per_group : per_tp) {
+        for (auto& layout : per_group) {
+          std::vector<int64_t> numels;
+          for (int i = 0; i < layout.num_params(); ++i) numels.push_back(layout.param_numel(i));
+          layout = deepspeed::ZeroGroupLayout::Make(std::move(numels), topo_.dp, convention_);
+        }
+      }
+    }
   }
   // The per-element state keys, the same in every file (CheckLikeFirst).
   if (!first.groups.empty()) {
@@ -451,16 +484,25 @@ absl::StatusOr<std::unique_ptr<OptimFile>> ZeroCheckpoint::ParseOptim(int pp, in
   for (int g = 0; g < num_groups_; ++g) {
     const deepspeed::ZeroGroupLayout& layout = layouts_[pp][tp][g];
     const int64_t p = layout.partition_numel();
-    // DeepSpeed saves group[:p - padding]: when a group is smaller than the
-    // last rank's alignment padding that stop is negative, and Python's
-    // slicing keeps max(0, p + stop) elements (writers/zero_writer.cc does too).
-    int64_t lean = p - layout.padding(dp);
-    if (lean < 0) lean = std::max<int64_t>(0, p + lean);
-    if (paddings[g] != layout.padding(dp)) {
-      return err(absl::StrCat("group_paddings[", g, "] is ", paddings[g], ", expected ", layout.padding(dp),
-                              " (", layout.numel(), " elements padded to ", layout.padded_numel(), " over dp=",
-                              topo_.dp, ")"));
+    // DeepSpeed saves group[:p - padding]. Which ranks record padding
+    // changed in 0.16.4 (layout_math.h, PaddingConvention): the file says
+    // which it follows, whatever its ds_version.
+    const int64_t last_rank = layout.PaddingAs(dp, deepspeed::PaddingConvention::kLastRank);
+    const int64_t per_rank = layout.PaddingAs(dp, deepspeed::PaddingConvention::kPerRank);
+    if (paddings[g] != last_rank && paddings[g] != per_rank) {
+      return err(absl::StrCat("group_paddings[", g, "] is ", paddings[g], ", expected ",
+                              last_rank == per_rank ? absl::StrCat(per_rank)
+                                                    : absl::StrCat(last_rank, " (last-rank padding, DeepSpeed <= 0.16.3) or ",
+                                                                   per_rank, " (per-rank padding, DeepSpeed >= 0.16.4)"),
+                              " for dp rank ", dp, " (", layout.numel(), " elements padded to ", layout.padded_numel(),
+                              " over dp=", topo_.dp, ")"));
     }
+    if (last_rank != per_rank) {
+      out->convention = paddings[g] == per_rank ? deepspeed::PaddingConvention::kPerRank
+                                                : deepspeed::PaddingConvention::kLastRank;
+      out->convention_decided = true;
+    }
+    const int64_t lean = layout.LeanNumel(paddings[g]);
     OptimFile::Group group;
     group.padding = paddings[g];
     if (!torch::TorchFile::IsTensor(*(*fp32s)[g])) {
@@ -471,7 +513,7 @@ absl::StatusOr<std::unique_ptr<OptimFile>> ZeroCheckpoint::ParseOptim(int pp, in
     if (group.fp32.dim() != 1 || (group.fp32.numel() != lean && group.fp32.numel() != p)) {
       return err(absl::StrCat("single_partition_of_fp32_groups[", g, "] has shape ",
                               ShapeStr(group.fp32.sizes()), ", expected [", lean, "] (partition of ", p,
-                              " minus padding ", layout.padding(dp), ")"));
+                              " minus padding ", paddings[g], ")"));
     }
     const Value* gs = group_states[g];
     if (gs == nullptr || !gs->is(Kind::kDict)) {
@@ -482,7 +524,9 @@ absl::StatusOr<std::unique_ptr<OptimFile>> ZeroCheckpoint::ParseOptim(int pp, in
       if (torch::TorchFile::IsTensor(*v)) {
         UCP_ASSIGN_OR_RETURN(torch::Tensor t, out->file->GetTensor(*v));
         UCP_RETURN_IF_ERROR(CheckDense(t, path, absl::StrCat("optimizer state '", k->str(), "' of group ", g)));
-        if (t.dim() == 0 || (t.numel() == 1 && p != 1)) {
+        // Scalars (Adam's `step`) are 0-dim tensors; a 1-element tensor is
+        // a per-element state when the partition (or its lean part) has 1.
+        if (t.dim() == 0 || (t.numel() == 1 && p != 1 && lean != 1)) {
           group.scalars.emplace_back(k->str(), v);
           continue;
         }

@@ -70,6 +70,10 @@ struct OptimFile {
   std::unique_ptr<torch::TorchFile> file;
   std::vector<Group> groups;
   const pickle::Value* optimizer_state_dict = nullptr;  // inside file->root()
+  // The padding convention its group_paddings follow, when they tell the two
+  // apart (a group whose padding is not all in the last partition).
+  deepspeed::PaddingConvention convention = deepspeed::PaddingConvention::kLastRank;
+  bool convention_decided = false;
 
   // The flat partitions (fp32 masters, optimizer states) are CRC-checked
   // when first used, each once: a command reads only the bytes it needs and
@@ -100,6 +104,11 @@ class ZeroCheckpoint {
   bool pipeline() const { return pipeline_; }
   int num_groups() const { return num_groups_; }
   torch::DType lp_dtype() const { return lp_dtype_; }
+  // The `ds_version` the files record ("" when none does), and the padding
+  // convention of group_paddings: what zero_pp_rank_0's paddings show when
+  // they tell, else what that version writes.
+  const std::string& ds_version() const { return ds_version_; }
+  deepspeed::PaddingConvention padding_convention() const { return convention_; }
 
   // Trainable params, in the order: stage 0's groups in flatten order, then
   // the params first seen in stage 1, ...
@@ -177,6 +186,8 @@ class ZeroCheckpoint {
   bool bf16_prefix_ = false;
   bool pipeline_ = true;
   int num_groups_ = 0;
+  std::string ds_version_;
+  deepspeed::PaddingConvention convention_ = deepspeed::PaddingConvention::kLastRank;
   torch::DType lp_dtype_ = torch::DType::kFloat32;
   std::vector<std::string> files_;
   std::unique_ptr<ModelStatesFiles> ms_;

@@ -101,6 +101,7 @@ absl::Status ResolvedState::Resolve(const ResolveOptions& options) {
     const bool replicated = decisions[i].rule && (decisions[i].rule->kind() == REPLICATED);
     const bool multi_stage = info_.params[i].trainable() && info_.params[i].stages.size() > 1;
     needs_data[i] = !decisions[i].rule || (replicated && tp_degree > 1) || multi_stage;
+    if (options.tp1_whole_tensors && tp_degree == 1 && !multi_stage) needs_data[i] = false;
   }
 
   // Evidence, in parallel over the params that need it.
@@ -160,6 +161,14 @@ absl::Status ResolvedState::Resolve(const ResolveOptions& options) {
     const Evidence& ev = evidence[i];
     if (!ev.stages_equal) {
       tied_mismatch.push_back(absl::StrCat("'", p.name, "' differs between pipeline stages in ", ev.stage_diff_state));
+    }
+    if (!d.rule && options.tp1_whole_tensors && tp_degree == 1) {
+      MergeRule rule;
+      rule.set_pattern(p.name);
+      rule.set_kind(REPLICATED);
+      d.rule = rule;
+      d.source = EVIDENCE;
+      d.origin = deepspeed::kTp1WholeOrigin;
     }
     if (!d.rule) {
       d = resolver_.DecideWithoutRules(p.name, tp_degree > 1 ? std::optional<bool>(ev.tp_equal) : std::nullopt);
@@ -294,6 +303,7 @@ class ReinterpretedState : public deepspeed::ModelState {
   absl::StatusOr<deepspeed::FileValue> OptimizerCommon() const override { return base_->OptimizerCommon(); }
   deepspeed::FileValue ModelStatesRoot(int pp, int tp) const override { return base_->ModelStatesRoot(pp, tp); }
   std::string ModelStatesPath(int pp, int tp) const override { return base_->ModelStatesPath(pp, tp); }
+  std::string DpModelStatesPath(int dp) const override { return base_->DpModelStatesPath(dp); }
 
  private:
   std::unique_ptr<deepspeed::ModelState> base_;

@@ -43,7 +43,13 @@ struct ResolveOptions {
   RuleResolver::Options rules;
   ReplicatedMismatch replicated_mismatch = ReplicatedMismatch::kError;
   int num_threads = 0;  // evidence is gathered in parallel; 0 = all cores
+  // Sources that only exist at tp=1 (ZeRO-3, native MoE): a param no rule
+  // covers is a whole tensor with no known tp split (deepspeed::kTp1WholeOrigin), not an
+  // error; no data is read to decide it. Writers refuse to split such a
+  // param over tp > 1.
+  bool tp1_whole_tensors = false;
 };
+
 
 // A SlicedState with every param's rule decided.
 class ResolvedState : public deepspeed::ModelState {
@@ -64,6 +70,7 @@ class ResolvedState : public deepspeed::ModelState {
   absl::StatusOr<deepspeed::FileValue> OptimizerCommon() const override { return source_->OptimizerCommon(); }
   deepspeed::FileValue ModelStatesRoot(int pp, int tp) const override { return source_->ModelStatesRoot(pp, tp); }
   std::string ModelStatesPath(int pp, int tp) const override { return source_->ModelStatesPath(pp, tp); }
+  std::string DpModelStatesPath(int dp) const override { return source_->DpModelStatesPath(dp); }
 
   const deepspeed::SlicedState& source() const { return *source_; }
   const RuleResolver& resolver() const { return resolver_; }

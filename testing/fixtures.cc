@@ -17,8 +17,10 @@ std::string RunfilesRoot() {
 
 }  // namespace
 
-std::string FixturePath(const std::string& rel) {
-  const std::string suffix = JoinPath("fixtures/deepspeed-0.14.4", rel);
+std::string FixturePath(const std::string& rel) { return VersionFixturePath("0.14.4", rel); }
+
+std::string VersionFixturePath(const std::string& version, const std::string& rel) {
+  const std::string suffix = JoinPath(absl::StrCat("fixtures/deepspeed-", version), rel);
   for (const std::string& base : {JoinPath(RunfilesRoot(), "shared"), JoinPath(RunfilesRoot(), "ucp/external/shared"),
                                   std::string("external/shared"), std::string("../shared")}) {
     const std::string p = JoinPath(base, suffix);

@@ -12,6 +12,8 @@ namespace ucp::testing {
 
 // `rel` under fixtures/deepspeed-0.14.4/, e.g. "neox-tp2-pp1-dp1/global_step4".
 std::string FixturePath(const std::string& rel);
+// `rel` under fixtures/deepspeed-<version>/ (e.g. "0.19.5", "gpt-zero3-dp2/global_step4").
+std::string VersionFixturePath(const std::string& version, const std::string& rel);
 // A new empty folder under TEST_TMPDIR named after `name`.
 std::string FreshTempDir(const std::string& name);
 // Runs a shell command; returns its stdout, or an error with its stderr.

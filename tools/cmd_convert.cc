@@ -32,6 +32,9 @@ int RunConvert(int argc, char** argv) {
   std::string progress_flag = "auto";
   RegisterProgressFlag(f, &progress_flag);
   f.Int32("num_threads", &threads, "threads converting params in parallel (0 = all cores)");
+  f.String("target_ds_version", &o.write.target_ds_version,
+           "the DeepSpeed version that will load the output (\"\" = the checkpoint's ds_version); a ZeRO-3 "
+           "checkpoint is refused for versions whose stage-3 universal loader cannot read it");
   f.Bool("overwrite", &o.write.overwrite, "replace an existing output folder (only once the new one is complete)");
   std::string digest = "xxh3";
   f.String("digest", &digest,

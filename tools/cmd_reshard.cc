@@ -29,7 +29,15 @@ int RunReshard(int argc, char** argv) {
   f.Int32("tp", &o.write.target.tp, "target tensor-parallel degree");
   f.Int32("pp", &o.write.target.pp, "target pipeline-parallel degree");
   f.Int32("dp", &o.write.target.dp, "target data-parallel degree");
-  f.Int32("zero_stage", &o.write.zero_stage, "ZeRO stage of the output, 1 or 2 (0 = the source's)");
+  f.Int32("zero_stage", &o.write.zero_stage, "ZeRO stage of the output, 1, 2 or 3 (0 = the source's)");
+  f.Int("sub_group_size", &o.write.sub_group_size,
+        "ZeRO-3 output: the target job's zero_optimization.sub_group_size (0 = the source's, else 1e9)");
+  f.Int32("expert_parallel", &o.write.expert_parallel,
+          "mixture-of-experts output: expert parallel degree (0 = the source's if it divides --dp, else the largest "
+          "that divides --dp and every layer's expert count)");
+  f.String("target_ds_version", &o.write.target_ds_version,
+           "the DeepSpeed version (0.12 to 0.19.5) whose layout to write: group_paddings per rank from 0.16.4 "
+           "(\"\" = the source's ds_version)");
   f.String("partition_method", &o.write.partition_method,
            "pipeline stage partitioning, as PipelineModule's partition_method: parameters, uniform or type:REGEX "
            "(\"\" = the one recorded in the checkpoint's args, else parameters)");

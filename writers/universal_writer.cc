@@ -7,6 +7,7 @@
 #include "base/fs.h"
 #include "base/status_macros.h"
 #include "deepspeed/checkpoint_files.h"
+#include "deepspeed/layout_math.h"
 #include "deepspeed/manifest.h"
 #include "deepspeed/tree_copy.h"
 #include "deepspeed/universal_metadata.h"
@@ -59,6 +60,7 @@ class UniversalPlan : public Plan {
 
   absl::Status Build() {
     for (const ParamState& p : info_.params) UCP_RETURN_IF_ERROR(CheckParamName(p.name));
+    if (zero3()) UCP_RETURN_IF_ERROR(CheckZero3Loader());
     states_ = {deepspeed::kFp32State};
     states_.insert(states_.end(), info_.state_keys.begin(), info_.state_keys.end());
     for (size_t i = 0; i < info_.params.size(); ++i) {
@@ -67,7 +69,7 @@ class UniversalPlan : public Plan {
       u.name = absl::StrCat("param ", p.name);
       if (p.trainable()) {
         const std::string dir = JoinPath(deepspeed::kUniversalZeroDir, p.name);
-        if (!info_.scalar_keys.empty()) u.outputs.push_back(JoinPath(dir, "step.pt"));
+        if (!info_.scalar_keys.empty() && !zero3()) u.outputs.push_back(JoinPath(dir, "step.pt"));
         for (const std::string& s : states_) u.outputs.push_back(JoinPath(dir, s + ".pt"));
         u.bytes = Numel(p.full_shape) * 4 * static_cast<int64_t>(states_.size());
       } else {
@@ -90,7 +92,26 @@ class UniversalPlan : public Plan {
       units_.push_back(std::move(u));
     }
     const deepspeed::Topology& src = info_.source_topology;
-    for (int pp = 0; pp < src.pp; ++pp) {
+    if (zero3()) {
+      // ds_to_universal.py copies every dp rank's ZeRO-3 model-state file.
+      for (int d = 0; d < src.dp; ++d) {
+        const std::string from = state_.DpModelStatesPath(d);
+        if (from.empty()) {
+          return absl::FailedPreconditionError(
+              "a ZeRO stage 3 universal checkpoint needs the source's zero_pp_rank_*_model_states.pt files");
+        }
+        Unit u;
+        u.outputs.push_back(deepspeed::Zero3ModelFileName(d, 0));
+        u.name = absl::StrCat("model states ", u.outputs[0]);
+        u.inputs.push_back({from, "", 0, -1});
+        auto size = FileSize(from);
+        u.bytes = size.ok() ? *size : 0;
+        kinds_.push_back(kModelStates);
+        index_.push_back(-1 - d);
+        units_.push_back(std::move(u));
+      }
+    }
+    for (int pp = 0; pp < src.pp && !zero3(); ++pp) {
       for (int t = 0; t < src.tp; ++t) {
         Unit u;
         u.outputs.push_back(deepspeed::MpRankFileName(src.mp_rank(pp, t)));
@@ -132,7 +153,7 @@ class UniversalPlan : public Plan {
       case kModelStates: {
         const int pp = index_[i] / info_.source_topology.tp, t = index_[i] % info_.source_topology.tp;
         const std::string& rel = units_[i].outputs[0];
-        const std::string from = state_.ModelStatesPath(pp, t);
+        const std::string from = index_[i] < 0 ? state_.DpModelStatesPath(-1 - index_[i]) : state_.ModelStatesPath(pp, t);
         if (!from.empty()) {
           // The model-state files, byte for byte.
           std::string sha;
@@ -182,6 +203,37 @@ class UniversalPlan : public Plan {
  private:
   enum Kind { kParam, kOptimizerState, kModelStates, kVerify };
 
+  // A ZeRO stage 3 source: DeepSpeed's stage-3 universal layout.
+  bool zero3() const { return info_.zero_stage == 3; }
+
+  // Whether the target version's stage-3 universal loader reads what ucp
+  // writes (stage3.py load_hp_checkpoint_state_from_checkpoint_dir_stage3).
+  absl::Status CheckZero3Loader() const {
+    const std::string version =
+        options_.target_ds_version.empty() ? deepspeed::SourceDsVersion(state_) : options_.target_ds_version;
+    auto v = deepspeed::ParseDsVersion(version);
+    if (!v.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ZeRO stage 3 source with ds_version '", version, "': pass --target_ds_version (0.15.0 to 0.19.5)"));
+    }
+    if (*v < deepspeed::DsVersion{0, 15, 0}) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "DeepSpeed ", version, " has no ZeRO stage 3 universal checkpoint loader (it came in 0.15.0): use "
+          "`ucp reshard` to write a ZeRO-3 checkpoint at the new dp instead"));
+    }
+    if (deepspeed::DsVersion{0, 19, 5} < *v) {
+      return absl::FailedPreconditionError(absl::StrCat("DeepSpeed ", version,
+                                                        ": ucp writes the ZeRO-3 universal layout of 0.15 to 0.19.5"));
+    }
+    if (*v < deepspeed::DsVersion{0, 18, 0} && info_.num_groups > 1) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "DeepSpeed ", version, "'s ZeRO stage 3 universal loader reads one param group (param_shapes[0]) and the "
+          "checkpoint has ", info_.num_groups, ": load it with DeepSpeed >= 0.18.0 (--target_ds_version), or use "
+          "`ucp reshard` to write a ZeRO-3 checkpoint at the new dp"));
+    }
+    return absl::OkStatus();
+  }
+
   // Writes staging/rels[k] from writers[k] and roots[k] (their hashes are
   // computed two at a time: TorchWriter::WriteFiles).
   absl::Status WriteFiles(const std::string& staging, const std::vector<std::string>& rels,
@@ -220,7 +272,7 @@ class UniversalPlan : public Plan {
       return *owned.back();
     };
     UCP_ASSIGN_OR_RETURN(deepspeed::FileValue step, state_.GroupScalar(p.group, "step"));
-    if (step.value) {
+    if (step.value && !zero3()) {
       torch::TorchWriter& w = add_file(JoinPath(rel_dir, "step.pt"));
       UCP_ASSIGN_OR_RETURN(ValuePtr v, deepspeed::CopyTreeForWrite(step, w));
       roots.push_back(std::move(v));
@@ -233,10 +285,15 @@ class UniversalPlan : public Plan {
                                                 torch::ShapeString(p.full_shape)));
       }
       torch::TorchWriter& w = add_file(JoinPath(rel_dir, s + ".pt"));
+      if (zero3()) {
+        // ZeRO-3 (ds_to_universal.py _save_zero3_universal): the raw flat
+        // tensor, which the stage-3 loader views as 1-D and partitions.
+        UCP_ASSIGN_OR_RETURN(plan, plan.Reshape({plan.numel()}));
+      }
       ValuePtr t = tp::AddPlan(w, plan);  // the writer keeps a copy of the plan
       // DeepSpeed's fp32 masters keep requires_grad=True through the merge.
       if (s == deepspeed::kFp32State) UCP_RETURN_IF_ERROR(tp::SetRequiresGrad(*t, true));
-      roots.push_back(deepspeed::UniversalParamDict(p.rule, t));
+      roots.push_back(zero3() ? t : deepspeed::UniversalParamDict(p.rule, t));
     }
     std::vector<const Value*> root_ptrs;
     for (const ValuePtr& r : roots) root_ptrs.push_back(r.get());

@@ -9,6 +9,10 @@
 //   <output>/zero/<param>/exp_avg_sq.pt       (keys in DeepSpeed's order, per merge kind)
 //   <output>/zero/<param>/step.pt            the group's step (a 0-dim tensor or a number)
 //   <root>/latest_universal                  the output folder's name, written last
+// and for a ZeRO-3 source, as ds_to_universal.py writes it for stage 3:
+//   <output>/zero_pp_rank_D_mp_rank_00_model_states.pt   byte-identical copies
+//   <output>/zero/optimizer_state.pt         rank 0's optimizer_state_dict + param_groups
+//   <output>/zero/<param>/{fp32,exp_avg,exp_avg_sq}.pt   raw flat tensors (no step.pt)
 // plus ucp's own additions, which stock DeepSpeed ignores:
 //   <output>/ucp_module/<name>.pt            frozen params and buffers (full lp tensors)
 //   <output>/ucp_manifest.textproto          source topology, each param's rule and its
@@ -44,6 +48,11 @@ struct UniversalWriteOptions {
   ProgressFn progress;  // may be empty
   // The digest of every file in the manifest (sha256 on request).
   DigestKind digest = DigestKind::kXxh3_128;
+  // The DeepSpeed version that will load the output ("" = the source's
+  // ds_version): a ZeRO-3 source is refused for versions whose stage-3
+  // universal loader cannot read it (none before 0.15.0; one param group
+  // and one sub-group before 0.18.0).
+  std::string target_ds_version;
   std::string source_folder;  // for the manifest
   MergeRules rules;           // for the manifest
 };

@@ -1,4 +1,6 @@
 #include "writers/zero_writer.h"
+#include "writers/moe_writer.h"
+#include "writers/zero3_writer.h"
 
 #include <algorithm>
 #include <atomic>
@@ -50,10 +52,28 @@ std::vector<int> LayersOf(const ParamState& p) {
 
 }  // namespace
 
-absl::StatusOr<TargetLayout> PlanTarget(const ModelInfo& info, const ZeroWriteOptions& options) {
+absl::StatusOr<TargetLayout> PlanTarget(const ModelInfo& info, const ZeroWriteOptions& options,
+                                        const std::string& source_ds_version) {
   TargetLayout out;
   out.topo = options.target;
   UCP_RETURN_IF_ERROR(out.topo.Validate());
+  {
+    const std::string& version = options.target_ds_version.empty() ? source_ds_version : options.target_ds_version;
+    deepspeed::DsVersion v{0, 14, 4};
+    if (!version.empty()) {
+      UCP_ASSIGN_OR_RETURN(v, deepspeed::ParseDsVersion(version),
+                           _.Prepend(options.target_ds_version.empty() ? "the source's ds_version: "
+                                                                       : "--target_ds_version: "));
+    }
+    if (v < deepspeed::DsVersion{0, 12, 0} || deepspeed::DsVersion{0, 19, 5} < v) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "DeepSpeed ", version, ": ucp writes the ZeRO 1/2 layouts of DeepSpeed 0.12 to 0.19.5",
+          options.target_ds_version.empty() ? " (pass --target_ds_version to choose one)" : ""));
+    }
+    out.ds_version = options.target_ds_version;
+    out.padding_convention =
+        deepspeed::PaddingConventionOf(v, info.optimizer_kind == deepspeed::OptimizerKind::kBf16);
+  }
   const int tp = out.topo.tp;
   const int pp = out.topo.pp;
   out.zero_stage = options.zero_stage > 0 ? options.zero_stage : info.zero_stage;
@@ -74,6 +94,18 @@ absl::StatusOr<TargetLayout> PlanTarget(const ModelInfo& info, const ZeroWriteOp
   const int64_t divisible_by =
       options.make_vocab_size_divisible_by > 0 ? options.make_vocab_size_divisible_by : info.make_vocab_size_divisible_by;
 
+  // Whole tensors of a tp=1 source (ZeRO-3, MoE) have no known tp split.
+  if (tp > 1) {
+    std::vector<std::string> unknown;
+    for (const auto& p : info.params) {
+      if (p.origin == deepspeed::kTp1WholeOrigin) unknown.push_back(p.name);
+    }
+    if (!unknown.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "target tp=", tp, ": ", unknown.size(), " param(s) of the tp=1 source have no tp merge rule (e.g. '",
+          unknown.front(), "'): give --rules=FILE or --preset to say how each splits"));
+    }
+  }
   // Slice shapes at the target tp.
   const size_t n = info.params.size();
   out.slice_shapes.resize(n);
@@ -188,7 +220,8 @@ absl::StatusOr<TargetLayout> PlanTarget(const ModelInfo& info, const ZeroWriteOp
     for (int g = 0; g < info.num_groups; ++g) {
       std::vector<int64_t> numels;
       for (int i : out.stage_groups[s][g]) numels.push_back(Numel(out.slice_shapes[i]));
-      out.layouts[s].push_back(deepspeed::ZeroGroupLayout::Make(std::move(numels), out.topo.dp));
+      out.layouts[s].push_back(
+          deepspeed::ZeroGroupLayout::Make(std::move(numels), out.topo.dp, out.padding_convention));
     }
   }
   // Layer files and their keys in file order.
@@ -306,6 +339,15 @@ class Writer {
         }
       } else if (key == "dp_world_size") {
         out->DictSet(k, Value::Int(layout_.topo.dp));
+      } else if (key == "checkpoint_parallel_dimensions" && v->is(Kind::kDict)) {
+        // DeepSpeed >= 0.19.5: the degrees of the job that saved (checked
+        // against the files when loading); the source's key order.
+        UCP_ASSIGN_OR_RETURN(ValuePtr dims, deepspeed::CopyTreeForWrite(deepspeed::FileValue{v, src.file}, w));
+        if (dims->DictGet("pp_degree")) dims->DictSet(Value::Str("pp_degree"), Value::Int(layout_.topo.pp));
+        if (dims->DictGet("tp_degree")) dims->DictSet(Value::Str("tp_degree"), Value::Int(layout_.topo.tp));
+        out->DictSet(k, dims);
+      } else if (key == "ds_version" && !layout_.ds_version.empty()) {
+        out->DictSet(k, Value::Str(layout_.ds_version));
       } else if (key == "mp_world_size") {
         out->DictSet(k, Value::Int(layout_.topo.mp_world_size()));
       } else if (key == "ds_config") {
@@ -333,8 +375,7 @@ class Writer {
     for (int g = 0; g < info_.num_groups; ++g) {
       const deepspeed::ZeroGroupLayout& gl = layout_.layouts[stage][g];
       const int64_t p_numel = gl.partition_numel();
-      int64_t lean = p_numel - gl.padding(dp_rank);
-      if (lean < 0) lean = std::max<int64_t>(0, p_numel + lean);  // Python's group[:negative]
+      const int64_t lean = gl.lean_partition_numel(dp_rank);  // Python's group[:p - padding]
       const std::vector<deepspeed::ZeroFragment> frags = gl.Fragments(dp_rank);
       ValuePtr mapping = Value::MakeDict(/*ordered_dict=*/true);
       for (const auto& f : frags) {
@@ -365,6 +406,16 @@ class Writer {
     ValuePtr base = Value::MakeDict();
     base->DictSet(Value::Str("state"), group_states);
     UCP_ASSIGN_OR_RETURN(ValuePtr param_groups, copy_common("param_groups"));
+    // A ZeRO 1/2 optimizer has one flat param per group: params = [g] (a
+    // ZeRO-3 source lists its sub-groups there).
+    if (param_groups->is(Kind::kList) && static_cast<int>(param_groups->items().size()) == info_.num_groups) {
+      for (int g = 0; g < info_.num_groups; ++g) {
+        const ValuePtr& group = param_groups->items()[g];
+        if (group->is(Kind::kDict) && group->DictGet("params") != nullptr) {
+          group->DictSet(Value::Str("params"), Value::List({Value::Int(g)}));
+        }
+      }
+    }
     base->DictSet(Value::Str("param_groups"), param_groups);
 
     ValuePtr osd = Value::MakeDict();
@@ -378,7 +429,16 @@ class Writer {
       UCP_RETURN_IF_ERROR(set_common("dynamic_loss_scale"));
       UCP_RETURN_IF_ERROR(set_common("overflow"));
     }
-    UCP_RETURN_IF_ERROR(set_common("clip_grad"));
+    if (common.DictGet("clip_grad") != nullptr) {
+      UCP_RETURN_IF_ERROR(set_common("clip_grad"));
+    } else {
+      // A ZeRO-3 source keeps no clip_grad: the job's gradient_clipping.
+      deepspeed::FileValue src = state_.ModelStatesRoot(stage, rank);
+      const Value* c = src.value ? src.value->DictGet("ds_config") : nullptr;
+      ValuePtr clip = c && c->is(Kind::kDict) ? c->DictGetPtr("gradient_clipping") : nullptr;
+      osd->DictSet(Value::Str("clip_grad"),
+                   clip && (clip->is(Kind::kFloat) || clip->is(Kind::kInt)) ? clip : Value::Float(0.0));
+    }
     osd->DictSet(Value::Str("base_optimizer_state"), base);
     osd->DictSet(Value::Str("single_partition_of_fp32_groups"), Value::List(fp32_groups));
     if (!bf16) {
@@ -392,7 +452,13 @@ class Writer {
     }
     osd->DictSet(Value::Str("group_paddings"), Value::List(paddings));
     osd->DictSet(Value::Str("partition_count"), Value::List(counts));
-    UCP_RETURN_IF_ERROR(set_common("ds_version"));
+    if (layout_.ds_version.empty() && common.DictGet("ds_version") == nullptr) {
+      osd->DictSet(Value::Str("ds_version"), SourceVersion(stage, rank));
+    } else if (layout_.ds_version.empty()) {
+      UCP_RETURN_IF_ERROR(set_common("ds_version"));
+    } else {
+      osd->DictSet(Value::Str("ds_version"), Value::Str(layout_.ds_version));
+    }
     osd->DictSet(Value::Str("param_slice_mappings"), Value::List(mappings));
 
     ValuePtr root = Value::MakeDict();
@@ -403,13 +469,26 @@ class Writer {
       UCP_ASSIGN_OR_RETURN(ValuePtr c, DsConfig(deepspeed::FileValue{config, src.file}, w));
       root->DictSet(Value::Str("ds_config"), c);
     }
-    UCP_ASSIGN_OR_RETURN(ValuePtr version, copy_common("ds_version"));
-    root->DictSet(Value::Str("ds_version"), version);
+    if (layout_.ds_version.empty() && common.DictGet("ds_version") == nullptr) {
+      root->DictSet(Value::Str("ds_version"), SourceVersion(stage, rank));
+    } else if (layout_.ds_version.empty()) {
+      UCP_ASSIGN_OR_RETURN(ValuePtr version, copy_common("ds_version"));
+      root->DictSet(Value::Str("ds_version"), version);
+    } else {
+      root->DictSet(Value::Str("ds_version"), Value::Str(layout_.ds_version));
+    }
     return Finish(w, deepspeed::OptimFileName(dp_rank, layout_.topo.mp_rank(stage, rank), info_.bf16_file_prefix),
                   *root, dir, result);
   }
 
  private:
+  // The model states' ds_version (a ZeRO-3 source's optimizer state has none).
+  ValuePtr SourceVersion(int stage, int rank) const {
+    deepspeed::FileValue src = state_.ModelStatesRoot(stage, rank);
+    const Value* v = src.value ? src.value->DictGet("ds_version") : nullptr;
+    return v != nullptr && v->is(Kind::kStr) ? Value::Str(v->str()) : Value::Str("0.14.4");
+  }
+
   // The flat partition `dp_rank` of group `g` for one state: the fragments
   // of the params it overlaps, then zeros for the alignment padding.
   absl::StatusOr<TensorPlan> Partition(int stage, int rank, int dp_rank, int g, const std::string& key) const {
@@ -672,7 +751,23 @@ class ZeroPlan : public Plan {
 
 absl::StatusOr<std::unique_ptr<Plan>> PlanZero(const deepspeed::ModelState& state, const ZeroWriteOptions& options,
                                                TargetLayout* layout) {
-  UCP_ASSIGN_OR_RETURN(TargetLayout target, PlanTarget(state.info(), options));
+  const int stage = options.zero_stage > 0 ? options.zero_stage : state.info().zero_stage;
+  if (state.info().expert_parallel > 0) {
+    if (layout != nullptr) {
+      layout->topo = options.target;
+      layout->zero_stage = stage;
+    }
+    return PlanMoe(state, options);
+  }
+  if (stage == 3) {
+    if (layout != nullptr) {
+      layout->topo = options.target;
+      layout->zero_stage = 3;
+    }
+    return PlanZero3(state, options);
+  }
+  const std::string source_version = deepspeed::SourceDsVersion(state);
+  UCP_ASSIGN_OR_RETURN(TargetLayout target, PlanTarget(state.info(), options, source_version));
   if (layout != nullptr) *layout = target;
   auto plan = std::make_unique<ZeroPlan>(state, std::move(target), options);
   UCP_RETURN_IF_ERROR(plan->Build());

@@ -42,7 +42,15 @@ namespace ucp::writers {
 
 struct ZeroWriteOptions {
   deepspeed::Topology target;
-  int zero_stage = 0;                 // 0 = the source's
+  int zero_stage = 0;                 // 0 = the source's; 3 writes ZeRO-3 (zero3_writer.h)
+  // ZeRO-3 targets: the target job's zero_optimization.sub_group_size;
+  // 0 = the source's (ZeRO-3 sources record it), else DeepSpeed's 1e9.
+  int64_t sub_group_size = 0;
+  // Mixture-of-experts sources (ModelInfo::expert_parallel > 0): the target's
+  // expert parallel degree; 0 = the source's when it divides the target dp,
+  // else the largest divisor of dp below it that divides every layer's
+  // expert count (writers/moe_writer.h).
+  int expert_parallel = 0;
   std::string partition_method;       // "" = the recorded one, else "parameters"
   int64_t make_vocab_size_divisible_by = 0;  // 0 = the source's
   int num_layers = 0;                 // pipeline layer specs; 0 = inferred
@@ -51,6 +59,11 @@ struct ZeroWriteOptions {
   // without it a layer is "Layer" ("function" when it holds no tensors).
   std::map<int, std::string> layer_types;
   std::function<std::string(const std::vector<std::string>& local_names)> layer_type_name;
+  // The DeepSpeed version the target is written for: its group_paddings
+  // convention (layout_math.h, PaddingConvention) and the ds_version the
+  // files record. "" = the source's ds_version (0.14.4's conventions when
+  // the source records none).
+  std::string target_ds_version;
   int num_threads = 0;
   bool overwrite = false;
   bool write_latest = true;
@@ -61,6 +74,8 @@ struct ZeroWriteOptions {
 struct TargetLayout {
   deepspeed::Topology topo;
   int zero_stage = 1;
+  std::string ds_version;  // written in the files; "" = copied from the source
+  deepspeed::PaddingConvention padding_convention = deepspeed::PaddingConvention::kLastRank;
   std::string partition_method;
   std::vector<int> parts;  // pp + 1 layer boundaries (pipeline only)
   // [stage][group] -> indices into ModelInfo::params, in flatten order.
@@ -76,7 +91,10 @@ struct TargetLayout {
   std::vector<std::pair<int, std::vector<int>>> layer_files;
 };
 
-absl::StatusOr<TargetLayout> PlanTarget(const deepspeed::ModelInfo& info, const ZeroWriteOptions& options);
+// `source_ds_version`: the source's ds_version ("" if unknown), for the
+// target's conventions when options.target_ds_version is empty.
+absl::StatusOr<TargetLayout> PlanTarget(const deepspeed::ModelInfo& info, const ZeroWriteOptions& options,
+                                        const std::string& source_ds_version = "");
 
 // The tp slice `rank` of a param's state at the target, as a plan.
 absl::StatusOr<tp::TensorPlan> TargetSlice(const deepspeed::ModelState& state, const TargetLayout& layout,

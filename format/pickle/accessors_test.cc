@@ -1,6 +1,8 @@
 #include "format/pickle/accessors.h"
 
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "format/pickle/reader.h"
 #include "format/pickle/test_util.h"
@@ -282,6 +284,53 @@ TEST_F(FixtureAccessorTest, ModelStates) {
   // It is re-encoded byte for byte as numpy wrote it.
   NumpyArray same = AsNumpyArray(*MakeNumpyArray(key).value()).value();
   EXPECT_EQ(same.data, key.data);
+}
+
+// ---- on real DeepSpeed 0.19.5 checkpoints (Python 3.13, numpy 2) ----
+
+// Every object of `v`'s tree that `pred` selects.
+void Collect(const ValuePtr& v, const std::function<bool(const Value&)>& pred, std::vector<const Value*>* out,
+             int depth = 0) {
+  if (v == nullptr || depth > 64) return;
+  if (pred(*v)) out->push_back(v.get());
+  switch (v->kind()) {
+    case Kind::kTuple:
+    case Kind::kList:
+      for (const auto& item : v->items()) Collect(item, pred, out, depth + 1);
+      break;
+    case Kind::kDict:
+      for (const auto& [k, item] : v->dict_items()) Collect(item, pred, out, depth + 1);
+      break;
+    case Kind::kObject:
+      Collect(v->object().args, pred, out, depth + 1);
+      Collect(v->object().state, pred, out, depth + 1);
+      break;
+    default:
+      break;
+  }
+}
+
+TEST_F(FixtureAccessorTest, Version0195ZeroStageAndNumpy2) {
+  // ZeroStageEnum pickled by Python 3.13: GLOBAL ZeroStageEnum, BININT1, TUPLE1, REDUCE.
+  ValuePtr optim = Load("../deepspeed-0.19.5/gpt-zero1-padding-dp2/global_step4/zero_pp_rank_0_mp_rank_00_optim_states.pt");
+  const Value* osd = GetField(*optim, "optimizer_state_dict", "root").value();
+  const Value* stage = GetField(*osd, "zero_stage", "osd").value();
+  EXPECT_TRUE(stage->IsObjectOf("deepspeed.runtime.zero.config", "ZeroStageEnum"));
+  EXPECT_EQ(AsZeroStage(*stage).value(), 1);
+  ValuePtr z3 = Load("../deepspeed-0.19.5/gpt-zero3-dp2/global_step4/zero_pp_rank_0_mp_rank_00_optim_states.pt");
+  EXPECT_EQ(AsZeroStage(*GetField(*GetField(*z3, "optimizer_state_dict", "root").value(), "zero_stage", "osd").value())
+                .value(),
+            3);
+  // numpy 2 spells numpy.core as numpy._core in the rng states.
+  ValuePtr model = Load("../deepspeed-0.19.5/neox-tp2-pp1-dp1/global_step4/mp_rank_00_model_states.pt");
+  std::vector<const Value*> arrays;
+  Collect(model, [](const Value& v) { return v.IsObjectOf("numpy._core.multiarray", "_reconstruct"); }, &arrays);
+  ASSERT_FALSE(arrays.empty());
+  for (const Value* a : arrays) {
+    absl::StatusOr<NumpyArray> arr = AsNumpyArray(*a);
+    ASSERT_TRUE(arr.ok()) << arr.status();
+    EXPECT_FALSE(arr->data.empty());
+  }
 }
 
 }  // namespace

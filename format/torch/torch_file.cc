@@ -36,6 +36,20 @@ constexpr char kWrittenVersion[] = "3\n";
 
 bool IsRebuildTensor(const Value& v) { return v.IsObjectOf("torch._utils", "_rebuild_tensor_v2"); }
 bool IsRebuildParameter(const Value& v) { return v.IsObjectOf("torch._utils", "_rebuild_parameter"); }
+// torch >= 2: a tensor with Python attributes (DeepSpeed's ZeRO-3
+// fp32_flat_groups carry `ds_id`) or of a subclass pickles as
+// _rebuild_from_type_v2(_rebuild_tensor_v2, torch.Tensor, (args...), {attrs}).
+bool IsRebuildFromType(const Value& v) {
+  if (!v.IsObjectOf("torch._tensor", "_rebuild_from_type_v2")) return false;
+  const Value* args = v.object().args.get();
+  if (args == nullptr || !args->is(Kind::kTuple) || args->items().size() != 4) return false;
+  const auto& a = args->items();
+  return a[0] != nullptr && a[0]->is(Kind::kGlobal) && a[0]->module() == "torch._utils" &&
+         a[0]->name() == "_rebuild_tensor_v2" && a[1] != nullptr && a[1]->is(Kind::kGlobal) &&
+         ((a[1]->module() == "torch" && a[1]->name() == "Tensor") ||
+          (a[1]->module() == "torch.nn.parameter" && a[1]->name() == "Parameter")) &&
+         a[2] != nullptr && a[2]->is(Kind::kTuple);
+}
 
 // A list/tuple of int64 (or torch.Size of one).
 absl::StatusOr<std::vector<int64_t>> IntList(const Value* v, const char* what) {
@@ -142,8 +156,12 @@ class TreeValidator {
           UCP_RETURN_IF_ERROR(Visit(k));
           UCP_RETURN_IF_ERROR(Visit(item));
         }
-        if (IsRebuildTensor(value)) return VisitTensor(value);
+        if (IsRebuildTensor(value)) return VisitTensor(value, value.object().args.get());
         if (IsRebuildParameter(value)) return VisitParameter(value);
+        if (IsRebuildFromType(value)) return VisitTensor(value, value.object().args->items()[2].get());
+        if (value.IsObjectOf("torch._tensor", "_rebuild_from_type_v2")) {
+          return Invalid(value, "_rebuild_from_type_v2 of something other than a torch.Tensor or Parameter");
+        }
         return absl::OkStatus();
       }
       default:
@@ -216,8 +234,8 @@ class TreeValidator {
   }
 
   // _rebuild_tensor_v2(storage, offset, size, stride, requires_grad, hooks[, metadata])
-  absl::Status VisitTensor(const Value& obj) {
-    const Value* args = obj.object().args.get();
+  // `args`: the object's own, or the inner tuple of _rebuild_from_type_v2.
+  absl::Status VisitTensor(const Value& obj, const Value* args) {
     if (args == nullptr || !args->is(Kind::kTuple) || args->items().size() < 6 || args->items().size() > 7) {
       return Invalid(obj, "_rebuild_tensor_v2 takes 6 or 7 arguments");
     }
@@ -389,7 +407,9 @@ size_t TorchFile::file_size() const {
   return impl_->mapped != nullptr ? impl_->mapped->size() : impl_->owned->size();
 }
 
-bool TorchFile::IsTensor(const pickle::Value& v) { return IsRebuildTensor(v) || IsRebuildParameter(v); }
+bool TorchFile::IsTensor(const pickle::Value& v) {
+  return IsRebuildTensor(v) || IsRebuildParameter(v) || IsRebuildFromType(v);
+}
 
 absl::StatusOr<Tensor> TorchFile::GetTensor(const pickle::Value& v) const {
   auto it = impl_->tensors.find(&v);

@@ -74,6 +74,24 @@ class Copier {
           out = writer_.AddTensor(t);
           break;
         }
+        // A tensor with attributes (_rebuild_from_type_v2): the tensor copied,
+        // its type and attributes kept around it.
+        if (TorchFile::IsTensor(*v) && v->IsObjectOf("torch._tensor", "_rebuild_from_type_v2")) {
+          if (file_ == nullptr) {
+            return absl::InvalidArgumentError("a tensor in a value tree that has no source file");
+          }
+          UCP_ASSIGN_OR_RETURN(Tensor t, file_->GetTensor(*v));
+          ValuePtr inner = writer_.AddTensor(t);
+          const auto& a = v->object().args->items();
+          UCP_ASSIGN_OR_RETURN(ValuePtr func, Copy(a[0], depth + 1));
+          UCP_ASSIGN_OR_RETURN(ValuePtr type, Copy(a[1], depth + 1));
+          UCP_ASSIGN_OR_RETURN(ValuePtr state, Copy(a[3], depth + 1));
+          pickle::Object c;
+          UCP_ASSIGN_OR_RETURN(c.callable, Copy(v->object().callable, depth + 1));
+          c.args = Value::Tuple({func, type, inner->object().args, state});
+          out = Value::MakeObject(std::move(c));
+          break;
+        }
         const pickle::Object& o = v->object();
         pickle::Object c;
         c.how = o.how;

@@ -1,0 +1,658 @@
+#include "readers/moe_state.h"
+
+#include <algorithm>
+#include <set>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "base/fs.h"
+#include "base/status_macros.h"
+#include "deepspeed/checkpoint_files.h"
+#include "format/pickle/accessors.h"
+#include "readers/value_util.h"
+#include "readers/zero_checkpoint.h"
+
+namespace ucp::readers {
+namespace {
+
+using internal::CheckDense;
+using internal::FileError;
+using internal::ShapeStr;
+using internal::StringList;
+using pickle::AsInt;
+using pickle::AsSequence;
+using pickle::AsTorchSize;
+using pickle::GetField;
+using pickle::Kind;
+using pickle::Value;
+using pickle::ValuePtr;
+
+// layer_L_expert_E_mp_rank_XX_model_states.pt -> (L, E, XX).
+bool ParseExpertFileName(const std::string& name, int* layer, int* expert, int* mp) {
+  absl::string_view s = name;
+  if (!absl::ConsumePrefix(&s, "layer_")) return false;
+  const size_t a = s.find("_expert_");
+  if (a == absl::string_view::npos || !absl::SimpleAtoi(s.substr(0, a), layer)) return false;
+  s.remove_prefix(a + 8);
+  const size_t b = s.find("_mp_rank_");
+  if (b == absl::string_view::npos || !absl::SimpleAtoi(s.substr(0, b), expert)) return false;
+  s.remove_prefix(b + 9);
+  if (!absl::ConsumeSuffix(&s, "_model_states.pt")) return false;
+  return absl::SimpleAtoi(s, mp);
+}
+
+std::string TagFolderOf(const std::string& path_in) {
+  std::string path = path_in;
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  auto names = ListDirectory(path);
+  if (!names.ok()) return path;
+  for (const auto& n : *names) {
+    if (deepspeed::ParseCheckpointFileName(n) || absl::StartsWith(n, "layer_")) return path;
+  }
+  if (PathExists(JoinPath(path, deepspeed::kLatestFile))) {
+    auto tag = ReadLatestTag(path, deepspeed::kLatestFile);
+    if (tag.ok() && IsDirectory(JoinPath(path, *tag))) return JoinPath(path, *tag);
+  }
+  return path;
+}
+
+}  // namespace
+
+bool SplitExpertName(const std::string& name, std::string* prefix, int* id, std::string* suffix) {
+  const size_t at = name.find(kExpertInfix);
+  if (at == std::string::npos) return false;
+  const size_t start = at + std::string(kExpertInfix).size();
+  const size_t dot = name.find('.', start);
+  if (dot == std::string::npos) return false;
+  int n = 0;
+  if (!absl::SimpleAtoi(absl::string_view(name).substr(start, dot - start), &n)) return false;
+  *prefix = name.substr(0, at);
+  *id = n;
+  *suffix = name.substr(dot + 1);
+  return true;
+}
+
+std::string ExpertName(const std::string& prefix, int id, const std::string& suffix) {
+  return absl::StrCat(prefix, kExpertInfix, id, ".", suffix);
+}
+
+bool IsMoeFolder(const std::string& path) {
+  auto names = ListDirectory(TagFolderOf(path));
+  if (!names.ok()) return false;
+  for (const auto& n : *names) {
+    int l, e, m;
+    if (ParseExpertFileName(n, &l, &e, &m)) return true;
+  }
+  return false;
+}
+
+absl::StatusOr<std::unique_ptr<MoeState>> MoeState::Open(const std::string& path) {
+  std::unique_ptr<MoeState> s(new MoeState());
+  s->dir_ = TagFolderOf(path);
+  if (!IsDirectory(s->dir_)) return absl::NotFoundError(absl::StrCat(path, ": no such checkpoint folder"));
+  UCP_RETURN_IF_ERROR(s->Load());
+  return s;
+}
+
+std::string MoeState::OptimPath(int dp) const { return JoinPath(dir_, deepspeed::OptimFileName(dp, 0, false)); }
+
+std::string MoeState::ExpertPath(int layer, int expert) const {
+  auto it = expert_files_.find({layer, expert});
+  return it != expert_files_.end()
+             ? it->second
+             : JoinPath(dir_, absl::StrCat("layer_", layer, "_expert_", expert, "_mp_rank_00_model_states.pt"));
+}
+
+absl::Status MoeState::Load() {
+  UCP_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirectory(dir_));
+  // The version, for the messages of what is refused below.
+  std::string version = "(no ds_version)";
+  if (auto f = torch::TorchFile::Open(JoinPath(dir_, deepspeed::MpRankFileName(0))); f.ok()) {
+    const Value* v = (*f)->root()->is(Kind::kDict) ? (*f)->root()->DictGet("ds_version") : nullptr;
+    if (v != nullptr && v->is(Kind::kStr)) version = v->str();
+  }
+  const std::string what = absl::StrCat("DeepSpeed ", version, " native mixture-of-experts checkpoint");
+  const std::string supported = "ucp reads native MoE checkpoints of ZeRO stage 1/2 (not bf16) at tp=pp=1";
+  std::set<int> optim_dp;
+  for (const auto& n : names) {
+    int l, e, m;
+    if (ParseExpertFileName(n, &l, &e, &m)) {
+      if (m != 0) {
+        return absl::UnimplementedError(
+            absl::StrCat(dir_, ": ", what, " with model parallelism (", n, "): ", supported));
+      }
+      expert_files_[{l, e}] = JoinPath(dir_, n);
+      continue;
+    }
+    auto parsed = deepspeed::ParseCheckpointFileName(n);
+    if (!parsed) continue;
+    if (parsed->type == deepspeed::CheckpointFileName::Type::kOptim) {
+      if (parsed->bf16_prefix || parsed->mp_rank != 0) {
+        return absl::UnimplementedError(absl::StrCat(dir_, ": ", what, " with ", n, ": ", supported));
+      }
+      optim_dp.insert(parsed->dp_rank);
+    } else if (parsed->type != deepspeed::CheckpointFileName::Type::kMpRank || parsed->mp_rank != 0) {
+      return absl::UnimplementedError(absl::StrCat(dir_, ": ", what, " with ", n, ": ", supported));
+    }
+  }
+  for (const auto& n : names) {
+    if (absl::StartsWith(n, "expp_rank_")) {
+      return absl::UnimplementedError(absl::StrCat(dir_, ": ", what, " without ZeRO (", n, "): ", supported));
+    }
+  }
+  const std::string mp_path = JoinPath(dir_, deepspeed::MpRankFileName(0));
+  UCP_ASSIGN_OR_RETURN(mp_, torch::TorchFile::Open(mp_path));
+  const Value& root = *mp_->root();
+  auto err = [&](const std::string& path, absl::string_view message) {
+    return FileError(path, absl::StatusCode::kInvalidArgument, message);
+  };
+  if (!root.is(Kind::kDict)) return err(mp_path, "expected a dict of model states");
+  {
+    UCP_ASSIGN_OR_RETURN(const Value* d, GetField(root, "dp_world_size", "model states"), _.Prepend(mp_path + ": "));
+    UCP_ASSIGN_OR_RETURN(int64_t dp, AsInt(*d, "dp_world_size"), _.Prepend(mp_path + ": "));
+    if (dp < 1) return err(mp_path, "dp_world_size < 1");
+    dp_ = static_cast<int>(dp);
+    const Value* m = root.DictGet("mp_world_size");
+    if (m != nullptr && m->is(Kind::kInt) && m->int_value() != 1) {
+      return FileError(mp_path, absl::StatusCode::kUnimplemented,
+                       absl::StrCat("DeepSpeed ", version, " mixture-of-experts checkpoint with mp_world_size ",
+                                    m->int_value(), ": ucp reads native MoE checkpoints at tp=pp=1"));
+    }
+    const Value* module = root.DictGet("module");
+    if (module == nullptr || !module->is(Kind::kDict)) {
+      return FileError(mp_path, absl::StatusCode::kUnimplemented,
+                       "mixture-of-experts checkpoint of a PipelineModule (no module dict): not supported");
+    }
+  }
+  for (int d = 0; d < dp_; ++d) {
+    if (!optim_dp.count(d)) return absl::NotFoundError(absl::StrCat(OptimPath(d), ": missing (dp_world_size ", dp_, ")"));
+  }
+  for (int d : optim_dp) {
+    if (d >= dp_) return absl::InvalidArgumentError(absl::StrCat(OptimPath(d), ": dp rank ", d, " but dp_world_size is ", dp_));
+  }
+  for (const char* key : {"frozen_param_shapes", "frozen_param_fragments"}) {
+    const Value* f = root.DictGet(key);
+    if (f != nullptr && f->is(Kind::kDict) && !f->dict_items().empty()) {
+      return FileError(mp_path, absl::StatusCode::kUnimplemented,
+                       absl::StrCat("mixture-of-experts checkpoint with frozen params (", key, "): not supported"));
+    }
+  }
+  // num_experts per MoE layer.
+  {
+    const Value* ne = root.DictGet("num_experts");
+    if (ne == nullptr || !(ne->is(Kind::kList) || ne->is(Kind::kTuple))) {
+      return err(mp_path, "a mixture-of-experts checkpoint without a num_experts list");
+    }
+    for (const auto& v : ne->items()) {
+      UCP_ASSIGN_OR_RETURN(int64_t n, AsInt(*v, "num_experts"), _.Prepend(mp_path + ": "));
+      num_experts_.push_back(static_cast<int>(n));
+    }
+  }
+  // param_shapes: dp rank 0's groups.
+  UCP_ASSIGN_OR_RETURN(const Value* shapes_v, GetField(root, "param_shapes", "model states"), _.Prepend(mp_path + ": "));
+  UCP_ASSIGN_OR_RETURN(auto* shape_list, AsSequence(*shapes_v, "param_shapes"), _.Prepend(mp_path + ": "));
+  for (size_t g = 0; g < shape_list->size(); ++g) {
+    const Value& d = *(*shape_list)[g];
+    if (!d.is(Kind::kDict)) return err(mp_path, absl::StrCat("param_shapes[", g, "] is not a dict"));
+    Group group;
+    for (const auto& [k, v] : d.dict_items()) {
+      if (!k->is(Kind::kStr)) return err(mp_path, absl::StrCat("param_shapes[", g, "] has a non-string key"));
+      UCP_ASSIGN_OR_RETURN(std::vector<int64_t> shape, AsTorchSize(*v, absl::StrCat("param_shapes[", g, "]")),
+                           _.Prepend(mp_path + ": "));
+      group.names.push_back(k->str());
+      group.shapes.push_back(std::move(shape));
+    }
+    groups_.push_back(std::move(group));
+  }
+  // Expert groups: 'moe': True in rank 0's param_groups.
+  slots_.clear();
+  for (int d = 0; d < dp_; ++d) slots_.push_back(std::make_unique<Slot>());
+  // (rank 0's file is parsed below, after the layouts exist)
+  {
+    UCP_ASSIGN_OR_RETURN(auto f0, torch::TorchFile::Open(OptimPath(0)));
+    const Value* pgs = internal::DictPath(f0->root().get(), {"optimizer_state_dict", "base_optimizer_state", "param_groups"});
+    const Value* pc = internal::DictPath(f0->root().get(), {"optimizer_state_dict", "partition_count"});
+    if (pgs == nullptr || !pgs->is(Kind::kList) || pgs->items().size() != groups_.size()) {
+      return err(OptimPath(0), absl::StrCat("expected ", groups_.size(),
+                                            " base_optimizer_state.param_groups (param_shapes of mp_rank_00)"));
+    }
+    if (pc == nullptr || !pc->is(Kind::kList) || pc->items().size() != groups_.size()) {
+      return err(OptimPath(0), "partition_count is not a list with one count per param group");
+    }
+    int edp = 0;
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      const Value& pg = *pgs->items()[g];
+      groups_[g].expert = pg.is(Kind::kDict) && internal::Truthy(pg.DictGet("moe"));
+      UCP_ASSIGN_OR_RETURN(int64_t count, AsInt(*pc->items()[g], "partition_count"), _.Prepend(OptimPath(0) + ": "));
+      if (!groups_[g].expert) {
+        if (count != dp_) {
+          return err(OptimPath(0), absl::StrCat("partition_count[", g, "] is ", count, ", expected ", dp_,
+                                                " (dp_world_size) for a group without experts"));
+        }
+        continue;
+      }
+      if (count < 1 || dp_ % count != 0 || (edp != 0 && count != edp)) {
+        return err(OptimPath(0), absl::StrCat("partition_count[", g, "] is ", count, " for an expert group: expected ",
+                                              "the same divisor of dp_world_size ", dp_, " for every expert group"));
+      }
+      edp = static_cast<int>(count);
+      const Value* name = pg.DictGet("name");
+      ep_ = dp_ / edp;
+      if (name != nullptr && name->is(Kind::kStr) && name->str() != absl::StrCat("ep_size_", ep_)) {
+        return err(OptimPath(0), absl::StrCat("expert param group ", g, " is named '", name->str(), "', expected 'ep_size_",
+                                              ep_, "' (dp ", dp_, " / partition_count ", count, ")"));
+      }
+    }
+    if (edp == 0) return err(OptimPath(0), "no expert param group ('moe': True) in a checkpoint with expert files");
+  }
+  // MoE layers in order of appearance, and the experts' local ids.
+  for (const Group& g : groups_) {
+    if (!g.expert) continue;
+    for (const std::string& n : g.names) {
+      std::string prefix, suffix;
+      int id = 0;
+      if (!SplitExpertName(n, &prefix, &id, &suffix)) {
+        return err(mp_path, absl::StrCat("'", n, "' is in an expert param group but is not named '<prefix>",
+                                         kExpertInfix, "<id>.<name>'"));
+      }
+      if (std::find(moe_prefixes_.begin(), moe_prefixes_.end(), prefix) == moe_prefixes_.end()) {
+        moe_prefixes_.push_back(prefix);
+      }
+    }
+  }
+  if (moe_prefixes_.size() != num_experts_.size()) {
+    return err(mp_path, absl::StrCat("num_experts lists ", num_experts_.size(), " MoE layers, the expert groups hold ",
+                                     moe_prefixes_.size()));
+  }
+  for (size_t l = 0; l < num_experts_.size(); ++l) {
+    if (num_experts_[l] % ep_ != 0) {
+      return err(mp_path, absl::StrCat("MoE layer ", l, " has ", num_experts_[l], " experts, not a multiple of ep ", ep_));
+    }
+    for (int e = 0; e < num_experts_[l]; ++e) {
+      if (!expert_files_.count({static_cast<int>(l), e})) {
+        return absl::NotFoundError(absl::StrCat(ExpertPath(static_cast<int>(l), e), ": missing (num_experts ",
+                                                num_experts_[l], ")"));
+      }
+    }
+  }
+  for (const auto& [key, path] : expert_files_) {
+    if (key.first >= static_cast<int>(num_experts_.size()) || key.second >= num_experts_[key.first]) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": not an expert of num_experts ",
+                                                     absl::StrJoin(num_experts_, ",")));
+    }
+  }
+  // Layouts: non-expert groups over dp, expert groups over dp / ep.
+  for (Group& g : groups_) {
+    std::vector<int64_t> numels;
+    for (const auto& s : g.shapes) numels.push_back(internal::Numel(s));
+    g.layout = deepspeed::ZeroGroupLayout::Make(std::move(numels), g.expert ? dp_ / ep_ : dp_);
+    if (!g.expert) continue;
+    for (const std::string& n : g.names) {
+      std::string prefix, suffix;
+      int id = 0;
+      SplitExpertName(n, &prefix, &id, &suffix);
+      const int layer = static_cast<int>(std::find(moe_prefixes_.begin(), moe_prefixes_.end(), prefix) - moe_prefixes_.begin());
+      if (id >= num_experts_[layer] / ep_) {
+        return err(mp_path, absl::StrCat("'", n, "': local expert ", id, " but MoE layer ", layer, " has ",
+                                         num_experts_[layer] / ep_, " per ep rank"));
+      }
+    }
+  }
+  UCP_ASSIGN_OR_RETURN(const OptimFile* first, Optim(0));
+
+  // The model info: non-expert params, then experts under global ids.
+  info_.source_topology = {1, 1, dp_};
+  info_.pipeline = false;
+  info_.optimizer_kind = deepspeed::OptimizerKind::kZero;
+  info_.num_groups = static_cast<int>(groups_.size());
+  {
+    const Value* zs = first->osd->DictGet("zero_stage");
+    UCP_ASSIGN_OR_RETURN(info_.zero_stage, pickle::AsZeroStage(*zs, "zero_stage"), _.Prepend(OptimPath(0) + ": "));
+  }
+  for (const auto& [k, t] : first->states[0]) info_.state_keys.push_back(k);
+  for (const auto& [k, v] : first->scalars[0]) info_.scalar_keys.push_back(k);
+  info_.expert_parallel = ep_;
+  for (size_t l = 0; l < num_experts_.size(); ++l) info_.moe_layers.push_back({moe_prefixes_[l], num_experts_[l]});
+  for (const Group& g : groups_) info_.expert_groups.push_back(g.expert);
+  const Value* module = root.DictGet("module");
+  const std::vector<std::string> buffers = StringList(root.DictGet("buffer_names"));
+  torch::DType lp = torch::DType::kFloat32;
+  for (const auto& [k, v] : module->dict_items()) {
+    if (!k->is(Kind::kStr) || !torch::TorchFile::IsTensor(*v)) continue;
+    UCP_ASSIGN_OR_RETURN(torch::Tensor t, mp_->GetTensor(*v));
+    info_.module_order.push_back({-1, k->str()});
+    lp = t.dtype();
+  }
+  info_.lp_dtype = lp;
+  std::set<std::string> trainable;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const Group& grp = groups_[g];
+    for (int e = 0; e < (grp.expert ? ep_ : 1); ++e) {
+      for (size_t i = 0; i < grp.names.size(); ++i) {
+        deepspeed::ParamState p;
+        p.name = grp.names[i];
+        if (grp.expert) {
+          std::string prefix, suffix;
+          int id = 0;
+          SplitExpertName(grp.names[i], &prefix, &id, &suffix);
+          const int layer =
+              static_cast<int>(std::find(moe_prefixes_.begin(), moe_prefixes_.end(), prefix) - moe_prefixes_.begin());
+          p.name = ExpertName(prefix, e * (num_experts_[layer] / ep_) + id, suffix);
+        } else if (!module->DictGet(p.name)) {
+          return err(mp_path, absl::StrCat("param '", p.name, "' of param_shapes is not in module"));
+        }
+        p.local_name = p.name;
+        p.group = static_cast<int>(g);
+        p.role = deepspeed::TensorRole::kTrainable;
+        p.lp_dtype = lp;
+        p.tp_shapes = {grp.shapes[i]};
+        p.stages = {0};
+        if (!trainable.insert(p.name).second) {
+          return err(mp_path, absl::StrCat("param '", p.name, "' is in param_shapes twice"));
+        }
+        info_.params.push_back(std::move(p));
+        where_.push_back({static_cast<int>(g), static_cast<int>(i), grp.expert ? e : -1});
+      }
+    }
+  }
+  for (const auto& [k, v] : module->dict_items()) {
+    if (!k->is(Kind::kStr) || !torch::TorchFile::IsTensor(*v) || trainable.count(k->str())) continue;
+    if (std::find(buffers.begin(), buffers.end(), k->str()) == buffers.end()) {
+      return err(mp_path, absl::StrCat("module['", k->str(), "'] is neither a param of the optimizer nor a buffer"));
+    }
+    UCP_ASSIGN_OR_RETURN(torch::Tensor t, mp_->GetTensor(*v));
+    deepspeed::ParamState p;
+    p.name = k->str();
+    p.local_name = p.name;
+    p.role = deepspeed::TensorRole::kBuffer;
+    p.lp_dtype = t.dtype();
+    p.tp_shapes = {t.sizes()};
+    p.stages = {0};
+    info_.params.push_back(std::move(p));
+    where_.push_back({});
+  }
+  // The experts' module keys, in their files' order (expert files are
+  // opened for their keys only; their weights are checked when read).
+  for (size_t l = 0; l < num_experts_.size(); ++l) {
+    for (int e = 0; e < num_experts_[l]; ++e) {
+      torch::OpenOptions lazy;
+      lazy.verify_crc = false;
+      const std::string path = ExpertPath(static_cast<int>(l), e);
+      UCP_ASSIGN_OR_RETURN(auto f, torch::TorchFile::Open(path, lazy));
+      if (!f->root()->is(Kind::kDict)) return err(path, "expected a dict of expert weights");
+      for (const auto& [k, v] : f->root()->dict_items()) {
+        std::string prefix, suffix;
+        int id = -1;
+        if (!k->is(Kind::kStr) || !SplitExpertName(k->str(), &prefix, &id, &suffix) || prefix != moe_prefixes_[l] ||
+            id != e) {
+          return err(path, absl::StrCat("key ", k->DebugString(), " is not a weight of MoE layer ", l, " ('",
+                                        moe_prefixes_[l], "') expert ", e));
+        }
+        if (!trainable.count(k->str())) {
+          return err(path, absl::StrCat("'", k->str(), "' is in no expert param group of the optimizer files"));
+        }
+        info_.module_order.push_back({-1, k->str()});
+      }
+    }
+  }
+  info_.notes.push_back(absl::StrCat("mixture of experts: ", num_experts_.size(), " MoE layers, ep=", ep_,
+                                     ", experts named by global id; dp rank d taken as ep rank d % ", ep_,
+                                     " (DeepSpeed's default E + D rank order)"));
+  info_.Reindex();
+  empty_dict_ = Value::MakeDict();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<MoeState::OptimFile>> MoeState::ParseOptim(int dp) const {
+  const std::string path = OptimPath(dp);
+  auto out = std::make_unique<OptimFile>();
+  UCP_ASSIGN_OR_RETURN(out->file, torch::TorchFile::Open(path));
+  auto err = [&](absl::string_view what) { return FileError(path, absl::StatusCode::kInvalidArgument, what); };
+  const Value& root = *out->file->root();
+  UCP_ASSIGN_OR_RETURN(const Value* osd, GetField(root, "optimizer_state_dict", "optimizer states"), _.Prepend(path + ": "));
+  out->osd = osd;
+  const Value* gp = osd->DictGet("group_paddings");
+  const Value* fp32s = osd->DictGet("single_partition_of_fp32_groups");
+  const Value* mappings = osd->DictGet("param_slice_mappings");
+  const Value* states = internal::DictPath(osd, {"base_optimizer_state", "state"});
+  const size_t n = groups_.size();
+  if (gp == nullptr || fp32s == nullptr || mappings == nullptr || states == nullptr || !gp->is(Kind::kList) ||
+      !fp32s->is(Kind::kList) || !mappings->is(Kind::kList) || !states->is(Kind::kDict) || gp->items().size() != n ||
+      fp32s->items().size() != n || mappings->items().size() != n) {
+    return err(absl::StrCat("expected group_paddings, single_partition_of_fp32_groups, param_slice_mappings and "
+                            "base_optimizer_state.state for ", n, " param groups"));
+  }
+  const int ep_rank = dp % ep_, edp_rank = dp / ep_;
+  for (size_t g = 0; g < n; ++g) {
+    const Group& grp = groups_[g];
+    const int rank = grp.expert ? edp_rank : dp;
+    const deepspeed::ZeroGroupLayout& layout = grp.layout;
+    const int64_t p = layout.partition_numel();
+    UCP_ASSIGN_OR_RETURN(int64_t padding, AsInt(*gp->items()[g], "group_paddings"), _.Prepend(path + ": "));
+    const int64_t last = layout.PaddingAs(rank, deepspeed::PaddingConvention::kLastRank);
+    const int64_t per = layout.PaddingAs(rank, deepspeed::PaddingConvention::kPerRank);
+    if (padding != last && padding != per) {
+      return err(absl::StrCat("group_paddings[", g, "] is ", padding, ", expected ", per, " or ", last));
+    }
+    const int64_t lean = layout.LeanNumel(padding);
+    UCP_ASSIGN_OR_RETURN(torch::Tensor fp32, out->file->GetTensor(*fp32s->items()[g]), _.Prepend(path + ": "));
+    UCP_RETURN_IF_ERROR(CheckDense(fp32, path, absl::StrCat("single_partition_of_fp32_groups[", g, "]")));
+    if (fp32.dim() != 1 || (fp32.numel() != lean && fp32.numel() != p)) {
+      return err(absl::StrCat("single_partition_of_fp32_groups[", g, "] has shape ", ShapeStr(fp32.sizes()),
+                              ", expected [", lean, "]"));
+    }
+    out->fp32.push_back(std::move(fp32));
+    const Value* st = states->DictGet(Value::Int(static_cast<int64_t>(g)));
+    if (st == nullptr || !st->is(Kind::kDict)) return err(absl::StrCat("no optimizer state for group ", g));
+    std::vector<std::pair<std::string, torch::Tensor>> per_element;
+    std::vector<std::pair<std::string, ValuePtr>> scalars;
+    for (const auto& [k, v] : st->dict_items()) {
+      if (!k->is(Kind::kStr)) continue;
+      if (torch::TorchFile::IsTensor(*v)) {
+        UCP_ASSIGN_OR_RETURN(torch::Tensor t, out->file->GetTensor(*v));
+        if (t.dim() == 0) {
+          scalars.emplace_back(k->str(), v);
+          continue;
+        }
+        if (t.dim() != 1 || (t.numel() != p && t.numel() != lean)) {
+          return err(absl::StrCat("optimizer state '", k->str(), "' of group ", g, " has shape ", ShapeStr(t.sizes()),
+                                  ", expected [", p, "]"));
+        }
+        per_element.emplace_back(k->str(), std::move(t));
+      } else {
+        scalars.emplace_back(k->str(), v);
+      }
+    }
+    out->states.push_back(std::move(per_element));
+    out->scalars.push_back(std::move(scalars));
+    // param_slice_mappings: local names, fragments of the layout.
+    const Value& m = *mappings->items()[g];
+    const auto expected = layout.Fragments(rank);
+    if (!m.is(Kind::kDict) || m.dict_items().size() != expected.size()) {
+      return err(absl::StrCat("param_slice_mappings[", g, "] lists ", m.is(Kind::kDict) ? m.dict_items().size() : 0,
+                              " params, expected ", expected.size(), grp.expert ? absl::StrCat(" (ep rank ", ep_rank, ")") : ""));
+    }
+    for (size_t i = 0; i < expected.size(); ++i) {
+      const auto& [k, v] = m.dict_items()[i];
+      const std::string& want = grp.names[expected[i].param_index];
+      if (!k->is(Kind::kStr) || k->str() != want) {
+        return err(absl::StrCat("param_slice_mappings[", g, "] entry ", i, " is ", k->DebugString(), ", expected '",
+                                want, "'"));
+      }
+      UCP_ASSIGN_OR_RETURN(pickle::FragmentAddress a, pickle::AsFragmentAddress(*v, want), _.Prepend(path + ": "));
+      if (a.numel != expected[i].numel || a.start != expected[i].partition_offset) {
+        return err(absl::StrCat("param '", want, "' has fragment_address(numel=", a.numel, ", start=", a.start,
+                                "), expected (numel=", expected[i].numel, ", start=", expected[i].partition_offset, ")"));
+      }
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<const MoeState::OptimFile*> MoeState::Optim(int dp) const {
+  if (dp < 0 || dp >= static_cast<int>(slots_.size())) {
+    return absl::NotFoundError(absl::StrCat(OptimPath(dp), ": not part of this checkpoint"));
+  }
+  Slot& slot = *slots_[dp];
+  std::call_once(slot.once, [&] {
+    auto parsed = ParseOptim(dp);
+    if (parsed.ok()) {
+      slot.file = *std::move(parsed);
+    } else {
+      slot.status = parsed.status();
+    }
+  });
+  if (!slot.status.ok()) return slot.status;
+  return slot.file.get();
+}
+
+absl::StatusOr<std::vector<tp::TensorPlan>> MoeState::Slices(const deepspeed::ParamState& param, int stage,
+                                                            const std::string& state) const {
+  const int i = info_.IndexOf(param.name);
+  if (i < 0) return absl::NotFoundError(absl::StrCat("no param '", param.name, "'"));
+  const Where& w = where_[i];
+  if (state == deepspeed::kLpState) {
+    std::string prefix, suffix;
+    int id = 0;
+    if (w.ep_rank >= 0 && SplitExpertName(param.name, &prefix, &id, &suffix)) {
+      const int layer = static_cast<int>(std::find(moe_prefixes_.begin(), moe_prefixes_.end(), prefix) - moe_prefixes_.begin());
+      const std::string path = ExpertPath(layer, id);
+      const torch::TorchFile* f = nullptr;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto& cached = expert_cache_[{layer, id}];
+        if (cached == nullptr) {
+          UCP_ASSIGN_OR_RETURN(cached, torch::TorchFile::Open(path));
+        }
+        f = cached.get();
+      }
+      const Value* v = f->root()->is(Kind::kDict) ? f->root()->DictGet(param.name) : nullptr;
+      if (v == nullptr) return absl::NotFoundError(absl::StrCat(path, ": no '", param.name, "'"));
+      UCP_ASSIGN_OR_RETURN(torch::Tensor t, f->GetTensor(*v));
+      return std::vector<tp::TensorPlan>{tp::TensorPlan::FromTensor(t)};
+    }
+    const Value* v = mp_->root()->DictGet("module")->DictGet(param.name);
+    if (v == nullptr) return absl::NotFoundError(absl::StrCat(mp_->path(), ": module has no '", param.name, "'"));
+    UCP_ASSIGN_OR_RETURN(torch::Tensor t, mp_->GetTensor(*v));
+    return std::vector<tp::TensorPlan>{tp::TensorPlan::FromTensor(t)};
+  }
+  if (w.group < 0) {
+    return absl::NotFoundError(absl::StrCat("'", param.name, "' has no optimizer state '", state, "'"));
+  }
+  const Group& grp = groups_[w.group];
+  std::vector<torch::Tensor> pieces;
+  for (const auto& [rank, frag] : grp.layout.FragmentsOfParam(w.index)) {
+    const int d = grp.expert ? DpRank(w.ep_rank, rank) : rank;
+    UCP_ASSIGN_OR_RETURN(const OptimFile* f, Optim(d));
+    const torch::Tensor* flat = nullptr;
+    if (state == deepspeed::kFp32State) {
+      flat = &f->fp32[w.group];
+    } else {
+      for (const auto& [k, t] : f->states[w.group]) {
+        if (k == state) flat = &t;
+      }
+    }
+    if (flat == nullptr) {
+      return absl::NotFoundError(absl::StrCat(OptimPath(d), ": group ", w.group, " has no optimizer state '", state, "'"));
+    }
+    UCP_ASSIGN_OR_RETURN(torch::Tensor piece, flat->Narrow(0, frag.partition_offset, frag.numel),
+                         _.Prepend(absl::StrCat(OptimPath(d), ": param '", param.name, "' ", state, ": ")));
+    pieces.push_back(std::move(piece));
+  }
+  UCP_ASSIGN_OR_RETURN(tp::TensorPlan plan,
+                       tp::TensorPlan::FromPieces(torch::DType::kFloat32, grp.shapes[w.index], pieces),
+                       _.Prepend(absl::StrCat("param '", param.name, "' ", state, ": ")));
+  return std::vector<tp::TensorPlan>{std::move(plan)};
+}
+
+absl::StatusOr<deepspeed::FileValue> MoeState::GroupScalar(int group, const std::string& key) const {
+  UCP_ASSIGN_OR_RETURN(const OptimFile* f, Optim(0));
+  if (group < 0 || group >= static_cast<int>(f->scalars.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("no param group ", group));
+  }
+  for (const auto& [k, v] : f->scalars[group]) {
+    if (k == key) return deepspeed::FileValue{v, deepspeed::Unowned(f->file.get())};
+  }
+  return deepspeed::FileValue{nullptr, nullptr};
+}
+
+std::vector<deepspeed::InputRange> MoeState::Inputs(const deepspeed::ParamState& param) const {
+  std::vector<deepspeed::InputRange> out;
+  const int i = info_.IndexOf(param.name);
+  if (i < 0) return out;
+  const Where& w = where_[i];
+  if (w.group < 0) {
+    out.push_back({mp_->path(), absl::StrCat("module.", param.name), 0, -1});
+    return out;
+  }
+  const Group& grp = groups_[w.group];
+  for (const auto& [rank, frag] : grp.layout.FragmentsOfParam(w.index)) {
+    const int d = grp.expert ? DpRank(w.ep_rank, rank) : rank;
+    out.push_back({OptimPath(d), absl::StrCat("single_partition_of_fp32_groups[", w.group, "]"),
+                   frag.partition_offset * 4, frag.numel * 4});
+    for (const std::string& key : info_.state_keys) {
+      out.push_back({OptimPath(d), absl::StrCat("base_optimizer_state.state[", w.group, "].", key),
+                     frag.partition_offset * 4, frag.numel * 4});
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> MoeState::InputFiles() const {
+  std::vector<std::string> out = {mp_->path()};
+  for (int d = 0; d < dp_; ++d) out.push_back(OptimPath(d));
+  for (const auto& [key, path] : expert_files_) out.push_back(path);
+  return out;
+}
+
+absl::Status MoeState::VerifyInput(const std::string& path) const {
+  for (int d = 0; d < dp_; ++d) {
+    if (path == OptimPath(d)) return Optim(d).status();
+  }
+  if (path == mp_->path()) return absl::OkStatus();
+  for (const auto& [key, p] : expert_files_) {
+    if (p == path) return torch::TorchFile::Open(path).status();  // every CRC
+  }
+  return absl::InvalidArgumentError(absl::StrCat(path, ": not a file of the checkpoint ", dir_));
+}
+
+absl::StatusOr<deepspeed::FileValue> MoeState::OptimizerCommon() const {
+  UCP_ASSIGN_OR_RETURN(const OptimFile* f, Optim(0));
+  ValuePtr out = Value::MakeDict();
+  for (const auto& [k, v] : f->osd->dict_items()) {
+    if (k->is(Kind::kStr) && (k->str() == "base_optimizer_state" || k->str() == "param_slice_mappings" ||
+                              k->str() == "single_partition_of_fp32_groups")) {
+      continue;
+    }
+    out->DictSet(k, v);
+  }
+  const Value* base = f->osd->DictGet("base_optimizer_state");
+  if (base != nullptr && base->is(Kind::kDict)) {
+    if (ValuePtr groups = base->DictGetPtr("param_groups")) out->DictSet(Value::Str("param_groups"), groups);
+  }
+  return deepspeed::FileValue{out, deepspeed::Unowned(f->file.get())};
+}
+
+deepspeed::FileValue MoeState::ModelStatesRoot(int pp, int tp) const {
+  return deepspeed::FileValue{mp_->root(), deepspeed::Unowned(mp_.get())};
+}
+
+std::string MoeState::ModelStatesPath(int pp, int tp) const { return mp_->path(); }
+
+const pickle::Value& MoeState::checkpoint_info() const {
+  const Value* v = mp_->root()->DictGet("universal_checkpoint_info");
+  return v != nullptr ? *v : *empty_dict_;
+}
+
+const pickle::Value* MoeState::args() const {
+  const Value* v = mp_->root()->DictGet("args");
+  if (v == nullptr || v->is_none()) return nullptr;
+  if (v->is(Kind::kDict)) return v;
+  auto ns = pickle::AsNamespace(*v);
+  return ns.ok() ? *ns : nullptr;
+}
+
+}  // namespace ucp::readers

@@ -1,0 +1,123 @@
+// MoeState: a DeepSpeed native mixture-of-experts ZeRO 1/2 checkpoint
+// (deepspeed.moe.layer.MoE, expert parallelism) as a SlicedState at tp=1:
+//
+//   mp_rank_00_model_states.pt                 dp rank 0's: `module` without the experts,
+//        param_shapes of its optimizer groups (expert groups under LOCAL expert ids),
+//        num_experts per MoE layer
+//   layer_L_expert_E_mp_rank_00_model_states.pt   MoE layer L's expert E (global id):
+//        its lp weights under global names (engine.py _save_moe_checkpoint)
+//   zero_pp_rank_D_mp_rank_00_optim_states.pt  every dp rank's ZeRO partitions: the
+//        non-expert groups over all dp ranks, the expert groups (param_groups with
+//        'moe': True, named 'ep_size_<ep>') over the expert data parallel ranks, each
+//        holding its ep rank's local experts under local names
+//
+// DeepSpeed's E + D rank order (groups.py _create_expert_and_data_parallel,
+// the default): dp rank d is ep rank d % ep and expert-data-parallel rank
+// d / ep, and ep rank e holds global experts e * n_local .. (e + 1) * n_local - 1
+// (n_local = num_experts / ep). ep is dp / the expert groups' partition_count.
+// Params are listed under GLOBAL names (".deepspeed_experts.<global id>."),
+// so every expert has one name whatever the expert parallelism.
+//
+// ds_to_universal.py (0.19.5) cannot convert these (it merges every ep
+// rank's local experts as if they were dp shards); ucp reshards them
+// (writers/moe_writer.h).
+#ifndef UCP_READERS_MOE_STATE_H_
+#define UCP_READERS_MOE_STATE_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "deepspeed/layout_math.h"
+#include "deepspeed/model_state.h"
+#include "format/torch/torch_file.h"
+
+namespace ucp::readers {
+
+// True when `path` (a tag folder or a root with `latest`) holds
+// layer_L_expert_E_mp_rank_XX_model_states.pt files.
+bool IsMoeFolder(const std::string& path);
+
+inline constexpr char kExpertInfix[] = ".deepspeed_moe.experts.deepspeed_experts.";
+
+// "<prefix>.deepspeed_moe.experts.deepspeed_experts.<id>.<suffix>" split;
+// false for other names.
+bool SplitExpertName(const std::string& name, std::string* prefix, int* id, std::string* suffix);
+std::string ExpertName(const std::string& prefix, int id, const std::string& suffix);
+
+class MoeState : public deepspeed::SlicedState {
+ public:
+  static absl::StatusOr<std::unique_ptr<MoeState>> Open(const std::string& path);
+
+  const deepspeed::ModelInfo& info() const override { return info_; }
+  absl::StatusOr<std::vector<tp::TensorPlan>> Slices(const deepspeed::ParamState& param, int stage,
+                                                     const std::string& state) const override;
+  absl::StatusOr<deepspeed::FileValue> GroupScalar(int group, const std::string& key) const override;
+  std::vector<deepspeed::InputRange> Inputs(const deepspeed::ParamState& param) const override;
+  std::vector<std::string> InputFiles() const override;
+  absl::Status VerifyInput(const std::string& path) const override;
+  absl::StatusOr<deepspeed::FileValue> OptimizerCommon() const override;
+  deepspeed::FileValue ModelStatesRoot(int pp, int tp) const override;
+  std::string ModelStatesPath(int pp, int tp) const override;
+  const pickle::Value& checkpoint_info() const override;
+  const pickle::Value* args() const override;
+  const std::string& dir() const override { return dir_; }
+
+  // The expert file of MoE layer `layer`, global expert `expert`.
+  std::string ExpertPath(int layer, int expert) const;
+
+ private:
+  struct Group {
+    bool expert = false;
+    std::vector<std::string> names;  // local names (param_shapes order)
+    std::vector<std::vector<int64_t>> shapes;
+    deepspeed::ZeroGroupLayout layout;  // over dp (experts: over dp / ep)
+  };
+  struct OptimFile {
+    std::unique_ptr<torch::TorchFile> file;
+    const pickle::Value* osd = nullptr;
+    std::vector<torch::Tensor> fp32;  // per group
+    std::vector<std::vector<std::pair<std::string, torch::Tensor>>> states;
+    std::vector<std::vector<std::pair<std::string, pickle::ValuePtr>>> scalars;
+  };
+  struct Slot {
+    std::once_flag once;
+    absl::Status status;
+    std::unique_ptr<OptimFile> file;
+  };
+  struct Where {  // a trainable param in the optimizer files
+    int group = -1;
+    int index = -1;    // in the group's local names
+    int ep_rank = -1;  // expert params: whose
+  };
+
+  MoeState() = default;
+  absl::Status Load();
+  absl::StatusOr<std::unique_ptr<OptimFile>> ParseOptim(int dp) const;
+  absl::StatusOr<const OptimFile*> Optim(int dp) const;
+  std::string OptimPath(int dp) const;
+  // The dp rank holding expert data parallel rank `k` of ep rank `e`.
+  int DpRank(int e, int k) const { return e + k * ep_; }
+
+  std::string dir_;
+  int dp_ = 1, ep_ = 1;
+  std::unique_ptr<torch::TorchFile> mp_;
+  std::vector<Group> groups_;
+  std::vector<std::string> moe_prefixes_;  // MoE layer id -> module prefix
+  std::vector<int> num_experts_;           // per MoE layer
+  std::map<std::pair<int, int>, std::string> expert_files_;
+  mutable std::mutex mu_;
+  mutable std::map<std::pair<int, int>, std::unique_ptr<torch::TorchFile>> expert_cache_;
+  std::vector<std::unique_ptr<Slot>> slots_;
+  std::vector<Where> where_;  // per info param
+  deepspeed::ModelInfo info_;
+  pickle::ValuePtr empty_dict_;
+};
+
+}  // namespace ucp::readers
+
+#endif  // UCP_READERS_MOE_STATE_H_

@@ -1,0 +1,483 @@
+#include "writers/moe_writer.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <tuple>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "base/fs.h"
+#include "base/status_macros.h"
+#include "deepspeed/checkpoint_files.h"
+#include "deepspeed/layout_math.h"
+#include "deepspeed/tree_copy.h"
+#include "format/pickle/accessors.h"
+#include "tp/plan_io.h"
+
+namespace ucp::writers {
+namespace {
+
+using deepspeed::ModelInfo;
+using deepspeed::ParamState;
+using pickle::Kind;
+using pickle::Value;
+using pickle::ValuePtr;
+using tp::TensorPlan;
+
+constexpr char kInfix[] = ".deepspeed_moe.experts.deepspeed_experts.";
+
+bool Split(const std::string& name, std::string* prefix, int* id, std::string* suffix) {
+  const size_t at = name.find(kInfix);
+  if (at == std::string::npos) return false;
+  const size_t start = at + std::string(kInfix).size();
+  const size_t dot = name.find('.', start);
+  if (dot == std::string::npos) return false;
+  if (!absl::SimpleAtoi(absl::string_view(name).substr(start, dot - start), id)) return false;
+  *prefix = name.substr(0, at);
+  *suffix = name.substr(dot + 1);
+  return true;
+}
+
+std::string Join(const std::string& prefix, int id, const std::string& suffix) {
+  return absl::StrCat(prefix, kInfix, id, ".", suffix);
+}
+
+int64_t Numel(const std::vector<int64_t>& s) {
+  int64_t n = 1;
+  for (int64_t x : s) n *= x;
+  return n;
+}
+
+// One optimizer group at the target, as one ep rank holds it.
+struct TargetGroup {
+  bool expert = false;
+  // Per ep rank (one entry for a non-expert group): param indices into
+  // ModelInfo::params and the names the files give them (local ids).
+  std::vector<std::vector<int>> params;
+  std::vector<std::vector<std::string>> names;
+  deepspeed::ZeroGroupLayout layout;
+};
+
+class MoePlan : public Plan {
+ public:
+  MoePlan(const deepspeed::ModelState& state, const ZeroWriteOptions& options)
+      : state_(state), info_(state.info()), options_(options) {}
+
+  absl::Status Build() {
+    const deepspeed::Topology& t = options_.target;
+    UCP_RETURN_IF_ERROR(t.Validate());
+    if (t.tp != 1 || t.pp != 1) {
+      return absl::InvalidArgumentError(absl::StrCat("mixture-of-experts target ", t.ToString(),
+                                                     ": ucp writes native MoE checkpoints at tp=1 pp=1"));
+    }
+    dp_ = t.dp;
+    stage_ = options_.zero_stage > 0 ? options_.zero_stage : info_.zero_stage;
+    if (stage_ != 1 && stage_ != 2) {
+      return absl::InvalidArgumentError(absl::StrCat("mixture-of-experts target: ZeRO stage ", stage_,
+                                                     ": ucp writes native MoE checkpoints at stage 1 or 2"));
+    }
+    UCP_ASSIGN_OR_RETURN(ep_, TargetExpertParallel(info_, options_));
+    edp_ = dp_ / ep_;
+    // The DeepSpeed version: padding convention and files' ds_version.
+    version_ = options_.target_ds_version.empty() ? deepspeed::SourceDsVersion(state_) : options_.target_ds_version;
+    {
+      auto v = deepspeed::ParseDsVersion(version_);
+      if (!v.ok()) return absl::InvalidArgumentError(absl::StrCat("ds_version '", version_, "': pass --target_ds_version"));
+      convention_ = deepspeed::PaddingConventionOf(*v, false);
+    }
+    UCP_ASSIGN_OR_RETURN(common_, state_.OptimizerCommon());
+    if (!common_.value || !common_.value->is(Kind::kDict)) return absl::InvalidArgumentError("no optimizer state");
+    // Per MoE layer: prefix -> index.
+    std::map<std::string, int> layer_of;
+    for (size_t l = 0; l < info_.moe_layers.size(); ++l) layer_of[info_.moe_layers[l].prefix] = static_cast<int>(l);
+    // Groups.
+    for (int g = 0; g < info_.num_groups; ++g) {
+      TargetGroup tg;
+      tg.expert = g < static_cast<int>(info_.expert_groups.size()) && info_.expert_groups[g];
+      std::vector<int64_t> numels;
+      if (!tg.expert) {
+        tg.params.emplace_back();
+        tg.names.emplace_back();
+        for (size_t i = 0; i < info_.params.size(); ++i) {
+          const ParamState& p = info_.params[i];
+          if (!p.trainable() || p.group != g) continue;
+          tg.params[0].push_back(static_cast<int>(i));
+          tg.names[0].push_back(p.name);
+          numels.push_back(Numel(p.full_shape));
+        }
+        tg.layout = deepspeed::ZeroGroupLayout::Make(std::move(numels), dp_, convention_);
+        groups_.push_back(std::move(tg));
+        continue;
+      }
+      // The (layer, suffix) sequence of one expert, from global expert 0.
+      std::vector<std::vector<std::string>> suffixes(info_.moe_layers.size());
+      int members = 0;
+      for (const ParamState& p : info_.params) {
+        if (!p.trainable() || p.group != g) continue;
+        ++members;
+        std::string prefix, suffix;
+        int id = 0;
+        if (!Split(p.name, &prefix, &id, &suffix) || !layer_of.count(prefix)) {
+          return absl::InvalidArgumentError(absl::StrCat("param '", p.name, "' of expert group ", g,
+                                                         " is not an expert of a known MoE layer"));
+        }
+        if (id == 0) suffixes[layer_of[prefix]].push_back(suffix);
+      }
+      int expected = 0;
+      for (size_t l = 0; l < suffixes.size(); ++l) {
+        expected += static_cast<int>(suffixes[l].size()) * info_.moe_layers[l].num_experts;
+      }
+      if (expected != members) {
+        return absl::InvalidArgumentError(absl::StrCat("expert group ", g, " holds ", members, " params, expected ",
+                                                       expected, " (every expert the same params)"));
+      }
+      for (int e = 0; e < ep_; ++e) {
+        tg.params.emplace_back();
+        tg.names.emplace_back();
+        std::vector<int64_t> ns;
+        for (size_t l = 0; l < suffixes.size(); ++l) {
+          const int local = info_.moe_layers[l].num_experts / ep_;
+          for (int k = 0; k < local; ++k) {
+            for (const std::string& suffix : suffixes[l]) {
+              const std::string global = Join(info_.moe_layers[l].prefix, e * local + k, suffix);
+              const int i = info_.IndexOf(global);
+              if (i < 0) return absl::InvalidArgumentError(absl::StrCat("expert param '", global, "' is missing"));
+              tg.params.back().push_back(i);
+              tg.names.back().push_back(Join(info_.moe_layers[l].prefix, k, suffix));
+              ns.push_back(Numel(info_.params[i].full_shape));
+            }
+          }
+        }
+        if (e == 0) numels = ns;
+      }
+      tg.layout = deepspeed::ZeroGroupLayout::Make(std::move(numels), edp_, convention_);
+      groups_.push_back(std::move(tg));
+    }
+    // Units: the model states, every expert file, every optimizer file.
+    std::vector<InputRange> all;
+    {
+      std::set<std::tuple<std::string, std::string, int64_t>> seen;
+      for (const ParamState& p : info_.params) {
+        for (const InputRange& r : state_.Inputs(p)) {
+          if (seen.insert({r.path, r.tensor, r.offset}).second) all.push_back(r);
+        }
+      }
+    }
+    auto add = [&](Job job, std::string file, int64_t bytes) {
+      Unit u;
+      u.name = absl::StrCat("file ", file);
+      u.outputs.push_back(std::move(file));
+      u.inputs = all;
+      u.bytes = bytes;
+      jobs_.push_back(job);
+      units_.push_back(std::move(u));
+    };
+    add({Job::kModel, 0, 0}, deepspeed::MpRankFileName(0), 4096);
+    for (size_t l = 0; l < info_.moe_layers.size(); ++l) {
+      for (int e = 0; e < info_.moe_layers[l].num_experts; ++e) {
+        add({Job::kExpert, static_cast<int>(l), e}, absl::StrCat("layer_", l, "_expert_", e, "_mp_rank_00_model_states.pt"),
+            4096);
+      }
+    }
+    for (int d = 0; d < dp_; ++d) add({Job::kOptim, d, 0}, deepspeed::OptimFileName(d, 0, false), 4096);
+    if (AddVerifyUnit(state_, &units_)) jobs_.push_back({Job::kVerify, 0, 0});
+    return absl::OkStatus();
+  }
+
+  absl::Status Prepare(const std::string& staging) const override { return absl::OkStatus(); }
+
+  absl::Status Execute(size_t i, const std::string& staging, UnitResult* result) const override {
+    const Job& job = jobs_[i];
+    if (job.type == Job::kVerify) return ExecuteVerifyUnit(state_, units_[i]);
+    torch::TorchWriter w;
+    ValuePtr root;
+    switch (job.type) {
+      case Job::kModel: {
+        UCP_ASSIGN_OR_RETURN(root, ModelStates(w));
+        break;
+      }
+      case Job::kExpert: {
+        UCP_ASSIGN_OR_RETURN(root, ExpertFile(w, job.a, job.b));
+        break;
+      }
+      default: {
+        UCP_ASSIGN_OR_RETURN(root, OptimFile(w, job.a));
+        break;
+      }
+    }
+    const std::string& name = units_[i].outputs[0];
+    UCP_ASSIGN_OR_RETURN(tp::WrittenFile f, tp::WriteTorchFile(w, JoinPath(staging, name), *root));
+    FileDigest digest;
+    digest.set_path(name);
+    digest.set_size(f.size);
+    result->files.push_back(std::move(digest));
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<WriteStats> Finish(const std::vector<UnitResult>& results, const std::string& staging) const override {
+    WriteStats stats;
+    AddUnitResults(results, &stats);
+    return stats;
+  }
+  std::string latest_file() const override { return deepspeed::kLatestFile; }
+  const deepspeed::CheckpointState* source() const override { return &state_; }
+
+ private:
+  struct Job {
+    enum { kModel, kExpert, kOptim, kVerify } type;
+    int a, b;
+  };
+
+  // The module weight of a param: trainable ones are their masters cast.
+  absl::StatusOr<ValuePtr> Lp(torch::TorchWriter& w, int i) const {
+    const ParamState& p = info_.params[i];
+    if (p.trainable()) {
+      UCP_ASSIGN_OR_RETURN(TensorPlan fp32, state_.Full(p, deepspeed::kFp32State));
+      return tp::AddPlanAs(w, fp32, p.lp_dtype);
+    }
+    UCP_ASSIGN_OR_RETURN(TensorPlan lp, state_.Full(p, deepspeed::kLpState));
+    return tp::AddPlan(w, lp);
+  }
+
+  bool IsExpert(const std::string& name) const { return name.find(kInfix) != std::string::npos; }
+
+  absl::StatusOr<ValuePtr> Copy(const ValuePtr& v, const std::shared_ptr<const torch::TorchFile>& file,
+                                torch::TorchWriter& w) const {
+    return deepspeed::CopyTreeForWrite(deepspeed::FileValue{v, file}, w);
+  }
+
+  absl::StatusOr<ValuePtr> DsConfig(const deepspeed::FileValue& src, torch::TorchWriter& w) const {
+    UCP_ASSIGN_OR_RETURN(ValuePtr c, deepspeed::CopyTreeForWrite(src, w));
+    if (!c->is(Kind::kDict)) return c;
+    if (ValuePtr z = c->DictGetPtr("zero_optimization"); z && z->is(Kind::kDict) && z->DictGet("stage")) {
+      z->DictSet(Value::Str("stage"), Value::Int(stage_));
+    }
+    if (ValuePtr ck = c->DictGetPtr("checkpoint"); ck && ck->is(Kind::kDict) && ck->DictGet("load_universal")) {
+      ck->DictSet(Value::Str("load_universal"), Value::Bool(false));
+    }
+    return c;
+  }
+
+  absl::StatusOr<ValuePtr> ModelStates(torch::TorchWriter& w) const {
+    deepspeed::FileValue src = state_.ModelStatesRoot(0, 0);
+    if (!src.value || !src.value->is(Kind::kDict)) return absl::FailedPreconditionError("no source model states");
+    // param_shapes values as the source wrote them (0.19.5 MoE: plain tuples).
+    bool tuples = false;
+    if (const Value* ps = src.value->DictGet("param_shapes"); ps && ps->is(Kind::kList) && !ps->items().empty()) {
+      const Value& g0 = *ps->items()[0];
+      tuples = g0.is(Kind::kDict) && !g0.dict_items().empty() && g0.dict_items()[0].second->is(Kind::kTuple);
+    }
+    ValuePtr out = Value::MakeDict();
+    for (const auto& [k, v] : src.value->dict_items()) {
+      const std::string key = k->is(Kind::kStr) ? k->str() : "";
+      if (key == "module") {
+        ValuePtr sd = Value::MakeDict(/*ordered_dict=*/true);
+        for (const auto& mk : info_.module_order) {
+          if (IsExpert(mk.name)) continue;
+          const int i = info_.IndexOf(mk.name);
+          if (i < 0) continue;
+          UCP_ASSIGN_OR_RETURN(ValuePtr t, Lp(w, i));
+          sd->DictSet(Value::Str(mk.name), t);
+        }
+        if (v->is(Kind::kDict) && v->dict_state()) {
+          UCP_ASSIGN_OR_RETURN(ValuePtr md, Copy(v->dict_state(), src.file, w));
+          sd->set_dict_state(std::move(md));
+        }
+        out->DictSet(k, sd);
+      } else if (key == "param_shapes") {
+        std::vector<ValuePtr> gs;
+        for (const TargetGroup& tg : groups_) {
+          ValuePtr d = Value::MakeDict(/*ordered_dict=*/true);
+          for (size_t j = 0; j < tg.params[0].size(); ++j) {
+            const std::vector<int64_t>& shape = info_.params[tg.params[0][j]].full_shape;
+            ValuePtr s;
+            if (tuples) {
+              std::vector<ValuePtr> dims;
+              for (int64_t x : shape) dims.push_back(Value::Int(x));
+              s = Value::Tuple(std::move(dims));
+            } else {
+              s = pickle::MakeTorchSize(shape);
+            }
+            d->DictSet(Value::Str(tg.names[0][j]), s);
+          }
+          gs.push_back(d);
+        }
+        out->DictSet(k, Value::List(std::move(gs)));
+      } else if (key == "frozen_param_shapes" || key == "frozen_param_fragments") {
+        out->DictSet(k, stage_ >= 2 ? Value::MakeDict(/*ordered_dict=*/true) : Value::None());
+      } else if (key == "dp_world_size") {
+        out->DictSet(k, Value::Int(dp_));
+      } else if (key == "mp_world_size") {
+        out->DictSet(k, Value::Int(1));
+      } else if (key == "ds_config") {
+        UCP_ASSIGN_OR_RETURN(ValuePtr c, DsConfig(deepspeed::FileValue{v, src.file}, w));
+        out->DictSet(k, c);
+      } else if (key == "ds_version" && !options_.target_ds_version.empty()) {
+        out->DictSet(k, Value::Str(options_.target_ds_version));
+      } else {
+        UCP_ASSIGN_OR_RETURN(ValuePtr c, Copy(v, src.file, w));
+        out->DictSet(k, c);
+      }
+    }
+    return out;
+  }
+
+  // layer_L_expert_E: the expert's weights under global names, in module order.
+  absl::StatusOr<ValuePtr> ExpertFile(torch::TorchWriter& w, int layer, int expert) const {
+    ValuePtr d = Value::MakeDict();
+    const std::string head = absl::StrCat(info_.moe_layers[layer].prefix, kInfix, expert, ".");
+    for (const auto& mk : info_.module_order) {
+      if (mk.name.rfind(head, 0) != 0) continue;
+      const int i = info_.IndexOf(mk.name);
+      if (i < 0) return absl::InvalidArgumentError(absl::StrCat("expert weight '", mk.name, "' is not a param"));
+      UCP_ASSIGN_OR_RETURN(ValuePtr t, Lp(w, i));
+      d->DictSet(Value::Str(mk.name), t);
+    }
+    if (d->dict_items().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("MoE layer ", layer, " expert ", expert, " has no weights"));
+    }
+    return d;
+  }
+
+  // Group `g`'s flat partition on dp rank `d` for one state.
+  absl::StatusOr<TensorPlan> Partition(const TargetGroup& tg, int d, const std::string& key) const {
+    const int e = tg.expert ? d % ep_ : 0;
+    const int rank = tg.expert ? d / ep_ : d;
+    std::vector<TensorPlan> pieces;
+    int64_t covered = 0;
+    for (const auto& f : tg.layout.Fragments(rank)) {
+      const ParamState& p = info_.params[tg.params[e][f.param_index]];
+      UCP_ASSIGN_OR_RETURN(TensorPlan full, state_.Full(p, key));
+      UCP_ASSIGN_OR_RETURN(TensorPlan flat, full.Reshape({full.numel()}));
+      UCP_ASSIGN_OR_RETURN(TensorPlan piece, flat.FlatRange(f.param_offset, f.numel));
+      pieces.push_back(std::move(piece));
+      covered += f.numel;
+    }
+    if (covered < tg.layout.partition_numel()) {
+      pieces.push_back(TensorPlan::Zeros(torch::DType::kFloat32, {tg.layout.partition_numel() - covered}));
+    }
+    if (pieces.size() == 1) return pieces[0];
+    return TensorPlan::Cat(pieces, 0);
+  }
+
+  absl::StatusOr<ValuePtr> OptimFile(torch::TorchWriter& w, int d) const {
+    const Value& common = *common_.value;
+    auto copy_common = [&](const char* key) -> absl::StatusOr<ValuePtr> {
+      ValuePtr v = common.DictGetPtr(key);
+      if (!v) return absl::NotFoundError(absl::StrCat("the source's optimizer state has no '", key, "'"));
+      return deepspeed::CopyTreeForWrite(deepspeed::FileValue{v, common_.file}, w);
+    };
+    std::vector<ValuePtr> fp32s, paddings, counts, mappings;
+    ValuePtr states = Value::MakeDict();
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      const TargetGroup& tg = groups_[g];
+      const int e = tg.expert ? d % ep_ : 0;
+      const int rank = tg.expert ? d / ep_ : d;
+      ValuePtr mapping = Value::MakeDict(/*ordered_dict=*/true);
+      for (const auto& f : tg.layout.Fragments(rank)) {
+        mapping->DictSet(Value::Str(tg.names[e][f.param_index]), pickle::MakeFragmentAddress(f.numel, f.partition_offset));
+      }
+      mappings.push_back(mapping);
+      paddings.push_back(Value::Int(tg.layout.padding(rank)));
+      counts.push_back(Value::Int(tg.expert ? edp_ : dp_));
+      UCP_ASSIGN_OR_RETURN(TensorPlan fp32, Partition(tg, d, deepspeed::kFp32State));
+      UCP_ASSIGN_OR_RETURN(ValuePtr fv, tp::AddPlanView(w, fp32, tg.layout.lean_partition_numel(rank), true));
+      fp32s.push_back(fv);
+      ValuePtr st = Value::MakeDict();
+      for (const std::string& key : info_.scalar_keys) {
+        UCP_ASSIGN_OR_RETURN(deepspeed::FileValue sv, state_.GroupScalar(static_cast<int>(g), key));
+        if (!sv.value) continue;
+        UCP_ASSIGN_OR_RETURN(ValuePtr c, deepspeed::CopyTreeForWrite(sv, w));
+        st->DictSet(Value::Str(key), c);
+      }
+      for (const std::string& key : info_.state_keys) {
+        UCP_ASSIGN_OR_RETURN(TensorPlan plan, Partition(tg, d, key));
+        st->DictSet(Value::Str(key), tp::AddPlan(w, plan));
+      }
+      states->DictSet(Value::Int(static_cast<int64_t>(g)), st);
+    }
+    UCP_ASSIGN_OR_RETURN(ValuePtr groups, copy_common("param_groups"));
+    if (!groups->is(Kind::kList) || groups->items().size() != groups_.size()) {
+      return absl::InvalidArgumentError("the source's param_groups do not match its groups");
+    }
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      if (groups_[g].expert && groups->items()[g]->is(Kind::kDict) && groups->items()[g]->DictGet("name")) {
+        groups->items()[g]->DictSet(Value::Str("name"), Value::Str(absl::StrCat("ep_size_", ep_)));
+      }
+    }
+    ValuePtr base = Value::MakeDict();
+    base->DictSet(Value::Str("state"), states);
+    base->DictSet(Value::Str("param_groups"), groups);
+    ValuePtr osd = Value::MakeDict();
+    for (const char* key : {"loss_scaler", "dynamic_loss_scale", "overflow", "clip_grad"}) {
+      UCP_ASSIGN_OR_RETURN(ValuePtr v, copy_common(key));
+      osd->DictSet(Value::Str(key), v);
+    }
+    osd->DictSet(Value::Str("base_optimizer_state"), base);
+    osd->DictSet(Value::Str("single_partition_of_fp32_groups"), Value::List(std::move(fp32s)));
+    const Value* zs = common.DictGet("zero_stage");
+    auto stage_value = zs ? pickle::AsZeroStage(*zs) : absl::StatusOr<int>(-1);
+    if (zs != nullptr && stage_value.ok() && *stage_value == stage_) {
+      UCP_ASSIGN_OR_RETURN(ValuePtr v, copy_common("zero_stage"));
+      osd->DictSet(Value::Str("zero_stage"), v);
+    } else {
+      osd->DictSet(Value::Str("zero_stage"), pickle::MakeZeroStage(stage_));
+    }
+    osd->DictSet(Value::Str("group_paddings"), Value::List(std::move(paddings)));
+    osd->DictSet(Value::Str("partition_count"), Value::List(std::move(counts)));
+    osd->DictSet(Value::Str("ds_version"), Value::Str(version_));
+    osd->DictSet(Value::Str("param_slice_mappings"), Value::List(std::move(mappings)));
+    ValuePtr root = Value::MakeDict();
+    root->DictSet(Value::Str("optimizer_state_dict"), osd);
+    deepspeed::FileValue src = state_.ModelStatesRoot(0, 0);
+    if (ValuePtr config = src.value ? src.value->DictGetPtr("ds_config") : nullptr) {
+      UCP_ASSIGN_OR_RETURN(ValuePtr c, DsConfig(deepspeed::FileValue{config, src.file}, w));
+      root->DictSet(Value::Str("ds_config"), c);
+    }
+    root->DictSet(Value::Str("ds_version"), Value::Str(version_));
+    return root;
+  }
+
+  const deepspeed::ModelState& state_;
+  const ModelInfo& info_;
+  ZeroWriteOptions options_;
+  int dp_ = 1, ep_ = 1, edp_ = 1, stage_ = 2;
+  std::string version_;
+  deepspeed::PaddingConvention convention_ = deepspeed::PaddingConvention::kLastRank;
+  deepspeed::FileValue common_;
+  std::vector<TargetGroup> groups_;
+  std::vector<Job> jobs_;
+};
+
+}  // namespace
+
+absl::StatusOr<int> TargetExpertParallel(const ModelInfo& info, const ZeroWriteOptions& options) {
+  const int dp = options.target.dp;
+  auto fits = [&](int ep) {
+    if (ep < 1 || dp % ep != 0) return false;
+    for (const auto& l : info.moe_layers) {
+      if (l.num_experts % ep != 0) return false;
+    }
+    return true;
+  };
+  if (options.expert_parallel > 0) {
+    if (!fits(options.expert_parallel)) {
+      return absl::InvalidArgumentError(absl::StrCat("--expert_parallel=", options.expert_parallel,
+                                                     " must divide --dp=", dp, " and every MoE layer's expert count"));
+    }
+    return options.expert_parallel;
+  }
+  for (int ep = std::min(info.expert_parallel, dp); ep > 1; --ep) {
+    if (fits(ep)) return ep;
+  }
+  return 1;
+}
+
+absl::StatusOr<std::unique_ptr<Plan>> PlanMoe(const deepspeed::ModelState& state, const ZeroWriteOptions& options) {
+  auto plan = std::make_unique<MoePlan>(state, options);
+  UCP_RETURN_IF_ERROR(plan->Build());
+  return std::unique_ptr<Plan>(std::move(plan));
+}
+
+}  // namespace ucp::writers

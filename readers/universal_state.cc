@@ -231,6 +231,12 @@ absl::StatusOr<tp::TensorPlan> UniversalModelState::Full(const deepspeed::ParamS
                                               "': a universal checkpoint holds no lp weights of trainable params"));
     }
     UCP_ASSIGN_OR_RETURN(UniversalStateFile f, ckpt_->ReadState(param.name, state));
+    if (f.param.dtype() != torch::DType::kFloat32) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          f.file->path(), ": 'param' of param '", param.name, "' is ", torch::DTypeName(f.param.dtype()),
+          ", expected float32 (", state == deepspeed::kFp32State ? std::string("the fp32 master weights") : "optimizer state '" + state + "'",
+          " of a universal checkpoint)"));
+    }
     if (f.param.sizes() != param.full_shape) {
       return absl::InvalidArgumentError(absl::StrCat(f.file->path(), ": 'param' has shape ",
                                                      torch::ShapeString(f.param.sizes()), ", expected ",

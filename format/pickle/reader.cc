@@ -786,6 +786,7 @@ class Unpickler {
       return Invalid(absl::StrCat("global '", Printable(module), ".", Printable(name), "' is not UTF-8"));
     }
     if (protocol_ < 3) internal_compat::Python2ToPython3(module, name);
+    if (options_.globals != nullptr) options_.globals->emplace(module, name);
     return Value::Global(std::move(module), std::move(name));
   }
 

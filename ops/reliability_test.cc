@@ -162,6 +162,25 @@ TEST(ReliabilityTest, D08ModelStatesOfDifferentStepsAreRefused) {
   EXPECT_EQ(c.status().message().rfind(f + ": global_steps is 5 but 4 in ", 0), 0u) << c.status();
 }
 
+// d08: a universal folder in which one param's step.pt says another step.
+TEST(ReliabilityTest, D08UniversalStepsThatDisagreeAreRefused) {
+  const std::string root = CopyFixture("d08_u");
+  const std::string u = JoinPath(Dirname(root), "u/global_step4_universal");
+  ASSERT_TRUE(RunConvert(JoinPath(root, "global_step4"), u).ok());
+  const std::string q = JoinPath(u, "zero/2.attention.dense.weight/step.pt");
+  ASSERT_TRUE(ucp::testing::RunCommand(absl::StrCat(ucp::testing::kPython,
+                                                    " -c \"import torch; torch.save(torch.tensor(5.0), '", q, "')\""))
+                  .ok());
+  auto r = Reshard(ReshardTo(u, JoinPath(Dirname(root), "r/global_step4"), 1));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_NE(r.status().message().find("step differs from that of"), std::string::npos) << r.status();
+  auto v = readers::VerifyFolder(u);
+  ASSERT_FALSE(v.problems.empty());
+  bool named = false;
+  for (const auto& p : v.problems) named |= p.find("step 5 in 2.attention.dense.weight/step.pt") != std::string::npos;
+  EXPECT_TRUE(named) << v.problems[0];
+}
+
 // d09: optimizer files of tp ranks 0 and 1 swapped: the fp32 masters do not
 // match the lp weights of the layer files of the rank their name says.
 TEST(ReliabilityTest, D09SwappedTpShardsAreRefused) {

@@ -45,7 +45,7 @@ std::string StepText(const torch::TorchFile& f, const Value& v) {
       std::memcpy(&y, b.data(), 8);
       return absl::StrCat(y);
     }
-    return absl::StrCat(torch::DTypeName(t->dtype()), ":", absl::BytesToHexString(b));
+    return absl::StrCat(std::string(torch::DTypeName(t->dtype())), ":", absl::BytesToHexString(b));
   }
   return x->DebugString(60);
 }

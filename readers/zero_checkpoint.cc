@@ -71,7 +71,7 @@ std::string ScalarText(const torch::TorchFile& f, const Value& v) {
       std::memcpy(&x, bytes.data(), 8);
       return absl::StrCat("tensor(", x, ")");
     }
-    return absl::StrCat("tensor(", torch::DTypeName(t->dtype()), " ", absl::BytesToHexString(bytes), ")");
+    return absl::StrCat("tensor(", std::string(torch::DTypeName(t->dtype())), " ", absl::BytesToHexString(bytes), ")");
   }
   return v.DebugString(60);
 }

@@ -147,6 +147,25 @@ TEST(TorchFileTest, UnsafeGlobalsAreRefusedUnlessAllowed) {
   auto ok = TorchFile::FromBytes(CraftFile(*plain, 16), "plain.pt");
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_TRUE((*ok)->unsafe_globals().empty());
+  // getattr(Enum class, 'member') is how Python pickles enum members
+  // (DeepSpeed's ZeroStageEnum): data. getattr(f, '__globals__') is not.
+  auto getattr_of = [](ValuePtr obj, const std::string& attr) {
+    pickle::Object o;
+    o.callable = Value::Global("builtins", "getattr");
+    o.args = Value::Tuple({std::move(obj), Value::Str(attr)});
+    ValuePtr root = Value::MakeDict();
+    root->DictSet(Value::Str("v"), Value::MakeObject(std::move(o)));
+    return root;
+  };
+  auto member = TorchFile::FromBytes(
+      CraftFile(*getattr_of(Value::Global("deepspeed.runtime.zero.config", "ZeroStageEnum"), "optimizer_states"), 16),
+      "enum.pt");
+  ASSERT_TRUE(member.ok()) << member.status();
+  EXPECT_TRUE((*member)->unsafe_globals().empty());
+  auto dunder = TorchFile::FromBytes(
+      CraftFile(*getattr_of(Value::Global("torch._utils", "_rebuild_tensor_v2"), "__globals__"), 16), "dunder.pt");
+  EXPECT_EQ(dunder.status().code(), absl::StatusCode::kFailedPrecondition) << dunder.status();
+  EXPECT_NE(dunder.status().message().find("builtins.getattr"), std::string::npos) << dunder.status();
 }
 
 TEST(TorchFileTest, ViewPastStorageIsOutOfRange) {

@@ -33,11 +33,7 @@ std::string TensorSummary(const torch::Tensor& t) {
   return s;
 }
 
-bool IsUnsafe(const Value& v) {
-  if (v.is(Kind::kGlobal)) return pickle::IsUnsafeGlobal(v.module(), v.name());
-  if (v.is(Kind::kObject)) return pickle::IsUnsafeGlobal(v.object_module(), v.object_name());
-  return false;
-}
+bool IsUnsafe(const Value& v) { return pickle::IsUnsafeValue(v); }
 
 // The object tree of one file, one node per value, tensors summarized. A
 // container or object the pickle shares (memo references) is listed once;

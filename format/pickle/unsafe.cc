@@ -2,6 +2,8 @@
 
 #include <string_view>
 
+#include "format/pickle/value.h"
+
 namespace ucp::pickle {
 namespace {
 
@@ -65,6 +67,21 @@ bool IsUnsafeGlobal(std::string_view module, std::string_view name) {
     if (module == p.module && name == p.name) return true;
   }
   return false;
+}
+
+bool IsUnsafeValue(const Value& v) {
+  auto is_getattr = [](std::string_view m, std::string_view n) { return m == "builtins" && n == "getattr"; };
+  if (v.is(Kind::kGlobal)) return !is_getattr(v.module(), v.name()) && IsUnsafeGlobal(v.module(), v.name());
+  if (!v.is(Kind::kObject)) return false;
+  const std::string_view m = v.object_module(), n = v.object_name();
+  if (is_getattr(m, n)) {
+    const Object& o = v.object();
+    const auto& a = o.args ? o.args->items() : std::vector<ValuePtr>();
+    const bool member = a.size() == 2 && a[0]->is(Kind::kGlobal) && a[1]->is(Kind::kStr) && !a[1]->str().empty() &&
+                        a[1]->str()[0] != '_' && o.kwargs == nullptr;
+    return !member;
+  }
+  return IsUnsafeGlobal(m, n);
 }
 
 }  // namespace ucp::pickle

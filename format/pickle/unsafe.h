@@ -23,6 +23,14 @@ namespace ucp::pickle {
 // open/..., runpy, importlib, pickle/marshal loads, ctypes, socket, shutil, ...
 bool IsUnsafeGlobal(std::string_view module, std::string_view name);
 
+class Value;
+// One node of a value tree as `ucp inspect` marks it: a global or an object
+// built by calling one for which IsUnsafeGlobal holds, except getattr(a
+// global class, 'public_name') (how Python pickles enum members, e.g.
+// DeepSpeed's ZeroStageEnum) and a bare reference to getattr (the reader
+// records getattr as unsafe only when it is called otherwise).
+bool IsUnsafeValue(const Value& v);
+
 }  // namespace ucp::pickle
 
 #endif  // UCP_FORMAT_PICKLE_UNSAFE_H_

@@ -6,6 +6,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
+#include "format/torch/mapped_file.h"
 #include "tp/merge.h"
 
 namespace ucp::ops {
@@ -36,7 +37,20 @@ std::string RuleExplanation(const deepspeed::ModelInfo& info) {
   return out;
 }
 
+namespace {
+absl::StatusOr<ConvertResult> ConvertImpl(const ConvertOptions& options);
+}  // namespace
+
 absl::StatusOr<ConvertResult> Convert(const ConvertOptions& options) {
+  absl::StatusOr<ConvertResult> r = ConvertImpl(options);
+  // An input truncated while it was read (zeros instead of its bytes, a
+  // failed read) is the error to report, not what it caused.
+  if (!r.ok()) UCP_RETURN_IF_ERROR(torch::MappedFile::CheckAllIntact());
+  return r;
+}
+
+namespace {
+absl::StatusOr<ConvertResult> ConvertImpl(const ConvertOptions& options) {
   if (options.output_folder.empty() && options.dry_run_ranks == 0) {
     return absl::InvalidArgumentError("--output_folder is empty");
   }
@@ -100,5 +114,7 @@ absl::StatusOr<ConvertResult> Convert(const ConvertOptions& options) {
   for (const auto& note : result.stats.notes) result.warnings.push_back(note);
   return result;
 }
+
+}  // namespace
 
 }  // namespace ucp::ops

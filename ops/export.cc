@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "format/torch/mapped_file.h"
 #include "format/json/json.h"
 #include "format/pickle/accessors.h"
 
@@ -295,7 +296,20 @@ absl::StatusOr<ExportContents> PlanExportContents(const deepspeed::ModelState& s
   return c;
 }
 
+namespace {
+absl::StatusOr<ExportResult> ExportImpl(const ExportOptions& options);
+}  // namespace
+
 absl::StatusOr<ExportResult> Export(const ExportOptions& options) {
+  absl::StatusOr<ExportResult> r = ExportImpl(options);
+  // An input truncated while it was read (zeros instead of its bytes, a
+  // failed read) is the error to report, not what it caused.
+  if (!r.ok()) UCP_RETURN_IF_ERROR(torch::MappedFile::CheckAllIntact());
+  return r;
+}
+
+namespace {
+absl::StatusOr<ExportResult> ExportImpl(const ExportOptions& options) {
   if (options.input_folder.empty() || options.output_folder.empty()) {
     return absl::InvalidArgumentError("export needs an input and an output folder");
   }
@@ -339,5 +353,7 @@ absl::StatusOr<ExportResult> Export(const ExportOptions& options) {
   r.notes.insert(r.notes.end(), r.stats.notes.begin(), r.stats.notes.end());
   return r;
 }
+
+}  // namespace
 
 }  // namespace ucp::ops

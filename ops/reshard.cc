@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "format/torch/mapped_file.h"
 #include "format/pickle/accessors.h"
 #include "rules/presets.h"
 
@@ -83,7 +84,20 @@ absl::Status ValidateTargetAgainstModel(const deepspeed::ModelState& state, cons
   return absl::OkStatus();
 }
 
+namespace {
+absl::StatusOr<ReshardResult> ReshardImpl(const ReshardOptions& options);
+}  // namespace
+
 absl::StatusOr<ReshardResult> Reshard(const ReshardOptions& options) {
+  absl::StatusOr<ReshardResult> r = ReshardImpl(options);
+  // An input truncated while it was read (zeros instead of its bytes, a
+  // failed read) is the error to report, not what it caused.
+  if (!r.ok()) UCP_RETURN_IF_ERROR(torch::MappedFile::CheckAllIntact());
+  return r;
+}
+
+namespace {
+absl::StatusOr<ReshardResult> ReshardImpl(const ReshardOptions& options) {
   UCP_RETURN_IF_ERROR(ValidateReshardFlags(options));
   UCP_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(options.input_folder, options.zero_source, options.verify_checksums,
                                                     /*zero_only=*/false, options.cluster));
@@ -123,5 +137,7 @@ absl::StatusOr<ReshardResult> Reshard(const ReshardOptions& options) {
   result.write.bytes = stats.bytes;
   return result;
 }
+
+}  // namespace
 
 }  // namespace ucp::ops

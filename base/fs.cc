@@ -2,13 +2,25 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
+#include <cstdlib>
 #include <cstring>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <thread>
 #include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "base/parallel.h"
 
 #include "absl/strings/str_cat.h"
 #include "base/sha256.h"
@@ -110,9 +122,41 @@ absl::StatusOr<std::vector<std::string>> ListDirectory(const std::string& path) 
   return names;
 }
 
-absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+absl::StatusOr<int> OpenRegularFile(const std::string& path) {
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer.
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return ErrnoError(path, "cannot open");
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    absl::Status s = ErrnoError(path, "cannot stat");
+    close(fd);
+    return s;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    close(fd);
+    const char* what = S_ISFIFO(st.st_mode)  ? "a FIFO"
+                       : S_ISCHR(st.st_mode) ? "a character device"
+                       : S_ISBLK(st.st_mode) ? "a block device"
+                       : S_ISSOCK(st.st_mode) ? "a socket"
+                       : S_ISDIR(st.st_mode) ? "a folder"
+                                             : "not a regular file";
+    return absl::FailedPreconditionError(absl::StrCat(path, ": ", what, ", expected a regular file"));
+  }
+  const int flags = fcntl(fd, F_GETFL);
+  if (flags >= 0) (void)fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  return fd;
+}
+
+absl::StatusOr<std::string> ReadFileToString(const std::string& path, int64_t max_bytes) {
+  absl::StatusOr<int> opened = OpenRegularFile(path);
+  if (!opened.ok()) return opened.status();
+  const int fd = *opened;
+  struct stat st;
+  if (fstat(fd, &st) == 0 && st.st_size > max_bytes) {
+    close(fd);
+    return absl::ResourceExhaustedError(
+        absl::StrCat(path, ": ", st.st_size, " bytes, more than the ", max_bytes, " expected of this file"));
+  }
   std::string out;
   char buf[1 << 16];
   while (true) {
@@ -125,6 +169,11 @@ absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
     }
     if (n == 0) break;
     out.append(buf, static_cast<size_t>(n));
+    if (static_cast<int64_t>(out.size()) > max_bytes) {
+      close(fd);
+      return absl::ResourceExhaustedError(
+          absl::StrCat(path, ": more than the ", max_bytes, " bytes expected of this file (it grew while read)"));
+    }
   }
   close(fd);
   return out;
@@ -136,8 +185,32 @@ absl::StatusOr<int64_t> FileSize(const std::string& path) {
   return static_cast<int64_t>(st.st_size);
 }
 
+namespace {
+
+std::string HostName() {
+  char buf[256] = {0};
+  if (gethostname(buf, sizeof(buf) - 1) != 0 || buf[0] == 0) return "localhost";
+  std::string h(buf);
+  for (char& c : h) {
+    if (c == '/' || c == 0) c = '_';
+  }
+  return h;
+}
+
+const std::string& ThisHost() {
+  static const std::string* host = new std::string(HostName());
+  return *host;
+}
+
+// `.NAME.ucp-tmp-HOST-PID` (kind "tmp") or `.NAME.ucp-old-HOST-PID` ("old").
+std::string TempName(const std::string& name, const char* kind) {
+  return absl::StrCat(".", name, ".ucp-", kind, "-", ThisHost(), "-", getpid());
+}
+
+}  // namespace
+
 absl::Status WriteFileAtomic(const std::string& path, const std::string& contents) {
-  const std::string tmp = JoinPath(Dirname(path), absl::StrCat(".", Basename(path), ".ucp-tmp-", getpid()));
+  const std::string tmp = JoinPath(Dirname(path), TempName(Basename(path), "tmp"));
   const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return ErrnoError(tmp, "cannot create");
   size_t done = 0;
@@ -152,6 +225,12 @@ absl::Status WriteFileAtomic(const std::string& path, const std::string& content
     }
     done += static_cast<size_t>(n);
   }
+  if (fsync(fd) != 0) {
+    absl::Status s = ErrnoError(tmp, "cannot fsync");
+    close(fd);
+    unlink(tmp.c_str());
+    return s;
+  }
   if (close(fd) != 0) {
     absl::Status s = ErrnoError(tmp, "cannot close");
     unlink(tmp.c_str());
@@ -162,12 +241,13 @@ absl::Status WriteFileAtomic(const std::string& path, const std::string& content
     unlink(tmp.c_str());
     return s;
   }
-  return absl::OkStatus();
+  return SyncDir(Dirname(path));
 }
 
 absl::StatusOr<int64_t> FileDigestOf(const std::string& path, DigestKind digest, std::string* hex) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoError(path, "cannot open");
+  absl::StatusOr<int> opened = OpenRegularFile(path);
+  if (!opened.ok()) return opened.status();
+  const int fd = *opened;
   StreamDigest hash(digest);
   std::vector<char> buf(size_t{1} << 20);
   int64_t total = 0;
@@ -189,8 +269,9 @@ absl::StatusOr<int64_t> FileDigestOf(const std::string& path, DigestKind digest,
 }
 
 absl::Status CopyFile(const std::string& from, const std::string& to, std::string* hex, DigestKind digest) {
-  const int in = open(from.c_str(), O_RDONLY | O_CLOEXEC);
-  if (in < 0) return ErrnoError(from, "cannot open");
+  absl::StatusOr<int> opened = OpenRegularFile(from);
+  if (!opened.ok()) return opened.status();
+  const int in = *opened;
   const int out = open(to.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (out < 0) {
     absl::Status s = ErrnoError(to, "cannot create");
@@ -244,53 +325,359 @@ absl::Status CopyTree(const std::string& from, const std::string& to) {
   return absl::OkStatus();
 }
 
+bool IsReplaceableOutput(const std::string& path) {
+  if (!IsDirectory(path)) return false;
+  if (PathExists(JoinPath(path, kUcpOutputMarker)) || PathExists(JoinPath(path, "ucp_manifest.textproto"))) {
+    return true;
+  }
+  absl::StatusOr<std::vector<std::string>> names = ListDirectory(path);
+  return names.ok() && names->empty();
+}
+
+std::string ResolvePath(const std::string& path_in) {
+  std::string path = path_in.empty() ? "." : path_in;
+  std::string rest;
+  while (true) {
+    char buf[PATH_MAX];
+    if (realpath(path.c_str(), buf) != nullptr) return rest.empty() ? std::string(buf) : JoinPath(buf, rest);
+    const std::string parent = Dirname(path);
+    const std::string base = Basename(path);
+    if (parent == path) return JoinPath(path, rest);
+    if (base != "." && !base.empty()) rest = rest.empty() ? base : JoinPath(base, rest);
+    path = parent;
+  }
+}
+
+namespace {
+
+struct DevIno {
+  dev_t dev;
+  ino_t ino;
+  bool operator==(const DevIno& o) const { return dev == o.dev && ino == o.ino; }
+};
+
+bool StatOf(const std::string& path, DevIno* out) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) return false;
+  *out = {st.st_dev, st.st_ino};
+  return true;
+}
+
+// The existing folders from `path` (resolved) up to /, as (dev, inode).
+std::vector<DevIno> AncestorsOrSelf(const std::string& resolved) {
+  std::vector<DevIno> out;
+  std::string p = resolved;
+  while (true) {
+    DevIno d;
+    if (StatOf(p, &d)) out.push_back(d);
+    const std::string parent = Dirname(p);
+    if (parent == p) break;
+    p = parent;
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::Status CheckOutputApartFromInputs(const std::string& output, const std::vector<std::string>& inputs) {
+  const std::string out = ResolvePath(output);
+  const std::vector<DevIno> out_chain = AncestorsOrSelf(out);
+  DevIno out_self;
+  const bool out_exists = StatOf(out, &out_self);
+  for (const std::string& in_path : inputs) {
+    if (in_path.empty()) continue;
+    const std::string in = ResolvePath(in_path);
+    DevIno in_self;
+    if (!StatOf(in, &in_self)) continue;
+    // The output is the input or lies inside it.
+    bool inside = out == in || absl::StartsWith(out, in + "/");
+    for (const DevIno& d : out_chain) inside |= d == in_self;
+    if (inside) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          output, ": the output folder ", out == in ? "is" : "lies inside", " the input ", in_path,
+          " (refused, --overwrite included: writing there would change or destroy the input; choose a folder "
+          "outside it)"));
+    }
+    // The output contains the input: replacing it would delete the input.
+    bool contains = absl::StartsWith(in, out + "/");
+    if (out_exists) {
+      for (const DevIno& d : AncestorsOrSelf(in)) contains |= d == out_self;
+    }
+    if (contains) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          output, ": the output folder contains the input ", in_path,
+          " (refused, --overwrite included: replacing it would delete the input; choose a folder outside it)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SyncDir(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return ErrnoError(path, "cannot open folder to fsync");
+  if (fsync(fd) != 0 && errno != EINVAL) {
+    absl::Status s = ErrnoError(path, "cannot fsync folder");
+    close(fd);
+    return s;
+  }
+  close(fd);
+  return absl::OkStatus();
+}
+
+namespace {
+
+absl::Status ListTree(const std::string& path, std::vector<std::string>* files, std::vector<std::string>* dirs) {
+  absl::StatusOr<std::vector<std::string>> names = ListDirectory(path);
+  if (!names.ok()) return names.status();
+  for (const auto& n : *names) {
+    const std::string p = JoinPath(path, n);
+    struct stat st;
+    if (lstat(p.c_str(), &st) != 0) return ErrnoError(p, "cannot stat");
+    if (S_ISDIR(st.st_mode)) {
+      absl::Status s = ListTree(p, files, dirs);
+      if (!s.ok()) return s;
+    } else if (S_ISREG(st.st_mode)) {
+      files->push_back(p);
+    }
+  }
+  dirs->push_back(path);  // after its children
+  return absl::OkStatus();
+}
+
+absl::Status SyncFile(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoError(path, "cannot open to fsync");
+  if (fsync(fd) != 0) {
+    absl::Status s = ErrnoError(path, "cannot fsync");
+    close(fd);
+    return s;
+  }
+  close(fd);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status SyncTree(const std::string& path) {
+  std::vector<std::string> files, dirs;
+  absl::Status s = ListTree(path, &files, &dirs);
+  if (!s.ok()) return s;
+  s = ParallelFor(files.size(), 0, [&](size_t i) { return SyncFile(files[i]); });
+  if (!s.ok()) return s;
+  for (const auto& d : dirs) {
+    s = SyncDir(d);
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// `.NAME.ucp-KIND-HOST-PID`: NAME, KIND ("tmp", "old"), HOST, PID.
+struct TempEntry {
+  std::string name, kind, host;
+  pid_t pid = 0;
+};
+
+bool ParseTempName(const std::string& entry, TempEntry* out) {
+  if (entry.empty() || entry[0] != '.') return false;
+  for (const char* kind : {"tmp", "old"}) {
+    const std::string mark = absl::StrCat(".ucp-", kind, "-");
+    const size_t at = entry.rfind(mark);
+    if (at == std::string::npos || at < 1) continue;
+    const std::string tail = entry.substr(at + mark.size());
+    const size_t dash = tail.rfind('-');
+    if (dash == std::string::npos || dash == 0) continue;
+    int64_t pid = 0;
+    if (!absl::SimpleAtoi(tail.substr(dash + 1), &pid) || pid <= 0 || pid > INT_MAX) continue;
+    out->name = entry.substr(1, at - 1);
+    out->kind = kind;
+    out->host = tail.substr(0, dash);
+    out->pid = static_cast<pid_t>(pid);
+    return true;
+  }
+  return false;
+}
+
+bool ProcessIsGone(pid_t pid) { return kill(pid, 0) != 0 && errno == ESRCH; }
+
+}  // namespace
+
+std::vector<std::string> RemoveStaleStaging(const std::string& folder) {
+  std::vector<std::string> notes;
+  absl::StatusOr<std::vector<std::string>> names = ListDirectory(folder);
+  if (!names.ok()) return notes;
+  for (const std::string& n : *names) {
+    TempEntry e;
+    if (!ParseTempName(n, &e)) continue;
+    // Another host's process may be alive (a shared file system): only this
+    // host's dead processes are known to be dead.
+    if (e.host != ThisHost() || e.pid == getpid() || !ProcessIsGone(e.pid)) continue;
+    const std::string path = JoinPath(folder, n);
+    if (e.kind == "old" && !PathExists(JoinPath(folder, e.name))) {
+      if (rename(path.c_str(), JoinPath(folder, e.name).c_str()) == 0) {
+        notes.push_back(absl::StrCat("restored ", JoinPath(folder, e.name), " from ", path, " (process ", e.pid,
+                                     " died while replacing it)"));
+      }
+      continue;
+    }
+    if (RemoveTree(path).ok()) {
+      notes.push_back(absl::StrCat("removed ", path, ", left by process ", e.pid, " which is gone"));
+    }
+  }
+  return notes;
+}
+
+// ---- the live staging folders, for the signal thread ----
+namespace {
+
+struct LiveStaging {
+  std::mutex mu;
+  int next_id = 1;
+  std::map<int, std::string> paths;  // id -> staging path (not kept)
+};
+
+LiveStaging& Live() {
+  static LiveStaging* live = new LiveStaging();
+  return *live;
+}
+
+void CleanupAndDie(int sig) {
+  {
+    std::lock_guard<std::mutex> lock(Live().mu);  // waits for a Commit in progress
+    for (const auto& [id, path] : Live().paths) {
+      // Out of the way first, so that no worker thread adds to it, then gone.
+      const std::string dead = absl::StrCat(path, "-dead");
+      if (rename(path.c_str(), dead.c_str()) == 0) (void)RemoveTree(dead);
+      (void)RemoveTree(path);
+    }
+    Live().paths.clear();
+    // Keep the lock: no staging folder may be committed from now on.
+    signal(sig, SIG_DFL);
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, sig);
+    pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+    raise(sig);
+    _exit(128 + sig);
+  }
+}
+
+}  // namespace
+
+void InstallStagingCleanupOnSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+    struct sigaction old;
+    if (sigaction(sig, nullptr, &old) == 0 && old.sa_handler == SIG_IGN) continue;  // e.g. nohup
+    sigaddset(&set, sig);
+  }
+  if (pthread_sigmask(SIG_BLOCK, &set, nullptr) != 0) return;
+  std::thread([set]() {
+    int sig = 0;
+    while (sigwait(&set, &sig) != 0) {
+    }
+    CleanupAndDie(sig);
+  }).detach();
+}
+
+void StagingDir::Register() {
+  std::lock_guard<std::mutex> lock(Live().mu);
+  id_ = Live().next_id++;
+  Live().paths[id_] = tmp_;
+}
+
+void StagingDir::Unregister() {
+  if (id_ == 0) return;
+  std::lock_guard<std::mutex> lock(Live().mu);
+  Live().paths.erase(id_);
+  id_ = 0;
+}
+
+void StagingDir::Keep() {
+  keep_ = true;
+  Unregister();
+}
+
 absl::StatusOr<StagingDir> StagingDir::Create(const std::string& target_in, bool overwrite) {
   std::string target = target_in;
   while (target.size() > 1 && target.back() == '/') target.pop_back();
+  if (target.empty()) return absl::InvalidArgumentError("the output folder is empty");
   if (PathExists(target) && !overwrite) {
     return absl::AlreadyExistsError(absl::StrCat(target, ": output folder already exists (remove it or pass --overwrite)"));
+  }
+  if (PathExists(target) && !IsReplaceableOutput(target)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        target, ": exists and is not a ucp output (no ", kUcpOutputMarker,
+        " or ucp_manifest.textproto in it); --overwrite only replaces a previous ucp output: move it away yourself"));
   }
   const std::string parent = Dirname(target);
   absl::Status s = MakeDirs(parent);
   if (!s.ok()) return s;
   StagingDir d;
+  d.notes_ = RemoveStaleStaging(parent);
   d.target_ = target;
   d.overwrite_ = overwrite;
-  d.tmp_ = JoinPath(parent, absl::StrCat(".", Basename(target), ".ucp-tmp-", getpid()));
+  d.tmp_ = JoinPath(parent, TempName(Basename(target), "tmp"));
   s = RemoveTree(d.tmp_);
   if (!s.ok()) return s;
   if (mkdir(d.tmp_.c_str(), 0755) != 0) return ErrnoError(d.tmp_, "cannot create staging folder");
+  d.Register();
+  s = WriteFileAtomic(JoinPath(d.tmp_, kUcpOutputMarker), "written by ucp; `ucp --overwrite` may replace this folder\n");
+  if (!s.ok()) return s;
   return d;
 }
 
 StagingDir::StagingDir(StagingDir&& o) noexcept
-    : target_(std::move(o.target_)), tmp_(std::move(o.tmp_)), overwrite_(o.overwrite_), done_(o.done_), keep_(o.keep_) {
+    : notes_(std::move(o.notes_)), id_(o.id_), target_(std::move(o.target_)), tmp_(std::move(o.tmp_)),
+      overwrite_(o.overwrite_), done_(o.done_), keep_(o.keep_) {
   o.done_ = true;
+  o.id_ = 0;
+  if (id_ != 0) {
+    std::lock_guard<std::mutex> lock(Live().mu);
+    Live().paths[id_] = tmp_;
+  }
 }
 
 StagingDir& StagingDir::operator=(StagingDir&& o) noexcept {
   if (this != &o) {
     if (!done_ && !keep_) (void)RemoveTree(tmp_);
+    Unregister();
+    notes_ = std::move(o.notes_);
+    id_ = o.id_;
     target_ = std::move(o.target_);
     tmp_ = std::move(o.tmp_);
     overwrite_ = o.overwrite_;
     done_ = o.done_;
     keep_ = o.keep_;
     o.done_ = true;
+    o.id_ = 0;
   }
   return *this;
 }
 
 StagingDir::~StagingDir() {
+  Unregister();
   if (!done_ && !keep_) (void)RemoveTree(tmp_);
 }
 
 absl::Status StagingDir::Commit() {
   if (done_) return absl::FailedPreconditionError(absl::StrCat(target_, ": staging folder already committed"));
+  // Every byte on disk before the folder gets its final name.
+  absl::Status synced = SyncTree(tmp_);
+  if (!synced.ok()) return synced;
+  std::unique_lock<std::mutex> lock(Live().mu);  // no signal cleanup mid-rename
+  if (Live().paths.count(id_) == 0 && id_ != 0) {
+    return absl::CancelledError(absl::StrCat(target_, ": interrupted"));
+  }
   std::string old;
   if (PathExists(target_)) {
     if (!overwrite_) return absl::AlreadyExistsError(absl::StrCat(target_, ": appeared while writing"));
-    old = JoinPath(Dirname(target_), absl::StrCat(".", Basename(target_), ".ucp-old-", getpid()));
+    if (!IsReplaceableOutput(target_)) {
+      return absl::FailedPreconditionError(absl::StrCat(target_, ": appeared while writing and is not a ucp output"));
+    }
+    old = JoinPath(Dirname(target_), TempName(Basename(target_), "old"));
     if (rename(target_.c_str(), old.c_str()) != 0) return ErrnoError(target_, "cannot move the old output away");
   }
   if (rename(tmp_.c_str(), target_.c_str()) != 0) {
@@ -299,8 +686,15 @@ absl::Status StagingDir::Commit() {
     return s;
   }
   done_ = true;
-  if (!old.empty()) return RemoveTree(old);
-  return absl::OkStatus();
+  Live().paths.erase(id_);
+  id_ = 0;
+  lock.unlock();
+  absl::Status s = SyncDir(Dirname(target_));
+  if (!old.empty()) {
+    absl::Status r = RemoveTree(old);
+    if (s.ok()) s = r;
+  }
+  return s;
 }
 
 }  // namespace ucp

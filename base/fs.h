@@ -30,9 +30,16 @@ absl::Status MakeDirs(const std::string& path);
 // rm -rf; OK when the path does not exist.
 absl::Status RemoveTree(const std::string& path);
 absl::StatusOr<std::vector<std::string>> ListDirectory(const std::string& path);  // sorted, no . and ..
-absl::StatusOr<std::string> ReadFileToString(const std::string& path);
+// Reads a regular file whole. FIFOs, devices and other non-regular files are
+// refused without blocking (kFailedPrecondition), and so is a file larger
+// than `max_bytes` (kResourceExhausted), before anything is read.
+absl::StatusOr<std::string> ReadFileToString(const std::string& path, int64_t max_bytes = INT64_MAX);
+// Opens `path` read-only, refusing anything but a regular file without
+// blocking on a FIFO; returns the descriptor (the caller closes it).
+absl::StatusOr<int> OpenRegularFile(const std::string& path);
 absl::StatusOr<int64_t> FileSize(const std::string& path);
-// Writes `contents` to a temporary file in the same folder and renames it.
+// Writes `contents` to a temporary file in the same folder, fsyncs it, renames
+// it into place and fsyncs the folder.
 absl::Status WriteFileAtomic(const std::string& path, const std::string& contents);
 // Copies a file (byte-identical); returns the hex digest of its bytes of the
 // kind `digest` says in `*hex` when it is not null.
@@ -43,10 +50,45 @@ absl::StatusOr<int64_t> FileDigestOf(const std::string& path, DigestKind digest,
 // Copies a folder tree (cp -r).
 absl::Status CopyTree(const std::string& from, const std::string& to);
 
-// StagingDir: a temporary sibling `.<name>.ucp-tmp-<pid>` of the target.
+// The file every ucp output folder holds (written into the staging folder
+// first): what --overwrite recognizes as a folder ucp may replace.
+inline constexpr char kUcpOutputMarker[] = ".ucp_output";
+// True when `path` is a folder a ucp command wrote (it has kUcpOutputMarker,
+// or a ucp_manifest.textproto from a universal output), or an empty folder.
+bool IsReplaceableOutput(const std::string& path);
+
+// The real path of `path`; for a path that does not exist (yet), the real
+// path of its nearest existing ancestor joined with the rest.
+std::string ResolvePath(const std::string& path);
+// Refuses (kInvalidArgument) an output folder that is one of `inputs`, lies
+// inside one of them, or contains one (symlinks, `..` and bind mounts
+// resolved): writing or replacing it would destroy the input.
+absl::Status CheckOutputApartFromInputs(const std::string& output, const std::vector<std::string>& inputs);
+
+// fsyncs every file and folder under `path` (and `path` itself).
+absl::Status SyncTree(const std::string& path);
+// fsyncs one folder (after a rename in it).
+absl::Status SyncDir(const std::string& path);
+
+// Removes the staging folders (and half-written files) that dead ucp
+// processes of this host left in `folder`: names `.NAME.ucp-tmp-HOST-PID`
+// whose PID no longer runs on this host. A `.NAME.ucp-old-HOST-PID` (an
+// output being replaced when its process died) is removed when NAME exists
+// and renamed back to NAME otherwise. Returns what it did, one line each.
+std::vector<std::string> RemoveStaleStaging(const std::string& folder);
+
+// SIGINT, SIGTERM and SIGHUP (unless ignored when the process started)
+// remove every live staging folder, then end the process by that signal.
+// Call once, in main, before any thread starts.
+void InstallStagingCleanupOnSignals();
+
+// StagingDir: a temporary sibling `.<name>.ucp-tmp-<host>-<pid>` of the target.
 class StagingDir {
  public:
-  // Fails with kAlreadyExists if the target exists and !overwrite.
+  // Fails with kAlreadyExists if the target exists and !overwrite, and with
+  // kFailedPrecondition if overwrite is asked for a target that is not a
+  // previous ucp output (IsReplaceableOutput). Stale staging folders of dead
+  // processes beside the target are removed first.
   static absl::StatusOr<StagingDir> Create(const std::string& target, bool overwrite = false);
   StagingDir(StagingDir&& other) noexcept;
   StagingDir& operator=(StagingDir&& other) noexcept;
@@ -56,14 +98,21 @@ class StagingDir {
 
   const std::string& path() const { return tmp_; }
   const std::string& target() const { return target_; }
-  // Renames the staging folder to the target (replacing an old target when
-  // created with overwrite). After Commit the destructor does nothing.
+  // fsyncs the staging folder's files and folders, renames it to the target
+  // (replacing an old target when created with overwrite) and fsyncs the
+  // parent. After Commit the destructor does nothing.
   absl::Status Commit();
   // Keeps the staging folder on destruction (ds_to_universal's --keep_temp_folder).
-  void Keep() { keep_ = true; }
+  void Keep();
+  // Lines about stale staging folders removed by Create.
+  const std::vector<std::string>& notes() const { return notes_; }
 
  private:
   StagingDir() = default;
+  void Register();
+  void Unregister();
+  std::vector<std::string> notes_;
+  int id_ = 0;
   std::string target_;
   std::string tmp_;
   bool overwrite_ = false;

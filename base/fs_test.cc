@@ -1,7 +1,14 @@
 #include "base/fs.h"
 
-#include <cstdlib>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <cstdlib>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
 #include "base/sha256.h"
 #include "gtest/gtest.h"
 
@@ -50,6 +57,133 @@ TEST(FsTest, StagingDirCommitsOrCleansUp) {
   ASSERT_TRUE(again->Commit().ok());
   EXPECT_FALSE(PathExists(JoinPath(target, "f")));
   EXPECT_EQ(*ReadFileToString(JoinPath(target, "g")), "new");
+}
+
+std::string Fresh(const std::string& name) {
+  const std::string d = JoinPath(TempDir(), name);
+  EXPECT_TRUE(RemoveTree(d).ok());
+  EXPECT_TRUE(MakeDirs(d).ok());
+  return d;
+}
+
+// d05: --overwrite replaces only what ucp wrote (it carries the marker).
+TEST(FsTest, OverwriteReplacesOnlyUcpOutputs) {
+  const std::string root = Fresh("overwrite_only_ucp");
+  const std::string user = JoinPath(root, "user_data");
+  ASSERT_TRUE(MakeDirs(user).ok());
+  ASSERT_TRUE(WriteFileAtomic(JoinPath(user, "weights.pt"), "precious").ok());
+  auto refused = StagingDir::Create(user, /*overwrite=*/true);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_NE(refused.status().message().find("not a ucp output"), std::string::npos) << refused.status();
+  EXPECT_EQ(*ReadFileToString(JoinPath(user, "weights.pt")), "precious");
+  // A ucp output (written through a StagingDir) can be replaced.
+  const std::string out = JoinPath(root, "out");
+  {
+    auto s = StagingDir::Create(out);
+    ASSERT_TRUE(s.ok()) << s.status();
+    ASSERT_TRUE(s->Commit().ok());
+  }
+  EXPECT_TRUE(PathExists(JoinPath(out, kUcpOutputMarker)));
+  EXPECT_TRUE(IsReplaceableOutput(out));
+  auto again = StagingDir::Create(out, /*overwrite=*/true);
+  ASSERT_TRUE(again.ok()) << again.status();
+  ASSERT_TRUE(again->Commit().ok());
+}
+
+// d05, d06: the output may not be the input, lie inside it or contain it,
+// whatever path spells it (symlinks, trailing slashes, `..`).
+TEST(FsTest, OutputMustStayApartFromInputs) {
+  const std::string root = Fresh("apart_from_inputs");
+  const std::string in = JoinPath(root, "ck/global_step4");
+  ASSERT_TRUE(MakeDirs(in).ok());
+  ASSERT_EQ(symlink(in.c_str(), JoinPath(root, "link").c_str()), 0);
+  for (const std::string& bad : {in, in + "/", JoinPath(root, "ck"), root, JoinPath(in, "univ"),
+                                 JoinPath(root, "link"), JoinPath(root, "link/sub/deeper"),
+                                 JoinPath(root, "ck/global_step4/../global_step4")}) {
+    absl::Status s = CheckOutputApartFromInputs(bad, {in});
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_EQ(s.message().rfind(bad, 0), 0u) << s;
+  }
+  for (const std::string& good : {JoinPath(root, "ck/global_step4_universal"), JoinPath(root, "other/x"),
+                                  JoinPath(root, "ck/global_step4x")}) {
+    EXPECT_TRUE(CheckOutputApartFromInputs(good, {in}).ok()) << good;
+  }
+}
+
+// d10: a staging folder of a process that died (kill -9) is removed by the
+// next run; one of a live process, or of another host, is not.
+TEST(FsTest, StaleStagingOfDeadProcessesIsRemoved) {
+  const std::string root = Fresh("stale_staging");
+  const pid_t child = fork();
+  if (child == 0) _exit(0);
+  ASSERT_GT(child, 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  char host[256] = {0};
+  ASSERT_EQ(gethostname(host, sizeof(host) - 1), 0);
+  const std::string dead = JoinPath(root, absl::StrCat(".u.ucp-tmp-", host, "-", child));
+  const std::string live = JoinPath(root, absl::StrCat(".v.ucp-tmp-", host, "-", getppid()));
+  const std::string elsewhere = JoinPath(root, absl::StrCat(".w.ucp-tmp-otherhost-", child));
+  for (const auto& d : {dead, live, elsewhere}) {
+    ASSERT_TRUE(MakeDirs(JoinPath(d, "zero")).ok());
+    ASSERT_TRUE(WriteFileAtomic(JoinPath(d, "zero/f"), "partial").ok());
+  }
+  auto s = StagingDir::Create(JoinPath(root, "u"));
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_FALSE(PathExists(dead));
+  EXPECT_TRUE(PathExists(live));
+  EXPECT_TRUE(PathExists(elsewhere));
+  ASSERT_EQ(s->notes().size(), 1u);
+  EXPECT_NE(s->notes()[0].find(dead), std::string::npos) << s->notes()[0];
+}
+
+// d10: SIGINT, SIGTERM and SIGHUP remove the staging folder, and the process
+// still ends by that signal.
+TEST(FsTest, SignalsRemoveTheStagingFolder) {
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+    const std::string root = Fresh(absl::StrCat("signal_staging_", sig));
+    const std::string ready = JoinPath(root, "ready");
+    const pid_t child = fork();
+    if (child == 0) {
+      signal(sig, SIG_DFL);
+      InstallStagingCleanupOnSignals();
+      auto s = StagingDir::Create(JoinPath(root, "out"));
+      if (!s.ok()) _exit(3);
+      if (!WriteFileAtomic(JoinPath(s->path(), "big.pt"), std::string(1 << 20, 'x')).ok()) _exit(4);
+      if (!WriteFileAtomic(ready, s->path()).ok()) _exit(5);
+      while (true) pause();
+    }
+    ASSERT_GT(child, 0);
+    for (int i = 0; i < 500 && !PathExists(ready); ++i) usleep(10000);
+    ASSERT_TRUE(PathExists(ready));
+    const std::string staging = *ReadFileToString(ready);
+    EXPECT_TRUE(PathExists(staging));
+    ASSERT_EQ(kill(child, sig), 0);
+    int status = 0;
+    ASSERT_EQ(waitpid(child, &status, 0), child);
+    EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == sig) << "status " << status;
+    EXPECT_FALSE(PathExists(staging)) << staging;
+    EXPECT_FALSE(PathExists(JoinPath(root, "out")));
+  }
+}
+
+// d01, d12: a FIFO is refused without blocking; a file larger than expected
+// is refused before it is read.
+TEST(FsTest, ReadFileToStringRefusesFifosAndHugeFiles) {
+  const std::string root = Fresh("read_fifo");
+  const std::string fifo = JoinPath(root, "latest");
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0644), 0);
+  auto r = ReadFileToString(fifo);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
+  EXPECT_NE(r.status().message().find("a FIFO"), std::string::npos) << r.status();
+  std::string digest;
+  EXPECT_FALSE(FileDigestOf(fifo, DigestKind::kSha256, &digest).ok());
+  const std::string big = JoinPath(root, "big");
+  ASSERT_TRUE(WriteFileAtomic(big, std::string(10000, 'a')).ok());
+  auto b = ReadFileToString(big, 4096);
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kResourceExhausted) << b.status();
+  EXPECT_LT(b.status().message().size(), 300u);
+  EXPECT_TRUE(ReadFileToString(big, 10000).ok());
 }
 
 TEST(FsTest, CopyFileHashesWhatItCopies) {

@@ -1,6 +1,7 @@
 #include "deepspeed/manifest.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 
 namespace ucp::deepspeed {
@@ -73,6 +74,16 @@ absl::StatusOr<ParamState> DecodeParam(const Manifest::Param& m) {
   ParamState p;
   p.name = m.name();
   p.full_shape.assign(m.shape().begin(), m.shape().end());
+  {
+    int64_t n = 1;
+    for (int64_t d : p.full_shape) {
+      if (d < 0 || __builtin_mul_overflow(n, d, &n) || n > (int64_t{1} << 50)) {
+        return absl::InvalidArgumentError(absl::StrCat("manifest param '", m.name(), "': shape [",
+                                                       absl::StrJoin(p.full_shape, ", "),
+                                                       "] is negative or has more than 2^50 elements"));
+      }
+    }
+  }
   if (m.has_merge_rule()) {
     p.rule = m.merge_rule();
   } else {

@@ -49,6 +49,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/types/span.h"
 #include "format/pickle/value.h"
 #include "format/torch/crc32.h"
@@ -101,6 +102,9 @@ torch::OpenOptions Options(bool verify_crc) {
   o.pickle.max_values = size_t{1} << 20;
   o.pickle.max_memo_entries = size_t{1} << 16;
   o.verify_crc = verify_crc;
+  // Past the unsafe-global refusal (checked separately in FuzzOne), so that
+  // such trees still reach the tensor and writer checks.
+  o.refuse_unsafe_globals = false;
   return o;
 }
 
@@ -304,7 +308,7 @@ void CheckRewrite(const torch::TorchFile& file, const TreeNodes& nodes, bool dum
     return;
   }
   absl::StatusOr<std::unique_ptr<torch::TorchFile>> again =
-      torch::TorchFile::FromBytes(*std::move(written), kRewrittenName);
+      torch::TorchFile::FromBytes(*std::move(written), kRewrittenName, Options(/*verify_crc=*/true));
   UCP_FUZZ_CHECK(again.ok(), "TorchFile refused what TorchWriter wrote: ", again.status().ToString());
   const TreeNodes again_nodes = CollectNodes(*(*again)->root());
   UCP_FUZZ_CHECK(again_nodes.tensors.size() == nodes.tensors.size(), "the rewritten file has ",
@@ -356,6 +360,21 @@ void FuzzOne(std::string_view input) {
                    all.ToString());
   }
   if (!eager.ok()) return;
+  // With the default policy, a file is refused exactly when its pickle names
+  // a code-execution global, and the refusal names it.
+  {
+    torch::OpenOptions strict = Options(/*verify_crc=*/true);
+    strict.refuse_unsafe_globals = true;
+    absl::StatusOr<std::unique_ptr<torch::TorchFile>> checked = torch::TorchFile::FromBytes(bytes, kName, strict);
+    const auto& unsafe = (*eager)->unsafe_globals();
+    UCP_FUZZ_CHECK(checked.ok() == unsafe.empty(), "unsafe globals [", absl::StrJoin(unsafe, ", "),
+                   "] but the default open gave ", checked.status().ToString());
+    if (!checked.ok()) {
+      UCP_FUZZ_CHECK(checked.status().code() == absl::StatusCode::kFailedPrecondition &&
+                         absl::StrContains(checked.status().message(), "UNSAFE pickle: it names " + unsafe[0]),
+                     "unexpected refusal: ", checked.status().ToString());
+    }
+  }
   const torch::TorchFile& file = **eager;
 
   const TreeNodes nodes = CollectNodes(*file.root());

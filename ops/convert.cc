@@ -6,6 +6,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
+#include "format/torch/mapped_file.h"
 #include "tp/merge.h"
 
 namespace ucp::ops {
@@ -36,7 +37,32 @@ std::string RuleExplanation(const deepspeed::ModelInfo& info) {
   return out;
 }
 
+namespace {
+absl::StatusOr<ConvertResult> ConvertImpl(const ConvertOptions& options);
+}  // namespace
+
 absl::StatusOr<ConvertResult> Convert(const ConvertOptions& options) {
+  absl::StatusOr<ConvertResult> r = ConvertImpl(options);
+  // An input truncated while it was read (zeros instead of its bytes, a
+  // failed read) is the error to report, not what it caused.
+  if (!r.ok()) UCP_RETURN_IF_ERROR(torch::MappedFile::CheckAllIntact());
+  return r;
+}
+
+namespace {
+absl::StatusOr<ConvertResult> ConvertImpl(const ConvertOptions& options) {
+  if (options.output_folder.empty() && options.dry_run_ranks == 0) {
+    return absl::InvalidArgumentError("--output_folder is empty");
+  }
+  if (options.input_folder.empty()) return absl::InvalidArgumentError("--input_folder is empty");
+  if (options.state.num_threads < 0 || options.write.num_threads < 0) {
+    return absl::InvalidArgumentError("--num_threads: expected >= 0 (0 = all cores)");
+  }
+  if (options.state.make_vocab_size_divisible_by < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--make_vocab_size_divisible_by=",
+                                                   options.state.make_vocab_size_divisible_by, ": expected >= 0"));
+  }
+  if (options.dry_run_ranks < 0) return absl::InvalidArgumentError("--dry_run: expected >= 0");
   UCP_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(options.input_folder, options.state, /*verify_checksums=*/false,
                                                     /*zero_only=*/true, options.cluster));
   const deepspeed::ModelState* state = src.state.get();
@@ -75,6 +101,7 @@ absl::StatusOr<ConvertResult> Convert(const ConvertOptions& options) {
   }
   writers::UniversalWriteOptions write = options.write;
   write.source_folder = src.dir;
+  write.inputs = {src.dir};
   write.rules = src.effective_rules;
   absl::StatusOr<std::unique_ptr<writers::Plan>> plan = writers::PlanUniversal(*state, write);
   if (options.cluster != nullptr) UCP_RETURN_IF_ERROR(AgreeOnStatus(*options.cluster, plan.status()));
@@ -96,7 +123,10 @@ absl::StatusOr<ConvertResult> Convert(const ConvertOptions& options) {
   }
   result.explain = RuleExplanation(state->info());
   for (const auto& note : state->info().notes) result.warnings.push_back(note);
+  for (const auto& note : result.stats.notes) result.warnings.push_back(note);
   return result;
 }
+
+}  // namespace
 
 }  // namespace ucp::ops

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "format/torch/mapped_file.h"
 #include "format/json/json.h"
 #include "format/pickle/accessors.h"
 
@@ -298,9 +299,25 @@ absl::StatusOr<ExportContents> PlanExportContents(const deepspeed::ModelState& s
   return c;
 }
 
+namespace {
+absl::StatusOr<ExportResult> ExportImpl(const ExportOptions& options);
+}  // namespace
+
 absl::StatusOr<ExportResult> Export(const ExportOptions& options) {
+  absl::StatusOr<ExportResult> r = ExportImpl(options);
+  // An input truncated while it was read (zeros instead of its bytes, a
+  // failed read) is the error to report, not what it caused.
+  if (!r.ok()) UCP_RETURN_IF_ERROR(torch::MappedFile::CheckAllIntact());
+  return r;
+}
+
+namespace {
+absl::StatusOr<ExportResult> ExportImpl(const ExportOptions& options) {
   if (options.input_folder.empty() || options.output_folder.empty()) {
     return absl::InvalidArgumentError("export needs an input and an output folder");
+  }
+  if (options.state.num_threads < 0 || options.write.num_threads < 0) {
+    return absl::InvalidArgumentError("--num_threads: expected >= 0 (0 = all cores)");
   }
   std::unique_ptr<deepspeed::ModelState> state;
   std::vector<std::string> open_notes;
@@ -309,17 +326,22 @@ absl::StatusOr<ExportResult> Export(const ExportOptions& options) {
         options.input_folder, ": export of a native mixture-of-experts checkpoint is not supported (its expert "
         "names and files have no tested zero_to_fp32.py counterpart); reshard it with `ucp reshard`"));
   }
+  std::string source_dir;
   if (IsUniversalFolder(options.input_folder) || readers::IsZero3Folder(options.input_folder)) {
     // ZeRO-3 exists at tp = 1 only: whole tensors, no rules needed.
     SourceOptions source = options.state;
     source.tp1_whole_tensors = true;
-    UCP_ASSIGN_OR_RETURN(state, OpenModelState(options.input_folder, source));
+    UCP_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(options.input_folder, source, /*verify_checksums=*/false,
+                                                      /*zero_only=*/false, nullptr));
+    source_dir = src.dir;
+    state = std::move(src.state);
   } else {
     // At tp = 1 every merge rule gives the same full tensor (one slice): the
     // checkpoints zero_to_fp32.py handles export without rules (a rule still
     // decides VOCAB padding stripping).
     UCP_ASSIGN_OR_RETURN(std::unique_ptr<readers::ZeroCheckpoint> ckpt,
                          readers::ZeroCheckpoint::Open(options.input_folder));
+    source_dir = ckpt->dir();
     SourceOptions source = options.state;
     if (ckpt->topology().tp == 1 && source.rules.default_kind == MERGE_KIND_UNSPECIFIED) {
       source.rules.default_kind = COLUMN;
@@ -332,13 +354,17 @@ absl::StatusOr<ExportResult> Export(const ExportOptions& options) {
   }
   UCP_ASSIGN_OR_RETURN(ExportContents c, PlanExportContents(*state, options));
   writers::ExportWriteOptions w = options.write;
+  w.inputs = {source_dir};
   if (!c.config_json.empty()) w.extra_files.emplace_back("config.json", c.config_json);
   ExportResult r;
   r.notes = state->info().notes;
   r.notes.insert(r.notes.end(), c.notes.begin(), c.notes.end());
   r.architecture = c.architecture;
   UCP_ASSIGN_OR_RETURN(r.stats, writers::WriteExport(std::move(c.tensors), options.output_folder, w));
+  r.notes.insert(r.notes.end(), r.stats.notes.begin(), r.stats.notes.end());
   return r;
 }
+
+}  // namespace
 
 }  // namespace ucp::ops

@@ -30,11 +30,7 @@ rules::ResolveOptions SourceOptions::resolve() const {
   return o;
 }
 
-bool IsUniversalFolder(const std::string& path) {
-  return IsDirectory(JoinPath(path, deepspeed::kUniversalZeroDir)) ||
-         (PathExists(JoinPath(path, deepspeed::kLatestUniversalFile)) &&
-          !PathExists(JoinPath(path, deepspeed::kLatestFile)));
-}
+bool IsUniversalFolder(const std::string& path) { return readers::LooksLikeUniversalFolder(path); }
 
 absl::StatusOr<std::unique_ptr<rules::ResolvedState>> OpenZeroState(const std::string& path,
                                                                     const SourceOptions& options) {

@@ -1,22 +1,117 @@
 #include "ops/reshard.h"
 
+#include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "format/torch/mapped_file.h"
+#include "format/pickle/accessors.h"
 #include "rules/presets.h"
 
 namespace ucp::ops {
 
+absl::Status ValidateReshardFlags(const ReshardOptions& o) {
+  auto bad = [](const std::string& what) { return absl::InvalidArgumentError(what); };
+  if (o.output_folder.empty()) return bad("--output_folder is empty");
+  if (o.input_folder.empty()) return bad("--input_folder is empty");
+  if (o.write.target.tp < 1 || o.write.target.pp < 1 || o.write.target.dp < 1) {
+    return bad(absl::StrCat("--tp, --pp and --dp must be >= 1, got tp=", o.write.target.tp, " pp=", o.write.target.pp,
+                            " dp=", o.write.target.dp));
+  }
+  if (o.write.zero_stage < 0 || o.write.zero_stage > 3) {
+    return bad(absl::StrCat("--zero_stage=", o.write.zero_stage, ": expected 1, 2 or 3 (0 = the source's)"));
+  }
+  if (o.write.make_vocab_size_divisible_by < 0) {
+    return bad(absl::StrCat("--make_vocab_size_divisible_by=", o.write.make_vocab_size_divisible_by,
+                            ": expected >= 1 (0 = from the checkpoint)"));
+  }
+  if (o.write.num_layers < 0) return bad(absl::StrCat("--num_layers=", o.write.num_layers, ": expected >= 0"));
+  if (o.write.num_threads < 0 || o.zero_source.num_threads < 0) {
+    return bad(absl::StrCat("--num_threads=", std::min(o.write.num_threads, o.zero_source.num_threads),
+                            ": expected >= 0 (0 = all cores)"));
+  }
+  if (o.dry_run_ranks < 0) return bad(absl::StrCat("--dry_run=", o.dry_run_ranks, ": expected >= 0"));
+  return absl::OkStatus();
+}
+
+namespace {
+
+// The training's args (a dict, or an argparse.Namespace's attributes).
+const pickle::Value* ArgsOf(const deepspeed::ModelState& state) {
+  const deepspeed::FileValue root = state.ModelStatesRoot(0, 0);
+  if (!root.value || !root.value->is(pickle::Kind::kDict)) return nullptr;
+  const pickle::Value* a = root.value->DictGet("args");
+  if (a == nullptr) return nullptr;
+  if (a->is(pickle::Kind::kDict)) return a;
+  if (auto ns = pickle::AsNamespace(*a, "args"); ns.ok()) return *ns;
+  return nullptr;
+}
+
+}  // namespace
+
+absl::Status ValidateTargetAgainstModel(const deepspeed::ModelState& state, const ReshardOptions& o) {
+  const int tp = o.write.target.tp;
+  // Attention heads split over tp ranks (Megatron, GPT-NeoX): a tp that does
+  // not divide them gives a checkpoint no training can load.
+  if (const pickle::Value* args = ArgsOf(state)) {
+    for (const char* key : {"num_attention_heads", "num_heads", "n_head", "num_key_value_heads", "num_query_groups"}) {
+      const pickle::Value* v = args->DictGet(key);
+      if (v == nullptr || !v->is(pickle::Kind::kInt) || !v->fits_int64() || v->int_value() <= 0) continue;
+      if (std::string(key) == "num_query_groups") {
+        const pickle::Value* gqa = args->DictGet("group_query_attention");
+        if (gqa == nullptr || !gqa->bool_value()) continue;
+      }
+      if (v->int_value() % tp != 0) {
+        return absl::InvalidArgumentError(absl::StrCat("--tp=", tp, " does not divide the model's ", key, " = ",
+                                                       v->int_value(), " (from the checkpoint's args)"));
+      }
+    }
+  }
+  // Layer specs: at least the layers that hold tensors, at most a bounded
+  // number of trailing layers without any.
+  const deepspeed::ModelInfo& info = state.info();
+  if (o.write.num_layers > 0 && info.pipeline) {
+    constexpr int kMaxExtraLayers = 1024;
+    const int64_t most = static_cast<int64_t>(info.num_layers) + kMaxExtraLayers;
+    if (o.write.num_layers > most) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--num_layers=", o.write.num_layers, ": the checkpoint's layers end at ", info.num_layers,
+          "; at most ", kMaxExtraLayers, " trailing layers without tensors are accepted (", most, ")"));
+    }
+  }
+  if (o.write.num_layers > 0 && !info.pipeline) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--num_layers=", o.write.num_layers, ": the source is not a pipeline (PipelineModule) checkpoint"));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+absl::StatusOr<ReshardResult> ReshardImpl(const ReshardOptions& options);
+}  // namespace
+
 absl::StatusOr<ReshardResult> Reshard(const ReshardOptions& options) {
+  absl::StatusOr<ReshardResult> r = ReshardImpl(options);
+  // An input truncated while it was read (zeros instead of its bytes, a
+  // failed read) is the error to report, not what it caused.
+  if (!r.ok()) UCP_RETURN_IF_ERROR(torch::MappedFile::CheckAllIntact());
+  return r;
+}
+
+namespace {
+absl::StatusOr<ReshardResult> ReshardImpl(const ReshardOptions& options) {
+  UCP_RETURN_IF_ERROR(ValidateReshardFlags(options));
   // A reshard to tp=1 splits nothing: a tp=1 source needs no merge rules.
   SourceOptions source = options.zero_source;
   if (options.write.target.tp == 1) source.tp1_whole_tensors = true;
   UCP_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(options.input_folder, source, options.verify_checksums,
                                                     /*zero_only=*/false, options.cluster));
   const deepspeed::ModelState* state = src.state.get();
+  UCP_RETURN_IF_ERROR(ValidateTargetAgainstModel(*state, options));
   ReshardResult result;
   result.source_kind = src.kind;
   result.source = state->info().source_topology;
   result.notes = state->info().notes;
   writers::ZeroWriteOptions write = options.write;
+  write.inputs = {src.dir};
   if (!write.layer_type_name) {
     // The class names the model's preset gives its pipeline layers.
     std::string preset = options.zero_source.rules.preset == "none" ? "" : options.zero_source.rules.preset;
@@ -40,9 +135,12 @@ absl::StatusOr<ReshardResult> Reshard(const ReshardOptions& options) {
                        options.cluster != nullptr
                            ? writers::RunPlanOnCluster(**plan, options.output_folder, run, *options.cluster)
                            : writers::RunPlan(**plan, options.output_folder, run));
+  result.notes.insert(result.notes.end(), stats.notes.begin(), stats.notes.end());
   result.write.files = stats.files;
   result.write.bytes = stats.bytes;
   return result;
 }
+
+}  // namespace
 
 }  // namespace ucp::ops

@@ -39,6 +39,13 @@ struct ReshardResult {
 
 absl::StatusOr<ReshardResult> Reshard(const ReshardOptions& options);
 
+// The flags alone (before anything is read): ranges, an empty output folder.
+absl::Status ValidateReshardFlags(const ReshardOptions& options);
+// The target against the model: --tp divides the attention heads (and kv
+// heads / query groups) the checkpoint's args record; --num_layers is at most
+// the source's layers + 1024 trailing layers without tensors.
+absl::Status ValidateTargetAgainstModel(const deepspeed::ModelState& state, const ReshardOptions& options);
+
 }  // namespace ucp::ops
 
 #endif  // UCP_OPS_RESHARD_H_

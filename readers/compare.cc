@@ -123,6 +123,7 @@ class Comparer {
 absl::Status ListInto(const std::string& root, const std::string& rel, std::vector<std::string>& out) {
   UCP_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirectory(JoinPath(root, rel)));
   for (const auto& n : names) {
+    if (rel.empty() && n == kUcpOutputMarker) continue;  // what --overwrite recognizes, not content
     const std::string r = rel.empty() ? n : JoinPath(rel, n);
     if (IsDirectory(JoinPath(root, r))) {
       UCP_RETURN_IF_ERROR(ListInto(root, r, out));

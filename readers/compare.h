@@ -29,7 +29,8 @@ std::vector<std::string> CompareTrees(const torch::TorchFile& a, const pickle::V
 // The same for two files.
 absl::StatusOr<std::vector<std::string>> CompareFiles(const std::string& a, const std::string& b,
                                                       const CompareOptions& options = {});
-// Every regular file under `dir`, relative paths, sorted.
+// Every regular file under `dir`, relative paths, sorted (ucp's output
+// marker, base/fs.h kUcpOutputMarker, left out).
 absl::StatusOr<std::vector<std::string>> ListFilesRecursive(const std::string& dir);
 // Two folders: the same relative file names, and each .pt pair equal by
 // CompareFiles (other files byte for byte). `ignore` lists relative paths to skip.

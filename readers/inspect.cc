@@ -1,11 +1,11 @@
 #include "readers/inspect.h"
 
-#include "readers/moe_state.h"
-#include "readers/zero3_state.h"
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <functional>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -13,8 +13,11 @@
 #include "base/fs.h"
 #include "base/status_macros.h"
 #include "deepspeed/checkpoint_files.h"
+#include "readers/moe_state.h"
 #include "readers/universal_checkpoint.h"
+#include "readers/zero3_state.h"
 #include "readers/zero_checkpoint.h"
+#include "format/pickle/unsafe.h"
 #include "format/torch/torch_file.h"
 
 namespace ucp::readers {
@@ -32,58 +35,83 @@ std::string TensorSummary(const torch::Tensor& t) {
   return s;
 }
 
-// The object tree of one file, one node per value, tensors summarized.
-absl::Status WalkTree(const torch::TorchFile& f, const Value& v, const std::string& path, const std::string& key,
-                      int depth, InspectReport& report) {
-  if (depth > 64) return absl::OkStatus();
-  InspectReport::Node* node = report.add_node();
-  node->set_path(path.empty() ? "." : path);
-  node->set_key(key.empty() ? "<root>" : key);
-  node->set_depth(depth);
-  if (torch::TorchFile::IsTensor(v)) {
-    UCP_ASSIGN_OR_RETURN(torch::Tensor t, f.GetTensor(v));
-    node->set_type("tensor");
-    node->set_summary(TensorSummary(t));
-    return absl::OkStatus();
-  }
-  node->set_type(pickle::KindName(v.kind()));
-  auto child = [&](const std::string& key) { return path.empty() ? key : absl::StrCat(path, ".", key); };
-  switch (v.kind()) {
-    case Kind::kDict:
-      node->set_summary(absl::StrCat(v.ordered_dict() ? "OrderedDict" : "dict", " of ", v.dict_items().size()));
-      for (const auto& [k, val] : v.dict_items()) {
-        const std::string key = k->is(Kind::kStr) ? k->str() : k->DebugString(40);
-        UCP_RETURN_IF_ERROR(WalkTree(f, *val, child(key), key, depth + 1, report));
-      }
-      return absl::OkStatus();
-    case Kind::kList:
-    case Kind::kTuple: {
-      node->set_summary(absl::StrCat(pickle::KindName(v.kind()), " of ", v.items().size()));
-      // Long lists of scalars (rng states) are summarized, not listed.
-      bool scalars = true;
-      for (const auto& item : v.items()) scalars &= item->is(Kind::kInt) || item->is(Kind::kFloat);
-      if (scalars && v.items().size() > 8) return absl::OkStatus();
-      for (size_t i = 0; i < v.items().size(); ++i) {
-        UCP_RETURN_IF_ERROR(WalkTree(f, *v.items()[i], child(absl::StrCat(i)), absl::StrCat(i), depth + 1, report));
-      }
+bool IsUnsafe(const Value& v) { return pickle::IsUnsafeValue(v); }
+
+// The object tree of one file, one node per value, tensors summarized. A
+// container or object the pickle shares (memo references) is listed once;
+// later occurrences refer to its first path, so the output is linear in the
+// file however the pickle nests shared parts.
+class TreeWalker {
+ public:
+  TreeWalker(const torch::TorchFile& f, InspectReport& report) : f_(f), report_(report) {}
+
+  absl::Status Walk(const Value& v, const std::string& path, const std::string& key, int depth) {
+    if (depth > 64) return absl::OkStatus();
+    InspectReport::Node* node = report_.add_node();
+    node->set_path(path.empty() ? "." : path);
+    node->set_key(key.empty() ? "<root>" : key);
+    node->set_depth(depth);
+    if (torch::TorchFile::IsTensor(v)) {
+      UCP_ASSIGN_OR_RETURN(torch::Tensor t, f_.GetTensor(v));
+      node->set_type("tensor");
+      node->set_summary(TensorSummary(t));
       return absl::OkStatus();
     }
-    case Kind::kObject:
-      node->set_summary(v.DebugString(160));
-      return absl::OkStatus();
-    default:
-      node->set_summary(v.DebugString(160));
-      return absl::OkStatus();
+    node->set_type(pickle::KindName(v.kind()));
+    const bool shareable = v.is(Kind::kDict) || v.is(Kind::kList) || v.is(Kind::kTuple) || v.is(Kind::kObject) ||
+                           v.is(Kind::kSet) || v.is(Kind::kFrozenSet);
+    if (shareable) {
+      auto [it, inserted] = first_path_.emplace(&v, node->path());
+      if (!inserted) {
+        node->set_summary(absl::StrCat("<the same ", pickle::KindName(v.kind()), " as ", it->second, ">"));
+        return absl::OkStatus();
+      }
+    }
+    auto child = [&](const std::string& key) { return path.empty() ? key : absl::StrCat(path, ".", key); };
+    switch (v.kind()) {
+      case Kind::kDict:
+        node->set_summary(absl::StrCat(v.ordered_dict() ? "OrderedDict" : "dict", " of ", v.dict_items().size()));
+        for (const auto& [k, val] : v.dict_items()) {
+          const std::string key = k->is(Kind::kStr) ? k->str() : k->DebugString(40);
+          UCP_RETURN_IF_ERROR(Walk(*val, child(key), key, depth + 1));
+        }
+        return absl::OkStatus();
+      case Kind::kList:
+      case Kind::kTuple: {
+        node->set_summary(absl::StrCat(pickle::KindName(v.kind()), " of ", v.items().size()));
+        // Long lists of scalars (rng states) are summarized, not listed.
+        bool scalars = true;
+        for (const auto& item : v.items()) scalars &= item->is(Kind::kInt) || item->is(Kind::kFloat);
+        if (scalars && v.items().size() > 8) return absl::OkStatus();
+        for (size_t i = 0; i < v.items().size(); ++i) {
+          UCP_RETURN_IF_ERROR(Walk(*v.items()[i], child(absl::StrCat(i)), absl::StrCat(i), depth + 1));
+        }
+        return absl::OkStatus();
+      }
+      default:
+        node->set_summary(IsUnsafe(v) ? absl::StrCat("UNSAFE (code execution when torch.load-ed): ", v.DebugString(160))
+                                      : v.DebugString(160));
+        return absl::OkStatus();
+    }
   }
-}
+
+ private:
+  const torch::TorchFile& f_;
+  InspectReport& report_;
+  absl::flat_hash_map<const Value*, std::string> first_path_;
+};
 
 absl::StatusOr<InspectReport> InspectFile(const std::string& path) {
   InspectReport report;
   report.set_path(path);
   report.set_kind("file");
-  UCP_ASSIGN_OR_RETURN(auto f, torch::TorchFile::Open(path));
+  torch::OpenOptions o;
+  o.refuse_unsafe_globals = false;  // reported instead
+  UCP_ASSIGN_OR_RETURN(auto f, torch::TorchFile::Open(path, o));
   for (const auto& r : f->RecordNames()) report.add_file(r);
-  UCP_RETURN_IF_ERROR(WalkTree(*f, *f->root(), "", "", 0, report));
+  for (const auto& g : f->unsafe_globals()) report.add_unsafe(absl::StrCat(path, ": ", g));
+  TreeWalker walker(*f, report);
+  UCP_RETURN_IF_ERROR(walker.Walk(*f->root(), "", "", 0));
   return report;
 }
 
@@ -99,6 +127,16 @@ absl::StatusOr<InspectReport> InspectZero(const std::string& path) {
   report.set_lp_dtype(std::string(torch::DTypeName(ckpt->lp_dtype())));
   report.set_pipeline(ckpt->pipeline());
   for (const auto& f : ckpt->files()) report.add_file(f);
+  // Every optimizer file's structure and its agreement with the others
+  // (steps, versions, fp32 masters against the lp weights); not its CRCs.
+  for (int s = 0; s < ckpt->topology().pp; ++s) {
+    for (int r = 0; r < ckpt->topology().tp; ++r) {
+      for (int d = 0; d < ckpt->topology().dp; ++d) {
+        auto f = ckpt->Optim(s, r, d);
+        if (!f.ok()) report.add_problem(std::string(f.status().message()));
+      }
+    }
+  }
   const Value* ver = ckpt->MpRankFile(0, 0).root()->DictGet("ds_version");
   if (ver != nullptr && ver->is(Kind::kStr)) report.set_ds_version(ver->str());
   const deepspeed::Topology& t = ckpt->topology();
@@ -245,26 +283,85 @@ absl::StatusOr<InspectReport> InspectSliced(const deepspeed::SlicedState& st, co
 
 }  // namespace
 
+std::vector<std::string> ScanUnsafeGlobals(const std::string& folder) {
+  std::vector<std::string> out;
+  std::vector<std::string> stack = {folder};
+  while (!stack.empty()) {
+    const std::string dir = stack.back();
+    stack.pop_back();
+    auto names = ListDirectory(dir);
+    if (!names.ok()) continue;
+    for (const auto& n : *names) {
+      const std::string p = JoinPath(dir, n);
+      struct stat st;
+      if (lstat(p.c_str(), &st) != 0) continue;
+      if (S_ISDIR(st.st_mode)) {
+        if (dir == folder && (n == deepspeed::kUniversalZeroDir || n == deepspeed::kUniversalModuleDir)) stack.push_back(p);
+        if (dir != folder) stack.push_back(p);
+        continue;
+      }
+      if (!S_ISREG(st.st_mode) || !absl::EndsWith(n, ".pt")) continue;
+      torch::OpenOptions o;
+      o.verify_crc = false;
+      o.refuse_unsafe_globals = false;
+      auto f = torch::TorchFile::Open(p, o);
+      if (!f.ok()) continue;  // the reader reports damaged files
+      for (const auto& g : (*f)->unsafe_globals()) out.push_back(absl::StrCat(p, ": ", g));
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 absl::StatusOr<InspectReport> Inspect(const std::string& path) {
   if (!PathExists(path)) return absl::NotFoundError(absl::StrCat(path, ": no such file or folder"));
   if (!IsDirectory(path)) return InspectFile(path);
-  if (IsDirectory(JoinPath(path, deepspeed::kUniversalZeroDir)) ||
-      (PathExists(JoinPath(path, deepspeed::kLatestUniversalFile)) && !PathExists(JoinPath(path, deepspeed::kLatestFile)))) {
-    return InspectUniversal(path);
+  // The folder the files are in (a root's latest names it).
+  std::string dir = path;
+  const bool universal = LooksLikeUniversalFolder(path);
+  const char* latest = universal ? deepspeed::kLatestUniversalFile : deepspeed::kLatestFile;
+  if (!IsDirectory(JoinPath(path, deepspeed::kUniversalZeroDir)) && PathExists(JoinPath(path, latest))) {
+    bool has_mp = false;
+    auto names = ListDirectory(path);
+    if (names.ok()) {
+      for (const auto& n : *names) {
+        auto parsed = deepspeed::ParseCheckpointFileName(n);
+        has_mp |= parsed && parsed->type == deepspeed::CheckpointFileName::Type::kMpRank;
+      }
+    }
+    if (!has_mp) {
+      UCP_ASSIGN_OR_RETURN(std::string tag, ReadLatestTag(path, latest));
+      dir = JoinPath(path, tag);
+    }
   }
-  if (IsZero3Folder(path)) {
-    UCP_ASSIGN_OR_RETURN(auto z3, Zero3State::Open(path));
-    return InspectSliced(*z3, "zero3", z3->ds_version());
-  }
-  if (IsMoeFolder(path)) {
-    UCP_ASSIGN_OR_RETURN(auto moe, MoeState::Open(path));
-    return InspectSliced(*moe, "moe", deepspeed::SourceDsVersion(*moe));
-  }
-  return InspectZero(path);
+  const std::vector<std::string> unsafe = ScanUnsafeGlobals(dir);
+  // Inspecting reads what it reports: files with unsafe globals included.
+  const bool allowed = torch::AllowUnsafePickles();
+  if (!unsafe.empty()) torch::SetAllowUnsafePickles(true);
+  absl::StatusOr<InspectReport> report = [&]() -> absl::StatusOr<InspectReport> {
+    if (universal) return InspectUniversal(path);
+    if (IsZero3Folder(path)) {
+      UCP_ASSIGN_OR_RETURN(auto z3, Zero3State::Open(path));
+      return InspectSliced(*z3, "zero3", z3->ds_version());
+    }
+    if (IsMoeFolder(path)) {
+      UCP_ASSIGN_OR_RETURN(auto moe, MoeState::Open(path));
+      return InspectSliced(*moe, "moe", deepspeed::SourceDsVersion(*moe));
+    }
+    return InspectZero(path);
+  }();
+  torch::SetAllowUnsafePickles(allowed);
+  if (!report.ok()) return report.status();
+  for (const auto& u : unsafe) report->add_unsafe(u);
+  return report;
 }
 
 std::string FormatReport(const InspectReport& r) {
   std::string out;
+  for (const auto& u : r.unsafe()) {
+    absl::StrAppend(&out, "UNSAFE ", u, " (a code-execution global: torch.load would run it; ucp never does)\n");
+  }
+  for (const auto& p : r.problem()) absl::StrAppend(&out, "PROBLEM ", p, "\n");
   if (r.kind() == "file") {
     absl::StrAppend(&out, r.path(), ": torch.save archive, ", r.file_size(), " records\n");
     for (const auto& n : r.node()) {

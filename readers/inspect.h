@@ -11,11 +11,17 @@
 #define UCP_READERS_INSPECT_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "proto/ucp.pb.h"
 
 namespace ucp::readers {
+
+// Every .pt file of a checkpoint folder (its zero/ and module folders too)
+// whose pickle names a code-execution global, as "FILE: module.name", sorted.
+// Unreadable files are skipped (the readers report them).
+std::vector<std::string> ScanUnsafeGlobals(const std::string& folder);
 
 absl::StatusOr<InspectReport> Inspect(const std::string& path);
 // A human-readable rendering of the report.

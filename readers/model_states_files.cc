@@ -58,6 +58,7 @@ absl::StatusOr<FileGroupShapes> ReadParamShapes(const torch::TorchFile& f) {
                        absl::StrCat("param_shapes[", g, "] is a ", pickle::KindName(d.kind()), ", expected a dict"));
     }
     std::vector<std::pair<std::string, std::vector<int64_t>>> group;
+    int64_t group_numel = 0;
     for (const auto& [k, v] : d.dict_items()) {
       if (!k->is(Kind::kStr)) {
         return FileError(f.path(), absl::StatusCode::kInvalidArgument,
@@ -66,6 +67,13 @@ absl::StatusOr<FileGroupShapes> ReadParamShapes(const torch::TorchFile& f) {
       UCP_ASSIGN_OR_RETURN(std::vector<int64_t> shape,
                            AsTorchSize(*v, absl::StrCat("param_shapes[", g, "]['", k->str(), "']")),
                            _.Prepend(absl::StrCat(f.path(), ": ")));
+      UCP_ASSIGN_OR_RETURN(int64_t numel,
+                           internal::CheckedShapeNumel(shape, f.path(),
+                                                       absl::StrCat("param_shapes[", g, "]['", k->str(), "']")));
+      if (__builtin_add_overflow(group_numel, numel, &group_numel) || group_numel > internal::kMaxShapeNumel) {
+        return FileError(f.path(), absl::StatusCode::kInvalidArgument,
+                         absl::StrCat("param_shapes[", g, "] adds up to more than 2^50 elements at '", k->str(), "'"));
+      }
       group.emplace_back(k->str(), std::move(shape));
     }
     out.groups.push_back(std::move(group));
@@ -156,6 +164,20 @@ absl::Status ModelStatesFiles::Load(int layer_files_tp) {
                        absl::StrCat("expected mp_world_size ", mp_world, " and dp_world_size ", dp_world,
                                     " as in ", deepspeed::MpRankFileName(0), ", found ", m ? m->DebugString() : "none", " and ",
                                     d ? d->DebugString() : "none"));
+    }
+  }
+  // Saved together: the step counters and the DeepSpeed version agree.
+  for (int r = 1; r < mp; ++r) {
+    const Value& root = *files_[r]->root();
+    for (const char* key : {"ds_version", "global_steps", "global_samples", "iteration", "skipped_steps"}) {
+      const Value* a = root0.DictGet(key);
+      const Value* b = root.DictGet(key);
+      if (a == nullptr || b == nullptr) continue;
+      if (!pickle::DeepEqual(*a, *b)) {
+        return FileError(files_[r]->path(), absl::StatusCode::kInvalidArgument,
+                         absl::StrCat(key, " is ", b->DebugString(60), " but ", a->DebugString(60), " in ",
+                                      mp0.path(), ": files from different saves"));
+      }
     }
   }
   const Value* module0 = root0.DictGet("module");

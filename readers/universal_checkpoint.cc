@@ -20,6 +20,23 @@
 #include "google/protobuf/text_format.h"
 
 namespace ucp::readers {
+
+bool LooksLikeUniversalFolder(const std::string& path) {
+  if (IsDirectory(JoinPath(path, deepspeed::kUniversalZeroDir))) return true;
+  if (!PathExists(JoinPath(path, deepspeed::kLatestUniversalFile)) || PathExists(JoinPath(path, deepspeed::kLatestFile))) {
+    return false;
+  }
+  // A ZeRO tag folder that happens to hold a latest_universal (an output
+  // written inside it) is still the ZeRO checkpoint.
+  auto names = ListDirectory(path);
+  if (names.ok()) {
+    for (const auto& n : *names) {
+      auto parsed = deepspeed::ParseCheckpointFileName(n);
+      if (parsed && parsed->type == deepspeed::CheckpointFileName::Type::kOptim) return false;
+    }
+  }
+  return true;
+}
 namespace {
 
 using pickle::Kind;

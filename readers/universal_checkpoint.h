@@ -41,6 +41,11 @@ struct UniversalStateFile {
   MergeRule rule;  // from the metadata keys (pattern = the param name)
 };
 
+// Whether `path` is a universal checkpoint folder (or a root whose
+// latest_universal names one): it has `zero/`; or, without optimizer files
+// of its own (a ZeRO tag folder), a latest_universal and no latest.
+bool LooksLikeUniversalFolder(const std::string& path);
+
 class UniversalCheckpoint {
  public:
   struct Options {

@@ -121,11 +121,13 @@ absl::Status UniversalModelState::Build() {
   // Trainable params in global flatten order.
   std::set<std::string> seen;
   first_param_of_group_.assign(info_.num_groups, "");
+  params_of_group_.assign(info_.num_groups, {});
   for (int g = 0; g < info_.num_groups; ++g) {
     for (int st = 0; st < ms.topology().pp; ++st) {
       for (const std::string& name : ms.StageGroup(st, g)) {
         if (!seen.insert(name).second) continue;
         if (first_param_of_group_[g].empty()) first_param_of_group_[g] = name;
+        params_of_group_[g].push_back(name);
         deepspeed::ParamState p;
         p.name = name;
         p.group = g;
@@ -231,6 +233,12 @@ absl::StatusOr<tp::TensorPlan> UniversalModelState::Full(const deepspeed::ParamS
                                               "': a universal checkpoint holds no lp weights of trainable params"));
     }
     UCP_ASSIGN_OR_RETURN(UniversalStateFile f, ckpt_->ReadState(param.name, state));
+    if (f.param.dtype() != torch::DType::kFloat32) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          f.file->path(), ": 'param' of param '", param.name, "' is ", std::string(torch::DTypeName(f.param.dtype())),
+          ", expected float32 (", state == deepspeed::kFp32State ? std::string("the fp32 master weights") : "optimizer state '" + state + "'",
+          " of a universal checkpoint)"));
+    }
     if (f.param.sizes() != param.full_shape) {
       return absl::InvalidArgumentError(absl::StrCat(f.file->path(), ": 'param' has shape ",
                                                      torch::ShapeString(f.param.sizes()), ", expected ",
@@ -265,9 +273,54 @@ absl::StatusOr<deepspeed::FileValue> UniversalModelState::GroupScalar(int group,
       first_param_of_group_[group].empty()) {
     return deepspeed::FileValue{};
   }
+  UCP_RETURN_IF_ERROR(CheckGroupSteps(group));
   UCP_ASSIGN_OR_RETURN(std::shared_ptr<const torch::TorchFile> f, ckpt_->ReadStep(first_param_of_group_[group]));
   if (!f) return deepspeed::FileValue{};
   return deepspeed::FileValue{f->root(), f};
+}
+
+namespace {
+
+// The bytes a step.pt holds (its tensor's, or the value's text).
+std::string StepBytes(const torch::TorchFile& f) {
+  const pickle::Value* v = f.root().get();
+  if (v->is(pickle::Kind::kDict)) {
+    const pickle::Value* p = v->DictGet("param");
+    if (p != nullptr) v = p;
+  }
+  if (torch::TorchFile::IsTensor(*v)) {
+    auto t = f.GetTensor(*v);
+    if (t.ok()) return absl::StrCat(std::string(torch::DTypeName(t->dtype())), ":", t->ContiguousBytes());
+  }
+  return v->DebugString(80);
+}
+
+}  // namespace
+
+absl::Status UniversalModelState::CheckGroupSteps(int group) const {
+  std::lock_guard<std::mutex> lock(steps_mu_);
+  auto it = steps_checked_.find(group);
+  if (it != steps_checked_.end()) return it->second;
+  absl::Status status = [&]() -> absl::Status {
+    std::string first;
+    bool have_first = false;
+    for (const std::string& name : params_of_group_[group]) {
+      UCP_ASSIGN_OR_RETURN(std::shared_ptr<const torch::TorchFile> f, ckpt_->ReadStep(name));
+      if (!f) continue;
+      const std::string bytes = StepBytes(*f);
+      if (!have_first) {
+        first = bytes;
+        have_first = true;
+      } else if (bytes != first) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            f->path(), ": step differs from that of ", first_param_of_group_[group],
+            " (param group ", group, "): the params' states come from different saves"));
+      }
+    }
+    return absl::OkStatus();
+  }();
+  steps_checked_[group] = status;
+  return status;
 }
 
 absl::StatusOr<deepspeed::FileValue> UniversalModelState::OptimizerCommon() const {

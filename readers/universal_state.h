@@ -12,7 +12,9 @@
 #ifndef UCP_READERS_UNIVERSAL_STATE_H_
 #define UCP_READERS_UNIVERSAL_STATE_H_
 
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 
@@ -45,9 +47,15 @@ class UniversalModelState : public deepspeed::ModelState {
   UniversalModelState() = default;
   absl::Status Build();
 
+  // Every param of `group` has the step of its first one (checked once).
+  absl::Status CheckGroupSteps(int group) const;
+
   std::shared_ptr<const UniversalCheckpoint> ckpt_;
   deepspeed::ModelInfo info_;
   std::vector<std::string> first_param_of_group_;
+  std::vector<std::vector<std::string>> params_of_group_;
+  mutable std::mutex steps_mu_;
+  mutable std::map<int, absl::Status> steps_checked_;  // guarded by steps_mu_
 };
 
 }  // namespace ucp::readers

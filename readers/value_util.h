@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "format/pickle/value.h"
@@ -28,6 +29,28 @@ inline int64_t Numel(const std::vector<int64_t>& s) {
 }
 
 inline std::string ShapeStr(const std::vector<int64_t>& s) { return torch::ShapeString(s); }
+
+// The most elements a shape read from a file may have (2^50: far beyond any
+// model, far below int64 overflow in the partition math that adds them up).
+inline constexpr int64_t kMaxShapeNumel = int64_t{1} << 50;
+
+// A shape read from a file: non-negative dims whose product (computed with
+// overflow checks) is at most kMaxShapeNumel. Returns the product.
+inline absl::StatusOr<int64_t> CheckedShapeNumel(const std::vector<int64_t>& s, const std::string& path,
+                                                 absl::string_view what) {
+  int64_t n = 1;
+  for (int64_t d : s) {
+    if (d < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": ", what, " has a negative dimension: ", ShapeStr(s)));
+    }
+    if (__builtin_mul_overflow(n, d, &n) || n > kMaxShapeNumel) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": ", what, " = ", ShapeStr(s),
+                                                     " has more than 2^50 elements (the product of its "
+                                                     "dimensions overflows): a damaged or hostile shape"));
+    }
+  }
+  return n;
+}
 
 // The strings of a list value (e.g. buffer_names); empty when None.
 inline std::vector<std::string> StringList(const pickle::Value* v) {

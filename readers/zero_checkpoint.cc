@@ -4,12 +4,15 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <fstream>
 #include <set>
 #include <sstream>
 
 #include "absl/strings/strip.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -51,17 +54,46 @@ using pickle::ValuePtr;
 
 
 
+// A scalar optimizer state as text, for comparing shards (a 0-dim tensor by
+// its dtype and value).
+std::string ScalarText(const torch::TorchFile& f, const Value& v) {
+  if (torch::TorchFile::IsTensor(v)) {
+    auto t = f.GetTensor(v);
+    if (!t.ok() || t->numel() != 1) return v.DebugString(60);
+    std::string bytes = t->ContiguousBytes();
+    if (t->dtype() == torch::DType::kFloat32 && bytes.size() == 4) {
+      float x;
+      std::memcpy(&x, bytes.data(), 4);
+      return absl::StrCat("tensor(", x, ")");
+    }
+    if (t->dtype() == torch::DType::kInt64 && bytes.size() == 8) {
+      int64_t x;
+      std::memcpy(&x, bytes.data(), 8);
+      return absl::StrCat("tensor(", x, ")");
+    }
+    return absl::StrCat("tensor(", std::string(torch::DTypeName(t->dtype())), " ", absl::BytesToHexString(bytes), ")");
+  }
+  return v.DebugString(60);
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> ReadLatestTag(const std::string& root, const std::string& file_name) {
   const std::string path = JoinPath(root, file_name);
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot read"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string tag(absl::StripAsciiWhitespace(ss.str()));
-  if (tag.empty() || tag.find('/') != std::string::npos || tag == "." || tag == "..") {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": expected a tag folder name, found '", tag, "'"));
+  // A tag is a folder name: NAME_MAX bytes at most, plus a newline. Larger
+  // files are refused before they are read (and never echoed whole).
+  constexpr int64_t kMaxLatestBytes = 4096;
+  UCP_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path, kMaxLatestBytes));
+  std::string tag(absl::StripAsciiWhitespace(text));
+  auto shown = [&] { return absl::CHexEscape(tag.substr(0, 80)) + (tag.size() > 80 ? "..." : ""); };
+  if (tag.find('\0') != std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": expected a tag folder name, found text with a NUL byte ('", shown(), "')"));
+  }
+  if (tag.empty() || tag.size() > 255 || tag.find('/') != std::string::npos || tag == "." || tag == ".." ||
+      tag.find('\n') != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": expected a tag folder name, found '", shown(), "' (",
+                                                   tag.size(), " bytes)"));
   }
   return tag;
 }
@@ -276,8 +308,119 @@ absl::Status ZeroCheckpoint::Load(const std::vector<ModuleEntry>* module_entries
     for (const auto& s : first.groups[0].states) state_keys_.push_back(s.first);
   }
   lp_dtype_ = ms_->config_lp_dtype();
-  if (module_entries != nullptr) return SetModuleLayout(*module_entries);
-  UCP_RETURN_IF_ERROR(LoadModuleLayout());
+  if (module_entries != nullptr) {
+    UCP_RETURN_IF_ERROR(SetModuleLayout(*module_entries));
+  } else {
+    UCP_RETURN_IF_ERROR(LoadModuleLayout());
+  }
+  for (size_t i = 0; i < module_entries_.size(); ++i) {
+    if (module_entries_[i].role == deepspeed::TensorRole::kTrainable) lp_entry_.emplace(module_entries_[i].name, i);
+  }
+  UCP_RETURN_IF_ERROR(CheckLayerFilesPresent());
+  return CheckMastersMatchLp(first, 0, 0, 0);
+}
+
+absl::Status ZeroCheckpoint::CheckLayerFilesPresent() const {
+  if (!pipeline_) return absl::OkStatus();
+  // DeepSpeed's PipelineModule.load_state_dir reads one file per layer
+  // module and tp rank: every layer that holds a param must have them.
+  std::set<int> needed;
+  for (const auto& p : ms_->params()) {
+    if (p.layer >= 0) needed.insert(p.layer);
+  }
+  std::vector<std::string> missing;
+  for (int layer : needed) {
+    for (int t = 0; t < topo_.tp; ++t) {
+      if (!layer_paths_.count({layer, t})) missing.push_back(deepspeed::LayerFileName(layer, t));
+    }
+  }
+  if (missing.empty()) return absl::OkStatus();
+  return absl::NotFoundError(absl::StrCat(
+      dir_, ": missing layer file", missing.size() > 1 ? "s " : " ",
+      absl::StrJoin(missing.begin(), missing.begin() + std::min<size_t>(missing.size(), 6), ", "),
+      missing.size() > 6 ? absl::StrCat(" and ", missing.size() - 6, " more") : "",
+      " (param_shapes of ", deepspeed::MpRankFileName(0),
+      " has params of those layers; DeepSpeed's PipelineModule.load_state_dir reads them)"));
+}
+
+absl::StatusOr<torch::Tensor> ZeroCheckpoint::ModuleTensorUnchecked(const ModuleEntry& entry, int tp) const {
+  if (entry.layer >= 0) {
+    UCP_ASSIGN_OR_RETURN(const torch::TorchFile* f, LayerFile(entry.layer, tp));
+    const Value* v = f->root()->is(Kind::kDict) ? f->root()->DictGet(entry.local_name) : nullptr;
+    if (v == nullptr) return absl::NotFoundError(absl::StrCat(f->path(), ": no '", entry.local_name, "'"));
+    return f->GetTensor(*v);
+  }
+  const torch::TorchFile& f = MpRankFile(0, tp);
+  const Value* m = f.root()->DictGet("module");
+  const Value* v = m != nullptr && m->is(Kind::kDict) ? m->DictGet(entry.name) : nullptr;
+  if (v == nullptr) return absl::NotFoundError(absl::StrCat(f.path(), ": module has no '", entry.name, "'"));
+  return f.GetTensor(*v);
+}
+
+absl::Status ZeroCheckpoint::CheckMastersMatchLp(const OptimFile& file, int pp, int tp, int dp) const {
+  // The lp weights of trainable params are their fp32 masters rounded to the
+  // lp dtype (DeepSpeed copies the masters into them after every step). A
+  // few elements of every fragment are compared with the lp weight the
+  // (pp, tp) rank's own layer or module file holds: an optimizer file of
+  // another rank (swapped, mislabelled) differs. The lp bytes are sampled
+  // where they are, without reading (or CRC-checking) whole tensors.
+  for (int g = 0; g < num_groups_ && g < static_cast<int>(file.groups.size()); ++g) {
+    const deepspeed::ZeroGroupLayout& layout = layouts_[pp][tp][g];
+    const auto& names = ms_->StageGroup(pp, g);
+    const torch::Tensor& fp32 = file.groups[g].fp32;
+    if (fp32.dtype() != torch::DType::kFloat32) continue;
+    int64_t compared = 0, differing = 0;
+    std::string example;
+    for (const deepspeed::ZeroFragment& frag : layout.Fragments(dp)) {
+      if (frag.param_index < 0 || static_cast<size_t>(frag.param_index) >= names.size() || frag.numel <= 0) continue;
+      const std::string& name = names[frag.param_index];
+      auto it = lp_entry_.find(name);
+      if (it == lp_entry_.end()) continue;
+      const ModuleEntry& e = module_entries_[it->second];
+      absl::StatusOr<torch::Tensor> lp = ModuleTensorUnchecked(e, tp);
+      if (!lp.ok()) continue;  // reported where the tensor is read
+      if (lp->numel() < frag.param_offset + frag.numel) continue;
+      const torch::DType lp_dtype = lp->dtype();
+      if (lp_dtype != torch::DType::kFloat32 && lp_dtype != torch::DType::kBFloat16 &&
+          lp_dtype != torch::DType::kFloat16) {
+        continue;
+      }
+      for (int64_t k : {int64_t{0}, frag.numel / 2, frag.numel - 1}) {
+        const int64_t at = frag.partition_offset + k;
+        if (at >= fp32.numel()) continue;
+        std::string master(4, '\0'), weight(torch::ItemSize(lp_dtype), '\0');
+        if (!fp32.CopyFlatRange(at, 1, reinterpret_cast<uint8_t*>(master.data())).ok()) continue;
+        if (!lp->CopyFlatRange(frag.param_offset + k, 1, reinterpret_cast<uint8_t*>(weight.data())).ok()) continue;
+        float m = 0;
+        std::memcpy(&m, master.data(), 4);
+        if (std::isnan(m)) continue;
+        std::string rounded = master;
+        if (lp_dtype != torch::DType::kFloat32) {
+          auto t = torch::Tensor::FromBytes(torch::DType::kFloat32, {1}, master);
+          if (!t.ok()) continue;
+          auto c = torch::Cast(*t, lp_dtype);
+          if (!c.ok()) continue;
+          rounded = c->ContiguousBytes();
+        }
+        ++compared;
+        if (rounded != weight) {
+          if (++differing == 1) {
+            example = absl::StrCat("param '", name, "' element ", frag.param_offset + k, ": fp32 master ", m,
+                                   " but lp weight bytes ", absl::BytesToHexString(weight), " in ",
+                                   e.layer >= 0 ? LayerPath(e.layer, tp) : MpRankPath(0, tp));
+          }
+        }
+      }
+    }
+    if (differing > 0) {
+      return FileError(file.path, absl::StatusCode::kInvalidArgument,
+                       absl::StrCat("the fp32 masters of group ", g, " do not match the lp weights of pipeline stage ",
+                                    pp, ", tp rank ", tp, " (", differing, " of ", compared,
+                                    " sampled elements differ, e.g. ", example,
+                                    "): this optimizer file belongs to another rank (swapped or mislabelled "
+                                    "shards?) or one of the files is damaged"));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -608,7 +751,8 @@ absl::StatusOr<const OptimFile*> ZeroCheckpoint::Optim(int pp, int tp, int dp) c
   std::call_once(slot.once, [&] {
     slot.status = [&]() -> absl::Status {
       UCP_ASSIGN_OR_RETURN(slot.file, ParseOptim(pp, tp, dp));
-      return CheckLikeFirst(*slot.file);
+      UCP_RETURN_IF_ERROR(CheckLikeFirst(*slot.file));
+      return CheckMastersMatchLp(*slot.file, pp, tp, dp);
     }();
     if (!slot.status.ok()) slot.file.reset();
   });
@@ -631,6 +775,30 @@ absl::Status ZeroCheckpoint::CheckLikeFirst(const OptimFile& file) const {
                        absl::StrCat("optimizer states [", absl::StrJoin(have, ", "), "] differ from [",
                                     absl::StrJoin(state_keys_, ", "), "] in ", first.path));
     }
+  }
+  // Every shard was saved at the same step: the optimizer's step count of
+  // each group and the DeepSpeed version agree with zero_pp_rank_0_mp_rank_00.
+  if (&file != &first) {
+    for (size_t g = 0; g < file.groups.size() && g < first.groups.size(); ++g) {
+      for (const auto& [key, v] : file.groups[g].scalars) {
+        for (const auto& [key0, v0] : first.groups[g].scalars) {
+          if (key != key0) continue;
+          const std::string a = ScalarText(*file.file, *v), b = ScalarText(*first.file, *v0);
+          if (a != b) {
+            return FileError(file.path, absl::StatusCode::kInvalidArgument,
+                             absl::StrCat("optimizer state '", key, "' of group ", g, " is ", a, " but ", b, " in ",
+                                          first.path, ": the shards were saved at different steps"));
+          }
+        }
+      }
+    }
+  }
+  const Value* ver = file.file->root()->DictGet("ds_version");
+  const Value* ver0 = ms_->file(0, 0).root()->DictGet("ds_version");
+  if (ver != nullptr && ver0 != nullptr && ver->is(Kind::kStr) && ver0->is(Kind::kStr) && ver->str() != ver0->str()) {
+    return FileError(file.path, absl::StatusCode::kInvalidArgument,
+                     absl::StrCat("ds_version is '", ver->str(), "' but '", ver0->str(), "' in ",
+                                  ms_->path(0, 0), ": files from different saves"));
   }
   return absl::OkStatus();
 }

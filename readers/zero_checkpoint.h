@@ -206,6 +206,10 @@ class ZeroCheckpoint {
     std::unique_ptr<OptimFile> file;
   };
   absl::Status CheckLikeFirst(const OptimFile& file) const;
+  absl::Status CheckMastersMatchLp(const OptimFile& file, int pp, int tp, int dp) const;
+  absl::Status CheckLayerFilesPresent() const;
+  absl::StatusOr<torch::Tensor> ModuleTensorUnchecked(const ModuleEntry& entry, int tp) const;
+  std::map<std::string, size_t> lp_entry_;  // trainable param -> first entry in module_entries_
   std::map<std::tuple<int, int, int>, std::unique_ptr<OptimSlot>> optim_slots_;
   mutable std::mutex mu_;
   mutable std::shared_ptr<const std::set<std::string>> checked_inputs_;  // guarded by mu_

@@ -5,6 +5,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "format/torch/torch_file.h"
 #include "tp/merge.h"
 
 namespace ucp::tools {
@@ -24,6 +25,18 @@ void RegisterProgressFlag(FlagSet& f, std::string* mode) {
   f.String("progress", mode,
            "auto (a live line on a terminal, else one line per phase), always, never, or json (JSON lines for CI "
            "logs)");
+}
+
+void RegisterUnsafePickleFlag(FlagSet& f, bool* allow) {
+  f.Bool("allow_unsafe_pickle", allow,
+         "read and copy a checkpoint whose pickles name code-execution globals (os.system, builtins.eval, ...; "
+         "`ucp inspect` marks them UNSAFE). ucp never runs them, but torch.load of the output would");
+}
+
+void RegisterUpdateLatestFlag(FlagSet& f, bool* update) {
+  f.Bool("update_latest", update,
+         "when the output is written beside the input (same root folder), repoint that root's existing latest file "
+         "to the output; by default it is left alone, so the root still loads the input checkpoint");
 }
 
 namespace {

@@ -34,6 +34,11 @@ std::optional<int> ParseOrExit(FlagSet& f, int argc, char** argv, std::vector<st
 // --progress=auto|always|never|json (tools/progress.h).
 void RegisterProgressFlag(FlagSet& f, std::string* mode);
 
+// --allow_unsafe_pickle (sets torch::SetAllowUnsafePickles when given).
+void RegisterUnsafePickleFlag(FlagSet& f, bool* allow);
+// --update_latest: repoint a `latest` in the input checkpoint's root.
+void RegisterUpdateLatestFlag(FlagSet& f, bool* update);
+
 // Flags shared by convert and reshard for reading a ZeRO checkpoint.
 struct ZeroSourceFlags {
   std::string rules, preset, mismatch = "error", default_kind, tied_layers;

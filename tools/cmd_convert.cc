@@ -7,6 +7,7 @@
 #include "base/digest.h"
 #include "ops/convert.h"
 #include "tools/progress.h"
+#include "format/torch/torch_file.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
 
@@ -56,8 +57,12 @@ int RunConvert(int argc, char** argv) {
                 "strict mode treats unused patterns)");
   f.Ignored("inject_missing_state", false,
             "ds_to_universal.py compatibility: ucp never requires universal_checkpoint_info, nothing to inject");
+  bool allow_unsafe = false;
+  RegisterUnsafePickleFlag(f, &allow_unsafe);
+  RegisterUpdateLatestFlag(f, &o.write.update_latest);
   std::vector<std::string> positional;
   if (std::optional<int> done = ParseOrExit(f, argc, argv, &positional)) return *done;
+  if (allow_unsafe) torch::SetAllowUnsafePickles(true);
   if (threads == 0 && extract_workers > 0) threads = extract_workers;
   auto state = src.Options(threads, divisible_by);
   if (!state.ok()) return Fail(state.status());

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "ops/export.h"
+#include "format/torch/torch_file.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
 #include "tools/progress.h"
@@ -51,8 +52,11 @@ int RunExport(int argc, char** argv) {
   std::string progress_flag = "auto";
   RegisterProgressFlag(f, &progress_flag);
   src.Register(f);
+  bool allow_unsafe = false;
+  RegisterUnsafePickleFlag(f, &allow_unsafe);
   std::vector<std::string> positional;
   if (std::optional<int> done = ParseOrExit(f, argc, argv, &positional)) return *done;
+  if (allow_unsafe) torch::SetAllowUnsafePickles(true);
   if (format == "safetensors") {
     o.write.format = writers::ExportFormat::kSafetensors;
   } else if (format == "torch" || format == "pt" || format == "bin") {

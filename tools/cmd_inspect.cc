@@ -30,7 +30,8 @@ int RunInspect(int argc, char** argv) {
   } else {
     return Fail(absl::InvalidArgumentError(absl::StrCat("--format=", format, ": expected text or textproto")));
   }
-  return 0;
+  // Problems found (files that disagree) make the exit status say so.
+  return report->problem_size() > 0 ? 1 : 0;
 }
 
 }  // namespace ucp::tools

@@ -8,6 +8,7 @@
 #include "absl/strings/str_split.h"
 #include "ops/reshard.h"
 #include "tools/progress.h"
+#include "format/torch/torch_file.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
 
@@ -57,8 +58,12 @@ int RunReshard(int argc, char** argv) {
   std::string progress_flag = "auto";
   RegisterProgressFlag(f, &progress_flag);
   src.Register(f);
+  bool allow_unsafe = false;
+  RegisterUnsafePickleFlag(f, &allow_unsafe);
+  RegisterUpdateLatestFlag(f, &o.write.update_latest);
   std::vector<std::string> positional;
   if (std::optional<int> done = ParseOrExit(f, argc, argv, &positional)) return *done;
+  if (allow_unsafe) torch::SetAllowUnsafePickles(true);
   for (absl::string_view item : absl::StrSplit(layer_types, ',', absl::SkipEmpty())) {
     std::pair<std::string, std::string> kv = absl::StrSplit(item, ':');
     int idx = 0;

@@ -13,6 +13,10 @@ const std::vector<Command>& Commands() {
        "any checkpoint -> plain weights: safetensors / pytorch_model.bin shards, zero_to_fp32.py's or Hugging Face "
        "names (+ config.json)",
        &RunExport},
+      {"verify",
+       "FOLDER: check a checkpoint end to end (digests, CRCs, cross-file agreement, unsafe pickles), one line per "
+       "problem",
+       &RunVerify},
       {"rules", "print the built-in merge-rule presets", &RunRules},
       {"demo",
        "the built-in example: generate a GPT-NeoX-style tp=2 ZeRO-1 checkpoint, convert it, reshard it to tp=1, "

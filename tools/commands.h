@@ -22,6 +22,7 @@ int RunConvert(int argc, char** argv);
 int RunReshard(int argc, char** argv);
 int RunExport(int argc, char** argv);
 int RunRules(int argc, char** argv);
+int RunVerify(int argc, char** argv);
 
 }  // namespace ucp::tools
 

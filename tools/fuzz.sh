@@ -1,8 +1,15 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets of fuzz/ (pickle_fuzzer, torch_file_fuzzer)
-# with clang, ASan and UBSan, straight from the sources (no Bazel: Bazel's
-# toolchain here is gcc), and runs each one after the other for
-# $FUZZ_SECONDS, then prints executions, coverage and corpus size.
+# Builds the libFuzzer targets of fuzz/ (pickle_fuzzer, torch_file_fuzzer,
+# folder_fuzzer) with clang, ASan and UBSan, straight from the sources (no
+# Bazel: Bazel's toolchain here is gcc), and runs each one after the other
+# for $FUZZ_SECONDS, then prints executions, coverage and corpus size.
+#
+# folder_fuzzer (whole checkpoint folders through readers/, inspect, verify;
+# not in the default FUZZERS) also compiles base/, deepspeed/, readers/ and
+# tp/, and the protobuf code Bazel generates: run
+# `bazel build //proto:ucp_cc_proto` first (it reads bazel-bin/proto/ucp.pb.cc).
+# It reads the fixtures from ../shared (UCP_FUZZ_FIXTURES) and writes its
+# folders under /dev/shm (UCP_FUZZ_TMP).
 #
 # Needs only what tools/setup.sh installs (clang, libclang-rt-14-dev,
 # libabsl-dev). Everything goes to fuzz/out/ (gitignored):
@@ -65,20 +72,39 @@ for h in $(grep -ho '#include "base/[a-z0-9_]*\.h"' "${LIB_SRCS[@]}" | sort -u |
   if [[ -f "$h.cc" ]]; then LIB_SRCS+=("$h.cc"); fi
 done
 LIB_SRCS+=(fuzz/fuzz_checks.cc)
+EXTRA_INCLUDES=()
+EXTRA_LIBS=()
+if [[ " $FUZZERS " == *" folder_fuzzer "* ]]; then
+  if [[ ! -f bazel-bin/proto/ucp.pb.cc ]]; then
+    echo "fuzz: folder_fuzzer needs bazel-bin/proto/ucp.pb.cc (bazel build //proto:ucp_cc_proto)" >&2
+    exit 1
+  fi
+  mkdir -p "$OUT/gen/proto"
+  cp -f bazel-bin/proto/ucp.pb.cc bazel-bin/proto/ucp.pb.h "$OUT/gen/proto/"
+  for f in base/*.cc deepspeed/*.cc readers/*.cc tp/*.cc; do
+    case "$f" in
+      *_test.cc | *test_util.cc | *_bench.cc | *_main.cc) ;;
+      *) [[ " ${LIB_SRCS[*]} " == *" $f "* ]] || LIB_SRCS+=("$f") ;;
+    esac
+  done
+  LIB_SRCS+=("$OUT/gen/proto/ucp.pb.cc")
+  EXTRA_INCLUDES=(-I"$OUT/gen")
+  EXTRA_LIBS=(-lprotobuf -lxxhash)
+fi
 
 # Sanitized, coverage-instrumented; UBSan findings abort (no recovery).
 # Include paths: -I. for the project; Abseil (libabsl-dev) lives in
 # /usr/include, a system directory already (an explicit -isystem /usr/include
 # would break libstdc++'s #include_next <stdlib.h>); ABSL_INCLUDE adds
 # -isystem for an Abseil installed elsewhere.
-CXXFLAGS=(-std=c++17 -O1 -g -fno-omit-frame-pointer -I.
+CXXFLAGS=(-std=c++17 -O1 -g -fno-omit-frame-pointer -I. "${EXTRA_INCLUDES[@]}"
   -fsanitize=address,undefined -fno-sanitize-recover=undefined)
 if [[ -n "${ABSL_INCLUDE:-}" ]]; then CXXFLAGS+=(-isystem "$ABSL_INCLUDE"); fi
 COMPILE_FLAGS=("${CXXFLAGS[@]}" -fsanitize=fuzzer-no-link)
 LINK_FLAGS=("${CXXFLAGS[@]}" -fsanitize=fuzzer)
 # The Abseil libraries, as //third_party:absl links them.
 mapfile -t ABSL_LIBS < <(grep -o '"-labsl_[a-z0-9_]*"' third_party/BUILD | tr -d '"')
-LIBS=("${ABSL_LIBS[@]}" -lpthread)
+LIBS=("${ABSL_LIBS[@]}" "${EXTRA_LIBS[@]}" -lpthread)
 
 mkdir -p "$OUT/obj" "$OUT/artifacts" "$OUT/hostile"
 
@@ -91,9 +117,9 @@ if [[ ! -f "$FLAGS_STAMP" || "$(cat "$FLAGS_STAMP")" != "$FLAGS_LINE" ]]; then
   mkdir -p "$OUT/obj"
   echo "$FLAGS_LINE" >"$FLAGS_STAMP"
 fi
-NEWEST_HEADER=$(ls -t base/*.h format/pickle/*.h format/pickle/internal/*.h format/torch/*.h fuzz/*.h | head -1)
+NEWEST_HEADER=$(ls -t base/*.h format/pickle/*.h format/pickle/internal/*.h format/torch/*.h fuzz/*.h deepspeed/*.h readers/*.h tp/*.h | head -1)
 
-object_of() { echo "$OUT/obj/${1%.cc}.o"; }
+object_of() { local s=${1#"$OUT"/}; echo "$OUT/obj/${s%.cc}.o"; }
 
 compile() {
   local src=$1 obj
@@ -149,6 +175,7 @@ for fuzzer in $FUZZERS; do
   case "$fuzzer" in
     pickle_fuzzer) dict=fuzz/pickle.dict max_len=4096 ;;
     torch_file_fuzzer) dict="$OUT/torch_file.dict" max_len=16384 ;;
+    folder_fuzzer) dict=fuzz/pickle.dict max_len=65536 ;;
     *) dict="" max_len=4096 ;;
   esac
   corpus="$OUT/corpus/$fuzzer"

@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "base/fs.h"
 #include "exec/mpi_cluster.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
@@ -30,6 +31,9 @@ int main(int argc, char** argv) {
     PrintUsage(std::cout);
     return argc < 2 ? 1 : 0;
   }
+  // Ctrl-C, kill, a closed terminal: no staging folder left behind. Before
+  // any thread starts, so that every thread blocks these signals.
+  ucp::InstallStagingCleanupOnSignals();
   // Launched by mpirun: the ranks share the work (see README, "Many nodes").
   std::unique_ptr<ucp::Cluster> cluster = ucp::exec::JoinMpiJobIfLaunched(&argc, &argv);
   ucp::tools::SetJobCluster(cluster.get());

@@ -397,6 +397,8 @@ absl::StatusOr<WriteStats> WriteExport(std::vector<ExportTensor> tensors, const 
   RunOptions run;
   run.num_threads = options.num_threads;
   run.overwrite = options.overwrite;
+  run.inputs = options.inputs;
+  run.update_latest = options.update_latest;
   run.keep_temp_folder = options.keep_temp_folder;
   run.write_latest = false;
   run.progress = options.progress;

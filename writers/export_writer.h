@@ -72,6 +72,10 @@ struct ExportWriteOptions {
   std::vector<std::pair<std::string, std::string>> extra_files;
   int num_threads = 0;  // 0 = all cores
   bool overwrite = false;
+  // The source checkpoint folder(s) the output must stay apart from, and
+  // whether a latest file in the input's root may be repointed (RunOptions).
+  std::vector<std::string> inputs;
+  bool update_latest = false;
   bool keep_temp_folder = false;
   ProgressFn progress;
 };

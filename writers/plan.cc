@@ -7,10 +7,12 @@
 #include <map>
 #include <set>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "base/fs.h"
 #include "base/parallel.h"
 #include "base/status_macros.h"
+#include "format/torch/mapped_file.h"
 
 namespace ucp::writers {
 
@@ -36,7 +38,12 @@ absl::Status ExecuteUnits(const Plan& plan, const std::vector<size_t>& subset, c
   std::mutex progress_mu;
   return ParallelFor(order.size(), threads, [&](size_t k) -> absl::Status {
     const size_t i = order[k];
-    UCP_RETURN_IF_ERROR(plan.Execute(i, staging, &(*results)[i]));
+    absl::Status ran = plan.Execute(i, staging, &(*results)[i]);
+    // An input truncated under us reads as zeros (MappedFile's SIGBUS
+    // handler) or makes a write from its mapping fail (EFAULT): that, not
+    // what it caused, is the error.
+    if (!ran.ok() || torch::MappedFile::AnyFault()) UCP_RETURN_IF_ERROR(torch::MappedFile::CheckAllIntact());
+    UCP_RETURN_IF_ERROR(ran);
     const int64_t u = ++units_done;
     const int64_t b = (bytes_done += units[i].bytes);
     if (progress) {
@@ -148,6 +155,14 @@ void AddUnitResults(const std::vector<UnitResult>& results, WriteStats* stats) {
 }
 
 absl::StatusOr<StagingDir> BeginOutput(const Plan& plan, const std::string& output_folder, const RunOptions& options) {
+  if (output_folder.empty()) return absl::InvalidArgumentError("--output_folder is empty");
+  std::vector<std::string> inputs = options.inputs;
+  if (plan.source() != nullptr) {
+    std::set<std::string> dirs;
+    for (const std::string& f : plan.source()->InputFiles()) dirs.insert(Dirname(f));
+    inputs.insert(inputs.end(), dirs.begin(), dirs.end());
+  }
+  UCP_RETURN_IF_ERROR(CheckOutputApartFromInputs(output_folder, inputs));
   UCP_ASSIGN_OR_RETURN(StagingDir staging, StagingDir::Create(output_folder, options.overwrite));
   if (options.keep_temp_folder) staging.Keep();
   UCP_RETURN_IF_ERROR(plan.Prepare(staging.path()));
@@ -156,11 +171,29 @@ absl::StatusOr<StagingDir> BeginOutput(const Plan& plan, const std::string& outp
 
 absl::StatusOr<WriteStats> CommitOutput(const Plan& plan, StagingDir& staging, const std::vector<UnitResult>& results,
                                         const RunOptions& options) {
+  // Every input read whole and unchanged (MappedFile: no file shrank).
+  UCP_RETURN_IF_ERROR(torch::MappedFile::CheckAllIntact());
   UCP_ASSIGN_OR_RETURN(WriteStats stats, plan.Finish(results, staging.path()));
   UCP_RETURN_IF_ERROR(staging.Commit());
+  for (const auto& n : staging.notes()) stats.notes.push_back(n);
   if (options.write_latest && !plan.latest_file().empty()) {
-    UCP_RETURN_IF_ERROR(
-        WriteFileAtomic(JoinPath(Dirname(staging.target()), plan.latest_file()), Basename(staging.target())));
+    const std::string latest = JoinPath(Dirname(staging.target()), plan.latest_file());
+    const bool input_root = !options.inputs.empty() && !options.inputs[0].empty() &&
+                            ResolvePath(Dirname(staging.target())) == ResolvePath(Dirname(options.inputs[0]));
+    if (input_root && PathExists(latest) && !options.update_latest) {
+      auto old = ReadFileToString(latest, 4096);
+      stats.notes.push_back(absl::StrCat(latest, " left alone (still '", old.ok() ? std::string(absl::StripAsciiWhitespace(*old)) : "?",
+                                         "'): it is the input checkpoint's root; pass --update_latest to point it to ",
+                                         Basename(staging.target())));
+      return stats;
+    }
+    absl::Status s = WriteFileAtomic(latest, Basename(staging.target()));
+    if (!s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("the checkpoint itself is complete and committed at ", staging.target(),
+                                                  ", but writing ", latest, " failed: ", s.message(),
+                                                  ". Write it yourself (echo ", Basename(staging.target()), " > ",
+                                                  latest, ") or load the tag explicitly"));
+    }
   }
   return stats;
 }
@@ -225,6 +258,8 @@ absl::StatusOr<WriteStats> RunPlanOnCluster(const Plan& plan, const std::string&
   std::vector<UnitResult> results;
   absl::Status ran = ExecuteUnits(plan, assignment[rank], started.staging(), options.num_threads,
                                   rank == 0 ? options.progress : ProgressFn(), &results);
+  // Every input this rank read is still whole (no file shrank under it).
+  if (ran.ok()) ran = torch::MappedFile::CheckAllIntact();
   RankReport report;
   report.set_code(static_cast<int>(ran.code()));
   report.set_message(std::string(ran.message()));
@@ -236,6 +271,7 @@ absl::StatusOr<WriteStats> RunPlanOnCluster(const Plan& plan, const std::string&
     }
   }
   // 3. Rank 0 collects, commits or not, and says how it went.
+  std::vector<std::string> rank0_notes;
   UCP_ASSIGN_OR_RETURN(std::vector<std::string> reports, cluster.Gather(report.SerializeAsString(), 0));
   JobMessage verdict;
   if (rank == 0) {
@@ -265,6 +301,7 @@ absl::StatusOr<WriteStats> RunPlanOnCluster(const Plan& plan, const std::string&
         verdict.set_files(stats->files);
         verdict.set_bytes(stats->bytes);
         verdict.set_params(stats->params);
+        rank0_notes = stats->notes;
       } else {
         verdict = StatusMessage(stats.status());
       }
@@ -279,6 +316,7 @@ absl::StatusOr<WriteStats> RunPlanOnCluster(const Plan& plan, const std::string&
   stats.files = done.files();
   stats.bytes = done.bytes();
   stats.params = done.params();
+  stats.notes = rank0_notes;
   return stats;
 }
 

@@ -53,6 +53,9 @@ struct WriteStats {
   int64_t files = 0;
   int64_t bytes = 0;
   int64_t params = 0;
+  // What the user should know about the commit (a `latest` left alone,
+  // stale staging folders removed), one line each.
+  std::vector<std::string> notes;
 };
 
 class Plan {
@@ -114,6 +117,14 @@ struct RunOptions {
   bool overwrite = false;
   bool keep_temp_folder = false;  // keep the staging folder on failure
   bool write_latest = true;
+  // The source checkpoint folder(s): the output may not be one of them, lie
+  // inside one or contain one (CheckOutputApartFromInputs), --overwrite
+  // included; the folders of the plan's source()->InputFiles() are added.
+  std::vector<std::string> inputs;
+  // Without it, a latest file that already exists in the root of inputs[0]
+  // (the folder holding the input checkpoint) is left alone, and a note says
+  // so: repointing it would change what that root's checkpoint is.
+  bool update_latest = false;
   ProgressFn progress;
 };
 

@@ -322,6 +322,8 @@ RunOptions UniversalRunOptions(const UniversalWriteOptions& options) {
   RunOptions run;
   run.num_threads = options.num_threads;
   run.overwrite = options.overwrite;
+  run.inputs = options.inputs;
+  run.update_latest = options.update_latest;
   run.keep_temp_folder = options.keep_temp_folder;
   run.write_latest = options.write_latest;
   run.progress = options.progress;

@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "base/digest.h"
@@ -43,6 +44,10 @@ namespace ucp::writers {
 struct UniversalWriteOptions {
   int num_threads = 0;  // 0 = all cores
   bool overwrite = false;
+  // The source checkpoint folder(s) the output must stay apart from, and
+  // whether a latest file in the input's root may be repointed (RunOptions).
+  std::vector<std::string> inputs;
+  bool update_latest = false;
   bool keep_temp_folder = false;  // keep the staging folder on failure
   bool write_latest = true;       // <root>/latest_universal
   ProgressFn progress;  // may be empty

@@ -778,6 +778,8 @@ RunOptions ZeroRunOptions(const ZeroWriteOptions& options) {
   RunOptions run;
   run.num_threads = options.num_threads;
   run.overwrite = options.overwrite;
+  run.inputs = options.inputs;
+  run.update_latest = options.update_latest;
   run.write_latest = options.write_latest;
   run.progress = options.progress;
   return run;

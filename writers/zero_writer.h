@@ -66,6 +66,10 @@ struct ZeroWriteOptions {
   std::string target_ds_version;
   int num_threads = 0;
   bool overwrite = false;
+  // The source checkpoint folder(s) the output must stay apart from, and
+  // whether a latest file in the input's root may be repointed (RunOptions).
+  std::vector<std::string> inputs;
+  bool update_latest = false;
   bool write_latest = true;
   ProgressFn progress;
 };

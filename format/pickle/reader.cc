@@ -771,6 +771,16 @@ class Unpickler {
   }
 
   absl::Status PushObject(ValuePtr callable, ObjectHow how, ValuePtr args, ValuePtr kwargs) {
+    if (options_.globals != nullptr && callable->is(Kind::kGlobal) && callable->module() == "builtins" &&
+        callable->name() == "getattr") {
+      // getattr(a global class, 'public_name'): an enum member, data. Any
+      // other call (a dunder like __globals__, an object built here) can
+      // reach code, and is recorded as the unsafe global it is.
+      const std::vector<ValuePtr>& a = args->items();
+      const bool member = a.size() == 2 && a[0]->is(Kind::kGlobal) && a[1]->is(Kind::kStr) &&
+                          !a[1]->str().empty() && a[1]->str()[0] != '_' && kwargs == nullptr;
+      if (!member) options_.globals->emplace("builtins", "getattr");
+    }
     Object object;
     object.callable = std::move(callable);
     object.how = how;
@@ -786,6 +796,11 @@ class Unpickler {
       return Invalid(absl::StrCat("global '", Printable(module), ".", Printable(name), "' is not UTF-8"));
     }
     if (protocol_ < 3) internal_compat::Python2ToPython3(module, name);
+    // builtins.getattr is how Python pickles enum members (getattr(Cls,
+    // 'member')): it is recorded only when called otherwise (PushObject).
+    if (options_.globals != nullptr && !(module == "builtins" && name == "getattr")) {
+      options_.globals->emplace(module, name);
+    }
     return Value::Global(std::move(module), std::move(name));
   }
 

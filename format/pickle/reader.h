@@ -39,7 +39,10 @@
 #define UCP_FORMAT_PICKLE_READER_H_
 
 #include <cstddef>
+#include <set>
+#include <string>
 #include <string_view>
+#include <utility>
 
 #include "absl/status/statusor.h"
 #include "format/pickle/value.h"
@@ -65,6 +68,10 @@ struct ReadOptions {
   // only when a container obtained through DUP or GET is appended to, which
   // ordinary pickles never do; this bounds hostile ones.
   size_t max_self_reference_visits = size_t{1} << 26;
+  // When set, receives every global the stream names (GLOBAL, STACK_GLOBAL,
+  // INST), as (module, name) with Python 3 names, whether or not the tree
+  // keeps it (unsafe.h classifies them).
+  std::set<std::pair<std::string, std::string>>* globals = nullptr;
 };
 
 absl::StatusOr<ValuePtr> Unpickle(std::string_view bytes, const ReadOptions& options = {});

@@ -482,6 +482,12 @@ bool Value::IsObjectOf(std::string_view module, std::string_view name) const {
 }
 
 std::string Value::DebugString(size_t max_len) const {
+  int64_t budget = 4096;
+  return DebugStringBudget(max_len, &budget);
+}
+
+std::string Value::DebugStringBudget(size_t max_len, int64_t* budget) const {
+  if (--*budget < 0) return "...";
   std::string out;
   switch (kind_) {
     case Kind::kNone: out = "None"; break;
@@ -501,7 +507,7 @@ std::string Value::DebugString(size_t max_len) const {
     case Kind::kFrozenSet: {
       std::vector<std::string> parts;
       for (const auto& item : items()) {
-        parts.push_back(item->DebugString(max_len));
+        parts.push_back(item->DebugStringBudget(max_len, budget));
         if (parts.size() > 8) {
           parts.push_back("...");
           break;
@@ -516,7 +522,7 @@ std::string Value::DebugString(size_t max_len) const {
     case Kind::kDict: {
       std::vector<std::string> parts;
       for (const auto& [k, v] : dict_items()) {
-        parts.push_back(absl::StrCat(k->DebugString(max_len), ": ", v->DebugString(max_len)));
+        parts.push_back(absl::StrCat(k->DebugStringBudget(max_len, budget), ": ", v->DebugStringBudget(max_len, budget)));
         if (parts.size() > 8) {
           parts.push_back("...");
           break;
@@ -524,19 +530,19 @@ std::string Value::DebugString(size_t max_len) const {
       }
       out = absl::StrCat(ordered_dict_ ? "OrderedDict(" : "", "{", absl::StrJoin(parts, ", "), "}",
                          ordered_dict_ ? ")" : "");
-      if (dict_state()) absl::StrAppend(&out, ".__setstate__(", dict_state()->DebugString(max_len), ")");
+      if (dict_state()) absl::StrAppend(&out, ".__setstate__(", dict_state()->DebugStringBudget(max_len, budget), ")");
       break;
     }
     case Kind::kGlobal: out = absl::StrCat(module(), ".", name()); break;
     case Kind::kObject: {
       const Object& o = object();
-      out = absl::StrCat(o.callable ? o.callable->DebugString(max_len) : "?",
-                         o.args ? o.args->DebugString(max_len) : "()");
-      if (o.state) absl::StrAppend(&out, ".__setstate__(", o.state->DebugString(max_len), ")");
+      out = absl::StrCat(o.callable ? o.callable->DebugStringBudget(max_len, budget) : "?",
+                         o.args ? o.args->DebugStringBudget(max_len, budget) : "()");
+      if (o.state) absl::StrAppend(&out, ".__setstate__(", o.state->DebugStringBudget(max_len, budget), ")");
       break;
     }
     case Kind::kPersistentId:
-      out = absl::StrCat("persistent_id(", pid() ? pid()->DebugString(max_len) : "?", ")");
+      out = absl::StrCat("persistent_id(", pid() ? pid()->DebugStringBudget(max_len, budget) : "?", ")");
       break;
   }
   if (out.size() > max_len) out = out.substr(0, max_len) + "...";

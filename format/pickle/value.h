@@ -187,10 +187,13 @@ class Value {
   const ValuePtr& pid() const { return payload_ != nullptr && payload_->extra ? payload_->extra->pid : NullValuePtr(); }
 
   // A short Python-like rendering for messages (truncated past max_len).
+  // Visits at most a few thousand values however the tree shares its parts
+  // (a DAG of shared tuples is exponential as a tree): past that, "...".
   std::string DebugString(size_t max_len = 200) const;
 
  private:
   friend class ScalarPool;
+  std::string DebugStringBudget(size_t max_len, int64_t* budget) const;
   using Index = absl::flat_hash_map<ValuePtr, size_t, ValueHash, ValueEq>;
   // Parts only globals, objects, persistent ids and large dicts/sets need.
   struct Extra {

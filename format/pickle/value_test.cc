@@ -117,3 +117,19 @@ TEST(ValueTest, LargeDictsAndSetsUseTheirIndex) {
 
 }  // namespace
 }  // namespace ucp::pickle
+
+namespace ucp::pickle {
+namespace {
+
+// d04: a DAG of shared tuples (each level holding the previous one twice) is
+// 2^60 values as a tree; DebugString stays short and quick.
+TEST(ValueTest, DebugStringOfASharedDagIsBounded) {
+  ValuePtr v = Value::Tuple({});
+  for (int i = 0; i < 60; ++i) v = Value::Tuple({v, v});
+  const std::string s = v->DebugString(200);
+  EXPECT_LE(s.size(), 203u);
+  EXPECT_EQ(s.substr(0, 4), "((((");
+}
+
+}  // namespace
+}  // namespace ucp::pickle

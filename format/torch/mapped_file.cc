@@ -3,6 +3,7 @@
 #include <atomic>
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -12,6 +13,7 @@
 
 #include <mutex>
 #include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
@@ -29,6 +31,7 @@ struct MappedRegistry {
   std::mutex mu;
   absl::flat_hash_map<std::pair<uint64_t, uint64_t>, int> count;
   absl::flat_hash_set<const MappedFile*> live;
+  std::vector<std::string> damaged;  // closed files that had faulted
 };
 
 std::atomic<size_t> consumed_since_release{0};
@@ -43,10 +46,82 @@ size_t PageSize() {
   return page;
 }
 
+// ---- SIGBUS: a mapped file truncated under us ----
+// A fixed table the signal handler can read without locks: [begin, end) of
+// every live mapping. begin == 0: free; begin == 1: being filled.
+constexpr int kSlots = 1 << 14;
+struct Slot {
+  std::atomic<uintptr_t> begin{0};
+  std::atomic<uintptr_t> end{0};
+  std::atomic<int> faulted{0};
+};
+Slot slots[kSlots];
+std::atomic<int> fault_count{0};
+struct sigaction previous_sigbus;
+std::once_flag sigbus_once;
+uintptr_t sigbus_page_size = 4096;
+
+void OnSigbus(int sig, siginfo_t* info, void* context) {
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(info->si_addr);
+  for (int i = 0; i < kSlots; ++i) {
+    const uintptr_t b = slots[i].begin.load(std::memory_order_acquire);
+    if (b <= 1) continue;
+    const uintptr_t e = slots[i].end.load(std::memory_order_acquire);
+    if (addr < b || addr >= e) continue;
+    // Zeros from the faulting page to the end of the mapping: the reader
+    // goes on, and the file is reported as damaged before any commit.
+    const uintptr_t page = sigbus_page_size;
+    const uintptr_t from = addr / page * page;
+    const uintptr_t to = (e + page - 1) / page * page;
+    void* p = mmap(reinterpret_cast<void*>(from), to - from, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    if (p == MAP_FAILED) break;
+    slots[i].faulted.store(1, std::memory_order_release);
+    fault_count.fetch_add(1, std::memory_order_release);
+    return;
+  }
+  // Not ours: behave as before the handler existed.
+  if ((previous_sigbus.sa_flags & SA_SIGINFO) && previous_sigbus.sa_sigaction != nullptr) {
+    previous_sigbus.sa_sigaction(sig, info, context);
+    return;
+  }
+  if (previous_sigbus.sa_handler != SIG_DFL && previous_sigbus.sa_handler != SIG_IGN &&
+      previous_sigbus.sa_handler != nullptr) {
+    previous_sigbus.sa_handler(sig);
+    return;
+  }
+  signal(SIGBUS, SIG_DFL);  // the fault repeats on return and ends the process
+}
+
+void InstallSigbusHandler() {
+  std::call_once(sigbus_once, [] {
+    sigbus_page_size = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    struct sigaction sa;
+    std::memset(&sa, 0, sizeof(sa));
+    sa.sa_sigaction = OnSigbus;
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGBUS, &sa, &previous_sigbus);
+  });
+}
+
+int ClaimSlot(const uint8_t* data, size_t size) {
+  for (int i = 0; i < kSlots; ++i) {
+    uintptr_t expected = 0;
+    if (slots[i].begin.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) {
+      slots[i].faulted.store(0, std::memory_order_relaxed);
+      slots[i].end.store(reinterpret_cast<uintptr_t>(data) + size, std::memory_order_release);
+      slots[i].begin.store(reinterpret_cast<uintptr_t>(data), std::memory_order_release);
+      return i;
+    }
+  }
+  return -1;  // table full: this mapping is not protected
+}
+
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<const MappedFile>> MappedFile::Open(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO must not block the open; it is refused below.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return ErrnoError(errno, path, "cannot open");
   std::shared_ptr<MappedFile> file(new MappedFile());
   file->path_ = path;
@@ -54,7 +129,13 @@ absl::StatusOr<std::shared_ptr<const MappedFile>> MappedFile::Open(const std::st
   struct stat st;
   if (::fstat(fd, &st) != 0) return ErrnoError(errno, path, "cannot stat");
   if (!S_ISREG(st.st_mode)) {
-    return absl::FailedPreconditionError(absl::StrCat(path, ": not a regular file"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, ": ", S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISDIR(st.st_mode) ? "a folder" : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device" : "not a regular file",
+        ", expected a regular file"));
+  }
+  {
+    const int flags = ::fcntl(fd, F_GETFL);
+    if (flags >= 0) (void)::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
   }
   if (st.st_size < 0 || static_cast<uint64_t>(st.st_size) > SIZE_MAX) {
     return absl::OutOfRangeError(absl::StrCat(path, ": file too large to map"));
@@ -71,6 +152,8 @@ absl::StatusOr<std::shared_ptr<const MappedFile>> MappedFile::Open(const std::st
     void* p = ::mmap(nullptr, file->size_, PROT_READ, MAP_PRIVATE, fd, 0);
     if (p == MAP_FAILED) return ErrnoError(errno, path, "cannot mmap");
     file->data_ = static_cast<uint8_t*>(p);
+    InstallSigbusHandler();
+    file->slot_ = ClaimSlot(file->data_, file->size_);
   }
   return std::shared_ptr<const MappedFile>(std::move(file));
 }
@@ -82,9 +165,49 @@ MappedFile::~MappedFile() {
     if (it != Registry().count.end() && --it->second == 0) Registry().count.erase(it);
     Registry().live.erase(this);
   }
+  if (slot_ >= 0 && slots[slot_].faulted.load(std::memory_order_acquire) != 0) {
+    std::lock_guard<std::mutex> lock(Registry().mu);
+    Registry().damaged.push_back(path_);
+  }
+  if (slot_ >= 0) {
+    slots[slot_].begin.store(1, std::memory_order_release);  // no longer ours
+    slots[slot_].end.store(0, std::memory_order_release);
+  }
   if (data_ != nullptr) ::munmap(data_, size_);
+  if (slot_ >= 0) slots[slot_].begin.store(0, std::memory_order_release);
   if (fd_ >= 0) ::close(fd_);
 }
+
+absl::Status MappedFile::CheckIntact() const {
+  if (fd_ < 0) return absl::OkStatus();
+  struct stat st;
+  const bool faulted = slot_ >= 0 && slots[slot_].faulted.load(std::memory_order_acquire) != 0;
+  if (::fstat(fd_, &st) != 0) return ErrnoError(errno, path_, "cannot stat");
+  if (faulted || static_cast<uint64_t>(st.st_size) < size_) {
+    return absl::DataLossError(absl::StrCat(
+        path_, ": the file shrank from ", size_, " to ", st.st_size,
+        " bytes while ucp was reading it (rewritten or truncated during the run?); nothing read from it can be "
+        "trusted and no output was committed"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MappedFile::CheckAllIntact() {
+  std::lock_guard<std::mutex> lock(Registry().mu);
+  if (!Registry().damaged.empty()) {
+    return absl::DataLossError(absl::StrCat(
+        Registry().damaged.front(),
+        ": the file shrank while ucp was reading it (rewritten or truncated during the run?); nothing read from "
+        "it can be trusted and no output was committed"));
+  }
+  for (const MappedFile* f : Registry().live) {
+    absl::Status s = f->CheckIntact();
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+bool MappedFile::AnyFault() { return fault_count.load(std::memory_order_acquire) != 0; }
 
 void MappedFile::ReleaseAll() {
   std::lock_guard<std::mutex> lock(Registry().mu);

@@ -4,9 +4,15 @@
 // callers that prefer copying into their own buffers.
 //
 // The mapping is MAP_PRIVATE + PROT_READ: nothing can write through it. An
-// empty file has no mapping (data() == nullptr, size() == 0). If another
-// process truncates the file while it is mapped, touching the lost pages
-// raises SIGBUS; checkpoints are expected to be immutable while read.
+// empty file has no mapping (data() == nullptr, size() == 0). Only regular
+// files are opened (a FIFO or device is refused without blocking).
+//
+// If another process truncates the file while it is mapped, touching the
+// lost pages would raise SIGBUS: a SIGBUS handler (installed by the first
+// Open) replaces the pages past the end of a mapped file with zeros and marks
+// the file as damaged, so the read goes on and CheckIntact / CheckAllIntact
+// report it (kDataLoss, naming the file) before anything is committed. A
+// SIGBUS elsewhere still ends the process as it would without the handler.
 //
 // Example:
 //   UCP_ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> f, MappedFile::Open(path));
@@ -66,6 +72,15 @@ class MappedFile {
   // SIGBUS and lose the source).
   static bool IsMappedByThisProcess(const std::string& path);
 
+  // kDataLoss when the file shrank (or a page of it could not be read) since
+  // Open: a read may have seen zeros instead of its bytes.
+  absl::Status CheckIntact() const;
+  // CheckIntact for every live mapping of the process; cheap when no SIGBUS
+  // happened (one fstat per live mapping).
+  static absl::Status CheckAllIntact();
+  // Whether any SIGBUS in a mapping was absorbed since the process started.
+  static bool AnyFault();
+
   // Copies bytes [offset, offset + dst.size()) with pread (no mapping
   // involved). kOutOfRange past the end of the file, kDataLoss if the file
   // is shorter than at Open, the errno's code on a read error.
@@ -77,6 +92,7 @@ class MappedFile {
   std::string path_;
   uint64_t device_ = 0, inode_ = 0;
   int fd_ = -1;
+  int slot_ = -1;  // in the SIGBUS handler's table, or -1
   uint8_t* data_ = nullptr;
   size_t size_ = 0;
 };

@@ -1,7 +1,11 @@
 #include "format/torch/mapped_file.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <chrono>
+#include <future>
 
 #include <string>
 #include <vector>
@@ -16,6 +20,46 @@ using testing::TempPath;
 
 void WriteFile(const std::string& path, const std::string& content) {
   ASSERT_TRUE(WriteFileAtomic(path, content).ok()) << path;
+}
+
+// d01: a FIFO where a checkpoint file is expected is refused at once (an
+// open(2) for reading would wait for a writer forever).
+TEST(MappedFileTest, FifoIsRefusedWithoutBlocking) {
+  const std::string path = TempPath("fifo.pt");
+  ::unlink(path.c_str());
+  ASSERT_EQ(::mkfifo(path.c_str(), 0644), 0);
+  auto opened = std::async(std::launch::async, [&] { return MappedFile::Open(path).status(); });
+  ASSERT_EQ(opened.wait_for(std::chrono::seconds(10)), std::future_status::ready) << "open blocked on a FIFO";
+  const absl::Status s = opened.get();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_EQ(s.message(), path + ": a FIFO, expected a regular file");
+}
+
+// d02: a file truncated while mapped (DeepSpeed re-saving the same tag) reads
+// as zeros past its new end instead of killing the process with SIGBUS, and
+// is reported as damaged.
+TEST(MappedFileTest, FileTruncatedWhileMappedIsAnErrorNotSigbus) {
+  const std::string path = TempPath("shrinks.bin");
+  const size_t size = size_t{1} << 20;
+  WriteFile(path, std::string(size, '\x5a'));
+  auto file = MappedFile::Open(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_TRUE((*file)->CheckIntact().ok());
+  EXPECT_TRUE(MappedFile::CheckAllIntact().ok());
+  ASSERT_EQ(::truncate(path.c_str(), 0), 0);
+  (*file)->Release(0, size);  // drop the cached pages so that they fault again
+  const volatile uint8_t* p = (*file)->data();
+  uint64_t sum = 0;
+  for (size_t i = 0; i < size; i += 4096) sum += p[i];  // SIGBUS before the handler
+  EXPECT_EQ(sum, 0u);
+  EXPECT_TRUE(MappedFile::AnyFault());
+  const absl::Status s = (*file)->CheckIntact();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_EQ(s.message().rfind(path + ": the file shrank from 1048576 to 0 bytes", 0), 0u) << s;
+  EXPECT_EQ(MappedFile::CheckAllIntact().code(), absl::StatusCode::kDataLoss);
+  file->reset();
+  // Closed, it is still remembered as damaged.
+  EXPECT_EQ(MappedFile::CheckAllIntact().code(), absl::StatusCode::kDataLoss);
 }
 
 TEST(MappedFileTest, MapsContentAndReadsAt) {

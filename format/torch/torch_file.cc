@@ -4,7 +4,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <iterator>
+#include <set>
+#include <string>
+#include <vector>
 #include <deque>
 #include <memory>
 #include <optional>
@@ -12,9 +17,12 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/parallel.h"
 #include "base/digest.h"
 #include "base/status_macros.h"
+#include "format/pickle/reader.h"
+#include "format/pickle/unsafe.h"
 #include "format/pickle/writer.h"
 #include "format/torch/crc32.h"
 #include "format/torch/mapped_file.h"
@@ -301,7 +309,23 @@ namespace {
 absl::Status ParseTorchFile(const std::string& name, absl::Span<const uint8_t> bytes,
                             std::shared_ptr<const void> keep_alive, std::shared_ptr<const MappedFile> mapped,
                             const OpenOptions& options,
-                            internal_torch_file::State* impl, std::string* stem, ValuePtr* root) {
+                            internal_torch_file::State* impl, std::string* stem, ValuePtr* root,
+                            std::vector<std::string>* unsafe) {
+  // torch.save before 1.6 (or with _use_new_zipfile_serialization=False)
+  // wrote a bare pickle stream starting with the protocol and a magic number.
+  if (bytes.size() >= 2 && !(bytes[0] == 'P' && bytes[1] == 'K')) {
+    static constexpr uint8_t kLegacyMagic[] = {0x80, 0x02, 0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8};
+    if (bytes.size() >= sizeof(kLegacyMagic) && std::equal(std::begin(kLegacyMagic), std::end(kLegacyMagic), bytes.begin())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, ": a legacy torch.save file (the pre-1.6 format, or _use_new_zipfile_serialization=False); ucp "
+                "reads the zip format torch.save writes by default: re-save it with torch.save(torch.load(f), f)"));
+    }
+    if (bytes[0] == 0x80) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, ": a bare pickle stream, not a torch.save zip archive (a legacy torch.save file or pickle.dump "
+                "output?)"));
+    }
+  }
   ZipReadOptions zip_options;
   zip_options.crc = options.verify_crc ? ZipReadOptions::Crc::kOnOpen : ZipReadOptions::Crc::kLazy;
   // A memory-mapped archive gives its pages back as the CRC check reads
@@ -364,15 +388,34 @@ absl::Status ParseTorchFile(const std::string& name, absl::Span<const uint8_t> b
   }
   absl::StatusOr<absl::Span<const uint8_t>> pkl_bytes = z.Read(pkl_name);
   if (!pkl_bytes.ok()) return pkl_bytes.status();
+  std::set<std::pair<std::string, std::string>> globals;
+  pickle::ReadOptions read_options = options.pickle;
+  read_options.globals = &globals;
   absl::StatusOr<ValuePtr> tree = pickle::Unpickle(
-      std::string_view(reinterpret_cast<const char*>(pkl_bytes->data()), pkl_bytes->size()), options.pickle);
+      std::string_view(reinterpret_cast<const char*>(pkl_bytes->data()), pkl_bytes->size()), read_options);
   if (!tree.ok()) return Annotate(tree.status(), absl::StrCat(name, ": ", pkl_name, ": "));
+  for (const auto& [module, gname] : globals) {
+    if (pickle::IsUnsafeGlobal(module, gname)) unsafe->push_back(absl::StrCat(module, ".", gname));
+  }
+  if (!unsafe->empty() && options.refuse_unsafe_globals && !AllowUnsafePickles()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        name, ": UNSAFE pickle: it names ", absl::StrJoin(*unsafe, ", "),
+        " (code that torch.load would run when reading this file). ucp never runs it, but refuses to read or "
+        "copy such a checkpoint unless --allow_unsafe_pickle is given"));
+  }
   *root = *std::move(tree);
   TreeValidator validator(name, *stem, z, std::move(keep_alive), impl);
   return validator.Visit(*root);
 }
 
 }  // namespace
+
+namespace {
+std::atomic<bool> allow_unsafe_pickles{false};
+}  // namespace
+
+void SetAllowUnsafePickles(bool allow) { allow_unsafe_pickles.store(allow); }
+bool AllowUnsafePickles() { return allow_unsafe_pickles.load(); }
 
 absl::StatusOr<std::unique_ptr<TorchFile>> TorchFile::Open(const std::string& path, const OpenOptions& options) {
   absl::StatusOr<std::shared_ptr<const MappedFile>> mapped = MappedFile::Open(path);
@@ -383,7 +426,7 @@ absl::StatusOr<std::unique_ptr<TorchFile>> TorchFile::Open(const std::string& pa
   file->impl_->mapped = *mapped;
   file->mapping_ = *mapped;
   absl::Status s = ParseTorchFile(path, (*mapped)->bytes(), *mapped, *mapped, options, file->impl_.get(), &file->stem_,
-                                  &file->root_);
+                                  &file->root_, &file->unsafe_globals_);
   if (!s.ok()) return s;
   return file;
 }
@@ -398,7 +441,8 @@ absl::StatusOr<std::unique_ptr<TorchFile>> TorchFile::FromBytes(std::string byte
   file->mapping_ = owned;
   absl::Span<const uint8_t> span(reinterpret_cast<const uint8_t*>(owned->data()), owned->size());
   absl::Status s =
-      ParseTorchFile(name, span, owned, /*mapped=*/nullptr, options, file->impl_.get(), &file->stem_, &file->root_);
+      ParseTorchFile(name, span, owned, /*mapped=*/nullptr, options, file->impl_.get(), &file->stem_, &file->root_,
+                     &file->unsafe_globals_);
   if (!s.ok()) return s;
   return file;
 }

@@ -60,7 +60,16 @@ struct OpenOptions {
   // ~10 GB/s when cached). When false only data.pkl and version are
   // verified; call VerifyAllCrcs() (or rely on later reads) for the rest.
   bool verify_crc = true;
+  // Refuse (kFailedPrecondition) a file whose pickle names a code-execution
+  // global (pickle/unsafe.h) unless AllowUnsafePickles() is set. `ucp
+  // inspect` turns it off to report such files instead.
+  bool refuse_unsafe_globals = true;
 };
+
+// The process-wide answer to a pickle with an unsafe global (the CLI's
+// --allow_unsafe_pickle): false (default) refuses such files when opened.
+void SetAllowUnsafePickles(bool allow);
+bool AllowUnsafePickles();
 
 class TorchFile {
  public:
@@ -98,6 +107,9 @@ class TorchFile {
   const std::shared_ptr<const MappedFile>& mapped_file() const;
   // Storages in record order, each once (shared by the tensors viewing it).
   std::vector<std::shared_ptr<const Storage>> Storages() const;
+  // The code-execution globals (pickle/unsafe.h) the pickle names, as
+  // "module.name", sorted.
+  const std::vector<std::string>& unsafe_globals() const { return unsafe_globals_; }
 
  private:
   TorchFile() = default;
@@ -105,6 +117,7 @@ class TorchFile {
   std::string stem_;
   pickle::ValuePtr root_;
   std::shared_ptr<const void> mapping_;
+  std::vector<std::string> unsafe_globals_;
   struct Impl;
   std::shared_ptr<Impl> impl_;
 };

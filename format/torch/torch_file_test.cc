@@ -101,6 +101,73 @@ TEST(TorchFileTest, ReadsCraftedFile) {
   EXPECT_EQ((*file)->GetTensor(*Value::Int(3)).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// d14: a legacy (pre-1.6, non-zip) torch.save file is named as such.
+TEST(TorchFileTest, LegacyTorchSaveIsNamed) {
+  // torch.save(..., _use_new_zipfile_serialization=False) starts with the
+  // protocol and the magic number 0x1950a86a20f9469cfc6c as a LONG1.
+  const std::string legacy("\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19.\x80\x02M\xe9\x03.", 22);
+  auto f = TorchFile::FromBytes(legacy, "old.pt");
+  EXPECT_EQ(f.status().code(), absl::StatusCode::kInvalidArgument) << f.status();
+  EXPECT_EQ(f.status().message().rfind("old.pt: a legacy torch.save file", 0), 0u) << f.status();
+  auto bare = TorchFile::FromBytes(std::string("\x80\x04K\x01.", 5), "bare.pt");
+  EXPECT_NE(bare.status().message().find("a bare pickle stream"), std::string::npos) << bare.status();
+}
+
+// Point 6 of issue 10: a pickle naming a code-execution global is refused
+// (naming the global and the file) unless unsafe pickles are allowed;
+// ordinary unknown classes pass.
+TEST(TorchFileTest, UnsafeGlobalsAreRefusedUnlessAllowed) {
+  pickle::Object call;
+  call.callable = Value::Global("posix", "system");
+  call.args = Value::Tuple({Value::Str("echo pwned")});
+  ValuePtr root = Value::MakeDict();
+  root->DictSet(Value::Str("x"), Value::MakeObject(std::move(call)));
+  pickle::Object cfg;
+  cfg.callable = Value::Global("my_trainer.config", "TrainConfig");
+  cfg.how = pickle::ObjectHow::kNewObj;
+  cfg.args = Value::Tuple({});
+  root->DictSet(Value::Str("cfg"), Value::MakeObject(std::move(cfg)));
+  const std::string bytes = CraftFile(*root, 16);
+  auto refused = TorchFile::FromBytes(bytes, "evil.pt");
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_EQ(refused.status().message().rfind("evil.pt: UNSAFE pickle: it names posix.system", 0), 0u)
+      << refused.status();
+  EXPECT_NE(refused.status().message().find("--allow_unsafe_pickle"), std::string::npos);
+  OpenOptions report;
+  report.refuse_unsafe_globals = false;
+  auto reported = TorchFile::FromBytes(bytes, "evil.pt", report);
+  ASSERT_TRUE(reported.ok()) << reported.status();
+  EXPECT_EQ((*reported)->unsafe_globals(), std::vector<std::string>{"posix.system"});
+  SetAllowUnsafePickles(true);
+  EXPECT_TRUE(TorchFile::FromBytes(bytes, "evil.pt").ok());
+  SetAllowUnsafePickles(false);
+  // Only the trainer's own class: plain data.
+  ValuePtr plain = Value::MakeDict();
+  plain->DictSet(Value::Str("cfg"), root->DictGetPtr("cfg"));
+  auto ok = TorchFile::FromBytes(CraftFile(*plain, 16), "plain.pt");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_TRUE((*ok)->unsafe_globals().empty());
+  // getattr(Enum class, 'member') is how Python pickles enum members
+  // (DeepSpeed's ZeroStageEnum): data. getattr(f, '__globals__') is not.
+  auto getattr_of = [](ValuePtr obj, const std::string& attr) {
+    pickle::Object o;
+    o.callable = Value::Global("builtins", "getattr");
+    o.args = Value::Tuple({std::move(obj), Value::Str(attr)});
+    ValuePtr root = Value::MakeDict();
+    root->DictSet(Value::Str("v"), Value::MakeObject(std::move(o)));
+    return root;
+  };
+  auto member = TorchFile::FromBytes(
+      CraftFile(*getattr_of(Value::Global("deepspeed.runtime.zero.config", "ZeroStageEnum"), "optimizer_states"), 16),
+      "enum.pt");
+  ASSERT_TRUE(member.ok()) << member.status();
+  EXPECT_TRUE((*member)->unsafe_globals().empty());
+  auto dunder = TorchFile::FromBytes(
+      CraftFile(*getattr_of(Value::Global("torch._utils", "_rebuild_tensor_v2"), "__globals__"), 16), "dunder.pt");
+  EXPECT_EQ(dunder.status().code(), absl::StatusCode::kFailedPrecondition) << dunder.status();
+  EXPECT_NE(dunder.status().message().find("builtins.getattr"), std::string::npos) << dunder.status();
+}
+
 TEST(TorchFileTest, ViewPastStorageIsOutOfRange) {
   ValuePtr root = RebuildTensor(Pid("FloatStorage", "0", 4), 2, {3}, {1});
   auto file = TorchFile::FromBytes(CraftFile(*root, 16), "craft.pt");

@@ -154,6 +154,8 @@ def list_files(root):
     out = []
     for dirpath, _, names in os.walk(root):
         for n in names:
+            if n == ".ucp_output" and dirpath == root:
+                continue  # ucp's output marker (what --overwrite recognizes), not content
             out.append(os.path.relpath(os.path.join(dirpath, n), root))
     return sorted(out)
 

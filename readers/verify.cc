@@ -1,0 +1,164 @@
+#include "readers/verify.h"
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <set>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "base/fs.h"
+#include "deepspeed/checkpoint_files.h"
+#include "format/torch/mapped_file.h"
+#include "format/torch/torch_file.h"
+#include "readers/inspect.h"
+#include "readers/universal_checkpoint.h"
+#include "readers/zero_checkpoint.h"
+
+namespace ucp::readers {
+namespace {
+
+using pickle::Kind;
+using pickle::Value;
+
+std::string StatusLine(const absl::Status& s) { return std::string(s.message()); }
+
+// A step value as text: a 0-dim tensor by value, anything else as Python.
+std::string StepText(const torch::TorchFile& f, const Value& v) {
+  const Value* x = &v;
+  if (v.is(Kind::kDict)) {
+    const Value* p = v.DictGet("param");
+    if (p == nullptr) p = v.DictGet("step");
+    if (p != nullptr) x = p;
+  }
+  if (torch::TorchFile::IsTensor(*x)) {
+    auto t = f.GetTensor(*x);
+    if (!t.ok() || t->numel() != 1) return x->DebugString(60);
+    const std::string b = t->ContiguousBytes();
+    if (t->dtype() == torch::DType::kFloat32 && b.size() == 4) {
+      float y;
+      std::memcpy(&y, b.data(), 4);
+      return absl::StrCat(y);
+    }
+    if (t->dtype() == torch::DType::kInt64 && b.size() == 8) {
+      int64_t y;
+      std::memcpy(&y, b.data(), 8);
+      return absl::StrCat(y);
+    }
+    return absl::StrCat(std::string(torch::DTypeName(t->dtype())), ":", absl::BytesToHexString(b));
+  }
+  return x->DebugString(60);
+}
+
+void VerifyZero(const std::string& path, VerifyResult& r) {
+  r.kind = "zero";
+  absl::StatusOr<std::unique_ptr<ZeroCheckpoint>> opened = ZeroCheckpoint::Open(path);
+  if (!opened.ok()) {
+    r.problems.push_back(StatusLine(opened.status()));
+    return;
+  }
+  const ZeroCheckpoint& c = **opened;
+  r.dir = c.dir();
+  const deepspeed::Topology& t = c.topology();
+  r.files_checked += t.mp_world_size();  // opened and CRC-checked by Open
+  for (int s = 0; s < t.pp; ++s) {
+    for (int tp = 0; tp < t.tp; ++tp) {
+      for (int d = 0; d < t.dp; ++d) {
+        ++r.files_checked;
+        absl::Status st = c.VerifyFile(c.OptimPath(s, tp, d));
+        if (!st.ok()) r.problems.push_back(StatusLine(st));
+      }
+    }
+  }
+  for (int layer : c.layer_files()) {
+    for (int tp = 0; tp < t.tp; ++tp) {
+      ++r.files_checked;
+      absl::StatusOr<const torch::TorchFile*> f = c.LayerFile(layer, tp);
+      absl::Status st = f.ok() ? (*f)->VerifyAllCrcs() : f.status();
+      if (!st.ok()) r.problems.push_back(StatusLine(st));
+    }
+  }
+}
+
+void VerifyUniversal(const std::string& path, VerifyResult& r) {
+  r.kind = "universal";
+  absl::StatusOr<std::unique_ptr<UniversalCheckpoint>> opened = UniversalCheckpoint::Open(path);
+  if (!opened.ok()) {
+    r.problems.push_back(StatusLine(opened.status()));
+    return;
+  }
+  const UniversalCheckpoint& u = **opened;
+  r.dir = u.dir();
+  if (u.manifest()) {
+    absl::Status st = u.VerifyChecksums();
+    if (!st.ok()) r.problems.push_back(StatusLine(st));
+  }
+  std::map<std::string, std::string> first_step;  // step text -> the first param with it
+  for (const std::string& name : u.param_names()) {
+    for (const std::string& s : u.StateFiles(name)) {
+      ++r.files_checked;
+      if (s == "step") {
+        absl::StatusOr<std::shared_ptr<const torch::TorchFile>> f = u.ReadStep(name);
+        if (!f.ok()) {
+          r.problems.push_back(StatusLine(f.status()));
+        } else if (*f) {
+          first_step.emplace(StepText(**f, *(*f)->root()), name);
+        }
+        continue;
+      }
+      absl::StatusOr<UniversalStateFile> f = u.ReadState(name, s);
+      if (!f.ok()) r.problems.push_back(StatusLine(f.status()));
+    }
+  }
+  if (first_step.size() > 1) {
+    std::string line = absl::StrCat(JoinPath(u.dir(), deepspeed::kUniversalZeroDir),
+                                    ": the params' step.pt disagree (files from different saves):");
+    for (const auto& [step, name] : first_step) absl::StrAppend(&line, " step ", step, " in ", name, "/step.pt;");
+    r.problems.push_back(line);
+  }
+  for (const std::string& name : u.module_names()) {
+    ++r.files_checked;
+    absl::StatusOr<UniversalStateFile> f = u.ReadModule(name);
+    if (!f.ok()) r.problems.push_back(StatusLine(f.status()));
+  }
+}
+
+}  // namespace
+
+VerifyResult VerifyFolder(const std::string& path) {
+  VerifyResult r;
+  r.dir = path;
+  if (!IsDirectory(path)) {
+    r.problems.push_back(absl::StrCat(path, ": not a folder"));
+    return r;
+  }
+  const bool universal = LooksLikeUniversalFolder(path);
+  // Unsafe pickles are problems; the rest of the folder is still checked.
+  std::string dir = path;
+  const char* latest = universal ? deepspeed::kLatestUniversalFile : deepspeed::kLatestFile;
+  if (!IsDirectory(JoinPath(path, deepspeed::kUniversalZeroDir)) && PathExists(JoinPath(path, latest)) &&
+      !PathExists(JoinPath(path, deepspeed::MpRankFileName(0)))) {
+    absl::StatusOr<std::string> tag = ReadLatestTag(path, latest);
+    if (!tag.ok()) {
+      r.problems.push_back(StatusLine(tag.status()));
+      return r;
+    }
+    dir = JoinPath(path, *tag);
+  }
+  for (const std::string& u : ScanUnsafeGlobals(dir)) {
+    r.problems.push_back(absl::StrCat(u, ": UNSAFE pickle global (code torch.load would run)"));
+  }
+  const bool allowed = torch::AllowUnsafePickles();
+  torch::SetAllowUnsafePickles(true);  // reported above; check the rest too
+  if (universal) {
+    VerifyUniversal(path, r);
+  } else {
+    VerifyZero(path, r);
+  }
+  torch::SetAllowUnsafePickles(allowed);
+  absl::Status intact = torch::MappedFile::CheckAllIntact();
+  if (!intact.ok()) r.problems.push_back(StatusLine(intact));
+  return r;
+}
+
+}  // namespace ucp::readers

@@ -187,12 +187,22 @@ TEST(ConvertErrorsTest, AmbiguousParamsAreListedWithTheRuleThatSettlesThem) {
   o.state.rules.preset = "none";
   absl::Status s = Convert(o).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
-  // Every partitioned param is listed (34 weights + 2x8 column biases), with a suggestion.
-  EXPECT_NE(s.message().find("cannot tell how to merge the tp slices of 50 param(s)"), std::string::npos) << s;
-  EXPECT_NE(s.message().find("2.attention.dense.weight: tp copies differ"), std::string::npos) << s;
-  EXPECT_NE(s.message().find("rule { pattern: \"2\\\\.attention\\\\.dense\\\\.weight$\" kind: COLUMN }"),
+  // Every partitioned param is counted (34 weights + 2x8 column biases), and
+  // each family (names but for the layer index) gets one suggestion, with
+  // the kind the evidence gives: attention.dense is row-parallel (its slice
+  // [64, 32] keeps hidden_size 64 whole on dim 0), query_key_value column.
+  EXPECT_NE(s.message().find("cannot tell how to merge the tp slices of 50 param(s) in 8 families"), std::string::npos)
+      << s;
+  EXPECT_NE(s.message().find("rule { pattern: \"\\\\d+\\\\.attention\\\\.dense\\\\.weight$\" kind: ROW }"),
             std::string::npos)
       << s;
+  EXPECT_NE(s.message().find("rule { pattern: \"\\\\d+\\\\.attention\\\\.query_key_value\\\\.weight$\" kind: COLUMN }"),
+            std::string::npos)
+      << s;
+  EXPECT_NE(s.message().find("8 params, e.g. 2.attention.dense.weight, tp slice [64, 32]: tp copies differ"),
+            std::string::npos)
+      << s;
+  EXPECT_EQ(s.message().find("kind: REPLICATED"), std::string::npos) << s;
   ExpectNothingWritten(c);
 }
 

@@ -13,7 +13,7 @@ const std::vector<Command>& Commands() {
        "any checkpoint -> plain weights: safetensors / pytorch_model.bin shards, zero_to_fp32.py's or Hugging Face "
        "names (+ config.json)",
        &RunExport},
-      {"rules", "print the built-in merge-rule presets", &RunRules},
+      {"rules", "print the built-in merge-rule presets, or (--suggest) rules for what a checkpoint leaves open", &RunRules},
       {"demo",
        "the built-in example: generate a GPT-NeoX-style tp=2 ZeRO-1 checkpoint, convert it, reshard it to tp=1, "
        "verify it bitwise",

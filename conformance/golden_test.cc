@@ -171,8 +171,6 @@ TEST(GoldenTest, CheckUniversalReportsEveryParamDeepSpeedGetsWrong) {
   EXPECT_TRUE(clean->empty()) << clean->begin()->first << ": " << absl::StrJoin(clean->begin()->second, "; ");
 }
 
-}  // namespace
-}  // namespace ucp::conformance
 
 // ---- the savanna (StripedHyena 2 / Evo 2) golden case ----
 
@@ -321,7 +319,8 @@ TEST(GoldenTest, SavannaCaseIsSavannasModel) {
   EXPECT_EQ(ranks, (std::set<int>{1, 2, 3, 4}));
   EXPECT_EQ(rules::DetectPreset(names), "savanna");
   std::vector<std::string> sequential_names;
-  for (const auto& p : savanna::SequentialSpec(c->model()).param()) sequential_names.push_back(p.name());
+  const ModelSpec sequential = savanna::SequentialSpec(c->model());
+  for (const auto& p : sequential.param()) sequential_names.push_back(p.name());
   EXPECT_EQ(rules::DetectPreset(sequential_names), "savanna");
 }
 
@@ -446,3 +445,6 @@ TEST(GoldenTest, SavannaConvertsWithNoFlags) {
     }
   }
 }
+
+}  // namespace
+}  // namespace ucp::conformance

@@ -25,6 +25,10 @@ bool SameRule(const MergeRule& a, const MergeRule& b) {
   y.clear_pattern();
   x.clear_comment();
   y.clear_comment();
+  x.clear_ndim();
+  y.clear_ndim();
+  x.clear_dim_size();
+  y.clear_dim_size();
   return google::protobuf::util::MessageDifferencer::Equals(x, y);
 }
 

@@ -115,8 +115,9 @@ const ModelParam* Param(const GoldenCase& c, const std::string& name) {
 }
 
 TEST(SuggestTest, NoPresetKnowsTheModel) {
+  const GoldenCase c = UnknownModel();
   std::vector<std::string> names;
-  for (const auto& p : UnknownModel().model().param()) names.push_back(p.name());
+  for (const auto& p : c.model().param()) names.push_back(p.name());
   EXPECT_FALSE(rules::DetectPreset(names).has_value());
 }
 

@@ -330,11 +330,14 @@ absl::StatusOr<TensorPlan> ResolvedState::Full(const ParamState& param, const st
 
 namespace {
 
-// Rules equal but for their pattern, comment and vocab size.
+// Rules equal but for their pattern, shape conditions, comment and vocab
+// size: they merge alike.
 bool SameRule(MergeRule a, MergeRule b) {
   for (MergeRule* r : {&a, &b}) {
     r->clear_pattern();
     r->clear_comment();
+    r->clear_ndim();
+    r->clear_dim_size();
     r->clear_original_vocab_size();
   }
   return a.SerializeAsString() == b.SerializeAsString();

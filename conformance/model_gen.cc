@@ -363,8 +363,10 @@ rc::Gen<GoldenCase> GenCase(const CaseGenOptions& options) {
       static const std::vector<std::string> kOps = {"hyena_se", "hyena_mr", "hyena", "flash"};
       const int offset = *Uniform(0, 4);
       for (int i = 0; i < layers; ++i) sv.ops.push_back(kOps[(offset + i) % kOps.size()]);
-      sv.complex_long = *Maybe(1, 1);
-      sv.real_modal_medium = *Maybe(1, 1);
+      // Leaning to implicit_modal hyena beside implicit_real_modal hyena_mr:
+      // their filter.p / filter.R names clash but for the rank.
+      sv.complex_long = *Maybe(1, 2);
+      sv.real_modal_medium = *Maybe(2, 1);
       sv.fast_conv = *Maybe(1, 2);
       sv.norm = *Pick<std::string>({"scale", "weight"});
     }

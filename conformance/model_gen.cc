@@ -10,6 +10,7 @@
 #include "conformance/spec_rules.h"
 #include "conformance/synthetic_state.h"
 #include "rules/presets.h"
+#include "rules/rules.h"
 #include "writers/zero_writer.h"
 #include "google/protobuf/text_format.h"
 #include "tp/merge.h"
@@ -139,6 +140,74 @@ std::vector<Slot> TransformerSlots(const std::string& style, const Variants& v, 
   return s;
 }
 
+// savanna (StripedHyena 2) blocks: each layer has an operator (hyena_se,
+// hyena_mr, hyena, flash, as Evo 2 cycles them) and holds the slots of its
+// operator. Slot indices are fixed across operators (the per-slot attributes
+// are indexed by them), kSavannaSlots in all.
+struct SavannaVariant {
+  std::vector<std::string> ops;       // operator of each transformer layer
+  bool complex_long = false;          // hyena: implicit_complex_modal (else implicit_modal)
+  bool real_modal_medium = false;     // hyena_mr: implicit_real_modal (else explicit_single_decay)
+  bool fast_conv = false;             // projection conv weight [3h, L] (causal_conv1d) instead of [3h, 1, L]
+  std::string norm = "scale";         // RMSNorm ".scale" or LayerNorm ".weight"
+};
+struct SavannaDims {
+  int64_t groups = 1;  // G, a multiple of the unit
+  int64_t filter_len = 4, short_len = 3, order = 4, pole = 2, residue = 2;
+};
+constexpr int kSavannaSlots = 30;
+
+std::vector<std::pair<int, Slot>> SavannaSlots(const std::string& op, const SavannaVariant& v, const Dims& d,
+                                               const SavannaDims& sd) {
+  const int64_t h = d.hidden, f = d.ffn, g = sd.groups, o2 = sd.order / 2;
+  const bool hyena = op != "flash";
+  std::vector<std::pair<int, Slot>> s;
+  auto add = [&](int i, Slot slot) { s.emplace_back(i, std::move(slot)); };
+  add(0, S("input_layernorm." + v.norm, {h}, Rule(REPLICATED)));
+  add(1, S("post_attention_layernorm." + v.norm, {h}, Rule(REPLICATED)));
+  add(2, S("pre_mlp_layernorm." + v.norm, {h}, Rule(REPLICATED)));
+  add(3, S("outer_mlp_layernorm." + v.norm, {h}, Rule(REPLICATED)));
+  add(4, S("mixer.dense_projection.weight", {3 * h, h}, Rule(COLUMN)));
+  if (hyena) {
+    add(10, S("mixer.hyena_proj_conv.short_conv_weight",
+              v.fast_conv ? std::vector<int64_t>{3 * h, sd.short_len} : std::vector<int64_t>{3 * h, 1, sd.short_len},
+              Rule(COLUMN)));
+    add(11, S("mixer.mixer.conv_bias", {h}, Rule(COLUMN)));
+  }
+  if (op == "hyena_se") add(12, S("mixer.mixer.short_conv.short_conv_weight", {g, 1, sd.short_len}, Rule(COLUMN)));
+  if (op == "hyena_mr" && !v.real_modal_medium) {
+    add(13, S("mixer.mixer.filter.h", {g, sd.filter_len}, Rule(COLUMN)));
+    add(14, S("mixer.mixer.filter.decay", {g, sd.filter_len}, Rule(COLUMN), /*buffer=*/true));
+  }
+  if (op == "hyena" && !v.complex_long) {
+    add(15, S("mixer.mixer.filter.gamma", {g, sd.order}, Rule(COLUMN)));
+    add(16, S("mixer.mixer.filter.R", {g, sd.order}, Rule(COLUMN)));
+    add(17, S("mixer.mixer.filter.p", {g, sd.order}, Rule(COLUMN)));
+    add(18, S("mixer.mixer.filter.t", {1, 1, sd.filter_len}, Rule(REPLICATED), /*buffer=*/true));
+  }
+  if (op == "hyena_mr" && v.real_modal_medium) {
+    add(19, S("mixer.mixer.filter.dt", {sd.order, g}, Rule(ROW)));
+    add(20, S("mixer.mixer.filter.p", {sd.order, g, sd.pole}, Rule(ROW)));
+    add(21, S("mixer.mixer.filter.R", {sd.order, g, sd.residue}, Rule(ROW)));
+    add(22, S("mixer.mixer.filter.residues_norm.weight", {g}, Rule(COLUMN)));
+    add(23, S("mixer.mixer.filter.residues_norm.bias", {g}, Rule(COLUMN)));
+  }
+  if (op == "hyena" && v.complex_long) {
+    add(24, S("mixer.mixer.filter.inner_cls.log_dt", {g}, Rule(COLUMN)));
+    add(25, S("mixer.mixer.filter.inner_cls.inv_A_real", {g, o2}, Rule(COLUMN)));
+    add(26, S("mixer.mixer.filter.inner_cls.A_imag", {g, o2}, Rule(COLUMN)));
+    add(27, S("mixer.mixer.filter.inner_cls.B", {g, o2, 2}, Rule(COLUMN)));
+    add(28, S("mixer.mixer.filter.inner_cls.C", {1, g, o2, 2}, Rule(ROW)));
+  }
+  if (!hyena) add(29, S("mixer.rotary_emb.inv_freq", {d.rotary}, Rule(REPLICATED), /*buffer=*/true));
+  add(5, S("mixer.dense.weight", {h, h}, Rule(ROW)));
+  add(6, S("mixer.dense.bias", {h}, Rule(REPLICATED)));
+  add(7, S("mlp.w1.weight", {f, h}, Rule(COLUMN)));
+  add(8, S("mlp.w2.weight", {f, h}, Rule(COLUMN)));
+  add(9, S("mlp.w3.weight", {h, f}, Rule(ROW)));
+  return s;
+}
+
 std::vector<Slot> EmbeddingSlots(const std::string& style, bool positions, const Dims& d) {
   std::vector<Slot> s;
   s.push_back(S(style == "llama" ? "embed_tokens.weight" : "word_embeddings.weight", {d.vocab, d.hidden}, Rule(VOCAB)));
@@ -148,8 +217,10 @@ std::vector<Slot> EmbeddingSlots(const std::string& style, bool positions, const
   return s;
 }
 
-std::vector<Slot> FinalNormSlots(const std::string& style, bool pipeline, const Dims& d) {
+std::vector<Slot> FinalNormSlots(const std::string& style, bool pipeline, const Dims& d,
+                                 const std::string& savanna_norm = "scale") {
   if (style == "gpt-neox") return {S("norm.scale", {d.hidden}, Rule(REPLICATED))};
+  if (style == "savanna") return {S("norm." + savanna_norm, {d.hidden}, Rule(REPLICATED))};
   if (style == "llama") return {S("norm.weight", {d.hidden}, Rule(REPLICATED))};
   // GPTModelPipe's final LayerNorm is the layer itself: "<layer>.weight".
   const std::string prefix = pipeline ? "" : "final_layernorm.";
@@ -157,12 +228,13 @@ std::vector<Slot> FinalNormSlots(const std::string& style, bool pipeline, const 
 }
 
 Slot HeadSlot(const std::string& style, const Dims& d) {
-  return S(style == "gpt-neox" ? "final_linear.weight" : "lm_head.weight", {d.vocab, d.hidden}, Rule(VOCAB));
+  return S(style == "gpt-neox" || style == "savanna" ? "final_linear.weight" : "lm_head.weight", {d.vocab, d.hidden},
+           Rule(VOCAB));
 }
 
 // Where the layers of a plain nn.Module live in its names.
 std::string PlainPrefix(const std::string& style, const std::string& part, int index, int transformer_index) {
-  if (style == "gpt-neox") return absl::StrCat("sequential.", index, ".");
+  if (style == "gpt-neox" || style == "savanna") return absl::StrCat("sequential.", index, ".");
   if (part == "head") return "";
   if (style == "megatron") {
     if (part == "embed") return "language_model.embedding.";
@@ -183,7 +255,8 @@ rc::Gen<T> Uniform(T lo, T hi) {
 }
 
 // Indices into the per-slot attributes: transformer slots first.
-constexpr int kEmbedAttr = 14, kNormAttr = 16, kHeadAttr = 18, kAttrSlots = 19;
+constexpr int kEmbedAttr = kSavannaSlots, kNormAttr = kEmbedAttr + 2, kHeadAttr = kNormAttr + 2,
+              kAttrSlots = kHeadAttr + 1;
 
 // RapidCheck's gen::element and gen::weightedElement never shrink: these
 // pick by an index that shrinks towards the first (simplest) choice.
@@ -224,7 +297,7 @@ void FitTopologies(GoldenCase& c) {
       if (!info.ok()) return;  // the properties report it
       writers::ZeroWriteOptions o;
       o.target = deepspeed::Topology::FromProto(*t);
-      o.layer_type_name = rules::LayerTypeNamerFor("");
+      o.layer_type_name = ModelLayerTypeNamer(*info);
       const absl::Status s = writers::PlanTarget(*info, o).status();
       if (s.ok() || s.code() != absl::StatusCode::kFailedPrecondition ||
           !absl::StrContains(s.message(), "holds no params of optimizer group")) {
@@ -251,20 +324,24 @@ rc::Gen<GoldenCase> GenCase(const CaseGenOptions& options) {
     GoldenCase c;
     ModelSpec& spec = *c.mutable_model();
     const bool pipeline = *Maybe(3, 1);
-    const std::string style = *Pick<std::string>({"gpt-neox", "megatron", "llama"});
+    const std::string style = *Pick<std::string>({"gpt-neox", "megatron", "llama", "savanna"});
+    const bool savanna = style == "savanna";
+    // savanna models are also converted with no rule flags: the preset is
+    // detected from the names.
     const std::string source =
-        *Pick<std::string>({kRulesFileSource, kCheckpointInfoSource, kPresetSource});
+        savanna ? *Pick<std::string>({kRulesFileSource, kCheckpointInfoSource, kPresetSource, kDetectSource})
+                : *Pick<std::string>({kRulesFileSource, kCheckpointInfoSource, kPresetSource});
     const std::string lp = *Pick<std::string>({"fp32", "fp16", "bf16"});
     spec.set_style(style);
     spec.set_pipeline(pipeline);
     spec.set_rules_source(source);
-    spec.set_preset(style == "gpt-neox" ? "gpt-neox" : "megatron-deepspeed");
+    spec.set_preset(style == "gpt-neox" ? "gpt-neox" : savanna ? "savanna" : "megatron-deepspeed");
     // With DeepSpeed's patterns in the checkpoint, also without any preset
     // (names no preset knows): the patterns and DeepSpeed's default decide.
     if (source == kCheckpointInfoSource && *Maybe(1, 1)) spec.set_preset("none");
     spec.set_lp_dtype(lp);
     c.set_optimizer_layout(lp == "bf16" ? "bf16" : "zero");
-    const bool preset = source == kPresetSource;
+    const bool preset = source == kPresetSource || source == kDetectSource;
 
     // Structure.
     const int layers = *Uniform(1, 4);
@@ -281,10 +358,24 @@ rc::Gen<GoldenCase> GenCase(const CaseGenOptions& options) {
     v.swiglu = !(preset && style == "llama") && *Maybe(1, 2);
     v.average_norm = !preset && *Maybe(1, 3);
     spec.set_swiglu(v.swiglu && style == "megatron");
+    SavannaVariant sv;
+    if (savanna) {
+      static const std::vector<std::string> kOps = {"hyena_se", "hyena_mr", "hyena", "flash"};
+      const int offset = *Uniform(0, 4);
+      for (int i = 0; i < layers; ++i) sv.ops.push_back(kOps[(offset + i) % kOps.size()]);
+      // Leaning to implicit_modal hyena beside implicit_real_modal hyena_mr:
+      // their filter.p / filter.R names clash but for the rank.
+      sv.complex_long = *Maybe(1, 2);
+      sv.real_modal_medium = *Maybe(2, 1);
+      sv.fast_conv = *Maybe(1, 2);
+      sv.norm = *Pick<std::string>({"scale", "weight"});
+    }
     Dims probe;  // slot names only
-    const std::vector<Slot> slot_names = TransformerSlots(style, v, probe);
+    const size_t num_slots = savanna ? kSavannaSlots : TransformerSlots(style, v, probe).size();
     std::vector<bool> use_slot;
-    for (size_t i = 0; i < slot_names.size(); ++i) use_slot.push_back(*Maybe(3, 1));
+    for (size_t i = 0; i < num_slots; ++i) use_slot.push_back(*Maybe(3, 1));
+    // The projection every savanna block has (what names it as savanna).
+    if (savanna) use_slot[4] = true;
     // Per slot (the same in every layer, so that dropping a layer or a slot
     // while shrinking leaves the others as they were): frozen, equal tp
     // slices, and the param group under the random group scheme.
@@ -322,6 +413,17 @@ rc::Gen<GoldenCase> GenCase(const CaseGenOptions& options) {
     d.vocab = *Uniform<int64_t>(3, 41);
     d.positions = *rc::gen::inRange(2, 9);
     d.rotary = 2 * *rc::gen::inRange(1, 3);
+    SavannaDims sd;
+    if (savanna) {
+      // savanna splits the block width (= hidden) and the filter groups over tp.
+      d.hidden = d.unit * *rc::gen::inRange(1, 3);
+      sd.groups = d.unit * *rc::gen::inRange(1, 3);
+      sd.filter_len = *rc::gen::inRange(2, 7);
+      sd.short_len = *rc::gen::inRange(2, 5);
+      sd.order = 2 * *rc::gen::inRange(1, 3);
+      sd.pole = *rc::gen::inRange(1, 3);
+      sd.residue = *rc::gen::inRange(1, 3);
+    }
     spec.set_hidden_size(d.hidden);
     spec.set_original_vocab_size(d.vocab);
     spec.set_make_vocab_size_divisible_by(*Pick<int64_t>({1, 2, 4, 8, 16, 128}));
@@ -360,20 +462,27 @@ rc::Gen<GoldenCase> GenCase(const CaseGenOptions& options) {
     for (int i = 0; i < layers; ++i) {
       const int l = index++;
       module_layers.insert(l);
-      const std::vector<Slot> slots = TransformerSlots(style, v, d);
+      std::vector<std::pair<int, Slot>> slots;
+      if (savanna) {
+        slots = SavannaSlots(sv.ops[i], sv, d, sd);
+      } else {
+        std::vector<Slot> plain = TransformerSlots(style, v, d);
+        for (size_t k = 0; k < plain.size(); ++k) slots.emplace_back(static_cast<int>(k), std::move(plain[k]));
+      }
+      const std::string prefix = pipeline ? absl::StrCat(l, ".") : PlainPrefix(style, "layer", l, i);
       bool any = false;
-      for (size_t k = 0; k < slots.size(); ++k) {
+      for (const auto& [k, slot] : slots) {
         if (!use_slot[k]) continue;
-        add(slots[k], pipeline ? absl::StrCat(l, ".") : PlainPrefix(style, "layer", l, i), l, "", static_cast<int>(k));
+        add(slot, prefix, l, "", k);
         any = true;
       }
-      if (!any) add(slots[0], pipeline ? absl::StrCat(l, ".") : PlainPrefix(style, "layer", l, i), l, "", 0);
+      if (!any) add(slots[0].second, prefix, l, "", slots[0].first);
     }
     if (function && (final_norm || head != 0)) ++index;
     if (final_norm) {
       const int l = index++;
       module_layers.insert(l);
-      const std::vector<Slot> slots = FinalNormSlots(style, pipeline, d);
+      const std::vector<Slot> slots = FinalNormSlots(style, pipeline, d, sv.norm);
       for (size_t k = 0; k < slots.size(); ++k) {
         add(slots[k], pipeline ? absl::StrCat(l, ".") : PlainPrefix(style, "norm", l, 0), l, "",
             kNormAttr + static_cast<int>(k));
@@ -450,7 +559,8 @@ rc::Gen<GoldenCase> GenCase(const CaseGenOptions& options) {
     // Optimizer, values, job.
     c.set_zero_stage(!pipeline && lp != "bf16" ? *Pick<int>({1, 2}) : 1);
     if (pipeline) {
-      spec.set_partition_method(*Pick<std::string>({"", "parameters", "uniform", "type:transformer"}));
+      spec.set_partition_method(*Pick<std::string>(
+          {"", "parameters", "uniform", savanna ? "type:ParallelBlockPipe" : "type:transformer"}));
     }
     FitTopologies(c);
     spec.set_train_batch_size(*Maybe(1, 3) ? 5040 : 0);
@@ -483,6 +593,15 @@ std::vector<std::string> CaseFeatures(const GoldenCase& c) {
     if (p.role() == "buffer") f.insert("buffer");
     if (!p.tied_key().empty()) f.insert("tied");
     if (p.equal_slices()) f.insert("equal_slices");
+    if (p.shape_size() >= 3) f.insert(absl::StrCat("rank", p.shape_size()));
+    if (p.shape_size() >= 3 && tp::PartitionDim(r) == 1) f.insert("split_dim1_rank3+");
+  }
+  // Names that clash but for their rank (savanna's filter.p / filter.R of
+  // the implicit_modal and implicit_real_modal filters): rules must test ranks.
+  std::map<std::string, std::set<int>> ranks;
+  for (const ModelParam& p : spec.param()) ranks[rules::GeneralizedPattern(p.name())].insert(p.shape_size());
+  for (const auto& [pattern, r] : ranks) {
+    if (r.size() > 1) f.insert("rank_conditioned");
   }
   return std::vector<std::string>(f.begin(), f.end());
 }

@@ -7,7 +7,12 @@
 //     module, transformer layers, optional function layer, final norm,
 //     output layer or the embedding tied between the first and last stage)
 //     or a plain nn.Module (ZeRO 1 or 2);
-//   - names in GPT-NeoX, Megatron-DeepSpeed or Llama (HF) style;
+//   - names in GPT-NeoX, Megatron-DeepSpeed, Llama (HF) or savanna
+//     (StripedHyena 2 / Evo 2) style; savanna blocks cycle through its
+//     operators (hyena_se, hyena_mr, hyena, flash) with their filters, so
+//     models hold 3-D and 4-D params split on dim 0 or dim 1 and names that
+//     clash but for their rank (implicit_modal vs implicit_real_modal
+//     filter.p / filter.R);
 //   - params of every merge kind: replicated (norms, row-parallel biases,
 //     buffers), averaged (BLOOM-style norms), column, row, vocab (padded by
 //     make_vocab_size_divisible_by * tp), 2-chunk fused sub-params (swiglu),
@@ -16,7 +21,8 @@
 //     be equal (ModelParam.equal_slices), so that rules and not evidence must
 //     decide them;
 //   - the rules given to the converter as a --rules file, as DeepSpeed's
-//     universal_checkpoint_info patterns, or by a preset the names follow;
+//     universal_checkpoint_info patterns, or by a preset the names follow
+//     (named with --preset, or for savanna also detected: no rule flags);
 //   - lp dtype fp32 / fp16 (ZeRO optimizer) or bf16 (BF16_Optimizer);
 //   - tp <= 8, pp <= 4 (<= the layers), dp <= 8, every partitioned dim
 //     divisible by lcm(T1.tp, T2.tp) (and sub-params by it per sub-param).
@@ -55,7 +61,7 @@ rc::Gen<GoldenCase> GenCase(const CaseGenOptions& options);
 // The merge kinds a case exercises, by name: replicated, average, column,
 // row, vocab (padded when padding is needed at T1 or T2), sub_params_2,
 // sub_params_gqa; and its other features: frozen, buffer, tied,
-// equal_slices. For the distribution `ucp fuzz` prints.
+// equal_slices, rank3, rank4, split_dim1_rank3+, rank_conditioned. For the distribution `ucp fuzz` prints.
 std::vector<std::string> CaseFeatures(const GoldenCase& c);
 
 }  // namespace ucp::conformance

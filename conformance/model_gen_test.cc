@@ -62,8 +62,9 @@ RC_GTEST_PROP(ModelGenTest, RulesSourcesSayWhatTheModelIs, ()) {
   // The rules file.
   auto file_rules = rules::RuleSet::Compile(SpecMergeRules(spec), RULE_FILE, "rules");
   RC_ASSERT(file_rules.ok());
+  auto shape_of = [](const ModelParam& p) { return std::vector<int64_t>(p.shape().begin(), p.shape().end()); };
   for (const ModelParam& p : spec.param()) {
-    const MergeRule* r = file_rules->Match(p.name());
+    const MergeRule* r = file_rules->Match(p.name(), shape_of(p));
     RC_ASSERT(r != nullptr);
     RC_ASSERT(SameKindAndShape(*r, p.rule()));
   }
@@ -76,7 +77,7 @@ RC_GTEST_PROP(ModelGenTest, RulesSourcesSayWhatTheModelIs, ()) {
     auto set = rules::RuleSet::Compile(rules->rules, CHECKPOINT_INFO, "info");
     RC_ASSERT(set.ok());
     for (const ModelParam& p : spec.param()) {
-      const MergeRule* r = set->Match(p.name());
+      const MergeRule* r = set->Match(p.name(), shape_of(p));
       if (r == nullptr) {
         RC_ASSERT(p.rule().kind() == COLUMN);  // DeepSpeed's default
       } else {
@@ -84,14 +85,24 @@ RC_GTEST_PROP(ModelGenTest, RulesSourcesSayWhatTheModelIs, ()) {
       }
     }
   }
-  if (spec.rules_source() == kPresetSource) {
+  if (spec.rules_source() == kDetectSource) RC_ASSERT(rules::DetectPreset(names) == spec.preset());
+  if (spec.rules_source() == kPresetSource || spec.rules_source() == kDetectSource) {
     auto preset = rules::PresetRules(spec.preset());
     RC_ASSERT(preset.ok());
     auto set = rules::RuleSet::Compile(*preset, PRESET, spec.preset());
     RC_ASSERT(set.ok());
     for (const ModelParam& p : spec.param()) {
-      const MergeRule* r = set->Match(p.name());
+      // The tp=1 shape, and a tp slice's: shape conditions hold for both.
+      const MergeRule* r = set->Match(p.name(), shape_of(p));
       RC_ASSERT(r != nullptr);
+      auto slice = tp::SliceShapeFromFull(p.rule(), shape_of(p), c.source().tp(),
+                                          p.rule().kind() == VOCAB ? tp::PaddedVocabSize(spec.original_vocab_size(),
+                                                                                         spec.make_vocab_size_divisible_by(),
+                                                                                         c.source().tp())
+                                                                   : 0,
+                                          p.name());
+      RC_ASSERT(slice.ok());
+      RC_ASSERT(set->Match(p.name(), *slice) == r);
       MergeRule want = p.rule();
       if (spec.swiglu() && want.kind() == SUB_PARAMS && r->kind() == COLUMN) continue;  // args.swiglu upgrades it
       RC_ASSERT(SameKindAndShape(*r, want));
@@ -117,13 +128,14 @@ TEST(ModelGenTest, CoversEveryKindStyleAndDegree) {
   EXPECT_EQ(seen["tp"].size(), 8u);
   EXPECT_EQ(seen["pp"].size(), 4u);
   EXPECT_EQ(seen["dp"].size(), 8u);
-  EXPECT_EQ(seen["style"].size(), 3u);
-  EXPECT_EQ(seen["source"].size(), 3u);
+  EXPECT_EQ(seen["style"].size(), 4u);
+  EXPECT_EQ(seen["source"].size(), 4u);
   EXPECT_EQ(seen["lp"].size(), 3u);
   EXPECT_EQ(seen["stage"], (std::set<std::string>{"1pipe", "1plain", "2plain"}));
   EXPECT_EQ(seen["features"],
-            (std::set<std::string>{"average", "buffer", "column", "equal_slices", "frozen", "replicated", "row",
-                                   "sub_params_2", "sub_params_gqa", "tied", "vocab", "vocab_padded"}))
+            (std::set<std::string>{"average", "buffer", "column", "equal_slices", "frozen", "rank3", "rank4",
+                                   "rank_conditioned", "replicated", "row", "split_dim1_rank3+", "sub_params_2",
+                                   "sub_params_gqa", "tied", "vocab", "vocab_padded"}))
       << absl::StrJoin(seen["features"], ", ");
 }
 

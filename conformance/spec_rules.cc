@@ -9,6 +9,7 @@
 #include "base/fs.h"
 #include "base/status_macros.h"
 #include "deepspeed/universal_metadata.h"
+#include "rules/rules.h"
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/message_differencer.h"
 
@@ -18,38 +19,16 @@ namespace {
 using pickle::Value;
 using pickle::ValuePtr;
 
-std::string EscapeRegex(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '_') out += '\\';
-    out += c;
-  }
-  return out;
-}
-
-// "model.layers.3.mlp.up_proj.weight" -> "model\.layers\.\d+\.mlp\.up_proj\.weight$":
-// every run of digits that is a whole dotted component becomes \d+.
-std::string LayerTemplate(const std::string& name) {
-  std::string out;
-  size_t i = 0;
-  while (i < name.size()) {
-    size_t j = name.find('.', i);
-    if (j == std::string::npos) j = name.size();
-    const std::string part = name.substr(i, j - i);
-    const bool digits = !part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; });
-    out += digits ? "\\d+" : EscapeRegex(part);
-    if (j < name.size()) out += "\\.";
-    i = j + 1;
-  }
-  return out + "$";
-}
-
 bool SameRule(const MergeRule& a, const MergeRule& b) {
   MergeRule x = a, y = b;
   x.clear_pattern();
   y.clear_pattern();
   x.clear_comment();
   y.clear_comment();
+  x.clear_ndim();
+  y.clear_ndim();
+  x.clear_dim_size();
+  y.clear_dim_size();
   return google::protobuf::util::MessageDifferencer::Equals(x, y);
 }
 
@@ -76,7 +55,7 @@ absl::StatusOr<PatternList> ListOf(const MergeRule& r, const std::string& name) 
 
 }  // namespace
 
-std::string ExactPattern(const std::string& name) { return EscapeRegex(name) + "$"; }
+std::string ExactPattern(const std::string& name) { return rules::ExactPattern(name); }
 
 MergeRules SpecMergeRules(const ModelSpec& spec) {
   MergeRules rules;
@@ -98,7 +77,7 @@ absl::StatusOr<ValuePtr> SpecCheckpointInfo(const ModelSpec& spec) {
   std::map<std::string, std::vector<int>> by_template;
   std::vector<std::string> templates;  // first-seen order
   for (int i = 0; i < spec.param_size(); ++i) {
-    const std::string t = LayerTemplate(spec.param(i).name());
+    const std::string t = rules::GeneralizedPattern(spec.param(i).name());
     if (!by_template.count(t)) templates.push_back(t);
     by_template[t].push_back(i);
   }
@@ -172,11 +151,13 @@ absl::StatusOr<ops::SourceOptions> ZeroSourceOptionsFor(const ModelSpec& spec, c
   } else if (spec.rules_source() == kPresetSource) {
     o.rules.preset = spec.preset();
     o.rules.original_vocab_size = spec.original_vocab_size();
+  } else if (spec.rules_source() == kDetectSource) {
+    o.rules.original_vocab_size = spec.original_vocab_size();
   } else if (spec.rules_source() == kCheckpointInfoSource) {
     if (spec.preset() == "none") o.rules.preset = "none";
   } else {
     return absl::InvalidArgumentError(absl::StrCat("unknown rules_source '", spec.rules_source(),
-                                                   "' (rules_file, checkpoint_info, preset)"));
+                                                   "' (rules_file, checkpoint_info, preset, detect)"));
   }
   return o;
 }

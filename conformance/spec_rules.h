@@ -10,6 +10,9 @@
 //                                   DeepSpeed's default, cat on dim 0)
 //                                   (with spec.preset "none": --preset=none)
 //   rules_source "preset"           --preset=<spec.preset> --original_vocab_size
+//   rules_source "detect"           no rule flags: the preset is detected from the
+//                                   names (only --original_vocab_size, which no
+//                                   name can tell)
 //
 // ZeroSourceOptionsFor(spec, dir) is what a user would pass to `ucp convert`
 // or `ucp reshard` for a checkpoint of that model.
@@ -32,6 +35,7 @@ namespace ucp::conformance {
 inline constexpr char kRulesFileSource[] = "rules_file";
 inline constexpr char kCheckpointInfoSource[] = "checkpoint_info";
 inline constexpr char kPresetSource[] = "preset";
+inline constexpr char kDetectSource[] = "detect";
 
 // The regex that matches exactly `name` (Python re.match semantics).
 std::string ExactPattern(const std::string& name);

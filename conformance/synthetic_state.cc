@@ -559,12 +559,18 @@ absl::StatusOr<FileValue> SyntheticModelState::OptimizerCommon() const { return 
 
 FileValue SyntheticModelState::ModelStatesRoot(int pp, int tp) const { return root_; }
 
+rules::LayerTypeNamer ModelLayerTypeNamer(const deepspeed::ModelInfo& info) {
+  std::vector<std::string> names;
+  for (const auto& p : info.params) names.push_back(p.name);
+  return rules::LayerTypeNamerFor(rules::DetectPreset(names).value_or(""));
+}
+
 absl::StatusOr<writers::ZeroWriteResult> SaveZero(const deepspeed::ModelState& state, const std::string& folder,
                                                  const deepspeed::Topology& topology, int num_threads) {
   writers::ZeroWriteOptions o;
   o.target = topology;
   o.num_threads = num_threads;
-  o.layer_type_name = rules::LayerTypeNamerFor("");
+  o.layer_type_name = ModelLayerTypeNamer(state.info());
   return writers::WriteZeroCheckpoint(state, folder, o);
 }
 

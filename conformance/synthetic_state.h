@@ -44,6 +44,7 @@
 #include "deepspeed/model_state.h"
 #include "deepspeed/topology.h"
 #include "format/torch/tensor.h"
+#include "rules/presets.h"
 #include "writers/zero_writer.h"
 #include "proto/ucp.pb.h"
 
@@ -98,6 +99,11 @@ class SyntheticModelState : public deepspeed::ModelState {
   deepspeed::FileValue common_;
   deepspeed::FileValue root_;
 };
+
+// The class names of a model's pipeline layers: those of the preset its
+// names follow (rules::DetectPreset; GPT-NeoX's when none), as ucp reshard
+// names them.
+rules::LayerTypeNamer ModelLayerTypeNamer(const deepspeed::ModelInfo& info);
 
 // save(M, T): the writer the resharder uses, into `folder` (ROOT/TAG; ROOT/latest
 // is written too).

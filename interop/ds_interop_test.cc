@@ -64,6 +64,9 @@ struct InteropCase {
   int zero_stage = 1;
   std::string optimizer_layout;  // "zero" or "bf16"
   std::string lp_dtype;
+  // With rules_file false and no patterns: no rule flags at all (the preset
+  // is detected from the names), only the unpadded vocab size when > 0.
+  int64_t original_vocab_size = 0;
 };
 
 void PrintTo(const InteropCase& c, std::ostream* os) { *os << c.name; }
@@ -114,6 +117,7 @@ absl::StatusOr<std::string> TagFolder(const std::string& root) {
 ops::SourceOptions StateOptions(const InteropCase& c, const std::string& root) {
   ops::SourceOptions o;
   if (c.rules_file) o.rules.rules_file = JoinPath(root, "rules.textproto");
+  if (c.original_vocab_size > 0) o.rules.original_vocab_size = c.original_vocab_size;
   o.num_threads = 2;
   return o;
 }
@@ -424,6 +428,37 @@ std::vector<InteropCase> Matrix() {
        1,
        "zero",
        "float32"},
+      // savanna (StripedHyena 2 / Evo 2) with no rule flags: the savanna
+      // preset, detected from the names, settles every tensor (2-, 3- and
+      // 4-D, split on dim 0 or 1, names that clash but for their rank).
+      // PipelineModule names (the tied output layer a TiedLayerSpec with
+      // forward_fn, no file, as savanna builds it), to tp=1 dp=3 and back.
+      {"savanna_pipe_tp2_dp2_no_flags", "savanna_pipe.json", {}, {2, 1, 2}, {1, 1, 3}, false, 1, "zero", "float32", 64},
+      // Two stages (the tied embedding in both, with a file), partitioned by
+      // type:ParallelBlockPipe, to tp=1 pp=1 and back; layer 2's input norm a
+      // ScaleNorm (".g", [1]) so that stage 0's groups need padding.
+      {"savanna_pipe_tp2_pp2_dp2_no_flags",
+       "savanna_pipe.json",
+       {"layers.10.forward_fn=false", "layers.2.module.0.name=\"input_layernorm.g\"", "layers.2.module.0.shape=[1]"},
+       {2, 2, 2},
+       {1, 1, 2},
+       false,
+       1,
+       "zero",
+       "float32",
+       64},
+      // The same at pp=1 as a plain module (sequential.<layer>.<path>), the
+      // output layer untied, bf16 lp weights.
+      {"savanna_plain_tp2_dp2_no_flags",
+       "savanna_plain.json",
+       {"lp_dtype=\"bf16\""},
+       {2, 1, 2},
+       {1, 1, 3},
+       false,
+       1,
+       "zero",
+       "bfloat16",
+       64},
   };
 }
 

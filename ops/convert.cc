@@ -85,7 +85,7 @@ absl::StatusOr<ConvertResult> ConvertImpl(const ConvertOptions& options) {
     UCP_ASSIGN_OR_RETURN(rules::RuleSet set, rules::RuleSet::Compile(file_rules, RULE_FILE, options.state.rules.rules_file));
     std::vector<bool> used(file_rules.rule_size(), false);
     for (const auto& p : state->info().params) {
-      const int i = set.MatchIndex(p.name);
+      const int i = set.MatchIndex(p.name, p.tp_shapes.empty() ? p.full_shape : p.tp_shapes[0]);
       if (i >= 0) used[i] = true;
     }
     std::vector<std::string> unused;

@@ -120,6 +120,97 @@ TEST(ConvertErrorsTest, MixtureOfExpertsIsRefused) {
   ExpectNothingWritten(c);
 }
 
+TEST(ConvertErrorsTest, TruncatedTensorFile) {
+  Case c = Prepare("truncated", "neox-tp2-pp1-dp1");
+  const std::string f = JoinPath(c.source, "zero_pp_rank_0_mp_rank_00_optim_states.pt");
+  auto size = FileSize(f);
+  ASSERT_TRUE(size.ok());
+  ASSERT_EQ(truncate(f.c_str(), *size / 2), 0);
+  absl::Status s = RunConvert(c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_EQ(s.message().rfind(f, 0), 0u) << "the message should start with the file: " << s;
+  ExpectNothingWritten(c);
+}
+
+// Layer files are CRC-checked per tensor, when a tensor is read: a damaged
+// lp weight is reported (file, record) the moment anything uses it.
+TEST(ConvertErrorsTest, DamagedLayerRecordIsCaughtWhenRead) {
+  Case c = Prepare("damaged_layer_record", "neox-tp2-pp1-dp1");
+  const std::string f = JoinPath(c.source, "layer_02-model_01-model_states.pt");
+  // Flip one byte in the middle of the record behind 'attention.dense.weight'.
+  {
+    int64_t offset = -1;
+    {
+      torch::OpenOptions lazy;
+      lazy.verify_crc = false;
+      auto file = torch::TorchFile::Open(f, lazy);
+      ASSERT_TRUE(file.ok()) << file.status();
+      const pickle::Value* v = (*file)->root()->DictGet("attention.dense.weight");
+      ASSERT_NE(v, nullptr);
+      auto t = (*file)->GetTensor(*v);
+      ASSERT_TRUE(t.ok()) << t.status();
+      offset = (t->storage()->data() - (*file)->mapped_file()->data()) +
+               static_cast<int64_t>(t->storage()->nbytes() / 2);
+    }
+    const int fd = open(f.c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    uint8_t byte = 0;
+    ASSERT_EQ(pread(fd, &byte, 1, offset), 1);
+    byte ^= 0x40;
+    ASSERT_EQ(pwrite(fd, &byte, 1, offset), 1);
+    close(fd);
+  }
+  auto ckpt = readers::ZeroCheckpoint::Open(c.source);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  const readers::ModuleEntry* entry = nullptr;
+  for (const auto& e : (*ckpt)->module_entries()) {
+    if (e.name == "2.attention.dense.weight") entry = &e;
+  }
+  ASSERT_NE(entry, nullptr);
+  EXPECT_TRUE((*ckpt)->ModuleTensor(*entry, 0).ok());
+  auto damaged = (*ckpt)->ModuleTensor(*entry, 1);
+  EXPECT_EQ(damaged.status().code(), absl::StatusCode::kDataLoss) << damaged.status();
+  EXPECT_EQ(damaged.status().message().rfind(f, 0), 0u) << damaged.status();
+  EXPECT_NE(damaged.status().message().find("CRC-32 mismatch"), std::string::npos) << damaged.status();
+}
+
+TEST(ConvertErrorsTest, ExistingOutputIsNotReplaced) {
+  Case c = Prepare("existing_output", "neox-tp2-pp1-dp1");
+  ASSERT_TRUE(MakeDirs(c.output).ok());
+  ASSERT_TRUE(WriteFileAtomic(JoinPath(c.output, "keep"), "x").ok());
+  absl::Status s = RunConvert(c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_TRUE(PathExists(JoinPath(c.output, "keep")));
+}
+
+TEST(ConvertErrorsTest, AmbiguousParamsAreListedWithTheRuleThatSettlesThem) {
+  Case c = Prepare("ambiguous", "neox-tp2-pp1-dp1");
+  ConvertOptions o;
+  o.input_folder = c.source;
+  o.output_folder = c.output;
+  o.state.rules.preset = "none";
+  absl::Status s = Convert(o).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  // Every partitioned param is counted (34 weights + 2x8 column biases), and
+  // each family (names but for the layer index) gets one suggestion, with
+  // the kind the evidence gives: attention.dense is row-parallel (its slice
+  // [64, 32] keeps hidden_size 64 whole on dim 0), query_key_value column.
+  EXPECT_NE(s.message().find("cannot tell how to merge the tp slices of 50 param(s) in 8 families"), std::string::npos)
+      << s;
+  EXPECT_NE(s.message().find("rule { pattern: \"\\\\d+\\\\.attention\\\\.dense\\\\.weight$\" kind: ROW }"),
+            std::string::npos)
+      << s;
+  EXPECT_NE(s.message().find("rule { pattern: \"\\\\d+\\\\.attention\\\\.query_key_value\\\\.weight$\" kind: COLUMN }"),
+            std::string::npos)
+      << s;
+  EXPECT_NE(s.message().find("8 params, e.g. 2.attention.dense.weight, tp slice [64, 32]: tp copies differ"),
+            std::string::npos)
+      << s;
+  EXPECT_EQ(s.message().find("kind: REPLICATED"), std::string::npos) << s;
+  ExpectNothingWritten(c);
+}
+
+
 // The real DeepSpeed 0.19.5 MoE checkpoint: convert refuses it (no
 // DeepSpeed universal loader places native experts), naming the version and
 // the layout and pointing to `ucp reshard`, and writes nothing.

@@ -8,6 +8,7 @@
 #include "absl/strings/str_replace.h"
 #include "base/fs.h"
 #include "ops/convert.h"
+#include "ops/open.h"
 #include "readers/compare.h"
 #include "readers/universal_checkpoint.h"
 #include "format/torch/torch_file.h"
@@ -71,6 +72,32 @@ TEST(ConvertFixtureTest, Bf16Tp2Dp2MatchesExpected) {
 
 TEST(ConvertFixtureTest, Zero2NoPipelineMatchesExpected) {
   ConvertAndCompare("gpt-zero2-nopipe-tp2-dp2", "global_step4_universal_expected");
+}
+
+// With no preset, the suggested rules (`ucp rules --suggest`) settle every
+// param of the real DeepSpeed NeoX checkpoint from its evidence alone, and
+// convert it to exactly the expected universal checkpoint.
+TEST(ConvertFixtureTest, SuggestedRulesConvertTheNeoxFixtureToTheExpectedOutput) {
+  const std::string fixture = "neox-tp2-pp1-dp1";
+  SourceOptions so;
+  so.rules.preset = "none";
+  so.num_threads = 2;
+  auto report = SuggestZeroRules(FixturePath(fixture + "/global_step4"), so);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->suggestions.size(), 13u);  // 8 partitioned families, 5 replicated by evidence
+  for (const auto& s : report->suggestions) EXPECT_TRUE(s.decided()) << s.evidence;
+  const std::string root = FreshTempDir("convert_suggested");
+  const std::string rules_file = JoinPath(root, "rules.textproto");
+  ASSERT_TRUE(WriteFileAtomic(rules_file, report->text).ok());
+  ConvertOptions o = Options(FixturePath(fixture + "/global_step4"), JoinPath(root, "global_step4_universal"));
+  o.state.rules.rules_file = rules_file;
+  o.state.rules.preset = "none";
+  auto result = Convert(o);
+  ASSERT_TRUE(result.ok()) << result.status() << "\n" << report->text;
+  auto diffs = readers::CompareFolders(o.output_folder, FixturePath(fixture + "/global_step4_universal_expected"),
+                                       {"ucp_manifest.textproto"});
+  ASSERT_TRUE(diffs.ok()) << diffs.status();
+  EXPECT_THAT(*diffs, IsEmpty()) << absl::StrJoin(*diffs, "\n") << "\n" << report->text;
 }
 
 // tp=1, pp=2: DeepSpeed's own output is right for the tensors (nothing to

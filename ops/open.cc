@@ -46,6 +46,13 @@ absl::StatusOr<std::unique_ptr<rules::ResolvedState>> OpenZeroState(const std::s
   return rules::ResolveRules(std::move(sliced), options.resolve());
 }
 
+absl::StatusOr<rules::SuggestReport> SuggestZeroRules(const std::string& path, const SourceOptions& options) {
+  UCP_ASSIGN_OR_RETURN(std::unique_ptr<readers::ZeroCheckpoint> ckpt, readers::ZeroCheckpoint::Open(path));
+  UCP_ASSIGN_OR_RETURN(std::unique_ptr<readers::ZeroSlicedState> sliced,
+                       readers::ZeroSlicedState::Make(std::move(ckpt), options.read()));
+  return rules::SuggestRules(std::move(sliced), options.resolve());
+}
+
 absl::StatusOr<std::unique_ptr<deepspeed::ModelState>> OpenModelState(const std::string& path,
                                                                       const SourceOptions& options,
                                                                       bool verify_checksums) {

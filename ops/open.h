@@ -49,6 +49,10 @@ bool IsUniversalFolder(const std::string& path);
 absl::StatusOr<std::unique_ptr<rules::ResolvedState>> OpenZeroState(const std::string& path,
                                                                     const SourceOptions& options);
 
+// The suggested rules (rules/suggest.h) for the params of a ZeRO folder that
+// no rule source settles: `ucp rules --suggest`.
+absl::StatusOr<rules::SuggestReport> SuggestZeroRules(const std::string& path, const SourceOptions& options);
+
 // Any checkpoint folder. `verify_checksums`: check a ucp universal folder's
 // files against its manifest first.
 absl::StatusOr<std::unique_ptr<deepspeed::ModelState>> OpenModelState(const std::string& path,

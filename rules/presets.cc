@@ -118,13 +118,13 @@ std::optional<std::string> DetectPreset(const std::vector<std::string>& names) {
       }
       auto req_set = RuleSet::Compile(req, PRESET, name);
       bool met = false;
-      for (const auto& n : names) met |= req_set.ok() && req_set->Match(n) != nullptr;
+      for (const auto& n : names) met |= req_set.ok() && req_set->MatchName(n) != nullptr;
       if (!met) continue;
       required_met[name] = true;
     }
     size_t& s = score[name];
     for (const auto& n : names) {
-      if (set->Match(n) != nullptr) ++s;
+      if (set->MatchName(n) != nullptr) ++s;
     }
   }
   std::string best;

@@ -31,7 +31,7 @@ absl::StatusOr<MergeRules> PresetRules(absl::string_view name);
 
 // The preset whose rules match the most of `names` (at least half of them
 // and more than any other; Preset.detect_requires narrows the candidates),
-// or nullopt.
+// or nullopt. Names only: rules' shape conditions are not tested.
 std::optional<std::string> DetectPreset(const std::vector<std::string>& names);
 
 // The ArgOverride rules of `preset` whose condition the checkpoint's `args`

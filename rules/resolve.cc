@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "base/parallel.h"
 #include "base/status_macros.h"
+#include "rules/suggest.h"
 #include "tp/merge.h"
 
 namespace ucp::rules {
@@ -17,18 +18,6 @@ using deepspeed::ParamState;
 using pickle::Kind;
 using pickle::Value;
 using tp::TensorPlan;
-
-// A suggestion for the rules file that would settle an ambiguous param.
-std::string SuggestRule(const std::string& name, const std::vector<int64_t>& slice_shape) {
-  std::string kinds = slice_shape.size() >= 2 ? "COLUMN (cat dim 0) or ROW (cat dim 1)" : "COLUMN or REPLICATED";
-  std::string escaped;
-  for (char c : name) {
-    if (c == '.') escaped += "\\\\.";
-    else escaped += c;
-  }
-  return absl::StrCat("rule { pattern: \"", escaped, "$\" kind: ", slice_shape.size() >= 2 ? "COLUMN" : "REPLICATED",
-                      " }  # tp slice ", torch::ShapeString(slice_shape), ": ", kinds);
-}
 
 // Evidence for one param: are the tp copies (and pipeline copies) equal?
 struct Evidence {
@@ -61,62 +50,54 @@ absl::Status ApplyDecisions(const deepspeed::ModelInfo& decided, const std::stri
   return absl::OkStatus();
 }
 
-}  // namespace
+// Every param's decision by rule sources 1-3, the evidence of its tp copies
+// (and pipeline copies) where needed, and the facts the suggestions use.
+struct Gathered {
+  std::vector<RuleDecision> decisions;
+  std::vector<Evidence> evidence;
+  std::vector<ParamFacts> facts;
+};
 
-absl::StatusOr<std::unique_ptr<ResolvedState>> ResolveRules(std::shared_ptr<const deepspeed::SlicedState> source,
-                                                            const ResolveOptions& options,
-                                                            const deepspeed::ModelInfo* decided) {
-  std::unique_ptr<ResolvedState> s(new ResolvedState());
-  s->source_ = std::move(source);
-  if (decided != nullptr) {
-    UCP_RETURN_IF_ERROR(s->TakeDecisions(*decided));
-  } else {
-    UCP_RETURN_IF_ERROR(s->Resolve(options));
+SuggestContext ContextOf(const deepspeed::SlicedState& src, int tp) {
+  SuggestContext c;
+  c.tp = tp;
+  if (const Value* a = src.args(); a != nullptr && a->is(Kind::kDict)) {
+    if (const Value* h = a->DictGet("hidden_size"); h != nullptr && h->is(Kind::kInt) && h->fits_int64()) {
+      c.hidden_size = h->int_value();
+    }
   }
-  return s;
+  return c;
 }
 
-absl::Status ResolvedState::TakeDecisions(const deepspeed::ModelInfo& decided) {
-  info_ = source_->info();
-  UCP_RETURN_IF_ERROR(ApplyDecisions(decided, source_->dir(), &info_));
-  info_.Reindex();
-  return absl::OkStatus();
-}
-
-absl::Status ResolvedState::Resolve(const ResolveOptions& options) {
-  const deepspeed::SlicedState& src = *source_;
-  info_ = src.info();
-  info_.Reindex();
-  const int tp_degree = info_.source_topology.tp;
-
-  std::vector<std::string> names;
-  for (const auto& p : info_.params) names.push_back(p.name);
-  UCP_ASSIGN_OR_RETURN(resolver_, RuleResolver::Make(options.rules, src.checkpoint_info(), names, src.args()));
-  info_.original_vocab_size = resolver_.original_vocab_size();
-
-  std::vector<RuleDecision> decisions(info_.params.size());
-  std::vector<char> needs_data(info_.params.size(), 0);
-  for (size_t i = 0; i < info_.params.size(); ++i) {
-    decisions[i] = resolver_.Decide(info_.params[i].name);
+absl::StatusOr<Gathered> Gather(const deepspeed::SlicedState& src, const deepspeed::ModelInfo& info,
+                                const RuleResolver& resolver, int num_threads) {
+  const int tp_degree = info.source_topology.tp;
+  Gathered g;
+  std::vector<RuleDecision>& decisions = g.decisions;
+  decisions.resize(info.params.size());
+  std::vector<char> needs_data(info.params.size(), 0);
+  for (size_t i = 0; i < info.params.size(); ++i) {
+    decisions[i] = resolver.Decide(info.params[i].name, info.params[i].tp_shapes[0]);
     const bool replicated = decisions[i].rule && (decisions[i].rule->kind() == REPLICATED);
-    const bool multi_stage = info_.params[i].trainable() && info_.params[i].stages.size() > 1;
+    const bool multi_stage = info.params[i].trainable() && info.params[i].stages.size() > 1;
     needs_data[i] = !decisions[i].rule || (replicated && tp_degree > 1) || multi_stage;
     if (options.tp1_whole_tensors && tp_degree == 1 && !multi_stage) needs_data[i] = false;
   }
 
   // Evidence, in parallel over the params that need it.
-  std::vector<Evidence> evidence(info_.params.size());
+  std::vector<Evidence>& evidence = g.evidence;
+  evidence.resize(info.params.size());
   std::vector<size_t> todo;
-  for (size_t i = 0; i < info_.params.size(); ++i) {
+  for (size_t i = 0; i < info.params.size(); ++i) {
     if (needs_data[i]) todo.push_back(i);
   }
-  UCP_RETURN_IF_ERROR(ParallelFor(todo.size(), options.num_threads, [&](size_t k) -> absl::Status {
+  UCP_RETURN_IF_ERROR(ParallelFor(todo.size(), num_threads, [&](size_t k) -> absl::Status {
     const size_t i = todo[k];
-    const ParamState& p = info_.params[i];
+    const ParamState& p = info.params[i];
     std::vector<std::string> states;
     if (p.trainable()) {
       states.push_back(deepspeed::kFp32State);
-      for (const auto& key : info_.state_keys) states.push_back(key);
+      for (const auto& key : info.state_keys) states.push_back(key);
     } else {
       states.push_back(deepspeed::kLpState);
     }
@@ -154,7 +135,65 @@ absl::Status ResolvedState::Resolve(const ResolveOptions& options) {
     return absl::OkStatus();
   }));
 
+  g.facts.resize(info.params.size());
+  for (size_t i = 0; i < info.params.size(); ++i) {
+    ParamFacts& f = g.facts[i];
+    f.name = info.params[i].name;
+    f.slice_shape = info.params[i].tp_shapes[0];
+    f.decided = decisions[i].rule.has_value();
+    if (!f.decided && tp_degree > 1) {
+      f.tp_equal = evidence[i].tp_equal;
+      f.diff_state = evidence[i].tp_diff_state;
+      f.max_diff = evidence[i].tp_max_diff;
+    }
+  }
+  return g;
+}
+
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ResolvedState>> ResolveRules(std::shared_ptr<const deepspeed::SlicedState> source,
+                                                            const ResolveOptions& options,
+                                                            const deepspeed::ModelInfo* decided) {
+  std::unique_ptr<ResolvedState> s(new ResolvedState());
+  s->source_ = std::move(source);
+  if (decided != nullptr) {
+    UCP_RETURN_IF_ERROR(s->TakeDecisions(*decided));
+  } else {
+    UCP_RETURN_IF_ERROR(s->Resolve(options));
+  }
+  return s;
+}
+
+absl::Status ResolvedState::TakeDecisions(const deepspeed::ModelInfo& decided) {
+  info_ = source_->info();
+  UCP_RETURN_IF_ERROR(ApplyDecisions(decided, source_->dir(), &info_));
+  info_.Reindex();
+  return absl::OkStatus();
+}
+
+absl::Status ResolvedState::Resolve(const ResolveOptions& options) {
+  const deepspeed::SlicedState& src = *source_;
+  info_ = src.info();
+  info_.Reindex();
+  const int tp_degree = info_.source_topology.tp;
+
+  std::vector<std::string> names;
+  for (const auto& p : info_.params) names.push_back(p.name);
+  UCP_ASSIGN_OR_RETURN(resolver_, RuleResolver::Make(options.rules, src.checkpoint_info(), names, src.args()));
+  info_.original_vocab_size = resolver_.original_vocab_size();
+  UCP_ASSIGN_OR_RETURN(Gathered g, Gather(src, info_, resolver_, options.num_threads));
+  std::vector<RuleDecision>& decisions = g.decisions;
+  const std::vector<Evidence>& evidence = g.evidence;
+  // Equal tp copies settle a param as replicated only if no param of its
+  // family (same name but for layer indices, same rank) has copies that
+  // differ: those are partitioned, and so is a sibling whose slices happen
+  // to be equal (zero-initialized, untouched by training).
+  const std::vector<bool> family_equal = FamilyCopiesEqual(g.facts);
+
   std::vector<std::string> ambiguous, mismatched, tied_mismatch;
+  std::vector<bool> is_ambiguous(info_.params.size(), false);
   for (size_t i = 0; i < info_.params.size(); ++i) {
     ParamState& p = info_.params[i];
     RuleDecision d = decisions[i];
@@ -171,12 +210,11 @@ absl::Status ResolvedState::Resolve(const ResolveOptions& options) {
       d.origin = deepspeed::kTp1WholeOrigin;
     }
     if (!d.rule) {
-      d = resolver_.DecideWithoutRules(p.name, tp_degree > 1 ? std::optional<bool>(ev.tp_equal) : std::nullopt);
+      d = resolver_.DecideWithoutRules(p.name, tp_degree > 1 ? std::optional<bool>(family_equal[i]) : std::nullopt);
+      if (d.rule && d.source == EVIDENCE && !ev.tp_equal) d.rule.reset();  // never: family_equal implies tp_equal
       if (!d.rule) {
-        std::string why = tp_degree > 1
-                              ? absl::StrCat("tp copies differ (", ev.tp_diff_state, ", max |diff| ", ev.tp_max_diff, ")")
-                              : "tp=1: no copies to compare";
-        ambiguous.push_back(absl::StrCat("  ", p.name, ": ", why, "\n      ", SuggestRule(p.name, p.tp_shapes[0])));
+        is_ambiguous[i] = true;
+        ambiguous.push_back(p.name);
         continue;
       }
     } else if (d.rule->kind() == REPLICATED && tp_degree > 1 && !ev.tp_equal) {
@@ -212,12 +250,19 @@ absl::Status ResolvedState::Resolve(const ResolveOptions& options) {
         "--replicated_mismatch=average or =first to accept):\n", absl::StrJoin(mismatched, "\n")));
   }
   if (!ambiguous.empty()) {
+    // Only the ambiguous params are undecided for the suggestions.
+    std::vector<ParamFacts> facts = g.facts;
+    for (size_t i = 0; i < facts.size(); ++i) facts[i].decided = !is_ambiguous[i];
+    const std::vector<FamilySuggestion> suggestions = SuggestFamilies(facts, ContextOf(src, tp_degree));
+    std::string listed;
+    for (const FamilySuggestion& f : suggestions) absl::StrAppend(&listed, "\n", SuggestionText(f));
     return absl::FailedPreconditionError(absl::StrCat(
-        src.dir(), ": cannot tell how to merge the tp slices of ", ambiguous.size(),
-        " param(s); no rule file, checkpoint pattern or preset",
+        src.dir(), ": cannot tell how to merge the tp slices of ", ambiguous.size(), " param(s) in ",
+        suggestions.size(), " famil", suggestions.size() == 1 ? "y" : "ies",
+        "; no rule file, checkpoint pattern or preset",
         resolver_.preset().empty() ? "" : absl::StrCat(" (", resolver_.preset(), ")"),
-        " covers them. Settle them with --rules=FILE (a MergeRules textproto), --preset, or --default_kind:\n",
-        absl::StrJoin(ambiguous, "\n")));
+        " covers them. Settle them with --rules=FILE (a MergeRules textproto; `ucp rules --suggest --input_folder=",
+        src.dir(), "` writes these suggestions as one to edit), --preset, or --default_kind:\n", listed));
   }
   // Full shapes.
   for (size_t i = 0; i < info_.params.size(); ++i) {
@@ -236,6 +281,53 @@ absl::Status ResolvedState::Resolve(const ResolveOptions& options) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<SuggestReport> SuggestRules(std::shared_ptr<const deepspeed::SlicedState> source,
+                                           const ResolveOptions& options) {
+  const deepspeed::SlicedState& src = *source;
+  deepspeed::ModelInfo info = src.info();
+  info.Reindex();
+  const int tp_degree = info.source_topology.tp;
+  std::vector<std::string> names;
+  for (const auto& p : info.params) names.push_back(p.name);
+  UCP_ASSIGN_OR_RETURN(RuleResolver resolver,
+                       RuleResolver::Make(options.rules, src.checkpoint_info(), names, src.args()));
+  UCP_ASSIGN_OR_RETURN(Gathered g, Gather(src, info, resolver, options.num_threads));
+  // What convert would leave open: no rule, and not settled by the fallbacks
+  // (DeepSpeed's default for declared patterns, --default_kind); equal
+  // copies are listed too (as REPLICATED) when their family's differ.
+  const std::vector<bool> family_equal = FamilyCopiesEqual(g.facts);
+  std::vector<ParamFacts> facts = g.facts;
+  int undecided = 0, by_evidence = 0;
+  for (size_t i = 0; i < facts.size(); ++i) {
+    if (facts[i].decided) continue;
+    RuleDecision d = resolver.DecideWithoutRules(
+        info.params[i].name, tp_degree > 1 ? std::optional<bool>(family_equal[i]) : std::nullopt);
+    if (d.rule && d.source != EVIDENCE) {
+      facts[i].decided = true;
+    } else {
+      ++undecided;
+      by_evidence += d.rule.has_value();
+    }
+  }
+  SuggestReport r;
+  const SuggestContext context = ContextOf(src, tp_degree);
+  r.suggestions = SuggestFamilies(facts, context, /*include_equal=*/true);
+  r.undecided_params = undecided - by_evidence;
+  r.replicated_by_evidence = by_evidence;
+  std::string preset = resolver.preset().empty() ? "none" : resolver.preset();
+  if (resolver.preset_detected()) absl::StrAppend(&preset, " (detected from the names)");
+  const std::string header = absl::StrCat(
+      "# proto-file: proto/ucp.proto\n# proto-message: ucp.MergeRules\n",
+      "# Merge rules suggested by `ucp rules --suggest` for ", src.dir(), "\n",
+      "# (tp=", tp_degree, ", hidden_size ",
+      context.hidden_size > 0 ? absl::StrCat(context.hidden_size) : std::string("unknown"), ", preset ", preset,
+      "): ", undecided, " param(s) no rule file, checkpoint pattern or preset settles, ", by_evidence,
+      " of them replicated by the evidence of equal tp copies (listed so the file is complete).\n",
+      "# Use: ucp convert --input_folder=", src.dir(), " --rules=THIS_FILE ...\n");
+  r.text = SuggestionsAsRulesText(r.suggestions, header);
+  return r;
+}
+
 absl::StatusOr<TensorPlan> ResolvedState::Full(const ParamState& param, const std::string& state) const {
   const int i = info_.IndexOf(param.name);
   if (i < 0) return absl::NotFoundError(absl::StrCat("no param '", param.name, "'"));
@@ -247,11 +339,14 @@ absl::StatusOr<TensorPlan> ResolvedState::Full(const ParamState& param, const st
 
 namespace {
 
-// Rules equal but for their pattern, comment and vocab size.
+// Rules equal but for their pattern, shape conditions, comment and vocab
+// size: they merge alike.
 bool SameRule(MergeRule a, MergeRule b) {
   for (MergeRule* r : {&a, &b}) {
     r->clear_pattern();
     r->clear_comment();
+    r->clear_ndim();
+    r->clear_dim_size();
     r->clear_original_vocab_size();
   }
   return a.SerializeAsString() == b.SerializeAsString();
@@ -329,7 +424,9 @@ absl::Status ReinterpretedState::Reinterpret(const pickle::Value& uc_info, const
     // Only DeepSpeed's default for names no pattern matched is suspect.
     if (!p.trainable() || p.rule.kind() != COLUMN) continue;
     const MergeRule stored = p.rule;
-    RuleDecision d = resolver.Decide(p.name);
+    // The tp slice's shape (DeepSpeed concatenated the slices on dim 0).
+    auto slice_shape = tp::SliceShapeFromFull(stored, p.full_shape, tp_src, 0, p.name);
+    RuleDecision d = resolver.Decide(p.name, slice_shape.ok() ? *slice_shape : p.full_shape);
     if (!d.rule && tp_src > 1) {
       // Evidence: tp equal copies concatenated on dim 0 are a replicated param.
       bool equal = true;

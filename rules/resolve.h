@@ -8,8 +8,9 @@
 //     optimizer state (else an error naming the param and the largest
 //     difference, unless ReplicatedMismatch says otherwise);
 //   - a param tied across pipeline stages is bitwise equal in every stage;
-//   - params no source decides are settled by evidence or listed, all at
-//     once, in one error with the rule that would settle each.
+//   - params no source decides are settled by evidence (tp copies equal, in
+//     every param of the family: rules/suggest.h) or listed, all at once,
+//     in one error with one suggested rule per family (rules/suggest.h).
 // The resulting state's `Full(param, state)` is a TensorPlan over the
 // source's slices (merge_tp_slices of ds_to_universal.py, without temp files).
 //
@@ -34,6 +35,7 @@
 #include "absl/status/statusor.h"
 #include "deepspeed/model_state.h"
 #include "rules/rules.h"
+#include "rules/suggest.h"
 
 namespace ucp::rules {
 
@@ -94,6 +96,17 @@ class ResolvedState : public deepspeed::ModelState {
 absl::StatusOr<std::unique_ptr<ResolvedState>> ResolveRules(std::shared_ptr<const deepspeed::SlicedState> source,
                                                             const ResolveOptions& options,
                                                             const deepspeed::ModelInfo* decided = nullptr);
+
+// The suggested rules for the params of `source` that the rule sources
+// leave open (rules/suggest.h): what `ucp rules --suggest` writes.
+struct SuggestReport {
+  std::vector<FamilySuggestion> suggestions;
+  int undecided_params = 0;        // no rule and no evidence settles them
+  int replicated_by_evidence = 0;  // settled as replicated by equal tp copies
+  std::string text;                // the editable --rules file
+};
+absl::StatusOr<SuggestReport> SuggestRules(std::shared_ptr<const deepspeed::SlicedState> source,
+                                           const ResolveOptions& options);
 
 // A universal checkpoint written by DeepSpeed (rules from its files'
 // metadata) with the params it concatenated on dim 0 by default re-merged

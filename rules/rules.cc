@@ -4,12 +4,17 @@
 #include <map>
 #include <sstream>
 
+#include <algorithm>
+
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 #include "deepspeed/universal_metadata.h"
 #include "format/pickle/accessors.h"
 #include "rules/presets.h"
+#include "tp/merge.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 
@@ -73,7 +78,26 @@ absl::StatusOr<RuleSet> RuleSet::Compile(const MergeRules& rules, RuleSource sou
     UCP_RETURN_IF_ERROR(Annotate(CheckPortablePattern(r.pattern()), absl::StrCat(set.label_, ": rule ", i, ": ")));
     if (r.kind() == MERGE_KIND_UNSPECIFIED) {
       return absl::InvalidArgumentError(
-          absl::StrCat(set.label_, ": rule ", i, " (pattern '", r.pattern(), "') has no kind"));
+          absl::StrCat(set.label_, ": rule ", i, " (pattern '", r.pattern(),
+                       "') has no kind: give it one (REPLICATED, AVERAGE, COLUMN, ROW, VOCAB, SUB_PARAMS)"));
+    }
+    if (r.ndim() < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(set.label_, ": rule ", i, " (pattern '", r.pattern(), "') has ndim ", r.ndim()));
+    }
+    for (const MergeRule::DimSize& d : r.dim_size()) {
+      const int64_t split = tp::PartitionDim(r);
+      if (d.dim() < 0 || (r.ndim() > 0 && d.dim() >= r.ndim()) || d.size() < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(set.label_, ": rule ", i, " (pattern '", r.pattern(),
+                                                       "') tests dim ", d.dim(), " size ", d.size(),
+                                                       r.ndim() > 0 ? absl::StrCat(" of a ", r.ndim(), "-dim tensor") : ""));
+      }
+      if (d.dim() == split) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            set.label_, ": rule ", i, " (pattern '", r.pattern(), "') tests the size of dim ", d.dim(),
+            ", the dim it splits (", tp::DescribeRule(r),
+            "): there a tp slice and the full tensor differ; test another dim, or ndim"));
+      }
     }
     try {
       set.compiled_.push_back(std::make_shared<const std::regex>(r.pattern(), std::regex::ECMAScript));
@@ -85,18 +109,84 @@ absl::StatusOr<RuleSet> RuleSet::Compile(const MergeRules& rules, RuleSource sou
   return set;
 }
 
-int RuleSet::MatchIndex(absl::string_view name) const {
+namespace {
+
+bool NameMatches(const std::regex& re, absl::string_view name) {
+  std::match_results<absl::string_view::const_iterator> m;
+  return std::regex_search(name.begin(), name.end(), m, re, std::regex_constants::match_continuous);
+}
+
+}  // namespace
+
+bool ShapeConditionsHold(const MergeRule& rule, const std::vector<int64_t>& shape) {
+  if (rule.ndim() > 0 && static_cast<int64_t>(shape.size()) != rule.ndim()) return false;
+  for (const MergeRule::DimSize& d : rule.dim_size()) {
+    if (d.dim() < 0 || d.dim() >= static_cast<int64_t>(shape.size()) || shape[d.dim()] != d.size()) return false;
+  }
+  return true;
+}
+
+std::string DescribeShapeConditions(const MergeRule& rule) {
+  std::vector<std::string> parts;
+  if (rule.ndim() > 0) parts.push_back(absl::StrCat("ndim ", rule.ndim()));
+  for (const MergeRule::DimSize& d : rule.dim_size()) parts.push_back(absl::StrCat("dim ", d.dim(), " = ", d.size()));
+  return absl::StrJoin(parts, ", ");
+}
+
+namespace {
+
+std::string EscapeRegex(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '_') out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string ExactPattern(const std::string& name) { return EscapeRegex(name) + "$"; }
+
+std::string GeneralizedPattern(const std::string& name) {
+  std::string out;
+  size_t i = 0;
+  while (i <= name.size()) {
+    size_t j = name.find('.', i);
+    if (j == std::string::npos) j = name.size();
+    const std::string part = name.substr(i, j - i);
+    const bool digits =
+        !part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; });
+    out += digits ? "\\d+" : EscapeRegex(part);
+    if (j < name.size()) out += "\\.";
+    i = j + 1;
+  }
+  return out + "$";
+}
+
+int RuleSet::MatchIndex(absl::string_view name, const std::vector<int64_t>& shape) const {
   for (size_t i = 0; i < compiled_.size(); ++i) {
-    std::match_results<absl::string_view::const_iterator> m;
-    if (std::regex_search(name.begin(), name.end(), m, *compiled_[i], std::regex_constants::match_continuous)) {
+    if (ShapeConditionsHold(rules_.rule(static_cast<int>(i)), shape) && NameMatches(*compiled_[i], name)) {
       return static_cast<int>(i);
     }
   }
   return -1;
 }
 
-const MergeRule* RuleSet::Match(absl::string_view name) const {
-  const int i = MatchIndex(name);
+const MergeRule* RuleSet::Match(absl::string_view name, const std::vector<int64_t>& shape) const {
+  const int i = MatchIndex(name, shape);
+  return i < 0 ? nullptr : &rules_.rule(i);
+}
+
+int RuleSet::MatchNameIndex(absl::string_view name) const {
+  for (size_t i = 0; i < compiled_.size(); ++i) {
+    if (NameMatches(*compiled_[i], name)) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+const MergeRule* RuleSet::MatchName(absl::string_view name) const {
+  const int i = MatchNameIndex(name);
   return i < 0 ? nullptr : &rules_.rule(i);
 }
 
@@ -225,17 +315,19 @@ absl::StatusOr<RuleResolver> RuleResolver::Make(const Options& options, const Va
   return r;
 }
 
-RuleDecision RuleResolver::Decide(absl::string_view name) const {
+RuleDecision RuleResolver::Decide(absl::string_view name, const std::vector<int64_t>& shape) const {
   RuleDecision d;
   for (const RuleSet& set : sets_) {
-    const int i = set.MatchIndex(name);
+    const int i = set.MatchIndex(name, shape);
     if (i < 0) continue;
     MergeRule rule = set.rules().rule(i);
     d.source = set.source();
-    d.origin = absl::StrCat(set.label(), ": '", rule.pattern(), "'");
+    const std::string conditions = DescribeShapeConditions(rule);
+    d.origin = absl::StrCat(set.label(), ": '", rule.pattern(), "'", conditions.empty() ? "" : " (", conditions,
+                            conditions.empty() ? "" : ")");
     // The preset's rules that the checkpoint's args replace.
     if (&set - sets_.data() == preset_set_) {
-      if (const int k = overrides_.MatchIndex(name); k >= 0) {
+      if (const int k = overrides_.MatchIndex(name, shape); k >= 0) {
         rule = overrides_.rules().rule(k);
         absl::StrAppend(&d.origin, " (", override_notes_[k], ")");
       }

@@ -42,10 +42,16 @@ namespace ucp::rules {
 class RuleSet {
  public:
   static absl::StatusOr<RuleSet> Compile(const MergeRules& rules, RuleSource source, std::string origin_label);
-  // The first rule whose pattern matches `name` at its start, or null.
-  const MergeRule* Match(absl::string_view name) const;
+  // The first rule whose pattern matches `name` at its start and whose shape
+  // conditions (MergeRule.ndim, dim_size) `shape` meets, or null. `shape` may
+  // be a tp slice's or the full tensor's: the conditions hold for both alike.
+  const MergeRule* Match(absl::string_view name, const std::vector<int64_t>& shape) const;
   // Index of the matching rule, -1 if none.
-  int MatchIndex(absl::string_view name) const;
+  int MatchIndex(absl::string_view name, const std::vector<int64_t>& shape) const;
+  // The same on the name alone, shape conditions ignored (preset detection:
+  // which rules a name could use).
+  int MatchNameIndex(absl::string_view name) const;
+  const MergeRule* MatchName(absl::string_view name) const;
   const MergeRules& rules() const { return rules_; }
   RuleSource source() const { return source_; }
   const std::string& label() const { return label_; }
@@ -57,6 +63,18 @@ class RuleSet {
   std::string label_;
   std::vector<std::shared_ptr<const std::regex>> compiled_;
 };
+
+// Whether `shape` meets a rule's shape conditions (ndim, dim_size).
+bool ShapeConditionsHold(const MergeRule& rule, const std::vector<int64_t>& shape);
+// "ndim 3, dim 1 = 16" (empty without conditions), for messages.
+std::string DescribeShapeConditions(const MergeRule& rule);
+
+// The pattern that matches `name` and every name that differs from it only
+// in its layer indices (whole dotted components of digits become \d+):
+// "sequential.3.mlp.w1.weight" -> "sequential\.\d+\.mlp\.w1\.weight$".
+std::string GeneralizedPattern(const std::string& name);
+// The pattern that matches exactly `name` (Python re.match semantics).
+std::string ExactPattern(const std::string& name);
 
 // Reads a MergeRules textproto (kInvalidArgument with the parser's message).
 absl::StatusOr<MergeRules> ReadRulesFile(const std::string& path);
@@ -96,8 +114,9 @@ class RuleResolver {
                                            const std::vector<std::string>& names,
                                            const pickle::Value* args = nullptr);
 
-  // Sources 1-3 only.
-  RuleDecision Decide(absl::string_view name) const;
+  // Sources 1-3 only, for a param of shape `shape` (a tp slice's or the full
+  // tensor's; rules may test its rank and unsplit dims).
+  RuleDecision Decide(absl::string_view name, const std::vector<int64_t>& shape) const;
   // What decides a param that sources 1-3 left open (sources 4, 5 and
   // --default_kind), given whether its tp copies are bitwise equal (nullopt
   // when tp == 1: no evidence).

@@ -49,7 +49,7 @@ struct ZeroSourceFlags {
              "a MergeRules textproto (rule { pattern: \"REGEX\" kind: ROW }, ...): how the tp slices of matching "
              "params merge; first match wins and these rules take precedence over every other source");
     f.String("preset", &preset,
-             "built-in rules: gpt-neox, megatron-deepspeed, bloom; \"\" detects one from the param names, \"none\" "
+             "built-in rules: gpt-neox, megatron-deepspeed, bloom, savanna; \"\" detects one from the param names, \"none\" "
              "disables presets (see `ucp rules`)");
     f.String("replicated_mismatch", &mismatch,
              "what to do when the tp copies of a replicated param differ: error, average (keep their mean), first "

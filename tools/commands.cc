@@ -17,7 +17,7 @@ const std::vector<Command>& Commands() {
        "FOLDER: check a checkpoint end to end (digests, CRCs, cross-file agreement, unsafe pickles), one line per "
        "problem",
        &RunVerify},
-      {"rules", "print the built-in merge-rule presets", &RunRules},
+      {"rules", "print the built-in merge-rule presets, or (--suggest) rules for what a checkpoint leaves open", &RunRules},
       {"demo",
        "the built-in example: generate a GPT-NeoX-style tp=2 ZeRO-1 checkpoint, convert it, reshard it to tp=1, "
        "verify it bitwise",

@@ -1,0 +1,293 @@
+// Rules that test shapes, the savanna preset against savanna's own tensors,
+// generalized patterns, and the suggestions' evidence logic.
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "format/pickle/value.h"
+#include "rules/presets.h"
+#include "rules/rules.h"
+#include "rules/suggest.h"
+#include "tp/merge.h"
+
+namespace ucp::rules {
+namespace {
+
+using ::testing::HasSubstr;
+
+MergeRules Parse(const std::string& text) {
+  auto r = ParseRulesText(text, "test");
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? *r : MergeRules();
+}
+
+TEST(ShapeConditionsTest, RankAndDimSizeSelectTheRule) {
+  auto set = RuleSet::Compile(Parse(R"pb(
+    rule { pattern: ".*\\.filter\\.(p|R)$" ndim: 3 kind: ROW }
+    rule { pattern: ".*\\.filter\\.(p|R)$" ndim: 2 dim_size { dim: 1 size: 4 } kind: COLUMN }
+    rule { pattern: ".*\\.filter\\.(p|R)$" kind: REPLICATED }
+  )pb"),
+                             PRESET, "test");
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_EQ(set->Match("2.mixer.mixer.filter.p", {4, 8, 2})->kind(), ROW);
+  EXPECT_EQ(set->Match("2.mixer.mixer.filter.p", {8, 4})->kind(), COLUMN);
+  EXPECT_EQ(set->Match("2.mixer.mixer.filter.R", {8, 6})->kind(), REPLICATED);  // dim 1 is not 4
+  EXPECT_EQ(set->Match("2.mixer.mixer.filter.R", {8})->kind(), REPLICATED);
+  EXPECT_EQ(set->Match("2.mixer.mixer.filter.h", {8, 4}), nullptr);
+  EXPECT_EQ(set->MatchIndex("2.mixer.mixer.filter.p", {8, 4}), 1);
+  // Names alone (preset detection) ignore the conditions.
+  EXPECT_EQ(set->MatchNameIndex("2.mixer.mixer.filter.p"), 0);
+  EXPECT_FALSE(ShapeConditionsHold(set->rules().rule(0), {8, 4}));
+  EXPECT_TRUE(ShapeConditionsHold(set->rules().rule(0), {4, 8, 2}));
+  EXPECT_EQ(DescribeShapeConditions(set->rules().rule(1)), "ndim 2, dim 1 = 4");
+}
+
+TEST(ShapeConditionsTest, ADimSizeOnTheSplitDimIsRefused) {
+  // Column splits dim 0: a tp slice and the full tensor differ there.
+  auto set = RuleSet::Compile(Parse(R"pb(rule { pattern: "x$" dim_size { dim: 0 size: 8 } kind: COLUMN })pb"),
+                              RULE_FILE, "f.textproto");
+  ASSERT_FALSE(set.ok());
+  EXPECT_THAT(set.status().message(), HasSubstr("tests the size of dim 0, the dim it splits"));
+  // Row splits dim 1: dim 0 may be tested.
+  EXPECT_TRUE(RuleSet::Compile(Parse(R"pb(rule { pattern: "x$" dim_size { dim: 0 size: 8 } kind: ROW })pb"),
+                               RULE_FILE, "f")
+                  .ok());
+  // A dim past the rank it requires.
+  EXPECT_FALSE(RuleSet::Compile(Parse(R"pb(rule { pattern: "x$" ndim: 2 dim_size { dim: 2 size: 8 } kind: ROW })pb"),
+                                RULE_FILE, "f")
+                   .ok());
+  auto no_kind = RuleSet::Compile(Parse(R"pb(rule { pattern: "x$" kind: MERGE_KIND_UNSPECIFIED })pb"), RULE_FILE, "f");
+  ASSERT_FALSE(no_kind.ok());
+  EXPECT_THAT(no_kind.status().message(), HasSubstr("has no kind"));
+}
+
+TEST(ShapeConditionsTest, TheResolverDecidesByShapeAndSaysSo) {
+  // A rules file is the first source: use one.
+  const std::string path = ::testing::TempDir() + "/shape_rules.textproto";
+  FILE* f = fopen(path.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  fputs("rule { pattern: \".*p$\" ndim: 3 kind: ROW }\nrule { pattern: \".*p$\" kind: COLUMN }\n", f);
+  fclose(f);
+  RuleResolver::Options o;
+  o.rules_file = path;
+  o.preset = "none";
+  auto r = RuleResolver::Make(o, *pickle::Value::MakeDict(), {"a.p"});
+  ASSERT_TRUE(r.ok()) << r.status();
+  RuleDecision d3 = r->Decide("a.p", {4, 2, 2});
+  ASSERT_TRUE(d3.rule.has_value());
+  EXPECT_EQ(d3.rule->kind(), ROW);
+  EXPECT_THAT(d3.origin, HasSubstr("(ndim 3)"));
+  RuleDecision d2 = r->Decide("a.p", {4, 2});
+  ASSERT_TRUE(d2.rule.has_value());
+  EXPECT_EQ(d2.rule->kind(), COLUMN);
+}
+
+TEST(GeneralizedPatternTest, LayerIndicesBecomeDigitRuns) {
+  EXPECT_EQ(GeneralizedPattern("sequential.3.mlp.w1.weight"), "sequential\\.\\d+\\.mlp\\.w1\\.weight$");
+  EXPECT_EQ(GeneralizedPattern("12.mixer.mixer.filter.p"), "\\d+\\.mixer\\.mixer\\.filter\\.p$");
+  EXPECT_EQ(GeneralizedPattern("tied_modules.embed.word_embeddings.weight"),
+            "tied_modules\\.embed\\.word_embeddings\\.weight$");
+  EXPECT_EQ(GeneralizedPattern("blocks.w3x.b2"), "blocks\\.w3x\\.b2$");  // digits inside a component stay
+  EXPECT_EQ(ExactPattern("a.b[0]"), "a\\.b\\[0\\]$");
+}
+
+// savanna's tensors as its code creates them (h = 64, G = 8 groups at tp=1),
+// with the split dim each has there (-1: whole on every rank), for both of
+// its naming schemes. Read off model/block.py, model/operators/hyena/*.py,
+// mpu/layers.py and model/operators/local/base.py; see the preset's comments.
+struct SavannaTensor {
+  std::string local;
+  std::vector<int64_t> shape;
+  int split_dim;  // -1 whole
+  MergeKind kind;
+};
+const std::vector<SavannaTensor>& SavannaTensors() {
+  static const auto* t = new std::vector<SavannaTensor>{
+      {"input_layernorm.scale", {64}, -1, REPLICATED},
+      {"post_attention_layernorm.scale", {64}, -1, REPLICATED},
+      {"pre_mlp_layernorm.weight", {64}, -1, REPLICATED},
+      {"outer_mlp_layernorm.scale", {64}, -1, REPLICATED},
+      {"mixer.dense_projection.weight", {192, 64}, 0, COLUMN},
+      {"mixer.hyena_proj_conv.short_conv_weight", {192, 1, 3}, 0, COLUMN},
+      {"mixer.hyena_proj_conv.short_conv_weight", {192, 3}, 0, COLUMN},
+      {"mixer.mixer.conv_bias", {64}, 0, COLUMN},
+      {"mixer.mixer.short_conv.short_conv_weight", {8, 1, 3}, 0, COLUMN},
+      {"mixer.mixer.filter.h", {8, 16}, 0, COLUMN},
+      {"mixer.mixer.filter.decay", {8, 16}, 0, COLUMN},
+      {"mixer.mixer.filter.t", {1, 1, 16}, -1, REPLICATED},
+      {"mixer.mixer.filter.gamma", {8, 4}, 0, COLUMN},
+      {"mixer.mixer.filter.R", {8, 4}, 0, COLUMN},
+      {"mixer.mixer.filter.p", {8, 4}, 0, COLUMN},
+      {"mixer.mixer.filter.dt", {4, 8}, 1, ROW},
+      {"mixer.mixer.filter.p", {4, 8, 2}, 1, ROW},
+      {"mixer.mixer.filter.R", {4, 8, 2}, 1, ROW},
+      {"mixer.mixer.filter.residues_norm.weight", {8}, 0, COLUMN},
+      {"mixer.mixer.filter.residues_norm.bias", {8}, 0, COLUMN},
+      {"mixer.mixer.filter.inner_cls.log_dt", {8}, 0, COLUMN},
+      {"mixer.mixer.filter.inner_cls.inv_A_real", {8, 2}, 0, COLUMN},
+      {"mixer.mixer.filter.inner_cls.A_imag", {8, 2}, 0, COLUMN},
+      {"mixer.mixer.filter.inner_cls.B", {8, 2, 2}, 0, COLUMN},
+      {"mixer.mixer.filter.inner_cls.C", {1, 8, 2, 2}, 1, ROW},
+      {"mixer.rotary_emb.inv_freq", {8}, -1, REPLICATED},
+      {"mixer.dense.weight", {64, 64}, 1, ROW},
+      {"mixer.dense.bias", {64}, -1, REPLICATED},
+      {"mlp.w1.weight", {96, 64}, 0, COLUMN},
+      {"mlp.w2.weight", {96, 64}, 0, COLUMN},
+      {"mlp.w3.weight", {64, 96}, 1, ROW},
+      // mlp_type short_hyena: the MLP is a hyena_se sequence mixer.
+      {"mlp.dense_projection.weight", {192, 64}, 0, COLUMN},
+      {"mlp.hyena_proj_conv.short_conv_weight", {192, 1, 3}, 0, COLUMN},
+      {"mlp.mixer.short_conv.short_conv_weight", {8, 1, 3}, 0, COLUMN},
+      {"mlp.dense.weight", {64, 64}, 1, ROW},
+      {"mlp.dense.bias", {64}, -1, REPLICATED},
+  };
+  return *t;
+}
+
+TEST(SavannaPresetTest, EveryTensorIsSplitAsSavannaSplitsIt) {
+  auto rules = PresetRules("savanna");
+  ASSERT_TRUE(rules.ok()) << rules.status();
+  auto set = RuleSet::Compile(*rules, PRESET, "savanna");
+  ASSERT_TRUE(set.ok()) << set.status();
+  for (const std::string prefix : {"5.", "sequential.5."}) {
+    for (const SavannaTensor& t : SavannaTensors()) {
+      const std::string name = prefix + t.local;
+      SCOPED_TRACE(name + " " + std::to_string(t.shape.size()) + "-D");
+      const MergeRule* r = set->Match(name, t.shape);
+      ASSERT_NE(r, nullptr);
+      EXPECT_EQ(r->kind(), t.kind);
+      EXPECT_EQ(tp::PartitionDim(*r), t.split_dim);
+      // A tp=2 slice's shape selects the same rule.
+      std::vector<int64_t> slice = t.shape;
+      if (t.split_dim >= 0) slice[t.split_dim] /= 2;
+      EXPECT_EQ(set->Match(name, slice), r);
+    }
+  }
+  // Outside the blocks: embeddings (tied or not), the final norm, the output layer.
+  EXPECT_EQ(set->Match("tied_modules.embed.word_embeddings.weight", {50, 64})->kind(), VOCAB);
+  EXPECT_EQ(set->Match("0.word_embeddings.weight", {50, 64})->kind(), VOCAB);
+  EXPECT_EQ(set->Match("sequential.0.word_embeddings.weight", {50, 64})->kind(), VOCAB);
+  EXPECT_EQ(set->Match("12.final_linear.weight", {50, 64})->kind(), VOCAB);
+  EXPECT_EQ(set->Match("sequential.12.final_linear.weight", {50, 64})->kind(), VOCAB);
+  for (const char* n : {"11.norm.scale", "11.norm.weight", "sequential.11.norm.scale", "sequential.11.norm.weight"}) {
+    EXPECT_EQ(set->Match(n, {64})->kind(), REPLICATED) << n;
+  }
+}
+
+std::vector<std::string> SavannaNames(const std::string& prefix, bool tied) {
+  std::vector<std::string> names = {tied ? "tied_modules.embed.word_embeddings.weight"
+                                         : prefix + "0.word_embeddings.weight"};
+  for (int l = 2; l < 6; ++l) {
+    for (const SavannaTensor& t : SavannaTensors()) names.push_back(prefix + std::to_string(l) + "." + t.local);
+  }
+  names.push_back(prefix + "7.norm.scale");
+  if (!tied) names.push_back(prefix + "8.final_linear.weight");
+  return names;
+}
+
+TEST(SavannaPresetTest, DetectedFromEitherNaming) {
+  EXPECT_EQ(DetectPreset(SavannaNames("", /*tied=*/true)), "savanna");
+  EXPECT_EQ(DetectPreset(SavannaNames("sequential.", /*tied=*/false)), "savanna");
+  // A GPT-NeoX model stays GPT-NeoX.
+  std::vector<std::string> neox = {"0.word_embeddings.weight"};
+  for (int l = 2; l < 4; ++l) {
+    for (const char* s : {"input_layernorm.scale", "attention.query_key_value.weight", "attention.dense.weight",
+                          "attention.dense.bias", "post_attention_layernorm.scale", "mlp.dense_h_to_4h.weight",
+                          "mlp.dense_4h_to_h.weight", "mlp.dense_4h_to_h.bias"}) {
+      neox.push_back(std::to_string(l) + "." + s);
+    }
+  }
+  neox.push_back("5.norm.scale");
+  EXPECT_EQ(DetectPreset(neox), "gpt-neox");
+  // The pipeline layer classes savanna's backbone.py builds.
+  LayerTypeNamer namer = LayerTypeNamerFor("savanna");
+  EXPECT_EQ(namer({"input_layernorm.scale", "mixer.dense_projection.weight", "mlp.w1.weight"}), "ParallelBlockPipe");
+  EXPECT_EQ(namer({"word_embeddings.weight"}), "EmbeddingPipe");
+  EXPECT_EQ(namer({"norm.scale"}), "NormPipe");
+  EXPECT_EQ(namer({"final_linear.weight"}), "ParallelLinearPipe");
+}
+
+// --- the suggestions' evidence ---
+
+ParamFacts Facts(const std::string& name, std::vector<int64_t> slice, std::optional<bool> equal) {
+  ParamFacts f;
+  f.name = name;
+  f.slice_shape = std::move(slice);
+  f.tp_equal = equal;
+  f.diff_state = "fp32";
+  f.max_diff = 0.5;
+  return f;
+}
+
+TEST(SuggestFamiliesTest, EvidenceDecidesOrSaysItCannot) {
+  const SuggestContext ctx{2, 64};
+  std::vector<ParamFacts> facts = {
+      Facts("b.0.row", {64, 32}, false),       Facts("b.1.row", {64, 32}, false),
+      Facts("b.0.col", {48, 64}, false),       Facts("b.0.square", {64, 64}, false),
+      Facts("b.0.conv", {96, 1, 3}, false),    Facts("b.0.bias", {24}, false),
+      Facts("b.0.hbias", {64}, false),         Facts("b.0.scalar", {}, false),
+      Facts("b.0.norm_w", {64}, true),         Facts("b.1.norm_w", {64}, true),
+  };
+  facts.push_back(Facts("c.decided", {64, 32}, std::nullopt));
+  facts.back().decided = true;
+  std::vector<FamilySuggestion> s = SuggestFamilies(facts, ctx);
+  ASSERT_EQ(s.size(), 7u);  // the equal norm_w family is left to evidence
+  EXPECT_EQ(s[0].rule.pattern(), "b\\.\\d+\\.row$");
+  EXPECT_EQ(s[0].members, (std::vector<std::string>{"b.0.row", "b.1.row"}));
+  EXPECT_EQ(s[0].rule.kind(), ROW);
+  EXPECT_THAT(s[0].evidence, HasSubstr("not REPLICATED"));
+  EXPECT_EQ(s[1].rule.kind(), COLUMN);
+  EXPECT_FALSE(s[2].decided());  // [64, 64]: both dims are hidden_size
+  EXPECT_THAT(s[2].evidence, HasSubstr("both hidden_size 64"));
+  EXPECT_FALSE(s[3].decided());  // neither dim is hidden_size
+  EXPECT_EQ(s[3].candidates, (std::vector<MergeKind>{COLUMN, ROW}));
+  EXPECT_EQ(s[4].rule.kind(), COLUMN);  // 1-D, not hidden-sized
+  EXPECT_FALSE(s[5].decided());  // a [hidden] vector whose copies differ: split or drifted
+  EXPECT_EQ(s[5].candidates, (std::vector<MergeKind>{AVERAGE, COLUMN}));
+  EXPECT_FALSE(s[6].decided());  // 0-dim
+  // With include_equal the equal family comes as REPLICATED.
+  std::vector<FamilySuggestion> all = SuggestFamilies(facts, ctx, /*include_equal=*/true);
+  ASSERT_EQ(all.size(), 8u);
+  EXPECT_EQ(all[7].rule.kind(), REPLICATED);
+  // Unknown hidden size: the split dim cannot be told.
+  std::vector<FamilySuggestion> blind = SuggestFamilies({Facts("x.0.w", {64, 32}, false)}, {2, 0});
+  ASSERT_EQ(blind.size(), 1u);
+  EXPECT_FALSE(blind[0].decided());
+  EXPECT_THAT(blind[0].evidence, HasSubstr("hidden_size unknown"));
+  // tp = 1: no copies to compare.
+  std::vector<FamilySuggestion> single = SuggestFamilies({Facts("x.0.w", {64, 32}, std::nullopt)}, {1, 64});
+  ASSERT_EQ(single.size(), 1u);
+  EXPECT_FALSE(single[0].decided());
+  EXPECT_THAT(single[0].evidence, HasSubstr("tp=1"));
+}
+
+TEST(SuggestFamiliesTest, ASiblingThatDiffersOutweighsEqualCopies) {
+  // Block 0's slices happen to be equal; block 1's differ: both are split.
+  std::vector<ParamFacts> facts = {Facts("b.0.bias", {24}, true), Facts("b.1.bias", {24}, false)};
+  EXPECT_EQ(FamilyCopiesEqual(facts), (std::vector<bool>{false, false}));
+  std::vector<FamilySuggestion> s = SuggestFamilies(facts, {2, 64});
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0].rule.kind(), COLUMN);
+  EXPECT_EQ(s[0].members.size(), 2u);
+  EXPECT_THAT(s[0].evidence, HasSubstr("tp copies differ (1 of 2"));
+  // All equal: evidence may settle them.
+  EXPECT_EQ(FamilyCopiesEqual({Facts("b.0.g", {64}, true), Facts("b.1.g", {64}, true)}),
+            (std::vector<bool>{true, true}));
+}
+
+TEST(SuggestFamiliesTest, RanksSplitAFamilyAndDecidedNamesAreNotCaught) {
+  std::vector<ParamFacts> facts = {Facts("f.0.p", {4, 64}, false), Facts("f.1.p", {2, 64, 8}, false),
+                                   Facts("g.0.w", {48, 64}, false), Facts("g.1.w", {48, 64}, std::nullopt)};
+  facts[3].decided = true;  // a rule names g.1.w only
+  std::vector<FamilySuggestion> s = SuggestFamilies(facts, {2, 64});
+  ASSERT_EQ(s.size(), 3u);
+  EXPECT_EQ(s[0].rule.ndim(), 2);
+  EXPECT_EQ(s[1].rule.ndim(), 3);
+  EXPECT_EQ(s[2].rule.pattern(), "g\\.0\\.w$");  // the generalized one would catch g.1.w
+  const std::string text = SuggestionText(s[1]);
+  EXPECT_THAT(text, HasSubstr("rule { pattern: \"f\\\\.\\\\d+\\\\.p$\" ndim: 3 kind: COLUMN }"));
+}
+
+}  // namespace
+}  // namespace ucp::rules

@@ -16,7 +16,9 @@ import base64
 import hashlib
 import os
 import re
+import subprocess
 import sys
+import tempfile
 import zipfile
 
 _DATE = (2024, 1, 1, 0, 0, 0)
@@ -41,6 +43,7 @@ def main():
     p.add_argument("--version", required=True)
     p.add_argument("--tag", required=True)
     p.add_argument("--readme", help="long description (Markdown)")
+    p.add_argument("--strip", action="store_true", help="strip the extension's debug info")
     p.add_argument("files", nargs="+")
     args = p.parse_args()
 
@@ -64,6 +67,12 @@ def main():
                     raise SystemExit(f"build_wheel: {path} has __version__ {v and v.group(1)}, expected {args.version}")
         elif base.endswith(".so"):
             stem = base.split(".", 1)[0]
+            if args.strip:  # drop the debug info (-g1) from the installed module
+                with tempfile.TemporaryDirectory() as t:
+                    stripped = os.path.join(t, base)
+                    subprocess.run(["strip", "--strip-debug", "-o", stripped, path], check=True)
+                    with open(stripped, "rb") as f:
+                        data = f.read()
             entries[f"{name}/{stem}{_ext_suffix(args.tag)}"] = (data, True)
         else:
             raise SystemExit(f"build_wheel: unexpected file {path}")

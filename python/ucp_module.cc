@@ -518,18 +518,34 @@ class Checkpoint {
       return py::make_tuple(ViewArray(Take(std::move(t)), /*writeable=*/true), std::string(torch::DTypeName(*cast)));
     }
     const std::string dtype_name(torch::DTypeName(plan->dtype()));
-    if (!copy) {
-      if (std::optional<torch::Tensor> view = plan->ContiguousView()) {
-        return py::make_tuple(ViewArray(*view, /*writeable=*/false), dtype_name);
-      }
-    }
     std::vector<py::ssize_t> shape(plan->shape().begin(), plan->shape().end());
-    py::array out(NumpyDType(plan->dtype()), shape, RowMajorStrides(plan->shape(), torch::ItemSize(plan->dtype())));
-    uint8_t* data = static_cast<uint8_t*>(out.mutable_data());
+    const auto strides = RowMajorStrides(plan->shape(), torch::ItemSize(plan->dtype()));
+    py::array out(NumpyDType(plan->dtype()), shape, strides);
+    uint8_t* scratch = static_cast<uint8_t*>(out.mutable_data());
+    if (!copy && plan->num_runs() == 1) {
+      // One run: ViewFlat returns the source's own memory when the source is
+      // contiguous (else it copies into `out`). The array's base is a copy of
+      // the plan, which holds the source tensors, their storages and the
+      // file mapping behind them.
+      auto* keep = new tp::TensorPlan(*plan);
+      py::capsule base(keep, [](void* p) { delete static_cast<tp::TensorPlan*>(p); });
+      absl::StatusOr<absl::Span<const uint8_t>> bytes;
+      {
+        py::gil_scoped_release release;
+        bytes = keep->ViewFlat(0, keep->numel(), scratch);
+      }
+      Check(bytes.status());
+      if (bytes->data() != scratch) {
+        py::array view(NumpyDType(plan->dtype()), shape, strides, bytes->data(), base);
+        view.attr("setflags")(py::arg("write") = false);
+        return py::make_tuple(view, dtype_name);
+      }
+      return py::make_tuple(out, dtype_name);
+    }
     absl::Status s;
     {
       py::gil_scoped_release release;
-      s = plan->CopyFlat(0, plan->numel(), data);
+      s = plan->CopyFlat(0, plan->numel(), scratch);
     }
     Check(s);
     return py::make_tuple(out, dtype_name);

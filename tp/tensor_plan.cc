@@ -360,19 +360,4 @@ const torch::Tensor* TensorPlan::source_tensor() const {
   return &(*sources_)[runs_[0].source];
 }
 
-std::optional<torch::Tensor> TensorPlan::ContiguousView() const {
-  if (runs_.size() != 1 || runs_[0].source < 0 || runs_[0].length != numel_) return std::nullopt;
-  const torch::Tensor& src = (*sources_)[runs_[0].source];
-  if (!src.is_contiguous()) return std::nullopt;
-  std::vector<int64_t> strides(shape_.size());
-  int64_t stride = 1;
-  for (size_t i = shape_.size(); i-- > 0;) {
-    strides[i] = stride;
-    stride *= std::max<int64_t>(shape_[i], 1);
-  }
-  auto view = torch::Tensor::Make(src.storage(), src.storage_offset() + runs_[0].offset, shape_, strides);
-  if (!view.ok()) return std::nullopt;
-  return *std::move(view);
-}
-
 }  // namespace ucp::tp

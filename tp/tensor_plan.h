@@ -19,7 +19,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -78,12 +77,6 @@ class TensorPlan {
   // then `source_tensor()` can be written without copying.
   bool IsWholeContiguousSource() const;
   const torch::Tensor* source_tensor() const;
-  // The whole plan as a contiguous view of one source's storage (no copy;
-  // the view keeps the storage, e.g. a file mapping, alive) when its
-  // elements are one run of one contiguous source (a whole tensor, or a
-  // narrow of a flat partition); nullopt otherwise (several runs, zeros, a
-  // strided source, no elements).
-  std::optional<torch::Tensor> ContiguousView() const;
 
  private:
   struct Run {

@@ -117,35 +117,6 @@ TEST(TensorPlanTest, ViewFlatAvoidsCopiesInsideOneRun) {
   EXPECT_EQ(got, (std::vector<int32_t>{2, 3, 100, 101}));
 }
 
-TEST(TensorPlanTest, ContiguousViewOnlyForOneRunOfAContiguousSource) {
-  Tensor flat = ToTensor(MakeDense({12}, 0));
-  // A narrow of a flat partition viewed as [2, 3]: the source's own memory.
-  auto piece = TensorPlan::FromTensor(flat).FlatRange(4, 6);
-  ASSERT_TRUE(piece.ok());
-  auto shaped = piece->Reshape({2, 3});
-  ASSERT_TRUE(shaped.ok());
-  std::optional<Tensor> view = shaped->ContiguousView();
-  ASSERT_TRUE(view.has_value());
-  EXPECT_EQ(view->data(), flat.data() + 4 * 4);
-  EXPECT_EQ(view->sizes(), (std::vector<int64_t>{2, 3}));
-  EXPECT_EQ(view->strides(), (std::vector<int64_t>{3, 1}));
-  EXPECT_EQ(view->storage(), flat.storage());
-  EXPECT_EQ(view->ContiguousBytes(), ToTensor(Dense{{2, 3}, {4, 5, 6, 7, 8, 9}}).ContiguousBytes());
-  // Two sources, a column cut (one run per row), zeros: no single view.
-  Tensor other = ToTensor(MakeDense({2}, 100));
-  auto two = TensorPlan::FromPieces(DType::kInt32, {14}, {flat, other});
-  ASSERT_TRUE(two.ok());
-  EXPECT_FALSE(two->ContiguousView().has_value());
-  auto cols = TensorPlan::FromTensor(ToTensor(MakeDense({3, 4}, 0))).Narrow(1, 1, 2);
-  ASSERT_TRUE(cols.ok());
-  EXPECT_FALSE(cols->ContiguousView().has_value());
-  EXPECT_FALSE(TensorPlan::Zeros(DType::kInt32, {3}).ContiguousView().has_value());
-  // A strided source (a column of a matrix) is not contiguous.
-  auto col = ToTensor(MakeDense({3, 4}, 0)).Narrow(1, 1, 1);
-  ASSERT_TRUE(col.ok());
-  EXPECT_FALSE(TensorPlan::FromTensor(*col).ContiguousView().has_value());
-}
-
 TEST(TensorPlanTest, PadDim0AddsZeroRows) {
   Dense a = MakeDense({2, 2}, 1);
   auto p = TensorPlan::FromTensor(ToTensor(a)).PadDim0(3);

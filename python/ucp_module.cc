@@ -167,32 +167,26 @@ struct OpenFlags {
   }
 };
 
-// One FlagSet per command, for flag_names() and usage().
-template <typename Fn>
-auto WithFlagSet(const std::string& command, Fn fn) {
+// The flags' names and --help text of a command (for flag_names(), usage()).
+std::pair<std::vector<std::string>, std::string> DescribeFlags(const std::string& command) {
   tools::FlagSet f(command, "");
+  tools::ConvertFlags c;
+  tools::ReshardFlags r;
+  tools::ExportFlags e;
+  OpenFlags o;
   if (command == "convert") {
-    tools::ConvertFlags c;
     c.Register(f);
-    return fn(f);
-  }
-  if (command == "reshard") {
-    tools::ReshardFlags r;
+  } else if (command == "reshard") {
     r.Register(f);
-    return fn(f);
-  }
-  if (command == "export") {
-    tools::ExportFlags e;
+  } else if (command == "export") {
     e.Register(f);
-    return fn(f);
-  }
-  if (command == "open") {
-    OpenFlags o;
+  } else if (command == "open") {
     o.Register(f);
-    return fn(f);
+  } else {
+    Check(absl::InvalidArgumentError(
+        absl::StrCat("unknown command '", command, "': expected convert, reshard, export or open")));
   }
-  throw StatusError(absl::InvalidArgumentError(
-      absl::StrCat("unknown command '", command, "': expected convert, reshard, export or open")));
+  return {f.Names(), f.Usage()};
 }
 
 // ---- progress ----
@@ -596,17 +590,9 @@ PYBIND11_MODULE(_core, m) {
         py::arg("interval") = 0.1,
         "Runs `ucp COMMAND FLAGS...` (convert, reshard, export) in this process; returns its summary as a dict.");
   m.def(
-      "flag_names",
-      [](const std::string& command) {
-        return WithFlagSet(command, [](tools::FlagSet& f) { return f.Names(); });
-      },
-      py::arg("command"));
+      "flag_names", [](const std::string& command) { return DescribeFlags(command).first; }, py::arg("command"));
   m.def(
-      "usage",
-      [](const std::string& command) {
-        return WithFlagSet(command, [](tools::FlagSet& f) { return f.Usage(); });
-      },
-      py::arg("command"));
+      "usage", [](const std::string& command) { return DescribeFlags(command).second; }, py::arg("command"));
   m.def("inspect", &InspectPath, py::arg("path"));
   m.def("open", &Open, py::arg("path"), py::arg("flags"));
 

@@ -31,6 +31,12 @@ def torch_param(universal, name, state):
     return torch.load(os.path.join(universal, "zero", name, f"{state}.pt"), map_location="cpu")["param"]
 
 
+def param_dirs(universal):
+    """The params of a universal folder: the folders under zero/ (beside zero/optimizer_state.pt)."""
+    zero = os.path.join(universal, "zero")
+    return sorted(n for n in os.listdir(zero) if os.path.isdir(os.path.join(zero, n)))
+
+
 def from_numpy(a):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "The given NumPy array is not writable"
@@ -121,7 +127,7 @@ class OpenLoadTest(unittest.TestCase):
         self.assertEqual(ckpt.kind, "zero")
         self.assertEqual(ckpt.info["source_topology"], {"tp": 2, "pp": 1, "dp": 1})
         self.assertEqual(set(ckpt.info["state_keys"]), {"exp_avg", "exp_avg_sq"})
-        names = sorted(os.listdir(os.path.join(NEOX_TP2_EXPECTED, "zero")))
+        names = param_dirs(NEOX_TP2_EXPECTED)
         trainable = sorted(n for n, p in ckpt.params.items() if p.role == "trainable")
         self.assertEqual(trainable, names)
         for name in names:
@@ -138,7 +144,7 @@ class OpenLoadTest(unittest.TestCase):
         # The expected universal files carry what DeepSpeed's loader reads:
         # cat_dim 1 = row-parallel, cat_dim 0 = column (or vocab), none = replicated.
         ckpt = ucp.open(NEOX_TP2)
-        for name in os.listdir(os.path.join(NEOX_TP2_EXPECTED, "zero")):
+        for name in param_dirs(NEOX_TP2_EXPECTED):
             meta = torch.load(os.path.join(NEOX_TP2_EXPECTED, "zero", name, "fp32.pt"), map_location="cpu")
             p = ckpt.params[name]
             with self.subTest(name=name):
@@ -160,7 +166,7 @@ class OpenLoadTest(unittest.TestCase):
         zero = ucp.open(NEOX_TP1_PP2)
         universal = ucp.open(NEOX_TP1_PP2_DEEPSPEED)
         self.assertEqual(universal.kind, "universal")
-        names = sorted(os.listdir(os.path.join(NEOX_TP1_PP2_DEEPSPEED, "zero")))
+        names = param_dirs(NEOX_TP1_PP2_DEEPSPEED)
         self.assertGreater(len(names), 10)
         for name in names:
             for state in STATES:
@@ -255,7 +261,7 @@ class CommandTest(unittest.TestCase):
         testutil.assert_same_tree(self, os.path.join(out, "py"), os.path.join(out, "cli"))
         self.assertIsInstance(s, ucp.Summary)
         self.assertEqual(s.command, "convert")
-        self.assertEqual(s.params, len(os.listdir(os.path.join(out, "py", "global_step4_universal", "zero"))))
+        self.assertEqual(s.params, len(param_dirs(os.path.join(out, "py", "global_step4_universal"))))
         files, _ = testutil.tree(os.path.join(out, "py", "global_step4_universal"))
         self.assertEqual(s.files, len(files))
         self.assertEqual(str(s), cli.stdout.replace("/cli/", "/py/"))

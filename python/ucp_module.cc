@@ -27,6 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "deepspeed/model_state.h"
 #include "format/torch/dtype.h"
@@ -500,6 +501,9 @@ class Checkpoint {
     {
       py::gil_scoped_release release;
       plan = state_->Full(*p, state);
+    }
+    if (!plan.ok() && !absl::StrContains(plan.status().message(), path_)) {
+      Check(absl::Status(plan.status().code(), absl::StrCat(path_, ": ", plan.status().message())));
     }
     Check(plan.status());
     if (cast && *cast != plan->dtype()) {

@@ -210,24 +210,32 @@ class OpenLoadTest(unittest.TestCase):
         self.assertTrue(b.flags.owndata)
         self.assertTrue(b.flags.writeable)
 
-    def test_bf16_lp_weights_equal_deepspeed_tp1_save(self):
-        ckpt = ucp.open(BF16_TP2)
-        self.assertEqual(ckpt.info["lp_dtype"], "bfloat16")
-        checked = 0
-        for name, p in ckpt.params.items():
-            layer, local = name.split(".", 1)
-            path = os.path.join(BF16_RESAVED_TP1, f"layer_{int(layer):02d}-model_00-model_states.pt")
-            expected = torch.load(path, map_location="cpu")[local]
-            with self.subTest(name=name):
-                self.assertEqual(p.dtype, "bfloat16")
-                raw = ckpt.load(name, "lp")
-                self.assertEqual(raw.dtype, np.int16)  # numpy has no bfloat16: the bits
-                t = ckpt.load_torch(name, "lp")
-                self.assertEqual(t.dtype, torch.bfloat16)
-                self.assertTrue(torch.equal(t, expected))
-                self.assertTrue(torch.equal(from_numpy(raw).view(torch.bfloat16), expected))
-                checked += 1
-        self.assertGreater(checked, 10)
+    def test_lp_weights_equal_deepspeed_tp1_save(self):
+        # DeepSpeed's own save at tp=1 after loading the verified universal checkpoint: its layer files hold
+        # the module weights, which ucp assembles from the tp=2 layer files.
+        for source, resaved, lp_dtype in ((BF16_TP2, BF16_RESAVED_TP1, "bfloat16"),
+                                          (NEOX_TP2, fixture("neox-tp2-pp1-dp1/resaved-tp1-pp1-dp1/global_step4"),
+                                           "float32")):
+            ckpt = ucp.open(source)
+            self.assertEqual(ckpt.info["lp_dtype"], lp_dtype)
+            checked = 0
+            for name, p in ckpt.params.items():
+                layer, local = name.split(".", 1)
+                path = os.path.join(resaved, f"layer_{int(layer):02d}-model_00-model_states.pt")
+                expected = torch.load(path, map_location="cpu")[local]
+                with self.subTest(source=source, name=name):
+                    self.assertEqual(p.dtype, lp_dtype)
+                    raw = ckpt.load(name, "lp")
+                    t = ckpt.load_torch(name, "lp")
+                    self.assertEqual(t.dtype, expected.dtype)
+                    self.assertTrue(torch.equal(t, expected))
+                    if lp_dtype == "bfloat16":
+                        self.assertEqual(raw.dtype, np.int16)  # numpy has no bfloat16: the bits
+                        self.assertTrue(torch.equal(from_numpy(raw).view(torch.bfloat16), expected))
+                    else:
+                        self.assertTrue(torch.equal(from_numpy(raw), expected))
+                    checked += 1
+            self.assertGreater(checked, 10)
 
     def test_dtype_conversion_is_torchs(self):
         ckpt = ucp.open(BF16_TP2)
@@ -453,6 +461,14 @@ class ErrorTest(unittest.TestCase):
         self.assertIn("exp_avg_sq", e.exception.message)
         with self.assertRaises(ucp.InvalidArgumentError):
             ckpt.load("2.attention.dense.weight", dtype="float7")
+        # A universal checkpoint has no module weights of trainable params; the masters rounded are a dtype away.
+        with self.assertRaises(ucp.NotFoundError) as e:
+            ckpt.load("2.attention.dense.weight", "lp")
+        self.assertIn(NEOX_TP2_EXPECTED, e.exception.message)
+        self.assertIn("lp", e.exception.message)
+        half = ckpt.load_torch("2.attention.dense.weight", dtype="bf16")
+        self.assertTrue(torch.equal(half, torch_param(NEOX_TP2_EXPECTED, "2.attention.dense.weight",
+                                                      "fp32").to(torch.bfloat16)))
 
     def test_zero3_is_unimplemented(self):
         with self.assertRaises(ucp.UnimplementedError) as e:

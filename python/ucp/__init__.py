@@ -239,7 +239,9 @@ class Checkpoint:
 
         state: "fp32" (the fp32 master weights), an optimizer state
         ("exp_avg", "exp_avg_sq", ...) or "lp" (the module weights in their
-        training dtype). Where the tensor is one contiguous run of a file (a
+        training dtype; a universal checkpoint holds none for trainable
+        params: NotFoundError, and load(name, dtype=ckpt.info["lp_dtype"])
+        gives the masters rounded as DeepSpeed's optimizers round them). Where the tensor is one contiguous run of a file (a
         universal checkpoint, a ZeRO param in one fragment) the array is a
         read-only view of the memory-mapped file (its base keeps the mapping
         alive); otherwise, or with copy=True, a new writeable array.

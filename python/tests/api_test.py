@@ -404,13 +404,14 @@ class ProgressTest(unittest.TestCase):
 
 class GilTest(unittest.TestCase):
 
-    def test_another_thread_runs_while_converting(self):
-        out = testutil.fresh_dir("gil")
-        target = os.path.join(out, "global_step4_universal")
+    def assert_other_thread_runs(self, name, run):
+        """run(out) writes out/<name> through a staging folder beside it; a pure-Python thread must see that
+        folder, which exists only while run() works, so it ran while run() held no GIL."""
+        out = testutil.fresh_dir(f"gil_{name}")
         seen, stop = set(), threading.Event()
         spins = [0]
 
-        def watch():  # pure Python: runs only when the converting thread lets go of the GIL
+        def watch():
             while not stop.is_set():
                 seen.update(os.listdir(out))
                 spins[0] += 1
@@ -419,15 +420,26 @@ class GilTest(unittest.TestCase):
         watcher.start()
         time.sleep(0.05)
         before = spins[0]
-        ucp.convert(input_folder=NEOX_TP2, output_folder=target, num_threads=1)
+        run(out)
         during = spins[0] - before
         stop.set()
         watcher.join()
         final = set(os.listdir(out))
-        self.assertIn("global_step4_universal", final)
-        # The watcher saw the staging folder, which exists only while convert runs.
-        self.assertTrue(seen - final, f"the watcher saw only {seen}")
+        self.assertIn(name, final)
+        self.assertTrue(any(".ucp-tmp-" in n for n in seen - final), f"the watcher saw only {seen}")
         self.assertGreater(during, 10)
+
+    def test_another_thread_runs_while_converting(self):
+        self.assert_other_thread_runs("u", lambda out: ucp.convert(
+            input_folder=NEOX_TP2, output_folder=os.path.join(out, "u"), num_threads=1))
+
+    def test_another_thread_runs_while_resharding(self):
+        self.assert_other_thread_runs("global_step4", lambda out: ucp.reshard(
+            input_folder=NEOX_TP2, output_folder=os.path.join(out, "global_step4"), tp=1, dp=2, num_threads=1))
+
+    def test_another_thread_runs_while_exporting(self):
+        self.assert_other_thread_runs("hf", lambda out: ucp.export(
+            input_folder=NEOX_TP2, output_folder=os.path.join(out, "hf"), format="torch", num_threads=1))
 
 
 class ErrorTest(unittest.TestCase):

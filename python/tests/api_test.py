@@ -331,6 +331,24 @@ class CommandTest(unittest.TestCase):
         for fn in (ucp.inspect, ucp.convert, ucp.reshard, ucp.export, ucp.open, ucp.Checkpoint.load):
             self.assertGreater(len(fn.__doc__), 200, fn.__name__)
 
+    def test_strict_and_no_strict(self):
+        out = testutil.fresh_dir("strict")
+        rules = os.path.join(out, "rules.textproto")
+        with open(rules, "w") as f:
+            f.write('rule { pattern: "no_such_param" kind: ROW }\n')
+        with self.assertRaises(ucp.Error) as e:
+            ucp.convert(input_folder=NEOX_TP2, output_folder=os.path.join(out, "a"), rules=rules)
+        self.assertIn("no_such_param", e.exception.message)
+        cli = testutil.run_cli("convert", f"--input_folder={NEOX_TP2}", f"--output_folder={os.path.join(out, 'c')}",
+                               f"--rules={rules}", check=False)
+        self.assertEqual(cli.stderr, f"ucp: {e.exception}\n")
+        for kwargs in ({"strict": False}, {"no_strict": True}):
+            target = os.path.join(out, "b" + "".join(kwargs))
+            ucp.convert(input_folder=NEOX_TP2, output_folder=target, rules=rules, **kwargs)
+            self.assertTrue(os.path.isdir(target))
+        with self.assertRaises(ucp.Error):  # no_strict=False is strict
+            ucp.convert(input_folder=NEOX_TP2, output_folder=os.path.join(out, "d"), rules=rules, no_strict=False)
+
     def test_dry_run(self):
         out = testutil.fresh_dir("dry_run")
         s = ucp.convert(input_folder=NEOX_TP2, output_folder=os.path.join(out, "u"), dry_run=2)
@@ -405,29 +423,30 @@ class ProgressTest(unittest.TestCase):
 class GilTest(unittest.TestCase):
 
     def assert_other_thread_runs(self, name, run):
-        """run(out) writes out/<name> through a staging folder beside it; a pure-Python thread must see that
-        folder, which exists only while run() works, so it ran while run() held no GIL."""
-        out = testutil.fresh_dir(f"gil_{name}")
-        seen, stop = set(), threading.Event()
-        spins = [0]
+        """run(out) writes out/<name> through a staging folder beside it, which exists only while run() works.
+        A pure-Python thread listing `out` can see it only if run() let go of the GIL. A fast run may end
+        before the thread is scheduled, so up to 20 tries; holding the GIL, no try can ever see it."""
+        base = testutil.fresh_dir(f"gil_{name}")
+        for attempt in range(20):
+            out = os.path.join(base, str(attempt))
+            os.makedirs(out)
+            seen, stop = set(), threading.Event()
 
-        def watch():
-            while not stop.is_set():
-                seen.update(os.listdir(out))
-                spins[0] += 1
+            def watch():
+                while not stop.is_set():
+                    seen.update(os.listdir(out))
 
-        watcher = threading.Thread(target=watch)
-        watcher.start()
-        time.sleep(0.05)
-        before = spins[0]
-        run(out)
-        during = spins[0] - before
-        stop.set()
-        watcher.join()
-        final = set(os.listdir(out))
-        self.assertIn(name, final)
-        self.assertTrue(any(".ucp-tmp-" in n for n in seen - final), f"the watcher saw only {seen}")
-        self.assertGreater(during, 10)
+            watcher = threading.Thread(target=watch)
+            watcher.start()
+            time.sleep(0.01)
+            run(out)
+            stop.set()
+            watcher.join()
+            final = set(os.listdir(out))
+            self.assertIn(name, final)
+            if any(".ucp-tmp-" in n for n in seen - final):
+                return attempt
+        self.fail(f"in 20 runs, another thread never ran while {name} was written")
 
     def test_another_thread_runs_while_converting(self):
         self.assert_other_thread_runs("u", lambda out: ucp.convert(

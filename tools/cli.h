@@ -1,5 +1,5 @@
 // Helpers shared by the ucp subcommands (tools/cmd_*.cc): error exit,
-// flag parsing, the flags that say how a source checkpoint is read.
+// flag parsing (the flags of each command: tools/command_flags.h).
 #ifndef UCP_TOOLS_CLI_H_
 #define UCP_TOOLS_CLI_H_
 
@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "base/cluster.h"
 #include "ops/open.h"
+#include "tools/command_flags.h"  // ZeroSourceFlags, RegisterProgressFlag
 #include "tools/flags.h"
 
 namespace ucp::tools {
@@ -30,43 +31,6 @@ int Fail(const absl::Status& s);
 // Parses the flags; an exit code when the command is already done (a bad
 // flag: 1, --help: 0), else nullopt.
 std::optional<int> ParseOrExit(FlagSet& f, int argc, char** argv, std::vector<std::string>* positional);
-
-// --progress=auto|always|never|json (tools/progress.h).
-void RegisterProgressFlag(FlagSet& f, std::string* mode);
-
-// --allow_unsafe_pickle (sets torch::SetAllowUnsafePickles when given).
-void RegisterUnsafePickleFlag(FlagSet& f, bool* allow);
-// --update_latest: repoint a `latest` in the input checkpoint's root.
-void RegisterUpdateLatestFlag(FlagSet& f, bool* update);
-
-// Flags shared by convert and reshard for reading a ZeRO checkpoint.
-struct ZeroSourceFlags {
-  std::string rules, preset, mismatch = "error", default_kind, tied_layers;
-  int64_t original_vocab_size = 0;
-
-  void Register(FlagSet& f) {
-    f.String("rules", &rules,
-             "a MergeRules textproto (rule { pattern: \"REGEX\" kind: ROW }, ...): how the tp slices of matching "
-             "params merge; first match wins and these rules take precedence over every other source");
-    f.String("preset", &preset,
-             "built-in rules: gpt-neox, megatron-deepspeed, bloom, savanna; \"\" detects one from the param names, \"none\" "
-             "disables presets (see `ucp rules`)");
-    f.String("replicated_mismatch", &mismatch,
-             "what to do when the tp copies of a replicated param differ: error, average (keep their mean), first "
-             "(keep tp rank 0)");
-    f.String("default_kind", &default_kind,
-             "merge kind for params nothing else decides (replicated, column, row, ...); empty = stop with a list of "
-             "them");
-    f.String("tied_layers", &tied_layers,
-             "pipeline layers using each tied module, as KEY:L1,L2;... (e.g. embed:0,12). Layers with files are "
-             "read from the checkpoint; a tied layer without a file (a TiedLayerSpec with forward_fn, like "
-             "Megatron-DeepSpeed's and GPT-NeoX's output head) is otherwise assumed to be the last layer");
-    f.Int("original_vocab_size", &original_vocab_size,
-          "unpadded vocabulary size, to strip vocab padding from vocabulary-parallel params (0 = from the "
-          "checkpoint's universal_checkpoint_info, else the padding is kept)");
-  }
-  absl::StatusOr<ops::SourceOptions> Options(int threads, int64_t divisible_by) const;
-};
 
 }  // namespace ucp::tools
 

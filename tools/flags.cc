@@ -72,8 +72,15 @@ void FlagSet::NegatedBool(const std::string& name, bool* value, const std::strin
   f.help = help;
   f.type = "bool";
   f.takes_value = false;
-  f.set = [value](const std::string&) {
-    *value = false;
+  f.set = [value, name](const std::string& v) {
+    const std::string l = absl::AsciiStrToLower(v);
+    if (l == "" || l == "true" || l == "1" || l == "yes") {
+      *value = false;
+    } else if (l == "false" || l == "0" || l == "no") {
+      *value = true;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("--", name, ": expected true or false, got '", v, "'"));
+    }
     return absl::OkStatus();
   };
   flags_.push_back(std::move(f));
@@ -158,6 +165,12 @@ absl::StatusOr<std::vector<std::string>> FlagSet::Parse(int argc, char** argv) {
     }
   }
   return positional;
+}
+
+std::vector<std::string> FlagSet::Names() const {
+  std::vector<std::string> names;
+  for (const auto& f : flags_) names.push_back(f.name);
+  return names;
 }
 
 std::string FlagSet::Usage() const {

@@ -31,7 +31,7 @@ class FlagSet {
   void Uint64(const std::string& name, uint64_t* value, const std::string& help);
   void Bool(const std::string& name, bool* value, const std::string& help);
   // A boolean that sets `*value = false` when given (argparse's store_false,
-  // e.g. ds_to_universal.py's --no_strict).
+  // e.g. ds_to_universal.py's --no_strict); `--name=false` leaves it true.
   void NegatedBool(const std::string& name, bool* value, const std::string& help);
   // Accepted and ignored, with a note in --help (compatibility flags).
   void Ignored(const std::string& name, bool takes_value, const std::string& help);
@@ -42,6 +42,8 @@ class FlagSet {
   absl::StatusOr<std::vector<std::string>> Parse(int argc, char** argv);
   bool help_requested() const { return help_; }
   std::string Usage() const;
+  // The flags' names, in the order they were declared.
+  std::vector<std::string> Names() const;
 
  private:
   struct Flag {

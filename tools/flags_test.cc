@@ -38,6 +38,28 @@ TEST(FlagSetTest, ParsesEveryForm) {
   EXPECT_FALSE(strict);
   EXPECT_FALSE(nb);
   EXPECT_EQ(*pos, std::vector<std::string>{"pos"});
+  EXPECT_EQ(f.Names(), (std::vector<std::string>{"input_folder", "output_folder", "n", "m", "explain", "verbose",
+                                                  "no_strict", "num_merge_workers"}));
+}
+
+TEST(FlagSetTest, NegatedBoolTakesAnExplicitValue) {
+  for (const auto& [arg, expected] : std::vector<std::pair<std::string, bool>>{
+           {"--no_strict", false}, {"--no_strict=true", false}, {"--no_strict=false", true}, {"--no_strict=0", true}}) {
+    FlagSet f("convert", "test");
+    bool strict = true;
+    f.NegatedBool("no_strict", &strict, "s");
+    std::vector<std::string> args = {"convert", arg};
+    auto argv = Argv(args);
+    ASSERT_TRUE(f.Parse(static_cast<int>(argv.size()), argv.data()).ok()) << arg;
+    EXPECT_EQ(strict, expected) << arg;
+  }
+  FlagSet f("convert", "test");
+  bool strict = true;
+  f.NegatedBool("no_strict", &strict, "s");
+  std::vector<std::string> args = {"convert", "--no_strict=maybe"};
+  auto argv = Argv(args);
+  EXPECT_EQ(f.Parse(static_cast<int>(argv.size()), argv.data()).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(FlagSetTest, RejectsUnknownMissingAndBadValues) {

@@ -72,12 +72,17 @@ std::string FormatProgress(const ProgressEvent& e, double elapsed_s) {
   return out;
 }
 
+ProgressFigures FiguresOf(const ProgressEvent& e, double elapsed_s) {
+  return ProgressFigures{elapsed_s, Rate(e, elapsed_s), Eta(e, elapsed_s)};
+}
+
 std::string ProgressJson(const std::string& command, const ProgressEvent& e, double elapsed_s) {
+  const ProgressFigures f = FiguresOf(e, elapsed_s);
   return absl::StrFormat(
       "{\"command\": %s, \"phase\": %s, \"bytes_done\": %d, \"bytes_total\": %d, \"units_done\": %d, "
       "\"units_total\": %d, \"elapsed_s\": %.3f, \"mb_per_s\": %.1f, \"eta_s\": %.1f}",
-      JsonString(command), JsonString(e.phase), e.bytes_done, e.bytes_total, e.units_done, e.units_total, elapsed_s,
-      Rate(e, elapsed_s), Eta(e, elapsed_s));
+      JsonString(command), JsonString(e.phase), e.bytes_done, e.bytes_total, e.units_done, e.units_total, f.elapsed_s,
+      f.mb_per_s, f.eta_s);
 }
 
 ProgressPrinter::ProgressPrinter(std::string command, ProgressMode mode, FILE* out, int is_tty)

@@ -32,6 +32,15 @@ absl::StatusOr<ProgressMode> ParseProgressMode(const std::string& s);
 // One rendering of an event, e.g. "write 1.2 GB / 3.0 GB 40% 850 MB/s ETA 2s".
 std::string FormatProgress(const ProgressEvent& e, double elapsed_s);
 std::string ProgressJson(const std::string& command, const ProgressEvent& e, double elapsed_s);
+// The figures a JSON line (and the Python module's progress callback) adds
+// to an event: seconds since the start, MB/s of bytes done so far, and the
+// seconds left at that rate (-1 when unknown, 0 when done).
+struct ProgressFigures {
+  double elapsed_s = 0;
+  double mb_per_s = 0;
+  double eta_s = 0;
+};
+ProgressFigures FiguresOf(const ProgressEvent& e, double elapsed_s);
 
 class ProgressPrinter {
  public:

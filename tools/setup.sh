@@ -8,6 +8,7 @@ PACKAGES=(
   g++ libtorch-dev libabsl-dev librapidcheck-dev
   libprotobuf-dev protobuf-compiler googletest libgtest-dev libgmock-dev
   python3-torch python3-numpy              # /usr/bin/python3 + torch 1.13 for interop tests
+  pybind11-dev python3-dev python3-venv python3-pip   # `import ucp` (python/): extension, wheel, venv test
   clang libclang-rt-14-dev                 # libFuzzer + ASan/UBSan (tools/fuzz.sh)
   time unzip                               # /usr/bin/time -v for bench/, unzip for tests
   openmpi-bin libopenmpi-dev               # mpirun -np N ucp ... (exec/, exec:mpi_test)

@@ -69,8 +69,10 @@ SuggestContext ContextOf(const deepspeed::SlicedState& src, int tp) {
   return c;
 }
 
+// `tp1_whole_tensors`: a tp=1 source whose params are whole tensors needs no
+// evidence (ResolveOptions::tp1_whole_tensors).
 absl::StatusOr<Gathered> Gather(const deepspeed::SlicedState& src, const deepspeed::ModelInfo& info,
-                                const RuleResolver& resolver, int num_threads) {
+                                const RuleResolver& resolver, int num_threads, bool tp1_whole_tensors) {
   const int tp_degree = info.source_topology.tp;
   Gathered g;
   std::vector<RuleDecision>& decisions = g.decisions;
@@ -81,7 +83,7 @@ absl::StatusOr<Gathered> Gather(const deepspeed::SlicedState& src, const deepspe
     const bool replicated = decisions[i].rule && (decisions[i].rule->kind() == REPLICATED);
     const bool multi_stage = info.params[i].trainable() && info.params[i].stages.size() > 1;
     needs_data[i] = !decisions[i].rule || (replicated && tp_degree > 1) || multi_stage;
-    if (options.tp1_whole_tensors && tp_degree == 1 && !multi_stage) needs_data[i] = false;
+    if (tp1_whole_tensors && tp_degree == 1 && !multi_stage) needs_data[i] = false;
   }
 
   // Evidence, in parallel over the params that need it.
@@ -183,7 +185,7 @@ absl::Status ResolvedState::Resolve(const ResolveOptions& options) {
   for (const auto& p : info_.params) names.push_back(p.name);
   UCP_ASSIGN_OR_RETURN(resolver_, RuleResolver::Make(options.rules, src.checkpoint_info(), names, src.args()));
   info_.original_vocab_size = resolver_.original_vocab_size();
-  UCP_ASSIGN_OR_RETURN(Gathered g, Gather(src, info_, resolver_, options.num_threads));
+  UCP_ASSIGN_OR_RETURN(Gathered g, Gather(src, info_, resolver_, options.num_threads, options.tp1_whole_tensors));
   std::vector<RuleDecision>& decisions = g.decisions;
   const std::vector<Evidence>& evidence = g.evidence;
   // Equal tp copies settle a param as replicated only if no param of its
@@ -291,7 +293,7 @@ absl::StatusOr<SuggestReport> SuggestRules(std::shared_ptr<const deepspeed::Slic
   for (const auto& p : info.params) names.push_back(p.name);
   UCP_ASSIGN_OR_RETURN(RuleResolver resolver,
                        RuleResolver::Make(options.rules, src.checkpoint_info(), names, src.args()));
-  UCP_ASSIGN_OR_RETURN(Gathered g, Gather(src, info, resolver, options.num_threads));
+  UCP_ASSIGN_OR_RETURN(Gathered g, Gather(src, info, resolver, options.num_threads, options.tp1_whole_tensors));
   // What convert would leave open: no rule, and not settled by the fallbacks
   // (DeepSpeed's default for declared patterns, --default_kind); equal
   // copies are listed too (as REPLICATED) when their family's differ.

@@ -343,5 +343,32 @@ void ConvertNeoxAndCompare(const std::string& version) {
 TEST(ConvertFixtureTest, Neox0195MatchesDeepSpeedWhereItIsRight) { ConvertNeoxAndCompare("0.19.5"); }
 TEST(ConvertFixtureTest, Neox0164MatchesDeepSpeedWhereItIsRight) { ConvertNeoxAndCompare("0.16.4"); }
 
+// Per-rank group_paddings (0.19.5): the dp2 checkpoint and DeepSpeed's dp1
+// resave of it convert to the same per-param universal files (tp=1: every
+// param cat on dim 0, --default_kind).
+TEST(ConvertFixtureTest, PerRankPaddingConvertsLikeItsDp1Resave) {
+  const std::string root = FreshTempDir("convert_padding_0195");
+  std::string outs[2];
+  int k = 0;
+  for (const std::string in : {"global_step4", "resaved-dp1/global_step4"}) {
+    ConvertOptions o = Options(VersionFixturePath("0.19.5", "gpt-zero1-padding-dp2/" + in), JoinPath(root, absl::StrCat("u", k)));
+    o.state.rules.default_kind = COLUMN;
+    auto r = Convert(o);
+    ASSERT_TRUE(r.ok()) << in << ": " << r.status();
+    outs[k++] = o.output_folder;
+  }
+  auto files = readers::ListFilesRecursive(outs[0]);
+  ASSERT_TRUE(files.ok());
+  int compared = 0;
+  for (const auto& f : *files) {
+    if (!absl::StartsWith(f, "zero/") || f == "zero/optimizer_state.pt") continue;
+    auto d = readers::CompareFiles(JoinPath(outs[0], f), JoinPath(outs[1], f));
+    ASSERT_TRUE(d.ok()) << f << ": " << d.status();
+    EXPECT_THAT(*d, IsEmpty()) << f << "\n" << absl::StrJoin(*d, "\n");
+    ++compared;
+  }
+  EXPECT_EQ(compared, 54 * 4);  // 54 params x (fp32, exp_avg, exp_avg_sq, step)
+}
+
 }  // namespace
 }  // namespace ucp::ops

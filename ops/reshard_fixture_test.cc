@@ -1,6 +1,7 @@
 // Acceptance tests of `ucp reshard` against what DeepSpeed 0.14.4 itself saved
 // after loading the correct universal checkpoint at a new topology
 // (the fixtures' resaved-* folders).
+#include <cstdio>
 #include <set>
 #include <tuple>
 #include <string>
@@ -15,6 +16,7 @@
 #include "readers/compare.h"
 #include "readers/zero_checkpoint.h"
 #include "format/torch/torch_file.h"
+#include "format/torch/tree_copy.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "ops/reshard.h"
@@ -254,6 +256,47 @@ TEST(Zero3ReshardTest, StageChangesBothWays) {
   ASSERT_TRUE(three.ok()) << three.status();
   const std::vector<std::string> diffs = CompareCheckpoints(back.output_folder, src);
   EXPECT_THAT(diffs, IsEmpty()) << absl::StrJoin(diffs, "\n");
+}
+
+// bf16 ZeRO-3 -> ZeRO-1: DeepSpeed's DeepSpeedZeroOptimizer layout, unless
+// the job accumulates gradients in fp32 (then DeepSpeed uses BF16_Optimizer,
+// which ucp does not write from a ZeRO source): refused, nothing written.
+TEST(Zero3ReshardTest, Bf16ToZero1FollowsTheGradAccumDtype) {
+  const std::string root = FreshTempDir("reshard_zero3_bf16_stage1");
+  const std::string src = JoinPath(root, "src/global_step4");
+  ASSERT_TRUE(ucp::testing::RunCommand(absl::StrCat("mkdir -p '", Dirname(src), "' && cp -rL '",
+                                                    VersionFixturePath("0.19.5", "gpt-zero3-bf16-dp2/global_step4"),
+                                                    "' '", src, "' && chmod -R u+w '", src, "'"))
+                  .ok());
+  ReshardOptions o;
+  o.input_folder = src;
+  o.output_folder = JoinPath(root, "ok/global_step4");
+  o.write.target = deepspeed::Topology{1, 1, 1};
+  o.write.zero_stage = 1;
+  o.write.num_threads = 2;
+  auto ok = Reshard(o);
+  ASSERT_TRUE(ok.ok()) << ok.status();  // no data_types: bf16 gradient accumulation
+  EXPECT_TRUE(PathExists(JoinPath(o.output_folder, "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt")));
+  // The same job with data_types.grad_accum_dtype fp32.
+  for (int d = 0; d < 2; ++d) {
+    const std::string path = JoinPath(src, absl::StrCat("zero_pp_rank_", d, "_mp_rank_00_model_states.pt"));
+    auto f = torch::TorchFile::Open(path);
+    ASSERT_TRUE(f.ok()) << f.status();
+    torch::TorchWriter w;
+    auto copy = torch::CopyTreeForWrite(f->get(), (*f)->root(), w);
+    ASSERT_TRUE(copy.ok()) << copy.status();
+    pickle::ValuePtr types = pickle::Value::MakeDict();
+    types->DictSet(pickle::Value::Str("grad_accum_dtype"), pickle::Value::Str("fp32"));
+    (*copy)->DictGetPtr("ds_config")->DictSet(pickle::Value::Str("data_types"), types);
+    ASSERT_TRUE(w.WriteFile(path + ".new", **copy).ok());
+    ASSERT_EQ(rename((path + ".new").c_str(), path.c_str()), 0);
+  }
+  o.output_folder = JoinPath(root, "refused/global_step4");
+  auto refused = Reshard(o);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "BF16_Optimizer")) << refused.status();
+  EXPECT_FALSE(PathExists(JoinPath(root, "refused")));
 }
 
 // --sub_group_size of the target job decides its sub-groups.

@@ -56,7 +56,8 @@ struct UniversalWriteOptions {
   // The DeepSpeed version that will load the output ("" = the source's
   // ds_version): a ZeRO-3 source is refused for versions whose stage-3
   // universal loader cannot read it (none before 0.15.0; one param group
-  // and one sub-group before 0.18.0).
+  // before 0.18.0, whose loader also fills only the loading job's first
+  // sub-group, which ucp cannot see from here).
   std::string target_ds_version;
   std::string source_folder;  // for the manifest
   MergeRules rules;           // for the manifest

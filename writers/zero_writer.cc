@@ -767,6 +767,23 @@ absl::StatusOr<std::unique_ptr<Plan>> PlanZero(const deepspeed::ModelState& stat
     return PlanZero3(state, options);
   }
   const std::string source_version = deepspeed::SourceDsVersion(state);
+  // bf16 + ZeRO-1 with fp32 gradient accumulation runs under BF16_Optimizer
+  // (engine.py _do_optimizer_sanity_check), whose layout ucp writes only
+  // from a BF16_Optimizer source.
+  if (stage == 1 && state.info().optimizer_kind == deepspeed::OptimizerKind::kZero &&
+      state.info().lp_dtype == torch::DType::kBFloat16) {
+    deepspeed::FileValue root = state.ModelStatesRoot(0, 0);
+    const Value* config = root.value && root.value->is(Kind::kDict) ? root.value->DictGet("ds_config") : nullptr;
+    const Value* types = config && config->is(Kind::kDict) ? config->DictGet("data_types") : nullptr;
+    const Value* accum = types && types->is(Kind::kDict) ? types->DictGet("grad_accum_dtype") : nullptr;
+    if (accum != nullptr && accum->is(Kind::kStr) &&
+        (accum->str() == "fp32" || accum->str() == "float32" || accum->str() == "float")) {
+      return absl::FailedPreconditionError(
+          "target ZeRO stage 1 with bf16 weights and data_types.grad_accum_dtype fp32: DeepSpeed runs that job "
+          "with BF16_Optimizer, whose files ucp writes only from a BF16_Optimizer checkpoint; use --zero_stage=2 "
+          "(or a job config with bf16 gradient accumulation)");
+    }
+  }
   UCP_ASSIGN_OR_RETURN(TargetLayout target, PlanTarget(state.info(), options, source_version));
   if (layout != nullptr) *layout = target;
   auto plan = std::make_unique<ZeroPlan>(state, std::move(target), options);

@@ -361,7 +361,8 @@ rc::Gen<GoldenCase> GenCase(const CaseGenOptions& options) {
     SavannaVariant sv;
     if (savanna) {
       static const std::vector<std::string> kOps = {"hyena_se", "hyena_mr", "hyena", "flash"};
-      const int offset = *Uniform(0, 4);
+      // Starting at hyena_mr half the time: hyena_mr and hyena side by side.
+      const int offset = *Maybe(1, 1) ? 1 : *Uniform(0, 4);
       for (int i = 0; i < layers; ++i) sv.ops.push_back(kOps[(offset + i) % kOps.size()]);
       // Leaning to implicit_modal hyena beside implicit_real_modal hyena_mr:
       // their filter.p / filter.R names clash but for the rank.

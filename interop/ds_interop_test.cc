@@ -517,6 +517,50 @@ INSTANTIATE_TEST_SUITE_P(
 // Vocabulary padding rows hold values in a real run (Megatron initializes and
 // trains the whole padded embedding); the universal checkpoint drops them.
 
+// savanna at pp=1 with weight tying (PipelineModule.to_sequential(): the
+// output layer is the embedding module again, so the module state dict holds
+// sequential.10.word_embeddings.weight as an alias of sequential.0's), tp=2,
+// converted with no rule flags: every trainable param is the writer's, the
+// alias is kept as a module tensor. (Convert only: resharding tied aliases of
+// a plain module at tp > 1 writes shared_params in every mp_rank file, where
+// DeepSpeed writes them on global rank 0 only; see /work/notes/issue-14.md.)
+TEST(DsInteropSavannaTest, TiedSequentialModelConvertsWithNoRuleFlags) {
+  InteropCase c;
+  c.name = "savanna_plain_tied_tp2_dp2";
+  c.spec = "savanna_plain_tied.json";
+  c.source = {2, 1, 2};
+  c.rules_file = false;
+  c.original_vocab_size = 64;
+  auto root = SourceRoot(c);
+  ASSERT_TRUE(root.ok()) << root.status();
+  auto tag_dir = TagFolder(*root);
+  ASSERT_TRUE(tag_dir.ok());
+  ops::ConvertOptions o;
+  o.input_folder = *tag_dir;
+  o.output_folder = JoinPath(FreshTempDir("convert_savanna_tied"), "universal");
+  o.state = StateOptions(c, *root);
+  auto result = ops::Convert(o);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_THAT(result->summary, ::testing::HasSubstr("preset: savanna (detected from param names)"));
+  auto expected = torch::TorchFile::Open(JoinPath(*root, "expected.pt"));
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  int trainable = 0;
+  for (const auto& [k, e] : (*expected)->root()->dict_items()) {
+    if (e->DictGet("role")->str() != "trainable") continue;
+    ++trainable;
+    for (const char* state : {"fp32", "exp_avg", "exp_avg_sq"}) {
+      ExpectUniversalState(o.output_folder, k->str(), state, **expected, *e);
+    }
+  }
+  EXPECT_EQ(trainable, 86);
+  auto alias = torch::TorchFile::Open(JoinPath(o.output_folder, "ucp_module/sequential.10.word_embeddings.weight.pt"));
+  ASSERT_TRUE(alias.ok()) << alias.status();
+  auto have = (*alias)->GetTensor(*(*alias)->root()->DictGet("param"));
+  auto want = (*expected)->GetTensor(*(*expected)->root()->DictGet("sequential.0.word_embeddings.weight")->DictGet("fp32"));
+  ASSERT_TRUE(have.ok() && want.ok());
+  EXPECT_TRUE(have->BitwiseEqual(*want));
+}
+
 TEST(DsInteropVocabTest, ConvertStripsNonZeroVocabPadding) {
   InteropCase c;
   c.name = "vocab_padding_random";

@@ -1,10 +1,9 @@
 #include "rules/rules.h"
 
 #include <fstream>
+#include <algorithm>
 #include <map>
 #include <sstream>
-
-#include <algorithm>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"

@@ -12,15 +12,18 @@
 //                       (even empty ones), DeepSpeed's default for an
 //                       unmatched name (cat on dim 0), as
 //                       ds_to_universal.py:merge_tp_slices does
-//   5. EVIDENCE         tp == 1 leaves nothing to merge for the tensor itself;
-//                       tp copies bitwise equal in fp32, exp_avg and
+//   5. EVIDENCE         tp copies bitwise equal in fp32, exp_avg and
 //                       exp_avg_sq -> replicated (for checkpoints that declare
-//                       nothing, e.g. GPT-NeoX's {})
-// A param no source settles is ambiguous: the conversion stops with a list of
-// every such param and the rule that would settle it.
+//                       nothing, e.g. GPT-NeoX's {}), unless a param of the
+//                       same family (rules/suggest.h) has copies that differ
+// A param no source settles is ambiguous: the conversion stops with their
+// count and one suggested rule per family (rules/suggest.h).
 //
 // Patterns use Python `re.match` semantics (anchored at the start only), as
-// DeepSpeed applies them.
+// DeepSpeed applies them. A rule may also require the param's rank and the
+// size of a dim it does not split (MergeRule.ndim, dim_size), tested on the
+// tp slice's shape (equal to the full tensor's there), so that one list can
+// tell apart params whose names clash.
 #ifndef UCP_RULES_RULES_H_
 #define UCP_RULES_RULES_H_
 

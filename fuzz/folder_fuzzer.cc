@@ -1,6 +1,6 @@
 // libFuzzer target over whole DeepSpeed checkpoint folders: the ZeRO readers
-// (readers/zero_checkpoint.h with its cross-file checks), `ucp inspect` and
-// `ucp verify` on folders derived from the real DeepSpeed fixtures.
+// (readers/zero_checkpoint.h with its cross-file checks) and `ucp verify`
+// (readers/verify.h) on folders derived from the real DeepSpeed fixtures.
 //
 // A folder is megabytes of tensors, too much to mutate as one input, so an
 // input is a fixture choice plus edits of it, which the harness applies to a
@@ -19,12 +19,13 @@
 // Seeds (fuzz/seeds/folder, fuzz/make_folder_seeds.py) are each fixture
 // unchanged and each kind of file with its own data.pkl put back.
 //
-// For every input: ZeroCheckpoint::Open of the tag folder or the root; on
-// success every optimizer file (Optim, VerifyFile), every layer file (CRCs),
-// every param's fp32 and optimizer-state pieces on every rank holding it,
-// every module tensor; then Inspect and VerifyFolder of the root. Each must
-// return (no crash, hang or sanitizer report), errors with a message, and
-// VerifyFolder must report a problem whenever Open failed.
+// For every input: ZeroCheckpoint::Open of the root (through `latest`); on
+// success every param's fp32 and optimizer-state pieces on every rank
+// holding it and every module tensor (which opens and checks every optimizer
+// and layer file); then VerifyFolder (every file, every CRC, the cross-file
+// checks, unsafe pickles). Each must return (no crash, hang or sanitizer
+// report), errors with a message, and VerifyFolder must report a problem
+// whenever Open failed. (`ucp inspect` of a folder runs the same readers.)
 //
 // Fixtures: $UCP_FUZZ_FIXTURES (default ../shared/fixtures/deepspeed-0.14.4,
 // from the project root). Scratch: $UCP_FUZZ_TMP (default /dev/shm).
@@ -46,7 +47,6 @@
 #include "format/torch/torch_file.h"
 #include "format/torch/zip.h"
 #include "fuzz/fuzz_checks.h"
-#include "readers/inspect.h"
 #include "readers/verify.h"
 #include "readers/zero_checkpoint.h"
 
@@ -130,27 +130,14 @@ std::string WithPickle(const std::string& bytes, const std::string& pkl) {
   return out;
 }
 
-void Exercise(const std::string& root, const std::string& tag) {
-  for (const std::string& path : {tag, root}) {
-    auto c = ucp::readers::ZeroCheckpoint::Open(path);
-    if (!c.ok()) {
-      UCP_FUZZ_CHECK(!c.status().message().empty(), "an error without a message");
-      continue;
-    }
+void Exercise(const std::string& root) {
+  // The readers as convert uses them: every piece of every param, every
+  // module tensor (each optimizer and layer file opens and is checked then).
+  auto c = ucp::readers::ZeroCheckpoint::Open(root);
+  if (c.ok()) {
     const auto& ck = **c;
     const auto& t = ck.topology();
     UCP_FUZZ_CHECK(t.tp >= 1 && t.pp >= 1 && t.dp >= 1, "topology ", t.ToString());
-    for (int s = 0; s < t.pp; ++s) {
-      for (int r = 0; r < t.tp; ++r) {
-        for (int d = 0; d < t.dp; ++d) (void)ck.VerifyFile(ck.OptimPath(s, r, d));
-      }
-    }
-    for (int layer : ck.layer_files()) {
-      for (int r = 0; r < t.tp; ++r) {
-        auto f = ck.LayerFile(layer, r);
-        if (f.ok()) (void)(*f)->VerifyAllCrcs();
-      }
-    }
     std::vector<std::string> states = {"fp32"};
     for (const auto& k : ck.state_keys()) states.push_back(k);
     for (const auto& p : ck.params()) {
@@ -163,14 +150,14 @@ void Exercise(const std::string& root, const std::string& tag) {
     for (const auto& e : ck.module_entries()) {
       for (int r = 0; r < t.tp; ++r) (void)ck.ModuleTensor(e, r);
     }
-    break;
+  } else {
+    UCP_FUZZ_CHECK(!c.status().message().empty(), "an error without a message");
   }
-  auto report = ucp::readers::Inspect(root);
-  if (report.ok()) (void)ucp::readers::FormatReport(*report);
+  // ucp verify: every file, every CRC, the cross-file checks; a folder that
+  // does not open always has a problem.
   const ucp::readers::VerifyResult v = ucp::readers::VerifyFolder(root);
-  if (!ucp::readers::ZeroCheckpoint::Open(root).ok()) {
-    UCP_FUZZ_CHECK(!v.problems.empty(), "verify found nothing in a folder that does not open");
-  }
+  if (!c.ok()) UCP_FUZZ_CHECK(!v.problems.empty(), "verify found nothing in a folder that does not open: ", c.status().ToString());
+  for (const auto& p : v.problems) UCP_FUZZ_CHECK(!p.empty(), "an empty problem line");
 }
 
 }  // namespace
@@ -240,6 +227,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       UCP_FUZZ_CHECK(link(JoinPath(base_tag, names[i]).c_str(), dst.c_str()) == 0, "cannot link ", dst);
     }
   }
-  Exercise(root, tag);
+  Exercise(root);
   return 0;
 }

@@ -1,5 +1,8 @@
 #include "writers/plan.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <mutex>
@@ -44,6 +47,14 @@ absl::Status ExecuteUnits(const Plan& plan, const std::vector<size_t>& subset, c
     // what it caused, is the error.
     if (!ran.ok() || torch::MappedFile::AnyFault()) UCP_RETURN_IF_ERROR(torch::MappedFile::CheckAllIntact());
     UCP_RETURN_IF_ERROR(ran);
+    // Start writing the unit's files back to disk now, so that the fsync
+    // before the commit (StagingDir::Commit) has little left to wait for.
+    for (const FileDigest& f : (*results)[i].files) {
+      const int fd = open(JoinPath(staging, f.path()).c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) continue;
+      (void)sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE);
+      close(fd);
+    }
     const int64_t u = ++units_done;
     const int64_t b = (bytes_done += units[i].bytes);
     if (progress) {

@@ -32,6 +32,7 @@
 #include "deepspeed/model_state.h"
 #include "format/torch/dtype.h"
 #include "format/torch/tensor.h"
+#include "format/torch/torch_file.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
 #include "ops/convert.h"
@@ -278,7 +279,19 @@ ProgressFn Both(ProgressFn a, ProgressFn b) {
 
 // ---- convert / reshard / export ----
 
+// allow_unsafe_pickle=True holds for one call only: the process-wide switch
+// (torch::SetAllowUnsafePickles, set by the flags' Finish) is restored after it.
+class UnsafePickleScope {
+ public:
+  UnsafePickleScope() : saved_(torch::AllowUnsafePickles()) {}
+  ~UnsafePickleScope() { torch::SetAllowUnsafePickles(saved_); }
+
+ private:
+  bool saved_;
+};
+
 py::dict Run(const std::string& command, const std::vector<std::string>& flags, py::object progress, double interval) {
+  UnsafePickleScope unsafe_scope;
   tools::FlagSet f(command, "");
   py::dict out;
   out["command"] = command;

@@ -331,6 +331,28 @@ class CommandTest(unittest.TestCase):
         for fn in (ucp.inspect, ucp.convert, ucp.reshard, ucp.export, ucp.open, ucp.Checkpoint.load):
             self.assertGreater(len(fn.__doc__), 200, fn.__name__)
 
+    def test_allow_unsafe_pickle_holds_for_one_call(self):
+        out = testutil.fresh_dir("unsafe")
+        src = os.path.join(out, "src")
+        shutil.copytree(NEOX_TP2, src)
+        for root, dirs, files in os.walk(src):
+            for n in files:
+                os.chmod(os.path.join(root, n), 0o644)
+        mp0 = os.path.join(src, "mp_rank_00_model_states.pt")
+        edit = os.path.join(os.environ["UCP_RUNFILES"], "testdata/python/edit_checkpoint.py")
+        import subprocess
+        subprocess.run([testutil.PYTHON, edit, mp0, "set", "evil", "os.system"], check=True)
+        with self.assertRaises(ucp.FailedPreconditionError) as e:
+            ucp.convert(input_folder=src, output_folder=os.path.join(out, "a"))
+        self.assertIn("UNSAFE pickle", e.exception.message)
+        self.assertIn("posix.system", e.exception.message)
+        self.assertFalse(os.path.exists(os.path.join(out, "a")))
+        ucp.convert(input_folder=src, output_folder=os.path.join(out, "b"), allow_unsafe_pickle=True)
+        self.assertTrue(os.path.isdir(os.path.join(out, "b")))
+        # The permission does not outlive the call that asked for it.
+        with self.assertRaises(ucp.FailedPreconditionError):
+            ucp.convert(input_folder=src, output_folder=os.path.join(out, "c"))
+
     def test_strict_and_no_strict(self):
         out = testutil.fresh_dir("strict")
         rules = os.path.join(out, "rules.textproto")
@@ -501,12 +523,19 @@ class ErrorTest(unittest.TestCase):
         self.assertTrue(torch.equal(half, torch_param(NEOX_TP2_EXPECTED, "2.attention.dense.weight",
                                                       "fp32").to(torch.bfloat16)))
 
-    def test_zero3_is_unimplemented(self):
+    def test_moe_export_is_unimplemented(self):
+        out = testutil.fresh_dir("moe_export")
         with self.assertRaises(ucp.UnimplementedError) as e:
-            ucp.open(os.path.join(testutil.V19, "gpt-zero3-dp2", "global_step4"))
+            ucp.export(input_folder=os.path.join(testutil.V19, "gpt-moe-ep2-zero2-dp2", "global_step4"),
+                       output_folder=os.path.join(out, "e"))
         self.assertIsInstance(e.exception, NotImplementedError)
         self.assertEqual(e.exception.code_name, "UNIMPLEMENTED")
-        self.assertIn("stage 3", e.exception.message)
+        self.assertIn("mixture-of-experts", e.exception.message)
+        self.assertFalse(os.path.exists(os.path.join(out, "e")))
+
+    def test_zero3_opens(self):
+        ckpt = ucp.open(os.path.join(testutil.V19, "gpt-zero3-dp2", "global_step4"))
+        self.assertGreater(len(ckpt.params), 0)
 
     def test_existing_output_is_already_exists(self):
         out = testutil.fresh_dir("exists")

@@ -42,6 +42,8 @@ def tree(root):
         rel = os.path.relpath(d, root)
         dirs.add(rel)
         for n in names:
+            if n == ".ucp_output":  # the marker of a ucp output (what --overwrite may replace), not a written file
+                continue
             with open(os.path.join(d, n), "rb") as f:
                 files[os.path.normpath(os.path.join(rel, n))] = f.read()
     return files, dirs

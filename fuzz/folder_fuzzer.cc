@@ -86,6 +86,7 @@ void Init() {
   if (tmp == nullptr) tmp = std::getenv("TEST_TMPDIR");
   scratch = JoinPath(tmp != nullptr ? tmp : "/dev/shm", absl::StrCat("ucp-folder-fuzz-", getpid()));
   (void)ucp::RemoveTree(scratch);
+  std::atexit([] { (void)ucp::RemoveTree(scratch); });  // libFuzzer ends with exit()
   fixtures = new std::vector<Fixture>();
   for (const char* name : {"neox-tp2-pp1-dp2", "neox-tp1-pp2-dp1", "gpt-zero2-nopipe-tp2-dp2",
                            "neox-bf16-tp2-pp1-dp2"}) {

@@ -80,7 +80,7 @@ if [[ " $FUZZERS " == *" folder_fuzzer "* ]]; then
     exit 1
   fi
   mkdir -p "$OUT/gen/proto"
-  cp -f bazel-bin/proto/ucp.pb.cc bazel-bin/proto/ucp.pb.h "$OUT/gen/proto/"
+  cp -fp bazel-bin/proto/ucp.pb.cc bazel-bin/proto/ucp.pb.h "$OUT/gen/proto/"
   for f in base/*.cc deepspeed/*.cc readers/*.cc tp/*.cc; do
     case "$f" in
       *_test.cc | *test_util.cc | *_bench.cc | *_main.cc) ;;

@@ -37,7 +37,7 @@ absl::Status ExecuteUnits(const Plan& plan, const std::vector<size_t>& subset, c
   total.phase = "write";
   total.units_total = static_cast<int64_t>(order.size());
   for (size_t i : order) total.bytes_total += units[i].bytes;
-  std::atomic<int64_t> units_done{0}, bytes_done{0};
+  int64_t units_done = 0, bytes_done = 0;  // under progress_mu
   std::mutex progress_mu;
   return ParallelFor(order.size(), threads, [&](size_t k) -> absl::Status {
     const size_t i = order[k];
@@ -55,13 +55,16 @@ absl::Status ExecuteUnits(const Plan& plan, const std::vector<size_t>& subset, c
       (void)sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE);
       close(fd);
     }
-    const int64_t u = ++units_done;
-    const int64_t b = (bytes_done += units[i].bytes);
+    // Counted and reported under one lock: the events come in order, the
+    // last one complete (two threads finishing together cannot report 87
+    // of 87 before 86 of 87).
+    std::lock_guard<std::mutex> lock(progress_mu);
+    units_done += 1;
+    bytes_done += units[i].bytes;
     if (progress) {
-      std::lock_guard<std::mutex> lock(progress_mu);
       ProgressEvent e = total;
-      e.units_done = u;
-      e.bytes_done = b;
+      e.units_done = units_done;
+      e.bytes_done = bytes_done;
       progress(e);
     }
     return absl::OkStatus();

@@ -203,4 +203,24 @@ absl::StatusOr<std::vector<int>> PartitionLayers(const std::vector<PipelineLayer
                                                  "' is not one of uniform, parameters, type:REGEX"));
 }
 
+std::vector<int> Zero3SubGroups(const std::vector<int64_t>& numels, int dp, int64_t sub_group_size) {
+  if (numels.empty()) return {};
+  int64_t total = 0;
+  for (int64_t n : numels) total += Zero3PartitionNumel(n, dp);
+  if (sub_group_size >= total) return {static_cast<int>(numels.size())};
+  std::vector<int> out;
+  int count = 0;
+  int64_t local = 0;
+  for (size_t i = 0; i < numels.size(); ++i) {
+    ++count;
+    local += Zero3PartitionNumel(numels[i], dp);
+    if (local >= sub_group_size || i + 1 == numels.size()) {
+      out.push_back(count);
+      count = 0;
+      local = 0;
+    }
+  }
+  return out;
+}
+
 }  // namespace ucp::deepspeed

@@ -105,6 +105,14 @@ class ZeroGroupLayout {
   std::vector<int64_t> starts_;
 };
 
+// ZeRO-3: ceil(numel / dp), a param's partition on each dp rank.
+inline int64_t Zero3PartitionNumel(int64_t numel, int dp) { return (numel + dp - 1) / dp; }
+// ZeRO-3: DeepSpeed's sub-groups of one param group (_create_fp16_sub_groups):
+// consecutive params whose partition sizes add up to at least
+// `sub_group_size` (the last takes the rest); one sub-group when the group is
+// not larger. Returns the number of params in each sub-group.
+std::vector<int> Zero3SubGroups(const std::vector<int64_t>& numels, int dp, int64_t sub_group_size);
+
 // deepspeed.runtime.utils.partition_uniform: `num_parts + 1` boundaries.
 std::vector<int> PartitionUniform(int num_items, int num_parts);
 // deepspeed.runtime.utils.partition_balanced (the linear partition DP with its

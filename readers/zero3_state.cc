@@ -59,25 +59,6 @@ bool IsZero3Folder(const std::string& path) {
   return false;
 }
 
-std::vector<int> Zero3SubGroups(const std::vector<int64_t>& numels, int dp, int64_t sub_group_size) {
-  int64_t total = 0;
-  for (int64_t n : numels) total += Zero3PartitionNumel(n, dp);
-  if (numels.empty()) return {};
-  if (sub_group_size >= total) return {static_cast<int>(numels.size())};
-  std::vector<int> out;
-  int count = 0;
-  int64_t local = 0;
-  for (size_t i = 0; i < numels.size(); ++i) {
-    ++count;
-    local += Zero3PartitionNumel(numels[i], dp);
-    if (local >= sub_group_size || i + 1 == numels.size()) {
-      out.push_back(count);
-      count = 0;
-      local = 0;
-    }
-  }
-  return out;
-}
 
 absl::StatusOr<std::unique_ptr<Zero3State>> Zero3State::Open(const std::string& path) {
   std::unique_ptr<Zero3State> s(new Zero3State());

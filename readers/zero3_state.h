@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "deepspeed/layout_math.h"
 #include "deepspeed/model_state.h"
 #include "format/torch/torch_file.h"
 
@@ -45,13 +46,9 @@ namespace ucp::readers {
 // ZeRO-3 model-state files (zero_pp_rank_D_mp_rank_XX_model_states.pt).
 bool IsZero3Folder(const std::string& path);
 
-// DeepSpeed's sub-groups of one param group: consecutive params whose
-// partition sizes (ceil(numel / dp)) add up to at least `sub_group_size`
-// (the last takes the rest); one sub-group when the group is not larger.
-// Returns the number of params in each sub-group.
-std::vector<int> Zero3SubGroups(const std::vector<int64_t>& numels, int dp, int64_t sub_group_size);
-// ceil(numel / dp): a param's partition on each dp rank.
-inline int64_t Zero3PartitionNumel(int64_t numel, int dp) { return (numel + dp - 1) / dp; }
+// The sub-group and partition math (deepspeed/layout_math.h).
+using deepspeed::Zero3PartitionNumel;
+using deepspeed::Zero3SubGroups;
 
 class Zero3State : public deepspeed::SlicedState {
  public:

@@ -9,6 +9,7 @@
 #include "base/fs.h"
 #include "base/status_macros.h"
 #include "deepspeed/checkpoint_files.h"
+#include "deepspeed/layout_math.h"
 #include "deepspeed/tree_copy.h"
 #include "format/pickle/accessors.h"
 #include "tp/merge.h"
@@ -30,29 +31,8 @@ int64_t Numel(const std::vector<int64_t>& s) {
   return n;
 }
 
-int64_t PartitionNumel(int64_t numel, int dp) { return (numel + dp - 1) / dp; }
-
-// DeepSpeed's _create_fp16_sub_groups over partition sizes (see
-// readers/zero3_state.h, Zero3SubGroups, which this must equal).
-std::vector<int> SubGroups(const std::vector<int64_t>& numels, int dp, int64_t sub_group_size) {
-  int64_t total = 0;
-  for (int64_t n : numels) total += PartitionNumel(n, dp);
-  if (numels.empty()) return {};
-  if (sub_group_size >= total) return {static_cast<int>(numels.size())};
-  std::vector<int> out;
-  int count = 0;
-  int64_t local = 0;
-  for (size_t i = 0; i < numels.size(); ++i) {
-    ++count;
-    local += PartitionNumel(numels[i], dp);
-    if (local >= sub_group_size || i + 1 == numels.size()) {
-      out.push_back(count);
-      count = 0;
-      local = 0;
-    }
-  }
-  return out;
-}
+using deepspeed::Zero3PartitionNumel;
+using deepspeed::Zero3SubGroups;
 
 struct SubGroup {
   int group = 0;
@@ -143,12 +123,12 @@ class Zero3Plan : public Plan {
         return absl::FailedPreconditionError(absl::StrCat("param group ", g, " holds no params"));
       }
       size_t k = 0;
-      for (int count : SubGroups(numels, dp_, sub_group_size_)) {
+      for (int count : Zero3SubGroups(numels, dp_, sub_group_size_)) {
         SubGroup sg;
         sg.group = g;
         for (int c = 0; c < count; ++c, ++k) {
           sg.params.push_back(members[k]);
-          sg.flat_numel += PartitionNumel(numels[k], dp_);
+          sg.flat_numel += Zero3PartitionNumel(numels[k], dp_);
         }
         sub_groups_.push_back(std::move(sg));
       }
@@ -333,7 +313,7 @@ class Zero3Plan : public Plan {
     for (int i : sub_groups_[s].params) {
       const ParamState& p = info_.params[i];
       const int64_t numel = Numel(p.full_shape);
-      const int64_t part = PartitionNumel(numel, dp_);
+      const int64_t part = Zero3PartitionNumel(numel, dp_);
       const int64_t begin = static_cast<int64_t>(dp) * part;
       const int64_t len = std::max<int64_t>(0, std::min(part, numel - begin));
       if (len > 0) {

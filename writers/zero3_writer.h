@@ -13,7 +13,7 @@
 //   ROOT/latest                                         TAG, written last
 //
 // Sub-groups are cut from each param group at the target dp by
-// `sub_group_size` (readers/zero3_state.h, Zero3SubGroups); every
+// `sub_group_size` (deepspeed/layout_math.h, Zero3SubGroups); every
 // sub-group's `step` is a tensor of its own (DeepSpeed 0.18-0.19.5's
 // universal load shares one across sub-groups, and Adam then counts it once
 // per sub-group), and every group keeps its own hyper-parameters.

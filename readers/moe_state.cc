@@ -447,25 +447,19 @@ absl::StatusOr<std::unique_ptr<MoeState::OptimFile>> MoeState::ParseOptim(int dp
     out->fp32.push_back(std::move(fp32));
     const Value* st = states->DictGet(Value::Int(static_cast<int64_t>(g)));
     if (st == nullptr || !st->is(Kind::kDict)) return err(absl::StrCat("no optimizer state for group ", g));
-    std::vector<std::pair<std::string, torch::Tensor>> per_element;
-    std::vector<std::pair<std::string, ValuePtr>> scalars;
-    for (const auto& [k, v] : st->dict_items()) {
-      if (!k->is(Kind::kStr)) continue;
-      if (torch::TorchFile::IsTensor(*v)) {
-        UCP_ASSIGN_OR_RETURN(torch::Tensor t, out->file->GetTensor(*v));
-        if (t.dim() == 0) {
-          scalars.emplace_back(k->str(), v);
-          continue;
-        }
-        if (t.dim() != 1 || (t.numel() != p && t.numel() != lean)) {
-          return err(absl::StrCat("optimizer state '", k->str(), "' of group ", g, " has shape ", ShapeStr(t.sizes()),
-                                  ", expected [", p, "]"));
-        }
-        per_element.emplace_back(k->str(), std::move(t));
-      } else {
-        scalars.emplace_back(k->str(), v);
-      }
-    }
+    UCP_ASSIGN_OR_RETURN(
+        internal::GroupStates split,
+        internal::SplitGroupStates(
+            *out->file, *st, [&](const std::string& key, const torch::Tensor& t) -> absl::StatusOr<bool> {
+              if (t.dim() == 0) return false;
+              if (t.dim() != 1 || (t.numel() != p && t.numel() != lean)) {
+                return err(absl::StrCat("optimizer state '", key, "' of group ", g, " has shape ",
+                                        ShapeStr(t.sizes()), ", expected [", p, "]"));
+              }
+              return true;
+            }));
+    std::vector<std::pair<std::string, torch::Tensor>>& per_element = split.per_element;
+    std::vector<std::pair<std::string, ValuePtr>>& scalars = split.scalars;
     out->states.push_back(std::move(per_element));
     out->scalars.push_back(std::move(scalars));
     // param_slice_mappings: local names, fragments of the layout.

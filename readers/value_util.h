@@ -4,6 +4,7 @@
 #define UCP_READERS_VALUE_UTIL_H_
 
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <string>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "absl/strings/string_view.h"
 #include "format/pickle/value.h"
 #include "format/torch/tensor.h"
+#include "format/torch/torch_file.h"
 
 namespace ucp::readers::internal {
 
@@ -87,6 +89,39 @@ inline absl::Status CheckDense(const torch::Tensor& t, const std::string& path, 
                                                    t.storage()->numel(), " (overlapping strides)"));
   }
   return absl::OkStatus();
+}
+
+// One group's optimizer state dict ({"exp_avg": tensor, "step": ...}) split
+// the way every ZeRO layout stores it: per-element tensors (in file order)
+// and scalars (`step`, as a 0-dim tensor or a number; whatever is not a
+// tensor). Keys that are not strings are skipped. `classify(key, t)` decides
+// each tensor, with the layout's own checks: true for a per-element state,
+// false for a scalar, or an error.
+struct GroupStates {
+  std::vector<std::pair<std::string, torch::Tensor>> per_element;
+  std::vector<std::pair<std::string, pickle::ValuePtr>> scalars;
+};
+inline absl::StatusOr<GroupStates> SplitGroupStates(
+    const torch::TorchFile& file, const pickle::Value& states,
+    const std::function<absl::StatusOr<bool>(const std::string& key, const torch::Tensor& t)>& classify) {
+  GroupStates out;
+  for (const auto& [k, v] : states.dict_items()) {
+    if (!k->is(pickle::Kind::kStr)) continue;
+    if (!torch::TorchFile::IsTensor(*v)) {
+      out.scalars.emplace_back(k->str(), v);
+      continue;
+    }
+    absl::StatusOr<torch::Tensor> t = file.GetTensor(*v);
+    if (!t.ok()) return t.status();
+    absl::StatusOr<bool> per_element = classify(k->str(), *t);
+    if (!per_element.ok()) return per_element.status();
+    if (*per_element) {
+      out.per_element.emplace_back(k->str(), *std::move(t));
+    } else {
+      out.scalars.emplace_back(k->str(), v);
+    }
+  }
+  return out;
 }
 
 }  // namespace ucp::readers::internal

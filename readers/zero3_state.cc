@@ -441,26 +441,20 @@ absl::StatusOr<std::unique_ptr<Zero3State::OptimFile>> Zero3State::ParseOptim(in
     out->fp32.push_back(std::move(flat));
     const Value* st = state->DictGet(Value::Int(static_cast<int64_t>(s)));
     if (st == nullptr || !st->is(Kind::kDict)) return err(absl::StrCat("no optimizer state for sub-group ", s));
-    std::vector<std::pair<std::string, torch::Tensor>> per_element;
-    std::vector<std::pair<std::string, ValuePtr>> scalars;
-    for (const auto& [k, v] : st->dict_items()) {
-      if (!k->is(Kind::kStr)) continue;
-      if (torch::TorchFile::IsTensor(*v)) {
-        UCP_ASSIGN_OR_RETURN(torch::Tensor t, out->file->GetTensor(*v));
-        if (t.dim() == 0) {
-          scalars.emplace_back(k->str(), v);
-          continue;
-        }
-        UCP_RETURN_IF_ERROR(CheckDense(t, path, absl::StrCat("state[", s, "].", k->str())));
-        if (t.dim() != 1 || t.numel() != want) {
-          return err(absl::StrCat("optimizer state '", k->str(), "' of sub-group ", s, " has shape ",
-                                  ShapeStr(t.sizes()), ", expected [", want, "]"));
-        }
-        per_element.emplace_back(k->str(), std::move(t));
-      } else {
-        scalars.emplace_back(k->str(), v);
-      }
-    }
+    UCP_ASSIGN_OR_RETURN(
+        internal::GroupStates split,
+        internal::SplitGroupStates(
+            *out->file, *st, [&](const std::string& key, const torch::Tensor& t) -> absl::StatusOr<bool> {
+              if (t.dim() == 0) return false;
+              UCP_RETURN_IF_ERROR(CheckDense(t, path, absl::StrCat("state[", s, "].", key)));
+              if (t.dim() != 1 || t.numel() != want) {
+                return err(absl::StrCat("optimizer state '", key, "' of sub-group ", s, " has shape ",
+                                        ShapeStr(t.sizes()), ", expected [", want, "]"));
+              }
+              return true;
+            }));
+    std::vector<std::pair<std::string, torch::Tensor>>& per_element = split.per_element;
+    std::vector<std::pair<std::string, ValuePtr>>& scalars = split.scalars;
     if (!out->states.empty()) {
       std::vector<std::string> a, b;
       for (const auto& e : out->states[0]) a.push_back(e.first);

@@ -662,26 +662,22 @@ absl::StatusOr<std::unique_ptr<OptimFile>> ZeroCheckpoint::ParseOptim(int pp, in
     if (gs == nullptr || !gs->is(Kind::kDict)) {
       return err(absl::StrCat("base_optimizer_state has no state for group ", g));
     }
-    for (const auto& [k, v] : gs->dict_items()) {
-      if (!k->is(Kind::kStr)) continue;
-      if (torch::TorchFile::IsTensor(*v)) {
-        UCP_ASSIGN_OR_RETURN(torch::Tensor t, out->file->GetTensor(*v));
-        UCP_RETURN_IF_ERROR(CheckDense(t, path, absl::StrCat("optimizer state '", k->str(), "' of group ", g)));
-        // Scalars (Adam's `step`) are 0-dim tensors; a 1-element tensor is
-        // a per-element state when the partition (or its lean part) has 1.
-        if (t.dim() == 0 || (t.numel() == 1 && p != 1 && lean != 1)) {
-          group.scalars.emplace_back(k->str(), v);
-          continue;
-        }
-        if (t.dim() != 1 || (t.numel() != p && t.numel() != lean)) {
-          return err(absl::StrCat("optimizer state '", k->str(), "' of group ", g, " has shape ",
-                                  ShapeStr(t.sizes()), ", expected [", p, "] (the dp partition)"));
-        }
-        group.states.emplace_back(k->str(), std::move(t));
-      } else {
-        group.scalars.emplace_back(k->str(), v);
-      }
-    }
+    UCP_ASSIGN_OR_RETURN(
+        internal::GroupStates split,
+        internal::SplitGroupStates(
+            *out->file, *gs, [&](const std::string& key, const torch::Tensor& t) -> absl::StatusOr<bool> {
+              UCP_RETURN_IF_ERROR(CheckDense(t, path, absl::StrCat("optimizer state '", key, "' of group ", g)));
+              // Scalars (Adam's `step`) are 0-dim tensors; a 1-element tensor is
+              // a per-element state when the partition (or its lean part) has 1.
+              if (t.dim() == 0 || (t.numel() == 1 && p != 1 && lean != 1)) return false;
+              if (t.dim() != 1 || (t.numel() != p && t.numel() != lean)) {
+                return err(absl::StrCat("optimizer state '", key, "' of group ", g, " has shape ", ShapeStr(t.sizes()),
+                                        ", expected [", p, "] (the dp partition)"));
+              }
+              return true;
+            }));
+    group.states = std::move(split.per_element);
+    group.scalars = std::move(split.scalars);
     // param_slice_mappings must be what the partition math says.
     const Value& m = *(*mappings)[g];
     if (!m.is(Kind::kDict)) return err(absl::StrCat("param_slice_mappings[", g, "] is not a dict"));

@@ -129,6 +129,19 @@ absl::StatusOr<JobDescription> Describe(const OpenedSource& src, const readers::
   return d;
 }
 
+// A ZeRO-layout source once its rules are resolved: the state, and what the
+// resolver decided (the manifest records the rules and the preset).
+OpenedSource FromResolved(std::string kind, std::string dir, std::unique_ptr<rules::ResolvedState> state) {
+  OpenedSource out;
+  out.kind = std::move(kind);
+  out.dir = std::move(dir);
+  out.effective_rules = state->resolver().EffectiveRules();
+  out.preset = state->resolver().preset();
+  out.preset_detected = state->resolver().preset_detected();
+  out.state = std::move(state);
+  return out;
+}
+
 // Rank 0's work: open, resolve, and (`describe`) describe for the others.
 absl::StatusOr<std::pair<OpenedSource, JobDescription>> OpenAndDescribe(const std::string& path,
                                                                         const SourceOptions& options,
@@ -168,15 +181,11 @@ absl::StatusOr<std::pair<OpenedSource, JobDescription>> OpenAndDescribe(const st
   if (readers::IsMoeFolder(path)) {
     // Native mixture of experts: tp = pp = 1, experts under global ids.
     UCP_ASSIGN_OR_RETURN(std::unique_ptr<readers::MoeState> moe, readers::MoeState::Open(path));
-    out.dir = moe->dir();
+    const std::string dir = moe->dir();
     rules::ResolveOptions resolve = options.resolve();
     resolve.tp1_whole_tensors = true;
     UCP_ASSIGN_OR_RETURN(std::unique_ptr<rules::ResolvedState> state, rules::ResolveRules(std::move(moe), resolve));
-    out.kind = "moe";
-    out.effective_rules = state->resolver().EffectiveRules();
-    out.preset = state->resolver().preset();
-    out.preset_detected = state->resolver().preset_detected();
-    out.state = std::move(state);
+    out = FromResolved("moe", dir, std::move(state));
     JobDescription d;
     if (describe) {
       UCP_ASSIGN_OR_RETURN(d, Describe(out, nullptr, nullptr, nullptr, false));
@@ -186,15 +195,11 @@ absl::StatusOr<std::pair<OpenedSource, JobDescription>> OpenAndDescribe(const st
   if (readers::IsZero3Folder(path)) {
     // ZeRO stage 3: tp = pp = 1, nothing to merge.
     UCP_ASSIGN_OR_RETURN(std::unique_ptr<readers::Zero3State> z3, readers::Zero3State::Open(path));
-    out.dir = z3->dir();
+    const std::string dir = z3->dir();
     rules::ResolveOptions resolve = options.resolve();
     resolve.tp1_whole_tensors = true;
     UCP_ASSIGN_OR_RETURN(std::unique_ptr<rules::ResolvedState> state, rules::ResolveRules(std::move(z3), resolve));
-    out.kind = "zero3";
-    out.effective_rules = state->resolver().EffectiveRules();
-    out.preset = state->resolver().preset();
-    out.preset_detected = state->resolver().preset_detected();
-    out.state = std::move(state);
+    out = FromResolved("zero3", dir, std::move(state));
     JobDescription d;
     if (describe) {
       UCP_ASSIGN_OR_RETURN(d, Describe(out, nullptr, nullptr, nullptr, false));
@@ -207,12 +212,7 @@ absl::StatusOr<std::pair<OpenedSource, JobDescription>> OpenAndDescribe(const st
                        readers::ZeroSlicedState::Make(shared, options.read()));
   UCP_ASSIGN_OR_RETURN(std::unique_ptr<rules::ResolvedState> state,
                        rules::ResolveRules(std::move(sliced), options.resolve()));
-  out.kind = "zero";
-  out.dir = shared->dir();
-  out.effective_rules = state->resolver().EffectiveRules();
-  out.preset = state->resolver().preset();
-  out.preset_detected = state->resolver().preset_detected();
-  out.state = std::move(state);
+  out = FromResolved("zero", shared->dir(), std::move(state));
   JobDescription d;
   if (describe) {
     UCP_ASSIGN_OR_RETURN(d, Describe(out, shared.get(), nullptr, nullptr, false));

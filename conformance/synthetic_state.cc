@@ -50,7 +50,8 @@ absl::StatusOr<TensorRole> ParseRole(const std::string& role) {
   if (role.empty() || role == "trainable") return TensorRole::kTrainable;
   if (role == "frozen") return TensorRole::kFrozen;
   if (role == "buffer") return TensorRole::kBuffer;
-  return absl::InvalidArgumentError(absl::StrCat("unknown role '", role, "' (trainable, frozen, buffer)"));
+  if (role == "tied") return TensorRole::kTied;
+  return absl::InvalidArgumentError(absl::StrCat("unknown role '", role, "' (trainable, frozen, buffer, tied)"));
 }
 
 // Element values of one state of one param. Every state gets its own stream;

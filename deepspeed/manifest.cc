@@ -9,6 +9,7 @@ namespace {
 
 TensorRole RoleFromName(const std::string& role, bool frozen) {
   if (role == "buffer") return TensorRole::kBuffer;
+  if (role == "tied") return TensorRole::kTied;
   if (role == "trainable") return TensorRole::kTrainable;
   if (role.empty() && !frozen) return TensorRole::kTrainable;
   return TensorRole::kFrozen;

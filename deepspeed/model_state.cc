@@ -23,6 +23,7 @@ const char* TensorRoleName(TensorRole role) {
     case TensorRole::kTrainable: return "trainable";
     case TensorRole::kFrozen: return "frozen";
     case TensorRole::kBuffer: return "buffer";
+    case TensorRole::kTied: return "tied";
   }
   return "?";
 }

@@ -47,7 +47,11 @@ enum class OptimizerKind {
 const char* OptimizerKindName(OptimizerKind kind);
 
 // The role of a tensor in the module state (layer files or mp_rank `module`).
-enum class TensorRole { kTrainable, kFrozen, kBuffer };
+// kTied: a module tensor that is another name of a trainable param (a tied
+// weight of a plain module, listed in shared_params of global rank 0's
+// file): in the module dict under both names, in the optimizer once, neither
+// frozen nor a buffer.
+enum class TensorRole { kTrainable, kFrozen, kBuffer, kTied };
 const char* TensorRoleName(TensorRole role);
 
 // The state name of the module (lp) weight of a tensor.

@@ -459,6 +459,19 @@ std::vector<InteropCase> Matrix() {
        "zero",
        "bfloat16",
        64},
+      // pp=1 with weight tying (sequential.10.word_embeddings.weight an
+      // alias of sequential.0's, in shared_params of global rank 0's file
+      // only), tp 2 -> 1 and back.
+      {"savanna_plain_tied_tp2_dp2_no_flags",
+       "savanna_plain_tied.json",
+       {},
+       {2, 1, 2},
+       {1, 1, 1},
+       false,
+       1,
+       "zero",
+       "float32",
+       64},
   };
 }
 
@@ -521,9 +534,8 @@ INSTANTIATE_TEST_SUITE_P(
 // output layer is the embedding module again, so the module state dict holds
 // sequential.10.word_embeddings.weight as an alias of sequential.0's), tp=2,
 // converted with no rule flags: every trainable param is the writer's, the
-// alias is kept as a module tensor. (Convert only: resharding tied aliases of
-// a plain module at tp > 1 writes shared_params in every mp_rank file, where
-// DeepSpeed writes them on global rank 0 only; see /work/notes/issue-14.md.)
+// alias is kept as a module tensor. (Reshard and inspect of the same model:
+// the matrix case savanna_plain_tied_tp2_dp2_no_flags.)
 TEST(DsInteropSavannaTest, TiedSequentialModelConvertsWithNoRuleFlags) {
   InteropCase c;
   c.name = "savanna_plain_tied_tp2_dp2";

@@ -131,7 +131,8 @@ class Builder {
   DType SourceDType(const ParamState& p) const {
     switch (p.role) {
       case TensorRole::kTrainable: return lp_ ? info_.lp_dtype : DType::kFloat32;
-      case TensorRole::kFrozen: return p.lp_dtype;
+      case TensorRole::kFrozen:
+      case TensorRole::kTied: return p.lp_dtype;
       case TensorRole::kBuffer: return lp_ ? p.lp_dtype : DType::kFloat32;
     }
     return DType::kFloat32;

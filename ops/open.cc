@@ -84,6 +84,7 @@ absl::StatusOr<readers::ModuleEntry> DecodeModuleEntry(const JobDescription::Mod
   e.layer = m.layer();
   e.role = m.role() == "trainable" ? deepspeed::TensorRole::kTrainable
            : m.role() == "buffer"  ? deepspeed::TensorRole::kBuffer
+           : m.role() == "tied"    ? deepspeed::TensorRole::kTied
                                    : deepspeed::TensorRole::kFrozen;
   e.tied_key = m.tied_key();
   UCP_ASSIGN_OR_RETURN(e.dtype, torch::ParseDType(m.dtype()));

@@ -452,9 +452,19 @@ absl::Status ZeroCheckpoint::LoadModuleLayout() {
   for (const auto& p : ms_->params()) {
     if (!p.tied_key.empty()) tied_keys.insert(p.tied_key);
   }
+  // Tied aliases of trainable params: engine._get_shared_params (global rank
+  // 0's file only) maps each alias to the param that holds the data.
+  std::set<std::string> aliases;
+  if (const pickle::Value* sp = ms_->file(0, 0).root()->DictGet("shared_params");
+      sp != nullptr && sp->is(pickle::Kind::kDict)) {
+    for (const auto& [k, v] : sp->dict_items()) {
+      if (k->is(pickle::Kind::kStr) && v->is(pickle::Kind::kStr) && ms_->FindParam(v->str())) aliases.insert(k->str());
+    }
+  }
   auto role_of = [&](const std::string& name) {
     if (ms_->FindParam(name)) return deepspeed::TensorRole::kTrainable;
     if (buffer_names.count(name)) return deepspeed::TensorRole::kBuffer;
+    if (aliases.count(name)) return deepspeed::TensorRole::kTied;
     return deepspeed::TensorRole::kFrozen;
   };
   auto add_entry = [&](ModuleEntry e, const std::vector<torch::Tensor>& per_tp) {

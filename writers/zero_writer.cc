@@ -337,6 +337,11 @@ class Writer {
         } else {
           out->DictSet(k, Value::None());
         }
+      } else if (key == "shared_params" && layout_.topo.mp_rank(stage, rank) != 0) {
+        // engine._get_shared_params records tied aliases on global rank 0
+        // only: every other mp_rank file holds an empty dict, whatever file
+        // of the source this one was derived from.
+        out->DictSet(k, Value::MakeDict());
       } else if (key == "dp_world_size") {
         out->DictSet(k, Value::Int(layout_.topo.dp));
       } else if (key == "checkpoint_parallel_dimensions" && v->is(Kind::kDict)) {

@@ -633,7 +633,10 @@ class Checkpoint:
         for t, layer, files in entries:
             if t.trainable:
                 continue
-            shape = slice_shape(t, self.tp, self.model.divisible_by)
+            # A tied alias has the shape and split of the tensor it names
+            # (the same nn.Parameter); it is neither frozen nor a buffer.
+            spec = next(x for x in self.all_tensors if x.name == t.tie) if t.tie else t
+            shape = slice_shape(spec, self.tp, self.model.divisible_by)
             frags = " ".join(f'fragment {{ file: "{f}" tp_rank: {r} numel: {_numel(shape)} }}'
                              for r, f in enumerate(files))
             out.append(f'param {{ name: "{t.name}" ' + " ".join(f"shape: {x}" for x in shape)

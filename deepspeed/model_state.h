@@ -74,6 +74,7 @@ struct ParamState {
   int layer = -1;                   // pipeline layer index (first one for tied params)
   std::string local_name;           // key in the layer file
   std::string tied_key;             // tied module key, "" if not tied
+  std::string alias_of;             // kTied: the trainable param this name aliases
   std::vector<int> tied_layers;     // all layer indices holding a tied param
   // SlicedState only: the tensor's shape on each source tp rank, and the
   // pipeline stages holding it (several for params tied across stages).

@@ -230,7 +230,7 @@ TEST_P(DsInteropTest, ConvertGivesTheExpectedUniversalCheckpoint) {
     ASSERT_TRUE(have.ok() && want.ok()) << name;
     EXPECT_TRUE(have->BitwiseEqual(*want)) << name << "/step.pt";
   }
-  EXPECT_GT(trainable.size(), 10u);
+  EXPECT_GT(trainable.size(), 5u);  // the smallest model of the matrix has 6
   // zero/ holds exactly the trainable params and optimizer_state.pt.
   auto entries = ListDirectory(JoinPath(out, "zero"));
   ASSERT_TRUE(entries.ok());
@@ -459,6 +459,10 @@ std::vector<InteropCase> Matrix() {
        "zero",
        "bfloat16",
        64},
+      // ZeRO-2 bf16 plain module with lm_head.weight tied to embed.weight:
+      // the alias is neither in frozen_param_shapes nor in the optimizer,
+      // and shared_params stays in global rank 0's file at tp=2.
+      {"zero2_bf16_plain_tied_tp1_dp4", "plain_tied_zero2.json", {}, {1, 1, 4}, {2, 1, 2}, true, 2, "zero", "bfloat16"},
       // pp=1 with weight tying (sequential.10.word_embeddings.weight an
       // alias of sequential.0's, in shared_params of global rank 0's file
       // only), tp 2 -> 1 and back.

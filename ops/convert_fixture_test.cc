@@ -9,6 +9,7 @@
 #include "base/fs.h"
 #include "ops/convert.h"
 #include "ops/open.h"
+#include "ops/reshard.h"
 #include "readers/compare.h"
 #include "readers/universal_checkpoint.h"
 #include "format/torch/torch_file.h"
@@ -72,6 +73,56 @@ TEST(ConvertFixtureTest, Bf16Tp2Dp2MatchesExpected) {
 
 TEST(ConvertFixtureTest, Zero2NoPipelineMatchesExpected) {
   ConvertAndCompare("gpt-zero2-nopipe-tp2-dp2", "global_step4_universal_expected");
+}
+
+// A plain module at tp=2: by default the folder keeps both mp_rank files and
+// convert says DeepSpeed loads it only at tp >= 2; --single_mp_rank_file
+// writes one tp=1-style file (what DeepSpeed's loader takes at any tp) and
+// the same zero/ folder, and resharding that back to tp=2 dp=2 gives
+// DeepSpeed's own files but for tp rank 1's rng state, which it cannot keep.
+TEST(ConvertFixtureTest, SingleMpRankFileForAPlainModule) {
+  const std::string in = FixturePath("gpt-zero2-nopipe-tp2-dp2/global_step4");
+  const std::string root = FreshTempDir("convert_single_mp_rank_file");
+  auto plain = Convert(Options(in, JoinPath(root, "default/global_step4_universal")));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_THAT(absl::StrJoin(plain->warnings, "\n"), ::testing::HasSubstr("--single_mp_rank_file"));
+
+  const std::string out = JoinPath(root, "single/global_step4_universal");
+  ConvertOptions o = Options(in, out);
+  o.write.single_mp_rank_file = true;
+  auto single = Convert(o);
+  ASSERT_TRUE(single.ok()) << single.status();
+  EXPECT_THAT(absl::StrJoin(single->warnings, "\n"), ::testing::Not(::testing::HasSubstr("--single_mp_rank_file")));
+  EXPECT_FALSE(PathExists(JoinPath(out, "mp_rank_01_model_states.pt")));
+  auto diffs = readers::CompareFolders(out, FixturePath("gpt-zero2-nopipe-tp2-dp2/global_step4_universal_expected"),
+                                       {"ucp_manifest.textproto", "mp_rank_00_model_states.pt",
+                                        "mp_rank_01_model_states.pt"});
+  ASSERT_TRUE(diffs.ok()) << diffs.status();
+  EXPECT_THAT(*diffs, IsEmpty()) << absl::StrJoin(*diffs, "\n");
+  auto f = torch::TorchFile::Open(JoinPath(out, "mp_rank_00_model_states.pt"));
+  ASSERT_TRUE(f.ok()) << f.status();
+  const pickle::Value* root_value = (*f)->root().get();
+  ASSERT_NE(root_value->DictGet("mp_world_size"), nullptr);
+  EXPECT_EQ(root_value->DictGet("mp_world_size")->int_value(), 1);
+  const pickle::Value* module = root_value->DictGet("module");
+  ASSERT_NE(module, nullptr);
+  EXPECT_EQ(module->dict_items().size(), 0u);
+  ASSERT_NE(module->dict_state(), nullptr);  // the state dict's _metadata
+  EXPECT_NE(module->dict_state()->DictGet("_metadata"), nullptr);
+
+  ReshardOptions back;
+  back.input_folder = out;
+  back.output_folder = JoinPath(root, "back/global_step4");
+  back.write.target = {2, 1, 2};
+  back.write.num_threads = 2;
+  auto r = Reshard(back);
+  ASSERT_TRUE(r.ok()) << r.status();
+  auto back_diffs = readers::CompareFolders(back.output_folder, in, {});
+  ASSERT_TRUE(back_diffs.ok()) << back_diffs.status();
+  ASSERT_FALSE(back_diffs->empty());  // rank 1's rng state is rank 0's now
+  for (const std::string& d : *back_diffs) {
+    EXPECT_TRUE(absl::StartsWith(d, "mp_rank_01_model_states.pt: random_rng_state")) << d;
+  }
 }
 
 // With no preset, the suggested rules (`ucp rules --suggest`) settle every

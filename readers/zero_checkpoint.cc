@@ -454,11 +454,11 @@ absl::Status ZeroCheckpoint::LoadModuleLayout() {
   }
   // Tied aliases of trainable params: engine._get_shared_params (global rank
   // 0's file only) maps each alias to the param that holds the data.
-  std::set<std::string> aliases;
+  std::map<std::string, std::string> aliases;
   if (const pickle::Value* sp = ms_->file(0, 0).root()->DictGet("shared_params");
       sp != nullptr && sp->is(pickle::Kind::kDict)) {
     for (const auto& [k, v] : sp->dict_items()) {
-      if (k->is(pickle::Kind::kStr) && v->is(pickle::Kind::kStr) && ms_->FindParam(v->str())) aliases.insert(k->str());
+      if (k->is(pickle::Kind::kStr) && v->is(pickle::Kind::kStr) && ms_->FindParam(v->str())) aliases[k->str()] = v->str();
     }
   }
   auto role_of = [&](const std::string& name) {
@@ -510,6 +510,7 @@ absl::Status ZeroCheckpoint::LoadModuleLayout() {
           }
         }
         e.role = role_of(e.name);
+        if (e.role == deepspeed::TensorRole::kTied) e.alias_of = aliases.at(e.name);
         std::vector<torch::Tensor> per_tp;
         for (int t = 0; t < topo_.tp; ++t) {
           const Value* tv = files[t]->root()->is(Kind::kDict) ? files[t]->root()->DictGet(e.local_name) : nullptr;
@@ -539,6 +540,7 @@ absl::Status ZeroCheckpoint::LoadModuleLayout() {
       e.name = k->str();
       e.local_name = e.name;
       e.role = role_of(e.name);
+      if (e.role == deepspeed::TensorRole::kTied) e.alias_of = aliases.at(e.name);
       std::vector<torch::Tensor> per_tp;
       for (int t = 0; t < topo_.tp; ++t) {
         const Value* tv = ms_->file(0, t).root()->DictGet("module")->DictGet(e.name);

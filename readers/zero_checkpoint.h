@@ -52,6 +52,7 @@ struct ModuleEntry {
   int layer = -1;          // layer file index, -1 without pipeline
   deepspeed::TensorRole role = deepspeed::TensorRole::kTrainable;
   std::string tied_key;
+  std::string alias_of;    // kTied: the trainable param it is another name of
   torch::DType dtype = torch::DType::kFloat32;
   std::vector<std::vector<int64_t>> tp_shapes;  // per tp rank
 };

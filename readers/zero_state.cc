@@ -104,6 +104,7 @@ absl::Status ZeroSlicedState::Build(const ZeroReadOptions& options) {
     p.layer = e.layer;
     p.local_name = e.local_name;
     p.tied_key = e.tied_key;
+    p.alias_of = e.alias_of;
     p.tp_shapes = e.tp_shapes;
     p.stages = {0};
     for (int idx : entries_by_name[e.name]) p.tied_layers.push_back(c.module_entries()[idx].layer);

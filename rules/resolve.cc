@@ -198,6 +198,8 @@ absl::Status ResolvedState::Resolve(const ResolveOptions& options) {
   std::vector<bool> is_ambiguous(info_.params.size(), false);
   for (size_t i = 0; i < info_.params.size(); ++i) {
     ParamState& p = info_.params[i];
+    // A tied alias takes its owner's rule (below).
+    if (p.role == deepspeed::TensorRole::kTied && info_.IndexOf(p.alias_of) >= 0) continue;
     RuleDecision d = decisions[i];
     const Evidence& ev = evidence[i];
     if (!ev.stages_equal) {
@@ -240,6 +242,21 @@ absl::Status ResolvedState::Resolve(const ResolveOptions& options) {
     p.rule.set_pattern(d.rule->pattern());
     p.source = d.source;
     p.origin = d.origin;
+  }
+  // A tied alias (another name of a trainable param) is the same tensor:
+  // its owner's rule, whatever its own name would match.
+  for (ParamState& p : info_.params) {
+    if (p.role != deepspeed::TensorRole::kTied || p.alias_of.empty()) continue;
+    const int owner = info_.IndexOf(p.alias_of);
+    if (owner < 0 || is_ambiguous[static_cast<size_t>(owner)]) continue;
+    const ParamState& o = info_.params[static_cast<size_t>(owner)];
+    if (o.tp_shapes != p.tp_shapes) {
+      return absl::FailedPreconditionError(absl::StrCat(src.dir(), ": '", p.name, "' is listed in shared_params as '",
+                                                        o.name, "' but their tp slices differ in shape"));
+    }
+    p.rule = o.rule;
+    p.source = o.source;
+    p.origin = absl::StrCat("tied to '", o.name, "' (shared_params): ", o.origin);
   }
   if (!tied_mismatch.empty()) {
     return absl::FailedPreconditionError(

@@ -115,6 +115,11 @@ void ConvertFlags::Register(FlagSet& f) {
   f.String("digest", &digest_,
            "the digest of every file in the manifest: xxh3 (XXH3-128: catches corruption, not tampering; fast) or "
            "sha256");
+  f.Bool("single_mp_rank_file", &o.write.single_mp_rank_file,
+         "for a plain (non-pipeline) module saved at tp > 1: write one mp_rank_00_model_states.pt (tp rank 0's, "
+         "mp_world_size 1, no module tensors) instead of every tp rank's, so that DeepSpeed can universal-load the "
+         "folder at a smaller tp too (its loader merges several mp_rank files only for Megatron's key names); "
+         "the other tp ranks' client state (rng states) is not kept");
   f.Int32("dry_run", &o.dry_run_ranks,
           "write nothing; print the plan split over this many ranks (under mpirun: the job's ranks): units, bytes "
           "and input files per rank");

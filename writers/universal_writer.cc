@@ -111,7 +111,22 @@ class UniversalPlan : public Plan {
         units_.push_back(std::move(u));
       }
     }
-    for (int pp = 0; pp < src.pp && !zero3(); ++pp) {
+    // A plain (non-pipeline) module saved at tp > 1, on request: one
+    // mp_rank_00 file for a job of any tp (kOneModelStates; see
+    // UniversalWriteOptions::single_mp_rank_file).
+    const bool single = options_.single_mp_rank_file && !zero3() && !info_.pipeline && src.pp == 1 && src.tp > 1;
+    if (single) {
+      Unit u;
+      u.outputs.push_back(deepspeed::MpRankFileName(0));
+      u.name = absl::StrCat("model states ", u.outputs[0], " (for any tp)");
+      const std::string from = state_.ModelStatesPath(0, 0);
+      if (!from.empty()) u.inputs.push_back({from, "", 0, -1});
+      u.bytes = 4096;
+      kinds_.push_back(kOneModelStates);
+      index_.push_back(0);
+      units_.push_back(std::move(u));
+    }
+    for (int pp = 0; pp < src.pp && !zero3() && !single; ++pp) {
       for (int t = 0; t < src.tp; ++t) {
         Unit u;
         u.outputs.push_back(deepspeed::MpRankFileName(src.mp_rank(pp, t)));
@@ -170,6 +185,40 @@ class UniversalPlan : public Plan {
         UCP_ASSIGN_OR_RETURN(ValuePtr v, deepspeed::CopyTreeForWrite(root, w));
         return WriteFiles(staging, {rel}, {&w}, {v.get()}, result);
       }
+      case kOneModelStates: {
+        // tp rank 0's file as a tp=1 job's: mp_world_size 1 (checked
+        // against the number of files), tp_degree 1 (0.19.5+), and no module
+        // tensors: a universal load takes the weights from zero/ (and never
+        // loads `module`), ucp from zero/ and ucp_module/; tp slices here
+        // would be split again by Megatron's key names for a larger tp.
+        deepspeed::FileValue root = state_.ModelStatesRoot(0, 0);
+        if (!root.value || !root.value->is(pickle::Kind::kDict)) {
+          return absl::FailedPreconditionError("no model states for tp rank 0");
+        }
+        torch::TorchWriter w(HashedWrites(options_.digest));
+        ValuePtr out = Value::MakeDict();
+        for (const auto& [k, v] : root.value->dict_items()) {
+          const std::string key = k->is(pickle::Kind::kStr) ? k->str() : "";
+          if (key == "module" && v->is(pickle::Kind::kDict)) {
+            // No tensors; the state dict's attributes (`_metadata`) stay.
+            ValuePtr empty = Value::MakeDict(/*ordered_dict=*/true);
+            if (const ValuePtr& state = v->dict_state()) {
+              UCP_ASSIGN_OR_RETURN(ValuePtr s, deepspeed::CopyTreeForWrite(deepspeed::FileValue{state, root.file}, w));
+              empty->set_dict_state(s);
+            }
+            out->DictSet(k, empty);
+          } else if (key == "mp_world_size") {
+            out->DictSet(k, Value::Int(1));
+          } else {
+            UCP_ASSIGN_OR_RETURN(ValuePtr c, deepspeed::CopyTreeForWrite(deepspeed::FileValue{v, root.file}, w));
+            if (key == "checkpoint_parallel_dimensions" && c->is(pickle::Kind::kDict) && c->DictGet("tp_degree")) {
+              c->DictSet(Value::Str("tp_degree"), Value::Int(1));
+            }
+            out->DictSet(k, c);
+          }
+        }
+        return WriteFiles(staging, units_[i].outputs, {&w}, {out.get()}, result);
+      }
       case kVerify:
         return ExecuteVerifyUnit(state_, units_[i]);
     }
@@ -201,7 +250,7 @@ class UniversalPlan : public Plan {
   const deepspeed::CheckpointState* source() const override { return &state_; }
 
  private:
-  enum Kind { kParam, kOptimizerState, kModelStates, kVerify };
+  enum Kind { kParam, kOptimizerState, kModelStates, kOneModelStates, kVerify };
 
   // A ZeRO stage 3 source: DeepSpeed's stage-3 universal layout.
   bool zero3() const { return info_.zero_stage == 3; }

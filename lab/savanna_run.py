@@ -131,7 +131,7 @@ def train_step(step):
         engine.module.loss_fn = orig
 
 
-def master_from_flat_partition(p):
+def master_from_flat_partition(p, key=None):
     """The fp32 master of p read from the ZeRO optimizer's flat fp32 partition (the tensor
     the optimizer steps), through p's fragment addresses, gathered over dp like
     get_full_hp_param. DeepSpeed 0.14.4's universal load leaves p._hp_mapping.hp_fragment
@@ -141,6 +141,8 @@ def master_from_flat_partition(p):
     m = p._hp_mapping
     if m is not None:
         flat = engine.optimizer.single_partition_of_fp32_groups[m.param_group_index]
+        if key is not None:
+            flat = engine.optimizer.optimizer.state[flat][key]
         buf.narrow(0, m.lp_fragment_address.start, m.lp_fragment_address.numel).copy_(
             flat.narrow(0, m.hp_fragment_address.start, m.hp_fragment_address.numel))
     dist.all_reduce(buf, group=p._dp_group)
@@ -149,11 +151,19 @@ def master_from_flat_partition(p):
 
 def dump(path):
     out = {"params": {}, "buffers": {}, "meta": {}}
+    meta_extra = out["meta"]
     for name, p in engine.module.named_parameters():
         e = {"lp": p.detach().clone()}
         e["fp32"] = safe_get_full_fp32_param(p)
-        e["exp_avg"] = safe_get_full_optimizer_state(p, "exp_avg")
-        e["exp_avg_sq"] = safe_get_full_optimizer_state(p, "exp_avg_sq")
+        for key in ("exp_avg", "exp_avg_sq"):
+            if p._hp_mapping is not None and p._hp_mapping.optim_fragment is None:
+                # right after a PLAIN load (before any step) DeepSpeed 0.14.4 has not linked the
+                # optimizer-state fragments yet and safe_get_full_optimizer_state raises
+                # TypeError; read the flat state instead (used only by the reshard experiment).
+                e[key] = master_from_flat_partition(p, key)
+                out["meta"]["optim_state_from_flat"] = True
+            else:
+                e[key] = safe_get_full_optimizer_state(p, key)
         e["fp32_master"] = master_from_flat_partition(p)
         out["params"][name] = e
     for name, b in engine.module.named_buffers():
@@ -164,7 +174,7 @@ def dump(path):
         for p in g["params"]:
             s = inner.state[p].get("step")
             steps.append(s.item() if torch.is_tensor(s) else s)
-    out["meta"] = dict(steps=steps, global_steps=engine.global_steps, tp=a.tp, pp=a.pp, dp=mpu.dp,
+    out["meta"] = dict(meta_extra, steps=steps, global_steps=engine.global_steps, tp=a.tp, pp=a.pp, dp=mpu.dp,
                        tp_rank=mpu.tp_rank, pp_rank=mpu.pp_rank)
     if mpu.dp_rank == 0:
         torch.save(out, os.path.join(path, f"pp{mpu.pp_rank}_tp{mpu.tp_rank}.pt"))

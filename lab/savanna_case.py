@@ -47,6 +47,9 @@ def main():
     ap.add_argument("--tol", default="1e-5")
     ap.add_argument("--expect_fail", action="store_true")
     ap.add_argument("--ucp", default=os.path.join(REPO, "bazel-bin/tools/ucp"))
+    ap.add_argument("--via_reshard", action="store_true",
+                    help="ucp reshard the universal folder to T and load that plain checkpoint (for what "
+                         "DeepSpeed 0.14.4's universal loader cannot load)")
     ap.add_argument("--reuse_source", help="copy ckpt/, dumpS/, lossS* from this case dir instead of training")
     a = ap.parse_args()
     c = a.case
@@ -70,8 +73,17 @@ def main():
     run(f"{a.ucp} convert --input_folder={c}/ckpt/global_step{steps} "
         f"--output_folder={c}/ckpt/global_step{steps}_universal {a.convert_args}", f"{c}/convert.log")
     os.system(f"grep -E '^(preset|kind|column|row|replicated|vocab|total|wrote)' {c}/convert.log | sed 's/^/    /'")
-    run(f"{ds} {nt} {run_py} --mode load {dst} {a.model} --load_dir {c}/ckpt --tag global_step{steps}_universal "
-        f"--save_dir {c}/plainT --dump {c}/dumpT --losses {c}/lossU", f"{c}/load.log")
+    if a.via_reshard:
+        toks = shlex.split(a.dst)
+        topo = {k: toks[toks.index(f"--{k}") + 1] if f"--{k}" in toks else "1" for k in ("tp", "pp", "dp")}
+        run(f"{a.ucp} reshard --input_folder={c}/ckpt/global_step{steps}_universal "
+            f"--output_folder={c}/reshardT/global_step{steps} --tp={topo['tp']} --pp={topo['pp']} --dp={topo['dp']}",
+            f"{c}/reshard.log")
+        run(f"{ds} {nt} {run_py} --mode load --plain_load {dst} {a.model} --load_dir {c}/reshardT "
+            f"--tag global_step{steps} --save_dir {c}/plainT --dump {c}/dumpT --losses {c}/lossU", f"{c}/load.log")
+    else:
+        run(f"{ds} {nt} {run_py} --mode load {dst} {a.model} --load_dir {c}/ckpt --tag global_step{steps}_universal "
+            f"--save_dir {c}/plainT --dump {c}/dumpT --losses {c}/lossU", f"{c}/load.log")
     run(f"{ds} {nt} {run_py} --mode resume {dst} {a.model} --load_dir {c}/plainT --tag global_step{steps} "
         f"--losses {c}/lossP", f"{c}/resume.log")
     chk = (f"chroot /work/lab/trixie python3 {LAB}/savanna_check.py --case {c} --tol {a.tol}"

@@ -49,6 +49,8 @@ ap.add_argument("--load_dir")
 ap.add_argument("--tag")
 ap.add_argument("--dump")
 ap.add_argument("--losses")
+ap.add_argument("--plain_load", action="store_true",
+                help="--mode load of a plain checkpoint (one ucp reshard wrote) instead of a universal one")
 ap.add_argument("--local_rank", type=int, default=0)
 a = ap.parse_args()
 
@@ -79,7 +81,7 @@ ds_config = {
     "gradient_clipping": 1.0,
     "zero_allow_untested_optimizer": True,
     "steps_per_print": 10**9,
-    "checkpoint": {"load_universal": a.mode == "load"},
+    "checkpoint": {"load_universal": a.mode == "load" and not a.plain_load},
 }
 
 if a.plain:

@@ -50,6 +50,11 @@
 
 namespace ucp::conformance {
 
+// The num_attention_heads a spec's args record: spec.num_attention_heads(),
+// else the gcd of the sizes of its tp-partitioned dims (each sub-param's for
+// fused ones; vocab rows are padded, so not counted), else 64.
+int64_t SpecAttentionHeads(const ModelSpec& spec);
+
 // Checks that a spec describes a model the writer can save at tp=1: shapes
 // agree with rules, groups are dense, layers and tied params are consistent.
 absl::Status ValidateModelSpec(const ModelSpec& spec);
@@ -62,10 +67,32 @@ absl::StatusOr<deepspeed::OptimizerKind> ParseOptimizerLayout(const std::string&
 absl::StatusOr<deepspeed::ModelInfo> ModelInfoFromSpec(const ModelSpec& spec, int zero_stage,
                                                        deepspeed::OptimizerKind kind);
 
+// The DeepSpeed release (and the job's environment) a synthetic source is
+// saved as. What differs between 0.12 and 0.19.5 in a ZeRO 1/2 checkpoint
+// (DeepSpeed's source at each tag):
+//   - ds_version in every file;
+//   - group_paddings: the last rank's only up to 0.16.3, every rank its own
+//     from 0.16.4 (BF16_Optimizer: the last rank's in every version). The
+//     synthetic source is dp=1, where both agree; the writer applies the
+//     convention at the target dp;
+//   - checkpoint_parallel_dimensions {'pp_degree', 'tp_degree'} after
+//     mp_world_size (engine.py:_checkpoint_parallel_metadata, 0.19.5 only);
+//   - torch 2's optimizer param_groups keys (differentiable, fused), as the
+//     torch 2.x that 0.15 and later run with adds them.
+// And of the environment, any version: numpy 2 pickles the RNG state's
+// ndarray from numpy._core (`numpy2`); the zero_stage enum is pickled as
+// ZeroStageEnum(n) or getattr(ZeroStageEnum, name) by the Python version (by
+// the seed's parity, as before).
+struct SyntheticVersion {
+  std::string ds_version = "0.14.4";
+  bool numpy2 = false;
+};
+
 class SyntheticModelState : public deepspeed::ModelState {
  public:
   static absl::StatusOr<std::unique_ptr<SyntheticModelState>> Make(const ModelSpec& spec, uint64_t seed,
-                                                                   int zero_stage, deepspeed::OptimizerKind kind);
+                                                                   int zero_stage, deepspeed::OptimizerKind kind,
+                                                                   const SyntheticVersion& version = {});
   // The same from a case (its model, seed, zero stage and optimizer layout).
   static absl::StatusOr<std::unique_ptr<SyntheticModelState>> FromCase(const GoldenCase& c);
 
@@ -91,6 +118,7 @@ class SyntheticModelState : public deepspeed::ModelState {
 
   ModelSpec spec_;
   uint64_t seed_ = 0;
+  SyntheticVersion version_;
   deepspeed::ModelInfo info_;
   // name -> state -> tensor
   std::map<std::string, std::map<std::string, torch::Tensor>> tensors_;

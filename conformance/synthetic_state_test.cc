@@ -13,11 +13,13 @@
 #include "absl/strings/str_join.h"
 #include "base/fs.h"
 #include "conformance/neox_model.h"
+#include "conformance/spec_rules.h"
 #include "readers/compare.h"
 #include "format/pickle/accessors.h"
 #include "format/torch/torch_file.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "ops/reshard.h"
 #include "testing/fixtures.h"
 
 namespace ucp::conformance {
@@ -27,6 +29,7 @@ using ::testing::IsEmpty;
 using pickle::Kind;
 using pickle::Value;
 using ucp::testing::FixturePath;
+using ucp::testing::VersionFixturePath;
 using ucp::testing::FreshTempDir;
 
 // Top-level keys whose values depend on the job, not on the layout.
@@ -171,6 +174,43 @@ TEST_P(FixtureLayoutTest, SaveLaysOutFilesAsDeepSpeedDid) {
   EXPECT_THAT(LayoutDiffs(out2, FixturePath(fixture + "/global_step4")), Not(IsEmpty()));
 }
 
+// The same model saved as DeepSpeed 0.16.4 and 0.19.5 (numpy 2, torch 2.6 as
+// the fixtures' jobs ran) against those versions' files: checkpoint_parallel_dimensions
+// in 0.19.5 only, torch 2's param_groups keys, ds_version.
+class VersionFixtureLayoutTest
+    : public ::testing::TestWithParam<std::tuple<std::string, std::string, deepspeed::Topology, bool>> {};
+
+TEST_P(VersionFixtureLayoutTest, SaveLaysOutFilesAsThatVersionDid) {
+  const auto& [version, fixture, topology, bf16] = GetParam();
+  NeoxShape shape;
+  shape.layers = 4;  // these fixtures' model
+  shape.lp_dtype = bf16 ? "bf16" : "fp32";
+  SyntheticVersion v;
+  v.ds_version = version;
+  v.numpy2 = true;
+  auto m = SyntheticModelState::Make(NeoxSpec(shape), 4, 1,
+                                     bf16 ? deepspeed::OptimizerKind::kBf16 : deepspeed::OptimizerKind::kZero, v);
+  ASSERT_TRUE(m.ok()) << m.status();
+  const std::string out = JoinPath(FreshTempDir(absl::StrCat("layout_", version, fixture)), "global_step4");
+  ASSERT_TRUE(SaveZero(**m, out, topology, 2).ok());
+  const std::string theirs = VersionFixturePath(version, fixture + "/global_step4");
+  std::vector<std::string> diffs = LayoutDiffs(out, theirs);
+  EXPECT_THAT(diffs, IsEmpty()) << absl::StrJoin(diffs, "\n");
+  // The same model saved as 0.14.4 is not that layout.
+  auto old = SyntheticModelState::Make(NeoxSpec(shape), 4, 1, (*m)->info().optimizer_kind);
+  ASSERT_TRUE(old.ok());
+  const std::string out_old = JoinPath(FreshTempDir(absl::StrCat("layout_old_", version, fixture)), "global_step4");
+  ASSERT_TRUE(SaveZero(**old, out_old, topology, 2).ok());
+  EXPECT_THAT(LayoutDiffs(out_old, theirs), Not(IsEmpty()));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, VersionFixtureLayoutTest,
+    ::testing::Values(std::make_tuple("0.19.5", "neox-tp2-pp1-dp1", deepspeed::Topology{2, 1, 1}, false),
+                      std::make_tuple("0.19.5", "neox-bf16-tp2-pp1-dp2", deepspeed::Topology{2, 1, 2}, true),
+                      std::make_tuple("0.16.4", "neox-tp2-pp1-dp1", deepspeed::Topology{2, 1, 1}, false),
+                      std::make_tuple("0.16.4", "neox-bf16-tp2-pp1-dp2", deepspeed::Topology{2, 1, 2}, true)));
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureLayoutTest,
                          ::testing::Values(std::make_tuple("neox-tp2-pp1-dp1", deepspeed::Topology{2, 1, 1}, false),
                                            std::make_tuple("neox-tp2-pp1-dp2", deepspeed::Topology{2, 1, 2}, false),
@@ -248,6 +288,73 @@ TEST(SyntheticModelStateTest, OptimizerCommonAndRootAreShapedLikeDeepSpeeds) {
                       "sparse_tensor_module_names", "skipped_steps", "global_steps", "global_samples", "dp_world_size",
                       "mp_world_size", "ds_config", "ds_version", "iteration", "args", "random_rng_state",
                       "np_rng_state", "torch_rng_state", "rng_tracker_states", "universal_checkpoint_info"}));
+}
+
+// Issue 10: the args record a real head count, and ucp refuses a tp that does
+// not divide it, a single head at tp > 1 included.
+TEST(SyntheticModelStateTest, HeadCountIsRecordedAndCheckedByReshard) {
+  NeoxShape shape;
+  ModelSpec spec = NeoxSpec(shape);
+  spec.set_lp_dtype("fp32");
+  auto heads_of = [](const SyntheticModelState& m) {
+    return m.ModelStatesRoot(0, 0).value->DictGet("args")->DictGet("num_attention_heads")->int_value();
+  };
+  // Derived when the spec has none: the gcd of the partitioned dims.
+  auto derived = SyntheticModelState::Make(spec, 1, 1, deepspeed::OptimizerKind::kZero);
+  ASSERT_TRUE(derived.ok()) << derived.status();
+  EXPECT_EQ(heads_of(**derived), SpecAttentionHeads(spec));
+  EXPECT_GT(heads_of(**derived), 1);
+  const std::string root = FreshTempDir("heads");
+  auto reshard_to_tp2 = [&](int64_t heads, const std::string& name) {
+    ModelSpec s = spec;
+    s.set_num_attention_heads(heads);
+    auto m = SyntheticModelState::Make(s, 1, 1, deepspeed::OptimizerKind::kZero);
+    EXPECT_TRUE(m.ok()) << m.status();
+    EXPECT_EQ(heads_of(**m), heads);
+    const std::string src = JoinPath(root, name + "/global_step1");
+    EXPECT_TRUE(SaveZero(**m, src, deepspeed::Topology{1, 1, 1}).ok());
+    ops::ReshardOptions o;
+    o.input_folder = src;
+    o.output_folder = JoinPath(root, name + "_tp2/global_step1");
+    o.write.target = deepspeed::Topology{2, 1, 1};
+    o.write.num_threads = 1;
+    auto source = ZeroSourceOptionsFor(s, JoinPath(root, name));
+    EXPECT_TRUE(source.ok()) << source.status();
+    o.zero_source = *source;
+    auto r = ops::Reshard(o);
+    return std::make_pair(r.status(), o.output_folder);
+  };
+  {
+    auto [s, out] = reshard_to_tp2(1, "one_head");
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(std::string(s.message()),
+                ::testing::HasSubstr("--tp=2 does not divide the model's num_attention_heads = 1"));
+    EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("a single attention head cannot be split"));
+    EXPECT_FALSE(PathExists(out));
+  }
+  {
+    auto [s, out] = reshard_to_tp2(3, "three_heads");
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_FALSE(PathExists(out));
+  }
+  {
+    auto [s, out] = reshard_to_tp2(2, "two_heads");
+    EXPECT_TRUE(s.ok()) << s;
+    EXPECT_TRUE(PathExists(out));
+  }
+  // The reshard to tp=1 of a single-head model is fine.
+  ModelSpec one = spec;
+  one.set_num_attention_heads(1);
+  auto m = SyntheticModelState::Make(one, 1, 1, deepspeed::OptimizerKind::kZero);
+  ASSERT_TRUE(m.ok());
+  const std::string src = JoinPath(root, "one_head_tp2src/global_step1");
+  ASSERT_TRUE(SaveZero(**m, src, deepspeed::Topology{1, 1, 2}).ok());
+  ops::ReshardOptions o;
+  o.input_folder = src;
+  o.output_folder = JoinPath(root, "one_head_tp1/global_step1");
+  o.write.target = deepspeed::Topology{1, 1, 1};
+  o.write.num_threads = 1;
+  EXPECT_TRUE(ops::Reshard(o).ok());
 }
 
 TEST(SyntheticModelStateTest, RejectsInconsistentSpecs) {

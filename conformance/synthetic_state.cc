@@ -173,6 +173,31 @@ ValuePtr DynamicLossScaler(int64_t iterations) {
 
 }  // namespace
 
+namespace synthetic {
+
+absl::StatusOr<torch::Tensor> Values(const ModelParam& p, uint64_t seed, const std::string& state) {
+  if (state == deepspeed::kFp32State) return MakeValues(p, seed, Salt::kFp32);
+  if (state == "exp_avg") return MakeValues(p, seed, Salt::kExpAvg);
+  if (state == "exp_avg_sq") return MakeValues(p, seed, Salt::kExpAvgSq);
+  if (state == deepspeed::kLpState) return MakeValues(p, seed, Salt::kLp);
+  return absl::InvalidArgumentError(absl::StrCat("no synthetic state '", state, "'"));
+}
+
+torch::Tensor Scalar(float v) { return ScalarTensor(v); }
+
+absl::StatusOr<deepspeed::FileValue> BakeTree(torch::TorchWriter& w, const pickle::Value& root,
+                                              const std::string& stem) {
+  return Bake(w, root, stem);
+}
+
+pickle::ValuePtr LossScaler(bool fp16, int64_t iterations) {
+  return fp16 ? DynamicLossScaler(iterations) : pickle::MakeLossScaler(1.0);
+}
+
+pickle::ValuePtr AdamBetas() { return Betas(); }
+
+}  // namespace synthetic
+
 absl::StatusOr<deepspeed::OptimizerKind> ParseOptimizerLayout(const std::string& name) {
   if (name == "zero" || name.empty()) return deepspeed::OptimizerKind::kZero;
   if (name == "bf16") return deepspeed::OptimizerKind::kBf16;

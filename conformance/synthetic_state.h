@@ -44,6 +44,8 @@
 #include "deepspeed/model_state.h"
 #include "deepspeed/topology.h"
 #include "format/torch/tensor.h"
+#include "format/torch/torch_file.h"
+#include "format/pickle/value.h"
 #include "rules/presets.h"
 #include "writers/zero_writer.h"
 #include "proto/ucp.pb.h"
@@ -54,6 +56,23 @@ namespace ucp::conformance {
 // else the gcd of the sizes of its tp-partitioned dims (each sub-param's for
 // fused ones; vocab rows are padded, so not counted), else 64.
 int64_t SpecAttentionHeads(const ModelSpec& spec);
+
+// The pieces a synthetic state is made of, for the other generators
+// (moe_gen.h): the same values, scalars and DeepSpeed objects.
+namespace synthetic {
+// The full tensor of state "fp32", "exp_avg", "exp_avg_sq" or "lp" (float32)
+// of `p`: deterministic from the seed and the name, exact in every float type.
+absl::StatusOr<torch::Tensor> Values(const ModelParam& p, uint64_t seed, const std::string& state);
+// A 0-dim float32 tensor (torch AdamW's step).
+torch::Tensor Scalar(float v);
+// Writes a value tree (its tensors added to `w`) and reads it back.
+absl::StatusOr<deepspeed::FileValue> BakeTree(torch::TorchWriter& w, const pickle::Value& root,
+                                              const std::string& stem);
+// DeepSpeed 0.14.4+'s LossScaler(1.0), or for fp16 the DynamicLossScaler of
+// its fp16 config (initial_scale_power 16, hysteresis 2).
+pickle::ValuePtr LossScaler(bool fp16, int64_t iterations);
+pickle::ValuePtr AdamBetas();  // [0.9, 0.95]
+}  // namespace synthetic
 
 // Checks that a spec describes a model the writer can save at tp=1: shapes
 // agree with rules, groups are dense, layers and tied params are consistent.

@@ -12,6 +12,7 @@
 #include "rules/presets.h"
 #include "rules/rules.h"
 #include "writers/zero_writer.h"
+#include "deepspeed/layout_math.h"
 #include "google/protobuf/text_format.h"
 #include "tp/merge.h"
 
@@ -317,7 +318,20 @@ void FitTopologies(GoldenCase& c) {
   }
 }
 
+bool DsVersionLess(const std::string& a, const std::string& b) {
+  auto va = deepspeed::ParseDsVersion(a), vb = deepspeed::ParseDsVersion(b);
+  return va.ok() && vb.ok() && *va < *vb;
+}
+
 }  // namespace
+
+const std::vector<std::string>& DsVersionsDrawn() {
+  // The last release of each minor line, and both sides of each layout change
+  // (per-rank group_paddings from 0.16.4, checkpoint_parallel_dimensions in 0.19.5).
+  static const std::vector<std::string> kVersions = {"0.14.4", "0.12.6", "0.13.5", "0.15.4", "0.16.3",
+                                                     "0.16.4", "0.17.6", "0.18.9", "0.19.4", "0.19.5"};
+  return kVersions;
+}
 
 rc::Gen<GoldenCase> GenCase(const CaseGenOptions& options) {
   return rc::gen::exec([options]() {
@@ -380,7 +394,10 @@ rc::Gen<GoldenCase> GenCase(const CaseGenOptions& options) {
     // Per slot (the same in every layer, so that dropping a layer or a slot
     // while shrinking leaves the others as they were): frozen, equal tp
     // slices, and the param group under the random group scheme.
-    const int group_scheme = *Pick<int>({0, 1, 2});  // one group; weights / norms+biases; random of 3
+    // One group; weights / norms+biases; random of 3; one small 1-D param in a
+    // group of its own (whose alignment padding covers whole dp partitions,
+    // where DeepSpeed's two group_paddings conventions differ).
+    const int group_scheme = *Pick<int>({0, 1, 2, 3});
     struct SlotAttrs {
       bool frozen = false;
       bool equal = false;
@@ -426,6 +443,8 @@ rc::Gen<GoldenCase> GenCase(const CaseGenOptions& options) {
       sd.residue = *rc::gen::inRange(1, 3);
     }
     spec.set_hidden_size(d.hidden);
+    // A head count every tp of the case divides (ucp refuses a tp that does not).
+    spec.set_num_attention_heads(d.unit * *Pick<int64_t>({1, 2, 4}));
     spec.set_original_vocab_size(d.vocab);
     spec.set_make_vocab_size_divisible_by(*Pick<int64_t>({1, 2, 4, 8, 16, 128}));
 
@@ -545,6 +564,14 @@ rc::Gen<GoldenCase> GenCase(const CaseGenOptions& options) {
         }
       }
     }
+    if (group_scheme == 3) {
+      for (auto it = params.rbegin(); it != params.rend(); ++it) {
+        if (it->role() == "trainable" && it->tied_key().empty() && it->shape_size() == 1) {
+          it->set_group(1);
+          break;
+        }
+      }
+    }
     std::set<int> groups;
     for (const ModelParam& p : params) {
       if (p.group() >= 0) groups.insert(p.group());
@@ -564,6 +591,12 @@ rc::Gen<GoldenCase> GenCase(const CaseGenOptions& options) {
           {"", "parameters", "uniform", savanna ? "type:ParallelBlockPipe" : "type:transformer"}));
     }
     FitTopologies(c);
+    // The DeepSpeed release the source was saved with, and the one the
+    // target is written for (the same half of the time).
+    const std::vector<std::string>& versions = DsVersionsDrawn();
+    c.set_ds_version(*Pick<std::string>(versions));
+    c.set_target_ds_version(*Maybe(1, 1) ? *Pick<std::string>(versions) : c.ds_version());
+    c.set_numpy2(!(DsVersionLess(c.ds_version(), "0.14.4")) && *Maybe(1, 1));
     spec.set_train_batch_size(*Maybe(1, 3) ? 5040 : 0);
     c.set_seed(*Uniform<uint64_t>(0, uint64_t{1} << 40));
     c.set_name("fuzz");
@@ -603,6 +636,41 @@ std::vector<std::string> CaseFeatures(const GoldenCase& c) {
   for (const ModelParam& p : spec.param()) ranks[rules::GeneralizedPattern(p.name())].insert(p.shape_size());
   for (const auto& [pattern, r] : ranks) {
     if (r.size() > 1) f.insert("rank_conditioned");
+  }
+  // DeepSpeed versions: a change of version on the way, each layout change.
+  const std::string v1 = c.ds_version().empty() ? "0.14.4" : c.ds_version();
+  const std::string v2 = c.target_ds_version().empty() ? v1 : c.target_ds_version();
+  if (v1 != v2) f.insert("ds_version_change");
+  for (const std::string& v : {v1, v2}) {
+    if (!DsVersionLess(v, "0.16.4") && c.optimizer_layout() != "bf16") f.insert("per_rank_paddings");
+    if (!DsVersionLess(v, "0.16.4") && c.optimizer_layout() == "bf16") f.insert("bf16_last_rank_paddings");
+    if (!DsVersionLess(v, "0.19.5")) f.insert("checkpoint_parallel_dimensions");
+  }
+  if (DsVersionLess(v1, "0.16.4") != DsVersionLess(v2, "0.16.4") && c.optimizer_layout() != "bf16") {
+    f.insert("padding_convention_change");
+  }
+  if (c.numpy2()) f.insert("numpy2");
+  // A group whose padding spans more than one dp partition: there the two
+  // conventions write different group_paddings (and fp32 partition sizes).
+  {
+    const deepspeed::OptimizerKind kind =
+        c.optimizer_layout() == "bf16" ? deepspeed::OptimizerKind::kBf16 : deepspeed::OptimizerKind::kZero;
+    auto info = ModelInfoFromSpec(spec, c.zero_stage() > 0 ? c.zero_stage() : 1, kind);
+    for (const auto& [t, v] : {std::make_pair(c.source(), v1), std::make_pair(c.target(), v2)}) {
+      if (!info.ok()) break;
+      writers::ZeroWriteOptions o;
+      o.target = deepspeed::Topology::FromProto(t);
+      o.layer_type_name = ModelLayerTypeNamer(*info);
+      auto layout = writers::PlanTarget(*info, o);
+      if (!layout.ok()) continue;
+      for (const auto& stage : layout->layouts) {
+        for (const auto& g : stage) {
+          if (g.padded_numel() - g.numel() <= g.partition_numel()) continue;
+          f.insert("padding_spans_ranks");
+          if (!DsVersionLess(v, "0.16.4") && kind != deepspeed::OptimizerKind::kBf16) f.insert("per_rank_paddings_span_ranks");
+        }
+      }
+    }
   }
   return std::vector<std::string>(f.begin(), f.end());
 }

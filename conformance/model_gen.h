@@ -24,6 +24,10 @@
 //     universal_checkpoint_info patterns, or by a preset the names follow
 //     (named with --preset, or for savanna also detected: no rule flags);
 //   - lp dtype fp32 / fp16 (ZeRO optimizer) or bf16 (BF16_Optimizer);
+//   - the DeepSpeed version the source is saved as, 0.12 to 0.19.5 (its
+//     layout: synthetic_state.h, SyntheticVersion), the version the target
+//     is written for (--target_ds_version), numpy 1 or 2 names;
+//   - a num_attention_heads every tp of the case divides;
 //   - tp <= 8, pp <= 4 (<= the layers), dp <= 8, every partitioned dim
 //     divisible by lcm(T1.tp, T2.tp) (and sub-params by it per sub-param).
 // Everything is drawn with shrinkable generators, so a failing case shrinks
@@ -57,6 +61,10 @@ struct CaseGenOptions {
 };
 
 rc::Gen<GoldenCase> GenCase(const CaseGenOptions& options);
+
+// The DeepSpeed versions GenCase draws (ds_version, target_ds_version), the
+// first the one a shrunk case falls back to.
+const std::vector<std::string>& DsVersionsDrawn();
 
 // The merge kinds a case exercises, by name: replicated, average, column,
 // row, vocab (padded when padding is needed at T1 or T2), sub_params_2,

@@ -124,7 +124,15 @@ TEST(ModelGenTest, CoversEveryKindStyleAndDegree) {
     seen["lp"].insert(c.model().lp_dtype());
     seen["stage"].insert(absl::StrCat(c.zero_stage(), c.model().pipeline() ? "pipe" : "plain"));
     for (const auto& f : CaseFeatures(c)) seen["features"].insert(f);
+    seen["ds_version"].insert(c.ds_version());
+    seen["target_ds_version"].insert(c.target_ds_version());
+    // Every tp of the case divides the recorded head count.
+    EXPECT_GT(c.model().num_attention_heads(), 0);
+    for (const Topology& t : {c.source(), c.target()}) EXPECT_EQ(c.model().num_attention_heads() % t.tp(), 0);
   }
+  const std::set<std::string> versions(DsVersionsDrawn().begin(), DsVersionsDrawn().end());
+  EXPECT_EQ(seen["ds_version"], versions);
+  EXPECT_EQ(seen["target_ds_version"], versions);
   EXPECT_EQ(seen["tp"].size(), 8u);
   EXPECT_EQ(seen["pp"].size(), 4u);
   EXPECT_EQ(seen["dp"].size(), 8u);
@@ -133,9 +141,12 @@ TEST(ModelGenTest, CoversEveryKindStyleAndDegree) {
   EXPECT_EQ(seen["lp"].size(), 3u);
   EXPECT_EQ(seen["stage"], (std::set<std::string>{"1pipe", "1plain", "2plain"}));
   EXPECT_EQ(seen["features"],
-            (std::set<std::string>{"average", "buffer", "column", "equal_slices", "frozen", "rank3", "rank4",
-                                   "rank_conditioned", "replicated", "row", "split_dim1_rank3+", "sub_params_2",
-                                   "sub_params_gqa", "tied", "vocab", "vocab_padded"}))
+            (std::set<std::string>{"average", "bf16_last_rank_paddings", "buffer", "checkpoint_parallel_dimensions",
+                                   "column", "ds_version_change", "equal_slices", "frozen", "numpy2",
+                                   "padding_convention_change", "padding_spans_ranks", "per_rank_paddings",
+                                   "per_rank_paddings_span_ranks", "rank3", "rank4", "rank_conditioned", "replicated",
+                                   "row", "split_dim1_rank3+", "sub_params_2", "sub_params_gqa", "tied", "vocab",
+                                   "vocab_padded"}))
       << absl::StrJoin(seen["features"], ", ");
 }
 

@@ -11,6 +11,8 @@
 #include <memory>
 #include <set>
 #include <sstream>
+#include <tuple>
+#include <cstdio>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -87,34 +89,55 @@ class CaseRunner {
   // save(M, T) into <work>/<root>/<tag>; returns the tag folder. Each step
   // is memoized by its output name, so properties checked on the same case
   // share it (names must say what the folder holds).
-  absl::StatusOr<std::string> Save(const std::string& root, const Topology& t) {
+  // The DeepSpeed version the source is saved as (V1) and the one the
+  // target is written for (V2).
+  std::string V1() const { return case_.ds_version().empty() ? "0.14.4" : case_.ds_version(); }
+  std::string V2() const { return case_.target_ds_version().empty() ? V1() : case_.target_ds_version(); }
+
+  // `target_version`: --target_ds_version ("" = none, the source's).
+  absl::StatusOr<std::string> Save(const std::string& root, const Topology& t, const std::string& target_version = "") {
     if (auto it = done_.find(root); it != done_.end()) return it->second;
     const std::string out = TagOf(JoinPath(dir_, root));
-    UCP_RETURN_IF_ERROR(SaveZero(*model_, out, deepspeed::Topology::FromProto(t), 1).status());
+    writers::ZeroWriteOptions o;
+    o.target = deepspeed::Topology::FromProto(t);
+    o.num_threads = 1;
+    o.layer_type_name = ModelLayerTypeNamer(model_->info());
+    o.target_ds_version = target_version;
+    UCP_RETURN_IF_ERROR(writers::WriteZeroCheckpoint(*model_, out, o).status());
     return done_[root] = out;
   }
-  absl::StatusOr<std::string> Convert(const std::string& zero, const std::string& root) {
+  absl::StatusOr<std::string> Convert(const std::string& zero, const std::string& root,
+                                      const std::string& target_version = "") {
     if (auto it = done_.find(root); it != done_.end()) return it->second;
     ops::ConvertOptions o;
     o.input_folder = zero;
     o.output_folder = TagOf(JoinPath(dir_, root)) + "_universal";
     o.state = zero_options_;
     o.write.num_threads = 1;
+    o.write.target_ds_version = target_version;
     UCP_RETURN_IF_ERROR(ops::Convert(o).status());
     return done_[root] = o.output_folder;
   }
-  absl::StatusOr<std::string> Reshard(const std::string& input, const std::string& root, const Topology& t) {
+  absl::StatusOr<std::string> Reshard(const std::string& input, const std::string& root, const Topology& t,
+                                      const std::string& target_version = "") {
     if (auto it = done_.find(root); it != done_.end()) return it->second;
     ops::ReshardOptions o;
     o.input_folder = input;
     o.output_folder = TagOf(JoinPath(dir_, root));
     o.write.target = deepspeed::Topology::FromProto(t);
     o.write.num_threads = 1;
+    o.write.target_ds_version = target_version;
     o.zero_source = zero_options_;
     UCP_RETURN_IF_ERROR(ops::Reshard(o).status());
     return done_[root] = o.output_folder;
   }
   const ops::SourceOptions& zero_options() const { return zero_options_; }
+  // save(M, T2) for V2; convert(save(M, T1)) for V2.
+  absl::StatusOr<std::string> SaveT2() { return Save("zero_t2", case_.target(), V2()); }
+  absl::StatusOr<std::string> ConvertT1() {
+    UCP_ASSIGN_OR_RETURN(std::string zero1, Save("zero_t1", case_.source()));
+    return Convert(zero1, "universal_t1", V2());
+  }
 
  private:
   CaseRunner() = default;
@@ -135,8 +158,9 @@ ValuePtr Without(const Value& dict, const std::vector<std::string>& keys) {
   return out;
 }
 
-// group_paddings and partition_count describe the source's dp layout.
-const std::vector<std::string> kSourceLayoutKeys = {"group_paddings", "partition_count"};
+// group_paddings and partition_count describe the source's dp layout, and
+// ds_version the DeepSpeed that saved the source.
+const std::vector<std::string> kSourceLayoutKeys = {"group_paddings", "partition_count", "ds_version"};
 
 bool SameRule(const MergeRule& got, const MergeRule& want) {
   const MergeKind w = want.kind() == AVERAGE ? REPLICATED : want.kind();  // no metadata for either
@@ -149,7 +173,9 @@ bool SameRule(const MergeRule& got, const MergeRule& want) {
 }
 
 // The universal checkpoint `dir` holds M's tensors, steps and optimizer state.
-absl::StatusOr<std::vector<std::string>> UniversalVsModel(const std::string& dir, const SyntheticModelState& m) {
+// `ds_version`: the source's, which the universal optimizer state keeps.
+absl::StatusOr<std::vector<std::string>> UniversalVsModel(const std::string& dir, const SyntheticModelState& m,
+                                                          const std::string& ds_version) {
   std::vector<std::string> diffs;
   UCP_ASSIGN_OR_RETURN(auto u, readers::UniversalCheckpoint::Open(dir));
   int trainable = 0, module = 0;
@@ -224,6 +250,10 @@ absl::StatusOr<std::vector<std::string>> UniversalVsModel(const std::string& dir
   }
   UCP_ASSIGN_OR_RETURN(deepspeed::FileValue common, m.OptimizerCommon());
   const torch::TorchFile& os = u->optimizer_state();
+  const Value* version = os.root()->DictGet("ds_version");
+  if (version == nullptr || !version->is(Kind::kStr) || version->str() != ds_version) {
+    diffs.push_back(absl::StrCat("zero/optimizer_state.pt: ds_version is not the source's '", ds_version, "'"));
+  }
   for (const auto& d : readers::CompareTrees(os, *Without(*os.root(), kSourceLayoutKeys), *common.file,
                                                *Without(*common.value, kSourceLayoutKeys))) {
     diffs.push_back(absl::StrCat("zero/optimizer_state.pt: ", d));
@@ -279,10 +309,12 @@ absl::Status ConvertIsTopologyFree(CaseRunner& r) {
   const Property p = Property::kConvertIsTopologyFree;
   std::string universal[2];
   const Topology topologies[2] = {r.c().source(), r.c().target()};
+  // save(M, T1) as V1, converted for V2 (--target_ds_version); save(M, T2)
+  // written for V2, converted as it is: the same universal checkpoint.
   for (int i = 0; i < 2; ++i) {
-    UCP_ASSIGN_OR_RETURN(std::string zero, r.Save(absl::StrCat("zero_t", i + 1), topologies[i]),
+    UCP_ASSIGN_OR_RETURN(std::string zero, i == 0 ? r.Save("zero_t1", topologies[0]) : r.SaveT2(),
                          _.Prepend(absl::StrCat("save at T", i + 1, ": ")));
-    UCP_ASSIGN_OR_RETURN(universal[i], r.Convert(zero, absl::StrCat("universal_t", i + 1)),
+    UCP_ASSIGN_OR_RETURN(universal[i], i == 0 ? r.ConvertT1() : r.Convert(zero, "universal_t2"),
                          _.Prepend(absl::StrCat("convert from T", i + 1, ": ")));
     // The model-state files are byte-identical copies of the source's.
     UCP_ASSIGN_OR_RETURN(std::vector<std::string> files, ListDirectory(zero));
@@ -297,18 +329,17 @@ absl::Status ConvertIsTopologyFree(CaseRunner& r) {
   if (!diffs.empty()) {
     return Violation(p, absl::StrCat("convert(save(M, T1)) and convert(save(M, T2)) differ:\n  ", Joined(diffs)));
   }
-  UCP_ASSIGN_OR_RETURN(diffs, UniversalVsModel(universal[0], r.model()));
+  UCP_ASSIGN_OR_RETURN(diffs, UniversalVsModel(universal[0], r.model(), r.V1()));
   if (!diffs.empty()) return Violation(p, absl::StrCat("convert(save(M, T1)) is not M:\n  ", Joined(diffs)));
   return absl::OkStatus();
 }
 
 absl::Status ReshardMatchesSave(CaseRunner& r) {
   const Property p = Property::kReshardMatchesSave;
-  UCP_ASSIGN_OR_RETURN(std::string zero1, r.Save("zero_t1", r.c().source()), _.Prepend("save at T1: "));
-  UCP_ASSIGN_OR_RETURN(std::string universal, r.Convert(zero1, "universal_t1"), _.Prepend("convert from T1: "));
-  UCP_ASSIGN_OR_RETURN(std::string resharded, r.Reshard(universal, "universal_t1_to_t2", r.c().target()),
+  UCP_ASSIGN_OR_RETURN(std::string universal, r.ConvertT1(), _.Prepend("convert from T1: "));
+  UCP_ASSIGN_OR_RETURN(std::string resharded, r.Reshard(universal, "universal_t1_to_t2", r.c().target(), r.V2()),
                        _.Prepend("reshard to T2: "));
-  UCP_ASSIGN_OR_RETURN(std::string zero2, r.Save("zero_t2", r.c().target()), _.Prepend("save at T2: "));
+  UCP_ASSIGN_OR_RETURN(std::string zero2, r.SaveT2(), _.Prepend("save at T2: "));
   UCP_ASSIGN_OR_RETURN(std::vector<std::string> diffs, FolderByteDiffs(resharded, zero2));
   if (!diffs.empty()) {
     return Violation(p, absl::StrCat("reshard(convert(save(M, T1)), T2) differs from save(M, T2):\n  ", Joined(diffs)));
@@ -322,10 +353,10 @@ absl::Status ReshardMatchesSave(CaseRunner& r) {
 absl::Status DirectReshardMatchesTwoStep(CaseRunner& r) {
   const Property p = Property::kDirectReshardMatchesTwoStep;
   UCP_ASSIGN_OR_RETURN(std::string zero1, r.Save("zero_t1", r.c().source()), _.Prepend("save at T1: "));
-  UCP_ASSIGN_OR_RETURN(std::string direct, r.Reshard(zero1, "zero_t1_to_t2", r.c().target()),
+  UCP_ASSIGN_OR_RETURN(std::string direct, r.Reshard(zero1, "zero_t1_to_t2", r.c().target(), r.V2()),
                        _.Prepend("reshard the ZeRO folder to T2: "));
-  UCP_ASSIGN_OR_RETURN(std::string universal, r.Convert(zero1, "universal_t1"), _.Prepend("convert from T1: "));
-  UCP_ASSIGN_OR_RETURN(std::string two_step, r.Reshard(universal, "universal_t1_to_t2", r.c().target()),
+  UCP_ASSIGN_OR_RETURN(std::string universal, r.ConvertT1(), _.Prepend("convert from T1: "));
+  UCP_ASSIGN_OR_RETURN(std::string two_step, r.Reshard(universal, "universal_t1_to_t2", r.c().target(), r.V2()),
                        _.Prepend("reshard the universal folder to T2: "));
   UCP_ASSIGN_OR_RETURN(std::vector<std::string> diffs, FolderByteDiffs(direct, two_step));
   if (!diffs.empty()) {
@@ -519,7 +550,7 @@ absl::Status CorruptionsAreCaught(CaseRunner& r, const std::string& scratch) {
   return absl::OkStatus();
 }
 
-// --- (e): save(M, T) against DeepSpeed 0.14.4's formulas, computed here
+// --- (e): save(M, T) against DeepSpeed's formulas (0.12 to 0.19.5), computed here
 // independently of layout_math.cc, tp/merge.cc and the writer ---
 
 // Megatron's padded vocabulary (mpu.vocab_size_with_padding).
@@ -595,12 +626,25 @@ std::vector<std::string> DictKeys(const Value& d) {
 }
 
 // Checks one saved checkpoint; appends what differs from DeepSpeed's layout.
-absl::Status CheckLayout(const CaseRunner& r, const std::string& dir, const Topology& t,
+// The (major, minor, patch) of a version string, compared here without
+// layout_math's DsVersion.
+std::tuple<int, int, int> OracleVersion(const std::string& v) {
+  int a = 0, b = 0, c = 0;
+  (void)sscanf(v.c_str(), "%d.%d.%d", &a, &b, &c);
+  return {a, b, c};
+}
+
+absl::Status CheckLayout(const CaseRunner& r, const std::string& dir, const Topology& t, const std::string& version,
                          std::vector<std::string>& diffs) {
   const SyntheticModelState& m = r.model();
   const ModelSpec& spec = r.c().model();
   const deepspeed::ModelInfo& info = m.info();
   const bool bf16 = info.optimizer_kind == deepspeed::OptimizerKind::kBf16;
+  // stage_1_and_2.py records every rank's own padding from 0.16.4 on
+  // (bf16_optimizer.py: the last rank's in every version); engine.py writes
+  // checkpoint_parallel_dimensions from 0.19.5 on.
+  const bool per_rank = !bf16 && OracleVersion(version) >= std::make_tuple(0, 16, 4);
+  const bool parallel_dims = OracleVersion(version) >= std::make_tuple(0, 19, 5);
   const int64_t divisible_by = spec.make_vocab_size_divisible_by();
   std::map<std::string, const ModelParam*> by_name;
   for (const ModelParam& p : spec.param()) by_name[p.name()] = &p;
@@ -625,6 +669,34 @@ absl::Status CheckLayout(const CaseRunner& r, const std::string& dir, const Topo
       if (dp_world == nullptr || dp_world->int_value() != t.dp() || mp_world == nullptr ||
           mp_world->int_value() != t.tp() * t.pp()) {
         diff(mp_name, "dp_world_size / mp_world_size are not dp / tp * pp");
+      }
+      const Value* ds_version = root.DictGet("ds_version");
+      if (ds_version == nullptr || !ds_version->is(Kind::kStr) || ds_version->str() != version) {
+        diff(mp_name, absl::StrCat("ds_version is not '", version, "'"));
+      }
+      {
+        const std::vector<std::string> keys = DictKeys(root);
+        auto at = std::find(keys.begin(), keys.end(), "checkpoint_parallel_dimensions");
+        const Value* dims = root.DictGet("checkpoint_parallel_dimensions");
+        if (!parallel_dims && dims != nullptr) diff(mp_name, "has checkpoint_parallel_dimensions (0.19.5 and later only)");
+        if (parallel_dims) {
+          if (dims == nullptr || at == keys.begin() || *(at - 1) != "mp_world_size" ||
+              DictKeys(*dims) != std::vector<std::string>{"pp_degree", "tp_degree"} ||
+              dims->DictGet("pp_degree")->int_value() != t.pp() || dims->DictGet("tp_degree")->int_value() != t.tp()) {
+            diff(mp_name, absl::StrCat("checkpoint_parallel_dimensions is not {'pp_degree': ", t.pp(),
+                                       ", 'tp_degree': ", t.tp(), "} after mp_world_size"));
+          }
+        }
+      }
+      // The RNG state's ndarray as the source's numpy pickled it.
+      if (const Value* np = root.DictGet("np_rng_state"); np != nullptr && np->is(Kind::kTuple) && np->items().size() > 1) {
+        const Value& arr = *np->items()[1];
+        const std::string want = r.c().numpy2() ? "numpy._core.multiarray" : "numpy.core.multiarray";
+        if (!arr.is(Kind::kObject) || arr.object_module() != want) {
+          diff(mp_name, absl::StrCat("np_rng_state's ndarray is not pickled from ", want));
+        }
+      } else {
+        diff(mp_name, "no np_rng_state tuple");
       }
       const Value* shapes = root.DictGet("param_shapes");
       if (shapes == nullptr || !shapes->is(Kind::kList) || static_cast<int>(shapes->items().size()) != info.num_groups) {
@@ -687,6 +759,12 @@ absl::Status CheckLayout(const CaseRunner& r, const std::string& dir, const Topo
         if (DictKeys(root) != std::vector<std::string>{"optimizer_state_dict", "ds_config", "ds_version"}) {
           diff(name, "top-level keys are not optimizer_state_dict, ds_config, ds_version");
         }
+        for (const Value* holder : {&root, root.DictGet("optimizer_state_dict")}) {
+          const Value* v = holder != nullptr ? holder->DictGet("ds_version") : nullptr;
+          if (v == nullptr || !v->is(Kind::kStr) || v->str() != version) {
+            diff(name, absl::StrCat("ds_version is not '", version, "'"));
+          }
+        }
         const Value* osd = root.DictGet("optimizer_state_dict");
         if (osd == nullptr) continue;
         const std::vector<std::string> keys =
@@ -709,7 +787,8 @@ absl::Status CheckLayout(const CaseRunner& r, const std::string& dir, const Topo
         }
         for (int g = 0; g < info.num_groups; ++g) {
           // Flatten the group, align to 2 * dp (nccl_start_alignment_factor), cut
-          // dp equal partitions; the padding is the last rank's.
+          // dp equal partitions; the padding is the last rank's, or (0.16.4+)
+          // each rank's own: what of [d * part, (d + 1) * part) lies past numel.
           int64_t numel = 0;
           std::vector<std::pair<const ModelParam*, int64_t>> offsets;
           for (const std::string& pn : group_names[g]) {
@@ -721,7 +800,9 @@ absl::Status CheckLayout(const CaseRunner& r, const std::string& dir, const Topo
           const int64_t align = 2 * static_cast<int64_t>(t.dp());
           const int64_t padded = (numel + align - 1) / align * align;
           const int64_t part = padded / t.dp();
-          const int64_t padding = d == t.dp() - 1 ? padded - numel : 0;
+          const int64_t padding = !per_rank   ? (d == t.dp() - 1 ? padded - numel : 0)
+                                  : numel <= d * part ? part
+                                  : std::max<int64_t>(0, (d + 1) * part - numel);
           if (paddings->items()[g]->int_value() != padding) {
             diff(name, absl::StrCat("group_paddings[", g, "] is ", paddings->items()[g]->int_value(), ", DeepSpeed's is ",
                                     padding, " (", numel, " elements aligned to ", align, ")"));
@@ -841,13 +922,14 @@ absl::Status SaveMatchesDeepSpeedLayout(CaseRunner& r) {
   const Property p = Property::kSaveMatchesDeepSpeedLayout;
   const Topology topologies[2] = {r.c().source(), r.c().target()};
   for (int i = 0; i < 2; ++i) {
-    UCP_ASSIGN_OR_RETURN(std::string zero, r.Save(absl::StrCat("zero_t", i + 1), topologies[i]),
+    UCP_ASSIGN_OR_RETURN(std::string zero, i == 0 ? r.Save("zero_t1", topologies[0]) : r.SaveT2(),
                          _.Prepend(absl::StrCat("save at T", i + 1, ": ")));
+    const std::string version = i == 0 ? r.V1() : r.V2();
     std::vector<std::string> diffs;
-    UCP_RETURN_IF_ERROR(CheckLayout(r, zero, topologies[i], diffs));
+    UCP_RETURN_IF_ERROR(CheckLayout(r, zero, topologies[i], version, diffs));
     if (!diffs.empty()) {
-      return Violation(p, absl::StrCat("save(M, T", i + 1, ") is not laid out as DeepSpeed 0.14.4 lays it out:\n  ",
-                                       Joined(diffs)));
+      return Violation(p, absl::StrCat("save(M, T", i + 1, ") is not laid out as DeepSpeed ", version,
+                                       " lays it out:\n  ", Joined(diffs)));
     }
   }
   return absl::OkStatus();
@@ -872,7 +954,7 @@ const char* PropertyName(Property p) {
     case Property::kReshardMatchesSave: return "reshard(convert(save(M, T1)), T2) == save(M, T2)";
     case Property::kDirectReshardMatchesTwoStep: return "ZeRO -> ZeRO reshard == the two-step path";
     case Property::kCorruptionsAreCaught: return "corruptions give the right error";
-    case Property::kSaveMatchesDeepSpeedLayout: return "save(M, T) is laid out as DeepSpeed 0.14.4 lays it out";
+    case Property::kSaveMatchesDeepSpeedLayout: return "save(M, T) is laid out as its DeepSpeed version lays it out";
   }
   return "?";
 }
@@ -949,6 +1031,18 @@ void FuzzDistribution::Add(const GoldenCase& c) {
                                 ? "checkpoint_info(--preset=none)"
                                 : m.rules_source()];
   ++counts["module"][m.pipeline() ? "pipeline" : "plain"];
+  {
+    const std::string v1 = c.ds_version().empty() ? "0.14.4" : c.ds_version();
+    const std::string v2 = c.target_ds_version().empty() ? v1 : c.target_ds_version();
+    ++counts["ds_version (T1)"][v1];
+    ++counts["ds_version (T2)"][v2];
+    auto convention = [&](const std::string& v) {
+      if (c.optimizer_layout() == "bf16") return "last(bf16)";
+      return OracleVersion(v) >= std::make_tuple(0, 16, 4) ? "per-rank" : "last";
+    };
+    ++counts["paddings T1->T2"][absl::StrCat(convention(v1), "->", convention(v2))];
+    ++counts["numpy"][c.numpy2() ? "2 (numpy._core)" : "1"];
+  }
   ++counts["optimizer"][absl::StrCat(c.optimizer_layout(), "/", m.lp_dtype(), "/zero", c.zero_stage())];
   for (const auto& f : CaseFeatures(c)) ++counts["features (cases)"][f];
   for (const ModelParam& p : m.param()) {

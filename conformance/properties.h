@@ -2,14 +2,20 @@
 // OK or an error describing the first violation (kInternal for a property
 // that does not hold, with what differs):
 //
-//   (a) ConvertIsTopologyFree: convert(save(M, T)) is the same universal
-//       checkpoint for T1 and T2 (every per-param file byte for byte; the
-//       manifest and zero/optimizer_state.pt up to their source-specific
-//       fields), and equals M's full tensors, steps and optimizer state.
-//   (b) ReshardMatchesSave: reshard(convert(save(M, T1)), T2) == save(M, T2),
-//       every file byte for byte.
+// A case saves M as DeepSpeed version V1 (GoldenCase.ds_version) at T1 and
+// writes T2 for V2 (target_ds_version, passed as --target_ds_version):
+// save(M, T2) below is the writer's output at T2 for V2.
+//
+//   (a) ConvertIsTopologyFree: convert(save(M, T1), --target_ds_version=V2)
+//       and convert(save(M, T2)) are the same universal checkpoint (every
+//       per-param file byte for byte; the manifest and
+//       zero/optimizer_state.pt up to their source-specific fields:
+//       group_paddings, partition_count, ds_version), and equal M's full
+//       tensors, steps and optimizer state.
+//   (b) ReshardMatchesSave: reshard(convert(save(M, T1)), T2, V2) ==
+//       save(M, T2), every file byte for byte.
 //   (c) DirectReshardMatchesTwoStep: ops::Reshard from the ZeRO folder
-//       save(M, T1) to T2 == the same from convert(save(M, T1)).
+//       save(M, T1) to T2 (V2) == the same from convert(save(M, T1)).
 //   (d) CorruptionsAreCaught: a missing optimizer shard (kNotFound naming it),
 //       a truncated file (kDataLoss naming it), a flipped byte in a universal
 //       file with verify_checksums (kDataLoss: sha256 differs from the
@@ -17,7 +23,10 @@
 //       (kFailedPrecondition naming the param and the state); never a
 //       success, and no output folder left behind.
 //   (e) SaveMatchesDeepSpeedLayout: save(M, T1) and save(M, T2) are laid out
-//       as DeepSpeed 0.14.4 lays them out, by formulas computed here
+//       as DeepSpeed V1 and V2 lay them out (ds_version everywhere,
+//       group_paddings last-rank or per-rank from 0.16.4, BF16_Optimizer
+//       last-rank always, checkpoint_parallel_dimensions from 0.19.5, the
+//       source's numpy names), by formulas computed here
 //       independently of the writer's (stage_1_and_2.py flatten + align to
 //       2*dp + equal partitions, group_paddings, partition sizes,
 //       _init_lp_to_hp_mapping fragments, Megatron's tp slicing and vocab

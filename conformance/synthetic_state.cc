@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <numeric>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -21,7 +22,6 @@ using deepspeed::TensorRole;
 using pickle::Value;
 using pickle::ValuePtr;
 
-constexpr char kDsVersion[] = "0.14.4";
 constexpr int kRngStateBytes = 5056;  // torch's CPU generator state
 
 uint64_t Mix64(uint64_t z) {
@@ -124,7 +124,7 @@ ValuePtr Betas() { return Value::List({Value::Float(0.9), Value::Float(0.95)}); 
 // them: group 0 is {'params': ...} filled with the defaults; the others set
 // weight_decay 0.0 first. DeepSpeed's ZeRO optimizers hold one flat param per
 // group, so 'params' is [g].
-ValuePtr ParamGroups(int num_groups) {
+ValuePtr ParamGroups(int num_groups, bool torch2) {
   std::vector<ValuePtr> groups;
   for (int g = 0; g < num_groups; ++g) {
     ValuePtr d = Value::MakeDict();
@@ -137,6 +137,10 @@ ValuePtr ParamGroups(int num_groups) {
     d->DictSet(Value::Str("foreach"), Value::None());
     d->DictSet(Value::Str("maximize"), Value::Bool(false));
     d->DictSet(Value::Str("capturable"), Value::Bool(false));
+    if (torch2) {
+      d->DictSet(Value::Str("differentiable"), Value::Bool(false));
+      d->DictSet(Value::Str("fused"), Value::None());
+    }
     d->DictSet(Value::Str("params"), Value::List({Value::Int(g)}));
     groups.push_back(d);
   }
@@ -169,6 +173,31 @@ ValuePtr DynamicLossScaler(int64_t iterations) {
 }
 
 }  // namespace
+
+namespace synthetic {
+
+absl::StatusOr<torch::Tensor> Values(const ModelParam& p, uint64_t seed, const std::string& state) {
+  if (state == deepspeed::kFp32State) return MakeValues(p, seed, Salt::kFp32);
+  if (state == "exp_avg") return MakeValues(p, seed, Salt::kExpAvg);
+  if (state == "exp_avg_sq") return MakeValues(p, seed, Salt::kExpAvgSq);
+  if (state == deepspeed::kLpState) return MakeValues(p, seed, Salt::kLp);
+  return absl::InvalidArgumentError(absl::StrCat("no synthetic state '", state, "'"));
+}
+
+torch::Tensor Scalar(float v) { return ScalarTensor(v); }
+
+absl::StatusOr<deepspeed::FileValue> BakeTree(torch::TorchWriter& w, const pickle::Value& root,
+                                              const std::string& stem) {
+  return Bake(w, root, stem);
+}
+
+pickle::ValuePtr LossScaler(bool fp16, int64_t iterations) {
+  return fp16 ? DynamicLossScaler(iterations) : pickle::MakeLossScaler(1.0);
+}
+
+pickle::ValuePtr AdamBetas() { return Betas(); }
+
+}  // namespace synthetic
 
 absl::StatusOr<deepspeed::OptimizerKind> ParseOptimizerLayout(const std::string& name) {
   if (name == "zero" || name.empty()) return deepspeed::OptimizerKind::kZero;
@@ -241,10 +270,18 @@ absl::Status ValidateModelSpec(const ModelSpec& spec) {
 
 absl::StatusOr<std::unique_ptr<SyntheticModelState>> SyntheticModelState::Make(const ModelSpec& spec, uint64_t seed,
                                                                                int zero_stage,
-                                                                               deepspeed::OptimizerKind kind) {
+                                                                               deepspeed::OptimizerKind kind,
+                                                                               const SyntheticVersion& version) {
+  UCP_ASSIGN_OR_RETURN(deepspeed::DsVersion v, deepspeed::ParseDsVersion(version.ds_version),
+                       _.Prepend("synthetic model: "));
+  if (v < deepspeed::DsVersion{0, 12, 0} || deepspeed::DsVersion{0, 19, 5} < v) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("synthetic model: DeepSpeed ", version.ds_version, " (the layouts of 0.12 to 0.19.5 only)"));
+  }
   std::unique_ptr<SyntheticModelState> s(new SyntheticModelState());
   s->spec_ = spec;
   s->seed_ = seed;
+  s->version_ = version;
   s->info_.zero_stage = zero_stage;
   s->info_.optimizer_kind = kind;
   UCP_RETURN_IF_ERROR(s->Build());
@@ -253,7 +290,29 @@ absl::StatusOr<std::unique_ptr<SyntheticModelState>> SyntheticModelState::Make(c
 
 absl::StatusOr<std::unique_ptr<SyntheticModelState>> SyntheticModelState::FromCase(const GoldenCase& c) {
   UCP_ASSIGN_OR_RETURN(deepspeed::OptimizerKind kind, ParseOptimizerLayout(c.optimizer_layout()));
-  return Make(c.model(), c.seed(), c.zero_stage() > 0 ? c.zero_stage() : 1, kind);
+  SyntheticVersion v;
+  if (!c.ds_version().empty()) v.ds_version = c.ds_version();
+  v.numpy2 = c.numpy2();
+  return Make(c.model(), c.seed(), c.zero_stage() > 0 ? c.zero_stage() : 1, kind, v);
+}
+
+int64_t SpecAttentionHeads(const ModelSpec& spec) {
+  if (spec.num_attention_heads() > 0) return spec.num_attention_heads();
+  int64_t g = 0;
+  for (const ModelParam& p : spec.param()) {
+    const MergeRule& r = p.rule();
+    if (r.kind() == VOCAB) continue;
+    const int64_t dim = tp::PartitionDim(r);
+    if (dim < 0 || dim >= p.shape_size()) continue;
+    if (r.kind() == SUB_PARAMS && r.sub_param_shape().dim_size() > dim) {
+      for (int64_t sub : r.sub_param_shape().dim(static_cast<int>(dim)).size()) g = std::gcd(g, sub);
+    } else if (r.kind() == SUB_PARAMS && r.num_sub_params() > 0) {
+      g = std::gcd(g, p.shape(static_cast<int>(dim)) / r.num_sub_params());
+    } else {
+      g = std::gcd(g, p.shape(static_cast<int>(dim)));
+    }
+  }
+  return g > 0 ? g : 64;
 }
 
 absl::StatusOr<deepspeed::ModelInfo> ModelInfoFromSpec(const ModelSpec& spec, int zero_stage,
@@ -336,6 +395,9 @@ absl::StatusOr<deepspeed::ModelInfo> ModelInfoFromSpec(const ModelSpec& spec, in
 absl::Status SyntheticModelState::Build() {
   const ModelSpec& spec = spec_;
   UCP_ASSIGN_OR_RETURN(info_, ModelInfoFromSpec(spec, info_.zero_stage, info_.optimizer_kind));
+  const std::string& ds_version = version_.ds_version;
+  UCP_ASSIGN_OR_RETURN(const deepspeed::DsVersion version, deepspeed::ParseDsVersion(ds_version));
+  const bool torch2 = version >= deepspeed::DsVersion{0, 15, 0};
   const torch::DType lp_dtype = info_.lp_dtype;
   const bool bf16 = info_.optimizer_kind == deepspeed::OptimizerKind::kBf16;
 
@@ -389,8 +451,8 @@ absl::Status SyntheticModelState::Build() {
     if (!bf16) c->DictSet(Value::Str("zero_stage"), pickle::MakeZeroStage(info_.zero_stage, encoding));
     c->DictSet(Value::Str("group_paddings"), Value::List(paddings));
     c->DictSet(Value::Str("partition_count"), Value::List(counts));
-    c->DictSet(Value::Str("ds_version"), Value::Str(kDsVersion));
-    c->DictSet(Value::Str("param_groups"), ParamGroups(info_.num_groups));
+    c->DictSet(Value::Str("ds_version"), Value::Str(ds_version));
+    c->DictSet(Value::Str("param_groups"), ParamGroups(info_.num_groups, torch2));
     torch::TorchWriter w;
     UCP_ASSIGN_OR_RETURN(common_, Bake(w, *c, "optimizer_state"));
   }
@@ -433,6 +495,12 @@ absl::Status SyntheticModelState::Build() {
     r->DictSet(Value::Str("global_samples"), Value::Int(iterations * micro));
     r->DictSet(Value::Str("dp_world_size"), Value::Int(1));
     r->DictSet(Value::Str("mp_world_size"), Value::Int(1));
+    if (version >= deepspeed::DsVersion{0, 19, 5}) {
+      ValuePtr dims = Value::MakeDict();
+      dims->DictSet(Value::Str("pp_degree"), Value::Int(1));
+      dims->DictSet(Value::Str("tp_degree"), Value::Int(1));
+      r->DictSet(Value::Str("checkpoint_parallel_dimensions"), dims);
+    }
     {
       ValuePtr ds = Value::MakeDict();
       if (spec.train_batch_size() > 0) ds->DictSet(Value::Str("train_batch_size"), Value::Int(spec.train_batch_size()));
@@ -480,7 +548,7 @@ absl::Status SyntheticModelState::Build() {
       }
       r->DictSet(Value::Str("ds_config"), ds);
     }
-    r->DictSet(Value::Str("ds_version"), Value::Str(kDsVersion));
+    r->DictSet(Value::Str("ds_version"), Value::Str(ds_version));
     // Client state, as GPT-NeoX / Megatron-DeepSpeed save it.
     r->DictSet(Value::Str("iteration"), Value::Int(iterations));
     {
@@ -493,7 +561,7 @@ absl::Status SyntheticModelState::Build() {
       transformer_layers = static_cast<int>(layers.size());
       a->DictSet(Value::Str("num_layers"), Value::Int(transformer_layers));
       a->DictSet(Value::Str("hidden_size"), Value::Int(spec.hidden_size()));
-      a->DictSet(Value::Str("num_attention_heads"), Value::Int(1));
+      a->DictSet(Value::Str("num_attention_heads"), Value::Int(SpecAttentionHeads(spec)));
       a->DictSet(Value::Str("seq_length"), Value::Int(16));
       a->DictSet(Value::Str("make_vocab_size_divisible_by"), Value::Int(spec.make_vocab_size_divisible_by()));
       if (spec.swiglu()) a->DictSet(Value::Str("swiglu"), Value::Bool(true));
@@ -518,7 +586,7 @@ absl::Status SyntheticModelState::Build() {
         const uint32_t k = static_cast<uint32_t>(Mix64(seed_ * 11 + i));
         std::memcpy(&keys.data[i * 4], &k, 4);
       }
-      UCP_ASSIGN_OR_RETURN(ValuePtr np_keys, pickle::MakeNumpyArray(keys));
+      UCP_ASSIGN_OR_RETURN(ValuePtr np_keys, pickle::MakeNumpyArray(keys, version_.numpy2));
       r->DictSet(Value::Str("np_rng_state"), Value::Tuple({Value::Str("MT19937"), np_keys, Value::Int(624),
                                                             Value::Int(0), Value::Float(0.0)}));
       r->DictSet(Value::Str("torch_rng_state"), w.AddTensor(RandomBytesTensor(seed_ * 13, kRngStateBytes)));

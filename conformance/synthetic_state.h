@@ -44,11 +44,35 @@
 #include "deepspeed/model_state.h"
 #include "deepspeed/topology.h"
 #include "format/torch/tensor.h"
+#include "format/torch/torch_file.h"
+#include "format/pickle/value.h"
 #include "rules/presets.h"
 #include "writers/zero_writer.h"
 #include "proto/ucp.pb.h"
 
 namespace ucp::conformance {
+
+// The num_attention_heads a spec's args record: spec.num_attention_heads(),
+// else the gcd of the sizes of its tp-partitioned dims (each sub-param's for
+// fused ones; vocab rows are padded, so not counted), else 64.
+int64_t SpecAttentionHeads(const ModelSpec& spec);
+
+// The pieces a synthetic state is made of, for the other generators
+// (moe_gen.h): the same values, scalars and DeepSpeed objects.
+namespace synthetic {
+// The full tensor of state "fp32", "exp_avg", "exp_avg_sq" or "lp" (float32)
+// of `p`: deterministic from the seed and the name, exact in every float type.
+absl::StatusOr<torch::Tensor> Values(const ModelParam& p, uint64_t seed, const std::string& state);
+// A 0-dim float32 tensor (torch AdamW's step).
+torch::Tensor Scalar(float v);
+// Writes a value tree (its tensors added to `w`) and reads it back.
+absl::StatusOr<deepspeed::FileValue> BakeTree(torch::TorchWriter& w, const pickle::Value& root,
+                                              const std::string& stem);
+// DeepSpeed 0.14.4+'s LossScaler(1.0), or for fp16 the DynamicLossScaler of
+// its fp16 config (initial_scale_power 16, hysteresis 2).
+pickle::ValuePtr LossScaler(bool fp16, int64_t iterations);
+pickle::ValuePtr AdamBetas();  // [0.9, 0.95]
+}  // namespace synthetic
 
 // Checks that a spec describes a model the writer can save at tp=1: shapes
 // agree with rules, groups are dense, layers and tied params are consistent.
@@ -62,10 +86,32 @@ absl::StatusOr<deepspeed::OptimizerKind> ParseOptimizerLayout(const std::string&
 absl::StatusOr<deepspeed::ModelInfo> ModelInfoFromSpec(const ModelSpec& spec, int zero_stage,
                                                        deepspeed::OptimizerKind kind);
 
+// The DeepSpeed release (and the job's environment) a synthetic source is
+// saved as. What differs between 0.12 and 0.19.5 in a ZeRO 1/2 checkpoint
+// (DeepSpeed's source at each tag):
+//   - ds_version in every file;
+//   - group_paddings: the last rank's only up to 0.16.3, every rank its own
+//     from 0.16.4 (BF16_Optimizer: the last rank's in every version). The
+//     synthetic source is dp=1, where both agree; the writer applies the
+//     convention at the target dp;
+//   - checkpoint_parallel_dimensions {'pp_degree', 'tp_degree'} after
+//     mp_world_size (engine.py:_checkpoint_parallel_metadata, 0.19.5 only);
+//   - torch 2's optimizer param_groups keys (differentiable, fused), as the
+//     torch 2.x that 0.15 and later run with adds them.
+// And of the environment, any version: numpy 2 pickles the RNG state's
+// ndarray from numpy._core (`numpy2`); the zero_stage enum is pickled as
+// ZeroStageEnum(n) or getattr(ZeroStageEnum, name) by the Python version (by
+// the seed's parity, as before).
+struct SyntheticVersion {
+  std::string ds_version = "0.14.4";
+  bool numpy2 = false;
+};
+
 class SyntheticModelState : public deepspeed::ModelState {
  public:
   static absl::StatusOr<std::unique_ptr<SyntheticModelState>> Make(const ModelSpec& spec, uint64_t seed,
-                                                                   int zero_stage, deepspeed::OptimizerKind kind);
+                                                                   int zero_stage, deepspeed::OptimizerKind kind,
+                                                                   const SyntheticVersion& version = {});
   // The same from a case (its model, seed, zero stage and optimizer layout).
   static absl::StatusOr<std::unique_ptr<SyntheticModelState>> FromCase(const GoldenCase& c);
 
@@ -91,6 +137,7 @@ class SyntheticModelState : public deepspeed::ModelState {
 
   ModelSpec spec_;
   uint64_t seed_ = 0;
+  SyntheticVersion version_;
   deepspeed::ModelInfo info_;
   // name -> state -> tensor
   std::map<std::string, std::map<std::string, torch::Tensor>> tensors_;

@@ -12,12 +12,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/fs.h"
+#include "conformance/layout_diff.h"
 #include "conformance/neox_model.h"
+#include "conformance/spec_rules.h"
 #include "readers/compare.h"
 #include "format/pickle/accessors.h"
 #include "format/torch/torch_file.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "ops/reshard.h"
 #include "testing/fixtures.h"
 
 namespace ucp::conformance {
@@ -27,112 +30,8 @@ using ::testing::IsEmpty;
 using pickle::Kind;
 using pickle::Value;
 using ucp::testing::FixturePath;
+using ucp::testing::VersionFixturePath;
 using ucp::testing::FreshTempDir;
-
-// Top-level keys whose values depend on the job, not on the layout.
-const std::set<std::string> kJobKeys = {"ds_config",     "args",         "random_rng_state", "np_rng_state",
-                                        "torch_rng_state", "rng_tracker_states", "iteration", "global_steps",
-                                        "global_samples", "universal_checkpoint_info"};
-
-// Compares two value trees by layout: kinds, dict keys in order, sequence
-// lengths, scalars; tensors by dtype, shape, storage size, offset and
-// requires_grad (not by values). ZeroStageEnum by stage, whatever its encoding.
-class LayoutComparer {
- public:
-  LayoutComparer(const torch::TorchFile& a, const torch::TorchFile& b) : a_(a), b_(b) {}
-  std::vector<std::string> diffs;
-
-  void Compare(const Value& x, const Value& y, const std::string& path, int depth) {
-    if (diffs.size() > 20) return;
-    if (depth == 1 && kJobKeys.count(path)) return;
-    const bool tx = torch::TorchFile::IsTensor(x), ty = torch::TorchFile::IsTensor(y);
-    if (tx || ty) {
-      if (tx != ty) return Add(path, "tensor vs non-tensor");
-      auto a = a_.GetTensor(x);
-      auto b = b_.GetTensor(y);
-      if (!a.ok() || !b.ok()) return Add(path, "unreadable tensor");
-      if (a->dtype() != b->dtype() || a->sizes() != b->sizes() || a->storage()->numel() != b->storage()->numel() ||
-          a->storage_offset() != b->storage_offset() || a->requires_grad() != b->requires_grad()) {
-        Add(path, absl::StrCat("tensor ", std::string(torch::DTypeName(a->dtype())), torch::ShapeString(a->sizes()), " storage ",
-                               a->storage()->numel(), "+", a->storage_offset(), " rg ", a->requires_grad(), " vs ",
-                               std::string(torch::DTypeName(b->dtype())), torch::ShapeString(b->sizes()), " storage ",
-                               b->storage()->numel(), "+", b->storage_offset(), " rg ", b->requires_grad()));
-      }
-      return;
-    }
-    if (x.IsObjectOf("deepspeed.runtime.zero.config", "ZeroStageEnum") ||
-        y.IsObjectOf("deepspeed.runtime.zero.config", "ZeroStageEnum") || x.is(Kind::kObject) && x.object_name() == "getattr") {
-      auto sa = pickle::AsZeroStage(x), sb = pickle::AsZeroStage(y);
-      if (!sa.ok() || !sb.ok() || *sa != *sb) Add(path, "zero_stage differs");
-      return;
-    }
-    if (x.kind() != y.kind()) return Add(path, absl::StrCat(pickle::KindName(x.kind()), " vs ", pickle::KindName(y.kind())));
-    switch (x.kind()) {
-      case Kind::kDict: {
-        std::vector<std::string> kx, ky;
-        for (const auto& [k, v] : x.dict_items()) kx.push_back(k->DebugString());
-        for (const auto& [k, v] : y.dict_items()) ky.push_back(k->DebugString());
-        if (kx != ky || x.ordered_dict() != y.ordered_dict()) {
-          return Add(path, absl::StrCat(x.ordered_dict() ? "OrderedDict" : "dict", " keys [", absl::StrJoin(kx, ", "),
-                                        "] vs ", y.ordered_dict() ? "OrderedDict" : "dict", " [",
-                                        absl::StrJoin(ky, ", "), "]"));
-        }
-        for (size_t i = 0; i < x.dict_items().size(); ++i) {
-          const std::string key = x.dict_items()[i].first->is(Kind::kStr) ? x.dict_items()[i].first->str()
-                                                                           : x.dict_items()[i].first->DebugString();
-          Compare(*x.dict_items()[i].second, *y.dict_items()[i].second, path.empty() ? key : path + "." + key,
-                  depth + 1);
-        }
-        return;
-      }
-      case Kind::kList:
-      case Kind::kTuple:
-      case Kind::kSet:
-        if (x.items().size() != y.items().size()) {
-          return Add(path, absl::StrCat(x.items().size(), " items vs ", y.items().size()));
-        }
-        for (size_t i = 0; i < x.items().size(); ++i) {
-          Compare(*x.items()[i], *y.items()[i], absl::StrCat(path, "[", i, "]"), depth + 1);
-        }
-        return;
-      case Kind::kObject:
-        if (x.object_module() != y.object_module() || x.object_name() != y.object_name()) {
-          return Add(path, absl::StrCat("object ", std::string(x.object_name()), " vs ", std::string(y.object_name())));
-        }
-        if (x.object().state && y.object().state) Compare(*x.object().state, *y.object().state, path + ".__state__", depth + 1);
-        if (x.object().args && y.object().args) Compare(*x.object().args, *y.object().args, path + ".__args__", depth + 1);
-        return;
-      default:
-        if (!pickle::DeepEqual(x, y)) Add(path, absl::StrCat(x.DebugString(), " vs ", y.DebugString()));
-        return;
-    }
-  }
-
- private:
-  void Add(const std::string& path, const std::string& what) { diffs.push_back(absl::StrCat(path, ": ", what)); }
-  const torch::TorchFile& a_;
-  const torch::TorchFile& b_;
-};
-
-std::vector<std::string> LayoutDiffs(const std::string& ours, const std::string& theirs) {
-  std::vector<std::string> diffs;
-  auto fa = readers::ListFilesRecursive(ours);
-  auto fb = readers::ListFilesRecursive(theirs);
-  if (!fa.ok() || !fb.ok()) return {"cannot list"};
-  if (*fa != *fb) return {absl::StrCat("files [", absl::StrJoin(*fa, ", "), "] vs [", absl::StrJoin(*fb, ", "), "]")};
-  for (const auto& f : *fa) {
-    auto a = torch::TorchFile::Open(JoinPath(ours, f));
-    auto b = torch::TorchFile::Open(JoinPath(theirs, f));
-    if (!a.ok() || !b.ok()) {
-      diffs.push_back(absl::StrCat(f, ": cannot open"));
-      continue;
-    }
-    LayoutComparer c(**a, **b);
-    c.Compare(*(*a)->root(), *(*b)->root(), "", 0);
-    for (const auto& d : c.diffs) diffs.push_back(absl::StrCat(f, ": ", d));
-  }
-  return diffs;
-}
 
 absl::StatusOr<std::unique_ptr<SyntheticModelState>> FixtureModel(const std::string& lp_dtype,
                                                                   deepspeed::OptimizerKind kind) {
@@ -170,6 +69,43 @@ TEST_P(FixtureLayoutTest, SaveLaysOutFilesAsDeepSpeedDid) {
   ASSERT_TRUE(SaveZero(**m2, out2, topology, 2).ok());
   EXPECT_THAT(LayoutDiffs(out2, FixturePath(fixture + "/global_step4")), Not(IsEmpty()));
 }
+
+// The same model saved as DeepSpeed 0.16.4 and 0.19.5 (numpy 2, torch 2.6 as
+// the fixtures' jobs ran) against those versions' files: checkpoint_parallel_dimensions
+// in 0.19.5 only, torch 2's param_groups keys, ds_version.
+class VersionFixtureLayoutTest
+    : public ::testing::TestWithParam<std::tuple<std::string, std::string, deepspeed::Topology, bool>> {};
+
+TEST_P(VersionFixtureLayoutTest, SaveLaysOutFilesAsThatVersionDid) {
+  const auto& [version, fixture, topology, bf16] = GetParam();
+  NeoxShape shape;
+  shape.layers = 4;  // these fixtures' model
+  shape.lp_dtype = bf16 ? "bf16" : "fp32";
+  SyntheticVersion v;
+  v.ds_version = version;
+  v.numpy2 = true;
+  auto m = SyntheticModelState::Make(NeoxSpec(shape), 4, 1,
+                                     bf16 ? deepspeed::OptimizerKind::kBf16 : deepspeed::OptimizerKind::kZero, v);
+  ASSERT_TRUE(m.ok()) << m.status();
+  const std::string out = JoinPath(FreshTempDir(absl::StrCat("layout_", version, fixture)), "global_step4");
+  ASSERT_TRUE(SaveZero(**m, out, topology, 2).ok());
+  const std::string theirs = VersionFixturePath(version, fixture + "/global_step4");
+  std::vector<std::string> diffs = LayoutDiffs(out, theirs);
+  EXPECT_THAT(diffs, IsEmpty()) << absl::StrJoin(diffs, "\n");
+  // The same model saved as 0.14.4 is not that layout.
+  auto old = SyntheticModelState::Make(NeoxSpec(shape), 4, 1, (*m)->info().optimizer_kind);
+  ASSERT_TRUE(old.ok());
+  const std::string out_old = JoinPath(FreshTempDir(absl::StrCat("layout_old_", version, fixture)), "global_step4");
+  ASSERT_TRUE(SaveZero(**old, out_old, topology, 2).ok());
+  EXPECT_THAT(LayoutDiffs(out_old, theirs), Not(IsEmpty()));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, VersionFixtureLayoutTest,
+    ::testing::Values(std::make_tuple("0.19.5", "neox-tp2-pp1-dp1", deepspeed::Topology{2, 1, 1}, false),
+                      std::make_tuple("0.19.5", "neox-bf16-tp2-pp1-dp2", deepspeed::Topology{2, 1, 2}, true),
+                      std::make_tuple("0.16.4", "neox-tp2-pp1-dp1", deepspeed::Topology{2, 1, 1}, false),
+                      std::make_tuple("0.16.4", "neox-bf16-tp2-pp1-dp2", deepspeed::Topology{2, 1, 2}, true)));
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureLayoutTest,
                          ::testing::Values(std::make_tuple("neox-tp2-pp1-dp1", deepspeed::Topology{2, 1, 1}, false),
@@ -248,6 +184,73 @@ TEST(SyntheticModelStateTest, OptimizerCommonAndRootAreShapedLikeDeepSpeeds) {
                       "sparse_tensor_module_names", "skipped_steps", "global_steps", "global_samples", "dp_world_size",
                       "mp_world_size", "ds_config", "ds_version", "iteration", "args", "random_rng_state",
                       "np_rng_state", "torch_rng_state", "rng_tracker_states", "universal_checkpoint_info"}));
+}
+
+// Issue 10: the args record a real head count, and ucp refuses a tp that does
+// not divide it, a single head at tp > 1 included.
+TEST(SyntheticModelStateTest, HeadCountIsRecordedAndCheckedByReshard) {
+  NeoxShape shape;
+  ModelSpec spec = NeoxSpec(shape);
+  spec.set_lp_dtype("fp32");
+  auto heads_of = [](const SyntheticModelState& m) {
+    return m.ModelStatesRoot(0, 0).value->DictGet("args")->DictGet("num_attention_heads")->int_value();
+  };
+  // Derived when the spec has none: the gcd of the partitioned dims.
+  auto derived = SyntheticModelState::Make(spec, 1, 1, deepspeed::OptimizerKind::kZero);
+  ASSERT_TRUE(derived.ok()) << derived.status();
+  EXPECT_EQ(heads_of(**derived), SpecAttentionHeads(spec));
+  EXPECT_GT(heads_of(**derived), 1);
+  const std::string root = FreshTempDir("heads");
+  auto reshard_to_tp2 = [&](int64_t heads, const std::string& name) {
+    ModelSpec s = spec;
+    s.set_num_attention_heads(heads);
+    auto m = SyntheticModelState::Make(s, 1, 1, deepspeed::OptimizerKind::kZero);
+    EXPECT_TRUE(m.ok()) << m.status();
+    EXPECT_EQ(heads_of(**m), heads);
+    const std::string src = JoinPath(root, name + "/global_step1");
+    EXPECT_TRUE(SaveZero(**m, src, deepspeed::Topology{1, 1, 1}).ok());
+    ops::ReshardOptions o;
+    o.input_folder = src;
+    o.output_folder = JoinPath(root, name + "_tp2/global_step1");
+    o.write.target = deepspeed::Topology{2, 1, 1};
+    o.write.num_threads = 1;
+    auto source = ZeroSourceOptionsFor(s, JoinPath(root, name));
+    EXPECT_TRUE(source.ok()) << source.status();
+    o.zero_source = *source;
+    auto r = ops::Reshard(o);
+    return std::make_pair(r.status(), o.output_folder);
+  };
+  {
+    auto [s, out] = reshard_to_tp2(1, "one_head");
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(std::string(s.message()),
+                ::testing::HasSubstr("--tp=2 does not divide the model's num_attention_heads = 1"));
+    EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("a single attention head cannot be split"));
+    EXPECT_FALSE(PathExists(out));
+  }
+  {
+    auto [s, out] = reshard_to_tp2(3, "three_heads");
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_FALSE(PathExists(out));
+  }
+  {
+    auto [s, out] = reshard_to_tp2(2, "two_heads");
+    EXPECT_TRUE(s.ok()) << s;
+    EXPECT_TRUE(PathExists(out));
+  }
+  // The reshard to tp=1 of a single-head model is fine.
+  ModelSpec one = spec;
+  one.set_num_attention_heads(1);
+  auto m = SyntheticModelState::Make(one, 1, 1, deepspeed::OptimizerKind::kZero);
+  ASSERT_TRUE(m.ok());
+  const std::string src = JoinPath(root, "one_head_tp2src/global_step1");
+  ASSERT_TRUE(SaveZero(**m, src, deepspeed::Topology{1, 1, 2}).ok());
+  ops::ReshardOptions o;
+  o.input_folder = src;
+  o.output_folder = JoinPath(root, "one_head_tp1/global_step1");
+  o.write.target = deepspeed::Topology{1, 1, 1};
+  o.write.num_threads = 1;
+  EXPECT_TRUE(ops::Reshard(o).ok());
 }
 
 TEST(SyntheticModelStateTest, RejectsInconsistentSpecs) {

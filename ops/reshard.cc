@@ -54,16 +54,16 @@ absl::Status ValidateTargetAgainstModel(const deepspeed::ModelState& state, cons
   if (const pickle::Value* args = ArgsOf(state)) {
     for (const char* key : {"num_attention_heads", "num_heads", "n_head", "num_key_value_heads", "num_query_groups"}) {
       const pickle::Value* v = args->DictGet(key);
-      // 1 is not checked: a single head has no split to break, and generators
-      // (conformance/synthetic_state.cc) write 1 as a placeholder.
-      if (v == nullptr || !v->is(pickle::Kind::kInt) || !v->fits_int64() || v->int_value() <= 1) continue;
+      // A single head cannot be split either: heads = 1 at tp > 1 is refused.
+      if (v == nullptr || !v->is(pickle::Kind::kInt) || !v->fits_int64() || v->int_value() < 1) continue;
       if (std::string(key) == "num_query_groups") {
         const pickle::Value* gqa = args->DictGet("group_query_attention");
         if (gqa == nullptr || !gqa->bool_value()) continue;
       }
       if (v->int_value() % tp != 0) {
-        return absl::InvalidArgumentError(absl::StrCat("--tp=", tp, " does not divide the model's ", key, " = ",
-                                                       v->int_value(), " (from the checkpoint's args)"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--tp=", tp, " does not divide the model's ", key, " = ", v->int_value(), " (from the checkpoint's args)",
+            v->int_value() == 1 ? ": a single attention head cannot be split over tensor-parallel ranks" : ""));
       }
     }
   }

@@ -191,7 +191,22 @@ absl::Status MoeState::Load() {
       num_experts_.push_back(static_cast<int>(n));
     }
   }
-  // param_shapes: dp rank 0's groups.
+  // param_shapes: dp rank 0's groups. DeepSpeed before 0.19.3 saved MoE model
+  // states without them (nor ds_config, ds_version: engine.py
+  // _save_moe_checkpoint); the optimizer files still name the version.
+  if (root.DictGet("param_shapes") == nullptr) {
+    std::string v = version;
+    if (v == "(no ds_version)") {
+      if (auto f = torch::TorchFile::Open(OptimPath(0)); f.ok() && (*f)->root()->is(Kind::kDict)) {
+        const Value* x = (*f)->root()->DictGet("ds_version");
+        if (x != nullptr && x->is(Kind::kStr)) v = x->str();
+      }
+    }
+    return FileError(mp_path, absl::StatusCode::kUnimplemented,
+                     absl::StrCat("DeepSpeed ", v, " native mixture-of-experts checkpoint whose model states have no "
+                                  "param_shapes (DeepSpeed before 0.19.3 does not save them for MoE): ucp reads the MoE "
+                                  "layout of DeepSpeed 0.19.3 to 0.19.5"));
+  }
   UCP_ASSIGN_OR_RETURN(const Value* shapes_v, GetField(root, "param_shapes", "model states"), _.Prepend(mp_path + ": "));
   UCP_ASSIGN_OR_RETURN(auto* shape_list, AsSequence(*shapes_v, "param_shapes"), _.Prepend(mp_path + ": "));
   for (size_t g = 0; g < shape_list->size(); ++g) {

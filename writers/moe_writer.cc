@@ -85,6 +85,7 @@ class MoePlan : public Plan {
       auto v = deepspeed::ParseDsVersion(version_);
       if (!v.ok()) return absl::InvalidArgumentError(absl::StrCat("ds_version '", version_, "': pass --target_ds_version"));
       convention_ = deepspeed::PaddingConventionOf(*v, false);
+      parallel_dims_ = *v >= deepspeed::DsVersion{0, 19, 5};
     }
     UCP_ASSIGN_OR_RETURN(common_, state_.OptimizerCommon());
     if (!common_.value || !common_.value->is(Kind::kDict)) return absl::InvalidArgumentError("no optimizer state");
@@ -310,6 +311,15 @@ class MoePlan : public Plan {
         out->DictSet(k, Value::Int(dp_));
       } else if (key == "mp_world_size") {
         out->DictSet(k, Value::Int(1));
+        if (parallel_dims_ && src.value->DictGet("checkpoint_parallel_dimensions") == nullptr) {
+          // engine.py:_checkpoint_parallel_metadata (0.19.5), after mp_world_size.
+          ValuePtr dims = Value::MakeDict();
+          dims->DictSet(Value::Str("pp_degree"), Value::Int(1));
+          dims->DictSet(Value::Str("tp_degree"), Value::Int(1));
+          out->DictSet(Value::Str("checkpoint_parallel_dimensions"), dims);
+        }
+      } else if (key == "checkpoint_parallel_dimensions" && !parallel_dims_) {
+        continue;  // a target before 0.19.5 records none
       } else if (key == "ds_config") {
         UCP_ASSIGN_OR_RETURN(ValuePtr c, DsConfig(deepspeed::FileValue{v, src.file}, w));
         out->DictSet(k, c);
@@ -445,6 +455,7 @@ class MoePlan : public Plan {
   int dp_ = 1, ep_ = 1, edp_ = 1, stage_ = 2;
   std::string version_;
   deepspeed::PaddingConvention convention_ = deepspeed::PaddingConvention::kLastRank;
+  bool parallel_dims_ = false;  // the target writes checkpoint_parallel_dimensions
   deepspeed::FileValue common_;
   std::vector<TargetGroup> groups_;
   std::vector<Job> jobs_;

@@ -47,6 +47,13 @@ class Zero3Plan : public Plan {
 
   absl::Status Build() {
     UCP_RETURN_IF_ERROR(options_.target.Validate());
+    {
+      // The target version's model states record the degrees from 0.19.5 on.
+      const std::string version =
+          options_.target_ds_version.empty() ? deepspeed::SourceDsVersion(state_) : options_.target_ds_version;
+      auto v = deepspeed::ParseDsVersion(version);
+      parallel_dims_ = v.ok() && *v >= deepspeed::DsVersion{0, 19, 5};
+    }
     if (options_.target.tp != 1 || options_.target.pp != 1) {
       return absl::InvalidArgumentError(absl::StrCat("ZeRO stage 3 target ", options_.target.ToString(),
                                                      ": ucp writes ZeRO-3 checkpoints at tp=1 pp=1"));
@@ -258,6 +265,14 @@ class Zero3Plan : public Plan {
         out->DictSet(k, Value::Int(dp_));
       } else if (key == "mp_world_size") {
         out->DictSet(k, Value::Int(1));
+        if (parallel_dims_ && src.value->DictGet("checkpoint_parallel_dimensions") == nullptr) {
+          ValuePtr dims = Value::MakeDict();
+          dims->DictSet(Value::Str("pp_degree"), Value::Int(1));
+          dims->DictSet(Value::Str("tp_degree"), Value::Int(1));
+          out->DictSet(Value::Str("checkpoint_parallel_dimensions"), dims);
+        }
+      } else if (key == "checkpoint_parallel_dimensions" && !parallel_dims_) {
+        continue;  // a target before 0.19.5 records none
       } else if (key == "checkpoint_parallel_dimensions" && v->is(Kind::kDict)) {
         UCP_ASSIGN_OR_RETURN(ValuePtr dims, deepspeed::CopyTreeForWrite(deepspeed::FileValue{v, src.file}, w));
         if (dims->DictGet("pp_degree")) dims->DictSet(Value::Str("pp_degree"), Value::Int(1));
@@ -432,6 +447,7 @@ class Zero3Plan : public Plan {
   ZeroWriteOptions options_;
   const int dp_;
   int64_t sub_group_size_ = 0;
+  bool parallel_dims_ = false;  // the target writes checkpoint_parallel_dimensions
   deepspeed::FileValue common_;
   std::map<std::string, int> ds_id_;
   std::vector<SubGroup> sub_groups_;

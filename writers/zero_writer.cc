@@ -71,6 +71,7 @@ absl::StatusOr<TargetLayout> PlanTarget(const ModelInfo& info, const ZeroWriteOp
           options.target_ds_version.empty() ? " (pass --target_ds_version to choose one)" : ""));
     }
     out.ds_version = options.target_ds_version;
+    out.version = v;
     out.padding_convention =
         deepspeed::PaddingConventionOf(v, info.optimizer_kind == deepspeed::OptimizerKind::kBf16);
   }
@@ -321,6 +322,8 @@ class Writer {
       return absl::FailedPreconditionError(absl::StrCat("no model states for stage ", stage, " tp rank ", rank));
     }
     ValuePtr out = Value::MakeDict();
+    // DeepSpeed >= 0.19.5 records the tp / pp degrees of the saving job.
+    const bool cpd = layout_.version >= deepspeed::DsVersion{0, 19, 5};
     for (const auto& [k, v] : src.value->dict_items()) {
       const std::string key = k->is(Kind::kStr) ? k->str() : "";
       if (key == "module") {
@@ -344,6 +347,9 @@ class Writer {
         out->DictSet(k, Value::MakeDict());
       } else if (key == "dp_world_size") {
         out->DictSet(k, Value::Int(layout_.topo.dp));
+      } else if (key == "checkpoint_parallel_dimensions" && !cpd) {
+        // An older target version writes none (and would take it for client state).
+        continue;
       } else if (key == "checkpoint_parallel_dimensions" && v->is(Kind::kDict)) {
         // DeepSpeed >= 0.19.5: the degrees of the job that saved (checked
         // against the files when loading); the source's key order.
@@ -355,6 +361,13 @@ class Writer {
         out->DictSet(k, Value::Str(layout_.ds_version));
       } else if (key == "mp_world_size") {
         out->DictSet(k, Value::Int(layout_.topo.mp_world_size()));
+        if (cpd && src.value->DictGet("checkpoint_parallel_dimensions") == nullptr) {
+          // engine.py:_checkpoint_parallel_metadata (0.19.5), right after mp_world_size.
+          ValuePtr dims = Value::MakeDict();
+          dims->DictSet(Value::Str("pp_degree"), Value::Int(layout_.topo.pp));
+          dims->DictSet(Value::Str("tp_degree"), Value::Int(layout_.topo.tp));
+          out->DictSet(Value::Str("checkpoint_parallel_dimensions"), dims);
+        }
       } else if (key == "ds_config") {
         UCP_ASSIGN_OR_RETURN(ValuePtr c, DsConfig(deepspeed::FileValue{v, src.file}, w));
         out->DictSet(k, c);

@@ -79,6 +79,9 @@ struct TargetLayout {
   deepspeed::Topology topo;
   int zero_stage = 1;
   std::string ds_version;  // written in the files; "" = copied from the source
+  // The version whose layout is written (the target's, else the source's,
+  // else 0.14.4): decides checkpoint_parallel_dimensions (0.19.5 and later).
+  deepspeed::DsVersion version{0, 14, 4};
   deepspeed::PaddingConvention padding_convention = deepspeed::PaddingConvention::kLastRank;
   std::string partition_method;
   std::vector<int> parts;  // pp + 1 layer boundaries (pipeline only)

@@ -403,7 +403,7 @@ absl::StatusOr<NumpyArray> AsNumpyArray(const Value& v, std::string_view what) {
   return array;
 }
 
-absl::StatusOr<ValuePtr> MakeNumpyArray(const NumpyArray& array) {
+absl::StatusOr<ValuePtr> MakeNumpyArray(const NumpyArray& array, bool numpy2) {
   constexpr std::string_view kWhat = "MakeNumpyArray";
   if (array.dtype.size() < 3 || std::string_view("<>|=").find(array.dtype[0]) == std::string_view::npos ||
       std::string_view("biufcSV").find(array.dtype[1]) == std::string_view::npos) {
@@ -430,7 +430,7 @@ absl::StatusOr<ValuePtr> MakeNumpyArray(const NumpyArray& array) {
   std::vector<ValuePtr> shape;
   for (int64_t d : array.shape) shape.push_back(Value::Int(d));
   Object ndarray;
-  ndarray.callable = Value::Global("numpy.core.multiarray", "_reconstruct");
+  ndarray.callable = Value::Global(numpy2 ? "numpy._core.multiarray" : "numpy.core.multiarray", "_reconstruct");
   ndarray.how = ObjectHow::kReduce;
   ndarray.args = Value::Tuple({Value::Global("numpy", "ndarray"), Value::Tuple({Value::Int(0)}), Value::Bytes("b")});
   ndarray.state = Value::Tuple({Value::Int(1), Value::Tuple(std::move(shape)), Value::MakeObject(std::move(dtype)),

@@ -90,8 +90,9 @@ struct NumpyArray {
 absl::StatusOr<NumpyArray> AsNumpyArray(const Value& v, std::string_view what = "ndarray");
 // The protocol 2 encoding numpy 1.x writes (as in torch checkpoints' RNG
 // states). kInvalidArgument for a dtype other than [<>|=][biufcSV]N or a
-// data size that does not match the shape.
-absl::StatusOr<ValuePtr> MakeNumpyArray(const NumpyArray& array);
+// data size that does not match the shape. `numpy2`: the module numpy 2
+// pickles it from (numpy._core.multiarray); the bytes are otherwise the same.
+absl::StatusOr<ValuePtr> MakeNumpyArray(const NumpyArray& array, bool numpy2 = false);
 
 // ---- set / frozenset ----
 absl::StatusOr<const std::vector<ValuePtr>*> AsSet(const Value& v, std::string_view what = "set");

@@ -31,10 +31,16 @@ S[c10]="--tp 1 --pp 2 --dp 2"; T[c10]="--tp 2 --pp 2"; TOL[c10]=$FP32TOL
 M[c11]="--plain --hidden 64 --heads 4 --groups 8 --groups_mr 4 --groups_se 16 --seed 11 --bf16 --untied"
 S[c11]="--tp 2 --dp 2"; T[c11]="--tp 2 --dp 1"; TOL[c11]=$BF16TOL
 # c08 with the universal load replaced by ucp reshard + a plain load (see README: DeepSpeed
-# 0.14.4 cannot universal-load a plain module at a smaller tp); reuses c08's source.
+# 0.14.4 cannot universal-load a plain module's copied mp_rank files at a smaller tp); reuses
+# c08's source. c08s: c08 converted with --single_mp_rank_file, universal-loaded at tp=1.
 CASES=${*:-c01 c02 c03 c04 c05 c06 c07 c08 c09 c10 c11}
 fail=0
 for c in $CASES; do
+  if [ $c = c08s ]; then  # c08 with one mp_rank file in the universal folder
+    python3 $LAB/savanna_case.py --case $OUT/c08s --reuse_source $OUT/c08 --model "${M[c08]}" --src "${S[c08]}" \
+      --dst "${T[c08]}" --tol ${TOL[c08]} --convert_args=--single_mp_rank_file || fail=1
+    continue
+  fi
   if [ $c = c08r ]; then
     python3 $LAB/savanna_case.py --case $OUT/c08r --reuse_source $OUT/c08 --model "${M[c08]}" --src "${S[c08]}" \
       --dst "${T[c08]}" --tol ${TOL[c08]} --via_reshard || fail=1

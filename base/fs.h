@@ -65,6 +65,12 @@ std::string ResolvePath(const std::string& path);
 // resolved): writing or replacing it would destroy the input.
 absl::Status CheckOutputApartFromInputs(const std::string& output, const std::vector<std::string>& inputs);
 
+// Process-wide (default true): whether StagingDir::Commit fsyncs the output
+// before renaming it into place. Off (the CLI's --fsync=false) a commit is
+// as durable as cp -r: not crash-safe.
+void SetSyncOutputs(bool on);
+bool SyncOutputs();
+
 // fsyncs every file and folder under `path` (and `path` itself).
 absl::Status SyncTree(const std::string& path);
 // fsyncs one folder (after a rename in it).
@@ -100,7 +106,8 @@ class StagingDir {
   const std::string& target() const { return target_; }
   // fsyncs the staging folder's files and folders, renames it to the target
   // (replacing an old target when created with overwrite) and fsyncs the
-  // parent. After Commit the destructor does nothing.
+  // parent (no fsync when !SyncOutputs()). After Commit the destructor does
+  // nothing.
   absl::Status Commit();
   // Keeps the staging folder on destruction (ds_to_universal's --keep_temp_folder).
   void Keep();

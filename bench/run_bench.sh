@@ -2,7 +2,7 @@
 # ucp's performance benchmark: convert and reshard against the copy limit of
 # this machine (cp -r of the same bytes), measured in one run, as ratios.
 #
-#   bench/run_bench.sh [--gb=3] [--runs=3] [--workdir=/tmp/ucp_bench] [--threads=0] [--ranks="1 2"]
+#   bench/run_bench.sh [--gb=3] [--runs=3] [--workdir=/tmp/ucp_bench] [--threads=0] [--ranks="1 2"] [--nofsync=1]
 #
 # Generates a GPT-NeoX-shaped tp=2 dp=2 ZeRO-1 checkpoint (fp32 weights, fp32
 # master + Adam) of about --gb GB with the conformance writer, then times,
@@ -18,6 +18,9 @@
 #   reshard-u ucp reshard  universal -> tp=1 dp=1
 #   reshard-z ucp reshard  ZeRO -> ZeRO tp=1 dp=1, one pass
 #   export    ucp export   ZeRO -> model.safetensors (fp32 masters, tp merged)
+#   *-nf      convert, reshard-u, reshard-z and export again (1 rank) with
+#             --fsync=false: no fsync before the commit, NOT crash-safe, the
+#             like-for-like comparison with plain cp -r (--nofsync=0 skips them)
 # each with every rank count of --ranks (R > 1: `mpirun -np R ucp ...`, the
 # ranks sharing the machine's cores; export runs alone), and prints min and
 # median seconds, MB/s of bytes read + written, peak RSS
@@ -42,6 +45,7 @@ RUNS=3
 WORK=/tmp/ucp_bench
 THREADS=0
 RANKS="1 2"
+NOFSYNC=1
 for arg in "$@"; do
   case "$arg" in
     --gb=*) GB="${arg#*=}" ;;
@@ -49,6 +53,7 @@ for arg in "$@"; do
     --workdir=*) WORK="${arg#*=}" ;;
     --threads=*) THREADS="${arg#*=}" ;;
     --ranks=*) RANKS="${arg#*=}" ;;
+    --nofsync=*) NOFSYNC="${arg#*=}" ;;
     *) echo "unknown argument $arg" >&2; exit 2 ;;
   esac
 done
@@ -106,6 +111,7 @@ suffix() { if (($1 > 1)); then echo "@$1"; fi; }
 
 OPS="cp cpsync export"
 for r in $RANKS; do OPS="$OPS convert$(suffix "$r") reshard-u$(suffix "$r") reshard-z$(suffix "$r")"; done
+if ((NOFSYNC)); then OPS="$OPS convert-nf reshard-u-nf reshard-z-nf export-nf"; fi
 
 PROTOCOLS="warm cold"
 if ((!CAN_DROP)); then PROTOCOLS="as-is"; fi
@@ -133,6 +139,19 @@ for protocol in $PROTOCOLS; do
     done
     run "$protocol" export "$SRC" "$WORK/export_out" \
       "$UCP" export --input_folder="$SRC" --output_folder="$WORK/export_out" --num_threads="$THREADS" --progress=never
+    if ((NOFSYNC)); then
+      nf=(--fsync=false --num_threads="$THREADS" --progress=never)
+      run "$protocol" convert-nf "$SRC" "$WORK/u/global_step1_universal" \
+        "$UCP" convert --input_folder="$SRC" --output_folder="$WORK/u/global_step1_universal" "${nf[@]}"
+      run "$protocol" reshard-u-nf "$UNI" "$WORK/tp1_from_universal/global_step1" \
+        "$UCP" reshard --input_folder="$UNI" --output_folder="$WORK/tp1_from_universal/global_step1" --tp=1 --pp=1 \
+        --dp=1 "${nf[@]}"
+      run "$protocol" reshard-z-nf "$SRC" "$WORK/tp1_from_zero/global_step1" \
+        "$UCP" reshard --input_folder="$SRC" --output_folder="$WORK/tp1_from_zero/global_step1" --tp=1 --pp=1 \
+        --dp=1 "${nf[@]}"
+      run "$protocol" export-nf "$SRC" "$WORK/export_out" \
+        "$UCP" export --input_folder="$SRC" --output_folder="$WORK/export_out" "${nf[@]}"
+    fi
   done
 done
 
@@ -164,6 +183,10 @@ for r in $RANKS; do
   OP_ARGS+=("convert$x:$ZERO_READ:$CONVERT_WRITE" "reshard-u$x:$RU_READ:$RU_WRITE" "reshard-z$x:$ZERO_READ:$RZ_WRITE")
 done
 OP_ARGS+=("export:$EXPORT_READ:$EXPORT_WRITE")
+if ((NOFSYNC)); then
+  OP_ARGS+=("convert-nf:$ZERO_READ:$CONVERT_WRITE" "reshard-u-nf:$RU_READ:$RU_WRITE" "reshard-z-nf:$ZERO_READ:$RZ_WRITE"
+    "export-nf:$EXPORT_READ:$EXPORT_WRITE")
+fi
 /usr/bin/python3 - "$WORK" "$RUNS" "$GB" "$LARGEST" "$IN_BYTES" "$MANIFEST_BYTES" "$SAME" "$PROTOCOLS" \
   "${OP_ARGS[@]}" <<'EOF' | tee "$WORK/report.txt"
 import statistics, sys
@@ -192,9 +215,14 @@ for protocol in protocols.split():
     for name, r in rows.items():
         rate = (r["read"] + r["write"]) / r["med"]
         label = "cp+sync" if name == "cpsync" else name.split('@')[0]
+        if label.endswith("-nf"): label = label[:-3] + "*"
         print(f"{label:10} {ranks(name):5} {r['min']:7.2f} {r['med']:9.2f} {r['read']/1e6:8.0f} "
               f"{r['write']/1e6:11.0f} {rate/1e6:7.0f} {rate/cp_rate:6.0%} {rate/durable_rate:11.0%} {r['rss']/2**20:12.0f}")
-    for name in [n for n in rows if n not in ("cp", "cpsync")]:
+    if any(n.endswith("-nf") for n in rows):
+        print("  * = with --fsync=false (NOT crash-safe; no target): against plain cp -r, which does not sync either: "
+              + ", ".join(f"{n[:-3]} {(rows[n]['read'] + rows[n]['write']) / rows[n]['med'] / cp_rate:.0%}"
+                          for n in rows if n.endswith("-nf")))
+    for name in [n for n in rows if n not in ("cp", "cpsync") and not n.endswith("-nf")]:
         r = rows[name]
         rate = (r["read"] + r["write"]) / r["med"] / durable_rate
         target = 0.5 if name == "export" else 0.8

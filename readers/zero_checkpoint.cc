@@ -22,6 +22,7 @@
 #include "base/parallel.h"
 #include "base/status_macros.h"
 #include "deepspeed/checkpoint_files.h"
+#include "format/torch/mapped_file.h"
 #include "readers/value_util.h"
 
 namespace ucp::readers {
@@ -357,20 +358,68 @@ absl::StatusOr<torch::Tensor> ZeroCheckpoint::ModuleTensorUnchecked(const Module
   return f.GetTensor(*v);
 }
 
+namespace {
+
+// One element of a sample: where its bytes are in a file (for a prefetch and
+// a pread), or, for a tensor that is not a contiguous view of a mapped file,
+// only the tensor.
+struct SampleRef {
+  const torch::Tensor* tensor = nullptr;
+  int64_t index = 0;
+  std::shared_ptr<const torch::MappedFile> file;  // null: read through the tensor
+  uint64_t offset = 0;
+};
+
+SampleRef LocateSample(const torch::Tensor& t, int64_t index, const torch::TorchFile* file) {
+  SampleRef r;
+  r.tensor = &t;
+  r.index = index;
+  const std::shared_ptr<const torch::MappedFile>* mapped = file != nullptr ? &file->mapped_file() : nullptr;
+  if (mapped == nullptr || *mapped == nullptr || !t.is_contiguous()) return r;
+  const uint8_t* p = t.data() + static_cast<size_t>(index) * torch::ItemSize(t.dtype());
+  const uint8_t* base = (*mapped)->data();
+  if (base == nullptr || p < base || p + torch::ItemSize(t.dtype()) > base + (*mapped)->size()) return r;
+  r.file = *mapped;
+  r.offset = static_cast<uint64_t>(p - base);
+  return r;
+}
+
+// Reads a sampled element with pread: touching it through the mapping would
+// make the kernel read megabytes around it (mmap read-around), and the
+// sampled lp weights are otherwise never read by a conversion.
+absl::Status ReadSample(const SampleRef& r, uint8_t* out) {
+  const size_t n = torch::ItemSize(r.tensor->dtype());
+  if (r.file != nullptr) return r.file->ReadAt(r.offset, absl::MakeSpan(out, n));
+  return r.tensor->CopyFlatRange(r.index, 1, out);
+}
+
+}  // namespace
+
 absl::Status ZeroCheckpoint::CheckMastersMatchLp(const OptimFile& file, int pp, int tp, int dp) const {
   // The lp weights of trainable params are their fp32 masters rounded to the
   // lp dtype (DeepSpeed copies the masters into them after every step). A
   // few elements of every fragment are compared with the lp weight the
   // (pp, tp) rank's own layer or module file holds: an optimizer file of
-  // another rank (swapped, mislabelled) differs. The lp bytes are sampled
-  // where they are, without reading (or CRC-checking) whole tensors.
+  // another rank (swapped, mislabelled) differs. The samples are read where
+  // they are, a few bytes each (pread, after one prefetch of them all so
+  // that the disk reads them together), without reading (or CRC-checking)
+  // whole tensors.
+  struct Sample {
+    std::string name;
+    const ModuleEntry* entry;
+    int64_t lp_index;
+    SampleRef master, weight;
+  };
+  std::vector<torch::Tensor> lp_tensors;  // kept alive for the samples
+  lp_tensors.reserve(module_entries_.size());
   for (int g = 0; g < num_groups_ && g < static_cast<int>(file.groups.size()); ++g) {
     const deepspeed::ZeroGroupLayout& layout = layouts_[pp][tp][g];
     const auto& names = ms_->StageGroup(pp, g);
     const torch::Tensor& fp32 = file.groups[g].fp32;
     if (fp32.dtype() != torch::DType::kFloat32) continue;
-    int64_t compared = 0, differing = 0;
-    std::string example;
+    std::vector<Sample> samples;
+    lp_tensors.clear();
+    lp_tensors.reserve(layout.Fragments(dp).size());
     for (const deepspeed::ZeroFragment& frag : layout.Fragments(dp)) {
       if (frag.param_index < 0 || static_cast<size_t>(frag.param_index) >= names.size() || frag.numel <= 0) continue;
       const std::string& name = names[frag.param_index];
@@ -385,30 +434,51 @@ absl::Status ZeroCheckpoint::CheckMastersMatchLp(const OptimFile& file, int pp, 
           lp_dtype != torch::DType::kFloat16) {
         continue;
       }
+      const torch::TorchFile* lp_file = nullptr;
+      if (e.layer >= 0) {
+        auto f = LayerFile(e.layer, tp);
+        if (f.ok()) lp_file = *f;
+      } else {
+        lp_file = &MpRankFile(0, tp);
+      }
+      lp_tensors.push_back(*std::move(lp));
+      const torch::Tensor& lp_tensor = lp_tensors.back();
       for (int64_t k : {int64_t{0}, frag.numel / 2, frag.numel - 1}) {
         const int64_t at = frag.partition_offset + k;
         if (at >= fp32.numel()) continue;
-        std::string master(4, '\0'), weight(torch::ItemSize(lp_dtype), '\0');
-        if (!fp32.CopyFlatRange(at, 1, reinterpret_cast<uint8_t*>(master.data())).ok()) continue;
-        if (!lp->CopyFlatRange(frag.param_offset + k, 1, reinterpret_cast<uint8_t*>(weight.data())).ok()) continue;
-        float m = 0;
-        std::memcpy(&m, master.data(), 4);
-        if (std::isnan(m)) continue;
-        std::string rounded = master;
-        if (lp_dtype != torch::DType::kFloat32) {
-          auto t = torch::Tensor::FromBytes(torch::DType::kFloat32, {1}, master);
-          if (!t.ok()) continue;
-          auto c = torch::Cast(*t, lp_dtype);
-          if (!c.ok()) continue;
-          rounded = c->ContiguousBytes();
-        }
-        ++compared;
-        if (rounded != weight) {
-          if (++differing == 1) {
-            example = absl::StrCat("param '", name, "' element ", frag.param_offset + k, ": fp32 master ", m,
-                                   " but lp weight bytes ", absl::BytesToHexString(weight), " in ",
-                                   e.layer >= 0 ? LayerPath(e.layer, tp) : MpRankPath(0, tp));
-          }
+        samples.push_back({name, &e, frag.param_offset + k, LocateSample(fp32, at, file.file.get()),
+                           LocateSample(lp_tensor, frag.param_offset + k, lp_file)});
+      }
+    }
+    for (const Sample& s : samples) {
+      for (const SampleRef* r : {&s.master, &s.weight}) {
+        if (r->file != nullptr) r->file->PrefetchRange(r->offset, torch::ItemSize(r->tensor->dtype()));
+      }
+    }
+    int64_t compared = 0, differing = 0;
+    std::string example;
+    for (const Sample& s : samples) {
+      const torch::DType lp_dtype = s.weight.tensor->dtype();
+      std::string master(4, '\0'), weight(torch::ItemSize(lp_dtype), '\0');
+      if (!ReadSample(s.master, reinterpret_cast<uint8_t*>(master.data())).ok()) continue;
+      if (!ReadSample(s.weight, reinterpret_cast<uint8_t*>(weight.data())).ok()) continue;
+      float m = 0;
+      std::memcpy(&m, master.data(), 4);
+      if (std::isnan(m)) continue;
+      std::string rounded = master;
+      if (lp_dtype != torch::DType::kFloat32) {
+        auto t = torch::Tensor::FromBytes(torch::DType::kFloat32, {1}, master);
+        if (!t.ok()) continue;
+        auto c = torch::Cast(*t, lp_dtype);
+        if (!c.ok()) continue;
+        rounded = c->ContiguousBytes();
+      }
+      ++compared;
+      if (rounded != weight) {
+        if (++differing == 1) {
+          example = absl::StrCat("param '", s.name, "' element ", s.lp_index, ": fp32 master ", m,
+                                 " but lp weight bytes ", absl::BytesToHexString(weight), " in ",
+                                 s.entry->layer >= 0 ? LayerPath(s.entry->layer, tp) : MpRankPath(0, tp));
         }
       }
     }

@@ -6,7 +6,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "base/digest.h"
+#include "base/fs.h"
 #include "format/torch/torch_file.h"
+#include "format/torch/zip.h"
 #include "tp/merge.h"
 
 namespace ucp::tools {
@@ -38,6 +40,19 @@ void RegisterUpdateLatestFlag(FlagSet& f, bool* update) {
   f.Bool("update_latest", update,
          "when the output is written beside the input (same root folder), repoint that root's existing latest file "
          "to the output; by default it is left alone, so the root still loads the input checkpoint");
+}
+
+void RegisterFsyncFlag(FlagSet& f, bool* fsync) {
+  f.Bool("fsync", fsync,
+         "fsync every output file and folder before the output is renamed into place (default), so that a crash "
+         "never leaves a committed but unwritten checkpoint. --fsync=false skips it (and the early writeback): "
+         "faster, like cp -r, but NOT crash-safe: after a power loss the committed output may hold zeros or "
+         "missing files");
+}
+
+void ApplyFsyncFlag(bool fsync) {
+  SetSyncOutputs(fsync);
+  torch::SetEarlyWriteback(fsync);
 }
 
 void ZeroSourceFlags::Register(FlagSet& f) {
@@ -138,12 +153,14 @@ void ConvertFlags::Register(FlagSet& f) {
   f.Ignored("inject_missing_state", false,
             "ds_to_universal.py compatibility: ucp never requires universal_checkpoint_info, nothing to inject");
   RegisterUnsafePickleFlag(f, &allow_unsafe_pickle);
+  RegisterFsyncFlag(f, &fsync);
   RegisterUpdateLatestFlag(f, &o.write.update_latest);
 }
 
 absl::Status ConvertFlags::Finish() {
   ops::ConvertOptions& o = options;
   if (allow_unsafe_pickle) torch::SetAllowUnsafePickles(true);
+  ApplyFsyncFlag(fsync);
   int threads = threads_;
   if (threads == 0 && extract_workers_ > 0) threads = extract_workers_;
   auto state = src.Options(threads, divisible_by_);
@@ -208,12 +225,14 @@ void ReshardFlags::Register(FlagSet& f) {
   RegisterProgressFlag(f, &progress);
   src.Register(f);
   RegisterUnsafePickleFlag(f, &allow_unsafe_pickle);
+  RegisterFsyncFlag(f, &fsync);
   RegisterUpdateLatestFlag(f, &o.write.update_latest);
 }
 
 absl::Status ReshardFlags::Finish() {
   ops::ReshardOptions& o = options;
   if (allow_unsafe_pickle) torch::SetAllowUnsafePickles(true);
+  ApplyFsyncFlag(fsync);
   for (absl::string_view item : absl::StrSplit(layer_types_, ',', absl::SkipEmpty())) {
     std::pair<std::string, std::string> kv = absl::StrSplit(item, ':');
     int idx = 0;
@@ -279,11 +298,13 @@ void ExportFlags::Register(FlagSet& f) {
   RegisterProgressFlag(f, &progress);
   src.Register(f);
   RegisterUnsafePickleFlag(f, &allow_unsafe_pickle);
+  RegisterFsyncFlag(f, &fsync);
 }
 
 absl::Status ExportFlags::Finish() {
   ops::ExportOptions& o = options;
   if (allow_unsafe_pickle) torch::SetAllowUnsafePickles(true);
+  ApplyFsyncFlag(fsync);
   if (format_ == "safetensors") {
     o.write.format = writers::ExportFormat::kSafetensors;
   } else if (format_ == "torch" || format_ == "pt" || format_ == "bin") {

@@ -35,6 +35,11 @@ void RegisterProgressFlag(FlagSet& f, std::string* mode);
 void RegisterUnsafePickleFlag(FlagSet& f, bool* allow);
 // --update_latest: repoint a `latest` in the input checkpoint's root.
 void RegisterUpdateLatestFlag(FlagSet& f, bool* update);
+// --fsync (default true): --fsync=false skips the fsync of the output before
+// its rename into place (and the early writeback): faster, like cp -r, but
+// not crash-safe. ApplyFsyncFlag sets it process-wide.
+void RegisterFsyncFlag(FlagSet& f, bool* fsync);
+void ApplyFsyncFlag(bool fsync);
 
 // Flags shared by convert, reshard, export (and the Python module's open) for
 // reading a ZeRO checkpoint.
@@ -55,6 +60,7 @@ struct ConvertFlags {
   ZeroSourceFlags src;
   bool explain = false;
   bool allow_unsafe_pickle = false;
+  bool fsync = true;
   std::string progress = "auto";
 
   void Register(FlagSet& f);
@@ -75,6 +81,7 @@ struct ReshardFlags {
   ops::ReshardOptions options;
   ZeroSourceFlags src;
   bool allow_unsafe_pickle = false;
+  bool fsync = true;
   std::string progress = "auto";
 
   void Register(FlagSet& f);
@@ -93,6 +100,7 @@ struct ExportFlags {
   ops::ExportOptions options;
   ZeroSourceFlags src;
   bool allow_unsafe_pickle = false;
+  bool fsync = true;
   std::string progress = "auto";
 
   void Register(FlagSet& f);

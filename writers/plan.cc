@@ -16,6 +16,7 @@
 #include "base/parallel.h"
 #include "base/status_macros.h"
 #include "format/torch/mapped_file.h"
+#include "format/torch/zip.h"
 
 namespace ucp::writers {
 
@@ -39,9 +40,21 @@ absl::Status ExecuteUnits(const Plan& plan, const std::vector<size_t>& subset, c
   for (size_t i : order) total.bytes_total += units[i].bytes;
   int64_t units_done = 0, bytes_done = 0;  // under progress_mu
   std::mutex progress_mu;
-  return ParallelFor(order.size(), threads, [&](size_t k) -> absl::Status {
+  // The CRC checks of the input records the units read run on a thread of
+  // their own while the units read and write (a unit reads its bytes before
+  // they are known to be right); the units' results count only once every
+  // check has passed. Without this the first units would each read whole
+  // input records (every record a unit touches is checked whole) before
+  // writing anything: on a cold page cache, the reads and the writes would
+  // follow each other instead of overlapping.
+  torch::DeferredCrcChecks checks;
+  absl::Status ran_all = ParallelFor(order.size(), threads, [&](size_t k) -> absl::Status {
     const size_t i = order[k];
-    absl::Status ran = plan.Execute(i, staging, &(*results)[i]);
+    absl::Status ran;
+    {
+      torch::DeferredCrcChecks::Scope scope(&checks);
+      ran = plan.Execute(i, staging, &(*results)[i]);
+    }
     // An input truncated under us reads as zeros (MappedFile's SIGBUS
     // handler) or makes a write from its mapping fail (EFAULT): that, not
     // what it caused, is the error.
@@ -50,6 +63,7 @@ absl::Status ExecuteUnits(const Plan& plan, const std::vector<size_t>& subset, c
     // Start writing the unit's files back to disk now, so that the fsync
     // before the commit (StagingDir::Commit) has little left to wait for.
     for (const FileDigest& f : (*results)[i].files) {
+      if (!torch::EarlyWriteback()) break;
       const int fd = open(JoinPath(staging, f.path()).c_str(), O_RDONLY | O_CLOEXEC);
       if (fd < 0) continue;
       (void)sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE);
@@ -69,6 +83,9 @@ absl::Status ExecuteUnits(const Plan& plan, const std::vector<size_t>& subset, c
     }
     return absl::OkStatus();
   });
+  // A damaged input explains whatever else went wrong: it comes first.
+  UCP_RETURN_IF_ERROR(checks.Wait());
+  return ran_all;
 }
 
 bool AddVerifyUnit(const deepspeed::CheckpointState& state, std::vector<Unit>* units) {

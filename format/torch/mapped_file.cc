@@ -253,8 +253,22 @@ void MappedFile::AdviseSequential(uint64_t offset, uint64_t len) const {
   Advise(offset, len, MADV_SEQUENTIAL, /*inward=*/false);
 }
 
+void MappedFile::AdviseRandom(uint64_t offset, uint64_t len) const {
+  Advise(offset, len, MADV_RANDOM, /*inward=*/false);
+}
+
+void MappedFile::AdviseNormal(uint64_t offset, uint64_t len) const {
+  Advise(offset, len, MADV_NORMAL, /*inward=*/false);
+}
+
 void MappedFile::AdviseWillNeed(uint64_t offset, uint64_t len) const {
   Advise(offset, len, MADV_WILLNEED, /*inward=*/false);
+}
+
+void MappedFile::PrefetchRange(uint64_t offset, uint64_t len) const {
+  if (fd_ < 0 || offset >= size_ || len == 0) return;
+  if (len > size_ - offset) len = size_ - offset;
+  (void)::posix_fadvise(fd_, static_cast<off_t>(offset), static_cast<off_t>(len), POSIX_FADV_WILLNEED);
 }
 
 void MappedFile::Release(uint64_t offset, uint64_t len) const {

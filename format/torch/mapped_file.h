@@ -50,7 +50,18 @@ class MappedFile {
   // Page-cache hints over [offset, offset + len) (clamped to the file). They
   // never change what is read; failures are ignored (hints are best effort).
   void AdviseSequential(uint64_t offset, uint64_t len) const;
+  // MADV_RANDOM: a fault reads only its own page (no read-around of
+  // megabytes), for parsing headers scattered over a file; AdviseNormal
+  // restores the default.
+  void AdviseRandom(uint64_t offset, uint64_t len) const;
+  void AdviseNormal(uint64_t offset, uint64_t len) const;
   void AdviseWillNeed(uint64_t offset, uint64_t len) const;
+  // Starts reading [offset, offset + len) of the file into the page cache in
+  // the background (posix_fadvise WILLNEED on the file: exactly those pages,
+  // unlike a fault in the mapping, which reads megabytes around it), e.g.
+  // before a series of small ReadAt calls, so that the disk serves them
+  // together. A hint: failures are ignored.
+  void PrefetchRange(uint64_t offset, uint64_t len) const;
   // Drops the pages wholly inside [offset, offset + len) from this process's
   // RSS (MADV_DONTNEED); a later access reads them again from the file.
   void Release(uint64_t offset, uint64_t len) const;

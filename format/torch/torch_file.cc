@@ -311,6 +311,20 @@ absl::Status ParseTorchFile(const std::string& name, absl::Span<const uint8_t> b
                             const OpenOptions& options,
                             internal_torch_file::State* impl, std::string* stem, ValuePtr* root,
                             std::vector<std::string>* unsafe) {
+  // Parsing touches a few scattered pages (the magic number, the central directory, each
+  // record's local header, data.pkl, version): a fault in a mapping with the
+  // default advice reads megabytes around it (read_ahead_kb), which for a
+  // cold file whose tensors are never read (the lp weights a conversion
+  // recomputes from the fp32 masters) is most of the file. MADV_RANDOM while
+  // parsing reads just those pages; whatever reads the tensors afterwards
+  // gets the normal read-ahead back (RestoreAdvice).
+  struct RestoreAdvice {
+    const MappedFile* m;
+    ~RestoreAdvice() {
+      if (m != nullptr) m->AdviseNormal(0, m->size());
+    }
+  } restore{mapped.get()};
+  if (mapped != nullptr) mapped->AdviseRandom(0, mapped->size());
   // torch.save before 1.6 (or with _use_new_zipfile_serialization=False)
   // wrote a bare pickle stream starting with the protocol and a magic number.
   if (bytes.size() >= 2 && !(bytes[0] == 'P' && bytes[1] == 'K')) {
@@ -327,17 +341,26 @@ absl::Status ParseTorchFile(const std::string& name, absl::Span<const uint8_t> b
     }
   }
   ZipReadOptions zip_options;
-  zip_options.crc = options.verify_crc ? ZipReadOptions::Crc::kOnOpen : ZipReadOptions::Crc::kLazy;
+  // The CRC check (when asked for) runs right after the directory is parsed,
+  // below, with the mapping's normal read-ahead.
+  zip_options.crc = ZipReadOptions::Crc::kLazy;
   // A memory-mapped archive gives its pages back as the CRC check reads
   // them (at open, or when a record is checked later), so that checking
   // files never grows RSS by their size.
   if (mapped != nullptr) {
     zip_options.on_verified = [mapped](uint64_t offset, uint64_t len) { mapped->Release(offset, len); };
   }
+  zip_options.keep_alive = keep_alive;
   absl::StatusOr<ZipReader> zip = ZipReader::Open(bytes, name, zip_options);
   if (!zip.ok()) return zip.status();
   impl->zip.emplace(*std::move(zip));
   const ZipReader& z = *impl->zip;
+  if (options.verify_crc) {
+    // Every record read whole, in order: the normal read-ahead helps.
+    if (mapped != nullptr) mapped->AdviseNormal(0, mapped->size());
+    UCP_RETURN_IF_ERROR(z.VerifyAllCrcs());
+    if (mapped != nullptr) mapped->AdviseRandom(0, mapped->size());
+  }
   if (z.records().empty()) return absl::DataLossError(absl::StrCat(name, ": archive has no records"));
   // torch takes the folder of the first record as the archive name.
   const std::string& first = z.records()[0].name;
@@ -806,7 +829,8 @@ struct TorchWriter::Impl {
     absl::Status s = ParallelFor(order.size(), options.record_threads, [&](size_t i) -> absl::Status {
       GrowBuffer buffer;
       uint64_t at = data_offset[i];
-      return StreamEntry(entries[order[i]], name, buffer, [&](absl::Span<const uint8_t> piece) {
+      uint64_t written_back = at;  // the record's bytes before it are on their way to disk
+      absl::Status streamed = StreamEntry(entries[order[i]], name, buffer, [&](absl::Span<const uint8_t> piece) {
         crc[i] = Crc32(crc[i], piece.data(), piece.size());
         size_t done = 0;
         while (done < piece.size()) {
@@ -818,8 +842,14 @@ struct TorchWriter::Impl {
           done += static_cast<size_t>(w);
         }
         at += piece.size();
+        if (at >= written_back + kWritebackBytes) {
+          StartWriteback(fd, written_back, at - written_back);
+          written_back = at;
+        }
         return absl::OkStatus();
       });
+      if (streamed.ok()) StartWriteback(fd, written_back, at - written_back);
+      return streamed;
     });
     if (!s.ok()) return s;
     // Everything around them.

@@ -1,10 +1,15 @@
 #include "format/torch/zip.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -132,6 +137,7 @@ absl::StatusOr<ZipReader> ZipReader::Open(absl::Span<const uint8_t> archive, std
   reader.archive_ = archive;
   reader.name_ = std::move(name);
   reader.on_verified_ = options.on_verified;
+  reader.keep_alive_ = options.keep_alive;
   absl::Status status = reader.Parse(options);
   if (!status.ok()) return status;
   if (options.crc == ZipReadOptions::Crc::kOnOpen) {
@@ -382,7 +388,7 @@ absl::Status ZipReader::Parse(const ZipReadOptions& options) {
                        "' overlap");
     }
   }
-  crc_ok_ = std::make_unique<std::atomic<uint8_t>[]>(records_.size());
+  crc_ok_ = std::shared_ptr<std::atomic<uint8_t>[]>(new std::atomic<uint8_t>[records_.size()]);
   for (size_t i = 0; i < records_.size(); ++i) crc_ok_[i].store(0, std::memory_order_relaxed);
   return absl::OkStatus();
 }
@@ -408,25 +414,124 @@ absl::StatusOr<absl::Span<const uint8_t>> ZipReader::Read(std::string_view recor
   return Data(**r);
 }
 
-absl::Status ZipReader::VerifyCrc(const ZipRecord& record) const {
-  const size_t index = IndexOf(record);
-  if (crc_ok_[index].load(std::memory_order_acquire)) return absl::OkStatus();
-  absl::Span<const uint8_t> data = Data(record);
+namespace {
+
+// The CRC-32 of a record's bytes against the one the archive stores.
+absl::Status CheckRecordCrc(absl::Span<const uint8_t> data, uint64_t data_offset, uint32_t stored,
+                            const std::string& archive, const std::string& record,
+                            const std::function<void(uint64_t, uint64_t)>& on_verified) {
   uint32_t crc = 0;
   // In pieces, so that a caller can release what was read as it goes.
   constexpr size_t kPiece = size_t{16} << 20;
   for (size_t pos = 0; pos < data.size(); pos += kPiece) {
     const size_t len = std::min(kPiece, data.size() - pos);
     crc = Crc32(crc, data.data() + pos, len);
-    if (on_verified_) on_verified_(record.data_offset + pos, len);
+    if (on_verified) on_verified(data_offset + pos, len);
   }
-  if (crc != record.crc32) {
-    return absl::DataLossError(absl::StrFormat("%s: record '%s': CRC-32 mismatch (stored %08x, computed %08x)",
-                                               name_, record.name, record.crc32, crc));
+  if (crc != stored) {
+    return absl::DataLossError(
+        absl::StrFormat("%s: record '%s': CRC-32 mismatch (stored %08x, computed %08x)", archive, record, stored, crc));
   }
-  crc_ok_[index].store(1, std::memory_order_release);
   return absl::OkStatus();
 }
+
+thread_local DeferredCrcChecks* current_deferred_checks = nullptr;
+
+}  // namespace
+
+absl::Status ZipReader::VerifyCrc(const ZipRecord& record) const {
+  const size_t index = IndexOf(record);
+  std::atomic<uint8_t>& state = crc_ok_[index];
+  const uint8_t now = state.load(std::memory_order_acquire);
+  if (now == 1) return absl::OkStatus();
+  DeferredCrcChecks* deferred = DeferredCrcChecks::Current();
+  if (deferred != nullptr && keep_alive_ != nullptr && record.size >= DeferredCrcChecks::kDeferMinBytes) {
+    // Queued once; a caller in a deferral scope trusts a queued check to be
+    // waited for (DeferredCrcChecks::Wait) before anything is committed.
+    uint8_t expected = 0;
+    if (state.compare_exchange_strong(expected, 2, std::memory_order_acq_rel)) {
+      deferred->Add([keep = keep_alive_, flags = crc_ok_, index, data = Data(record), offset = record.data_offset,
+                     stored = record.crc32, archive = name_, name = record.name, on_verified = on_verified_]() {
+        absl::Status s = CheckRecordCrc(data, offset, stored, archive, name, on_verified);
+        flags[index].store(s.ok() ? 1 : 3, std::memory_order_release);
+        return s;
+      });
+      return absl::OkStatus();
+    }
+    if (expected == 1 || expected == 2) return absl::OkStatus();
+    // A deferred check of it failed: check again here and report it.
+  }
+  absl::Status s = CheckRecordCrc(Data(record), record.data_offset, record.crc32, name_, record.name, on_verified_);
+  if (!s.ok()) return s;
+  state.store(1, std::memory_order_release);
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------
+// DeferredCrcChecks
+
+struct DeferredCrcChecks::State {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::function<absl::Status()>> queue;  // guarded by mu
+  bool running = false;                             // a check is being run
+  bool stop = false;
+  absl::Status first_error;  // guarded by mu
+  std::thread worker;
+
+  void Run() {
+    std::unique_lock<std::mutex> lock(mu);
+    while (true) {
+      cv.wait(lock, [&] { return stop || !queue.empty(); });
+      if (queue.empty()) return;  // stop, nothing left
+      std::function<absl::Status()> check = std::move(queue.front());
+      queue.pop_front();
+      running = true;
+      lock.unlock();
+      absl::Status s = check();
+      lock.lock();
+      running = false;
+      if (!s.ok() && first_error.ok()) first_error = s;
+      cv.notify_all();
+    }
+  }
+};
+
+DeferredCrcChecks::DeferredCrcChecks() : state_(std::make_shared<State>()) {}
+
+DeferredCrcChecks::~DeferredCrcChecks() {
+  (void)Wait();
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->stop = true;
+  }
+  state_->cv.notify_all();
+  if (state_->worker.joinable()) state_->worker.join();
+}
+
+void DeferredCrcChecks::Add(std::function<absl::Status()> check) {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  state_->queue.push_back(std::move(check));
+  if (!state_->worker.joinable()) {
+    State* st = state_.get();
+    state_->worker = std::thread([st] { st->Run(); });
+  }
+  state_->cv.notify_all();
+}
+
+absl::Status DeferredCrcChecks::Wait() {
+  std::unique_lock<std::mutex> lock(state_->mu);
+  state_->cv.wait(lock, [&] { return state_->queue.empty() && !state_->running; });
+  return state_->first_error;
+}
+
+DeferredCrcChecks* DeferredCrcChecks::Current() { return current_deferred_checks; }
+
+DeferredCrcChecks::Scope::Scope(DeferredCrcChecks* checks) : previous_(current_deferred_checks) {
+  current_deferred_checks = checks;
+}
+
+DeferredCrcChecks::Scope::~Scope() { current_deferred_checks = previous_; }
 
 absl::Status ZipReader::VerifyAllCrcs() const {
   for (const ZipRecord& r : records_) {
@@ -438,6 +543,18 @@ absl::Status ZipReader::VerifyAllCrcs() const {
 
 // ---------------------------------------------------------------------------
 // Sinks
+
+namespace {
+std::atomic<bool> early_writeback{true};
+}  // namespace
+
+void SetEarlyWriteback(bool on) { early_writeback.store(on); }
+bool EarlyWriteback() { return early_writeback.load(); }
+
+void StartWriteback(int fd, uint64_t offset, uint64_t len) {
+  if (fd < 0 || len == 0 || !EarlyWriteback()) return;
+  (void)::sync_file_range(fd, static_cast<off64_t>(offset), static_cast<off64_t>(len), SYNC_FILE_RANGE_WRITE);
+}
 
 FdSink::FdSink(int fd, std::string path_for_messages, size_t buffer_size)
     : fd_(fd), path_(std::move(path_for_messages)), buffer_(buffer_size) {}
@@ -451,6 +568,11 @@ absl::Status FdSink::WriteAll(const uint8_t* p, size_t n) {
     }
     p += w;
     n -= static_cast<size_t>(w);
+    pos_ += static_cast<uint64_t>(w);
+  }
+  if (pos_ >= written_back_ + kWritebackBytes) {
+    StartWriteback(fd_, written_back_, pos_ - written_back_);
+    written_back_ = pos_;
   }
   return absl::OkStatus();
 }
@@ -479,6 +601,8 @@ absl::Status FdSink::Skip(uint64_t n) {
   if (::lseek(fd_, static_cast<off_t>(n), SEEK_CUR) < 0) {
     return absl::ErrnoToStatus(errno, absl::StrCat(path_, ": seek failed"));
   }
+  pos_ += n;  // those bytes are written (and written back) by whoever skipped them
+  written_back_ = pos_;
   return absl::OkStatus();
 }
 

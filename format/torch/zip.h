@@ -81,6 +81,57 @@ struct ZipReadOptions {
   // Called after each verified piece of a record, with its archive offset and
   // length (e.g. to give memory-mapped pages back as verification streams).
   std::function<void(uint64_t offset, uint64_t len)> on_verified;
+  // Keeps the archive's bytes alive (e.g. its mapping): with it, a CRC check
+  // may run after the reader is gone (DeferredCrcChecks).
+  std::shared_ptr<const void> keep_alive;
+};
+
+// DeferredCrcChecks: lets the CRC checks of large records run on a
+// background thread while the thread that asked goes on, so that a
+// conversion reads and writes at once instead of reading every input record
+// whole before its first write.
+//
+// While a thread holds a Scope, ZipReader::VerifyCrc of a record of
+// kDeferMinBytes or more (of a reader opened with a keep_alive) queues the
+// check and returns OK at once: the caller reads the bytes before they are
+// known to be right. Wait() returns when every queued check has run: the
+// first mismatch (kDataLoss, the message VerifyCrc gives) or OK. Whoever
+// defers must call Wait() and act on nothing read under the scope (commit
+// nothing) until it returns OK. Small records (data.pkl, version) are
+// always checked at once, before they are parsed.
+//
+// Example:
+//   DeferredCrcChecks checks;
+//   { DeferredCrcChecks::Scope scope(&checks); ... read and write ... }
+//   UCP_RETURN_IF_ERROR(checks.Wait());  // before committing anything
+class DeferredCrcChecks {
+ public:
+  static constexpr uint64_t kDeferMinBytes = uint64_t{1} << 20;
+  DeferredCrcChecks();
+  ~DeferredCrcChecks();  // waits for the queued checks
+  DeferredCrcChecks(const DeferredCrcChecks&) = delete;
+  DeferredCrcChecks& operator=(const DeferredCrcChecks&) = delete;
+
+  absl::Status Wait();
+  // Queues a check (run in queue order on one background thread).
+  void Add(std::function<absl::Status()> check);
+  // The checks of the calling thread, or null.
+  static DeferredCrcChecks* Current();
+
+  class Scope {
+   public:
+    explicit Scope(DeferredCrcChecks* checks);
+    ~Scope();
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    DeferredCrcChecks* previous_;
+  };
+
+ private:
+  struct State;
+  std::shared_ptr<State> state_;
 };
 
 class ZipReader {
@@ -120,9 +171,12 @@ class ZipReader {
   std::vector<ZipRecord> records_;
   absl::flat_hash_map<std::string, size_t> by_name_;
   uint64_t cd_offset_ = 0;
-  // 1 once a record's CRC matched (shared so the reader stays movable).
-  std::unique_ptr<std::atomic<uint8_t>[]> crc_ok_;
+  // Per record: 0 unchecked, 1 once its CRC matched, 2 while a deferred
+  // check is queued (DeferredCrcChecks), 3 when that check failed. Shared so
+  // that the reader stays movable and a deferred check can record its result.
+  std::shared_ptr<std::atomic<uint8_t>[]> crc_ok_;
   std::function<void(uint64_t, uint64_t)> on_verified_;
+  std::shared_ptr<const void> keep_alive_;
 };
 
 // ZipSink: where a ZipWriter's bytes go, in order.
@@ -158,6 +212,10 @@ class CountingSink : public ZipSink {
 // FdSink: writes to a file descriptor it does not own, coalescing small
 // writes in a buffer; writes of a quarter of the buffer or more go straight
 // through (after what is buffered).
+// Every kWritebackBytes written to a file, FdSink starts writing them back to
+// disk (StartWriteback), so that a large file is on its way to disk while it
+// is being written rather than all of it dirty in the page cache when the
+// fsync before the commit comes.
 class FdSink : public ZipSink {
  public:
   FdSink(int fd, std::string path_for_messages, size_t buffer_size = size_t{1} << 20);
@@ -172,7 +230,20 @@ class FdSink : public ZipSink {
   std::string path_;
   std::vector<uint8_t> buffer_;
   size_t used_ = 0;
+  uint64_t pos_ = 0;          // file offset of the next byte
+  uint64_t written_back_ = 0; // bytes before it whose writeback was started
 };
+
+inline constexpr uint64_t kWritebackBytes = uint64_t{32} << 20;
+// Starts the writeback of bytes [offset, offset + len) of `fd`
+// (sync_file_range SYNC_FILE_RANGE_WRITE: no wait for it to finish; nothing
+// when SetEarlyWriteback(false)). A hint: failures are ignored, the fsync
+// before the commit is what makes the bytes durable.
+void StartWriteback(int fd, uint64_t offset, uint64_t len);
+// Process-wide (default true). Off for runs that do not fsync their output
+// (--fsync=false): their bytes may stay in the page cache, as cp's do.
+void SetEarlyWriteback(bool on);
+bool EarlyWriteback();
 
 // StringSink: appends to a string (tests, small archives).
 class StringSink : public ZipSink {

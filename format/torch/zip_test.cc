@@ -1,6 +1,7 @@
 #include "format/torch/zip.h"
 
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -234,6 +235,84 @@ TEST(ZipTest, BadCrcIsDataLossEagerlyOrOnRead) {
   EXPECT_TRUE(reader->Read("archive/data.pkl").ok());
   EXPECT_EQ(reader->Read("archive/data/0").status().code(), absl::StatusCode::kDataLoss);
   EXPECT_EQ(reader->VerifyAllCrcs().code(), absl::StatusCode::kDataLoss);
+}
+
+// Under a DeferredCrcChecks scope the CRC of a large record is checked on
+// the background thread: VerifyCrc returns at once, Wait() reports the
+// mismatch with VerifyCrc's own message; small records are still checked at
+// once; outside a scope nothing changes.
+TEST(ZipTest, DeferredCrcChecksReportMismatchesInWait) {
+  std::string big(DeferredCrcChecks::kDeferMinBytes + 4096, '\0');
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 131 + 17);
+  std::string zip = WriteArchive({{"archive/data.pkl", std::string("\x80\x02}q\x00.", 6)},
+                                  {"archive/data/0", big},
+                                  {"archive/data/1", big.substr(0, 2 * DeferredCrcChecks::kDeferMinBytes / 3)},
+                                  {"archive/data/2", big},
+                                  {"archive/version", "3\n"}});
+  auto bytes = std::make_shared<const std::string>(zip);
+  auto open = [](const std::string& archive, std::shared_ptr<const void> keep) {
+    ZipReadOptions lazy;
+    lazy.crc = ZipReadOptions::Crc::kLazy;
+    lazy.keep_alive = std::move(keep);
+    return ZipReader::Open(Bytes(archive), "deferred", lazy);
+  };
+  {  // intact: the scope changes nothing
+    auto reader = open(*bytes, bytes);
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    DeferredCrcChecks checks;
+    {
+      DeferredCrcChecks::Scope scope(&checks);
+      EXPECT_TRUE(reader->VerifyAllCrcs().ok());
+    }
+    EXPECT_TRUE(checks.Wait().ok());
+    EXPECT_TRUE(reader->VerifyAllCrcs().ok());  // remembered as checked
+  }
+  auto good = ZipReader::Open(Bytes(zip), "deferred");
+  ASSERT_TRUE(good.ok()) << good.status();
+  std::string damaged = zip;
+  damaged[good->Find("archive/data/2")->data_offset + 12345] ^= 4;
+  damaged[good->Find("archive/data/1")->data_offset + 99] ^= 4;
+  auto bad = std::make_shared<const std::string>(damaged);
+  {
+    auto reader = open(*bad, bad);
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    DeferredCrcChecks checks;
+    absl::Status large, small;
+    {
+      DeferredCrcChecks::Scope scope(&checks);
+      EXPECT_EQ(DeferredCrcChecks::Current(), &checks);
+      large = reader->VerifyCrc(*reader->Find("archive/data/2"));
+      small = reader->VerifyCrc(*reader->Find("archive/data/1"));
+    }
+    EXPECT_EQ(DeferredCrcChecks::Current(), nullptr);
+    EXPECT_TRUE(large.ok()) << large;  // deferred
+    EXPECT_EQ(small.code(), absl::StatusCode::kDataLoss) << small;  // below kDeferMinBytes: at once
+    const absl::Status waited = checks.Wait();
+    EXPECT_EQ(waited.code(), absl::StatusCode::kDataLoss) << waited;
+    EXPECT_NE(waited.message().find("archive/data/2"), std::string::npos) << waited;
+    EXPECT_NE(waited.message().find("CRC-32 mismatch"), std::string::npos) << waited;
+    // The failure is remembered: a later check outside the scope reports it.
+    EXPECT_EQ(reader->VerifyCrc(*reader->Find("archive/data/2")).code(), absl::StatusCode::kDataLoss);
+  }
+  {  // no keep_alive: the check cannot outlive the reader, so it runs at once
+    auto reader = open(*bad, nullptr);
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    DeferredCrcChecks checks;
+    DeferredCrcChecks::Scope scope(&checks);
+    EXPECT_EQ(reader->VerifyCrc(*reader->Find("archive/data/2")).code(), absl::StatusCode::kDataLoss);
+    EXPECT_TRUE(checks.Wait().ok());
+  }
+  {  // the reader may go away before the deferred check runs
+    DeferredCrcChecks checks;
+    {
+      auto reader = open(*bad, bad);
+      ASSERT_TRUE(reader.ok()) << reader.status();
+      DeferredCrcChecks::Scope scope(&checks);
+      EXPECT_TRUE(reader->VerifyCrc(*reader->Find("archive/data/2")).ok());
+    }
+    bad.reset();
+    EXPECT_EQ(checks.Wait().code(), absl::StatusCode::kDataLoss);
+  }
 }
 
 TEST(ZipTest, DuplicateNameIsInvalidArgument) {

@@ -49,6 +49,10 @@ CASES = {
     'z3_bf16_2g_dp2_dp1': dict(src='--zero-stage 3 --groups 2 --wd0 0.05 --wd1 0.0 --dtype bf16 --sub-group-size 4000 --seed 14 --hidden 40 --layers 2 --vocab 83',
                                sdp=2, tdp=1, tgt='--sub-group-size 2500', ucp='--sub_group_size 2500',
                                uninterrupted=True),
+    'z3_fp32_1g_dp2_dp1': dict(src='--zero-stage 3 --groups 1 --sub-group-size 1500 --seed 16 --hidden 56 --layers 2 --vocab 93',
+                               sdp=2, tdp=1, tgt='', ucp='', dsroute=True, convert=True),
+    'z3_fp32_sgs_dp2_dp2': dict(src='--zero-stage 3 --groups 2 --wd0 0.01 --wd1 0.0 --sub-group-size 1000 --seed 15 --hidden 48 --layers 2',
+                                sdp=2, tdp=2, tgt='--sub-group-size 7000', ucp='--sub_group_size 7000'),
     # stage changes
     'z3_to_z1_fp32_dp2_dp1': dict(src='--zero-stage 3 --groups 2 --wd0 0.01 --wd1 0.0 --sub-group-size 2000 --seed 21 --hidden 48 --layers 2',
                                   sdp=2, tdp=1, tgt='--zero-stage 1', ucp='--zero_stage 1'),
@@ -156,7 +160,7 @@ def run_case(name, c):
     res['ucp_reshard'] = {'rc': rc, 'msg': msg.splitlines()[-1] if msg else ''}
     log(name, 'ucp reshard:', rc, res['ucp_reshard']['msg'])
     if rc == 0:
-        rc = ds(c['tdp'], tgt_args + ['--load', out, '--tag', tag, '--dump', f'{d}/ucp_dump',
+        rc = ds(c['tdp'], tgt_args + ['--load', out, '--tag', tag, '--dump', f'{d}/ucp_dump', '--dump-end', f'{d}/ucp_end',
                                       '--result', f'{d}/ucp_run.json'], f'{d}/ucp_load.log')
         res['ucp_load_rc'] = rc
         if rc == 0:
@@ -200,7 +204,7 @@ def run_case(name, c):
         if rc == 0:
             # universal load at the target, save at once with each state's step un-aliased (stepfix)
             rc = ds(c['tdp'], tgt_args + ['--universal', '--load', uni, '--tag', f'{tag}_universal',
-                                          '--dump', f'{d}/dsuni_dump', '--resave', f'{d}/ds_stepfix',
+                                          '--dump', f'{d}/dsuni_dump', '--dump-end', f'{d}/dsuni_end', '--resave', f'{d}/ds_stepfix',
                                           '--stepfix', '--result', f'{d}/dsuni_run.json'], f'{d}/dsuni_load.log')
             if rc == 0:
                 _, res['dsuni_cmp'] = cmp(f'{root}/ref', f'{d}/dsuni_dump', d, 'dsuni')
@@ -208,7 +212,7 @@ def run_case(name, c):
                 log(name, 'DeepSpeed ds_to_universal + load_universal:', res['dsuni_cmp'].get('line'),
                     {k: v['absdiff'] for k, v in res['dsuni_losses']['steps'].items()})
                 rc = ds(c['tdp'], tgt_args + ['--load', f'{d}/ds_stepfix', '--tag', f'{tag}_universal',
-                                              '--dump', f'{d}/dsfix_dump', '--result', f'{d}/dsfix_run.json'],
+                                              '--dump', f'{d}/dsfix_dump', '--dump-end', f'{d}/dsfix_end', '--result', f'{d}/dsfix_run.json'],
                         f'{d}/dsfix_load.log')
                 if rc == 0:
                     _, res['dsfix_cmp'] = cmp(f'{root}/ref', f'{d}/dsfix_dump', d, 'dsfix')
@@ -222,7 +226,7 @@ def run_case(name, c):
         bad = f'{d}/ucp_corrupt'
         shutil.copytree(out, bad)
         rc, msg = chpy([f'{HERE}/ds19_corrupt.py', f'{bad}/{tag}'], f'{d}/corrupt.log')
-        res['corrupt_what'] = msg.strip()
+        res['corrupt_what'] = msg.strip().splitlines()[-1]
         rc = ds(c['tdp'], tgt_args + ['--load', bad, '--tag', tag, '--dump', f'{d}/corrupt_dump',
                                       '--result', f'{d}/corrupt_run.json'], f'{d}/corrupt_load.log')
         if rc == 0:

@@ -65,6 +65,7 @@ def parse():
     ap.add_argument('--tag', default=None)
     ap.add_argument('--universal', action='store_true')
     ap.add_argument('--dump', default=None)
+    ap.add_argument('--dump-end', default=None, help='dump the state again after the last step')
     ap.add_argument('--resave', default=None)
     ap.add_argument('--stepfix', action='store_true')
     ap.add_argument('--result', default=None)
@@ -165,16 +166,42 @@ def expert_global_names(a, model):
     return names
 
 
+def full_state_z12(opt, p, key, anomalies):
+    """A ZeRO-1/2 param's full optimizer state `key`, gathered over its dp group.
+
+    What safe_get_full_optimizer_state does, but without its two limits in 0.19.5: right after
+    load_checkpoint the optimizer-state views are linked only at the first step() (TypeError on None),
+    and the view is skipped when the state's shape differs from the fp32 partition (ValueError).
+    Reads the base optimizer's state of the param's flat fp32 partition at the param's fragment."""
+    buf = torch.zeros(p.numel(), dtype=torch.float32)
+    m = p._hp_mapping
+    if m is not None:
+        flats = getattr(opt, 'single_partition_of_fp32_groups', None) or opt.fp32_groups_flat_partition
+        flat = flats[m.param_group_index]
+        t = opt.optimizer.state[flat][key]
+        if t.shape != flat.shape:
+            anomalies.append(f'group {m.param_group_index}: state {key} {tuple(t.shape)} vs fp32 partition '
+                             f'{tuple(flat.shape)}')
+        h, l = m.hp_fragment_address, m.lp_fragment_address
+        buf.narrow(0, l.start, l.numel).copy_(t.narrow(0, h.start, h.numel))
+    dist.all_reduce(buf, group=p._dp_group)
+    return buf.reshape(p.shape)
+
+
 def dump_state(a, engine, path):
     """Everything the acceptance compares, read through DeepSpeed's own accessors."""
     model = engine.module
     names = expert_global_names(a, model)
     out = {'params': {}, 'groups': [], 'steps': [], 'global_steps': engine.global_steps,
-           'global_samples': engine.global_samples, 'optimizer': type(engine.optimizer).__name__}
+           'global_samples': engine.global_samples, 'optimizer': type(engine.optimizer).__name__,
+           'anomalies': []}
     for n, p in model.named_parameters():
-        e = {'fp32': safe_get_full_fp32_param(p).clone(),
-             'exp_avg': safe_get_full_optimizer_state(p, 'exp_avg').clone(),
-             'exp_avg_sq': safe_get_full_optimizer_state(p, 'exp_avg_sq').clone()}
+        e = {'fp32': safe_get_full_fp32_param(p).clone()}
+        for key in ('exp_avg', 'exp_avg_sq'):
+            if a.zero_stage == 3:
+                e[key] = safe_get_full_optimizer_state(p, key).clone()
+            else:
+                e[key] = full_state_z12(engine.optimizer, p, key, out['anomalies'])
         if a.zero_stage == 3:
             with deepspeed.zero.GatheredParameters([p]):
                 e['lp'] = p.data.detach().clone()
@@ -287,6 +314,8 @@ def main():
         if a.out and step == a.save_at:
             engine.save_checkpoint(a.out, tag=f'global_step{step}')
             dump_state(a, engine, os.path.join(a.out, 'ref'))
+    if a.dump_end:
+        dump_state(a, engine, a.dump_end)
     if rank == 0 and a.result:
         res['losses_hex'] = {k: v.hex() for k, v in res['losses'].items()}
         with open(a.result, 'w') as f:

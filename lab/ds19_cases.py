@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Lab driver (host side, not run by CI): ucp against real DeepSpeed 0.19.5, case by case.
 
-usage: python3 lab/ds19_cases.py [--ds /opt/ds-0.19.5] [--work /work/labdata/lab15] [CASE ...]
-       (no CASE: all of them; --list prints them)
+usage: python3 lab/ds19_cases.py [--ds /opt/ds-0.19.5] [--work /work/labdata/lab15]
+                                [--routes ucp,uninterrupted,convert,dsroute,corrupt] [CASE ...]
+       (no CASE: all of them; --list prints them; --routes runs only those routes and adds them to
+       the case's earlier results, reusing the cached source run and the ucp output)
 
 For each case:
   1. source: ds19_train.py trains a fresh model in DeepSpeed at the source topology (steps 1..6, save at
@@ -33,6 +35,7 @@ UCP = os.path.join(REPO, 'bazel-bin/tools/ucp')
 DS = '/opt/ds-0.19.5'
 WORK = '/work/labdata/lab15'
 PORT = [29650]
+ROUTES = None  # None: every route of the case; else a set of: ucp uninterrupted convert dsroute corrupt
 
 # name: source args, source dp, target dp, target arg overrides, ucp flags, options
 CASES = {
@@ -141,11 +144,20 @@ def loss_diffs(src, got):
     return out
 
 
+def want(c, route):
+    return (ROUTES is None or route in ROUTES) and (route == 'ucp' or c.get(route))
+
+
 def run_case(name, c):
     d = os.path.join(WORK, 'cases', name)
-    shutil.rmtree(d, ignore_errors=True)
-    os.makedirs(d)
-    res = {'case': name, 'spec': c}
+    rfile = f'{WORK}/results/{name}.json'
+    if ROUTES is None:
+        shutil.rmtree(d, ignore_errors=True)
+        res = {}
+    else:  # add the chosen routes to an earlier result
+        res = json.load(open(rfile)) if os.path.exists(rfile) else {}
+    os.makedirs(d, exist_ok=True)
+    res.update({'case': name, 'spec': c})
     root = source(c, d)
     res['source_root'] = root
     src = losses(f'{root}/run.json')
@@ -155,11 +167,12 @@ def run_case(name, c):
 
     # ucp reshard -> plain load at the target
     out = f'{d}/ucp'
-    rc, msg = ucp(['reshard', '--input_folder', f'{root}/{tag}', '--output_folder', f'{out}/{tag}',
+    rc, msg = (0, '') if not want(c, 'ucp') and os.path.exists(out) else ucp(['reshard', '--input_folder', f'{root}/{tag}', '--output_folder', f'{out}/{tag}',
                    '--dp', str(c['tdp'])] + c['ucp'].split(), f'{d}/ucp_reshard.log')
-    res['ucp_reshard'] = {'rc': rc, 'msg': msg.splitlines()[-1] if msg else ''}
-    log(name, 'ucp reshard:', rc, res['ucp_reshard']['msg'])
-    if rc == 0:
+    if want(c, 'ucp'):
+        res['ucp_reshard'] = {'rc': rc, 'msg': msg.splitlines()[-1] if msg else ''}
+        log(name, 'ucp reshard:', rc, res['ucp_reshard']['msg'])
+    if rc == 0 and want(c, 'ucp'):
         rc = ds(c['tdp'], tgt_args + ['--load', out, '--tag', tag, '--dump', f'{d}/ucp_dump', '--dump-end', f'{d}/ucp_end',
                                       '--result', f'{d}/ucp_run.json'], f'{d}/ucp_load.log')
         res['ucp_load_rc'] = rc
@@ -170,16 +183,20 @@ def run_case(name, c):
                 res['ucp_losses']['probe_identical'],
                 {k: v['absdiff'] for k, v in res['ucp_losses']['steps'].items()})
 
-    if c.get('uninterrupted'):
+    if want(c, 'uninterrupted'):
         rc = ds(c['tdp'], tgt_args + ['--result', f'{d}/uninterrupted_run.json'], f'{d}/uninterrupted.log')
         if rc == 0:
             u = losses(f'{d}/uninterrupted_run.json')
             res['uninterrupted_vs_source'] = {k: abs(v - src['losses'][k]) for k, v in u['losses'].items()}
             log(name, 'uninterrupted target-dp run vs source:', res['uninterrupted_vs_source'])
 
-    if c.get('convert'):
+    if want(c, 'convert'):
         uni = f'{d}/ucp_universal'
-        rc, msg = ucp(['convert', '--input_folder', f'{root}/{tag}', '--output_folder', f'{uni}/{tag}_universal'],
+        # A tp=1 ZeRO-1/2 source does not say how its params would split over tp, and ucp will not
+        # guess (ds_to_universal.py writes cat_dim 0 for all). For a load at tp=1 the kind does not
+        # change the files' tensors, so the lab says "replicated".
+        kind = ['--default_kind', 'replicated'] if ' --zero-stage 3' not in ' ' + c['src'] else []
+        rc, msg = ucp(['convert', '--input_folder', f'{root}/{tag}', '--output_folder', f'{uni}/{tag}_universal'] + kind,
                       f'{d}/ucp_convert.log')
         res['ucp_convert'] = {'rc': rc, 'msg': msg.splitlines()[-1] if msg else ''}
         log(name, 'ucp convert:', rc, res['ucp_convert']['msg'])
@@ -195,10 +212,10 @@ def run_case(name, c):
                     res['convert_losses']['probe_identical'],
                     {k: v['absdiff'] for k, v in res['convert_losses']['steps'].items()})
 
-    if c.get('dsroute'):
+    if want(c, 'dsroute'):
         uni = f'{d}/ds_universal'
         rc, out_ = chpy([f'{DS}/deepspeed/checkpoint/ds_to_universal.py', '--input_folder', f'{root}/{tag}',
-                         '--output_folder', f'{uni}/{tag}_universal', '--num_extract_workers', '1',
+                         '--output_folder', f'{uni}/{tag}_universal', '--inject_missing_state', '--num_extract_workers', '1',
                          '--num_merge_workers', '1'], f'{d}/ds_to_universal.log')
         res['ds_to_universal_rc'] = rc
         if rc == 0:
@@ -222,8 +239,9 @@ def run_case(name, c):
         else:
             log(name, 'ds_to_universal failed', out_.splitlines()[-1:] if out_ else '')
 
-    if c.get('corrupt') and res.get('ucp_load_rc') == 0:
+    if want(c, 'corrupt') and res.get('ucp_load_rc') == 0:
         bad = f'{d}/ucp_corrupt'
+        shutil.rmtree(bad, ignore_errors=True)
         shutil.copytree(out, bad)
         rc, msg = chpy([f'{HERE}/ds19_corrupt.py', f'{bad}/{tag}'], f'{d}/corrupt.log')
         res['corrupt_what'] = msg.strip().splitlines()[-1]
@@ -236,13 +254,17 @@ def run_case(name, c):
             log(name, 'corrupted copy:', res['corrupt_what'], '->', res['corrupt_cmp'].get('line'),
                 'caught:', res['corrupt_caught'])
     os.makedirs(f'{WORK}/results', exist_ok=True)
-    json.dump(res, open(f'{WORK}/results/{name}.json', 'w'), indent=1)
+    json.dump(res, open(rfile, 'w'), indent=1)
     return res
 
 
 def main():
-    global DS, WORK
+    global DS, WORK, ROUTES
     args = sys.argv[1:]
+    if '--routes' in args:
+        i = args.index('--routes')
+        ROUTES = set(args[i + 1].split(','))
+        del args[i:i + 2]
     if '--ds' in args:
         i = args.index('--ds')
         DS = args[i + 1]

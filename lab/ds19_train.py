@@ -28,6 +28,10 @@ import os
 import re
 import sys
 
+# DeepSpeed's MoE gate wraps a helper in torch.compile, which needs a C++ compiler the chroot does not
+# have. With dynamo disabled (a torch setting, not a DeepSpeed change) the helper runs eagerly.
+os.environ.setdefault('TORCHDYNAMO_DISABLE', '1')
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -276,6 +280,8 @@ def main():
     groups = param_groups(a, model)
     if a.moe_layers:
         from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+        for i, g in enumerate(groups):  # the MoE splitter keys groups by name
+            g['name'] = f'group{i}'
         groups = split_params_into_different_moe_groups_for_optimizer(groups)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=groups, config=cfg)
     rank = dist.get_rank()
@@ -291,12 +297,15 @@ def main():
         if a.dump:
             dump_state(a, engine, a.dump)
         if a.resave:
-            if a.stepfix:
-                base = engine.optimizer.optimizer
-                for st in base.state.values():
-                    if 'step' in st and torch.is_tensor(st['step']):
-                        st['step'] = st['step'].clone()
+            base = engine.optimizer.optimizer
+            orig = {k: st['step'] for k, st in base.state.items() if 'step' in st}
+            if a.stepfix:  # the saved files get one step tensor per state ...
+                for k in orig:
+                    if torch.is_tensor(orig[k]):
+                        base.state[k]['step'] = orig[k].clone()
             engine.save_checkpoint(a.resave, tag=a.tag)
+            for k, v in orig.items():  # ... but this run resumes with what DeepSpeed loaded
+                base.state[k]['step'] = v
     for step in range(start, a.steps + 1):
         x, y = batch(a, step)
         if step == start and a.load or (a.out and step == a.save_at + 1):

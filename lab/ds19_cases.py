@@ -58,9 +58,9 @@ CASES = {
                                 sdp=2, tdp=2, tgt='--sub-group-size 7000', ucp='--sub_group_size 7000'),
     # stage changes
     'z3_to_z1_fp32_dp2_dp1': dict(src='--zero-stage 3 --groups 2 --wd0 0.01 --wd1 0.0 --sub-group-size 2000 --seed 21 --hidden 48 --layers 2',
-                                  sdp=2, tdp=1, tgt='--zero-stage 1', ucp='--zero_stage 1'),
+                                  sdp=2, tdp=1, tgt='--zero-stage 1', ucp='--zero_stage 1', uninterrupted=True),
     'z3_to_z2_bf16_dp2_dp2': dict(src='--zero-stage 3 --groups 2 --wd0 0.01 --wd1 0.0 --dtype bf16 --seed 22 --hidden 32 --layers 2',
-                                  sdp=2, tdp=2, tgt='--zero-stage 2', ucp='--zero_stage 2'),
+                                  sdp=2, tdp=2, tgt='--zero-stage 2', ucp='--zero_stage 2', uninterrupted=True),
     'z2_to_z3_fp32_odd_dp2_dp3': dict(src='--zero-stage 2 --groups 2 --wd0 0.01 --wd1 0.0 --odd 7 --seed 23 --hidden 48 --layers 2',
                                       sdp=2, tdp=3, tgt='--zero-stage 3 --sub-group-size 2000', ucp='--zero_stage 3 --sub_group_size 2000'),
     # ZeRO-1/2 with padding
@@ -236,6 +236,12 @@ def run_case(name, c):
                     res['dsfix_losses'] = loss_diffs(src, losses(f'{d}/dsfix_run.json'))
                     log(name, 'DeepSpeed route with stepfix, plain load:', res['dsfix_cmp'].get('line'),
                         {k: v['absdiff'] for k, v in res['dsfix_losses']['steps'].items()})
+                    if os.path.exists(f'{d}/ucp_end'):
+                        # both resumed at the target from the same state: after the last step every
+                        # tensor should be the same bits
+                        _, res['end_ucp_vs_dsfix'] = cmp(f'{d}/dsfix_end', f'{d}/ucp_end', d, 'end_ucp_vs_dsfix')
+                        log(name, 'after step 6, ucp route vs DeepSpeed stepfix route:',
+                            res['end_ucp_vs_dsfix'].get('line'))
         else:
             log(name, 'ds_to_universal failed', out_.splitlines()[-1:] if out_ else '')
 

@@ -18,6 +18,7 @@ import glob
 import json
 import math
 import os
+import re
 import sys
 
 import torch
@@ -76,8 +77,15 @@ def main():
     if len(r0['groups']) != len(g0['groups']):
         res['problems'].append(f"{len(g0['groups'])} param groups loaded, source had {len(r0['groups'])}")
     for i, (a, b) in enumerate(zip(r0['groups'], g0['groups'])):
+        ren = {}
+        if re.fullmatch(r'ep_size_\d+', str(a.get('name'))) and re.fullmatch(r'ep_size_\d+', str(b.get('name'))):
+            # an expert group is named after its job's ep size, so an ep change renames it
+            ren = {'name': (a['name'], b['name'])}
+            a, b = dict(a, name=None), dict(b, name=None)
         if a == b:
             res['hparams_equal'] += 1
+            if ren and ren['name'][0] != ren['name'][1]:
+                res.setdefault('notes', []).append(f"group {i} renamed {ren['name'][0]} -> {ren['name'][1]}")
         else:
             diff = {k: (a.get(k), b.get(k)) for k in set(a) | set(b) if a.get(k) != b.get(k)}
             res['problems'].append(f'group {i} hyper-parameters differ (source, loaded): {diff}')

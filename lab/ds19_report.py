@@ -57,5 +57,7 @@ for f in sorted(glob.glob(os.path.join(work, 'results', '*.json'))):
         else:
             print(f"| | ds_to_universal + load_universal | {counts(r.get('dsuni_cmp'))} | {ld(r.get('dsuni_losses'))} |")
             print(f"| | ... + stepfix resave + plain load | {counts(r.get('dsfix_cmp'))} | {ld(r.get('dsfix_losses'))} |")
+            if r.get('end_ucp_vs_dsfix'):
+                print(f"| | state after step 6: ucp route vs DeepSpeed stepfix route | {counts(r['end_ucp_vs_dsfix'])} | |")
     if 'corrupt_cmp' in r:
         print(f"| | corrupted ucp output ({r['corrupt_what'].split(': ', 1)[-1]}) | {counts(r['corrupt_cmp'])}; caught: {r['corrupt_caught']} | {ld(r.get('corrupt_losses'))} |")

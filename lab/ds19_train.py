@@ -173,16 +173,18 @@ def expert_global_names(a, model):
 def full_state_z12(opt, p, key, anomalies):
     """A ZeRO-1/2 param's full optimizer state `key`, gathered over its dp group.
 
-    What safe_get_full_optimizer_state does, but without its two limits in 0.19.5: right after
-    load_checkpoint the optimizer-state views are linked only at the first step() (TypeError on None),
-    and the view is skipped when the state's shape differs from the fp32 partition (ValueError).
-    Reads the base optimizer's state of the param's flat fp32 partition at the param's fragment."""
+    What safe_get_full_optimizer_state / safe_get_full_fp32_param do, without their limits in 0.19.5:
+    right after load_checkpoint the optimizer-state views are linked only at the first step()
+    (TypeError on None); with 2 param groups the views of groups >= 1 are linked before their state
+    exists (ValueError 'exp_avg not found'); after a universal load the fp32 view is stale (it still
+    shows the pre-load values although training uses the loaded ones). key 'fp32' reads the flat fp32
+    partition itself, other keys the base optimizer's state of it, at the param's fragment."""
     buf = torch.zeros(p.numel(), dtype=torch.float32)
     m = p._hp_mapping
     if m is not None:
         flats = getattr(opt, 'single_partition_of_fp32_groups', None) or opt.fp32_groups_flat_partition
         flat = flats[m.param_group_index]
-        t = opt.optimizer.state[flat][key]
+        t = flat if key == 'fp32' else opt.optimizer.state[flat][key]
         if t.shape != flat.shape:
             anomalies.append(f'group {m.param_group_index}: state {key} {tuple(t.shape)} vs fp32 partition '
                              f'{tuple(flat.shape)}')
@@ -200,8 +202,8 @@ def dump_state(a, engine, path):
            'global_samples': engine.global_samples, 'optimizer': type(engine.optimizer).__name__,
            'anomalies': []}
     for n, p in model.named_parameters():
-        e = {'fp32': safe_get_full_fp32_param(p).clone()}
-        for key in ('exp_avg', 'exp_avg_sq'):
+        e = {'fp32': safe_get_full_fp32_param(p).clone()} if a.zero_stage == 3 else {}
+        for key in ('exp_avg', 'exp_avg_sq') if a.zero_stage == 3 else ('fp32', 'exp_avg', 'exp_avg_sq'):
             if a.zero_stage == 3:
                 e[key] = safe_get_full_optimizer_state(p, key).clone()
             else:

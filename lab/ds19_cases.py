@@ -192,6 +192,7 @@ def run_case(name, c):
 
     if want(c, 'convert'):
         uni = f'{d}/ucp_universal'
+        shutil.rmtree(uni, ignore_errors=True)
         # A tp=1 ZeRO-1/2 source does not say how its params would split over tp, and ucp will not
         # guess (ds_to_universal.py writes cat_dim 0 for all). For a load at tp=1 the kind does not
         # change the files' tensors, so the lab says "replicated".
@@ -214,6 +215,8 @@ def run_case(name, c):
 
     if want(c, 'dsroute'):
         uni = f'{d}/ds_universal'
+        shutil.rmtree(uni, ignore_errors=True)
+        shutil.rmtree(f'{d}/ds_stepfix', ignore_errors=True)
         rc, out_ = chpy([f'{DS}/deepspeed/checkpoint/ds_to_universal.py', '--input_folder', f'{root}/{tag}',
                          '--output_folder', f'{uni}/{tag}_universal', '--inject_missing_state', '--num_extract_workers', '1',
                          '--num_merge_workers', '1'], f'{d}/ds_to_universal.log')

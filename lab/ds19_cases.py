@@ -54,6 +54,8 @@ CASES = {
                                uninterrupted=True),
     'z3_fp32_1g_dp2_dp1': dict(src='--zero-stage 3 --groups 1 --sub-group-size 1500 --seed 16 --hidden 56 --layers 2 --vocab 93',
                                sdp=2, tdp=1, tgt='', ucp='', dsroute=True, convert=True),
+    'z3_fp32_1g1sg_dp2_dp1': dict(src='--zero-stage 3 --groups 1 --seed 17 --hidden 48 --layers 2 --vocab 95',
+                                  sdp=2, tdp=1, tgt='', ucp='', dsroute=True, convert=True),
     'z3_fp32_sgs_dp2_dp2': dict(src='--zero-stage 3 --groups 2 --wd0 0.01 --wd1 0.0 --sub-group-size 1000 --seed 15 --hidden 48 --layers 2',
                                 sdp=2, tdp=2, tgt='--sub-group-size 7000', ucp='--sub_group_size 7000'),
     # stage changes

@@ -38,7 +38,9 @@ for f in sorted(glob.glob(os.path.join(work, 'results', '*.json'))):
     n = r['case']
     sp = r['spec']
     head = f"{n} (dp{sp['sdp']}->dp{sp['tdp']})"
-    if r.get('ucp_reshard', {}).get('rc'):
+    if 'ucp_reshard' not in r and 'ucp_cmp' not in r:
+        pass
+    elif r.get('ucp_reshard', {}).get('rc'):
         print(f"| {head} | ucp reshard | FAILED: {r['ucp_reshard']['msg']} | |")
     else:
         print(f"| {head} | ucp reshard + plain load | {counts(r.get('ucp_cmp'))} | {ld(r.get('ucp_losses'))} |")
@@ -49,6 +51,8 @@ for f in sorted(glob.glob(os.path.join(work, 'results', '*.json'))):
     if 'ucp_convert' in r:
         if r['ucp_convert']['rc']:
             print(f"| | ucp convert | refused: {r['ucp_convert']['msg']} | |")
+        elif r.get('convert_load_rc'):
+            print(f"| | ucp convert + load_universal | load_universal FAILED in DeepSpeed (conv_load.log) | |")
         else:
             print(f"| | ucp convert + load_universal | {counts(r.get('convert_cmp'))} | {ld(r.get('convert_losses'))} |")
     if 'ds_to_universal_rc' in r:

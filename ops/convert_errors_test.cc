@@ -257,6 +257,44 @@ TEST(ConvertErrorsTest, Zero3UniversalOnlyForLoadersThatReadIt) {
   EXPECT_TRUE(PathExists(JoinPath(o.output_folder, "zero/optimizer_state.pt")));
 }
 
+// DeepSpeed 0.15 to 0.17's stage-3 universal loader puts every param into
+// sub-group 0 and load_state_dict()s rank 0's optimizer_state_dict: a source
+// whose rank 0 has several sub-groups cannot load there (DeepSpeed 0.16.4 in
+// the lab: "loaded state dict contains a parameter group that doesn't match
+// the size of optimizer's group"). ucp refused only several param groups and
+// wrote such a folder; now it refuses, and 0.18+ still converts it.
+TEST(ConvertErrorsTest, Zero3SubGroupsNeedTheLoaderOf018) {
+  const std::string root = FreshTempDir("zero3_subgroups_versions");
+  // DeepSpeed 0.16.4's one-group ZeRO-3 (one sub-group) converts for 0.16.4 ...
+  ConvertOptions o;
+  o.input_folder = ucp::testing::VersionFixturePath("0.16.4", "gpt-zero3-onegroup-dp2/global_step4");
+  o.output_folder = JoinPath(root, "one_sub_group");
+  auto one = Convert(o);
+  EXPECT_TRUE(one.ok()) << one.status();
+  // ... but not once split into sub-groups of at most 5000 elements.
+  ReshardOptions r;
+  r.input_folder = o.input_folder;
+  r.output_folder = JoinPath(root, "sub/global_step4");
+  r.write.target = deepspeed::Topology{1, 1, 2};
+  r.write.sub_group_size = 5000;
+  auto resharded = Reshard(r);
+  ASSERT_TRUE(resharded.ok()) << resharded.status();
+  o.input_folder = r.output_folder;
+  o.output_folder = JoinPath(root, "u0164");
+  absl::Status s = Convert(o).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("DeepSpeed 0.16.4's ZeRO stage 3 universal loader reads one sub-group, and rank 0 of "
+                             "this checkpoint has "),
+            std::string::npos)
+      << s;
+  EXPECT_FALSE(PathExists(o.output_folder));
+  o.write.target_ds_version = "0.18.0";
+  o.output_folder = JoinPath(root, "u0180");
+  auto ok = Convert(o);
+  EXPECT_TRUE(ok.ok()) << ok.status();
+  EXPECT_TRUE(PathExists(JoinPath(o.output_folder, "zero/optimizer_state.pt")));
+}
+
 // DeepSpeed's ZeRO-3 universal folder as a reshard source: refused, naming
 // the version and the layout, and pointing to the ZeRO-3 folder.
 TEST(ConvertErrorsTest, Zero3UniversalFolderIsRefusedAsInput) {

@@ -138,9 +138,23 @@ absl::Status MoeState::Load() {
       return absl::UnimplementedError(absl::StrCat(dir_, ": ", what, " with ", n, ": ", supported));
     }
   }
+  // engine.py _save_checkpoint writes expp_rank_R_mp_rank_XX_optim_states.pt
+  // for every MoE job; with ZeRO (up to 0.16.x at least; 0.19.5 no longer
+  // writes them) they only hold {'optimizer': None}, the optimizer being in
+  // the zero_pp_rank files. Without ZeRO they hold the whole optimizer.
   for (const auto& n : names) {
-    if (absl::StartsWith(n, "expp_rank_")) {
+    if (!absl::StartsWith(n, "expp_rank_")) continue;
+    if (optim_dp.empty()) {
       return absl::UnimplementedError(absl::StrCat(dir_, ": ", what, " without ZeRO (", n, "): ", supported));
+    }
+    const std::string path = JoinPath(dir_, n);
+    UCP_ASSIGN_OR_RETURN(std::unique_ptr<torch::TorchFile> f, torch::TorchFile::Open(path));
+    const Value* opt = f->root()->is(Kind::kDict) ? f->root()->DictGet("optimizer") : nullptr;
+    if (opt == nullptr || !opt->is_none()) {
+      return FileError(path, absl::StatusCode::kUnimplemented,
+                       absl::StrCat(what, ": an expert optimizer file next to the ZeRO files holds ",
+                                    opt == nullptr ? "no 'optimizer' key" : "an optimizer",
+                                    ", expected {'optimizer': None}: ", supported));
     }
   }
   const std::string mp_path = JoinPath(dir_, deepspeed::MpRankFileName(0));

@@ -10,7 +10,9 @@
 #include "deepspeed/checkpoint_files.h"
 #include "format/torch/tree_copy.h"
 #include "gtest/gtest.h"
+#include "readers/moe_state.h"
 #include "readers/zero_checkpoint.h"
+#include "tp/tensor_plan.h"
 #include "testing/fixtures.h"
 
 namespace ucp::readers {
@@ -47,6 +49,50 @@ void Rewrite(const std::string& path, const std::function<void(Value&)>& edit) {
     ASSERT_TRUE(w.WriteFile(tmp, **root).ok());
     ASSERT_EQ(rename(tmp.c_str(), path.c_str()), 0);
   }
+}
+
+// DeepSpeed 0.16.4 writes expp_rank_R_mp_rank_00_optim_states.pt = {'optimizer':
+// None} next to a MoE job's ZeRO files (seen in the lab: lab/README-ds19.md);
+// ucp took them for a MoE job without ZeRO and refused the checkpoint. The
+// 0.19.5 fixture plus such files must read like the fixture; an expp file
+// holding an optimizer is still refused, naming the file.
+TEST(ZeroCheckpointVersionTest, MoeExpertOptimizerPlaceholdersOf0164) {
+  const std::string dir = CopyOf("0.19.5", "gpt-moe-ep2-zero2-dp2/global_step4", "moe_expp");
+  auto plain = MoeState::Open(VersionFixturePath("0.19.5", "gpt-moe-ep2-zero2-dp2/global_step4"));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  auto write = [&](const std::string& name, pickle::ValuePtr optimizer) {
+    ValuePtr root = Value::MakeDict();
+    root->DictSet(Value::Str("optimizer"), std::move(optimizer));
+    torch::TorchWriter w;
+    ASSERT_TRUE(w.WriteFile(JoinPath(dir, name), *root).ok());
+  };
+  write("expp_rank_0_mp_rank_00_optim_states.pt", Value::None());
+  write("expp_rank_1_mp_rank_00_optim_states.pt", Value::None());
+  auto m = MoeState::Open(dir);
+  ASSERT_TRUE(m.ok()) << m.status();
+  const deepspeed::ModelInfo& a = (*plain)->info();
+  const deepspeed::ModelInfo& b = (*m)->info();
+  ASSERT_EQ(a.params.size(), b.params.size());
+  for (size_t i = 0; i < a.params.size(); ++i) {
+    EXPECT_EQ(a.params[i].name, b.params[i].name);
+    for (const std::string state : {"fp32", "exp_avg", "exp_avg_sq"}) {
+      auto x = (*plain)->Slices(a.params[i], 0, state);
+      auto y = (*m)->Slices(b.params[i], 0, state);
+      ASSERT_TRUE(x.ok() && y.ok()) << a.params[i].name;
+      ASSERT_EQ(x->size(), 1u);
+      ASSERT_EQ(y->size(), 1u);
+      auto eq = tp::TensorPlan::BitwiseEqual((*x)[0], (*y)[0]);
+      ASSERT_TRUE(eq.ok());
+      EXPECT_TRUE(*eq) << a.params[i].name << " " << state;
+    }
+  }
+  ValuePtr opt = Value::MakeDict();
+  opt->DictSet(Value::Str("state"), Value::MakeDict());
+  write("expp_rank_1_mp_rank_00_optim_states.pt", opt);
+  auto bad = MoeState::Open(dir);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kUnimplemented) << bad.status();
+  EXPECT_NE(bad.status().message().find("expp_rank_1_mp_rank_00_optim_states.pt"), std::string::npos)
+      << bad.status();
 }
 
 TEST(ZeroCheckpointVersionTest, PerRankPaddingsOf0195) {

@@ -280,6 +280,26 @@ class UniversalPlan : public Plan {
           "checkpoint has ", info_.num_groups, ": load it with DeepSpeed >= 0.18.0 (--target_ds_version), or use "
           "`ucp reshard` to write a ZeRO-3 checkpoint at the new dp"));
     }
+    if (*v < deepspeed::DsVersion{0, 18, 0}) {
+      // Before 0.18 the loader copies every param into sub-group 0 and hands
+      // optimizer_state.pt's optimizer_state_dict (rank 0's, as DeepSpeed's
+      // converter writes it) to torch's load_state_dict, whose group must then
+      // list as many params as the loading job's one: a single sub-group.
+      // With more, DeepSpeed stops with "loaded state dict contains a
+      // parameter group that doesn't match the size of optimizer's group".
+      UCP_ASSIGN_OR_RETURN(deepspeed::FileValue common, state_.OptimizerCommon());
+      const pickle::Value* osd = common.value->DictGet("optimizer_state_dict");
+      const pickle::Value* groups = osd != nullptr ? osd->DictGet("param_groups") : nullptr;
+      const pickle::Value* params =
+          groups != nullptr && groups->size() > 0 ? groups->items()[0]->DictGet("params") : nullptr;
+      if (params != nullptr && params->size() > 1) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "DeepSpeed ", version, "'s ZeRO stage 3 universal loader reads one sub-group, and rank 0 of this "
+            "checkpoint has ", params->size(), " sub-groups (zero_optimization.sub_group_size smaller than its "
+            "partition): load it with DeepSpeed >= 0.18.0 (--target_ds_version), or use `ucp reshard` to write a "
+            "ZeRO-3 checkpoint at the new dp (--sub_group_size of the loading job)"));
+      }
+    }
     return absl::OkStatus();
   }
 

@@ -316,10 +316,25 @@ absl::Status ConvertIsTopologyFree(CaseRunner& r) {
                          _.Prepend(absl::StrCat("save at T", i + 1, ": ")));
     UCP_ASSIGN_OR_RETURN(universal[i], i == 0 ? r.ConvertT1() : r.Convert(zero, "universal_t2"),
                          _.Prepend(absl::StrCat("convert from T", i + 1, ": ")));
-    // The model-state files are byte-identical copies of the source's.
+    // The model-state files are byte-identical copies of the source's; for
+    // a plain module (no layer files) at tp > 1, one file: tp rank 0's with
+    // no module tensors and mp_world_size 1.
     UCP_ASSIGN_OR_RETURN(std::vector<std::string> files, ListDirectory(zero));
+    const bool plain = std::none_of(files.begin(), files.end(),
+                                    [](const std::string& f) { return absl::StartsWith(f, "layer_"); });
+    const bool single = plain && topologies[i].tp() > 1;
     for (const auto& f : files) {
       if (!absl::StartsWith(f, "mp_rank_")) continue;
+      if (single) {
+        if (f != deepspeed::MpRankFileName(0)) {
+          if (PathExists(JoinPath(universal[i], f))) return Violation(p, absl::StrCat(f, " is in the universal folder"));
+          continue;
+        }
+        UCP_ASSIGN_OR_RETURN(std::vector<std::string> d,
+                             readers::CompareSingleMpRankFile(JoinPath(universal[i], f), JoinPath(zero, f)));
+        if (!d.empty()) return Violation(p, absl::StrCat(f, " is not the source's rank 0 file for any tp:\n  ", Joined(d)));
+        continue;
+      }
       UCP_ASSIGN_OR_RETURN(std::string x, ReadFileToString(JoinPath(zero, f)));
       UCP_ASSIGN_OR_RETURN(std::string y, ReadFileToString(JoinPath(universal[i], f)));
       if (x != y) return Violation(p, absl::StrCat(f, " is not a byte-identical copy of the source's"));

@@ -131,7 +131,7 @@ absl::StatusOr<ConvertResult> ConvertImpl(const ConvertOptions& options) {
         "a plain (non-pipeline) module at tp=", info.source_topology.tp, ": the folder keeps its ",
         info.source_topology.tp, " mp_rank files, which DeepSpeed (0.12 to 0.19.5) universal-loads only at tp >= ",
         info.source_topology.tp, " (for a smaller tp its loader merges them by Megatron's key names and asserts "
-        "they exist); for a smaller tp, convert with --single_mp_rank_file or `ucp reshard` to the target"));
+        "they exist); for a smaller tp, convert without --single_mp_rank_file=false or `ucp reshard` to the target"));
   }
   return result;
 }

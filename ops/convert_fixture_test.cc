@@ -35,19 +35,30 @@ ConvertOptions Options(const std::string& in, const std::string& out) {
 }
 
 // Converts a fixture with no extra flags and compares with an expected folder.
+// `plain_module`: a non-pipeline module at tp=2, whose universal folder holds
+// one mp_rank file instead of copies (checked against the source's rank 0).
 void ConvertAndCompare(const std::string& fixture, const std::string& expected,
-                       const std::vector<std::string>& extra_ignore = {}) {
+                       const std::vector<std::string>& extra_ignore = {}, bool plain_module = false) {
   const std::string root = FreshTempDir(absl::StrCat("convert_", absl::StrReplaceAll(fixture, {{"/", "_"}})));
   const std::string out = JoinPath(root, "global_step4_universal");
   auto result = Convert(Options(FixturePath(fixture + "/global_step4"), out));
   ASSERT_TRUE(result.ok()) << result.status();
   std::vector<std::string> ignore = {"ucp_manifest.textproto"};
   ignore.insert(ignore.end(), extra_ignore.begin(), extra_ignore.end());
+  if (plain_module) ignore.insert(ignore.end(), {"mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt"});
   auto diffs = readers::CompareFolders(out, FixturePath(fixture + "/" + expected), ignore);
   ASSERT_TRUE(diffs.ok()) << diffs.status();
   EXPECT_THAT(*diffs, IsEmpty()) << absl::StrJoin(*diffs, "\n");
-  // The mp_rank files are byte-identical copies of the source's.
+  if (plain_module) {
+    EXPECT_FALSE(PathExists(JoinPath(out, "mp_rank_01_model_states.pt")));
+    auto single = readers::CompareSingleMpRankFile(JoinPath(out, "mp_rank_00_model_states.pt"),
+                                                   FixturePath(fixture + "/global_step4/mp_rank_00_model_states.pt"));
+    ASSERT_TRUE(single.ok()) << single.status();
+    EXPECT_THAT(*single, IsEmpty()) << absl::StrJoin(*single, "\n");
+  }
+  // Otherwise the mp_rank files are byte-identical copies of the source's.
   for (const std::string mp : {"mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt"}) {
+    if (plain_module) break;
     auto a = ReadFileToString(JoinPath(out, mp));
     auto b = ReadFileToString(FixturePath(fixture + "/global_step4/" + mp));
     ASSERT_TRUE(a.ok() && b.ok());
@@ -72,25 +83,32 @@ TEST(ConvertFixtureTest, Bf16Tp2Dp2MatchesExpected) {
 }
 
 TEST(ConvertFixtureTest, Zero2NoPipelineMatchesExpected) {
-  ConvertAndCompare("gpt-zero2-nopipe-tp2-dp2", "global_step4_universal_expected");
+  ConvertAndCompare("gpt-zero2-nopipe-tp2-dp2", "global_step4_universal_expected", {}, /*plain_module=*/true);
 }
 
-// A plain module at tp=2: by default the folder keeps both mp_rank files and
-// convert says DeepSpeed loads it only at tp >= 2; --single_mp_rank_file
-// writes one tp=1-style file (what DeepSpeed's loader takes at any tp) and
-// the same zero/ folder, and resharding that back to tp=2 dp=2 gives
-// DeepSpeed's own files but for tp rank 1's rng state, which it cannot keep.
+// A plain module at tp=2: by default one tp=1-style mp_rank file (what
+// DeepSpeed's loader takes at any tp) beside the same zero/ folder, and
+// resharding that back to tp=2 dp=2 gives DeepSpeed's own files but for tp
+// rank 1's rng state, which it cannot keep; --single_mp_rank_file=false
+// copies both files, as ds_to_universal.py does, and convert says DeepSpeed
+// loads that only at tp >= 2.
 TEST(ConvertFixtureTest, SingleMpRankFileForAPlainModule) {
   const std::string in = FixturePath("gpt-zero2-nopipe-tp2-dp2/global_step4");
   const std::string root = FreshTempDir("convert_single_mp_rank_file");
-  auto plain = Convert(Options(in, JoinPath(root, "default/global_step4_universal")));
+  ConvertOptions copies = Options(in, JoinPath(root, "copies/global_step4_universal"));
+  copies.write.single_mp_rank_file = false;
+  auto plain = Convert(copies);
   ASSERT_TRUE(plain.ok()) << plain.status();
   EXPECT_THAT(absl::StrJoin(plain->warnings, "\n"), ::testing::HasSubstr("--single_mp_rank_file"));
+  for (const std::string mp : {"mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt"}) {
+    auto a = ReadFileToString(JoinPath(copies.output_folder, mp));
+    auto b = ReadFileToString(JoinPath(in, mp));
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_TRUE(*a == *b) << mp;
+  }
 
   const std::string out = JoinPath(root, "single/global_step4_universal");
-  ConvertOptions o = Options(in, out);
-  o.write.single_mp_rank_file = true;
-  auto single = Convert(o);
+  auto single = Convert(Options(in, out));
   ASSERT_TRUE(single.ok()) << single.status();
   EXPECT_THAT(absl::StrJoin(single->warnings, "\n"), ::testing::Not(::testing::HasSubstr("--single_mp_rank_file")));
   EXPECT_FALSE(PathExists(JoinPath(out, "mp_rank_01_model_states.pt")));

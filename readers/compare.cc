@@ -1,6 +1,7 @@
 #include "readers/compare.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -148,6 +149,21 @@ absl::StatusOr<std::vector<std::string>> CompareFiles(const std::string& a, cons
   UCP_ASSIGN_OR_RETURN(auto fa, torch::TorchFile::Open(a));
   UCP_ASSIGN_OR_RETURN(auto fb, torch::TorchFile::Open(b));
   return CompareTrees(*fa, *fa->root(), *fb, *fb->root(), options);
+}
+
+absl::StatusOr<std::vector<std::string>> CompareSingleMpRankFile(const std::string& single,
+                                                                 const std::string& source_rank0) {
+  CompareOptions o;
+  o.max_differences = std::numeric_limits<size_t>::max();
+  UCP_ASSIGN_OR_RETURN(std::vector<std::string> all, CompareFiles(single, source_rank0, o));
+  std::vector<std::string> out;
+  for (const std::string& d : all) {
+    const bool module_tensor = absl::StartsWith(d, "module: key '") && absl::EndsWith(d, "' only in the second");
+    const bool degree = absl::StartsWith(d, "mp_world_size: 1 vs ") ||
+                        absl::StartsWith(d, "checkpoint_parallel_dimensions.tp_degree: 1 vs ");
+    if (!module_tensor && !degree) out.push_back(d);
+  }
+  return out;
 }
 
 absl::StatusOr<std::vector<std::string>> ListFilesRecursive(const std::string& dir) {

@@ -38,6 +38,13 @@ absl::StatusOr<std::vector<std::string>> CompareFolders(const std::string& a, co
                                                         const std::vector<std::string>& ignore = {},
                                                         const CompareOptions& options = {});
 
+// A universal folder's one mp_rank_00_model_states.pt (written for a plain
+// module saved at tp > 1: writers::UniversalWriteOptions::single_mp_rank_file)
+// against the source's tp rank 0 file: every difference but the ones it is
+// meant to have (module without tensors, mp_world_size 1, tp_degree 1).
+absl::StatusOr<std::vector<std::string>> CompareSingleMpRankFile(const std::string& single,
+                                                                 const std::string& source_rank0);
+
 }  // namespace ucp::readers
 
 #endif  // UCP_READERS_COMPARE_H_

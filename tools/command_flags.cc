@@ -134,7 +134,8 @@ void ConvertFlags::Register(FlagSet& f) {
          "for a plain (non-pipeline) module saved at tp > 1: write one mp_rank_00_model_states.pt (tp rank 0's, "
          "mp_world_size 1, no module tensors) instead of every tp rank's, so that DeepSpeed can universal-load the "
          "folder at a smaller tp too (its loader merges several mp_rank files only for Megatron's key names); "
-         "the other tp ranks' client state (rng states) is not kept");
+         "the other tp ranks' client state (rng states) is not kept. =false: copy every tp rank's file, as "
+         "ds_to_universal.py does (DeepSpeed then loads the folder only at the source's tp or larger)");
   f.Int32("dry_run", &o.dry_run_ranks,
           "write nothing; print the plan split over this many ranks (under mpirun: the job's ranks): units, bytes "
           "and input files per rank");

@@ -111,8 +111,8 @@ class UniversalPlan : public Plan {
         units_.push_back(std::move(u));
       }
     }
-    // A plain (non-pipeline) module saved at tp > 1, on request: one
-    // mp_rank_00 file for a job of any tp (kOneModelStates; see
+    // A plain (non-pipeline) module saved at tp > 1: one mp_rank_00 file
+    // for a job of any tp (kOneModelStates; see
     // UniversalWriteOptions::single_mp_rank_file).
     const bool single = options_.single_mp_rank_file && !zero3() && !info_.pipeline && src.pp == 1 && src.tp > 1;
     if (single) {

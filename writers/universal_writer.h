@@ -63,13 +63,13 @@ struct UniversalWriteOptions {
   MergeRules rules;           // for the manifest
   // A plain (non-pipeline) module saved at tp > 1: write one
   // mp_rank_00_model_states.pt (tp rank 0's, mp_world_size 1, no module
-  // tensors) instead of copying every tp rank's. DeepSpeed's checkpoint
-  // loader (state_dict_factory.py, 0.12 to 0.19.5) merges several mp_rank
-  // files for a job of smaller tp by Megatron's key names and asserts they
-  // exist, so the copies load only at the source's tp or larger; the one
-  // file loads at any tp. The other tp ranks' client state (rng states) is
-  // not kept.
-  bool single_mp_rank_file = false;
+  // tensors) instead of copying every tp rank's (false: copies, as
+  // ds_to_universal.py makes). DeepSpeed's checkpoint loader
+  // (state_dict_factory.py, 0.12 to 0.19.5) merges several mp_rank files for
+  // a job of smaller tp by Megatron's key names and asserts they exist, so
+  // the copies load only at the source's tp or larger; the one file loads at
+  // any tp. The other tp ranks' client state (rng states) is not kept.
+  bool single_mp_rank_file = true;
 };
 
 // The plan of the universal checkpoint of `state` (which must outlive it).

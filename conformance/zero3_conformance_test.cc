@@ -179,8 +179,15 @@ void SaveReadReshardConvert() {
   c.write.target_ds_version = v3;
   c.write.num_threads = 1;
   const absl::Status converted = ops::Convert(c).status();
+  // Before 0.18 the loader reads one param group with one sub-group (rank
+  // 0's group 0 as DeepSpeed cut it at dp1 with s1).
+  std::vector<int64_t> group0;
+  for (const auto& p : (*m).get()->info().params) {
+    if (p.trainable() && p.group == 0) group0.push_back(Numel(p.full_shape));
+  }
+  const bool one_sub_group = groups == 1 && readers::Zero3SubGroups(group0, dp1, s1).size() == 1;
   const bool loadable =
-      Version(v3) >= std::make_tuple(0, 15, 0) && (groups == 1 || Version(v3) >= std::make_tuple(0, 18, 0));
+      Version(v3) >= std::make_tuple(0, 15, 0) && (one_sub_group || Version(v3) >= std::make_tuple(0, 18, 0));
   ++g_dist["convert"][absl::StrCat(loadable ? "written for " : "refused for ", v3)];
   if (!loadable) {
     RC_ASSERT(converted.code() == absl::StatusCode::kFailedPrecondition);

@@ -32,7 +32,7 @@ M[c11]="--plain --hidden 64 --heads 4 --groups 8 --groups_mr 4 --groups_se 16 --
 S[c11]="--tp 2 --dp 2"; T[c11]="--tp 2 --dp 1"; TOL[c11]=$BF16TOL
 # c08 with the universal load replaced by ucp reshard + a plain load (see README: DeepSpeed
 # 0.14.4 cannot universal-load a plain module's copied mp_rank files at a smaller tp); reuses
-# c08's source. c08s: c08 converted with --single_mp_rank_file, universal-loaded at tp=1.
+# c08's source. c08s: c08 converted with --single_mp_rank_file (now the default), universal-loaded at tp=1.
 CASES=${*:-c01 c02 c03 c04 c05 c06 c07 c08 c09 c10 c11}
 fail=0
 for c in $CASES; do

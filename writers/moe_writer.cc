@@ -207,13 +207,7 @@ class MoePlan : public Plan {
         break;
       }
     }
-    const std::string& name = units_[i].outputs[0];
-    UCP_ASSIGN_OR_RETURN(tp::WrittenFile f, tp::WriteTorchFile(w, JoinPath(staging, name), *root));
-    FileDigest digest;
-    digest.set_path(name);
-    digest.set_size(f.size);
-    result->files.push_back(std::move(digest));
-    return absl::OkStatus();
+    return WriteUnitFile(w, staging, units_[i].outputs[0], *root, result);
   }
 
   absl::StatusOr<WriteStats> Finish(const std::vector<UnitResult>& results, const std::string& staging) const override {

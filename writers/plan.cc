@@ -17,6 +17,7 @@
 #include "base/status_macros.h"
 #include "format/torch/mapped_file.h"
 #include "format/torch/zip.h"
+#include "tp/plan_io.h"
 
 namespace ucp::writers {
 
@@ -349,6 +350,16 @@ absl::StatusOr<WriteStats> RunPlanOnCluster(const Plan& plan, const std::string&
   stats.params = done.params();
   stats.notes = rank0_notes;
   return stats;
+}
+
+absl::Status WriteUnitFile(torch::TorchWriter& w, const std::string& staging, const std::string& rel,
+                           const pickle::Value& root, UnitResult* result) {
+  UCP_ASSIGN_OR_RETURN(tp::WrittenFile f, tp::WriteTorchFile(w, JoinPath(staging, rel), root));
+  FileDigest digest;
+  digest.set_path(rel);
+  digest.set_size(f.size);
+  result->files.push_back(std::move(digest));
+  return absl::OkStatus();
 }
 
 }  // namespace ucp::writers

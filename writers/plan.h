@@ -33,6 +33,13 @@
 #include "deepspeed/model_state.h"
 #include "proto/ucp.pb.h"
 
+namespace ucp::torch {
+class TorchWriter;
+}  // namespace ucp::torch
+namespace ucp::pickle {
+class Value;
+}  // namespace ucp::pickle
+
 namespace ucp::writers {
 
 using deepspeed::InputRange;
@@ -150,6 +157,11 @@ absl::StatusOr<WriteStats> CommitOutput(const Plan& plan, StagingDir& staging, c
 
 // Sums what the units wrote into `stats` (files, bytes).
 void AddUnitResults(const std::vector<UnitResult>& results, WriteStats* stats);
+
+// Writes `root` with `w` to `staging`/`rel` and records the file (path and
+// size) in `result`: the last step of a unit that writes one torch file.
+absl::Status WriteUnitFile(torch::TorchWriter& w, const std::string& staging, const std::string& rel,
+                           const pickle::Value& root, UnitResult* result);
 
 }  // namespace ucp::writers
 

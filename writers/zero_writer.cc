@@ -622,13 +622,7 @@ class Writer {
 
   static absl::Status Finish(torch::TorchWriter& w, const std::string& name, const Value& root,
                              const std::string& dir, UnitResult* result) {
-    UCP_ASSIGN_OR_RETURN(tp::WrittenFile f, tp::WriteTorchFile(w, JoinPath(dir, name), root));
-    FileDigest d;
-    d.set_path(name);
-    d.set_size(f.size);
-
-    result->files.push_back(std::move(d));
-    return absl::OkStatus();
+    return WriteUnitFile(w, dir, name, root, result);
   }
 
   const deepspeed::ModelState& state_;

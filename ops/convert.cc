@@ -125,8 +125,7 @@ absl::StatusOr<ConvertResult> ConvertImpl(const ConvertOptions& options) {
   for (const auto& note : state->info().notes) result.warnings.push_back(note);
   for (const auto& note : result.stats.notes) result.warnings.push_back(note);
   const deepspeed::ModelInfo& info = state->info();
-  if (!info.pipeline && info.zero_stage < 3 && info.source_topology.pp == 1 && info.source_topology.tp > 1 &&
-      !write.single_mp_rank_file) {
+  if (writers::PlainModuleAtTpAboveOne(info) && !write.single_mp_rank_file) {
     result.warnings.push_back(absl::StrCat(
         "a plain (non-pipeline) module at tp=", info.source_topology.tp, ": the folder keeps its ",
         info.source_topology.tp, " mp_rank files, which DeepSpeed (0.12 to 0.19.5) universal-loads only at tp >= ",

@@ -114,7 +114,7 @@ class UniversalPlan : public Plan {
     // A plain (non-pipeline) module saved at tp > 1: one mp_rank_00 file
     // for a job of any tp (kOneModelStates; see
     // UniversalWriteOptions::single_mp_rank_file).
-    const bool single = options_.single_mp_rank_file && !zero3() && !info_.pipeline && src.pp == 1 && src.tp > 1;
+    const bool single = options_.single_mp_rank_file && PlainModuleAtTpAboveOne(info_);
     if (single) {
       Unit u;
       u.outputs.push_back(deepspeed::MpRankFileName(0));
@@ -379,6 +379,10 @@ class UniversalPlan : public Plan {
 };
 
 }  // namespace
+
+bool PlainModuleAtTpAboveOne(const deepspeed::ModelInfo& info) {
+  return !info.pipeline && info.zero_stage < 3 && info.source_topology.pp == 1 && info.source_topology.tp > 1;
+}
 
 absl::StatusOr<std::unique_ptr<Plan>> PlanUniversal(const deepspeed::ModelState& state,
                                                     const UniversalWriteOptions& options) {

@@ -72,6 +72,10 @@ struct UniversalWriteOptions {
   bool single_mp_rank_file = true;
 };
 
+// A plain (non-pipeline, ZeRO-1/2) module saved at tp > 1: the source whose
+// universal folder UniversalWriteOptions::single_mp_rank_file concerns.
+bool PlainModuleAtTpAboveOne(const deepspeed::ModelInfo& info);
+
 // The plan of the universal checkpoint of `state` (which must outlive it).
 absl::StatusOr<std::unique_ptr<Plan>> PlanUniversal(const deepspeed::ModelState& state,
                                                     const UniversalWriteOptions& options);

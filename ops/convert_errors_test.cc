@@ -183,6 +183,19 @@ TEST(ConvertErrorsTest, ExistingOutputIsNotReplaced) {
   EXPECT_TRUE(PathExists(JoinPath(c.output, "keep")));
 }
 
+TEST(ConvertErrorsTest, AmbiguousParamsOfATp1CheckpointSayWhatIsExactForTp1Loads) {
+  Case c = Prepare("ambiguous_tp1", "neox-tp1-pp2-dp1");
+  ConvertOptions o;
+  o.input_folder = c.source;
+  o.output_folder = c.output;
+  o.state.rules.preset = "none";
+  absl::Status s = Convert(o).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("Saved at tp=1, nothing needs merging"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("for loads at tp=1 only, --default_kind=replicated is exact"), std::string::npos) << s;
+  ExpectNothingWritten(c);
+}
+
 TEST(ConvertErrorsTest, AmbiguousParamsAreListedWithTheRuleThatSettlesThem) {
   Case c = Prepare("ambiguous", "neox-tp2-pp1-dp1");
   ConvertOptions o;
@@ -197,6 +210,7 @@ TEST(ConvertErrorsTest, AmbiguousParamsAreListedWithTheRuleThatSettlesThem) {
   // [64, 32] keeps hidden_size 64 whole on dim 0), query_key_value column.
   EXPECT_NE(s.message().find("cannot tell how to merge the tp slices of 50 param(s) in 8 families"), std::string::npos)
       << s;
+  EXPECT_EQ(s.message().find("Saved at tp=1"), std::string::npos) << s;
   EXPECT_NE(s.message().find("rule { pattern: \"\\\\d+\\\\.attention\\\\.dense\\\\.weight$\" kind: ROW }"),
             std::string::npos)
       << s;

@@ -281,7 +281,12 @@ absl::Status ResolvedState::Resolve(const ResolveOptions& options) {
         "; no rule file, checkpoint pattern or preset",
         resolver_.preset().empty() ? "" : absl::StrCat(" (", resolver_.preset(), ")"),
         " covers them. Settle them with --rules=FILE (a MergeRules textproto; `ucp rules --suggest --input_folder=",
-        src.dir(), "` writes these suggestions as one to edit), --preset, or --default_kind:\n", listed));
+        src.dir(), "` writes these suggestions as one to edit), --preset, or --default_kind",
+        tp_degree == 1 ? ". Saved at tp=1, nothing needs merging, but a universal checkpoint says how each param "
+                         "splits for a load at tp >= 2; for loads at tp=1 only, --default_kind=replicated is exact. "
+                         "The undecided families"
+                       : "",
+        ":\n", listed));
   }
   // Full shapes.
   for (size_t i = 0; i < info_.params.size(); ++i) {

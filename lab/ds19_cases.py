@@ -70,6 +70,18 @@ CASES = {
                                 sdp=3, tdp=2, tgt='', ucp='', uninterrupted=True, convert=True),
     'z2_pad_fp32_dp2_dp1': dict(src='--zero-stage 2 --groups 2 --wd0 0.01 --wd1 0.0 --odd 3 --seed 32 --hidden 48 --layers 2 --vocab 97',
                                 sdp=2, tdp=1, tgt='', ucp='', convert=True, dsroute=True),
+    # fp16 (DeepSpeed's dynamic loss scaler; its state is compared too)
+    'f16_z2_pad_dp2_dp1': dict(src='--zero-stage 2 --groups 2 --dtype fp16 --odd 3 --seed 51',
+                               sdp=2, tdp=1, tgt='', ucp='', convert=True),
+    'f16_z1_pad_dp2_dp1': dict(src='--zero-stage 1 --groups 2 --dtype fp16 --odd 5 --seed 52',
+                               sdp=2, tdp=1, tgt='', ucp='', convert=True),
+    'f16_z3_2g_dp2_dp1': dict(src='--zero-stage 3 --groups 2 --dtype fp16 --seed 53 --sub-group-size 2000',
+                              sdp=2, tdp=1, tgt='', ucp=''),
+    'f16_z3_to_z2_dp2_dp1': dict(src='--zero-stage 3 --groups 2 --dtype fp16 --seed 56 --sub-group-size 3000',
+                                 sdp=2, tdp=1, tgt='--zero-stage 2', ucp='--zero_stage 2'),
+    'f16_z1_to_z3_dp1_dp2': dict(src='--zero-stage 1 --groups 2 --dtype fp16 --seed 57',
+                                 sdp=1, tdp=2, tgt='--zero-stage 3 --sub-group-size 1500',
+                                 ucp='--zero_stage 3 --sub_group_size 1500'),
     # native MoE (ZeRO-2)
     'moe_ep2dp2_to_dp1': dict(src='--zero-stage 2 --groups 2 --wd0 0.01 --wd1 0.0 --moe-layers 1 --experts 4 --ep 2 --seed 41 --hidden 32 --layers 2 --global-batch 4',
                               sdp=2, tdp=1, tgt='--ep 1', ucp='--expert_parallel 1'),
@@ -84,7 +96,9 @@ def log(*a):
 
 def ds(n, args, logf):
     PORT[0] += 1
-    cmd = ['chroot', CHROOT, 'env', f'PYTHONPATH={DS}', 'DS_ACCELERATOR=cpu', 'python3',
+    # TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD: DeepSpeed 0.14.4 torch.load()s its fp16 optimizer files (which
+    # pickle its DynamicLossScaler) without weights_only=False, and torch 2.6 defaults to True.
+    cmd = ['chroot', CHROOT, 'env', f'PYTHONPATH={DS}', 'DS_ACCELERATOR=cpu', 'TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1', 'python3',
            f'{HERE}/ds19_launch.py', str(n), str(PORT[0]), f'{HERE}/ds19_train.py'] + args
     with open(logf, 'w') as f:
         f.write(' '.join(cmd) + '\n')

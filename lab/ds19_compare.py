@@ -107,6 +107,11 @@ def main():
         if du['distinct_step_objects'] != du['step_states']:
             res['problems'].append(f"rank {du_i}: {du['step_states']} optimizer states share "
                                    f"{du['distinct_step_objects']} step tensor(s)")
+    if r0.get('loss_scaler') != g0.get('loss_scaler'):
+        diff = {k: (r0.get('loss_scaler', {}).get(k), g0.get('loss_scaler', {}).get(k))
+                for k in set(r0.get('loss_scaler') or {}) | set(g0.get('loss_scaler') or {})
+                if (r0.get('loss_scaler') or {}).get(k) != (g0.get('loss_scaler') or {}).get(k)}
+        res['problems'].append(f'loss scaler (source, loaded): {diff}')
     for k in ('global_steps', 'global_samples'):
         if r0[k] != g0[k]:
             res['problems'].append(f'{k}: loaded {g0[k]}, source {r0[k]}')

@@ -51,7 +51,7 @@ def parse():
     ap.add_argument('--odd', type=int, default=0, help='add a 1-D param of this many elements (padding)')
     ap.add_argument('--global-batch', type=int, default=6)
     ap.add_argument('--seed', type=int, default=1)
-    ap.add_argument('--dtype', choices=['fp32', 'bf16'], default='fp32')
+    ap.add_argument('--dtype', choices=['fp32', 'bf16', 'fp16'], default='fp32')
     ap.add_argument('--zero-stage', type=int, default=3)
     ap.add_argument('--sub-group-size', type=int, default=1000000000)
     ap.add_argument('--persist', type=int, default=100, help='stage3_param_persistence_threshold')
@@ -243,6 +243,10 @@ def dump_state(a, engine, path):
             ids.add(id(s))
             steps.append(float(s))
         out['steps'].append(steps)
+    ls = getattr(opt, 'loss_scaler', None)
+    if ls is not None:  # fp16: the dynamic loss scaler's state must survive the checkpoint too
+        out['loss_scaler'] = {k: (float(v) if torch.is_tensor(v) else v) for k, v in vars(ls).items()
+                              if isinstance(v, (int, float, bool)) or torch.is_tensor(v)}
     out['distinct_step_objects'] = len(ids)
     out['step_states'] = nstates
     os.makedirs(path, exist_ok=True)
@@ -279,6 +283,12 @@ def main():
                                          'sub_group_size': a.sub_group_size})
     if a.dtype == 'bf16':
         cfg['bf16'] = {'enabled': True}
+    if a.dtype == 'fp16':
+        # DeepSpeed's CPU accelerator reports fp16 only where oneDNN has fp16 kernels; torch 2.6 runs
+        # fp16 on any CPU (slowly), which is all a tiny model needs.
+        from deepspeed.accelerator import get_accelerator
+        get_accelerator().is_fp16_supported = lambda: True
+        cfg['fp16'] = {'enabled': True, 'initial_scale_power': 12, 'loss_scale_window': 2, 'hysteresis': 1}
     groups = param_groups(a, model)
     if a.moe_layers:
         from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer

@@ -6,6 +6,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
+#include "deepspeed/layout_math.h"
 #include "format/torch/mapped_file.h"
 #include "tp/merge.h"
 
@@ -131,6 +132,24 @@ absl::StatusOr<ConvertResult> ConvertImpl(const ConvertOptions& options) {
         info.source_topology.tp, " mp_rank files, which DeepSpeed (0.12 to 0.19.5) universal-loads only at tp >= ",
         info.source_topology.tp, " (for a smaller tp its loader merges them by Megatron's key names and asserts "
         "they exist); for a smaller tp, convert without --single_mp_rank_file=false or `ucp reshard` to the target"));
+  }
+  if (info.zero_stage == 3) {
+    // The files are DeepSpeed's own layout (ds_to_universal.py writes the
+    // same); the drift comes from DeepSpeed's stage-3 universal loader, seen
+    // in the lab with 0.18.9 and 0.19.5 (lab/README-ds19.md).
+    const std::string version =
+        write.target_ds_version.empty() ? deepspeed::SourceDsVersion(*state) : write.target_ds_version;
+    auto v = deepspeed::ParseDsVersion(version);
+    if (v.ok() && !(*v < deepspeed::DsVersion{0, 18, 0})) {
+      result.warnings.push_back(absl::StrCat(
+          "ZeRO stage 3: DeepSpeed ", version, "'s stage-3 universal loader (0.18.0 to 0.19.5) gives every sub-group "
+          "of the loading job one shared `step` tensor",
+          info.num_groups > 1 ? absl::StrCat(" and all ", info.num_groups,
+                                             " param groups group 0's hyper-parameters (lr, weight_decay, ...)")
+                              : "",
+          ", so a resumed run drifts; `ucp reshard --dp=N --sub_group_size=S` writes a ZeRO-3 checkpoint for the "
+          "new topology that keeps every sub-group's step and each group's own hyper-parameters"));
+    }
   }
   return result;
 }

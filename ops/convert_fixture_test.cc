@@ -357,6 +357,29 @@ void ConvertZero3AndCompare(const std::string& version, const std::string& fixtu
 
 TEST(ConvertFixtureTest, Zero3MatchesDeepSpeed0195) { ConvertZero3AndCompare("0.19.5", "gpt-zero3-dp2"); }
 
+// DeepSpeed's own stage-3 universal loader (0.18+) shares one step tensor and
+// copies group 0's hyper-parameters: convert says so and points to reshard;
+// for a 0.15-0.17 loader (one sub-group, one group) it does not apply.
+TEST(ConvertFixtureTest, Zero3ConvertWarnsAboutTheLoadersStepAndGroups) {
+  const std::string root = FreshTempDir("convert_zero3_warning");
+  auto two = Convert(Options(VersionFixturePath("0.19.5", "gpt-zero3-dp2/global_step4"), JoinPath(root, "a")));
+  ASSERT_TRUE(two.ok()) << two.status();
+  const std::string w = absl::StrJoin(two->warnings, "\n");
+  EXPECT_THAT(w, ::testing::HasSubstr("DeepSpeed 0.19.5's stage-3 universal loader"));
+  EXPECT_THAT(w, ::testing::HasSubstr("one shared `step` tensor and all 2 param groups group 0's hyper-parameters"));
+  EXPECT_THAT(w, ::testing::HasSubstr("`ucp reshard --dp=N --sub_group_size=S`"));
+  auto one = Convert(Options(VersionFixturePath("0.16.4", "gpt-zero3-onegroup-dp2/global_step4"), JoinPath(root, "b")));
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_THAT(absl::StrJoin(one->warnings, "\n"), ::testing::Not(::testing::HasSubstr("stage-3 universal loader")));
+  ConvertOptions o = Options(VersionFixturePath("0.16.4", "gpt-zero3-onegroup-dp2/global_step4"), JoinPath(root, "c"));
+  o.write.target_ds_version = "0.18.9";
+  auto later = Convert(o);
+  ASSERT_TRUE(later.ok()) << later.status();
+  const std::string lw = absl::StrJoin(later->warnings, "\n");
+  EXPECT_THAT(lw, ::testing::HasSubstr("DeepSpeed 0.18.9's stage-3 universal loader"));
+  EXPECT_THAT(lw, ::testing::Not(::testing::HasSubstr("param groups group 0's")));
+}
+
 TEST(ConvertFixtureTest, Zero3OneGroupMatchesDeepSpeed0164) {
   ConvertZero3AndCompare("0.16.4", "gpt-zero3-onegroup-dp2");
 }

@@ -612,6 +612,10 @@ absl::Status MoeState::ExpertGroupsFromExpertFiles(
   // from its global expert 0 (ep rank 0's local expert 0); every local expert
   // is a copy of it (deepspeed.moe.experts.Experts), which the optimizer
   // files' windows and partition sizes then confirm (ParseOptim).
+  std::vector<int> expert_groups;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    if (groups_[g].expert) expert_groups.push_back(static_cast<int>(g));
+  }
   std::vector<std::string> prefixes;
   std::vector<std::vector<std::string>> suffixes(num_experts_.size());
   for (size_t l = 0; l < num_experts_.size(); ++l) {
@@ -632,6 +636,9 @@ absl::Status MoeState::ExpertGroupsFromExpertFiles(
                          absl::StrCat("key ", k->DebugString(), " is not a weight of one MoE layer's expert 0"));
       }
       layer_prefix = prefix;
+      if (!group_of.count({prefix, suffix}) && expert_groups.size() == 1) {
+        group_of[{prefix, suffix}] = expert_groups[0];  // the only expert group (partition sizes checked)
+      }
       if (!group_of.count({prefix, suffix})) {
         return FileError(OptimPath(0), absl::StatusCode::kInvalidArgument,
                          absl::StrCat("no rank's param_slice_mappings lists expert param '", suffix, "' of '", prefix,

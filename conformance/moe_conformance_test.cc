@@ -377,13 +377,14 @@ std::vector<std::string> MoeLayoutDiffs(const SyntheticMoeState& m, const std::s
   return diffs;
 }
 
-// Whether the files of M saved at dp / ep for `version` tell each expert
-// param's group: before 0.14.5 at ep > 1 every rank's mappings of an expert
-// group list only the params overlapping [k * padded / dp, (k + 1) *
-// padded / dp) (k its expert data parallel rank); a (layer, param) no window
-// of any expert group lists is in an unknown group unless there is only one
-// expert group. Computed here from the model, independently of the reader.
-bool ExpertGroupsKnowable(const SyntheticMoeState& m, int dp, int ep, const std::string& version) {
+// Whether the files of M saved at dp / ep for `version` list every expert
+// param in some rank's mappings: before 0.14.5 at ep > 1 every rank's
+// mappings of an expert group list only the params overlapping
+// [k * padded / dp, (k + 1) * padded / dp) (k its expert data parallel rank).
+// A (layer, param) no window lists may still be placed by the partition
+// sizes (the reader tries), or be refused: only then. Computed here from the
+// model, independently of the reader.
+bool ExpertGroupsListed(const SyntheticMoeState& m, int dp, int ep, const std::string& version) {
   if (!(Version(version) < std::make_tuple(0, 14, 5)) || ep == 1) return true;
   const deepspeed::ModelInfo& info = m.info();
   std::set<std::pair<std::string, std::string>> all, listed;
@@ -412,7 +413,8 @@ bool ExpertGroupsKnowable(const SyntheticMoeState& m, int dp, int ep, const std:
       }
     }
   }
-  return expert_groups == 1 || listed == all;
+  (void)expert_groups;
+  return listed == all;
 }
 
 // ucp reads every param of M back from `dir`.
@@ -492,22 +494,26 @@ TEST(MoeConformanceTest, Properties) {
     }
     // Files that cannot tell an expert param's group (DeepSpeed before
     // 0.14.5) are refused, saying so.
-    auto unknowable = [&](const std::string& dir) {
+    // A refusal is right only where the files leave an expert param's
+    // group open (before 0.14.5, no window lists it), and must say so.
+    auto readable = [&](const std::string& dir, int dp, int ep, const std::string& v, const char* side) {
       ops::SourceOptions whole;
       whole.tp1_whole_tensors = true;
       auto s = ops::OpenModelState(dir, whole, false);
-      if (s.ok() || s.status().message().find("its param group is unknown") == absl::string_view::npos) {
-        RC_FAIL(absl::StrCat(dir, ": expected the refusal of an unknown expert group, got ", s.status().ToString()));
+      const bool listed = ExpertGroupsListed(**m, dp, ep, v);
+      ++dist["expert groups in the mappings"][absl::StrCat(
+          side, listed ? " every expert param listed" : s.ok() ? " some placed by partition sizes" : " refused")];
+      if (s.ok()) return true;
+      if (listed || s.status().message().find("param group is unknown") == absl::string_view::npos) {
+        RC_FAIL(absl::StrCat(dir, ": ", s.status().ToString()));
       }
+      return false;
     };
-    if (!ExpertGroupsKnowable(**m, c.dp1, c.ep1, c.ds_version)) {
-      ++dist["readable"]["T1 refused (expert group unknown before 0.14.5)"];
-      unknowable(s1);
-      if (!ExpertGroupsKnowable(**m, c.dp2, c.ep2, c.target_ds_version)) unknowable(s2);
+    if (!readable(s1, c.dp1, c.ep1, c.ds_version, "T1")) {
+      (void)readable(s2, c.dp2, c.ep2, c.target_ds_version, "T2");
       (void)RemoveTree(scratch);
       return;
     }
-    ++dist["readable"][ExpertGroupsKnowable(**m, c.dp2, c.ep2, c.target_ds_version) ? "T1, T2" : "T1 only"];
     // ucp reads M back.
     if (auto d = ReadBackDiffs(**m, s1); !d.empty()) RC_FAIL(absl::StrCat("read back:\n  ", absl::StrJoin(d, "\n  ")));
     // reshard(save(M, T1), T2) == save(M, T2).
@@ -516,9 +522,7 @@ TEST(MoeConformanceTest, Properties) {
     auto diffs = FolderByteDiffs(*r, s2);
     RC_ASSERT(diffs.ok());
     if (!diffs->empty()) RC_FAIL(absl::StrCat("reshard != save at T2:\n  ", absl::StrJoin(*diffs, "\n  ")));
-    if (!ExpertGroupsKnowable(**m, c.dp2, c.ep2, c.target_ds_version)) {
-      unknowable(s2);
-      unknowable(*r);
+    if (!readable(*r, c.dp2, c.ep2, c.target_ds_version, "T2")) {
       (void)RemoveTree(scratch);
       return;
     }
@@ -705,7 +709,7 @@ TEST(MoeConformanceTest, ExpertMappingWindowsBefore0145) {
   c.ds_version = "0.14.4";
   auto m = SyntheticMoeState::Make(c);
   ASSERT_TRUE(m.ok()) << m.status();
-  ASSERT_TRUE(ExpertGroupsKnowable(**m, c.dp1, c.ep1, c.ds_version));
+  ASSERT_TRUE(ExpertGroupsListed(**m, c.dp1, c.ep1, c.ds_version));
   const std::string root = ucp::testing::FreshTempDir("moe_window");
   const std::string src = JoinPath(root, "in/" + Tag(**m));
   ASSERT_TRUE(SaveMoe(**m, src, c.dp1, c.ep1, "").ok());
@@ -735,28 +739,32 @@ TEST(MoeConformanceTest, ExpertMappingWindowsBefore0145) {
   if (st.ok()) st = (*s)->VerifyInput(JoinPath(dir, "zero_pp_rank_0_mp_rank_00_optim_states.pt"));
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
   EXPECT_THAT(std::string(st.message()), ::testing::HasSubstr("zero_pp_rank_0_mp_rank_00_optim_states.pt"));
-  // One expert per ep rank: the windows never list the second half of the
-  // expert's params, and with two expert groups their group is unknown.
+  // One expert per ep rank: no window lists the experts' proj params; the
+  // partition sizes place them (one assignment fits).
   MoeCase u = c;
   u.experts = {2};
   u.dp1 = 2;
+  u.hidden = 4;
+  u.ffn = 6;
   auto mu = SyntheticMoeState::Make(u);
   ASSERT_TRUE(mu.ok());
-  ASSERT_FALSE(ExpertGroupsKnowable(**mu, u.dp1, u.ep1, u.ds_version));
-  const std::string usrc = JoinPath(root, "unknown/" + Tag(**mu));
+  ASSERT_FALSE(ExpertGroupsListed(**mu, u.dp1, u.ep1, u.ds_version));
+  const std::string usrc = JoinPath(root, "unlisted/" + Tag(**mu));
   ASSERT_TRUE(SaveMoe(**mu, usrc, u.dp1, u.ep1, "").ok());
-  auto refused = ops::OpenModelState(usrc, whole, false);
+  EXPECT_THAT(ReadBackDiffs(**mu, usrc), ::testing::IsEmpty());
+  // An expert file whose unlisted param has another size than the one the
+  // partitions hold: no assignment fits, its group is unknown: refused.
+  const std::string bad_sizes = JoinPath(root, "bad_sizes/" + Tag(**mu));
+  ASSERT_TRUE(CopyTree(usrc, bad_sizes).ok());
+  Rewrite(JoinPath(bad_sizes, "layer_0_expert_0_mp_rank_00_model_states.pt"), [](Value& r) {
+    r.DictSet(Value::Str("h.0.moe.deepspeed_moe.experts.deepspeed_experts.0.proj.weight"),
+              r.DictGetPtr("h.0.moe.deepspeed_moe.experts.deepspeed_experts.0.fc.bias"));
+  });
+  auto refused = ops::OpenModelState(bad_sizes, whole, false);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
-  EXPECT_THAT(std::string(refused.status().message()), ::testing::HasSubstr("its param group is unknown"));
-  EXPECT_THAT(std::string(refused.status().message()), ::testing::HasSubstr("0.14.4"));
-  // With one expert group it is known.
-  u.base_groups = 1;
-  auto one = SyntheticMoeState::Make(u);
-  ASSERT_TRUE(one.ok());
-  ASSERT_TRUE(ExpertGroupsKnowable(**one, u.dp1, u.ep1, u.ds_version));
-  const std::string osrc = JoinPath(root, "one/" + Tag(**one));
-  ASSERT_TRUE(SaveMoe(**one, osrc, u.dp1, u.ep1, "").ok());
-  EXPECT_THAT(ReadBackDiffs(**one, osrc), ::testing::IsEmpty());
+  for (const char* w : {"param group is unknown", "0.14.4", "proj.weight", "no assignment"}) {
+    EXPECT_THAT(std::string(refused.status().message()), ::testing::HasSubstr(w));
+  }
 }
 
 }  // namespace

@@ -506,6 +506,16 @@ absl::Status MoeState::GroupNamesFromMappings() {
                                     " names its params only there (its model states have no param_shapes)"));
     }
     ranks[d].resize(n);
+    fp32_numels_.resize(dp_);
+    fp32_numels_[d].assign(n, -1);
+    if (const Value* fp32s = internal::DictPath(f->root().get(), {"optimizer_state_dict", "single_partition_of_fp32_groups"});
+        fp32s != nullptr && fp32s->is(Kind::kList) && fp32s->items().size() == n) {
+      for (size_t g = 0; g < n; ++g) {
+        if (torch::TorchFile::IsTensor(*fp32s->items()[g])) {
+          if (auto t = f->GetTensor(*fp32s->items()[g]); t.ok()) fp32_numels_[d][g] = t->numel();
+        }
+      }
+    }
     for (size_t g = 0; g < n; ++g) {
       const Value& m = *mappings->items()[g];
       if (!m.is(Kind::kDict)) {
@@ -618,6 +628,8 @@ absl::Status MoeState::ExpertGroupsFromExpertFiles(
   }
   std::vector<std::string> prefixes;
   std::vector<std::vector<std::string>> suffixes(num_experts_.size());
+  std::map<std::pair<std::string, std::string>, int64_t> numel_of;
+  std::vector<std::pair<std::string, std::string>> unknown;  // in no window
   for (size_t l = 0; l < num_experts_.size(); ++l) {
     const std::string path = ExpertPath(static_cast<int>(l), 0);
     torch::OpenOptions lazy;
@@ -636,33 +648,96 @@ absl::Status MoeState::ExpertGroupsFromExpertFiles(
                          absl::StrCat("key ", k->DebugString(), " is not a weight of one MoE layer's expert 0"));
       }
       layer_prefix = prefix;
-      if (!group_of.count({prefix, suffix}) && expert_groups.size() == 1) {
-        group_of[{prefix, suffix}] = expert_groups[0];  // the only expert group (partition sizes checked)
-      }
-      if (!group_of.count({prefix, suffix})) {
-        return FileError(OptimPath(0), absl::StatusCode::kInvalidArgument,
-                         absl::StrCat("no rank's param_slice_mappings lists expert param '", suffix, "' of '", prefix,
-                                      "' (", path, "): its param group is unknown. DeepSpeed ", legacy_version_,
-                                      " (before 0.14.5) maps only 1/ep of each expert group's partition"));
-      }
+      UCP_ASSIGN_OR_RETURN(torch::Tensor t, f->GetTensor(*v), _.Prepend(path + ": "));
       suffixes[l].push_back(suffix);
+      numel_of[{prefix, suffix}] = t.numel();
+      if (!group_of.count({prefix, suffix})) unknown.push_back({prefix, suffix});
     }
     if (layer_prefix.empty()) return FileError(path, absl::StatusCode::kInvalidArgument, "holds no expert weight");
     prefixes.push_back(layer_prefix);
   }
-  // Each expert group in module order: MoE layers, local experts, params.
-  for (size_t g = 0; g < groups_.size(); ++g) {
-    Group& grp = groups_[g];
-    if (!grp.expert) continue;
+  // Each expert group in module order (MoE layers, local experts, params),
+  // for an assignment of the params no window lists.
+  auto build = [&](const std::map<std::pair<std::string, std::string>, int>& of,
+                   std::vector<std::vector<std::string>>* names, std::vector<std::vector<int64_t>>* numels) {
+    names->assign(groups_.size(), {});
+    numels->assign(groups_.size(), {});
     for (size_t l = 0; l < prefixes.size(); ++l) {
       for (int k = 0; k < num_experts_[l] / ep_; ++k) {
         for (const std::string& suffix : suffixes[l]) {
-          if (group_of.at({prefixes[l], suffix}) != static_cast<int>(g)) continue;
-          grp.names.push_back(ExpertName(prefixes[l], k, suffix));
-          legacy_numels_[g].push_back(-1);  // from the shape (GroupShapesFromTensors)
+          const int g = of.at({prefixes[l], suffix});
+          (*names)[g].push_back(ExpertName(prefixes[l], k, suffix));
+          (*numels)[g].push_back(numel_of.at({prefixes[l], suffix}));
         }
       }
     }
+  };
+  // Whether every rank's window and fp32 partition are what that assignment gives.
+  auto fits = [&](const std::vector<std::vector<std::string>>& names,
+                  const std::vector<std::vector<int64_t>>& numels) {
+    const int edp = dp_ / ep_;
+    for (int g : expert_groups) {
+      const auto layout = deepspeed::ZeroGroupLayout::Make(numels[g], edp);
+      int64_t total = 0;
+      for (int k = 0; k < edp; ++k) {
+        total += fp32_numels_[DpRank(0, k)][g];
+        const auto [start, size] = deepspeed::ExpertMappingWindow(layout, k, dp_);
+        const auto frags = layout.FragmentsOfWindow(start, size);
+        for (int e = 0; e < ep_; ++e) {
+          const auto& listed = ranks[DpRank(e, k)][g];
+          if (listed.size() != frags.size()) return false;
+          for (size_t i = 0; i < frags.size(); ++i) {
+            if (listed[i].first != names[g][frags[i].param_index] || listed[i].second != frags[i].numel) return false;
+          }
+        }
+      }
+      if (total != layout.numel()) return false;
+    }
+    return true;
+  };
+  std::vector<std::vector<std::string>> names;
+  std::vector<std::vector<int64_t>> numels;
+  if (unknown.empty()) {
+    build(group_of, &names, &numels);
+  } else {
+    // Try every assignment of them to the expert groups: the one whose
+    // windows and partition sizes are the files', if exactly one is.
+    int64_t combos = 1;
+    for (size_t i = 0; i < unknown.size() && combos <= 4096; ++i) combos *= static_cast<int64_t>(expert_groups.size());
+    std::vector<std::string> unknown_names;
+    for (const auto& [prefix, suffix] : unknown) unknown_names.push_back(absl::StrCat(prefix, ".<expert>.", suffix));
+    const std::string why = absl::StrCat(
+        "DeepSpeed ", legacy_version_, " (before 0.14.5) lists only a window of 1/ep of each expert group in "
+        "param_slice_mappings, and no window lists ", absl::StrJoin(unknown_names, ", "));
+    if (combos > 4096) {
+      return FileError(OptimPath(0), absl::StatusCode::kInvalidArgument,
+                       absl::StrCat(why, ": too many expert params of unknown param group to tell"));
+    }
+    int found = 0;
+    for (int64_t c = 0; c < combos; ++c) {
+      std::map<std::pair<std::string, std::string>, int> of = group_of;
+      int64_t x = c;
+      for (const auto& key : unknown) {
+        of[key] = expert_groups[x % expert_groups.size()];
+        x /= static_cast<int64_t>(expert_groups.size());
+      }
+      std::vector<std::vector<std::string>> n;
+      std::vector<std::vector<int64_t>> m;
+      build(of, &n, &m);
+      if (!fits(n, m)) continue;
+      if (++found > 1) break;
+      names = std::move(n);
+      numels = std::move(m);
+    }
+    if (found != 1) {
+      return FileError(OptimPath(0), absl::StatusCode::kInvalidArgument,
+                       absl::StrCat(why, ": their param group is unknown (", found == 0 ? "no" : "more than one",
+                                    " assignment to the expert groups gives the files' windows and partition sizes)"));
+    }
+  }
+  for (int g : expert_groups) {
+    groups_[g].names = names[g];
+    legacy_numels_[g] = numels[g];
   }
   return absl::OkStatus();
 }

@@ -126,8 +126,10 @@ class MoeState : public deepspeed::SlicedState {
   // Before 0.14.5 at ep > 1 the expert groups' mappings cover a window only
   // (deepspeed::ExpertMappingsSizedByWorld): the groups are then each MoE
   // layer's expert params (expert files, module order) in the group the
-  // mappings show them in, every local expert alike; ParseOptim checks each
-  // rank's window against that.
+  // mappings show them in, every local expert alike; params no window lists
+  // go to the only assignment to the expert groups that reproduces every
+  // rank's window and fp32 partition size (refused if none or several);
+  // ParseOptim checks each rank's window again.
   absl::Status ExpertGroupsFromExpertFiles(
       const std::vector<std::vector<std::vector<std::pair<std::string, int64_t>>>>& ranks);
   absl::StatusOr<std::unique_ptr<OptimFile>> ParseOptim(int dp) const;
@@ -142,6 +144,7 @@ class MoeState : public deepspeed::SlicedState {
   deepspeed::DsVersion legacy_parsed_;
   bool window_mappings_ = false;  // expert mappings of a window (before 0.14.5, ep > 1)
   std::vector<std::vector<int64_t>> legacy_numels_;  // per group: each param's numel in the mappings
+  std::vector<std::vector<int64_t>> fp32_numels_;  // legacy: [dp rank][group] saved fp32 partition numel
   std::vector<std::string> untold_;  // legacy: module tensors in no group (buffer or frozen: not said)
   int dp_ = 1, ep_ = 1;
   std::unique_ptr<torch::TorchFile> mp_;

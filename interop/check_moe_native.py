@@ -12,7 +12,11 @@ from the module and the expert files. Every param must equal the reference bitwi
 reference param must be there.
 
 usage: check_moe_native.py CHECKPOINT_TAG_DIR REF_DIR [--dp N] [--ep N]
+       check_moe_native.py --export MODEL.safetensors REF_DIR
+         (`ucp export` output: every reference param's fp32 master under its global name, bitwise)
 """
+import json
+import struct
 import argparse
 import glob
 import importlib.abc
@@ -71,7 +75,54 @@ def addr(a):
 INFIX = '.deepspeed_moe.experts.deepspeed_experts.'
 
 
+def read_ref(ref_dir, errors):
+    ref = {}
+    ref_steps = {}
+    for p in sorted(glob.glob(os.path.join(ref_dir, 'dump_rank*.pt'))):
+        r = load(p)
+        if r.get('anomalies'):
+            errors.append(f'{p}: reference anomalies {r["anomalies"]}')
+        for n, e in r['params'].items():
+            if n in ref:
+                for k in e:
+                    if not torch.equal(ref[n][k], e[k]):
+                        errors.append(f'{p}: {n} {k} differs between reference ranks')
+            ref[n] = e
+        for g, s in enumerate(r['steps']):
+            ref_steps.setdefault(g, set()).update(x for x in s if x is not None)
+    return ref, ref_steps
+
+
+def check_export(path, ref_dir):
+    """A safetensors file (torch alone: header JSON, little-endian data) against the references."""
+    errors = []
+    ref, _ = read_ref(ref_dir, errors)
+    data = open(path, 'rb').read()
+    n = struct.unpack('<Q', data[:8])[0]
+    header = json.loads(data[8:8 + n])
+    header.pop('__metadata__', None)
+    dtypes = {'F32': torch.float32, 'F16': torch.float16, 'BF16': torch.bfloat16}
+    checked = 0
+    for name in sorted(set(ref) | set(header)):
+        if name not in header or name not in ref:
+            errors.append(f'{name}: {"not exported" if name in ref else "not in the reference"}')
+            continue
+        h = header[name]
+        lo, hi = h['data_offsets']
+        t = torch.frombuffer(bytearray(data[8 + n + lo:8 + n + hi]), dtype=dtypes[h['dtype']]).reshape(h['shape'])
+        if not torch.equal(t, ref[name]['fp32']):
+            errors.append(f'{name}: exported tensor differs from the reference fp32 master')
+        else:
+            checked += 1
+    for e in errors[:30]:
+        print('  ' + e)
+    print(f'{path}: {len(header)} tensors, {checked} equal to the reference, {len(errors)} differences')
+    return 1 if errors or checked == 0 else 0
+
+
 def main():
+    if len(sys.argv) == 4 and sys.argv[1] == '--export':
+        return check_export(sys.argv[2], sys.argv[3])
     ap = argparse.ArgumentParser()
     ap.add_argument('ckpt')
     ap.add_argument('ref')
@@ -129,20 +180,7 @@ def main():
                     gname = global_name(name, e) if moe else name
                     for key, t in (('fp32', fp32), ('exp_avg', st['exp_avg']), ('exp_avg_sq', st['exp_avg_sq'])):
                         pieces.setdefault((gname, key), []).append(t[start:start + numel])
-    ref = {}
-    ref_steps = {}
-    for p in sorted(glob.glob(os.path.join(a.ref, 'dump_rank*.pt'))):
-        r = load(p)
-        if r.get('anomalies'):
-            errors.append(f'{p}: reference anomalies {r["anomalies"]}')
-        for n, e in r['params'].items():
-            if n in ref:
-                for k in e:
-                    if not torch.equal(ref[n][k], e[k]):
-                        errors.append(f'{p}: {n} {k} differs between reference ranks')
-            ref[n] = e
-        for g, s in enumerate(r['steps']):
-            ref_steps.setdefault(g, set()).update(x for x in s if x is not None)
+    ref, ref_steps = read_ref(a.ref, errors)
     checked = 0
     names = {n for n, _ in pieces}
     for n in sorted(set(ref) | names | {k for k in lp if k in ref or INFIX in k}):

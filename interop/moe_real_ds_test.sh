@@ -6,7 +6,9 @@
 #   1. reshard to dp1 / ep1;
 #   2. reshard to dp D / ep E written for DeepSpeed 0.16.4 (full param_slice_mappings), checked directly;
 #   3. reshard to dp D / ep E in the source's own version, then back to dp1 / ep1, checked;
-#   4. negative control: the dp1 output with two experts' files swapped must fail the check.
+#   4. `ucp export`: every param's fp32 master under its global name (model.safetensors);
+#   5. `ucp convert` is refused (pointing to reshard) with nothing written;
+#   6. negative control: the dp1 output with two experts' files swapped must fail the check.
 # Args: UCP CHECKER FIXTURE:D:E ...
 set -u
 UCP=$1; CHECK=$2; shift 2
@@ -37,6 +39,19 @@ for arg in "$@"; do
      run "$name back" "$t.back.log" --input_folder "$t/own/global_step4" --output_folder "$t/back/global_step4" \
       --dp 1 --expert_parallel 1; then
     check "$name -> dp$D ep$E -> dp1 ep1" "$t/back/global_step4" "$ref" 1 1
+  fi
+  # export: one state dict, experts under their global ids
+  if "$UCP" export --input_folder "$src" --output_folder "$t/export" > "$t.export.log" 2>&1; then
+    if "$PY" "$CHECK" --export "$t/export/model.safetensors" "$ref"; then echo "PASS $name export"; else echo "FAIL $name export"; fail=1; fi
+  else
+    echo "FAIL $name: ucp export:"; cat "$t.export.log"; fail=1
+  fi
+  # convert is refused (no DeepSpeed universal loader places native experts), nothing written
+  if "$UCP" convert --input_folder "$src" --output_folder "$t/universal" > "$t.convert.log" 2>&1 ||
+     ! grep -q "ucp reshard" "$t.convert.log" || [ -e "$t/universal" ]; then
+    echo "FAIL $name: convert was not refused cleanly:"; cat "$t.convert.log"; fail=1
+  else
+    echo "PASS $name convert refused, pointing to reshard"
   fi
   # negative control
   bad=$t/bad/global_step4

@@ -84,9 +84,19 @@ def log(*a):
     print(time.strftime('%H:%M:%S'), *a, flush=True)
 
 
+def old_torch_load_env():
+    """DeepSpeed before 0.15 calls torch.load without weights_only; torch 2.6 then defaults to
+    weights_only=True and refuses DeepSpeed's own pickled classes (LossScaler). This torch variable
+    restores the old default only where the caller did not set weights_only (nothing in DeepSpeed
+    changes)."""
+    v = os.path.basename(DS.rstrip('/')).replace('ds-', '')
+    old = tuple(int(x) for x in v.split('.')[:2]) < (0, 15) if v[:1].isdigit() else False
+    return ['TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1'] if old else []
+
+
 def ds(n, args, logf):
     PORT[0] += 1
-    cmd = ['chroot', CHROOT, 'env', f'PYTHONPATH={DS}', 'DS_ACCELERATOR=cpu', 'python3',
+    cmd = ['chroot', CHROOT, 'env', f'PYTHONPATH={DS}', 'DS_ACCELERATOR=cpu'] + old_torch_load_env() + ['python3',
            f'{HERE}/ds19_launch.py', str(n), str(PORT[0]), f'{HERE}/ds19_train.py'] + args
     with open(logf, 'w') as f:
         f.write(' '.join(cmd) + '\n')

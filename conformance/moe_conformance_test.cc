@@ -767,5 +767,28 @@ TEST(MoeConformanceTest, ExpertMappingWindowsBefore0145) {
   }
 }
 
+// What real DeepSpeed 0.14.4 and 0.16.4 wrote (testdata/moe_ds_old): ucp
+// rewriting each at its own dp / ep and version lays every file out as
+// DeepSpeed did (same files, same value trees: the model states without
+// param_shapes, the expp_rank placeholders, 0.14.4's windowed expert
+// mappings, each version's paddings), and a change of ep does not.
+TEST(MoeConformanceTest, OldLayoutsAreWrittenAsRealDeepSpeedWroteThem) {
+  const std::string root = ucp::testing::FreshTempDir("moe_real_old_layout");
+  for (const std::string name : {"ds0144_zero2_ep2_dp2", "ds0144_zero1_odd_ep2_dp2", "ds0164_zero2_2moe_ep2_dp2"}) {
+    const std::string theirs = ucp::testing::RunfilePath("testdata/moe_ds_old/" + name + "/global_step4");
+    auto same = Reshard(theirs, JoinPath(root, name + "/same/global_step4"), 2, 2, "");
+    ASSERT_TRUE(same.ok()) << name << ": " << same.status();
+    // DeepSpeed 0.14.4 / 0.16.4 saved the MoE module's tensors as views into
+    // each param group's whole flat bit16 buffer (no clone before the save);
+    // ucp gives each its own storage: that alone is not compared. It is there:
+    EXPECT_THAT(LayoutDiffs(*same, theirs), ::testing::Not(::testing::IsEmpty())) << name;
+    const std::vector<std::string> diffs = LayoutDiffs(*same, theirs, /*module_storage=*/false);
+    EXPECT_THAT(diffs, ::testing::IsEmpty()) << name << ":\n" << absl::StrJoin(diffs, "\n");
+    auto ep1 = Reshard(theirs, JoinPath(root, name + "/ep1/global_step4"), 2, 1, "");
+    ASSERT_TRUE(ep1.ok()) << name << ": " << ep1.status();
+    EXPECT_THAT(LayoutDiffs(*ep1, theirs), ::testing::Not(::testing::IsEmpty())) << name;
+  }
+}
+
 }  // namespace
 }  // namespace ucp::conformance

@@ -474,7 +474,8 @@ absl::Status MoeState::Load() {
     info_.notes.push_back(absl::StrCat(
         "DeepSpeed ", legacy_version_, " mixture-of-experts layout (before 0.19.3: no param_shapes): each group's params "
         "and their order taken from the optimizer files' param_slice_mappings, shapes from the module and the expert "
-        "files"));
+        "files", window_mappings_ ? "; the expert groups (mapped only in part before 0.14.5) from the expert files, "
+                                    "checked against every rank's window and partition size" : ""));
     if (!untold_.empty()) {
       info_.notes.push_back(absl::StrCat(
           "module tensors in no optimizer group (", absl::StrJoin(untold_, ", "), "): kept as they are; the files of ",

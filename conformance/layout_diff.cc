@@ -26,7 +26,8 @@ const std::set<std::string> kJobKeys = {"ds_config",     "args",         "random
 // requires_grad (not by values). ZeroStageEnum by stage, whatever its encoding.
 class LayoutComparer {
  public:
-  LayoutComparer(const torch::TorchFile& a, const torch::TorchFile& b) : a_(a), b_(b) {}
+  LayoutComparer(const torch::TorchFile& a, const torch::TorchFile& b, bool module_storage)
+      : a_(a), b_(b), module_storage_(module_storage) {}
   std::vector<std::string> diffs;
 
   void Compare(const Value& x, const Value& y, const std::string& path, int depth) {
@@ -38,8 +39,10 @@ class LayoutComparer {
       auto a = a_.GetTensor(x);
       auto b = b_.GetTensor(y);
       if (!a.ok() || !b.ok()) return Add(path, "unreadable tensor");
-      if (a->dtype() != b->dtype() || a->sizes() != b->sizes() || a->storage()->numel() != b->storage()->numel() ||
-          a->storage_offset() != b->storage_offset() || a->requires_grad() != b->requires_grad()) {
+      const bool storage = module_storage_ || path.rfind("module.", 0) != 0;
+      if (a->dtype() != b->dtype() || a->sizes() != b->sizes() ||
+          (storage && (a->storage()->numel() != b->storage()->numel() || a->storage_offset() != b->storage_offset())) ||
+          a->requires_grad() != b->requires_grad()) {
         Add(path, absl::StrCat("tensor ", std::string(torch::DTypeName(a->dtype())), torch::ShapeString(a->sizes()), " storage ",
                                a->storage()->numel(), "+", a->storage_offset(), " rg ", a->requires_grad(), " vs ",
                                std::string(torch::DTypeName(b->dtype())), torch::ShapeString(b->sizes()), " storage ",
@@ -99,11 +102,12 @@ class LayoutComparer {
   void Add(const std::string& path, const std::string& what) { diffs.push_back(absl::StrCat(path, ": ", what)); }
   const torch::TorchFile& a_;
   const torch::TorchFile& b_;
+  bool module_storage_ = true;
 };
 
 }  // namespace
 
-std::vector<std::string> LayoutDiffs(const std::string& ours, const std::string& theirs) {
+std::vector<std::string> LayoutDiffs(const std::string& ours, const std::string& theirs, bool module_storage) {
   std::vector<std::string> diffs;
   auto fa = readers::ListFilesRecursive(ours);
   auto fb = readers::ListFilesRecursive(theirs);
@@ -116,7 +120,7 @@ std::vector<std::string> LayoutDiffs(const std::string& ours, const std::string&
       diffs.push_back(absl::StrCat(f, ": cannot open"));
       continue;
     }
-    LayoutComparer c(**a, **b);
+    LayoutComparer c(**a, **b, module_storage);
     c.Compare(*(*a)->root(), *(*b)->root(), "", 0);
     for (const auto& d : c.diffs) diffs.push_back(absl::StrCat(f, ": ", d));
   }

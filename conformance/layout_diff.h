@@ -15,7 +15,10 @@
 namespace ucp::conformance {
 
 // One line per difference, "FILE: PATH: what"; empty when the layouts agree.
-std::vector<std::string> LayoutDiffs(const std::string& ours, const std::string& theirs);
+// module_storage false: the tensors of a top-level `module` dict compare
+// without their storage size and offset (DeepSpeed before 0.19 saved a MoE
+// module's tensors as views into each param group's whole flat buffer).
+std::vector<std::string> LayoutDiffs(const std::string& ours, const std::string& theirs, bool module_storage = true);
 
 }  // namespace ucp::conformance
 

@@ -22,6 +22,7 @@
 // layout of DeepSpeed before 0.19.3 (no param_shapes in the MoE model states)
 // is refused with the version named.
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <set>
 #include <sstream>
@@ -40,6 +41,7 @@
 #include "conformance/properties.h"
 #include "format/pickle/accessors.h"
 #include "format/torch/torch_file.h"
+#include "format/torch/tree_copy.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "ops/open.h"
@@ -53,6 +55,7 @@ namespace {
 
 using pickle::Kind;
 using pickle::Value;
+using pickle::ValuePtr;
 
 constexpr char kInfix[] = ".deepspeed_moe.experts.deepspeed_experts.";
 
@@ -118,6 +121,12 @@ std::vector<std::string> MoeLayoutDiffs(const SyntheticMoeState& m, const std::s
   const std::vector<OracleParam> params = OracleParams(m);
   const bool per_rank = Version(version) >= std::make_tuple(0, 16, 4);
   const bool parallel_dims = Version(version) >= std::make_tuple(0, 19, 5);
+  // 0.19.3 made the MoE model states the common checkpoint state.
+  const bool common = Version(version) >= std::make_tuple(0, 19, 3);
+  const bool autoep = Version(version) >= std::make_tuple(0, 19, 2);
+  // stage_1_and_2.py _link_all_hp_params before 0.14.5: partition size
+  // flat / (whole dp world), start (rank in the group's dp group) * that.
+  const bool world_window = Version(version) < std::make_tuple(0, 14, 5);
   auto lp_of = [&](const std::string& name) -> torch::Tensor {
     return *torch::Cast(*m.Tensor(name, "fp32"), info.lp_dtype);
   };
@@ -129,6 +138,12 @@ std::vector<std::string> MoeLayoutDiffs(const SyntheticMoeState& m, const std::s
     }
   }
   for (int d = 0; d < dp; ++d) want_files.insert(absl::StrCat("zero_pp_rank_", d, "_mp_rank_00_optim_states.pt"));
+  // Up to 0.19.4 every ep rank's first expert data parallel rank saves an
+  // expert optimizer file; with ZeRO it holds {'optimizer': None}.
+  const bool expp = Version(version) < std::make_tuple(0, 19, 5);
+  if (expp) {
+    for (int e = 0; e < ep; ++e) want_files.insert(absl::StrCat("expp_rank_", e, "_mp_rank_00_optim_states.pt"));
+  }
   auto listed = ListDirectory(dir);
   if (!listed.ok()) return {absl::StrCat(dir, ": ", listed.status().ToString())};
   std::set<std::string> got_files;
@@ -163,14 +178,27 @@ std::vector<std::string> MoeLayoutDiffs(const SyntheticMoeState& m, const std::s
     auto f = torch::TorchFile::Open(JoinPath(dir, name));
     if (!f.ok()) return {f.status().ToString()};
     const Value& root = *(*f)->root();
-    std::vector<std::string> keys = {"module", "buffer_names", "optimizer", "param_shapes", "frozen_param_shapes",
-                                     "shared_params", "frozen_param_fragments", "lr_scheduler", "data_sampler",
-                                     "random_ltd", "sparse_tensor_module_names", "skipped_steps", "global_steps",
-                                     "global_samples", "dp_world_size", "mp_world_size"};
-    if (parallel_dims) keys.push_back("checkpoint_parallel_dimensions");
-    for (const char* k : {"ds_config", "ds_version", "num_experts", "ds_autoep_layers", "iteration"}) keys.push_back(k);
+    std::vector<std::string> keys = {"module"};
+    if (common) {
+      for (const char* k : {"buffer_names", "optimizer", "param_shapes", "frozen_param_shapes", "shared_params",
+                            "frozen_param_fragments"}) {
+        keys.push_back(k);
+      }
+    }
+    for (const char* k : {"lr_scheduler", "data_sampler", "random_ltd", "sparse_tensor_module_names", "skipped_steps",
+                          "global_steps", "global_samples", "dp_world_size", "mp_world_size"}) {
+      keys.push_back(k);
+    }
+    if (common && parallel_dims) keys.push_back("checkpoint_parallel_dimensions");
+    if (common) {
+      keys.push_back("ds_config");
+      keys.push_back("ds_version");
+    }
+    keys.push_back("num_experts");
+    if (autoep) keys.push_back("ds_autoep_layers");
+    keys.push_back("iteration");
     if (Keys(root) != keys) diff(name, absl::StrCat("keys [", absl::StrJoin(Keys(root), ", "), "]"));
-    if (root.DictGet("ds_version") == nullptr || root.DictGet("ds_version")->str() != version) {
+    if (common && (root.DictGet("ds_version") == nullptr || root.DictGet("ds_version")->str() != version)) {
       diff(name, absl::StrCat("ds_version is not ", version));
     }
     if (root.DictGet("dp_world_size") == nullptr || root.DictGet("dp_world_size")->int_value() != dp) {
@@ -197,7 +225,9 @@ std::vector<std::string> MoeLayoutDiffs(const SyntheticMoeState& m, const std::s
       }
     }
     const Value* shapes = root.DictGet("param_shapes");
-    if (shapes == nullptr || !shapes->is(Kind::kList) || static_cast<int>(shapes->items().size()) != info.num_groups) {
+    if (!common) {
+      // no param_shapes before 0.19.3 (checked with the keys)
+    } else if (shapes == nullptr || !shapes->is(Kind::kList) || static_cast<int>(shapes->items().size()) != info.num_groups) {
       diff(name, "param_shapes is not one dict per group");
     } else {
       for (int g = 0; g < info.num_groups; ++g) {
@@ -230,6 +260,14 @@ std::vector<std::string> MoeLayoutDiffs(const SyntheticMoeState& m, const std::s
         auto t = v ? (*f)->GetTensor(*v) : absl::StatusOr<torch::Tensor>(absl::NotFoundError(n));
         if (!t.ok() || !t->BitwiseEqual(lp_of(n))) diff(name, absl::StrCat("'", n, "' is not the model's weight"));
       }
+    }
+  }
+  for (int e = 0; expp && e < ep; ++e) {
+    const std::string name = absl::StrCat("expp_rank_", e, "_mp_rank_00_optim_states.pt");
+    auto f = torch::TorchFile::Open(JoinPath(dir, name));
+    if (!f.ok() || Keys(*(*f)->root()) != std::vector<std::string>{"optimizer"} ||
+        !(*f)->root()->DictGet("optimizer")->is_none()) {
+      diff(name, "is not {'optimizer': None}");
     }
   }
   // Optimizer files.
@@ -312,20 +350,23 @@ std::vector<std::string> MoeLayoutDiffs(const SyntheticMoeState& m, const std::s
                                   lo + want_numel, ")"));
         }
       }
-      // param_slice_mappings: the params overlapping the window, by file name.
+      // param_slice_mappings: the params overlapping the window, by file name
+      // (before 0.14.5 an expert group's window is sized by the whole dp).
       std::vector<std::string> got_names;
       const Value& mapping = *osd->DictGet("param_slice_mappings")->items()[g];
+      const int64_t wsize = expert && world_window ? padded / dp : part;
+      const int64_t wlo = rank * wsize;
       int64_t offset = 0;
       for (const Member& x : mb) {
         const int64_t n = m.Tensor(x.global, "fp32")->numel();
-        const int64_t start = std::max(offset, lo), end = std::min(offset + n, lo + part);
+        const int64_t start = std::max(offset, wlo), end = std::min(offset + n, wlo + wsize);
         if (start < end) {
           want_names.push_back(x.local);
           const Value* a = mapping.DictGet(x.local);
           auto addr = a ? pickle::AsFragmentAddress(*a) : absl::StatusOr<pickle::FragmentAddress>(absl::NotFoundError(""));
-          if (!addr.ok() || addr->numel != end - start || addr->start != start - lo) {
+          if (!addr.ok() || addr->numel != end - start || addr->start != start - wlo) {
             diff(name, absl::StrCat("param_slice_mappings[", g, "]['", x.local, "'] is not fragment_address(numel=",
-                                    end - start, ", start=", start - lo, ")"));
+                                    end - start, ", start=", start - wlo, ")"));
           }
         }
         offset += n;
@@ -334,6 +375,46 @@ std::vector<std::string> MoeLayoutDiffs(const SyntheticMoeState& m, const std::s
     }
   }
   return diffs;
+}
+
+// Whether the files of M saved at dp / ep for `version` list every expert
+// param in some rank's mappings: before 0.14.5 at ep > 1 every rank's
+// mappings of an expert group list only the params overlapping
+// [k * padded / dp, (k + 1) * padded / dp) (k its expert data parallel rank).
+// A (layer, param) no window lists may still be placed by the partition
+// sizes (the reader tries), or be refused: only then. Computed here from the
+// model, independently of the reader.
+bool ExpertGroupsListed(const SyntheticMoeState& m, int dp, int ep, const std::string& version) {
+  if (!(Version(version) < std::make_tuple(0, 14, 5)) || ep == 1) return true;
+  const deepspeed::ModelInfo& info = m.info();
+  std::set<std::pair<std::string, std::string>> all, listed;
+  int expert_groups = 0;
+  for (int g = 0; g < info.num_groups; ++g) {
+    if (!m.ExpertGroup(g)) continue;
+    ++expert_groups;
+    // The group on ep rank 0: its local experts in module order.
+    std::vector<std::pair<std::pair<std::string, std::string>, int64_t>> members;
+    for (const OracleParam& p : OracleParams(m)) {
+      if (p.group != g || p.layer < 0) continue;
+      all.insert({p.prefix, p.suffix});
+      if (p.expert >= info.moe_layers[p.layer].num_experts / ep) continue;
+      members.push_back({{p.prefix, p.suffix}, m.Tensor(p.name, "fp32")->numel()});
+    }
+    int64_t numel = 0;
+    for (const auto& x : members) numel += x.second;
+    const int parts = dp / ep;
+    const int64_t align = 2 * static_cast<int64_t>(parts);
+    const int64_t padded = (numel + align - 1) / align * align, size = padded / dp;
+    for (int k = 0; k < parts; ++k) {
+      int64_t offset = 0;
+      for (const auto& x : members) {
+        if (std::max(offset, k * size) < std::min(offset + x.second, (k + 1) * size)) listed.insert(x.first);
+        offset += x.second;
+      }
+    }
+  }
+  (void)expert_groups;
+  return listed == all;
 }
 
 // ucp reads every param of M back from `dir`.
@@ -411,6 +492,28 @@ TEST(MoeConformanceTest, Properties) {
       const std::vector<std::string> d = MoeLayoutDiffs(**m, dir, dp, ep, v);
       if (!d.empty()) RC_FAIL(absl::StrCat("save(M, dp=", dp, ", ep=", ep, ") as ", v, ":\n  ", absl::StrJoin(d, "\n  ")));
     }
+    // Files that cannot tell an expert param's group (DeepSpeed before
+    // 0.14.5) are refused, saying so.
+    // A refusal is right only where the files leave an expert param's
+    // group open (before 0.14.5, no window lists it), and must say so.
+    auto readable = [&](const std::string& dir, int dp, int ep, const std::string& v, const char* side) {
+      ops::SourceOptions whole;
+      whole.tp1_whole_tensors = true;
+      auto s = ops::OpenModelState(dir, whole, false);
+      const bool listed = ExpertGroupsListed(**m, dp, ep, v);
+      ++dist["expert groups in the mappings"][absl::StrCat(
+          side, listed ? " every expert param listed" : s.ok() ? " some placed by partition sizes" : " refused")];
+      if (s.ok()) return true;
+      if (listed || s.status().message().find("param group is unknown") == absl::string_view::npos) {
+        RC_FAIL(absl::StrCat(dir, ": ", s.status().ToString()));
+      }
+      return false;
+    };
+    if (!readable(s1, c.dp1, c.ep1, c.ds_version, "T1")) {
+      (void)readable(s2, c.dp2, c.ep2, c.target_ds_version, "T2");
+      (void)RemoveTree(scratch);
+      return;
+    }
     // ucp reads M back.
     if (auto d = ReadBackDiffs(**m, s1); !d.empty()) RC_FAIL(absl::StrCat("read back:\n  ", absl::StrJoin(d, "\n  ")));
     // reshard(save(M, T1), T2) == save(M, T2).
@@ -419,6 +522,10 @@ TEST(MoeConformanceTest, Properties) {
     auto diffs = FolderByteDiffs(*r, s2);
     RC_ASSERT(diffs.ok());
     if (!diffs->empty()) RC_FAIL(absl::StrCat("reshard != save at T2:\n  ", absl::StrJoin(*diffs, "\n  ")));
+    if (!readable(*r, c.dp2, c.ep2, c.target_ds_version, "T2")) {
+      (void)RemoveTree(scratch);
+      return;
+    }
     // Round trip back to T1 (and V1): bitwise the original.
     auto back = Reshard(*r, JoinPath(scratch, "t2_to_t1/" + Tag(**m)), c.dp1, c.ep1, c.ds_version);
     if (!back.ok()) RC_FAIL(absl::StrCat("reshard back to T1: ", back.status().ToString()));
@@ -479,26 +586,208 @@ TEST(MoeConformanceTest, GeneratorLaysOutTheFixtureAsDeepSpeedDid) {
   EXPECT_THAT(LayoutDiffs(ep1, theirs), ::testing::Not(::testing::IsEmpty()));
 }
 
+// Rewrites one torch file through `edit` of its root.
+void Rewrite(const std::string& path, const std::function<void(Value&)>& edit) {
+  auto f = torch::TorchFile::Open(path);
+  ASSERT_TRUE(f.ok()) << f.status();
+  torch::TorchWriter w;
+  auto root = torch::CopyTreeForWrite(f->get(), (*f)->root(), w);
+  ASSERT_TRUE(root.ok()) << root.status();
+  edit(**root);
+  const std::string tmp = path + ".new";
+  ASSERT_TRUE(w.WriteFile(tmp, **root).ok());
+  ASSERT_EQ(rename(tmp.c_str(), path.c_str()), 0);
+}
+
 // DeepSpeed before 0.19.3 saved MoE model states without param_shapes,
-// ds_config or ds_version: ucp refuses them, naming the version and what is missing.
-TEST(MoeConformanceTest, ModelStatesBefore0193AreRefusedClearly) {
+// ds_config, ds_version or buffer_names: ucp reads the groups from the
+// optimizer files' param_slice_mappings and the shapes from the tensors, and
+// refuses, naming the file and what is missing, what those cannot tell.
+TEST(MoeConformanceTest, ModelStatesBefore0193AreReadFromTheOptimizerFiles) {
   MoeCase c;
+  c.experts = {0, 4};
+  c.dp1 = 4;
+  c.ep1 = 2;
   c.ds_version = "0.16.4";
-  c.legacy_model_states = true;
   auto m = SyntheticMoeState::Make(c);
   ASSERT_TRUE(m.ok()) << m.status();
   const std::string root = ucp::testing::FreshTempDir("moe_legacy");
   const std::string src = JoinPath(root, "in/" + Tag(**m));
   ASSERT_TRUE(SaveMoe(**m, src, c.dp1, c.ep1, "").ok());
-  auto mp = torch::TorchFile::Open(JoinPath(src, "mp_rank_00_model_states.pt"));
-  ASSERT_TRUE(mp.ok());
-  EXPECT_EQ((*mp)->root()->DictGet("param_shapes"), nullptr);
-  auto r = Reshard(src, JoinPath(root, "out/" + Tag(**m)), 1, 1, "");
-  ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnimplemented) << r.status();
-  EXPECT_THAT(std::string(r.status().message()), ::testing::HasSubstr("0.16.4"));
-  EXPECT_THAT(std::string(r.status().message()), ::testing::HasSubstr("param_shapes"));
-  EXPECT_FALSE(PathExists(JoinPath(root, "out/" + Tag(**m))));
+  {
+    auto mp = torch::TorchFile::Open(JoinPath(src, "mp_rank_00_model_states.pt"));
+    ASSERT_TRUE(mp.ok());
+    EXPECT_EQ((*mp)->root()->DictGet("param_shapes"), nullptr);
+    EXPECT_EQ((*mp)->root()->DictGet("ds_version"), nullptr);
+  }
+  EXPECT_THAT(ReadBackDiffs(**m, src), ::testing::IsEmpty());
+  // Reshard to the 0.19.5 layout and back to 0.16.4's.
+  auto r = Reshard(src, JoinPath(root, "new/" + Tag(**m)), 2, 1, "0.19.5");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT(MoeLayoutDiffs(**m, *r, 2, 1, "0.19.5"), ::testing::IsEmpty());
+  auto back = Reshard(*r, JoinPath(root, "back/" + Tag(**m)), c.dp1, c.ep1, "0.16.4");
+  ASSERT_TRUE(back.ok()) << back.status();
+  auto same = FolderByteDiffs(*back, src);
+  ASSERT_TRUE(same.ok());
+  EXPECT_THAT(*same, ::testing::IsEmpty());
+
+  auto damaged = [&](const std::string& name, const std::string& file,
+                     const std::function<void(Value&)>& edit) -> absl::Status {
+    const std::string dir = JoinPath(root, name + "/" + Tag(**m));
+    EXPECT_TRUE(CopyTree(src, dir).ok());
+    Rewrite(JoinPath(dir, file), edit);
+    ops::SourceOptions whole;
+    whole.tp1_whole_tensors = true;
+    return ops::OpenModelState(dir, whole, false).status();
+  };
+  auto expect = [](const absl::Status& s, absl::StatusCode code, std::vector<std::string> words) {
+    EXPECT_EQ(s.code(), code) << s;
+    for (const std::string& w : words) EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr(w)) << s;
+  };
+  // No mappings on rank 3: the groups cannot be known.
+  expect(damaged("no_mappings", "zero_pp_rank_3_mp_rank_00_optim_states.pt",
+                 [](Value& r) { r.DictGetPtr("optimizer_state_dict")->DictErase("param_slice_mappings"); }),
+         absl::StatusCode::kInvalidArgument,
+         {"zero_pp_rank_3_mp_rank_00_optim_states.pt", "param_slice_mappings", "0.16.4", "no param_shapes"});
+  // A param of group 0 missing from the module: its shape is unknown.
+  expect(damaged("no_module_param", "mp_rank_00_model_states.pt",
+                 [](Value& r) { r.DictGetPtr("module")->DictErase("wte.weight"); }),
+         absl::StatusCode::kInvalidArgument, {"mp_rank_00_model_states.pt", "wte.weight", "shape is unknown"});
+  // An expert weight missing from its file.
+  expect(damaged("no_expert_weight", "layer_0_expert_1_mp_rank_00_model_states.pt",
+                 [](Value& r) { r.DictErase("h.1.moe.deepspeed_moe.experts.deepspeed_experts.1.fc.bias"); }),
+         absl::StatusCode::kInvalidArgument, {"layer_0_expert_1_mp_rank_00_model_states.pt", "fc.bias"});
+  // The optimizer files of a version that writes param_shapes.
+  expect(damaged("says_0195", "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+                 [](Value& r) { r.DictSet(Value::Str("ds_version"), Value::Str("0.19.5")); }),
+         absl::StatusCode::kInvalidArgument, {"mp_rank_00_model_states.pt", "no param_shapes", "0.19.5"});
+  // No version at all.
+  expect(damaged("no_version", "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+                 [](Value& r) { r.DictErase("ds_version"); }),
+         absl::StatusCode::kInvalidArgument, {"zero_pp_rank_0_mp_rank_00_optim_states.pt", "no ds_version"});
+  // Mappings whose sizes do not add up to the module's shape.
+  expect(damaged("short_mapping", "mp_rank_00_model_states.pt",
+                 [](Value& r) {
+                   ValuePtr module = r.DictGetPtr("module");
+                   module->DictSet(Value::Str("wpe.weight"), module->DictGetPtr("ln_f.weight"));
+                 }),
+         absl::StatusCode::kInvalidArgument, {"mp_rank_00_model_states.pt", "wpe.weight", "param_slice_mappings[0]"});
+
+  // A module tensor in no group: a buffer or a frozen param, the files do not
+  // say. Kept for a target before 0.19.3; refused for the 0.19.3+ layout,
+  // which records buffer_names.
+  {
+    const std::string dir = JoinPath(root, "buffer/" + Tag(**m));
+    ASSERT_TRUE(CopyTree(src, dir).ok());
+    Rewrite(JoinPath(dir, "mp_rank_00_model_states.pt"), [](Value& r) {
+      ValuePtr module = r.DictGetPtr("module");
+      module->DictSet(Value::Str("h.0.attn_mask"), module->DictGetPtr("ln_f.bias"));
+    });
+    auto old = Reshard(dir, JoinPath(root, "buffer_old/" + Tag(**m)), 2, 1, "0.15.4");
+    ASSERT_TRUE(old.ok()) << old.status();
+    auto mp = torch::TorchFile::Open(JoinPath(*old, "mp_rank_00_model_states.pt"));
+    ASSERT_TRUE(mp.ok());
+    const Value* t = (*mp)->root()->DictGet("module")->DictGet("h.0.attn_mask");
+    ASSERT_NE(t, nullptr);
+    auto got = (*mp)->GetTensor(*t);
+    ASSERT_TRUE(got.ok());
+    EXPECT_TRUE(got->BitwiseEqual(*m.value()->Tensor("ln_f.bias", "fp32")));
+    const std::string out = JoinPath(root, "buffer_new/" + Tag(**m));
+    auto refused = Reshard(dir, out, 2, 1, "0.19.3");
+    expect(refused.status(), absl::StatusCode::kFailedPrecondition, {"h.0.attn_mask", "buffer_names", "0.19.3"});
+    EXPECT_FALSE(PathExists(out));
+  }
+}
+
+// DeepSpeed before 0.14.5 maps only a window of each expert group at ep > 1:
+// the groups come from the expert files, and every rank's window is checked.
+TEST(MoeConformanceTest, ExpertMappingWindowsBefore0145) {
+  MoeCase c;
+  c.experts = {4};
+  c.dp1 = 4;
+  c.ep1 = 2;
+  c.ds_version = "0.14.4";
+  auto m = SyntheticMoeState::Make(c);
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_TRUE(ExpertGroupsListed(**m, c.dp1, c.ep1, c.ds_version));
+  const std::string root = ucp::testing::FreshTempDir("moe_window");
+  const std::string src = JoinPath(root, "in/" + Tag(**m));
+  ASSERT_TRUE(SaveMoe(**m, src, c.dp1, c.ep1, "").ok());
+  EXPECT_THAT(MoeLayoutDiffs(**m, src, c.dp1, c.ep1, "0.14.4"), ::testing::IsEmpty());
+  // The oracle sees the difference from 0.14.5's full mappings.
+  EXPECT_THAT(MoeLayoutDiffs(**m, src, c.dp1, c.ep1, "0.14.5"), ::testing::Not(::testing::IsEmpty()));
+  EXPECT_THAT(ReadBackDiffs(**m, src), ::testing::IsEmpty());
+  // A window listing other params than the expert files' order gives is refused.
+  const std::string dir = JoinPath(root, "bad/" + Tag(**m));
+  ASSERT_TRUE(CopyTree(src, dir).ok());
+  Rewrite(JoinPath(dir, "zero_pp_rank_0_mp_rank_00_optim_states.pt"), [](Value& r) {
+    ValuePtr groups = r.DictGetPtr("optimizer_state_dict")->DictGetPtr("param_slice_mappings");
+    const Value& g = *groups->items()[2];  // the decay experts
+    // Its first entry renamed to local expert 1's param of the same name.
+    ValuePtr renamed = Value::MakeDict(/*ordered_dict=*/true);
+    for (const auto& [k, v] : g.dict_items()) {
+      std::string name = k->str();
+      if (renamed->dict_items().empty()) name.replace(name.find(".0."), 3, ".1.");
+      renamed->DictSet(Value::Str(name), v);
+    }
+    groups->mutable_items()[2] = renamed;
+  });
+  ops::SourceOptions whole;
+  whole.tp1_whole_tensors = true;
+  auto s = ops::OpenModelState(dir, whole, false);
+  absl::Status st = s.status();
+  if (st.ok()) st = (*s)->VerifyInput(JoinPath(dir, "zero_pp_rank_0_mp_rank_00_optim_states.pt"));
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_THAT(std::string(st.message()), ::testing::HasSubstr("zero_pp_rank_0_mp_rank_00_optim_states.pt"));
+  // One expert per ep rank: no window lists the experts' proj params; the
+  // partition sizes place them (one assignment fits).
+  MoeCase u = c;
+  u.experts = {2};
+  u.dp1 = 2;
+  u.hidden = 4;
+  u.ffn = 6;
+  auto mu = SyntheticMoeState::Make(u);
+  ASSERT_TRUE(mu.ok());
+  ASSERT_FALSE(ExpertGroupsListed(**mu, u.dp1, u.ep1, u.ds_version));
+  const std::string usrc = JoinPath(root, "unlisted/" + Tag(**mu));
+  ASSERT_TRUE(SaveMoe(**mu, usrc, u.dp1, u.ep1, "").ok());
+  EXPECT_THAT(ReadBackDiffs(**mu, usrc), ::testing::IsEmpty());
+  // An expert file whose unlisted param has another size than the one the
+  // partitions hold: no assignment fits, its group is unknown: refused.
+  const std::string bad_sizes = JoinPath(root, "bad_sizes/" + Tag(**mu));
+  ASSERT_TRUE(CopyTree(usrc, bad_sizes).ok());
+  Rewrite(JoinPath(bad_sizes, "layer_0_expert_0_mp_rank_00_model_states.pt"), [](Value& r) {
+    r.DictSet(Value::Str("h.0.moe.deepspeed_moe.experts.deepspeed_experts.0.proj.weight"),
+              r.DictGetPtr("h.0.moe.deepspeed_moe.experts.deepspeed_experts.0.fc.bias"));
+  });
+  auto refused = ops::OpenModelState(bad_sizes, whole, false);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  for (const char* w : {"param group is unknown", "0.14.4", "proj.weight", "no assignment"}) {
+    EXPECT_THAT(std::string(refused.status().message()), ::testing::HasSubstr(w));
+  }
+}
+
+// What real DeepSpeed 0.14.4 and 0.16.4 wrote (testdata/moe_ds_old): ucp
+// rewriting each at its own dp / ep and version lays every file out as
+// DeepSpeed did (same files, same value trees: the model states without
+// param_shapes, the expp_rank placeholders, 0.14.4's windowed expert
+// mappings, each version's paddings), and a change of ep does not.
+TEST(MoeConformanceTest, OldLayoutsAreWrittenAsRealDeepSpeedWroteThem) {
+  const std::string root = ucp::testing::FreshTempDir("moe_real_old_layout");
+  for (const std::string name : {"ds0144_zero2_ep2_dp2", "ds0144_zero1_odd_ep2_dp2", "ds0164_zero2_2moe_ep2_dp2"}) {
+    const std::string theirs = ucp::testing::RunfilePath("testdata/moe_ds_old/" + name + "/global_step4");
+    auto same = Reshard(theirs, JoinPath(root, name + "/same/global_step4"), 2, 2, "");
+    ASSERT_TRUE(same.ok()) << name << ": " << same.status();
+    // DeepSpeed 0.14.4 / 0.16.4 saved the MoE module's tensors as views into
+    // each param group's whole flat bit16 buffer (no clone before the save);
+    // ucp gives each its own storage: that alone is not compared. It is there:
+    EXPECT_THAT(LayoutDiffs(*same, theirs), ::testing::Not(::testing::IsEmpty())) << name;
+    const std::vector<std::string> diffs = LayoutDiffs(*same, theirs, /*module_storage=*/false);
+    EXPECT_THAT(diffs, ::testing::IsEmpty()) << name << ":\n" << absl::StrJoin(diffs, "\n");
+    auto ep1 = Reshard(theirs, JoinPath(root, name + "/ep1/global_step4"), 2, 1, "");
+    ASSERT_TRUE(ep1.ok()) << name << ": " << ep1.status();
+    EXPECT_THAT(LayoutDiffs(*ep1, theirs), ::testing::Not(::testing::IsEmpty())) << name;
+  }
 }
 
 }  // namespace

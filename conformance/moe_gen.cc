@@ -113,12 +113,18 @@ std::string MoeCase::ToString() const {
   return absl::StrCat("MoeCase{seed=", seed, " hidden=", hidden, " ffn=", ffn, " vocab=", vocab,
                       " positions=", positions, " experts=[", absl::StrJoin(experts, ","), "] base_groups=",
                       base_groups, " zero", zero_stage, " ", lp_dtype, " dp1=", dp1, " ep1=", ep1, " dp2=", dp2,
-                      " ep2=", ep2, " ds_version=", ds_version, " target_ds_version=", target_ds_version,
-                      legacy_model_states ? " legacy_model_states" : "", "}");
+                      " ep2=", ep2, " ds_version=", ds_version, " target_ds_version=", target_ds_version, "}");
 }
 
 const std::vector<std::string>& MoeDsVersionsDrawn() {
-  static const std::vector<std::string> kVersions = {"0.19.5", "0.19.3", "0.19.4"};
+  // Both sides of each MoE layout change (engine.py _save_moe_checkpoint,
+  // stage_1_and_2.py): expert mappings of a window before 0.14.5, per-rank
+  // paddings from 0.16.4, ds_autoep_layers from 0.19.2, the common checkpoint
+  // state from 0.19.3, no expert optimizer placeholders from 0.19.5; and the
+  // last release of each minor line.
+  static const std::vector<std::string> kVersions = {"0.12.6", "0.13.5", "0.14.4", "0.14.5", "0.15.4", "0.16.3",
+                                                     "0.16.4", "0.17.6", "0.18.9", "0.19.2", "0.19.3", "0.19.4",
+                                                     "0.19.5"};
   return kVersions;
 }
 
@@ -369,7 +375,7 @@ absl::Status SyntheticMoeState::Build() {
       }
       shapes.push_back(d);
     }
-    const bool legacy = c.legacy_model_states;
+    const bool legacy = version < deepspeed::DsVersion{0, 19, 3};
     r->DictSet(Value::Str("module"), Value::MakeDict(/*ordered_dict=*/true));
     if (!legacy) {
       r->DictSet(Value::Str("buffer_names"), Value::List({}));
@@ -395,6 +401,10 @@ absl::Status SyntheticMoeState::Build() {
       dims->DictSet(Value::Str("pp_degree"), Value::Int(1));
       dims->DictSet(Value::Str("tp_degree"), Value::Int(1));
       r->DictSet(Value::Str("checkpoint_parallel_dimensions"), dims);
+    }
+    {
+      torch::TorchWriter w;
+      UCP_ASSIGN_OR_RETURN(ds_config_, synthetic::BakeTree(w, *ds, "ds_config"));
     }
     if (!legacy) {
       r->DictSet(Value::Str("ds_config"), ds);

@@ -16,12 +16,16 @@
 // layer's expert count; dp / ep is the expert data parallel size over which
 // the expert groups are partitioned).
 //
-// The files are laid out as DeepSpeed 0.19.3 to 0.19.5 save them
-// (engine.py _save_moe_checkpoint: the common checkpoint state with
-// param_shapes as plain tuples, num_experts, ds_autoep_layers;
-// checkpoint_parallel_dimensions in 0.19.5; per-rank group_paddings). Before
-// 0.19.3 DeepSpeed's MoE model states held no param_shapes, ds_config or
-// ds_version (`legacy_model_states`): such a source is what ucp refuses.
+// The files are laid out as DeepSpeed 0.12 to 0.19.5 save them, each
+// version its own way (engine.py _save_moe_checkpoint, stage_1_and_2.py):
+// from 0.19.3 the common checkpoint state with param_shapes as plain tuples,
+// num_experts, ds_autoep_layers (checkpoint_parallel_dimensions in 0.19.5);
+// before 0.19.3 model states of module, lr_scheduler, ..., dp/mp_world_size,
+// num_experts only (0.19.2: + ds_autoep_layers), the ds_config in the
+// optimizer files only; expp_rank_R placeholder files up to 0.19.4;
+// per-rank group_paddings from 0.16.4; before 0.14.5 at ep > 1 the expert
+// groups' param_slice_mappings of a window of the whole dp world's
+// partition size.
 //
 // Example:
 //   const MoeCase c = *GenMoeCase();
@@ -58,9 +62,6 @@ struct MoeCase {
   int dp2 = 1, ep2 = 1;           // resharded to
   std::string ds_version = "0.19.5";         // the source's
   std::string target_ds_version = "0.19.5";  // --target_ds_version of the reshard
-  // The model states of DeepSpeed before 0.19.3 (no param_shapes, ds_config,
-  // ds_version, buffer_names ...): ucp must refuse them.
-  bool legacy_model_states = false;
 
   std::string ToString() const;
 };
@@ -81,6 +82,9 @@ class SyntheticMoeState : public deepspeed::ModelState {
   absl::StatusOr<deepspeed::FileValue> OptimizerCommon() const override { return common_; }
   deepspeed::FileValue ModelStatesRoot(int pp, int tp) const override { return root_; }
   std::string ModelStatesPath(int pp, int tp) const override { return ""; }
+  // The training's config: in the model states from 0.19.3, in the
+  // optimizer files only before (what the writer copies there).
+  deepspeed::FileValue SavedDsConfig() const override { return ds_config_; }
 
   const MoeCase& moe_case() const { return case_; }
   // The full tensor of a param ("fp32", "exp_avg", "exp_avg_sq"), by its
@@ -101,6 +105,7 @@ class SyntheticMoeState : public deepspeed::ModelState {
   deepspeed::FileValue steps_value_;
   deepspeed::FileValue common_;
   deepspeed::FileValue root_;
+  deepspeed::FileValue ds_config_;
 };
 
 // save(M, T): the MoE writer at dp / ep for `target_version` ("" = the

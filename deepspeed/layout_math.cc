@@ -70,10 +70,13 @@ ZeroGroupLayout ZeroGroupLayout::Make(std::vector<int64_t> numels, int dp, Paddi
 }
 
 std::vector<ZeroFragment> ZeroGroupLayout::Fragments(int rank) const {
-  std::vector<ZeroFragment> out;
   const int64_t p = partition_numel();
-  const int64_t part_start = static_cast<int64_t>(rank) * p;
-  const int64_t part_end = part_start + p;
+  return FragmentsOfWindow(static_cast<int64_t>(rank) * p, p);
+}
+
+std::vector<ZeroFragment> ZeroGroupLayout::FragmentsOfWindow(int64_t part_start, int64_t size) const {
+  std::vector<ZeroFragment> out;
+  const int64_t part_end = part_start + size;
   for (int i = 0; i < num_params(); ++i) {
     const int64_t lp_start = starts_[i];
     const int64_t lp_end = lp_start + numels_[i];

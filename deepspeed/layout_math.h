@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -93,6 +94,14 @@ class ZeroGroupLayout {
   // DeepSpeed's param_slice_mappings lists them. Zero-numel params never
   // appear (DeepSpeed requires fragment_start < fragment_end).
   std::vector<ZeroFragment> Fragments(int rank) const;
+  // The same for any window [start, start + size) of the group's flat.
+  // DeepSpeed before 0.14.5 (stage_1_and_2.py _link_all_hp_params) linked
+  // every group with partition size padded_numel / (the whole dp world) and
+  // start (rank in the group's own dp group) * that size: for an expert group
+  // (partitioned over dp / ep ranks) with ep > 1, its param_slice_mappings
+  // list the params of that window (ExpertMappingWindow), not of the rank's
+  // partition.
+  std::vector<ZeroFragment> FragmentsOfWindow(int64_t start, int64_t size) const;
   // Fragments of one param over all ranks, in rank order: (rank, fragment).
   std::vector<std::pair<int, ZeroFragment>> FragmentsOfParam(int param_index) const;
 
@@ -106,6 +115,16 @@ class ZeroGroupLayout {
 };
 
 // ZeRO-3: ceil(numel / dp), a param's partition on each dp rank.
+// DeepSpeed versions whose expert groups' param_slice_mappings cover the
+// window of ZeroGroupLayout::FragmentsOfWindow (fixed in 0.14.5).
+inline bool ExpertMappingsSizedByWorld(const DsVersion& v) { return v < DsVersion{0, 14, 5}; }
+// That window on expert data parallel rank `rank` of a group laid out over
+// its own dp group, in a job of `world_dp` data parallel ranks.
+inline std::pair<int64_t, int64_t> ExpertMappingWindow(const ZeroGroupLayout& layout, int rank, int world_dp) {
+  const int64_t size = layout.padded_numel() / world_dp;
+  return {static_cast<int64_t>(rank) * size, size};
+}
+
 inline int64_t Zero3PartitionNumel(int64_t numel, int dp) { return (numel + dp - 1) / dp; }
 // ZeRO-3: DeepSpeed's sub-groups of one param group (_create_fp16_sub_groups):
 // consecutive params whose partition sizes add up to at least

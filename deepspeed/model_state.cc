@@ -2,6 +2,12 @@
 
 namespace ucp::deepspeed {
 
+FileValue CheckpointState::SavedDsConfig() const {
+  const FileValue root = ModelStatesRoot(0, 0);
+  if (!root.value || !root.value->is(pickle::Kind::kDict)) return FileValue{};
+  return FileValue{root.value->DictGetPtr("ds_config"), root.file};
+}
+
 std::string SourceDsVersion(const CheckpointState& state) {
   auto common = state.OptimizerCommon();
   if (common.ok() && common->value && common->value->is(pickle::Kind::kDict)) {

@@ -199,6 +199,11 @@ class CheckpointState {
   // ZeRO-3 sources: the model-state file of dp rank `dp`
   // (zero_pp_rank_D_mp_rank_00_model_states.pt); "" for other sources.
   virtual std::string DpModelStatesPath(int dp) const { return ""; }
+  // The training's DeepSpeed config as the source saved it (`ds_config`):
+  // its model states' by default (ModelStatesRoot(0, 0)); value null when
+  // absent. Native MoE checkpoints before DeepSpeed 0.19.3 keep it in the
+  // optimizer files only.
+  virtual FileValue SavedDsConfig() const;
 };
 
 // The DeepSpeed version that wrote a source: its optimizer state's

@@ -84,9 +84,11 @@ CASES = {
                                  ucp='--zero_stage 3 --sub_group_size 1500'),
     # native MoE (ZeRO-2)
     'moe_ep2dp2_to_dp1': dict(src='--zero-stage 2 --groups 2 --wd0 0.01 --wd1 0.0 --moe-layers 1 --experts 4 --ep 2 --seed 41 --hidden 32 --layers 2 --global-batch 4',
-                              sdp=2, tdp=1, tgt='--ep 1', ucp='--expert_parallel 1'),
+                              sdp=2, tdp=1, tgt='--ep 1', ucp='--expert_parallel 1', uninterrupted=True),
     'moe_ep2dp2_to_ep4dp4': dict(src='--zero-stage 2 --groups 2 --wd0 0.01 --wd1 0.0 --moe-layers 1 --experts 4 --ep 2 --seed 41 --hidden 32 --layers 2 --global-batch 4',
-                                 sdp=2, tdp=4, tgt='--ep 4', ucp='--expert_parallel 4'),
+                                 sdp=2, tdp=4, tgt='--ep 4', ucp='--expert_parallel 4', uninterrupted=True),
+    'moe_z1_odd_ep2dp2_to_ep1dp2': dict(src='--zero-stage 1 --groups 2 --wd0 0.01 --wd1 0.0 --odd 3 --moe-layers 1 --experts 4 --ep 2 --seed 42 --hidden 32 --layers 2 --global-batch 4',
+                                        sdp=2, tdp=2, tgt='--ep 1', ucp='--expert_parallel 1', uninterrupted=True),
 }
 
 
@@ -94,11 +96,19 @@ def log(*a):
     print(time.strftime('%H:%M:%S'), *a, flush=True)
 
 
+def old_torch_load_env():
+    """DeepSpeed before 0.15 calls torch.load without weights_only; torch 2.6 then defaults to
+    weights_only=True and refuses DeepSpeed's own pickled classes (LossScaler). This torch variable
+    restores the old default only where the caller did not set weights_only (nothing in DeepSpeed
+    changes)."""
+    v = os.path.basename(DS.rstrip('/')).replace('ds-', '')
+    old = tuple(int(x) for x in v.split('.')[:2]) < (0, 15) if v[:1].isdigit() else False
+    return ['TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1'] if old else []
+
+
 def ds(n, args, logf):
     PORT[0] += 1
-    # TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD: DeepSpeed 0.14.4 torch.load()s its fp16 optimizer files (which
-    # pickle its DynamicLossScaler) without weights_only=False, and torch 2.6 defaults to True.
-    cmd = ['chroot', CHROOT, 'env', f'PYTHONPATH={DS}', 'DS_ACCELERATOR=cpu', 'TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1', 'python3',
+    cmd = ['chroot', CHROOT, 'env', f'PYTHONPATH={DS}', 'DS_ACCELERATOR=cpu'] + old_torch_load_env() + ['python3',
            f'{HERE}/ds19_launch.py', str(n), str(PORT[0]), f'{HERE}/ds19_train.py'] + args
     with open(logf, 'w') as f:
         f.write(' '.join(cmd) + '\n')

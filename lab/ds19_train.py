@@ -170,6 +170,13 @@ def expert_global_names(a, model):
     return names
 
 
+def _version_tuple(v):
+    return tuple(int(x) for x in re.match(r'(\d+)\.(\d+)\.(\d+)', v).groups())
+
+
+SIZED_BY_WORLD = _version_tuple(deepspeed.__version__) < (0, 14, 5)
+
+
 def full_state_z12(opt, p, key, anomalies):
     """A ZeRO-1/2 param's full optimizer state `key`, gathered over its dp group.
 
@@ -180,6 +187,34 @@ def full_state_z12(opt, p, key, anomalies):
     shows the pre-load values although training uses the loaded ones). key 'fp32' reads the flat fp32
     partition itself, other keys the base optimizer's state of it, at the param's fragment."""
     buf = torch.zeros(p.numel(), dtype=torch.float32)
+    if SIZED_BY_WORLD:
+        # DeepSpeed < 0.14.5 links every group's _hp_mapping with the whole dp world's partition size,
+        # so an expert group at ep > 1 (partitioned over dp / ep ranks) has wrong or no mappings
+        # (stage_1_and_2.py _link_all_hp_params). Read the fragment from the group's real partition:
+        # the param's offset in its bit16 group, partition size = flat numel / the group's dp size.
+        # In fp32 training the fp32 fragment must then equal the lp weight bitwise (checked below).
+        for gi, group in enumerate(opt.bit16_groups):
+            offset = 0
+            for q in group:
+                if q is p:
+                    break
+                offset += q.numel()
+            else:
+                continue
+            pg = opt.real_dp_process_group[gi]
+            size = opt.bit16_groups_flat[gi].numel() // dist.get_world_size(group=pg)
+            ws = dist.get_rank(group=pg) * size
+            lo, hi = max(offset, ws), min(offset + p.numel(), ws + size)
+            flat = opt.single_partition_of_fp32_groups[gi]
+            t = flat if key == 'fp32' else opt.optimizer.state[flat][key]
+            if lo < hi:
+                buf.narrow(0, lo - offset, hi - lo).copy_(t.narrow(0, lo - ws, hi - lo))
+            dist.all_reduce(buf, group=pg)
+            if key == 'fp32' and p.dtype == torch.float32 and not torch.equal(buf.reshape(p.shape), p.data):
+                anomalies.append(f'fp32 master of a param of group {gi} != its lp weight')
+            return buf.reshape(p.shape)
+        anomalies.append('a param in no bit16 group')
+        return buf.reshape(p.shape)
     m = p._hp_mapping
     if m is not None:
         flats = getattr(opt, 'single_partition_of_fp32_groups', None) or opt.fp32_groups_flat_partition

@@ -322,14 +322,11 @@ absl::StatusOr<ExportResult> ExportImpl(const ExportOptions& options) {
   }
   std::unique_ptr<deepspeed::ModelState> state;
   std::vector<std::string> open_notes;
-  if (readers::IsMoeFolder(options.input_folder)) {
-    return absl::UnimplementedError(absl::StrCat(
-        options.input_folder, ": export of a native mixture-of-experts checkpoint is not supported (its expert "
-        "names and files have no tested zero_to_fp32.py counterpart); reshard it with `ucp reshard`"));
-  }
   std::string source_dir;
-  if (IsUniversalFolder(options.input_folder) || readers::IsZero3Folder(options.input_folder)) {
-    // ZeRO-3 exists at tp = 1 only: whole tensors, no rules needed.
+  if (IsUniversalFolder(options.input_folder) || readers::IsZero3Folder(options.input_folder) ||
+      readers::IsMoeFolder(options.input_folder)) {
+    // ZeRO-3 and native MoE exist at tp = 1 only: whole tensors, no rules
+    // needed (MoE experts under their global ids: one name per expert).
     SourceOptions source = options.state;
     source.tp1_whole_tensors = true;
     UCP_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(options.input_folder, source, /*verify_checksums=*/false,

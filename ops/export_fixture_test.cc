@@ -7,11 +7,16 @@
 //     for neox-tp1-pp2-dp1 DeepSpeed's own, correct at tp=1), and
 //   - a merge of the optimizer files written in Python (zero_to_fp32.py's
 //     walk of param_shapes, tp slices merged by the GPT-NeoX layer kinds).
+#include <map>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "base/fs.h"
 #include "gtest/gtest.h"
+#include "format/safetensors/safetensors.h"
+#include "format/torch/torch_file.h"
 #include "ops/export.h"
 #include "testing/fixtures.h"
 
@@ -129,15 +134,53 @@ TEST(ExportRefusalTest, RmsNormNeoXHasNoGptNeoXEquivalentAndNothingIsLeft) {
   EXPECT_FALSE(PathExists(o.output_folder));
 }
 
-TEST(ExportRefusalTest, NativeMoeIsRefusedAndNothingIsLeft) {
+// A native MoE checkpoint exports as one state dict with every expert under
+// its global id. The fixture trained in fp32, so every exported (fp32 master)
+// tensor must equal, bitwise, the weight the files hold for it: the module of
+// mp_rank_00 for non-expert params, layer_L_expert_E for experts (read here
+// straight from those files, not through ucp's MoE reader).
+TEST(ExportMoeTest, EveryExpertUnderItsGlobalIdAsTheFilesHoldIt) {
+  const std::string dir = FixturePath("../deepspeed-0.19.5/gpt-moe-ep2-zero2-dp2/global_step4");
   ops::ExportOptions o;
-  o.input_folder = FixturePath("../deepspeed-0.19.5/gpt-moe-ep2-zero2-dp2/global_step4");
+  o.input_folder = dir;
   o.output_folder = JoinPath(FreshTempDir("export_moe"), "out");
   auto r = ops::Export(o);
-  ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(r.status().message().find("native mixture-of-experts"), std::string::npos) << r.status();
-  EXPECT_FALSE(PathExists(o.output_folder));
+  ASSERT_TRUE(r.ok()) << r.status();
+  auto st = safetensors::SafetensorsFile::Open(JoinPath(o.output_folder, "model.safetensors"));
+  ASSERT_TRUE(st.ok()) << st.status();
+  std::map<std::string, torch::Tensor> want;
+  std::vector<std::unique_ptr<torch::TorchFile>> files;  // the tensors' storage
+  auto add = [&](const std::string& path, bool module) {
+    auto f = torch::TorchFile::Open(path);
+    ASSERT_TRUE(f.ok()) << f.status();
+    const pickle::Value& d = module ? *(*f)->root()->DictGet("module") : *(*f)->root();
+    for (const auto& [k, v] : d.dict_items()) {
+      auto t = (*f)->GetTensor(*v);
+      ASSERT_TRUE(t.ok()) << k->str();
+      want[k->str()] = *t;
+    }
+    files.push_back(*std::move(f));
+  };
+  add(JoinPath(dir, "mp_rank_00_model_states.pt"), true);
+  int experts = 0;
+  for (int l = 0; l < 2; ++l) {
+    for (int e = 0; e < 4; ++e) {
+      const std::string path = JoinPath(dir, absl::StrCat("layer_", l, "_expert_", e, "_mp_rank_00_model_states.pt"));
+      add(path, false);
+      ++experts;
+    }
+  }
+  ASSERT_EQ(experts, 8);
+  EXPECT_EQ((*st)->tensors().size(), want.size());
+  int equal = 0;
+  for (const auto& [name, t] : want) {
+    auto got = (*st)->GetTensor(name);
+    ASSERT_TRUE(got.ok()) << name << ": " << got.status();
+    EXPECT_TRUE(got->BitwiseEqual(t)) << name;
+    equal += got->BitwiseEqual(t) ? 1 : 0;
+  }
+  EXPECT_GT(equal, 40);
+  EXPECT_TRUE((*st)->GetTensor("h.1.moe.deepspeed_moe.experts.deepspeed_experts.3.fc.weight").ok());
 }
 
 TEST(ExportRefusalTest, ExistingOutputIsKeptWithoutOverwrite) {

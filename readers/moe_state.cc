@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <set>
+#include <tuple>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -114,6 +115,14 @@ absl::Status MoeState::Load() {
     const Value* v = (*f)->root()->is(Kind::kDict) ? (*f)->root()->DictGet("ds_version") : nullptr;
     if (v != nullptr && v->is(Kind::kStr)) version = v->str();
   }
+  if (version == "(no ds_version)") {  // before 0.19.3 only the optimizer files name it
+    torch::OpenOptions lazy;
+    lazy.verify_crc = false;
+    if (auto f = torch::TorchFile::Open(OptimPath(0), lazy); f.ok() && (*f)->root()->is(Kind::kDict)) {
+      const Value* v = (*f)->root()->DictGet("ds_version");
+      if (v != nullptr && v->is(Kind::kStr)) version = v->str();
+    }
+  }
   const std::string what = absl::StrCat("DeepSpeed ", version, " native mixture-of-experts checkpoint");
   const std::string supported = "ucp reads native MoE checkpoints of ZeRO stage 1/2 (not bf16) at tp=pp=1";
   std::set<int> optim_dp;
@@ -205,52 +214,70 @@ absl::Status MoeState::Load() {
       num_experts_.push_back(static_cast<int>(n));
     }
   }
-  // param_shapes: dp rank 0's groups. DeepSpeed before 0.19.3 saved MoE model
-  // states without them (nor ds_config, ds_version: engine.py
-  // _save_moe_checkpoint); the optimizer files still name the version.
-  if (root.DictGet("param_shapes") == nullptr) {
-    std::string v = version;
-    if (v == "(no ds_version)") {
-      if (auto f = torch::TorchFile::Open(OptimPath(0)); f.ok() && (*f)->root()->is(Kind::kDict)) {
-        const Value* x = (*f)->root()->DictGet("ds_version");
-        if (x != nullptr && x->is(Kind::kStr)) v = x->str();
+  // Rank 0's optimizer file: the groups, which of them hold experts, ep.
+  UCP_ASSIGN_OR_RETURN(auto f0, torch::TorchFile::Open(OptimPath(0)));
+  const Value* pgs = internal::DictPath(f0->root().get(), {"optimizer_state_dict", "base_optimizer_state", "param_groups"});
+  const Value* pc = internal::DictPath(f0->root().get(), {"optimizer_state_dict", "partition_count"});
+  if (pgs == nullptr || !pgs->is(Kind::kList) || pgs->items().empty()) {
+    return err(OptimPath(0), "no optimizer_state_dict.base_optimizer_state.param_groups list");
+  }
+  const size_t num_groups = pgs->items().size();
+  if (pc == nullptr || !pc->is(Kind::kList) || pc->items().size() != num_groups) {
+    return err(OptimPath(0), "partition_count is not a list with one count per param group");
+  }
+  // The layout, by the keys present and the version the optimizer files
+  // name. DeepSpeed before 0.19.3 saved MoE model states without
+  // param_shapes (nor buffer_names, ds_config, ds_version: engine.py
+  // _save_moe_checkpoint): the groups' members and their order then come from
+  // every rank's param_slice_mappings, the shapes from the module (non-expert
+  // params) and the expert files (experts).
+  legacy_ = root.DictGet("param_shapes") == nullptr;
+  if (legacy_) {
+    const Value* v = f0->root()->is(Kind::kDict) ? f0->root()->DictGet("ds_version") : nullptr;
+    if (v == nullptr || !v->is(Kind::kStr)) {
+      return FileError(OptimPath(0), absl::StatusCode::kInvalidArgument,
+                       absl::StrCat("no ds_version, and ", mp_path, " has no param_shapes: cannot tell which DeepSpeed ",
+                                    "mixture-of-experts layout this is (0.19.3+ saves param_shapes, earlier versions ",
+                                    "a ds_version in the optimizer files)"));
+    }
+    auto parsed = deepspeed::ParseDsVersion(v->str());
+    if (!parsed.ok()) {
+      return FileError(OptimPath(0), absl::StatusCode::kInvalidArgument,
+                       absl::StrCat("ds_version '", v->str(), "' is not a version"));
+    }
+    if (!(*parsed < deepspeed::DsVersion{0, 19, 3})) {
+      return FileError(mp_path, absl::StatusCode::kInvalidArgument,
+                       absl::StrCat("no param_shapes, but the optimizer files say DeepSpeed ", v->str(),
+                                    ", whose mixture-of-experts model states have them (0.19.3 and later)"));
+    }
+    legacy_version_ = v->str();
+    legacy_parsed_ = *parsed;
+    groups_.resize(num_groups);
+  } else {
+    UCP_ASSIGN_OR_RETURN(const Value* shapes_v, GetField(root, "param_shapes", "model states"), _.Prepend(mp_path + ": "));
+    UCP_ASSIGN_OR_RETURN(auto* shape_list, AsSequence(*shapes_v, "param_shapes"), _.Prepend(mp_path + ": "));
+    for (size_t g = 0; g < shape_list->size(); ++g) {
+      const Value& d = *(*shape_list)[g];
+      if (!d.is(Kind::kDict)) return err(mp_path, absl::StrCat("param_shapes[", g, "] is not a dict"));
+      Group group;
+      for (const auto& [k, v] : d.dict_items()) {
+        if (!k->is(Kind::kStr)) return err(mp_path, absl::StrCat("param_shapes[", g, "] has a non-string key"));
+        UCP_ASSIGN_OR_RETURN(std::vector<int64_t> shape, AsTorchSize(*v, absl::StrCat("param_shapes[", g, "]")),
+                             _.Prepend(mp_path + ": "));
+        group.names.push_back(k->str());
+        group.shapes.push_back(std::move(shape));
       }
+      groups_.push_back(std::move(group));
     }
-    return FileError(mp_path, absl::StatusCode::kUnimplemented,
-                     absl::StrCat("DeepSpeed ", v, " native mixture-of-experts checkpoint whose model states have no "
-                                  "param_shapes (DeepSpeed before 0.19.3 does not save them for MoE): ucp reads the MoE "
-                                  "layout of DeepSpeed 0.19.3 to 0.19.5"));
-  }
-  UCP_ASSIGN_OR_RETURN(const Value* shapes_v, GetField(root, "param_shapes", "model states"), _.Prepend(mp_path + ": "));
-  UCP_ASSIGN_OR_RETURN(auto* shape_list, AsSequence(*shapes_v, "param_shapes"), _.Prepend(mp_path + ": "));
-  for (size_t g = 0; g < shape_list->size(); ++g) {
-    const Value& d = *(*shape_list)[g];
-    if (!d.is(Kind::kDict)) return err(mp_path, absl::StrCat("param_shapes[", g, "] is not a dict"));
-    Group group;
-    for (const auto& [k, v] : d.dict_items()) {
-      if (!k->is(Kind::kStr)) return err(mp_path, absl::StrCat("param_shapes[", g, "] has a non-string key"));
-      UCP_ASSIGN_OR_RETURN(std::vector<int64_t> shape, AsTorchSize(*v, absl::StrCat("param_shapes[", g, "]")),
-                           _.Prepend(mp_path + ": "));
-      group.names.push_back(k->str());
-      group.shapes.push_back(std::move(shape));
-    }
-    groups_.push_back(std::move(group));
-  }
-  // Expert groups: 'moe': True in rank 0's param_groups.
-  slots_.clear();
-  for (int d = 0; d < dp_; ++d) slots_.push_back(std::make_unique<Slot>());
-  // (rank 0's file is parsed below, after the layouts exist)
-  {
-    UCP_ASSIGN_OR_RETURN(auto f0, torch::TorchFile::Open(OptimPath(0)));
-    const Value* pgs = internal::DictPath(f0->root().get(), {"optimizer_state_dict", "base_optimizer_state", "param_groups"});
-    const Value* pc = internal::DictPath(f0->root().get(), {"optimizer_state_dict", "partition_count"});
-    if (pgs == nullptr || !pgs->is(Kind::kList) || pgs->items().size() != groups_.size()) {
+    if (groups_.size() != num_groups) {
       return err(OptimPath(0), absl::StrCat("expected ", groups_.size(),
                                             " base_optimizer_state.param_groups (param_shapes of mp_rank_00)"));
     }
-    if (pc == nullptr || !pc->is(Kind::kList) || pc->items().size() != groups_.size()) {
-      return err(OptimPath(0), "partition_count is not a list with one count per param group");
-    }
+  }
+  slots_.clear();
+  for (int d = 0; d < dp_; ++d) slots_.push_back(std::make_unique<Slot>());
+  // Expert groups: 'moe': True in rank 0's param_groups.
+  {
     int edp = 0;
     for (size_t g = 0; g < groups_.size(); ++g) {
       const Value& pg = *pgs->items()[g];
@@ -277,6 +304,8 @@ absl::Status MoeState::Load() {
     }
     if (edp == 0) return err(OptimPath(0), "no expert param group ('moe': True) in a checkpoint with expert files");
   }
+  window_mappings_ = legacy_ && ep_ > 1 && deepspeed::ExpertMappingsSizedByWorld(legacy_parsed_);
+  if (legacy_) UCP_RETURN_IF_ERROR(GroupNamesFromMappings());
   // MoE layers in order of appearance, and the experts' local ids.
   for (const Group& g : groups_) {
     if (!g.expert) continue;
@@ -313,6 +342,7 @@ absl::Status MoeState::Load() {
                                                      absl::StrJoin(num_experts_, ",")));
     }
   }
+  if (legacy_) UCP_RETURN_IF_ERROR(GroupShapesFromTensors());
   // Layouts: non-expert groups over dp, expert groups over dp / ep.
   for (Group& g : groups_) {
     std::vector<int64_t> numels;
@@ -357,6 +387,7 @@ absl::Status MoeState::Load() {
   }
   info_.lp_dtype = lp;
   std::set<std::string> trainable;
+  std::map<std::string, std::vector<int64_t>> shape_of;
   for (size_t g = 0; g < groups_.size(); ++g) {
     const Group& grp = groups_[g];
     for (int e = 0; e < (grp.expert ? ep_ : 1); ++e) {
@@ -379,6 +410,7 @@ absl::Status MoeState::Load() {
         p.lp_dtype = lp;
         p.tp_shapes = {grp.shapes[i]};
         p.stages = {0};
+        shape_of[p.name] = grp.shapes[i];
         if (!trainable.insert(p.name).second) {
           return err(mp_path, absl::StrCat("param '", p.name, "' is in param_shapes twice"));
         }
@@ -390,7 +422,11 @@ absl::Status MoeState::Load() {
   for (const auto& [k, v] : module->dict_items()) {
     if (!k->is(Kind::kStr) || !torch::TorchFile::IsTensor(*v) || trainable.count(k->str())) continue;
     if (std::find(buffers.begin(), buffers.end(), k->str()) == buffers.end()) {
-      return err(mp_path, absl::StrCat("module['", k->str(), "'] is neither a param of the optimizer nor a buffer"));
+      if (!legacy_) {
+        return err(mp_path, absl::StrCat("module['", k->str(), "'] is neither a param of the optimizer nor a buffer"));
+      }
+      // Before 0.19.3 nothing tells a buffer from a frozen (or tied) param.
+      untold_.push_back(k->str());
     }
     UCP_ASSIGN_OR_RETURN(torch::Tensor t, mp_->GetTensor(*v));
     deepspeed::ParamState p;
@@ -423,8 +459,27 @@ absl::Status MoeState::Load() {
         if (!trainable.count(k->str())) {
           return err(path, absl::StrCat("'", k->str(), "' is in no expert param group of the optimizer files"));
         }
+        if (torch::TorchFile::IsTensor(*v)) {
+          UCP_ASSIGN_OR_RETURN(torch::Tensor t, f->GetTensor(*v), _.Prepend(path + ": "));
+          if (t.sizes() != shape_of[k->str()]) {
+            return err(path, absl::StrCat("'", k->str(), "' has shape ", ShapeStr(t.sizes()), ", its param group ",
+                                          legacy_ ? "(ep rank 0's local expert) " : "(param_shapes) ", ShapeStr(shape_of[k->str()])));
+          }
+        }
         info_.module_order.push_back({-1, k->str()});
       }
+    }
+  }
+  if (legacy_) {
+    info_.notes.push_back(absl::StrCat(
+        "DeepSpeed ", legacy_version_, " mixture-of-experts layout (before 0.19.3: no param_shapes): each group's params "
+        "and their order taken from the optimizer files' param_slice_mappings, shapes from the module and the expert "
+        "files", window_mappings_ ? "; the expert groups (mapped only in part before 0.14.5) from the expert files, "
+                                    "checked against every rank's window and partition size" : ""));
+    if (!untold_.empty()) {
+      info_.notes.push_back(absl::StrCat(
+          "module tensors in no optimizer group (", absl::StrJoin(untold_, ", "), "): kept as they are; the files of ",
+          "DeepSpeed before 0.19.3 do not say whether they are buffers or frozen params"));
     }
   }
   info_.notes.push_back(absl::StrCat("mixture of experts: ", num_experts_.size(), " MoE layers, ep=", ep_,
@@ -432,6 +487,315 @@ absl::Status MoeState::Load() {
                                      " (DeepSpeed's default E + D rank order)"));
   info_.Reindex();
   empty_dict_ = Value::MakeDict();
+  return absl::OkStatus();
+}
+
+absl::Status MoeState::GroupNamesFromMappings() {
+  const size_t n = groups_.size();
+  // Every rank's param_slice_mappings: (name, fragment numel) per group.
+  std::vector<std::vector<std::vector<std::pair<std::string, int64_t>>>> ranks(dp_);
+  for (int d = 0; d < dp_; ++d) {
+    const std::string path = OptimPath(d);
+    torch::OpenOptions lazy;
+    lazy.verify_crc = false;  // checked when the file is read for its tensors
+    UCP_ASSIGN_OR_RETURN(auto f, torch::TorchFile::Open(path, lazy));
+    const Value* mappings = internal::DictPath(f->root().get(), {"optimizer_state_dict", "param_slice_mappings"});
+    if (mappings == nullptr || !mappings->is(Kind::kList) || mappings->items().size() != n) {
+      return FileError(path, absl::StatusCode::kInvalidArgument,
+                       absl::StrCat("no param_slice_mappings with one dict per param group (", n,
+                                    "): the mixture-of-experts layout of DeepSpeed ", legacy_version_,
+                                    " names its params only there (its model states have no param_shapes)"));
+    }
+    ranks[d].resize(n);
+    fp32_numels_.resize(dp_);
+    fp32_numels_[d].assign(n, -1);
+    if (const Value* fp32s = internal::DictPath(f->root().get(), {"optimizer_state_dict", "single_partition_of_fp32_groups"});
+        fp32s != nullptr && fp32s->is(Kind::kList) && fp32s->items().size() == n) {
+      for (size_t g = 0; g < n; ++g) {
+        if (torch::TorchFile::IsTensor(*fp32s->items()[g])) {
+          if (auto t = f->GetTensor(*fp32s->items()[g]); t.ok()) fp32_numels_[d][g] = t->numel();
+        }
+      }
+    }
+    for (size_t g = 0; g < n; ++g) {
+      const Value& m = *mappings->items()[g];
+      if (!m.is(Kind::kDict)) {
+        return FileError(path, absl::StatusCode::kInvalidArgument, absl::StrCat("param_slice_mappings[", g, "] is not a dict"));
+      }
+      for (const auto& [k, v] : m.dict_items()) {
+        if (!k->is(Kind::kStr)) {
+          return FileError(path, absl::StatusCode::kInvalidArgument,
+                           absl::StrCat("param_slice_mappings[", g, "] has a non-string key"));
+        }
+        UCP_ASSIGN_OR_RETURN(pickle::FragmentAddress a, pickle::AsFragmentAddress(*v, k->str()), _.Prepend(path + ": "));
+        ranks[d][g].push_back({k->str(), a.numel});
+      }
+    }
+  }
+  // A group's params in flatten order over `dp_ranks` (partition order): a
+  // param split between two ranks ends one rank's list and starts the next's.
+  auto merge = [&](size_t g, const std::vector<int>& dp_ranks, std::vector<std::string>* names,
+                   std::vector<int64_t>* numels) -> absl::Status {
+    for (int d : dp_ranks) {
+      const auto& list = ranks[d][g];
+      for (size_t i = 0; i < list.size(); ++i) {
+        const auto& [name, numel] = list[i];
+        if (i == 0 && !names->empty() && names->back() == name) {
+          numels->back() += numel;
+          continue;
+        }
+        if (std::find(names->begin(), names->end(), name) != names->end()) {
+          return FileError(OptimPath(d), absl::StatusCode::kInvalidArgument,
+                           absl::StrCat("param_slice_mappings[", g, "] lists '", name,
+                                        "', which an earlier partition of the group already ended"));
+        }
+        names->push_back(name);
+        numels->push_back(numel);
+      }
+    }
+    return absl::OkStatus();
+  };
+  legacy_numels_.assign(n, {});
+  const int edp = dp_ / ep_;
+  if (window_mappings_) UCP_RETURN_IF_ERROR(ExpertGroupsFromExpertFiles(ranks));
+  for (size_t g = 0; g < n; ++g) {
+    Group& grp = groups_[g];
+    if (grp.expert && window_mappings_) continue;
+    if (!grp.expert) {
+      std::vector<int> all;
+      for (int d = 0; d < dp_; ++d) all.push_back(d);
+      UCP_RETURN_IF_ERROR(merge(g, all, &grp.names, &legacy_numels_[g]));
+    } else {
+      // Every ep rank holds the same local experts (local ids): its expert
+      // data parallel ranks e, e + ep, ... list them all.
+      for (int e = 0; e < ep_; ++e) {
+        std::vector<int> ranks_of_e;
+        for (int k = 0; k < edp; ++k) ranks_of_e.push_back(DpRank(e, k));
+        std::vector<std::string> names;
+        std::vector<int64_t> numels;
+        UCP_RETURN_IF_ERROR(merge(g, ranks_of_e, &names, &numels));
+        if (e == 0) {
+          grp.names = std::move(names);
+          legacy_numels_[g] = std::move(numels);
+        } else if (names != grp.names || numels != legacy_numels_[g]) {
+          return FileError(OptimPath(DpRank(e, 0)), absl::StatusCode::kInvalidArgument,
+                           absl::StrCat("param_slice_mappings[", g, "] of ep rank ", e, " (dp ranks ", e, ", ", e + ep_,
+                                        ", ...) list [", absl::StrJoin(names, ", "), "], ep rank 0's [",
+                                        absl::StrJoin(grp.names, ", "),
+                                        "] (or other sizes): every ep rank holds the same local experts"));
+        }
+      }
+    }
+    if (grp.names.empty()) {
+      return FileError(OptimPath(0), absl::StatusCode::kInvalidArgument,
+                       absl::StrCat("param group ", g, " has no param in any rank's param_slice_mappings"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MoeState::ExpertGroupsFromExpertFiles(
+    const std::vector<std::vector<std::vector<std::pair<std::string, int64_t>>>>& ranks) {
+  // Which expert group each (MoE layer prefix, expert param suffix) is in, as
+  // any rank's mappings show it (they list only a window of each group).
+  std::map<std::pair<std::string, std::string>, int> group_of;
+  for (int d = 0; d < dp_; ++d) {
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      if (!groups_[g].expert) continue;
+      for (const auto& [name, numel] : ranks[d][g]) {
+        std::string prefix, suffix;
+        int id = 0;
+        if (!SplitExpertName(name, &prefix, &id, &suffix)) {
+          return FileError(OptimPath(d), absl::StatusCode::kInvalidArgument,
+                           absl::StrCat("'", name, "' is in expert param group ", g, " but is not named '<prefix>",
+                                        kExpertInfix, "<id>.<name>'"));
+        }
+        auto [it, fresh] = group_of.insert({{prefix, suffix}, static_cast<int>(g)});
+        if (!fresh && it->second != static_cast<int>(g)) {
+          return FileError(OptimPath(d), absl::StatusCode::kInvalidArgument,
+                           absl::StrCat("expert param '", suffix, "' of '", prefix, "' is in param groups ", it->second,
+                                        " and ", g));
+        }
+      }
+    }
+  }
+  // Each MoE layer's prefix and expert params (suffixes, in module order)
+  // from its global expert 0 (ep rank 0's local expert 0); every local expert
+  // is a copy of it (deepspeed.moe.experts.Experts), which the optimizer
+  // files' windows and partition sizes then confirm (ParseOptim).
+  std::vector<int> expert_groups;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    if (groups_[g].expert) expert_groups.push_back(static_cast<int>(g));
+  }
+  std::vector<std::string> prefixes;
+  std::vector<std::vector<std::string>> suffixes(num_experts_.size());
+  std::map<std::pair<std::string, std::string>, int64_t> numel_of;
+  std::vector<std::pair<std::string, std::string>> unknown;  // in no window
+  for (size_t l = 0; l < num_experts_.size(); ++l) {
+    const std::string path = ExpertPath(static_cast<int>(l), 0);
+    torch::OpenOptions lazy;
+    lazy.verify_crc = false;
+    UCP_ASSIGN_OR_RETURN(auto f, torch::TorchFile::Open(path, lazy));
+    if (!f->root()->is(Kind::kDict)) {
+      return FileError(path, absl::StatusCode::kInvalidArgument, "expected a dict of expert weights");
+    }
+    std::string layer_prefix;
+    for (const auto& [k, v] : f->root()->dict_items()) {
+      std::string prefix, suffix;
+      int id = -1;
+      if (!k->is(Kind::kStr) || !SplitExpertName(k->str(), &prefix, &id, &suffix) || id != 0 ||
+          (!layer_prefix.empty() && prefix != layer_prefix)) {
+        return FileError(path, absl::StatusCode::kInvalidArgument,
+                         absl::StrCat("key ", k->DebugString(), " is not a weight of one MoE layer's expert 0"));
+      }
+      layer_prefix = prefix;
+      UCP_ASSIGN_OR_RETURN(torch::Tensor t, f->GetTensor(*v), _.Prepend(path + ": "));
+      suffixes[l].push_back(suffix);
+      numel_of[{prefix, suffix}] = t.numel();
+      if (!group_of.count({prefix, suffix})) unknown.push_back({prefix, suffix});
+    }
+    if (layer_prefix.empty()) return FileError(path, absl::StatusCode::kInvalidArgument, "holds no expert weight");
+    prefixes.push_back(layer_prefix);
+  }
+  // Each expert group in module order (MoE layers, local experts, params),
+  // for an assignment of the params no window lists.
+  auto build = [&](const std::map<std::pair<std::string, std::string>, int>& of,
+                   std::vector<std::vector<std::string>>* names, std::vector<std::vector<int64_t>>* numels) {
+    names->assign(groups_.size(), {});
+    numels->assign(groups_.size(), {});
+    for (size_t l = 0; l < prefixes.size(); ++l) {
+      for (int k = 0; k < num_experts_[l] / ep_; ++k) {
+        for (const std::string& suffix : suffixes[l]) {
+          const int g = of.at({prefixes[l], suffix});
+          (*names)[g].push_back(ExpertName(prefixes[l], k, suffix));
+          (*numels)[g].push_back(numel_of.at({prefixes[l], suffix}));
+        }
+      }
+    }
+  };
+  // Whether every rank's window and fp32 partition are what that assignment gives.
+  auto fits = [&](const std::vector<std::vector<std::string>>& names,
+                  const std::vector<std::vector<int64_t>>& numels) {
+    const int edp = dp_ / ep_;
+    for (int g : expert_groups) {
+      const auto layout = deepspeed::ZeroGroupLayout::Make(numels[g], edp);
+      int64_t total = 0;
+      for (int k = 0; k < edp; ++k) {
+        total += fp32_numels_[DpRank(0, k)][g];
+        const auto [start, size] = deepspeed::ExpertMappingWindow(layout, k, dp_);
+        const auto frags = layout.FragmentsOfWindow(start, size);
+        for (int e = 0; e < ep_; ++e) {
+          const auto& listed = ranks[DpRank(e, k)][g];
+          if (listed.size() != frags.size()) return false;
+          for (size_t i = 0; i < frags.size(); ++i) {
+            if (listed[i].first != names[g][frags[i].param_index] || listed[i].second != frags[i].numel) return false;
+          }
+        }
+      }
+      if (total != layout.numel()) return false;
+    }
+    return true;
+  };
+  std::vector<std::vector<std::string>> names;
+  std::vector<std::vector<int64_t>> numels;
+  if (unknown.empty()) {
+    build(group_of, &names, &numels);
+  } else {
+    // Try every assignment of them to the expert groups: the one whose
+    // windows and partition sizes are the files', if exactly one is.
+    int64_t combos = 1;
+    for (size_t i = 0; i < unknown.size() && combos <= 4096; ++i) combos *= static_cast<int64_t>(expert_groups.size());
+    std::vector<std::string> unknown_names;
+    for (const auto& [prefix, suffix] : unknown) unknown_names.push_back(absl::StrCat(prefix, ".<expert>.", suffix));
+    const std::string why = absl::StrCat(
+        "DeepSpeed ", legacy_version_, " (before 0.14.5) lists only a window of 1/ep of each expert group in "
+        "param_slice_mappings, and no window lists ", absl::StrJoin(unknown_names, ", "));
+    if (combos > 4096) {
+      return FileError(OptimPath(0), absl::StatusCode::kInvalidArgument,
+                       absl::StrCat(why, ": too many expert params of unknown param group to tell"));
+    }
+    int found = 0;
+    for (int64_t c = 0; c < combos; ++c) {
+      std::map<std::pair<std::string, std::string>, int> of = group_of;
+      int64_t x = c;
+      for (const auto& key : unknown) {
+        of[key] = expert_groups[x % expert_groups.size()];
+        x /= static_cast<int64_t>(expert_groups.size());
+      }
+      std::vector<std::vector<std::string>> n;
+      std::vector<std::vector<int64_t>> m;
+      build(of, &n, &m);
+      if (!fits(n, m)) continue;
+      if (++found > 1) break;
+      names = std::move(n);
+      numels = std::move(m);
+    }
+    if (found != 1) {
+      return FileError(OptimPath(0), absl::StatusCode::kInvalidArgument,
+                       absl::StrCat(why, ": their param group is unknown (", found == 0 ? "no" : "more than one",
+                                    " assignment to the expert groups gives the files' windows and partition sizes)"));
+    }
+  }
+  for (int g : expert_groups) {
+    groups_[g].names = names[g];
+    legacy_numels_[g] = numels[g];
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MoeState::GroupShapesFromTensors() {
+  const std::string mp_path = mp_->path();
+  const Value* module = mp_->root()->DictGet("module");
+  std::map<std::pair<int, int>, std::unique_ptr<torch::TorchFile>> experts;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    Group& grp = groups_[g];
+    grp.shapes.clear();
+    for (size_t i = 0; i < grp.names.size(); ++i) {
+      const std::string& name = grp.names[i];
+      std::string from;
+      torch::Tensor t;
+      if (!grp.expert) {
+        const Value* v = module->DictGet(name);
+        if (v == nullptr || !torch::TorchFile::IsTensor(*v)) {
+          return FileError(mp_path, absl::StatusCode::kInvalidArgument,
+                           absl::StrCat("module has no tensor '", name, "', a param of group ", g,
+                                        " in the optimizer files' param_slice_mappings: its shape is unknown (DeepSpeed ",
+                                        legacy_version_, " saves no param_shapes for mixture-of-experts models)"));
+        }
+        UCP_ASSIGN_OR_RETURN(t, mp_->GetTensor(*v), _.Prepend(mp_path + ": "));
+        from = mp_path;
+      } else {
+        // Local expert `id` of ep rank 0 is global expert `id`.
+        std::string prefix, suffix;
+        int id = 0;
+        SplitExpertName(name, &prefix, &id, &suffix);
+        const int layer =
+            static_cast<int>(std::find(moe_prefixes_.begin(), moe_prefixes_.end(), prefix) - moe_prefixes_.begin());
+        from = ExpertPath(layer, id);
+        auto& f = experts[{layer, id}];
+        if (f == nullptr) {
+          torch::OpenOptions lazy;
+          lazy.verify_crc = false;  // checked when the weights are read
+          UCP_ASSIGN_OR_RETURN(f, torch::TorchFile::Open(from, lazy));
+        }
+        const Value* v = f->root()->is(Kind::kDict) ? f->root()->DictGet(name) : nullptr;
+        if (v == nullptr || !torch::TorchFile::IsTensor(*v)) {
+          return FileError(from, absl::StatusCode::kInvalidArgument,
+                           absl::StrCat("no tensor '", name, "' (expert param of group ", g,
+                                        " in the optimizer files): its shape is unknown"));
+        }
+        UCP_ASSIGN_OR_RETURN(t, f->GetTensor(*v), _.Prepend(from + ": "));
+      }
+      std::vector<int64_t> shape(t.sizes().begin(), t.sizes().end());
+      if (legacy_numels_[g][i] >= 0 && internal::Numel(shape) != legacy_numels_[g][i]) {
+        return FileError(from, absl::StatusCode::kInvalidArgument,
+                         absl::StrCat("'", name, "' has shape ", ShapeStr(shape), " (", internal::Numel(shape),
+                                      " elements), but the optimizer files' param_slice_mappings[", g, "] hold ",
+                                      legacy_numels_[g][i], " elements of it"));
+      }
+      grp.shapes.push_back(std::move(shape));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -493,7 +857,12 @@ absl::StatusOr<std::unique_ptr<MoeState::OptimFile>> MoeState::ParseOptim(int dp
     out->scalars.push_back(std::move(scalars));
     // param_slice_mappings: local names, fragments of the layout.
     const Value& m = *mappings->items()[g];
-    const auto expected = layout.Fragments(rank);
+    const auto expected = grp.expert && window_mappings_ ? std::apply(
+                                                               [&](int64_t start, int64_t size) {
+                                                                 return layout.FragmentsOfWindow(start, size);
+                                                               },
+                                                               deepspeed::ExpertMappingWindow(layout, rank, dp_))
+                                                         : layout.Fragments(rank);
     if (!m.is(Kind::kDict) || m.dict_items().size() != expected.size()) {
       return err(absl::StrCat("param_slice_mappings[", g, "] lists ", m.is(Kind::kDict) ? m.dict_items().size() : 0,
                               " params, expected ", expected.size(), grp.expert ? absl::StrCat(" (ep rank ", ep_rank, ")") : ""));
@@ -664,6 +1033,13 @@ deepspeed::FileValue MoeState::ModelStatesRoot(int pp, int tp) const {
 }
 
 std::string MoeState::ModelStatesPath(int pp, int tp) const { return mp_->path(); }
+
+deepspeed::FileValue MoeState::SavedDsConfig() const {
+  if (ValuePtr c = mp_->root()->DictGetPtr("ds_config")) return deepspeed::FileValue{c, deepspeed::Unowned(mp_.get())};
+  auto f = Optim(0);
+  if (!f.ok() || !(*f)->file->root()->is(Kind::kDict)) return deepspeed::FileValue{};
+  return deepspeed::FileValue{(*f)->file->root()->DictGetPtr("ds_config"), deepspeed::Unowned((*f)->file.get())};
+}
 
 const pickle::Value& MoeState::checkpoint_info() const {
   const Value* v = mp_->root()->DictGet("universal_checkpoint_info");

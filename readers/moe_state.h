@@ -10,6 +10,25 @@
 //        non-expert groups over all dp ranks, the expert groups (param_groups with
 //        'moe': True, named 'ep_size_<ep>') over the expert data parallel ranks, each
 //        holding its ep rank's local experts under local names
+//   expp_rank_R_mp_rank_00_optim_states.pt    up to 0.19.4: {'optimizer': None} per ep rank
+//
+// Two layouts of the model states, told apart by the keys present and the
+// optimizer files' ds_version (engine.py _save_moe_checkpoint at each tag):
+//   0.19.3 and later: the common checkpoint state (param_shapes, buffer_names,
+//        frozen_param_*, shared_params, ds_config, ds_version) + num_experts,
+//        ds_autoep_layers;
+//   0.12 to 0.19.2: module, lr_scheduler, data_sampler, random_ltd,
+//        sparse_tensor_module_names, skipped_steps, global_steps/samples,
+//        dp/mp_world_size, num_experts (0.19.2: + ds_autoep_layers), no
+//        param_shapes. Each group's members and their flatten order are then
+//        every rank's param_slice_mappings in partition order (a param split
+//        between ranks ends one list and starts the next; every ep rank must
+//        list the same local experts), the shapes the module's tensors
+//        (non-expert params) and ep rank 0's expert files (experts), each
+//        checked against the elements the mappings hold. Module tensors in no
+//        group are kept as they are (role kBuffer): these files do not say
+//        whether they are buffers or frozen params, so a writer that must
+//        record it (0.19.3+ buffer_names) refuses them.
 //
 // DeepSpeed's E + D rank order (groups.py _create_expert_and_data_parallel,
 // the default): dp rank d is ep rank d % ep and expert-data-parallel rank
@@ -62,6 +81,8 @@ class MoeState : public deepspeed::SlicedState {
   absl::Status VerifyInput(const std::string& path) const override;
   absl::StatusOr<deepspeed::FileValue> OptimizerCommon() const override;
   deepspeed::FileValue ModelStatesRoot(int pp, int tp) const override;
+  // The model states' ds_config, else (before 0.19.3) optimizer file 0's.
+  deepspeed::FileValue SavedDsConfig() const override;
   std::string ModelStatesPath(int pp, int tp) const override;
   const pickle::Value& checkpoint_info() const override;
   const pickle::Value* args() const override;
@@ -97,6 +118,20 @@ class MoeState : public deepspeed::SlicedState {
 
   MoeState() = default;
   absl::Status Load();
+  // The layout before DeepSpeed 0.19.3 (no param_shapes): each group's
+  // local names in flatten order from every rank's param_slice_mappings,
+  // then their shapes from the module and the expert files.
+  absl::Status GroupNamesFromMappings();
+  absl::Status GroupShapesFromTensors();
+  // Before 0.14.5 at ep > 1 the expert groups' mappings cover a window only
+  // (deepspeed::ExpertMappingsSizedByWorld): the groups are then each MoE
+  // layer's expert params (expert files, module order) in the group the
+  // mappings show them in, every local expert alike; params no window lists
+  // go to the only assignment to the expert groups that reproduces every
+  // rank's window and fp32 partition size (refused if none or several);
+  // ParseOptim checks each rank's window again.
+  absl::Status ExpertGroupsFromExpertFiles(
+      const std::vector<std::vector<std::vector<std::pair<std::string, int64_t>>>>& ranks);
   absl::StatusOr<std::unique_ptr<OptimFile>> ParseOptim(int dp) const;
   absl::StatusOr<const OptimFile*> Optim(int dp) const;
   std::string OptimPath(int dp) const;
@@ -104,6 +139,13 @@ class MoeState : public deepspeed::SlicedState {
   int DpRank(int e, int k) const { return e + k * ep_; }
 
   std::string dir_;
+  bool legacy_ = false;         // model states without param_shapes (DeepSpeed < 0.19.3)
+  std::string legacy_version_;  // the optimizer files' ds_version then
+  deepspeed::DsVersion legacy_parsed_;
+  bool window_mappings_ = false;  // expert mappings of a window (before 0.14.5, ep > 1)
+  std::vector<std::vector<int64_t>> legacy_numels_;  // per group: each param's numel in the mappings
+  std::vector<std::vector<int64_t>> fp32_numels_;  // legacy: [dp rank][group] saved fp32 partition numel
+  std::vector<std::string> untold_;  // legacy: module tensors in no group (buffer or frozen: not said)
   int dp_ = 1, ep_ = 1;
   std::unique_ptr<torch::TorchFile> mp_;
   std::vector<Group> groups_;

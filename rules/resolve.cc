@@ -423,6 +423,7 @@ class ReinterpretedState : public deepspeed::ModelState {
   deepspeed::FileValue ModelStatesRoot(int pp, int tp) const override { return base_->ModelStatesRoot(pp, tp); }
   std::string ModelStatesPath(int pp, int tp) const override { return base_->ModelStatesPath(pp, tp); }
   std::string DpModelStatesPath(int dp) const override { return base_->DpModelStatesPath(dp); }
+  deepspeed::FileValue SavedDsConfig() const override { return base_->SavedDsConfig(); }
 
  private:
   std::unique_ptr<deepspeed::ModelState> base_;

@@ -73,6 +73,7 @@ class ResolvedState : public deepspeed::ModelState {
   deepspeed::FileValue ModelStatesRoot(int pp, int tp) const override { return source_->ModelStatesRoot(pp, tp); }
   std::string ModelStatesPath(int pp, int tp) const override { return source_->ModelStatesPath(pp, tp); }
   std::string DpModelStatesPath(int dp) const override { return source_->DpModelStatesPath(dp); }
+  deepspeed::FileValue SavedDsConfig() const override { return source_->SavedDsConfig(); }
 
   const deepspeed::SlicedState& source() const { return *source_; }
   const RuleResolver& resolver() const { return resolver_; }

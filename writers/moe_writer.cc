@@ -7,6 +7,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/fs.h"
 #include "base/status_macros.h"
 #include "deepspeed/checkpoint_files.h"
@@ -86,6 +87,32 @@ class MoePlan : public Plan {
       if (!v.ok()) return absl::InvalidArgumentError(absl::StrCat("ds_version '", version_, "': pass --target_ds_version"));
       convention_ = deepspeed::PaddingConventionOf(*v, false);
       parallel_dims_ = *v >= deepspeed::DsVersion{0, 19, 5};
+      // engine.py _save_moe_checkpoint at each tag: the common checkpoint
+      // state from 0.19.3, ds_autoep_layers from 0.19.2, the expert
+      // optimizer placeholders up to 0.19.4; stage_1_and_2.py before 0.14.5
+      // maps a window of the expert groups only.
+      common_layout_ = *v >= deepspeed::DsVersion{0, 19, 3};
+      autoep_key_ = *v >= deepspeed::DsVersion{0, 19, 2};
+      expp_files_ = *v < deepspeed::DsVersion{0, 19, 5};
+      window_mappings_ = deepspeed::ExpertMappingsSizedByWorld(*v);
+    }
+    if (common_layout_) {
+      // 0.19.3+ records buffer_names (and frozen params): a source that does
+      // not (DeepSpeed before 0.19.3) cannot tell them apart.
+      deepspeed::FileValue src = state_.ModelStatesRoot(0, 0);
+      if (src.value && src.value->is(Kind::kDict) && src.value->DictGet("buffer_names") == nullptr) {
+        std::vector<std::string> untold;
+        for (const ParamState& p : info_.params) {
+          if (!p.trainable()) untold.push_back(p.name);
+        }
+        if (!untold.empty()) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "writing the mixture-of-experts layout of DeepSpeed ", version_, " needs buffer_names, but the source (",
+              deepspeed::SourceDsVersion(state_), ", before 0.19.3) does not say whether its module tensors outside ",
+              "the optimizer (", absl::StrJoin(untold, ", "), ") are buffers or frozen params: pass a ",
+              "--target_ds_version before 0.19.3"));
+        }
+      }
     }
     UCP_ASSIGN_OR_RETURN(common_, state_.OptimizerCommon());
     if (!common_.value || !common_.value->is(Kind::kDict)) return absl::InvalidArgumentError("no optimizer state");
@@ -182,6 +209,9 @@ class MoePlan : public Plan {
       }
     }
     for (int d = 0; d < dp_; ++d) add({Job::kOptim, d, 0}, deepspeed::OptimFileName(d, 0, false), 4096);
+    if (expp_files_) {
+      for (int e = 0; e < ep_; ++e) add({Job::kExpp, e, 0}, absl::StrCat("expp_rank_", e, "_mp_rank_00_optim_states.pt"), 1024);
+    }
     if (AddVerifyUnit(state_, &units_)) jobs_.push_back({Job::kVerify, 0, 0});
     return absl::OkStatus();
   }
@@ -202,6 +232,12 @@ class MoePlan : public Plan {
         UCP_ASSIGN_OR_RETURN(root, ExpertFile(w, job.a, job.b));
         break;
       }
+      case Job::kExpp: {
+        // {'optimizer': None}: ZeRO keeps the optimizer in the zero_pp_rank files.
+        root = Value::MakeDict();
+        root->DictSet(Value::Str("optimizer"), Value::None());
+        break;
+      }
       default: {
         UCP_ASSIGN_OR_RETURN(root, OptimFile(w, job.a));
         break;
@@ -220,7 +256,7 @@ class MoePlan : public Plan {
 
  private:
   struct Job {
-    enum { kModel, kExpert, kOptim, kVerify } type;
+    enum { kModel, kExpert, kExpp, kOptim, kVerify } type;
     int a, b;
   };
 
@@ -254,75 +290,115 @@ class MoePlan : public Plan {
     return c;
   }
 
+  // The model states DeepSpeed's engine.py _save_moe_checkpoint writes at
+  // the target version, in its key order; the source's client state (keys
+  // neither layout has) after them.
   absl::StatusOr<ValuePtr> ModelStates(torch::TorchWriter& w) const {
     deepspeed::FileValue src = state_.ModelStatesRoot(0, 0);
     if (!src.value || !src.value->is(Kind::kDict)) return absl::FailedPreconditionError("no source model states");
-    // param_shapes values as the source wrote them (0.19.5 MoE: plain tuples).
-    bool tuples = false;
-    if (const Value* ps = src.value->DictGet("param_shapes"); ps && ps->is(Kind::kList) && !ps->items().empty()) {
+    const Value& s = *src.value;
+    auto copy = [&](const char* key, ValuePtr absent) -> absl::StatusOr<ValuePtr> {
+      ValuePtr v = s.DictGetPtr(key);
+      if (!v) return absent;
+      return Copy(v, src.file, w);
+    };
+    // param_shapes values as the source wrote them (0.19.5 MoE: plain
+    // tuples; a source without param_shapes: tuples too).
+    bool tuples = true;
+    if (const Value* ps = s.DictGet("param_shapes"); ps && ps->is(Kind::kList) && !ps->items().empty()) {
       const Value& g0 = *ps->items()[0];
       tuples = g0.is(Kind::kDict) && !g0.dict_items().empty() && g0.dict_items()[0].second->is(Kind::kTuple);
     }
     ValuePtr out = Value::MakeDict();
-    for (const auto& [k, v] : src.value->dict_items()) {
-      const std::string key = k->is(Kind::kStr) ? k->str() : "";
-      if (key == "module") {
-        ValuePtr sd = Value::MakeDict(/*ordered_dict=*/true);
-        for (const auto& mk : info_.module_order) {
-          if (IsExpert(mk.name)) continue;
-          const int i = info_.IndexOf(mk.name);
-          if (i < 0) continue;
-          UCP_ASSIGN_OR_RETURN(ValuePtr t, Lp(w, i));
-          sd->DictSet(Value::Str(mk.name), t);
-        }
-        if (v->is(Kind::kDict) && v->dict_state()) {
-          UCP_ASSIGN_OR_RETURN(ValuePtr md, Copy(v->dict_state(), src.file, w));
-          sd->set_dict_state(std::move(md));
-        }
-        out->DictSet(k, sd);
-      } else if (key == "param_shapes") {
-        std::vector<ValuePtr> gs;
-        for (const TargetGroup& tg : groups_) {
-          ValuePtr d = Value::MakeDict(/*ordered_dict=*/true);
-          for (size_t j = 0; j < tg.params[0].size(); ++j) {
-            const std::vector<int64_t>& shape = info_.params[tg.params[0][j]].full_shape;
-            ValuePtr s;
-            if (tuples) {
-              std::vector<ValuePtr> dims;
-              for (int64_t x : shape) dims.push_back(Value::Int(x));
-              s = Value::Tuple(std::move(dims));
-            } else {
-              s = pickle::MakeTorchSize(shape);
-            }
-            d->DictSet(Value::Str(tg.names[0][j]), s);
-          }
-          gs.push_back(d);
-        }
-        out->DictSet(k, Value::List(std::move(gs)));
-      } else if (key == "frozen_param_shapes" || key == "frozen_param_fragments") {
-        out->DictSet(k, stage_ >= 2 ? Value::MakeDict(/*ordered_dict=*/true) : Value::None());
-      } else if (key == "dp_world_size") {
-        out->DictSet(k, Value::Int(dp_));
-      } else if (key == "mp_world_size") {
-        out->DictSet(k, Value::Int(1));
-        if (parallel_dims_ && src.value->DictGet("checkpoint_parallel_dimensions") == nullptr) {
-          // engine.py:_checkpoint_parallel_metadata (0.19.5), after mp_world_size.
-          ValuePtr dims = Value::MakeDict();
-          dims->DictSet(Value::Str("pp_degree"), Value::Int(1));
-          dims->DictSet(Value::Str("tp_degree"), Value::Int(1));
-          out->DictSet(Value::Str("checkpoint_parallel_dimensions"), dims);
-        }
-      } else if (key == "checkpoint_parallel_dimensions" && !parallel_dims_) {
-        continue;  // a target before 0.19.5 records none
-      } else if (key == "ds_config") {
-        UCP_ASSIGN_OR_RETURN(ValuePtr c, DsConfig(deepspeed::FileValue{v, src.file}, w));
-        out->DictSet(k, c);
-      } else if (key == "ds_version" && !options_.target_ds_version.empty()) {
-        out->DictSet(k, Value::Str(options_.target_ds_version));
-      } else {
-        UCP_ASSIGN_OR_RETURN(ValuePtr c, Copy(v, src.file, w));
-        out->DictSet(k, c);
+    auto set = [&](const char* key, ValuePtr v) { out->DictSet(Value::Str(key), std::move(v)); };
+    {
+      ValuePtr sd = Value::MakeDict(/*ordered_dict=*/true);
+      for (const auto& mk : info_.module_order) {
+        if (IsExpert(mk.name)) continue;
+        const int i = info_.IndexOf(mk.name);
+        if (i < 0) continue;
+        UCP_ASSIGN_OR_RETURN(ValuePtr t, Lp(w, i));
+        sd->DictSet(Value::Str(mk.name), t);
       }
+      if (const Value* v = s.DictGet("module"); v != nullptr && v->is(Kind::kDict) && v->dict_state()) {
+        UCP_ASSIGN_OR_RETURN(ValuePtr md, Copy(v->dict_state(), src.file, w));
+        sd->set_dict_state(std::move(md));
+      }
+      set("module", sd);
+    }
+    if (common_layout_) {
+      UCP_ASSIGN_OR_RETURN(ValuePtr buffers, copy("buffer_names", Value::List({})));
+      set("buffer_names", buffers);
+      set("optimizer", Value::None());
+      std::vector<ValuePtr> gs;
+      for (const TargetGroup& tg : groups_) {
+        ValuePtr d = Value::MakeDict(/*ordered_dict=*/true);
+        for (size_t j = 0; j < tg.params[0].size(); ++j) {
+          const std::vector<int64_t>& shape = info_.params[tg.params[0][j]].full_shape;
+          ValuePtr sh;
+          if (tuples) {
+            std::vector<ValuePtr> dims;
+            for (int64_t x : shape) dims.push_back(Value::Int(x));
+            sh = Value::Tuple(std::move(dims));
+          } else {
+            sh = pickle::MakeTorchSize(shape);
+          }
+          d->DictSet(Value::Str(tg.names[0][j]), sh);
+        }
+        gs.push_back(d);
+      }
+      set("param_shapes", Value::List(std::move(gs)));
+      set("frozen_param_shapes", stage_ >= 2 ? Value::MakeDict(/*ordered_dict=*/true) : Value::None());
+      UCP_ASSIGN_OR_RETURN(ValuePtr shared, copy("shared_params", Value::MakeDict()));
+      set("shared_params", shared);
+      set("frozen_param_fragments", stage_ >= 2 ? Value::MakeDict(/*ordered_dict=*/true) : Value::None());
+    }
+    for (const char* key : {"lr_scheduler", "data_sampler", "random_ltd", "sparse_tensor_module_names", "skipped_steps",
+                            "global_steps", "global_samples"}) {
+      UCP_ASSIGN_OR_RETURN(ValuePtr v, copy(key, Value::None()));
+      set(key, v);
+    }
+    set("dp_world_size", Value::Int(dp_));
+    set("mp_world_size", Value::Int(1));
+    if (common_layout_) {
+      if (parallel_dims_) {
+        // engine.py:_checkpoint_parallel_metadata (0.19.5), after mp_world_size.
+        ValuePtr dims = Value::MakeDict();
+        dims->DictSet(Value::Str("pp_degree"), Value::Int(1));
+        dims->DictSet(Value::Str("tp_degree"), Value::Int(1));
+        set("checkpoint_parallel_dimensions", dims);
+      }
+      deepspeed::FileValue config = state_.SavedDsConfig();
+      if (!config.value) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "writing the mixture-of-experts layout of DeepSpeed ", version_,
+            " needs the training's ds_config, which the source's files do not hold"));
+      }
+      UCP_ASSIGN_OR_RETURN(ValuePtr c, DsConfig(config, w));
+      set("ds_config", c);
+      set("ds_version", Value::Str(version_));
+    }
+    UCP_ASSIGN_OR_RETURN(ValuePtr ne, copy("num_experts", Value::None()));
+    set("num_experts", ne);
+    if (autoep_key_) {
+      UCP_ASSIGN_OR_RETURN(ValuePtr v, copy("ds_autoep_layers", Value::None()));
+      set("ds_autoep_layers", v);
+    }
+    if (common_layout_ && s.DictGet("universal_checkpoint_info") != nullptr) {
+      UCP_ASSIGN_OR_RETURN(ValuePtr v, copy("universal_checkpoint_info", Value::None()));
+      set("universal_checkpoint_info", v);
+    }
+    // The client state: what neither layout's engine writes.
+    static const std::set<std::string> kEngineKeys = {
+        "module", "buffer_names", "optimizer", "param_shapes", "frozen_param_shapes", "shared_params",
+        "frozen_param_fragments", "lr_scheduler", "data_sampler", "random_ltd", "sparse_tensor_module_names",
+        "skipped_steps", "global_steps", "global_samples", "dp_world_size", "mp_world_size",
+        "checkpoint_parallel_dimensions", "ds_config", "ds_version", "num_experts", "ds_autoep_layers",
+        "universal_checkpoint_info"};
+    for (const auto& [k, v] : s.dict_items()) {
+      if (k->is(Kind::kStr) && kEngineKeys.count(k->str())) continue;
+      UCP_ASSIGN_OR_RETURN(ValuePtr c, Copy(v, src.file, w));
+      out->DictSet(k, c);
     }
     return out;
   }
@@ -379,7 +455,12 @@ class MoePlan : public Plan {
       const int e = tg.expert ? d % ep_ : 0;
       const int rank = tg.expert ? d / ep_ : d;
       ValuePtr mapping = Value::MakeDict(/*ordered_dict=*/true);
-      for (const auto& f : tg.layout.Fragments(rank)) {
+      std::vector<deepspeed::ZeroFragment> listed = tg.layout.Fragments(rank);
+      if (tg.expert && window_mappings_ && ep_ > 1) {
+        const auto [start, size] = deepspeed::ExpertMappingWindow(tg.layout, rank, dp_);
+        listed = tg.layout.FragmentsOfWindow(start, size);
+      }
+      for (const auto& f : listed) {
         mapping->DictSet(Value::Str(tg.names[e][f.param_index]), pickle::MakeFragmentAddress(f.numel, f.partition_offset));
       }
       mappings.push_back(mapping);
@@ -434,9 +515,8 @@ class MoePlan : public Plan {
     osd->DictSet(Value::Str("param_slice_mappings"), Value::List(std::move(mappings)));
     ValuePtr root = Value::MakeDict();
     root->DictSet(Value::Str("optimizer_state_dict"), osd);
-    deepspeed::FileValue src = state_.ModelStatesRoot(0, 0);
-    if (ValuePtr config = src.value ? src.value->DictGetPtr("ds_config") : nullptr) {
-      UCP_ASSIGN_OR_RETURN(ValuePtr c, DsConfig(deepspeed::FileValue{config, src.file}, w));
+    if (deepspeed::FileValue config = state_.SavedDsConfig(); config.value) {
+      UCP_ASSIGN_OR_RETURN(ValuePtr c, DsConfig(config, w));
       root->DictSet(Value::Str("ds_config"), c);
     }
     root->DictSet(Value::Str("ds_version"), Value::Str(version_));
@@ -450,6 +530,10 @@ class MoePlan : public Plan {
   std::string version_;
   deepspeed::PaddingConvention convention_ = deepspeed::PaddingConvention::kLastRank;
   bool parallel_dims_ = false;  // the target writes checkpoint_parallel_dimensions
+  bool common_layout_ = true;   // 0.19.3+: model states with param_shapes, buffer_names, ds_config, ...
+  bool autoep_key_ = true;      // 0.19.2+: ds_autoep_layers
+  bool expp_files_ = false;     // up to 0.19.4: expp_rank_R placeholders
+  bool window_mappings_ = false;  // before 0.14.5: expert groups' mappings of a window
   deepspeed::FileValue common_;
   std::vector<TargetGroup> groups_;
   std::vector<Job> jobs_;

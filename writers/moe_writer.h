@@ -10,7 +10,21 @@
 //        expert groups over dp / ep, each rank's local experts (global id
 //        (D % ep) * n_local + local) under local ids; expert param groups named
 //        'ep_size_<ep>'; group_paddings in the target version's convention
+//   expp_rank_E_mp_rank_00_optim_states.pt        {'optimizer': None} per ep rank,
+//        for targets up to 0.19.4
 //   latest
+//
+// The model states are the target version's (--target_ds_version, default
+// the source's): from 0.19.3 the common checkpoint state (param_shapes,
+// buffer_names, ..., ds_config, ds_version) + num_experts, ds_autoep_layers;
+// before, module, lr_scheduler, data_sampler, random_ltd,
+// sparse_tensor_module_names, skipped/global steps, global_samples, dp/mp
+// world sizes, num_experts (+ ds_autoep_layers in 0.19.2); the source's
+// client state after them. Targets before 0.14.5 get the expert groups'
+// param_slice_mappings of the window that version's stage_1_and_2.py links
+// (deepspeed::ExpertMappingWindow). A source without buffer_names (before
+// 0.19.3) with module tensors outside the optimizer is refused for 0.19.3+
+// targets: its files do not say which are buffers and which frozen params.
 #ifndef UCP_WRITERS_MOE_WRITER_H_
 #define UCP_WRITERS_MOE_WRITER_H_
 

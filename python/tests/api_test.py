@@ -523,15 +523,16 @@ class ErrorTest(unittest.TestCase):
         self.assertTrue(torch.equal(half, torch_param(NEOX_TP2_EXPECTED, "2.attention.dense.weight",
                                                       "fp32").to(torch.bfloat16)))
 
-    def test_moe_export_is_unimplemented(self):
-        out = testutil.fresh_dir("moe_export")
+    def test_zero3_universal_input_is_unimplemented(self):
+        # (native MoE export, the example here before, is supported now)
+        out = testutil.fresh_dir("zero3_universal_input")
         with self.assertRaises(ucp.UnimplementedError) as e:
-            ucp.export(input_folder=os.path.join(testutil.V19, "gpt-moe-ep2-zero2-dp2", "global_step4"),
-                       output_folder=os.path.join(out, "e"))
+            ucp.reshard(input_folder=os.path.join(testutil.V19, "gpt-zero3-dp2", "global_step4_universal_deepspeed"),
+                        output_folder=os.path.join(out, "r", "global_step4"), dp=1)
         self.assertIsInstance(e.exception, NotImplementedError)
         self.assertEqual(e.exception.code_name, "UNIMPLEMENTED")
-        self.assertIn("mixture-of-experts", e.exception.message)
-        self.assertFalse(os.path.exists(os.path.join(out, "e")))
+        self.assertIn("ZeRO stage 3 universal checkpoint", e.exception.message)
+        self.assertFalse(os.path.exists(os.path.join(out, "r")))
 
     def test_zero3_opens(self):
         ckpt = ucp.open(os.path.join(testutil.V19, "gpt-zero3-dp2", "global_step4"))

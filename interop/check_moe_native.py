@@ -130,7 +130,7 @@ def main():
     ap.add_argument('--ep', type=int, default=None)
     a = ap.parse_args()
     errors = []
-    optim = sorted(glob.glob(os.path.join(a.ckpt, 'zero_pp_rank_*_mp_rank_00_optim_states.pt')),
+    optim = sorted(glob.glob(os.path.join(a.ckpt, '*zero_pp_rank_*_mp_rank_00_optim_states.pt')),  # bf16_ too
                    key=lambda p: int(re.search(r'zero_pp_rank_(\d+)_', p).group(1)))
     dp = len(optim)
     osd = [load(p)['optimizer_state_dict'] for p in optim]

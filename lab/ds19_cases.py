@@ -87,6 +87,12 @@ CASES = {
                               sdp=2, tdp=1, tgt='--ep 1', ucp='--expert_parallel 1', uninterrupted=True),
     'moe_ep2dp2_to_ep4dp4': dict(src='--zero-stage 2 --groups 2 --wd0 0.01 --wd1 0.0 --moe-layers 1 --experts 4 --ep 2 --seed 41 --hidden 32 --layers 2 --global-batch 4',
                                  sdp=2, tdp=4, tgt='--ep 4', ucp='--expert_parallel 4', uninterrupted=True),
+    'moe_bf16_ep2dp2_to_dp1': dict(src='--zero-stage 2 --groups 2 --wd0 0.01 --wd1 0.0 --moe-layers 1 --experts 4 --ep 2 --seed 61 --hidden 32 --layers 2 --global-batch 4 --dtype bf16',
+                                   sdp=2, tdp=1, tgt='--ep 1', ucp='--expert_parallel 1', uninterrupted=True),
+    'moe_bf16_ep2dp2_to_ep4dp4': dict(src='--zero-stage 2 --groups 2 --wd0 0.01 --wd1 0.0 --moe-layers 1 --experts 4 --ep 2 --seed 61 --hidden 32 --layers 2 --global-batch 4 --dtype bf16',
+                                      sdp=2, tdp=4, tgt='--ep 4', ucp='--expert_parallel 4'),
+    'moe_bf16_ep2dp2_same': dict(src='--zero-stage 2 --groups 2 --wd0 0.01 --wd1 0.0 --moe-layers 1 --experts 4 --ep 2 --seed 61 --hidden 32 --layers 2 --global-batch 4 --dtype bf16',
+                                 sdp=2, tdp=2, tgt='', ucp='--expert_parallel 2', uninterrupted=True),
     'moe_z1_odd_ep2dp2_to_ep1dp2': dict(src='--zero-stage 1 --groups 2 --wd0 0.01 --wd1 0.0 --odd 3 --moe-layers 1 --experts 4 --ep 2 --seed 42 --hidden 32 --layers 2 --global-batch 4',
                                         sdp=2, tdp=2, tgt='--ep 1', ucp='--expert_parallel 1', uninterrupted=True),
 }

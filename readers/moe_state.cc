@@ -98,7 +98,7 @@ absl::StatusOr<std::unique_ptr<MoeState>> MoeState::Open(const std::string& path
   return s;
 }
 
-std::string MoeState::OptimPath(int dp) const { return JoinPath(dir_, deepspeed::OptimFileName(dp, 0, false)); }
+std::string MoeState::OptimPath(int dp) const { return JoinPath(dir_, deepspeed::OptimFileName(dp, 0, bf16_prefix_)); }
 
 std::string MoeState::ExpertPath(int layer, int expert) const {
   auto it = expert_files_.find({layer, expert});
@@ -109,6 +109,20 @@ std::string MoeState::ExpertPath(int layer, int expert) const {
 
 absl::Status MoeState::Load() {
   UCP_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirectory(dir_));
+  // bf16 jobs name their optimizer files bf16_zero_pp_rank_* (engine.py, for
+  // DeepSpeedZeroOptimizer with bf16 weights as for BF16_Optimizer; only the
+  // former is read, checked below).
+  {
+    std::set<bool> prefixes;
+    for (const auto& n : names) {
+      auto parsed = deepspeed::ParseCheckpointFileName(n);
+      if (parsed && parsed->type == deepspeed::CheckpointFileName::Type::kOptim) prefixes.insert(parsed->bf16_prefix);
+    }
+    if (prefixes.size() > 1) {
+      return absl::InvalidArgumentError(absl::StrCat(dir_, ": mixes bf16_zero_pp_rank_* and zero_pp_rank_* files"));
+    }
+    bf16_prefix_ = prefixes.count(true) > 0;
+  }
   // The version, for the messages of what is refused below.
   std::string version = "(no ds_version)";
   if (auto f = torch::TorchFile::Open(JoinPath(dir_, deepspeed::MpRankFileName(0))); f.ok()) {
@@ -124,7 +138,7 @@ absl::Status MoeState::Load() {
     }
   }
   const std::string what = absl::StrCat("DeepSpeed ", version, " native mixture-of-experts checkpoint");
-  const std::string supported = "ucp reads native MoE checkpoints of ZeRO stage 1/2 (not bf16) at tp=pp=1";
+  const std::string supported = "ucp reads native MoE checkpoints of ZeRO stage 1/2 (DeepSpeedZeroOptimizer) at tp=pp=1";
   std::set<int> optim_dp;
   for (const auto& n : names) {
     int l, e, m;
@@ -139,7 +153,7 @@ absl::Status MoeState::Load() {
     auto parsed = deepspeed::ParseCheckpointFileName(n);
     if (!parsed) continue;
     if (parsed->type == deepspeed::CheckpointFileName::Type::kOptim) {
-      if (parsed->bf16_prefix || parsed->mp_rank != 0) {
+      if (parsed->mp_rank != 0) {
         return absl::UnimplementedError(absl::StrCat(dir_, ": ", what, " with ", n, ": ", supported));
       }
       optim_dp.insert(parsed->dp_rank);
@@ -220,6 +234,12 @@ absl::Status MoeState::Load() {
   const Value* pc = internal::DictPath(f0->root().get(), {"optimizer_state_dict", "partition_count"});
   if (pgs == nullptr || !pgs->is(Kind::kList) || pgs->items().empty()) {
     return err(OptimPath(0), "no optimizer_state_dict.base_optimizer_state.param_groups list");
+  }
+  if (const Value* osd = f0->root()->DictGet("optimizer_state_dict");
+      osd != nullptr && osd->is(Kind::kDict) && osd->DictGet("zero_stage") == nullptr &&
+      osd->DictGet("loss_scaler") == nullptr) {
+    return FileError(OptimPath(0), absl::StatusCode::kUnimplemented,
+                     absl::StrCat(what, " saved by BF16_Optimizer (no zero_stage, no loss_scaler): ", supported));
   }
   const size_t num_groups = pgs->items().size();
   if (pc == nullptr || !pc->is(Kind::kList) || pc->items().size() != num_groups) {
@@ -366,6 +386,7 @@ absl::Status MoeState::Load() {
   info_.source_topology = {1, 1, dp_};
   info_.pipeline = false;
   info_.optimizer_kind = deepspeed::OptimizerKind::kZero;
+  info_.bf16_file_prefix = bf16_prefix_;
   info_.num_groups = static_cast<int>(groups_.size());
   {
     const Value* zs = first->osd->DictGet("zero_stage");

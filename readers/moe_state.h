@@ -147,6 +147,7 @@ class MoeState : public deepspeed::SlicedState {
   std::vector<std::vector<int64_t>> fp32_numels_;  // legacy: [dp rank][group] saved fp32 partition numel
   std::vector<std::string> untold_;  // legacy: module tensors in no group (buffer or frozen: not said)
   int dp_ = 1, ep_ = 1;
+  bool bf16_prefix_ = false;  // optimizer files named bf16_zero_pp_rank_* (bf16 lp weights)
   std::unique_ptr<torch::TorchFile> mp_;
   std::vector<Group> groups_;
   std::vector<std::string> moe_prefixes_;  // MoE layer id -> module prefix

@@ -208,7 +208,7 @@ class MoePlan : public Plan {
             4096);
       }
     }
-    for (int d = 0; d < dp_; ++d) add({Job::kOptim, d, 0}, deepspeed::OptimFileName(d, 0, false), 4096);
+    for (int d = 0; d < dp_; ++d) add({Job::kOptim, d, 0}, deepspeed::OptimFileName(d, 0, info_.bf16_file_prefix), 4096);
     if (expp_files_) {
       for (int e = 0; e < ep_; ++e) add({Job::kExpp, e, 0}, absl::StrCat("expp_rank_", e, "_mp_rank_00_optim_states.pt"), 1024);
     }

@@ -599,6 +599,57 @@ void Rewrite(const std::string& path, const std::function<void(Value&)>& edit) {
   ASSERT_EQ(rename(tmp.c_str(), path.c_str()), 0);
 }
 
+// bf16 jobs (DeepSpeedZeroOptimizer with bf16 weights) name the optimizer
+// files bf16_zero_pp_rank_*: read as any other MoE checkpoint, and written
+// under the same names; mixed names and BF16_Optimizer's state dict (no
+// zero_stage, no loss_scaler) are refused naming the folder or file.
+TEST(MoeConformanceTest, Bf16FileNamesAreReadAndKept) {
+  MoeCase c;
+  c.experts = {0, 4};
+  c.dp1 = 2;
+  c.ep1 = 2;
+  c.ds_version = "0.19.5";
+  auto m = SyntheticMoeState::Make(c);
+  ASSERT_TRUE(m.ok()) << m.status();
+  const std::string root = ucp::testing::FreshTempDir("moe_bf16_names");
+  const std::string src = JoinPath(root, "in/" + Tag(**m));
+  ASSERT_TRUE(SaveMoe(**m, src, c.dp1, c.ep1, "").ok());
+  auto renamed = [&](const std::string& name, int files) {
+    const std::string dir = JoinPath(root, name + "/" + Tag(**m));
+    EXPECT_TRUE(CopyTree(src, dir).ok());
+    for (int d = 0; d < files; ++d) {
+      const std::string f = absl::StrCat("zero_pp_rank_", d, "_mp_rank_00_optim_states.pt");
+      EXPECT_EQ(rename(JoinPath(dir, f).c_str(), JoinPath(dir, "bf16_" + f).c_str()), 0);
+    }
+    return dir;
+  };
+  const std::string bf16 = renamed("bf16", 2);
+  EXPECT_THAT(ReadBackDiffs(**m, bf16), ::testing::IsEmpty());
+  auto r = Reshard(bf16, JoinPath(root, "out/" + Tag(**m)), 1, 1, "");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(PathExists(JoinPath(*r, "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt")));
+  EXPECT_FALSE(PathExists(JoinPath(*r, "zero_pp_rank_0_mp_rank_00_optim_states.pt")));
+  EXPECT_THAT(ReadBackDiffs(**m, *r), ::testing::IsEmpty());
+
+  ops::SourceOptions whole;
+  whole.tp1_whole_tensors = true;
+  const std::string mixed = renamed("mixed", 1);
+  absl::Status s = ops::OpenModelState(mixed, whole, false).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("mixes bf16_zero_pp_rank_* and zero_pp_rank_* files"));
+
+  const std::string bf16_optimizer = renamed("bf16_optimizer", 2);
+  Rewrite(JoinPath(bf16_optimizer, "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt"), [](Value& r) {
+    ValuePtr osd = r.DictGetPtr("optimizer_state_dict");
+    osd->DictErase("zero_stage");
+    osd->DictErase("loss_scaler");
+  });
+  s = ops::OpenModelState(bf16_optimizer, whole, false).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt"));
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("BF16_Optimizer"));
+}
+
 // DeepSpeed before 0.19.3 saved MoE model states without param_shapes,
 // ds_config, ds_version or buffer_names: ucp reads the groups from the
 // optimizer files' param_slice_mappings and the shapes from the tensors, and

@@ -65,6 +65,12 @@ struct ZeroWriteOptions {
   // the source records none).
   std::string target_ds_version;
   int num_threads = 0;
+  // An optimizer file of more than twice this many bytes is written in
+  // pieces of about this size by separate units (threads, MPI ranks) into
+  // one file (TorchWriter::WritePiece), so that one large file is not
+  // written by one thread of one rank. 0 = kOptimPieceBytes; < 0 = never.
+  // The bytes written do not depend on it.
+  int64_t piece_bytes = 0;
   bool overwrite = false;
   // The source checkpoint folder(s) the output must stay apart from, and
   // whether a latest file in the input's root may be repointed (RunOptions).
@@ -73,6 +79,8 @@ struct ZeroWriteOptions {
   bool write_latest = true;
   ProgressFn progress;
 };
+
+inline constexpr int64_t kOptimPieceBytes = int64_t{128} << 20;
 
 // Where everything goes at the target topology.
 struct TargetLayout {

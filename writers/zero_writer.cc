@@ -424,8 +424,6 @@ class Writer {
     ValuePtr group_states = Value::MakeDict();
     for (int g = 0; g < info_.num_groups; ++g) {
       const deepspeed::ZeroGroupLayout& gl = layout_.layouts[stage][g];
-      const int64_t p_numel = gl.partition_numel();
-      const int64_t lean = gl.lean_partition_numel(dp_rank);  // Python's group[:p - padding]
       const std::vector<deepspeed::ZeroFragment> frags = gl.Fragments(dp_rank);
       ValuePtr mapping = Value::MakeDict(/*ordered_dict=*/true);
       for (const auto& f : frags) {
@@ -435,11 +433,6 @@ class Writer {
       mappings.push_back(mapping);
       paddings.push_back(Value::Int(gl.padding(dp_rank)));
       counts.push_back(Value::Int(layout_.topo.dp));
-      // fp32 partition: the ZeRO optimizer saves group[:lean] of the padded
-      // partition (the file holds the whole storage); bf16 saves it whole.
-      UCP_ASSIGN_OR_RETURN(TensorPlan fp32, Partition(stage, rank, dp_rank, g, deepspeed::kFp32State));
-      UCP_ASSIGN_OR_RETURN(ValuePtr fp32_value, tp::AddPlanView(w, fp32, bf16 ? p_numel : lean, /*requires_grad=*/true));
-      fp32_groups.push_back(fp32_value);
       ValuePtr st = Value::MakeDict();
       for (const std::string& key : info_.scalar_keys) {
         UCP_ASSIGN_OR_RETURN(deepspeed::FileValue sv, state_.GroupScalar(g, key));
@@ -452,6 +445,22 @@ class Writer {
         st->DictSet(Value::Str(key), tp::AddPlan(w, plan));
       }
       group_states->DictSet(Value::Int(g), st);
+    }
+    // The fp32 partitions after every group's optimizer states: the order
+    // their records have in the file. Making a plan opens its inputs, and
+    // an opened input is read ahead and CRC-checked (on the background
+    // thread of ExecuteUnits) in the order inputs were opened: opened in
+    // file order, the inputs arrive in the order the file's pieces (and
+    // records) are written. The tree, and so the bytes, do not depend on it.
+    for (int g = 0; g < info_.num_groups; ++g) {
+      const deepspeed::ZeroGroupLayout& gl = layout_.layouts[stage][g];
+      const int64_t p_numel = gl.partition_numel();
+      const int64_t lean = gl.lean_partition_numel(dp_rank);  // Python's group[:p - padding]
+      // fp32 partition: the ZeRO optimizer saves group[:lean] of the padded
+      // partition (the file holds the whole storage); bf16 saves it whole.
+      UCP_ASSIGN_OR_RETURN(TensorPlan fp32, Partition(stage, rank, dp_rank, g, deepspeed::kFp32State));
+      UCP_ASSIGN_OR_RETURN(ValuePtr fp32_value, tp::AddPlanView(w, fp32, bf16 ? p_numel : lean, /*requires_grad=*/true));
+      fp32_groups.push_back(fp32_value);
     }
     ValuePtr base = Value::MakeDict();
     base->DictSet(Value::Str("state"), group_states);

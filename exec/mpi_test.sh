@@ -74,9 +74,11 @@ for fixture in neox-tp2-pp1-dp2 neox-bf16-tp2-pp1-dp2 gpt-zero2-nopipe-tp2-dp2; 
     ref=$W/$fixture/pieces/$from-ref
     "$UCP" reshard --input_folder="$in" --output_folder="$ref/global_step4" --tp=1 --dp=1 --piece_bytes=-1 \
       --progress=never >/dev/null
-    "$UCP" reshard --input_folder="$in" --output_folder="$W/$fixture/pieces/$from-dry" --tp=1 --dp=1 \
-      --piece_bytes=65536 --dry_run=2 --dry_run_units | grep -q "optim_states.pt piece 2 of" ||
-      fail "$fixture: --piece_bytes=65536 cuts no optimizer file into pieces"
+    plan=$("$UCP" reshard --input_folder="$in" --output_folder="$W/$fixture/pieces/$from-dry" --tp=1 --dp=1 \
+      --piece_bytes=65536 --dry_run=2 --dry_run_units)
+    grep -q "optim_states.pt piece 2 of" <<<"$plan" || fail "$fixture: --piece_bytes=65536 cuts no optimizer file"
+    rank1=$(awk '/^rank 1:/{r=1} r' <<<"$plan")
+    grep -q " piece " <<<"$rank1" || fail "$fixture: rank 1 of 2 writes no piece"
     for n in 2 3; do
       many=$W/$fixture/pieces/$from-np$n
       mpi "$n" reshard --input_folder="$in" --output_folder="$many/global_step4" --tp=1 --dp=1 \

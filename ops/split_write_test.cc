@@ -85,6 +85,7 @@ TEST(SplitWriteTest, PiecesWriteTheSameBytesAsOneUnit) {
     auto whole = Reshard(ToTp1(in, ref, /*piece_bytes=*/-1, 2));
     ASSERT_TRUE(whole.ok()) << whole.status();
     EXPECT_EQ(PiecesOf(in, -1), 1);
+    EXPECT_EQ(PiecesOf(in, 1), 4096);  // capped: not one unit per byte
     for (int64_t piece_bytes : {int64_t{4096}, int64_t{65536}, int64_t{1} << 20}) {
       ASSERT_GT(PiecesOf(in, piece_bytes), 1) << piece_bytes;
       for (int threads : {1, 3}) {

@@ -747,8 +747,12 @@ class ZeroPlan : public Plan {
         // process, any thread count and any number of ranks write the same
         // bytes. Every piece lists all of the file's inputs (which of them
         // a piece reads is known only once the file is laid out).
-        const int pieces =
-            piece_bytes_ > 0 && bytes >= 2 * piece_bytes_ ? static_cast<int>((bytes + piece_bytes_ - 1) / piece_bytes_) : 1;
+        // At most kMaxPieces (a tiny --piece_bytes must not make millions
+        // of units, each building the file's tree).
+        constexpr int64_t kMaxPieces = 4096;
+        const int pieces = piece_bytes_ > 0 && bytes >= 2 * piece_bytes_
+                               ? static_cast<int>(std::min(kMaxPieces, (bytes + piece_bytes_ - 1) / piece_bytes_))
+                               : 1;
         for (int r = 0; r < t.tp; ++r) {
           const std::string file = deepspeed::OptimFileName(d, t.mp_rank(s, r), info_.bf16_file_prefix);
           if (pieces == 1) {

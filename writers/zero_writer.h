@@ -68,7 +68,8 @@ struct ZeroWriteOptions {
   // An optimizer file of more than twice this many bytes is written in
   // pieces of about this size by separate units (threads, MPI ranks) into
   // one file (TorchWriter::WritePiece), so that one large file is not
-  // written by one thread of one rank. 0 = kOptimPieceBytes; < 0 = never.
+  // written by one thread of one rank (at most 4096 pieces a file: larger
+  // ones beyond that). 0 = kOptimPieceBytes; < 0 = never.
   // The bytes written do not depend on it.
   int64_t piece_bytes = 0;
   bool overwrite = false;

@@ -20,9 +20,10 @@
 // params are the fp32 masters cast to the lp dtype, as DeepSpeed's optimizers
 // keep them.
 //
-// Every output file is an independent unit of work (plan.h); files are
-// written into a staging folder renamed into place when complete, then
-// `latest`.
+// Every output file is an independent unit of work (plan.h), except that a
+// large optimizer file is cut into pieces, each a unit (piece_bytes below,
+// plan.h WriteUnitPiece); files are written into a staging folder renamed
+// into place when complete, then `latest`.
 #ifndef UCP_WRITERS_ZERO_WRITER_H_
 #define UCP_WRITERS_ZERO_WRITER_H_
 
@@ -124,7 +125,7 @@ struct ZeroWriteResult {
 
 // The plan of the ZeRO checkpoint of `state` at options.target (`state`
 // must outlive it); its TargetLayout goes to `layout` when not null. One unit
-// per output file.
+// per output file, or per piece of a large optimizer file.
 absl::StatusOr<std::unique_ptr<Plan>> PlanZero(const deepspeed::ModelState& state, const ZeroWriteOptions& options,
                                                TargetLayout* layout = nullptr);
 

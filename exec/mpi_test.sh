@@ -63,6 +63,31 @@ src=$V195/gpt-zero3-dp2/global_step4
 mpi 2 convert --input_folder="$src" --output_folder="$W/v0195-zero3-convert/np2/u" >/dev/null
 same "$W/v0195-zero3-convert/one/u" "$W/v0195-zero3-convert/np2/u"
 
+# 1c. Optimizer files written in pieces (--piece_bytes: several units, on
+#     different ranks, each writing a byte range of one file, rank 0 writing
+#     the headers with the combined CRCs): the same bytes as one unit per
+#     file in one process, from a universal and a ZeRO source, 2 and 3 ranks.
+for fixture in neox-tp2-pp1-dp2 neox-bf16-tp2-pp1-dp2 gpt-zero2-nopipe-tp2-dp2; do
+  one=$W/$fixture/one
+  for from in r z; do
+    if [[ $from == r ]]; then in=$one/u; else in=$FX/$fixture/global_step4; fi
+    ref=$W/$fixture/pieces/$from-ref
+    "$UCP" reshard --input_folder="$in" --output_folder="$ref/global_step4" --tp=1 --dp=1 --piece_bytes=-1 \
+      --progress=never >/dev/null
+    plan=$("$UCP" reshard --input_folder="$in" --output_folder="$W/$fixture/pieces/$from-dry" --tp=1 --dp=1 \
+      --piece_bytes=65536 --dry_run=2 --dry_run_units)
+    grep -q "optim_states.pt piece 2 of" <<<"$plan" || fail "$fixture: --piece_bytes=65536 cuts no optimizer file"
+    rank1=$(awk '/^rank 1:/{r=1} r' <<<"$plan")
+    grep -q " piece " <<<"$rank1" || fail "$fixture: rank 1 of 2 writes no piece"
+    for n in 2 3; do
+      many=$W/$fixture/pieces/$from-np$n
+      mpi "$n" reshard --input_folder="$in" --output_folder="$many/global_step4" --tp=1 --dp=1 \
+        --piece_bytes=65536 >/dev/null
+      same "$ref" "$many"
+    done
+  done
+done
+
 # 2. Random conformance models (any tp/pp/dp, every merge kind, ZeRO 1/2,
 #    bf16/fp16, pipelines and plain modules, tied, frozen, buffers).
 "$UCP" fuzz --write_sources="$W/random" --cases=6 --seed=11 >/dev/null

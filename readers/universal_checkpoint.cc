@@ -17,6 +17,7 @@
 #include "readers/value_util.h"
 #include "readers/zero_checkpoint.h"
 #include "format/pickle/accessors.h"
+#include "format/torch/zip.h"
 #include "google/protobuf/text_format.h"
 
 namespace ucp::readers {
@@ -201,7 +202,16 @@ absl::StatusOr<std::shared_ptr<const torch::TorchFile>> UniversalCheckpoint::Ope
   open_options.verify_crc = check;  // else another rank checks it (SetCheckedInputs)
   UCP_ASSIGN_OR_RETURN(std::unique_ptr<torch::TorchFile> f, torch::TorchFile::Open(path, open_options));
   // A checked file is read whole, now: start reading it in the background.
-  if (check && f->mapped_file() != nullptr) f->mapped_file()->AdviseWillNeed(0, f->mapped_file()->size());
+  // Not when its check is deferred (a unit of ExecuteUnits opening it): the
+  // background check reads the files in the order they were opened, one
+  // after the other, which is all the read-ahead they need; asking the
+  // kernel for every opened file at once (a unit writing one optimizer file
+  // opens every param's state files: gigabytes) makes the open wait in the
+  // block layer's queue until most of the input has been read, so no unit
+  // writes anything meanwhile.
+  if (check && f->mapped_file() != nullptr && torch::DeferredCrcChecks::Current() == nullptr) {
+    f->mapped_file()->AdviseWillNeed(0, f->mapped_file()->size());
+  }
   std::shared_ptr<const torch::TorchFile> shared(std::move(f));
   std::lock_guard<std::mutex> lock(mu_);
   auto it = cache_.find(rel);

@@ -217,6 +217,9 @@ void ReshardFlags::Register(FlagSet& f) {
   f.String("layer_types", &layer_types_,
            "class names of layers for type:REGEX partitioning, as INDEX:NAME,... (default: guessed from param names)");
   f.Int32("num_threads", &threads_, "threads writing files in parallel (0 = all cores)");
+  f.Int("piece_bytes", &o.write.piece_bytes,
+        "an optimizer file of more than twice this size is written in pieces of about this size by several threads "
+        "or ranks at once (0 = 128 MiB, -1 = never); the output's bytes do not depend on it");
   f.Bool("overwrite", &o.write.overwrite, "replace an existing output folder (only once the new one is complete)");
   f.Int32("dry_run", &o.dry_run_ranks,
           "write nothing; print the plan split over this many ranks (under mpirun: the job's ranks): units, bytes "

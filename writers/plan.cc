@@ -300,6 +300,7 @@ absl::StatusOr<WriteStats> RunPlanOnCluster(const Plan& plan, const std::string&
       RankReport::UnitFiles* u = report.add_unit();
       u->set_unit(static_cast<int>(i));
       for (const FileDigest& f : results[i].files) *u->add_file() = f;
+      for (const RecordPiece& p : results[i].pieces) *u->add_piece() = p;
     }
   }
   // 3. Rank 0 collects, commits or not, and says how it went.
@@ -325,6 +326,7 @@ absl::StatusOr<WriteStats> RunPlanOnCluster(const Plan& plan, const std::string&
           break;
         }
         all[u.unit()].files.assign(u.file().begin(), u.file().end());
+        all[u.unit()].pieces.assign(u.piece().begin(), u.piece().end());
       }
     }
     if (failed.ok()) {
@@ -360,6 +362,34 @@ absl::Status WriteUnitFile(torch::TorchWriter& w, const std::string& staging, co
   digest.set_size(f.size);
   result->files.push_back(std::move(digest));
   return absl::OkStatus();
+}
+
+absl::Status WriteUnitPiece(torch::TorchWriter& w, const std::string& staging, const std::string& rel,
+                            const pickle::Value& root, int piece, int pieces, UnitResult* result) {
+  std::vector<torch::RecordPieceCrc> crcs;
+  UCP_RETURN_IF_ERROR(w.WritePiece(JoinPath(staging, rel), root, piece, pieces, &crcs));
+  for (const torch::RecordPieceCrc& c : crcs) {
+    RecordPiece p;
+    p.set_path(rel);
+    p.set_record(c.record);
+    p.set_offset(c.offset);
+    p.set_length(c.length);
+    p.set_crc32(c.crc32);
+    result->pieces.push_back(std::move(p));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> FinishUnitPieces(torch::TorchWriter& w, const std::string& staging, const std::string& rel,
+                                         const pickle::Value& root, const std::vector<UnitResult>& results) {
+  std::vector<torch::RecordPieceCrc> crcs;
+  for (const UnitResult& r : results) {
+    for (const RecordPiece& p : r.pieces) {
+      if (p.path() == rel) crcs.push_back({p.record(), p.offset(), p.length(), p.crc32()});
+    }
+  }
+  UCP_ASSIGN_OR_RETURN(uint64_t size, w.FinishPieces(JoinPath(staging, rel), root, crcs));
+  return static_cast<int64_t>(size);
 }
 
 }  // namespace ucp::writers

@@ -54,6 +54,11 @@ struct Unit {
 // What one unit wrote.
 struct UnitResult {
   std::vector<FileDigest> files;  // path relative to the output folder, size, digest
+  // A unit that writes one piece of a file several units share (see
+  // WriteUnitPiece) lists no file: it reports the CRC-32s of the record
+  // parts it wrote, and the plan's Finish completes the file from every
+  // piece's parts and counts it.
+  std::vector<RecordPiece> pieces;
 };
 
 struct WriteStats {
@@ -162,6 +167,29 @@ void AddUnitResults(const std::vector<UnitResult>& results, WriteStats* stats);
 // size) in `result`: the last step of a unit that writes one torch file.
 absl::Status WriteUnitFile(torch::TorchWriter& w, const std::string& staging, const std::string& rel,
                            const pickle::Value& root, UnitResult* result);
+
+// A large output file written by several units, each a piece of it (so that
+// threads and ranks share one large file; torch::TorchWriter::WritePiece):
+// every such unit builds the file's whole tree in `w` and writes piece
+// `piece` of `pieces` of its storage bytes into `staging`/`rel` at their
+// final offsets, reporting the CRC-32 of each record part it wrote in
+// result->pieces (no file: the file is not complete). Once every unit
+// succeeded, the plan's Finish calls FinishUnitPieces with the same tree,
+// which writes the rest of the file (data.pkl, headers and descriptors with
+// each record's CRC combined from every piece's parts, the directory) and
+// returns the file's size: the file then holds the bytes WriteUnitFile
+// would have written. Finish runs before the commit's fsync of the staging
+// folder (on rank 0 of an MPI job, which writes into the file the other
+// ranks wrote pieces of: the ranks share the file system), so crash safety
+// is that of any other file; a failed piece fails ExecuteUnits and the
+// staging folder, pieces and all, is removed uncommitted. Files written in
+// pieces carry no digest (the bytes are not written in order): only
+// outputs without a manifest digest (ZeRO checkpoints) are split, and their
+// integrity is the zip CRC-32 of every record, which `ucp verify` checks.
+absl::Status WriteUnitPiece(torch::TorchWriter& w, const std::string& staging, const std::string& rel,
+                            const pickle::Value& root, int piece, int pieces, UnitResult* result);
+absl::StatusOr<int64_t> FinishUnitPieces(torch::TorchWriter& w, const std::string& staging, const std::string& rel,
+                                         const pickle::Value& root, const std::vector<UnitResult>& results);
 
 }  // namespace ucp::writers
 

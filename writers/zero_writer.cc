@@ -379,8 +379,40 @@ class Writer {
     return Finish(w, deepspeed::MpRankFileName(layout_.topo.mp_rank(stage, rank)), *out, dir, result);
   }
 
+  std::string OptimName(int stage, int rank, int dp_rank) const {
+    return deepspeed::OptimFileName(dp_rank, layout_.topo.mp_rank(stage, rank), info_.bf16_file_prefix);
+  }
+
   absl::Status WriteOptimFile(int stage, int rank, int dp_rank, const std::string& dir, UnitResult* result) const {
     torch::TorchWriter w(write_options_);
+    UCP_ASSIGN_OR_RETURN(ValuePtr root, OptimRoot(w, stage, rank, dp_rank));
+    return Finish(w, OptimName(stage, rank, dp_rank), *root, dir, result);
+  }
+
+  // Piece `piece` of `pieces` of the optimizer file (a unit of its own; see
+  // ZeroWriteOptions::piece_bytes): every piece builds the file's whole tree
+  // (the same in every process: only metadata, no tensor bytes are read)
+  // and writes its share of the storage bytes.
+  absl::Status WriteOptimPiece(int stage, int rank, int dp_rank, int piece, int pieces, const std::string& dir,
+                               UnitResult* result) const {
+    torch::TorchWriteOptions o = write_options_;
+    o.record_threads = 1;  // the pieces are the parallelism
+    torch::TorchWriter w(o);
+    UCP_ASSIGN_OR_RETURN(ValuePtr root, OptimRoot(w, stage, rank, dp_rank));
+    return WriteUnitPiece(w, dir, OptimName(stage, rank, dp_rank), *root, piece, pieces, result);
+  }
+
+  // After every piece: the rest of the file around them (plan.h
+  // FinishUnitPieces); returns its size.
+  absl::StatusOr<int64_t> FinishOptimPieces(int stage, int rank, int dp_rank, const std::vector<UnitResult>& results,
+                                            const std::string& dir) const {
+    torch::TorchWriter w(write_options_);
+    UCP_ASSIGN_OR_RETURN(ValuePtr root, OptimRoot(w, stage, rank, dp_rank));
+    return FinishUnitPieces(w, dir, OptimName(stage, rank, dp_rank), *root, results);
+  }
+
+  // The optimizer file's tree, its tensors streamed from the source.
+  absl::StatusOr<ValuePtr> OptimRoot(torch::TorchWriter& w, int stage, int rank, int dp_rank) const {
     const bool bf16 = info_.optimizer_kind == deepspeed::OptimizerKind::kBf16;
     const Value& common = *common_.value;
     auto copy_common = [&](const char* key) -> absl::StatusOr<ValuePtr> {
@@ -392,8 +424,6 @@ class Writer {
     ValuePtr group_states = Value::MakeDict();
     for (int g = 0; g < info_.num_groups; ++g) {
       const deepspeed::ZeroGroupLayout& gl = layout_.layouts[stage][g];
-      const int64_t p_numel = gl.partition_numel();
-      const int64_t lean = gl.lean_partition_numel(dp_rank);  // Python's group[:p - padding]
       const std::vector<deepspeed::ZeroFragment> frags = gl.Fragments(dp_rank);
       ValuePtr mapping = Value::MakeDict(/*ordered_dict=*/true);
       for (const auto& f : frags) {
@@ -403,11 +433,6 @@ class Writer {
       mappings.push_back(mapping);
       paddings.push_back(Value::Int(gl.padding(dp_rank)));
       counts.push_back(Value::Int(layout_.topo.dp));
-      // fp32 partition: the ZeRO optimizer saves group[:lean] of the padded
-      // partition (the file holds the whole storage); bf16 saves it whole.
-      UCP_ASSIGN_OR_RETURN(TensorPlan fp32, Partition(stage, rank, dp_rank, g, deepspeed::kFp32State));
-      UCP_ASSIGN_OR_RETURN(ValuePtr fp32_value, tp::AddPlanView(w, fp32, bf16 ? p_numel : lean, /*requires_grad=*/true));
-      fp32_groups.push_back(fp32_value);
       ValuePtr st = Value::MakeDict();
       for (const std::string& key : info_.scalar_keys) {
         UCP_ASSIGN_OR_RETURN(deepspeed::FileValue sv, state_.GroupScalar(g, key));
@@ -420,6 +445,22 @@ class Writer {
         st->DictSet(Value::Str(key), tp::AddPlan(w, plan));
       }
       group_states->DictSet(Value::Int(g), st);
+    }
+    // The fp32 partitions after every group's optimizer states: the order
+    // their records have in the file. Making a plan opens its inputs, and
+    // an opened input is read ahead and CRC-checked (on the background
+    // thread of ExecuteUnits) in the order inputs were opened: opened in
+    // file order, the inputs arrive in the order the file's pieces (and
+    // records) are written. The tree, and so the bytes, do not depend on it.
+    for (int g = 0; g < info_.num_groups; ++g) {
+      const deepspeed::ZeroGroupLayout& gl = layout_.layouts[stage][g];
+      const int64_t p_numel = gl.partition_numel();
+      const int64_t lean = gl.lean_partition_numel(dp_rank);  // Python's group[:p - padding]
+      // fp32 partition: the ZeRO optimizer saves group[:lean] of the padded
+      // partition (the file holds the whole storage); bf16 saves it whole.
+      UCP_ASSIGN_OR_RETURN(TensorPlan fp32, Partition(stage, rank, dp_rank, g, deepspeed::kFp32State));
+      UCP_ASSIGN_OR_RETURN(ValuePtr fp32_value, tp::AddPlanView(w, fp32, bf16 ? p_numel : lean, /*requires_grad=*/true));
+      fp32_groups.push_back(fp32_value);
     }
     ValuePtr base = Value::MakeDict();
     base->DictSet(Value::Str("state"), group_states);
@@ -495,8 +536,7 @@ class Writer {
     } else {
       root->DictSet(Value::Str("ds_version"), Value::Str(layout_.ds_version));
     }
-    return Finish(w, deepspeed::OptimFileName(dp_rank, layout_.topo.mp_rank(stage, rank), info_.bf16_file_prefix),
-                  *root, dir, result);
+    return root;
   }
 
  private:
@@ -635,7 +675,11 @@ class Writer {
 class ZeroPlan : public Plan {
  public:
   ZeroPlan(const deepspeed::ModelState& state, TargetLayout layout, const ZeroWriteOptions& options)
-      : state_(state), layout_(std::move(layout)), writer_(state, layout_, options.num_threads), info_(state.info()) {}
+      : state_(state),
+        layout_(std::move(layout)),
+        writer_(state, layout_, options.num_threads),
+        info_(state.info()),
+        piece_bytes_(options.piece_bytes == 0 ? kOptimPieceBytes : options.piece_bytes) {}
 
   absl::Status Build() {
     UCP_RETURN_IF_ERROR(writer_.Init());
@@ -698,9 +742,28 @@ class ZeroPlan : public Plan {
           }
         }
         const std::vector<InputRange> in = params_inputs(params);
+        // A large file is cut into pieces of about piece_bytes_ (at least
+        // two), each a unit: the cut depends on the plan only, so one
+        // process, any thread count and any number of ranks write the same
+        // bytes. Every piece lists all of the file's inputs (which of them
+        // a piece reads is known only once the file is laid out).
+        // At most kMaxPieces (a tiny --piece_bytes must not make millions
+        // of units, each building the file's tree).
+        constexpr int64_t kMaxPieces = 4096;
+        const int pieces = piece_bytes_ > 0 && bytes >= 2 * piece_bytes_
+                               ? static_cast<int>(std::min(kMaxPieces, (bytes + piece_bytes_ - 1) / piece_bytes_))
+                               : 1;
         for (int r = 0; r < t.tp; ++r) {
-          Add({Job::kOptim, s, r, d}, deepspeed::OptimFileName(d, t.mp_rank(s, r), info_.bf16_file_prefix), bytes,
-              in);
+          const std::string file = deepspeed::OptimFileName(d, t.mp_rank(s, r), info_.bf16_file_prefix);
+          if (pieces == 1) {
+            Add({Job::kOptim, s, r, d}, file, bytes, in);
+            continue;
+          }
+          split_.push_back({Job::kOptim, s, r, d, 0, pieces});
+          for (int k = 0; k < pieces; ++k) {
+            Add({Job::kOptimPiece, s, r, d, k, pieces}, file, bytes / pieces, in);
+            units_.back().name = absl::StrCat("file ", file, " piece ", k + 1, " of ", pieces);
+          }
         }
       }
     }
@@ -721,6 +784,8 @@ class ZeroPlan : public Plan {
         return writer_.WriteMpRankFile(job.a, job.b, staging, result);
       case Job::kOptim:
         return writer_.WriteOptimFile(job.a, job.b, job.c, staging, result);
+      case Job::kOptimPiece:
+        return writer_.WriteOptimPiece(job.a, job.b, job.c, job.piece, job.pieces, staging, result);
       case Job::kVerify:
         return ExecuteVerifyUnit(state_, units_[i]);
     }
@@ -730,6 +795,12 @@ class ZeroPlan : public Plan {
   absl::StatusOr<WriteStats> Finish(const std::vector<UnitResult>& results, const std::string& staging) const override {
     WriteStats stats;
     AddUnitResults(results, &stats);
+    // The files written in pieces: everything around the pieces' bytes.
+    for (const Job& f : split_) {
+      UCP_ASSIGN_OR_RETURN(int64_t size, writer_.FinishOptimPieces(f.a, f.b, f.c, results, staging));
+      stats.files += 1;
+      stats.bytes += size;
+    }
     return stats;
   }
 
@@ -739,8 +810,9 @@ class ZeroPlan : public Plan {
 
  private:
   struct Job {
-    enum { kLayer, kMpRank, kOptim, kVerify } type;
+    enum { kLayer, kMpRank, kOptim, kOptimPiece, kVerify } type;
     int a, b, c;
+    int piece = 0, pieces = 1;  // kOptimPiece
   };
   void Add(Job job, std::string file, int64_t bytes, std::vector<InputRange> inputs) {
     Unit u;
@@ -756,7 +828,9 @@ class ZeroPlan : public Plan {
   TargetLayout layout_;
   Writer writer_;
   const ModelInfo& info_;
+  const int64_t piece_bytes_;
   std::vector<Job> jobs_;
+  std::vector<Job> split_;  // the optimizer files written in pieces, finished by Finish
 };
 
 }  // namespace

@@ -20,9 +20,10 @@
 // params are the fp32 masters cast to the lp dtype, as DeepSpeed's optimizers
 // keep them.
 //
-// Every output file is an independent unit of work (plan.h); files are
-// written into a staging folder renamed into place when complete, then
-// `latest`.
+// Every output file is an independent unit of work (plan.h), except that a
+// large optimizer file is cut into pieces, each a unit (piece_bytes below,
+// plan.h WriteUnitPiece); files are written into a staging folder renamed
+// into place when complete, then `latest`.
 #ifndef UCP_WRITERS_ZERO_WRITER_H_
 #define UCP_WRITERS_ZERO_WRITER_H_
 
@@ -65,6 +66,13 @@ struct ZeroWriteOptions {
   // the source records none).
   std::string target_ds_version;
   int num_threads = 0;
+  // An optimizer file of more than twice this many bytes is written in
+  // pieces of about this size by separate units (threads, MPI ranks) into
+  // one file (TorchWriter::WritePiece), so that one large file is not
+  // written by one thread of one rank (at most 4096 pieces a file: larger
+  // ones beyond that). 0 = kOptimPieceBytes; < 0 = never.
+  // The bytes written do not depend on it.
+  int64_t piece_bytes = 0;
   bool overwrite = false;
   // The source checkpoint folder(s) the output must stay apart from, and
   // whether a latest file in the input's root may be repointed (RunOptions).
@@ -73,6 +81,8 @@ struct ZeroWriteOptions {
   bool write_latest = true;
   ProgressFn progress;
 };
+
+inline constexpr int64_t kOptimPieceBytes = int64_t{128} << 20;
 
 // Where everything goes at the target topology.
 struct TargetLayout {
@@ -115,7 +125,7 @@ struct ZeroWriteResult {
 
 // The plan of the ZeRO checkpoint of `state` at options.target (`state`
 // must outlive it); its TargetLayout goes to `layout` when not null. One unit
-// per output file.
+// per output file, or per piece of a large optimizer file.
 absl::StatusOr<std::unique_ptr<Plan>> PlanZero(const deepspeed::ModelState& state, const ZeroWriteOptions& options,
                                                TargetLayout* layout = nullptr);
 

@@ -266,4 +266,42 @@ uint32_t Crc32(uint32_t crc, const void* data, size_t len) {
   return impl(crc, data, len);
 }
 
+namespace {
+
+constexpr uint32_t kPoly = 0xEDB88320u;  // reflected; bit 31 is x^0
+
+// a * b modulo the CRC polynomial, both polynomials in the reflected
+// representation (bit 31 = x^0, bit 0 = x^31).
+uint32_t MultModP(uint32_t a, uint32_t b) {
+  uint32_t product = 0;
+  for (uint32_t m = 1u << 31; m != 0; m >>= 1) {
+    if (a & m) product ^= b;
+    b = (b & 1) ? (b >> 1) ^ kPoly : b >> 1;  // b *= x
+  }
+  return product;
+}
+
+// x^(2^k) modulo the polynomial for k = 0..63.
+struct PowersOfX {
+  uint32_t p[64];
+  PowersOfX() {
+    p[0] = 1u << 30;  // x^1
+    for (int k = 1; k < 64; ++k) p[k] = MultModP(p[k - 1], p[k - 1]);
+  }
+};
+
+}  // namespace
+
+uint32_t Crc32Combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b) {
+  // CRC(A || B) = CRC(A) * x^(8 len_b) + CRC(B) (mod P): the pre- and
+  // post-conditioning (~) of the two CRCs cancel out for this form.
+  static const PowersOfX powers;
+  uint32_t shift = 1u << 31;  // x^0
+  uint64_t bits = len_b;      // x^(8 len_b) = (x^8)^len_b: x^(2^(k+3)) per set bit k
+  for (int k = 3; bits != 0 && k < 64; ++k, bits >>= 1) {
+    if (bits & 1) shift = MultModP(powers.p[k], shift);
+  }
+  return MultModP(shift, crc_a) ^ crc_b;
+}
+
 }  // namespace ucp::torch

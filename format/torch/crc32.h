@@ -22,6 +22,12 @@ namespace ucp::torch {
 // The CRC-32 of `data` appended to a stream whose CRC so far is `crc`.
 uint32_t Crc32(uint32_t crc, const void* data, size_t len);
 
+// The CRC-32 of A followed by B, from crc_a = Crc32(0, A), crc_b = Crc32(0, B)
+// and B's length (zlib's crc32_combine): lets pieces of one zip record be
+// checksummed by different threads or processes and the record's CRC be
+// formed afterwards, without reading the bytes again. O(log len_b).
+uint32_t Crc32Combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b);
+
 namespace internal_crc32 {
 // The implementations, exposed for tests and benchmarks.
 uint32_t Crc32Bytewise(uint32_t crc, const void* data, size_t len);

@@ -671,15 +671,23 @@ struct TorchWriter::Impl {
   // first). A piece stays valid until the next call.
   class EntryCursor {
    public:
-    EntryCursor(const Entry& e, const std::string& name, size_t chunk_bytes, GrowBuffer* buffer)
-        : e_(e), name_(name), chunk_bytes_(std::max<size_t>(chunk_bytes, 4096)), buffer_(buffer) {}
+    // Bytes [begin, end) of the entry (all of it by default); `begin` must
+    // be a multiple of the element size (producers convert whole elements).
+    EntryCursor(const Entry& e, const std::string& name, size_t chunk_bytes, GrowBuffer* buffer, uint64_t begin = 0,
+                uint64_t end = UINT64_MAX)
+        : e_(e),
+          name_(name),
+          chunk_bytes_(std::max<size_t>(chunk_bytes, 4096)),
+          buffer_(buffer),
+          end_(std::min(end, e.nbytes)),
+          pos_(begin) {}
 
-    // The next piece; empty once the entry is done.
+    // The next piece; empty once the entry (or the range) is done.
     absl::StatusOr<absl::Span<const uint8_t>> Next() {
       constexpr size_t kPiece = size_t{1} << 19;
       if (within_ == chunk_.size()) {
-        if (pos_ >= e_.nbytes) return absl::Span<const uint8_t>();
-        const size_t len = static_cast<size_t>(std::min<uint64_t>(chunk_bytes_, e_.nbytes - pos_));
+        if (pos_ >= end_) return absl::Span<const uint8_t>();
+        const size_t len = static_cast<size_t>(std::min<uint64_t>(chunk_bytes_, end_ - pos_));
         if (e_.storage != nullptr) {
           chunk_ = absl::MakeConstSpan(e_.storage->data() + pos_, len);
         } else if (e_.viewer) {
@@ -706,6 +714,7 @@ struct TorchWriter::Impl {
     const std::string& name_;
     const size_t chunk_bytes_;
     GrowBuffer* buffer_;
+    const uint64_t end_;
     uint64_t pos_ = 0;  // of the next chunk
     absl::Span<const uint8_t> chunk_;
     size_t within_ = 0;
@@ -804,57 +813,33 @@ struct TorchWriter::Impl {
     std::optional<EntryCursor> cursor_;
   };
 
-  // Writes the storage records at their final offsets in parallel (pwrite),
-  // then the headers, descriptors and directory around them: the same bytes
-  // as the sequential path.
-  absl::Status WriteArchiveParallel(int fd, ZipSink* sink, const std::string& name, const std::string& stem,
-                                    const std::string& pkl, const std::vector<size_t>& order) {
-    const ZipWriterOptions zip_options = ZipOptions();
-    // Lay the archive out.
+  // Lays the archive out: the file offset of each storage record's data
+  // (records in `order`), with nothing written.
+  absl::StatusOr<std::vector<uint64_t>> LayOut(const std::string& name, const std::string& stem,
+                                               const std::string& pkl, const std::vector<size_t>& order) {
     std::vector<uint64_t> data_offset(order.size());
-    {
-      CountingSink counting;
-      ZipWriter layout(&counting, name, zip_options);
-      absl::Status s = layout.AddRecord(absl::StrCat(stem, "/data.pkl"), pkl);
-      for (size_t i = 0; i < order.size() && s.ok(); ++i) {
-        s = layout.BeginRecord(absl::StrCat(stem, "/data/", entries[order[i]].key), entries[order[i]].nbytes);
-        data_offset[i] = layout.bytes_written();
-        if (s.ok()) s = layout.SkipData(0);
-        if (s.ok()) s = layout.EndRecord();
-      }
-      if (!s.ok()) return s;
+    CountingSink counting;
+    ZipWriter layout(&counting, name, ZipOptions());
+    absl::Status s = layout.AddRecord(absl::StrCat(stem, "/data.pkl"), pkl);
+    for (size_t i = 0; i < order.size() && s.ok(); ++i) {
+      s = layout.BeginRecord(absl::StrCat(stem, "/data/", entries[order[i]].key), entries[order[i]].nbytes);
+      data_offset[i] = layout.bytes_written();
+      if (s.ok()) s = layout.SkipData(0);
+      if (s.ok()) s = layout.EndRecord();
     }
-    // Fill the records.
-    std::vector<uint32_t> crc(order.size(), 0);
-    absl::Status s = ParallelFor(order.size(), options.record_threads, [&](size_t i) -> absl::Status {
-      GrowBuffer buffer;
-      uint64_t at = data_offset[i];
-      uint64_t written_back = at;  // the record's bytes before it are on their way to disk
-      absl::Status streamed = StreamEntry(entries[order[i]], name, buffer, [&](absl::Span<const uint8_t> piece) {
-        crc[i] = Crc32(crc[i], piece.data(), piece.size());
-        size_t done = 0;
-        while (done < piece.size()) {
-          const ssize_t w = ::pwrite(fd, piece.data() + done, piece.size() - done, static_cast<off_t>(at + done));
-          if (w < 0) {
-            if (errno == EINTR) continue;
-            return absl::ErrnoToStatus(errno, absl::StrCat(name, ": write failed"));
-          }
-          done += static_cast<size_t>(w);
-        }
-        at += piece.size();
-        if (at >= written_back + kWritebackBytes) {
-          StartWriteback(fd, written_back, at - written_back);
-          written_back = at;
-        }
-        return absl::OkStatus();
-      });
-      if (streamed.ok()) StartWriteback(fd, written_back, at - written_back);
-      return streamed;
-    });
     if (!s.ok()) return s;
-    // Everything around them.
-    ZipWriter zip(sink, name, zip_options);
-    s = zip.AddRecord(absl::StrCat(stem, "/data.pkl"), pkl);
+    return data_offset;
+  }
+
+  // Everything of the archive but the storage bytes, which `sink` skips
+  // (someone else writes them): data.pkl, each storage record's local header
+  // and data descriptor (with crc[i]), the version record and the central
+  // directory. The same bytes as the sequential path writes around them.
+  absl::Status WriteFrame(ZipSink* sink, const std::string& name, const std::string& stem, const std::string& pkl,
+                          const std::vector<size_t>& order, const std::vector<uint64_t>& data_offset,
+                          const std::vector<uint32_t>& crc) {
+    ZipWriter zip(sink, name, ZipOptions());
+    absl::Status s = zip.AddRecord(absl::StrCat(stem, "/data.pkl"), pkl);
     for (size_t i = 0; i < order.size() && s.ok(); ++i) {
       s = zip.BeginRecord(absl::StrCat(stem, "/data/", entries[order[i]].key), entries[order[i]].nbytes);
       if (s.ok() && zip.bytes_written() != data_offset[i]) {
@@ -866,6 +851,54 @@ struct TorchWriter::Impl {
     if (s.ok()) s = zip.AddRecord(absl::StrCat(stem, "/version"), kWrittenVersion);
     if (s.ok()) s = zip.Finish();
     return s;
+  }
+
+  // Writes bytes [begin, end) of storage record i (entries[order[i]]) at
+  // file offset data_offset + begin with pwrite, starting their writeback
+  // every kWritebackBytes; returns the CRC-32 of those bytes.
+  absl::StatusOr<uint32_t> FillRecord(int fd, const std::string& name, const Entry& e, uint64_t data_offset,
+                                      uint64_t begin, uint64_t end) {
+    GrowBuffer buffer;
+    EntryCursor cursor(e, name, options.chunk_bytes, &buffer, begin, end);
+    uint32_t crc = 0;
+    uint64_t at = data_offset + begin;
+    uint64_t written_back = at;  // the record's bytes before it are on their way to disk
+    while (true) {
+      UCP_ASSIGN_OR_RETURN(absl::Span<const uint8_t> piece, cursor.Next());
+      if (piece.empty()) break;
+      crc = Crc32(crc, piece.data(), piece.size());
+      size_t done = 0;
+      while (done < piece.size()) {
+        const ssize_t w = ::pwrite(fd, piece.data() + done, piece.size() - done, static_cast<off_t>(at + done));
+        if (w < 0) {
+          if (errno == EINTR) continue;
+          return absl::ErrnoToStatus(errno, absl::StrCat(name, ": write failed"));
+        }
+        done += static_cast<size_t>(w);
+      }
+      at += piece.size();
+      if (at >= written_back + kWritebackBytes) {
+        StartWriteback(fd, written_back, at - written_back);
+        written_back = at;
+      }
+    }
+    StartWriteback(fd, written_back, at - written_back);
+    return crc;
+  }
+
+  // Writes the storage records at their final offsets in parallel (pwrite),
+  // then the headers, descriptors and directory around them: the same bytes
+  // as the sequential path.
+  absl::Status WriteArchiveParallel(int fd, ZipSink* sink, const std::string& name, const std::string& stem,
+                                    const std::string& pkl, const std::vector<size_t>& order) {
+    UCP_ASSIGN_OR_RETURN(std::vector<uint64_t> data_offset, LayOut(name, stem, pkl, order));
+    std::vector<uint32_t> crc(order.size(), 0);
+    absl::Status s = ParallelFor(order.size(), options.record_threads, [&](size_t i) -> absl::Status {
+      UCP_ASSIGN_OR_RETURN(crc[i], FillRecord(fd, name, entries[order[i]], data_offset[i], 0, UINT64_MAX));
+      return absl::OkStatus();
+    });
+    if (!s.ok()) return s;
+    return WriteFrame(sink, name, stem, pkl, order, data_offset, crc);
   }
 
   // Writes one archive to `sink` (whose hasher, if any, sees every byte in
@@ -1125,6 +1158,164 @@ absl::StatusOr<std::string> TorchWriter::WriteToString(const std::string& stem, 
   absl::Status s = impl_->WriteArchive(&passthrough, stem, stem, root);
   if (!s.ok()) return s;
   return out;
+}
+
+namespace {
+
+// A sink writing at explicit offsets of a file (pwrite), so that it can
+// skip the storage bytes other writers fill and leave them untouched.
+class PwriteSink : public ZipSink {
+ public:
+  PwriteSink(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  absl::Status Write(absl::Span<const uint8_t> bytes) override {
+    size_t done = 0;
+    while (done < bytes.size()) {
+      const ssize_t w = ::pwrite(fd_, bytes.data() + done, bytes.size() - done, static_cast<off_t>(pos_ + done));
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        return absl::ErrnoToStatus(errno, absl::StrCat(path_, ": write failed"));
+      }
+      done += static_cast<size_t>(w);
+    }
+    pos_ += bytes.size();
+    return absl::OkStatus();
+  }
+  absl::Status Skip(uint64_t n) override {
+    pos_ += n;
+    return absl::OkStatus();
+  }
+  uint64_t pos() const { return pos_; }
+
+ private:
+  int fd_;
+  std::string path_;
+  uint64_t pos_ = 0;
+};
+
+// Opens (creating if needed, never truncating) a file that pieces are
+// written into, refusing one this process reads through a mapping.
+absl::StatusOr<int> OpenForPieces(const std::string& path) {
+  if (MappedFile::IsMappedByThisProcess(path)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, ": refusing to overwrite a file that is open for reading (memory-mapped)"));
+  }
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat(path, ": cannot open for writing"));
+  return fd;
+}
+
+absl::Status CloseFile(int fd, const std::string& path, bool sync, absl::Status status) {
+  if (status.ok() && sync && ::fdatasync(fd) != 0) {
+    status = absl::ErrnoToStatus(errno, absl::StrCat(path, ": fdatasync failed"));
+  }
+  if (::close(fd) != 0 && status.ok()) status = absl::ErrnoToStatus(errno, absl::StrCat(path, ": close failed"));
+  return status;
+}
+
+}  // namespace
+
+std::vector<uint64_t> StoragePieceBounds(absl::Span<const uint64_t> record_sizes, int pieces) {
+  pieces = std::max(pieces, 1);
+  uint64_t total = 0;
+  for (uint64_t n : record_sizes) total += n;
+  std::vector<uint64_t> bounds(pieces + 1, 0);
+  bounds[pieces] = total;
+  for (int k = 1; k < pieces; ++k) {
+    // An even share, moved down to a multiple of kPieceAlignment within the
+    // record it falls in (whole elements of any dtype, whole pages).
+    const uint64_t target =
+        static_cast<uint64_t>(static_cast<unsigned __int128>(total) * static_cast<unsigned>(k) / static_cast<unsigned>(pieces));
+    uint64_t start = 0;
+    for (uint64_t n : record_sizes) {
+      if (target < start + n) break;
+      start += n;
+    }
+    const uint64_t local = target - start;
+    bounds[k] = std::max(bounds[k - 1], start + local - local % kPieceAlignment);
+  }
+  return bounds;
+}
+
+absl::Status TorchWriter::WritePiece(const std::string& path, const pickle::Value& root, int piece, int pieces,
+                                     std::vector<RecordPieceCrc>* crcs) {
+  Impl& impl = *impl_;
+  if (impl.options.digest != DigestKind::kNone) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": a file written in pieces cannot be digested while written"));
+  }
+  if (pieces < 1 || piece < 0 || piece >= pieces) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": piece ", piece, " of ", pieces));
+  }
+  UCP_ASSIGN_OR_RETURN(Impl::Prepared prepared, impl.Prepare(path, ArchiveStem(path), root));
+  UCP_ASSIGN_OR_RETURN(std::vector<uint64_t> data_offset,
+                       impl.LayOut(path, ArchiveStem(path), prepared.pkl, prepared.order));
+  std::vector<uint64_t> sizes;
+  for (size_t index : prepared.order) sizes.push_back(impl.entries[index].nbytes);
+  const std::vector<uint64_t> bounds = StoragePieceBounds(sizes, pieces);
+  const uint64_t begin = bounds[piece], end = bounds[piece + 1];
+  UCP_ASSIGN_OR_RETURN(const int fd, OpenForPieces(path));
+  absl::Status s;
+  uint64_t start = 0;  // of record i in the storage bytes
+  for (size_t i = 0; i < sizes.size() && s.ok(); start += sizes[i], ++i) {
+    const uint64_t lo = std::max(begin, start), hi = std::min(end, start + sizes[i]);
+    if (lo >= hi) continue;
+    absl::StatusOr<uint32_t> crc =
+        impl.FillRecord(fd, path, impl.entries[prepared.order[i]], data_offset[i], lo - start, hi - start);
+    if (!crc.ok()) {
+      s = crc.status();
+      break;
+    }
+    crcs->push_back({static_cast<uint32_t>(i), lo - start, hi - lo, *crc});
+  }
+  // On failure the file stays (other pieces share it): whoever owns the
+  // folder removes it (a staging folder never committed).
+  return CloseFile(fd, path, impl.options.sync, std::move(s));
+}
+
+absl::StatusOr<uint64_t> TorchWriter::FinishPieces(const std::string& path, const pickle::Value& root,
+                                                   absl::Span<const RecordPieceCrc> crcs) {
+  Impl& impl = *impl_;
+  if (impl.options.digest != DigestKind::kNone) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": a file written in pieces cannot be digested while written"));
+  }
+  UCP_ASSIGN_OR_RETURN(Impl::Prepared prepared, impl.Prepare(path, ArchiveStem(path), root));
+  UCP_ASSIGN_OR_RETURN(std::vector<uint64_t> data_offset,
+                       impl.LayOut(path, ArchiveStem(path), prepared.pkl, prepared.order));
+  // Each record's CRC from its parts, which must tile it exactly.
+  std::vector<std::vector<RecordPieceCrc>> parts(prepared.order.size());
+  for (const RecordPieceCrc& c : crcs) {
+    if (c.record >= parts.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": a piece of storage record ", c.record, " of ", parts.size()));
+    }
+    parts[c.record].push_back(c);
+  }
+  std::vector<uint32_t> crc(parts.size(), 0);
+  for (size_t i = 0; i < parts.size(); ++i) {
+    std::sort(parts[i].begin(), parts[i].end(),
+              [](const RecordPieceCrc& a, const RecordPieceCrc& b) { return a.offset < b.offset; });
+    uint64_t covered = 0;
+    for (const RecordPieceCrc& c : parts[i]) {
+      if (c.offset != covered) break;
+      crc[i] = Crc32Combine(crc[i], c.crc32, c.length);
+      covered += c.length;
+    }
+    const uint64_t nbytes = impl.entries[prepared.order[i]].nbytes;
+    if (covered != nbytes) {
+      return absl::FailedPreconditionError(absl::StrCat(path, ": the pieces written cover ", covered, " of the ",
+                                                        nbytes, " bytes of storage record ", i,
+                                                        " (contiguously from its start)"));
+    }
+  }
+  UCP_ASSIGN_OR_RETURN(const int fd, OpenForPieces(path));
+  PwriteSink sink(fd, path);
+  absl::Status s = impl.WriteFrame(&sink, path, ArchiveStem(path), prepared.pkl, prepared.order, data_offset, crc);
+  if (s.ok() && ::ftruncate(fd, static_cast<off_t>(sink.pos())) != 0) {
+    s = absl::ErrnoToStatus(errno, absl::StrCat(path, ": ftruncate failed"));
+  }
+  UCP_RETURN_IF_ERROR(CloseFile(fd, path, impl.options.sync, std::move(s)));
+  impl.last_bytes = sink.pos();
+  impl.last_digest.clear();
+  return sink.pos();
 }
 
 }  // namespace ucp::torch

@@ -150,6 +150,33 @@ struct TorchWriteOptions {
   int record_threads = 1;
 };
 
+// One archive written in pieces, by several threads or processes at once
+// (writers/zero_writer.cc cuts a large optimizer file this way so that it
+// is not written by one thread of one rank). Everyone builds the same tree
+// in a TorchWriter of its own. The archive's storage bytes (the data of its
+// storage records, concatenated in record order) are cut into `pieces`
+// ranges that depend on the tree and `pieces` only (StoragePieceBounds);
+// WritePiece fills one range in place, at the final file offsets (pwrite
+// into a file it creates if needed and never truncates), and reports the
+// CRC-32 of each record part it wrote; once every piece is written, one
+// FinishPieces writes everything else around them (data.pkl, local headers,
+// data descriptors with each record's CRC combined from its parts by
+// Crc32Combine, the version record, the central directory) and trims the
+// file to its size. The file then holds exactly the bytes WriteFile writes.
+struct RecordPieceCrc {
+  uint32_t record = 0;  // the storage record's index in archive order
+  uint64_t offset = 0;  // of the part within the record's data
+  uint64_t length = 0;
+  uint32_t crc32 = 0;   // of the part's bytes alone (Crc32 from 0)
+};
+// Piece boundaries sit at multiples of this within the record they fall in.
+inline constexpr uint64_t kPieceAlignment = 4096;
+// The `pieces` + 1 boundaries of the pieces in the concatenated storage
+// bytes of records of `record_sizes`: even shares, each moved down to a
+// multiple of kPieceAlignment from the start of its record (a piece may be
+// empty). bounds[0] = 0, bounds[pieces] = the total.
+std::vector<uint64_t> StoragePieceBounds(absl::Span<const uint64_t> record_sizes, int pieces);
+
 class TorchWriter {
  public:
   TorchWriter();
@@ -192,6 +219,19 @@ class TorchWriter {
   // describe its file. On failure no file of the call is left.
   static absl::Status WriteFiles(absl::Span<TorchWriter* const> writers, absl::Span<const std::string> paths,
                                  absl::Span<const pickle::Value* const> roots);
+  // Piece `piece` of `pieces` of the archive of `root` at `path` (see
+  // RecordPieceCrc), appending the CRC-32 of each record part written to
+  // `crcs`. kInvalidArgument with a digest (the bytes are not written in
+  // order). On failure the file is left for the caller to remove (other
+  // pieces share it): write pieces into a folder that is removed unless
+  // every piece and the finish succeed.
+  absl::Status WritePiece(const std::string& path, const pickle::Value& root, int piece, int pieces,
+                          std::vector<RecordPieceCrc>* crcs);
+  // After every piece: the rest of the archive, from the parts' CRCs of
+  // every piece (kFailedPrecondition unless they cover every storage record
+  // exactly). Returns the file's size.
+  absl::StatusOr<uint64_t> FinishPieces(const std::string& path, const pickle::Value& root,
+                                        absl::Span<const RecordPieceCrc> crcs);
   // The same into memory (tests).
   absl::StatusOr<std::string> WriteToString(const std::string& stem, const pickle::Value& root);
 

@@ -609,5 +609,182 @@ TEST(TorchWriterBatchTest, SameFilesAndDigestsAsOneByOne) {
   EXPECT_EQ(TorchWriter::WriteFiles(twice, two_paths, two_roots).code(), absl::StatusCode::kInvalidArgument);
 }
 
+
+
+// A tree whose storage records have sizes that are no multiple of the piece
+// alignment, of dtypes of 1, 2, 4 and 8 bytes, produced, viewed, in memory
+// and empty, so that piece boundaries fall inside records of each kind.
+ValuePtr PieceTree(TorchWriter& w, const std::string* viewed) {
+  auto root = Value::MakeDict();
+  for (int k = 0; k < 4; ++k) {
+    const int64_t n = (int64_t{1} << 17) * (k + 1) + 5 * k + 3;
+    root->DictSet(Value::Str(absl::StrCat("f", k)),
+                  w.AddStreamedTensor(DType::kFloat32, {n}, n, 0, [k](uint64_t offset, absl::Span<uint8_t> dst) {
+                    for (size_t i = 0; i < dst.size(); ++i) dst[i] = static_cast<uint8_t>((offset + i) * (k + 3) + (offset + i) / 4093);
+                    return absl::OkStatus();
+                  }));
+  }
+  const int64_t nb = 300001;  // bf16: 600002 bytes
+  root->DictSet(Value::Str("bf16"), w.AddStreamedTensor(DType::kBFloat16, {nb}, nb, 0,
+                                                        [](uint64_t offset, absl::Span<uint8_t> dst) {
+                                                          for (size_t i = 0; i < dst.size(); ++i) {
+                                                            dst[i] = static_cast<uint8_t>((offset + i) * 7 + 1);
+                                                          }
+                                                          return absl::OkStatus();
+                                                        }));
+  const int64_t nv = static_cast<int64_t>(viewed->size() / 8);
+  root->DictSet(Value::Str("viewed"),
+                w.AddStreamedTensor(DType::kInt64, {nv}, nv, 0,
+                                    [viewed](uint64_t offset, size_t len, uint8_t*) -> absl::StatusOr<absl::Span<const uint8_t>> {
+                                      return absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(viewed->data()) + offset, len);
+                                    }));
+  root->DictSet(Value::Str("bytes"), w.AddStreamedTensor(DType::kUInt8, {12345}, 12345, 0,
+                                                         [](uint64_t offset, absl::Span<uint8_t> dst) {
+                                                           for (size_t i = 0; i < dst.size(); ++i) dst[i] = static_cast<uint8_t>(offset + i);
+                                                           return absl::OkStatus();
+                                                         }));
+  root->DictSet(Value::Str("empty"), w.AddTensor(*Tensor::FromBytes(DType::kFloat32, {0}, std::string())));
+  root->DictSet(Value::Str("small"), w.AddTensor(*Tensor::FromBytes(DType::kInt64, {2}, std::string(16, 'x'))));
+  return root;
+}
+
+std::string Viewed() {
+  std::string v(8 * 70001, '\0');
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<char>(i * 13 + i / 977);
+  return v;
+}
+
+// Writes `path` in `pieces` pieces (each with a writer of its own, in
+// reverse order, as other processes would) and finishes it; the pieces'
+// CRCs go to `crcs`.
+absl::StatusOr<uint64_t> WriteInPieces(const std::string& path, int pieces, const TorchWriteOptions& o,
+                                       std::vector<std::vector<RecordPieceCrc>>* crcs, int skip = -1) {
+  const std::string viewed = Viewed();
+  crcs->assign(pieces, {});
+  std::vector<RecordPieceCrc> all;
+  for (int k = pieces - 1; k >= 0; --k) {
+    if (k == skip) continue;
+    TorchWriter w(o);
+    ValuePtr root = PieceTree(w, &viewed);
+    absl::Status s = w.WritePiece(path, *root, k, pieces, &(*crcs)[k]);
+    if (!s.ok()) return s;
+    all.insert(all.end(), (*crcs)[k].begin(), (*crcs)[k].end());
+  }
+  TorchWriter w(o);
+  ValuePtr root = PieceTree(w, &viewed);
+  return w.FinishPieces(path, *root, all);
+}
+
+TEST(TorchWriterPiecesTest, SameBytesAsWriteFileForAnyPieceCount) {
+  const std::string viewed = Viewed();
+  for (uint64_t zip64_threshold : {uint64_t{0xFFFFFFFF}, uint64_t{1} << 20}) {
+    TorchWriteOptions o;
+    o.zip64_size_threshold = zip64_threshold;
+    o.zip64_offset_threshold = zip64_threshold;
+    o.chunk_bytes = 100000;  // chunks that never line up with the pieces
+    const std::string whole_dir = TempPath(absl::StrCat("pieces_whole_", zip64_threshold));
+    std::filesystem::create_directories(whole_dir);
+    TorchWriter w(o);
+    ValuePtr root = PieceTree(w, &viewed);
+    ASSERT_TRUE(w.WriteFile(whole_dir + "/optim.pt", *root).ok());
+    const std::string expected = *ReadFileToString(whole_dir + "/optim.pt");
+    for (int pieces : {1, 2, 3, 7, 40, 1000}) {
+      const std::string dir = TempPath(absl::StrCat("pieces_", zip64_threshold, "_", pieces));
+      std::filesystem::create_directories(dir);
+      std::vector<std::vector<RecordPieceCrc>> crcs;
+      absl::StatusOr<uint64_t> size = WriteInPieces(dir + "/optim.pt", pieces, o, &crcs);
+      ASSERT_TRUE(size.ok()) << size.status() << " pieces " << pieces;
+      EXPECT_EQ(*size, expected.size());
+      const std::string got = *ReadFileToString(dir + "/optim.pt");
+      EXPECT_EQ(got.size(), expected.size()) << pieces;
+      EXPECT_TRUE(got == expected) << "pieces " << pieces << " zip64 threshold " << zip64_threshold;
+      auto back = TorchFile::Open(dir + "/optim.pt");
+      EXPECT_TRUE(back.ok()) << back.status();
+    }
+  }
+}
+
+TEST(TorchWriterPiecesTest, BoundsAreEvenAlignedAndCoverEverything) {
+  const std::vector<uint64_t> sizes = {10000, 0, 123457, 5, 4096 * 3, 999999};
+  const uint64_t total = 10000 + 123457 + 5 + 4096 * 3 + 999999;
+  for (int pieces : {1, 2, 5, 64, 5000}) {
+    const std::vector<uint64_t> b = StoragePieceBounds(sizes, pieces);
+    ASSERT_EQ(b.size(), static_cast<size_t>(pieces) + 1);
+    EXPECT_EQ(b.front(), 0u);
+    EXPECT_EQ(b.back(), total);
+    for (int k = 1; k < pieces; ++k) {
+      EXPECT_LE(b[k - 1], b[k]);
+      // Aligned within its record, and within one alignment of an even share.
+      uint64_t start = 0;
+      for (uint64_t n : sizes) {
+        if (b[k] < start + n) break;
+        start += n;
+      }
+      EXPECT_EQ((b[k] - start) % kPieceAlignment, 0u) << k;
+      const uint64_t share = total * k / pieces;
+      EXPECT_LE(b[k], share);
+      EXPECT_LT(share - b[k], kPieceAlignment);
+    }
+  }
+}
+
+TEST(TorchWriterPiecesTest, FinishRefusesAMissingPiece) {
+  TorchWriteOptions o;
+  const std::string dir = TempPath("pieces_missing");
+  std::filesystem::create_directories(dir);
+  std::vector<std::vector<RecordPieceCrc>> crcs;
+  absl::StatusOr<uint64_t> size = WriteInPieces(dir + "/optim.pt", 4, o, &crcs, /*skip=*/2);
+  ASSERT_FALSE(size.ok());
+  EXPECT_EQ(size.status().code(), absl::StatusCode::kFailedPrecondition) << size.status();
+  EXPECT_NE(size.status().message().find("the pieces written cover"), std::string::npos) << size.status();
+}
+
+TEST(TorchWriterPiecesTest, WritePieceRefusesADigest) {
+  TorchWriteOptions o;
+  o.digest = DigestKind::kXxh3_128;
+  const std::string viewed = Viewed();
+  TorchWriter w(o);
+  ValuePtr root = PieceTree(w, &viewed);
+  std::vector<RecordPieceCrc> crcs;
+  EXPECT_EQ(w.WritePiece(TempPath("pieces_digest.pt"), *root, 0, 2, &crcs).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The combined CRCs guard every piece: a byte flipped anywhere in any piece
+// of the finished file fails the record's CRC check.
+TEST(TorchWriterPiecesTest, AFlippedByteInAnyPieceFailsTheCrcCheck) {
+  TorchWriteOptions o;
+  const std::string dir = TempPath("pieces_flip");
+  std::filesystem::create_directories(dir);
+  std::vector<std::vector<RecordPieceCrc>> crcs;
+  const int pieces = 5;
+  ASSERT_TRUE(WriteInPieces(dir + "/optim.pt", pieces, o, &crcs).ok());
+  const std::string good = *ReadFileToString(dir + "/optim.pt");
+  ASSERT_TRUE(TorchFile::FromBytes(good, "good").ok());
+  ZipReadOptions lazy;
+  lazy.crc = ZipReadOptions::Crc::kLazy;
+  auto zip = ZipReader::Open(absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(good.data()), good.size()), "good", lazy);
+  ASSERT_TRUE(zip.ok()) << zip.status();
+  std::vector<const ZipRecord*> data_records;
+  for (const ZipRecord& r : zip->records()) {
+    if (r.name.find("/data/") != std::string::npos) data_records.push_back(&r);
+  }
+  int flipped = 0;
+  for (int k = 0; k < pieces; ++k) {
+    ASSERT_FALSE(crcs[k].empty()) << "piece " << k << " is empty";
+    for (const RecordPieceCrc& part : crcs[k]) {
+      ASSERT_LT(part.record, data_records.size());
+      for (uint64_t at : {part.offset, part.offset + part.length / 2, part.offset + part.length - 1}) {
+        std::string bad = good;
+        bad[data_records[part.record]->data_offset + at] ^= 0x01;
+        auto file = TorchFile::FromBytes(bad, "bad");
+        ASSERT_FALSE(file.ok()) << "piece " << k << " record " << part.record << " byte " << at;
+        EXPECT_EQ(file.status().code(), absl::StatusCode::kDataLoss) << file.status();
+        ++flipped;
+      }
+    }
+  }
+  EXPECT_GE(flipped, 3 * pieces);
+}
+
 }  // namespace
 }  // namespace ucp::torch

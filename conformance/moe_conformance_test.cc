@@ -42,6 +42,7 @@
 #include "format/pickle/accessors.h"
 #include "format/torch/torch_file.h"
 #include "format/torch/tree_copy.h"
+#include "format/torch/torch_test_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "ops/open.h"
@@ -588,15 +589,7 @@ TEST(MoeConformanceTest, GeneratorLaysOutTheFixtureAsDeepSpeedDid) {
 
 // Rewrites one torch file through `edit` of its root.
 void Rewrite(const std::string& path, const std::function<void(Value&)>& edit) {
-  auto f = torch::TorchFile::Open(path);
-  ASSERT_TRUE(f.ok()) << f.status();
-  torch::TorchWriter w;
-  auto root = torch::CopyTreeForWrite(f->get(), (*f)->root(), w);
-  ASSERT_TRUE(root.ok()) << root.status();
-  edit(**root);
-  const std::string tmp = path + ".new";
-  ASSERT_TRUE(w.WriteFile(tmp, **root).ok());
-  ASSERT_EQ(rename(tmp.c_str(), path.c_str()), 0);
+  ASSERT_TRUE(torch::testing::RewriteTorchFile(path, edit).ok()) << path;
 }
 
 // bf16 jobs (DeepSpeedZeroOptimizer with bf16 weights) name the optimizer

@@ -17,6 +17,7 @@
 #include "readers/zero_checkpoint.h"
 #include "format/torch/torch_file.h"
 #include "format/torch/tree_copy.h"
+#include "format/torch/torch_test_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "ops/reshard.h"
@@ -280,16 +281,11 @@ TEST(Zero3ReshardTest, Bf16ToZero1FollowsTheGradAccumDtype) {
   // The same job with data_types.grad_accum_dtype fp32.
   for (int d = 0; d < 2; ++d) {
     const std::string path = JoinPath(src, absl::StrCat("zero_pp_rank_", d, "_mp_rank_00_model_states.pt"));
-    auto f = torch::TorchFile::Open(path);
-    ASSERT_TRUE(f.ok()) << f.status();
-    torch::TorchWriter w;
-    auto copy = torch::CopyTreeForWrite(f->get(), (*f)->root(), w);
-    ASSERT_TRUE(copy.ok()) << copy.status();
-    pickle::ValuePtr types = pickle::Value::MakeDict();
-    types->DictSet(pickle::Value::Str("grad_accum_dtype"), pickle::Value::Str("fp32"));
-    (*copy)->DictGetPtr("ds_config")->DictSet(pickle::Value::Str("data_types"), types);
-    ASSERT_TRUE(w.WriteFile(path + ".new", **copy).ok());
-    ASSERT_EQ(rename((path + ".new").c_str(), path.c_str()), 0);
+    ASSERT_TRUE(torch::testing::RewriteTorchFile(path, [](pickle::Value& root) {
+                  pickle::ValuePtr types = pickle::Value::MakeDict();
+                  types->DictSet(pickle::Value::Str("grad_accum_dtype"), pickle::Value::Str("fp32"));
+                  root.DictGetPtr("ds_config")->DictSet(pickle::Value::Str("data_types"), types);
+                }).ok());
   }
   o.output_folder = JoinPath(root, "refused/global_step4");
   auto refused = Reshard(o);

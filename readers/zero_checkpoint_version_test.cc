@@ -9,6 +9,7 @@
 #include "base/fs.h"
 #include "deepspeed/checkpoint_files.h"
 #include "format/torch/tree_copy.h"
+#include "format/torch/torch_test_util.h"
 #include "gtest/gtest.h"
 #include "readers/moe_state.h"
 #include "readers/zero_checkpoint.h"
@@ -35,20 +36,9 @@ std::string CopyOf(const std::string& version, const std::string& rel, const std
   return dir;
 }
 
-// Rewrites one torch file of `dir` through `edit` of its root.
+// Rewrites one torch file through `edit` of its root.
 void Rewrite(const std::string& path, const std::function<void(Value&)>& edit) {
-  std::string bytes;
-  {
-    auto f = torch::TorchFile::Open(path);
-    ASSERT_TRUE(f.ok()) << f.status();
-    torch::TorchWriter w;
-    auto root = torch::CopyTreeForWrite(f->get(), (*f)->root(), w);
-    ASSERT_TRUE(root.ok()) << root.status();
-    edit(**root);
-    const std::string tmp = path + ".new";
-    ASSERT_TRUE(w.WriteFile(tmp, **root).ok());
-    ASSERT_EQ(rename(tmp.c_str(), path.c_str()), 0);
-  }
+  ASSERT_TRUE(torch::testing::RewriteTorchFile(path, edit).ok()) << path;
 }
 
 // DeepSpeed 0.16.4 writes expp_rank_R_mp_rank_00_optim_states.pt = {'optimizer':

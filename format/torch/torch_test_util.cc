@@ -1,10 +1,13 @@
 #include "format/torch/torch_test_util.h"
 
+#include <cstdio>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "format/torch/test_util.h"
+#include "format/torch/tree_copy.h"
 
 namespace ucp::torch::testing {
 
@@ -29,6 +32,20 @@ absl::StatusOr<std::map<std::string, std::string>> PythonDumps(const std::vector
     if (current != nullptr && !line.empty()) absl::StrAppend(current, line, "\n");
   }
   return dumps;
+}
+
+absl::Status RewriteTorchFile(const std::string& path, const std::function<void(pickle::Value&)>& edit) {
+  absl::StatusOr<std::unique_ptr<TorchFile>> f = TorchFile::Open(path);
+  if (!f.ok()) return f.status();
+  TorchWriter w;
+  absl::StatusOr<pickle::ValuePtr> root = CopyTreeForWrite(f->get(), (*f)->root(), w);
+  if (!root.ok()) return root.status();
+  edit(**root);
+  const std::string tmp = path + ".new";
+  absl::Status s = w.WriteFile(tmp, **root);
+  if (!s.ok()) return s;
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) return absl::InternalError(absl::StrCat("rename ", tmp));
+  return absl::OkStatus();
 }
 
 }  // namespace ucp::torch::testing

@@ -36,11 +36,14 @@ Case Prepare(const std::string& name, const std::string& fixture) {
   return c;
 }
 
-absl::Status RunConvert(const Case& c) {
+// `preset` "none": no model preset, so merge rules come from the checkpoint
+// and the evidence only.
+absl::Status RunConvert(const Case& c, const std::string& preset = "") {
   ConvertOptions o;
   o.input_folder = c.source;
   o.output_folder = c.output;
   o.write.num_threads = 2;
+  o.state.rules.preset = preset;
   return Convert(o).status();
 }
 
@@ -185,11 +188,7 @@ TEST(ConvertErrorsTest, ExistingOutputIsNotReplaced) {
 
 TEST(ConvertErrorsTest, AmbiguousParamsOfATp1CheckpointSayWhatIsExactForTp1Loads) {
   Case c = Prepare("ambiguous_tp1", "neox-tp1-pp2-dp1");
-  ConvertOptions o;
-  o.input_folder = c.source;
-  o.output_folder = c.output;
-  o.state.rules.preset = "none";
-  absl::Status s = Convert(o).status();
+  absl::Status s = RunConvert(c, "none");
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(s.message().find("Saved at tp=1, nothing needs merging"), std::string::npos) << s;
   EXPECT_NE(s.message().find("for loads at tp=1 only, --default_kind=replicated is exact"), std::string::npos) << s;
@@ -198,11 +197,7 @@ TEST(ConvertErrorsTest, AmbiguousParamsOfATp1CheckpointSayWhatIsExactForTp1Loads
 
 TEST(ConvertErrorsTest, AmbiguousParamsAreListedWithTheRuleThatSettlesThem) {
   Case c = Prepare("ambiguous", "neox-tp2-pp1-dp1");
-  ConvertOptions o;
-  o.input_folder = c.source;
-  o.output_folder = c.output;
-  o.state.rules.preset = "none";
-  absl::Status s = Convert(o).status();
+  absl::Status s = RunConvert(c, "none");
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   // Every partitioned param is counted (34 weights + 2x8 column biases), and
   // each family (names but for the layer index) gets one suggestion, with

@@ -258,8 +258,7 @@ class UniversalPlan : public Plan {
   // Whether the target version's stage-3 universal loader reads what ucp
   // writes (stage3.py load_hp_checkpoint_state_from_checkpoint_dir_stage3).
   absl::Status CheckZero3Loader() const {
-    const std::string version =
-        options_.target_ds_version.empty() ? deepspeed::SourceDsVersion(state_) : options_.target_ds_version;
+    const std::string version = UniversalLoaderVersion(state_, options_);
     auto v = deepspeed::ParseDsVersion(version);
     if (!v.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -379,6 +378,10 @@ class UniversalPlan : public Plan {
 };
 
 }  // namespace
+
+std::string UniversalLoaderVersion(const deepspeed::CheckpointState& state, const UniversalWriteOptions& options) {
+  return options.target_ds_version.empty() ? deepspeed::SourceDsVersion(state) : options.target_ds_version;
+}
 
 bool PlainModuleAtTpAboveOne(const deepspeed::ModelInfo& info) {
   return !info.pipeline && info.zero_stage < 3 && info.source_topology.pp == 1 && info.source_topology.tp > 1;

@@ -76,6 +76,10 @@ struct UniversalWriteOptions {
 // universal folder UniversalWriteOptions::single_mp_rank_file concerns.
 bool PlainModuleAtTpAboveOne(const deepspeed::ModelInfo& info);
 
+// The DeepSpeed version that will load the universal folder:
+// --target_ds_version, else the source's ds_version.
+std::string UniversalLoaderVersion(const deepspeed::CheckpointState& state, const UniversalWriteOptions& options);
+
 // The plan of the universal checkpoint of `state` (which must outlive it).
 absl::StatusOr<std::unique_ptr<Plan>> PlanUniversal(const deepspeed::ModelState& state,
                                                     const UniversalWriteOptions& options);

@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -214,6 +215,15 @@ class ModelState : public CheckpointState {
  public:
   // The full tensor of `param` for `state` ("fp32", a state key, or "lp").
   virtual absl::StatusOr<tp::TensorPlan> Full(const ParamState& param, const std::string& state) const = 0;
+  // Full() as a source opened on its first read (tp::TensorPlan::Deferred),
+  // when this state knows the tensor's dtype and shape without opening a
+  // file; nullopt otherwise (then call Full). For writers that lay out a
+  // whole file but write only a piece of it: the piece opens only the
+  // inputs of its bytes. The source's `files` are the inputs that opening
+  // and reading it touches (a subset of Inputs(param)).
+  virtual std::optional<tp::TensorPlan> FullDeferred(const ParamState& param, const std::string& state) const {
+    return std::nullopt;
+  }
 };
 
 // A checkpoint as its tp ranks hold it. `info()` lists every tensor with

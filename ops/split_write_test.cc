@@ -3,6 +3,8 @@
 // bytes as one unit writing the file, integrity kept by the combined record
 // CRCs, and nothing committed when a piece fails.
 #include <filesystem>
+#include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -18,6 +20,8 @@
 #include "ops/reshard.h"
 #include "readers/verify.h"
 #include "testing/fixtures.h"
+#include "format/torch/tensor.h"
+#include "writers/plan.h"
 #include "writers/zero_writer.h"
 
 namespace ucp::ops {
@@ -224,6 +228,122 @@ TEST(SplitWriteTest, AFailedOrLostPieceCommitsNothing) {
   auto stats = writers::RunPlan(intact, JoinPath(root, "out/global_step4"), run);
   ASSERT_TRUE(stats.ok()) << stats.status();
   EXPECT_TRUE(readers::VerifyFolder(JoinPath(root, "out/global_step4")).problems.empty());
+}
+
+// From a universal source, each piece of a split file lists, and opens,
+// only the inputs of its own bytes: a piece runs though a state file that
+// only another piece reads is damaged, and the piece that reads it names it.
+// (Before, every piece built the file's tree by opening all of its inputs.)
+TEST(SplitWriteTest, APieceOpensOnlyTheInputsOfItsBytes) {
+  const std::string root = testing::FreshTempDir("split_inputs");
+  const std::string universal = JoinPath(root, "u");
+  {
+    ConvertOptions c;
+    c.input_folder = testing::FixturePath(kFixture);
+    c.output_folder = universal;
+    ASSERT_TRUE(Convert(c).ok());
+  }
+  auto plan_of = [&](std::unique_ptr<writers::Plan>* plan) -> std::unique_ptr<deepspeed::ModelState> {
+    SourceOptions so;
+    so.tp1_whole_tensors = true;
+    auto src = OpenSource(universal, so, /*verify_checksums=*/false, /*zero_only=*/false, nullptr);
+    EXPECT_TRUE(src.ok()) << src.status();
+    if (!src.ok()) return nullptr;
+    writers::ZeroWriteOptions w = ToTp1(universal, "/unused", /*piece_bytes=*/65536, 1).write;
+    w.inputs = {universal};
+    auto p = writers::PlanZero(*src->state, w, nullptr);
+    EXPECT_TRUE(p.ok()) << p.status();
+    if (p.ok()) *plan = *std::move(p);
+    return std::move(src->state);
+  };
+  std::unique_ptr<writers::Plan> plan;
+  std::unique_ptr<deepspeed::ModelState> state = plan_of(&plan);
+  ASSERT_TRUE(state && plan);
+  // The pieces, and the state files each lists.
+  std::vector<size_t> pieces;
+  std::map<std::string, std::set<size_t>> readers_of;  // state file -> pieces listing it
+  for (size_t i = 0; i < plan->units().size(); ++i) {
+    const writers::Unit& u = plan->units()[i];
+    if (!absl::StrContains(u.name, " piece ")) continue;
+    pieces.push_back(i);
+    for (const auto& in : u.inputs) readers_of[in.path].insert(i);
+  }
+  ASSERT_GE(pieces.size(), 10u);
+  std::set<std::string> all_files;
+  for (const auto& [path, units] : readers_of) all_files.insert(path);
+  size_t listed = 0;
+  for (size_t i : pieces) {
+    // A piece lists some of the files, each with the bytes it reads of it.
+    EXPECT_LT(plan->units()[i].inputs.size(), all_files.size()) << plan->units()[i].name;
+    for (const auto& in : plan->units()[i].inputs) EXPECT_GT(in.length, 0) << in.path;
+    listed += plan->units()[i].inputs.size();
+  }
+  // Each state file by the pieces its bytes fall in (one more at each cut),
+  // a step.pt by those of its param's states: not every file by every piece.
+  EXPECT_LE(listed, 2 * all_files.size() + 2 * pieces.size());
+  // Every state file of the optimizer file is read by some piece.
+  size_t trainable = 0;
+  for (const auto& p : state->info().params) trainable += p.trainable() ? 1 : 0;
+  EXPECT_EQ(all_files.size(), trainable * (2 + state->info().state_keys.size()))  // fp32, states, step
+      << "every param's fp32.pt, state files and step.pt";
+  // A piece and a state file only other pieces read.
+  size_t piece = pieces[pieces.size() / 2];
+  std::string other;
+  for (const auto& [path, units] : readers_of) {
+    if (!units.count(piece) && !absl::EndsWith(path, "/step.pt") && !absl::EndsWith(path, "/fp32.pt")) {
+      other = path;
+      break;
+    }
+  }
+  ASSERT_FALSE(other.empty());
+  const size_t reader = *readers_of[other].begin();
+  state.reset();
+  plan.reset();
+  // Damage it (as a half-copied file would be), then plan again.
+  ASSERT_TRUE(WriteFileAtomic(other, "not a torch file").ok());
+  state = plan_of(&plan);
+  ASSERT_TRUE(state && plan);
+  const std::string staging = JoinPath(root, "staging");
+  fs::create_directories(staging);
+  std::vector<writers::UnitResult> results;
+  absl::Status ran = writers::ExecuteUnits(*plan, {piece}, staging, 1, {}, &results);
+  EXPECT_TRUE(ran.ok()) << ran;
+  ran = writers::ExecuteUnits(*plan, {reader}, staging, 1, {}, &results);
+  EXPECT_FALSE(ran.ok());
+  EXPECT_TRUE(absl::StrContains(ran.message(), other)) << ran;
+}
+
+// A universal folder whose params' step.pt disagree mixes saves: the
+// reshard that reads them is refused, naming the odd file (each param's
+// step is checked where its states are read; no rank opens every step.pt).
+TEST(SplitWriteTest, AStepFromAnotherSaveIsRefusedNamingTheFile) {
+  const std::string root = testing::FreshTempDir("split_step");
+  const std::string universal = JoinPath(root, "u");
+  {
+    ConvertOptions c;
+    c.input_folder = testing::FixturePath(kFixture);
+    c.output_folder = universal;
+    ASSERT_TRUE(Convert(c).ok());
+  }
+  const std::string odd = JoinPath(universal, "zero/2.mlp.dense_h_to_4h.weight/step.pt");
+  ASSERT_TRUE(fs::exists(odd));
+  {
+    torch::TorchWriter w;
+    const float five = 5.0f;
+    auto t = torch::Tensor::FromBytes(torch::DType::kFloat32, {}, std::string(reinterpret_cast<const char*>(&five), 4));
+    ASSERT_TRUE(t.ok());
+    ASSERT_TRUE(w.WriteFile(odd + ".new", *w.AddTensor(*t)).ok());
+    fs::rename(odd + ".new", odd);
+  }
+  for (int64_t piece_bytes : {int64_t{-1}, int64_t{65536}}) {
+    for (int threads : {1, 2}) {
+      const std::string out = JoinPath(root, absl::StrCat("out_", piece_bytes, "_", threads, "/global_step4"));
+      auto r = Reshard(ToTp1(universal, out, piece_bytes, threads));
+      ASSERT_FALSE(r.ok()) << piece_bytes;
+      EXPECT_TRUE(absl::StrContains(r.status().message(), odd + ": step differs from that of")) << r.status();
+      EXPECT_FALSE(fs::exists(out));
+    }
+  }
 }
 
 }  // namespace

@@ -245,6 +245,7 @@ absl::StatusOr<tp::TensorPlan> UniversalModelState::Full(const deepspeed::ParamS
                                                      torch::ShapeString(param.full_shape)));
     }
     UCP_RETURN_IF_ERROR(CheckRuleAgrees(f, param));
+    UCP_RETURN_IF_ERROR(CheckStep(param));
     return tp::TensorPlan::FromTensor(f.param);
   }
   UCP_ASSIGN_OR_RETURN(UniversalStateFile f, ckpt_->ReadModule(param.name));
@@ -255,6 +256,22 @@ absl::StatusOr<tp::TensorPlan> UniversalModelState::Full(const deepspeed::ParamS
   }
   UCP_RETURN_IF_ERROR(CheckRuleAgrees(f, param));
   return tp::TensorPlan::FromTensor(f.param);
+}
+
+std::optional<tp::TensorPlan> UniversalModelState::FullDeferred(const deepspeed::ParamState& param,
+                                                                const std::string& state) const {
+  if (!param.trainable() || state == deepspeed::kLpState) return std::nullopt;
+  const auto& states = ckpt_->StateFiles(param.name);
+  if (std::find(states.begin(), states.end(), state) == states.end()) return std::nullopt;  // Full says why
+  const std::string dir = JoinPath(JoinPath(ckpt_->dir(), deepspeed::kUniversalZeroDir), param.name);
+  tp::TensorPlan::DeferredSource s;
+  s.dtype = torch::DType::kFloat32;  // as Full requires
+  s.shape = param.full_shape;
+  s.label = JoinPath(dir, state + ".pt");
+  s.files.push_back(s.label);
+  if (std::find(states.begin(), states.end(), "step") != states.end()) s.files.push_back(JoinPath(dir, "step.pt"));
+  s.open = [this, param, state]() { return Full(param, state); };
+  return tp::TensorPlan::Deferred(std::move(s));
 }
 
 std::vector<deepspeed::InputRange> UniversalModelState::Inputs(const deepspeed::ParamState& param) const {
@@ -273,7 +290,6 @@ absl::StatusOr<deepspeed::FileValue> UniversalModelState::GroupScalar(int group,
       first_param_of_group_[group].empty()) {
     return deepspeed::FileValue{};
   }
-  UCP_RETURN_IF_ERROR(CheckGroupSteps(group));
   UCP_ASSIGN_OR_RETURN(std::shared_ptr<const torch::TorchFile> f, ckpt_->ReadStep(first_param_of_group_[group]));
   if (!f) return deepspeed::FileValue{};
   return deepspeed::FileValue{f->root(), f};
@@ -297,29 +313,47 @@ std::string StepBytes(const torch::TorchFile& f) {
 
 }  // namespace
 
-absl::Status UniversalModelState::CheckGroupSteps(int group) const {
-  std::lock_guard<std::mutex> lock(steps_mu_);
-  auto it = steps_checked_.find(group);
-  if (it != steps_checked_.end()) return it->second;
-  absl::Status status = [&]() -> absl::Status {
-    std::string first;
-    bool have_first = false;
-    for (const std::string& name : params_of_group_[group]) {
-      UCP_ASSIGN_OR_RETURN(std::shared_ptr<const torch::TorchFile> f, ckpt_->ReadStep(name));
-      if (!f) continue;
-      const std::string bytes = StepBytes(*f);
-      if (!have_first) {
-        first = bytes;
-        have_first = true;
-      } else if (bytes != first) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            f->path(), ": step differs from that of ", first_param_of_group_[group],
-            " (param group ", group, "): the params' states come from different saves"));
-      }
-    }
+absl::Status UniversalModelState::CheckStep(const deepspeed::ParamState& param) const {
+  const int group = param.group;
+  if (group < 0 || group >= static_cast<int>(first_param_of_group_.size()) || first_param_of_group_[group].empty() ||
+      param.name == first_param_of_group_[group]) {
     return absl::OkStatus();
-  }();
-  steps_checked_[group] = status;
+  }
+  {
+    std::lock_guard<std::mutex> lock(steps_mu_);
+    auto it = steps_checked_.find(param.name);
+    if (it != steps_checked_.end()) return it->second;
+  }
+  // The files are read outside the lock (two threads may both read one).
+  auto step_bytes = [&](const std::string& name) -> absl::StatusOr<std::string> {
+    UCP_ASSIGN_OR_RETURN(std::shared_ptr<const torch::TorchFile> f, ckpt_->ReadStep(name));
+    return f ? StepBytes(*f) : std::string();
+  };
+  std::optional<absl::StatusOr<std::string>> first;
+  {
+    std::lock_guard<std::mutex> lock(steps_mu_);
+    auto it = group_steps_.find(group);
+    if (it != group_steps_.end()) first = it->second;
+  }
+  if (!first) {
+    first = step_bytes(first_param_of_group_[group]);
+    std::lock_guard<std::mutex> lock(steps_mu_);
+    group_steps_.emplace(group, *first);
+  }
+  absl::Status status = first->status();
+  if (status.ok()) {
+    absl::StatusOr<std::string> mine = step_bytes(param.name);
+    if (!mine.ok()) {
+      status = mine.status();
+    } else if (!(*first)->empty() && !mine->empty() && *mine != **first) {
+      status = absl::InvalidArgumentError(absl::StrCat(
+          JoinPath(JoinPath(JoinPath(ckpt_->dir(), deepspeed::kUniversalZeroDir), param.name), "step.pt"),
+          ": step differs from that of ", first_param_of_group_[group], " (param group ", group,
+          "): the params' states come from different saves"));
+    }
+  }
+  std::lock_guard<std::mutex> lock(steps_mu_);
+  steps_checked_.emplace(param.name, status);
   return status;
 }
 

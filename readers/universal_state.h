@@ -30,6 +30,10 @@ class UniversalModelState : public deepspeed::ModelState {
 
   const deepspeed::ModelInfo& info() const override { return info_; }
   absl::StatusOr<tp::TensorPlan> Full(const deepspeed::ParamState& param, const std::string& state) const override;
+  // A trainable param's optimizer state (float32, its full shape): the
+  // state file and the param's step.pt are opened on the first read.
+  std::optional<tp::TensorPlan> FullDeferred(const deepspeed::ParamState& param,
+                                             const std::string& state) const override;
   absl::StatusOr<deepspeed::FileValue> GroupScalar(int group, const std::string& key) const override;
   std::vector<deepspeed::InputRange> Inputs(const deepspeed::ParamState& param) const override;
   void SetCheckedInputs(std::shared_ptr<const std::set<std::string>> keys) const override {
@@ -47,15 +51,18 @@ class UniversalModelState : public deepspeed::ModelState {
   UniversalModelState() = default;
   absl::Status Build();
 
-  // Every param of `group` has the step of its first one (checked once).
-  absl::Status CheckGroupSteps(int group) const;
+  // `param`'s step.pt holds the step of its group's first param (checked
+  // once per param, when one of its states is read: every rank checks the
+  // params it reads, none opens every step.pt).
+  absl::Status CheckStep(const deepspeed::ParamState& param) const;
 
   std::shared_ptr<const UniversalCheckpoint> ckpt_;
   deepspeed::ModelInfo info_;
   std::vector<std::string> first_param_of_group_;
   std::vector<std::vector<std::string>> params_of_group_;
   mutable std::mutex steps_mu_;
-  mutable std::map<int, absl::Status> steps_checked_;  // guarded by steps_mu_
+  mutable std::map<std::string, absl::Status> steps_checked_;  // by param name; guarded by steps_mu_
+  mutable std::map<int, absl::StatusOr<std::string>> group_steps_;  // the first param's; guarded by steps_mu_
 };
 
 }  // namespace ucp::readers

@@ -410,6 +410,12 @@ class ReinterpretedState : public deepspeed::ModelState {
     }
     return tp::MergeSlices(info_.params[i].rule, slices, info_.original_vocab_size, param.name);
   }
+  std::optional<TensorPlan> FullDeferred(const ParamState& param, const std::string& state) const override {
+    const int i = info_.IndexOf(param.name);
+    if (i < 0) return base_->FullDeferred(param, state);
+    if (!stored_rule_[i]) return base_->FullDeferred(base_->info().params[i], state);
+    return std::nullopt;  // re-merged: Full opens the stored tensor
+  }
   absl::StatusOr<deepspeed::FileValue> GroupScalar(int group, const std::string& key) const override {
     return base_->GroupScalar(group, key);
   }

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
+#include <optional>
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
@@ -27,12 +29,79 @@ absl::Status CheckDim(const std::vector<int64_t>& shape, int64_t dim, const char
 
 }  // namespace
 
+class TensorPlan::Opener {
+ public:
+  explicit Opener(DeferredSource source) : source_(std::move(source)) {}
+  const DeferredSource& source() const { return source_; }
+
+  // The plan `open` gave (opened by the first caller), or its error.
+  absl::StatusOr<const TensorPlan*> Get() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!opened_) {
+      opened_ = true;
+      absl::StatusOr<TensorPlan> p =
+          source_.open ? source_.open() : absl::StatusOr<TensorPlan>(absl::InternalError("no open function"));
+      if (!p.ok()) {
+        status_ = p.status();
+      } else if (p->dtype() != source_.dtype || p->shape() != source_.shape) {
+        status_ = absl::InvalidArgumentError(absl::StrCat(
+            source_.label, ": opened as ", std::string(torch::DTypeName(p->dtype())), " ",
+            torch::ShapeString(p->shape()), ", planned as ", std::string(torch::DTypeName(source_.dtype)), " ",
+            torch::ShapeString(source_.shape)));
+      } else {
+        plan_ = *std::move(p);
+      }
+    }
+    if (!status_.ok()) return status_;
+    return &*plan_;
+  }
+
+ private:
+  const DeferredSource source_;
+  std::mutex mu_;
+  bool opened_ = false;            // guarded by mu_
+  absl::Status status_;            // guarded by mu_
+  std::optional<TensorPlan> plan_;  // guarded by mu_; immutable once set
+};
+
+TensorPlan TensorPlan::Deferred(DeferredSource source) {
+  TensorPlan p;
+  p.dtype_ = source.dtype;
+  p.shape_ = source.shape;
+  p.numel_ = Product(p.shape_, 0, p.shape_.size());
+  Source s;
+  s.deferred = std::make_shared<Opener>(std::move(source));
+  p.sources_ = std::make_shared<const std::vector<Source>>(std::vector<Source>{std::move(s)});
+  if (p.numel_ > 0) p.runs_.push_back(Run{0, 0, p.numel_});
+  p.FinishRuns();
+  return p;
+}
+
+std::vector<TensorPlan::DeferredUse> TensorPlan::DeferredIn(int64_t start, int64_t count) const {
+  std::vector<DeferredUse> out;
+  start = std::max<int64_t>(start, 0);
+  const int64_t end = std::min(start + std::max<int64_t>(count, 0), numel_);
+  if (start >= end) return out;
+  auto it = std::upper_bound(run_starts_.begin(), run_starts_.end(), start);
+  size_t i = static_cast<size_t>(it - run_starts_.begin()) - 1;
+  for (int64_t pos = start; pos < end && i < runs_.size(); ++i) {
+    const Run& r = runs_[i];
+    const int64_t within = pos - run_starts_[i];
+    const int64_t take = std::min(r.length - within, end - pos);
+    if (r.source >= 0 && (*sources_)[r.source].deferred) {
+      out.push_back({&(*sources_)[r.source].deferred->source(), r.offset + within, take});
+    }
+    pos += take;
+  }
+  return out;
+}
+
 TensorPlan TensorPlan::FromTensor(const torch::Tensor& t) {
   TensorPlan p;
   p.dtype_ = t.dtype();
   p.shape_ = t.sizes();
   p.numel_ = t.numel();
-  p.sources_ = std::make_shared<const std::vector<torch::Tensor>>(std::vector<torch::Tensor>{t});
+  p.sources_ = std::make_shared<const std::vector<Source>>(std::vector<Source>{Source{t, nullptr}});
   if (p.numel_ > 0) p.runs_.push_back(Run{0, 0, p.numel_});
   p.FinishRuns();
   return p;
@@ -56,7 +125,9 @@ absl::StatusOr<TensorPlan> TensorPlan::FromPieces(torch::DType dtype, std::vecto
     return absl::InvalidArgumentError(absl::StrCat("pieces hold ", total, " elements, shape ",
                                                    torch::ShapeString(p.shape_), " needs ", p.numel_));
   }
-  p.sources_ = std::make_shared<const std::vector<torch::Tensor>>(pieces);
+  auto sources = std::make_shared<std::vector<Source>>();
+  for (const torch::Tensor& t : pieces) sources->push_back(Source{t, nullptr});
+  p.sources_ = std::move(sources);
   for (size_t i = 0; i < pieces.size(); ++i) {
     if (pieces[i].numel() > 0) p.AppendRun(Run{static_cast<int>(i), 0, pieces[i].numel()});
   }
@@ -69,7 +140,7 @@ TensorPlan TensorPlan::Zeros(torch::DType dtype, std::vector<int64_t> shape) {
   p.dtype_ = dtype;
   p.numel_ = Product(shape, 0, shape.size());
   p.shape_ = std::move(shape);
-  p.sources_ = std::make_shared<const std::vector<torch::Tensor>>();
+  p.sources_ = std::make_shared<const std::vector<Source>>();
   if (p.numel_ > 0) p.runs_.push_back(Run{-1, 0, p.numel_});
   p.FinishRuns();
   return p;
@@ -234,7 +305,7 @@ absl::StatusOr<TensorPlan> TensorPlan::Cat(const std::vector<TensorPlan>& plans,
   out.shape_ = shape;
   out.numel_ = Product(shape, 0, shape.size());
   // Merge the source lists, sharing them when plans share one.
-  auto sources = std::make_shared<std::vector<torch::Tensor>>();
+  auto sources = std::make_shared<std::vector<Source>>();
   std::unordered_map<const void*, int> base_of;
   std::vector<int> bases(plans.size());
   for (size_t i = 0; i < plans.size(); ++i) {
@@ -291,8 +362,11 @@ absl::Status TensorPlan::CopyFlat(int64_t start, int64_t count, uint8_t* out) co
     uint8_t* dst = out + static_cast<size_t>(pos - start) * isz;
     if (r.source < 0) {
       std::memset(dst, 0, static_cast<size_t>(take) * isz);
+    } else if (const Source& s = (*sources_)[r.source]; s.deferred) {
+      UCP_ASSIGN_OR_RETURN(const TensorPlan* opened, s.deferred->Get());
+      UCP_RETURN_IF_ERROR(opened->CopyFlat(r.offset + within, take, dst));
     } else {
-      const torch::Tensor& src = (*sources_)[r.source];
+      const torch::Tensor& src = s.tensor;
       if (src.is_contiguous()) {
         std::memcpy(dst, src.data() + static_cast<size_t>(r.offset + within) * isz, static_cast<size_t>(take) * isz);
       } else {
@@ -316,7 +390,12 @@ absl::StatusOr<absl::Span<const uint8_t>> TensorPlan::ViewFlat(int64_t start, in
     const Run& r = runs_[i];
     const int64_t within = start - run_starts_[i];
     if (r.source >= 0 && within + count <= r.length) {
-      const torch::Tensor& src = (*sources_)[r.source];
+      const Source& s = (*sources_)[r.source];
+      if (s.deferred) {
+        UCP_ASSIGN_OR_RETURN(const TensorPlan* opened, s.deferred->Get());
+        return opened->ViewFlat(r.offset + within, count, scratch);
+      }
+      const torch::Tensor& src = s.tensor;
       if (src.is_contiguous()) {
         torch::MappedFile::NoteBytesConsumed(static_cast<size_t>(count) * isz);
         return absl::MakeConstSpan(src.data() + static_cast<size_t>(r.offset + within) * isz,
@@ -351,13 +430,15 @@ absl::StatusOr<bool> TensorPlan::BitwiseEqual(const TensorPlan& a, const TensorP
 
 bool TensorPlan::IsWholeContiguousSource() const {
   if (runs_.size() != 1 || runs_[0].source < 0 || runs_[0].offset != 0) return false;
-  const torch::Tensor& src = (*sources_)[runs_[0].source];
+  const Source& s = (*sources_)[runs_[0].source];
+  if (s.deferred) return false;
+  const torch::Tensor& src = s.tensor;
   return src.is_contiguous() && src.numel() == numel_ && src.sizes() == shape_;
 }
 
 const torch::Tensor* TensorPlan::source_tensor() const {
   if (!IsWholeContiguousSource()) return nullptr;
-  return &(*sources_)[runs_[0].source];
+  return &(*sources_)[runs_[0].source].tensor;
 }
 
 }  // namespace ucp::tp

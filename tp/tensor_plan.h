@@ -18,6 +18,7 @@
 #define UCP_TP_TENSOR_PLAN_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -40,6 +41,31 @@ class TensorPlan {
   static absl::StatusOr<TensorPlan> FromPieces(torch::DType dtype, std::vector<int64_t> shape,
                                                const std::vector<torch::Tensor>& pieces);
   static TensorPlan Zeros(torch::DType dtype, std::vector<int64_t> shape);
+
+  // A source that is opened on first use: a writer can build (and lay out)
+  // a file's whole tree from shapes alone and open only the sources of the
+  // bytes it writes (a piece of a file, writers/plan.h). `open` is called at
+  // most once, by the first read of an element, under a lock; its plan must
+  // have the declared dtype and shape (else that read fails, naming `label`).
+  // `files`: the input files opening and reading the source touches, for
+  // planning (DeferredIn).
+  struct DeferredSource {
+    torch::DType dtype = torch::DType::kFloat32;
+    std::vector<int64_t> shape;
+    std::function<absl::StatusOr<TensorPlan>()> open;
+    std::string label;               // for errors, e.g. "param 'x' exp_avg"
+    std::vector<std::string> files;  // what opening and reading it touches
+  };
+  static TensorPlan Deferred(DeferredSource source);
+  // The deferred sources that elements [start, start + count) read (in
+  // order; one entry per run), each with the range of its elements read.
+  // Nothing is opened.
+  struct DeferredUse {
+    const DeferredSource* source;
+    int64_t offset;  // first element, in the source's row-major order
+    int64_t count;
+  };
+  std::vector<DeferredUse> DeferredIn(int64_t start, int64_t count) const;
 
   torch::DType dtype() const { return dtype_; }
   const std::vector<int64_t>& shape() const { return shape_; }
@@ -74,11 +100,17 @@ class TensorPlan {
   // bounded memory.
   static absl::StatusOr<bool> BitwiseEqual(const TensorPlan& a, const TensorPlan& b);
   // True when the plan is exactly one contiguous source tensor viewed whole:
-  // then `source_tensor()` can be written without copying.
+  // then `source_tensor()` can be written without copying (never for a
+  // deferred source: asking does not open it).
   bool IsWholeContiguousSource() const;
   const torch::Tensor* source_tensor() const;
 
  private:
+  class Opener;  // a DeferredSource and what opening it gave
+  struct Source {
+    torch::Tensor tensor;
+    std::shared_ptr<Opener> deferred;  // set for a deferred source
+  };
   struct Run {
     int source = -1;     // index into sources_, or -1 for zeros
     int64_t offset = 0;  // first element in the source's row-major order
@@ -92,7 +124,7 @@ class TensorPlan {
   torch::DType dtype_ = torch::DType::kFloat32;
   std::vector<int64_t> shape_;
   int64_t numel_ = 0;
-  std::shared_ptr<const std::vector<torch::Tensor>> sources_;
+  std::shared_ptr<const std::vector<Source>> sources_;
   std::vector<Run> runs_;
   std::vector<int64_t> run_starts_;  // flat start of each run
 };

@@ -150,6 +150,89 @@ TEST(TensorPlanTest, WholeContiguousSourceIsRecognized) {
 }
 
 // Random compositions of narrow and cat agree with the naive reference.
+// A deferred source stands for `d` and counts how often it is opened.
+TensorPlan CountingDeferred(const Dense& d, std::shared_ptr<int> opens, std::string file) {
+  TensorPlan::DeferredSource s;
+  s.dtype = DType::kInt32;
+  s.shape = d.shape;
+  s.label = file;
+  s.files = {file};
+  s.open = [d, opens]() -> absl::StatusOr<TensorPlan> {
+    ++*opens;
+    return TensorPlan::FromTensor(ToTensor(d));
+  };
+  return TensorPlan::Deferred(std::move(s));
+}
+
+TEST(TensorPlanTest, DeferredSourcesOpenOnFirstReadOnly) {
+  const Dense a = MakeDense({4, 3}, 0), b = MakeDense({2, 3}, 100);
+  auto opens_a = std::make_shared<int>(0), opens_b = std::make_shared<int>(0);
+  TensorPlan pa = CountingDeferred(a, opens_a, "a.pt"), pb = CountingDeferred(b, opens_b, "b.pt");
+  // Cat, narrow, reshape and flat ranges: planning opens nothing.
+  auto cat = TensorPlan::Cat({pa, pb, TensorPlan::FromTensor(ToTensor(MakeDense({1, 3}, 200)))}, 0);
+  ASSERT_TRUE(cat.ok());
+  auto flat = cat->Reshape({21});
+  ASSERT_TRUE(flat.ok());
+  EXPECT_EQ(*opens_a + *opens_b, 0);
+  EXPECT_FALSE(pa.IsWholeContiguousSource());
+  EXPECT_EQ(pa.source_tensor(), nullptr);
+  // Which sources a range reads, without opening them.
+  std::vector<TensorPlan::DeferredUse> uses = flat->DeferredIn(10, 6);  // a[10..12), b[0..4)
+  ASSERT_EQ(uses.size(), 2u);
+  EXPECT_EQ(uses[0].source->files, std::vector<std::string>{"a.pt"});
+  EXPECT_EQ(uses[0].offset, 10);
+  EXPECT_EQ(uses[0].count, 2);
+  EXPECT_EQ(uses[1].source->files, std::vector<std::string>{"b.pt"});
+  EXPECT_EQ(uses[1].offset, 0);
+  EXPECT_EQ(uses[1].count, 4);
+  EXPECT_TRUE(flat->DeferredIn(18, 3).empty());  // the eager tensor only
+  EXPECT_EQ(flat->DeferredIn(15, 100).size(), 1u);  // clamped to the plan
+  EXPECT_EQ(*opens_a + *opens_b, 0);
+  // Reading b only opens b, once, however often it is read.
+  std::vector<int32_t> out(3);
+  ASSERT_TRUE(flat->CopyFlat(14, 3, reinterpret_cast<uint8_t*>(out.data())).ok());
+  EXPECT_EQ(out, (std::vector<int32_t>{102, 103, 104}));
+  EXPECT_EQ(*opens_a, 0);
+  EXPECT_EQ(*opens_b, 1);
+  std::vector<int32_t> want = a.data;
+  want.insert(want.end(), b.data.begin(), b.data.end());
+  for (int i = 200; i < 203; ++i) want.push_back(i);
+  EXPECT_EQ(PlanValues(*flat), want);
+  EXPECT_EQ(*opens_a, 1);
+  EXPECT_EQ(*opens_b, 1);
+  // A view inside one deferred run comes from the opened plan.
+  std::vector<uint8_t> scratch(8);
+  auto view = flat->ViewFlat(1, 2, scratch.data());
+  ASSERT_TRUE(view.ok());
+  int32_t got[2];
+  std::memcpy(got, view->data(), 8);
+  EXPECT_EQ(got[0], 1);
+  EXPECT_EQ(got[1], 2);
+}
+
+TEST(TensorPlanTest, DeferredSourceErrorsNameTheSource) {
+  TensorPlan::DeferredSource s;
+  s.dtype = DType::kInt32;
+  s.shape = {2, 3};
+  s.label = "zero/w/exp_avg.pt";
+  s.open = [] { return absl::StatusOr<TensorPlan>(TensorPlan::FromTensor(ToTensor(MakeDense({3, 2}, 0)))); };
+  TensorPlan wrong_shape = TensorPlan::Deferred(s);
+  std::vector<int32_t> out(6);
+  absl::Status st = wrong_shape.CopyFlat(0, 6, reinterpret_cast<uint8_t*>(out.data()));
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("zero/w/exp_avg.pt: opened as int32 [3, 2], planned as int32 [2, 3]"), std::string::npos)
+      << st;
+  s.open = [] { return absl::StatusOr<TensorPlan>(absl::DataLossError("zero/w/exp_avg.pt: truncated")); };
+  TensorPlan failing = TensorPlan::Deferred(s);
+  // The error, every time it is read.
+  for (int i = 0; i < 2; ++i) {
+    st = failing.CopyFlat(0, 6, reinterpret_cast<uint8_t*>(out.data()));
+    EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss);
+  }
+  std::vector<uint8_t> scratch(24);
+  EXPECT_EQ(failing.ViewFlat(0, 2, scratch.data()).status().code(), absl::StatusCode::kDataLoss);
+}
+
 RC_GTEST_PROP(TensorPlanProperty, NarrowCatMatchReference, ()) {
   const int ndim = *rc::gen::inRange(1, 4);
   std::vector<int64_t> shape;

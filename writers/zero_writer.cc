@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <map>
+#include <optional>
 #include <set>
 #include <tuple>
 
@@ -260,9 +262,12 @@ absl::StatusOr<TargetLayout> PlanTarget(const ModelInfo& info, const ZeroWriteOp
 }
 
 absl::StatusOr<TensorPlan> TargetSlice(const deepspeed::ModelState& state, const TargetLayout& layout,
-                                       int param_index, const std::string& state_name, int rank) {
+                                       int param_index, const std::string& state_name, int rank, bool deferred,
+                                       bool* opened) {
   const ParamState& p = state.info().params[param_index];
-  UCP_ASSIGN_OR_RETURN(TensorPlan full, state.Full(p, state_name));
+  std::optional<TensorPlan> later = deferred ? state.FullDeferred(p, state_name) : std::nullopt;
+  if (!later && opened != nullptr) *opened = true;
+  UCP_ASSIGN_OR_RETURN(TensorPlan full, later ? *std::move(later) : state.Full(p, state_name));
   if (full.shape() != p.full_shape) {
     return absl::InvalidArgumentError(absl::StrCat("param '", p.name, "' ", state_name, ": full shape ",
                                                    torch::ShapeString(full.shape()), " differs from ",
@@ -398,7 +403,7 @@ class Writer {
     torch::TorchWriteOptions o = write_options_;
     o.record_threads = 1;  // the pieces are the parallelism
     torch::TorchWriter w(o);
-    UCP_ASSIGN_OR_RETURN(ValuePtr root, OptimRoot(w, stage, rank, dp_rank));
+    UCP_ASSIGN_OR_RETURN(ValuePtr root, OptimRoot(w, stage, rank, dp_rank, /*deferred=*/true));
     return WriteUnitPiece(w, dir, OptimName(stage, rank, dp_rank), *root, piece, pieces, result);
   }
 
@@ -407,12 +412,61 @@ class Writer {
   absl::StatusOr<int64_t> FinishOptimPieces(int stage, int rank, int dp_rank, const std::vector<UnitResult>& results,
                                             const std::string& dir) const {
     torch::TorchWriter w(write_options_);
-    UCP_ASSIGN_OR_RETURN(ValuePtr root, OptimRoot(w, stage, rank, dp_rank));
+    UCP_ASSIGN_OR_RETURN(ValuePtr root, OptimRoot(w, stage, rank, dp_rank, /*deferred=*/true));
     return FinishUnitPieces(w, dir, OptimName(stage, rank, dp_rank), *root, results);
   }
 
-  // The optimizer file's tree, its tensors streamed from the source.
-  absl::StatusOr<ValuePtr> OptimRoot(torch::TorchWriter& w, int stage, int rank, int dp_rank) const {
+  // Which inputs each of the `pieces` pieces of the optimizer file reads
+  // (WriteOptimPiece), by laying the file out from shapes alone; nullopt
+  // when the source cannot defer its tensors (then a piece opens every
+  // input of the file to build its tree, and lists them all).
+  absl::StatusOr<std::optional<std::vector<std::vector<InputRange>>>> PieceInputs(int stage, int rank, int dp_rank,
+                                                                                  int pieces) const {
+    torch::TorchWriter w(write_options_);
+    std::vector<std::pair<size_t, TensorPlan>> records;
+    bool opened = false;
+    UCP_ASSIGN_OR_RETURN(ValuePtr root, OptimRoot(w, stage, rank, dp_rank, /*deferred=*/true, &records, &opened));
+    if (opened) return std::optional<std::vector<std::vector<InputRange>>>();
+    std::map<size_t, const TensorPlan*> by_storage;
+    for (const auto& [storage, plan] : records) by_storage[storage] = &plan;
+    const std::string name = OptimName(stage, rank, dp_rank);
+    UCP_ASSIGN_OR_RETURN(std::vector<std::vector<torch::TorchWriter::StoragePart>> all_parts,
+                         w.PieceParts(name, *root, pieces));
+    std::vector<std::vector<InputRange>> out(pieces);
+    for (int k = 0; k < pieces; ++k) {
+      const std::vector<torch::TorchWriter::StoragePart>& parts = all_parts[k];
+      std::map<std::string, int64_t> bytes;  // input file -> bytes the piece reads of it
+      std::vector<std::string> order;
+      for (const auto& part : parts) {
+        auto it = by_storage.find(part.storage);
+        if (it == by_storage.end()) continue;  // copied from the common state: opened by every piece
+        const TensorPlan& plan = *it->second;
+        const int64_t isz = static_cast<int64_t>(torch::ItemSize(plan.dtype()));
+        const int64_t first = static_cast<int64_t>(part.offset) / isz;
+        const int64_t last = (static_cast<int64_t>(part.offset + part.length) + isz - 1) / isz;
+        for (const TensorPlan::DeferredUse& use : plan.DeferredIn(first, last - first)) {
+          for (const std::string& f : use.source->files) {
+            auto [b, inserted] = bytes.emplace(f, 0);
+            if (inserted) order.push_back(f);
+            b->second += use.count * static_cast<int64_t>(torch::ItemSize(use.source->dtype));
+          }
+        }
+      }
+      // Whole files (tensor ""), with the bytes read as the length: the
+      // rank that reads most of a file checks it (AssignCheckers).
+      for (const std::string& f : order) out[k].push_back({f, "", 0, bytes[f]});
+    }
+    return std::optional<std::vector<std::vector<InputRange>>>(std::move(out));
+  }
+
+  // The optimizer file's tree, its tensors streamed from the source. With
+  // `deferred`, the source's tensors are opened when their bytes are read
+  // (TargetSlice); `records` (if given) receives each storage of a state or
+  // fp32 partition (TorchWriter storage number, plan), and `*opened` is set
+  // when some tensor had to be opened to build the tree.
+  absl::StatusOr<ValuePtr> OptimRoot(torch::TorchWriter& w, int stage, int rank, int dp_rank, bool deferred = false,
+                                     std::vector<std::pair<size_t, TensorPlan>>* records = nullptr,
+                                     bool* opened = nullptr) const {
     const bool bf16 = info_.optimizer_kind == deepspeed::OptimizerKind::kBf16;
     const Value& common = *common_.value;
     auto copy_common = [&](const char* key) -> absl::StatusOr<ValuePtr> {
@@ -441,7 +495,8 @@ class Writer {
         st->DictSet(Value::Str(key), c);
       }
       for (const std::string& key : info_.state_keys) {
-        UCP_ASSIGN_OR_RETURN(TensorPlan plan, Partition(stage, rank, dp_rank, g, key));
+        UCP_ASSIGN_OR_RETURN(TensorPlan plan, Partition(stage, rank, dp_rank, g, key, deferred, opened));
+        if (records != nullptr) records->emplace_back(w.num_storages(), plan);
         st->DictSet(Value::Str(key), tp::AddPlan(w, plan));
       }
       group_states->DictSet(Value::Int(g), st);
@@ -458,7 +513,8 @@ class Writer {
       const int64_t lean = gl.lean_partition_numel(dp_rank);  // Python's group[:p - padding]
       // fp32 partition: the ZeRO optimizer saves group[:lean] of the padded
       // partition (the file holds the whole storage); bf16 saves it whole.
-      UCP_ASSIGN_OR_RETURN(TensorPlan fp32, Partition(stage, rank, dp_rank, g, deepspeed::kFp32State));
+      UCP_ASSIGN_OR_RETURN(TensorPlan fp32, Partition(stage, rank, dp_rank, g, deepspeed::kFp32State, deferred, opened));
+      if (records != nullptr) records->emplace_back(w.num_storages(), fp32);
       UCP_ASSIGN_OR_RETURN(ValuePtr fp32_value, tp::AddPlanView(w, fp32, bf16 ? p_numel : lean, /*requires_grad=*/true));
       fp32_groups.push_back(fp32_value);
     }
@@ -549,14 +605,15 @@ class Writer {
 
   // The flat partition `dp_rank` of group `g` for one state: the fragments
   // of the params it overlaps, then zeros for the alignment padding.
-  absl::StatusOr<TensorPlan> Partition(int stage, int rank, int dp_rank, int g, const std::string& key) const {
+  absl::StatusOr<TensorPlan> Partition(int stage, int rank, int dp_rank, int g, const std::string& key,
+                                       bool deferred = false, bool* opened = nullptr) const {
     const deepspeed::ZeroGroupLayout& gl = layout_.layouts[stage][g];
     std::vector<TensorPlan> pieces;
     int64_t covered = 0;
     torch::DType dtype = torch::DType::kFloat32;
     for (const auto& f : gl.Fragments(dp_rank)) {
       const int i = layout_.stage_groups[stage][g][f.param_index];
-      UCP_ASSIGN_OR_RETURN(TensorPlan slice, TargetSlice(state_, layout_, i, key, rank));
+      UCP_ASSIGN_OR_RETURN(TensorPlan slice, TargetSlice(state_, layout_, i, key, rank, deferred, opened));
       UCP_ASSIGN_OR_RETURN(TensorPlan flat, slice.Reshape({slice.numel()}));
       UCP_ASSIGN_OR_RETURN(TensorPlan piece, flat.FlatRange(f.param_offset, f.numel));
       dtype = piece.dtype();
@@ -745,8 +802,9 @@ class ZeroPlan : public Plan {
         // A large file is cut into pieces of about piece_bytes_ (at least
         // two), each a unit: the cut depends on the plan only, so one
         // process, any thread count and any number of ranks write the same
-        // bytes. Every piece lists all of the file's inputs (which of them
-        // a piece reads is known only once the file is laid out).
+        // bytes. Each piece lists the inputs of its bytes (PieceInputs lays
+        // the file out without opening them), or, from a source that cannot
+        // defer its tensors, all of the file's inputs.
         // At most kMaxPieces (a tiny --piece_bytes must not make millions
         // of units, each building the file's tree).
         constexpr int64_t kMaxPieces = 4096;
@@ -760,8 +818,9 @@ class ZeroPlan : public Plan {
             continue;
           }
           split_.push_back({Job::kOptim, s, r, d, 0, pieces});
+          UCP_ASSIGN_OR_RETURN(auto piece_inputs, writer_.PieceInputs(s, r, d, pieces));
           for (int k = 0; k < pieces; ++k) {
-            Add({Job::kOptimPiece, s, r, d, k, pieces}, file, bytes / pieces, in);
+            Add({Job::kOptimPiece, s, r, d, k, pieces}, file, bytes / pieces, piece_inputs ? (*piece_inputs)[k] : in);
             units_.back().name = absl::StrCat("file ", file, " piece ", k + 1, " of ", pieces);
           }
         }

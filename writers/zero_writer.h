@@ -113,9 +113,13 @@ struct TargetLayout {
 absl::StatusOr<TargetLayout> PlanTarget(const deepspeed::ModelInfo& info, const ZeroWriteOptions& options,
                                         const std::string& source_ds_version = "");
 
-// The tp slice `rank` of a param's state at the target, as a plan.
+// The tp slice `rank` of a param's state at the target, as a plan. With
+// `deferred`, over the state's FullDeferred when it has one (nothing is
+// opened until the bytes are read); `*opened` (if given) is set when the
+// state had to be opened now (Full).
 absl::StatusOr<tp::TensorPlan> TargetSlice(const deepspeed::ModelState& state, const TargetLayout& layout,
-                                           int param_index, const std::string& state_name, int rank);
+                                           int param_index, const std::string& state_name, int rank,
+                                           bool deferred = false, bool* opened = nullptr);
 
 struct ZeroWriteResult {
   TargetLayout layout;

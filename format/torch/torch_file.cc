@@ -1271,6 +1271,28 @@ absl::Status TorchWriter::WritePiece(const std::string& path, const pickle::Valu
   return CloseFile(fd, path, impl.options.sync, std::move(s));
 }
 
+absl::StatusOr<std::vector<std::vector<TorchWriter::StoragePart>>> TorchWriter::PieceParts(
+    const std::string& path, const pickle::Value& root, int pieces) {
+  Impl& impl = *impl_;
+  if (pieces < 1) return absl::InvalidArgumentError(absl::StrCat(path, ": ", pieces, " pieces"));
+  UCP_ASSIGN_OR_RETURN(Impl::Prepared prepared, impl.Prepare(path, ArchiveStem(path), root));
+  std::vector<uint64_t> sizes;
+  for (size_t index : prepared.order) sizes.push_back(impl.entries[index].nbytes);
+  const std::vector<uint64_t> bounds = StoragePieceBounds(sizes, pieces);
+  std::vector<std::vector<StoragePart>> out(pieces);
+  for (int k = 0; k < pieces; ++k) {
+    const uint64_t begin = bounds[k], end = bounds[k + 1];
+    uint64_t start = 0;
+    for (size_t i = 0; i < sizes.size(); start += sizes[i], ++i) {
+      const uint64_t lo = std::max(begin, start), hi = std::min(end, start + sizes[i]);
+      if (lo < hi) out[k].push_back({prepared.order[i], lo - start, hi - lo});
+    }
+  }
+  return out;
+}
+
+size_t TorchWriter::num_storages() const { return impl_->entries.size(); }
+
 absl::StatusOr<uint64_t> TorchWriter::FinishPieces(const std::string& path, const pickle::Value& root,
                                                    absl::Span<const RecordPieceCrc> crcs) {
   Impl& impl = *impl_;

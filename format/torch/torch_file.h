@@ -227,6 +227,20 @@ class TorchWriter {
   // every piece and the finish succeed.
   absl::Status WritePiece(const std::string& path, const pickle::Value& root, int piece, int pieces,
                           std::vector<RecordPieceCrc>* crcs);
+  // What WritePiece(path, root, k, pieces) would write for every piece k,
+  // without writing or reading anything: the part of each storage it
+  // covers, by storage (numbered in the order AddTensor / AddStreamedTensor
+  // made them; see num_storages), in archive order.
+  struct StoragePart {
+    size_t storage = 0;
+    uint64_t offset = 0;  // bytes, within the storage
+    uint64_t length = 0;
+  };
+  absl::StatusOr<std::vector<std::vector<StoragePart>>> PieceParts(const std::string& path, const pickle::Value& root,
+                                                                   int pieces);
+  // Storages made so far (the next AddStreamedTensor makes storage number
+  // num_storages()).
+  size_t num_storages() const;
   // After every piece: the rest of the archive, from the parts' CRCs of
   // every piece (kFailedPrecondition unless they cover every storage record
   // exactly). Returns the file's size.

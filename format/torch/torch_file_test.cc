@@ -704,6 +704,45 @@ TEST(TorchWriterPiecesTest, SameBytesAsWriteFileForAnyPieceCount) {
   }
 }
 
+TEST(TorchWriterPiecesTest, PiecePartsAreWhatWritePieceWrites) {
+  const std::string viewed = Viewed();
+  TorchWriteOptions o;
+  // Storage bytes in creation order (PieceTree's f0..f3, bf16, viewed, bytes, empty, small).
+  std::vector<uint64_t> storage_bytes;
+  for (int k = 0; k < 4; ++k) storage_bytes.push_back(4 * ((uint64_t{1} << 17) * (k + 1) + 5 * k + 3));
+  storage_bytes.insert(storage_bytes.end(), {600002, viewed.size(), 12345, 0, 16});
+  for (int pieces : {1, 3, 40}) {
+    const std::string dir = TempPath(absl::StrCat("pieces_parts_", pieces));
+    std::filesystem::create_directories(dir);
+    std::vector<uint64_t> covered(storage_bytes.size(), 0);
+    TorchWriter planner(o);
+    ValuePtr root = PieceTree(planner, &viewed);
+    EXPECT_EQ(planner.num_storages(), storage_bytes.size());
+    auto all_parts = planner.PieceParts(dir + "/optim.pt", *root, pieces);
+    ASSERT_TRUE(all_parts.ok()) << all_parts.status();
+    ASSERT_EQ(all_parts->size(), static_cast<size_t>(pieces));
+    for (int k = 0; k < pieces; ++k) {
+      const auto* parts = &(*all_parts)[k];
+      TorchWriter w(o);
+      ValuePtr root2 = PieceTree(w, &viewed);
+      std::vector<RecordPieceCrc> crcs;
+      ASSERT_TRUE(w.WritePiece(dir + "/optim.pt", *root2, k, pieces, &crcs).ok());
+      ASSERT_EQ(parts->size(), crcs.size()) << "piece " << k << " of " << pieces;
+      for (size_t i = 0; i < crcs.size(); ++i) {
+        EXPECT_EQ((*parts)[i].offset, crcs[i].offset);
+        EXPECT_EQ((*parts)[i].length, crcs[i].length);
+        ASSERT_LT((*parts)[i].storage, storage_bytes.size());
+        EXPECT_LE((*parts)[i].offset + (*parts)[i].length, storage_bytes[(*parts)[i].storage]);
+        covered[(*parts)[i].storage] += (*parts)[i].length;
+      }
+    }
+    EXPECT_EQ(covered, storage_bytes) << pieces;  // every storage, once, by its own index
+  }
+  TorchWriter w(o);
+  ValuePtr root = PieceTree(w, &viewed);
+  EXPECT_EQ(w.PieceParts("x.pt", *root, 0).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(TorchWriterPiecesTest, BoundsAreEvenAlignedAndCoverEverything) {
   const std::vector<uint64_t> sizes = {10000, 0, 123457, 5, 4096 * 3, 999999};
   const uint64_t total = 10000 + 123457 + 5 + 4096 * 3 + 999999;

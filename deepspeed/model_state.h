@@ -171,6 +171,13 @@ class CheckpointState {
   // The input files (and tensor byte ranges in them) that reading every
   // state of `param` touches; empty for a state held in memory.
   virtual std::vector<InputRange> Inputs(const ParamState& param) const { return {}; }
+  // What reading `param`'s `state` alone touches (a subset of
+  // Inputs(param); by default all of it). Units list what they read: the
+  // rank that CRC-checks an input (writers::AssignCheckers) must be one
+  // that opens it.
+  virtual std::vector<InputRange> StateInputs(const ParamState& param, const std::string& state) const {
+    return Inputs(param);
+  }
   // Every file of the source, and a check of one of them as thorough as
   // reading it for a unit would be (CRCs, structure, consistency with the
   // others): writers check the files no unit reads, so that no damaged

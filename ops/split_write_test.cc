@@ -286,6 +286,19 @@ TEST(SplitWriteTest, APieceOpensOnlyTheInputsOfItsBytes) {
   for (const auto& p : state->info().params) trainable += p.trainable() ? 1 : 0;
   EXPECT_EQ(all_files.size(), trainable * (2 + state->info().state_keys.size()))  // fp32, states, step
       << "every param's fp32.pt, state files and step.pt";
+  // The layer files list what they read: a trainable param's fp32.pt (their
+  // lp weights are made from it) and step.pt (checked where a param is read).
+  int layer_units = 0;
+  for (const writers::Unit& u : plan->units()) {
+    if (u.outputs.empty() || !absl::StartsWith(u.outputs[0], "layer_")) continue;
+    ++layer_units;
+    for (const auto& in : u.inputs) {
+      EXPECT_TRUE(absl::EndsWith(in.path, "/fp32.pt") || absl::EndsWith(in.path, "/step.pt") ||
+                  absl::StrContains(in.path, "/ucp_module/"))
+          << u.name << " lists " << in.path;
+    }
+  }
+  EXPECT_GT(layer_units, 5);
   // A piece and a state file only other pieces read.
   size_t piece = pieces[pieces.size() / 2];
   std::string other;

@@ -285,6 +285,18 @@ std::vector<deepspeed::InputRange> UniversalModelState::Inputs(const deepspeed::
   return out;
 }
 
+std::vector<deepspeed::InputRange> UniversalModelState::StateInputs(const deepspeed::ParamState& param,
+                                                                    const std::string& state) const {
+  if (!param.trainable() || state == deepspeed::kLpState) return Inputs(param);
+  // Full(param, state) reads the state's file and checks the param's step.pt.
+  std::vector<deepspeed::InputRange> out;
+  const std::string dir = JoinPath(JoinPath(ckpt_->dir(), deepspeed::kUniversalZeroDir), param.name);
+  for (const std::string& s : ckpt_->StateFiles(param.name)) {
+    if (s == state || s == "step") out.push_back({JoinPath(dir, s + ".pt"), "", 0, -1});
+  }
+  return out;
+}
+
 absl::StatusOr<deepspeed::FileValue> UniversalModelState::GroupScalar(int group, const std::string& key) const {
   if (key != "step" || group < 0 || group >= static_cast<int>(first_param_of_group_.size()) ||
       first_param_of_group_[group].empty()) {

@@ -36,6 +36,8 @@ class UniversalModelState : public deepspeed::ModelState {
                                              const std::string& state) const override;
   absl::StatusOr<deepspeed::FileValue> GroupScalar(int group, const std::string& key) const override;
   std::vector<deepspeed::InputRange> Inputs(const deepspeed::ParamState& param) const override;
+  std::vector<deepspeed::InputRange> StateInputs(const deepspeed::ParamState& param,
+                                                 const std::string& state) const override;
   void SetCheckedInputs(std::shared_ptr<const std::set<std::string>> keys) const override {
     ckpt_->SetCheckedInputs(std::move(keys));
   }

@@ -420,6 +420,10 @@ class ReinterpretedState : public deepspeed::ModelState {
     return base_->GroupScalar(group, key);
   }
   std::vector<deepspeed::InputRange> Inputs(const ParamState& param) const override { return base_->Inputs(param); }
+  std::vector<deepspeed::InputRange> StateInputs(const ParamState& param, const std::string& state) const override {
+    const int i = info_.IndexOf(param.name);
+    return base_->StateInputs(i < 0 ? param : base_->info().params[i], state);
+  }
   std::vector<std::string> InputFiles() const override { return base_->InputFiles(); }
   absl::Status VerifyInput(const std::string& path) const override { return base_->VerifyInput(path); }
   void SetCheckedInputs(std::shared_ptr<const std::set<std::string>> keys) const override {

@@ -422,6 +422,18 @@ class Writer {
   // input of the file to build its tree, and lists them all).
   absl::StatusOr<std::optional<std::vector<std::vector<InputRange>>>> PieceInputs(int stage, int rank, int dp_rank,
                                                                                   int pieces) const {
+    // Only a source that defers every tensor of the file: building the tree
+    // of another would open (and CRC-check, outside any unit) its inputs
+    // while planning.
+    for (int g = 0; g < info_.num_groups; ++g) {
+      for (const auto& f : layout_.layouts[stage][g].Fragments(dp_rank)) {
+        const ParamState& p = info_.params[layout_.stage_groups[stage][g][f.param_index]];
+        if (!state_.FullDeferred(p, deepspeed::kFp32State)) return std::optional<std::vector<std::vector<InputRange>>>();
+        for (const std::string& key : info_.state_keys) {
+          if (!state_.FullDeferred(p, key)) return std::optional<std::vector<std::vector<InputRange>>>();
+        }
+      }
+    }
     torch::TorchWriter w(write_options_);
     std::vector<std::pair<size_t, TensorPlan>> records;
     bool opened = false;
@@ -749,13 +761,19 @@ class ZeroPlan : public Plan {
     };
     // What each param's tensors read in the source (every output file that
     // holds a slice of the param reads them).
-    std::vector<std::vector<InputRange>> inputs(info_.params.size());
-    for (size_t i = 0; i < info_.params.size(); ++i) inputs[i] = state_.Inputs(info_.params[i]);
-    auto params_inputs = [&](const std::vector<int>& params) {
+    // The module files (layer, mp_rank) read only the lp weight, made from
+    // the fp32 master weight of a trainable param.
+    std::vector<std::vector<InputRange>> inputs(info_.params.size()), lp_inputs(info_.params.size());
+    for (size_t i = 0; i < info_.params.size(); ++i) {
+      const ParamState& p = info_.params[i];
+      inputs[i] = state_.Inputs(p);
+      lp_inputs[i] = state_.StateInputs(p, p.trainable() ? deepspeed::kFp32State : deepspeed::kLpState);
+    }
+    auto params_inputs = [&](const std::vector<int>& params, bool lp = false) {
       std::vector<InputRange> out;
       std::set<std::tuple<std::string, std::string, int64_t>> seen;
       for (int i : params) {
-        for (const InputRange& r : inputs[i]) {
+        for (const InputRange& r : lp ? lp_inputs[i] : inputs[i]) {
           if (seen.insert({r.path, r.tensor, r.offset}).second) out.push_back(r);
         }
       }
@@ -765,7 +783,7 @@ class ZeroPlan : public Plan {
       const auto& [layer, keys] = layout_.layer_files[l];
       int64_t bytes = 0;
       for (int i : keys) bytes += slice_bytes(i, true);
-      const std::vector<InputRange> in = params_inputs(keys);
+      const std::vector<InputRange> in = params_inputs(keys, /*lp=*/true);
       for (int r = 0; r < t.tp; ++r) {
         Add({Job::kLayer, static_cast<int>(l), r, 0}, deepspeed::LayerFileName(layer, r), bytes, in);
       }
@@ -779,7 +797,7 @@ class ZeroPlan : public Plan {
           module.push_back(static_cast<int>(i));
         }
       }
-      std::vector<InputRange> in = params_inputs(module);
+      std::vector<InputRange> in = params_inputs(module, /*lp=*/true);
       for (int r = 0; r < t.tp; ++r) {
         std::vector<InputRange> with_source = in;
         const std::string from = state_.ModelStatesPath(s, r);

@@ -121,13 +121,11 @@ absl::Status UniversalModelState::Build() {
   // Trainable params in global flatten order.
   std::set<std::string> seen;
   first_param_of_group_.assign(info_.num_groups, "");
-  params_of_group_.assign(info_.num_groups, {});
   for (int g = 0; g < info_.num_groups; ++g) {
     for (int st = 0; st < ms.topology().pp; ++st) {
       for (const std::string& name : ms.StageGroup(st, g)) {
         if (!seen.insert(name).second) continue;
         if (first_param_of_group_[g].empty()) first_param_of_group_[g] = name;
-        params_of_group_[g].push_back(name);
         deepspeed::ParamState p;
         p.name = name;
         p.group = g;
@@ -258,18 +256,21 @@ absl::StatusOr<tp::TensorPlan> UniversalModelState::Full(const deepspeed::ParamS
   return tp::TensorPlan::FromTensor(f.param);
 }
 
+std::string UniversalModelState::StatePath(const std::string& name, const std::string& state) const {
+  return JoinPath(JoinPath(JoinPath(ckpt_->dir(), deepspeed::kUniversalZeroDir), name), state + ".pt");
+}
+
 std::optional<tp::TensorPlan> UniversalModelState::FullDeferred(const deepspeed::ParamState& param,
                                                                 const std::string& state) const {
   if (!param.trainable() || state == deepspeed::kLpState) return std::nullopt;
   const auto& states = ckpt_->StateFiles(param.name);
   if (std::find(states.begin(), states.end(), state) == states.end()) return std::nullopt;  // Full says why
-  const std::string dir = JoinPath(JoinPath(ckpt_->dir(), deepspeed::kUniversalZeroDir), param.name);
   tp::TensorPlan::DeferredSource s;
   s.dtype = torch::DType::kFloat32;  // as Full requires
   s.shape = param.full_shape;
-  s.label = JoinPath(dir, state + ".pt");
+  s.label = StatePath(param.name, state);
   s.files.push_back(s.label);
-  if (std::find(states.begin(), states.end(), "step") != states.end()) s.files.push_back(JoinPath(dir, "step.pt"));
+  if (std::find(states.begin(), states.end(), "step") != states.end()) s.files.push_back(StatePath(param.name, "step"));
   s.open = [this, param, state]() { return Full(param, state); };
   return tp::TensorPlan::Deferred(std::move(s));
 }
@@ -280,8 +281,7 @@ std::vector<deepspeed::InputRange> UniversalModelState::Inputs(const deepspeed::
     out.push_back({JoinPath(JoinPath(ckpt_->dir(), deepspeed::kUniversalModuleDir), param.name + ".pt"), "", 0, -1});
     return out;
   }
-  const std::string dir = JoinPath(JoinPath(ckpt_->dir(), deepspeed::kUniversalZeroDir), param.name);
-  for (const std::string& s : ckpt_->StateFiles(param.name)) out.push_back({JoinPath(dir, s + ".pt"), "", 0, -1});
+  for (const std::string& s : ckpt_->StateFiles(param.name)) out.push_back({StatePath(param.name, s), "", 0, -1});
   return out;
 }
 
@@ -290,9 +290,8 @@ std::vector<deepspeed::InputRange> UniversalModelState::StateInputs(const deepsp
   if (!param.trainable() || state == deepspeed::kLpState) return Inputs(param);
   // Full(param, state) reads the state's file and checks the param's step.pt.
   std::vector<deepspeed::InputRange> out;
-  const std::string dir = JoinPath(JoinPath(ckpt_->dir(), deepspeed::kUniversalZeroDir), param.name);
   for (const std::string& s : ckpt_->StateFiles(param.name)) {
-    if (s == state || s == "step") out.push_back({JoinPath(dir, s + ".pt"), "", 0, -1});
+    if (s == state || s == "step") out.push_back({StatePath(param.name, s), "", 0, -1});
   }
   return out;
 }
@@ -359,7 +358,7 @@ absl::Status UniversalModelState::CheckStep(const deepspeed::ParamState& param) 
       status = mine.status();
     } else if (!(*first)->empty() && !mine->empty() && *mine != **first) {
       status = absl::InvalidArgumentError(absl::StrCat(
-          JoinPath(JoinPath(JoinPath(ckpt_->dir(), deepspeed::kUniversalZeroDir), param.name), "step.pt"),
+          StatePath(param.name, "step"),
           ": step differs from that of ", first_param_of_group_[group], " (param group ", group,
           "): the params' states come from different saves"));
     }

@@ -53,6 +53,8 @@ class UniversalModelState : public deepspeed::ModelState {
   UniversalModelState() = default;
   absl::Status Build();
 
+  // zero/<name>/<state>.pt in the folder.
+  std::string StatePath(const std::string& name, const std::string& state) const;
   // `param`'s step.pt holds the step of its group's first param (checked
   // once per param, when one of its states is read: every rank checks the
   // params it reads, none opens every step.pt).
@@ -61,7 +63,6 @@ class UniversalModelState : public deepspeed::ModelState {
   std::shared_ptr<const UniversalCheckpoint> ckpt_;
   deepspeed::ModelInfo info_;
   std::vector<std::string> first_param_of_group_;
-  std::vector<std::vector<std::string>> params_of_group_;
   mutable std::mutex steps_mu_;
   mutable std::map<std::string, absl::Status> steps_checked_;  // by param name; guarded by steps_mu_
   mutable std::map<int, absl::StatusOr<std::string>> group_steps_;  // the first param's; guarded by steps_mu_

@@ -355,6 +355,7 @@ absl::Status TensorPlan::CopyFlat(int64_t start, int64_t count, uint8_t* out) co
   size_t i = static_cast<size_t>(it - run_starts_.begin()) - 1;
   int64_t pos = start;
   const int64_t end = start + count;
+  int64_t deferred = 0;  // elements copied by opened plans (which count them)
   while (pos < end) {
     const Run& r = runs_[i];
     const int64_t within = pos - run_starts_[i];
@@ -365,6 +366,7 @@ absl::Status TensorPlan::CopyFlat(int64_t start, int64_t count, uint8_t* out) co
     } else if (const Source& s = (*sources_)[r.source]; s.deferred) {
       UCP_ASSIGN_OR_RETURN(const TensorPlan* opened, s.deferred->Get());
       UCP_RETURN_IF_ERROR(opened->CopyFlat(r.offset + within, take, dst));
+      deferred += take;
     } else {
       const torch::Tensor& src = s.tensor;
       if (src.is_contiguous()) {
@@ -378,7 +380,7 @@ absl::Status TensorPlan::CopyFlat(int64_t start, int64_t count, uint8_t* out) co
   }
   // Bound the RSS that memory-mapped sources add (pages are given back every
   // few hundred MiB; see MappedFile::NoteBytesConsumed).
-  torch::MappedFile::NoteBytesConsumed(static_cast<size_t>(count) * isz);
+  torch::MappedFile::NoteBytesConsumed(static_cast<size_t>(count - deferred) * isz);
   return absl::OkStatus();
 }
 

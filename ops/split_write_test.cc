@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/fs.h"
+#include "base/status_macros.h"
 #include "format/torch/torch_file.h"
 #include "format/torch/zip.h"
 #include "gtest/gtest.h"
@@ -58,6 +59,15 @@ void ExpectSameTree(const std::string& a, const std::string& b) {
   }
 }
 
+// The fixture's universal checkpoint, converted into ROOT/u.
+absl::StatusOr<std::string> ConvertFixture(const std::string& root) {
+  ConvertOptions c;
+  c.input_folder = testing::FixturePath(kFixture);
+  c.output_folder = JoinPath(root, "u");
+  UCP_RETURN_IF_ERROR(Convert(c).status());
+  return c.output_folder;
+}
+
 // How many pieces the plan cuts the optimizer file into (from --dry_run).
 int PiecesOf(const std::string& in, int64_t piece_bytes) {
   ReshardOptions o = ToTp1(in, "/nonexistent/x", piece_bytes, 1);
@@ -76,13 +86,9 @@ TEST(SplitWriteTest, PiecesWriteTheSameBytesAsOneUnit) {
   const std::string root = testing::FreshTempDir("split_same");
   const std::string zero = testing::FixturePath(kFixture);
   // Both sources: the ZeRO folder and its universal checkpoint.
-  const std::string universal = JoinPath(root, "u");
-  {
-    ConvertOptions c;
-    c.input_folder = zero;
-    c.output_folder = universal;
-    ASSERT_TRUE(Convert(c).ok());
-  }
+  const absl::StatusOr<std::string> converted = ConvertFixture(root);
+  ASSERT_TRUE(converted.ok()) << converted.status();
+  const std::string universal = *converted;
   for (const std::string& kind : {"z", "u"}) {
     const std::string in = kind == "z" ? zero : universal;
     const std::string ref = JoinPath(root, absl::StrCat(kind, "_ref/global_step4"));
@@ -236,13 +242,9 @@ TEST(SplitWriteTest, AFailedOrLostPieceCommitsNothing) {
 // (Before, every piece built the file's tree by opening all of its inputs.)
 TEST(SplitWriteTest, APieceOpensOnlyTheInputsOfItsBytes) {
   const std::string root = testing::FreshTempDir("split_inputs");
-  const std::string universal = JoinPath(root, "u");
-  {
-    ConvertOptions c;
-    c.input_folder = testing::FixturePath(kFixture);
-    c.output_folder = universal;
-    ASSERT_TRUE(Convert(c).ok());
-  }
+  const absl::StatusOr<std::string> converted = ConvertFixture(root);
+  ASSERT_TRUE(converted.ok()) << converted.status();
+  const std::string universal = *converted;
   auto plan_of = [&](std::unique_ptr<writers::Plan>* plan) -> std::unique_ptr<deepspeed::ModelState> {
     SourceOptions so;
     so.tp1_whole_tensors = true;
@@ -331,13 +333,9 @@ TEST(SplitWriteTest, APieceOpensOnlyTheInputsOfItsBytes) {
 // step is checked where its states are read; no rank opens every step.pt).
 TEST(SplitWriteTest, AStepFromAnotherSaveIsRefusedNamingTheFile) {
   const std::string root = testing::FreshTempDir("split_step");
-  const std::string universal = JoinPath(root, "u");
-  {
-    ConvertOptions c;
-    c.input_folder = testing::FixturePath(kFixture);
-    c.output_folder = universal;
-    ASSERT_TRUE(Convert(c).ok());
-  }
+  const absl::StatusOr<std::string> converted = ConvertFixture(root);
+  ASSERT_TRUE(converted.ok()) << converted.status();
+  const std::string universal = *converted;
   const std::string odd = JoinPath(universal, "zero/2.mlp.dense_h_to_4h.weight/step.pt");
   ASSERT_TRUE(fs::exists(odd));
   {

@@ -262,11 +262,9 @@ absl::StatusOr<TargetLayout> PlanTarget(const ModelInfo& info, const ZeroWriteOp
 }
 
 absl::StatusOr<TensorPlan> TargetSlice(const deepspeed::ModelState& state, const TargetLayout& layout,
-                                       int param_index, const std::string& state_name, int rank, bool deferred,
-                                       bool* opened) {
+                                       int param_index, const std::string& state_name, int rank, bool deferred) {
   const ParamState& p = state.info().params[param_index];
   std::optional<TensorPlan> later = deferred ? state.FullDeferred(p, state_name) : std::nullopt;
-  if (!later && opened != nullptr) *opened = true;
   UCP_ASSIGN_OR_RETURN(TensorPlan full, later ? *std::move(later) : state.Full(p, state_name));
   if (full.shape() != p.full_shape) {
     return absl::InvalidArgumentError(absl::StrCat("param '", p.name, "' ", state_name, ": full shape ",
@@ -436,9 +434,7 @@ class Writer {
     }
     torch::TorchWriter w(write_options_);
     std::vector<std::pair<size_t, TensorPlan>> records;
-    bool opened = false;
-    UCP_ASSIGN_OR_RETURN(ValuePtr root, OptimRoot(w, stage, rank, dp_rank, /*deferred=*/true, &records, &opened));
-    if (opened) return std::optional<std::vector<std::vector<InputRange>>>();
+    UCP_ASSIGN_OR_RETURN(ValuePtr root, OptimRoot(w, stage, rank, dp_rank, /*deferred=*/true, &records));
     std::map<size_t, const TensorPlan*> by_storage;
     for (const auto& [storage, plan] : records) by_storage[storage] = &plan;
     const std::string name = OptimName(stage, rank, dp_rank);
@@ -474,11 +470,9 @@ class Writer {
   // The optimizer file's tree, its tensors streamed from the source. With
   // `deferred`, the source's tensors are opened when their bytes are read
   // (TargetSlice); `records` (if given) receives each storage of a state or
-  // fp32 partition (TorchWriter storage number, plan), and `*opened` is set
-  // when some tensor had to be opened to build the tree.
+  // fp32 partition (TorchWriter storage number, plan).
   absl::StatusOr<ValuePtr> OptimRoot(torch::TorchWriter& w, int stage, int rank, int dp_rank, bool deferred = false,
-                                     std::vector<std::pair<size_t, TensorPlan>>* records = nullptr,
-                                     bool* opened = nullptr) const {
+                                     std::vector<std::pair<size_t, TensorPlan>>* records = nullptr) const {
     const bool bf16 = info_.optimizer_kind == deepspeed::OptimizerKind::kBf16;
     const Value& common = *common_.value;
     auto copy_common = [&](const char* key) -> absl::StatusOr<ValuePtr> {
@@ -507,7 +501,7 @@ class Writer {
         st->DictSet(Value::Str(key), c);
       }
       for (const std::string& key : info_.state_keys) {
-        UCP_ASSIGN_OR_RETURN(TensorPlan plan, Partition(stage, rank, dp_rank, g, key, deferred, opened));
+        UCP_ASSIGN_OR_RETURN(TensorPlan plan, Partition(stage, rank, dp_rank, g, key, deferred));
         if (records != nullptr) records->emplace_back(w.num_storages(), plan);
         st->DictSet(Value::Str(key), tp::AddPlan(w, plan));
       }
@@ -525,7 +519,7 @@ class Writer {
       const int64_t lean = gl.lean_partition_numel(dp_rank);  // Python's group[:p - padding]
       // fp32 partition: the ZeRO optimizer saves group[:lean] of the padded
       // partition (the file holds the whole storage); bf16 saves it whole.
-      UCP_ASSIGN_OR_RETURN(TensorPlan fp32, Partition(stage, rank, dp_rank, g, deepspeed::kFp32State, deferred, opened));
+      UCP_ASSIGN_OR_RETURN(TensorPlan fp32, Partition(stage, rank, dp_rank, g, deepspeed::kFp32State, deferred));
       if (records != nullptr) records->emplace_back(w.num_storages(), fp32);
       UCP_ASSIGN_OR_RETURN(ValuePtr fp32_value, tp::AddPlanView(w, fp32, bf16 ? p_numel : lean, /*requires_grad=*/true));
       fp32_groups.push_back(fp32_value);
@@ -618,14 +612,14 @@ class Writer {
   // The flat partition `dp_rank` of group `g` for one state: the fragments
   // of the params it overlaps, then zeros for the alignment padding.
   absl::StatusOr<TensorPlan> Partition(int stage, int rank, int dp_rank, int g, const std::string& key,
-                                       bool deferred = false, bool* opened = nullptr) const {
+                                       bool deferred = false) const {
     const deepspeed::ZeroGroupLayout& gl = layout_.layouts[stage][g];
     std::vector<TensorPlan> pieces;
     int64_t covered = 0;
     torch::DType dtype = torch::DType::kFloat32;
     for (const auto& f : gl.Fragments(dp_rank)) {
       const int i = layout_.stage_groups[stage][g][f.param_index];
-      UCP_ASSIGN_OR_RETURN(TensorPlan slice, TargetSlice(state_, layout_, i, key, rank, deferred, opened));
+      UCP_ASSIGN_OR_RETURN(TensorPlan slice, TargetSlice(state_, layout_, i, key, rank, deferred));
       UCP_ASSIGN_OR_RETURN(TensorPlan flat, slice.Reshape({slice.numel()}));
       UCP_ASSIGN_OR_RETURN(TensorPlan piece, flat.FlatRange(f.param_offset, f.numel));
       dtype = piece.dtype();

@@ -115,11 +115,10 @@ absl::StatusOr<TargetLayout> PlanTarget(const deepspeed::ModelInfo& info, const 
 
 // The tp slice `rank` of a param's state at the target, as a plan. With
 // `deferred`, over the state's FullDeferred when it has one (nothing is
-// opened until the bytes are read); `*opened` (if given) is set when the
-// state had to be opened now (Full).
+// opened until the bytes are read).
 absl::StatusOr<tp::TensorPlan> TargetSlice(const deepspeed::ModelState& state, const TargetLayout& layout,
                                            int param_index, const std::string& state_name, int rank,
-                                           bool deferred = false, bool* opened = nullptr);
+                                           bool deferred = false);
 
 struct ZeroWriteResult {
   TargetLayout layout;

@@ -97,6 +97,21 @@ std::string ArchiveStem(const std::string& path) {
   return path.substr(start, end - start);
 }
 
+// Writes all n bytes at file offset `offset` (pwrite, retried on EINTR and
+// short writes).
+absl::Status PwriteAll(int fd, const std::string& name, const uint8_t* p, size_t n, uint64_t offset) {
+  size_t done = 0;
+  while (done < n) {
+    const ssize_t w = ::pwrite(fd, p + done, n - done, static_cast<off_t>(offset + done));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return absl::ErrnoToStatus(errno, absl::StrCat(name, ": write failed"));
+    }
+    done += static_cast<size_t>(w);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -867,15 +882,7 @@ struct TorchWriter::Impl {
       UCP_ASSIGN_OR_RETURN(absl::Span<const uint8_t> piece, cursor.Next());
       if (piece.empty()) break;
       crc = Crc32(crc, piece.data(), piece.size());
-      size_t done = 0;
-      while (done < piece.size()) {
-        const ssize_t w = ::pwrite(fd, piece.data() + done, piece.size() - done, static_cast<off_t>(at + done));
-        if (w < 0) {
-          if (errno == EINTR) continue;
-          return absl::ErrnoToStatus(errno, absl::StrCat(name, ": write failed"));
-        }
-        done += static_cast<size_t>(w);
-      }
+      UCP_RETURN_IF_ERROR(PwriteAll(fd, name, piece.data(), piece.size(), at));
       at += piece.size();
       if (at >= written_back + kWritebackBytes) {
         StartWriteback(fd, written_back, at - written_back);
@@ -1168,15 +1175,7 @@ class PwriteSink : public ZipSink {
  public:
   PwriteSink(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
   absl::Status Write(absl::Span<const uint8_t> bytes) override {
-    size_t done = 0;
-    while (done < bytes.size()) {
-      const ssize_t w = ::pwrite(fd_, bytes.data() + done, bytes.size() - done, static_cast<off_t>(pos_ + done));
-      if (w < 0) {
-        if (errno == EINTR) continue;
-        return absl::ErrnoToStatus(errno, absl::StrCat(path_, ": write failed"));
-      }
-      done += static_cast<size_t>(w);
-    }
+    UCP_RETURN_IF_ERROR(PwriteAll(fd_, path_, bytes.data(), bytes.size(), pos_));
     pos_ += bytes.size();
     return absl::OkStatus();
   }
@@ -1236,6 +1235,29 @@ std::vector<uint64_t> StoragePieceBounds(absl::Span<const uint64_t> record_sizes
   return bounds;
 }
 
+namespace {
+
+// The byte range [lo, hi) of archive record i (offsets within its data)
+// that piece k writes, for every piece: the cut of StoragePieceBounds.
+struct RecordRange {
+  size_t record;  // index in archive order
+  uint64_t lo, hi;
+};
+std::vector<std::vector<RecordRange>> PieceRanges(absl::Span<const uint64_t> record_sizes, int pieces) {
+  const std::vector<uint64_t> bounds = StoragePieceBounds(record_sizes, pieces);
+  std::vector<std::vector<RecordRange>> out(pieces);
+  for (int k = 0; k < pieces; ++k) {
+    uint64_t start = 0;  // of record i in the storage bytes
+    for (size_t i = 0; i < record_sizes.size(); start += record_sizes[i], ++i) {
+      const uint64_t lo = std::max(bounds[k], start), hi = std::min(bounds[k + 1], start + record_sizes[i]);
+      if (lo < hi) out[k].push_back({i, lo - start, hi - start});
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 absl::Status TorchWriter::WritePiece(const std::string& path, const pickle::Value& root, int piece, int pieces,
                                      std::vector<RecordPieceCrc>* crcs) {
   Impl& impl = *impl_;
@@ -1250,21 +1272,17 @@ absl::Status TorchWriter::WritePiece(const std::string& path, const pickle::Valu
                        impl.LayOut(path, ArchiveStem(path), prepared.pkl, prepared.order));
   std::vector<uint64_t> sizes;
   for (size_t index : prepared.order) sizes.push_back(impl.entries[index].nbytes);
-  const std::vector<uint64_t> bounds = StoragePieceBounds(sizes, pieces);
-  const uint64_t begin = bounds[piece], end = bounds[piece + 1];
+  const std::vector<RecordRange> ranges = PieceRanges(sizes, pieces)[piece];
   UCP_ASSIGN_OR_RETURN(const int fd, OpenForPieces(path));
   absl::Status s;
-  uint64_t start = 0;  // of record i in the storage bytes
-  for (size_t i = 0; i < sizes.size() && s.ok(); start += sizes[i], ++i) {
-    const uint64_t lo = std::max(begin, start), hi = std::min(end, start + sizes[i]);
-    if (lo >= hi) continue;
+  for (const RecordRange& r : ranges) {
     absl::StatusOr<uint32_t> crc =
-        impl.FillRecord(fd, path, impl.entries[prepared.order[i]], data_offset[i], lo - start, hi - start);
+        impl.FillRecord(fd, path, impl.entries[prepared.order[r.record]], data_offset[r.record], r.lo, r.hi);
     if (!crc.ok()) {
       s = crc.status();
       break;
     }
-    crcs->push_back({static_cast<uint32_t>(i), lo - start, hi - lo, *crc});
+    crcs->push_back({static_cast<uint32_t>(r.record), r.lo, r.hi - r.lo, *crc});
   }
   // On failure the file stays (other pieces share it): whoever owns the
   // folder removes it (a staging folder never committed).
@@ -1278,15 +1296,10 @@ absl::StatusOr<std::vector<std::vector<TorchWriter::StoragePart>>> TorchWriter::
   UCP_ASSIGN_OR_RETURN(Impl::Prepared prepared, impl.Prepare(path, ArchiveStem(path), root));
   std::vector<uint64_t> sizes;
   for (size_t index : prepared.order) sizes.push_back(impl.entries[index].nbytes);
-  const std::vector<uint64_t> bounds = StoragePieceBounds(sizes, pieces);
   std::vector<std::vector<StoragePart>> out(pieces);
+  const std::vector<std::vector<RecordRange>> ranges = PieceRanges(sizes, pieces);
   for (int k = 0; k < pieces; ++k) {
-    const uint64_t begin = bounds[k], end = bounds[k + 1];
-    uint64_t start = 0;
-    for (size_t i = 0; i < sizes.size(); start += sizes[i], ++i) {
-      const uint64_t lo = std::max(begin, start), hi = std::min(end, start + sizes[i]);
-      if (lo < hi) out[k].push_back({prepared.order[i], lo - start, hi - lo});
-    }
+    for (const RecordRange& r : ranges[k]) out[k].push_back({prepared.order[r.record], r.lo, r.hi - r.lo});
   }
   return out;
 }

@@ -116,6 +116,35 @@ INSTANTIATE_TEST_SUITE_P(
                       std::make_tuple("neox-tp2-pp1-dp1", deepspeed::Topology{1, 2, 1}),
                       std::make_tuple("neox-bf16-tp2-pp1-dp2", deepspeed::Topology{1, 1, 1})));
 
+// The second hop: what DeepSpeed 0.14.4 saved after loading a universal
+// checkpoint at tp2 dp2 / tp1 dp2 (its ranks list the Adam states in
+// different orders: [exp_avg_sq, exp_avg] and [exp_avg, exp_avg_sq]) is a
+// valid source. Resharded back to the topology of another of DeepSpeed's own
+// saves of the same state, it equals that save; it also converts.
+TEST(SecondHopTest, DeepSpeedsSaveAfterAUniversalLoadIsASource) {
+  struct Hop {
+    std::string from, expected;
+    deepspeed::Topology topo;
+  };
+  for (const Hop& h : {Hop{"resaved-tp2-pp1-dp2", "resaved-tp1-pp1-dp1", {1, 1, 1}},
+                       Hop{"resaved-tp1-pp1-dp2", "resaved-tp1-pp1-dp1", {1, 1, 1}},
+                       Hop{"resaved-tp1-pp1-dp2", "resaved-tp1-pp2-dp1", {1, 2, 1}}}) {
+    SCOPED_TRACE(h.from + " -> " + h.expected);
+    const std::string src = FixturePath("neox-tp2-pp1-dp1/" + h.from + "/global_step4");
+    const std::string root = FreshTempDir("second_hop_" + h.from + "_" + h.expected);
+    auto result = DoReshard(src, JoinPath(root, "global_step4"), h.topo);
+    ASSERT_TRUE(result.ok()) << result.status();
+    const std::vector<std::string> diffs =
+        CompareCheckpoints(JoinPath(root, "global_step4"), FixturePath("neox-tp2-pp1-dp1/" + h.expected + "/global_step4"));
+    EXPECT_THAT(diffs, IsEmpty()) << absl::StrJoin(diffs, "\n");
+    ConvertOptions c;
+    c.input_folder = src;
+    c.output_folder = JoinPath(root, "universal");
+    auto converted = Convert(c);
+    EXPECT_TRUE(converted.ok()) << converted.status();
+  }
+}
+
 // Checkpoints of later DeepSpeed versions: `from` resharded to `topo`
 // equals `expected`, both folders of fixtures/deepspeed-<version>/<fixture>.
 struct VersionCase {

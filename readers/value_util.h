@@ -3,6 +3,7 @@
 #ifndef UCP_READERS_VALUE_UTIL_H_
 #define UCP_READERS_VALUE_UTIL_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
@@ -122,6 +123,17 @@ inline absl::StatusOr<GroupStates> SplitGroupStates(
     }
   }
   return out;
+}
+
+// Whether two lists of optimizer state names (exp_avg, exp_avg_sq, ...) name
+// the same states. The order is not compared: DeepSpeed's own saves after a
+// universal load list each rank's states in the order that rank loaded them
+// (0.14.4's resaved folders: [exp_avg_sq, exp_avg] on one rank, [exp_avg,
+// exp_avg_sq] on another), and every reader looks states up by name.
+inline bool SameStateNames(std::vector<std::string> a, std::vector<std::string> b) {
+  std::sort(a.begin(), a.end());
+  std::sort(b.begin(), b.end());
+  return a == b;
 }
 
 }  // namespace ucp::readers::internal

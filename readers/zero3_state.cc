@@ -486,7 +486,7 @@ absl::StatusOr<const Zero3State::OptimFile*> Zero3State::Optim(int dp) const {
       std::vector<std::string> a, b;
       for (const auto& e : slots_[0]->file->states[0]) a.push_back(e.first);
       for (const auto& e : slot.file->states[0]) b.push_back(e.first);
-      if (a != b) {
+      if (!internal::SameStateNames(a, b)) {
         slot.status = FileError(OptimPath(dp), absl::StatusCode::kInvalidArgument,
                                 absl::StrCat("optimizer states [", absl::StrJoin(b, ", "), "] differ from [",
                                              absl::StrJoin(a, ", "), "] in ", OptimPath(0)));

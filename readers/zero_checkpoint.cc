@@ -801,7 +801,7 @@ absl::StatusOr<std::unique_ptr<OptimFile>> ZeroCheckpoint::ParseOptim(int pp, in
     std::vector<std::string> a, b;
     for (const auto& s : out->groups[0].states) a.push_back(s.first);
     for (const auto& s : out->groups[g].states) b.push_back(s.first);
-    if (a != b) {
+    if (!internal::SameStateNames(a, b)) {
       return err(absl::StrCat("group ", g, " has optimizer states [", absl::StrJoin(b, ", "), "], group 0 has [",
                               absl::StrJoin(a, ", "), "]"));
     }
@@ -848,7 +848,7 @@ absl::Status ZeroCheckpoint::CheckLikeFirst(const OptimFile& file) const {
   if (!file.groups.empty()) {
     std::vector<std::string> have;
     for (const auto& s : file.groups[0].states) have.push_back(s.first);
-    if (have != state_keys_) {
+    if (!internal::SameStateNames(have, state_keys_)) {
       return FileError(file.path, absl::StatusCode::kInvalidArgument,
                        absl::StrCat("optimizer states [", absl::StrJoin(have, ", "), "] differ from [",
                                     absl::StrJoin(state_keys_, ", "), "] in ", first.path));

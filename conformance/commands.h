@@ -1,5 +1,5 @@
-// The conformance suite's subcommands of `ucp` (registered in
-// tools/extra_commands.cc): thin flag wiring over properties.h, golden.h and
+// The conformance suite's subcommands of `ucp` (listed in
+// tools/commands.cc): thin flag wiring over properties.h, golden.h and
 // demo.h. Each takes argv with argv[0] = the command name and returns the
 // process exit code (0 ok, 1 failure or bad usage).
 //

@@ -7,7 +7,8 @@
 //             it writes. A unit reads only its own inputs and writes only its
 //             own files.
 //   execute   Any subset of units runs into the staging folder (ExecuteUnits:
-//             threads; exec/mpi.h: the units of one rank), each returning the
+//             threads; RunPlanOnCluster: the units of one rank of a
+//             Cluster, e.g. exec/mpi_cluster.h's MPI job), each returning the
 //             size and digest of every file it wrote.
 //   commit    Once, after every unit succeeded: the plan finishes the staging
 //             folder (e.g. the manifest, from every unit's digests), which is

@@ -45,12 +45,12 @@ int main(int argc, char** argv) {
   shape.layers = std::max(1, static_cast<int>(std::lround((params_wanted - fixed) / per_layer)));
   ucp::ModelSpec spec = ucp::conformance::NeoxSpec(shape);
   auto state = ucp::conformance::SyntheticModelState::Make(spec, /*seed=*/1, /*zero_stage=*/1,
-                                                            ucp::deepspeed::OptimizerKind::kZero);
+                                                            ucp::state::OptimizerKind::kZero);
   if (!state.ok()) {
     std::cerr << "make_checkpoint: " << state.status() << "\n";
     return 1;
   }
-  auto written = ucp::conformance::SaveZero(**state, output, ucp::deepspeed::Topology{tp, pp, dp}, threads);
+  auto written = ucp::conformance::SaveZero(**state, output, ucp::state::Topology{tp, pp, dp}, threads);
   if (!written.ok()) {
     std::cerr << "make_checkpoint: " << written.status() << "\n";
     return 1;

@@ -28,8 +28,8 @@ std::string Bytes(int64_t n) {
 
 // The expected tensor at tp=1: the model's full tensor, vocabulary rows
 // padded with zeros as the tp=1 model pads them.
-absl::StatusOr<tp::TensorPlan> ExpectedAtTp1(const torch::Tensor& full, const deepspeed::ParamState& p,
-                                            const deepspeed::ModelInfo& info) {
+absl::StatusOr<tp::TensorPlan> ExpectedAtTp1(const torch::Tensor& full, const state::ParamState& p,
+                                            const state::ModelInfo& info) {
   tp::TensorPlan plan = tp::TensorPlan::FromTensor(full);
   if (p.rule.kind() == VOCAB) {
     return plan.PadDim0(tp::PaddedVocabSize(p.full_shape[0], info.make_vocab_size_divisible_by, 1));
@@ -52,8 +52,8 @@ absl::StatusOr<DemoReport> RunDemo(const DemoOptions& options) {
   const NeoxShape shape;  // the DeepSpeed fixtures' model
   const ModelSpec spec = NeoxSpec(shape);
   UCP_ASSIGN_OR_RETURN(auto model, SyntheticModelState::Make(spec, /*seed=*/4, /*zero_stage=*/1,
-                                                             deepspeed::OptimizerKind::kZero));
-  const deepspeed::ModelInfo& info = model->info();
+                                                             state::OptimizerKind::kZero));
+  const state::ModelInfo& info = model->info();
   const std::string tag = absl::StrCat("global_step", model->Step(0));
   std::string out = absl::StrFormat(
       "ucp demo: a GPT-NeoX-style model (hidden %d, %d transformer layers, vocab %d; %d params in %d optimizer "
@@ -61,7 +61,7 @@ absl::StatusOr<DemoReport> RunDemo(const DemoOptions& options) {
       shape.hidden, shape.layers, shape.vocab, info.params.size(), info.num_groups);
 
   // 1. The tp=2 ZeRO-1 checkpoint, as DeepSpeed 0.14.4 saves it.
-  const deepspeed::Topology source{2, 1, 1};
+  const state::Topology source{2, 1, 1};
   report.source = JoinPath(JoinPath(work, "neox-tp2"), tag);
   UCP_ASSIGN_OR_RETURN(writers::ZeroWriteResult saved, SaveZero(*model, report.source, source, options.num_threads),
                        _.Prepend("saving the generated model: "));
@@ -88,7 +88,7 @@ absl::StatusOr<DemoReport> RunDemo(const DemoOptions& options) {
   ops::ReshardOptions ro;
   ro.input_folder = report.universal;
   ro.output_folder = JoinPath(JoinPath(work, "neox-tp1"), tag);
-  ro.write.target = deepspeed::Topology{1, 1, 1};
+  ro.write.target = state::Topology{1, 1, 1};
   ro.write.num_threads = options.num_threads;
   ro.verify_checksums = true;
   UCP_ASSIGN_OR_RETURN(ops::ReshardResult resharded, ops::Reshard(ro), _.Prepend("resharding: "));
@@ -101,7 +101,7 @@ absl::StatusOr<DemoReport> RunDemo(const DemoOptions& options) {
   UCP_ASSIGN_OR_RETURN(auto target, readers::ZeroCheckpoint::Open(report.target));
   int64_t counts[4] = {0, 0, 0, 0};  // weights, fp32, exp_avg, exp_avg_sq
   const std::string states[3] = {"fp32", "exp_avg", "exp_avg_sq"};
-  for (const deepspeed::ParamState& p : info.params) {
+  for (const state::ParamState& p : info.params) {
     const readers::ZeroParam* zp = target->FindParam(p.name);
     if (p.trainable() && zp == nullptr) {
       report.mismatches.push_back(absl::StrCat(p.name, ": not in the tp=1 checkpoint"));

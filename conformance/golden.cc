@@ -201,7 +201,7 @@ absl::StatusOr<Golden> ReadGolden(const std::string& dir) { return ReadTextproto
 absl::StatusOr<std::string> WriteGoldenSource(const GoldenCase& c, const std::string& root) {
   UCP_ASSIGN_OR_RETURN(auto m, SyntheticModelState::FromCase(c));
   const std::string out = JoinPath(root, absl::StrCat("global_step", m->Step(0)));
-  UCP_RETURN_IF_ERROR(SaveZero(*m, out, deepspeed::Topology::FromProto(c.source()), 0).status());
+  UCP_RETURN_IF_ERROR(SaveZero(*m, out, state::Topology::FromProto(c.source()), 0).status());
   return out;
 }
 
@@ -219,7 +219,7 @@ absl::StatusOr<GoldenRun> RunGoldenCase(const GoldenCase& c, const std::string& 
   ops::ReshardOptions ro;
   ro.input_folder = run.universal;
   ro.output_folder = JoinPath(JoinPath(work, "target"), tag);
-  ro.write.target = deepspeed::Topology::FromProto(c.target());
+  ro.write.target = state::Topology::FromProto(c.target());
   ro.verify_checksums = true;
   UCP_RETURN_IF_ERROR(ops::Reshard(ro).status());
   run.target = ro.output_folder;

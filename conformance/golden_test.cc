@@ -106,7 +106,7 @@ TEST(GoldenTest, PatternlessMergeReproducesDeepSpeedsAssertion) {
   auto state = ops::OpenZeroState(source_folder, options);
   ASSERT_TRUE(state.ok()) << state.status();
   const std::string name = "9.input_layernorm.scale";
-  const deepspeed::ParamState* p = (*state)->info().Find(name);
+  const state::ParamState* p = (*state)->info().Find(name);
   ASSERT_NE(p, nullptr);
   auto slices = (*state)->source().Slices(*p, 0, "fp32");
   ASSERT_TRUE(slices.ok()) << slices.status();
@@ -424,7 +424,7 @@ TEST(GoldenTest, SavannaConvertsWithNoFlags) {
     auto m = SyntheticModelState::FromCase(k);
     ASSERT_TRUE(m.ok()) << m.status();
     const std::string src = JoinPath(work, absl::StrCat("src", n, "/global_step1"));
-    ASSERT_TRUE(SaveZero(**m, src, deepspeed::Topology::FromProto(k.source())).ok());
+    ASSERT_TRUE(SaveZero(**m, src, state::Topology::FromProto(k.source())).ok());
     ops::ConvertOptions o;  // no rule flags, no vocab size
     o.input_folder = src;
     o.output_folder = JoinPath(work, absl::StrCat("out", n++, "/universal"));

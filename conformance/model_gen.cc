@@ -290,14 +290,14 @@ Topology DrawTopology(const CaseGenOptions& o, int max_pp, bool tp_at_least_2) {
 // into one first, then lowers pp.
 void FitTopologies(GoldenCase& c) {
   ModelSpec& spec = *c.mutable_model();
-  const deepspeed::OptimizerKind kind =
-      c.optimizer_layout() == "bf16" ? deepspeed::OptimizerKind::kBf16 : deepspeed::OptimizerKind::kZero;
+  const state::OptimizerKind kind =
+      c.optimizer_layout() == "bf16" ? state::OptimizerKind::kBf16 : state::OptimizerKind::kZero;
   for (Topology* t : {c.mutable_source(), c.mutable_target(), c.mutable_source()}) {
     for (;;) {
       auto info = ModelInfoFromSpec(spec, c.zero_stage(), kind);
       if (!info.ok()) return;  // the properties report it
       writers::ZeroWriteOptions o;
-      o.target = deepspeed::Topology::FromProto(*t);
+      o.target = state::Topology::FromProto(*t);
       o.layer_type_name = ModelLayerTypeNamer(*info);
       const absl::Status s = writers::PlanTarget(*info, o).status();
       if (s.ok() || s.code() != absl::StatusCode::kFailedPrecondition ||
@@ -653,13 +653,13 @@ std::vector<std::string> CaseFeatures(const GoldenCase& c) {
   // A group whose padding spans more than one dp partition: there the two
   // conventions write different group_paddings (and fp32 partition sizes).
   {
-    const deepspeed::OptimizerKind kind =
-        c.optimizer_layout() == "bf16" ? deepspeed::OptimizerKind::kBf16 : deepspeed::OptimizerKind::kZero;
+    const state::OptimizerKind kind =
+        c.optimizer_layout() == "bf16" ? state::OptimizerKind::kBf16 : state::OptimizerKind::kZero;
     auto info = ModelInfoFromSpec(spec, c.zero_stage() > 0 ? c.zero_stage() : 1, kind);
     for (const auto& [t, v] : {std::make_pair(c.source(), v1), std::make_pair(c.target(), v2)}) {
       if (!info.ok()) break;
       writers::ZeroWriteOptions o;
-      o.target = deepspeed::Topology::FromProto(t);
+      o.target = state::Topology::FromProto(t);
       o.layer_type_name = ModelLayerTypeNamer(*info);
       auto layout = writers::PlanTarget(*info, o);
       if (!layout.ok()) continue;
@@ -667,7 +667,7 @@ std::vector<std::string> CaseFeatures(const GoldenCase& c) {
         for (const auto& g : stage) {
           if (g.padded_numel() - g.numel() <= g.partition_numel()) continue;
           f.insert("padding_spans_ranks");
-          if (!DsVersionLess(v, "0.16.4") && kind != deepspeed::OptimizerKind::kBf16) f.insert("per_rank_paddings_span_ranks");
+          if (!DsVersionLess(v, "0.16.4") && kind != state::OptimizerKind::kBf16) f.insert("per_rank_paddings_span_ranks");
         }
       }
     }

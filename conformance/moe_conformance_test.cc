@@ -118,7 +118,7 @@ std::vector<std::string> MoeLayoutDiffs(const SyntheticMoeState& m, const std::s
     if (diffs.size() < 20) diffs.push_back(absl::StrCat(f, ": ", what));
   };
   const MoeCase& c = m.moe_case();
-  const deepspeed::ModelInfo& info = m.info();
+  const state::ModelInfo& info = m.info();
   const std::vector<OracleParam> params = OracleParams(m);
   const bool per_rank = Version(version) >= std::make_tuple(0, 16, 4);
   const bool parallel_dims = Version(version) >= std::make_tuple(0, 19, 5);
@@ -387,7 +387,7 @@ std::vector<std::string> MoeLayoutDiffs(const SyntheticMoeState& m, const std::s
 // model, independently of the reader.
 bool ExpertGroupsListed(const SyntheticMoeState& m, int dp, int ep, const std::string& version) {
   if (!(Version(version) < std::make_tuple(0, 14, 5)) || ep == 1) return true;
-  const deepspeed::ModelInfo& info = m.info();
+  const state::ModelInfo& info = m.info();
   std::set<std::pair<std::string, std::string>> all, listed;
   int expert_groups = 0;
   for (int g = 0; g < info.num_groups; ++g) {
@@ -427,7 +427,7 @@ std::vector<std::string> ReadBackDiffs(const SyntheticMoeState& m, const std::st
   std::vector<std::string> diffs;
   if ((*s)->info().params.size() != m.info().params.size()) diffs.push_back("param count");
   for (const auto& p : m.info().params) {
-    const deepspeed::ParamState* q = (*s)->info().Find(p.name);
+    const state::ParamState* q = (*s)->info().Find(p.name);
     if (q == nullptr) {
       diffs.push_back(absl::StrCat(p.name, ": not read"));
       continue;
@@ -455,7 +455,7 @@ absl::StatusOr<std::string> Reshard(const std::string& in, const std::string& ou
   ops::ReshardOptions o;
   o.input_folder = in;
   o.output_folder = out;
-  o.write.target = deepspeed::Topology{1, 1, dp};
+  o.write.target = state::Topology{1, 1, dp};
   o.write.expert_parallel = ep;
   o.write.target_ds_version = version;
   o.write.num_threads = 1;

@@ -15,8 +15,8 @@
 namespace ucp::conformance {
 namespace {
 
-using deepspeed::FileValue;
-using deepspeed::ParamState;
+using state::FileValue;
+using state::ParamState;
 using pickle::Value;
 using pickle::ValuePtr;
 
@@ -223,12 +223,12 @@ absl::Status SyntheticMoeState::Build() {
 
   // Tensors and the model info.
   info_.zero_stage = c.zero_stage;
-  info_.optimizer_kind = deepspeed::OptimizerKind::kZero;
+  info_.optimizer_kind = state::OptimizerKind::kZero;
   info_.lp_dtype = lp;
   info_.num_groups = num_groups;
   info_.state_keys = {"exp_avg", "exp_avg_sq"};
   info_.scalar_keys = {"step"};
-  info_.source_topology = deepspeed::Topology{1, 1, c.dp1};
+  info_.source_topology = state::Topology{1, 1, c.dp1};
   info_.expert_parallel = c.ep1;
   for (size_t i = 0; i < c.experts.size(); ++i) {
     if (c.experts[i] > 0) info_.moe_layers.push_back({absl::StrCat("h.", i, ".moe"), c.experts[i]});
@@ -253,7 +253,7 @@ absl::Status SyntheticMoeState::Build() {
     s.source = RULE_FILE;
     s.origin = "synthetic MoE model";
     s.group = GroupOf(c, mp);
-    s.role = deepspeed::TensorRole::kTrainable;
+    s.role = state::TensorRole::kTrainable;
     s.lp_dtype = lp;
     params.push_back(std::move(s));
     info_.module_order.push_back({-1, mp.name});
@@ -442,7 +442,7 @@ absl::StatusOr<FileValue> SyntheticMoeState::GroupScalar(int group, const std::s
 absl::StatusOr<writers::ZeroWriteResult> SaveMoe(const SyntheticMoeState& m, const std::string& folder, int dp, int ep,
                                                 const std::string& target_version) {
   writers::ZeroWriteOptions o;
-  o.target = deepspeed::Topology{1, 1, dp};
+  o.target = state::Topology{1, 1, dp};
   o.expert_parallel = ep;
   o.target_ds_version = target_version;
   o.num_threads = 1;

@@ -42,7 +42,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "deepspeed/model_state.h"
+#include "deepspeed/facet.h"
+#include "state/model_state.h"
 #include "format/torch/tensor.h"
 #include "rapidcheck.h"
 #include "writers/zero_writer.h"
@@ -72,19 +73,20 @@ rc::Gen<MoeCase> GenMoeCase();
 // "ep1=2", "experts=4,1", "edp2=..." and other labels for the distribution.
 std::vector<std::string> MoeCaseFeatures(const MoeCase& c);
 
-class SyntheticMoeState : public deepspeed::ModelState {
+class SyntheticMoeState : public state::ModelState, public deepspeed::DeepSpeedFacet {
  public:
   static absl::StatusOr<std::unique_ptr<SyntheticMoeState>> Make(const MoeCase& c);
 
-  const deepspeed::ModelInfo& info() const override { return info_; }
-  absl::StatusOr<tp::TensorPlan> Full(const deepspeed::ParamState& param, const std::string& state) const override;
-  absl::StatusOr<deepspeed::FileValue> GroupScalar(int group, const std::string& key) const override;
-  absl::StatusOr<deepspeed::FileValue> OptimizerCommon() const override { return common_; }
-  deepspeed::FileValue ModelStatesRoot(int pp, int tp) const override { return root_; }
+  const state::ModelInfo& info() const override { return info_; }
+  absl::StatusOr<tp::TensorPlan> Full(const state::ParamState& param, const std::string& state) const override;
+  absl::StatusOr<state::FileValue> GroupScalar(int group, const std::string& key) const override;
+  const state::Facet* GetFacet(state::FacetKey key) const override { return deepspeed::OfferFacet(this, key); }
+  absl::StatusOr<state::FileValue> OptimizerCommon() const override { return common_; }
+  state::FileValue ModelStatesRoot(int pp, int tp) const override { return root_; }
   std::string ModelStatesPath(int pp, int tp) const override { return ""; }
   // The training's config: in the model states from 0.19.3, in the
   // optimizer files only before (what the writer copies there).
-  deepspeed::FileValue SavedDsConfig() const override { return ds_config_; }
+  state::FileValue SavedDsConfig() const override { return ds_config_; }
 
   const MoeCase& moe_case() const { return case_; }
   // The full tensor of a param ("fp32", "exp_avg", "exp_avg_sq"), by its
@@ -99,13 +101,13 @@ class SyntheticMoeState : public deepspeed::ModelState {
   absl::Status Build();
 
   MoeCase case_;
-  deepspeed::ModelInfo info_;
+  state::ModelInfo info_;
   std::map<std::string, std::map<std::string, torch::Tensor>> tensors_;
   std::vector<double> steps_;
-  deepspeed::FileValue steps_value_;
-  deepspeed::FileValue common_;
-  deepspeed::FileValue root_;
-  deepspeed::FileValue ds_config_;
+  state::FileValue steps_value_;
+  state::FileValue common_;
+  state::FileValue root_;
+  state::FileValue ds_config_;
 };
 
 // save(M, T): the MoE writer at dp / ep for `target_version` ("" = the

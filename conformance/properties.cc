@@ -99,7 +99,7 @@ class CaseRunner {
     if (auto it = done_.find(root); it != done_.end()) return it->second;
     const std::string out = TagOf(JoinPath(dir_, root));
     writers::ZeroWriteOptions o;
-    o.target = deepspeed::Topology::FromProto(t);
+    o.target = state::Topology::FromProto(t);
     o.num_threads = 1;
     o.layer_type_name = ModelLayerTypeNamer(model_->info());
     o.target_ds_version = target_version;
@@ -124,7 +124,7 @@ class CaseRunner {
     ops::ReshardOptions o;
     o.input_folder = input;
     o.output_folder = TagOf(JoinPath(dir_, root));
-    o.write.target = deepspeed::Topology::FromProto(t);
+    o.write.target = state::Topology::FromProto(t);
     o.write.num_threads = 1;
     o.write.target_ds_version = target_version;
     // Half the cases write their optimizer files in pieces of 4-16 KiB
@@ -188,7 +188,7 @@ absl::StatusOr<std::vector<std::string>> UniversalVsModel(const std::string& dir
   } else {
     diffs.push_back("no ucp manifest");
   }
-  for (const deepspeed::ParamState& p : m.info().params) {
+  for (const state::ParamState& p : m.info().params) {
     auto rec = recorded.find(p.name);
     if (rec == recorded.end()) {
       diffs.push_back(absl::StrCat(p.name, ": not in the manifest"));
@@ -205,7 +205,7 @@ absl::StatusOr<std::vector<std::string>> UniversalVsModel(const std::string& dir
         diffs.push_back(absl::StrCat(p.name, ": ", f.status().message()));
         continue;
       }
-      UCP_ASSIGN_OR_RETURN(torch::Tensor want, m.Tensor(p.name, deepspeed::kLpState));
+      UCP_ASSIGN_OR_RETURN(torch::Tensor want, m.Tensor(p.name, state::kLpState));
       if (!f->param.BitwiseEqual(want)) {
         diffs.push_back(absl::StrCat("ucp_module/", p.name, ".pt: ", std::string(torch::DTypeName(f->param.dtype())),
                                      torch::ShapeString(f->param.sizes()), " differs from the model's ",
@@ -251,7 +251,7 @@ absl::StatusOr<std::vector<std::string>> UniversalVsModel(const std::string& dir
     diffs.push_back(absl::StrCat("universal has ", u->param_names().size(), " params and ", u->module_names().size(),
                                  " module tensors, the model ", trainable, " and ", module));
   }
-  UCP_ASSIGN_OR_RETURN(deepspeed::FileValue common, m.OptimizerCommon());
+  UCP_ASSIGN_OR_RETURN(state::FileValue common, m.OptimizerCommon());
   const torch::TorchFile& os = u->optimizer_state();
   const Value* version = os.root()->DictGet("ds_version");
   if (version == nullptr || !version->is(Kind::kStr) || version->str() != ds_version) {
@@ -414,7 +414,7 @@ absl::Status NudgeOptimizerElement(const std::string& path, int group, const std
   {
     UCP_ASSIGN_OR_RETURN(auto f, torch::TorchFile::Open(path));
     torch::TorchWriter w;
-    UCP_ASSIGN_OR_RETURN(ValuePtr root, deepspeed::CopyTreeForWrite(deepspeed::FileValue{f->root(), deepspeed::Unowned(f.get())}, w));
+    UCP_ASSIGN_OR_RETURN(ValuePtr root, deepspeed::CopyTreeForWrite(state::FileValue{f->root(), state::Unowned(f.get())}, w));
     const Value* osd_in = f->root()->DictGet("optimizer_state_dict");
     if (osd_in == nullptr) return absl::InvalidArgumentError(absl::StrCat(path, ": no optimizer_state_dict"));
     const Value* tensor_in = nullptr;
@@ -519,7 +519,7 @@ absl::Status CorruptionsAreCaught(CaseRunner& r, const std::string& scratch) {
     ops::ReshardOptions o;
     o.input_folder = universal;
     o.output_folder = out;
-    o.write.target = deepspeed::Topology::FromProto(r.c().target());
+    o.write.target = state::Topology::FromProto(r.c().target());
     o.write.num_threads = 1;
     o.verify_checksums = true;
     absl::Status s = ops::Reshard(o).status();
@@ -529,7 +529,7 @@ absl::Status CorruptionsAreCaught(CaseRunner& r, const std::string& scratch) {
   }
   // tp copies of a replicated param that disagree.
   if (r.c().source().tp() >= 2) {
-    const deepspeed::ParamState* victim = nullptr;
+    const state::ParamState* victim = nullptr;
     for (const auto& ps : r.model().info().params) {
       if (ps.trainable() && ps.rule.kind() == REPLICATED && ps.tied_layers.empty()) {
         victim = &ps;
@@ -656,8 +656,8 @@ absl::Status CheckLayout(const CaseRunner& r, const std::string& dir, const Topo
                          std::vector<std::string>& diffs) {
   const SyntheticModelState& m = r.model();
   const ModelSpec& spec = r.c().model();
-  const deepspeed::ModelInfo& info = m.info();
-  const bool bf16 = info.optimizer_kind == deepspeed::OptimizerKind::kBf16;
+  const state::ModelInfo& info = m.info();
+  const bool bf16 = info.optimizer_kind == state::OptimizerKind::kBf16;
   // stage_1_and_2.py records every rank's own padding from 0.16.4 on
   // (bf16_optimizer.py: the last rank's in every version); engine.py writes
   // checkpoint_parallel_dimensions from 0.19.5 on.

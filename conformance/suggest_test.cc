@@ -103,7 +103,7 @@ Fixture Save(const std::string& name) {
   f.m = std::move(*m);
   f.work = FreshTempDir(name);
   f.src = JoinPath(f.work, "src/global_step1");
-  EXPECT_TRUE(SaveZero(*f.m, f.src, deepspeed::Topology::FromProto(f.c.source())).ok());
+  EXPECT_TRUE(SaveZero(*f.m, f.src, state::Topology::FromProto(f.c.source())).ok());
   return f;
 }
 

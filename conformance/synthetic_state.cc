@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "conformance/spec_rules.h"
+#include "deepspeed/engine_defaults.h"
 #include "rules/presets.h"
 #include "format/pickle/accessors.h"
 #include "format/torch/torch_file.h"
@@ -16,9 +17,9 @@
 namespace ucp::conformance {
 namespace {
 
-using deepspeed::FileValue;
-using deepspeed::ParamState;
-using deepspeed::TensorRole;
+using state::FileValue;
+using state::ParamState;
+using state::TensorRole;
 using pickle::Value;
 using pickle::ValuePtr;
 
@@ -103,105 +104,34 @@ torch::Tensor RandomBytesTensor(uint64_t key, int64_t n) {
   return *torch::Tensor::FromBytes(torch::DType::kUInt8, {n}, std::move(bytes));
 }
 
-// Writes a value tree (whose tensors were added to `w`) and reads it back:
-// the tree a reader of such a file sees, with its tensors file-backed.
-absl::StatusOr<FileValue> Bake(torch::TorchWriter& w, const Value& root, const std::string& stem) {
-  UCP_ASSIGN_OR_RETURN(std::string bytes, w.WriteToString(stem, root));
-  UCP_ASSIGN_OR_RETURN(std::unique_ptr<torch::TorchFile> f, torch::TorchFile::FromBytes(std::move(bytes), stem));
-  std::shared_ptr<const torch::TorchFile> shared(std::move(f));
-  return FileValue{shared->root(), shared};
-}
-
-ValuePtr StrList(const std::vector<std::string>& items) {
-  std::vector<ValuePtr> v;
-  for (const auto& s : items) v.push_back(Value::Str(s));
-  return Value::List(std::move(v));
-}
-
-ValuePtr Betas() { return Value::List({Value::Float(0.9), Value::Float(0.95)}); }
-
-// torch.optim.AdamW (torch 1.13) param_groups as Optimizer.state_dict() packs
-// them: group 0 is {'params': ...} filled with the defaults; the others set
-// weight_decay 0.0 first. DeepSpeed's ZeRO optimizers hold one flat param per
-// group, so 'params' is [g].
-ValuePtr ParamGroups(int num_groups, bool torch2) {
-  std::vector<ValuePtr> groups;
-  for (int g = 0; g < num_groups; ++g) {
-    ValuePtr d = Value::MakeDict();
-    if (g > 0) d->DictSet(Value::Str("weight_decay"), Value::Float(0.0));
-    d->DictSet(Value::Str("lr"), Value::Float(0.001));
-    d->DictSet(Value::Str("betas"), Betas());
-    d->DictSet(Value::Str("eps"), Value::Float(1e-08));
-    if (g == 0) d->DictSet(Value::Str("weight_decay"), Value::Float(0.01));
-    d->DictSet(Value::Str("amsgrad"), Value::Bool(false));
-    d->DictSet(Value::Str("foreach"), Value::None());
-    d->DictSet(Value::Str("maximize"), Value::Bool(false));
-    d->DictSet(Value::Str("capturable"), Value::Bool(false));
-    if (torch2) {
-      d->DictSet(Value::Str("differentiable"), Value::Bool(false));
-      d->DictSet(Value::Str("fused"), Value::None());
-    }
-    d->DictSet(Value::Str("params"), Value::List({Value::Int(g)}));
-    groups.push_back(d);
-  }
-  return Value::List(std::move(groups));
-}
-
-// deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler as DeepSpeed 0.14.4's
-// fp16 config builds it (initial_scale_power 16, hysteresis 2): attributes in
-// the order LossScalerBase.__init__ and DynamicLossScaler.__init__ set them.
-ValuePtr DynamicLossScaler(int64_t iterations) {
-  ValuePtr s = Value::MakeDict();
-  s->DictSet(Value::Str("cur_scale"), Value::Float(65536.0));
-  s->DictSet(Value::Str("dynamic"), Value::Bool(true));
-  s->DictSet(Value::Str("cur_iter"), Value::Int(iterations));
-  s->DictSet(Value::Str("last_overflow_iter"), Value::Int(-1));
-  s->DictSet(Value::Str("scale_factor"), Value::Float(2.0));
-  s->DictSet(Value::Str("scale_window"), Value::Int(1000));
-  s->DictSet(Value::Str("min_scale"), Value::Int(1));
-  s->DictSet(Value::Str("delayed_shift"), Value::Int(2));
-  s->DictSet(Value::Str("cur_hysteresis"), Value::Int(2));
-  s->DictSet(Value::Str("consecutive_hysteresis"), Value::Bool(false));
-  s->DictSet(Value::Str("raise_error_at_min_scale"), Value::Bool(true));
-  s->DictSet(Value::Str("dtype"), Value::Global("torch", "float16"));
-  pickle::Object o;
-  o.callable = Value::Global("deepspeed.runtime.fp16.loss_scaler", "DynamicLossScaler");
-  o.how = pickle::ObjectHow::kNewObj;
-  o.args = Value::Tuple({});
-  o.state = s;
-  return Value::MakeObject(std::move(o));
-}
-
 }  // namespace
 
 namespace synthetic {
 
 absl::StatusOr<torch::Tensor> Values(const ModelParam& p, uint64_t seed, const std::string& state) {
-  if (state == deepspeed::kFp32State) return MakeValues(p, seed, Salt::kFp32);
+  if (state == state::kFp32State) return MakeValues(p, seed, Salt::kFp32);
   if (state == "exp_avg") return MakeValues(p, seed, Salt::kExpAvg);
   if (state == "exp_avg_sq") return MakeValues(p, seed, Salt::kExpAvgSq);
-  if (state == deepspeed::kLpState) return MakeValues(p, seed, Salt::kLp);
+  if (state == state::kLpState) return MakeValues(p, seed, Salt::kLp);
   return absl::InvalidArgumentError(absl::StrCat("no synthetic state '", state, "'"));
 }
 
 torch::Tensor Scalar(float v) { return ScalarTensor(v); }
 
-absl::StatusOr<deepspeed::FileValue> BakeTree(torch::TorchWriter& w, const pickle::Value& root,
+absl::StatusOr<state::FileValue> BakeTree(torch::TorchWriter& w, const pickle::Value& root,
                                               const std::string& stem) {
-  return Bake(w, root, stem);
+  return deepspeed::BakeTree(w, root, stem);
 }
 
-pickle::ValuePtr LossScaler(bool fp16, int64_t iterations) {
-  return fp16 ? DynamicLossScaler(iterations) : pickle::MakeLossScaler(1.0);
-}
+pickle::ValuePtr LossScaler(bool fp16, int64_t iterations) { return deepspeed::DefaultLossScaler(fp16, iterations); }
 
-pickle::ValuePtr AdamBetas() { return Betas(); }
+pickle::ValuePtr AdamBetas() { return deepspeed::AdamBetas(); }
 
 }  // namespace synthetic
 
-absl::StatusOr<deepspeed::OptimizerKind> ParseOptimizerLayout(const std::string& name) {
-  if (name == "zero" || name.empty()) return deepspeed::OptimizerKind::kZero;
-  if (name == "bf16") return deepspeed::OptimizerKind::kBf16;
+absl::StatusOr<state::OptimizerKind> ParseOptimizerLayout(const std::string& name) {
+  if (name == "zero" || name.empty()) return state::OptimizerKind::kZero;
+  if (name == "bf16") return state::OptimizerKind::kBf16;
   return absl::InvalidArgumentError(absl::StrCat("unknown optimizer layout '", name, "' (zero, bf16)"));
 }
 
@@ -270,7 +200,7 @@ absl::Status ValidateModelSpec(const ModelSpec& spec) {
 
 absl::StatusOr<std::unique_ptr<SyntheticModelState>> SyntheticModelState::Make(const ModelSpec& spec, uint64_t seed,
                                                                                int zero_stage,
-                                                                               deepspeed::OptimizerKind kind,
+                                                                               state::OptimizerKind kind,
                                                                                const SyntheticVersion& version) {
   UCP_ASSIGN_OR_RETURN(deepspeed::DsVersion v, deepspeed::ParseDsVersion(version.ds_version),
                        _.Prepend("synthetic model: "));
@@ -289,7 +219,7 @@ absl::StatusOr<std::unique_ptr<SyntheticModelState>> SyntheticModelState::Make(c
 }
 
 absl::StatusOr<std::unique_ptr<SyntheticModelState>> SyntheticModelState::FromCase(const GoldenCase& c) {
-  UCP_ASSIGN_OR_RETURN(deepspeed::OptimizerKind kind, ParseOptimizerLayout(c.optimizer_layout()));
+  UCP_ASSIGN_OR_RETURN(state::OptimizerKind kind, ParseOptimizerLayout(c.optimizer_layout()));
   SyntheticVersion v;
   if (!c.ds_version().empty()) v.ds_version = c.ds_version();
   v.numpy2 = c.numpy2();
@@ -315,14 +245,14 @@ int64_t SpecAttentionHeads(const ModelSpec& spec) {
   return g > 0 ? g : 64;
 }
 
-absl::StatusOr<deepspeed::ModelInfo> ModelInfoFromSpec(const ModelSpec& spec, int zero_stage,
-                                                       deepspeed::OptimizerKind kind) {
+absl::StatusOr<state::ModelInfo> ModelInfoFromSpec(const ModelSpec& spec, int zero_stage,
+                                                       state::OptimizerKind kind) {
   UCP_RETURN_IF_ERROR(ValidateModelSpec(spec));
-  deepspeed::ModelInfo info;
+  state::ModelInfo info;
   info.zero_stage = zero_stage;
   info.optimizer_kind = kind;
   UCP_ASSIGN_OR_RETURN(torch::DType lp_dtype, torch::ParseDType(spec.lp_dtype().empty() ? "fp32" : spec.lp_dtype()));
-  const bool bf16 = kind == deepspeed::OptimizerKind::kBf16;
+  const bool bf16 = kind == state::OptimizerKind::kBf16;
   if (bf16 && lp_dtype != torch::DType::kBFloat16) {
     return absl::InvalidArgumentError("the bf16 optimizer (BF16_Optimizer) holds bf16 weights: lp_dtype must be bf16");
   }
@@ -349,7 +279,7 @@ absl::StatusOr<deepspeed::ModelInfo> ModelInfoFromSpec(const ModelSpec& spec, in
   info.original_vocab_size = spec.original_vocab_size();
   info.make_vocab_size_divisible_by = spec.make_vocab_size_divisible_by();
   info.partition_method = spec.partition_method();
-  info.source_topology = deepspeed::Topology{1, 1, 1};
+  info.source_topology = state::Topology{1, 1, 1};
 
   // Trainable params in flatten order (group by group, module order within),
   // then frozen params and buffers in module order.
@@ -396,22 +326,20 @@ absl::Status SyntheticModelState::Build() {
   const ModelSpec& spec = spec_;
   UCP_ASSIGN_OR_RETURN(info_, ModelInfoFromSpec(spec, info_.zero_stage, info_.optimizer_kind));
   const std::string& ds_version = version_.ds_version;
-  UCP_ASSIGN_OR_RETURN(const deepspeed::DsVersion version, deepspeed::ParseDsVersion(ds_version));
-  const bool torch2 = version >= deepspeed::DsVersion{0, 15, 0};
+  UCP_RETURN_IF_ERROR(deepspeed::ParseDsVersion(ds_version).status());
   const torch::DType lp_dtype = info_.lp_dtype;
-  const bool bf16 = info_.optimizer_kind == deepspeed::OptimizerKind::kBf16;
 
   // Tensors.
   for (const ModelParam& p : spec.param()) {
     auto& t = tensors_[p.name()];
     UCP_ASSIGN_OR_RETURN(TensorRole role, ParseRole(p.role()));
     if (role == TensorRole::kTrainable) {
-      UCP_ASSIGN_OR_RETURN(t[deepspeed::kFp32State], MakeValues(p, seed_, Salt::kFp32));
+      UCP_ASSIGN_OR_RETURN(t[state::kFp32State], MakeValues(p, seed_, Salt::kFp32));
       UCP_ASSIGN_OR_RETURN(t["exp_avg"], MakeValues(p, seed_, Salt::kExpAvg));
       UCP_ASSIGN_OR_RETURN(t["exp_avg_sq"], MakeValues(p, seed_, Salt::kExpAvgSq));
     } else {
       UCP_ASSIGN_OR_RETURN(torch::Tensor v, MakeValues(p, seed_, Salt::kLp));
-      UCP_ASSIGN_OR_RETURN(t[deepspeed::kLpState], torch::Cast(v, lp_dtype));
+      UCP_ASSIGN_OR_RETURN(t[state::kLpState], torch::Cast(v, lp_dtype));
     }
   }
 
@@ -424,180 +352,77 @@ absl::Status SyntheticModelState::Build() {
       steps_.push_back(static_cast<double>(iterations + g));
       steps.push_back(w.AddTensor(ScalarTensor(static_cast<float>(iterations + g))));
     }
-    UCP_ASSIGN_OR_RETURN(steps_value_, Bake(w, *Value::List(steps), "steps"));
+    UCP_ASSIGN_OR_RETURN(steps_value_, deepspeed::BakeTree(w, *Value::List(steps), "steps"));
   }
 
-  // The optimizer state besides partitions.
-  const bool fp16 = lp_dtype == torch::DType::kFloat16;
-  const pickle::EnumEncoding encoding = seed_ % 2 == 0 ? pickle::EnumEncoding::kCall : pickle::EnumEncoding::kGetattr;
-  {
-    // DeepSpeed's group_paddings / partition_count at the synthetic source (dp=1).
-    std::vector<ValuePtr> paddings, counts;
-    for (int g = 0; g < info_.num_groups; ++g) {
-      std::vector<int64_t> numels;
-      for (const auto& p : info_.params) {
-        if (p.trainable() && p.group == g) numels.push_back(Numel(p.full_shape));
-      }
-      paddings.push_back(Value::Int(deepspeed::ZeroGroupLayout::Make(numels, 1).padding(0)));
-      counts.push_back(Value::Int(1));
-    }
-    ValuePtr c = Value::MakeDict();
-    if (!bf16) {
-      c->DictSet(Value::Str("loss_scaler"), fp16 ? DynamicLossScaler(iterations) : pickle::MakeLossScaler(1.0));
-      c->DictSet(Value::Str("dynamic_loss_scale"), Value::Bool(fp16));
-      c->DictSet(Value::Str("overflow"), Value::Bool(false));
-    }
-    c->DictSet(Value::Str("clip_grad"), Value::Float(1.0));
-    if (!bf16) c->DictSet(Value::Str("zero_stage"), pickle::MakeZeroStage(info_.zero_stage, encoding));
-    c->DictSet(Value::Str("group_paddings"), Value::List(paddings));
-    c->DictSet(Value::Str("partition_count"), Value::List(counts));
-    c->DictSet(Value::Str("ds_version"), Value::Str(ds_version));
-    c->DictSet(Value::Str("param_groups"), ParamGroups(info_.num_groups, torch2));
-    torch::TorchWriter w;
-    UCP_ASSIGN_OR_RETURN(common_, Bake(w, *c, "optimizer_state"));
-  }
+  // The optimizer state besides partitions, and the model states
+  // (engine.py:_save_checkpoint's keys), as DeepSpeed's defaults for the
+  // model (deepspeed/engine_defaults.h), then the client state.
+  deepspeed::EngineDefaults d;
+  d.ds_version = ds_version;
+  d.global_steps = iterations;
+  d.micro_batch = 1 + static_cast<int64_t>(seed_ % 3);
+  d.train_batch_size = spec.train_batch_size();
+  d.zero_stage_encoding = seed_ % 2 == 0 ? pickle::EnumEncoding::kCall : pickle::EnumEncoding::kGetattr;
+  d.client_state = [this](torch::TorchWriter& w, Value& r) { return AddClientState(w, r); };
+  UCP_ASSIGN_OR_RETURN(common_, deepspeed::DefaultOptimizerCommon(info_, d));
+  UCP_ASSIGN_OR_RETURN(root_, deepspeed::DefaultModelStatesRoot(info_, d));
+  return absl::OkStatus();
+}
 
-  // The model states (engine.py:_save_checkpoint's keys), then client state.
+// The client state of a GPT-NeoX / Megatron-DeepSpeed job: iteration, args,
+// rng states, universal_checkpoint_info.
+absl::Status SyntheticModelState::AddClientState(torch::TorchWriter& w, Value& root) const {
+  const ModelSpec& spec = spec_;
+  const int64_t iterations = 1 + static_cast<int64_t>(seed_ % 97);
+  Value* r = &root;
+  // Client state, as GPT-NeoX / Megatron-DeepSpeed save it.
+  r->DictSet(Value::Str("iteration"), Value::Int(iterations));
   {
-    torch::TorchWriter w;
-    ValuePtr r = Value::MakeDict();
-    std::vector<std::string> buffers;
-    for (const auto& p : info_.params) {
-      if (p.role == TensorRole::kBuffer) buffers.push_back(p.name);
+    ValuePtr a = Value::MakeDict();
+    int transformer_layers = 0;
+    std::set<int> layers;
+    for (const ModelParam& p : spec.param()) {
+      if (spec.pipeline() && p.local_name().find("attention") != std::string::npos) layers.insert(p.layer());
     }
-    std::vector<ValuePtr> shapes;
-    for (int g = 0; g < info_.num_groups; ++g) {
-      ValuePtr d = Value::MakeDict(/*ordered_dict=*/true);
-      for (const auto& p : info_.params) {
-        if (p.trainable() && p.group == g) d->DictSet(Value::Str(p.name), pickle::MakeTorchSize(p.full_shape));
-      }
-      shapes.push_back(d);
+    transformer_layers = static_cast<int>(layers.size());
+    a->DictSet(Value::Str("num_layers"), Value::Int(transformer_layers));
+    a->DictSet(Value::Str("hidden_size"), Value::Int(spec.hidden_size()));
+    a->DictSet(Value::Str("num_attention_heads"), Value::Int(SpecAttentionHeads(spec)));
+    a->DictSet(Value::Str("seq_length"), Value::Int(16));
+    a->DictSet(Value::Str("make_vocab_size_divisible_by"), Value::Int(spec.make_vocab_size_divisible_by()));
+    if (spec.swiglu()) a->DictSet(Value::Str("swiglu"), Value::Bool(true));
+    if (!spec.partition_method().empty()) {
+      a->DictSet(Value::Str("pipe_partition_method"), Value::Str(spec.partition_method()));
     }
-    const int64_t micro = 1 + static_cast<int64_t>(seed_ % 3);
-    ValuePtr frozen_shapes = Value::None(), frozen_fragments = Value::None();
-    if (info_.zero_stage >= 2) {
-      frozen_shapes = Value::MakeDict(/*ordered_dict=*/true);
-      frozen_fragments = Value::MakeDict(/*ordered_dict=*/true);
-    }
-    r->DictSet(Value::Str("module"), Value::None());
-    r->DictSet(Value::Str("buffer_names"), StrList(buffers));
-    r->DictSet(Value::Str("optimizer"), Value::None());
-    r->DictSet(Value::Str("param_shapes"), Value::List(shapes));
-    r->DictSet(Value::Str("frozen_param_shapes"), frozen_shapes);
-    r->DictSet(Value::Str("shared_params"), Value::MakeDict());
-    r->DictSet(Value::Str("frozen_param_fragments"), frozen_fragments);
-    r->DictSet(Value::Str("lr_scheduler"), Value::None());
-    r->DictSet(Value::Str("data_sampler"), Value::None());
-    r->DictSet(Value::Str("random_ltd"), Value::None());
-    r->DictSet(Value::Str("sparse_tensor_module_names"), Value::MakeSet());
-    r->DictSet(Value::Str("skipped_steps"), Value::Int(0));
-    r->DictSet(Value::Str("global_steps"), Value::Int(iterations));
-    r->DictSet(Value::Str("global_samples"), Value::Int(iterations * micro));
-    r->DictSet(Value::Str("dp_world_size"), Value::Int(1));
-    r->DictSet(Value::Str("mp_world_size"), Value::Int(1));
-    if (version >= deepspeed::DsVersion{0, 19, 5}) {
-      ValuePtr dims = Value::MakeDict();
-      dims->DictSet(Value::Str("pp_degree"), Value::Int(1));
-      dims->DictSet(Value::Str("tp_degree"), Value::Int(1));
-      r->DictSet(Value::Str("checkpoint_parallel_dimensions"), dims);
-    }
-    {
-      ValuePtr ds = Value::MakeDict();
-      if (spec.train_batch_size() > 0) ds->DictSet(Value::Str("train_batch_size"), Value::Int(spec.train_batch_size()));
-      ds->DictSet(Value::Str("train_micro_batch_size_per_gpu"), Value::Int(micro));
-      ds->DictSet(Value::Str("gradient_accumulation_steps"),
-                  Value::Int(spec.train_batch_size() > 0 ? spec.train_batch_size() / micro : 1));
-      ds->DictSet(Value::Str("gradient_clipping"), Value::Float(1.0));
-      ds->DictSet(Value::Str("steps_per_print"), Value::Int(1));
-      ds->DictSet(Value::Str("wall_clock_breakdown"), Value::Bool(false));
-      ValuePtr opt = Value::MakeDict(), params = Value::MakeDict();
-      opt->DictSet(Value::Str("type"), Value::Str("Adam"));
-      params->DictSet(Value::Str("lr"), Value::Float(0.001));
-      params->DictSet(Value::Str("betas"), Betas());
-      params->DictSet(Value::Str("eps"), Value::Float(1e-08));
-      params->DictSet(Value::Str("weight_decay"), Value::Float(0.01));
-      opt->DictSet(Value::Str("params"), params);
-      ds->DictSet(Value::Str("optimizer"), opt);
-      ValuePtr zo = Value::MakeDict();
-      zo->DictSet(Value::Str("stage"), Value::Int(info_.zero_stage));
-      zo->DictSet(Value::Str("allgather_partitions"), Value::Bool(true));
-      zo->DictSet(Value::Str("reduce_scatter"), Value::Bool(true));
-      zo->DictSet(Value::Str("overlap_comm"), Value::Bool(false));
-      zo->DictSet(Value::Str("contiguous_gradients"), Value::Bool(true));
-      zo->DictSet(Value::Str("allgather_bucket_size"), Value::Float(5e8));
-      zo->DictSet(Value::Str("reduce_bucket_size"), Value::Float(5e8));
-      ds->DictSet(Value::Str("zero_optimization"), zo);
-      ValuePtr ck = Value::MakeDict();
-      ck->DictSet(Value::Str("load_universal"), Value::Bool(false));
-      ds->DictSet(Value::Str("checkpoint"), ck);
-      if (fp16) {
-        ValuePtr f = Value::MakeDict();
-        f->DictSet(Value::Str("enabled"), Value::Bool(true));
-        f->DictSet(Value::Str("loss_scale"), Value::Int(0));
-        f->DictSet(Value::Str("initial_scale_power"), Value::Int(16));
-        f->DictSet(Value::Str("hysteresis"), Value::Int(2));
-        ds->DictSet(Value::Str("fp16"), f);
-      }
-      if (bf16) {
-        ValuePtr b = Value::MakeDict();
-        b->DictSet(Value::Str("enabled"), Value::Bool(true));
-        ds->DictSet(Value::Str("bf16"), b);
-        ValuePtr dt = Value::MakeDict();
-        dt->DictSet(Value::Str("grad_accum_dtype"), Value::Str("fp32"));
-        ds->DictSet(Value::Str("data_types"), dt);
-      }
-      r->DictSet(Value::Str("ds_config"), ds);
-    }
-    r->DictSet(Value::Str("ds_version"), Value::Str(ds_version));
-    // Client state, as GPT-NeoX / Megatron-DeepSpeed save it.
-    r->DictSet(Value::Str("iteration"), Value::Int(iterations));
-    {
-      ValuePtr a = Value::MakeDict();
-      int transformer_layers = 0;
-      std::set<int> layers;
-      for (const ModelParam& p : spec.param()) {
-        if (spec.pipeline() && p.local_name().find("attention") != std::string::npos) layers.insert(p.layer());
-      }
-      transformer_layers = static_cast<int>(layers.size());
-      a->DictSet(Value::Str("num_layers"), Value::Int(transformer_layers));
-      a->DictSet(Value::Str("hidden_size"), Value::Int(spec.hidden_size()));
-      a->DictSet(Value::Str("num_attention_heads"), Value::Int(SpecAttentionHeads(spec)));
-      a->DictSet(Value::Str("seq_length"), Value::Int(16));
-      a->DictSet(Value::Str("make_vocab_size_divisible_by"), Value::Int(spec.make_vocab_size_divisible_by()));
-      if (spec.swiglu()) a->DictSet(Value::Str("swiglu"), Value::Bool(true));
-      if (!spec.partition_method().empty()) {
-        a->DictSet(Value::Str("pipe_partition_method"), Value::Str(spec.partition_method()));
-      }
-      a->DictSet(Value::Str("seed"), Value::Int(static_cast<int64_t>(seed_ % 100000)));
-      r->DictSet(Value::Str("args"), a);
-    }
-    {
-      // random.getstate(): (3, 624 words + position, None).
-      std::vector<ValuePtr> words;
-      for (int i = 0; i < 624; ++i) words.push_back(Value::Int(static_cast<int64_t>(Mix64(seed_ * 7 + i) & 0xffffffff)));
-      words.push_back(Value::Int(624));
-      r->DictSet(Value::Str("random_rng_state"), Value::Tuple({Value::Int(3), Value::Tuple(words), Value::None()}));
-      // numpy.random.get_state(): ('MT19937', uint32[624], pos, has_gauss, cached_gaussian).
-      pickle::NumpyArray keys;
-      keys.dtype = "<u4";
-      keys.shape = {624};
-      keys.data.resize(624 * 4);
-      for (int i = 0; i < 624; ++i) {
-        const uint32_t k = static_cast<uint32_t>(Mix64(seed_ * 11 + i));
-        std::memcpy(&keys.data[i * 4], &k, 4);
-      }
-      UCP_ASSIGN_OR_RETURN(ValuePtr np_keys, pickle::MakeNumpyArray(keys, version_.numpy2));
-      r->DictSet(Value::Str("np_rng_state"), Value::Tuple({Value::Str("MT19937"), np_keys, Value::Int(624),
-                                                            Value::Int(0), Value::Float(0.0)}));
-      r->DictSet(Value::Str("torch_rng_state"), w.AddTensor(RandomBytesTensor(seed_ * 13, kRngStateBytes)));
-      ValuePtr tracker = Value::MakeDict();
-      tracker->DictSet(Value::Str("model-parallel-rng"), w.AddTensor(RandomBytesTensor(seed_ * 17, kRngStateBytes)));
-      r->DictSet(Value::Str("rng_tracker_states"), tracker);
-    }
-    UCP_ASSIGN_OR_RETURN(ValuePtr uc_info, SpecCheckpointInfo(spec));
-    r->DictSet(Value::Str("universal_checkpoint_info"), uc_info);
-    UCP_ASSIGN_OR_RETURN(root_, Bake(w, *r, "mp_rank_00_model_states"));
+    a->DictSet(Value::Str("seed"), Value::Int(static_cast<int64_t>(seed_ % 100000)));
+    r->DictSet(Value::Str("args"), a);
   }
+  {
+    // random.getstate(): (3, 624 words + position, None).
+    std::vector<ValuePtr> words;
+    for (int i = 0; i < 624; ++i) words.push_back(Value::Int(static_cast<int64_t>(Mix64(seed_ * 7 + i) & 0xffffffff)));
+    words.push_back(Value::Int(624));
+    r->DictSet(Value::Str("random_rng_state"), Value::Tuple({Value::Int(3), Value::Tuple(words), Value::None()}));
+    // numpy.random.get_state(): ('MT19937', uint32[624], pos, has_gauss, cached_gaussian).
+    pickle::NumpyArray keys;
+    keys.dtype = "<u4";
+    keys.shape = {624};
+    keys.data.resize(624 * 4);
+    for (int i = 0; i < 624; ++i) {
+      const uint32_t k = static_cast<uint32_t>(Mix64(seed_ * 11 + i));
+      std::memcpy(&keys.data[i * 4], &k, 4);
+    }
+    UCP_ASSIGN_OR_RETURN(ValuePtr np_keys, pickle::MakeNumpyArray(keys, version_.numpy2));
+    r->DictSet(Value::Str("np_rng_state"), Value::Tuple({Value::Str("MT19937"), np_keys, Value::Int(624),
+                                                          Value::Int(0), Value::Float(0.0)}));
+    r->DictSet(Value::Str("torch_rng_state"), w.AddTensor(RandomBytesTensor(seed_ * 13, kRngStateBytes)));
+    ValuePtr tracker = Value::MakeDict();
+    tracker->DictSet(Value::Str("model-parallel-rng"), w.AddTensor(RandomBytesTensor(seed_ * 17, kRngStateBytes)));
+    r->DictSet(Value::Str("rng_tracker_states"), tracker);
+  }
+  UCP_ASSIGN_OR_RETURN(ValuePtr uc_info, SpecCheckpointInfo(spec));
+  r->DictSet(Value::Str("universal_checkpoint_info"), uc_info);
   return absl::OkStatus();
 }
 
@@ -607,7 +432,7 @@ absl::StatusOr<torch::Tensor> SyntheticModelState::Tensor(const std::string& nam
   auto s = it->second.find(state);
   if (s == it->second.end()) {
     return absl::NotFoundError(absl::StrCat("synthetic param '", name, "' has no state '", state,
-                                            state == deepspeed::kLpState
+                                            state == state::kLpState
                                                 ? "' (trainable params' lp weights are the writer's cast of fp32)"
                                                 : "'"));
   }
@@ -628,14 +453,14 @@ absl::StatusOr<FileValue> SyntheticModelState::OptimizerCommon() const { return 
 
 FileValue SyntheticModelState::ModelStatesRoot(int pp, int tp) const { return root_; }
 
-rules::LayerTypeNamer ModelLayerTypeNamer(const deepspeed::ModelInfo& info) {
+rules::LayerTypeNamer ModelLayerTypeNamer(const state::ModelInfo& info) {
   std::vector<std::string> names;
   for (const auto& p : info.params) names.push_back(p.name);
   return rules::LayerTypeNamerFor(rules::DetectPreset(names).value_or(""));
 }
 
-absl::StatusOr<writers::ZeroWriteResult> SaveZero(const deepspeed::ModelState& state, const std::string& folder,
-                                                 const deepspeed::Topology& topology, int num_threads) {
+absl::StatusOr<writers::ZeroWriteResult> SaveZero(const state::ModelState& state, const std::string& folder,
+                                                 const state::Topology& topology, int num_threads) {
   writers::ZeroWriteOptions o;
   o.target = topology;
   o.num_threads = num_threads;

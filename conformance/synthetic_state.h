@@ -29,7 +29,7 @@
 //
 // Example:
 //   UCP_ASSIGN_OR_RETURN(auto m, SyntheticModelState::Make(spec, /*seed=*/7, /*zero_stage=*/1,
-//                                                          deepspeed::OptimizerKind::kZero));
+//                                                          state::OptimizerKind::kZero));
 //   UCP_RETURN_IF_ERROR(SaveZero(*m, "/tmp/ckpt/global_step7", {2, 1, 4}).status());
 #ifndef UCP_CONFORMANCE_SYNTHETIC_STATE_H_
 #define UCP_CONFORMANCE_SYNTHETIC_STATE_H_
@@ -41,8 +41,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "deepspeed/model_state.h"
-#include "deepspeed/topology.h"
+#include "deepspeed/facet.h"
+#include "state/model_state.h"
+#include "state/topology.h"
 #include "format/torch/tensor.h"
 #include "format/torch/torch_file.h"
 #include "format/pickle/value.h"
@@ -66,7 +67,7 @@ absl::StatusOr<torch::Tensor> Values(const ModelParam& p, uint64_t seed, const s
 // A 0-dim float32 tensor (torch AdamW's step).
 torch::Tensor Scalar(float v);
 // Writes a value tree (its tensors added to `w`) and reads it back.
-absl::StatusOr<deepspeed::FileValue> BakeTree(torch::TorchWriter& w, const pickle::Value& root,
+absl::StatusOr<state::FileValue> BakeTree(torch::TorchWriter& w, const pickle::Value& root,
                                               const std::string& stem);
 // DeepSpeed 0.14.4+'s LossScaler(1.0), or for fp16 the DynamicLossScaler of
 // its fp16 config (initial_scale_power 16, hysteresis 2).
@@ -79,12 +80,12 @@ pickle::ValuePtr AdamBetas();  // [0.9, 0.95]
 absl::Status ValidateModelSpec(const ModelSpec& spec);
 
 // "zero" / "bf16" (GoldenCase.optimizer_layout).
-absl::StatusOr<deepspeed::OptimizerKind> ParseOptimizerLayout(const std::string& name);
+absl::StatusOr<state::OptimizerKind> ParseOptimizerLayout(const std::string& name);
 
 // The ModelInfo a SyntheticModelState of `spec` has (no tensors made), e.g.
 // to plan where its params go at a topology (writers::PlanTarget).
-absl::StatusOr<deepspeed::ModelInfo> ModelInfoFromSpec(const ModelSpec& spec, int zero_stage,
-                                                       deepspeed::OptimizerKind kind);
+absl::StatusOr<state::ModelInfo> ModelInfoFromSpec(const ModelSpec& spec, int zero_stage,
+                                                       state::OptimizerKind kind);
 
 // The DeepSpeed release (and the job's environment) a synthetic source is
 // saved as. What differs between 0.12 and 0.19.5 in a ZeRO 1/2 checkpoint
@@ -107,19 +108,22 @@ struct SyntheticVersion {
   bool numpy2 = false;
 };
 
-class SyntheticModelState : public deepspeed::ModelState {
+class SyntheticModelState : public state::ModelState, public deepspeed::DeepSpeedFacet {
  public:
   static absl::StatusOr<std::unique_ptr<SyntheticModelState>> Make(const ModelSpec& spec, uint64_t seed,
-                                                                   int zero_stage, deepspeed::OptimizerKind kind,
+                                                                   int zero_stage, state::OptimizerKind kind,
                                                                    const SyntheticVersion& version = {});
   // The same from a case (its model, seed, zero stage and optimizer layout).
   static absl::StatusOr<std::unique_ptr<SyntheticModelState>> FromCase(const GoldenCase& c);
 
-  const deepspeed::ModelInfo& info() const override { return info_; }
-  absl::StatusOr<tp::TensorPlan> Full(const deepspeed::ParamState& param, const std::string& state) const override;
-  absl::StatusOr<deepspeed::FileValue> GroupScalar(int group, const std::string& key) const override;
-  absl::StatusOr<deepspeed::FileValue> OptimizerCommon() const override;
-  deepspeed::FileValue ModelStatesRoot(int pp, int tp) const override;
+  const state::ModelInfo& info() const override { return info_; }
+  absl::StatusOr<tp::TensorPlan> Full(const state::ParamState& param, const std::string& state) const override;
+  absl::StatusOr<state::FileValue> GroupScalar(int group, const std::string& key) const override;
+  const state::Facet* GetFacet(state::FacetKey key) const override { return deepspeed::OfferFacet(this, key); }
+  // DeepSpeedFacet: DeepSpeed's defaults for the model
+  // (deepspeed/engine_defaults.h) with a GPT-NeoX job's client state.
+  absl::StatusOr<state::FileValue> OptimizerCommon() const override;
+  state::FileValue ModelStatesRoot(int pp, int tp) const override;
   // "": there is no file; writers serialize ModelStatesRoot().
   std::string ModelStatesPath(int pp, int tp) const override { return ""; }
 
@@ -134,28 +138,29 @@ class SyntheticModelState : public deepspeed::ModelState {
  private:
   SyntheticModelState() = default;
   absl::Status Build();
+  absl::Status AddClientState(torch::TorchWriter& w, pickle::Value& root) const;
 
   ModelSpec spec_;
   uint64_t seed_ = 0;
   SyntheticVersion version_;
-  deepspeed::ModelInfo info_;
+  state::ModelInfo info_;
   // name -> state -> tensor
   std::map<std::string, std::map<std::string, torch::Tensor>> tensors_;
   std::vector<double> steps_;
-  deepspeed::FileValue steps_value_;  // a list, one 0-dim tensor per group
-  deepspeed::FileValue common_;
-  deepspeed::FileValue root_;
+  state::FileValue steps_value_;  // a list, one 0-dim tensor per group
+  state::FileValue common_;
+  state::FileValue root_;
 };
 
 // The class names of a model's pipeline layers: those of the preset its
 // names follow (rules::DetectPreset; GPT-NeoX's when none), as ucp reshard
 // names them.
-rules::LayerTypeNamer ModelLayerTypeNamer(const deepspeed::ModelInfo& info);
+rules::LayerTypeNamer ModelLayerTypeNamer(const state::ModelInfo& info);
 
 // save(M, T): the writer the resharder uses, into `folder` (ROOT/TAG; ROOT/latest
 // is written too).
-absl::StatusOr<writers::ZeroWriteResult> SaveZero(const deepspeed::ModelState& state, const std::string& folder,
-                                                 const deepspeed::Topology& topology, int num_threads = 1);
+absl::StatusOr<writers::ZeroWriteResult> SaveZero(const state::ModelState& state, const std::string& folder,
+                                                 const state::Topology& topology, int num_threads = 1);
 
 }  // namespace ucp::conformance
 

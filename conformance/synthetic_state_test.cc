@@ -34,17 +34,17 @@ using ucp::testing::VersionFixturePath;
 using ucp::testing::FreshTempDir;
 
 absl::StatusOr<std::unique_ptr<SyntheticModelState>> FixtureModel(const std::string& lp_dtype,
-                                                                  deepspeed::OptimizerKind kind) {
+                                                                  state::OptimizerKind kind) {
   NeoxShape shape;  // the fixtures' model
   shape.lp_dtype = lp_dtype;
   return SyntheticModelState::Make(NeoxSpec(shape), /*seed=*/4, /*zero_stage=*/1, kind);
 }
 
-class FixtureLayoutTest : public ::testing::TestWithParam<std::tuple<std::string, deepspeed::Topology, bool>> {};
+class FixtureLayoutTest : public ::testing::TestWithParam<std::tuple<std::string, state::Topology, bool>> {};
 
 TEST_P(FixtureLayoutTest, SaveLaysOutFilesAsDeepSpeedDid) {
   const auto& [fixture, topology, bf16] = GetParam();
-  auto m = FixtureModel(bf16 ? "bf16" : "fp32", bf16 ? deepspeed::OptimizerKind::kBf16 : deepspeed::OptimizerKind::kZero);
+  auto m = FixtureModel(bf16 ? "bf16" : "fp32", bf16 ? state::OptimizerKind::kBf16 : state::OptimizerKind::kZero);
   ASSERT_TRUE(m.ok()) << m.status();
   const std::string out = JoinPath(FreshTempDir(absl::StrCat("layout_", fixture)), "global_step4");
   auto saved = SaveZero(**m, out, topology, 2);
@@ -74,7 +74,7 @@ TEST_P(FixtureLayoutTest, SaveLaysOutFilesAsDeepSpeedDid) {
 // the fixtures' jobs ran) against those versions' files: checkpoint_parallel_dimensions
 // in 0.19.5 only, torch 2's param_groups keys, ds_version.
 class VersionFixtureLayoutTest
-    : public ::testing::TestWithParam<std::tuple<std::string, std::string, deepspeed::Topology, bool>> {};
+    : public ::testing::TestWithParam<std::tuple<std::string, std::string, state::Topology, bool>> {};
 
 TEST_P(VersionFixtureLayoutTest, SaveLaysOutFilesAsThatVersionDid) {
   const auto& [version, fixture, topology, bf16] = GetParam();
@@ -85,7 +85,7 @@ TEST_P(VersionFixtureLayoutTest, SaveLaysOutFilesAsThatVersionDid) {
   v.ds_version = version;
   v.numpy2 = true;
   auto m = SyntheticModelState::Make(NeoxSpec(shape), 4, 1,
-                                     bf16 ? deepspeed::OptimizerKind::kBf16 : deepspeed::OptimizerKind::kZero, v);
+                                     bf16 ? state::OptimizerKind::kBf16 : state::OptimizerKind::kZero, v);
   ASSERT_TRUE(m.ok()) << m.status();
   const std::string out = JoinPath(FreshTempDir(absl::StrCat("layout_", version, fixture)), "global_step4");
   ASSERT_TRUE(SaveZero(**m, out, topology, 2).ok());
@@ -102,27 +102,27 @@ TEST_P(VersionFixtureLayoutTest, SaveLaysOutFilesAsThatVersionDid) {
 
 INSTANTIATE_TEST_SUITE_P(
     Fixtures, VersionFixtureLayoutTest,
-    ::testing::Values(std::make_tuple("0.19.5", "neox-tp2-pp1-dp1", deepspeed::Topology{2, 1, 1}, false),
-                      std::make_tuple("0.19.5", "neox-bf16-tp2-pp1-dp2", deepspeed::Topology{2, 1, 2}, true),
-                      std::make_tuple("0.16.4", "neox-tp2-pp1-dp1", deepspeed::Topology{2, 1, 1}, false),
-                      std::make_tuple("0.16.4", "neox-bf16-tp2-pp1-dp2", deepspeed::Topology{2, 1, 2}, true)));
+    ::testing::Values(std::make_tuple("0.19.5", "neox-tp2-pp1-dp1", state::Topology{2, 1, 1}, false),
+                      std::make_tuple("0.19.5", "neox-bf16-tp2-pp1-dp2", state::Topology{2, 1, 2}, true),
+                      std::make_tuple("0.16.4", "neox-tp2-pp1-dp1", state::Topology{2, 1, 1}, false),
+                      std::make_tuple("0.16.4", "neox-bf16-tp2-pp1-dp2", state::Topology{2, 1, 2}, true)));
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureLayoutTest,
-                         ::testing::Values(std::make_tuple("neox-tp2-pp1-dp1", deepspeed::Topology{2, 1, 1}, false),
-                                           std::make_tuple("neox-tp2-pp1-dp2", deepspeed::Topology{2, 1, 2}, false),
-                                           std::make_tuple("neox-tp1-pp2-dp1", deepspeed::Topology{1, 2, 1}, false),
-                                           std::make_tuple("neox-bf16-tp2-pp1-dp2", deepspeed::Topology{2, 1, 2}, true)));
+                         ::testing::Values(std::make_tuple("neox-tp2-pp1-dp1", state::Topology{2, 1, 1}, false),
+                                           std::make_tuple("neox-tp2-pp1-dp2", state::Topology{2, 1, 2}, false),
+                                           std::make_tuple("neox-tp1-pp2-dp1", state::Topology{1, 2, 1}, false),
+                                           std::make_tuple("neox-bf16-tp2-pp1-dp2", state::Topology{2, 1, 2}, true)));
 
 TEST(SyntheticModelStateTest, TensorsFollowTheHeader) {
-  auto m = FixtureModel("fp32", deepspeed::OptimizerKind::kZero);
+  auto m = FixtureModel("fp32", state::OptimizerKind::kZero);
   ASSERT_TRUE(m.ok()) << m.status();
-  const deepspeed::ModelInfo& info = (*m)->info();
+  const state::ModelInfo& info = (*m)->info();
   EXPECT_EQ(info.num_groups, 2);
   // Flatten order: group 0 then group 1, module order within.
   EXPECT_EQ(info.params.front().name, "0.word_embeddings.weight");
   EXPECT_EQ(info.params[1].name, "2.attention.query_key_value.weight");
   const std::string name = "2.attention.dense.weight";
-  const deepspeed::ParamState* p = info.Find(name);
+  const state::ParamState* p = info.Find(name);
   ASSERT_NE(p, nullptr);
   auto fp32 = (*m)->Tensor(name, "fp32");
   auto avg = (*m)->Tensor(name, "exp_avg");
@@ -134,11 +134,11 @@ TEST(SyntheticModelStateTest, TensorsFollowTheHeader) {
   const float* v = reinterpret_cast<const float*>(sq->data());
   for (int64_t i = 0; i < sq->numel(); ++i) ASSERT_GE(v[i], 0.0f);
   // Deterministic from the seed, different for another seed.
-  auto again = FixtureModel("fp32", deepspeed::OptimizerKind::kZero);
+  auto again = FixtureModel("fp32", state::OptimizerKind::kZero);
   ASSERT_TRUE(again.ok());
   EXPECT_TRUE((*again)->Tensor(name, "fp32")->BitwiseEqual(*fp32));
   NeoxShape shape;
-  auto other = SyntheticModelState::Make(NeoxSpec(shape), 5, 1, deepspeed::OptimizerKind::kZero);
+  auto other = SyntheticModelState::Make(NeoxSpec(shape), 5, 1, state::OptimizerKind::kZero);
   ASSERT_TRUE(other.ok());
   EXPECT_FALSE((*other)->Tensor(name, "fp32")->BitwiseEqual(*fp32));
   // Trainable params have no lp weight of their own.
@@ -156,7 +156,7 @@ TEST(SyntheticModelStateTest, TensorsFollowTheHeader) {
 }
 
 TEST(SyntheticModelStateTest, OptimizerCommonAndRootAreShapedLikeDeepSpeeds) {
-  auto zero = FixtureModel("fp16", deepspeed::OptimizerKind::kZero);
+  auto zero = FixtureModel("fp16", state::OptimizerKind::kZero);
   ASSERT_TRUE(zero.ok()) << zero.status();
   auto common = (*zero)->OptimizerCommon();
   ASSERT_TRUE(common.ok());
@@ -170,7 +170,7 @@ TEST(SyntheticModelStateTest, OptimizerCommonAndRootAreShapedLikeDeepSpeeds) {
   EXPECT_TRUE(scaler->dynamic);
   EXPECT_EQ(*pickle::AsZeroStage(*common->value->DictGet("zero_stage")), 1);
 
-  auto bf16 = FixtureModel("bf16", deepspeed::OptimizerKind::kBf16);
+  auto bf16 = FixtureModel("bf16", state::OptimizerKind::kBf16);
   ASSERT_TRUE(bf16.ok()) << bf16.status();
   keys.clear();
   for (const auto& [k, v] : (*bf16)->OptimizerCommon()->value->dict_items()) keys.push_back(k->str());
@@ -196,7 +196,7 @@ TEST(SyntheticModelStateTest, HeadCountIsRecordedAndCheckedByReshard) {
     return m.ModelStatesRoot(0, 0).value->DictGet("args")->DictGet("num_attention_heads")->int_value();
   };
   // Derived when the spec has none: the gcd of the partitioned dims.
-  auto derived = SyntheticModelState::Make(spec, 1, 1, deepspeed::OptimizerKind::kZero);
+  auto derived = SyntheticModelState::Make(spec, 1, 1, state::OptimizerKind::kZero);
   ASSERT_TRUE(derived.ok()) << derived.status();
   EXPECT_EQ(heads_of(**derived), SpecAttentionHeads(spec));
   EXPECT_GT(heads_of(**derived), 1);
@@ -204,15 +204,15 @@ TEST(SyntheticModelStateTest, HeadCountIsRecordedAndCheckedByReshard) {
   auto reshard_to_tp2 = [&](int64_t heads, const std::string& name) {
     ModelSpec s = spec;
     s.set_num_attention_heads(heads);
-    auto m = SyntheticModelState::Make(s, 1, 1, deepspeed::OptimizerKind::kZero);
+    auto m = SyntheticModelState::Make(s, 1, 1, state::OptimizerKind::kZero);
     EXPECT_TRUE(m.ok()) << m.status();
     EXPECT_EQ(heads_of(**m), heads);
     const std::string src = JoinPath(root, name + "/global_step1");
-    EXPECT_TRUE(SaveZero(**m, src, deepspeed::Topology{1, 1, 1}).ok());
+    EXPECT_TRUE(SaveZero(**m, src, state::Topology{1, 1, 1}).ok());
     ops::ReshardOptions o;
     o.input_folder = src;
     o.output_folder = JoinPath(root, name + "_tp2/global_step1");
-    o.write.target = deepspeed::Topology{2, 1, 1};
+    o.write.target = state::Topology{2, 1, 1};
     o.write.num_threads = 1;
     auto source = ZeroSourceOptionsFor(s, JoinPath(root, name));
     EXPECT_TRUE(source.ok()) << source.status();
@@ -241,14 +241,14 @@ TEST(SyntheticModelStateTest, HeadCountIsRecordedAndCheckedByReshard) {
   // The reshard to tp=1 of a single-head model is fine.
   ModelSpec one = spec;
   one.set_num_attention_heads(1);
-  auto m = SyntheticModelState::Make(one, 1, 1, deepspeed::OptimizerKind::kZero);
+  auto m = SyntheticModelState::Make(one, 1, 1, state::OptimizerKind::kZero);
   ASSERT_TRUE(m.ok());
   const std::string src = JoinPath(root, "one_head_tp2src/global_step1");
-  ASSERT_TRUE(SaveZero(**m, src, deepspeed::Topology{1, 1, 2}).ok());
+  ASSERT_TRUE(SaveZero(**m, src, state::Topology{1, 1, 2}).ok());
   ops::ReshardOptions o;
   o.input_folder = src;
   o.output_folder = JoinPath(root, "one_head_tp1/global_step1");
-  o.write.target = deepspeed::Topology{1, 1, 1};
+  o.write.target = state::Topology{1, 1, 1};
   o.write.num_threads = 1;
   EXPECT_TRUE(ops::Reshard(o).ok());
 }
@@ -257,13 +257,13 @@ TEST(SyntheticModelStateTest, RejectsInconsistentSpecs) {
   NeoxShape shape;
   ModelSpec spec = NeoxSpec(shape);
   spec.mutable_param(1)->set_group(5);
-  EXPECT_EQ(SyntheticModelState::Make(spec, 1, 1, deepspeed::OptimizerKind::kZero).status().code(),
+  EXPECT_EQ(SyntheticModelState::Make(spec, 1, 1, state::OptimizerKind::kZero).status().code(),
             absl::StatusCode::kInvalidArgument);
   spec = NeoxSpec(shape);
-  EXPECT_FALSE(SyntheticModelState::Make(spec, 1, 2, deepspeed::OptimizerKind::kZero).ok());  // stage 2 + pipeline
-  EXPECT_FALSE(SyntheticModelState::Make(spec, 1, 1, deepspeed::OptimizerKind::kBf16).ok());  // bf16 needs bf16 weights
+  EXPECT_FALSE(SyntheticModelState::Make(spec, 1, 2, state::OptimizerKind::kZero).ok());  // stage 2 + pipeline
+  EXPECT_FALSE(SyntheticModelState::Make(spec, 1, 1, state::OptimizerKind::kBf16).ok());  // bf16 needs bf16 weights
   spec.set_num_layers(spec.num_layers() + 1);  // a trailing function layer
-  EXPECT_FALSE(SyntheticModelState::Make(spec, 1, 1, deepspeed::OptimizerKind::kZero).ok());
+  EXPECT_FALSE(SyntheticModelState::Make(spec, 1, 1, state::OptimizerKind::kZero).ok());
 }
 
 }  // namespace

@@ -47,7 +47,7 @@ int64_t ExpectedLean(int64_t part, int64_t padding) {
   return stop >= 0 ? stop : std::max<int64_t>(0, part + stop);
 }
 
-void CheckFiles(const deepspeed::ModelInfo& info, const std::string& dir, int dp, bool per_rank,
+void CheckFiles(const state::ModelInfo& info, const std::string& dir, int dp, bool per_rank,
                 const std::string& version) {
   std::vector<int64_t> numel(info.num_groups, 0);
   for (const auto& p : info.params) {
@@ -80,7 +80,7 @@ void CheckTensors(const SyntheticModelState& m, const std::string& dir) {
   RC_ASSERT(s.ok());
   for (const auto& p : m.info().params) {
     if (!p.trainable()) continue;
-    const deepspeed::ParamState* q = (*s)->info().Find(p.name);
+    const state::ParamState* q = (*s)->info().Find(p.name);
     RC_ASSERT(q != nullptr);
     for (const std::string state : {"fp32", "exp_avg", "exp_avg_sq"}) {
       auto want = m.Full(p, state);
@@ -119,7 +119,7 @@ RC_GTEST_PROP(VersionConformanceTest, PaddingConventionsRoundTrip, ()) {
   }
   const int stage = *rc::gen::element(1, 2);
   auto m = SyntheticModelState::Make(spec, *rc::gen::inRange<uint64_t>(1, 1000000), stage,
-                                     deepspeed::OptimizerKind::kZero);
+                                     state::OptimizerKind::kZero);
   RC_ASSERT(m.ok());
   const std::vector<std::pair<std::string, bool>> versions = {
       {"0.14.4", false}, {"0.16.3", false}, {"0.16.4", true}, {"0.19.5", true}};
@@ -129,7 +129,7 @@ RC_GTEST_PROP(VersionConformanceTest, PaddingConventionsRoundTrip, ()) {
   const int dp2 = *rc::gen::inRange(1, 9);
   const std::string root = testing::FreshTempDir("version_conformance");
   writers::ZeroWriteOptions o;
-  o.target = deepspeed::Topology{1, 1, dp1};
+  o.target = state::Topology{1, 1, dp1};
   o.target_ds_version = v1;
   o.num_threads = 1;
   const std::string a = JoinPath(root, "a/global_step1");
@@ -140,7 +140,7 @@ RC_GTEST_PROP(VersionConformanceTest, PaddingConventionsRoundTrip, ()) {
   ops::ReshardOptions r;
   r.input_folder = a;
   r.output_folder = JoinPath(root, "b/global_step1");
-  r.write.target = deepspeed::Topology{1, 1, dp2};
+  r.write.target = state::Topology{1, 1, dp2};
   r.write.target_ds_version = v2;
   r.write.num_threads = 1;
   auto resharded = ops::Reshard(r);

@@ -43,7 +43,7 @@ int64_t Numel(const std::vector<int64_t>& s) {
 void CheckReadsBack(const SyntheticModelState& m, const std::string& dir, int dp, int64_t sub_group_size) {
   auto z = readers::Zero3State::Open(dir);
   RC_ASSERT(z.ok());
-  const deepspeed::ModelInfo& info = (*z)->info();
+  const state::ModelInfo& info = (*z)->info();
   RC_ASSERT(info.source_topology.dp == dp);
   int expected_sub_groups = 0;
   for (int g = 0; g < m.info().num_groups; ++g) {
@@ -56,7 +56,7 @@ void CheckReadsBack(const SyntheticModelState& m, const std::string& dir, int dp
   RC_ASSERT((*z)->num_sub_groups() == expected_sub_groups);
   for (const auto& p : m.info().params) {
     if (!p.trainable()) continue;
-    const deepspeed::ParamState* q = info.Find(p.name);
+    const state::ParamState* q = info.Find(p.name);
     RC_ASSERT(q != nullptr);
     RC_ASSERT(q->group == p.group);
     for (const std::string state : {"fp32", "exp_avg", "exp_avg_sq"}) {
@@ -144,7 +144,7 @@ void SaveReadReshardConvert() {
   ++g_dist["ds_version T1"][v1.ds_version];
   ++g_dist["ds_version T2"][v2];
   ++g_dist["groups"][groups > 1 ? ">1" : "1"];
-  auto m = SyntheticModelState::Make(spec, seed, /*zero_stage=*/2, deepspeed::OptimizerKind::kZero, v1);
+  auto m = SyntheticModelState::Make(spec, seed, /*zero_stage=*/2, state::OptimizerKind::kZero, v1);
   RC_ASSERT(m.ok());
   const int dp1 = *rc::gen::inRange(1, 5);
   const int dp2 = *rc::gen::inRange(1, 5);
@@ -152,7 +152,7 @@ void SaveReadReshardConvert() {
   const int64_t s2 = *rc::gen::element<int64_t>(1, 13, 100, 1000000000);
   const std::string root = testing::FreshTempDir("zero3_conformance");
   writers::ZeroWriteOptions o;
-  o.target = deepspeed::Topology{1, 1, dp1};
+  o.target = state::Topology{1, 1, dp1};
   o.zero_stage = 3;
   o.sub_group_size = s1;
   o.num_threads = 1;
@@ -164,7 +164,7 @@ void SaveReadReshardConvert() {
   ops::ReshardOptions r;
   r.input_folder = a;
   r.output_folder = JoinPath(root, "b/global_step1");
-  r.write.target = deepspeed::Topology{1, 1, dp2};
+  r.write.target = state::Topology{1, 1, dp2};
   r.write.sub_group_size = s2;
   r.write.target_ds_version = v2;
   r.write.num_threads = 1;

@@ -5,6 +5,14 @@
 #include "base/status_macros.h"
 
 namespace ucp::deepspeed {
+
+using state::ModelInfo;
+using state::OptimizerKind;
+using state::OptimizerKindName;
+using state::ParamState;
+using state::TensorRole;
+using state::TensorRoleName;
+using state::Topology;
 namespace {
 
 TensorRole RoleFromName(const std::string& role, bool frozen) {

@@ -13,14 +13,14 @@
 // Example:
 //   Manifest m = ToManifest(info, header);
 //   ... add m.file() digests, m.rules() ...
-//   UCP_ASSIGN_OR_RETURN(ModelInfo back, FromManifest(m));
+//   UCP_ASSIGN_OR_RETURN(state::ModelInfo back, FromManifest(m));
 #ifndef UCP_DEEPSPEED_MANIFEST_H_
 #define UCP_DEEPSPEED_MANIFEST_H_
 
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "deepspeed/model_state.h"
+#include "state/model_state.h"
 #include "proto/ucp.pb.h"
 
 namespace ucp::deepspeed {
@@ -34,19 +34,19 @@ struct ManifestHeader {
 
 // ---- encode ----
 
-void EncodeParam(const ParamState& p, Manifest::Param* out);
+void EncodeParam(const state::ParamState& p, Manifest::Param* out);
 // Everything but the params, the files and the rules.
-void EncodeLayout(const ModelInfo& info, Manifest* out);
+void EncodeLayout(const state::ModelInfo& info, Manifest* out);
 // Header, layout and every param, in ModelInfo order.
-Manifest ToManifest(const ModelInfo& info, const ManifestHeader& header);
+Manifest ToManifest(const state::ModelInfo& info, const ManifestHeader& header);
 
 // ---- decode ----
 
 // name, full shape, rule (only its kind from a manifest without merge_rule),
 // source, origin, group, role, layer, local name, tied key and layers, lp dtype.
-absl::StatusOr<ParamState> DecodeParam(const Manifest::Param& m);
-absl::Status DecodeLayout(const Manifest& m, ModelInfo* out);
-absl::StatusOr<ModelInfo> FromManifest(const Manifest& m);
+absl::StatusOr<state::ParamState> DecodeParam(const Manifest::Param& m);
+absl::Status DecodeLayout(const Manifest& m, state::ModelInfo* out);
+absl::StatusOr<state::ModelInfo> FromManifest(const Manifest& m);
 
 }  // namespace ucp::deepspeed
 

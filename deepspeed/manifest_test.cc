@@ -5,6 +5,13 @@
 #include "gtest/gtest.h"
 
 namespace ucp::deepspeed {
+
+using state::ModelInfo;
+using state::OptimizerKind;
+using state::ParamState;
+using state::TensorRole;
+using state::Topology;
+
 namespace {
 
 ParamState Param(const std::string& name, std::vector<int64_t> shape, MergeKind kind, TensorRole role, int group) {

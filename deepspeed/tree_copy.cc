@@ -4,7 +4,7 @@
 
 namespace ucp::deepspeed {
 
-absl::StatusOr<pickle::ValuePtr> CopyTreeForWrite(const FileValue& source, torch::TorchWriter& writer) {
+absl::StatusOr<pickle::ValuePtr> CopyTreeForWrite(const state::FileValue& source, torch::TorchWriter& writer) {
   return torch::CopyTreeForWrite(source.file.get(), source.value, writer);
 }
 

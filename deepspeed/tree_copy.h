@@ -5,14 +5,14 @@
 #define UCP_DEEPSPEED_TREE_COPY_H_
 
 #include "absl/status/statusor.h"
-#include "deepspeed/model_state.h"
+#include "state/model_state.h"
 #include "format/pickle/value.h"
 #include "format/torch/torch_file.h"
 
 namespace ucp::deepspeed {
 
 // See torch::CopyTreeForWrite (format/torch/tree_copy.h).
-absl::StatusOr<pickle::ValuePtr> CopyTreeForWrite(const FileValue& source, torch::TorchWriter& writer);
+absl::StatusOr<pickle::ValuePtr> CopyTreeForWrite(const state::FileValue& source, torch::TorchWriter& writer);
 
 }  // namespace ucp::deepspeed
 

@@ -29,7 +29,7 @@
 #include "ops/convert.h"
 #include "readers/compare.h"
 #include "readers/inspect.h"
-#include "deepspeed/topology.h"
+#include "state/topology.h"
 #include "format/pickle/value.h"
 #include "format/torch/torch_file.h"
 #include "gmock/gmock.h"
@@ -44,7 +44,7 @@ namespace ucp {
 namespace {
 
 using ::testing::IsEmpty;
-using deepspeed::Topology;
+using state::Topology;
 using pickle::Kind;
 using pickle::Value;
 using testing::FreshTempDir;

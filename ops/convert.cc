@@ -12,7 +12,7 @@
 
 namespace ucp::ops {
 
-std::string RuleSummary(const deepspeed::ModelInfo& info) {
+std::string RuleSummary(const state::ModelInfo& info) {
   std::map<std::pair<std::string, std::string>, int> counts;
   std::map<std::string, int> by_source;
   for (const auto& p : info.params) {
@@ -27,12 +27,12 @@ std::string RuleSummary(const deepspeed::ModelInfo& info) {
   return out;
 }
 
-std::string RuleExplanation(const deepspeed::ModelInfo& info) {
+std::string RuleExplanation(const state::ModelInfo& info) {
   std::string out;
   for (const auto& p : info.params) {
     absl::StrAppendFormat(&out, "%s %s %s [%s] %s: %s\n", p.name, torch::ShapeString(p.full_shape),
                           tp::DescribeRule(p.rule), rules::RuleSourceName(p.source),
-                          p.trainable() ? absl::StrCat("group ", p.group) : deepspeed::TensorRoleName(p.role),
+                          p.trainable() ? absl::StrCat("group ", p.group) : state::TensorRoleName(p.role),
                           p.origin);
   }
   return out;
@@ -66,7 +66,7 @@ absl::StatusOr<ConvertResult> ConvertImpl(const ConvertOptions& options) {
   if (options.dry_run_ranks < 0) return absl::InvalidArgumentError("--dry_run: expected >= 0");
   UCP_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(options.input_folder, options.state, /*verify_checksums=*/false,
                                                     /*zero_only=*/true, options.cluster));
-  const deepspeed::ModelState* state = src.state.get();
+  const state::ModelState* state = src.state.get();
   if (state->info().expert_parallel > 0) {
     // DeepSpeed's universal loaders partition every param over dp; none
     // places experts by expert parallel rank (and ds_to_universal.py 0.19.5
@@ -125,7 +125,7 @@ absl::StatusOr<ConvertResult> ConvertImpl(const ConvertOptions& options) {
   result.explain = RuleExplanation(state->info());
   for (const auto& note : state->info().notes) result.warnings.push_back(note);
   for (const auto& note : result.stats.notes) result.warnings.push_back(note);
-  const deepspeed::ModelInfo& info = state->info();
+  const state::ModelInfo& info = state->info();
   if (writers::PlainModuleAtTpAboveOne(info) && !write.single_mp_rank_file) {
     result.warnings.push_back(absl::StrCat(
         "a plain (non-pipeline) module at tp=", info.source_topology.tp, ": the folder keeps its ",

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "deepspeed/model_state.h"
+#include "state/model_state.h"
 #include "ops/open.h"
 #include "writers/universal_writer.h"
 
@@ -42,8 +42,8 @@ struct ConvertResult {
 absl::StatusOr<ConvertResult> Convert(const ConvertOptions& options);
 
 // The summary and per-param table of a model state's rules.
-std::string RuleSummary(const deepspeed::ModelInfo& info);
-std::string RuleExplanation(const deepspeed::ModelInfo& info);
+std::string RuleSummary(const state::ModelInfo& info);
+std::string RuleExplanation(const state::ModelInfo& info);
 
 }  // namespace ucp::ops
 

@@ -284,7 +284,7 @@ TEST(ConvertErrorsTest, Zero3SubGroupsNeedTheLoaderOf018) {
   ReshardOptions r;
   r.input_folder = o.input_folder;
   r.output_folder = JoinPath(root, "sub/global_step4");
-  r.write.target = deepspeed::Topology{1, 1, 2};
+  r.write.target = state::Topology{1, 1, 2};
   r.write.sub_group_size = 5000;
   auto resharded = Reshard(r);
   ASSERT_TRUE(resharded.ok()) << resharded.status();
@@ -311,7 +311,7 @@ TEST(ConvertErrorsTest, Zero3UniversalFolderIsRefusedAsInput) {
   ReshardOptions r;
   r.input_folder = ucp::testing::VersionFixturePath("0.19.5", "gpt-zero3-dp2/global_step4_universal_deepspeed");
   r.output_folder = JoinPath(root, "z/global_step4");
-  r.write.target = deepspeed::Topology{1, 1, 1};
+  r.write.target = state::Topology{1, 1, 1};
   absl::Status s = Reshard(r).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
   EXPECT_NE(s.message().find("a DeepSpeed 0.19.5 ZeRO stage 3 universal checkpoint"), std::string::npos) << s;

@@ -252,7 +252,7 @@ TEST(ConvertFixtureTest, ReproducesTheBugAndFixesIt) {
   options.rules.default_kind = COLUMN;
   auto patternless = OpenZeroState(source_folder, options);
   ASSERT_TRUE(patternless.ok()) << patternless.status();
-  const deepspeed::ParamState* p = (*patternless)->info().Find(name);
+  const state::ParamState* p = (*patternless)->info().Find(name);
   ASSERT_NE(p, nullptr);
   EXPECT_EQ(p->source, EVIDENCE);  // the data alone shows it is replicated...
   MergeRule cat0;

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "deepspeed/facet.h"
 #include "format/torch/mapped_file.h"
 #include "format/json/json.h"
 #include "format/pickle/accessors.h"
@@ -17,17 +18,19 @@
 namespace ucp::ops {
 namespace {
 
-using deepspeed::ParamState;
-using deepspeed::TensorRole;
+using state::ParamState;
+using state::TensorRole;
 using pickle::Kind;
 using pickle::Value;
 using torch::DType;
 
 // mp_rank_00's shared_params (alias -> owner, insertion order), as
 // engine._get_shared_params records tied params (global rank 0 only).
-std::vector<std::pair<std::string, std::string>> SharedParams(const deepspeed::ModelState& state) {
+std::vector<std::pair<std::string, std::string>> SharedParams(const state::ModelState& state) {
   std::vector<std::pair<std::string, std::string>> out;
-  const deepspeed::FileValue root = state.ModelStatesRoot(0, 0);
+  const deepspeed::DeepSpeedFacet* ds = deepspeed::FacetOf(state);
+  if (ds == nullptr) return out;
+  const state::FileValue root = ds->ModelStatesRoot(0, 0);
   if (!root.value || !root.value->is(Kind::kDict)) return out;
   const Value* sp = root.value->DictGet("shared_params");
   if (sp == nullptr || !sp->is(Kind::kDict)) return out;
@@ -35,17 +38,6 @@ std::vector<std::pair<std::string, std::string>> SharedParams(const deepspeed::M
     if (k->is(Kind::kStr) && v->is(Kind::kStr)) out.emplace_back(k->str(), v->str());
   }
   return out;
-}
-
-// The training's args as a dict (an argparse.Namespace's attributes), or null.
-const Value* Args(const deepspeed::ModelState& state) {
-  const deepspeed::FileValue root = state.ModelStatesRoot(0, 0);
-  if (!root.value || !root.value->is(Kind::kDict)) return nullptr;
-  const Value* a = root.value->DictGet("args");
-  if (a == nullptr) return nullptr;
-  if (a->is(Kind::kDict)) return a;
-  if (auto ns = pickle::AsNamespace(*a, "args"); ns.ok()) return *ns;
-  return nullptr;
 }
 
 absl::StatusOr<DType> ParseTargetDType(const std::string& s) {
@@ -98,7 +90,7 @@ absl::StatusOr<tp::TensorPlan> Scale(const tp::TensorPlan& plan, int64_t factor)
 
 class Builder {
  public:
-  Builder(const deepspeed::ModelState& state, const ExportOptions& options)
+  Builder(const state::ModelState& state, const ExportOptions& options)
       : state_(state), info_(state.info()), options_(options) {}
 
   absl::StatusOr<ExportContents> Build() {
@@ -149,11 +141,11 @@ class Builder {
 
   // The full value of `p` for the chosen weights.
   absl::StatusOr<tp::TensorPlan> Value(const ParamState& p) const {
-    if (!p.trainable()) return state_.Full(p, deepspeed::kLpState);
-    if (!lp_) return state_.Full(p, deepspeed::kFp32State);
-    auto lp = state_.Full(p, deepspeed::kLpState);
+    if (!p.trainable()) return state_.Full(p, state::kLpState);
+    if (!lp_) return state_.Full(p, state::kFp32State);
+    auto lp = state_.Full(p, state::kLpState);
     if (lp.ok() || lp.status().code() != absl::StatusCode::kNotFound) return lp;
-    return state_.Full(p, deepspeed::kFp32State);  // cast to the lp dtype by the writer
+    return state_.Full(p, state::kFp32State);  // cast to the lp dtype by the writer
   }
 
   writers::ExportTensor Tensor(int index, std::string name) {
@@ -172,7 +164,7 @@ class Builder {
     if (!lp_) return;
     for (const ParamState& p : info_.params) {
       if (!p.trainable()) continue;
-      auto lp = state_.Full(p, deepspeed::kLpState);
+      auto lp = state_.Full(p, state::kLpState);
       if (!lp.ok() && lp.status().code() == absl::StatusCode::kNotFound) {
         notes_.push_back(absl::StrCat(
             "--weights=lp: the checkpoint holds no lp weights of trainable params (a universal checkpoint); they are "
@@ -237,7 +229,7 @@ class Builder {
     ExportContents out;
     rules::HfOptions hf = options_.hf;
     if (hf.preset.empty()) hf.preset = options_.state.rules.preset;
-    UCP_ASSIGN_OR_RETURN(rules::HfNamePlan plan, rules::PlanHfNames(info_, ModuleOrder(), Args(state_), hf));
+    UCP_ASSIGN_OR_RETURN(rules::HfNamePlan plan, rules::PlanHfNames(info_, ModuleOrder(), deepspeed::ArgsOf(state_), hf));
     DType weights_dtype = DType::kFloat32;
     bool have_weights_dtype = false;
     for (const rules::HfTensor& h : plan.tensors) {
@@ -276,8 +268,8 @@ class Builder {
     return out;
   }
 
-  const deepspeed::ModelState& state_;
-  const deepspeed::ModelInfo& info_;
+  const state::ModelState& state_;
+  const state::ModelInfo& info_;
   const ExportOptions options_;
   bool lp_ = false;
   DType target_ = DType::kComplex128;
@@ -288,7 +280,7 @@ class Builder {
 
 }  // namespace
 
-absl::StatusOr<ExportContents> PlanExportContents(const deepspeed::ModelState& state, const ExportOptions& options) {
+absl::StatusOr<ExportContents> PlanExportContents(const state::ModelState& state, const ExportOptions& options) {
   // The tensors' sources refer to the builder's copy of the state and
   // options through `state` only.
   auto builder = std::make_shared<Builder>(state, options);
@@ -320,7 +312,7 @@ absl::StatusOr<ExportResult> ExportImpl(const ExportOptions& options) {
   if (options.state.num_threads < 0 || options.write.num_threads < 0) {
     return absl::InvalidArgumentError("--num_threads: expected >= 0 (0 = all cores)");
   }
-  std::unique_ptr<deepspeed::ModelState> state;
+  std::unique_ptr<state::ModelState> state;
   std::vector<std::string> open_notes;
   std::string source_dir;
   if (IsUniversalFolder(options.input_folder) || readers::IsZero3Folder(options.input_folder) ||

@@ -51,7 +51,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "deepspeed/model_state.h"
+#include "state/model_state.h"
 #include "ops/open.h"
 #include "rules/hf_names.h"
 #include "writers/export_writer.h"
@@ -84,7 +84,7 @@ struct ExportContents {
   std::string architecture;
   std::vector<std::string> notes;
 };
-absl::StatusOr<ExportContents> PlanExportContents(const deepspeed::ModelState& state, const ExportOptions& options);
+absl::StatusOr<ExportContents> PlanExportContents(const state::ModelState& state, const ExportOptions& options);
 
 // Opens the input, plans, writes.
 absl::StatusOr<ExportResult> Export(const ExportOptions& options);

@@ -53,7 +53,7 @@ absl::StatusOr<rules::SuggestReport> SuggestZeroRules(const std::string& path, c
   return rules::SuggestRules(std::move(sliced), options.resolve());
 }
 
-absl::StatusOr<std::unique_ptr<deepspeed::ModelState>> OpenModelState(const std::string& path,
+absl::StatusOr<std::unique_ptr<state::ModelState>> OpenModelState(const std::string& path,
                                                                       const SourceOptions& options,
                                                                       bool verify_checksums) {
   UCP_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(path, options, verify_checksums, /*zero_only=*/false, nullptr));
@@ -67,7 +67,7 @@ JobDescription::ModuleEntry EncodeModuleEntry(const readers::ModuleEntry& e) {
   m.set_name(e.name);
   m.set_local_name(e.local_name);
   m.set_layer(e.layer);
-  m.set_role(deepspeed::TensorRoleName(e.role));
+  m.set_role(state::TensorRoleName(e.role));
   m.set_tied_key(e.tied_key);
   m.set_dtype(std::string(torch::DTypeName(e.dtype)));
   for (const auto& shape : e.tp_shapes) {
@@ -82,10 +82,10 @@ absl::StatusOr<readers::ModuleEntry> DecodeModuleEntry(const JobDescription::Mod
   e.name = m.name();
   e.local_name = m.local_name();
   e.layer = m.layer();
-  e.role = m.role() == "trainable" ? deepspeed::TensorRole::kTrainable
-           : m.role() == "buffer"  ? deepspeed::TensorRole::kBuffer
-           : m.role() == "tied"    ? deepspeed::TensorRole::kTied
-                                   : deepspeed::TensorRole::kFrozen;
+  e.role = m.role() == "trainable" ? state::TensorRole::kTrainable
+           : m.role() == "buffer"  ? state::TensorRole::kBuffer
+           : m.role() == "tied"    ? state::TensorRole::kTied
+                                   : state::TensorRole::kFrozen;
   e.tied_key = m.tied_key();
   UCP_ASSIGN_OR_RETURN(e.dtype, torch::ParseDType(m.dtype()));
   for (const auto& t : m.tp_shape()) e.tp_shapes.emplace_back(t.dim().begin(), t.dim().end());
@@ -95,7 +95,7 @@ absl::StatusOr<readers::ModuleEntry> DecodeModuleEntry(const JobDescription::Mod
 // What rank 0 opened, described for the others.
 absl::StatusOr<JobDescription> Describe(const OpenedSource& src, const readers::ZeroCheckpoint* zero,
                                         const readers::UniversalCheckpoint* universal,
-                                        const deepspeed::ModelInfo* universal_reader, bool reinterpreted) {
+                                        const state::ModelInfo* universal_reader, bool reinterpreted) {
   JobDescription d;
   d.set_source_kind(src.kind);
   d.set_source_dir(src.dir);
@@ -164,7 +164,7 @@ absl::StatusOr<std::pair<OpenedSource, JobDescription>> OpenAndDescribe(const st
     const bool reinterpret = !reader->layout_recorded();
     JobDescription d;
     if (reinterpret) {
-      deepspeed::ModelInfo reader_info = reader->info();  // described: the others re-merge it too
+      state::ModelInfo reader_info = reader->info();  // described: the others re-merge it too
       UCP_ASSIGN_OR_RETURN(out.state, rules::ReinterpretDeepSpeedUniversal(
                                           std::move(reader), shared->model_states().universal_checkpoint_info(),
                                           options.rules, shared->dir()));
@@ -230,7 +230,7 @@ absl::StatusOr<OpenedSource> OpenFromDescription(const std::string& path, const 
   out.effective_rules = d.effective_rules();
   out.preset = d.preset();
   out.preset_detected = d.preset_detected();
-  UCP_ASSIGN_OR_RETURN(deepspeed::ModelInfo decided, deepspeed::FromManifest(d.resolved()));
+  UCP_ASSIGN_OR_RETURN(state::ModelInfo decided, deepspeed::FromManifest(d.resolved()));
   if (d.source_kind() == "universal") {
     readers::UniversalCheckpoint::Options o;
     o.given_manifest = d.reader();

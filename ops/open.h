@@ -18,7 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "base/cluster.h"
-#include "deepspeed/model_state.h"
+#include "state/model_state.h"
 #include "readers/zero_checkpoint.h"
 #include "readers/zero_state.h"
 #include "rules/resolve.h"
@@ -55,13 +55,13 @@ absl::StatusOr<rules::SuggestReport> SuggestZeroRules(const std::string& path, c
 
 // Any checkpoint folder. `verify_checksums`: check a ucp universal folder's
 // files against its manifest first.
-absl::StatusOr<std::unique_ptr<deepspeed::ModelState>> OpenModelState(const std::string& path,
+absl::StatusOr<std::unique_ptr<state::ModelState>> OpenModelState(const std::string& path,
                                                                       const SourceOptions& options,
                                                                       bool verify_checksums = false);
 
 // A source opened for a command, with what the command reports of it.
 struct OpenedSource {
-  std::unique_ptr<deepspeed::ModelState> state;
+  std::unique_ptr<state::ModelState> state;
   std::string kind;  // "zero" or "universal"
   std::string dir;   // the checkpoint folder (a tag folder)
   MergeRules effective_rules;  // the rules in effect (ZeRO sources), for the manifest

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "deepspeed/facet.h"
 #include "format/torch/mapped_file.h"
 #include "format/pickle/accessors.h"
 #include "rules/presets.h"
@@ -32,26 +33,11 @@ absl::Status ValidateReshardFlags(const ReshardOptions& o) {
   return absl::OkStatus();
 }
 
-namespace {
-
-// The training's args (a dict, or an argparse.Namespace's attributes).
-const pickle::Value* ArgsOf(const deepspeed::ModelState& state) {
-  const deepspeed::FileValue root = state.ModelStatesRoot(0, 0);
-  if (!root.value || !root.value->is(pickle::Kind::kDict)) return nullptr;
-  const pickle::Value* a = root.value->DictGet("args");
-  if (a == nullptr) return nullptr;
-  if (a->is(pickle::Kind::kDict)) return a;
-  if (auto ns = pickle::AsNamespace(*a, "args"); ns.ok()) return *ns;
-  return nullptr;
-}
-
-}  // namespace
-
-absl::Status ValidateTargetAgainstModel(const deepspeed::ModelState& state, const ReshardOptions& o) {
+absl::Status ValidateTargetAgainstModel(const state::ModelState& state, const ReshardOptions& o) {
   const int tp = o.write.target.tp;
   // Attention heads split over tp ranks (Megatron, GPT-NeoX): a tp that does
   // not divide them gives a checkpoint no training can load.
-  if (const pickle::Value* args = ArgsOf(state)) {
+  if (const pickle::Value* args = deepspeed::ArgsOf(state)) {
     for (const char* key : {"num_attention_heads", "num_heads", "n_head", "num_key_value_heads", "num_query_groups"}) {
       const pickle::Value* v = args->DictGet(key);
       // A single head cannot be split either: heads = 1 at tp > 1 is refused.
@@ -69,7 +55,7 @@ absl::Status ValidateTargetAgainstModel(const deepspeed::ModelState& state, cons
   }
   // Layer specs: at least the layers that hold tensors, at most a bounded
   // number of trailing layers without any.
-  const deepspeed::ModelInfo& info = state.info();
+  const state::ModelInfo& info = state.info();
   if (o.write.num_layers > 0 && info.pipeline) {
     constexpr int kMaxExtraLayers = 1024;
     const int64_t most = static_cast<int64_t>(info.num_layers) + kMaxExtraLayers;
@@ -106,7 +92,7 @@ absl::StatusOr<ReshardResult> ReshardImpl(const ReshardOptions& options) {
   if (options.write.target.tp == 1) source.tp1_whole_tensors = true;
   UCP_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(options.input_folder, source, options.verify_checksums,
                                                     /*zero_only=*/false, options.cluster));
-  const deepspeed::ModelState* state = src.state.get();
+  const state::ModelState* state = src.state.get();
   UCP_RETURN_IF_ERROR(ValidateTargetAgainstModel(*state, options));
   ReshardResult result;
   result.source_kind = src.kind;

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "deepspeed/model_state.h"
+#include "state/model_state.h"
 #include "ops/open.h"
 #include "writers/zero_writer.h"
 
@@ -33,7 +33,7 @@ struct ReshardResult {
   std::string plan;  // the described plan of a dry run
   writers::ZeroWriteResult write;
   std::string source_kind;  // "universal" or "zero"
-  deepspeed::Topology source;
+  state::Topology source;
   std::vector<std::string> notes;  // assumptions about the source (ModelInfo::notes)
 };
 
@@ -44,7 +44,7 @@ absl::Status ValidateReshardFlags(const ReshardOptions& options);
 // The target against the model: --tp divides the attention heads (and kv
 // heads / query groups) the checkpoint's args record; --num_layers is at most
 // the source's layers + 1024 trailing layers without tensors.
-absl::Status ValidateTargetAgainstModel(const deepspeed::ModelState& state, const ReshardOptions& options);
+absl::Status ValidateTargetAgainstModel(const state::ModelState& state, const ReshardOptions& options);
 
 }  // namespace ucp::ops
 

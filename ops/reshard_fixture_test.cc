@@ -45,7 +45,7 @@ bool IsAdamStateOrder(const std::string& diff) {
   return absl::StrContains(diff, "base_optimizer_state.state.") && absl::EndsWith(diff, "keys in a different order");
 }
 
-absl::StatusOr<ReshardResult> DoReshard(const std::string& in, const std::string& out, deepspeed::Topology t) {
+absl::StatusOr<ReshardResult> DoReshard(const std::string& in, const std::string& out, state::Topology t) {
   ReshardOptions o;
   o.input_folder = in;
   o.output_folder = out;
@@ -92,7 +92,7 @@ std::vector<std::string> CompareCheckpoints(const std::string& ours, const std::
   return diffs;
 }
 
-class ReshardFixtureTest : public ::testing::TestWithParam<std::tuple<std::string, deepspeed::Topology>> {};
+class ReshardFixtureTest : public ::testing::TestWithParam<std::tuple<std::string, state::Topology>> {};
 
 TEST_P(ReshardFixtureTest, MatchesWhatDeepSpeedSaved) {
   const auto& [fixture, t] = GetParam();
@@ -110,11 +110,11 @@ TEST_P(ReshardFixtureTest, MatchesWhatDeepSpeedSaved) {
 
 INSTANTIATE_TEST_SUITE_P(
     Fixtures, ReshardFixtureTest,
-    ::testing::Values(std::make_tuple("neox-tp2-pp1-dp1", deepspeed::Topology{1, 1, 1}),
-                      std::make_tuple("neox-tp2-pp1-dp1", deepspeed::Topology{1, 1, 2}),
-                      std::make_tuple("neox-tp2-pp1-dp1", deepspeed::Topology{2, 1, 2}),
-                      std::make_tuple("neox-tp2-pp1-dp1", deepspeed::Topology{1, 2, 1}),
-                      std::make_tuple("neox-bf16-tp2-pp1-dp2", deepspeed::Topology{1, 1, 1})));
+    ::testing::Values(std::make_tuple("neox-tp2-pp1-dp1", state::Topology{1, 1, 1}),
+                      std::make_tuple("neox-tp2-pp1-dp1", state::Topology{1, 1, 2}),
+                      std::make_tuple("neox-tp2-pp1-dp1", state::Topology{2, 1, 2}),
+                      std::make_tuple("neox-tp2-pp1-dp1", state::Topology{1, 2, 1}),
+                      std::make_tuple("neox-bf16-tp2-pp1-dp2", state::Topology{1, 1, 1})));
 
 // The second hop: what DeepSpeed 0.14.4 saved after loading a universal
 // checkpoint at tp2 dp2 / tp1 dp2 (its ranks list the Adam states in
@@ -124,7 +124,7 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(SecondHopTest, DeepSpeedsSaveAfterAUniversalLoadIsASource) {
   struct Hop {
     std::string from, expected;
-    deepspeed::Topology topo;
+    state::Topology topo;
   };
   for (const Hop& h : {Hop{"resaved-tp2-pp1-dp2", "resaved-tp1-pp1-dp1", {1, 1, 1}},
                        Hop{"resaved-tp1-pp1-dp2", "resaved-tp1-pp1-dp1", {1, 1, 1}},
@@ -149,7 +149,7 @@ TEST(SecondHopTest, DeepSpeedsSaveAfterAUniversalLoadIsASource) {
 // equals `expected`, both folders of fixtures/deepspeed-<version>/<fixture>.
 struct VersionCase {
   std::string version, fixture, from, expected;
-  deepspeed::Topology topo;
+  state::Topology topo;
 };
 
 void PrintTo(const VersionCase& c, std::ostream* os) {
@@ -205,7 +205,7 @@ TEST(Zero3ReshardTest, EverySubGroupHasItsOwnStep) {
   const std::string root = FreshTempDir("reshard_zero3_steps");
   const std::string out = JoinPath(root, "global_step4");
   auto result =
-      DoReshard(VersionFixturePath("0.19.5", "gpt-zero3-subgroups-dp2/global_step4"), out, deepspeed::Topology{1, 1, 1});
+      DoReshard(VersionFixturePath("0.19.5", "gpt-zero3-subgroups-dp2/global_step4"), out, state::Topology{1, 1, 1});
   ASSERT_TRUE(result.ok()) << result.status();
   auto f = torch::TorchFile::Open(JoinPath(out, "zero_pp_rank_0_mp_rank_00_optim_states.pt"));
   ASSERT_TRUE(f.ok()) << f.status();
@@ -227,10 +227,10 @@ TEST(Zero3ReshardTest, EverySubGroupHasItsOwnStep) {
 TEST(Zero3ReshardTest, RoundTrip0164TwoGroups) {
   const std::string src = VersionFixturePath("0.16.4", "gpt-zero3-dp2/global_step4");
   const std::string root = FreshTempDir("reshard_zero3_0164");
-  auto one = DoReshard(src, JoinPath(root, "dp1/global_step4"), deepspeed::Topology{1, 1, 1});
+  auto one = DoReshard(src, JoinPath(root, "dp1/global_step4"), state::Topology{1, 1, 1});
   ASSERT_TRUE(one.ok()) << one.status();
   auto two = DoReshard(JoinPath(root, "dp1/global_step4"), JoinPath(root, "dp2/global_step4"),
-                       deepspeed::Topology{1, 1, 2});
+                       state::Topology{1, 1, 2});
   ASSERT_TRUE(two.ok()) << two.status();
   const std::vector<std::string> diffs = CompareCheckpoints(JoinPath(root, "dp2/global_step4"), src);
   EXPECT_THAT(diffs, IsEmpty()) << absl::StrJoin(diffs, "\n");
@@ -244,7 +244,7 @@ TEST(Zero3ReshardTest, StageChangesBothWays) {
   ReshardOptions o;
   o.input_folder = src;
   o.output_folder = JoinPath(root, "z1/global_step4");
-  o.write.target = deepspeed::Topology{1, 1, 2};
+  o.write.target = state::Topology{1, 1, 2};
   o.write.zero_stage = 1;
   o.write.num_threads = 2;
   auto one = Reshard(o);
@@ -259,7 +259,7 @@ TEST(Zero3ReshardTest, StageChangesBothWays) {
   EXPECT_EQ((*b)->info().zero_stage, 1);
   ASSERT_EQ((*a)->info().params.size(), (*b)->info().params.size());
   for (const auto& p : (*a)->info().params) {
-    const deepspeed::ParamState* q = (*b)->info().Find(p.name);
+    const state::ParamState* q = (*b)->info().Find(p.name);
     ASSERT_NE(q, nullptr) << p.name;
     EXPECT_EQ(q->group, p.group);
     for (const std::string state : {"fp32", "exp_avg", "exp_avg_sq"}) {
@@ -279,7 +279,7 @@ TEST(Zero3ReshardTest, StageChangesBothWays) {
   ReshardOptions back;
   back.input_folder = o.output_folder;
   back.output_folder = JoinPath(root, "z3/global_step4");
-  back.write.target = deepspeed::Topology{1, 1, 2};
+  back.write.target = state::Topology{1, 1, 2};
   back.write.zero_stage = 3;
   back.write.num_threads = 2;
   auto three = Reshard(back);
@@ -301,7 +301,7 @@ TEST(Zero3ReshardTest, Bf16ToZero1FollowsTheGradAccumDtype) {
   ReshardOptions o;
   o.input_folder = src;
   o.output_folder = JoinPath(root, "ok/global_step4");
-  o.write.target = deepspeed::Topology{1, 1, 1};
+  o.write.target = state::Topology{1, 1, 1};
   o.write.zero_stage = 1;
   o.write.num_threads = 2;
   auto ok = Reshard(o);
@@ -331,7 +331,7 @@ TEST(Zero3ReshardTest, SubGroupSizeOfTheTarget) {
   ReshardOptions o;
   o.input_folder = VersionFixturePath("0.19.5", "gpt-zero3-dp2/global_step4");
   o.output_folder = out;
-  o.write.target = deepspeed::Topology{1, 1, 2};
+  o.write.target = state::Topology{1, 1, 2};
   o.write.sub_group_size = 1000;
   o.write.num_threads = 2;
   auto result = Reshard(o);
@@ -353,7 +353,7 @@ TEST(MoeReshardTest, Dp1KeepsEveryExpert) {
   const std::string src = VersionFixturePath("0.19.5", "gpt-moe-ep2-zero2-dp2/global_step4");
   const std::string root = FreshTempDir("reshard_moe_dp1");
   const std::string out = JoinPath(root, "global_step4");
-  auto result = DoReshard(src, out, deepspeed::Topology{1, 1, 1});
+  auto result = DoReshard(src, out, state::Topology{1, 1, 1});
   ASSERT_TRUE(result.ok()) << result.status();
   auto a = OpenModelState(src, SourceOptions(), false);
   auto b = OpenModelState(out, SourceOptions(), false);
@@ -364,7 +364,7 @@ TEST(MoeReshardTest, Dp1KeepsEveryExpert) {
   ASSERT_EQ((*a)->info().params.size(), (*b)->info().params.size());
   int experts = 0;
   for (const auto& p : (*a)->info().params) {
-    const deepspeed::ParamState* q = (*b)->info().Find(p.name);
+    const state::ParamState* q = (*b)->info().Find(p.name);
     ASSERT_NE(q, nullptr) << p.name;
     EXPECT_EQ(q->group, p.group) << p.name;
     for (const std::string state : {"fp32", "exp_avg", "exp_avg_sq"}) {
@@ -402,12 +402,12 @@ TEST(MoeReshardTest, Dp1KeepsEveryExpert) {
 TEST(MoeReshardTest, RoundTripIsWhatDeepSpeedSaved) {
   const std::string src = VersionFixturePath("0.19.5", "gpt-moe-ep2-zero2-dp2/global_step4");
   const std::string root = FreshTempDir("reshard_moe_roundtrip");
-  auto one = DoReshard(src, JoinPath(root, "dp1/global_step4"), deepspeed::Topology{1, 1, 1});
+  auto one = DoReshard(src, JoinPath(root, "dp1/global_step4"), state::Topology{1, 1, 1});
   ASSERT_TRUE(one.ok()) << one.status();
   ReshardOptions o;
   o.input_folder = JoinPath(root, "dp1/global_step4");
   o.output_folder = JoinPath(root, "dp2/global_step4");
-  o.write.target = deepspeed::Topology{1, 1, 2};
+  o.write.target = state::Topology{1, 1, 2};
   o.write.expert_parallel = 2;
   o.write.num_threads = 2;
   auto two = Reshard(o);
@@ -429,7 +429,7 @@ TEST(VersionConventionTest, TargetVersionDecidesThePaddings) {
     ReshardOptions o;
     o.input_folder = src;
     o.output_folder = JoinPath(root, version + "/global_step4");
-    o.write.target = deepspeed::Topology{1, 1, 2};
+    o.write.target = state::Topology{1, 1, 2};
     o.write.target_ds_version = version;
     o.write.num_threads = 2;
     auto r = Reshard(o);
@@ -474,7 +474,7 @@ TEST(VersionConventionTest, TargetVersionDecidesThePaddings) {
   ReshardOptions o;
   o.input_folder = src;
   o.output_folder = JoinPath(root, "future/global_step4");
-  o.write.target = deepspeed::Topology{1, 1, 2};
+  o.write.target = state::Topology{1, 1, 2};
   o.write.target_ds_version = "0.20.0";
   auto r = Reshard(o);
   ASSERT_FALSE(r.ok());

@@ -20,7 +20,7 @@ using ::testing::IsEmpty;
 using ucp::testing::FixturePath;
 using ucp::testing::FreshTempDir;
 
-std::string DoReshard(const std::string& in, const std::string& out, deepspeed::Topology t) {
+std::string DoReshard(const std::string& in, const std::string& out, state::Topology t) {
   ReshardOptions o;
   o.input_folder = in;
   o.output_folder = out;

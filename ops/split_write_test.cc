@@ -37,7 +37,7 @@ ReshardOptions ToTp1(const std::string& in, const std::string& out, int64_t piec
   ReshardOptions o;
   o.input_folder = in;
   o.output_folder = out;
-  o.write.target = deepspeed::Topology{1, 1, 1};
+  o.write.target = state::Topology{1, 1, 1};
   o.write.piece_bytes = piece_bytes;
   o.write.num_threads = threads;
   o.zero_source.num_threads = threads;
@@ -183,7 +183,7 @@ class BrokenPlan : public writers::Plan {
     return inner_.Finish(results, staging);
   }
   std::string latest_file() const override { return inner_.latest_file(); }
-  const deepspeed::CheckpointState* source() const override { return inner_.source(); }
+  const state::CheckpointState* source() const override { return inner_.source(); }
 
  private:
   const writers::Plan& inner_;
@@ -196,7 +196,7 @@ TEST(SplitWriteTest, AFailedOrLostPieceCommitsNothing) {
   auto state = OpenZeroState(testing::FixturePath(kFixture), source);
   ASSERT_TRUE(state.ok()) << state.status();
   writers::ZeroWriteOptions o;
-  o.target = deepspeed::Topology{1, 1, 1};
+  o.target = state::Topology{1, 1, 1};
   o.piece_bytes = 65536;
   auto plan = writers::PlanZero(**state, o);
   ASSERT_TRUE(plan.ok()) << plan.status();
@@ -245,7 +245,7 @@ TEST(SplitWriteTest, APieceOpensOnlyTheInputsOfItsBytes) {
   const absl::StatusOr<std::string> converted = ConvertFixture(root);
   ASSERT_TRUE(converted.ok()) << converted.status();
   const std::string universal = *converted;
-  auto plan_of = [&](std::unique_ptr<writers::Plan>* plan) -> std::unique_ptr<deepspeed::ModelState> {
+  auto plan_of = [&](std::unique_ptr<writers::Plan>* plan) -> std::unique_ptr<state::ModelState> {
     SourceOptions so;
     so.tp1_whole_tensors = true;
     auto src = OpenSource(universal, so, /*verify_checksums=*/false, /*zero_only=*/false, nullptr);
@@ -259,7 +259,7 @@ TEST(SplitWriteTest, APieceOpensOnlyTheInputsOfItsBytes) {
     return std::move(src->state);
   };
   std::unique_ptr<writers::Plan> plan;
-  std::unique_ptr<deepspeed::ModelState> state = plan_of(&plan);
+  std::unique_ptr<state::ModelState> state = plan_of(&plan);
   ASSERT_TRUE(state && plan);
   // The pieces, and the state files each lists.
   std::vector<size_t> pieces;

@@ -29,7 +29,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
-#include "deepspeed/model_state.h"
+#include "state/model_state.h"
 #include "format/torch/dtype.h"
 #include "format/torch/tensor.h"
 #include "format/torch/torch_file.h"
@@ -128,7 +128,7 @@ py::object Scalar(const google::protobuf::Message& m, const google::protobuf::Fi
   return py::none();
 }
 
-py::dict TopologyDict(const deepspeed::Topology& t) {
+py::dict TopologyDict(const state::Topology& t) {
   py::dict d;
   d["tp"] = t.tp;
   d["pp"] = t.pp;
@@ -449,20 +449,20 @@ py::array ViewArray(const torch::Tensor& t, bool writeable) {
 
 class Checkpoint {
  public:
-  Checkpoint(std::string path, std::string kind, std::shared_ptr<const deepspeed::ModelState> state)
+  Checkpoint(std::string path, std::string kind, std::shared_ptr<const state::ModelState> state)
       : path_(std::move(path)), kind_(std::move(kind)), state_(std::move(state)) {}
 
   const std::string& path() const { return path_; }
   const std::string& kind() const { return kind_; }
 
   py::dict Info() const {
-    const deepspeed::ModelInfo& info = state_->info();
+    const state::ModelInfo& info = state_->info();
     py::dict d;
     d["path"] = path_;
     d["kind"] = kind_;
     d["source_topology"] = TopologyDict(info.source_topology);
     d["zero_stage"] = info.zero_stage;
-    d["optimizer"] = deepspeed::OptimizerKindName(info.optimizer_kind);
+    d["optimizer"] = state::OptimizerKindName(info.optimizer_kind);
     d["lp_dtype"] = std::string(torch::DTypeName(info.lp_dtype));
     d["num_groups"] = info.num_groups;
     d["state_keys"] = info.state_keys;
@@ -476,7 +476,7 @@ class Checkpoint {
 
   py::list Params() const {
     py::list out;
-    for (const deepspeed::ParamState& p : state_->info().params) {
+    for (const state::ParamState& p : state_->info().params) {
       py::dict d;
       d["name"] = p.name;
       d["shape"] = py::tuple(py::cast(p.full_shape));
@@ -486,7 +486,7 @@ class Checkpoint {
       d["origin"] = p.origin;
       d["rule"] = ProtoToDict(p.rule);
       d["group"] = p.group;
-      d["role"] = deepspeed::TensorRoleName(p.role);
+      d["role"] = state::TensorRoleName(p.role);
       d["layer"] = p.layer;
       d["tied_key"] = p.tied_key;
       out.append(d);
@@ -496,14 +496,14 @@ class Checkpoint {
 
   // (array, torch dtype name of its values).
   py::tuple Load(const std::string& name, const std::string& state, const std::string& dtype, bool copy) const {
-    const deepspeed::ModelInfo& info = state_->info();
-    const deepspeed::ParamState* p = info.Find(name);
+    const state::ModelInfo& info = state_->info();
+    const state::ParamState* p = info.Find(name);
     if (p == nullptr) {
       Check(absl::NotFoundError(absl::StrCat(path_, ": no param '", name, "'")));
     }
-    std::vector<std::string> states = {deepspeed::kFp32State};
+    std::vector<std::string> states = {state::kFp32State};
     states.insert(states.end(), info.state_keys.begin(), info.state_keys.end());
-    states.push_back(deepspeed::kLpState);
+    states.push_back(state::kLpState);
     if (std::find(states.begin(), states.end(), state) == states.end()) {
       Check(absl::InvalidArgumentError(absl::StrCat(path_, ": param '", name, "': no state '", state,
                                                     "' (expected one of ", absl::StrJoin(states, ", "), ")")));
@@ -564,7 +564,7 @@ class Checkpoint {
 
  private:
   std::string path_, kind_;
-  std::shared_ptr<const deepspeed::ModelState> state_;
+  std::shared_ptr<const state::ModelState> state_;
 };
 
 std::unique_ptr<Checkpoint> Open(const std::string& path, const std::vector<std::string>& flags) {
@@ -573,7 +573,7 @@ std::unique_ptr<Checkpoint> Open(const std::string& path, const std::vector<std:
   o.Register(f);
   ParseFlags(f, "open", flags);
   ops::SourceOptions options = Take(o.src.Options(o.threads, o.divisible_by));
-  absl::StatusOr<std::unique_ptr<deepspeed::ModelState>> state;
+  absl::StatusOr<std::unique_ptr<state::ModelState>> state;
   std::string kind;
   {
     py::gil_scoped_release release;
@@ -581,7 +581,7 @@ std::unique_ptr<Checkpoint> Open(const std::string& path, const std::vector<std:
     state = ops::OpenModelState(path, options, o.verify_checksums);
   }
   Check(state.status());
-  return std::make_unique<Checkpoint>(path, kind, std::shared_ptr<const deepspeed::ModelState>(*std::move(state)));
+  return std::make_unique<Checkpoint>(path, kind, std::shared_ptr<const state::ModelState>(*std::move(state)));
 }
 
 }  // namespace

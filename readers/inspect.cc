@@ -123,7 +123,7 @@ absl::StatusOr<InspectReport> InspectZero(const std::string& path) {
   report.set_tag(ckpt->tag());
   *report.mutable_topology() = ckpt->topology().ToProto();
   report.set_zero_stage(ckpt->zero_stage());
-  report.set_optimizer_layout(deepspeed::OptimizerKindName(ckpt->optimizer_kind()));
+  report.set_optimizer_layout(state::OptimizerKindName(ckpt->optimizer_kind()));
   report.set_lp_dtype(std::string(torch::DTypeName(ckpt->lp_dtype())));
   report.set_pipeline(ckpt->pipeline());
   for (const auto& f : ckpt->files()) report.add_file(f);
@@ -139,7 +139,7 @@ absl::StatusOr<InspectReport> InspectZero(const std::string& path) {
   }
   const Value* ver = ckpt->MpRankFile(0, 0).root()->DictGet("ds_version");
   if (ver != nullptr && ver->is(Kind::kStr)) report.set_ds_version(ver->str());
-  const deepspeed::Topology& t = ckpt->topology();
+  const state::Topology& t = ckpt->topology();
   for (int g = 0; g < ckpt->num_groups(); ++g) {
     const deepspeed::ZeroGroupLayout& layout = ckpt->Layout(0, 0, g);
     InspectReport::ParamGroup* pg = report.add_group();
@@ -174,13 +174,13 @@ absl::StatusOr<InspectReport> InspectZero(const std::string& path) {
     }
   }
   for (const ModuleEntry& e : ckpt->module_entries()) {
-    if (e.role == deepspeed::TensorRole::kTrainable) continue;
+    if (e.role == state::TensorRole::kTrainable) continue;
     InspectReport::Param* ip = report.add_param();
     ip->set_name(e.name);
     for (int64_t d : e.tp_shapes[0]) ip->add_shape(d);
     ip->set_dtype(std::string(torch::DTypeName(e.dtype)));
     ip->set_group(-1);
-    ip->set_frozen(e.role == deepspeed::TensorRole::kFrozen);
+    ip->set_frozen(e.role == state::TensorRole::kFrozen);
     ip->set_layer(e.layer);
     for (int r = 0; r < t.tp; ++r) {
       InspectReport::Fragment* f = ip->add_fragment();
@@ -231,16 +231,16 @@ absl::StatusOr<InspectReport> InspectUniversal(const std::string& path) {
 }
 
 // ZeRO-3 and native MoE folders: from their SlicedState (tp = pp = 1).
-absl::StatusOr<InspectReport> InspectSliced(const deepspeed::SlicedState& st, const std::string& kind,
+absl::StatusOr<InspectReport> InspectSliced(const state::SlicedState& st, const std::string& kind,
                                             const std::string& ds_version) {
-  const deepspeed::ModelInfo& info = st.info();
+  const state::ModelInfo& info = st.info();
   InspectReport report;
   report.set_path(st.dir());
   report.set_kind(kind);
   report.set_tag(Basename(st.dir()));
   *report.mutable_topology() = info.source_topology.ToProto();
   report.set_zero_stage(info.zero_stage);
-  report.set_optimizer_layout(deepspeed::OptimizerKindName(info.optimizer_kind));
+  report.set_optimizer_layout(state::OptimizerKindName(info.optimizer_kind));
   report.set_lp_dtype(std::string(torch::DTypeName(info.lp_dtype)));
   report.set_pipeline(false);
   report.set_ds_version(ds_version);
@@ -253,7 +253,7 @@ absl::StatusOr<InspectReport> InspectSliced(const deepspeed::SlicedState& st, co
     for (int64_t d : p.tp_shapes[0]) ip->add_shape(d);
     ip->set_dtype(p.trainable() ? "float32" : std::string(torch::DTypeName(p.lp_dtype)));
     ip->set_group(p.trainable() ? p.group : -1);
-    ip->set_frozen(p.role == deepspeed::TensorRole::kFrozen);
+    ip->set_frozen(p.role == state::TensorRole::kFrozen);
     ip->set_layer(-1);
     if (p.trainable() && p.group >= 0 && p.group < info.num_groups) {
       int64_t n = 1;
@@ -261,7 +261,7 @@ absl::StatusOr<InspectReport> InspectSliced(const deepspeed::SlicedState& st, co
       numel[p.group] += n;
       ++count[p.group];
     }
-    for (const deepspeed::InputRange& r : st.Inputs(p)) {
+    for (const state::InputRange& r : st.Inputs(p)) {
       if (p.trainable() && !absl::StartsWith(r.tensor, "fp32_flat_groups") &&
           !absl::StartsWith(r.tensor, "single_partition_of_fp32_groups")) {
         continue;  // the optimizer states sit beside the masters

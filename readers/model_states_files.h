@@ -22,7 +22,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
-#include "deepspeed/topology.h"
+#include "state/topology.h"
 #include "format/pickle/value.h"
 #include "format/torch/dtype.h"
 #include "format/torch/torch_file.h"
@@ -52,7 +52,7 @@ class ModelStatesFiles {
 
   const std::string& dir() const { return dir_; }
   // tp and pp; dp is the files' dp_world_size.
-  const deepspeed::Topology& topology() const { return topo_; }
+  const state::Topology& topology() const { return topo_; }
   // checkpoint_parallel_dimensions.tp_degree (DeepSpeed >= 0.19.5), 0 when absent.
   int recorded_tp() const { return recorded_tp_; }
   bool pipeline() const { return pipeline_; }
@@ -85,7 +85,7 @@ class ModelStatesFiles {
   absl::Status Load(int layer_files_tp);
 
   std::string dir_;
-  deepspeed::Topology topo_;
+  state::Topology topo_;
   bool pipeline_ = true;
   int num_groups_ = 0;
   int recorded_tp_ = 0;  // checkpoint_parallel_dimensions.tp_degree, 0 when not recorded

@@ -385,7 +385,7 @@ absl::Status MoeState::Load() {
   // The model info: non-expert params, then experts under global ids.
   info_.source_topology = {1, 1, dp_};
   info_.pipeline = false;
-  info_.optimizer_kind = deepspeed::OptimizerKind::kZero;
+  info_.optimizer_kind = state::OptimizerKind::kZero;
   info_.bf16_file_prefix = bf16_prefix_;
   info_.num_groups = static_cast<int>(groups_.size());
   {
@@ -413,7 +413,7 @@ absl::Status MoeState::Load() {
     const Group& grp = groups_[g];
     for (int e = 0; e < (grp.expert ? ep_ : 1); ++e) {
       for (size_t i = 0; i < grp.names.size(); ++i) {
-        deepspeed::ParamState p;
+        state::ParamState p;
         p.name = grp.names[i];
         if (grp.expert) {
           std::string prefix, suffix;
@@ -427,7 +427,7 @@ absl::Status MoeState::Load() {
         }
         p.local_name = p.name;
         p.group = static_cast<int>(g);
-        p.role = deepspeed::TensorRole::kTrainable;
+        p.role = state::TensorRole::kTrainable;
         p.lp_dtype = lp;
         p.tp_shapes = {grp.shapes[i]};
         p.stages = {0};
@@ -450,10 +450,10 @@ absl::Status MoeState::Load() {
       untold_.push_back(k->str());
     }
     UCP_ASSIGN_OR_RETURN(torch::Tensor t, mp_->GetTensor(*v));
-    deepspeed::ParamState p;
+    state::ParamState p;
     p.name = k->str();
     p.local_name = p.name;
-    p.role = deepspeed::TensorRole::kBuffer;
+    p.role = state::TensorRole::kBuffer;
     p.lp_dtype = t.dtype();
     p.tp_shapes = {t.sizes()};
     p.stages = {0};
@@ -922,12 +922,12 @@ absl::StatusOr<const MoeState::OptimFile*> MoeState::Optim(int dp) const {
   return slot.file.get();
 }
 
-absl::StatusOr<std::vector<tp::TensorPlan>> MoeState::Slices(const deepspeed::ParamState& param, int stage,
+absl::StatusOr<std::vector<tp::TensorPlan>> MoeState::Slices(const state::ParamState& param, int stage,
                                                             const std::string& state) const {
   const int i = info_.IndexOf(param.name);
   if (i < 0) return absl::NotFoundError(absl::StrCat("no param '", param.name, "'"));
   const Where& w = where_[i];
-  if (state == deepspeed::kLpState) {
+  if (state == state::kLpState) {
     std::string prefix, suffix;
     int id = 0;
     if (w.ep_rank >= 0 && SplitExpertName(param.name, &prefix, &id, &suffix)) {
@@ -961,7 +961,7 @@ absl::StatusOr<std::vector<tp::TensorPlan>> MoeState::Slices(const deepspeed::Pa
     const int d = grp.expert ? DpRank(w.ep_rank, rank) : rank;
     UCP_ASSIGN_OR_RETURN(const OptimFile* f, Optim(d));
     const torch::Tensor* flat = nullptr;
-    if (state == deepspeed::kFp32State) {
+    if (state == state::kFp32State) {
       flat = &f->fp32[w.group];
     } else {
       for (const auto& [k, t] : f->states[w.group]) {
@@ -981,19 +981,19 @@ absl::StatusOr<std::vector<tp::TensorPlan>> MoeState::Slices(const deepspeed::Pa
   return std::vector<tp::TensorPlan>{std::move(plan)};
 }
 
-absl::StatusOr<deepspeed::FileValue> MoeState::GroupScalar(int group, const std::string& key) const {
+absl::StatusOr<state::FileValue> MoeState::GroupScalar(int group, const std::string& key) const {
   UCP_ASSIGN_OR_RETURN(const OptimFile* f, Optim(0));
   if (group < 0 || group >= static_cast<int>(f->scalars.size())) {
     return absl::InvalidArgumentError(absl::StrCat("no param group ", group));
   }
   for (const auto& [k, v] : f->scalars[group]) {
-    if (k == key) return deepspeed::FileValue{v, deepspeed::Unowned(f->file.get())};
+    if (k == key) return state::FileValue{v, state::Unowned(f->file.get())};
   }
-  return deepspeed::FileValue{nullptr, nullptr};
+  return state::FileValue{nullptr, nullptr};
 }
 
-std::vector<deepspeed::InputRange> MoeState::Inputs(const deepspeed::ParamState& param) const {
-  std::vector<deepspeed::InputRange> out;
+std::vector<state::InputRange> MoeState::Inputs(const state::ParamState& param) const {
+  std::vector<state::InputRange> out;
   const int i = info_.IndexOf(param.name);
   if (i < 0) return out;
   const Where& w = where_[i];
@@ -1032,7 +1032,7 @@ absl::Status MoeState::VerifyInput(const std::string& path) const {
   return absl::InvalidArgumentError(absl::StrCat(path, ": not a file of the checkpoint ", dir_));
 }
 
-absl::StatusOr<deepspeed::FileValue> MoeState::OptimizerCommon() const {
+absl::StatusOr<state::FileValue> MoeState::OptimizerCommon() const {
   UCP_ASSIGN_OR_RETURN(const OptimFile* f, Optim(0));
   ValuePtr out = Value::MakeDict();
   for (const auto& [k, v] : f->osd->dict_items()) {
@@ -1046,20 +1046,20 @@ absl::StatusOr<deepspeed::FileValue> MoeState::OptimizerCommon() const {
   if (base != nullptr && base->is(Kind::kDict)) {
     if (ValuePtr groups = base->DictGetPtr("param_groups")) out->DictSet(Value::Str("param_groups"), groups);
   }
-  return deepspeed::FileValue{out, deepspeed::Unowned(f->file.get())};
+  return state::FileValue{out, state::Unowned(f->file.get())};
 }
 
-deepspeed::FileValue MoeState::ModelStatesRoot(int pp, int tp) const {
-  return deepspeed::FileValue{mp_->root(), deepspeed::Unowned(mp_.get())};
+state::FileValue MoeState::ModelStatesRoot(int pp, int tp) const {
+  return state::FileValue{mp_->root(), state::Unowned(mp_.get())};
 }
 
 std::string MoeState::ModelStatesPath(int pp, int tp) const { return mp_->path(); }
 
-deepspeed::FileValue MoeState::SavedDsConfig() const {
-  if (ValuePtr c = mp_->root()->DictGetPtr("ds_config")) return deepspeed::FileValue{c, deepspeed::Unowned(mp_.get())};
+state::FileValue MoeState::SavedDsConfig() const {
+  if (ValuePtr c = mp_->root()->DictGetPtr("ds_config")) return state::FileValue{c, state::Unowned(mp_.get())};
   auto f = Optim(0);
-  if (!f.ok() || !(*f)->file->root()->is(Kind::kDict)) return deepspeed::FileValue{};
-  return deepspeed::FileValue{(*f)->file->root()->DictGetPtr("ds_config"), deepspeed::Unowned((*f)->file.get())};
+  if (!f.ok() || !(*f)->file->root()->is(Kind::kDict)) return state::FileValue{};
+  return state::FileValue{(*f)->file->root()->DictGetPtr("ds_config"), state::Unowned((*f)->file.get())};
 }
 
 const pickle::Value& MoeState::checkpoint_info() const {

@@ -52,7 +52,8 @@
 
 #include "absl/status/statusor.h"
 #include "deepspeed/layout_math.h"
-#include "deepspeed/model_state.h"
+#include "deepspeed/facet.h"
+#include "state/model_state.h"
 #include "format/torch/torch_file.h"
 
 namespace ucp::readers {
@@ -68,21 +69,23 @@ inline constexpr char kExpertInfix[] = ".deepspeed_moe.experts.deepspeed_experts
 bool SplitExpertName(const std::string& name, std::string* prefix, int* id, std::string* suffix);
 std::string ExpertName(const std::string& prefix, int id, const std::string& suffix);
 
-class MoeState : public deepspeed::SlicedState {
+class MoeState : public state::SlicedState, public deepspeed::DeepSpeedFacet {
  public:
   static absl::StatusOr<std::unique_ptr<MoeState>> Open(const std::string& path);
 
-  const deepspeed::ModelInfo& info() const override { return info_; }
-  absl::StatusOr<std::vector<tp::TensorPlan>> Slices(const deepspeed::ParamState& param, int stage,
+  const state::ModelInfo& info() const override { return info_; }
+  absl::StatusOr<std::vector<tp::TensorPlan>> Slices(const state::ParamState& param, int stage,
                                                      const std::string& state) const override;
-  absl::StatusOr<deepspeed::FileValue> GroupScalar(int group, const std::string& key) const override;
-  std::vector<deepspeed::InputRange> Inputs(const deepspeed::ParamState& param) const override;
+  absl::StatusOr<state::FileValue> GroupScalar(int group, const std::string& key) const override;
+  std::vector<state::InputRange> Inputs(const state::ParamState& param) const override;
   std::vector<std::string> InputFiles() const override;
   absl::Status VerifyInput(const std::string& path) const override;
-  absl::StatusOr<deepspeed::FileValue> OptimizerCommon() const override;
-  deepspeed::FileValue ModelStatesRoot(int pp, int tp) const override;
+  const state::Facet* GetFacet(state::FacetKey key) const override { return deepspeed::OfferFacet(this, key); }
+  // DeepSpeedFacet.
+  absl::StatusOr<state::FileValue> OptimizerCommon() const override;
+  state::FileValue ModelStatesRoot(int pp, int tp) const override;
   // The model states' ds_config, else (before 0.19.3) optimizer file 0's.
-  deepspeed::FileValue SavedDsConfig() const override;
+  state::FileValue SavedDsConfig() const override;
   std::string ModelStatesPath(int pp, int tp) const override;
   const pickle::Value& checkpoint_info() const override;
   const pickle::Value* args() const override;
@@ -157,7 +160,7 @@ class MoeState : public deepspeed::SlicedState {
   mutable std::map<std::pair<int, int>, std::unique_ptr<torch::TorchFile>> expert_cache_;
   std::vector<std::unique_ptr<Slot>> slots_;
   std::vector<Where> where_;  // per info param
-  deepspeed::ModelInfo info_;
+  state::ModelInfo info_;
   pickle::ValuePtr empty_dict_;
 };
 

@@ -12,7 +12,7 @@
 #include "base/sha256.h"
 #include "base/status_macros.h"
 #include "deepspeed/checkpoint_files.h"
-#include "deepspeed/model_state.h"
+#include "state/model_state.h"
 #include "deepspeed/universal_metadata.h"
 #include "readers/value_util.h"
 #include "readers/zero_checkpoint.h"
@@ -196,7 +196,7 @@ absl::StatusOr<std::shared_ptr<const torch::TorchFile>> UniversalCheckpoint::Ope
   bool check = true;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    check = checked_inputs_ == nullptr || checked_inputs_->count(deepspeed::InputKey(path, ""));
+    check = checked_inputs_ == nullptr || checked_inputs_->count(state::InputKey(path, ""));
   }
   torch::OpenOptions open_options;
   open_options.verify_crc = check;  // else another rank checks it (SetCheckedInputs)

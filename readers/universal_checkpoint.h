@@ -83,7 +83,7 @@ class UniversalCheckpoint {
   const torch::TorchFile& optimizer_state() const { return *optimizer_state_; }
 
   // The files this process CRC-checks when it opens them
-  // (deepspeed::CheckpointState::SetCheckedInputs, keys "path|"); null: all.
+  // (state::CheckpointState::SetCheckedInputs, keys "path|"); null: all.
   void SetCheckedInputs(std::shared_ptr<const std::set<std::string>> keys) const {
     std::lock_guard<std::mutex> lock(mu_);
     checked_inputs_ = std::move(keys);

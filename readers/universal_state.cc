@@ -15,8 +15,8 @@
 namespace ucp::readers {
 namespace {
 
-using deepspeed::ParamState;
-using deepspeed::TensorRole;
+using state::ParamState;
+using state::TensorRole;
 using pickle::Kind;
 using pickle::Value;
 
@@ -28,7 +28,7 @@ std::string LocalName(const std::string& name) {
 
 // A state file's metadata must say what the manifest (or the fp32 file) said
 // of the param: averaged and replicated params look alike in the files.
-absl::Status CheckRuleAgrees(const UniversalStateFile& f, const deepspeed::ParamState& param) {
+absl::Status CheckRuleAgrees(const UniversalStateFile& f, const state::ParamState& param) {
   auto kind = [](MergeKind k) { return k == AVERAGE ? REPLICATED : k; };
   if (kind(f.rule.kind()) != kind(param.rule.kind())) {
     return absl::DataLossError(absl::StrCat(f.file->path(), ": its metadata says ", tp::MergeKindName(f.rule.kind()),
@@ -60,14 +60,14 @@ absl::Status UniversalModelState::Build() {
   info_.pipeline = ms.pipeline();
   info_.num_groups = ms.num_groups();
   info_.lp_dtype = ms.config_lp_dtype();
-  deepspeed::ModelInfo layout;  // what the manifest records of the layout
+  state::ModelInfo layout;  // what the manifest records of the layout
   if (manifest) {
     UCP_RETURN_IF_ERROR(Annotate(deepspeed::DecodeLayout(*manifest, &layout),
                                  absl::StrCat(u.dir(), "/", deepspeed::kManifestFile, ": ")));
     if (!manifest->lp_dtype().empty()) info_.lp_dtype = layout.lp_dtype;
   }
 
-  auto apply_recorded = [&](deepspeed::ParamState& p) -> absl::Status {
+  auto apply_recorded = [&](state::ParamState& p) -> absl::Status {
     auto it = recorded.find(p.name);
     if (it == recorded.end()) {
       p.layer = info_.pipeline ? LayerOfName(p.name) : -1;
@@ -79,7 +79,7 @@ absl::Status UniversalModelState::Build() {
     // The files' metadata gives the rule and shape; the manifest what they
     // cannot say (averaged vs replicated, the rule's source, the layout).
     const Manifest::Param& m = *it->second;
-    UCP_ASSIGN_OR_RETURN(deepspeed::ParamState r, deepspeed::DecodeParam(m),
+    UCP_ASSIGN_OR_RETURN(state::ParamState r, deepspeed::DecodeParam(m),
                          _.Prepend(absl::StrCat(u.dir(), "/", deepspeed::kManifestFile, ": ")));
     if (r.rule.kind() == AVERAGE && p.rule.kind() == REPLICATED) p.rule.set_kind(AVERAGE);
     p.source = r.source;
@@ -96,10 +96,10 @@ absl::Status UniversalModelState::Build() {
   // A param's full shape and rule: from the manifest when it records the
   // whole rule (no file of the param is opened; each file is checked against
   // it when a unit reads it), else from the fp32 (or module) file's metadata.
-  auto shape_and_rule = [&](deepspeed::ParamState& p, bool module) -> absl::Status {
+  auto shape_and_rule = [&](state::ParamState& p, bool module) -> absl::Status {
     auto it = recorded.find(p.name);
     if (it != recorded.end() && it->second->has_merge_rule()) {
-      UCP_ASSIGN_OR_RETURN(deepspeed::ParamState r, deepspeed::DecodeParam(*it->second),
+      UCP_ASSIGN_OR_RETURN(state::ParamState r, deepspeed::DecodeParam(*it->second),
                            _.Prepend(absl::StrCat(u.dir(), "/", deepspeed::kManifestFile, ": ")));
       p.full_shape = r.full_shape;
       p.rule = r.rule;
@@ -108,7 +108,7 @@ absl::Status UniversalModelState::Build() {
       p.origin = "universal checkpoint metadata";
       return absl::OkStatus();
     }
-    UCP_ASSIGN_OR_RETURN(UniversalStateFile f, module ? u.ReadModule(p.name) : u.ReadState(p.name, deepspeed::kFp32State));
+    UCP_ASSIGN_OR_RETURN(UniversalStateFile f, module ? u.ReadModule(p.name) : u.ReadState(p.name, state::kFp32State));
     p.full_shape = f.param.sizes();
     p.rule = f.rule;
     p.source = UNIVERSAL_METADATA;
@@ -126,10 +126,10 @@ absl::Status UniversalModelState::Build() {
       for (const std::string& name : ms.StageGroup(st, g)) {
         if (!seen.insert(name).second) continue;
         if (first_param_of_group_[g].empty()) first_param_of_group_[g] = name;
-        deepspeed::ParamState p;
+        state::ParamState p;
         p.name = name;
         p.group = g;
-        p.role = deepspeed::TensorRole::kTrainable;
+        p.role = state::TensorRole::kTrainable;
         p.lp_dtype = info_.lp_dtype;
         UCP_RETURN_IF_ERROR(shape_and_rule(p, /*module=*/false));
         UCP_RETURN_IF_ERROR(apply_recorded(p));
@@ -139,13 +139,13 @@ absl::Status UniversalModelState::Build() {
   }
   // Module tensors outside the optimizer.
   for (const std::string& name : u.module_names()) {
-    deepspeed::ParamState p;
+    state::ParamState p;
     p.name = name;
     p.group = -1;
-    p.role = deepspeed::TensorRole::kFrozen;
+    p.role = state::TensorRole::kFrozen;
     UCP_RETURN_IF_ERROR(shape_and_rule(p, /*module=*/true));
     UCP_RETURN_IF_ERROR(apply_recorded(p));
-    if (p.role == deepspeed::TensorRole::kTrainable) p.role = deepspeed::TensorRole::kFrozen;
+    if (p.role == state::TensorRole::kTrainable) p.role = state::TensorRole::kFrozen;
     info_.params.push_back(std::move(p));
   }
   // ModelInfo lists frozen params and buffers in module order (what
@@ -153,14 +153,14 @@ absl::Status UniversalModelState::Build() {
   if (manifest && manifest->module_key_size() > 0) {
     std::map<std::string, int> position;
     for (const auto& k : manifest->module_key()) position.emplace(k.name(), static_cast<int>(position.size()));
-    auto rank = [&](const deepspeed::ParamState& p) {
+    auto rank = [&](const state::ParamState& p) {
       auto it = position.find(p.name);
       return it == position.end() ? static_cast<int>(position.size()) : it->second;
     };
     auto first_module = std::find_if(info_.params.begin(), info_.params.end(),
-                                     [](const deepspeed::ParamState& p) { return !p.trainable(); });
+                                     [](const state::ParamState& p) { return !p.trainable(); });
     std::stable_sort(first_module, info_.params.end(),
-                     [&](const deepspeed::ParamState& a, const deepspeed::ParamState& b) { return rank(a) < rank(b); });
+                     [&](const state::ParamState& a, const state::ParamState& b) { return rank(a) < rank(b); });
   }
   info_.Reindex();
 
@@ -173,7 +173,7 @@ absl::Status UniversalModelState::Build() {
     for (const auto& s : u.StateFiles(info_.params[0].name)) {
       if (s == "step") {
         info_.scalar_keys.push_back(s);
-      } else if (s != deepspeed::kFp32State) {
+      } else if (s != state::kFp32State) {
         keys.push_back(s);
       }
     }
@@ -189,8 +189,8 @@ absl::Status UniversalModelState::Build() {
     return absl::InvalidArgumentError(absl::StrCat(u.optimizer_state().path(), ": expected a dict"));
   }
   info_.optimizer_kind = common.DictGet("zero_stage") == nullptr && common.DictGet("loss_scaler") == nullptr
-                             ? deepspeed::OptimizerKind::kBf16
-                             : deepspeed::OptimizerKind::kZero;
+                             ? state::OptimizerKind::kBf16
+                             : state::OptimizerKind::kZero;
   if (const Value* zs = common.DictGet("zero_stage")) {
     UCP_ASSIGN_OR_RETURN(info_.zero_stage, pickle::AsZeroStage(*zs, "zero_stage"),
                          _.Prepend(absl::StrCat(u.optimizer_state().path(), ": ")));
@@ -224,9 +224,9 @@ absl::Status UniversalModelState::Build() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<tp::TensorPlan> UniversalModelState::Full(const deepspeed::ParamState& param, const std::string& state) const {
+absl::StatusOr<tp::TensorPlan> UniversalModelState::Full(const state::ParamState& param, const std::string& state) const {
   if (param.trainable()) {
-    if (state == deepspeed::kLpState) {
+    if (state == state::kLpState) {
       return absl::NotFoundError(absl::StrCat("param '", param.name,
                                               "': a universal checkpoint holds no lp weights of trainable params"));
     }
@@ -234,7 +234,7 @@ absl::StatusOr<tp::TensorPlan> UniversalModelState::Full(const deepspeed::ParamS
     if (f.param.dtype() != torch::DType::kFloat32) {
       return absl::InvalidArgumentError(absl::StrCat(
           f.file->path(), ": 'param' of param '", param.name, "' is ", std::string(torch::DTypeName(f.param.dtype())),
-          ", expected float32 (", state == deepspeed::kFp32State ? std::string("the fp32 master weights") : "optimizer state '" + state + "'",
+          ", expected float32 (", state == state::kFp32State ? std::string("the fp32 master weights") : "optimizer state '" + state + "'",
           " of a universal checkpoint)"));
     }
     if (f.param.sizes() != param.full_shape) {
@@ -260,9 +260,9 @@ std::string UniversalModelState::StatePath(const std::string& name, const std::s
   return JoinPath(JoinPath(JoinPath(ckpt_->dir(), deepspeed::kUniversalZeroDir), name), state + ".pt");
 }
 
-std::optional<tp::TensorPlan> UniversalModelState::FullDeferred(const deepspeed::ParamState& param,
+std::optional<tp::TensorPlan> UniversalModelState::FullDeferred(const state::ParamState& param,
                                                                 const std::string& state) const {
-  if (!param.trainable() || state == deepspeed::kLpState) return std::nullopt;
+  if (!param.trainable() || state == state::kLpState) return std::nullopt;
   const auto& states = ckpt_->StateFiles(param.name);
   if (std::find(states.begin(), states.end(), state) == states.end()) return std::nullopt;  // Full says why
   tp::TensorPlan::DeferredSource s;
@@ -275,8 +275,8 @@ std::optional<tp::TensorPlan> UniversalModelState::FullDeferred(const deepspeed:
   return tp::TensorPlan::Deferred(std::move(s));
 }
 
-std::vector<deepspeed::InputRange> UniversalModelState::Inputs(const deepspeed::ParamState& param) const {
-  std::vector<deepspeed::InputRange> out;
+std::vector<state::InputRange> UniversalModelState::Inputs(const state::ParamState& param) const {
+  std::vector<state::InputRange> out;
   if (!param.trainable()) {
     out.push_back({JoinPath(JoinPath(ckpt_->dir(), deepspeed::kUniversalModuleDir), param.name + ".pt"), "", 0, -1});
     return out;
@@ -285,25 +285,25 @@ std::vector<deepspeed::InputRange> UniversalModelState::Inputs(const deepspeed::
   return out;
 }
 
-std::vector<deepspeed::InputRange> UniversalModelState::StateInputs(const deepspeed::ParamState& param,
+std::vector<state::InputRange> UniversalModelState::StateInputs(const state::ParamState& param,
                                                                     const std::string& state) const {
-  if (!param.trainable() || state == deepspeed::kLpState) return Inputs(param);
+  if (!param.trainable() || state == state::kLpState) return Inputs(param);
   // Full(param, state) reads the state's file and checks the param's step.pt.
-  std::vector<deepspeed::InputRange> out;
+  std::vector<state::InputRange> out;
   for (const std::string& s : ckpt_->StateFiles(param.name)) {
     if (s == state || s == "step") out.push_back({StatePath(param.name, s), "", 0, -1});
   }
   return out;
 }
 
-absl::StatusOr<deepspeed::FileValue> UniversalModelState::GroupScalar(int group, const std::string& key) const {
+absl::StatusOr<state::FileValue> UniversalModelState::GroupScalar(int group, const std::string& key) const {
   if (key != "step" || group < 0 || group >= static_cast<int>(first_param_of_group_.size()) ||
       first_param_of_group_[group].empty()) {
-    return deepspeed::FileValue{};
+    return state::FileValue{};
   }
   UCP_ASSIGN_OR_RETURN(std::shared_ptr<const torch::TorchFile> f, ckpt_->ReadStep(first_param_of_group_[group]));
-  if (!f) return deepspeed::FileValue{};
-  return deepspeed::FileValue{f->root(), f};
+  if (!f) return state::FileValue{};
+  return state::FileValue{f->root(), f};
 }
 
 namespace {
@@ -324,7 +324,7 @@ std::string StepBytes(const torch::TorchFile& f) {
 
 }  // namespace
 
-absl::Status UniversalModelState::CheckStep(const deepspeed::ParamState& param) const {
+absl::Status UniversalModelState::CheckStep(const state::ParamState& param) const {
   const int group = param.group;
   if (group < 0 || group >= static_cast<int>(first_param_of_group_.size()) || first_param_of_group_[group].empty() ||
       param.name == first_param_of_group_[group]) {
@@ -368,14 +368,14 @@ absl::Status UniversalModelState::CheckStep(const deepspeed::ParamState& param) 
   return status;
 }
 
-absl::StatusOr<deepspeed::FileValue> UniversalModelState::OptimizerCommon() const {
-  return deepspeed::FileValue{ckpt_->optimizer_state().root(), deepspeed::Unowned(&ckpt_->optimizer_state())};
+absl::StatusOr<state::FileValue> UniversalModelState::OptimizerCommon() const {
+  return state::FileValue{ckpt_->optimizer_state().root(), state::Unowned(&ckpt_->optimizer_state())};
 }
 
-deepspeed::FileValue UniversalModelState::ModelStatesRoot(int pp, int tp) const {
+state::FileValue UniversalModelState::ModelStatesRoot(int pp, int tp) const {
   const auto& t = ckpt_->model_states().topology();
   const torch::TorchFile& f = ckpt_->model_states().file(std::min(pp, t.pp - 1), std::min(tp, t.tp - 1));
-  return deepspeed::FileValue{f.root(), deepspeed::Unowned(&f)};
+  return state::FileValue{f.root(), state::Unowned(&f)};
 }
 
 std::string UniversalModelState::ModelStatesPath(int pp, int tp) const {

@@ -19,30 +19,33 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "deepspeed/model_state.h"
+#include "deepspeed/facet.h"
+#include "state/model_state.h"
 #include "readers/universal_checkpoint.h"
 
 namespace ucp::readers {
 
-class UniversalModelState : public deepspeed::ModelState {
+class UniversalModelState : public state::ModelState, public deepspeed::DeepSpeedFacet {
  public:
   static absl::StatusOr<std::unique_ptr<UniversalModelState>> Make(std::shared_ptr<const UniversalCheckpoint> ckpt);
 
-  const deepspeed::ModelInfo& info() const override { return info_; }
-  absl::StatusOr<tp::TensorPlan> Full(const deepspeed::ParamState& param, const std::string& state) const override;
+  const state::ModelInfo& info() const override { return info_; }
+  absl::StatusOr<tp::TensorPlan> Full(const state::ParamState& param, const std::string& state) const override;
   // A trainable param's optimizer state (float32, its full shape): the
   // state file and the param's step.pt are opened on the first read.
-  std::optional<tp::TensorPlan> FullDeferred(const deepspeed::ParamState& param,
+  std::optional<tp::TensorPlan> FullDeferred(const state::ParamState& param,
                                              const std::string& state) const override;
-  absl::StatusOr<deepspeed::FileValue> GroupScalar(int group, const std::string& key) const override;
-  std::vector<deepspeed::InputRange> Inputs(const deepspeed::ParamState& param) const override;
-  std::vector<deepspeed::InputRange> StateInputs(const deepspeed::ParamState& param,
+  absl::StatusOr<state::FileValue> GroupScalar(int group, const std::string& key) const override;
+  std::vector<state::InputRange> Inputs(const state::ParamState& param) const override;
+  std::vector<state::InputRange> StateInputs(const state::ParamState& param,
                                                  const std::string& state) const override;
   void SetCheckedInputs(std::shared_ptr<const std::set<std::string>> keys) const override {
     ckpt_->SetCheckedInputs(std::move(keys));
   }
-  absl::StatusOr<deepspeed::FileValue> OptimizerCommon() const override;
-  deepspeed::FileValue ModelStatesRoot(int pp, int tp) const override;
+  const state::Facet* GetFacet(state::FacetKey key) const override { return deepspeed::OfferFacet(this, key); }
+  // DeepSpeedFacet.
+  absl::StatusOr<state::FileValue> OptimizerCommon() const override;
+  state::FileValue ModelStatesRoot(int pp, int tp) const override;
   std::string ModelStatesPath(int pp, int tp) const override;
 
   const UniversalCheckpoint& checkpoint() const { return *ckpt_; }
@@ -58,10 +61,10 @@ class UniversalModelState : public deepspeed::ModelState {
   // `param`'s step.pt holds the step of its group's first param (checked
   // once per param, when one of its states is read: every rank checks the
   // params it reads, none opens every step.pt).
-  absl::Status CheckStep(const deepspeed::ParamState& param) const;
+  absl::Status CheckStep(const state::ParamState& param) const;
 
   std::shared_ptr<const UniversalCheckpoint> ckpt_;
-  deepspeed::ModelInfo info_;
+  state::ModelInfo info_;
   std::vector<std::string> first_param_of_group_;
   mutable std::mutex steps_mu_;
   mutable std::map<std::string, absl::Status> steps_checked_;  // by param name; guarded by steps_mu_

@@ -59,7 +59,7 @@ void VerifyZero(const std::string& path, VerifyResult& r) {
   }
   const ZeroCheckpoint& c = **opened;
   r.dir = c.dir();
-  const deepspeed::Topology& t = c.topology();
+  const state::Topology& t = c.topology();
   r.files_checked += t.mp_world_size();  // opened and CRC-checked by Open
   for (int s = 0; s < t.pp; ++s) {
     for (int tp = 0; tp < t.tp; ++tp) {

@@ -310,7 +310,7 @@ absl::Status Zero3State::Load() {
   info_.source_topology = {1, 1, dp_};
   info_.pipeline = false;
   info_.zero_stage = 3;
-  info_.optimizer_kind = deepspeed::OptimizerKind::kZero;
+  info_.optimizer_kind = state::OptimizerKind::kZero;
   info_.bf16_file_prefix = bf16_prefix_;
   info_.num_groups = static_cast<int>(group_sub_groups_.size());
   for (const auto& [k, t] : first->states[0]) info_.state_keys.push_back(k);
@@ -347,11 +347,11 @@ absl::Status Zero3State::Load() {
   // Trainable params in param_shapes order, then buffers in module order.
   for (size_t i = 0; i < params_.size(); ++i) {
     const Param& zp = params_[i];
-    deepspeed::ParamState p;
+    state::ParamState p;
     p.name = zp.name;
     p.local_name = zp.name;
     p.group = sub_groups_[zp.sub_group].group;
-    p.role = deepspeed::TensorRole::kTrainable;
+    p.role = state::TensorRole::kTrainable;
     p.lp_dtype = info_.lp_dtype;
     p.tp_shapes = {zp.shape};
     p.stages = {0};
@@ -361,10 +361,10 @@ absl::Status Zero3State::Load() {
   for (const auto& [k, v] : module->dict_items()) {
     if (!k->is(Kind::kStr) || !torch::TorchFile::IsTensor(*v) || trainable.count(k->str())) continue;
     UCP_ASSIGN_OR_RETURN(torch::Tensor t, model_files_[0]->GetTensor(*v));
-    deepspeed::ParamState p;
+    state::ParamState p;
     p.name = k->str();
     p.local_name = p.name;
-    p.role = deepspeed::TensorRole::kBuffer;
+    p.role = state::TensorRole::kBuffer;
     p.lp_dtype = t.dtype();
     p.tp_shapes = {t.sizes()};
     p.stages = {0};
@@ -498,12 +498,12 @@ absl::StatusOr<const Zero3State::OptimFile*> Zero3State::Optim(int dp) const {
   return slot.file.get();
 }
 
-absl::StatusOr<std::vector<tp::TensorPlan>> Zero3State::Slices(const deepspeed::ParamState& param, int stage,
+absl::StatusOr<std::vector<tp::TensorPlan>> Zero3State::Slices(const state::ParamState& param, int stage,
                                                               const std::string& state) const {
   const int i = info_.IndexOf(param.name);
   if (i < 0) return absl::NotFoundError(absl::StrCat("no param '", param.name, "'"));
   if (info_param_[i] < 0) {
-    if (state != deepspeed::kLpState) {
+    if (state != state::kLpState) {
       return absl::NotFoundError(absl::StrCat("buffer '", param.name, "' has no optimizer state '", state, "'"));
     }
     const Value* v = model_files_[0]->root()->DictGet("module")->DictGet(param.name);
@@ -511,7 +511,7 @@ absl::StatusOr<std::vector<tp::TensorPlan>> Zero3State::Slices(const deepspeed::
     return std::vector<tp::TensorPlan>{tp::TensorPlan::FromTensor(t)};
   }
   const Param& zp = params_[info_param_[i]];
-  if (state == deepspeed::kLpState) {
+  if (state == state::kLpState) {
     return absl::NotFoundError(absl::StrCat(
         "param '", param.name, "': a ZeRO stage 3 checkpoint saves no module weights (module holds empty "
         "tensors); use the fp32 masters"));
@@ -523,7 +523,7 @@ absl::StatusOr<std::vector<tp::TensorPlan>> Zero3State::Slices(const deepspeed::
     if (len <= 0) break;
     UCP_ASSIGN_OR_RETURN(const OptimFile* f, Optim(r));
     const torch::Tensor* flat = nullptr;
-    if (state == deepspeed::kFp32State) {
+    if (state == state::kFp32State) {
       flat = &f->fp32[zp.sub_group];
     } else {
       for (const auto& [k, t] : f->states[zp.sub_group]) {
@@ -543,19 +543,19 @@ absl::StatusOr<std::vector<tp::TensorPlan>> Zero3State::Slices(const deepspeed::
   return std::vector<tp::TensorPlan>{std::move(plan)};
 }
 
-absl::StatusOr<deepspeed::FileValue> Zero3State::GroupScalar(int group, const std::string& key) const {
+absl::StatusOr<state::FileValue> Zero3State::GroupScalar(int group, const std::string& key) const {
   if (group < 0 || group >= static_cast<int>(group_sub_groups_.size())) {
     return absl::InvalidArgumentError(absl::StrCat("no param group ", group));
   }
   UCP_ASSIGN_OR_RETURN(const OptimFile* f, Optim(0));
   for (const auto& [k, v] : f->scalars[group_sub_groups_[group][0]]) {
-    if (k == key) return deepspeed::FileValue{v, deepspeed::Unowned(f->file.get())};
+    if (k == key) return state::FileValue{v, state::Unowned(f->file.get())};
   }
-  return deepspeed::FileValue{nullptr, nullptr};
+  return state::FileValue{nullptr, nullptr};
 }
 
-std::vector<deepspeed::InputRange> Zero3State::Inputs(const deepspeed::ParamState& param) const {
-  std::vector<deepspeed::InputRange> out;
+std::vector<state::InputRange> Zero3State::Inputs(const state::ParamState& param) const {
+  std::vector<state::InputRange> out;
   const int i = info_.IndexOf(param.name);
   if (i < 0) return out;
   if (info_param_[i] < 0) {
@@ -593,17 +593,17 @@ absl::Status Zero3State::VerifyInput(const std::string& path) const {
   return absl::InvalidArgumentError(absl::StrCat(path, ": not a file of the checkpoint ", dir_));
 }
 
-absl::StatusOr<deepspeed::FileValue> Zero3State::OptimizerCommon() const {
+absl::StatusOr<state::FileValue> Zero3State::OptimizerCommon() const {
   UCP_ASSIGN_OR_RETURN(const OptimFile* f, Optim(0));
   ValuePtr out = Value::MakeDict();
   for (const auto& [k, v] : f->osd->dict_items()) out->DictSet(k, v);
   const Value* inner = f->osd->DictGet("optimizer_state_dict");
   if (pickle::ValuePtr groups = inner->DictGetPtr("param_groups")) out->DictSet(Value::Str("param_groups"), groups);
-  return deepspeed::FileValue{out, deepspeed::Unowned(f->file.get())};
+  return state::FileValue{out, state::Unowned(f->file.get())};
 }
 
-deepspeed::FileValue Zero3State::ModelStatesRoot(int pp, int tp) const {
-  return deepspeed::FileValue{model_files_[0]->root(), deepspeed::Unowned(model_files_[0].get())};
+state::FileValue Zero3State::ModelStatesRoot(int pp, int tp) const {
+  return state::FileValue{model_files_[0]->root(), state::Unowned(model_files_[0].get())};
 }
 
 std::string Zero3State::ModelStatesPath(int pp, int tp) const { return model_files_[0]->path(); }

@@ -37,7 +37,8 @@
 
 #include "absl/status/statusor.h"
 #include "deepspeed/layout_math.h"
-#include "deepspeed/model_state.h"
+#include "deepspeed/facet.h"
+#include "state/model_state.h"
 #include "format/torch/torch_file.h"
 
 namespace ucp::readers {
@@ -50,24 +51,25 @@ bool IsZero3Folder(const std::string& path);
 using deepspeed::Zero3PartitionNumel;
 using deepspeed::Zero3SubGroups;
 
-class Zero3State : public deepspeed::SlicedState {
+class Zero3State : public state::SlicedState, public deepspeed::DeepSpeedFacet {
  public:
   static absl::StatusOr<std::unique_ptr<Zero3State>> Open(const std::string& path);
 
-  const deepspeed::ModelInfo& info() const override { return info_; }
-  absl::StatusOr<std::vector<tp::TensorPlan>> Slices(const deepspeed::ParamState& param, int stage,
+  const state::ModelInfo& info() const override { return info_; }
+  absl::StatusOr<std::vector<tp::TensorPlan>> Slices(const state::ParamState& param, int stage,
                                                      const std::string& state) const override;
   // The scalar (step) of the group's first sub-group: every sub-group of a
   // group holds the same one (checked at Open).
-  absl::StatusOr<deepspeed::FileValue> GroupScalar(int group, const std::string& key) const override;
-  std::vector<deepspeed::InputRange> Inputs(const deepspeed::ParamState& param) const override;
+  absl::StatusOr<state::FileValue> GroupScalar(int group, const std::string& key) const override;
+  std::vector<state::InputRange> Inputs(const state::ParamState& param) const override;
   std::vector<std::string> InputFiles() const override;
   absl::Status VerifyInput(const std::string& path) const override;
-  // What DeepSpeed's ds_to_universal.py writes as zero/optimizer_state.pt for
+  const state::Facet* GetFacet(state::FacetKey key) const override { return deepspeed::OfferFacet(this, key); }
+  // DeepSpeedFacet. What DeepSpeed's ds_to_universal.py writes as zero/optimizer_state.pt for
   // ZeRO-3: rank 0's optimizer_state_dict with `param_groups` added (the
   // stage-3 universal loader reads state[0]['step'] and param_groups[0]).
-  absl::StatusOr<deepspeed::FileValue> OptimizerCommon() const override;
-  deepspeed::FileValue ModelStatesRoot(int pp, int tp) const override;
+  absl::StatusOr<state::FileValue> OptimizerCommon() const override;
+  state::FileValue ModelStatesRoot(int pp, int tp) const override;
   std::string ModelStatesPath(int pp, int tp) const override;
   std::string DpModelStatesPath(int dp) const override;
   const pickle::Value& checkpoint_info() const override;
@@ -125,7 +127,7 @@ class Zero3State : public deepspeed::SlicedState {
   std::vector<std::vector<int>> group_sub_groups_;  // param group -> its sub-groups
   std::vector<int> info_param_;                     // info_.params index -> params_ index or -1
   std::vector<std::unique_ptr<Slot>> slots_;        // per dp rank
-  deepspeed::ModelInfo info_;
+  state::ModelInfo info_;
   pickle::ValuePtr empty_dict_;
 };
 

@@ -33,7 +33,7 @@ TEST(Zero3StateTest, ReadsTheSubGroupsFixture) {
   const std::string dir = VersionFixturePath("0.19.5", "gpt-zero3-subgroups-dp2/global_step4");
   auto s = Zero3State::Open(dir);
   ASSERT_TRUE(s.ok()) << s.status();
-  const deepspeed::ModelInfo& info = (*s)->info();
+  const state::ModelInfo& info = (*s)->info();
   EXPECT_EQ(info.source_topology.dp, 2);
   EXPECT_EQ(info.zero_stage, 3);
   EXPECT_EQ(info.num_groups, 2);
@@ -43,7 +43,7 @@ TEST(Zero3StateTest, ReadsTheSubGroupsFixture) {
   EXPECT_EQ(info.state_keys, (std::vector<std::string>{"exp_avg", "exp_avg_sq"}));
   EXPECT_EQ(info.scalar_keys, (std::vector<std::string>{"step"}));
   // Every param's full fp32 master: one slice of its param_shapes shape.
-  const deepspeed::ParamState* wte = info.Find("wte.weight");
+  const state::ParamState* wte = info.Find("wte.weight");
   ASSERT_NE(wte, nullptr);
   auto slices = (*s)->Slices(*wte, 0, "fp32");
   ASSERT_TRUE(slices.ok()) << slices.status();

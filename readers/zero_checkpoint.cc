@@ -268,8 +268,8 @@ absl::Status ZeroCheckpoint::Load(const std::vector<ModuleEntry>* module_entries
   const OptimFile& first = *optim_slots_.at({0, 0, 0})->file;
   kind_ = first.optimizer_state_dict->DictGet("zero_stage") == nullptr &&
                   first.optimizer_state_dict->DictGet("loss_scaler") == nullptr
-              ? deepspeed::OptimizerKind::kBf16
-              : deepspeed::OptimizerKind::kZero;
+              ? state::OptimizerKind::kBf16
+              : state::OptimizerKind::kZero;
   if (const Value* zs = first.optimizer_state_dict->DictGet("zero_stage")) {
     UCP_ASSIGN_OR_RETURN(zero_stage_, pickle::AsZeroStage(*zs, "optimizer_state_dict.zero_stage"),
                          _.Prepend(first.path + ": "));
@@ -292,7 +292,7 @@ absl::Status ZeroCheckpoint::Load(const std::vector<ModuleEntry>* module_entries
   {
     auto version = deepspeed::ParseDsVersion(ds_version_);
     convention_ = deepspeed::PaddingConventionOf(version.ok() ? *version : deepspeed::DsVersion{0, 14, 4},
-                                                 kind_ == deepspeed::OptimizerKind::kBf16);
+                                                 kind_ == state::OptimizerKind::kBf16);
     if (first.convention_decided) convention_ = first.convention;
     for (auto& per_tp : layouts_) {
       for (auto& per_group : per_tp) {
@@ -315,7 +315,7 @@ absl::Status ZeroCheckpoint::Load(const std::vector<ModuleEntry>* module_entries
     UCP_RETURN_IF_ERROR(LoadModuleLayout());
   }
   for (size_t i = 0; i < module_entries_.size(); ++i) {
-    if (module_entries_[i].role == deepspeed::TensorRole::kTrainable) lp_entry_.emplace(module_entries_[i].name, i);
+    if (module_entries_[i].role == state::TensorRole::kTrainable) lp_entry_.emplace(module_entries_[i].name, i);
   }
   UCP_RETURN_IF_ERROR(CheckLayerFilesPresent());
   return CheckMastersMatchLp(first, 0, 0, 0);
@@ -508,7 +508,7 @@ absl::Status ZeroCheckpoint::SetModuleLayout(std::vector<ModuleEntry> entries) {
   }
   module_entries_ = std::move(entries);
   for (const auto& e : module_entries_) {
-    if (e.role == deepspeed::TensorRole::kTrainable) {
+    if (e.role == state::TensorRole::kTrainable) {
       lp_dtype_ = e.dtype;
       break;
     }
@@ -532,10 +532,10 @@ absl::Status ZeroCheckpoint::LoadModuleLayout() {
     }
   }
   auto role_of = [&](const std::string& name) {
-    if (ms_->FindParam(name)) return deepspeed::TensorRole::kTrainable;
-    if (buffer_names.count(name)) return deepspeed::TensorRole::kBuffer;
-    if (aliases.count(name)) return deepspeed::TensorRole::kTied;
-    return deepspeed::TensorRole::kFrozen;
+    if (ms_->FindParam(name)) return state::TensorRole::kTrainable;
+    if (buffer_names.count(name)) return state::TensorRole::kBuffer;
+    if (aliases.count(name)) return state::TensorRole::kTied;
+    return state::TensorRole::kFrozen;
   };
   auto add_entry = [&](ModuleEntry e, const std::vector<torch::Tensor>& per_tp) {
     e.dtype = per_tp[0].dtype();
@@ -580,7 +580,7 @@ absl::Status ZeroCheckpoint::LoadModuleLayout() {
           }
         }
         e.role = role_of(e.name);
-        if (e.role == deepspeed::TensorRole::kTied) e.alias_of = aliases.at(e.name);
+        if (e.role == state::TensorRole::kTied) e.alias_of = aliases.at(e.name);
         std::vector<torch::Tensor> per_tp;
         for (int t = 0; t < topo_.tp; ++t) {
           const Value* tv = files[t]->root()->is(Kind::kDict) ? files[t]->root()->DictGet(e.local_name) : nullptr;
@@ -610,7 +610,7 @@ absl::Status ZeroCheckpoint::LoadModuleLayout() {
       e.name = k->str();
       e.local_name = e.name;
       e.role = role_of(e.name);
-      if (e.role == deepspeed::TensorRole::kTied) e.alias_of = aliases.at(e.name);
+      if (e.role == state::TensorRole::kTied) e.alias_of = aliases.at(e.name);
       std::vector<torch::Tensor> per_tp;
       for (int t = 0; t < topo_.tp; ++t) {
         const Value* tv = ms_->file(0, t).root()->DictGet("module")->DictGet(e.name);
@@ -627,7 +627,7 @@ absl::Status ZeroCheckpoint::LoadModuleLayout() {
   }
   // lp dtype from the weights themselves when there are any.
   for (const auto& e : module_entries_) {
-    if (e.role == deepspeed::TensorRole::kTrainable) {
+    if (e.role == state::TensorRole::kTrainable) {
       lp_dtype_ = e.dtype;
       break;
     }
@@ -841,7 +841,7 @@ absl::StatusOr<const OptimFile*> ZeroCheckpoint::Optim(int pp, int tp, int dp) c
 absl::Status ZeroCheckpoint::CheckLikeFirst(const OptimFile& file) const {
   const OptimFile& first = *optim_slots_.at({0, 0, 0})->file;
   const bool has_stage = file.optimizer_state_dict->DictGet("zero_stage") != nullptr;
-  if (has_stage != (kind_ == deepspeed::OptimizerKind::kZero)) {
+  if (has_stage != (kind_ == state::OptimizerKind::kZero)) {
     return FileError(file.path, absl::StatusCode::kInvalidArgument,
                      absl::StrCat("optimizer state layout differs from ", first.path));
   }
@@ -956,7 +956,7 @@ absl::StatusOr<std::vector<torch::Tensor>> ZeroCheckpoint::SlicePieces(const Zer
       std::lock_guard<std::mutex> lock(mu_);
       checked = checked_inputs_;
     }
-    if (checked == nullptr || checked->count(deepspeed::InputKey(f->path, tensor_name))) {
+    if (checked == nullptr || checked->count(state::InputKey(f->path, tensor_name))) {
       UCP_RETURN_IF_ERROR(f->VerifyPartition(*flat));
     }
     UCP_ASSIGN_OR_RETURN(torch::Tensor piece, flat->Narrow(0, frag.partition_offset, frag.numel),

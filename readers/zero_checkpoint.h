@@ -34,9 +34,9 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "deepspeed/layout_math.h"
-#include "deepspeed/model_state.h"
+#include "state/model_state.h"
 #include "readers/model_states_files.h"
-#include "deepspeed/topology.h"
+#include "state/topology.h"
 #include "format/pickle/accessors.h"
 #include "format/pickle/value.h"
 #include "format/torch/tensor.h"
@@ -50,7 +50,7 @@ struct ModuleEntry {
   std::string name;        // full module name ("2.attention.dense.weight")
   std::string local_name;  // key in its layer file (== name without pipeline)
   int layer = -1;          // layer file index, -1 without pipeline
-  deepspeed::TensorRole role = deepspeed::TensorRole::kTrainable;
+  state::TensorRole role = state::TensorRole::kTrainable;
   std::string tied_key;
   std::string alias_of;    // kTied: the trainable param it is another name of
   torch::DType dtype = torch::DType::kFloat32;
@@ -98,9 +98,9 @@ class ZeroCheckpoint {
   const std::string& dir() const { return dir_; }     // the tag folder
   const std::string& tag() const { return tag_; }
   const std::string& root() const { return root_; }   // its parent
-  const deepspeed::Topology& topology() const { return topo_; }
+  const state::Topology& topology() const { return topo_; }
   int zero_stage() const { return zero_stage_; }
-  deepspeed::OptimizerKind optimizer_kind() const { return kind_; }
+  state::OptimizerKind optimizer_kind() const { return kind_; }
   bool bf16_file_prefix() const { return bf16_prefix_; }
   bool pipeline() const { return pipeline_; }
   int num_groups() const { return num_groups_; }
@@ -144,7 +144,7 @@ class ZeroCheckpoint {
   absl::StatusOr<const OptimFile*> Optim(int pp, int tp, int dp) const;
   absl::StatusOr<const torch::TorchFile*> LayerFile(int layer, int tp) const;
   // The flat partitions this process CRC-checks when it reads them
-  // (deepspeed::CheckpointState::SetCheckedInputs); null: all.
+  // (state::CheckpointState::SetCheckedInputs); null: all.
   void SetCheckedInputs(std::shared_ptr<const std::set<std::string>> keys) const {
     std::lock_guard<std::mutex> lock(mu_);
     checked_inputs_ = std::move(keys);
@@ -181,9 +181,9 @@ class ZeroCheckpoint {
   absl::StatusOr<std::unique_ptr<OptimFile>> ParseOptim(int pp, int tp, int dp) const;
 
   std::string dir_, tag_, root_;
-  deepspeed::Topology topo_;
+  state::Topology topo_;
   int zero_stage_ = 1;
-  deepspeed::OptimizerKind kind_ = deepspeed::OptimizerKind::kZero;
+  state::OptimizerKind kind_ = state::OptimizerKind::kZero;
   bool bf16_prefix_ = false;
   bool pipeline_ = true;
   int num_groups_ = 0;

@@ -60,8 +60,8 @@ TEST(ZeroCheckpointVersionTest, MoeExpertOptimizerPlaceholdersOf0164) {
   write("expp_rank_1_mp_rank_00_optim_states.pt", Value::None());
   auto m = MoeState::Open(dir);
   ASSERT_TRUE(m.ok()) << m.status();
-  const deepspeed::ModelInfo& a = (*plain)->info();
-  const deepspeed::ModelInfo& b = (*m)->info();
+  const state::ModelInfo& a = (*plain)->info();
+  const state::ModelInfo& b = (*m)->info();
   ASSERT_EQ(a.params.size(), b.params.size());
   for (size_t i = 0; i < a.params.size(); ++i) {
     EXPECT_EQ(a.params[i].name, b.params[i].name);

@@ -12,8 +12,8 @@
 namespace ucp::readers {
 namespace {
 
-using deepspeed::ParamState;
-using deepspeed::TensorRole;
+using state::ParamState;
+using state::TensorRole;
 using pickle::Kind;
 using pickle::Value;
 using tp::TensorPlan;
@@ -63,10 +63,10 @@ absl::Status ZeroSlicedState::Build(const ZeroReadOptions& options) {
       for (const std::string& name : c.StageGroup(st, g)) {
         if (!seen.insert(name).second) continue;
         const ZeroParam* zp = c.FindParam(name);
-        deepspeed::ParamState p;
+        state::ParamState p;
         p.name = name;
         p.group = g;
-        p.role = deepspeed::TensorRole::kTrainable;
+        p.role = state::TensorRole::kTrainable;
         p.lp_dtype = c.lp_dtype();
         p.layer = zp->layer;
         p.local_name = name;
@@ -94,9 +94,9 @@ absl::Status ZeroSlicedState::Build(const ZeroReadOptions& options) {
   for (size_t i = 0; i < c.module_entries().size(); ++i) {
     const ModuleEntry& e = c.module_entries()[i];
     info_.module_order.push_back({e.layer, e.name});
-    if (e.role == deepspeed::TensorRole::kTrainable || seen.count(e.name)) continue;
+    if (e.role == state::TensorRole::kTrainable || seen.count(e.name)) continue;
     seen.insert(e.name);
-    deepspeed::ParamState p;
+    state::ParamState p;
     p.name = e.name;
     p.group = -1;
     p.role = e.role;
@@ -128,7 +128,7 @@ absl::Status ZeroSlicedState::PlaceTiedModules(const ZeroReadOptions& options, i
   const int pp = ckpt_->topology().pp;
   std::map<std::string, std::vector<int>> assumed;  // key -> layers incl. an assumed head
   for (size_t i = 0; i < info_.params.size(); ++i) {
-    deepspeed::ParamState& p = info_.params[i];
+    state::ParamState& p = info_.params[i];
     if (p.tied_key.empty()) continue;
     std::vector<int> layers = p.tied_layers;
     if (layers.empty() && p.layer >= 0) layers = {p.layer};
@@ -171,13 +171,13 @@ absl::Status ZeroSlicedState::PlaceTiedModules(const ZeroReadOptions& options, i
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<TensorPlan>> ZeroSlicedState::Slices(const deepspeed::ParamState& param, int stage,
+absl::StatusOr<std::vector<TensorPlan>> ZeroSlicedState::Slices(const state::ParamState& param, int stage,
                                                                const std::string& state) const {
   const int i = info_.IndexOf(param.name);
   if (i < 0) return absl::NotFoundError(absl::StrCat("no param '", param.name, "'"));
   const int tp_degree = ckpt_->topology().tp;
   std::vector<TensorPlan> out;
-  if (state == deepspeed::kLpState) {
+  if (state == state::kLpState) {
     if (module_entry_[i] < 0) {
       return absl::NotFoundError(absl::StrCat("param '", param.name, "' has no module weight in the checkpoint"));
     }
@@ -191,7 +191,7 @@ absl::StatusOr<std::vector<TensorPlan>> ZeroSlicedState::Slices(const deepspeed:
   const ZeroParam* zp = zero_params_[i];
   if (zp == nullptr) {
     return absl::NotFoundError(absl::StrCat("param '", param.name, "' is not in the optimizer (", 
-                                            deepspeed::TensorRoleName(param.role), ")"));
+                                            state::TensorRoleName(param.role), ")"));
   }
   for (int t = 0; t < tp_degree; ++t) {
     UCP_ASSIGN_OR_RETURN(std::vector<torch::Tensor> pieces, ckpt_->SlicePieces(*zp, stage, t, state));
@@ -203,8 +203,8 @@ absl::StatusOr<std::vector<TensorPlan>> ZeroSlicedState::Slices(const deepspeed:
   return out;
 }
 
-std::vector<deepspeed::InputRange> ZeroSlicedState::Inputs(const ParamState& param) const {
-  std::vector<deepspeed::InputRange> out;
+std::vector<state::InputRange> ZeroSlicedState::Inputs(const ParamState& param) const {
+  std::vector<state::InputRange> out;
   const int i = info_.IndexOf(param.name);
   if (i < 0) return out;
   const int tp_degree = ckpt_->topology().tp;
@@ -238,13 +238,13 @@ std::vector<std::string> ZeroSlicedState::InputFiles() const {
   return out;
 }
 
-absl::StatusOr<deepspeed::FileValue> ZeroSlicedState::GroupScalar(int group, const std::string& key) const {
+absl::StatusOr<state::FileValue> ZeroSlicedState::GroupScalar(int group, const std::string& key) const {
   UCP_ASSIGN_OR_RETURN(const OptimFile* f, ckpt_->Optim(0, 0, 0));
   UCP_ASSIGN_OR_RETURN(pickle::ValuePtr v, ckpt_->GroupScalar(0, 0, 0, group, key));
-  return deepspeed::FileValue{v, deepspeed::Unowned(f->file.get())};
+  return state::FileValue{v, state::Unowned(f->file.get())};
 }
 
-absl::StatusOr<deepspeed::FileValue> ZeroSlicedState::OptimizerCommon() const {
+absl::StatusOr<state::FileValue> ZeroSlicedState::OptimizerCommon() const {
   UCP_ASSIGN_OR_RETURN(const OptimFile* f, ckpt_->Optim(0, 0, 0));
   const Value& osd = *f->optimizer_state_dict;
   pickle::ValuePtr out = Value::MakeDict();
@@ -259,13 +259,13 @@ absl::StatusOr<deepspeed::FileValue> ZeroSlicedState::OptimizerCommon() const {
   if (base != nullptr && base->is(Kind::kDict)) {
     if (pickle::ValuePtr groups = base->DictGetPtr("param_groups")) out->DictSet(Value::Str("param_groups"), groups);
   }
-  return deepspeed::FileValue{out, deepspeed::Unowned(f->file.get())};
+  return state::FileValue{out, state::Unowned(f->file.get())};
 }
 
-deepspeed::FileValue ZeroSlicedState::ModelStatesRoot(int pp, int tp) const {
+state::FileValue ZeroSlicedState::ModelStatesRoot(int pp, int tp) const {
   const auto& t = ckpt_->topology();
   const torch::TorchFile& f = ckpt_->MpRankFile(std::min(pp, t.pp - 1), std::min(tp, t.tp - 1));
-  return deepspeed::FileValue{f.root(), deepspeed::Unowned(&f)};
+  return state::FileValue{f.root(), state::Unowned(&f)};
 }
 
 std::string ZeroSlicedState::ModelStatesPath(int pp, int tp) const {

@@ -27,7 +27,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "deepspeed/model_state.h"
+#include "deepspeed/facet.h"
+#include "state/model_state.h"
 #include "readers/zero_checkpoint.h"
 
 namespace ucp::readers {
@@ -41,23 +42,25 @@ struct ZeroReadOptions {
   std::map<std::string, std::vector<int>> tied_layers;
 };
 
-class ZeroSlicedState : public deepspeed::SlicedState {
+class ZeroSlicedState : public state::SlicedState, public deepspeed::DeepSpeedFacet {
  public:
   static absl::StatusOr<std::unique_ptr<ZeroSlicedState>> Make(std::shared_ptr<const ZeroCheckpoint> ckpt,
                                                                const ZeroReadOptions& options);
 
-  const deepspeed::ModelInfo& info() const override { return info_; }
-  absl::StatusOr<std::vector<tp::TensorPlan>> Slices(const deepspeed::ParamState& param, int stage,
+  const state::ModelInfo& info() const override { return info_; }
+  absl::StatusOr<std::vector<tp::TensorPlan>> Slices(const state::ParamState& param, int stage,
                                                      const std::string& state) const override;
-  absl::StatusOr<deepspeed::FileValue> GroupScalar(int group, const std::string& key) const override;
-  std::vector<deepspeed::InputRange> Inputs(const deepspeed::ParamState& param) const override;
+  absl::StatusOr<state::FileValue> GroupScalar(int group, const std::string& key) const override;
+  std::vector<state::InputRange> Inputs(const state::ParamState& param) const override;
   std::vector<std::string> InputFiles() const override;
   absl::Status VerifyInput(const std::string& path) const override { return ckpt_->VerifyFile(path); }
   void SetCheckedInputs(std::shared_ptr<const std::set<std::string>> keys) const override {
     ckpt_->SetCheckedInputs(std::move(keys));
   }
-  absl::StatusOr<deepspeed::FileValue> OptimizerCommon() const override;
-  deepspeed::FileValue ModelStatesRoot(int pp, int tp) const override;
+  const state::Facet* GetFacet(state::FacetKey key) const override { return deepspeed::OfferFacet(this, key); }
+  // DeepSpeedFacet.
+  absl::StatusOr<state::FileValue> OptimizerCommon() const override;
+  state::FileValue ModelStatesRoot(int pp, int tp) const override;
   std::string ModelStatesPath(int pp, int tp) const override;
   const pickle::Value& checkpoint_info() const override { return ckpt_->universal_checkpoint_info(); }
   const pickle::Value* args() const override { return ckpt_->args(); }
@@ -71,7 +74,7 @@ class ZeroSlicedState : public deepspeed::SlicedState {
   absl::Status PlaceTiedModules(const ZeroReadOptions& options, int max_layer);
 
   std::shared_ptr<const ZeroCheckpoint> ckpt_;
-  deepspeed::ModelInfo info_;
+  state::ModelInfo info_;
   // Per param in info_.params: the ZeroParam (trainable) or module entry index.
   std::vector<const ZeroParam*> zero_params_;
   std::vector<int> module_entry_;

@@ -54,7 +54,7 @@ absl::StatusOr<std::regex> Compile(const std::string& pattern, const std::string
 }
 
 // The first failing condition's reason, or "" when all hold.
-absl::StatusOr<std::string> FailedCondition(const HfArchitecture& arch, const deepspeed::ModelInfo& info,
+absl::StatusOr<std::string> FailedCondition(const HfArchitecture& arch, const state::ModelInfo& info,
                                             const Value* args) {
   for (const HfCondition& c : arch.require()) {
     const std::string reason = c.reason().empty() ? "a condition of the architecture fails" : c.reason();
@@ -156,7 +156,7 @@ int64_t ConfigInt(const json::Value& config, const std::string& key, bool* ok) {
 
 }  // namespace
 
-absl::StatusOr<HfNamePlan> PlanHfNames(const deepspeed::ModelInfo& info, const std::vector<int>& order,
+absl::StatusOr<HfNamePlan> PlanHfNames(const state::ModelInfo& info, const std::vector<int>& order,
                                        const pickle::Value* args, const HfOptions& options) {
   HfNamePlan plan;
   plan.preset = options.preset;
@@ -210,7 +210,7 @@ absl::StatusOr<HfNamePlan> PlanHfNames(const deepspeed::ModelInfo& info, const s
   };
   std::vector<Matched> matched;
   for (int i : order) {
-    const deepspeed::ParamState& p = info.params[static_cast<size_t>(i)];
+    const state::ParamState& p = info.params[static_cast<size_t>(i)];
     bool found = false;
     for (size_t e = 0; e < res.size(); ++e) {
       Matched mt{i, static_cast<int>(e), {}, p.name};
@@ -256,7 +256,7 @@ absl::StatusOr<HfNamePlan> PlanHfNames(const deepspeed::ModelInfo& info, const s
   const int64_t source_tp = std::max(1, info.source_topology.tp);
   for (const Matched& mt : matched) {
     const HfTensorMap& entry = arch->tensor(mt.entry);
-    const deepspeed::ParamState& p = info.params[static_cast<size_t>(mt.param)];
+    const state::ParamState& p = info.params[static_cast<size_t>(mt.param)];
     int layer = -1;
     if (entry.layer_group() > 0) layer = ordinal.at(std::stoll(mt.m[entry.layer_group()].str()));
     const int want = entry.split() == HF_SPLIT_QKV ? 3 : entry.split() == HF_SPLIT_GATE_UP ? 2 : 1;
@@ -409,7 +409,7 @@ absl::StatusOr<HfNamePlan> PlanHfNames(const deepspeed::ModelInfo& info, const s
                               arch->qkv_block_marker_arg(), "); --qkv_layout=block says otherwise"));
   }
   for (Out& o : outs) {
-    const deepspeed::ParamState& p = info.params[static_cast<size_t>(o.t.param)];
+    const state::ParamState& p = info.params[static_cast<size_t>(o.t.param)];
     if (!o.entry->sum_tp_if().empty()) {
       const json::Value* flag = config.Get(o.entry->sum_tp_if());
       if (flag != nullptr && flag->type() == json::Value::Type::kBool && flag->bool_value() && source_tp > 1) {

@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "deepspeed/model_state.h"
+#include "state/model_state.h"
 #include "format/json/json.h"
 #include "format/pickle/value.h"
 #include "proto/ucp.pb.h"
@@ -66,7 +66,7 @@ struct HfOptions {
 
 // `order`: indices into info.params to export, in output order (tied
 // aliases excluded). `args`: the checkpoint's args as a dict (or null).
-absl::StatusOr<HfNamePlan> PlanHfNames(const deepspeed::ModelInfo& info, const std::vector<int>& order,
+absl::StatusOr<HfNamePlan> PlanHfNames(const state::ModelInfo& info, const std::vector<int>& order,
                                        const pickle::Value* args, const HfOptions& options);
 
 }  // namespace ucp::rules

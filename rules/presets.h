@@ -17,7 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "deepspeed/model_state.h"
+#include "state/model_state.h"
 #include "format/pickle/value.h"
 #include "proto/ucp.pb.h"
 

@@ -8,13 +8,14 @@
 #include "absl/strings/str_join.h"
 #include "base/parallel.h"
 #include "base/status_macros.h"
+#include "deepspeed/facet.h"
 #include "rules/suggest.h"
 #include "tp/merge.h"
 
 namespace ucp::rules {
 namespace {
 
-using deepspeed::ParamState;
+using state::ParamState;
 using pickle::Kind;
 using pickle::Value;
 using tp::TensorPlan;
@@ -29,7 +30,7 @@ struct Evidence {
 };
 
 // Takes each param's decision from `decided`; the params must be the same.
-absl::Status ApplyDecisions(const deepspeed::ModelInfo& decided, const std::string& dir, deepspeed::ModelInfo* info) {
+absl::Status ApplyDecisions(const state::ModelInfo& decided, const std::string& dir, state::ModelInfo* info) {
   if (decided.params.size() != info->params.size()) {
     return absl::FailedPreconditionError(absl::StrCat(dir, ": ", info->params.size(), " params here, ",
                                                       decided.params.size(), " in the job's description"));
@@ -58,10 +59,10 @@ struct Gathered {
   std::vector<ParamFacts> facts;
 };
 
-SuggestContext ContextOf(const deepspeed::SlicedState& src, int tp) {
+SuggestContext ContextOf(const state::SlicedState& src, int tp) {
   SuggestContext c;
   c.tp = tp;
-  if (const Value* a = src.args(); a != nullptr && a->is(Kind::kDict)) {
+  if (const Value* a = deepspeed::ArgsOf(src); a != nullptr && a->is(Kind::kDict)) {
     if (const Value* h = a->DictGet("hidden_size"); h != nullptr && h->is(Kind::kInt) && h->fits_int64()) {
       c.hidden_size = h->int_value();
     }
@@ -71,7 +72,7 @@ SuggestContext ContextOf(const deepspeed::SlicedState& src, int tp) {
 
 // `tp1_whole_tensors`: a tp=1 source whose params are whole tensors needs no
 // evidence (ResolveOptions::tp1_whole_tensors).
-absl::StatusOr<Gathered> Gather(const deepspeed::SlicedState& src, const deepspeed::ModelInfo& info,
+absl::StatusOr<Gathered> Gather(const state::SlicedState& src, const state::ModelInfo& info,
                                 const RuleResolver& resolver, int num_threads, bool tp1_whole_tensors) {
   const int tp_degree = info.source_topology.tp;
   Gathered g;
@@ -98,10 +99,10 @@ absl::StatusOr<Gathered> Gather(const deepspeed::SlicedState& src, const deepspe
     const ParamState& p = info.params[i];
     std::vector<std::string> states;
     if (p.trainable()) {
-      states.push_back(deepspeed::kFp32State);
+      states.push_back(state::kFp32State);
       for (const auto& key : info.state_keys) states.push_back(key);
     } else {
-      states.push_back(deepspeed::kLpState);
+      states.push_back(state::kLpState);
     }
     Evidence& ev = evidence[i];
     const int first_stage = p.stages.empty() ? 0 : p.stages[0];
@@ -155,9 +156,9 @@ absl::StatusOr<Gathered> Gather(const deepspeed::SlicedState& src, const deepspe
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ResolvedState>> ResolveRules(std::shared_ptr<const deepspeed::SlicedState> source,
+absl::StatusOr<std::unique_ptr<ResolvedState>> ResolveRules(std::shared_ptr<const state::SlicedState> source,
                                                             const ResolveOptions& options,
-                                                            const deepspeed::ModelInfo* decided) {
+                                                            const state::ModelInfo* decided) {
   std::unique_ptr<ResolvedState> s(new ResolvedState());
   s->source_ = std::move(source);
   if (decided != nullptr) {
@@ -168,7 +169,7 @@ absl::StatusOr<std::unique_ptr<ResolvedState>> ResolveRules(std::shared_ptr<cons
   return s;
 }
 
-absl::Status ResolvedState::TakeDecisions(const deepspeed::ModelInfo& decided) {
+absl::Status ResolvedState::TakeDecisions(const state::ModelInfo& decided) {
   info_ = source_->info();
   UCP_RETURN_IF_ERROR(ApplyDecisions(decided, source_->dir(), &info_));
   info_.Reindex();
@@ -176,14 +177,14 @@ absl::Status ResolvedState::TakeDecisions(const deepspeed::ModelInfo& decided) {
 }
 
 absl::Status ResolvedState::Resolve(const ResolveOptions& options) {
-  const deepspeed::SlicedState& src = *source_;
+  const state::SlicedState& src = *source_;
   info_ = src.info();
   info_.Reindex();
   const int tp_degree = info_.source_topology.tp;
 
   std::vector<std::string> names;
   for (const auto& p : info_.params) names.push_back(p.name);
-  UCP_ASSIGN_OR_RETURN(resolver_, RuleResolver::Make(options.rules, src.checkpoint_info(), names, src.args()));
+  UCP_ASSIGN_OR_RETURN(resolver_, RuleResolver::Make(options.rules, deepspeed::CheckpointInfoOf(src), names, deepspeed::ArgsOf(src)));
   info_.original_vocab_size = resolver_.original_vocab_size();
   UCP_ASSIGN_OR_RETURN(Gathered g, Gather(src, info_, resolver_, options.num_threads, options.tp1_whole_tensors));
   std::vector<RuleDecision>& decisions = g.decisions;
@@ -199,7 +200,7 @@ absl::Status ResolvedState::Resolve(const ResolveOptions& options) {
   for (size_t i = 0; i < info_.params.size(); ++i) {
     ParamState& p = info_.params[i];
     // A tied alias takes its owner's rule (below).
-    if (p.role == deepspeed::TensorRole::kTied && info_.IndexOf(p.alias_of) >= 0) continue;
+    if (p.role == state::TensorRole::kTied && info_.IndexOf(p.alias_of) >= 0) continue;
     RuleDecision d = decisions[i];
     const Evidence& ev = evidence[i];
     if (!ev.stages_equal) {
@@ -211,7 +212,7 @@ absl::Status ResolvedState::Resolve(const ResolveOptions& options) {
       rule.set_kind(REPLICATED);
       d.rule = rule;
       d.source = EVIDENCE;
-      d.origin = deepspeed::kTp1WholeOrigin;
+      d.origin = state::kTp1WholeOrigin;
     }
     if (!d.rule) {
       d = resolver_.DecideWithoutRules(p.name, tp_degree > 1 ? std::optional<bool>(family_equal[i]) : std::nullopt);
@@ -246,7 +247,7 @@ absl::Status ResolvedState::Resolve(const ResolveOptions& options) {
   // A tied alias (another name of a trainable param) is the same tensor:
   // its owner's rule, whatever its own name would match.
   for (ParamState& p : info_.params) {
-    if (p.role != deepspeed::TensorRole::kTied || p.alias_of.empty()) continue;
+    if (p.role != state::TensorRole::kTied || p.alias_of.empty()) continue;
     const int owner = info_.IndexOf(p.alias_of);
     if (owner < 0 || is_ambiguous[static_cast<size_t>(owner)]) continue;
     const ParamState& o = info_.params[static_cast<size_t>(owner)];
@@ -305,16 +306,16 @@ absl::Status ResolvedState::Resolve(const ResolveOptions& options) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<SuggestReport> SuggestRules(std::shared_ptr<const deepspeed::SlicedState> source,
+absl::StatusOr<SuggestReport> SuggestRules(std::shared_ptr<const state::SlicedState> source,
                                            const ResolveOptions& options) {
-  const deepspeed::SlicedState& src = *source;
-  deepspeed::ModelInfo info = src.info();
+  const state::SlicedState& src = *source;
+  state::ModelInfo info = src.info();
   info.Reindex();
   const int tp_degree = info.source_topology.tp;
   std::vector<std::string> names;
   for (const auto& p : info.params) names.push_back(p.name);
   UCP_ASSIGN_OR_RETURN(RuleResolver resolver,
-                       RuleResolver::Make(options.rules, src.checkpoint_info(), names, src.args()));
+                       RuleResolver::Make(options.rules, deepspeed::CheckpointInfoOf(src), names, deepspeed::ArgsOf(src)));
   UCP_ASSIGN_OR_RETURN(Gathered g, Gather(src, info, resolver, options.num_threads, options.tp1_whole_tensors));
   // What convert would leave open: no rule, and not settled by the fallbacks
   // (DeepSpeed's default for declared patterns, --default_kind); equal
@@ -377,15 +378,15 @@ bool SameRule(MergeRule a, MergeRule b) {
 }
 
 // A universal checkpoint DeepSpeed wrote, with some params re-merged.
-class ReinterpretedState : public deepspeed::ModelState {
+class ReinterpretedState : public state::ModelState {
  public:
-  ReinterpretedState(std::unique_ptr<deepspeed::ModelState> base) : base_(std::move(base)), info_(base_->info()) {
+  ReinterpretedState(std::unique_ptr<state::ModelState> base) : base_(std::move(base)), info_(base_->info()) {
     stored_rule_.assign(info_.params.size(), std::nullopt);
   }
 
   absl::Status Reinterpret(const pickle::Value& uc_info, const RuleResolver::Options& options,
                            const std::string& dir);
-  absl::Status TakeDecisions(const deepspeed::ModelInfo& decided, const std::string& dir) {
+  absl::Status TakeDecisions(const state::ModelInfo& decided, const std::string& dir) {
     UCP_RETURN_IF_ERROR(ApplyDecisions(decided, dir, &info_));
     for (size_t i = 0; i < info_.params.size(); ++i) {
       const MergeRule& stored = base_->info().params[i].rule;
@@ -395,7 +396,7 @@ class ReinterpretedState : public deepspeed::ModelState {
     return absl::OkStatus();
   }
 
-  const deepspeed::ModelInfo& info() const override { return info_; }
+  const state::ModelInfo& info() const override { return info_; }
   absl::StatusOr<TensorPlan> Full(const ParamState& param, const std::string& state) const override {
     const int i = info_.IndexOf(param.name);
     if (i < 0) return base_->Full(param, state);
@@ -416,11 +417,11 @@ class ReinterpretedState : public deepspeed::ModelState {
     if (!stored_rule_[i]) return base_->FullDeferred(base_->info().params[i], state);
     return std::nullopt;  // re-merged: Full opens the stored tensor
   }
-  absl::StatusOr<deepspeed::FileValue> GroupScalar(int group, const std::string& key) const override {
+  absl::StatusOr<state::FileValue> GroupScalar(int group, const std::string& key) const override {
     return base_->GroupScalar(group, key);
   }
-  std::vector<deepspeed::InputRange> Inputs(const ParamState& param) const override { return base_->Inputs(param); }
-  std::vector<deepspeed::InputRange> StateInputs(const ParamState& param, const std::string& state) const override {
+  std::vector<state::InputRange> Inputs(const ParamState& param) const override { return base_->Inputs(param); }
+  std::vector<state::InputRange> StateInputs(const ParamState& param, const std::string& state) const override {
     const int i = info_.IndexOf(param.name);
     return base_->StateInputs(i < 0 ? param : base_->info().params[i], state);
   }
@@ -429,15 +430,11 @@ class ReinterpretedState : public deepspeed::ModelState {
   void SetCheckedInputs(std::shared_ptr<const std::set<std::string>> keys) const override {
     base_->SetCheckedInputs(std::move(keys));
   }
-  absl::StatusOr<deepspeed::FileValue> OptimizerCommon() const override { return base_->OptimizerCommon(); }
-  deepspeed::FileValue ModelStatesRoot(int pp, int tp) const override { return base_->ModelStatesRoot(pp, tp); }
-  std::string ModelStatesPath(int pp, int tp) const override { return base_->ModelStatesPath(pp, tp); }
-  std::string DpModelStatesPath(int dp) const override { return base_->DpModelStatesPath(dp); }
-  deepspeed::FileValue SavedDsConfig() const override { return base_->SavedDsConfig(); }
+  const state::Facet* GetFacet(state::FacetKey key) const override { return base_->GetFacet(key); }
 
  private:
-  std::unique_ptr<deepspeed::ModelState> base_;
-  deepspeed::ModelInfo info_;
+  std::unique_ptr<state::ModelState> base_;
+  state::ModelInfo info_;
   // Per param: the rule its stored tensor was merged with, when it differs
   // from the rule it is re-merged by (DeepSpeed's pattern-less cat on dim 0).
   std::vector<std::optional<MergeRule>> stored_rule_;
@@ -452,7 +449,7 @@ absl::Status ReinterpretedState::Reinterpret(const pickle::Value& uc_info, const
   if (resolver.original_vocab_size() > 0 && info_.original_vocab_size == 0) {
     info_.original_vocab_size = resolver.original_vocab_size();
   }
-  std::vector<std::string> states = {deepspeed::kFp32State};
+  std::vector<std::string> states = {state::kFp32State};
   states.insert(states.end(), info_.state_keys.begin(), info_.state_keys.end());
   for (size_t i = 0; i < info_.params.size(); ++i) {
     ParamState& p = info_.params[i];
@@ -534,16 +531,16 @@ absl::Status ReinterpretedState::Reinterpret(const pickle::Value& uc_info, const
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<deepspeed::ModelState>> ReinterpretDeepSpeedUniversal(
-    std::unique_ptr<deepspeed::ModelState> universal, const pickle::Value& uc_info,
-    const RuleResolver::Options& options, const std::string& dir, const deepspeed::ModelInfo* decided) {
+absl::StatusOr<std::unique_ptr<state::ModelState>> ReinterpretDeepSpeedUniversal(
+    std::unique_ptr<state::ModelState> universal, const pickle::Value& uc_info,
+    const RuleResolver::Options& options, const std::string& dir, const state::ModelInfo* decided) {
   auto s = std::make_unique<ReinterpretedState>(std::move(universal));
   if (decided != nullptr) {
     UCP_RETURN_IF_ERROR(s->TakeDecisions(*decided, dir));
   } else {
     UCP_RETURN_IF_ERROR(s->Reinterpret(uc_info, options, dir));
   }
-  return std::unique_ptr<deepspeed::ModelState>(std::move(s));
+  return std::unique_ptr<state::ModelState>(std::move(s));
 }
 
 }  // namespace ucp::rules

@@ -33,7 +33,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "deepspeed/model_state.h"
+#include "state/model_state.h"
 #include "rules/rules.h"
 #include "rules/suggest.h"
 
@@ -46,7 +46,7 @@ struct ResolveOptions {
   ReplicatedMismatch replicated_mismatch = ReplicatedMismatch::kError;
   int num_threads = 0;  // evidence is gathered in parallel; 0 = all cores
   // Sources that only exist at tp=1 (ZeRO-3, native MoE): a param no rule
-  // covers is a whole tensor with no known tp split (deepspeed::kTp1WholeOrigin), not an
+  // covers is a whole tensor with no known tp split (state::kTp1WholeOrigin), not an
   // error; no data is read to decide it. Writers refuse to split such a
   // param over tp > 1.
   bool tp1_whole_tensors = false;
@@ -54,14 +54,14 @@ struct ResolveOptions {
 
 
 // A SlicedState with every param's rule decided.
-class ResolvedState : public deepspeed::ModelState {
+class ResolvedState : public state::ModelState {
  public:
-  const deepspeed::ModelInfo& info() const override { return info_; }
-  absl::StatusOr<tp::TensorPlan> Full(const deepspeed::ParamState& param, const std::string& state) const override;
-  absl::StatusOr<deepspeed::FileValue> GroupScalar(int group, const std::string& key) const override {
+  const state::ModelInfo& info() const override { return info_; }
+  absl::StatusOr<tp::TensorPlan> Full(const state::ParamState& param, const std::string& state) const override;
+  absl::StatusOr<state::FileValue> GroupScalar(int group, const std::string& key) const override {
     return source_->GroupScalar(group, key);
   }
-  std::vector<deepspeed::InputRange> Inputs(const deepspeed::ParamState& param) const override {
+  std::vector<state::InputRange> Inputs(const state::ParamState& param) const override {
     return source_->Inputs(param);
   }
   std::vector<std::string> InputFiles() const override { return source_->InputFiles(); }
@@ -69,34 +69,30 @@ class ResolvedState : public deepspeed::ModelState {
   void SetCheckedInputs(std::shared_ptr<const std::set<std::string>> keys) const override {
     source_->SetCheckedInputs(std::move(keys));
   }
-  absl::StatusOr<deepspeed::FileValue> OptimizerCommon() const override { return source_->OptimizerCommon(); }
-  deepspeed::FileValue ModelStatesRoot(int pp, int tp) const override { return source_->ModelStatesRoot(pp, tp); }
-  std::string ModelStatesPath(int pp, int tp) const override { return source_->ModelStatesPath(pp, tp); }
-  std::string DpModelStatesPath(int dp) const override { return source_->DpModelStatesPath(dp); }
-  deepspeed::FileValue SavedDsConfig() const override { return source_->SavedDsConfig(); }
+  const state::Facet* GetFacet(state::FacetKey key) const override { return source_->GetFacet(key); }
 
-  const deepspeed::SlicedState& source() const { return *source_; }
+  const state::SlicedState& source() const { return *source_; }
   const RuleResolver& resolver() const { return resolver_; }
 
  private:
-  friend absl::StatusOr<std::unique_ptr<ResolvedState>> ResolveRules(std::shared_ptr<const deepspeed::SlicedState>,
+  friend absl::StatusOr<std::unique_ptr<ResolvedState>> ResolveRules(std::shared_ptr<const state::SlicedState>,
                                                                      const ResolveOptions&,
-                                                                     const deepspeed::ModelInfo*);
+                                                                     const state::ModelInfo*);
   ResolvedState() = default;
   absl::Status Resolve(const ResolveOptions& options);
-  absl::Status TakeDecisions(const deepspeed::ModelInfo& decided);
+  absl::Status TakeDecisions(const state::ModelInfo& decided);
 
-  std::shared_ptr<const deepspeed::SlicedState> source_;
+  std::shared_ptr<const state::SlicedState> source_;
   RuleResolver resolver_;
-  deepspeed::ModelInfo info_;
+  state::ModelInfo info_;
 };
 
 // With `decided` (another process's result for the same source: an MPI
 // job's rank 0), every param takes its rule, source, origin and full shape
 // from it: nothing is read for evidence.
-absl::StatusOr<std::unique_ptr<ResolvedState>> ResolveRules(std::shared_ptr<const deepspeed::SlicedState> source,
+absl::StatusOr<std::unique_ptr<ResolvedState>> ResolveRules(std::shared_ptr<const state::SlicedState> source,
                                                             const ResolveOptions& options,
-                                                            const deepspeed::ModelInfo* decided = nullptr);
+                                                            const state::ModelInfo* decided = nullptr);
 
 // The suggested rules for the params of `source` that the rule sources
 // leave open (rules/suggest.h): what `ucp rules --suggest` writes.
@@ -106,16 +102,16 @@ struct SuggestReport {
   int replicated_by_evidence = 0;  // settled as replicated by equal tp copies
   std::string text;                // the editable --rules file
 };
-absl::StatusOr<SuggestReport> SuggestRules(std::shared_ptr<const deepspeed::SlicedState> source,
+absl::StatusOr<SuggestReport> SuggestRules(std::shared_ptr<const state::SlicedState> source,
                                            const ResolveOptions& options);
 
 // A universal checkpoint written by DeepSpeed (rules from its files'
 // metadata) with the params it concatenated on dim 0 by default re-merged
 // where a rule source or the evidence knows better. `uc_info` is the model
 // states' universal_checkpoint_info; `dir` the universal folder (for messages).
-absl::StatusOr<std::unique_ptr<deepspeed::ModelState>> ReinterpretDeepSpeedUniversal(
-    std::unique_ptr<deepspeed::ModelState> universal, const pickle::Value& uc_info,
-    const RuleResolver::Options& options, const std::string& dir, const deepspeed::ModelInfo* decided = nullptr);
+absl::StatusOr<std::unique_ptr<state::ModelState>> ReinterpretDeepSpeedUniversal(
+    std::unique_ptr<state::ModelState> universal, const pickle::Value& uc_info,
+    const RuleResolver::Options& options, const std::string& dir, const state::ModelInfo* decided = nullptr);
 
 }  // namespace ucp::rules
 

@@ -37,7 +37,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "deepspeed/model_state.h"
+#include "state/model_state.h"
 #include "format/torch/dtype.h"
 #include "tp/tensor_plan.h"
 #include "writers/plan.h"
@@ -57,7 +57,7 @@ struct ExportTensor {
   // Tied names of the same tensor, written after every other tensor of the
   // owner's shard.
   std::vector<std::string> aliases;
-  std::vector<deepspeed::InputRange> inputs;  // what `source` reads
+  std::vector<state::InputRange> inputs;  // what `source` reads
 
   int64_t nbytes() const;
 };

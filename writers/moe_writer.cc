@@ -11,6 +11,7 @@
 #include "base/fs.h"
 #include "base/status_macros.h"
 #include "deepspeed/checkpoint_files.h"
+#include "deepspeed/engine_defaults.h"
 #include "deepspeed/layout_math.h"
 #include "deepspeed/tree_copy.h"
 #include "format/pickle/accessors.h"
@@ -19,8 +20,8 @@
 namespace ucp::writers {
 namespace {
 
-using deepspeed::ModelInfo;
-using deepspeed::ParamState;
+using state::ModelInfo;
+using state::ParamState;
 using pickle::Kind;
 using pickle::Value;
 using pickle::ValuePtr;
@@ -62,12 +63,13 @@ struct TargetGroup {
 
 class MoePlan : public Plan {
  public:
-  MoePlan(const deepspeed::ModelState& state, const ZeroWriteOptions& options)
+  MoePlan(const state::ModelState& state, const ZeroWriteOptions& options)
       : state_(state), info_(state.info()), options_(options) {}
 
   absl::Status Build() {
-    const deepspeed::Topology& t = options_.target;
+    const state::Topology& t = options_.target;
     UCP_RETURN_IF_ERROR(t.Validate());
+    UCP_ASSIGN_OR_RETURN(ds_, deepspeed::FacetOrDefaults(state_, options_.target_ds_version, &owned_facet_));
     if (t.tp != 1 || t.pp != 1) {
       return absl::InvalidArgumentError(absl::StrCat("mixture-of-experts target ", t.ToString(),
                                                      ": ucp writes native MoE checkpoints at tp=1 pp=1"));
@@ -99,7 +101,7 @@ class MoePlan : public Plan {
     if (common_layout_) {
       // 0.19.3+ records buffer_names (and frozen params): a source that does
       // not (DeepSpeed before 0.19.3) cannot tell them apart.
-      deepspeed::FileValue src = state_.ModelStatesRoot(0, 0);
+      state::FileValue src = ds_->ModelStatesRoot(0, 0);
       if (src.value && src.value->is(Kind::kDict) && src.value->DictGet("buffer_names") == nullptr) {
         std::vector<std::string> untold;
         for (const ParamState& p : info_.params) {
@@ -114,7 +116,7 @@ class MoePlan : public Plan {
         }
       }
     }
-    UCP_ASSIGN_OR_RETURN(common_, state_.OptimizerCommon());
+    UCP_ASSIGN_OR_RETURN(common_, ds_->OptimizerCommon());
     if (!common_.value || !common_.value->is(Kind::kDict)) return absl::InvalidArgumentError("no optimizer state");
     // Per MoE layer: prefix -> index.
     std::map<std::string, int> layer_of;
@@ -252,7 +254,7 @@ class MoePlan : public Plan {
     return stats;
   }
   std::string latest_file() const override { return deepspeed::kLatestFile; }
-  const deepspeed::CheckpointState* source() const override { return &state_; }
+  const state::CheckpointState* source() const override { return &state_; }
 
  private:
   struct Job {
@@ -264,10 +266,10 @@ class MoePlan : public Plan {
   absl::StatusOr<ValuePtr> Lp(torch::TorchWriter& w, int i) const {
     const ParamState& p = info_.params[i];
     if (p.trainable()) {
-      UCP_ASSIGN_OR_RETURN(TensorPlan fp32, state_.Full(p, deepspeed::kFp32State));
+      UCP_ASSIGN_OR_RETURN(TensorPlan fp32, state_.Full(p, state::kFp32State));
       return tp::AddPlanAs(w, fp32, p.lp_dtype);
     }
-    UCP_ASSIGN_OR_RETURN(TensorPlan lp, state_.Full(p, deepspeed::kLpState));
+    UCP_ASSIGN_OR_RETURN(TensorPlan lp, state_.Full(p, state::kLpState));
     return tp::AddPlan(w, lp);
   }
 
@@ -275,10 +277,10 @@ class MoePlan : public Plan {
 
   absl::StatusOr<ValuePtr> Copy(const ValuePtr& v, const std::shared_ptr<const torch::TorchFile>& file,
                                 torch::TorchWriter& w) const {
-    return deepspeed::CopyTreeForWrite(deepspeed::FileValue{v, file}, w);
+    return deepspeed::CopyTreeForWrite(state::FileValue{v, file}, w);
   }
 
-  absl::StatusOr<ValuePtr> DsConfig(const deepspeed::FileValue& src, torch::TorchWriter& w) const {
+  absl::StatusOr<ValuePtr> DsConfig(const state::FileValue& src, torch::TorchWriter& w) const {
     UCP_ASSIGN_OR_RETURN(ValuePtr c, deepspeed::CopyTreeForWrite(src, w));
     if (!c->is(Kind::kDict)) return c;
     if (ValuePtr z = c->DictGetPtr("zero_optimization"); z && z->is(Kind::kDict) && z->DictGet("stage")) {
@@ -294,7 +296,7 @@ class MoePlan : public Plan {
   // the target version, in its key order; the source's client state (keys
   // neither layout has) after them.
   absl::StatusOr<ValuePtr> ModelStates(torch::TorchWriter& w) const {
-    deepspeed::FileValue src = state_.ModelStatesRoot(0, 0);
+    state::FileValue src = ds_->ModelStatesRoot(0, 0);
     if (!src.value || !src.value->is(Kind::kDict)) return absl::FailedPreconditionError("no source model states");
     const Value& s = *src.value;
     auto copy = [&](const char* key, ValuePtr absent) -> absl::StatusOr<ValuePtr> {
@@ -368,7 +370,7 @@ class MoePlan : public Plan {
         dims->DictSet(Value::Str("tp_degree"), Value::Int(1));
         set("checkpoint_parallel_dimensions", dims);
       }
-      deepspeed::FileValue config = state_.SavedDsConfig();
+      state::FileValue config = ds_->SavedDsConfig();
       if (!config.value) {
         return absl::FailedPreconditionError(absl::StrCat(
             "writing the mixture-of-experts layout of DeepSpeed ", version_,
@@ -446,7 +448,7 @@ class MoePlan : public Plan {
     auto copy_common = [&](const char* key) -> absl::StatusOr<ValuePtr> {
       ValuePtr v = common.DictGetPtr(key);
       if (!v) return absl::NotFoundError(absl::StrCat("the source's optimizer state has no '", key, "'"));
-      return deepspeed::CopyTreeForWrite(deepspeed::FileValue{v, common_.file}, w);
+      return deepspeed::CopyTreeForWrite(state::FileValue{v, common_.file}, w);
     };
     std::vector<ValuePtr> fp32s, paddings, counts, mappings;
     ValuePtr states = Value::MakeDict();
@@ -466,12 +468,12 @@ class MoePlan : public Plan {
       mappings.push_back(mapping);
       paddings.push_back(Value::Int(tg.layout.padding(rank)));
       counts.push_back(Value::Int(tg.expert ? edp_ : dp_));
-      UCP_ASSIGN_OR_RETURN(TensorPlan fp32, Partition(tg, d, deepspeed::kFp32State));
+      UCP_ASSIGN_OR_RETURN(TensorPlan fp32, Partition(tg, d, state::kFp32State));
       UCP_ASSIGN_OR_RETURN(ValuePtr fv, tp::AddPlanView(w, fp32, tg.layout.lean_partition_numel(rank), true));
       fp32s.push_back(fv);
       ValuePtr st = Value::MakeDict();
       for (const std::string& key : info_.scalar_keys) {
-        UCP_ASSIGN_OR_RETURN(deepspeed::FileValue sv, state_.GroupScalar(static_cast<int>(g), key));
+        UCP_ASSIGN_OR_RETURN(state::FileValue sv, state_.GroupScalar(static_cast<int>(g), key));
         if (!sv.value) continue;
         UCP_ASSIGN_OR_RETURN(ValuePtr c, deepspeed::CopyTreeForWrite(sv, w));
         st->DictSet(Value::Str(key), c);
@@ -515,7 +517,7 @@ class MoePlan : public Plan {
     osd->DictSet(Value::Str("param_slice_mappings"), Value::List(std::move(mappings)));
     ValuePtr root = Value::MakeDict();
     root->DictSet(Value::Str("optimizer_state_dict"), osd);
-    if (deepspeed::FileValue config = state_.SavedDsConfig(); config.value) {
+    if (state::FileValue config = ds_->SavedDsConfig(); config.value) {
       UCP_ASSIGN_OR_RETURN(ValuePtr c, DsConfig(config, w));
       root->DictSet(Value::Str("ds_config"), c);
     }
@@ -523,9 +525,11 @@ class MoePlan : public Plan {
     return root;
   }
 
-  const deepspeed::ModelState& state_;
+  const state::ModelState& state_;
   const ModelInfo& info_;
   ZeroWriteOptions options_;
+  std::unique_ptr<deepspeed::DeepSpeedFacet> owned_facet_;
+  const deepspeed::DeepSpeedFacet* ds_ = nullptr;
   int dp_ = 1, ep_ = 1, edp_ = 1, stage_ = 2;
   std::string version_;
   deepspeed::PaddingConvention convention_ = deepspeed::PaddingConvention::kLastRank;
@@ -534,7 +538,7 @@ class MoePlan : public Plan {
   bool autoep_key_ = true;      // 0.19.2+: ds_autoep_layers
   bool expp_files_ = false;     // up to 0.19.4: expp_rank_R placeholders
   bool window_mappings_ = false;  // before 0.14.5: expert groups' mappings of a window
-  deepspeed::FileValue common_;
+  state::FileValue common_;
   std::vector<TargetGroup> groups_;
   std::vector<Job> jobs_;
 };
@@ -563,7 +567,7 @@ absl::StatusOr<int> TargetExpertParallel(const ModelInfo& info, const ZeroWriteO
   return 1;
 }
 
-absl::StatusOr<std::unique_ptr<Plan>> PlanMoe(const deepspeed::ModelState& state, const ZeroWriteOptions& options) {
+absl::StatusOr<std::unique_ptr<Plan>> PlanMoe(const state::ModelState& state, const ZeroWriteOptions& options) {
   auto plan = std::make_unique<MoePlan>(state, options);
   UCP_RETURN_IF_ERROR(plan->Build());
   return std::unique_ptr<Plan>(std::move(plan));

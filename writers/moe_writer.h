@@ -31,16 +31,16 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
-#include "deepspeed/model_state.h"
+#include "state/model_state.h"
 #include "writers/plan.h"
 #include "writers/zero_writer.h"
 
 namespace ucp::writers {
 
 // The expert parallel degree the target gets (ZeroWriteOptions::expert_parallel).
-absl::StatusOr<int> TargetExpertParallel(const deepspeed::ModelInfo& info, const ZeroWriteOptions& options);
+absl::StatusOr<int> TargetExpertParallel(const state::ModelInfo& info, const ZeroWriteOptions& options);
 
-absl::StatusOr<std::unique_ptr<Plan>> PlanMoe(const deepspeed::ModelState& state, const ZeroWriteOptions& options);
+absl::StatusOr<std::unique_ptr<Plan>> PlanMoe(const state::ModelState& state, const ZeroWriteOptions& options);
 
 }  // namespace ucp::writers
 

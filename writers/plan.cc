@@ -89,7 +89,7 @@ absl::Status ExecuteUnits(const Plan& plan, const std::vector<size_t>& subset, c
   return ran_all;
 }
 
-bool AddVerifyUnit(const deepspeed::CheckpointState& state, std::vector<Unit>* units) {
+bool AddVerifyUnit(const state::CheckpointState& state, std::vector<Unit>* units) {
   std::set<std::string> read;
   for (const Unit& u : *units) {
     for (const InputRange& r : u.inputs) read.insert(r.path);
@@ -107,7 +107,7 @@ bool AddVerifyUnit(const deepspeed::CheckpointState& state, std::vector<Unit>* u
   return true;
 }
 
-absl::Status ExecuteVerifyUnit(const deepspeed::CheckpointState& state, const Unit& unit) {
+absl::Status ExecuteVerifyUnit(const state::CheckpointState& state, const Unit& unit) {
   for (const InputRange& r : unit.inputs) UCP_RETURN_IF_ERROR(state.VerifyInput(r.path));
   return absl::OkStatus();
 }
@@ -163,7 +163,7 @@ std::vector<std::set<std::string>> AssignCheckers(const std::vector<Unit>& units
   for (size_t r = 0; r < assignment.size(); ++r) {
     for (size_t i : assignment[r]) {
       for (const InputRange& in : units[i].inputs) {
-        std::vector<int64_t>& by_rank = read[deepspeed::InputKey(in.path, in.tensor)];
+        std::vector<int64_t>& by_rank = read[state::InputKey(in.path, in.tensor)];
         by_rank.resize(assignment.size(), 0);
         by_rank[r] += std::max<int64_t>(in.length, 1);
       }

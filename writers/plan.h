@@ -31,7 +31,7 @@
 #include "base/cluster.h"
 #include "base/fs.h"
 #include "base/progress.h"
-#include "deepspeed/model_state.h"
+#include "state/model_state.h"
 #include "proto/ucp.pb.h"
 
 namespace ucp::torch {
@@ -43,7 +43,7 @@ class Value;
 
 namespace ucp::writers {
 
-using deepspeed::InputRange;
+using state::InputRange;
 
 struct Unit {
   std::string name;                  // e.g. "param 2.attention.dense.weight"
@@ -89,7 +89,7 @@ class Plan {
   // "latest_universal"), or "" for none.
   virtual std::string latest_file() const = 0;
   // The state the units read (for SetCheckedInputs), or null.
-  virtual const deepspeed::CheckpointState* source() const { return nullptr; }
+  virtual const state::CheckpointState* source() const { return nullptr; }
 
  protected:
   std::vector<Unit> units_;
@@ -104,11 +104,11 @@ absl::Status ExecuteUnits(const Plan& plan, const std::vector<size_t>& subset, c
 // Appends to `units` one unit that checks the source's input files no unit
 // reads (CheckpointState::InputFiles / VerifyInput); Plan::Execute of a
 // writer runs it through ExecuteVerifyUnit. Returns false when there are none.
-bool AddVerifyUnit(const deepspeed::CheckpointState& state, std::vector<Unit>* units);
-absl::Status ExecuteVerifyUnit(const deepspeed::CheckpointState& state, const Unit& unit);
+bool AddVerifyUnit(const state::CheckpointState& state, std::vector<Unit>* units);
+absl::Status ExecuteVerifyUnit(const state::CheckpointState& state, const Unit& unit);
 
 // For units split over ranks as `assignment` says: the input records
-// (deepspeed::InputKey) each rank CRC-checks. Each record any unit reads is
+// (state::InputKey) each rank CRC-checks. Each record any unit reads is
 // checked by one rank: the one whose units read most of its bytes (ties: the
 // lowest rank), so that no record is read whole by every rank that needs a
 // piece of it.

@@ -43,9 +43,9 @@ TEST(PlanTest, EachRecordIsCheckedByTheRankReadingMostOfIt) {
   const std::vector<std::vector<size_t>> assignment = {{0, 3}, {1}, {2}};
   const auto checkers = AssignCheckers(units, assignment);
   ASSERT_EQ(checkers.size(), 3u);
-  const std::string k0 = deepspeed::InputKey(part0.path, part0.tensor);
-  const std::string k1 = deepspeed::InputKey(part1.path, part1.tensor);
-  const std::string kw = deepspeed::InputKey(whole.path, whole.tensor);
+  const std::string k0 = state::InputKey(part0.path, part0.tensor);
+  const std::string k1 = state::InputKey(part1.path, part1.tensor);
+  const std::string kw = state::InputKey(whole.path, whole.tensor);
   // part 0: rank 0 reads 100 bytes, rank 1 300: rank 1 checks it.
   EXPECT_EQ(checkers[1], (std::set<std::string>{k0}));
   // part 1: ranks 0 and 2 read 50 each: the lower rank. The whole file: a tie too.

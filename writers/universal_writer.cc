@@ -7,6 +7,7 @@
 #include "base/fs.h"
 #include "base/status_macros.h"
 #include "deepspeed/checkpoint_files.h"
+#include "deepspeed/engine_defaults.h"
 #include "deepspeed/layout_math.h"
 #include "deepspeed/manifest.h"
 #include "deepspeed/tree_copy.h"
@@ -17,7 +18,7 @@
 namespace ucp::writers {
 namespace {
 
-using deepspeed::ParamState;
+using state::ParamState;
 using pickle::Value;
 using pickle::ValuePtr;
 
@@ -55,13 +56,14 @@ FileDigest Digest(const std::string& rel, int64_t size, const std::string& hex, 
 
 class UniversalPlan : public Plan {
  public:
-  UniversalPlan(const deepspeed::ModelState& state, const UniversalWriteOptions& options)
+  UniversalPlan(const state::ModelState& state, const UniversalWriteOptions& options)
       : state_(state), info_(state.info()), options_(options) {}
 
   absl::Status Build() {
     for (const ParamState& p : info_.params) UCP_RETURN_IF_ERROR(CheckParamName(p.name));
+    UCP_ASSIGN_OR_RETURN(ds_, deepspeed::FacetOrDefaults(state_, options_.target_ds_version, &owned_facet_));
     if (zero3()) UCP_RETURN_IF_ERROR(CheckZero3Loader());
-    states_ = {deepspeed::kFp32State};
+    states_ = {state::kFp32State};
     states_.insert(states_.end(), info_.state_keys.begin(), info_.state_keys.end());
     for (size_t i = 0; i < info_.params.size(); ++i) {
       const ParamState& p = info_.params[i];
@@ -91,11 +93,11 @@ class UniversalPlan : public Plan {
       index_.push_back(-1);
       units_.push_back(std::move(u));
     }
-    const deepspeed::Topology& src = info_.source_topology;
+    const state::Topology& src = info_.source_topology;
     if (zero3()) {
       // ds_to_universal.py copies every dp rank's ZeRO-3 model-state file.
       for (int d = 0; d < src.dp; ++d) {
-        const std::string from = state_.DpModelStatesPath(d);
+        const std::string from = ds_->DpModelStatesPath(d);
         if (from.empty()) {
           return absl::FailedPreconditionError(
               "a ZeRO stage 3 universal checkpoint needs the source's zero_pp_rank_*_model_states.pt files");
@@ -119,7 +121,7 @@ class UniversalPlan : public Plan {
       Unit u;
       u.outputs.push_back(deepspeed::MpRankFileName(0));
       u.name = absl::StrCat("model states ", u.outputs[0], " (for any tp)");
-      const std::string from = state_.ModelStatesPath(0, 0);
+      const std::string from = ds_->ModelStatesPath(0, 0);
       if (!from.empty()) u.inputs.push_back({from, "", 0, -1});
       u.bytes = 4096;
       kinds_.push_back(kOneModelStates);
@@ -131,7 +133,7 @@ class UniversalPlan : public Plan {
         Unit u;
         u.outputs.push_back(deepspeed::MpRankFileName(src.mp_rank(pp, t)));
         u.name = absl::StrCat("model states ", u.outputs[0]);
-        const std::string from = state_.ModelStatesPath(pp, t);
+        const std::string from = ds_->ModelStatesPath(pp, t);
         if (!from.empty()) {
           u.inputs.push_back({from, "", 0, -1});
           auto size = FileSize(from);
@@ -160,7 +162,7 @@ class UniversalPlan : public Plan {
       case kParam:
         return WriteParam(info_.params[index_[i]], staging, result);
       case kOptimizerState: {
-        UCP_ASSIGN_OR_RETURN(deepspeed::FileValue common, state_.OptimizerCommon());
+        UCP_ASSIGN_OR_RETURN(state::FileValue common, ds_->OptimizerCommon());
         torch::TorchWriter w(HashedWrites(options_.digest));
         UCP_ASSIGN_OR_RETURN(ValuePtr v, deepspeed::CopyTreeForWrite(common, w));
         return WriteFiles(staging, units_[i].outputs, {&w}, {v.get()}, result);
@@ -168,7 +170,7 @@ class UniversalPlan : public Plan {
       case kModelStates: {
         const int pp = index_[i] / info_.source_topology.tp, t = index_[i] % info_.source_topology.tp;
         const std::string& rel = units_[i].outputs[0];
-        const std::string from = index_[i] < 0 ? state_.DpModelStatesPath(-1 - index_[i]) : state_.ModelStatesPath(pp, t);
+        const std::string from = index_[i] < 0 ? ds_->DpModelStatesPath(-1 - index_[i]) : ds_->ModelStatesPath(pp, t);
         if (!from.empty()) {
           // The model-state files, byte for byte.
           std::string sha;
@@ -177,7 +179,7 @@ class UniversalPlan : public Plan {
           result->files.push_back(Digest(rel, size, sha, options_.digest));
           return absl::OkStatus();
         }
-        deepspeed::FileValue root = state_.ModelStatesRoot(pp, t);
+        state::FileValue root = ds_->ModelStatesRoot(pp, t);
         if (!root.value) {
           return absl::FailedPreconditionError(absl::StrCat("no model states for stage ", pp, " tp rank ", t));
         }
@@ -191,7 +193,7 @@ class UniversalPlan : public Plan {
         // tensors: a universal load takes the weights from zero/ (and never
         // loads `module`), ucp from zero/ and ucp_module/; tp slices here
         // would be split again by Megatron's key names for a larger tp.
-        deepspeed::FileValue root = state_.ModelStatesRoot(0, 0);
+        state::FileValue root = ds_->ModelStatesRoot(0, 0);
         if (!root.value || !root.value->is(pickle::Kind::kDict)) {
           return absl::FailedPreconditionError("no model states for tp rank 0");
         }
@@ -203,14 +205,14 @@ class UniversalPlan : public Plan {
             // No tensors; the state dict's attributes (`_metadata`) stay.
             ValuePtr empty = Value::MakeDict(/*ordered_dict=*/true);
             if (const ValuePtr& state = v->dict_state()) {
-              UCP_ASSIGN_OR_RETURN(ValuePtr s, deepspeed::CopyTreeForWrite(deepspeed::FileValue{state, root.file}, w));
+              UCP_ASSIGN_OR_RETURN(ValuePtr s, deepspeed::CopyTreeForWrite(state::FileValue{state, root.file}, w));
               empty->set_dict_state(s);
             }
             out->DictSet(k, empty);
           } else if (key == "mp_world_size") {
             out->DictSet(k, Value::Int(1));
           } else {
-            UCP_ASSIGN_OR_RETURN(ValuePtr c, deepspeed::CopyTreeForWrite(deepspeed::FileValue{v, root.file}, w));
+            UCP_ASSIGN_OR_RETURN(ValuePtr c, deepspeed::CopyTreeForWrite(state::FileValue{v, root.file}, w));
             if (key == "checkpoint_parallel_dimensions" && c->is(pickle::Kind::kDict) && c->DictGet("tp_degree")) {
               c->DictSet(Value::Str("tp_degree"), Value::Int(1));
             }
@@ -247,7 +249,7 @@ class UniversalPlan : public Plan {
   }
 
   std::string latest_file() const override { return deepspeed::kLatestUniversalFile; }
-  const deepspeed::CheckpointState* source() const override { return &state_; }
+  const state::CheckpointState* source() const override { return &state_; }
 
  private:
   enum Kind { kParam, kOptimizerState, kModelStates, kOneModelStates, kVerify };
@@ -286,7 +288,7 @@ class UniversalPlan : public Plan {
       // list as many params as the loading job's one: a single sub-group.
       // With more, DeepSpeed stops with "loaded state dict contains a
       // parameter group that doesn't match the size of optimizer's group".
-      UCP_ASSIGN_OR_RETURN(deepspeed::FileValue common, state_.OptimizerCommon());
+      UCP_ASSIGN_OR_RETURN(state::FileValue common, ds_->OptimizerCommon());
       const pickle::Value* osd = common.value->DictGet("optimizer_state_dict");
       const pickle::Value* groups = osd != nullptr ? osd->DictGet("param_groups") : nullptr;
       const pickle::Value* params =
@@ -319,7 +321,7 @@ class UniversalPlan : public Plan {
 
   absl::Status WriteParam(const ParamState& p, const std::string& staging, UnitResult* result) const {
     if (!p.trainable()) {
-      UCP_ASSIGN_OR_RETURN(tp::TensorPlan plan, state_.Full(p, deepspeed::kLpState));
+      UCP_ASSIGN_OR_RETURN(tp::TensorPlan plan, state_.Full(p, state::kLpState));
       torch::TorchWriter w(HashedWrites(options_.digest));
       ValuePtr t = tp::AddPlan(w, plan);
       ValuePtr root = deepspeed::UniversalParamDict(p.rule, t);
@@ -339,7 +341,7 @@ class UniversalPlan : public Plan {
       rels.push_back(std::move(rel));
       return *owned.back();
     };
-    UCP_ASSIGN_OR_RETURN(deepspeed::FileValue step, state_.GroupScalar(p.group, "step"));
+    UCP_ASSIGN_OR_RETURN(state::FileValue step, state_.GroupScalar(p.group, "step"));
     if (step.value && !zero3()) {
       torch::TorchWriter& w = add_file(JoinPath(rel_dir, "step.pt"));
       UCP_ASSIGN_OR_RETURN(ValuePtr v, deepspeed::CopyTreeForWrite(step, w));
@@ -360,7 +362,7 @@ class UniversalPlan : public Plan {
       }
       ValuePtr t = tp::AddPlan(w, plan);  // the writer keeps a copy of the plan
       // DeepSpeed's fp32 masters keep requires_grad=True through the merge.
-      if (s == deepspeed::kFp32State) UCP_RETURN_IF_ERROR(tp::SetRequiresGrad(*t, true));
+      if (s == state::kFp32State) UCP_RETURN_IF_ERROR(tp::SetRequiresGrad(*t, true));
       roots.push_back(zero3() ? t : deepspeed::UniversalParamDict(p.rule, t));
     }
     std::vector<const Value*> root_ptrs;
@@ -368,9 +370,11 @@ class UniversalPlan : public Plan {
     return WriteFiles(staging, rels, writers, root_ptrs, result);
   }
 
-  const deepspeed::ModelState& state_;
-  const deepspeed::ModelInfo& info_;
+  const state::ModelState& state_;
+  const state::ModelInfo& info_;
   UniversalWriteOptions options_;
+  std::unique_ptr<deepspeed::DeepSpeedFacet> owned_facet_;
+  const deepspeed::DeepSpeedFacet* ds_ = nullptr;
   std::vector<std::string> states_;
   std::vector<Kind> kinds_;
   std::vector<int> index_;  // param index, or pp * tp + t of a model-states unit
@@ -379,15 +383,15 @@ class UniversalPlan : public Plan {
 
 }  // namespace
 
-std::string UniversalLoaderVersion(const deepspeed::CheckpointState& state, const UniversalWriteOptions& options) {
+std::string UniversalLoaderVersion(const state::CheckpointState& state, const UniversalWriteOptions& options) {
   return options.target_ds_version.empty() ? deepspeed::SourceDsVersion(state) : options.target_ds_version;
 }
 
-bool PlainModuleAtTpAboveOne(const deepspeed::ModelInfo& info) {
+bool PlainModuleAtTpAboveOne(const state::ModelInfo& info) {
   return !info.pipeline && info.zero_stage < 3 && info.source_topology.pp == 1 && info.source_topology.tp > 1;
 }
 
-absl::StatusOr<std::unique_ptr<Plan>> PlanUniversal(const deepspeed::ModelState& state,
+absl::StatusOr<std::unique_ptr<Plan>> PlanUniversal(const state::ModelState& state,
                                                     const UniversalWriteOptions& options) {
   auto plan = std::make_unique<UniversalPlan>(state, options);
   UCP_RETURN_IF_ERROR(plan->Build());
@@ -406,7 +410,7 @@ RunOptions UniversalRunOptions(const UniversalWriteOptions& options) {
   return run;
 }
 
-absl::StatusOr<WriteStats> WriteUniversal(const deepspeed::ModelState& state, const std::string& output_folder,
+absl::StatusOr<WriteStats> WriteUniversal(const state::ModelState& state, const std::string& output_folder,
                                           const UniversalWriteOptions& options) {
   UCP_ASSIGN_OR_RETURN(std::unique_ptr<Plan> plan, PlanUniversal(state, options));
   return RunPlan(*plan, output_folder, UniversalRunOptions(options));

@@ -33,7 +33,7 @@
 
 #include "absl/status/statusor.h"
 #include "base/digest.h"
-#include "deepspeed/model_state.h"
+#include "state/model_state.h"
 #include "format/pickle/value.h"
 #include "proto/ucp.pb.h"
 #include "tp/tensor_plan.h"
@@ -74,21 +74,21 @@ struct UniversalWriteOptions {
 
 // A plain (non-pipeline, ZeRO-1/2) module saved at tp > 1: the source whose
 // universal folder UniversalWriteOptions::single_mp_rank_file concerns.
-bool PlainModuleAtTpAboveOne(const deepspeed::ModelInfo& info);
+bool PlainModuleAtTpAboveOne(const state::ModelInfo& info);
 
 // The DeepSpeed version that will load the universal folder:
 // --target_ds_version, else the source's ds_version.
-std::string UniversalLoaderVersion(const deepspeed::CheckpointState& state, const UniversalWriteOptions& options);
+std::string UniversalLoaderVersion(const state::CheckpointState& state, const UniversalWriteOptions& options);
 
 // The plan of the universal checkpoint of `state` (which must outlive it).
-absl::StatusOr<std::unique_ptr<Plan>> PlanUniversal(const deepspeed::ModelState& state,
+absl::StatusOr<std::unique_ptr<Plan>> PlanUniversal(const state::ModelState& state,
                                                     const UniversalWriteOptions& options);
 
 // The RunOptions the write options imply.
 RunOptions UniversalRunOptions(const UniversalWriteOptions& options);
 
 // PlanUniversal, then RunPlan in this process.
-absl::StatusOr<WriteStats> WriteUniversal(const deepspeed::ModelState& state, const std::string& output_folder,
+absl::StatusOr<WriteStats> WriteUniversal(const state::ModelState& state, const std::string& output_folder,
                                           const UniversalWriteOptions& options);
 
 }  // namespace ucp::writers

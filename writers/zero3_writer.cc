@@ -9,6 +9,7 @@
 #include "base/fs.h"
 #include "base/status_macros.h"
 #include "deepspeed/checkpoint_files.h"
+#include "deepspeed/engine_defaults.h"
 #include "deepspeed/layout_math.h"
 #include "deepspeed/tree_copy.h"
 #include "format/pickle/accessors.h"
@@ -18,8 +19,8 @@
 namespace ucp::writers {
 namespace {
 
-using deepspeed::ModelInfo;
-using deepspeed::ParamState;
+using state::ModelInfo;
+using state::ParamState;
 using pickle::Kind;
 using pickle::Value;
 using pickle::ValuePtr;
@@ -42,11 +43,12 @@ struct SubGroup {
 
 class Zero3Plan : public Plan {
  public:
-  Zero3Plan(const deepspeed::ModelState& state, const ZeroWriteOptions& options)
+  Zero3Plan(const state::ModelState& state, const ZeroWriteOptions& options)
       : state_(state), info_(state.info()), options_(options), dp_(options.target.dp) {}
 
   absl::Status Build() {
     UCP_RETURN_IF_ERROR(options_.target.Validate());
+    UCP_ASSIGN_OR_RETURN(ds_, deepspeed::FacetOrDefaults(state_, options_.target_ds_version, &owned_facet_));
     {
       // The target version's model states record the degrees from 0.19.5 on.
       const std::string version =
@@ -62,12 +64,12 @@ class Zero3Plan : public Plan {
       return absl::InvalidArgumentError(
           "ZeRO stage 3 target: the source is a PipelineModule, which DeepSpeed does not run under ZeRO-3");
     }
-    if (info_.optimizer_kind == deepspeed::OptimizerKind::kBf16) {
+    if (info_.optimizer_kind == state::OptimizerKind::kBf16) {
       return absl::InvalidArgumentError(
           "ZeRO stage 3 target: the source's BF16_Optimizer state has no ZeRO-3 counterpart in DeepSpeed's layout");
     }
     for (const ParamState& p : info_.params) {
-      if (p.role == deepspeed::TensorRole::kFrozen) {
+      if (p.role == state::TensorRole::kFrozen) {
         return absl::UnimplementedError(absl::StrCat("ZeRO stage 3 target: frozen param '", p.name,
                                                      "' (ucp does not write frozen_param_fragments)"));
       }
@@ -85,7 +87,7 @@ class Zero3Plan : public Plan {
             " rows) would need Megatron's vocab padding, which ucp does not write for ZeRO-3"));
       }
     }
-    UCP_ASSIGN_OR_RETURN(common_, state_.OptimizerCommon());
+    UCP_ASSIGN_OR_RETURN(common_, ds_->OptimizerCommon());
     if (!common_.value || !common_.value->is(Kind::kDict)) {
       return absl::InvalidArgumentError("the source's optimizer state is not a dict");
     }
@@ -100,7 +102,7 @@ class Zero3Plan : public Plan {
     sub_group_size_ = options_.sub_group_size;
     if (sub_group_size_ <= 0) {
       sub_group_size_ = 1000000000;
-      deepspeed::FileValue root = state_.ModelStatesRoot(0, 0);
+      state::FileValue root = ds_->ModelStatesRoot(0, 0);
       const Value* c = root.value && root.value->is(Kind::kDict) ? root.value->DictGet("ds_config") : nullptr;
       const Value* z = c && c->is(Kind::kDict) ? c->DictGet("zero_optimization") : nullptr;
       const Value* sg = z && z->is(Kind::kDict) ? z->DictGet("sub_group_size") : nullptr;
@@ -158,7 +160,7 @@ class Zero3Plan : public Plan {
       m.outputs.push_back(deepspeed::Zero3ModelFileName(d, 0));
       m.name = absl::StrCat("file ", m.outputs[0]);
       m.bytes = 4096;
-      const std::string from = state_.ModelStatesPath(0, 0);
+      const std::string from = ds_->ModelStatesPath(0, 0);
       if (!from.empty()) m.inputs.push_back({from, "", 0, -1});
       jobs_.push_back({false, d});
       units_.push_back(std::move(m));
@@ -198,7 +200,7 @@ class Zero3Plan : public Plan {
   }
 
   std::string latest_file() const override { return deepspeed::kLatestFile; }
-  const deepspeed::CheckpointState* source() const override { return &state_; }
+  const state::CheckpointState* source() const override { return &state_; }
 
  private:
   struct Job {
@@ -209,11 +211,11 @@ class Zero3Plan : public Plan {
   absl::StatusOr<ValuePtr> CopyCommon(torch::TorchWriter& w, const char* key) const {
     ValuePtr v = common_.value->DictGetPtr(key);
     if (!v) return ValuePtr();
-    return deepspeed::CopyTreeForWrite(deepspeed::FileValue{v, common_.file}, w);
+    return deepspeed::CopyTreeForWrite(state::FileValue{v, common_.file}, w);
   }
 
   // ds_config with stage 3 (and the sub_group_size given).
-  absl::StatusOr<ValuePtr> DsConfig(const deepspeed::FileValue& src, torch::TorchWriter& w) const {
+  absl::StatusOr<ValuePtr> DsConfig(const state::FileValue& src, torch::TorchWriter& w) const {
     UCP_ASSIGN_OR_RETURN(ValuePtr c, deepspeed::CopyTreeForWrite(src, w));
     if (!c->is(Kind::kDict)) return c;
     if (ValuePtr z = c->DictGetPtr("zero_optimization"); z && z->is(Kind::kDict)) {
@@ -227,7 +229,7 @@ class Zero3Plan : public Plan {
   }
 
   absl::StatusOr<ValuePtr> ModelStatesRoot(torch::TorchWriter& w, int dp) const {
-    deepspeed::FileValue src = state_.ModelStatesRoot(0, 0);
+    state::FileValue src = ds_->ModelStatesRoot(0, 0);
     if (!src.value || !src.value->is(Kind::kDict)) {
       return absl::FailedPreconditionError("the source has no model states to carry over");
     }
@@ -252,7 +254,7 @@ class Zero3Plan : public Plan {
       } else if (key == "buffer_names") {
         std::vector<ValuePtr> names;
         for (const ParamState& p : info_.params) {
-          if (p.role == deepspeed::TensorRole::kBuffer) names.push_back(Value::Str(p.name));
+          if (p.role == state::TensorRole::kBuffer) names.push_back(Value::Str(p.name));
         }
         out->DictSet(k, Value::List(std::move(names)));
       } else if (key == "dp_world_size") {
@@ -268,17 +270,17 @@ class Zero3Plan : public Plan {
       } else if (key == "checkpoint_parallel_dimensions" && !parallel_dims_) {
         continue;  // a target before 0.19.5 records none
       } else if (key == "checkpoint_parallel_dimensions" && v->is(Kind::kDict)) {
-        UCP_ASSIGN_OR_RETURN(ValuePtr dims, deepspeed::CopyTreeForWrite(deepspeed::FileValue{v, src.file}, w));
+        UCP_ASSIGN_OR_RETURN(ValuePtr dims, deepspeed::CopyTreeForWrite(state::FileValue{v, src.file}, w));
         if (dims->DictGet("pp_degree")) dims->DictSet(Value::Str("pp_degree"), Value::Int(1));
         if (dims->DictGet("tp_degree")) dims->DictSet(Value::Str("tp_degree"), Value::Int(1));
         out->DictSet(k, dims);
       } else if (key == "ds_config") {
-        UCP_ASSIGN_OR_RETURN(ValuePtr c, DsConfig(deepspeed::FileValue{v, src.file}, w));
+        UCP_ASSIGN_OR_RETURN(ValuePtr c, DsConfig(state::FileValue{v, src.file}, w));
         out->DictSet(k, c);
       } else if (key == "ds_version" && !options_.target_ds_version.empty()) {
         out->DictSet(k, Value::Str(options_.target_ds_version));
       } else {
-        UCP_ASSIGN_OR_RETURN(ValuePtr c, deepspeed::CopyTreeForWrite(deepspeed::FileValue{v, src.file}, w));
+        UCP_ASSIGN_OR_RETURN(ValuePtr c, deepspeed::CopyTreeForWrite(state::FileValue{v, src.file}, w));
         out->DictSet(k, c);
       }
     }
@@ -302,15 +304,15 @@ class Zero3Plan : public Plan {
       if (p.trainable()) {
         sd->DictSet(Value::Str(p.name), tp::AddPlan(w, TensorPlan::Zeros(p.lp_dtype, {0})));
       } else {
-        UCP_ASSIGN_OR_RETURN(TensorPlan lp, state_.Full(p, deepspeed::kLpState));
+        UCP_ASSIGN_OR_RETURN(TensorPlan lp, state_.Full(p, state::kLpState));
         sd->DictSet(Value::Str(p.name), tp::AddPlan(w, lp));
       }
     }
-    deepspeed::FileValue src = state_.ModelStatesRoot(0, 0);
+    state::FileValue src = ds_->ModelStatesRoot(0, 0);
     const Value* module = src.value ? src.value->DictGet("module") : nullptr;
     if (module != nullptr && module->is(Kind::kDict) && module->dict_state()) {
       UCP_ASSIGN_OR_RETURN(ValuePtr metadata,
-                           deepspeed::CopyTreeForWrite(deepspeed::FileValue{module->dict_state(), src.file}, w));
+                           deepspeed::CopyTreeForWrite(state::FileValue{module->dict_state(), src.file}, w));
       sd->set_dict_state(std::move(metadata));
     }
     return sd;
@@ -349,7 +351,7 @@ class Zero3Plan : public Plan {
 
   // A scalar state of group `g` as a value of its own (never shared).
   absl::StatusOr<ValuePtr> OwnScalar(torch::TorchWriter& w, int g, const std::string& key) const {
-    UCP_ASSIGN_OR_RETURN(deepspeed::FileValue v, state_.GroupScalar(g, key));
+    UCP_ASSIGN_OR_RETURN(state::FileValue v, state_.GroupScalar(g, key));
     if (!v.value) return ValuePtr();
     if (torch::TorchFile::IsTensor(*v.value) && v.file != nullptr) {
       UCP_ASSIGN_OR_RETURN(torch::Tensor t, v.file->GetTensor(*v.value));
@@ -388,7 +390,7 @@ class Zero3Plan : public Plan {
       states->DictSet(Value::Int(static_cast<int64_t>(s)), st);
       // fp32_flat_groups[s]: requires_grad, and DeepSpeed's `ds_id`
       // "<first param's id>_<last param's id>" as a tensor attribute.
-      UCP_ASSIGN_OR_RETURN(TensorPlan fp32, Flat(static_cast<int>(s), dp, deepspeed::kFp32State));
+      UCP_ASSIGN_OR_RETURN(TensorPlan fp32, Flat(static_cast<int>(s), dp, state::kFp32State));
       ValuePtr t = tp::AddPlan(w, fp32);
       UCP_RETURN_IF_ERROR(tp::SetRequiresGrad(*t, true));
       ValuePtr attrs = Value::MakeDict();
@@ -417,10 +419,10 @@ class Zero3Plan : public Plan {
 
     ValuePtr root = Value::MakeDict();
     root->DictSet(Value::Str("optimizer_state_dict"), osd);
-    deepspeed::FileValue src = state_.ModelStatesRoot(0, 0);
+    state::FileValue src = ds_->ModelStatesRoot(0, 0);
     ValuePtr config = src.value ? src.value->DictGetPtr("ds_config") : nullptr;
     if (config) {
-      UCP_ASSIGN_OR_RETURN(ValuePtr c, DsConfig(deepspeed::FileValue{config, src.file}, w));
+      UCP_ASSIGN_OR_RETURN(ValuePtr c, DsConfig(state::FileValue{config, src.file}, w));
       root->DictSet(Value::Str("ds_config"), c);
     }
     ValuePtr version;
@@ -436,13 +438,15 @@ class Zero3Plan : public Plan {
     return root;
   }
 
-  const deepspeed::ModelState& state_;
+  const state::ModelState& state_;
   const ModelInfo& info_;
   ZeroWriteOptions options_;
+  std::unique_ptr<deepspeed::DeepSpeedFacet> owned_facet_;
+  const deepspeed::DeepSpeedFacet* ds_ = nullptr;
   const int dp_;
   int64_t sub_group_size_ = 0;
   bool parallel_dims_ = false;  // the target writes checkpoint_parallel_dimensions
-  deepspeed::FileValue common_;
+  state::FileValue common_;
   std::map<std::string, int> ds_id_;
   std::vector<SubGroup> sub_groups_;
   std::vector<Job> jobs_;
@@ -450,7 +454,7 @@ class Zero3Plan : public Plan {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Plan>> PlanZero3(const deepspeed::ModelState& state, const ZeroWriteOptions& options) {
+absl::StatusOr<std::unique_ptr<Plan>> PlanZero3(const state::ModelState& state, const ZeroWriteOptions& options) {
   auto plan = std::make_unique<Zero3Plan>(state, options);
   UCP_RETURN_IF_ERROR(plan->Build());
   return std::unique_ptr<Plan>(std::move(plan));

@@ -23,7 +23,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
-#include "deepspeed/model_state.h"
+#include "state/model_state.h"
 #include "writers/plan.h"
 #include "writers/zero_writer.h"
 
@@ -32,7 +32,7 @@ namespace ucp::writers {
 // The plan of the ZeRO-3 checkpoint of `state` at options.target (tp = pp = 1),
 // with options.sub_group_size (0: the source's ds_config, else DeepSpeed's
 // default 1e9). `state` must outlive it.
-absl::StatusOr<std::unique_ptr<Plan>> PlanZero3(const deepspeed::ModelState& state, const ZeroWriteOptions& options);
+absl::StatusOr<std::unique_ptr<Plan>> PlanZero3(const state::ModelState& state, const ZeroWriteOptions& options);
 
 }  // namespace ucp::writers
 

@@ -1,4 +1,6 @@
 #include "writers/zero_writer.h"
+
+#include "deepspeed/engine_defaults.h"
 #include "writers/moe_writer.h"
 #include "writers/zero3_writer.h"
 
@@ -17,6 +19,7 @@
 #include "base/parallel.h"
 #include "base/status_macros.h"
 #include "deepspeed/checkpoint_files.h"
+#include "deepspeed/engine_defaults.h"
 #include "deepspeed/tree_copy.h"
 #include "format/pickle/accessors.h"
 #include "tp/merge.h"
@@ -25,9 +28,9 @@
 namespace ucp::writers {
 namespace {
 
-using deepspeed::ModelInfo;
-using deepspeed::ParamState;
-using deepspeed::TensorRole;
+using state::ModelInfo;
+using state::ParamState;
+using state::TensorRole;
 using pickle::Kind;
 using pickle::Value;
 using pickle::ValuePtr;
@@ -75,7 +78,7 @@ absl::StatusOr<TargetLayout> PlanTarget(const ModelInfo& info, const ZeroWriteOp
     out.ds_version = options.target_ds_version;
     out.version = v;
     out.padding_convention =
-        deepspeed::PaddingConventionOf(v, info.optimizer_kind == deepspeed::OptimizerKind::kBf16);
+        deepspeed::PaddingConventionOf(v, info.optimizer_kind == state::OptimizerKind::kBf16);
   }
   const int tp = out.topo.tp;
   const int pp = out.topo.pp;
@@ -83,7 +86,7 @@ absl::StatusOr<TargetLayout> PlanTarget(const ModelInfo& info, const ZeroWriteOp
   if (out.zero_stage != 1 && out.zero_stage != 2) {
     return absl::InvalidArgumentError(absl::StrCat("ZeRO stage ", out.zero_stage, ": ucp writes stages 1 and 2"));
   }
-  if (info.optimizer_kind == deepspeed::OptimizerKind::kBf16 && out.zero_stage != 1) {
+  if (info.optimizer_kind == state::OptimizerKind::kBf16 && out.zero_stage != 1) {
     return absl::InvalidArgumentError("the bf16 optimizer (BF16_Optimizer) partitions like ZeRO stage 1 only");
   }
   if (info.pipeline && out.zero_stage == 2) {
@@ -101,7 +104,7 @@ absl::StatusOr<TargetLayout> PlanTarget(const ModelInfo& info, const ZeroWriteOp
   if (tp > 1) {
     std::vector<std::string> unknown;
     for (const auto& p : info.params) {
-      if (p.origin == deepspeed::kTp1WholeOrigin) unknown.push_back(p.name);
+      if (p.origin == state::kTp1WholeOrigin) unknown.push_back(p.name);
     }
     if (!unknown.empty()) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -261,7 +264,7 @@ absl::StatusOr<TargetLayout> PlanTarget(const ModelInfo& info, const ZeroWriteOp
   return out;
 }
 
-absl::StatusOr<TensorPlan> TargetSlice(const deepspeed::ModelState& state, const TargetLayout& layout,
+absl::StatusOr<TensorPlan> TargetSlice(const state::ModelState& state, const TargetLayout& layout,
                                        int param_index, const std::string& state_name, int rank, bool deferred) {
   const ParamState& p = state.info().params[param_index];
   std::optional<TensorPlan> later = deferred ? state.FullDeferred(p, state_name) : std::nullopt;
@@ -281,15 +284,18 @@ namespace {
 // Writes one target checkpoint; each Write* method is one output file.
 class Writer {
  public:
-  Writer(const deepspeed::ModelState& state, const TargetLayout& layout, int threads)
+  Writer(const state::ModelState& state, const TargetLayout& layout, int threads)
       : state_(state), info_(state.info()), layout_(layout) {
     // A file's storage records are filled in parallel too: a target with a
     // small dp has a few very large optimizer files.
     write_options_.record_threads = threads > 0 ? threads : DefaultThreadCount();
   }
 
-  absl::Status Init() {
-    UCP_ASSIGN_OR_RETURN(common_, state_.OptimizerCommon());
+  // `ds`: the source's DeepSpeed engine state (deepspeed/facet.h), or
+  // DeepSpeed's defaults for its model.
+  absl::Status Init(const deepspeed::DeepSpeedFacet* ds) {
+    ds_ = ds;
+    UCP_ASSIGN_OR_RETURN(common_, ds_->OptimizerCommon());
     if (!common_.value || !common_.value->is(Kind::kDict)) {
       return absl::InvalidArgumentError("the source's optimizer state is not a dict");
     }
@@ -300,10 +306,10 @@ class Writer {
   absl::StatusOr<ValuePtr> LpTensor(torch::TorchWriter& w, int i, int rank) const {
     const ParamState& p = info_.params[i];
     if (p.trainable()) {
-      UCP_ASSIGN_OR_RETURN(TensorPlan fp32, TargetSlice(state_, layout_, i, deepspeed::kFp32State, rank));
+      UCP_ASSIGN_OR_RETURN(TensorPlan fp32, TargetSlice(state_, layout_, i, state::kFp32State, rank));
       return tp::AddPlanAs(w, fp32, p.lp_dtype);
     }
-    UCP_ASSIGN_OR_RETURN(TensorPlan lp, TargetSlice(state_, layout_, i, deepspeed::kLpState, rank));
+    UCP_ASSIGN_OR_RETURN(TensorPlan lp, TargetSlice(state_, layout_, i, state::kLpState, rank));
     return tp::AddPlan(w, lp);
   }
 
@@ -320,7 +326,7 @@ class Writer {
 
   absl::Status WriteMpRankFile(int stage, int rank, const std::string& dir, UnitResult* result) const {
     torch::TorchWriter w(write_options_);
-    deepspeed::FileValue src = state_.ModelStatesRoot(stage, rank);
+    state::FileValue src = ds_->ModelStatesRoot(stage, rank);
     if (!src.value || !src.value->is(Kind::kDict)) {
       return absl::FailedPreconditionError(absl::StrCat("no model states for stage ", stage, " tp rank ", rank));
     }
@@ -356,7 +362,7 @@ class Writer {
       } else if (key == "checkpoint_parallel_dimensions" && v->is(Kind::kDict)) {
         // DeepSpeed >= 0.19.5: the degrees of the job that saved (checked
         // against the files when loading); the source's key order.
-        UCP_ASSIGN_OR_RETURN(ValuePtr dims, deepspeed::CopyTreeForWrite(deepspeed::FileValue{v, src.file}, w));
+        UCP_ASSIGN_OR_RETURN(ValuePtr dims, deepspeed::CopyTreeForWrite(state::FileValue{v, src.file}, w));
         if (dims->DictGet("pp_degree")) dims->DictSet(Value::Str("pp_degree"), Value::Int(layout_.topo.pp));
         if (dims->DictGet("tp_degree")) dims->DictSet(Value::Str("tp_degree"), Value::Int(layout_.topo.tp));
         out->DictSet(k, dims);
@@ -372,10 +378,10 @@ class Writer {
           out->DictSet(Value::Str("checkpoint_parallel_dimensions"), dims);
         }
       } else if (key == "ds_config") {
-        UCP_ASSIGN_OR_RETURN(ValuePtr c, DsConfig(deepspeed::FileValue{v, src.file}, w));
+        UCP_ASSIGN_OR_RETURN(ValuePtr c, DsConfig(state::FileValue{v, src.file}, w));
         out->DictSet(k, c);
       } else {
-        UCP_ASSIGN_OR_RETURN(ValuePtr c, deepspeed::CopyTreeForWrite(deepspeed::FileValue{v, src.file}, w));
+        UCP_ASSIGN_OR_RETURN(ValuePtr c, deepspeed::CopyTreeForWrite(state::FileValue{v, src.file}, w));
         out->DictSet(k, c);
       }
     }
@@ -426,7 +432,7 @@ class Writer {
     for (int g = 0; g < info_.num_groups; ++g) {
       for (const auto& f : layout_.layouts[stage][g].Fragments(dp_rank)) {
         const ParamState& p = info_.params[layout_.stage_groups[stage][g][f.param_index]];
-        if (!state_.FullDeferred(p, deepspeed::kFp32State)) return std::optional<std::vector<std::vector<InputRange>>>();
+        if (!state_.FullDeferred(p, state::kFp32State)) return std::optional<std::vector<std::vector<InputRange>>>();
         for (const std::string& key : info_.state_keys) {
           if (!state_.FullDeferred(p, key)) return std::optional<std::vector<std::vector<InputRange>>>();
         }
@@ -473,12 +479,12 @@ class Writer {
   // fp32 partition (TorchWriter storage number, plan).
   absl::StatusOr<ValuePtr> OptimRoot(torch::TorchWriter& w, int stage, int rank, int dp_rank, bool deferred = false,
                                      std::vector<std::pair<size_t, TensorPlan>>* records = nullptr) const {
-    const bool bf16 = info_.optimizer_kind == deepspeed::OptimizerKind::kBf16;
+    const bool bf16 = info_.optimizer_kind == state::OptimizerKind::kBf16;
     const Value& common = *common_.value;
     auto copy_common = [&](const char* key) -> absl::StatusOr<ValuePtr> {
       ValuePtr v = common.DictGetPtr(key);
       if (!v) return absl::NotFoundError(absl::StrCat("the source's optimizer state has no '", key, "'"));
-      return deepspeed::CopyTreeForWrite(deepspeed::FileValue{v, common_.file}, w);
+      return deepspeed::CopyTreeForWrite(state::FileValue{v, common_.file}, w);
     };
     std::vector<ValuePtr> fp32_groups, paddings, counts, mappings;
     ValuePtr group_states = Value::MakeDict();
@@ -495,7 +501,7 @@ class Writer {
       counts.push_back(Value::Int(layout_.topo.dp));
       ValuePtr st = Value::MakeDict();
       for (const std::string& key : info_.scalar_keys) {
-        UCP_ASSIGN_OR_RETURN(deepspeed::FileValue sv, state_.GroupScalar(g, key));
+        UCP_ASSIGN_OR_RETURN(state::FileValue sv, state_.GroupScalar(g, key));
         if (!sv.value) continue;
         UCP_ASSIGN_OR_RETURN(ValuePtr c, deepspeed::CopyTreeForWrite(sv, w));
         st->DictSet(Value::Str(key), c);
@@ -519,7 +525,7 @@ class Writer {
       const int64_t lean = gl.lean_partition_numel(dp_rank);  // Python's group[:p - padding]
       // fp32 partition: the ZeRO optimizer saves group[:lean] of the padded
       // partition (the file holds the whole storage); bf16 saves it whole.
-      UCP_ASSIGN_OR_RETURN(TensorPlan fp32, Partition(stage, rank, dp_rank, g, deepspeed::kFp32State, deferred));
+      UCP_ASSIGN_OR_RETURN(TensorPlan fp32, Partition(stage, rank, dp_rank, g, state::kFp32State, deferred));
       if (records != nullptr) records->emplace_back(w.num_storages(), fp32);
       UCP_ASSIGN_OR_RETURN(ValuePtr fp32_value, tp::AddPlanView(w, fp32, bf16 ? p_numel : lean, /*requires_grad=*/true));
       fp32_groups.push_back(fp32_value);
@@ -554,7 +560,7 @@ class Writer {
       UCP_RETURN_IF_ERROR(set_common("clip_grad"));
     } else {
       // A ZeRO-3 source keeps no clip_grad: the job's gradient_clipping.
-      deepspeed::FileValue src = state_.ModelStatesRoot(stage, rank);
+      state::FileValue src = ds_->ModelStatesRoot(stage, rank);
       const Value* c = src.value ? src.value->DictGet("ds_config") : nullptr;
       ValuePtr clip = c && c->is(Kind::kDict) ? c->DictGetPtr("gradient_clipping") : nullptr;
       osd->DictSet(Value::Str("clip_grad"),
@@ -584,10 +590,10 @@ class Writer {
 
     ValuePtr root = Value::MakeDict();
     root->DictSet(Value::Str("optimizer_state_dict"), osd);
-    deepspeed::FileValue src = state_.ModelStatesRoot(stage, rank);
+    state::FileValue src = ds_->ModelStatesRoot(stage, rank);
     ValuePtr config = src.value ? src.value->DictGetPtr("ds_config") : nullptr;
     if (config) {
-      UCP_ASSIGN_OR_RETURN(ValuePtr c, DsConfig(deepspeed::FileValue{config, src.file}, w));
+      UCP_ASSIGN_OR_RETURN(ValuePtr c, DsConfig(state::FileValue{config, src.file}, w));
       root->DictSet(Value::Str("ds_config"), c);
     }
     if (layout_.ds_version.empty() && common.DictGet("ds_version") == nullptr) {
@@ -604,7 +610,7 @@ class Writer {
  private:
   // The model states' ds_version (a ZeRO-3 source's optimizer state has none).
   ValuePtr SourceVersion(int stage, int rank) const {
-    deepspeed::FileValue src = state_.ModelStatesRoot(stage, rank);
+    state::FileValue src = ds_->ModelStatesRoot(stage, rank);
     const Value* v = src.value ? src.value->DictGet("ds_version") : nullptr;
     return v != nullptr && v->is(Kind::kStr) ? Value::Str(v->str()) : Value::Str("0.14.4");
   }
@@ -690,11 +696,11 @@ class Writer {
     // nn.Module.state_dict() leaves the module versions in the OrderedDict's
     // `_metadata` attribute, which load_state_dict passes to each module; it
     // depends on the module tree only, so the source's carries over.
-    deepspeed::FileValue src = state_.ModelStatesRoot(0, rank);
+    state::FileValue src = ds_->ModelStatesRoot(0, rank);
     const Value* module = src.value ? src.value->DictGet("module") : nullptr;
     if (module != nullptr && module->is(Kind::kDict) && module->dict_state()) {
       UCP_ASSIGN_OR_RETURN(ValuePtr metadata,
-                           deepspeed::CopyTreeForWrite(deepspeed::FileValue{module->dict_state(), src.file}, w));
+                           deepspeed::CopyTreeForWrite(state::FileValue{module->dict_state(), src.file}, w));
       sd->set_dict_state(std::move(metadata));
     }
     return sd;
@@ -702,7 +708,7 @@ class Writer {
 
   // ds_config with the target's ZeRO stage and, when a global batch size is
   // recorded, gradient accumulation steps that keep it at the new dp.
-  absl::StatusOr<ValuePtr> DsConfig(const deepspeed::FileValue& src, torch::TorchWriter& w) const {
+  absl::StatusOr<ValuePtr> DsConfig(const state::FileValue& src, torch::TorchWriter& w) const {
     UCP_ASSIGN_OR_RETURN(ValuePtr c, deepspeed::CopyTreeForWrite(src, w));
     if (!c->is(Kind::kDict)) return c;
     if (const Value* z = c->DictGet("zero_optimization"); z != nullptr && z->is(Kind::kDict)) {
@@ -728,26 +734,28 @@ class Writer {
     return WriteUnitFile(w, dir, name, root, result);
   }
 
-  const deepspeed::ModelState& state_;
+  const state::ModelState& state_;
   const ModelInfo& info_;
   const TargetLayout& layout_;
   torch::TorchWriteOptions write_options_;
-  deepspeed::FileValue common_;
+  const deepspeed::DeepSpeedFacet* ds_ = nullptr;
+  state::FileValue common_;
 };
 
 class ZeroPlan : public Plan {
  public:
-  ZeroPlan(const deepspeed::ModelState& state, TargetLayout layout, const ZeroWriteOptions& options)
+  ZeroPlan(const state::ModelState& state, TargetLayout layout, const ZeroWriteOptions& options)
       : state_(state),
         layout_(std::move(layout)),
         writer_(state, layout_, options.num_threads),
         info_(state.info()),
         piece_bytes_(options.piece_bytes == 0 ? kOptimPieceBytes : options.piece_bytes) {}
 
-  absl::Status Build() {
-    UCP_RETURN_IF_ERROR(writer_.Init());
+  absl::Status Build(const std::string& ds_version) {
+    UCP_ASSIGN_OR_RETURN(ds_, deepspeed::FacetOrDefaults(state_, ds_version, &owned_facet_));
+    UCP_RETURN_IF_ERROR(writer_.Init(ds_));
     // Every output file is one unit of work.
-    const deepspeed::Topology& t = layout_.topo;
+    const state::Topology& t = layout_.topo;
     auto slice_bytes = [&](int i, bool lp) {
       const ParamState& p = info_.params[i];
       return Numel(layout_.slice_shapes[i]) *
@@ -761,7 +769,7 @@ class ZeroPlan : public Plan {
     for (size_t i = 0; i < info_.params.size(); ++i) {
       const ParamState& p = info_.params[i];
       inputs[i] = state_.Inputs(p);
-      lp_inputs[i] = state_.StateInputs(p, p.trainable() ? deepspeed::kFp32State : deepspeed::kLpState);
+      lp_inputs[i] = state_.StateInputs(p, p.trainable() ? state::kFp32State : state::kLpState);
     }
     auto params_inputs = [&](const std::vector<int>& params, bool lp = false) {
       std::vector<InputRange> out;
@@ -794,7 +802,7 @@ class ZeroPlan : public Plan {
       std::vector<InputRange> in = params_inputs(module, /*lp=*/true);
       for (int r = 0; r < t.tp; ++r) {
         std::vector<InputRange> with_source = in;
-        const std::string from = state_.ModelStatesPath(s, r);
+        const std::string from = ds_->ModelStatesPath(s, r);
         if (!from.empty()) with_source.push_back({from, "", 0, -1});
         Add({Job::kMpRank, s, r, 0}, deepspeed::MpRankFileName(t.mp_rank(s, r)), bytes, std::move(with_source));
       }
@@ -876,7 +884,7 @@ class ZeroPlan : public Plan {
   }
 
   std::string latest_file() const override { return deepspeed::kLatestFile; }
-  const deepspeed::CheckpointState* source() const override { return &state_; }
+  const state::CheckpointState* source() const override { return &state_; }
   const TargetLayout& layout() const { return layout_; }
 
  private:
@@ -895,7 +903,9 @@ class ZeroPlan : public Plan {
     units_.push_back(std::move(u));
   }
 
-  const deepspeed::ModelState& state_;
+  const state::ModelState& state_;
+  std::unique_ptr<deepspeed::DeepSpeedFacet> owned_facet_;
+  const deepspeed::DeepSpeedFacet* ds_ = nullptr;
   TargetLayout layout_;
   Writer writer_;
   const ModelInfo& info_;
@@ -906,7 +916,7 @@ class ZeroPlan : public Plan {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Plan>> PlanZero(const deepspeed::ModelState& state, const ZeroWriteOptions& options,
+absl::StatusOr<std::unique_ptr<Plan>> PlanZero(const state::ModelState& state, const ZeroWriteOptions& options,
                                                TargetLayout* layout) {
   const int stage = options.zero_stage > 0 ? options.zero_stage : state.info().zero_stage;
   if (state.info().expert_parallel > 0) {
@@ -927,9 +937,9 @@ absl::StatusOr<std::unique_ptr<Plan>> PlanZero(const deepspeed::ModelState& stat
   // bf16 + ZeRO-1 with fp32 gradient accumulation runs under BF16_Optimizer
   // (engine.py _do_optimizer_sanity_check), whose layout ucp writes only
   // from a BF16_Optimizer source.
-  if (stage == 1 && state.info().optimizer_kind == deepspeed::OptimizerKind::kZero &&
-      state.info().lp_dtype == torch::DType::kBFloat16) {
-    deepspeed::FileValue root = state.ModelStatesRoot(0, 0);
+  if (stage == 1 && state.info().optimizer_kind == state::OptimizerKind::kZero &&
+      state.info().lp_dtype == torch::DType::kBFloat16 && deepspeed::FacetOf(state) != nullptr) {
+    state::FileValue root = deepspeed::FacetOf(state)->ModelStatesRoot(0, 0);
     const Value* config = root.value && root.value->is(Kind::kDict) ? root.value->DictGet("ds_config") : nullptr;
     const Value* types = config && config->is(Kind::kDict) ? config->DictGet("data_types") : nullptr;
     const Value* accum = types && types->is(Kind::kDict) ? types->DictGet("grad_accum_dtype") : nullptr;
@@ -943,8 +953,9 @@ absl::StatusOr<std::unique_ptr<Plan>> PlanZero(const deepspeed::ModelState& stat
   }
   UCP_ASSIGN_OR_RETURN(TargetLayout target, PlanTarget(state.info(), options, source_version));
   if (layout != nullptr) *layout = target;
+  const std::string target_version = target.ds_version;
   auto plan = std::make_unique<ZeroPlan>(state, std::move(target), options);
-  UCP_RETURN_IF_ERROR(plan->Build());
+  UCP_RETURN_IF_ERROR(plan->Build(target_version));
   return std::unique_ptr<Plan>(std::move(plan));
 }
 
@@ -959,7 +970,7 @@ RunOptions ZeroRunOptions(const ZeroWriteOptions& options) {
   return run;
 }
 
-absl::StatusOr<ZeroWriteResult> WriteZeroCheckpoint(const deepspeed::ModelState& state,
+absl::StatusOr<ZeroWriteResult> WriteZeroCheckpoint(const state::ModelState& state,
                                                     const std::string& output_folder,
                                                     const ZeroWriteOptions& options) {
   ZeroWriteResult result;

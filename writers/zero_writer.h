@@ -34,15 +34,15 @@
 
 #include "absl/status/statusor.h"
 #include "deepspeed/layout_math.h"
-#include "deepspeed/model_state.h"
-#include "deepspeed/topology.h"
+#include "state/model_state.h"
+#include "state/topology.h"
 #include "tp/tensor_plan.h"
 #include "writers/plan.h"
 
 namespace ucp::writers {
 
 struct ZeroWriteOptions {
-  deepspeed::Topology target;
+  state::Topology target;
   int zero_stage = 0;                 // 0 = the source's; 3 writes ZeRO-3 (zero3_writer.h)
   // ZeRO-3 targets: the target job's zero_optimization.sub_group_size;
   // 0 = the source's (ZeRO-3 sources record it), else DeepSpeed's 1e9.
@@ -86,7 +86,7 @@ inline constexpr int64_t kOptimPieceBytes = int64_t{128} << 20;
 
 // Where everything goes at the target topology.
 struct TargetLayout {
-  deepspeed::Topology topo;
+  state::Topology topo;
   int zero_stage = 1;
   std::string ds_version;  // written in the files; "" = copied from the source
   // The version whose layout is written (the target's, else the source's,
@@ -110,13 +110,13 @@ struct TargetLayout {
 
 // `source_ds_version`: the source's ds_version ("" if unknown), for the
 // target's conventions when options.target_ds_version is empty.
-absl::StatusOr<TargetLayout> PlanTarget(const deepspeed::ModelInfo& info, const ZeroWriteOptions& options,
+absl::StatusOr<TargetLayout> PlanTarget(const state::ModelInfo& info, const ZeroWriteOptions& options,
                                         const std::string& source_ds_version = "");
 
 // The tp slice `rank` of a param's state at the target, as a plan. With
 // `deferred`, over the state's FullDeferred when it has one (nothing is
 // opened until the bytes are read).
-absl::StatusOr<tp::TensorPlan> TargetSlice(const deepspeed::ModelState& state, const TargetLayout& layout,
+absl::StatusOr<tp::TensorPlan> TargetSlice(const state::ModelState& state, const TargetLayout& layout,
                                            int param_index, const std::string& state_name, int rank,
                                            bool deferred = false);
 
@@ -129,14 +129,14 @@ struct ZeroWriteResult {
 // The plan of the ZeRO checkpoint of `state` at options.target (`state`
 // must outlive it); its TargetLayout goes to `layout` when not null. One unit
 // per output file, or per piece of a large optimizer file.
-absl::StatusOr<std::unique_ptr<Plan>> PlanZero(const deepspeed::ModelState& state, const ZeroWriteOptions& options,
+absl::StatusOr<std::unique_ptr<Plan>> PlanZero(const state::ModelState& state, const ZeroWriteOptions& options,
                                                TargetLayout* layout = nullptr);
 
 // The RunOptions the write options imply.
 RunOptions ZeroRunOptions(const ZeroWriteOptions& options);
 
 // PlanZero, then RunPlan in this process. `output_folder` is ROOT/TAG.
-absl::StatusOr<ZeroWriteResult> WriteZeroCheckpoint(const deepspeed::ModelState& state,
+absl::StatusOr<ZeroWriteResult> WriteZeroCheckpoint(const state::ModelState& state,
                                                     const std::string& output_folder,
                                                     const ZeroWriteOptions& options);
 

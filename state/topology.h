@@ -1,8 +1,9 @@
 // Topology: the tensor (tp), pipeline (pp) and data (dp) parallel degrees of
-// a checkpoint, and how DeepSpeed numbers its ranks in file names:
-// mp_rank = pp_rank * tp + tp_rank (mp_world_size = pp * tp).
-#ifndef UCP_DEEPSPEED_TOPOLOGY_H_
-#define UCP_DEEPSPEED_TOPOLOGY_H_
+// a checkpoint, and the model-parallel rank numbering DeepSpeed and Megatron
+// use (and name files by): mp_rank = pp_rank * tp + tp_rank (mp_world_size =
+// pp * tp).
+#ifndef UCP_STATE_TOPOLOGY_H_
+#define UCP_STATE_TOPOLOGY_H_
 
 #include <string>
 
@@ -10,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "proto/ucp.pb.h"
 
-namespace ucp::deepspeed {
+namespace ucp::state {
 
 struct Topology {
   int tp = 1;
@@ -39,6 +40,6 @@ struct Topology {
   }
 };
 
-}  // namespace ucp::deepspeed
+}  // namespace ucp::state
 
-#endif  // UCP_DEEPSPEED_TOPOLOGY_H_
+#endif  // UCP_STATE_TOPOLOGY_H_

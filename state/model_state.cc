@@ -1,26 +1,6 @@
-#include "deepspeed/model_state.h"
+#include "state/model_state.h"
 
-namespace ucp::deepspeed {
-
-FileValue CheckpointState::SavedDsConfig() const {
-  const FileValue root = ModelStatesRoot(0, 0);
-  if (!root.value || !root.value->is(pickle::Kind::kDict)) return FileValue{};
-  return FileValue{root.value->DictGetPtr("ds_config"), root.file};
-}
-
-std::string SourceDsVersion(const CheckpointState& state) {
-  auto common = state.OptimizerCommon();
-  if (common.ok() && common->value && common->value->is(pickle::Kind::kDict)) {
-    const pickle::Value* v = common->value->DictGet("ds_version");
-    if (v != nullptr && v->is(pickle::Kind::kStr)) return v->str();
-  }
-  FileValue root = state.ModelStatesRoot(0, 0);
-  if (root.value && root.value->is(pickle::Kind::kDict)) {
-    const pickle::Value* v = root.value->DictGet("ds_version");
-    if (v != nullptr && v->is(pickle::Kind::kStr)) return v->str();
-  }
-  return "";
-}
+namespace ucp::state {
 
 const char* OptimizerKindName(OptimizerKind kind) { return kind == OptimizerKind::kBf16 ? "bf16" : "zero"; }
 
@@ -56,4 +36,4 @@ const ParamState* ModelInfo::Find(const std::string& name) const {
   return i < 0 ? nullptr : &params[i];
 }
 
-}  // namespace ucp::deepspeed
+}  // namespace ucp::state

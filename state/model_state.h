@@ -1,10 +1,10 @@
-// ModelState: a model's full (tp-merged, unpartitioned) training state, the
-// common currency between the readers, the rules and the writers of ucp.
+// The format-neutral pivot of ucp: a model's training state as every source
+// format produces it and every target format consumes it.
 //
-//   ZeRO folder ──(readers/zero_state)──> SlicedState ──(rules/resolve)──┐
-//   universal folder ──(readers/universal_state)─────────────────────────┼──> ModelState ──> writers/
-//   generated model ──(conformance/synthetic_state)──────────────────────┘    (universal, ZeRO at any
-//                                                                              tp/pp/dp, export)
+//   source format (formats/<name>/) ──> SlicedState ──(rules/resolve)──┐
+//                                  └──────────────────────────────────┼──> ModelState ──> target format
+//   in-memory model (synthetic/) ─────────────────────────────────────┘    (universal, ZeRO at any
+//                                                                           tp/pp/dp, export, ...)
 //
 // A SlicedState is a checkpoint as its tp ranks hold it: every tensor of the
 // model with its shape on each source tp rank (`ParamState::tp_shapes`) and
@@ -19,8 +19,15 @@
 // read until a writer copies the bytes. Implementations must be thread-safe
 // for concurrent `Full` / `Slices` calls (each param is an independent unit
 // of work).
-#ifndef UCP_DEEPSPEED_MODEL_STATE_H_
-#define UCP_DEEPSPEED_MODEL_STATE_H_
+//
+// What only one family of formats carries (DeepSpeed's engine dicts, its
+// ds_config and the training's args) is a *facet*: an optional interface a
+// state offers under a key (CheckpointState::GetFacet), e.g.
+// deepspeed/facet.h's DeepSpeedFacet, which DeepSpeed's writers use and fill
+// with DeepSpeed's defaults for a source without one. Nothing here knows a
+// file layout.
+#ifndef UCP_STATE_MODEL_STATE_H_
+#define UCP_STATE_MODEL_STATE_H_
 
 #include <cstdint>
 #include <memory>
@@ -31,16 +38,18 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
-#include "deepspeed/topology.h"
+#include "state/topology.h"
 #include "format/pickle/value.h"
 #include "format/torch/dtype.h"
 #include "format/torch/torch_file.h"
 #include "proto/ucp.pb.h"
 #include "tp/tensor_plan.h"
 
-namespace ucp::deepspeed {
+namespace ucp::state {
 
-// Which optimizer wrote the *_optim_states.pt files.
+// Which optimizer layout the source's optimizer state has, in DeepSpeed's
+// terms (a ZeRO target writes the same); a source that is not DeepSpeed's
+// keeps the default.
 enum class OptimizerKind {
   kZero,  // DeepSpeedZeroOptimizer (stage 1/2): fp32 or fp16 lp weights
   kBf16,  // BF16_Optimizer: bf16 lp weights, 7-key state dict
@@ -163,6 +172,16 @@ struct InputRange {
 // The key of an input record in CheckpointState::SetCheckedInputs.
 inline std::string InputKey(const std::string& path, const std::string& tensor) { return path + "|" + tensor; }
 
+// An optional interface a state offers besides the neutral one (the data
+// one family of formats carries through, e.g. deepspeed::DeepSpeedFacet),
+// found by its key: FacetOf<F>(state).
+class Facet {
+ public:
+  virtual ~Facet() = default;
+};
+// A facet type's identity: the address of a static of its own (F::Key()).
+using FacetKey = const void*;
+
 // What every checkpoint state offers besides its tensors.
 class CheckpointState {
  public:
@@ -194,29 +213,10 @@ class CheckpointState {
   virtual void SetCheckedInputs(std::shared_ptr<const std::set<std::string>> keys) const {}
   // A per-group scalar optimizer state (e.g. "step"); value null when absent.
   virtual absl::StatusOr<FileValue> GroupScalar(int group, const std::string& key) const = 0;
-  // The optimizer state that is not sharded: what the universal
-  // `zero/optimizer_state.pt` holds (loss_scaler, clip_grad, ..., param_groups).
-  virtual absl::StatusOr<FileValue> OptimizerCommon() const = 0;
-  // The model-state dict (an mp_rank_*_model_states.pt root) of source
-  // stage `pp` and tp rank `tp` (each clamped to the source's degrees): its
-  // client state is carried into written checkpoints.
-  virtual FileValue ModelStatesRoot(int pp, int tp) const = 0;
-  // The path of that mp_rank file, for byte-identical copies ("" when the
-  // state has no such file: writers then serialize ModelStatesRoot()).
-  virtual std::string ModelStatesPath(int pp, int tp) const = 0;
-  // ZeRO-3 sources: the model-state file of dp rank `dp`
-  // (zero_pp_rank_D_mp_rank_00_model_states.pt); "" for other sources.
-  virtual std::string DpModelStatesPath(int dp) const { return ""; }
-  // The training's DeepSpeed config as the source saved it (`ds_config`):
-  // its model states' by default (ModelStatesRoot(0, 0)); value null when
-  // absent. Native MoE checkpoints before DeepSpeed 0.19.3 keep it in the
-  // optimizer files only.
-  virtual FileValue SavedDsConfig() const;
+  // The facet of type `key` this state offers, or null (the default: none).
+  // A state that wraps another forwards the call.
+  virtual const Facet* GetFacet(FacetKey key) const { return nullptr; }
 };
-
-// The DeepSpeed version that wrote a source: its optimizer state's
-// `ds_version`, else its model states' (ZeRO-3 keeps it there); "" if none.
-std::string SourceDsVersion(const CheckpointState& state);
 
 class ModelState : public CheckpointState {
  public:
@@ -242,14 +242,17 @@ class SlicedState : public CheckpointState {
   // `stage` holds them.
   virtual absl::StatusOr<std::vector<tp::TensorPlan>> Slices(const ParamState& param, int stage,
                                                              const std::string& state) const = 0;
-  // The model states' `universal_checkpoint_info` (an empty dict when absent).
-  virtual const pickle::Value& checkpoint_info() const = 0;
-  // The training's `args` (a dict, or an argparse.Namespace's attributes), or null.
-  virtual const pickle::Value* args() const = 0;
   // The checkpoint folder, for messages.
   virtual const std::string& dir() const = 0;
 };
 
-}  // namespace ucp::deepspeed
+// The facet F (a Facet subclass with a static `FacetKey Key()`) that `state`
+// offers, or null.
+template <typename F>
+const F* FacetOf(const CheckpointState& state) {
+  return static_cast<const F*>(state.GetFacet(F::Key()));
+}
 
-#endif  // UCP_DEEPSPEED_MODEL_STATE_H_
+}  // namespace ucp::state
+
+#endif  // UCP_STATE_MODEL_STATE_H_

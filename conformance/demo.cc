@@ -12,7 +12,7 @@
 #include "conformance/neox_model.h"
 #include "conformance/synthetic_state.h"
 #include "ops/convert.h"
-#include "readers/zero_checkpoint.h"
+#include "formats/deepspeed_zero/zero_checkpoint.h"
 #include "ops/reshard.h"
 #include "tp/merge.h"
 #include "tp/tensor_plan.h"
@@ -63,7 +63,7 @@ absl::StatusOr<DemoReport> RunDemo(const DemoOptions& options) {
   // 1. The tp=2 ZeRO-1 checkpoint, as DeepSpeed 0.14.4 saves it.
   const state::Topology source{2, 1, 1};
   report.source = JoinPath(JoinPath(work, "neox-tp2"), tag);
-  UCP_ASSIGN_OR_RETURN(writers::ZeroWriteResult saved, SaveZero(*model, report.source, source, options.num_threads),
+  UCP_ASSIGN_OR_RETURN(ops::WrittenCheckpoint saved, SaveZero(*model, report.source, source, options.num_threads),
                        _.Prepend("saving the generated model: "));
   absl::StrAppendFormat(&out,
                         "1. saved it as DeepSpeed 0.14.4 saves a %s ZeRO-1 PipelineModule checkpoint (no "
@@ -98,11 +98,11 @@ absl::StatusOr<DemoReport> RunDemo(const DemoOptions& options) {
                         report.target);
 
   // 4. Every tensor of the tp=1 checkpoint against the generated model.
-  UCP_ASSIGN_OR_RETURN(auto target, readers::ZeroCheckpoint::Open(report.target));
+  UCP_ASSIGN_OR_RETURN(auto target, deepspeed_zero::ZeroCheckpoint::Open(report.target));
   int64_t counts[4] = {0, 0, 0, 0};  // weights, fp32, exp_avg, exp_avg_sq
   const std::string states[3] = {"fp32", "exp_avg", "exp_avg_sq"};
   for (const state::ParamState& p : info.params) {
-    const readers::ZeroParam* zp = target->FindParam(p.name);
+    const deepspeed::ZeroParam* zp = target->FindParam(p.name);
     if (p.trainable() && zp == nullptr) {
       report.mismatches.push_back(absl::StrCat(p.name, ": not in the tp=1 checkpoint"));
       continue;
@@ -120,7 +120,7 @@ absl::StatusOr<DemoReport> RunDemo(const DemoOptions& options) {
       }
     }
     // The module weight (a cast of the fp32 master for trainable params).
-    for (const readers::ModuleEntry& e : target->module_entries()) {
+    for (const deepspeed_zero::ModuleEntry& e : target->module_entries()) {
       if (e.name != p.name) continue;
       torch::Tensor full;
       if (p.trainable()) {

@@ -12,7 +12,7 @@
 #include "conformance/spec_rules.h"
 #include "conformance/synthetic_state.h"
 #include "ops/convert.h"
-#include "readers/compare.h"
+#include "testing/compare.h"
 #include "format/torch/torch_file.h"
 #include "google/protobuf/text_format.h"
 #include "ops/reshard.h"
@@ -227,7 +227,7 @@ absl::StatusOr<GoldenRun> RunGoldenCase(const GoldenCase& c, const std::string& 
 }
 
 absl::StatusOr<std::vector<GoldenFile>> DescribeFolder(const std::string& dir, const std::string& prefix) {
-  UCP_ASSIGN_OR_RETURN(std::vector<std::string> files, readers::ListFilesRecursive(dir));
+  UCP_ASSIGN_OR_RETURN(std::vector<std::string> files, testing::ListFilesRecursive(dir));
   std::vector<GoldenFile> out;
   for (const auto& f : files) {
     if (!absl::EndsWith(f, ".pt")) continue;  // the manifest names the run's folders

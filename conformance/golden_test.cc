@@ -22,7 +22,7 @@
 #include "conformance/synthetic_state.h"
 #include "ops/convert.h"
 #include "ops/open.h"
-#include "readers/zero_state.h"
+#include "formats/deepspeed_zero/zero_state.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "testing/fixtures.h"
@@ -103,7 +103,7 @@ TEST(GoldenTest, PatternlessMergeReproducesDeepSpeedsAssertion) {
   ops::SourceOptions options;
   options.rules.preset = "none";
   options.rules.default_kind = COLUMN;
-  auto state = ops::OpenZeroState(source_folder, options);
+  auto state = ops::OpenResolvedState(source_folder, options);
   ASSERT_TRUE(state.ok()) << state.status();
   const std::string name = "9.input_layernorm.scale";
   const state::ParamState* p = (*state)->info().Find(name);

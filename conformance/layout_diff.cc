@@ -8,7 +8,7 @@
 #include "format/pickle/accessors.h"
 #include "format/pickle/value.h"
 #include "format/torch/torch_file.h"
-#include "readers/compare.h"
+#include "testing/compare.h"
 
 namespace ucp::conformance {
 namespace {
@@ -109,8 +109,8 @@ class LayoutComparer {
 
 std::vector<std::string> LayoutDiffs(const std::string& ours, const std::string& theirs, bool module_storage) {
   std::vector<std::string> diffs;
-  auto fa = readers::ListFilesRecursive(ours);
-  auto fb = readers::ListFilesRecursive(theirs);
+  auto fa = testing::ListFilesRecursive(ours);
+  auto fb = testing::ListFilesRecursive(theirs);
   if (!fa.ok() || !fb.ok()) return {"cannot list"};
   if (*fa != *fb) return {absl::StrCat("files [", absl::StrJoin(*fa, ", "), "] vs [", absl::StrJoin(*fb, ", "), "]")};
   for (const auto& f : *fa) {

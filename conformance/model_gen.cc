@@ -11,7 +11,7 @@
 #include "conformance/synthetic_state.h"
 #include "rules/presets.h"
 #include "rules/rules.h"
-#include "writers/zero_writer.h"
+#include "formats/deepspeed_zero/zero_writer.h"
 #include "deepspeed/layout_math.h"
 #include "google/protobuf/text_format.h"
 #include "tp/merge.h"
@@ -299,7 +299,7 @@ void FitTopologies(GoldenCase& c) {
       writers::ZeroWriteOptions o;
       o.target = state::Topology::FromProto(*t);
       o.layer_type_name = ModelLayerTypeNamer(*info);
-      const absl::Status s = writers::PlanTarget(*info, o).status();
+      const absl::Status s = deepspeed_zero::PlanTarget(*info, o).status();
       if (s.ok() || s.code() != absl::StatusCode::kFailedPrecondition ||
           !absl::StrContains(s.message(), "holds no params of optimizer group")) {
         break;
@@ -661,7 +661,7 @@ std::vector<std::string> CaseFeatures(const GoldenCase& c) {
       writers::ZeroWriteOptions o;
       o.target = state::Topology::FromProto(t);
       o.layer_type_name = ModelLayerTypeNamer(*info);
-      auto layout = writers::PlanTarget(*info, o);
+      auto layout = deepspeed_zero::PlanTarget(*info, o);
       if (!layout.ok()) continue;
       for (const auto& stage : layout->layouts) {
         for (const auto& g : stage) {

@@ -10,6 +10,7 @@
 #include "conformance/synthetic_state.h"
 #include "deepspeed/layout_math.h"
 #include "format/pickle/accessors.h"
+#include "ops/training_state.h"
 #include "tp/tensor_plan.h"
 
 namespace ucp::conformance {
@@ -439,14 +440,14 @@ absl::StatusOr<FileValue> SyntheticMoeState::GroupScalar(int group, const std::s
   return FileValue{steps_value_.value->items()[group], steps_value_.file};
 }
 
-absl::StatusOr<writers::ZeroWriteResult> SaveMoe(const SyntheticMoeState& m, const std::string& folder, int dp, int ep,
+absl::StatusOr<ops::WrittenCheckpoint> SaveMoe(const SyntheticMoeState& m, const std::string& folder, int dp, int ep,
                                                 const std::string& target_version) {
   writers::ZeroWriteOptions o;
   o.target = state::Topology{1, 1, dp};
   o.expert_parallel = ep;
   o.target_ds_version = target_version;
   o.num_threads = 1;
-  return writers::WriteZeroCheckpoint(m, folder, o);
+  return ops::WriteTrainingState(m, folder, o);
 }
 
 }  // namespace ucp::conformance

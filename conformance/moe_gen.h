@@ -46,7 +46,8 @@
 #include "state/model_state.h"
 #include "format/torch/tensor.h"
 #include "rapidcheck.h"
-#include "writers/zero_writer.h"
+#include "ops/training_state.h"
+#include "writers/target_options.h"
 
 namespace ucp::conformance {
 
@@ -112,7 +113,7 @@ class SyntheticMoeState : public state::ModelState, public deepspeed::DeepSpeedF
 
 // save(M, T): the MoE writer at dp / ep for `target_version` ("" = the
 // source's), into `folder` (ROOT/TAG; ROOT/latest too).
-absl::StatusOr<writers::ZeroWriteResult> SaveMoe(const SyntheticMoeState& m, const std::string& folder, int dp, int ep,
+absl::StatusOr<ops::WrittenCheckpoint> SaveMoe(const SyntheticMoeState& m, const std::string& folder, int dp, int ep,
                                                 const std::string& target_version);
 
 }  // namespace ucp::conformance

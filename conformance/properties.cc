@@ -23,10 +23,11 @@
 #include "conformance/spec_rules.h"
 #include "ops/convert.h"
 #include "deepspeed/checkpoint_files.h"
-#include "readers/compare.h"
+#include "ops/training_state.h"
+#include "testing/compare.h"
 #include "deepspeed/tree_copy.h"
-#include "readers/universal_checkpoint.h"
-#include "readers/zero_checkpoint.h"
+#include "formats/deepspeed_universal/universal_checkpoint.h"
+#include "formats/deepspeed_zero/zero_checkpoint.h"
 #include "format/pickle/accessors.h"
 #include "format/torch/torch_file.h"
 #include "google/protobuf/text_format.h"
@@ -103,7 +104,7 @@ class CaseRunner {
     o.num_threads = 1;
     o.layer_type_name = ModelLayerTypeNamer(model_->info());
     o.target_ds_version = target_version;
-    UCP_RETURN_IF_ERROR(writers::WriteZeroCheckpoint(*model_, out, o).status());
+    UCP_RETURN_IF_ERROR(ops::WriteTrainingState(*model_, out, o).status());
     return done_[root] = out;
   }
   absl::StatusOr<std::string> Convert(const std::string& zero, const std::string& root,
@@ -180,7 +181,7 @@ bool SameRule(const MergeRule& got, const MergeRule& want) {
 absl::StatusOr<std::vector<std::string>> UniversalVsModel(const std::string& dir, const SyntheticModelState& m,
                                                           const std::string& ds_version) {
   std::vector<std::string> diffs;
-  UCP_ASSIGN_OR_RETURN(auto u, readers::UniversalCheckpoint::Open(dir));
+  UCP_ASSIGN_OR_RETURN(auto u, deepspeed_universal::UniversalCheckpoint::Open(dir));
   int trainable = 0, module = 0;
   std::map<std::string, const Manifest::Param*> recorded;
   if (u->manifest()) {
@@ -257,7 +258,7 @@ absl::StatusOr<std::vector<std::string>> UniversalVsModel(const std::string& dir
   if (version == nullptr || !version->is(Kind::kStr) || version->str() != ds_version) {
     diffs.push_back(absl::StrCat("zero/optimizer_state.pt: ds_version is not the source's '", ds_version, "'"));
   }
-  for (const auto& d : readers::CompareTrees(os, *Without(*os.root(), kSourceLayoutKeys), *common.file,
+  for (const auto& d : testing::CompareTrees(os, *Without(*os.root(), kSourceLayoutKeys), *common.file,
                                                *Without(*common.value, kSourceLayoutKeys))) {
     diffs.push_back(absl::StrCat("zero/optimizer_state.pt: ", d));
   }
@@ -268,8 +269,8 @@ absl::StatusOr<std::vector<std::string>> UniversalVsModel(const std::string& dir
 // topologies: equal but for their source-specific parts.
 absl::StatusOr<std::vector<std::string>> UniversalDiffs(const std::string& a, const std::string& b) {
   std::vector<std::string> ignore = {deepspeed::kManifestFile, "zero/optimizer_state.pt"};
-  UCP_ASSIGN_OR_RETURN(std::vector<std::string> fa, readers::ListFilesRecursive(a));
-  UCP_ASSIGN_OR_RETURN(std::vector<std::string> fb, readers::ListFilesRecursive(b));
+  UCP_ASSIGN_OR_RETURN(std::vector<std::string> fa, testing::ListFilesRecursive(a));
+  UCP_ASSIGN_OR_RETURN(std::vector<std::string> fb, testing::ListFilesRecursive(b));
   for (const auto* files : {&fa, &fb}) {
     for (const auto& f : *files) {
       if (absl::StartsWith(f, "mp_rank_")) ignore.push_back(f);
@@ -279,7 +280,7 @@ absl::StatusOr<std::vector<std::string>> UniversalDiffs(const std::string& a, co
   // The optimizer state, but for the source's dp layout.
   UCP_ASSIGN_OR_RETURN(auto oa, torch::TorchFile::Open(JoinPath(a, "zero/optimizer_state.pt")));
   UCP_ASSIGN_OR_RETURN(auto ob, torch::TorchFile::Open(JoinPath(b, "zero/optimizer_state.pt")));
-  for (const auto& d : readers::CompareTrees(*oa, *Without(*oa->root(), kSourceLayoutKeys), *ob,
+  for (const auto& d : testing::CompareTrees(*oa, *Without(*oa->root(), kSourceLayoutKeys), *ob,
                                                *Without(*ob->root(), kSourceLayoutKeys))) {
     diffs.push_back(absl::StrCat("zero/optimizer_state.pt: ", d));
   }
@@ -334,7 +335,7 @@ absl::Status ConvertIsTopologyFree(CaseRunner& r) {
           continue;
         }
         UCP_ASSIGN_OR_RETURN(std::vector<std::string> d,
-                             readers::CompareSingleMpRankFile(JoinPath(universal[i], f), JoinPath(zero, f)));
+                             testing::CompareSingleMpRankFile(JoinPath(universal[i], f), JoinPath(zero, f)));
         if (!d.empty()) return Violation(p, absl::StrCat(f, " is not the source's rank 0 file for any tp:\n  ", Joined(d)));
         continue;
       }
@@ -538,8 +539,8 @@ absl::Status CorruptionsAreCaught(CaseRunner& r, const std::string& scratch) {
     }
     if (victim != nullptr) {
       UCP_ASSIGN_OR_RETURN(std::string dir, damaged_copy("replicated"));
-      UCP_ASSIGN_OR_RETURN(auto ckpt, readers::ZeroCheckpoint::Open(dir));
-      const readers::ZeroParam* zp = ckpt->FindParam(victim->name);
+      UCP_ASSIGN_OR_RETURN(auto ckpt, deepspeed_zero::ZeroCheckpoint::Open(dir));
+      const deepspeed::ZeroParam* zp = ckpt->FindParam(victim->name);
       if (zp == nullptr) return Violation(p, absl::StrCat(victim->name, " is not in the saved checkpoint"));
       const int stage = zp->stages[0];
       const auto frags = ckpt->Layout(stage, 1, zp->group).FragmentsOfParam(zp->index_in_group[0]);
@@ -1017,10 +1018,10 @@ absl::Status CheckProperties(const std::vector<Property>& properties, const Gold
 
 absl::StatusOr<std::vector<std::string>> FolderByteDiffs(const std::string& a, const std::string& b,
                                                         const std::vector<std::string>& ignore) {
-  readers::CompareOptions o;
+  testing::CompareOptions o;
   o.byte_identical = true;
   o.max_differences = 1000;
-  return readers::CompareFolders(a, b, ignore, o);
+  return testing::CompareFolders(a, b, ignore, o);
 }
 
 // --- fuzzing ---

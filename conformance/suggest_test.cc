@@ -125,7 +125,7 @@ TEST(SuggestTest, SuggestionsAreGeneralizedAndNeverContradictTheEvidence) {
   Fixture f = Save("suggest_families");
   ops::SourceOptions o;
   o.num_threads = 1;
-  auto report = ops::SuggestZeroRules(f.src, o);
+  auto report = ops::SuggestRules(f.src, o);
   ASSERT_TRUE(report.ok()) << report.status();
   // Families: table, in_proj, out_proj, gate_bias, kernel, poles, coef (2-D),
   // coef (3-D); gain and out_bias are replicated by evidence (listed too).
@@ -206,7 +206,7 @@ TEST(SuggestTest, FilledInSuggestionsConvertToTheModel) {
   Fixture f = Save("suggest_filled");
   ops::SourceOptions so;
   so.num_threads = 1;
-  auto report = ops::SuggestZeroRules(f.src, so);
+  auto report = ops::SuggestRules(f.src, so);
   ASSERT_TRUE(report.ok()) << report.status();
   auto parsed = rules::ParseRulesText(report->text, "suggested");
   ASSERT_TRUE(parsed.ok()) << parsed.status();

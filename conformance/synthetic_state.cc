@@ -9,6 +9,8 @@
 #include "base/status_macros.h"
 #include "conformance/spec_rules.h"
 #include "deepspeed/engine_defaults.h"
+#include "deepspeed/layout_math.h"
+#include "ops/training_state.h"
 #include "rules/presets.h"
 #include "format/pickle/accessors.h"
 #include "format/torch/torch_file.h"
@@ -459,13 +461,13 @@ rules::LayerTypeNamer ModelLayerTypeNamer(const state::ModelInfo& info) {
   return rules::LayerTypeNamerFor(rules::DetectPreset(names).value_or(""));
 }
 
-absl::StatusOr<writers::ZeroWriteResult> SaveZero(const state::ModelState& state, const std::string& folder,
+absl::StatusOr<ops::WrittenCheckpoint> SaveZero(const state::ModelState& state, const std::string& folder,
                                                  const state::Topology& topology, int num_threads) {
   writers::ZeroWriteOptions o;
   o.target = topology;
   o.num_threads = num_threads;
   o.layer_type_name = ModelLayerTypeNamer(state.info());
-  return writers::WriteZeroCheckpoint(state, folder, o);
+  return ops::WriteTrainingState(state, folder, o);
 }
 
 }  // namespace ucp::conformance

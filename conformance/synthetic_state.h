@@ -1,7 +1,7 @@
 // SyntheticModelState: a made-up model's full training state, built from a
 // ModelSpec (proto/ucp.proto) and a seed, that the ZeRO writer
 // (writers/zero_writer.h) saves at any topology exactly as DeepSpeed 0.14.4
-// would have: save(M, T) = writers::WriteZeroCheckpoint(SyntheticModelState(M), T).
+// would have: save(M, T) = deepspeed_zero::WriteZeroCheckpoint(SyntheticModelState(M), T).
 // The conformance properties compare everything ucp reads back with it.
 //
 // What it holds, all in memory:
@@ -48,7 +48,8 @@
 #include "format/torch/torch_file.h"
 #include "format/pickle/value.h"
 #include "rules/presets.h"
-#include "writers/zero_writer.h"
+#include "ops/training_state.h"
+#include "writers/target_options.h"
 #include "proto/ucp.pb.h"
 
 namespace ucp::conformance {
@@ -83,7 +84,7 @@ absl::Status ValidateModelSpec(const ModelSpec& spec);
 absl::StatusOr<state::OptimizerKind> ParseOptimizerLayout(const std::string& name);
 
 // The ModelInfo a SyntheticModelState of `spec` has (no tensors made), e.g.
-// to plan where its params go at a topology (writers::PlanTarget).
+// to plan where its params go at a topology (deepspeed_zero::PlanTarget).
 absl::StatusOr<state::ModelInfo> ModelInfoFromSpec(const ModelSpec& spec, int zero_stage,
                                                        state::OptimizerKind kind);
 
@@ -159,7 +160,7 @@ rules::LayerTypeNamer ModelLayerTypeNamer(const state::ModelInfo& info);
 
 // save(M, T): the writer the resharder uses, into `folder` (ROOT/TAG; ROOT/latest
 // is written too).
-absl::StatusOr<writers::ZeroWriteResult> SaveZero(const state::ModelState& state, const std::string& folder,
+absl::StatusOr<ops::WrittenCheckpoint> SaveZero(const state::ModelState& state, const std::string& folder,
                                                  const state::Topology& topology, int num_threads = 1);
 
 }  // namespace ucp::conformance

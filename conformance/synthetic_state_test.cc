@@ -15,7 +15,7 @@
 #include "conformance/layout_diff.h"
 #include "conformance/neox_model.h"
 #include "conformance/spec_rules.h"
-#include "readers/compare.h"
+#include "testing/compare.h"
 #include "format/pickle/accessors.h"
 #include "format/torch/torch_file.h"
 #include "gmock/gmock.h"

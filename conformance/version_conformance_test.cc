@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/training_state.h"
 #include "absl/strings/str_cat.h"
 #include "base/fs.h"
 #include "conformance/synthetic_state.h"
@@ -18,7 +19,7 @@
 #include "rapidcheck/gtest.h"
 #include "testing/fixtures.h"
 #include "tp/tensor_plan.h"
-#include "writers/zero_writer.h"
+#include "formats/deepspeed_zero/zero_writer.h"
 
 namespace ucp::conformance {
 namespace {
@@ -133,7 +134,7 @@ RC_GTEST_PROP(VersionConformanceTest, PaddingConventionsRoundTrip, ()) {
   o.target_ds_version = v1;
   o.num_threads = 1;
   const std::string a = JoinPath(root, "a/global_step1");
-  auto written = writers::WriteZeroCheckpoint(**m, a, o);
+  auto written = ops::WriteTrainingState(**m, a, o);
   RC_ASSERT(written.ok());
   CheckFiles((*m)->info(), a, dp1, per1, v1);
   CheckTensors(**m, a);

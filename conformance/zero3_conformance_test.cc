@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/training_state.h"
 #include "absl/strings/str_cat.h"
 #include "base/fs.h"
 #include "conformance/synthetic_state.h"
@@ -25,10 +26,10 @@
 #include "ops/convert.h"
 #include "ops/reshard.h"
 #include "rapidcheck.h"
-#include "readers/zero3_state.h"
+#include "formats/deepspeed_zero3/zero3_state.h"
 #include "testing/fixtures.h"
 #include "tp/tensor_plan.h"
-#include "writers/zero_writer.h"
+#include "formats/deepspeed_zero/zero_writer.h"
 
 namespace ucp::conformance {
 namespace {
@@ -41,7 +42,7 @@ int64_t Numel(const std::vector<int64_t>& s) {
 
 // Every trainable tensor of `dir` (a ZeRO-3 folder) equals the model's.
 void CheckReadsBack(const SyntheticModelState& m, const std::string& dir, int dp, int64_t sub_group_size) {
-  auto z = readers::Zero3State::Open(dir);
+  auto z = deepspeed_zero3::Zero3State::Open(dir);
   RC_ASSERT(z.ok());
   const state::ModelInfo& info = (*z)->info();
   RC_ASSERT(info.source_topology.dp == dp);
@@ -51,7 +52,7 @@ void CheckReadsBack(const SyntheticModelState& m, const std::string& dir, int dp
     for (const auto& p : m.info().params) {
       if (p.trainable() && p.group == g) numels.push_back(Numel(p.full_shape));
     }
-    expected_sub_groups += static_cast<int>(readers::Zero3SubGroups(numels, dp, sub_group_size).size());
+    expected_sub_groups += static_cast<int>(deepspeed_zero3::Zero3SubGroups(numels, dp, sub_group_size).size());
   }
   RC_ASSERT((*z)->num_sub_groups() == expected_sub_groups);
   for (const auto& p : m.info().params) {
@@ -157,7 +158,7 @@ void SaveReadReshardConvert() {
   o.sub_group_size = s1;
   o.num_threads = 1;
   const std::string a = JoinPath(root, "a/global_step1");
-  auto written = writers::WriteZeroCheckpoint(**m, a, o);
+  auto written = ops::WriteTrainingState(**m, a, o);
   RC_ASSERT(written.ok());
   CheckReadsBack(**m, a, dp1, s1);
   CheckVersion(a, dp1, v1.ds_version);
@@ -185,7 +186,7 @@ void SaveReadReshardConvert() {
   for (const auto& p : (*m).get()->info().params) {
     if (p.trainable() && p.group == 0) group0.push_back(Numel(p.full_shape));
   }
-  const bool one_sub_group = groups == 1 && readers::Zero3SubGroups(group0, dp1, s1).size() == 1;
+  const bool one_sub_group = groups == 1 && deepspeed_zero3::Zero3SubGroups(group0, dp1, s1).size() == 1;
   const bool loadable =
       Version(v3) >= std::make_tuple(0, 15, 0) && (one_sub_group || Version(v3) >= std::make_tuple(0, 18, 0));
   ++g_dist["convert"][absl::StrCat(loadable ? "written for " : "refused for ", v3)];

@@ -2,10 +2,15 @@
 
 #include <cctype>
 
-#include "absl/strings/strip.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+#include "base/fs.h"
+#include "base/status_macros.h"
 
 namespace ucp::deepspeed {
 
@@ -69,6 +74,26 @@ std::optional<CheckpointFileName> ParseCheckpointFileName(absl::string_view name
     }
   }
   return std::nullopt;
+}
+
+absl::StatusOr<std::string> ReadLatestTag(const std::string& root, const std::string& file_name) {
+  const std::string path = JoinPath(root, file_name);
+  // A tag is a folder name: NAME_MAX bytes at most, plus a newline. Larger
+  // files are refused before they are read (and never echoed whole).
+  constexpr int64_t kMaxLatestBytes = 4096;
+  UCP_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path, kMaxLatestBytes));
+  std::string tag(absl::StripAsciiWhitespace(text));
+  auto shown = [&] { return absl::CHexEscape(tag.substr(0, 80)) + (tag.size() > 80 ? "..." : ""); };
+  if (tag.find('\0') != std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": expected a tag folder name, found text with a NUL byte ('", shown(), "')"));
+  }
+  if (tag.empty() || tag.size() > 255 || tag.find('/') != std::string::npos || tag == "." || tag == ".." ||
+      tag.find('\n') != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": expected a tag folder name, found '", shown(), "' (",
+                                                   tag.size(), " bytes)"));
+  }
+  return tag;
 }
 
 }  // namespace ucp::deepspeed

@@ -15,6 +15,7 @@
 #include <optional>
 #include <string>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include <string_view>
 
@@ -48,6 +49,9 @@ inline constexpr char kManifestFile[] = "ucp_manifest.textproto";
 // ucp's own side folder of a universal checkpoint: module tensors outside the
 // optimizer (frozen params, buffers), which stock DeepSpeed ignores.
 inline constexpr char kUniversalModuleDir[] = "ucp_module";
+
+// Reads `<root>/latest` (or `latest_universal`) and returns the tag, trimmed.
+absl::StatusOr<std::string> ReadLatestTag(const std::string& root, const std::string& file_name);
 
 }  // namespace ucp::deepspeed
 

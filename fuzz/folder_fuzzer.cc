@@ -47,8 +47,8 @@
 #include "format/torch/torch_file.h"
 #include "format/torch/zip.h"
 #include "fuzz/fuzz_checks.h"
-#include "readers/verify.h"
-#include "readers/zero_checkpoint.h"
+#include "ops/inspect.h"
+#include "formats/deepspeed_zero/zero_checkpoint.h"
 
 namespace {
 
@@ -134,7 +134,7 @@ std::string WithPickle(const std::string& bytes, const std::string& pkl) {
 void Exercise(const std::string& root) {
   // The readers as convert uses them: every piece of every param, every
   // module tensor (each optimizer and layer file opens and is checked then).
-  auto c = ucp::readers::ZeroCheckpoint::Open(root);
+  auto c = ucp::deepspeed_zero::ZeroCheckpoint::Open(root);
   if (c.ok()) {
     const auto& ck = **c;
     const auto& t = ck.topology();
@@ -156,7 +156,7 @@ void Exercise(const std::string& root) {
   }
   // ucp verify: every file, every CRC, the cross-file checks; a folder that
   // does not open always has a problem.
-  const ucp::readers::VerifyResult v = ucp::readers::VerifyFolder(root);
+  const ucp::formats::VerifyResult v = ucp::ops::Verify(root);
   if (!c.ok()) UCP_FUZZ_CHECK(!v.problems.empty(), "verify found nothing in a folder that does not open: ", c.status().ToString());
   for (const auto& p : v.problems) UCP_FUZZ_CHECK(!p.empty(), "an empty problem line");
 }

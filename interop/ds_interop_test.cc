@@ -27,8 +27,8 @@
 #include "absl/strings/str_join.h"
 #include "base/fs.h"
 #include "ops/convert.h"
-#include "readers/compare.h"
-#include "readers/inspect.h"
+#include "testing/compare.h"
+#include "ops/inspect.h"
 #include "state/topology.h"
 #include "format/pickle/value.h"
 #include "format/torch/torch_file.h"
@@ -240,7 +240,7 @@ TEST_P(DsInteropTest, ConvertGivesTheExpectedUniversalCheckpoint) {
   }
   std::sort(trainable.begin(), trainable.end());
   EXPECT_EQ(dirs, trainable);
-  auto diffs = readers::CompareFiles(JoinPath(out, "zero/optimizer_state.pt"),
+  auto diffs = testing::CompareFiles(JoinPath(out, "zero/optimizer_state.pt"),
                                        JoinPath(*root, "expected_optimizer_state.pt"));
   ASSERT_TRUE(diffs.ok()) << diffs.status();
   EXPECT_THAT(*diffs, IsEmpty()) << absl::StrJoin(*diffs, "\n");
@@ -252,7 +252,7 @@ TEST_P(DsInteropTest, ConvertGivesTheExpectedUniversalCheckpoint) {
     for (int r = 1; r < c.source.tp; ++r) {
       EXPECT_FALSE(PathExists(JoinPath(out, absl::StrCat("mp_rank_0", r, "_model_states.pt"))));
     }
-    auto single = readers::CompareSingleMpRankFile(JoinPath(out, "mp_rank_00_model_states.pt"),
+    auto single = testing::CompareSingleMpRankFile(JoinPath(out, "mp_rank_00_model_states.pt"),
                                                    JoinPath(*tag_dir, "mp_rank_00_model_states.pt"));
     ASSERT_TRUE(single.ok()) << single.status();
     EXPECT_THAT(*single, IsEmpty()) << absl::StrJoin(*single, "\n");
@@ -279,9 +279,9 @@ TEST_P(DsInteropTest, ConvertGivesTheExpectedUniversalCheckpoint) {
 // added to `python_checks` for one run at the end.
 void ExpectSameCheckpoint(const std::string& ours, const std::string& writers,
                           std::vector<std::string>& python_checks) {
-  readers::CompareOptions o;
+  testing::CompareOptions o;
   o.compare_requires_grad = true;
-  auto diffs = readers::CompareFolders(ours, writers, {}, o);
+  auto diffs = testing::CompareFolders(ours, writers, {}, o);
   ASSERT_TRUE(diffs.ok()) << diffs.status();
   EXPECT_THAT(*diffs, IsEmpty()) << ours << " vs " << writers << ":\n" << absl::StrJoin(*diffs, "\n");
   if (!python_checks.empty()) python_checks.push_back("---");
@@ -353,7 +353,7 @@ TEST_P(DsInteropTest, InspectReportsWhatTheWriterWrote) {
   ASSERT_TRUE(root.ok()) << root.status();
   auto tag_dir = TagFolder(*root);
   ASSERT_TRUE(tag_dir.ok());
-  auto report = readers::Inspect(*root);  // a root with `latest`
+  auto report = ops::Inspect(*root);  // a root with `latest`
   ASSERT_TRUE(report.ok()) << report.status();
   EXPECT_EQ(report->kind(), "zero");
   EXPECT_EQ(Topology::FromProto(report->topology()), c.source);

@@ -44,12 +44,12 @@ std::string Generate(const std::string& spec, const std::string& name, const std
 }
 
 absl::StatusOr<ops::ExportResult> RunExport(const std::string& in, const std::string& out,
-                                            writers::ExportFormat format, int64_t shard,
+                                            const std::string& format, int64_t shard,
                                             const std::string& names = "checkpoint") {
   ops::ExportOptions o;
   o.input_folder = in;
   o.output_folder = out;
-  o.write.format = format;
+  o.format = format;
   o.write.max_shard_size = shard;
   o.names = names;
   return ops::Export(o);
@@ -83,7 +83,7 @@ TEST_P(ZeroToFp32Test, TorchExportEqualsZeroToFp32) {
                                    " --max_shard_size 1KB --state_dict ", ref_sd));
   ASSERT_TRUE(z.ok()) << z.status();
   const std::string out = JoinPath(dir, "ucp");
-  auto r = RunExport(root, out, writers::ExportFormat::kTorch, 1000);
+  auto r = RunExport(root, out, "torch", 1000);
   ASSERT_TRUE(r.ok()) << r.status();
   auto check = RunCommand(absl::StrCat(kPython, " ", Script("check_export.py"), " ", out, " torch pt:", ref_sd,
                                        " --ordered --tied lm_head.weight=embed.weight"));
@@ -124,7 +124,7 @@ TEST_P(ZeroToFp32Test, SafetensorsExportIsZeroToFp32sBytes) {
                                    " --safe --max_shard_size 1KB"));
   ASSERT_TRUE(z.ok()) << z.status();
   const std::string out = JoinPath(dir, "ucp");
-  ASSERT_TRUE(RunExport(root, out, writers::ExportFormat::kSafetensors, 1000).ok());
+  ASSERT_TRUE(RunExport(root, out, "safetensors", 1000).ok());
   ExpectSameFiles(out, ref);
 }
 
@@ -146,7 +146,7 @@ TEST_P(Zero3ZeroToFp32Test, TorchExportEqualsZeroToFp32) {
                                    " ", fixture, " ", ref, " --state_dict ", ref_sd));
   ASSERT_TRUE(z.ok()) << z.status();
   const std::string out = JoinPath(dir, "ucp");
-  auto r = RunExport(JoinPath(fixture, "global_step4"), out, writers::ExportFormat::kTorch, 5'000'000'000);
+  auto r = RunExport(JoinPath(fixture, "global_step4"), out, "torch", 5'000'000'000);
   ASSERT_TRUE(r.ok()) << r.status();
   auto check = RunCommand(absl::StrCat(kPython, " ", Script("check_export.py"), " ", out, " torch pt:", ref_sd,
                                        " --ordered"));

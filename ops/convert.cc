@@ -6,8 +6,10 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
+#include "deepspeed/facet.h"
 #include "deepspeed/layout_math.h"
 #include "format/torch/mapped_file.h"
+#include "formats/builtin/builtin.h"
 #include "tp/merge.h"
 
 namespace ucp::ops {
@@ -39,7 +41,17 @@ std::string RuleExplanation(const state::ModelInfo& info) {
 }
 
 namespace {
+
+// The target `convert` writes: the registry's universal format.
+absl::StatusOr<const formats::TargetFormat*> UniversalTarget() {
+  for (const auto& t : formats::builtin::Formats().targets()) {
+    if (t->family() == formats::TargetFamily::kUniversal) return t.get();
+  }
+  return absl::InternalError("no universal target format is registered");
+}
+
 absl::StatusOr<ConvertResult> ConvertImpl(const ConvertOptions& options);
+
 }  // namespace
 
 absl::StatusOr<ConvertResult> Convert(const ConvertOptions& options) {
@@ -64,8 +76,9 @@ absl::StatusOr<ConvertResult> ConvertImpl(const ConvertOptions& options) {
                                                    options.state.make_vocab_size_divisible_by, ": expected >= 0"));
   }
   if (options.dry_run_ranks < 0) return absl::InvalidArgumentError("--dry_run: expected >= 0");
-  UCP_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(options.input_folder, options.state, /*verify_checksums=*/false,
-                                                    /*zero_only=*/true, options.cluster));
+  OpenRequest request;
+  request.refuse_universal = true;
+  UCP_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(options.input_folder, options.state, options.cluster, request));
   const state::ModelState* state = src.state.get();
   if (state->info().expert_parallel > 0) {
     // DeepSpeed's universal loaders partition every param over dp; none
@@ -104,7 +117,8 @@ absl::StatusOr<ConvertResult> ConvertImpl(const ConvertOptions& options) {
   write.source_folder = src.dir;
   write.inputs = {src.dir};
   write.rules = src.effective_rules;
-  absl::StatusOr<std::unique_ptr<writers::Plan>> plan = writers::PlanUniversal(*state, write);
+  UCP_ASSIGN_OR_RETURN(const formats::TargetFormat* universal, UniversalTarget());
+  absl::StatusOr<std::unique_ptr<writers::Plan>> plan = universal->PlanUniversal(*state, write);
   if (options.cluster != nullptr) UCP_RETURN_IF_ERROR(AgreeOnStatus(*options.cluster, plan.status()));
   UCP_RETURN_IF_ERROR(plan.status());
   if (options.dry_run_ranks > 0) {
@@ -125,31 +139,7 @@ absl::StatusOr<ConvertResult> ConvertImpl(const ConvertOptions& options) {
   result.explain = RuleExplanation(state->info());
   for (const auto& note : state->info().notes) result.warnings.push_back(note);
   for (const auto& note : result.stats.notes) result.warnings.push_back(note);
-  const state::ModelInfo& info = state->info();
-  if (writers::PlainModuleAtTpAboveOne(info) && !write.single_mp_rank_file) {
-    result.warnings.push_back(absl::StrCat(
-        "a plain (non-pipeline) module at tp=", info.source_topology.tp, ": the folder keeps its ",
-        info.source_topology.tp, " mp_rank files, which DeepSpeed (0.12 to 0.19.5) universal-loads only at tp >= ",
-        info.source_topology.tp, " (for a smaller tp its loader merges them by Megatron's key names and asserts "
-        "they exist); for a smaller tp, convert without --single_mp_rank_file=false or `ucp reshard` to the target"));
-  }
-  if (info.zero_stage == 3) {
-    // The files are DeepSpeed's own layout (ds_to_universal.py writes the
-    // same); the drift comes from DeepSpeed's stage-3 universal loader, seen
-    // in the lab with 0.18.9 and 0.19.5 (lab/README-ds19.md).
-    const std::string version = writers::UniversalLoaderVersion(*state, write);
-    auto v = deepspeed::ParseDsVersion(version);
-    if (v.ok() && !(*v < deepspeed::DsVersion{0, 18, 0})) {
-      result.warnings.push_back(absl::StrCat(
-          "ZeRO stage 3: DeepSpeed ", version, "'s stage-3 universal loader (0.18.0 to 0.19.5) gives every sub-group "
-          "of the loading job one shared `step` tensor",
-          info.num_groups > 1 ? absl::StrCat(" and all ", info.num_groups,
-                                             " param groups group 0's hyper-parameters (lr, weight_decay, ...)")
-                              : "",
-          ", so a resumed run drifts; `ucp reshard --dp=N --sub_group_size=S` writes a ZeRO-3 checkpoint for the "
-          "new topology that keeps every sub-group's step and each group's own hyper-parameters"));
-    }
-  }
+  for (std::string& note : universal->UniversalNotes(*state, write)) result.warnings.push_back(std::move(note));
   return result;
 }
 

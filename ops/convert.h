@@ -10,7 +10,7 @@
 #include "absl/status/statusor.h"
 #include "state/model_state.h"
 #include "ops/open.h"
-#include "writers/universal_writer.h"
+#include "writers/target_options.h"
 
 namespace ucp::ops {
 

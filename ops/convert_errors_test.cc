@@ -9,7 +9,7 @@
 #include "base/fs.h"
 #include "ops/convert.h"
 #include "ops/reshard.h"
-#include "readers/zero_checkpoint.h"
+#include "formats/deepspeed_zero/zero_checkpoint.h"
 #include "format/torch/mapped_file.h"
 #include "format/torch/torch_file.h"
 #include "gtest/gtest.h"
@@ -163,9 +163,9 @@ TEST(ConvertErrorsTest, DamagedLayerRecordIsCaughtWhenRead) {
     ASSERT_EQ(pwrite(fd, &byte, 1, offset), 1);
     close(fd);
   }
-  auto ckpt = readers::ZeroCheckpoint::Open(c.source);
+  auto ckpt = deepspeed_zero::ZeroCheckpoint::Open(c.source);
   ASSERT_TRUE(ckpt.ok()) << ckpt.status();
-  const readers::ModuleEntry* entry = nullptr;
+  const deepspeed_zero::ModuleEntry* entry = nullptr;
   for (const auto& e : (*ckpt)->module_entries()) {
     if (e.name == "2.attention.dense.weight") entry = &e;
   }

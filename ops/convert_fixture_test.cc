@@ -10,8 +10,8 @@
 #include "ops/convert.h"
 #include "ops/open.h"
 #include "ops/reshard.h"
-#include "readers/compare.h"
-#include "readers/universal_checkpoint.h"
+#include "testing/compare.h"
+#include "formats/deepspeed_universal/universal_checkpoint.h"
 #include "format/torch/torch_file.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -46,12 +46,12 @@ void ConvertAndCompare(const std::string& fixture, const std::string& expected,
   std::vector<std::string> ignore = {"ucp_manifest.textproto"};
   ignore.insert(ignore.end(), extra_ignore.begin(), extra_ignore.end());
   if (plain_module) ignore.insert(ignore.end(), {"mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt"});
-  auto diffs = readers::CompareFolders(out, FixturePath(fixture + "/" + expected), ignore);
+  auto diffs = testing::CompareFolders(out, FixturePath(fixture + "/" + expected), ignore);
   ASSERT_TRUE(diffs.ok()) << diffs.status();
   EXPECT_THAT(*diffs, IsEmpty()) << absl::StrJoin(*diffs, "\n");
   if (plain_module) {
     EXPECT_FALSE(PathExists(JoinPath(out, "mp_rank_01_model_states.pt")));
-    auto single = readers::CompareSingleMpRankFile(JoinPath(out, "mp_rank_00_model_states.pt"),
+    auto single = testing::CompareSingleMpRankFile(JoinPath(out, "mp_rank_00_model_states.pt"),
                                                    FixturePath(fixture + "/global_step4/mp_rank_00_model_states.pt"));
     ASSERT_TRUE(single.ok()) << single.status();
     EXPECT_THAT(*single, IsEmpty()) << absl::StrJoin(*single, "\n");
@@ -112,7 +112,7 @@ TEST(ConvertFixtureTest, SingleMpRankFileForAPlainModule) {
   ASSERT_TRUE(single.ok()) << single.status();
   EXPECT_THAT(absl::StrJoin(single->warnings, "\n"), ::testing::Not(::testing::HasSubstr("--single_mp_rank_file")));
   EXPECT_FALSE(PathExists(JoinPath(out, "mp_rank_01_model_states.pt")));
-  auto diffs = readers::CompareFolders(out, FixturePath("gpt-zero2-nopipe-tp2-dp2/global_step4_universal_expected"),
+  auto diffs = testing::CompareFolders(out, FixturePath("gpt-zero2-nopipe-tp2-dp2/global_step4_universal_expected"),
                                        {"ucp_manifest.textproto", "mp_rank_00_model_states.pt",
                                         "mp_rank_01_model_states.pt"});
   ASSERT_TRUE(diffs.ok()) << diffs.status();
@@ -135,7 +135,7 @@ TEST(ConvertFixtureTest, SingleMpRankFileForAPlainModule) {
   back.write.num_threads = 2;
   auto r = Reshard(back);
   ASSERT_TRUE(r.ok()) << r.status();
-  auto back_diffs = readers::CompareFolders(back.output_folder, in, {});
+  auto back_diffs = testing::CompareFolders(back.output_folder, in, {});
   ASSERT_TRUE(back_diffs.ok()) << back_diffs.status();
   ASSERT_FALSE(back_diffs->empty());  // rank 1's rng state is rank 0's now
   for (const std::string& d : *back_diffs) {
@@ -151,7 +151,7 @@ TEST(ConvertFixtureTest, SuggestedRulesConvertTheNeoxFixtureToTheExpectedOutput)
   SourceOptions so;
   so.rules.preset = "none";
   so.num_threads = 2;
-  auto report = SuggestZeroRules(FixturePath(fixture + "/global_step4"), so);
+  auto report = SuggestRules(FixturePath(fixture + "/global_step4"), so);
   ASSERT_TRUE(report.ok()) << report.status();
   EXPECT_EQ(report->suggestions.size(), 13u);  // 8 partitioned families, 5 replicated by evidence
   for (const auto& s : report->suggestions) EXPECT_TRUE(s.decided()) << s.evidence;
@@ -163,7 +163,7 @@ TEST(ConvertFixtureTest, SuggestedRulesConvertTheNeoxFixtureToTheExpectedOutput)
   o.state.rules.preset = "none";
   auto result = Convert(o);
   ASSERT_TRUE(result.ok()) << result.status() << "\n" << report->text;
-  auto diffs = readers::CompareFolders(o.output_folder, FixturePath(fixture + "/global_step4_universal_expected"),
+  auto diffs = testing::CompareFolders(o.output_folder, FixturePath(fixture + "/global_step4_universal_expected"),
                                        {"ucp_manifest.textproto"});
   ASSERT_TRUE(diffs.ok()) << diffs.status();
   EXPECT_THAT(*diffs, IsEmpty()) << absl::StrJoin(*diffs, "\n") << "\n" << report->text;
@@ -181,8 +181,8 @@ TEST(ConvertFixtureTest, NeoxTp1Pp2MatchesDeepSpeedUpToRowAndReplicatedMetadata)
   auto result = Convert(Options(FixturePath(fixture + "/global_step4"), out));
   ASSERT_TRUE(result.ok()) << result.status();
   const std::string ds = FixturePath(fixture + "/global_step4_universal_deepspeed");
-  auto ours = readers::ListFilesRecursive(out);
-  auto theirs = readers::ListFilesRecursive(ds);
+  auto ours = testing::ListFilesRecursive(out);
+  auto theirs = testing::ListFilesRecursive(ds);
   ASSERT_TRUE(ours.ok() && theirs.ok());
   std::vector<std::string> ours_pt;
   for (const auto& f : *ours) {
@@ -193,7 +193,7 @@ TEST(ConvertFixtureTest, NeoxTp1Pp2MatchesDeepSpeedUpToRowAndReplicatedMetadata)
   for (const auto& f : *theirs) {
     if (!absl::StartsWith(f, "zero/") || f == "zero/optimizer_state.pt" || absl::EndsWith(f, "/step.pt")) {
       if (absl::EndsWith(f, ".pt")) {
-        auto d = readers::CompareFiles(JoinPath(out, f), JoinPath(ds, f));
+        auto d = testing::CompareFiles(JoinPath(out, f), JoinPath(ds, f));
         ASSERT_TRUE(d.ok());
         EXPECT_THAT(*d, IsEmpty()) << f << "\n" << absl::StrJoin(*d, "\n");
       }
@@ -250,7 +250,7 @@ TEST(ConvertFixtureTest, ReproducesTheBugAndFixesIt) {
   SourceOptions options;
   options.rules.preset = "none";
   options.rules.default_kind = COLUMN;
-  auto patternless = OpenZeroState(source_folder, options);
+  auto patternless = OpenResolvedState(source_folder, options);
   ASSERT_TRUE(patternless.ok()) << patternless.status();
   const state::ParamState* p = (*patternless)->info().Find(name);
   ASSERT_NE(p, nullptr);
@@ -295,9 +295,9 @@ TEST(ConvertFixtureTest, ExplainAndSummaryNameSources) {
   EXPECT_EQ(manifest->find("sha256"), std::string::npos);
   EXPECT_NE(manifest->find("source_topology"), std::string::npos);
   // The digest of every file, hashed while writing, matches the bytes on disk.
-  readers::UniversalCheckpoint::Options verify;
+  deepspeed_universal::UniversalCheckpoint::Options verify;
   verify.verify_checksums = true;
-  auto u = readers::UniversalCheckpoint::Open(out, verify);
+  auto u = deepspeed_universal::UniversalCheckpoint::Open(out, verify);
   EXPECT_TRUE(u.ok()) << u.status();
   // ... and a changed byte is caught.
   const std::string victim = JoinPath(out, "zero/2.attention.dense.weight/exp_avg.pt");
@@ -305,7 +305,7 @@ TEST(ConvertFixtureTest, ExplainAndSummaryNameSources) {
   ASSERT_TRUE(bytes.ok());
   (*bytes)[bytes->size() / 2] ^= 0x01;
   ASSERT_TRUE(WriteFileAtomic(victim, *bytes).ok());
-  auto bad = readers::UniversalCheckpoint::Open(out, verify);
+  auto bad = deepspeed_universal::UniversalCheckpoint::Open(out, verify);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_NE(bad.status().message().find("differs from the manifest's"), std::string::npos) << bad.status();
 }
@@ -322,15 +322,15 @@ TEST(ConvertFixtureTest, DigestsOnRequest) {
   ASSERT_TRUE(manifest.ok());
   EXPECT_NE(manifest->find("sha256: "), std::string::npos);
   EXPECT_EQ(manifest->find("xxh3_128"), std::string::npos);
-  readers::UniversalCheckpoint::Options verify;
+  deepspeed_universal::UniversalCheckpoint::Options verify;
   verify.verify_checksums = true;
-  EXPECT_TRUE(readers::UniversalCheckpoint::Open(out, verify).ok());
+  EXPECT_TRUE(deepspeed_universal::UniversalCheckpoint::Open(out, verify).ok());
   const std::string victim = JoinPath(out, "mp_rank_00_model_states.pt");
   auto bytes = ReadFileToString(victim);
   ASSERT_TRUE(bytes.ok());
   (*bytes)[10] ^= 0x40;
   ASSERT_TRUE(WriteFileAtomic(victim, *bytes).ok());
-  auto bad = readers::UniversalCheckpoint::Open(out, verify);
+  auto bad = deepspeed_universal::UniversalCheckpoint::Open(out, verify);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_NE(bad.status().message().find("sha256"), std::string::npos) << bad.status();
 }
@@ -343,7 +343,7 @@ void ConvertZero3AndCompare(const std::string& version, const std::string& fixtu
   const std::string out = JoinPath(root, "global_step4_universal");
   auto result = Convert(Options(VersionFixturePath(version, fixture + "/global_step4"), out));
   ASSERT_TRUE(result.ok()) << result.status();
-  auto diffs = readers::CompareFolders(
+  auto diffs = testing::CompareFolders(
       out, VersionFixturePath(version, fixture + "/global_step4_universal_deepspeed"), {"ucp_manifest.textproto"});
   ASSERT_TRUE(diffs.ok()) << diffs.status();
   EXPECT_THAT(*diffs, IsEmpty()) << absl::StrJoin(*diffs, "\n");
@@ -394,14 +394,14 @@ void ConvertNeoxAndCompare(const std::string& version) {
   auto result = Convert(Options(VersionFixturePath(version, fixture + "/global_step4"), out));
   ASSERT_TRUE(result.ok()) << result.status();
   const std::string ds = VersionFixturePath(version, fixture + "/global_step4_universal_deepspeed");
-  auto theirs = readers::ListFilesRecursive(ds);
+  auto theirs = testing::ListFilesRecursive(ds);
   ASSERT_TRUE(theirs.ok());
   int same = 0, replicated = 0;
   for (const auto& f : *theirs) {
     if (!absl::EndsWith(f, ".pt")) continue;
     const bool state_file = absl::StartsWith(f, "zero/") && f != "zero/optimizer_state.pt" && !absl::EndsWith(f, "/step.pt");
     if (!state_file) {
-      auto d = readers::CompareFiles(JoinPath(out, f), JoinPath(ds, f));
+      auto d = testing::CompareFiles(JoinPath(out, f), JoinPath(ds, f));
       ASSERT_TRUE(d.ok()) << f << ": " << d.status();
       EXPECT_THAT(*d, IsEmpty()) << f << "\n" << absl::StrJoin(*d, "\n");
       ++same;
@@ -449,12 +449,12 @@ TEST(ConvertFixtureTest, PerRankPaddingConvertsLikeItsDp1Resave) {
     ASSERT_TRUE(r.ok()) << in << ": " << r.status();
     outs[k++] = o.output_folder;
   }
-  auto files = readers::ListFilesRecursive(outs[0]);
+  auto files = testing::ListFilesRecursive(outs[0]);
   ASSERT_TRUE(files.ok());
   int compared = 0;
   for (const auto& f : *files) {
     if (!absl::StartsWith(f, "zero/") || f == "zero/optimizer_state.pt") continue;
-    auto d = readers::CompareFiles(JoinPath(outs[0], f), JoinPath(outs[1], f));
+    auto d = testing::CompareFiles(JoinPath(outs[0], f), JoinPath(outs[1], f));
     ASSERT_TRUE(d.ok()) << f << ": " << d.status();
     EXPECT_THAT(*d, IsEmpty()) << f << "\n" << absl::StrJoin(*d, "\n");
     ++compared;

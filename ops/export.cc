@@ -1,7 +1,5 @@
 #include "ops/export.h"
 
-#include "readers/moe_state.h"
-#include "readers/zero3_state.h"
 
 #include <algorithm>
 #include <cstring>
@@ -9,11 +7,13 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 #include "deepspeed/facet.h"
 #include "format/torch/mapped_file.h"
 #include "format/json/json.h"
 #include "format/pickle/accessors.h"
+#include "formats/builtin/builtin.h"
 
 namespace ucp::ops {
 namespace {
@@ -293,7 +293,21 @@ absl::StatusOr<ExportContents> PlanExportContents(const state::ModelState& state
 }
 
 namespace {
+
+// The weights target named by --format (a registry name).
+absl::StatusOr<const formats::TargetFormat*> WeightsTarget(const std::string& name) {
+  std::vector<std::string> names;
+  for (const auto& t : formats::builtin::Formats().targets()) {
+    if (t->family() != formats::TargetFamily::kWeights) continue;
+    if (t->name() == name) return t.get();
+    names.push_back(std::string(t->name()));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--format must be ", absl::StrJoin(names, " or "), ", not '", name, "'"));
+}
+
 absl::StatusOr<ExportResult> ExportImpl(const ExportOptions& options);
+
 }  // namespace
 
 absl::StatusOr<ExportResult> Export(const ExportOptions& options) {
@@ -312,36 +326,17 @@ absl::StatusOr<ExportResult> ExportImpl(const ExportOptions& options) {
   if (options.state.num_threads < 0 || options.write.num_threads < 0) {
     return absl::InvalidArgumentError("--num_threads: expected >= 0 (0 = all cores)");
   }
-  std::unique_ptr<state::ModelState> state;
-  std::vector<std::string> open_notes;
-  std::string source_dir;
-  if (IsUniversalFolder(options.input_folder) || readers::IsZero3Folder(options.input_folder) ||
-      readers::IsMoeFolder(options.input_folder)) {
-    // ZeRO-3 and native MoE exist at tp = 1 only: whole tensors, no rules
-    // needed (MoE experts under their global ids: one name per expert).
-    SourceOptions source = options.state;
-    source.tp1_whole_tensors = true;
-    UCP_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(options.input_folder, source, /*verify_checksums=*/false,
-                                                      /*zero_only=*/false, nullptr));
-    source_dir = src.dir;
-    state = std::move(src.state);
-  } else {
-    // At tp = 1 every merge rule gives the same full tensor (one slice): the
-    // checkpoints zero_to_fp32.py handles export without rules (a rule still
-    // decides VOCAB padding stripping).
-    UCP_ASSIGN_OR_RETURN(std::unique_ptr<readers::ZeroCheckpoint> ckpt,
-                         readers::ZeroCheckpoint::Open(options.input_folder));
-    source_dir = ckpt->dir();
-    SourceOptions source = options.state;
-    if (ckpt->topology().tp == 1 && source.rules.default_kind == MERGE_KIND_UNSPECIFIED) {
-      source.rules.default_kind = COLUMN;
-    }
-    UCP_ASSIGN_OR_RETURN(std::unique_ptr<readers::ZeroSlicedState> sliced,
-                         readers::ZeroSlicedState::Make(std::move(ckpt), source.read()));
-    UCP_ASSIGN_OR_RETURN(std::unique_ptr<rules::ResolvedState> resolved,
-                         rules::ResolveRules(std::move(sliced), source.resolve()));
-    state = std::move(resolved);
-  }
+  UCP_ASSIGN_OR_RETURN(const formats::TargetFormat* target, WeightsTarget(options.format));
+  // Plain weights need no tp merge where there is nothing to merge: a
+  // source at tp = 1 (ZeRO-3 and native MoE exist at tp = 1 only; MoE
+  // experts under their global ids) exports whole tensors, as
+  // zero_to_fp32.py does, without rules (a rule still decides VOCAB padding
+  // stripping).
+  SourceOptions source = options.state;
+  source.tp1_whole_tensors = true;
+  UCP_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(options.input_folder, source, nullptr));
+  const std::string source_dir = src.dir;
+  std::unique_ptr<state::ModelState> state = std::move(src.state);
   UCP_ASSIGN_OR_RETURN(ExportContents c, PlanExportContents(*state, options));
   writers::ExportWriteOptions w = options.write;
   w.inputs = {source_dir};
@@ -350,7 +345,8 @@ absl::StatusOr<ExportResult> ExportImpl(const ExportOptions& options) {
   r.notes = state->info().notes;
   r.notes.insert(r.notes.end(), c.notes.begin(), c.notes.end());
   r.architecture = c.architecture;
-  UCP_ASSIGN_OR_RETURN(r.stats, writers::WriteExport(std::move(c.tensors), options.output_folder, w));
+  UCP_ASSIGN_OR_RETURN(std::unique_ptr<writers::Plan> plan, target->PlanWeights(std::move(c.tensors), w));
+  UCP_ASSIGN_OR_RETURN(r.stats, writers::RunPlan(*plan, options.output_folder, writers::WeightsRunOptions(w)));
   r.notes.insert(r.notes.end(), r.stats.notes.begin(), r.stats.notes.end());
   return r;
 }

@@ -54,7 +54,7 @@
 #include "state/model_state.h"
 #include "ops/open.h"
 #include "rules/hf_names.h"
-#include "writers/export_writer.h"
+#include "writers/target_options.h"
 
 namespace ucp::ops {
 
@@ -67,7 +67,9 @@ struct ExportOptions {
   std::string names = "checkpoint";  // checkpoint | hf
   rules::HfOptions hf;               // --names=hf (preset "" = state.rules.preset or detected)
   bool exclude_frozen_parameters = false;
-  writers::ExportWriteOptions write;
+  // The weights target (formats/weights): "safetensors" or "torch".
+  std::string format = "safetensors";
+  writers::ExportWriteOptions write;  // `format` sets write.format
 };
 
 struct ExportResult {

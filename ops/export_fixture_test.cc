@@ -49,18 +49,17 @@ TEST_P(ExportFixtureTest, Fp32MastersBitwiseInBothFormats) {
   const FixtureCase& c = GetParam();
   const std::string in = FixturePath(c.fixture + "/global_step4");
   const std::string dir = FreshTempDir("export_" + c.name);
-  for (const auto& [format, fmt] : {std::pair{writers::ExportFormat::kSafetensors, std::string("safetensors")},
-                                    std::pair{writers::ExportFormat::kTorch, std::string("torch")}}) {
+  for (const std::string fmt : {"safetensors", "torch"}) {
+    const bool torch_format = fmt == "torch";
     ops::ExportOptions o;
     o.input_folder = in;
     o.output_folder = JoinPath(dir, fmt);
-    o.write.format = format;
+    o.format = fmt;
     // Safetensors in one file; torch in 300 KB shards (index + several files).
-    o.write.max_shard_size = format == writers::ExportFormat::kTorch ? 300'000 : 5'000'000'000;
+    o.write.max_shard_size = torch_format ? 300'000 : 5'000'000'000;
     auto r = ops::Export(o);
     ASSERT_TRUE(r.ok()) << r.status();
-    EXPECT_EQ(PathExists(JoinPath(o.output_folder, "pytorch_model.bin.index.json")),
-              format == writers::ExportFormat::kTorch);
+    EXPECT_EQ(PathExists(JoinPath(o.output_folder, "pytorch_model.bin.index.json")), torch_format);
     absl::Status s = Check(o.output_folder, fmt, "zero:" + in);
     EXPECT_TRUE(s.ok()) << s;
     if (!c.universal.empty()) {

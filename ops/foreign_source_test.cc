@@ -12,13 +12,13 @@
 #include "base/fs.h"
 #include "deepspeed/facet.h"
 #include "gtest/gtest.h"
-#include "readers/universal_checkpoint.h"
-#include "readers/zero_checkpoint.h"
+#include "formats/deepspeed_universal/universal_checkpoint.h"
+#include "formats/deepspeed_zero/zero_checkpoint.h"
 #include "state/model_state.h"
 #include "testing/fixtures.h"
 #include "tp/tensor_plan.h"
-#include "writers/universal_writer.h"
-#include "writers/zero_writer.h"
+#include "formats/deepspeed_universal/universal_writer.h"
+#include "formats/deepspeed_zero/zero_writer.h"
 
 namespace ucp {
 namespace {
@@ -91,14 +91,14 @@ TEST(ForeignSourceTest, ZeroWriterUsesDeepSpeedDefaults) {
   writers::ZeroWriteOptions o;
   o.target = state::Topology{1, 1, 2};
   o.target_ds_version = "0.16.4";
-  auto written = writers::WriteZeroCheckpoint(src, out, o);
+  auto written = deepspeed_zero::WriteZeroCheckpoint(src, out, o);
   ASSERT_TRUE(written.ok()) << written.status();
-  auto ckpt = readers::ZeroCheckpoint::Open(out);
+  auto ckpt = deepspeed_zero::ZeroCheckpoint::Open(out);
   ASSERT_TRUE(ckpt.ok()) << ckpt.status();
   EXPECT_EQ((*ckpt)->ds_version(), "0.16.4");
   EXPECT_EQ((*ckpt)->topology(), (state::Topology{1, 1, 2}));
   for (const char* name : {"embed.weight", "norm.weight"}) {
-    const readers::ZeroParam* p = (*ckpt)->FindParam(name);
+    const deepspeed::ZeroParam* p = (*ckpt)->FindParam(name);
     ASSERT_NE(p, nullptr) << name;
     for (const char* s : {"fp32", "exp_avg", "exp_avg_sq"}) {
       auto pieces = (*ckpt)->SlicePieces(*p, 0, 0, s);
@@ -116,9 +116,9 @@ TEST(ForeignSourceTest, UniversalWriterUsesDeepSpeedDefaults) {
   ForeignState src;
   const std::string out = JoinPath(ucp::testing::FreshTempDir("foreign_universal"), "global_step7_universal");
   writers::UniversalWriteOptions o;
-  auto written = writers::WriteUniversal(src, out, o);
+  auto written = deepspeed_universal::WriteUniversal(src, out, o);
   ASSERT_TRUE(written.ok()) << written.status();
-  auto u = readers::UniversalCheckpoint::Open(out);
+  auto u = deepspeed_universal::UniversalCheckpoint::Open(out);
   ASSERT_TRUE(u.ok()) << u.status();
   const pickle::Value* version = u->get()->optimizer_state().root()->DictGet("ds_version");
   ASSERT_NE(version, nullptr);

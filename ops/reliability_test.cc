@@ -16,9 +16,8 @@
 #include "ops/convert.h"
 #include "ops/export.h"
 #include "ops/reshard.h"
-#include "readers/inspect.h"
-#include "readers/verify.h"
-#include "readers/zero_checkpoint.h"
+#include "ops/inspect.h"
+#include "formats/deepspeed_zero/zero_checkpoint.h"
 #include "testing/fixtures.h"
 
 namespace ucp::ops {
@@ -147,7 +146,7 @@ TEST(ReliabilityTest, D08ShardsOfDifferentStepsAreRefused) {
   EXPECT_EQ(s.message().rfind(f, 0), 0u) << s;
   EXPECT_NE(s.message().find("'step' of group 0 is tensor(5) but tensor(4)"), std::string::npos) << s;
   EXPECT_FALSE(PathExists(JoinPath(root, "../u/x")));
-  auto report = readers::Inspect(tag);
+  auto report = ops::Inspect(tag);
   ASSERT_TRUE(report.ok()) << report.status();
   EXPECT_GT(report->problem_size(), 0);
 }
@@ -157,7 +156,7 @@ TEST(ReliabilityTest, D08ModelStatesOfDifferentStepsAreRefused) {
   const std::string root = CopyFixture("d08_mp");
   const std::string f = JoinPath(root, "global_step4/mp_rank_01_model_states.pt");
   ASSERT_TRUE(Python("edit_checkpoint.py", absl::StrCat(f, " set global_steps 5")).ok());
-  auto c = readers::ZeroCheckpoint::Open(JoinPath(root, "global_step4"));
+  auto c = deepspeed_zero::ZeroCheckpoint::Open(JoinPath(root, "global_step4"));
   EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << c.status();
   EXPECT_EQ(c.status().message().rfind(f + ": global_steps is 5 but 4 in ", 0), 0u) << c.status();
 }
@@ -174,7 +173,7 @@ TEST(ReliabilityTest, D08UniversalStepsThatDisagreeAreRefused) {
   auto r = Reshard(ReshardTo(u, JoinPath(Dirname(root), "r/global_step4"), 1));
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
   EXPECT_NE(r.status().message().find("step differs from that of"), std::string::npos) << r.status();
-  auto v = readers::VerifyFolder(u);
+  auto v = ops::Verify(u);
   ASSERT_FALSE(v.problems.empty());
   bool named = false;
   for (const auto& p : v.problems) named |= p.find("step 5 in 2.attention.dense.weight/step.pt") != std::string::npos;
@@ -203,7 +202,7 @@ TEST(ReliabilityTest, D09SwappedTpShardsAreRefused) {
 TEST(ReliabilityTest, D09MastersMatchLpWeightsOnEveryFixture) {
   for (const std::string fx : {"neox-tp2-pp1-dp2", "neox-bf16-tp2-pp1-dp2", "neox-tp1-pp2-dp1",
                                "gpt-zero2-nopipe-tp2-dp2", "neox-tp2-pp1-dp1"}) {
-    auto c = readers::ZeroCheckpoint::Open(FixturePath(fx + "/global_step4"));
+    auto c = deepspeed_zero::ZeroCheckpoint::Open(FixturePath(fx + "/global_step4"));
     ASSERT_TRUE(c.ok()) << fx << ": " << c.status();
     const auto& t = (*c)->topology();
     for (int s = 0; s < t.pp; ++s) {
@@ -287,7 +286,7 @@ TEST(ReliabilityTest, D11ShapeOverflowIsAnErrorNamingFileAndParam) {
                                                             dims, ")'"))
                       .ok());
     }
-    auto c = readers::ZeroCheckpoint::Open(JoinPath(root, "global_step4"));
+    auto c = deepspeed_zero::ZeroCheckpoint::Open(JoinPath(root, "global_step4"));
     EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << c.status();
     EXPECT_EQ(c.status().message().rfind(JoinPath(root, "global_step4/mp_rank_00_model_states.pt"), 0), 0u)
         << c.status();
@@ -311,18 +310,20 @@ TEST(ReliabilityTest, UnsafePickleIsRefusedByWritersAndMarkedByInspect) {
   e.input_folder = JoinPath(root, "global_step4");
   e.output_folder = JoinPath(Dirname(root), "e");
   EXPECT_EQ(Export(e).status().code(), absl::StatusCode::kFailedPrecondition);
-  auto report = readers::Inspect(JoinPath(root, "global_step4"));
+  auto report = ops::Inspect(JoinPath(root, "global_step4"));
   ASSERT_TRUE(report.ok()) << report.status();
   ASSERT_EQ(report->unsafe_size(), 1);
   EXPECT_EQ(report->unsafe(0), f + ": posix.system");
-  EXPECT_NE(readers::FormatReport(*report).find("UNSAFE " + f + ": posix.system"), std::string::npos);
-  auto file_report = readers::Inspect(f);
+  EXPECT_NE(formats::FormatReport(*report).find("UNSAFE " + f + ": posix.system"), std::string::npos);
+  auto file_report = ops::Inspect(f);
   ASSERT_TRUE(file_report.ok()) << file_report.status();
-  EXPECT_NE(readers::FormatReport(*file_report).find("evil: UNSAFE"), std::string::npos)
-      << readers::FormatReport(*file_report);
-  torch::SetAllowUnsafePickles(true);
-  s = RunConvert(JoinPath(root, "global_step4"), JoinPath(Dirname(root), "u/x"));
-  torch::SetAllowUnsafePickles(false);
+  EXPECT_NE(formats::FormatReport(*file_report).find("evil: UNSAFE"), std::string::npos)
+      << formats::FormatReport(*file_report);
+  ConvertOptions allowed;
+  allowed.input_folder = JoinPath(root, "global_step4");
+  allowed.output_folder = JoinPath(Dirname(root), "u/x");
+  allowed.state.allow_unsafe_pickles = true;
+  s = Convert(allowed).status();
   EXPECT_TRUE(s.ok()) << s;
 }
 
@@ -334,27 +335,27 @@ TEST(ReliabilityTest, D04InspectPrintsSharedObjectsOnce) {
   ASSERT_TRUE(Python("edit_checkpoint.py",
                      absl::StrCat(f, " set bomb '__import__(\"functools\").reduce(lambda t, _: (t, t), range(60), ())'"))
                   .ok());
-  auto report = readers::Inspect(f);
+  auto report = ops::Inspect(f);
   ASSERT_TRUE(report.ok()) << report.status();
   EXPECT_LT(report->node_size(), 2000);
-  EXPECT_LT(readers::FormatReport(*report).size(), size_t{1} << 20);
-  EXPECT_NE(readers::FormatReport(*report).find("<the same tuple as bomb.0"), std::string::npos);
+  EXPECT_LT(formats::FormatReport(*report).size(), size_t{1} << 20);
+  EXPECT_NE(formats::FormatReport(*report).find("<the same tuple as bomb.0"), std::string::npos);
 }
 
 // d12: a huge or binary `latest` is refused without being read or echoed.
 TEST(ReliabilityTest, D12LatestIsBounded) {
   const std::string root = CopyFixture("d12");
   ASSERT_TRUE(WriteFileAtomic(JoinPath(root, "latest"), std::string(1 << 20, 'a')).ok());
-  auto c = readers::ZeroCheckpoint::Open(root);
+  auto c = deepspeed_zero::ZeroCheckpoint::Open(root);
   EXPECT_EQ(c.status().code(), absl::StatusCode::kResourceExhausted) << c.status();
   EXPECT_LT(c.status().message().size(), 300u);
   ASSERT_TRUE(WriteFileAtomic(JoinPath(root, "latest"), std::string("global_step4\0junk", 17)).ok());
-  c = readers::ZeroCheckpoint::Open(root);
+  c = deepspeed_zero::ZeroCheckpoint::Open(root);
   EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << c.status();
   EXPECT_NE(c.status().message().find("NUL"), std::string::npos) << c.status();
   ASSERT_EQ(unlink(JoinPath(root, "latest").c_str()), 0);
   ASSERT_EQ(mkfifo(JoinPath(root, "latest").c_str(), 0644), 0);
-  c = readers::ZeroCheckpoint::Open(root);  // d01: does not block
+  c = deepspeed_zero::ZeroCheckpoint::Open(root);  // d01: does not block
   EXPECT_EQ(c.status().code(), absl::StatusCode::kFailedPrecondition) << c.status();
 }
 
@@ -387,13 +388,13 @@ TEST(ReliabilityTest, D14WrongDtypeInUniversalFileNamesFileAndParam) {
 TEST(ReliabilityTest, VerifyReportsEveryProblem) {
   const std::string root = CopyFixture("verify");
   const std::string tag = JoinPath(root, "global_step4");
-  auto good = readers::VerifyFolder(tag);
+  auto good = ops::Verify(tag);
   EXPECT_TRUE(good.problems.empty()) << good.problems[0];
   EXPECT_EQ(good.kind, "zero");
   EXPECT_EQ(good.files_checked, 2 + 4 + 24);
   const std::string u = JoinPath(Dirname(root), "u/global_step4_universal");
   ASSERT_TRUE(RunConvert(tag, u).ok());
-  auto ugood = readers::VerifyFolder(u);
+  auto ugood = ops::Verify(u);
   EXPECT_TRUE(ugood.problems.empty()) << ugood.problems[0];
   EXPECT_EQ(ugood.kind, "universal");
   // Two damaged optimizer files: two lines.
@@ -403,14 +404,14 @@ TEST(ReliabilityTest, VerifyReportsEveryProblem) {
                                                           "state.0.step 0 1"))
                     .ok());
   }
-  auto bad = readers::VerifyFolder(tag);
+  auto bad = ops::Verify(tag);
   ASSERT_EQ(bad.problems.size(), 2u);
   EXPECT_NE(bad.problems[0].find("zero_pp_rank_1_mp_rank_00_optim_states.pt"), std::string::npos);
   EXPECT_NE(bad.problems[1].find("zero_pp_rank_0_mp_rank_01_optim_states.pt"), std::string::npos);
   // A universal file changed after the manifest: its digest.
   const std::string q = JoinPath(u, "zero/2.attention.dense.weight/exp_avg.pt");
   ASSERT_TRUE(Python("mutate_checkpoint.py", absl::StrCat(q, " add-to-element param 0 1")).ok());
-  auto ubad = readers::VerifyFolder(u);
+  auto ubad = ops::Verify(u);
   ASSERT_FALSE(ubad.problems.empty());
   EXPECT_NE(ubad.problems[0].find("exp_avg.pt"), std::string::npos) << ubad.problems[0];
 }

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "ops/training_state.h"
 #include "deepspeed/facet.h"
 #include "format/torch/mapped_file.h"
 #include "format/pickle/accessors.h"
@@ -90,12 +91,12 @@ absl::StatusOr<ReshardResult> ReshardImpl(const ReshardOptions& options) {
   // A reshard to tp=1 splits nothing: a tp=1 source needs no merge rules.
   SourceOptions source = options.zero_source;
   if (options.write.target.tp == 1) source.tp1_whole_tensors = true;
-  UCP_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(options.input_folder, source, options.verify_checksums,
-                                                    /*zero_only=*/false, options.cluster));
+  source.verify_checksums = source.verify_checksums || options.verify_checksums;
+  UCP_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(options.input_folder, source, options.cluster));
   const state::ModelState* state = src.state.get();
   UCP_RETURN_IF_ERROR(ValidateTargetAgainstModel(*state, options));
   ReshardResult result;
-  result.source_kind = src.kind;
+  result.source_kind = std::string(src.format->kind());
   result.source = state->info().source_topology;
   result.notes = state->info().notes;
   writers::ZeroWriteOptions write = options.write;
@@ -110,19 +111,23 @@ absl::StatusOr<ReshardResult> ReshardImpl(const ReshardOptions& options) {
     }
     write.layer_type_name = rules::LayerTypeNamerFor(preset);
   }
-  absl::StatusOr<std::unique_ptr<writers::Plan>> plan = writers::PlanZero(*state, write, &result.write.layout);
-  if (options.cluster != nullptr) UCP_RETURN_IF_ERROR(AgreeOnStatus(*options.cluster, plan.status()));
-  UCP_RETURN_IF_ERROR(plan.status());
+  // The target format: the one named, else the registry's pick for the
+  // model (ZeRO 1/2, ZeRO-3, native MoE).
+  absl::StatusOr<TrainingStatePlan> planned = PlanTrainingState(*state, write, options.format);
+  if (options.cluster != nullptr) UCP_RETURN_IF_ERROR(AgreeOnStatus(*options.cluster, planned.status()));
+  UCP_RETURN_IF_ERROR(planned.status());
+  result.write.layout = planned->layout;
+  writers::Plan& plan = *planned->plan;
   if (options.dry_run_ranks > 0) {
-    result.plan = writers::DescribePlan(**plan, options.cluster ? options.cluster->size() : options.dry_run_ranks,
+    result.plan = writers::DescribePlan(plan, options.cluster ? options.cluster->size() : options.dry_run_ranks,
                                         options.dry_run_units);
     return result;
   }
-  const writers::RunOptions run = writers::ZeroRunOptions(write);
+  const writers::RunOptions& run = planned->run;
   UCP_ASSIGN_OR_RETURN(writers::WriteStats stats,
                        options.cluster != nullptr
-                           ? writers::RunPlanOnCluster(**plan, options.output_folder, run, *options.cluster)
-                           : writers::RunPlan(**plan, options.output_folder, run));
+                           ? writers::RunPlanOnCluster(plan, options.output_folder, run, *options.cluster)
+                           : writers::RunPlan(plan, options.output_folder, run));
   result.notes.insert(result.notes.end(), stats.notes.begin(), stats.notes.end());
   result.write.files = stats.files;
   result.write.bytes = stats.bytes;

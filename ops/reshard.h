@@ -1,6 +1,8 @@
-// `ucp reshard`: any checkpoint (a universal folder, or a ZeRO folder read in
-// one pass with no universal checkpoint on disk) -> a regular ZeRO checkpoint
-// at a target tp/pp/dp (zero_writer.h).
+// `ucp reshard`: any checkpoint ucp reads (a universal folder, or a ZeRO,
+// ZeRO-3 or native MoE folder read in one pass with no universal checkpoint
+// on disk) -> a training checkpoint at a target tp/pp/dp, in the target
+// format the registry picks for the model (ops/training_state.h) or the one
+// named.
 #ifndef UCP_OPS_RESHARD_H_
 #define UCP_OPS_RESHARD_H_
 
@@ -10,7 +12,8 @@
 #include "absl/status/statusor.h"
 #include "state/model_state.h"
 #include "ops/open.h"
-#include "writers/zero_writer.h"
+#include "ops/training_state.h"
+#include "writers/target_options.h"
 
 namespace ucp::ops {
 
@@ -18,6 +21,10 @@ struct ReshardOptions {
   std::string input_folder;   // universal folder (or root with latest_universal), or ZeRO folder
   std::string output_folder;  // ROOT/TAG
   writers::ZeroWriteOptions write;
+  // The target format's registry name (--format), "" = the pick for the
+  // model: deepspeed_zero (ZeRO 1/2), deepspeed_zero3 (--zero_stage=3 or a
+  // ZeRO-3 source), deepspeed_moe (a native MoE source).
+  std::string format;
   // For a ZeRO source: how its tp slices merge.
   SourceOptions zero_source;
   bool verify_checksums = false;  // a universal source's manifest sha256s
@@ -31,8 +38,8 @@ struct ReshardOptions {
 
 struct ReshardResult {
   std::string plan;  // the described plan of a dry run
-  writers::ZeroWriteResult write;
-  std::string source_kind;  // "universal" or "zero"
+  WrittenCheckpoint write;
+  std::string source_kind;  // the source format's kind (formats::SourceFormat::kind)
   state::Topology source;
   std::vector<std::string> notes;  // assumptions about the source (ModelInfo::notes)
 };

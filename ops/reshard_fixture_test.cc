@@ -13,8 +13,8 @@
 #include "absl/strings/str_replace.h"
 #include "base/fs.h"
 #include "ops/convert.h"
-#include "readers/compare.h"
-#include "readers/zero_checkpoint.h"
+#include "testing/compare.h"
+#include "formats/deepspeed_zero/zero_checkpoint.h"
 #include "format/torch/torch_file.h"
 #include "format/torch/tree_copy.h"
 #include "format/torch/torch_test_util.h"
@@ -58,8 +58,8 @@ absl::StatusOr<ReshardResult> DoReshard(const std::string& in, const std::string
 // optimizer files the job state above is skipped.
 std::vector<std::string> CompareCheckpoints(const std::string& ours, const std::string& theirs) {
   std::vector<std::string> diffs;
-  auto fa = readers::ListFilesRecursive(ours);
-  auto fb = readers::ListFilesRecursive(theirs);
+  auto fa = testing::ListFilesRecursive(ours);
+  auto fb = testing::ListFilesRecursive(theirs);
   if (!fa.ok() || !fb.ok()) return {"cannot list"};
   if (*fa != *fb) {
     diffs.push_back(absl::StrCat("files differ: [", absl::StrJoin(*fa, ", "), "] vs [", absl::StrJoin(*fb, ", "), "]"));
@@ -84,7 +84,7 @@ std::vector<std::string> CompareCheckpoints(const std::string& ours, const std::
       if (std::find(kJobState.begin(), kJobState.end(), key) != kJobState.end()) continue;
       const pickle::Value* w = rb.DictGet(k);
       if (w == nullptr) continue;
-      for (const auto& d : readers::CompareTrees(**a, *v, **b, *w)) {
+      for (const auto& d : testing::CompareTrees(**a, *v, **b, *w)) {
         if (!IsAdamStateOrder(d)) diffs.push_back(absl::StrCat(f, ": ", key, ".", d));
       }
     }
@@ -382,7 +382,7 @@ TEST(MoeReshardTest, Dp1KeepsEveryExpert) {
   for (int l = 0; l < 2; ++l) {
     for (int e = 0; e < 4; ++e) {
       const std::string f = absl::StrCat("layer_", l, "_expert_", e, "_mp_rank_00_model_states.pt");
-      auto d = readers::CompareFiles(JoinPath(out, f), JoinPath(src, f));
+      auto d = testing::CompareFiles(JoinPath(out, f), JoinPath(src, f));
       ASSERT_TRUE(d.ok()) << f << ": " << d.status();
       EXPECT_THAT(*d, IsEmpty()) << f << "\n" << absl::StrJoin(*d, "\n");
     }
@@ -450,7 +450,7 @@ TEST(VersionConventionTest, TargetVersionDecidesThePaddings) {
     }
     EXPECT_EQ(paddings[0], rank0) << version;
     EXPECT_EQ(paddings[1], rank1) << version;
-    auto c = readers::ZeroCheckpoint::Open(o.output_folder);
+    auto c = deepspeed_zero::ZeroCheckpoint::Open(o.output_folder);
     ASSERT_TRUE(c.ok()) << c.status();
     EXPECT_EQ((*c)->padding_convention(), version == "0.16.3" ? deepspeed::PaddingConvention::kLastRank
                                                                : deepspeed::PaddingConvention::kPerRank);

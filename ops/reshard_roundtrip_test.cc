@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/fs.h"
-#include "readers/compare.h"
+#include "testing/compare.h"
 #include "format/torch/torch_file.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -33,9 +33,9 @@ std::string DoReshard(const std::string& in, const std::string& out, state::Topo
 
 std::vector<std::string> Diff(const std::string& a, const std::string& b, const std::vector<std::string>& ignore = {},
                               bool ignore_key_order = false) {
-  readers::CompareOptions o;
+  testing::CompareOptions o;
   o.ignore_key_order = ignore_key_order;
-  auto d = readers::CompareFolders(a, b, ignore, o);
+  auto d = testing::CompareFolders(a, b, ignore, o);
   if (!d.ok()) return {d.status().ToString()};
   return *d;
 }
@@ -106,8 +106,8 @@ TEST(ReshardLayoutTest, MatchesSeparateRunAtThatTopology) {
   const std::string ours =
       DoReshard(FixturePath("neox-tp2-pp1-dp1/global_step4"), JoinPath(root, "global_step4"), {2, 1, 2});
   const std::string theirs = FixturePath("neox-tp2-pp1-dp2/global_step4");
-  auto fa = readers::ListFilesRecursive(ours);
-  auto fb = readers::ListFilesRecursive(theirs);
+  auto fa = testing::ListFilesRecursive(ours);
+  auto fb = testing::ListFilesRecursive(theirs);
   ASSERT_TRUE(fa.ok() && fb.ok());
   EXPECT_EQ(*fa, *fb);
   int checked_mappings = 0;
@@ -115,7 +115,7 @@ TEST(ReshardLayoutTest, MatchesSeparateRunAtThatTopology) {
     auto a = torch::TorchFile::Open(JoinPath(ours, f));
     auto b = torch::TorchFile::Open(JoinPath(theirs, f));
     ASSERT_TRUE(a.ok() && b.ok()) << f;
-    for (const auto& d : readers::CompareTrees(**a, *(*a)->root(), **b, *(*b)->root(), {1000, false})) {
+    for (const auto& d : testing::CompareTrees(**a, *(*a)->root(), **b, *(*b)->root(), {1000, false})) {
       // Values differ (another training run); nothing else may.
       const bool values = absl::StrContains(d, "tensor bytes differ") ||
                           absl::StartsWith(d, "random_rng_state") || absl::StartsWith(d, "np_rng_state") ||

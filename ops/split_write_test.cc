@@ -19,11 +19,11 @@
 #include "ops/convert.h"
 #include "ops/open.h"
 #include "ops/reshard.h"
-#include "readers/verify.h"
+#include "ops/inspect.h"
 #include "testing/fixtures.h"
 #include "format/torch/tensor.h"
 #include "writers/plan.h"
-#include "writers/zero_writer.h"
+#include "formats/deepspeed_zero/zero_writer.h"
 
 namespace ucp::ops {
 namespace {
@@ -111,7 +111,7 @@ TEST(SplitWriteTest, PiecesWriteTheSameBytesAsOneUnit) {
   }
 }
 
-// `ucp verify` (readers::VerifyFolder) finds a byte flipped in any piece of
+// `ucp verify` (formats::VerifyFolder) finds a byte flipped in any piece of
 // a file written in pieces: the record CRCs combined from the pieces' parts
 // cover every byte.
 TEST(SplitWriteTest, VerifyFindsAFlippedByteInEveryPiece) {
@@ -122,7 +122,7 @@ TEST(SplitWriteTest, VerifyFindsAFlippedByteInEveryPiece) {
   ASSERT_GE(pieces, 3);
   const std::string good = JoinPath(root, "good/global_step4");
   ASSERT_TRUE(Reshard(ToTp1(zero, good, piece_bytes, 2)).ok());
-  EXPECT_TRUE(readers::VerifyFolder(good).problems.empty());
+  EXPECT_TRUE(ops::Verify(good).problems.empty());
   auto bytes = ReadFileToString(JoinPath(good, kOptim));
   ASSERT_TRUE(bytes.ok());
   // The pieces' ranges, as the writer cuts them.
@@ -158,7 +158,7 @@ TEST(SplitWriteTest, VerifyFindsAFlippedByteInEveryPiece) {
     std::string flipped = *bytes;
     flipped[file_offset] ^= 0x20;
     ASSERT_TRUE(WriteFileAtomic(JoinPath(bad, kOptim), flipped).ok());
-    const readers::VerifyResult r = readers::VerifyFolder(bad);
+    const formats::VerifyResult r = ops::Verify(bad);
     ASSERT_FALSE(r.problems.empty()) << "piece " << k << " (file offset " << file_offset << ")";
     EXPECT_TRUE(absl::StrContains(absl::StrJoin(r.problems, "\n"), kOptim)) << absl::StrJoin(r.problems, "\n");
   }
@@ -193,12 +193,12 @@ class BrokenPlan : public writers::Plan {
 TEST(SplitWriteTest, AFailedOrLostPieceCommitsNothing) {
   SourceOptions source;
   source.tp1_whole_tensors = true;
-  auto state = OpenZeroState(testing::FixturePath(kFixture), source);
+  auto state = OpenResolvedState(testing::FixturePath(kFixture), source);
   ASSERT_TRUE(state.ok()) << state.status();
   writers::ZeroWriteOptions o;
   o.target = state::Topology{1, 1, 1};
   o.piece_bytes = 65536;
-  auto plan = writers::PlanZero(**state, o);
+  auto plan = deepspeed_zero::PlanZero(**state, o);
   ASSERT_TRUE(plan.ok()) << plan.status();
   std::vector<size_t> pieces;
   for (size_t i = 0; i < (*plan)->units().size(); ++i) {
@@ -233,7 +233,7 @@ TEST(SplitWriteTest, AFailedOrLostPieceCommitsNothing) {
   run.num_threads = 2;
   auto stats = writers::RunPlan(intact, JoinPath(root, "out/global_step4"), run);
   ASSERT_TRUE(stats.ok()) << stats.status();
-  EXPECT_TRUE(readers::VerifyFolder(JoinPath(root, "out/global_step4")).problems.empty());
+  EXPECT_TRUE(ops::Verify(JoinPath(root, "out/global_step4")).problems.empty());
 }
 
 // From a universal source, each piece of a split file lists, and opens,
@@ -248,12 +248,12 @@ TEST(SplitWriteTest, APieceOpensOnlyTheInputsOfItsBytes) {
   auto plan_of = [&](std::unique_ptr<writers::Plan>* plan) -> std::unique_ptr<state::ModelState> {
     SourceOptions so;
     so.tp1_whole_tensors = true;
-    auto src = OpenSource(universal, so, /*verify_checksums=*/false, /*zero_only=*/false, nullptr);
+    auto src = OpenSource(universal, so, nullptr);
     EXPECT_TRUE(src.ok()) << src.status();
     if (!src.ok()) return nullptr;
     writers::ZeroWriteOptions w = ToTp1(universal, "/unused", /*piece_bytes=*/65536, 1).write;
     w.inputs = {universal};
-    auto p = writers::PlanZero(*src->state, w, nullptr);
+    auto p = deepspeed_zero::PlanZero(*src->state, w, nullptr);
     EXPECT_TRUE(p.ok()) << p.status();
     if (p.ok()) *plan = *std::move(p);
     return std::move(src->state);

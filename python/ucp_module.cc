@@ -4,8 +4,8 @@
 //   run(command, flags, progress, interval) -> dict  convert / reshard / export, with the CLI's own flag parsing
 //                                                    (tools/command_flags.h), the GIL released while working
 //   flag_names(command), usage(command)              the flags (for keyword checks and docstrings)
-//   inspect(path) -> dict                            readers::Inspect's InspectReport, field by field
-//   open(path, flags) -> Checkpoint                  ops::OpenModelState
+//   inspect(path) -> dict                            ops::Inspect's InspectReport, field by field
+//   open(path, flags) -> Checkpoint                  ops::OpenSource (any format the registry knows)
 //   Checkpoint.load(name, state, dtype, copy)        a numpy array, a zero-copy view of the memory-mapped
 //                                                    file where the tensor is one contiguous run
 //
@@ -40,7 +40,7 @@
 #include "ops/open.h"
 #include "ops/reshard.h"
 #include "proto/ucp.pb.h"
-#include "readers/inspect.h"
+#include "ops/inspect.h"
 #include "tools/command_flags.h"
 #include "tools/flags.h"
 #include "tools/progress.h"
@@ -279,19 +279,7 @@ ProgressFn Both(ProgressFn a, ProgressFn b) {
 
 // ---- convert / reshard / export ----
 
-// allow_unsafe_pickle=True holds for one call only: the process-wide switch
-// (torch::SetAllowUnsafePickles, set by the flags' Finish) is restored after it.
-class UnsafePickleScope {
- public:
-  UnsafePickleScope() : saved_(torch::AllowUnsafePickles()) {}
-  ~UnsafePickleScope() { torch::SetAllowUnsafePickles(saved_); }
-
- private:
-  bool saved_;
-};
-
 py::dict Run(const std::string& command, const std::vector<std::string>& flags, py::object progress, double interval) {
-  UnsafePickleScope unsafe_scope;
   tools::FlagSet f(command, "");
   py::dict out;
   out["command"] = command;
@@ -386,7 +374,7 @@ py::dict InspectPath(const std::string& path) {
   absl::StatusOr<InspectReport> report;
   {
     py::gil_scoped_release release;
-    report = readers::Inspect(path);
+    report = ops::Inspect(path);
   }
   Check(report.status());
   return ProtoToDict(*report);
@@ -573,15 +561,15 @@ std::unique_ptr<Checkpoint> Open(const std::string& path, const std::vector<std:
   o.Register(f);
   ParseFlags(f, "open", flags);
   ops::SourceOptions options = Take(o.src.Options(o.threads, o.divisible_by));
-  absl::StatusOr<std::unique_ptr<state::ModelState>> state;
-  std::string kind;
+  absl::StatusOr<ops::OpenedSource> opened;
   {
     py::gil_scoped_release release;
-    kind = ops::IsUniversalFolder(path) ? "universal" : "zero";
-    state = ops::OpenModelState(path, options, o.verify_checksums);
+    options.verify_checksums = o.verify_checksums;
+    opened = ops::OpenSource(path, options, nullptr);
   }
-  Check(state.status());
-  return std::make_unique<Checkpoint>(path, kind, std::shared_ptr<const state::ModelState>(*std::move(state)));
+  Check(opened.status());
+  return std::make_unique<Checkpoint>(path, std::string(opened->format->kind()),
+                                      std::shared_ptr<const state::ModelState>(std::move(opened->state)));
 }
 
 }  // namespace

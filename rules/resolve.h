@@ -21,7 +21,7 @@
 // copies) gives.
 //
 // Example:
-//   UCP_ASSIGN_OR_RETURN(auto sliced, readers::ZeroSlicedState::Make(ckpt, {}));
+//   UCP_ASSIGN_OR_RETURN(auto sliced, deepspeed_zero::ZeroSlicedState::Make(ckpt, {}));
 //   UCP_ASSIGN_OR_RETURN(auto state, ResolveRules(std::move(sliced), ResolveOptions()));
 //   UCP_ASSIGN_OR_RETURN(tp::TensorPlan full, state->Full(state->info().params[0], "fp32"));
 #ifndef UCP_RULES_RESOLVE_H_

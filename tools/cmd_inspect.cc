@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "google/protobuf/text_format.h"
-#include "readers/inspect.h"
+#include "ops/inspect.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
 
@@ -19,14 +19,14 @@ int RunInspect(int argc, char** argv) {
   if (positional.size() != 1) {
     return Fail(absl::InvalidArgumentError("usage: ucp inspect PATH [--format=text|textproto]"));
   }
-  auto report = readers::Inspect(positional[0]);
+  auto report = ops::Inspect(positional[0]);
   if (!report.ok()) return Fail(report.status());
   if (format == "textproto") {
     std::string text;
     google::protobuf::TextFormat::PrintToString(*report, &text);
     std::cout << text;
   } else if (format == "text") {
-    std::cout << readers::FormatReport(*report);
+    std::cout << formats::FormatReport(*report);
   } else {
     return Fail(absl::InvalidArgumentError(absl::StrCat("--format=", format, ": expected text or textproto")));
   }

@@ -39,7 +39,7 @@ int RunRules(int argc, char** argv) {
     if (input_folder.empty()) return Fail(absl::InvalidArgumentError("--suggest needs --input_folder"));
     auto options = src.Options(threads, 0);
     if (!options.ok()) return Fail(options.status());
-    auto report = ops::SuggestZeroRules(input_folder, *options);
+    auto report = ops::SuggestRules(input_folder, *options);
     if (!report.ok()) return Fail(report.status());
     if (output.empty()) {
       std::cout << report->text;

@@ -3,7 +3,7 @@
 #include <string>
 #include <vector>
 
-#include "readers/verify.h"
+#include "ops/inspect.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
 
@@ -17,7 +17,7 @@ int RunVerify(int argc, char** argv) {
   std::vector<std::string> positional;
   if (std::optional<int> done = ParseOrExit(f, argc, argv, &positional)) return *done;
   if (positional.size() != 1) return Fail(absl::InvalidArgumentError("usage: ucp verify FOLDER"));
-  const readers::VerifyResult r = readers::VerifyFolder(positional[0]);
+  const formats::VerifyResult r = ops::Verify(positional[0]);
   for (const std::string& p : r.problems) std::cout << "PROBLEM " << p << "\n";
   if (!r.problems.empty()) {
     std::cout << r.dir << ": " << r.problems.size() << " problem(s) (" << r.kind << " checkpoint, "

@@ -160,13 +160,13 @@ void ConvertFlags::Register(FlagSet& f) {
 
 absl::Status ConvertFlags::Finish() {
   ops::ConvertOptions& o = options;
-  if (allow_unsafe_pickle) torch::SetAllowUnsafePickles(true);
   ApplyFsyncFlag(fsync);
   int threads = threads_;
   if (threads == 0 && extract_workers_ > 0) threads = extract_workers_;
   auto state = src.Options(threads, divisible_by_);
   if (!state.ok()) return state.status();
   o.state = *state;
+  o.state.allow_unsafe_pickles = allow_unsafe_pickle;
   o.write.num_threads = threads;
   o.write.keep_temp_folder = keep_;
   auto digest_kind = ParseDigestKind(digest_);
@@ -235,7 +235,6 @@ void ReshardFlags::Register(FlagSet& f) {
 
 absl::Status ReshardFlags::Finish() {
   ops::ReshardOptions& o = options;
-  if (allow_unsafe_pickle) torch::SetAllowUnsafePickles(true);
   ApplyFsyncFlag(fsync);
   for (absl::string_view item : absl::StrSplit(layer_types_, ',', absl::SkipEmpty())) {
     std::pair<std::string, std::string> kv = absl::StrSplit(item, ':');
@@ -248,6 +247,7 @@ absl::Status ReshardFlags::Finish() {
   auto zs = src.Options(threads_, o.write.make_vocab_size_divisible_by);
   if (!zs.ok()) return zs.status();
   o.zero_source = *zs;
+  o.zero_source.allow_unsafe_pickles = allow_unsafe_pickle;
   o.write.num_threads = threads_;
   return absl::OkStatus();
 }
@@ -307,12 +307,11 @@ void ExportFlags::Register(FlagSet& f) {
 
 absl::Status ExportFlags::Finish() {
   ops::ExportOptions& o = options;
-  if (allow_unsafe_pickle) torch::SetAllowUnsafePickles(true);
   ApplyFsyncFlag(fsync);
   if (format_ == "safetensors") {
-    o.write.format = writers::ExportFormat::kSafetensors;
+    o.format = "safetensors";
   } else if (format_ == "torch" || format_ == "pt" || format_ == "bin") {
-    o.write.format = writers::ExportFormat::kTorch;
+    o.format = "torch";
   } else {
     return absl::InvalidArgumentError(absl::StrCat("--format must be safetensors or torch, not '", format_, "'"));
   }
@@ -329,6 +328,7 @@ absl::Status ExportFlags::Finish() {
   auto state = src.Options(threads_, 0);
   if (!state.ok()) return state.status();
   o.state = *state;
+  o.state.allow_unsafe_pickles = allow_unsafe_pickle;
   o.write.num_threads = threads_;
   return absl::OkStatus();
 }

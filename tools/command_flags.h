@@ -31,7 +31,7 @@ namespace ucp::tools {
 // --progress=auto|always|never|json (tools/progress.h).
 void RegisterProgressFlag(FlagSet& f, std::string* mode);
 // --allow_unsafe_pickle: read (and copy) a checkpoint whose pickles name
-// code-execution globals; Finish() sets torch::SetAllowUnsafePickles when given.
+// code-execution globals (Finish() sets the source's allow_unsafe_pickles).
 void RegisterUnsafePickleFlag(FlagSet& f, bool* allow);
 // --update_latest: repoint a `latest` in the input checkpoint's root.
 void RegisterUpdateLatestFlag(FlagSet& f, bool* update);

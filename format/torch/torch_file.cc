@@ -435,7 +435,7 @@ absl::Status ParseTorchFile(const std::string& name, absl::Span<const uint8_t> b
   for (const auto& [module, gname] : globals) {
     if (pickle::IsUnsafeGlobal(module, gname)) unsafe->push_back(absl::StrCat(module, ".", gname));
   }
-  if (!unsafe->empty() && options.refuse_unsafe_globals && !AllowUnsafePickles()) {
+  if (!unsafe->empty() && options.refuse_unsafe_globals) {
     return absl::FailedPreconditionError(absl::StrCat(
         name, ": UNSAFE pickle: it names ", absl::StrJoin(*unsafe, ", "),
         " (code that torch.load would run when reading this file). ucp never runs it, but refuses to read or "
@@ -447,13 +447,6 @@ absl::Status ParseTorchFile(const std::string& name, absl::Span<const uint8_t> b
 }
 
 }  // namespace
-
-namespace {
-std::atomic<bool> allow_unsafe_pickles{false};
-}  // namespace
-
-void SetAllowUnsafePickles(bool allow) { allow_unsafe_pickles.store(allow); }
-bool AllowUnsafePickles() { return allow_unsafe_pickles.load(); }
 
 absl::StatusOr<std::unique_ptr<TorchFile>> TorchFile::Open(const std::string& path, const OpenOptions& options) {
   absl::StatusOr<std::shared_ptr<const MappedFile>> mapped = MappedFile::Open(path);

@@ -61,15 +61,11 @@ struct OpenOptions {
   // verified; call VerifyAllCrcs() (or rely on later reads) for the rest.
   bool verify_crc = true;
   // Refuse (kFailedPrecondition) a file whose pickle names a code-execution
-  // global (pickle/unsafe.h) unless AllowUnsafePickles() is set. `ucp
-  // inspect` turns it off to report such files instead.
+  // global (pickle/unsafe.h). `ucp inspect` turns it off to report such
+  // files instead; --allow_unsafe_pickle turns it off for a command's
+  // source (its readers' options, e.g. deepspeed/read_options.h).
   bool refuse_unsafe_globals = true;
 };
-
-// The process-wide answer to a pickle with an unsafe global (the CLI's
-// --allow_unsafe_pickle): false (default) refuses such files when opened.
-void SetAllowUnsafePickles(bool allow);
-bool AllowUnsafePickles();
 
 class TorchFile {
  public:

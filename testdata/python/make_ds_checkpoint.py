@@ -573,7 +573,12 @@ class Checkpoint:
         out = ['kind: "zero"', f'tag: "{self.tag}"',
                f"topology {{ tp: {self.tp} pp: {self.pp} dp: {self.dp} }}",
                f"zero_stage: {self.zero_stage}", f'optimizer_layout: "{layout["optimizer_layout"]}"',
-               f'lp_dtype: "{layout["lp_dtype"]}"', f"pipeline: {'true' if self.pipeline else 'false'}"]
+               f'lp_dtype: "{layout["lp_dtype"]}"', f"pipeline: {'true' if self.pipeline else 'false'}",
+               # How `ucp inspect` prints the kind, and that fragments are
+               # element ranges of the flat partitions.
+               'kind_detail: "ZeRO stage %d, %s optimizer layout"'
+               % (self.zero_stage, "BF16_Optimizer" if layout["optimizer_layout"] == "bf16" else "DeepSpeedZeroOptimizer"),
+               "fragment_ranges: true"]
         stage_names = []  # [stage][group] -> names
         for s in range(self.pp):
             sm = self.stages[s][0]

@@ -1,0 +1,396 @@
+#include "deepspeed/model_states_files.h"
+
+#include <algorithm>
+
+#include "absl/strings/strip.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/fs.h"
+#include "base/status_macros.h"
+#include "deepspeed/checkpoint_files.h"
+#include "deepspeed/value_util.h"
+#include "format/pickle/accessors.h"
+
+namespace ucp::deepspeed {
+
+namespace {
+
+using internal::DictPath;
+using internal::FileError;
+using internal::Numel;
+using internal::ShapeStr;
+using internal::StringList;
+using internal::Truthy;
+
+using pickle::AsFragmentAddress;
+using pickle::AsInt;
+using pickle::AsSequence;
+using pickle::AsTorchSize;
+using pickle::GetField;
+using pickle::Kind;
+using pickle::Value;
+using pickle::ValuePtr;
+
+
+
+
+// The names of each param group (OrderedDict name -> torch.Size) with shapes.
+struct FileGroupShapes {
+  std::vector<std::vector<std::pair<std::string, std::vector<int64_t>>>> groups;
+};
+
+absl::StatusOr<FileGroupShapes> ReadParamShapes(const torch::TorchFile& f) {
+  const Value& root = *f.root();
+  UCP_ASSIGN_OR_RETURN(const Value* shapes, GetField(root, "param_shapes", "model states"),
+                       _.Prepend(absl::StrCat(f.path(), ": ")));
+  if (shapes->is_none()) {
+    return FileError(f.path(), absl::StatusCode::kFailedPrecondition,
+                     "param_shapes is None: the checkpoint was not saved by a ZeRO or bf16 optimizer");
+  }
+  UCP_ASSIGN_OR_RETURN(auto* list, AsSequence(*shapes, "param_shapes"), _.Prepend(absl::StrCat(f.path(), ": ")));
+  FileGroupShapes out;
+  for (size_t g = 0; g < list->size(); ++g) {
+    const Value& d = *(*list)[g];
+    if (!d.is(Kind::kDict)) {
+      return FileError(f.path(), absl::StatusCode::kInvalidArgument,
+                       absl::StrCat("param_shapes[", g, "] is a ", pickle::KindName(d.kind()), ", expected a dict"));
+    }
+    std::vector<std::pair<std::string, std::vector<int64_t>>> group;
+    int64_t group_numel = 0;
+    for (const auto& [k, v] : d.dict_items()) {
+      if (!k->is(Kind::kStr)) {
+        return FileError(f.path(), absl::StatusCode::kInvalidArgument,
+                         absl::StrCat("param_shapes[", g, "] has a non-string key ", k->DebugString()));
+      }
+      UCP_ASSIGN_OR_RETURN(std::vector<int64_t> shape,
+                           AsTorchSize(*v, absl::StrCat("param_shapes[", g, "]['", k->str(), "']")),
+                           _.Prepend(absl::StrCat(f.path(), ": ")));
+      UCP_ASSIGN_OR_RETURN(int64_t numel,
+                           internal::CheckedShapeNumel(shape, f.path(),
+                                                       absl::StrCat("param_shapes[", g, "]['", k->str(), "']")));
+      if (__builtin_add_overflow(group_numel, numel, &group_numel) || group_numel > internal::kMaxShapeNumel) {
+        return FileError(f.path(), absl::StatusCode::kInvalidArgument,
+                         absl::StrCat("param_shapes[", g, "] adds up to more than 2^50 elements at '", k->str(), "'"));
+      }
+      group.emplace_back(k->str(), std::move(shape));
+    }
+    out.groups.push_back(std::move(group));
+  }
+  return out;
+}
+
+
+
+
+
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ModelStatesFiles>> ModelStatesFiles::Open(const std::string& dir, int layer_files_tp,
+                                                                       const ReadOptions& read) {
+  std::unique_ptr<ModelStatesFiles> m(new ModelStatesFiles());
+  m->dir_ = dir;
+  m->read_ = read;
+  UCP_RETURN_IF_ERROR(m->Load(layer_files_tp));
+  return m;
+}
+
+absl::Status ModelStatesFiles::Load(int layer_files_tp) {
+  UCP_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirectory(dir_));
+  std::set<int> mp_ranks;
+  for (const auto& n : names) {
+    auto parsed = deepspeed::ParseCheckpointFileName(n);
+    if (parsed && parsed->type == deepspeed::CheckpointFileName::Type::kMpRank) mp_ranks.insert(parsed->mp_rank);
+  }
+  if (mp_ranks.empty()) {
+    for (const auto& n : names) {
+      auto parsed = deepspeed::ParseCheckpointFileName(n);
+      if (!parsed || parsed->type != deepspeed::CheckpointFileName::Type::kZero3Model) continue;
+      // DeepSpeed's ZeRO-3 universal layout (ds_to_universal.py copies the
+      // zero_pp_rank_* model states beside zero/).
+      std::string version = "(no ds_version)";
+      if (auto f = torch::TorchFile::Open(JoinPath(dir_, n), read_.Files()); f.ok()) {
+        const Value* v = (*f)->root()->is(Kind::kDict) ? (*f)->root()->DictGet("ds_version") : nullptr;
+        if (v != nullptr && v->is(Kind::kStr)) version = v->str();
+      }
+      return absl::UnimplementedError(absl::StrCat(
+          dir_, ": a DeepSpeed ", version, " ZeRO stage 3 universal checkpoint (", n,
+          " beside zero/): ucp does not read the stage-3 universal layout; reshard the ZeRO-3 checkpoint it was "
+          "converted from (`ucp reshard --input_folder=<its global_stepN> --dp=N`)"));
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        dir_, ": unrecognized checkpoint layout: expected mp_rank_XX_model_states.pt files, found ",
+        names.empty() ? "an empty folder" : absl::StrCat(names.size(), " other entries, e.g. '", names.front(), "'")));
+  }
+  const int mp = *mp_ranks.rbegin() + 1;
+  for (int r = 0; r < mp; ++r) {
+    if (!mp_ranks.count(r)) {
+      return absl::NotFoundError(absl::StrCat(JoinPath(dir_, deepspeed::MpRankFileName(r)), ": missing (mp ranks ",
+                                              absl::StrJoin(mp_ranks, ","), " are present)"));
+    }
+  }
+  // Model states.
+  for (int r = 0; r < mp; ++r) {
+    UCP_ASSIGN_OR_RETURN(auto f, torch::TorchFile::Open(JoinPath(dir_, deepspeed::MpRankFileName(r)), read_.Files()));
+    files_.push_back(std::move(f));
+  }
+  const torch::TorchFile& mp0 = *files_[0];
+  const Value& root0 = *mp0.root();
+  if (!root0.is(Kind::kDict)) {
+    return FileError(mp0.path(), absl::StatusCode::kInvalidArgument,
+                     absl::StrCat("expected a dict of model states, found ", root0.DebugString(60)));
+  }
+  int64_t mp_world = 0, dp_world = 0;
+  {
+    UCP_ASSIGN_OR_RETURN(const Value* v, GetField(root0, "mp_world_size", "model states"),
+                         _.Prepend(mp0.path() + ": "));
+    UCP_ASSIGN_OR_RETURN(mp_world, AsInt(*v, "mp_world_size"), _.Prepend(mp0.path() + ": "));
+    UCP_ASSIGN_OR_RETURN(const Value* d, GetField(root0, "dp_world_size", "model states"),
+                         _.Prepend(mp0.path() + ": "));
+    UCP_ASSIGN_OR_RETURN(dp_world, AsInt(*d, "dp_world_size"), _.Prepend(mp0.path() + ": "));
+  }
+  if (mp_world != mp) {
+    return FileError(mp0.path(), absl::StatusCode::kInvalidArgument,
+                     absl::StrCat("mp_world_size is ", mp_world, " but the folder has ", mp,
+                                  " mp_rank_*_model_states.pt files"));
+  }
+  for (int r = 1; r < mp; ++r) {
+    const Value& root = *files_[r]->root();
+    const Value* m = root.is(Kind::kDict) ? root.DictGet("mp_world_size") : nullptr;
+    const Value* d = root.is(Kind::kDict) ? root.DictGet("dp_world_size") : nullptr;
+    if (m == nullptr || !m->is(Kind::kInt) || m->int_value() != mp_world || d == nullptr || !d->is(Kind::kInt) ||
+        d->int_value() != dp_world) {
+      return FileError(files_[r]->path(), absl::StatusCode::kInvalidArgument,
+                       absl::StrCat("expected mp_world_size ", mp_world, " and dp_world_size ", dp_world,
+                                    " as in ", deepspeed::MpRankFileName(0), ", found ", m ? m->DebugString() : "none", " and ",
+                                    d ? d->DebugString() : "none"));
+    }
+  }
+  // Saved together: the step counters and the DeepSpeed version agree.
+  for (int r = 1; r < mp; ++r) {
+    const Value& root = *files_[r]->root();
+    for (const char* key : {"ds_version", "global_steps", "global_samples", "iteration", "skipped_steps"}) {
+      const Value* a = root0.DictGet(key);
+      const Value* b = root.DictGet(key);
+      if (a == nullptr || b == nullptr) continue;
+      if (!pickle::DeepEqual(*a, *b)) {
+        return FileError(files_[r]->path(), absl::StatusCode::kInvalidArgument,
+                         absl::StrCat(key, " is ", b->DebugString(60), " but ", a->DebugString(60), " in ",
+                                      mp0.path(), ": files from different saves"));
+      }
+    }
+  }
+  const Value* module0 = root0.DictGet("module");
+  pipeline_ = module0 == nullptr || module0->is_none();
+
+  // Param shapes of every mp rank, and tp from which ranks share names.
+  std::vector<FileGroupShapes> shapes;
+  for (int r = 0; r < mp; ++r) {
+    UCP_ASSIGN_OR_RETURN(FileGroupShapes s, ReadParamShapes(*files_[r]));
+    shapes.push_back(std::move(s));
+  }
+  auto name_set = [&](int r) {
+    std::vector<std::string> n;
+    for (const auto& g : shapes[r].groups) {
+      for (const auto& [name, shape] : g) n.push_back(name);
+    }
+    return n;
+  };
+  int tp = 1;
+  {
+    const auto n0 = name_set(0);
+    while (tp < mp && name_set(tp) == n0) ++tp;
+    if (!pipeline_) tp = mp;  // a plain module has one stage
+    if (layer_files_tp > 0) {
+      const int files_tp = layer_files_tp;
+      if (files_tp != tp && mp % files_tp == 0) {
+        // Names can coincide across stages without params; layer files decide.
+        tp = files_tp;
+      }
+    }
+    // DeepSpeed >= 0.19.5 records the degrees (checkpoint_parallel_dimensions
+    // = {pp_degree, tp_degree}) in every model-state file: they decide.
+    for (int r = 0; r < mp; ++r) {
+      const Value& root = *files_[r]->root();
+      const Value* dims = root.is(Kind::kDict) ? root.DictGet("checkpoint_parallel_dimensions") : nullptr;
+      if (dims == nullptr || dims->is_none()) {
+        if (r > 0 && recorded_tp_ > 0) {
+          return FileError(files_[r]->path(), absl::StatusCode::kInvalidArgument,
+                           absl::StrCat("has no checkpoint_parallel_dimensions, which ", deepspeed::MpRankFileName(0),
+                                        " records"));
+        }
+        continue;
+      }
+      const Value* tpv = dims->is(Kind::kDict) ? dims->DictGet("tp_degree") : nullptr;
+      const Value* ppv = dims->is(Kind::kDict) ? dims->DictGet("pp_degree") : nullptr;
+      if (tpv == nullptr || ppv == nullptr || !tpv->is(Kind::kInt) || !ppv->is(Kind::kInt) || tpv->int_value() < 1 ||
+          ppv->int_value() < 1 || tpv->int_value() * ppv->int_value() != mp) {
+        return FileError(files_[r]->path(), absl::StatusCode::kInvalidArgument,
+                         absl::StrCat("checkpoint_parallel_dimensions is ", dims->DebugString(80),
+                                      ", expected {pp_degree, tp_degree} whose product is mp_world_size ", mp));
+      }
+      if (r == 0) {
+        recorded_tp_ = static_cast<int>(tpv->int_value());
+      } else if (recorded_tp_ != tpv->int_value()) {
+        return FileError(files_[r]->path(), absl::StatusCode::kInvalidArgument,
+                         absl::StrCat("checkpoint_parallel_dimensions tp_degree ", tpv->int_value(), " differs from ",
+                                      recorded_tp_, " in ", deepspeed::MpRankFileName(0)));
+      }
+    }
+    if (recorded_tp_ > 0) tp = recorded_tp_;
+    if (mp % tp != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(dir_, ": ", mp, " mp ranks do not split into stages of tp=", tp));
+    }
+  }
+  topo_.tp = tp;
+  topo_.pp = mp / tp;
+  topo_.dp = static_cast<int>(dp_world);
+  if (topo_.dp < 1) {
+    return FileError(mp0.path(), absl::StatusCode::kInvalidArgument,
+                     absl::StrCat("dp_world_size is ", dp_world, ", expected >= 1"));
+  }
+  for (int s = 0; s < topo_.pp; ++s) {
+    for (int t = 1; t < tp; ++t) {
+      if (name_set(s * tp + t) != name_set(s * tp)) {
+        return FileError(files_[s * tp + t]->path(), absl::StatusCode::kInvalidArgument,
+                         absl::StrCat("param_shapes names differ from ", deepspeed::MpRankFileName(s * tp),
+                                      " although both are pipeline stage ", s, " (tp=", tp, ")"));
+      }
+    }
+  }
+  // Groups.
+  num_groups_ = static_cast<int>(shapes[0].groups.size());
+  stage_groups_.assign(topo_.pp, {});
+  for (int s = 0; s < topo_.pp; ++s) {
+    for (int t = 0; t < topo_.tp; ++t) {
+      const FileGroupShapes& gs = shapes[s * tp + t];
+      if (static_cast<int>(gs.groups.size()) != num_groups_) {
+        return FileError(files_[s * tp + t]->path(), absl::StatusCode::kInvalidArgument,
+                         absl::StrCat("has ", gs.groups.size(), " param groups, ", deepspeed::MpRankFileName(0), " has ",
+                                      num_groups_));
+      }
+    }
+    for (int g = 0; g < num_groups_; ++g) {
+      std::vector<std::string> group_names;
+      for (const auto& [name, shape] : shapes[s * tp].groups[g]) group_names.push_back(name);
+      stage_groups_[s].push_back(std::move(group_names));
+    }
+  }
+  shapes_.clear();
+  for (const auto& fs : shapes) shapes_.push_back(fs.groups);
+  // Params, with tied ones merged across stages.
+  for (int s = 0; s < topo_.pp; ++s) {
+    for (int g = 0; g < num_groups_; ++g) {
+      for (size_t i = 0; i < stage_groups_[s][g].size(); ++i) {
+        const std::string& name = stage_groups_[s][g][i];
+        std::vector<std::vector<int64_t>> tp_shapes;
+        for (int t = 0; t < tp; ++t) tp_shapes.push_back(shapes[s * tp + t].groups[g][i].second);
+        auto it = param_index_.find(name);
+        if (it != param_index_.end()) {
+          ZeroParam& p = params_[it->second];
+          if (p.stages.back() == s) {
+            return FileError(files_[s * tp]->path(), absl::StatusCode::kInvalidArgument,
+                             absl::StrCat("param '", name, "' appears twice in param_shapes"));
+          }
+          if (p.group != g || p.tp_shapes != tp_shapes) {
+            return FileError(files_[s * tp]->path(), absl::StatusCode::kInvalidArgument,
+                             absl::StrCat("tied param '", name, "' is in group ", g, " with shape ",
+                                          ShapeStr(tp_shapes[0]), " but in group ", p.group, " with shape ",
+                                          ShapeStr(p.tp_shapes[0]), " in stage ", p.stages[0]));
+          }
+          p.stages.push_back(s);
+          p.index_in_group.push_back(static_cast<int>(i));
+          continue;
+        }
+        ZeroParam p;
+        p.name = name;
+        p.group = g;
+        p.stages = {s};
+        p.index_in_group = {static_cast<int>(i)};
+        p.tp_shapes = std::move(tp_shapes);
+        p.layer = LayerOfName(name);
+        p.tied_key = TiedKeyOfName(name);
+        param_index_[name] = params_.size();
+        params_.push_back(std::move(p));
+      }
+    }
+  }
+
+  // What else the files say.
+  for (const auto& f : files_) {
+    for (const auto& b : StringList(f->root()->DictGet("buffer_names"))) buffer_names_.insert(b);
+  }
+  empty_dict_ = Value::MakeDict();
+  uc_info_ = empty_dict_.get();
+  if (const Value* uc = root0.DictGet("universal_checkpoint_info"); uc != nullptr && uc->is(Kind::kDict)) {
+    uc_info_ = uc;
+  }
+  if (const Value* a = root0.DictGet("args"); a != nullptr) {
+    if (a->is(Kind::kDict)) {
+      args_ = a;
+    } else if (auto ns = pickle::AsNamespace(*a, "args"); ns.ok()) {
+      args_ = *ns;
+    }
+  }
+  const Value* bf16 = DictPath(&root0, {"ds_config", "bf16", "enabled"});
+  const Value* fp16 = DictPath(&root0, {"ds_config", "fp16", "enabled"});
+  config_lp_dtype_ = Truthy(bf16) ? torch::DType::kBFloat16
+                     : Truthy(fp16) ? torch::DType::kFloat16
+                                    : torch::DType::kFloat32;
+  return absl::OkStatus();
+}
+
+int64_t ModelStatesFiles::ArgInt(std::initializer_list<const char*> keys) const {
+  if (args_ == nullptr || !args_->is(Kind::kDict)) return 0;
+  for (const char* k : keys) {
+    const Value* v = args_->DictGet(k);
+    if (v != nullptr && v->is(Kind::kInt) && v->fits_int64()) return v->int_value();
+  }
+  return 0;
+}
+
+std::string ModelStatesFiles::ArgString(std::initializer_list<const char*> keys) const {
+  if (args_ == nullptr || !args_->is(Kind::kDict)) return "";
+  for (const char* k : keys) {
+    const Value* v = args_->DictGet(k);
+    if (v != nullptr && v->is(Kind::kStr)) return v->str();
+  }
+  return "";
+}
+
+bool ModelStatesFiles::ArgBool(const char* key) const { return Truthy(args_ != nullptr && args_->is(Kind::kDict) ? args_->DictGet(key) : nullptr); }
+
+std::string ModelStatesFiles::path(int pp, int tp) const {
+  return JoinPath(dir_, deepspeed::MpRankFileName(topo_.mp_rank(pp, tp)));
+}
+
+const ZeroParam* ModelStatesFiles::FindParam(const std::string& name) const {
+  auto it = param_index_.find(name);
+  return it == param_index_.end() ? nullptr : &params_[it->second];
+}
+
+std::vector<std::string> ModelStatesFiles::file_names() const {
+  std::vector<std::string> out;
+  for (int r = 0; r < topo_.mp_world_size(); ++r) out.push_back(deepspeed::MpRankFileName(r));
+  return out;
+}
+
+int LayerOfName(const std::string& name) {
+  const size_t dot = name.find('.');
+  if (dot == std::string::npos || dot == 0) return -1;
+  int layer = -1;
+  if (!absl::SimpleAtoi(absl::string_view(name).substr(0, dot), &layer)) return -1;
+  return layer;
+}
+
+std::string TiedKeyOfName(const std::string& name) {
+  absl::string_view s = name;
+  if (!absl::ConsumePrefix(&s, "tied_modules.")) return "";
+  const size_t dot = s.find('.');
+  if (dot == std::string::npos) return "";
+  return std::string(s.substr(0, dot));
+}
+
+}  // namespace ucp::deepspeed

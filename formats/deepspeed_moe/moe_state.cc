@@ -1,0 +1,1083 @@
+#include "formats/deepspeed_moe/moe_state.h"
+
+#include <algorithm>
+#include <set>
+#include <tuple>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "base/fs.h"
+#include "base/status_macros.h"
+#include "deepspeed/checkpoint_files.h"
+#include "format/pickle/accessors.h"
+#include "deepspeed/value_util.h"
+
+namespace ucp::deepspeed_moe {
+
+using deepspeed::ReadLatestTag;
+namespace internal = ::ucp::deepspeed::internal;
+
+namespace {
+
+using internal::CheckDense;
+using internal::FileError;
+using internal::ShapeStr;
+using internal::StringList;
+using pickle::AsInt;
+using pickle::AsSequence;
+using pickle::AsTorchSize;
+using pickle::GetField;
+using pickle::Kind;
+using pickle::Value;
+using pickle::ValuePtr;
+
+// layer_L_expert_E_mp_rank_XX_model_states.pt -> (L, E, XX).
+bool ParseExpertFileName(const std::string& name, int* layer, int* expert, int* mp) {
+  absl::string_view s = name;
+  if (!absl::ConsumePrefix(&s, "layer_")) return false;
+  const size_t a = s.find("_expert_");
+  if (a == absl::string_view::npos || !absl::SimpleAtoi(s.substr(0, a), layer)) return false;
+  s.remove_prefix(a + 8);
+  const size_t b = s.find("_mp_rank_");
+  if (b == absl::string_view::npos || !absl::SimpleAtoi(s.substr(0, b), expert)) return false;
+  s.remove_prefix(b + 9);
+  if (!absl::ConsumeSuffix(&s, "_model_states.pt")) return false;
+  return absl::SimpleAtoi(s, mp);
+}
+
+std::string TagFolderOf(const std::string& path_in) {
+  std::string path = path_in;
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  auto names = ListDirectory(path);
+  if (!names.ok()) return path;
+  for (const auto& n : *names) {
+    if (deepspeed::ParseCheckpointFileName(n) || absl::StartsWith(n, "layer_")) return path;
+  }
+  if (PathExists(JoinPath(path, deepspeed::kLatestFile))) {
+    auto tag = ReadLatestTag(path, deepspeed::kLatestFile);
+    if (tag.ok() && IsDirectory(JoinPath(path, *tag))) return JoinPath(path, *tag);
+  }
+  return path;
+}
+
+}  // namespace
+
+bool SplitExpertName(const std::string& name, std::string* prefix, int* id, std::string* suffix) {
+  const size_t at = name.find(kExpertInfix);
+  if (at == std::string::npos) return false;
+  const size_t start = at + std::string(kExpertInfix).size();
+  const size_t dot = name.find('.', start);
+  if (dot == std::string::npos) return false;
+  int n = 0;
+  if (!absl::SimpleAtoi(absl::string_view(name).substr(start, dot - start), &n)) return false;
+  *prefix = name.substr(0, at);
+  *id = n;
+  *suffix = name.substr(dot + 1);
+  return true;
+}
+
+std::string ExpertName(const std::string& prefix, int id, const std::string& suffix) {
+  return absl::StrCat(prefix, kExpertInfix, id, ".", suffix);
+}
+
+bool IsExpertFileName(const std::string& name) {
+  int l, e, m;
+  return ParseExpertFileName(name, &l, &e, &m);
+}
+
+bool IsMoeFolder(const std::string& path) {
+  auto names = ListDirectory(TagFolderOf(path));
+  if (!names.ok()) return false;
+  for (const auto& n : *names) {
+    int l, e, m;
+    if (ParseExpertFileName(n, &l, &e, &m)) return true;
+  }
+  return false;
+}
+
+absl::StatusOr<std::unique_ptr<MoeState>> MoeState::Open(const std::string& path,
+                                                         const deepspeed::ReadOptions& read) {
+  std::unique_ptr<MoeState> s(new MoeState());
+  s->read_ = read;
+  s->dir_ = TagFolderOf(path);
+  if (!IsDirectory(s->dir_)) return absl::NotFoundError(absl::StrCat(path, ": no such checkpoint folder"));
+  UCP_RETURN_IF_ERROR(s->Load());
+  return s;
+}
+
+std::string MoeState::OptimPath(int dp) const { return JoinPath(dir_, deepspeed::OptimFileName(dp, 0, bf16_prefix_)); }
+
+std::string MoeState::ExpertPath(int layer, int expert) const {
+  auto it = expert_files_.find({layer, expert});
+  return it != expert_files_.end()
+             ? it->second
+             : JoinPath(dir_, absl::StrCat("layer_", layer, "_expert_", expert, "_mp_rank_00_model_states.pt"));
+}
+
+absl::Status MoeState::Load() {
+  UCP_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirectory(dir_));
+  // bf16 jobs name their optimizer files bf16_zero_pp_rank_* (engine.py, for
+  // DeepSpeedZeroOptimizer with bf16 weights as for BF16_Optimizer; only the
+  // former is read, checked below).
+  {
+    std::set<bool> prefixes;
+    for (const auto& n : names) {
+      auto parsed = deepspeed::ParseCheckpointFileName(n);
+      if (parsed && parsed->type == deepspeed::CheckpointFileName::Type::kOptim) prefixes.insert(parsed->bf16_prefix);
+    }
+    if (prefixes.size() > 1) {
+      return absl::InvalidArgumentError(absl::StrCat(dir_, ": mixes bf16_zero_pp_rank_* and zero_pp_rank_* files"));
+    }
+    bf16_prefix_ = prefixes.count(true) > 0;
+  }
+  // The version, for the messages of what is refused below.
+  std::string version = "(no ds_version)";
+  if (auto f = torch::TorchFile::Open(JoinPath(dir_, deepspeed::MpRankFileName(0)), read_.Files()); f.ok()) {
+    const Value* v = (*f)->root()->is(Kind::kDict) ? (*f)->root()->DictGet("ds_version") : nullptr;
+    if (v != nullptr && v->is(Kind::kStr)) version = v->str();
+  }
+  if (version == "(no ds_version)") {  // before 0.19.3 only the optimizer files name it
+    const torch::OpenOptions lazy = read_.Files(/*verify_crc=*/false);
+    if (auto f = torch::TorchFile::Open(OptimPath(0), lazy); f.ok() && (*f)->root()->is(Kind::kDict)) {
+      const Value* v = (*f)->root()->DictGet("ds_version");
+      if (v != nullptr && v->is(Kind::kStr)) version = v->str();
+    }
+  }
+  const std::string what = absl::StrCat("DeepSpeed ", version, " native mixture-of-experts checkpoint");
+  const std::string supported = "ucp reads native MoE checkpoints of ZeRO stage 1/2 (DeepSpeedZeroOptimizer) at tp=pp=1";
+  std::set<int> optim_dp;
+  for (const auto& n : names) {
+    int l, e, m;
+    if (ParseExpertFileName(n, &l, &e, &m)) {
+      if (m != 0) {
+        return absl::UnimplementedError(
+            absl::StrCat(dir_, ": ", what, " with model parallelism (", n, "): ", supported));
+      }
+      expert_files_[{l, e}] = JoinPath(dir_, n);
+      continue;
+    }
+    auto parsed = deepspeed::ParseCheckpointFileName(n);
+    if (!parsed) continue;
+    if (parsed->type == deepspeed::CheckpointFileName::Type::kOptim) {
+      if (parsed->mp_rank != 0) {
+        return absl::UnimplementedError(absl::StrCat(dir_, ": ", what, " with ", n, ": ", supported));
+      }
+      optim_dp.insert(parsed->dp_rank);
+    } else if (parsed->type != deepspeed::CheckpointFileName::Type::kMpRank || parsed->mp_rank != 0) {
+      return absl::UnimplementedError(absl::StrCat(dir_, ": ", what, " with ", n, ": ", supported));
+    }
+  }
+  // engine.py _save_checkpoint writes expp_rank_R_mp_rank_XX_optim_states.pt
+  // for every MoE job; with ZeRO (up to 0.16.x at least; 0.19.5 no longer
+  // writes them) they only hold {'optimizer': None}, the optimizer being in
+  // the zero_pp_rank files. Without ZeRO they hold the whole optimizer.
+  for (const auto& n : names) {
+    if (!absl::StartsWith(n, "expp_rank_")) continue;
+    if (optim_dp.empty()) {
+      return absl::UnimplementedError(absl::StrCat(dir_, ": ", what, " without ZeRO (", n, "): ", supported));
+    }
+    const std::string path = JoinPath(dir_, n);
+    UCP_ASSIGN_OR_RETURN(std::unique_ptr<torch::TorchFile> f, torch::TorchFile::Open(path, read_.Files()));
+    const Value* opt = f->root()->is(Kind::kDict) ? f->root()->DictGet("optimizer") : nullptr;
+    if (opt == nullptr || !opt->is_none()) {
+      return FileError(path, absl::StatusCode::kUnimplemented,
+                       absl::StrCat(what, ": an expert optimizer file next to the ZeRO files holds ",
+                                    opt == nullptr ? "no 'optimizer' key" : "an optimizer",
+                                    ", expected {'optimizer': None}: ", supported));
+    }
+  }
+  const std::string mp_path = JoinPath(dir_, deepspeed::MpRankFileName(0));
+  UCP_ASSIGN_OR_RETURN(mp_, torch::TorchFile::Open(mp_path, read_.Files()));
+  const Value& root = *mp_->root();
+  auto err = [&](const std::string& path, absl::string_view message) {
+    return FileError(path, absl::StatusCode::kInvalidArgument, message);
+  };
+  if (!root.is(Kind::kDict)) return err(mp_path, "expected a dict of model states");
+  {
+    UCP_ASSIGN_OR_RETURN(const Value* d, GetField(root, "dp_world_size", "model states"), _.Prepend(mp_path + ": "));
+    UCP_ASSIGN_OR_RETURN(int64_t dp, AsInt(*d, "dp_world_size"), _.Prepend(mp_path + ": "));
+    if (dp < 1) return err(mp_path, "dp_world_size < 1");
+    dp_ = static_cast<int>(dp);
+    const Value* m = root.DictGet("mp_world_size");
+    if (m != nullptr && m->is(Kind::kInt) && m->int_value() != 1) {
+      return FileError(mp_path, absl::StatusCode::kUnimplemented,
+                       absl::StrCat("DeepSpeed ", version, " mixture-of-experts checkpoint with mp_world_size ",
+                                    m->int_value(), ": ucp reads native MoE checkpoints at tp=pp=1"));
+    }
+    const Value* module = root.DictGet("module");
+    if (module == nullptr || !module->is(Kind::kDict)) {
+      return FileError(mp_path, absl::StatusCode::kUnimplemented,
+                       "mixture-of-experts checkpoint of a PipelineModule (no module dict): not supported");
+    }
+  }
+  for (int d = 0; d < dp_; ++d) {
+    if (!optim_dp.count(d)) return absl::NotFoundError(absl::StrCat(OptimPath(d), ": missing (dp_world_size ", dp_, ")"));
+  }
+  for (int d : optim_dp) {
+    if (d >= dp_) return absl::InvalidArgumentError(absl::StrCat(OptimPath(d), ": dp rank ", d, " but dp_world_size is ", dp_));
+  }
+  for (const char* key : {"frozen_param_shapes", "frozen_param_fragments"}) {
+    const Value* f = root.DictGet(key);
+    if (f != nullptr && f->is(Kind::kDict) && !f->dict_items().empty()) {
+      return FileError(mp_path, absl::StatusCode::kUnimplemented,
+                       absl::StrCat("mixture-of-experts checkpoint with frozen params (", key, "): not supported"));
+    }
+  }
+  // num_experts per MoE layer.
+  {
+    const Value* ne = root.DictGet("num_experts");
+    if (ne == nullptr || !(ne->is(Kind::kList) || ne->is(Kind::kTuple))) {
+      return err(mp_path, "a mixture-of-experts checkpoint without a num_experts list");
+    }
+    for (const auto& v : ne->items()) {
+      UCP_ASSIGN_OR_RETURN(int64_t n, AsInt(*v, "num_experts"), _.Prepend(mp_path + ": "));
+      num_experts_.push_back(static_cast<int>(n));
+    }
+  }
+  // Rank 0's optimizer file: the groups, which of them hold experts, ep.
+  UCP_ASSIGN_OR_RETURN(auto f0, torch::TorchFile::Open(OptimPath(0), read_.Files()));
+  const Value* pgs = internal::DictPath(f0->root().get(), {"optimizer_state_dict", "base_optimizer_state", "param_groups"});
+  const Value* pc = internal::DictPath(f0->root().get(), {"optimizer_state_dict", "partition_count"});
+  if (pgs == nullptr || !pgs->is(Kind::kList) || pgs->items().empty()) {
+    return err(OptimPath(0), "no optimizer_state_dict.base_optimizer_state.param_groups list");
+  }
+  if (const Value* osd = f0->root()->DictGet("optimizer_state_dict");
+      osd != nullptr && osd->is(Kind::kDict) && osd->DictGet("zero_stage") == nullptr &&
+      osd->DictGet("loss_scaler") == nullptr) {
+    return FileError(OptimPath(0), absl::StatusCode::kUnimplemented,
+                     absl::StrCat(what, " saved by BF16_Optimizer (no zero_stage, no loss_scaler): ", supported));
+  }
+  const size_t num_groups = pgs->items().size();
+  if (pc == nullptr || !pc->is(Kind::kList) || pc->items().size() != num_groups) {
+    return err(OptimPath(0), "partition_count is not a list with one count per param group");
+  }
+  // The layout, by the keys present and the version the optimizer files
+  // name. DeepSpeed before 0.19.3 saved MoE model states without
+  // param_shapes (nor buffer_names, ds_config, ds_version: engine.py
+  // _save_moe_checkpoint): the groups' members and their order then come from
+  // every rank's param_slice_mappings, the shapes from the module (non-expert
+  // params) and the expert files (experts).
+  legacy_ = root.DictGet("param_shapes") == nullptr;
+  if (legacy_) {
+    const Value* v = f0->root()->is(Kind::kDict) ? f0->root()->DictGet("ds_version") : nullptr;
+    if (v == nullptr || !v->is(Kind::kStr)) {
+      return FileError(OptimPath(0), absl::StatusCode::kInvalidArgument,
+                       absl::StrCat("no ds_version, and ", mp_path, " has no param_shapes: cannot tell which DeepSpeed ",
+                                    "mixture-of-experts layout this is (0.19.3+ saves param_shapes, earlier versions ",
+                                    "a ds_version in the optimizer files)"));
+    }
+    auto parsed = deepspeed::ParseDsVersion(v->str());
+    if (!parsed.ok()) {
+      return FileError(OptimPath(0), absl::StatusCode::kInvalidArgument,
+                       absl::StrCat("ds_version '", v->str(), "' is not a version"));
+    }
+    if (!(*parsed < deepspeed::DsVersion{0, 19, 3})) {
+      return FileError(mp_path, absl::StatusCode::kInvalidArgument,
+                       absl::StrCat("no param_shapes, but the optimizer files say DeepSpeed ", v->str(),
+                                    ", whose mixture-of-experts model states have them (0.19.3 and later)"));
+    }
+    legacy_version_ = v->str();
+    legacy_parsed_ = *parsed;
+    groups_.resize(num_groups);
+  } else {
+    UCP_ASSIGN_OR_RETURN(const Value* shapes_v, GetField(root, "param_shapes", "model states"), _.Prepend(mp_path + ": "));
+    UCP_ASSIGN_OR_RETURN(auto* shape_list, AsSequence(*shapes_v, "param_shapes"), _.Prepend(mp_path + ": "));
+    for (size_t g = 0; g < shape_list->size(); ++g) {
+      const Value& d = *(*shape_list)[g];
+      if (!d.is(Kind::kDict)) return err(mp_path, absl::StrCat("param_shapes[", g, "] is not a dict"));
+      Group group;
+      for (const auto& [k, v] : d.dict_items()) {
+        if (!k->is(Kind::kStr)) return err(mp_path, absl::StrCat("param_shapes[", g, "] has a non-string key"));
+        UCP_ASSIGN_OR_RETURN(std::vector<int64_t> shape, AsTorchSize(*v, absl::StrCat("param_shapes[", g, "]")),
+                             _.Prepend(mp_path + ": "));
+        group.names.push_back(k->str());
+        group.shapes.push_back(std::move(shape));
+      }
+      groups_.push_back(std::move(group));
+    }
+    if (groups_.size() != num_groups) {
+      return err(OptimPath(0), absl::StrCat("expected ", groups_.size(),
+                                            " base_optimizer_state.param_groups (param_shapes of mp_rank_00)"));
+    }
+  }
+  slots_.clear();
+  for (int d = 0; d < dp_; ++d) slots_.push_back(std::make_unique<Slot>());
+  // Expert groups: 'moe': True in rank 0's param_groups.
+  {
+    int edp = 0;
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      const Value& pg = *pgs->items()[g];
+      groups_[g].expert = pg.is(Kind::kDict) && internal::Truthy(pg.DictGet("moe"));
+      UCP_ASSIGN_OR_RETURN(int64_t count, AsInt(*pc->items()[g], "partition_count"), _.Prepend(OptimPath(0) + ": "));
+      if (!groups_[g].expert) {
+        if (count != dp_) {
+          return err(OptimPath(0), absl::StrCat("partition_count[", g, "] is ", count, ", expected ", dp_,
+                                                " (dp_world_size) for a group without experts"));
+        }
+        continue;
+      }
+      if (count < 1 || dp_ % count != 0 || (edp != 0 && count != edp)) {
+        return err(OptimPath(0), absl::StrCat("partition_count[", g, "] is ", count, " for an expert group: expected ",
+                                              "the same divisor of dp_world_size ", dp_, " for every expert group"));
+      }
+      edp = static_cast<int>(count);
+      const Value* name = pg.DictGet("name");
+      ep_ = dp_ / edp;
+      if (name != nullptr && name->is(Kind::kStr) && name->str() != absl::StrCat("ep_size_", ep_)) {
+        return err(OptimPath(0), absl::StrCat("expert param group ", g, " is named '", name->str(), "', expected 'ep_size_",
+                                              ep_, "' (dp ", dp_, " / partition_count ", count, ")"));
+      }
+    }
+    if (edp == 0) return err(OptimPath(0), "no expert param group ('moe': True) in a checkpoint with expert files");
+  }
+  window_mappings_ = legacy_ && ep_ > 1 && deepspeed::ExpertMappingsSizedByWorld(legacy_parsed_);
+  if (legacy_) UCP_RETURN_IF_ERROR(GroupNamesFromMappings());
+  // MoE layers in order of appearance, and the experts' local ids.
+  for (const Group& g : groups_) {
+    if (!g.expert) continue;
+    for (const std::string& n : g.names) {
+      std::string prefix, suffix;
+      int id = 0;
+      if (!SplitExpertName(n, &prefix, &id, &suffix)) {
+        return err(mp_path, absl::StrCat("'", n, "' is in an expert param group but is not named '<prefix>",
+                                         kExpertInfix, "<id>.<name>'"));
+      }
+      if (std::find(moe_prefixes_.begin(), moe_prefixes_.end(), prefix) == moe_prefixes_.end()) {
+        moe_prefixes_.push_back(prefix);
+      }
+    }
+  }
+  if (moe_prefixes_.size() != num_experts_.size()) {
+    return err(mp_path, absl::StrCat("num_experts lists ", num_experts_.size(), " MoE layers, the expert groups hold ",
+                                     moe_prefixes_.size()));
+  }
+  for (size_t l = 0; l < num_experts_.size(); ++l) {
+    if (num_experts_[l] % ep_ != 0) {
+      return err(mp_path, absl::StrCat("MoE layer ", l, " has ", num_experts_[l], " experts, not a multiple of ep ", ep_));
+    }
+    for (int e = 0; e < num_experts_[l]; ++e) {
+      if (!expert_files_.count({static_cast<int>(l), e})) {
+        return absl::NotFoundError(absl::StrCat(ExpertPath(static_cast<int>(l), e), ": missing (num_experts ",
+                                                num_experts_[l], ")"));
+      }
+    }
+  }
+  for (const auto& [key, path] : expert_files_) {
+    if (key.first >= static_cast<int>(num_experts_.size()) || key.second >= num_experts_[key.first]) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": not an expert of num_experts ",
+                                                     absl::StrJoin(num_experts_, ",")));
+    }
+  }
+  if (legacy_) UCP_RETURN_IF_ERROR(GroupShapesFromTensors());
+  // Layouts: non-expert groups over dp, expert groups over dp / ep.
+  for (Group& g : groups_) {
+    std::vector<int64_t> numels;
+    for (const auto& s : g.shapes) numels.push_back(internal::Numel(s));
+    g.layout = deepspeed::ZeroGroupLayout::Make(std::move(numels), g.expert ? dp_ / ep_ : dp_);
+    if (!g.expert) continue;
+    for (const std::string& n : g.names) {
+      std::string prefix, suffix;
+      int id = 0;
+      SplitExpertName(n, &prefix, &id, &suffix);
+      const int layer = static_cast<int>(std::find(moe_prefixes_.begin(), moe_prefixes_.end(), prefix) - moe_prefixes_.begin());
+      if (id >= num_experts_[layer] / ep_) {
+        return err(mp_path, absl::StrCat("'", n, "': local expert ", id, " but MoE layer ", layer, " has ",
+                                         num_experts_[layer] / ep_, " per ep rank"));
+      }
+    }
+  }
+  UCP_ASSIGN_OR_RETURN(const OptimFile* first, Optim(0));
+
+  // The model info: non-expert params, then experts under global ids.
+  info_.source_topology = {1, 1, dp_};
+  info_.pipeline = false;
+  info_.optimizer_kind = state::OptimizerKind::kZero;
+  info_.bf16_file_prefix = bf16_prefix_;
+  info_.num_groups = static_cast<int>(groups_.size());
+  {
+    const Value* zs = first->osd->DictGet("zero_stage");
+    UCP_ASSIGN_OR_RETURN(info_.zero_stage, pickle::AsZeroStage(*zs, "zero_stage"), _.Prepend(OptimPath(0) + ": "));
+  }
+  for (const auto& [k, t] : first->states[0]) info_.state_keys.push_back(k);
+  for (const auto& [k, v] : first->scalars[0]) info_.scalar_keys.push_back(k);
+  info_.expert_parallel = ep_;
+  for (size_t l = 0; l < num_experts_.size(); ++l) info_.moe_layers.push_back({moe_prefixes_[l], num_experts_[l]});
+  for (const Group& g : groups_) info_.expert_groups.push_back(g.expert);
+  const Value* module = root.DictGet("module");
+  const std::vector<std::string> buffers = StringList(root.DictGet("buffer_names"));
+  torch::DType lp = torch::DType::kFloat32;
+  for (const auto& [k, v] : module->dict_items()) {
+    if (!k->is(Kind::kStr) || !torch::TorchFile::IsTensor(*v)) continue;
+    UCP_ASSIGN_OR_RETURN(torch::Tensor t, mp_->GetTensor(*v));
+    info_.module_order.push_back({-1, k->str()});
+    lp = t.dtype();
+  }
+  info_.lp_dtype = lp;
+  std::set<std::string> trainable;
+  std::map<std::string, std::vector<int64_t>> shape_of;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const Group& grp = groups_[g];
+    for (int e = 0; e < (grp.expert ? ep_ : 1); ++e) {
+      for (size_t i = 0; i < grp.names.size(); ++i) {
+        state::ParamState p;
+        p.name = grp.names[i];
+        if (grp.expert) {
+          std::string prefix, suffix;
+          int id = 0;
+          SplitExpertName(grp.names[i], &prefix, &id, &suffix);
+          const int layer =
+              static_cast<int>(std::find(moe_prefixes_.begin(), moe_prefixes_.end(), prefix) - moe_prefixes_.begin());
+          p.name = ExpertName(prefix, e * (num_experts_[layer] / ep_) + id, suffix);
+        } else if (!module->DictGet(p.name)) {
+          return err(mp_path, absl::StrCat("param '", p.name, "' of param_shapes is not in module"));
+        }
+        p.local_name = p.name;
+        p.group = static_cast<int>(g);
+        p.role = state::TensorRole::kTrainable;
+        p.lp_dtype = lp;
+        p.tp_shapes = {grp.shapes[i]};
+        p.stages = {0};
+        shape_of[p.name] = grp.shapes[i];
+        if (!trainable.insert(p.name).second) {
+          return err(mp_path, absl::StrCat("param '", p.name, "' is in param_shapes twice"));
+        }
+        info_.params.push_back(std::move(p));
+        where_.push_back({static_cast<int>(g), static_cast<int>(i), grp.expert ? e : -1});
+      }
+    }
+  }
+  for (const auto& [k, v] : module->dict_items()) {
+    if (!k->is(Kind::kStr) || !torch::TorchFile::IsTensor(*v) || trainable.count(k->str())) continue;
+    if (std::find(buffers.begin(), buffers.end(), k->str()) == buffers.end()) {
+      if (!legacy_) {
+        return err(mp_path, absl::StrCat("module['", k->str(), "'] is neither a param of the optimizer nor a buffer"));
+      }
+      // Before 0.19.3 nothing tells a buffer from a frozen (or tied) param.
+      untold_.push_back(k->str());
+    }
+    UCP_ASSIGN_OR_RETURN(torch::Tensor t, mp_->GetTensor(*v));
+    state::ParamState p;
+    p.name = k->str();
+    p.local_name = p.name;
+    p.role = state::TensorRole::kBuffer;
+    p.lp_dtype = t.dtype();
+    p.tp_shapes = {t.sizes()};
+    p.stages = {0};
+    info_.params.push_back(std::move(p));
+    where_.push_back({});
+  }
+  // The experts' module keys, in their files' order (expert files are
+  // opened for their keys only; their weights are checked when read).
+  for (size_t l = 0; l < num_experts_.size(); ++l) {
+    for (int e = 0; e < num_experts_[l]; ++e) {
+      const torch::OpenOptions lazy = read_.Files(/*verify_crc=*/false);
+      const std::string path = ExpertPath(static_cast<int>(l), e);
+      UCP_ASSIGN_OR_RETURN(auto f, torch::TorchFile::Open(path, lazy));
+      if (!f->root()->is(Kind::kDict)) return err(path, "expected a dict of expert weights");
+      for (const auto& [k, v] : f->root()->dict_items()) {
+        std::string prefix, suffix;
+        int id = -1;
+        if (!k->is(Kind::kStr) || !SplitExpertName(k->str(), &prefix, &id, &suffix) || prefix != moe_prefixes_[l] ||
+            id != e) {
+          return err(path, absl::StrCat("key ", k->DebugString(), " is not a weight of MoE layer ", l, " ('",
+                                        moe_prefixes_[l], "') expert ", e));
+        }
+        if (!trainable.count(k->str())) {
+          return err(path, absl::StrCat("'", k->str(), "' is in no expert param group of the optimizer files"));
+        }
+        if (torch::TorchFile::IsTensor(*v)) {
+          UCP_ASSIGN_OR_RETURN(torch::Tensor t, f->GetTensor(*v), _.Prepend(path + ": "));
+          if (t.sizes() != shape_of[k->str()]) {
+            return err(path, absl::StrCat("'", k->str(), "' has shape ", ShapeStr(t.sizes()), ", its param group ",
+                                          legacy_ ? "(ep rank 0's local expert) " : "(param_shapes) ", ShapeStr(shape_of[k->str()])));
+          }
+        }
+        info_.module_order.push_back({-1, k->str()});
+      }
+    }
+  }
+  if (legacy_) {
+    info_.notes.push_back(absl::StrCat(
+        "DeepSpeed ", legacy_version_, " mixture-of-experts layout (before 0.19.3: no param_shapes): each group's params "
+        "and their order taken from the optimizer files' param_slice_mappings, shapes from the module and the expert "
+        "files", window_mappings_ ? "; the expert groups (mapped only in part before 0.14.5) from the expert files, "
+                                    "checked against every rank's window and partition size" : ""));
+    if (!untold_.empty()) {
+      info_.notes.push_back(absl::StrCat(
+          "module tensors in no optimizer group (", absl::StrJoin(untold_, ", "), "): kept as they are; the files of ",
+          "DeepSpeed before 0.19.3 do not say whether they are buffers or frozen params"));
+    }
+  }
+  info_.notes.push_back(absl::StrCat("mixture of experts: ", num_experts_.size(), " MoE layers, ep=", ep_,
+                                     ", experts named by global id; dp rank d taken as ep rank d % ", ep_,
+                                     " (DeepSpeed's default E + D rank order)"));
+  info_.Reindex();
+  empty_dict_ = Value::MakeDict();
+  return absl::OkStatus();
+}
+
+absl::Status MoeState::GroupNamesFromMappings() {
+  const size_t n = groups_.size();
+  // Every rank's param_slice_mappings: (name, fragment numel) per group.
+  std::vector<std::vector<std::vector<std::pair<std::string, int64_t>>>> ranks(dp_);
+  for (int d = 0; d < dp_; ++d) {
+    const std::string path = OptimPath(d);
+    const torch::OpenOptions lazy = read_.Files(/*verify_crc=*/false);  // checked when the file is read for its tensors
+    UCP_ASSIGN_OR_RETURN(auto f, torch::TorchFile::Open(path, lazy));
+    const Value* mappings = internal::DictPath(f->root().get(), {"optimizer_state_dict", "param_slice_mappings"});
+    if (mappings == nullptr || !mappings->is(Kind::kList) || mappings->items().size() != n) {
+      return FileError(path, absl::StatusCode::kInvalidArgument,
+                       absl::StrCat("no param_slice_mappings with one dict per param group (", n,
+                                    "): the mixture-of-experts layout of DeepSpeed ", legacy_version_,
+                                    " names its params only there (its model states have no param_shapes)"));
+    }
+    ranks[d].resize(n);
+    fp32_numels_.resize(dp_);
+    fp32_numels_[d].assign(n, -1);
+    if (const Value* fp32s = internal::DictPath(f->root().get(), {"optimizer_state_dict", "single_partition_of_fp32_groups"});
+        fp32s != nullptr && fp32s->is(Kind::kList) && fp32s->items().size() == n) {
+      for (size_t g = 0; g < n; ++g) {
+        if (torch::TorchFile::IsTensor(*fp32s->items()[g])) {
+          if (auto t = f->GetTensor(*fp32s->items()[g]); t.ok()) fp32_numels_[d][g] = t->numel();
+        }
+      }
+    }
+    for (size_t g = 0; g < n; ++g) {
+      const Value& m = *mappings->items()[g];
+      if (!m.is(Kind::kDict)) {
+        return FileError(path, absl::StatusCode::kInvalidArgument, absl::StrCat("param_slice_mappings[", g, "] is not a dict"));
+      }
+      for (const auto& [k, v] : m.dict_items()) {
+        if (!k->is(Kind::kStr)) {
+          return FileError(path, absl::StatusCode::kInvalidArgument,
+                           absl::StrCat("param_slice_mappings[", g, "] has a non-string key"));
+        }
+        UCP_ASSIGN_OR_RETURN(pickle::FragmentAddress a, pickle::AsFragmentAddress(*v, k->str()), _.Prepend(path + ": "));
+        ranks[d][g].push_back({k->str(), a.numel});
+      }
+    }
+  }
+  // A group's params in flatten order over `dp_ranks` (partition order): a
+  // param split between two ranks ends one rank's list and starts the next's.
+  auto merge = [&](size_t g, const std::vector<int>& dp_ranks, std::vector<std::string>* names,
+                   std::vector<int64_t>* numels) -> absl::Status {
+    for (int d : dp_ranks) {
+      const auto& list = ranks[d][g];
+      for (size_t i = 0; i < list.size(); ++i) {
+        const auto& [name, numel] = list[i];
+        if (i == 0 && !names->empty() && names->back() == name) {
+          numels->back() += numel;
+          continue;
+        }
+        if (std::find(names->begin(), names->end(), name) != names->end()) {
+          return FileError(OptimPath(d), absl::StatusCode::kInvalidArgument,
+                           absl::StrCat("param_slice_mappings[", g, "] lists '", name,
+                                        "', which an earlier partition of the group already ended"));
+        }
+        names->push_back(name);
+        numels->push_back(numel);
+      }
+    }
+    return absl::OkStatus();
+  };
+  legacy_numels_.assign(n, {});
+  const int edp = dp_ / ep_;
+  if (window_mappings_) UCP_RETURN_IF_ERROR(ExpertGroupsFromExpertFiles(ranks));
+  for (size_t g = 0; g < n; ++g) {
+    Group& grp = groups_[g];
+    if (grp.expert && window_mappings_) continue;
+    if (!grp.expert) {
+      std::vector<int> all;
+      for (int d = 0; d < dp_; ++d) all.push_back(d);
+      UCP_RETURN_IF_ERROR(merge(g, all, &grp.names, &legacy_numels_[g]));
+    } else {
+      // Every ep rank holds the same local experts (local ids): its expert
+      // data parallel ranks e, e + ep, ... list them all.
+      for (int e = 0; e < ep_; ++e) {
+        std::vector<int> ranks_of_e;
+        for (int k = 0; k < edp; ++k) ranks_of_e.push_back(DpRank(e, k));
+        std::vector<std::string> names;
+        std::vector<int64_t> numels;
+        UCP_RETURN_IF_ERROR(merge(g, ranks_of_e, &names, &numels));
+        if (e == 0) {
+          grp.names = std::move(names);
+          legacy_numels_[g] = std::move(numels);
+        } else if (names != grp.names || numels != legacy_numels_[g]) {
+          return FileError(OptimPath(DpRank(e, 0)), absl::StatusCode::kInvalidArgument,
+                           absl::StrCat("param_slice_mappings[", g, "] of ep rank ", e, " (dp ranks ", e, ", ", e + ep_,
+                                        ", ...) list [", absl::StrJoin(names, ", "), "], ep rank 0's [",
+                                        absl::StrJoin(grp.names, ", "),
+                                        "] (or other sizes): every ep rank holds the same local experts"));
+        }
+      }
+    }
+    if (grp.names.empty()) {
+      return FileError(OptimPath(0), absl::StatusCode::kInvalidArgument,
+                       absl::StrCat("param group ", g, " has no param in any rank's param_slice_mappings"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MoeState::ExpertGroupsFromExpertFiles(
+    const std::vector<std::vector<std::vector<std::pair<std::string, int64_t>>>>& ranks) {
+  // Which expert group each (MoE layer prefix, expert param suffix) is in, as
+  // any rank's mappings show it (they list only a window of each group).
+  std::map<std::pair<std::string, std::string>, int> group_of;
+  for (int d = 0; d < dp_; ++d) {
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      if (!groups_[g].expert) continue;
+      for (const auto& [name, numel] : ranks[d][g]) {
+        std::string prefix, suffix;
+        int id = 0;
+        if (!SplitExpertName(name, &prefix, &id, &suffix)) {
+          return FileError(OptimPath(d), absl::StatusCode::kInvalidArgument,
+                           absl::StrCat("'", name, "' is in expert param group ", g, " but is not named '<prefix>",
+                                        kExpertInfix, "<id>.<name>'"));
+        }
+        auto [it, fresh] = group_of.insert({{prefix, suffix}, static_cast<int>(g)});
+        if (!fresh && it->second != static_cast<int>(g)) {
+          return FileError(OptimPath(d), absl::StatusCode::kInvalidArgument,
+                           absl::StrCat("expert param '", suffix, "' of '", prefix, "' is in param groups ", it->second,
+                                        " and ", g));
+        }
+      }
+    }
+  }
+  // Each MoE layer's prefix and expert params (suffixes, in module order)
+  // from its global expert 0 (ep rank 0's local expert 0); every local expert
+  // is a copy of it (deepspeed.moe.experts.Experts), which the optimizer
+  // files' windows and partition sizes then confirm (ParseOptim).
+  std::vector<int> expert_groups;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    if (groups_[g].expert) expert_groups.push_back(static_cast<int>(g));
+  }
+  std::vector<std::string> prefixes;
+  std::vector<std::vector<std::string>> suffixes(num_experts_.size());
+  std::map<std::pair<std::string, std::string>, int64_t> numel_of;
+  std::vector<std::pair<std::string, std::string>> unknown;  // in no window
+  for (size_t l = 0; l < num_experts_.size(); ++l) {
+    const std::string path = ExpertPath(static_cast<int>(l), 0);
+    const torch::OpenOptions lazy = read_.Files(/*verify_crc=*/false);
+    UCP_ASSIGN_OR_RETURN(auto f, torch::TorchFile::Open(path, lazy));
+    if (!f->root()->is(Kind::kDict)) {
+      return FileError(path, absl::StatusCode::kInvalidArgument, "expected a dict of expert weights");
+    }
+    std::string layer_prefix;
+    for (const auto& [k, v] : f->root()->dict_items()) {
+      std::string prefix, suffix;
+      int id = -1;
+      if (!k->is(Kind::kStr) || !SplitExpertName(k->str(), &prefix, &id, &suffix) || id != 0 ||
+          (!layer_prefix.empty() && prefix != layer_prefix)) {
+        return FileError(path, absl::StatusCode::kInvalidArgument,
+                         absl::StrCat("key ", k->DebugString(), " is not a weight of one MoE layer's expert 0"));
+      }
+      layer_prefix = prefix;
+      UCP_ASSIGN_OR_RETURN(torch::Tensor t, f->GetTensor(*v), _.Prepend(path + ": "));
+      suffixes[l].push_back(suffix);
+      numel_of[{prefix, suffix}] = t.numel();
+      if (!group_of.count({prefix, suffix})) unknown.push_back({prefix, suffix});
+    }
+    if (layer_prefix.empty()) return FileError(path, absl::StatusCode::kInvalidArgument, "holds no expert weight");
+    prefixes.push_back(layer_prefix);
+  }
+  // Each expert group in module order (MoE layers, local experts, params),
+  // for an assignment of the params no window lists.
+  auto build = [&](const std::map<std::pair<std::string, std::string>, int>& of,
+                   std::vector<std::vector<std::string>>* names, std::vector<std::vector<int64_t>>* numels) {
+    names->assign(groups_.size(), {});
+    numels->assign(groups_.size(), {});
+    for (size_t l = 0; l < prefixes.size(); ++l) {
+      for (int k = 0; k < num_experts_[l] / ep_; ++k) {
+        for (const std::string& suffix : suffixes[l]) {
+          const int g = of.at({prefixes[l], suffix});
+          (*names)[g].push_back(ExpertName(prefixes[l], k, suffix));
+          (*numels)[g].push_back(numel_of.at({prefixes[l], suffix}));
+        }
+      }
+    }
+  };
+  // Whether every rank's window and fp32 partition are what that assignment gives.
+  auto fits = [&](const std::vector<std::vector<std::string>>& names,
+                  const std::vector<std::vector<int64_t>>& numels) {
+    const int edp = dp_ / ep_;
+    for (int g : expert_groups) {
+      const auto layout = deepspeed::ZeroGroupLayout::Make(numels[g], edp);
+      int64_t total = 0;
+      for (int k = 0; k < edp; ++k) {
+        total += fp32_numels_[DpRank(0, k)][g];
+        const auto [start, size] = deepspeed::ExpertMappingWindow(layout, k, dp_);
+        const auto frags = layout.FragmentsOfWindow(start, size);
+        for (int e = 0; e < ep_; ++e) {
+          const auto& listed = ranks[DpRank(e, k)][g];
+          if (listed.size() != frags.size()) return false;
+          for (size_t i = 0; i < frags.size(); ++i) {
+            if (listed[i].first != names[g][frags[i].param_index] || listed[i].second != frags[i].numel) return false;
+          }
+        }
+      }
+      if (total != layout.numel()) return false;
+    }
+    return true;
+  };
+  std::vector<std::vector<std::string>> names;
+  std::vector<std::vector<int64_t>> numels;
+  if (unknown.empty()) {
+    build(group_of, &names, &numels);
+  } else {
+    // Try every assignment of them to the expert groups: the one whose
+    // windows and partition sizes are the files', if exactly one is.
+    int64_t combos = 1;
+    for (size_t i = 0; i < unknown.size() && combos <= 4096; ++i) combos *= static_cast<int64_t>(expert_groups.size());
+    std::vector<std::string> unknown_names;
+    for (const auto& [prefix, suffix] : unknown) unknown_names.push_back(absl::StrCat(prefix, ".<expert>.", suffix));
+    const std::string why = absl::StrCat(
+        "DeepSpeed ", legacy_version_, " (before 0.14.5) lists only a window of 1/ep of each expert group in "
+        "param_slice_mappings, and no window lists ", absl::StrJoin(unknown_names, ", "));
+    if (combos > 4096) {
+      return FileError(OptimPath(0), absl::StatusCode::kInvalidArgument,
+                       absl::StrCat(why, ": too many expert params of unknown param group to tell"));
+    }
+    int found = 0;
+    for (int64_t c = 0; c < combos; ++c) {
+      std::map<std::pair<std::string, std::string>, int> of = group_of;
+      int64_t x = c;
+      for (const auto& key : unknown) {
+        of[key] = expert_groups[x % expert_groups.size()];
+        x /= static_cast<int64_t>(expert_groups.size());
+      }
+      std::vector<std::vector<std::string>> n;
+      std::vector<std::vector<int64_t>> m;
+      build(of, &n, &m);
+      if (!fits(n, m)) continue;
+      if (++found > 1) break;
+      names = std::move(n);
+      numels = std::move(m);
+    }
+    if (found != 1) {
+      return FileError(OptimPath(0), absl::StatusCode::kInvalidArgument,
+                       absl::StrCat(why, ": their param group is unknown (", found == 0 ? "no" : "more than one",
+                                    " assignment to the expert groups gives the files' windows and partition sizes)"));
+    }
+  }
+  for (int g : expert_groups) {
+    groups_[g].names = names[g];
+    legacy_numels_[g] = numels[g];
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MoeState::GroupShapesFromTensors() {
+  const std::string mp_path = mp_->path();
+  const Value* module = mp_->root()->DictGet("module");
+  std::map<std::pair<int, int>, std::unique_ptr<torch::TorchFile>> experts;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    Group& grp = groups_[g];
+    grp.shapes.clear();
+    for (size_t i = 0; i < grp.names.size(); ++i) {
+      const std::string& name = grp.names[i];
+      std::string from;
+      torch::Tensor t;
+      if (!grp.expert) {
+        const Value* v = module->DictGet(name);
+        if (v == nullptr || !torch::TorchFile::IsTensor(*v)) {
+          return FileError(mp_path, absl::StatusCode::kInvalidArgument,
+                           absl::StrCat("module has no tensor '", name, "', a param of group ", g,
+                                        " in the optimizer files' param_slice_mappings: its shape is unknown (DeepSpeed ",
+                                        legacy_version_, " saves no param_shapes for mixture-of-experts models)"));
+        }
+        UCP_ASSIGN_OR_RETURN(t, mp_->GetTensor(*v), _.Prepend(mp_path + ": "));
+        from = mp_path;
+      } else {
+        // Local expert `id` of ep rank 0 is global expert `id`.
+        std::string prefix, suffix;
+        int id = 0;
+        SplitExpertName(name, &prefix, &id, &suffix);
+        const int layer =
+            static_cast<int>(std::find(moe_prefixes_.begin(), moe_prefixes_.end(), prefix) - moe_prefixes_.begin());
+        from = ExpertPath(layer, id);
+        auto& f = experts[{layer, id}];
+        if (f == nullptr) {
+          const torch::OpenOptions lazy = read_.Files(/*verify_crc=*/false);  // checked when the weights are read
+          UCP_ASSIGN_OR_RETURN(f, torch::TorchFile::Open(from, lazy));
+        }
+        const Value* v = f->root()->is(Kind::kDict) ? f->root()->DictGet(name) : nullptr;
+        if (v == nullptr || !torch::TorchFile::IsTensor(*v)) {
+          return FileError(from, absl::StatusCode::kInvalidArgument,
+                           absl::StrCat("no tensor '", name, "' (expert param of group ", g,
+                                        " in the optimizer files): its shape is unknown"));
+        }
+        UCP_ASSIGN_OR_RETURN(t, f->GetTensor(*v), _.Prepend(from + ": "));
+      }
+      std::vector<int64_t> shape(t.sizes().begin(), t.sizes().end());
+      if (legacy_numels_[g][i] >= 0 && internal::Numel(shape) != legacy_numels_[g][i]) {
+        return FileError(from, absl::StatusCode::kInvalidArgument,
+                         absl::StrCat("'", name, "' has shape ", ShapeStr(shape), " (", internal::Numel(shape),
+                                      " elements), but the optimizer files' param_slice_mappings[", g, "] hold ",
+                                      legacy_numels_[g][i], " elements of it"));
+      }
+      grp.shapes.push_back(std::move(shape));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<MoeState::OptimFile>> MoeState::ParseOptim(int dp) const {
+  const std::string path = OptimPath(dp);
+  auto out = std::make_unique<OptimFile>();
+  UCP_ASSIGN_OR_RETURN(out->file, torch::TorchFile::Open(path, read_.Files()));
+  auto err = [&](absl::string_view what) { return FileError(path, absl::StatusCode::kInvalidArgument, what); };
+  const Value& root = *out->file->root();
+  UCP_ASSIGN_OR_RETURN(const Value* osd, GetField(root, "optimizer_state_dict", "optimizer states"), _.Prepend(path + ": "));
+  out->osd = osd;
+  const Value* gp = osd->DictGet("group_paddings");
+  const Value* fp32s = osd->DictGet("single_partition_of_fp32_groups");
+  const Value* mappings = osd->DictGet("param_slice_mappings");
+  const Value* states = internal::DictPath(osd, {"base_optimizer_state", "state"});
+  const size_t n = groups_.size();
+  if (gp == nullptr || fp32s == nullptr || mappings == nullptr || states == nullptr || !gp->is(Kind::kList) ||
+      !fp32s->is(Kind::kList) || !mappings->is(Kind::kList) || !states->is(Kind::kDict) || gp->items().size() != n ||
+      fp32s->items().size() != n || mappings->items().size() != n) {
+    return err(absl::StrCat("expected group_paddings, single_partition_of_fp32_groups, param_slice_mappings and "
+                            "base_optimizer_state.state for ", n, " param groups"));
+  }
+  const int ep_rank = dp % ep_, edp_rank = dp / ep_;
+  for (size_t g = 0; g < n; ++g) {
+    const Group& grp = groups_[g];
+    const int rank = grp.expert ? edp_rank : dp;
+    const deepspeed::ZeroGroupLayout& layout = grp.layout;
+    const int64_t p = layout.partition_numel();
+    UCP_ASSIGN_OR_RETURN(int64_t padding, AsInt(*gp->items()[g], "group_paddings"), _.Prepend(path + ": "));
+    const int64_t last = layout.PaddingAs(rank, deepspeed::PaddingConvention::kLastRank);
+    const int64_t per = layout.PaddingAs(rank, deepspeed::PaddingConvention::kPerRank);
+    if (padding != last && padding != per) {
+      return err(absl::StrCat("group_paddings[", g, "] is ", padding, ", expected ", per, " or ", last));
+    }
+    const int64_t lean = layout.LeanNumel(padding);
+    UCP_ASSIGN_OR_RETURN(torch::Tensor fp32, out->file->GetTensor(*fp32s->items()[g]), _.Prepend(path + ": "));
+    UCP_RETURN_IF_ERROR(CheckDense(fp32, path, absl::StrCat("single_partition_of_fp32_groups[", g, "]")));
+    if (fp32.dim() != 1 || (fp32.numel() != lean && fp32.numel() != p)) {
+      return err(absl::StrCat("single_partition_of_fp32_groups[", g, "] has shape ", ShapeStr(fp32.sizes()),
+                              ", expected [", lean, "]"));
+    }
+    out->fp32.push_back(std::move(fp32));
+    const Value* st = states->DictGet(Value::Int(static_cast<int64_t>(g)));
+    if (st == nullptr || !st->is(Kind::kDict)) return err(absl::StrCat("no optimizer state for group ", g));
+    UCP_ASSIGN_OR_RETURN(
+        internal::GroupStates split,
+        internal::SplitGroupStates(
+            *out->file, *st, [&](const std::string& key, const torch::Tensor& t) -> absl::StatusOr<bool> {
+              if (t.dim() == 0) return false;
+              if (t.dim() != 1 || (t.numel() != p && t.numel() != lean)) {
+                return err(absl::StrCat("optimizer state '", key, "' of group ", g, " has shape ",
+                                        ShapeStr(t.sizes()), ", expected [", p, "]"));
+              }
+              return true;
+            }));
+    std::vector<std::pair<std::string, torch::Tensor>>& per_element = split.per_element;
+    std::vector<std::pair<std::string, ValuePtr>>& scalars = split.scalars;
+    out->states.push_back(std::move(per_element));
+    out->scalars.push_back(std::move(scalars));
+    // param_slice_mappings: local names, fragments of the layout.
+    const Value& m = *mappings->items()[g];
+    const auto expected = grp.expert && window_mappings_ ? std::apply(
+                                                               [&](int64_t start, int64_t size) {
+                                                                 return layout.FragmentsOfWindow(start, size);
+                                                               },
+                                                               deepspeed::ExpertMappingWindow(layout, rank, dp_))
+                                                         : layout.Fragments(rank);
+    if (!m.is(Kind::kDict) || m.dict_items().size() != expected.size()) {
+      return err(absl::StrCat("param_slice_mappings[", g, "] lists ", m.is(Kind::kDict) ? m.dict_items().size() : 0,
+                              " params, expected ", expected.size(), grp.expert ? absl::StrCat(" (ep rank ", ep_rank, ")") : ""));
+    }
+    for (size_t i = 0; i < expected.size(); ++i) {
+      const auto& [k, v] = m.dict_items()[i];
+      const std::string& want = grp.names[expected[i].param_index];
+      if (!k->is(Kind::kStr) || k->str() != want) {
+        return err(absl::StrCat("param_slice_mappings[", g, "] entry ", i, " is ", k->DebugString(), ", expected '",
+                                want, "'"));
+      }
+      UCP_ASSIGN_OR_RETURN(pickle::FragmentAddress a, pickle::AsFragmentAddress(*v, want), _.Prepend(path + ": "));
+      if (a.numel != expected[i].numel || a.start != expected[i].partition_offset) {
+        return err(absl::StrCat("param '", want, "' has fragment_address(numel=", a.numel, ", start=", a.start,
+                                "), expected (numel=", expected[i].numel, ", start=", expected[i].partition_offset, ")"));
+      }
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<const MoeState::OptimFile*> MoeState::Optim(int dp) const {
+  if (dp < 0 || dp >= static_cast<int>(slots_.size())) {
+    return absl::NotFoundError(absl::StrCat(OptimPath(dp), ": not part of this checkpoint"));
+  }
+  Slot& slot = *slots_[dp];
+  std::call_once(slot.once, [&] {
+    auto parsed = ParseOptim(dp);
+    if (parsed.ok()) {
+      slot.file = *std::move(parsed);
+    } else {
+      slot.status = parsed.status();
+    }
+  });
+  if (!slot.status.ok()) return slot.status;
+  return slot.file.get();
+}
+
+absl::StatusOr<std::vector<tp::TensorPlan>> MoeState::Slices(const state::ParamState& param, int stage,
+                                                            const std::string& state) const {
+  const int i = info_.IndexOf(param.name);
+  if (i < 0) return absl::NotFoundError(absl::StrCat("no param '", param.name, "'"));
+  const Where& w = where_[i];
+  if (state == state::kLpState) {
+    std::string prefix, suffix;
+    int id = 0;
+    if (w.ep_rank >= 0 && SplitExpertName(param.name, &prefix, &id, &suffix)) {
+      const int layer = static_cast<int>(std::find(moe_prefixes_.begin(), moe_prefixes_.end(), prefix) - moe_prefixes_.begin());
+      const std::string path = ExpertPath(layer, id);
+      const torch::TorchFile* f = nullptr;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto& cached = expert_cache_[{layer, id}];
+        if (cached == nullptr) {
+          UCP_ASSIGN_OR_RETURN(cached, torch::TorchFile::Open(path, read_.Files()));
+        }
+        f = cached.get();
+      }
+      const Value* v = f->root()->is(Kind::kDict) ? f->root()->DictGet(param.name) : nullptr;
+      if (v == nullptr) return absl::NotFoundError(absl::StrCat(path, ": no '", param.name, "'"));
+      UCP_ASSIGN_OR_RETURN(torch::Tensor t, f->GetTensor(*v));
+      return std::vector<tp::TensorPlan>{tp::TensorPlan::FromTensor(t)};
+    }
+    const Value* v = mp_->root()->DictGet("module")->DictGet(param.name);
+    if (v == nullptr) return absl::NotFoundError(absl::StrCat(mp_->path(), ": module has no '", param.name, "'"));
+    UCP_ASSIGN_OR_RETURN(torch::Tensor t, mp_->GetTensor(*v));
+    return std::vector<tp::TensorPlan>{tp::TensorPlan::FromTensor(t)};
+  }
+  if (w.group < 0) {
+    return absl::NotFoundError(absl::StrCat("'", param.name, "' has no optimizer state '", state, "'"));
+  }
+  const Group& grp = groups_[w.group];
+  std::vector<torch::Tensor> pieces;
+  for (const auto& [rank, frag] : grp.layout.FragmentsOfParam(w.index)) {
+    const int d = grp.expert ? DpRank(w.ep_rank, rank) : rank;
+    UCP_ASSIGN_OR_RETURN(const OptimFile* f, Optim(d));
+    const torch::Tensor* flat = nullptr;
+    if (state == state::kFp32State) {
+      flat = &f->fp32[w.group];
+    } else {
+      for (const auto& [k, t] : f->states[w.group]) {
+        if (k == state) flat = &t;
+      }
+    }
+    if (flat == nullptr) {
+      return absl::NotFoundError(absl::StrCat(OptimPath(d), ": group ", w.group, " has no optimizer state '", state, "'"));
+    }
+    UCP_ASSIGN_OR_RETURN(torch::Tensor piece, flat->Narrow(0, frag.partition_offset, frag.numel),
+                         _.Prepend(absl::StrCat(OptimPath(d), ": param '", param.name, "' ", state, ": ")));
+    pieces.push_back(std::move(piece));
+  }
+  UCP_ASSIGN_OR_RETURN(tp::TensorPlan plan,
+                       tp::TensorPlan::FromPieces(torch::DType::kFloat32, grp.shapes[w.index], pieces),
+                       _.Prepend(absl::StrCat("param '", param.name, "' ", state, ": ")));
+  return std::vector<tp::TensorPlan>{std::move(plan)};
+}
+
+absl::StatusOr<state::FileValue> MoeState::GroupScalar(int group, const std::string& key) const {
+  UCP_ASSIGN_OR_RETURN(const OptimFile* f, Optim(0));
+  if (group < 0 || group >= static_cast<int>(f->scalars.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("no param group ", group));
+  }
+  for (const auto& [k, v] : f->scalars[group]) {
+    if (k == key) return state::FileValue{v, state::Unowned(f->file.get())};
+  }
+  return state::FileValue{nullptr, nullptr};
+}
+
+std::vector<state::InputRange> MoeState::Inputs(const state::ParamState& param) const {
+  std::vector<state::InputRange> out;
+  const int i = info_.IndexOf(param.name);
+  if (i < 0) return out;
+  const Where& w = where_[i];
+  if (w.group < 0) {
+    out.push_back({mp_->path(), absl::StrCat("module.", param.name), 0, -1});
+    return out;
+  }
+  const Group& grp = groups_[w.group];
+  for (const auto& [rank, frag] : grp.layout.FragmentsOfParam(w.index)) {
+    const int d = grp.expert ? DpRank(w.ep_rank, rank) : rank;
+    out.push_back({OptimPath(d), absl::StrCat("single_partition_of_fp32_groups[", w.group, "]"),
+                   frag.partition_offset * 4, frag.numel * 4});
+    for (const std::string& key : info_.state_keys) {
+      out.push_back({OptimPath(d), absl::StrCat("base_optimizer_state.state[", w.group, "].", key),
+                     frag.partition_offset * 4, frag.numel * 4});
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> MoeState::InputFiles() const {
+  std::vector<std::string> out = {mp_->path()};
+  for (int d = 0; d < dp_; ++d) out.push_back(OptimPath(d));
+  for (const auto& [key, path] : expert_files_) out.push_back(path);
+  return out;
+}
+
+absl::Status MoeState::VerifyInput(const std::string& path) const {
+  for (int d = 0; d < dp_; ++d) {
+    if (path == OptimPath(d)) return Optim(d).status();
+  }
+  if (path == mp_->path()) return absl::OkStatus();
+  for (const auto& [key, p] : expert_files_) {
+    if (p == path) return torch::TorchFile::Open(path, read_.Files()).status();  // every CRC
+  }
+  return absl::InvalidArgumentError(absl::StrCat(path, ": not a file of the checkpoint ", dir_));
+}
+
+absl::StatusOr<state::FileValue> MoeState::OptimizerCommon() const {
+  UCP_ASSIGN_OR_RETURN(const OptimFile* f, Optim(0));
+  ValuePtr out = Value::MakeDict();
+  for (const auto& [k, v] : f->osd->dict_items()) {
+    if (k->is(Kind::kStr) && (k->str() == "base_optimizer_state" || k->str() == "param_slice_mappings" ||
+                              k->str() == "single_partition_of_fp32_groups")) {
+      continue;
+    }
+    out->DictSet(k, v);
+  }
+  const Value* base = f->osd->DictGet("base_optimizer_state");
+  if (base != nullptr && base->is(Kind::kDict)) {
+    if (ValuePtr groups = base->DictGetPtr("param_groups")) out->DictSet(Value::Str("param_groups"), groups);
+  }
+  return state::FileValue{out, state::Unowned(f->file.get())};
+}
+
+state::FileValue MoeState::ModelStatesRoot(int pp, int tp) const {
+  return state::FileValue{mp_->root(), state::Unowned(mp_.get())};
+}
+
+std::string MoeState::ModelStatesPath(int pp, int tp) const { return mp_->path(); }
+
+state::FileValue MoeState::SavedDsConfig() const {
+  if (ValuePtr c = mp_->root()->DictGetPtr("ds_config")) return state::FileValue{c, state::Unowned(mp_.get())};
+  auto f = Optim(0);
+  if (!f.ok() || !(*f)->file->root()->is(Kind::kDict)) return state::FileValue{};
+  return state::FileValue{(*f)->file->root()->DictGetPtr("ds_config"), state::Unowned((*f)->file.get())};
+}
+
+const pickle::Value& MoeState::checkpoint_info() const {
+  const Value* v = mp_->root()->DictGet("universal_checkpoint_info");
+  return v != nullptr ? *v : *empty_dict_;
+}
+
+const pickle::Value* MoeState::args() const {
+  const Value* v = mp_->root()->DictGet("args");
+  if (v == nullptr || v->is_none()) return nullptr;
+  if (v->is(Kind::kDict)) return v;
+  auto ns = pickle::AsNamespace(*v);
+  return ns.ok() ? *ns : nullptr;
+}
+
+}  // namespace ucp::deepspeed_moe

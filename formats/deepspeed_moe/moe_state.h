@@ -1,0 +1,174 @@
+// MoeState: a DeepSpeed native mixture-of-experts ZeRO 1/2 checkpoint
+// (deepspeed.moe.layer.MoE, expert parallelism) as a SlicedState at tp=1:
+//
+//   mp_rank_00_model_states.pt                 dp rank 0's: `module` without the experts,
+//        param_shapes of its optimizer groups (expert groups under LOCAL expert ids),
+//        num_experts per MoE layer
+//   layer_L_expert_E_mp_rank_00_model_states.pt   MoE layer L's expert E (global id):
+//        its lp weights under global names (engine.py _save_moe_checkpoint)
+//   zero_pp_rank_D_mp_rank_00_optim_states.pt  every dp rank's ZeRO partitions: the
+//        non-expert groups over all dp ranks, the expert groups (param_groups with
+//        'moe': True, named 'ep_size_<ep>') over the expert data parallel ranks, each
+//        holding its ep rank's local experts under local names
+//   expp_rank_R_mp_rank_00_optim_states.pt    up to 0.19.4: {'optimizer': None} per ep rank
+//
+// Two layouts of the model states, told apart by the keys present and the
+// optimizer files' ds_version (engine.py _save_moe_checkpoint at each tag):
+//   0.19.3 and later: the common checkpoint state (param_shapes, buffer_names,
+//        frozen_param_*, shared_params, ds_config, ds_version) + num_experts,
+//        ds_autoep_layers;
+//   0.12 to 0.19.2: module, lr_scheduler, data_sampler, random_ltd,
+//        sparse_tensor_module_names, skipped_steps, global_steps/samples,
+//        dp/mp_world_size, num_experts (0.19.2: + ds_autoep_layers), no
+//        param_shapes. Each group's members and their flatten order are then
+//        every rank's param_slice_mappings in partition order (a param split
+//        between ranks ends one list and starts the next; every ep rank must
+//        list the same local experts), the shapes the module's tensors
+//        (non-expert params) and ep rank 0's expert files (experts), each
+//        checked against the elements the mappings hold. Module tensors in no
+//        group are kept as they are (role kBuffer): these files do not say
+//        whether they are buffers or frozen params, so a writer that must
+//        record it (0.19.3+ buffer_names) refuses them.
+//
+// DeepSpeed's E + D rank order (groups.py _create_expert_and_data_parallel,
+// the default): dp rank d is ep rank d % ep and expert-data-parallel rank
+// d / ep, and ep rank e holds global experts e * n_local .. (e + 1) * n_local - 1
+// (n_local = num_experts / ep). ep is dp / the expert groups' partition_count.
+// Params are listed under GLOBAL names (".deepspeed_experts.<global id>."),
+// so every expert has one name whatever the expert parallelism.
+//
+// ds_to_universal.py (0.19.5) cannot convert these (it merges every ep
+// rank's local experts as if they were dp shards); ucp reshards them
+// (writers/moe_writer.h).
+#ifndef UCP_FORMATS_DEEPSPEED_MOE_MOE_STATE_H_
+#define UCP_FORMATS_DEEPSPEED_MOE_MOE_STATE_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "deepspeed/layout_math.h"
+#include "deepspeed/read_options.h"
+#include "deepspeed/facet.h"
+#include "state/model_state.h"
+#include "format/torch/torch_file.h"
+
+namespace ucp::deepspeed_moe {
+
+// True when `path` (a tag folder or a root with `latest`) holds
+// layer_L_expert_E_mp_rank_XX_model_states.pt files.
+bool IsMoeFolder(const std::string& path);
+// Whether `name` is an expert file's (layer_L_expert_E_mp_rank_XX_model_states.pt).
+bool IsExpertFileName(const std::string& name);
+
+inline constexpr char kExpertInfix[] = ".deepspeed_moe.experts.deepspeed_experts.";
+
+// "<prefix>.deepspeed_moe.experts.deepspeed_experts.<id>.<suffix>" split;
+// false for other names.
+bool SplitExpertName(const std::string& name, std::string* prefix, int* id, std::string* suffix);
+std::string ExpertName(const std::string& prefix, int id, const std::string& suffix);
+
+class MoeState : public state::SlicedState, public deepspeed::DeepSpeedFacet {
+ public:
+  static absl::StatusOr<std::unique_ptr<MoeState>> Open(const std::string& path,
+                                                        const deepspeed::ReadOptions& read = {});
+
+  const state::ModelInfo& info() const override { return info_; }
+  absl::StatusOr<std::vector<tp::TensorPlan>> Slices(const state::ParamState& param, int stage,
+                                                     const std::string& state) const override;
+  absl::StatusOr<state::FileValue> GroupScalar(int group, const std::string& key) const override;
+  std::vector<state::InputRange> Inputs(const state::ParamState& param) const override;
+  std::vector<std::string> InputFiles() const override;
+  absl::Status VerifyInput(const std::string& path) const override;
+  const state::Facet* GetFacet(state::FacetKey key) const override { return deepspeed::OfferFacet(this, key); }
+  // DeepSpeedFacet.
+  absl::StatusOr<state::FileValue> OptimizerCommon() const override;
+  state::FileValue ModelStatesRoot(int pp, int tp) const override;
+  // The model states' ds_config, else (before 0.19.3) optimizer file 0's.
+  state::FileValue SavedDsConfig() const override;
+  std::string ModelStatesPath(int pp, int tp) const override;
+  const pickle::Value& checkpoint_info() const override;
+  const pickle::Value* args() const override;
+  const std::string& dir() const override { return dir_; }
+
+  // The expert file of MoE layer `layer`, global expert `expert`.
+  std::string ExpertPath(int layer, int expert) const;
+
+ private:
+  struct Group {
+    bool expert = false;
+    std::vector<std::string> names;  // local names (param_shapes order)
+    std::vector<std::vector<int64_t>> shapes;
+    deepspeed::ZeroGroupLayout layout;  // over dp (experts: over dp / ep)
+  };
+  struct OptimFile {
+    std::unique_ptr<torch::TorchFile> file;
+    const pickle::Value* osd = nullptr;
+    std::vector<torch::Tensor> fp32;  // per group
+    std::vector<std::vector<std::pair<std::string, torch::Tensor>>> states;
+    std::vector<std::vector<std::pair<std::string, pickle::ValuePtr>>> scalars;
+  };
+  struct Slot {
+    std::once_flag once;
+    absl::Status status;
+    std::unique_ptr<OptimFile> file;
+  };
+  struct Where {  // a trainable param in the optimizer files
+    int group = -1;
+    int index = -1;    // in the group's local names
+    int ep_rank = -1;  // expert params: whose
+  };
+
+  MoeState() = default;
+  absl::Status Load();
+  // The layout before DeepSpeed 0.19.3 (no param_shapes): each group's
+  // local names in flatten order from every rank's param_slice_mappings,
+  // then their shapes from the module and the expert files.
+  absl::Status GroupNamesFromMappings();
+  absl::Status GroupShapesFromTensors();
+  // Before 0.14.5 at ep > 1 the expert groups' mappings cover a window only
+  // (deepspeed::ExpertMappingsSizedByWorld): the groups are then each MoE
+  // layer's expert params (expert files, module order) in the group the
+  // mappings show them in, every local expert alike; params no window lists
+  // go to the only assignment to the expert groups that reproduces every
+  // rank's window and fp32 partition size (refused if none or several);
+  // ParseOptim checks each rank's window again.
+  absl::Status ExpertGroupsFromExpertFiles(
+      const std::vector<std::vector<std::vector<std::pair<std::string, int64_t>>>>& ranks);
+  absl::StatusOr<std::unique_ptr<OptimFile>> ParseOptim(int dp) const;
+  absl::StatusOr<const OptimFile*> Optim(int dp) const;
+  std::string OptimPath(int dp) const;
+  // The dp rank holding expert data parallel rank `k` of ep rank `e`.
+  int DpRank(int e, int k) const { return e + k * ep_; }
+
+  std::string dir_;
+  deepspeed::ReadOptions read_;
+  bool legacy_ = false;         // model states without param_shapes (DeepSpeed < 0.19.3)
+  std::string legacy_version_;  // the optimizer files' ds_version then
+  deepspeed::DsVersion legacy_parsed_;
+  bool window_mappings_ = false;  // expert mappings of a window (before 0.14.5, ep > 1)
+  std::vector<std::vector<int64_t>> legacy_numels_;  // per group: each param's numel in the mappings
+  std::vector<std::vector<int64_t>> fp32_numels_;  // legacy: [dp rank][group] saved fp32 partition numel
+  std::vector<std::string> untold_;  // legacy: module tensors in no group (buffer or frozen: not said)
+  int dp_ = 1, ep_ = 1;
+  bool bf16_prefix_ = false;  // optimizer files named bf16_zero_pp_rank_* (bf16 lp weights)
+  std::unique_ptr<torch::TorchFile> mp_;
+  std::vector<Group> groups_;
+  std::vector<std::string> moe_prefixes_;  // MoE layer id -> module prefix
+  std::vector<int> num_experts_;           // per MoE layer
+  std::map<std::pair<int, int>, std::string> expert_files_;
+  mutable std::mutex mu_;
+  mutable std::map<std::pair<int, int>, std::unique_ptr<torch::TorchFile>> expert_cache_;
+  std::vector<std::unique_ptr<Slot>> slots_;
+  std::vector<Where> where_;  // per info param
+  state::ModelInfo info_;
+  pickle::ValuePtr empty_dict_;
+};
+
+}  // namespace ucp::deepspeed_moe
+
+#endif  // UCP_FORMATS_DEEPSPEED_MOE_MOE_STATE_H_

@@ -1,0 +1,588 @@
+#include "formats/deepspeed_moe/moe_writer.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <tuple>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/fs.h"
+#include "base/status_macros.h"
+#include "deepspeed/checkpoint_files.h"
+#include "deepspeed/engine_defaults.h"
+#include "deepspeed/layout_math.h"
+#include "deepspeed/tree_copy.h"
+#include "format/pickle/accessors.h"
+#include "tp/plan_io.h"
+
+namespace ucp::deepspeed_moe {
+
+using writers::Plan;
+using writers::Unit;
+using writers::UnitResult;
+using writers::WriteStats;
+using writers::InputRange;
+using writers::AddVerifyUnit;
+using writers::ExecuteVerifyUnit;
+using writers::AddUnitResults;
+using writers::WriteUnitFile;
+using writers::ZeroWriteOptions;
+
+namespace {
+
+using state::ModelInfo;
+using state::ParamState;
+using pickle::Kind;
+using pickle::Value;
+using pickle::ValuePtr;
+using tp::TensorPlan;
+
+constexpr char kInfix[] = ".deepspeed_moe.experts.deepspeed_experts.";
+
+bool Split(const std::string& name, std::string* prefix, int* id, std::string* suffix) {
+  const size_t at = name.find(kInfix);
+  if (at == std::string::npos) return false;
+  const size_t start = at + std::string(kInfix).size();
+  const size_t dot = name.find('.', start);
+  if (dot == std::string::npos) return false;
+  if (!absl::SimpleAtoi(absl::string_view(name).substr(start, dot - start), id)) return false;
+  *prefix = name.substr(0, at);
+  *suffix = name.substr(dot + 1);
+  return true;
+}
+
+std::string Join(const std::string& prefix, int id, const std::string& suffix) {
+  return absl::StrCat(prefix, kInfix, id, ".", suffix);
+}
+
+int64_t Numel(const std::vector<int64_t>& s) {
+  int64_t n = 1;
+  for (int64_t x : s) n *= x;
+  return n;
+}
+
+// One optimizer group at the target, as one ep rank holds it.
+struct TargetGroup {
+  bool expert = false;
+  // Per ep rank (one entry for a non-expert group): param indices into
+  // ModelInfo::params and the names the files give them (local ids).
+  std::vector<std::vector<int>> params;
+  std::vector<std::vector<std::string>> names;
+  deepspeed::ZeroGroupLayout layout;
+};
+
+class MoePlan : public Plan {
+ public:
+  MoePlan(const state::ModelState& state, const ZeroWriteOptions& options)
+      : state_(state), info_(state.info()), options_(options) {}
+
+  absl::Status Build() {
+    const state::Topology& t = options_.target;
+    UCP_RETURN_IF_ERROR(t.Validate());
+    UCP_ASSIGN_OR_RETURN(ds_, deepspeed::FacetOrDefaults(state_, options_.target_ds_version, &owned_facet_));
+    if (t.tp != 1 || t.pp != 1) {
+      return absl::InvalidArgumentError(absl::StrCat("mixture-of-experts target ", t.ToString(),
+                                                     ": ucp writes native MoE checkpoints at tp=1 pp=1"));
+    }
+    dp_ = t.dp;
+    stage_ = options_.zero_stage > 0 ? options_.zero_stage : info_.zero_stage;
+    if (stage_ != 1 && stage_ != 2) {
+      return absl::InvalidArgumentError(absl::StrCat("mixture-of-experts target: ZeRO stage ", stage_,
+                                                     ": ucp writes native MoE checkpoints at stage 1 or 2"));
+    }
+    UCP_ASSIGN_OR_RETURN(ep_, TargetExpertParallel(info_, options_));
+    edp_ = dp_ / ep_;
+    // The DeepSpeed version: padding convention and files' ds_version.
+    version_ = options_.target_ds_version.empty() ? deepspeed::SourceDsVersion(state_) : options_.target_ds_version;
+    {
+      auto v = deepspeed::ParseDsVersion(version_);
+      if (!v.ok()) return absl::InvalidArgumentError(absl::StrCat("ds_version '", version_, "': pass --target_ds_version"));
+      convention_ = deepspeed::PaddingConventionOf(*v, false);
+      parallel_dims_ = *v >= deepspeed::DsVersion{0, 19, 5};
+      // engine.py _save_moe_checkpoint at each tag: the common checkpoint
+      // state from 0.19.3, ds_autoep_layers from 0.19.2, the expert
+      // optimizer placeholders up to 0.19.4; stage_1_and_2.py before 0.14.5
+      // maps a window of the expert groups only.
+      common_layout_ = *v >= deepspeed::DsVersion{0, 19, 3};
+      autoep_key_ = *v >= deepspeed::DsVersion{0, 19, 2};
+      expp_files_ = *v < deepspeed::DsVersion{0, 19, 5};
+      window_mappings_ = deepspeed::ExpertMappingsSizedByWorld(*v);
+    }
+    if (common_layout_) {
+      // 0.19.3+ records buffer_names (and frozen params): a source that does
+      // not (DeepSpeed before 0.19.3) cannot tell them apart.
+      state::FileValue src = ds_->ModelStatesRoot(0, 0);
+      if (src.value && src.value->is(Kind::kDict) && src.value->DictGet("buffer_names") == nullptr) {
+        std::vector<std::string> untold;
+        for (const ParamState& p : info_.params) {
+          if (!p.trainable()) untold.push_back(p.name);
+        }
+        if (!untold.empty()) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "writing the mixture-of-experts layout of DeepSpeed ", version_, " needs buffer_names, but the source (",
+              deepspeed::SourceDsVersion(state_), ", before 0.19.3) does not say whether its module tensors outside ",
+              "the optimizer (", absl::StrJoin(untold, ", "), ") are buffers or frozen params: pass a ",
+              "--target_ds_version before 0.19.3"));
+        }
+      }
+    }
+    UCP_ASSIGN_OR_RETURN(common_, ds_->OptimizerCommon());
+    if (!common_.value || !common_.value->is(Kind::kDict)) return absl::InvalidArgumentError("no optimizer state");
+    // Per MoE layer: prefix -> index.
+    std::map<std::string, int> layer_of;
+    for (size_t l = 0; l < info_.moe_layers.size(); ++l) layer_of[info_.moe_layers[l].prefix] = static_cast<int>(l);
+    // Groups.
+    for (int g = 0; g < info_.num_groups; ++g) {
+      TargetGroup tg;
+      tg.expert = g < static_cast<int>(info_.expert_groups.size()) && info_.expert_groups[g];
+      std::vector<int64_t> numels;
+      if (!tg.expert) {
+        tg.params.emplace_back();
+        tg.names.emplace_back();
+        for (size_t i = 0; i < info_.params.size(); ++i) {
+          const ParamState& p = info_.params[i];
+          if (!p.trainable() || p.group != g) continue;
+          tg.params[0].push_back(static_cast<int>(i));
+          tg.names[0].push_back(p.name);
+          numels.push_back(Numel(p.full_shape));
+        }
+        tg.layout = deepspeed::ZeroGroupLayout::Make(std::move(numels), dp_, convention_);
+        groups_.push_back(std::move(tg));
+        continue;
+      }
+      // The (layer, suffix) sequence of one expert, from global expert 0.
+      std::vector<std::vector<std::string>> suffixes(info_.moe_layers.size());
+      int members = 0;
+      for (const ParamState& p : info_.params) {
+        if (!p.trainable() || p.group != g) continue;
+        ++members;
+        std::string prefix, suffix;
+        int id = 0;
+        if (!Split(p.name, &prefix, &id, &suffix) || !layer_of.count(prefix)) {
+          return absl::InvalidArgumentError(absl::StrCat("param '", p.name, "' of expert group ", g,
+                                                         " is not an expert of a known MoE layer"));
+        }
+        if (id == 0) suffixes[layer_of[prefix]].push_back(suffix);
+      }
+      int expected = 0;
+      for (size_t l = 0; l < suffixes.size(); ++l) {
+        expected += static_cast<int>(suffixes[l].size()) * info_.moe_layers[l].num_experts;
+      }
+      if (expected != members) {
+        return absl::InvalidArgumentError(absl::StrCat("expert group ", g, " holds ", members, " params, expected ",
+                                                       expected, " (every expert the same params)"));
+      }
+      for (int e = 0; e < ep_; ++e) {
+        tg.params.emplace_back();
+        tg.names.emplace_back();
+        std::vector<int64_t> ns;
+        for (size_t l = 0; l < suffixes.size(); ++l) {
+          const int local = info_.moe_layers[l].num_experts / ep_;
+          for (int k = 0; k < local; ++k) {
+            for (const std::string& suffix : suffixes[l]) {
+              const std::string global = Join(info_.moe_layers[l].prefix, e * local + k, suffix);
+              const int i = info_.IndexOf(global);
+              if (i < 0) return absl::InvalidArgumentError(absl::StrCat("expert param '", global, "' is missing"));
+              tg.params.back().push_back(i);
+              tg.names.back().push_back(Join(info_.moe_layers[l].prefix, k, suffix));
+              ns.push_back(Numel(info_.params[i].full_shape));
+            }
+          }
+        }
+        if (e == 0) numels = ns;
+      }
+      tg.layout = deepspeed::ZeroGroupLayout::Make(std::move(numels), edp_, convention_);
+      groups_.push_back(std::move(tg));
+    }
+    // Units: the model states, every expert file, every optimizer file.
+    std::vector<InputRange> all;
+    {
+      std::set<std::tuple<std::string, std::string, int64_t>> seen;
+      for (const ParamState& p : info_.params) {
+        for (const InputRange& r : state_.Inputs(p)) {
+          if (seen.insert({r.path, r.tensor, r.offset}).second) all.push_back(r);
+        }
+      }
+    }
+    auto add = [&](Job job, std::string file, int64_t bytes) {
+      Unit u;
+      u.name = absl::StrCat("file ", file);
+      u.outputs.push_back(std::move(file));
+      u.inputs = all;
+      u.bytes = bytes;
+      jobs_.push_back(job);
+      units_.push_back(std::move(u));
+    };
+    add({Job::kModel, 0, 0}, deepspeed::MpRankFileName(0), 4096);
+    for (size_t l = 0; l < info_.moe_layers.size(); ++l) {
+      for (int e = 0; e < info_.moe_layers[l].num_experts; ++e) {
+        add({Job::kExpert, static_cast<int>(l), e}, absl::StrCat("layer_", l, "_expert_", e, "_mp_rank_00_model_states.pt"),
+            4096);
+      }
+    }
+    for (int d = 0; d < dp_; ++d) add({Job::kOptim, d, 0}, deepspeed::OptimFileName(d, 0, info_.bf16_file_prefix), 4096);
+    if (expp_files_) {
+      for (int e = 0; e < ep_; ++e) add({Job::kExpp, e, 0}, absl::StrCat("expp_rank_", e, "_mp_rank_00_optim_states.pt"), 1024);
+    }
+    if (AddVerifyUnit(state_, &units_)) jobs_.push_back({Job::kVerify, 0, 0});
+    return absl::OkStatus();
+  }
+
+  absl::Status Prepare(const std::string& staging) const override { return absl::OkStatus(); }
+
+  absl::Status Execute(size_t i, const std::string& staging, UnitResult* result) const override {
+    const Job& job = jobs_[i];
+    if (job.type == Job::kVerify) return ExecuteVerifyUnit(state_, units_[i]);
+    torch::TorchWriter w;
+    ValuePtr root;
+    switch (job.type) {
+      case Job::kModel: {
+        UCP_ASSIGN_OR_RETURN(root, ModelStates(w));
+        break;
+      }
+      case Job::kExpert: {
+        UCP_ASSIGN_OR_RETURN(root, ExpertFile(w, job.a, job.b));
+        break;
+      }
+      case Job::kExpp: {
+        // {'optimizer': None}: ZeRO keeps the optimizer in the zero_pp_rank files.
+        root = Value::MakeDict();
+        root->DictSet(Value::Str("optimizer"), Value::None());
+        break;
+      }
+      default: {
+        UCP_ASSIGN_OR_RETURN(root, OptimFile(w, job.a));
+        break;
+      }
+    }
+    return WriteUnitFile(w, staging, units_[i].outputs[0], *root, result);
+  }
+
+  absl::StatusOr<WriteStats> Finish(const std::vector<UnitResult>& results, const std::string& staging) const override {
+    WriteStats stats;
+    AddUnitResults(results, &stats);
+    return stats;
+  }
+  std::string latest_file() const override { return deepspeed::kLatestFile; }
+  const state::CheckpointState* source() const override { return &state_; }
+
+ private:
+  struct Job {
+    enum { kModel, kExpert, kExpp, kOptim, kVerify } type;
+    int a, b;
+  };
+
+  // The module weight of a param: trainable ones are their masters cast.
+  absl::StatusOr<ValuePtr> Lp(torch::TorchWriter& w, int i) const {
+    const ParamState& p = info_.params[i];
+    if (p.trainable()) {
+      UCP_ASSIGN_OR_RETURN(TensorPlan fp32, state_.Full(p, state::kFp32State));
+      return tp::AddPlanAs(w, fp32, p.lp_dtype);
+    }
+    UCP_ASSIGN_OR_RETURN(TensorPlan lp, state_.Full(p, state::kLpState));
+    return tp::AddPlan(w, lp);
+  }
+
+  bool IsExpert(const std::string& name) const { return name.find(kInfix) != std::string::npos; }
+
+  absl::StatusOr<ValuePtr> Copy(const ValuePtr& v, const std::shared_ptr<const torch::TorchFile>& file,
+                                torch::TorchWriter& w) const {
+    return deepspeed::CopyTreeForWrite(state::FileValue{v, file}, w);
+  }
+
+  absl::StatusOr<ValuePtr> DsConfig(const state::FileValue& src, torch::TorchWriter& w) const {
+    UCP_ASSIGN_OR_RETURN(ValuePtr c, deepspeed::CopyTreeForWrite(src, w));
+    if (!c->is(Kind::kDict)) return c;
+    if (ValuePtr z = c->DictGetPtr("zero_optimization"); z && z->is(Kind::kDict) && z->DictGet("stage")) {
+      z->DictSet(Value::Str("stage"), Value::Int(stage_));
+    }
+    if (ValuePtr ck = c->DictGetPtr("checkpoint"); ck && ck->is(Kind::kDict) && ck->DictGet("load_universal")) {
+      ck->DictSet(Value::Str("load_universal"), Value::Bool(false));
+    }
+    return c;
+  }
+
+  // The model states DeepSpeed's engine.py _save_moe_checkpoint writes at
+  // the target version, in its key order; the source's client state (keys
+  // neither layout has) after them.
+  absl::StatusOr<ValuePtr> ModelStates(torch::TorchWriter& w) const {
+    state::FileValue src = ds_->ModelStatesRoot(0, 0);
+    if (!src.value || !src.value->is(Kind::kDict)) return absl::FailedPreconditionError("no source model states");
+    const Value& s = *src.value;
+    auto copy = [&](const char* key, ValuePtr absent) -> absl::StatusOr<ValuePtr> {
+      ValuePtr v = s.DictGetPtr(key);
+      if (!v) return absent;
+      return Copy(v, src.file, w);
+    };
+    // param_shapes values as the source wrote them (0.19.5 MoE: plain
+    // tuples; a source without param_shapes: tuples too).
+    bool tuples = true;
+    if (const Value* ps = s.DictGet("param_shapes"); ps && ps->is(Kind::kList) && !ps->items().empty()) {
+      const Value& g0 = *ps->items()[0];
+      tuples = g0.is(Kind::kDict) && !g0.dict_items().empty() && g0.dict_items()[0].second->is(Kind::kTuple);
+    }
+    ValuePtr out = Value::MakeDict();
+    auto set = [&](const char* key, ValuePtr v) { out->DictSet(Value::Str(key), std::move(v)); };
+    {
+      ValuePtr sd = Value::MakeDict(/*ordered_dict=*/true);
+      for (const auto& mk : info_.module_order) {
+        if (IsExpert(mk.name)) continue;
+        const int i = info_.IndexOf(mk.name);
+        if (i < 0) continue;
+        UCP_ASSIGN_OR_RETURN(ValuePtr t, Lp(w, i));
+        sd->DictSet(Value::Str(mk.name), t);
+      }
+      if (const Value* v = s.DictGet("module"); v != nullptr && v->is(Kind::kDict) && v->dict_state()) {
+        UCP_ASSIGN_OR_RETURN(ValuePtr md, Copy(v->dict_state(), src.file, w));
+        sd->set_dict_state(std::move(md));
+      }
+      set("module", sd);
+    }
+    if (common_layout_) {
+      UCP_ASSIGN_OR_RETURN(ValuePtr buffers, copy("buffer_names", Value::List({})));
+      set("buffer_names", buffers);
+      set("optimizer", Value::None());
+      std::vector<ValuePtr> gs;
+      for (const TargetGroup& tg : groups_) {
+        ValuePtr d = Value::MakeDict(/*ordered_dict=*/true);
+        for (size_t j = 0; j < tg.params[0].size(); ++j) {
+          const std::vector<int64_t>& shape = info_.params[tg.params[0][j]].full_shape;
+          ValuePtr sh;
+          if (tuples) {
+            std::vector<ValuePtr> dims;
+            for (int64_t x : shape) dims.push_back(Value::Int(x));
+            sh = Value::Tuple(std::move(dims));
+          } else {
+            sh = pickle::MakeTorchSize(shape);
+          }
+          d->DictSet(Value::Str(tg.names[0][j]), sh);
+        }
+        gs.push_back(d);
+      }
+      set("param_shapes", Value::List(std::move(gs)));
+      set("frozen_param_shapes", stage_ >= 2 ? Value::MakeDict(/*ordered_dict=*/true) : Value::None());
+      UCP_ASSIGN_OR_RETURN(ValuePtr shared, copy("shared_params", Value::MakeDict()));
+      set("shared_params", shared);
+      set("frozen_param_fragments", stage_ >= 2 ? Value::MakeDict(/*ordered_dict=*/true) : Value::None());
+    }
+    for (const char* key : {"lr_scheduler", "data_sampler", "random_ltd", "sparse_tensor_module_names", "skipped_steps",
+                            "global_steps", "global_samples"}) {
+      UCP_ASSIGN_OR_RETURN(ValuePtr v, copy(key, Value::None()));
+      set(key, v);
+    }
+    set("dp_world_size", Value::Int(dp_));
+    set("mp_world_size", Value::Int(1));
+    if (common_layout_) {
+      if (parallel_dims_) {
+        // engine.py:_checkpoint_parallel_metadata (0.19.5), after mp_world_size.
+        ValuePtr dims = Value::MakeDict();
+        dims->DictSet(Value::Str("pp_degree"), Value::Int(1));
+        dims->DictSet(Value::Str("tp_degree"), Value::Int(1));
+        set("checkpoint_parallel_dimensions", dims);
+      }
+      state::FileValue config = ds_->SavedDsConfig();
+      if (!config.value) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "writing the mixture-of-experts layout of DeepSpeed ", version_,
+            " needs the training's ds_config, which the source's files do not hold"));
+      }
+      UCP_ASSIGN_OR_RETURN(ValuePtr c, DsConfig(config, w));
+      set("ds_config", c);
+      set("ds_version", Value::Str(version_));
+    }
+    UCP_ASSIGN_OR_RETURN(ValuePtr ne, copy("num_experts", Value::None()));
+    set("num_experts", ne);
+    if (autoep_key_) {
+      UCP_ASSIGN_OR_RETURN(ValuePtr v, copy("ds_autoep_layers", Value::None()));
+      set("ds_autoep_layers", v);
+    }
+    if (common_layout_ && s.DictGet("universal_checkpoint_info") != nullptr) {
+      UCP_ASSIGN_OR_RETURN(ValuePtr v, copy("universal_checkpoint_info", Value::None()));
+      set("universal_checkpoint_info", v);
+    }
+    // The client state: what neither layout's engine writes.
+    static const std::set<std::string> kEngineKeys = {
+        "module", "buffer_names", "optimizer", "param_shapes", "frozen_param_shapes", "shared_params",
+        "frozen_param_fragments", "lr_scheduler", "data_sampler", "random_ltd", "sparse_tensor_module_names",
+        "skipped_steps", "global_steps", "global_samples", "dp_world_size", "mp_world_size",
+        "checkpoint_parallel_dimensions", "ds_config", "ds_version", "num_experts", "ds_autoep_layers",
+        "universal_checkpoint_info"};
+    for (const auto& [k, v] : s.dict_items()) {
+      if (k->is(Kind::kStr) && kEngineKeys.count(k->str())) continue;
+      UCP_ASSIGN_OR_RETURN(ValuePtr c, Copy(v, src.file, w));
+      out->DictSet(k, c);
+    }
+    return out;
+  }
+
+  // layer_L_expert_E: the expert's weights under global names, in module order.
+  absl::StatusOr<ValuePtr> ExpertFile(torch::TorchWriter& w, int layer, int expert) const {
+    ValuePtr d = Value::MakeDict();
+    const std::string head = absl::StrCat(info_.moe_layers[layer].prefix, kInfix, expert, ".");
+    for (const auto& mk : info_.module_order) {
+      if (mk.name.rfind(head, 0) != 0) continue;
+      const int i = info_.IndexOf(mk.name);
+      if (i < 0) return absl::InvalidArgumentError(absl::StrCat("expert weight '", mk.name, "' is not a param"));
+      UCP_ASSIGN_OR_RETURN(ValuePtr t, Lp(w, i));
+      d->DictSet(Value::Str(mk.name), t);
+    }
+    if (d->dict_items().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("MoE layer ", layer, " expert ", expert, " has no weights"));
+    }
+    return d;
+  }
+
+  // Group `g`'s flat partition on dp rank `d` for one state.
+  absl::StatusOr<TensorPlan> Partition(const TargetGroup& tg, int d, const std::string& key) const {
+    const int e = tg.expert ? d % ep_ : 0;
+    const int rank = tg.expert ? d / ep_ : d;
+    std::vector<TensorPlan> pieces;
+    int64_t covered = 0;
+    for (const auto& f : tg.layout.Fragments(rank)) {
+      const ParamState& p = info_.params[tg.params[e][f.param_index]];
+      UCP_ASSIGN_OR_RETURN(TensorPlan full, state_.Full(p, key));
+      UCP_ASSIGN_OR_RETURN(TensorPlan flat, full.Reshape({full.numel()}));
+      UCP_ASSIGN_OR_RETURN(TensorPlan piece, flat.FlatRange(f.param_offset, f.numel));
+      pieces.push_back(std::move(piece));
+      covered += f.numel;
+    }
+    if (covered < tg.layout.partition_numel()) {
+      pieces.push_back(TensorPlan::Zeros(torch::DType::kFloat32, {tg.layout.partition_numel() - covered}));
+    }
+    if (pieces.size() == 1) return pieces[0];
+    return TensorPlan::Cat(pieces, 0);
+  }
+
+  absl::StatusOr<ValuePtr> OptimFile(torch::TorchWriter& w, int d) const {
+    const Value& common = *common_.value;
+    auto copy_common = [&](const char* key) -> absl::StatusOr<ValuePtr> {
+      ValuePtr v = common.DictGetPtr(key);
+      if (!v) return absl::NotFoundError(absl::StrCat("the source's optimizer state has no '", key, "'"));
+      return deepspeed::CopyTreeForWrite(state::FileValue{v, common_.file}, w);
+    };
+    std::vector<ValuePtr> fp32s, paddings, counts, mappings;
+    ValuePtr states = Value::MakeDict();
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      const TargetGroup& tg = groups_[g];
+      const int e = tg.expert ? d % ep_ : 0;
+      const int rank = tg.expert ? d / ep_ : d;
+      ValuePtr mapping = Value::MakeDict(/*ordered_dict=*/true);
+      std::vector<deepspeed::ZeroFragment> listed = tg.layout.Fragments(rank);
+      if (tg.expert && window_mappings_ && ep_ > 1) {
+        const auto [start, size] = deepspeed::ExpertMappingWindow(tg.layout, rank, dp_);
+        listed = tg.layout.FragmentsOfWindow(start, size);
+      }
+      for (const auto& f : listed) {
+        mapping->DictSet(Value::Str(tg.names[e][f.param_index]), pickle::MakeFragmentAddress(f.numel, f.partition_offset));
+      }
+      mappings.push_back(mapping);
+      paddings.push_back(Value::Int(tg.layout.padding(rank)));
+      counts.push_back(Value::Int(tg.expert ? edp_ : dp_));
+      UCP_ASSIGN_OR_RETURN(TensorPlan fp32, Partition(tg, d, state::kFp32State));
+      UCP_ASSIGN_OR_RETURN(ValuePtr fv, tp::AddPlanView(w, fp32, tg.layout.lean_partition_numel(rank), true));
+      fp32s.push_back(fv);
+      ValuePtr st = Value::MakeDict();
+      for (const std::string& key : info_.scalar_keys) {
+        UCP_ASSIGN_OR_RETURN(state::FileValue sv, state_.GroupScalar(static_cast<int>(g), key));
+        if (!sv.value) continue;
+        UCP_ASSIGN_OR_RETURN(ValuePtr c, deepspeed::CopyTreeForWrite(sv, w));
+        st->DictSet(Value::Str(key), c);
+      }
+      for (const std::string& key : info_.state_keys) {
+        UCP_ASSIGN_OR_RETURN(TensorPlan plan, Partition(tg, d, key));
+        st->DictSet(Value::Str(key), tp::AddPlan(w, plan));
+      }
+      states->DictSet(Value::Int(static_cast<int64_t>(g)), st);
+    }
+    UCP_ASSIGN_OR_RETURN(ValuePtr groups, copy_common("param_groups"));
+    if (!groups->is(Kind::kList) || groups->items().size() != groups_.size()) {
+      return absl::InvalidArgumentError("the source's param_groups do not match its groups");
+    }
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      if (groups_[g].expert && groups->items()[g]->is(Kind::kDict) && groups->items()[g]->DictGet("name")) {
+        groups->items()[g]->DictSet(Value::Str("name"), Value::Str(absl::StrCat("ep_size_", ep_)));
+      }
+    }
+    ValuePtr base = Value::MakeDict();
+    base->DictSet(Value::Str("state"), states);
+    base->DictSet(Value::Str("param_groups"), groups);
+    ValuePtr osd = Value::MakeDict();
+    for (const char* key : {"loss_scaler", "dynamic_loss_scale", "overflow", "clip_grad"}) {
+      UCP_ASSIGN_OR_RETURN(ValuePtr v, copy_common(key));
+      osd->DictSet(Value::Str(key), v);
+    }
+    osd->DictSet(Value::Str("base_optimizer_state"), base);
+    osd->DictSet(Value::Str("single_partition_of_fp32_groups"), Value::List(std::move(fp32s)));
+    const Value* zs = common.DictGet("zero_stage");
+    auto stage_value = zs ? pickle::AsZeroStage(*zs) : absl::StatusOr<int>(-1);
+    if (zs != nullptr && stage_value.ok() && *stage_value == stage_) {
+      UCP_ASSIGN_OR_RETURN(ValuePtr v, copy_common("zero_stage"));
+      osd->DictSet(Value::Str("zero_stage"), v);
+    } else {
+      osd->DictSet(Value::Str("zero_stage"), pickle::MakeZeroStage(stage_));
+    }
+    osd->DictSet(Value::Str("group_paddings"), Value::List(std::move(paddings)));
+    osd->DictSet(Value::Str("partition_count"), Value::List(std::move(counts)));
+    osd->DictSet(Value::Str("ds_version"), Value::Str(version_));
+    osd->DictSet(Value::Str("param_slice_mappings"), Value::List(std::move(mappings)));
+    ValuePtr root = Value::MakeDict();
+    root->DictSet(Value::Str("optimizer_state_dict"), osd);
+    if (state::FileValue config = ds_->SavedDsConfig(); config.value) {
+      UCP_ASSIGN_OR_RETURN(ValuePtr c, DsConfig(config, w));
+      root->DictSet(Value::Str("ds_config"), c);
+    }
+    root->DictSet(Value::Str("ds_version"), Value::Str(version_));
+    return root;
+  }
+
+  const state::ModelState& state_;
+  const ModelInfo& info_;
+  ZeroWriteOptions options_;
+  std::unique_ptr<deepspeed::DeepSpeedFacet> owned_facet_;
+  const deepspeed::DeepSpeedFacet* ds_ = nullptr;
+  int dp_ = 1, ep_ = 1, edp_ = 1, stage_ = 2;
+  std::string version_;
+  deepspeed::PaddingConvention convention_ = deepspeed::PaddingConvention::kLastRank;
+  bool parallel_dims_ = false;  // the target writes checkpoint_parallel_dimensions
+  bool common_layout_ = true;   // 0.19.3+: model states with param_shapes, buffer_names, ds_config, ...
+  bool autoep_key_ = true;      // 0.19.2+: ds_autoep_layers
+  bool expp_files_ = false;     // up to 0.19.4: expp_rank_R placeholders
+  bool window_mappings_ = false;  // before 0.14.5: expert groups' mappings of a window
+  state::FileValue common_;
+  std::vector<TargetGroup> groups_;
+  std::vector<Job> jobs_;
+};
+
+}  // namespace
+
+absl::StatusOr<int> TargetExpertParallel(const ModelInfo& info, const ZeroWriteOptions& options) {
+  const int dp = options.target.dp;
+  auto fits = [&](int ep) {
+    if (ep < 1 || dp % ep != 0) return false;
+    for (const auto& l : info.moe_layers) {
+      if (l.num_experts % ep != 0) return false;
+    }
+    return true;
+  };
+  if (options.expert_parallel > 0) {
+    if (!fits(options.expert_parallel)) {
+      return absl::InvalidArgumentError(absl::StrCat("--expert_parallel=", options.expert_parallel,
+                                                     " must divide --dp=", dp, " and every MoE layer's expert count"));
+    }
+    return options.expert_parallel;
+  }
+  for (int ep = std::min(info.expert_parallel, dp); ep > 1; --ep) {
+    if (fits(ep)) return ep;
+  }
+  return 1;
+}
+
+absl::StatusOr<std::unique_ptr<Plan>> PlanMoe(const state::ModelState& state, const ZeroWriteOptions& options) {
+  auto plan = std::make_unique<MoePlan>(state, options);
+  UCP_RETURN_IF_ERROR(plan->Build());
+  return std::unique_ptr<Plan>(std::move(plan));
+}
+
+}  // namespace ucp::deepspeed_moe

@@ -1,0 +1,980 @@
+#include "formats/deepspeed_zero/zero_writer.h"
+
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <optional>
+#include <set>
+#include <tuple>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/fs.h"
+#include "base/parallel.h"
+#include "base/status_macros.h"
+#include "deepspeed/checkpoint_files.h"
+#include "deepspeed/engine_defaults.h"
+#include "deepspeed/tree_copy.h"
+#include "format/pickle/accessors.h"
+#include "tp/merge.h"
+#include "tp/plan_io.h"
+
+namespace ucp::deepspeed_zero {
+
+using writers::Plan;
+using writers::Unit;
+using writers::UnitResult;
+using writers::WriteStats;
+using writers::InputRange;
+using writers::AddVerifyUnit;
+using writers::ExecuteVerifyUnit;
+using writers::RunPlan;
+using writers::AddUnitResults;
+using writers::WriteUnitFile;
+using writers::WriteUnitPiece;
+using writers::FinishUnitPieces;
+using writers::ZeroWriteOptions;
+using writers::ZeroRunOptions;
+using writers::kOptimPieceBytes;
+
+namespace {
+
+using state::ModelInfo;
+using state::ParamState;
+using state::TensorRole;
+using pickle::Kind;
+using pickle::Value;
+using pickle::ValuePtr;
+using tp::TensorPlan;
+
+int64_t Numel(const std::vector<int64_t>& s) {
+  int64_t n = 1;
+  for (int64_t x : s) n *= x;
+  return n;
+}
+
+bool ContainsLayer(const ParamState& p, int layer) {
+  if (!p.tied_layers.empty()) {
+    return std::find(p.tied_layers.begin(), p.tied_layers.end(), layer) != p.tied_layers.end();
+  }
+  return p.layer == layer;
+}
+
+// The layers a param lives in.
+std::vector<int> LayersOf(const ParamState& p) {
+  if (!p.tied_layers.empty()) return p.tied_layers;
+  return {p.layer};
+}
+
+}  // namespace
+
+absl::StatusOr<TargetLayout> PlanTarget(const ModelInfo& info, const ZeroWriteOptions& options,
+                                        const std::string& source_ds_version) {
+  TargetLayout out;
+  out.topo = options.target;
+  UCP_RETURN_IF_ERROR(out.topo.Validate());
+  {
+    const std::string& version = options.target_ds_version.empty() ? source_ds_version : options.target_ds_version;
+    deepspeed::DsVersion v{0, 14, 4};
+    if (!version.empty()) {
+      UCP_ASSIGN_OR_RETURN(v, deepspeed::ParseDsVersion(version),
+                           _.Prepend(options.target_ds_version.empty() ? "the source's ds_version: "
+                                                                       : "--target_ds_version: "));
+    }
+    if (v < deepspeed::DsVersion{0, 12, 0} || deepspeed::DsVersion{0, 19, 5} < v) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "DeepSpeed ", version, ": ucp writes the ZeRO 1/2 layouts of DeepSpeed 0.12 to 0.19.5",
+          options.target_ds_version.empty() ? " (pass --target_ds_version to choose one)" : ""));
+    }
+    out.ds_version = options.target_ds_version;
+    out.version = v;
+    out.padding_convention =
+        deepspeed::PaddingConventionOf(v, info.optimizer_kind == state::OptimizerKind::kBf16);
+  }
+  const int tp = out.topo.tp;
+  const int pp = out.topo.pp;
+  out.zero_stage = options.zero_stage > 0 ? options.zero_stage : info.zero_stage;
+  if (out.zero_stage != 1 && out.zero_stage != 2) {
+    return absl::InvalidArgumentError(absl::StrCat("ZeRO stage ", out.zero_stage, ": ucp writes stages 1 and 2"));
+  }
+  if (info.optimizer_kind == state::OptimizerKind::kBf16 && out.zero_stage != 1) {
+    return absl::InvalidArgumentError("the bf16 optimizer (BF16_Optimizer) partitions like ZeRO stage 1 only");
+  }
+  if (info.pipeline && out.zero_stage == 2) {
+    return absl::InvalidArgumentError("ZeRO stage 2 cannot run under a PipelineModule (DeepSpeed refuses it)");
+  }
+  if (!info.pipeline && pp > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pp=", pp, ": the source is a plain nn.Module, not a PipelineModule, so it has no layers to "
+                     "split into pipeline stages"));
+  }
+  const int64_t divisible_by =
+      options.make_vocab_size_divisible_by > 0 ? options.make_vocab_size_divisible_by : info.make_vocab_size_divisible_by;
+
+  // Whole tensors of a tp=1 source (ZeRO-3, MoE) have no known tp split.
+  if (tp > 1) {
+    std::vector<std::string> unknown;
+    for (const auto& p : info.params) {
+      if (p.origin == state::kTp1WholeOrigin) unknown.push_back(p.name);
+    }
+    if (!unknown.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "target tp=", tp, ": ", unknown.size(), " param(s) of the tp=1 source have no tp merge rule (e.g. '",
+          unknown.front(), "'): give --rules=FILE or --preset to say how each splits"));
+    }
+  }
+  // Slice shapes at the target tp.
+  const size_t n = info.params.size();
+  out.slice_shapes.resize(n);
+  out.padded_rows.assign(n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    const ParamState& p = info.params[i];
+    if (p.rule.kind() == VOCAB) {
+      if (divisible_by <= 0) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "param '", p.name, "' is a vocabulary tensor of ", p.full_shape.empty() ? 0 : p.full_shape[0],
+            " rows whose padding depends on tp: pass --make_vocab_size_divisible_by (Megatron's default is 128)"));
+      }
+      out.padded_rows[i] = tp::PaddedVocabSize(p.full_shape[0], divisible_by, tp);
+    }
+    UCP_ASSIGN_OR_RETURN(out.slice_shapes[i],
+                         tp::SliceShapeFromFull(p.rule, p.full_shape, tp, out.padded_rows[i], p.name),
+                         _.Prepend(absl::StrCat("target tp=", tp, ": ")));
+  }
+
+  // Pipeline stages.
+  std::vector<int> stage_of_layer;
+  if (info.pipeline) {
+    const int num_layers = options.num_layers > 0 ? options.num_layers : info.num_layers;
+    int max_layer = -1;
+    for (const auto& p : info.params) {
+      for (int l : LayersOf(p)) max_layer = std::max(max_layer, l);
+    }
+    for (int l : info.module_layers) max_layer = std::max(max_layer, l);
+    if (num_layers <= max_layer) {
+      return absl::InvalidArgumentError(absl::StrCat("--num_layers=", num_layers, " but layer ", max_layer,
+                                                     " holds tensors"));
+    }
+    std::vector<deepspeed::PipelineLayerInfo> layers(num_layers);
+    std::vector<std::vector<std::string>> local_names(num_layers);
+    for (size_t i = 0; i < n; ++i) {
+      const ParamState& p = info.params[i];
+      if (p.layer < 0 && p.tied_layers.empty()) {
+        if (!p.tied_key.empty()) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "param '", p.name, "' belongs to tied module '", p.tied_key,
+              "' whose pipeline layers the source does not record (a universal checkpoint written by DeepSpeed): "
+              "reshard from the ZeRO checkpoint, or convert it with `ucp convert` first"));
+        }
+        return absl::InvalidArgumentError(
+            absl::StrCat("param '", p.name, "' has no pipeline layer index (expected '<layer>.<name>')"));
+      }
+      for (int l : LayersOf(p)) {
+        if (p.trainable()) layers[l].trainable_numel += Numel(out.slice_shapes[i]);
+        local_names[l].push_back(p.local_name);
+      }
+    }
+    for (int l = 0; l < num_layers; ++l) {
+      auto it = options.layer_types.find(l);
+      if (it != options.layer_types.end()) {
+        layers[l].type_name = it->second;
+      } else if (options.layer_type_name) {
+        layers[l].type_name = options.layer_type_name(local_names[l]);
+      } else {
+        layers[l].type_name = local_names[l].empty() ? "function" : "Layer";
+      }
+    }
+    out.partition_method = !options.partition_method.empty()      ? options.partition_method
+                           : !info.partition_method.empty() ? info.partition_method
+                                                             : "parameters";
+    UCP_ASSIGN_OR_RETURN(out.parts, deepspeed::PartitionLayers(layers, pp, out.partition_method));
+    stage_of_layer.assign(num_layers, 0);
+    for (int s = 0; s < pp; ++s) {
+      for (int l = out.parts[s]; l < out.parts[s + 1]; ++l) stage_of_layer[l] = s;
+    }
+  }
+  auto stages_of = [&](const ParamState& p) {
+    std::set<int> s;
+    if (!info.pipeline) {
+      s.insert(0);
+    } else {
+      for (int l : LayersOf(p)) s.insert(stage_of_layer[l]);
+    }
+    return s;
+  };
+  out.stage_groups.assign(pp, std::vector<std::vector<int>>(info.num_groups));
+  out.stage_module_params.assign(pp, {});
+  for (size_t i = 0; i < n; ++i) {
+    const ParamState& p = info.params[i];
+    for (int s : stages_of(p)) {
+      if (p.trainable()) {
+        if (p.group < 0 || p.group >= info.num_groups) {
+          return absl::InvalidArgumentError(absl::StrCat("param '", p.name, "' has group ", p.group, " of ",
+                                                         info.num_groups));
+        }
+        out.stage_groups[s][p.group].push_back(static_cast<int>(i));
+      } else {
+        out.stage_module_params[s].push_back(static_cast<int>(i));
+      }
+    }
+  }
+  // DeepSpeed 0.14.4 drops a param group with no params on a stage
+  // (engine._configure_optimizer), so that stage's files would number their
+  // groups differently from the others'; one group list per checkpoint cannot
+  // say that, and ZeRO cannot flatten an empty group either.
+  for (int s = 0; s < pp; ++s) {
+    for (int g = 0; g < info.num_groups; ++g) {
+      if (out.stage_groups[s][g].empty()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "pipeline stage ", s, " of pp=", pp, " (", out.partition_method.empty() ? "" : out.partition_method,
+            " partitioning) holds no params of optimizer group ", g, " of ", info.num_groups,
+            ": DeepSpeed would drop that group on this stage only; choose another pp or partition method"));
+      }
+    }
+  }
+  out.layouts.assign(pp, {});
+  for (int s = 0; s < pp; ++s) {
+    for (int g = 0; g < info.num_groups; ++g) {
+      std::vector<int64_t> numels;
+      for (int i : out.stage_groups[s][g]) numels.push_back(Numel(out.slice_shapes[i]));
+      out.layouts[s].push_back(
+          deepspeed::ZeroGroupLayout::Make(std::move(numels), out.topo.dp, out.padding_convention));
+    }
+  }
+  // Layer files and their keys in file order.
+  if (info.pipeline) {
+    std::vector<int> module_layers = info.module_layers;
+    // A tied module's other layers may be functions (a TiedLayerSpec with a
+    // forward_fn has no file); the layers of other params are modules.
+    for (const auto& p : info.params) {
+      if (!p.tied_layers.empty()) continue;
+      for (int l : LayersOf(p)) {
+        if (std::find(module_layers.begin(), module_layers.end(), l) == module_layers.end()) module_layers.push_back(l);
+      }
+    }
+    std::sort(module_layers.begin(), module_layers.end());
+    for (int l : module_layers) {
+      std::vector<int> keys;
+      if (!info.module_order.empty()) {
+        for (const auto& k : info.module_order) {
+          if (k.layer != l) continue;
+          const int i = info.IndexOf(k.name);
+          if (i < 0) return absl::InvalidArgumentError(absl::StrCat("module key '", k.name, "' is not a known tensor"));
+          keys.push_back(i);
+        }
+      }
+      // Tensors the recorded order misses (or all of them when none is recorded).
+      for (size_t i = 0; i < n; ++i) {
+        if (ContainsLayer(info.params[i], l) && std::find(keys.begin(), keys.end(), static_cast<int>(i)) == keys.end()) {
+          keys.push_back(static_cast<int>(i));
+        }
+      }
+      out.layer_files.emplace_back(l, std::move(keys));
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<TensorPlan> TargetSlice(const state::ModelState& state, const TargetLayout& layout,
+                                       int param_index, const std::string& state_name, int rank, bool deferred) {
+  const ParamState& p = state.info().params[param_index];
+  std::optional<TensorPlan> later = deferred ? state.FullDeferred(p, state_name) : std::nullopt;
+  UCP_ASSIGN_OR_RETURN(TensorPlan full, later ? *std::move(later) : state.Full(p, state_name));
+  if (full.shape() != p.full_shape) {
+    return absl::InvalidArgumentError(absl::StrCat("param '", p.name, "' ", state_name, ": full shape ",
+                                                   torch::ShapeString(full.shape()), " differs from ",
+                                                   torch::ShapeString(p.full_shape)));
+  }
+  UCP_ASSIGN_OR_RETURN(TensorPlan slice,
+                       tp::SplitFull(p.rule, full, layout.topo.tp, rank, layout.padded_rows[param_index], p.name));
+  return slice.Reshape(layout.slice_shapes[param_index]);
+}
+
+namespace {
+
+// Writes one target checkpoint; each Write* method is one output file.
+class Writer {
+ public:
+  Writer(const state::ModelState& state, const TargetLayout& layout, int threads)
+      : state_(state), info_(state.info()), layout_(layout) {
+    // A file's storage records are filled in parallel too: a target with a
+    // small dp has a few very large optimizer files.
+    write_options_.record_threads = threads > 0 ? threads : DefaultThreadCount();
+  }
+
+  // `ds`: the source's DeepSpeed engine state (deepspeed/facet.h), or
+  // DeepSpeed's defaults for its model.
+  absl::Status Init(const deepspeed::DeepSpeedFacet* ds) {
+    ds_ = ds;
+    UCP_ASSIGN_OR_RETURN(common_, ds_->OptimizerCommon());
+    if (!common_.value || !common_.value->is(Kind::kDict)) {
+      return absl::InvalidArgumentError("the source's optimizer state is not a dict");
+    }
+    return absl::OkStatus();
+  }
+
+  // The lp tensor of a param on a tp rank.
+  absl::StatusOr<ValuePtr> LpTensor(torch::TorchWriter& w, int i, int rank) const {
+    const ParamState& p = info_.params[i];
+    if (p.trainable()) {
+      UCP_ASSIGN_OR_RETURN(TensorPlan fp32, TargetSlice(state_, layout_, i, state::kFp32State, rank));
+      return tp::AddPlanAs(w, fp32, p.lp_dtype);
+    }
+    UCP_ASSIGN_OR_RETURN(TensorPlan lp, TargetSlice(state_, layout_, i, state::kLpState, rank));
+    return tp::AddPlan(w, lp);
+  }
+
+  absl::Status WriteLayerFile(int layer, const std::vector<int>& keys, int rank, const std::string& dir,
+                              UnitResult* result) const {
+    torch::TorchWriter w(write_options_);
+    ValuePtr sd = Value::MakeDict(/*ordered_dict=*/true);
+    for (int i : keys) {
+      UCP_ASSIGN_OR_RETURN(ValuePtr t, LpTensor(w, i, rank));
+      sd->DictSet(Value::Str(info_.params[i].local_name), t);
+    }
+    return Finish(w, deepspeed::LayerFileName(layer, rank), *sd, dir, result);
+  }
+
+  absl::Status WriteMpRankFile(int stage, int rank, const std::string& dir, UnitResult* result) const {
+    torch::TorchWriter w(write_options_);
+    state::FileValue src = ds_->ModelStatesRoot(stage, rank);
+    if (!src.value || !src.value->is(Kind::kDict)) {
+      return absl::FailedPreconditionError(absl::StrCat("no model states for stage ", stage, " tp rank ", rank));
+    }
+    ValuePtr out = Value::MakeDict();
+    // DeepSpeed >= 0.19.5 records the tp / pp degrees of the saving job.
+    const bool cpd = layout_.version >= deepspeed::DsVersion{0, 19, 5};
+    for (const auto& [k, v] : src.value->dict_items()) {
+      const std::string key = k->is(Kind::kStr) ? k->str() : "";
+      if (key == "module") {
+        UCP_ASSIGN_OR_RETURN(ValuePtr m, ModuleDict(w, rank));
+        out->DictSet(k, m);
+      } else if (key == "param_shapes") {
+        out->DictSet(k, ParamShapes(stage));
+      } else if (key == "buffer_names") {
+        out->DictSet(k, BufferNames(stage));
+      } else if (key == "frozen_param_shapes" || key == "frozen_param_fragments") {
+        if (layout_.zero_stage >= 2) {
+          UCP_ASSIGN_OR_RETURN(ValuePtr f, FrozenParams(w, stage, rank, key == "frozen_param_fragments"));
+          out->DictSet(k, f);
+        } else {
+          out->DictSet(k, Value::None());
+        }
+      } else if (key == "shared_params" && layout_.topo.mp_rank(stage, rank) != 0) {
+        // engine._get_shared_params records tied aliases on global rank 0
+        // only: every other mp_rank file holds an empty dict, whatever file
+        // of the source this one was derived from.
+        out->DictSet(k, Value::MakeDict());
+      } else if (key == "dp_world_size") {
+        out->DictSet(k, Value::Int(layout_.topo.dp));
+      } else if (key == "checkpoint_parallel_dimensions" && !cpd) {
+        // An older target version writes none (and would take it for client state).
+        continue;
+      } else if (key == "checkpoint_parallel_dimensions" && v->is(Kind::kDict)) {
+        // DeepSpeed >= 0.19.5: the degrees of the job that saved (checked
+        // against the files when loading); the source's key order.
+        UCP_ASSIGN_OR_RETURN(ValuePtr dims, deepspeed::CopyTreeForWrite(state::FileValue{v, src.file}, w));
+        if (dims->DictGet("pp_degree")) dims->DictSet(Value::Str("pp_degree"), Value::Int(layout_.topo.pp));
+        if (dims->DictGet("tp_degree")) dims->DictSet(Value::Str("tp_degree"), Value::Int(layout_.topo.tp));
+        out->DictSet(k, dims);
+      } else if (key == "ds_version" && !layout_.ds_version.empty()) {
+        out->DictSet(k, Value::Str(layout_.ds_version));
+      } else if (key == "mp_world_size") {
+        out->DictSet(k, Value::Int(layout_.topo.mp_world_size()));
+        if (cpd && src.value->DictGet("checkpoint_parallel_dimensions") == nullptr) {
+          // engine.py:_checkpoint_parallel_metadata (0.19.5), right after mp_world_size.
+          ValuePtr dims = Value::MakeDict();
+          dims->DictSet(Value::Str("pp_degree"), Value::Int(layout_.topo.pp));
+          dims->DictSet(Value::Str("tp_degree"), Value::Int(layout_.topo.tp));
+          out->DictSet(Value::Str("checkpoint_parallel_dimensions"), dims);
+        }
+      } else if (key == "ds_config") {
+        UCP_ASSIGN_OR_RETURN(ValuePtr c, DsConfig(state::FileValue{v, src.file}, w));
+        out->DictSet(k, c);
+      } else {
+        UCP_ASSIGN_OR_RETURN(ValuePtr c, deepspeed::CopyTreeForWrite(state::FileValue{v, src.file}, w));
+        out->DictSet(k, c);
+      }
+    }
+    return Finish(w, deepspeed::MpRankFileName(layout_.topo.mp_rank(stage, rank)), *out, dir, result);
+  }
+
+  std::string OptimName(int stage, int rank, int dp_rank) const {
+    return deepspeed::OptimFileName(dp_rank, layout_.topo.mp_rank(stage, rank), info_.bf16_file_prefix);
+  }
+
+  absl::Status WriteOptimFile(int stage, int rank, int dp_rank, const std::string& dir, UnitResult* result) const {
+    torch::TorchWriter w(write_options_);
+    UCP_ASSIGN_OR_RETURN(ValuePtr root, OptimRoot(w, stage, rank, dp_rank));
+    return Finish(w, OptimName(stage, rank, dp_rank), *root, dir, result);
+  }
+
+  // Piece `piece` of `pieces` of the optimizer file (a unit of its own; see
+  // ZeroWriteOptions::piece_bytes): every piece builds the file's whole tree
+  // (the same in every process: only metadata, no tensor bytes are read)
+  // and writes its share of the storage bytes.
+  absl::Status WriteOptimPiece(int stage, int rank, int dp_rank, int piece, int pieces, const std::string& dir,
+                               UnitResult* result) const {
+    torch::TorchWriteOptions o = write_options_;
+    o.record_threads = 1;  // the pieces are the parallelism
+    torch::TorchWriter w(o);
+    UCP_ASSIGN_OR_RETURN(ValuePtr root, OptimRoot(w, stage, rank, dp_rank, /*deferred=*/true));
+    return WriteUnitPiece(w, dir, OptimName(stage, rank, dp_rank), *root, piece, pieces, result);
+  }
+
+  // After every piece: the rest of the file around them (plan.h
+  // FinishUnitPieces); returns its size.
+  absl::StatusOr<int64_t> FinishOptimPieces(int stage, int rank, int dp_rank, const std::vector<UnitResult>& results,
+                                            const std::string& dir) const {
+    torch::TorchWriter w(write_options_);
+    UCP_ASSIGN_OR_RETURN(ValuePtr root, OptimRoot(w, stage, rank, dp_rank, /*deferred=*/true));
+    return FinishUnitPieces(w, dir, OptimName(stage, rank, dp_rank), *root, results);
+  }
+
+  // Which inputs each of the `pieces` pieces of the optimizer file reads
+  // (WriteOptimPiece), by laying the file out from shapes alone; nullopt
+  // when the source cannot defer its tensors (then a piece opens every
+  // input of the file to build its tree, and lists them all).
+  absl::StatusOr<std::optional<std::vector<std::vector<InputRange>>>> PieceInputs(int stage, int rank, int dp_rank,
+                                                                                  int pieces) const {
+    // Only a source that defers every tensor of the file: building the tree
+    // of another would open (and CRC-check, outside any unit) its inputs
+    // while planning.
+    for (int g = 0; g < info_.num_groups; ++g) {
+      for (const auto& f : layout_.layouts[stage][g].Fragments(dp_rank)) {
+        const ParamState& p = info_.params[layout_.stage_groups[stage][g][f.param_index]];
+        if (!state_.FullDeferred(p, state::kFp32State)) return std::optional<std::vector<std::vector<InputRange>>>();
+        for (const std::string& key : info_.state_keys) {
+          if (!state_.FullDeferred(p, key)) return std::optional<std::vector<std::vector<InputRange>>>();
+        }
+      }
+    }
+    torch::TorchWriter w(write_options_);
+    std::vector<std::pair<size_t, TensorPlan>> records;
+    UCP_ASSIGN_OR_RETURN(ValuePtr root, OptimRoot(w, stage, rank, dp_rank, /*deferred=*/true, &records));
+    std::map<size_t, const TensorPlan*> by_storage;
+    for (const auto& [storage, plan] : records) by_storage[storage] = &plan;
+    const std::string name = OptimName(stage, rank, dp_rank);
+    UCP_ASSIGN_OR_RETURN(std::vector<std::vector<torch::TorchWriter::StoragePart>> all_parts,
+                         w.PieceParts(name, *root, pieces));
+    std::vector<std::vector<InputRange>> out(pieces);
+    for (int k = 0; k < pieces; ++k) {
+      const std::vector<torch::TorchWriter::StoragePart>& parts = all_parts[k];
+      std::map<std::string, int64_t> bytes;  // input file -> bytes the piece reads of it
+      std::vector<std::string> order;
+      for (const auto& part : parts) {
+        auto it = by_storage.find(part.storage);
+        if (it == by_storage.end()) continue;  // copied from the common state: opened by every piece
+        const TensorPlan& plan = *it->second;
+        const int64_t isz = static_cast<int64_t>(torch::ItemSize(plan.dtype()));
+        const int64_t first = static_cast<int64_t>(part.offset) / isz;
+        const int64_t last = (static_cast<int64_t>(part.offset + part.length) + isz - 1) / isz;
+        for (const TensorPlan::DeferredUse& use : plan.DeferredIn(first, last - first)) {
+          for (const std::string& f : use.source->files) {
+            auto [b, inserted] = bytes.emplace(f, 0);
+            if (inserted) order.push_back(f);
+            b->second += use.count * static_cast<int64_t>(torch::ItemSize(use.source->dtype));
+          }
+        }
+      }
+      // Whole files (tensor ""), with the bytes read as the length: the
+      // rank that reads most of a file checks it (AssignCheckers).
+      for (const std::string& f : order) out[k].push_back({f, "", 0, bytes[f]});
+    }
+    return std::optional<std::vector<std::vector<InputRange>>>(std::move(out));
+  }
+
+  // The optimizer file's tree, its tensors streamed from the source. With
+  // `deferred`, the source's tensors are opened when their bytes are read
+  // (TargetSlice); `records` (if given) receives each storage of a state or
+  // fp32 partition (TorchWriter storage number, plan).
+  absl::StatusOr<ValuePtr> OptimRoot(torch::TorchWriter& w, int stage, int rank, int dp_rank, bool deferred = false,
+                                     std::vector<std::pair<size_t, TensorPlan>>* records = nullptr) const {
+    const bool bf16 = info_.optimizer_kind == state::OptimizerKind::kBf16;
+    const Value& common = *common_.value;
+    auto copy_common = [&](const char* key) -> absl::StatusOr<ValuePtr> {
+      ValuePtr v = common.DictGetPtr(key);
+      if (!v) return absl::NotFoundError(absl::StrCat("the source's optimizer state has no '", key, "'"));
+      return deepspeed::CopyTreeForWrite(state::FileValue{v, common_.file}, w);
+    };
+    std::vector<ValuePtr> fp32_groups, paddings, counts, mappings;
+    ValuePtr group_states = Value::MakeDict();
+    for (int g = 0; g < info_.num_groups; ++g) {
+      const deepspeed::ZeroGroupLayout& gl = layout_.layouts[stage][g];
+      const std::vector<deepspeed::ZeroFragment> frags = gl.Fragments(dp_rank);
+      ValuePtr mapping = Value::MakeDict(/*ordered_dict=*/true);
+      for (const auto& f : frags) {
+        mapping->DictSet(Value::Str(info_.params[layout_.stage_groups[stage][g][f.param_index]].name),
+                         pickle::MakeFragmentAddress(f.numel, f.partition_offset));
+      }
+      mappings.push_back(mapping);
+      paddings.push_back(Value::Int(gl.padding(dp_rank)));
+      counts.push_back(Value::Int(layout_.topo.dp));
+      ValuePtr st = Value::MakeDict();
+      for (const std::string& key : info_.scalar_keys) {
+        UCP_ASSIGN_OR_RETURN(state::FileValue sv, state_.GroupScalar(g, key));
+        if (!sv.value) continue;
+        UCP_ASSIGN_OR_RETURN(ValuePtr c, deepspeed::CopyTreeForWrite(sv, w));
+        st->DictSet(Value::Str(key), c);
+      }
+      for (const std::string& key : info_.state_keys) {
+        UCP_ASSIGN_OR_RETURN(TensorPlan plan, Partition(stage, rank, dp_rank, g, key, deferred));
+        if (records != nullptr) records->emplace_back(w.num_storages(), plan);
+        st->DictSet(Value::Str(key), tp::AddPlan(w, plan));
+      }
+      group_states->DictSet(Value::Int(g), st);
+    }
+    // The fp32 partitions after every group's optimizer states: the order
+    // their records have in the file. Making a plan opens its inputs, and
+    // an opened input is read ahead and CRC-checked (on the background
+    // thread of ExecuteUnits) in the order inputs were opened: opened in
+    // file order, the inputs arrive in the order the file's pieces (and
+    // records) are written. The tree, and so the bytes, do not depend on it.
+    for (int g = 0; g < info_.num_groups; ++g) {
+      const deepspeed::ZeroGroupLayout& gl = layout_.layouts[stage][g];
+      const int64_t p_numel = gl.partition_numel();
+      const int64_t lean = gl.lean_partition_numel(dp_rank);  // Python's group[:p - padding]
+      // fp32 partition: the ZeRO optimizer saves group[:lean] of the padded
+      // partition (the file holds the whole storage); bf16 saves it whole.
+      UCP_ASSIGN_OR_RETURN(TensorPlan fp32, Partition(stage, rank, dp_rank, g, state::kFp32State, deferred));
+      if (records != nullptr) records->emplace_back(w.num_storages(), fp32);
+      UCP_ASSIGN_OR_RETURN(ValuePtr fp32_value, tp::AddPlanView(w, fp32, bf16 ? p_numel : lean, /*requires_grad=*/true));
+      fp32_groups.push_back(fp32_value);
+    }
+    ValuePtr base = Value::MakeDict();
+    base->DictSet(Value::Str("state"), group_states);
+    UCP_ASSIGN_OR_RETURN(ValuePtr param_groups, copy_common("param_groups"));
+    // A ZeRO 1/2 optimizer has one flat param per group: params = [g] (a
+    // ZeRO-3 source lists its sub-groups there).
+    if (param_groups->is(Kind::kList) && static_cast<int>(param_groups->items().size()) == info_.num_groups) {
+      for (int g = 0; g < info_.num_groups; ++g) {
+        const ValuePtr& group = param_groups->items()[g];
+        if (group->is(Kind::kDict) && group->DictGet("params") != nullptr) {
+          group->DictSet(Value::Str("params"), Value::List({Value::Int(g)}));
+        }
+      }
+    }
+    base->DictSet(Value::Str("param_groups"), param_groups);
+
+    ValuePtr osd = Value::MakeDict();
+    auto set_common = [&](const char* key) -> absl::Status {
+      UCP_ASSIGN_OR_RETURN(ValuePtr v, copy_common(key));
+      osd->DictSet(Value::Str(key), v);
+      return absl::OkStatus();
+    };
+    if (!bf16) {
+      UCP_RETURN_IF_ERROR(set_common("loss_scaler"));
+      UCP_RETURN_IF_ERROR(set_common("dynamic_loss_scale"));
+      UCP_RETURN_IF_ERROR(set_common("overflow"));
+    }
+    if (common.DictGet("clip_grad") != nullptr) {
+      UCP_RETURN_IF_ERROR(set_common("clip_grad"));
+    } else {
+      // A ZeRO-3 source keeps no clip_grad: the job's gradient_clipping.
+      state::FileValue src = ds_->ModelStatesRoot(stage, rank);
+      const Value* c = src.value ? src.value->DictGet("ds_config") : nullptr;
+      ValuePtr clip = c && c->is(Kind::kDict) ? c->DictGetPtr("gradient_clipping") : nullptr;
+      osd->DictSet(Value::Str("clip_grad"),
+                   clip && (clip->is(Kind::kFloat) || clip->is(Kind::kInt)) ? clip : Value::Float(0.0));
+    }
+    osd->DictSet(Value::Str("base_optimizer_state"), base);
+    osd->DictSet(Value::Str("single_partition_of_fp32_groups"), Value::List(fp32_groups));
+    if (!bf16) {
+      const Value* zs = common.DictGet("zero_stage");
+      auto stage_value = zs ? pickle::AsZeroStage(*zs) : absl::StatusOr<int>(-1);
+      if (zs != nullptr && stage_value.ok() && *stage_value == layout_.zero_stage) {
+        UCP_RETURN_IF_ERROR(set_common("zero_stage"));
+      } else {
+        osd->DictSet(Value::Str("zero_stage"), pickle::MakeZeroStage(layout_.zero_stage));
+      }
+    }
+    osd->DictSet(Value::Str("group_paddings"), Value::List(paddings));
+    osd->DictSet(Value::Str("partition_count"), Value::List(counts));
+    if (layout_.ds_version.empty() && common.DictGet("ds_version") == nullptr) {
+      osd->DictSet(Value::Str("ds_version"), SourceVersion(stage, rank));
+    } else if (layout_.ds_version.empty()) {
+      UCP_RETURN_IF_ERROR(set_common("ds_version"));
+    } else {
+      osd->DictSet(Value::Str("ds_version"), Value::Str(layout_.ds_version));
+    }
+    osd->DictSet(Value::Str("param_slice_mappings"), Value::List(mappings));
+
+    ValuePtr root = Value::MakeDict();
+    root->DictSet(Value::Str("optimizer_state_dict"), osd);
+    state::FileValue src = ds_->ModelStatesRoot(stage, rank);
+    ValuePtr config = src.value ? src.value->DictGetPtr("ds_config") : nullptr;
+    if (config) {
+      UCP_ASSIGN_OR_RETURN(ValuePtr c, DsConfig(state::FileValue{config, src.file}, w));
+      root->DictSet(Value::Str("ds_config"), c);
+    }
+    if (layout_.ds_version.empty() && common.DictGet("ds_version") == nullptr) {
+      root->DictSet(Value::Str("ds_version"), SourceVersion(stage, rank));
+    } else if (layout_.ds_version.empty()) {
+      UCP_ASSIGN_OR_RETURN(ValuePtr version, copy_common("ds_version"));
+      root->DictSet(Value::Str("ds_version"), version);
+    } else {
+      root->DictSet(Value::Str("ds_version"), Value::Str(layout_.ds_version));
+    }
+    return root;
+  }
+
+ private:
+  // The model states' ds_version (a ZeRO-3 source's optimizer state has none).
+  ValuePtr SourceVersion(int stage, int rank) const {
+    state::FileValue src = ds_->ModelStatesRoot(stage, rank);
+    const Value* v = src.value ? src.value->DictGet("ds_version") : nullptr;
+    return v != nullptr && v->is(Kind::kStr) ? Value::Str(v->str()) : Value::Str("0.14.4");
+  }
+
+  // The flat partition `dp_rank` of group `g` for one state: the fragments
+  // of the params it overlaps, then zeros for the alignment padding.
+  absl::StatusOr<TensorPlan> Partition(int stage, int rank, int dp_rank, int g, const std::string& key,
+                                       bool deferred = false) const {
+    const deepspeed::ZeroGroupLayout& gl = layout_.layouts[stage][g];
+    std::vector<TensorPlan> pieces;
+    int64_t covered = 0;
+    torch::DType dtype = torch::DType::kFloat32;
+    for (const auto& f : gl.Fragments(dp_rank)) {
+      const int i = layout_.stage_groups[stage][g][f.param_index];
+      UCP_ASSIGN_OR_RETURN(TensorPlan slice, TargetSlice(state_, layout_, i, key, rank, deferred));
+      UCP_ASSIGN_OR_RETURN(TensorPlan flat, slice.Reshape({slice.numel()}));
+      UCP_ASSIGN_OR_RETURN(TensorPlan piece, flat.FlatRange(f.param_offset, f.numel));
+      dtype = piece.dtype();
+      pieces.push_back(std::move(piece));
+      covered += f.numel;
+    }
+    if (covered < gl.partition_numel()) pieces.push_back(TensorPlan::Zeros(dtype, {gl.partition_numel() - covered}));
+    if (pieces.size() == 1) return pieces[0];
+    return TensorPlan::Cat(pieces, 0);
+  }
+
+  ValuePtr ParamShapes(int stage) const {
+    std::vector<ValuePtr> groups;
+    for (int g = 0; g < info_.num_groups; ++g) {
+      ValuePtr d = Value::MakeDict(/*ordered_dict=*/true);
+      for (int i : layout_.stage_groups[stage][g]) {
+        d->DictSet(Value::Str(info_.params[i].name), pickle::MakeTorchSize(layout_.slice_shapes[i]));
+      }
+      groups.push_back(d);
+    }
+    return Value::List(groups);
+  }
+
+  // engine._get_buffer_names: the persistent buffers of this stage's module,
+  // in module order; a PipelineModule registers tied_modules before its layers.
+  ValuePtr BufferNames(int stage) const {
+    std::vector<ValuePtr> names, untied;
+    for (int i : layout_.stage_module_params[stage]) {
+      const ParamState& p = info_.params[i];
+      if (p.role != TensorRole::kBuffer) continue;
+      (p.tied_key.empty() ? untied : names).push_back(Value::Str(p.name));
+    }
+    names.insert(names.end(), untied.begin(), untied.end());
+    return Value::List(std::move(names));
+  }
+
+  absl::StatusOr<ValuePtr> FrozenParams(torch::TorchWriter& w, int stage, int rank, bool fragments) const {
+    ValuePtr d = Value::MakeDict(/*ordered_dict=*/true);
+    for (int i : layout_.stage_module_params[stage]) {
+      const ParamState& p = info_.params[i];
+      if (p.role != TensorRole::kFrozen) continue;
+      if (fragments) {
+        UCP_ASSIGN_OR_RETURN(ValuePtr t, LpTensor(w, i, rank));
+        d->DictSet(Value::Str(p.name), t);
+      } else {
+        d->DictSet(Value::Str(p.name), pickle::MakeTorchSize(layout_.slice_shapes[i]));
+      }
+    }
+    return d;
+  }
+
+  // The plain module's state dict on a tp rank (non-pipeline checkpoints).
+  absl::StatusOr<ValuePtr> ModuleDict(torch::TorchWriter& w, int rank) const {
+    if (info_.pipeline) return Value::None();
+    ValuePtr sd = Value::MakeDict(/*ordered_dict=*/true);
+    std::vector<int> order;
+    for (const auto& k : info_.module_order) {
+      const int i = info_.IndexOf(k.name);
+      if (i >= 0) order.push_back(i);
+    }
+    for (size_t i = 0; i < info_.params.size(); ++i) {
+      if (std::find(order.begin(), order.end(), static_cast<int>(i)) == order.end()) order.push_back(static_cast<int>(i));
+    }
+    for (int i : order) {
+      UCP_ASSIGN_OR_RETURN(ValuePtr t, LpTensor(w, i, rank));
+      sd->DictSet(Value::Str(info_.params[i].name), t);
+    }
+    // nn.Module.state_dict() leaves the module versions in the OrderedDict's
+    // `_metadata` attribute, which load_state_dict passes to each module; it
+    // depends on the module tree only, so the source's carries over.
+    state::FileValue src = ds_->ModelStatesRoot(0, rank);
+    const Value* module = src.value ? src.value->DictGet("module") : nullptr;
+    if (module != nullptr && module->is(Kind::kDict) && module->dict_state()) {
+      UCP_ASSIGN_OR_RETURN(ValuePtr metadata,
+                           deepspeed::CopyTreeForWrite(state::FileValue{module->dict_state(), src.file}, w));
+      sd->set_dict_state(std::move(metadata));
+    }
+    return sd;
+  }
+
+  // ds_config with the target's ZeRO stage and, when a global batch size is
+  // recorded, gradient accumulation steps that keep it at the new dp.
+  absl::StatusOr<ValuePtr> DsConfig(const state::FileValue& src, torch::TorchWriter& w) const {
+    UCP_ASSIGN_OR_RETURN(ValuePtr c, deepspeed::CopyTreeForWrite(src, w));
+    if (!c->is(Kind::kDict)) return c;
+    if (const Value* z = c->DictGet("zero_optimization"); z != nullptr && z->is(Kind::kDict)) {
+      ValuePtr zc = c->DictGetPtr("zero_optimization");
+      if (zc->DictGet("stage") != nullptr) zc->DictSet(Value::Str("stage"), Value::Int(layout_.zero_stage));
+    }
+    if (ValuePtr ck = c->DictGetPtr("checkpoint"); ck && ck->is(Kind::kDict) && ck->DictGet("load_universal")) {
+      ck->DictSet(Value::Str("load_universal"), Value::Bool(false));
+    }
+    const Value* tbs = c->DictGet("train_batch_size");
+    const Value* micro = c->DictGet("train_micro_batch_size_per_gpu");
+    if (tbs != nullptr && micro != nullptr && tbs->is(Kind::kInt) && micro->is(Kind::kInt) && micro->int_value() > 0) {
+      const int64_t per_step = micro->int_value() * layout_.topo.dp;
+      if (tbs->int_value() % per_step == 0) {
+        c->DictSet(Value::Str("gradient_accumulation_steps"), Value::Int(tbs->int_value() / per_step));
+      }
+    }
+    return c;
+  }
+
+  static absl::Status Finish(torch::TorchWriter& w, const std::string& name, const Value& root,
+                             const std::string& dir, UnitResult* result) {
+    return WriteUnitFile(w, dir, name, root, result);
+  }
+
+  const state::ModelState& state_;
+  const ModelInfo& info_;
+  const TargetLayout& layout_;
+  torch::TorchWriteOptions write_options_;
+  const deepspeed::DeepSpeedFacet* ds_ = nullptr;
+  state::FileValue common_;
+};
+
+class ZeroPlan : public Plan {
+ public:
+  ZeroPlan(const state::ModelState& state, TargetLayout layout, const ZeroWriteOptions& options)
+      : state_(state),
+        layout_(std::move(layout)),
+        writer_(state, layout_, options.num_threads),
+        info_(state.info()),
+        piece_bytes_(options.piece_bytes == 0 ? kOptimPieceBytes : options.piece_bytes) {}
+
+  absl::Status Build(const std::string& ds_version) {
+    UCP_ASSIGN_OR_RETURN(ds_, deepspeed::FacetOrDefaults(state_, ds_version, &owned_facet_));
+    UCP_RETURN_IF_ERROR(writer_.Init(ds_));
+    // Every output file is one unit of work.
+    const state::Topology& t = layout_.topo;
+    auto slice_bytes = [&](int i, bool lp) {
+      const ParamState& p = info_.params[i];
+      return Numel(layout_.slice_shapes[i]) *
+             static_cast<int64_t>(torch::ItemSize(lp || !p.trainable() ? p.lp_dtype : torch::DType::kFloat32));
+    };
+    // What each param's tensors read in the source (every output file that
+    // holds a slice of the param reads them).
+    // The module files (layer, mp_rank) read only the lp weight, made from
+    // the fp32 master weight of a trainable param.
+    std::vector<std::vector<InputRange>> inputs(info_.params.size()), lp_inputs(info_.params.size());
+    for (size_t i = 0; i < info_.params.size(); ++i) {
+      const ParamState& p = info_.params[i];
+      inputs[i] = state_.Inputs(p);
+      lp_inputs[i] = state_.StateInputs(p, p.trainable() ? state::kFp32State : state::kLpState);
+    }
+    auto params_inputs = [&](const std::vector<int>& params, bool lp = false) {
+      std::vector<InputRange> out;
+      std::set<std::tuple<std::string, std::string, int64_t>> seen;
+      for (int i : params) {
+        for (const InputRange& r : lp ? lp_inputs[i] : inputs[i]) {
+          if (seen.insert({r.path, r.tensor, r.offset}).second) out.push_back(r);
+        }
+      }
+      return out;
+    };
+    for (size_t l = 0; l < layout_.layer_files.size(); ++l) {
+      const auto& [layer, keys] = layout_.layer_files[l];
+      int64_t bytes = 0;
+      for (int i : keys) bytes += slice_bytes(i, true);
+      const std::vector<InputRange> in = params_inputs(keys, /*lp=*/true);
+      for (int r = 0; r < t.tp; ++r) {
+        Add({Job::kLayer, static_cast<int>(l), r, 0}, deepspeed::LayerFileName(layer, r), bytes, in);
+      }
+    }
+    for (int s = 0; s < t.pp; ++s) {
+      int64_t bytes = 4096;
+      std::vector<int> module;
+      if (!info_.pipeline) {
+        for (size_t i = 0; i < info_.params.size(); ++i) {
+          bytes += slice_bytes(static_cast<int>(i), true);
+          module.push_back(static_cast<int>(i));
+        }
+      }
+      std::vector<InputRange> in = params_inputs(module, /*lp=*/true);
+      for (int r = 0; r < t.tp; ++r) {
+        std::vector<InputRange> with_source = in;
+        const std::string from = ds_->ModelStatesPath(s, r);
+        if (!from.empty()) with_source.push_back({from, "", 0, -1});
+        Add({Job::kMpRank, s, r, 0}, deepspeed::MpRankFileName(t.mp_rank(s, r)), bytes, std::move(with_source));
+      }
+    }
+    const int64_t per_element = 4 * (1 + static_cast<int64_t>(info_.state_keys.size()));
+    for (int s = 0; s < t.pp; ++s) {
+      int64_t bytes = 0;
+      for (const auto& gl : layout_.layouts[s]) bytes += gl.partition_numel() * per_element;
+      for (int d = 0; d < t.dp; ++d) {
+        std::vector<int> params;
+        for (int g = 0; g < info_.num_groups; ++g) {
+          for (const auto& f : layout_.layouts[s][g].Fragments(d)) {
+            params.push_back(layout_.stage_groups[s][g][f.param_index]);
+          }
+        }
+        const std::vector<InputRange> in = params_inputs(params);
+        // A large file is cut into pieces of about piece_bytes_ (at least
+        // two), each a unit: the cut depends on the plan only, so one
+        // process, any thread count and any number of ranks write the same
+        // bytes. Each piece lists the inputs of its bytes (PieceInputs lays
+        // the file out without opening them), or, from a source that cannot
+        // defer its tensors, all of the file's inputs.
+        // At most kMaxPieces (a tiny --piece_bytes must not make millions
+        // of units, each building the file's tree).
+        constexpr int64_t kMaxPieces = 4096;
+        const int pieces = piece_bytes_ > 0 && bytes >= 2 * piece_bytes_
+                               ? static_cast<int>(std::min(kMaxPieces, (bytes + piece_bytes_ - 1) / piece_bytes_))
+                               : 1;
+        for (int r = 0; r < t.tp; ++r) {
+          const std::string file = deepspeed::OptimFileName(d, t.mp_rank(s, r), info_.bf16_file_prefix);
+          if (pieces == 1) {
+            Add({Job::kOptim, s, r, d}, file, bytes, in);
+            continue;
+          }
+          split_.push_back({Job::kOptim, s, r, d, 0, pieces});
+          UCP_ASSIGN_OR_RETURN(auto piece_inputs, writer_.PieceInputs(s, r, d, pieces));
+          for (int k = 0; k < pieces; ++k) {
+            Add({Job::kOptimPiece, s, r, d, k, pieces}, file, bytes / pieces, piece_inputs ? (*piece_inputs)[k] : in);
+            units_.back().name = absl::StrCat("file ", file, " piece ", k + 1, " of ", pieces);
+          }
+        }
+      }
+    }
+    if (AddVerifyUnit(state_, &units_)) jobs_.push_back({Job::kVerify, 0, 0, 0});
+    return absl::OkStatus();
+  }
+
+  absl::Status Prepare(const std::string& staging) const override { return absl::OkStatus(); }
+
+  absl::Status Execute(size_t i, const std::string& staging, UnitResult* result) const override {
+    const Job& job = jobs_[i];
+    switch (job.type) {
+      case Job::kLayer: {
+        const auto& [layer, keys] = layout_.layer_files[job.a];
+        return writer_.WriteLayerFile(layer, keys, job.b, staging, result);
+      }
+      case Job::kMpRank:
+        return writer_.WriteMpRankFile(job.a, job.b, staging, result);
+      case Job::kOptim:
+        return writer_.WriteOptimFile(job.a, job.b, job.c, staging, result);
+      case Job::kOptimPiece:
+        return writer_.WriteOptimPiece(job.a, job.b, job.c, job.piece, job.pieces, staging, result);
+      case Job::kVerify:
+        return ExecuteVerifyUnit(state_, units_[i]);
+    }
+    return absl::InternalError("unknown unit");
+  }
+
+  absl::StatusOr<WriteStats> Finish(const std::vector<UnitResult>& results, const std::string& staging) const override {
+    WriteStats stats;
+    AddUnitResults(results, &stats);
+    // The files written in pieces: everything around the pieces' bytes.
+    for (const Job& f : split_) {
+      UCP_ASSIGN_OR_RETURN(int64_t size, writer_.FinishOptimPieces(f.a, f.b, f.c, results, staging));
+      stats.files += 1;
+      stats.bytes += size;
+    }
+    return stats;
+  }
+
+  std::string latest_file() const override { return deepspeed::kLatestFile; }
+  const state::CheckpointState* source() const override { return &state_; }
+  const TargetLayout& layout() const { return layout_; }
+
+ private:
+  struct Job {
+    enum { kLayer, kMpRank, kOptim, kOptimPiece, kVerify } type;
+    int a, b, c;
+    int piece = 0, pieces = 1;  // kOptimPiece
+  };
+  void Add(Job job, std::string file, int64_t bytes, std::vector<InputRange> inputs) {
+    Unit u;
+    u.name = absl::StrCat("file ", file);
+    u.outputs.push_back(std::move(file));
+    u.inputs = std::move(inputs);
+    u.bytes = bytes;
+    jobs_.push_back(job);
+    units_.push_back(std::move(u));
+  }
+
+  const state::ModelState& state_;
+  std::unique_ptr<deepspeed::DeepSpeedFacet> owned_facet_;
+  const deepspeed::DeepSpeedFacet* ds_ = nullptr;
+  TargetLayout layout_;
+  Writer writer_;
+  const ModelInfo& info_;
+  const int64_t piece_bytes_;
+  std::vector<Job> jobs_;
+  std::vector<Job> split_;  // the optimizer files written in pieces, finished by Finish
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Plan>> PlanZero(const state::ModelState& state, const ZeroWriteOptions& options,
+                                               TargetLayout* layout) {
+  const int stage = options.zero_stage > 0 ? options.zero_stage : state.info().zero_stage;
+  // The other DeepSpeed training-state targets are formats of their own
+  // (formats/deepspeed_zero3, formats/deepspeed_moe); the registry picks.
+  if (state.info().expert_parallel > 0 || stage == 3) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the ZeRO stage 1/2 writer does not write ",
+        state.info().expert_parallel > 0 ? "a native mixture-of-experts model" : "ZeRO stage 3",
+        " (formats/deepspeed_moe, formats/deepspeed_zero3 do)"));
+  }
+  const std::string source_version = deepspeed::SourceDsVersion(state);
+  // bf16 + ZeRO-1 with fp32 gradient accumulation runs under BF16_Optimizer
+  // (engine.py _do_optimizer_sanity_check), whose layout ucp writes only
+  // from a BF16_Optimizer source.
+  if (stage == 1 && state.info().optimizer_kind == state::OptimizerKind::kZero &&
+      state.info().lp_dtype == torch::DType::kBFloat16 && deepspeed::FacetOf(state) != nullptr) {
+    state::FileValue root = deepspeed::FacetOf(state)->ModelStatesRoot(0, 0);
+    const Value* config = root.value && root.value->is(Kind::kDict) ? root.value->DictGet("ds_config") : nullptr;
+    const Value* types = config && config->is(Kind::kDict) ? config->DictGet("data_types") : nullptr;
+    const Value* accum = types && types->is(Kind::kDict) ? types->DictGet("grad_accum_dtype") : nullptr;
+    if (accum != nullptr && accum->is(Kind::kStr) &&
+        (accum->str() == "fp32" || accum->str() == "float32" || accum->str() == "float")) {
+      return absl::FailedPreconditionError(
+          "target ZeRO stage 1 with bf16 weights and data_types.grad_accum_dtype fp32: DeepSpeed runs that job "
+          "with BF16_Optimizer, whose files ucp writes only from a BF16_Optimizer checkpoint; use --zero_stage=2 "
+          "(or a job config with bf16 gradient accumulation)");
+    }
+  }
+  UCP_ASSIGN_OR_RETURN(TargetLayout target, PlanTarget(state.info(), options, source_version));
+  if (layout != nullptr) *layout = target;
+  const std::string target_version = target.ds_version;
+  auto plan = std::make_unique<ZeroPlan>(state, std::move(target), options);
+  UCP_RETURN_IF_ERROR(plan->Build(target_version));
+  return std::unique_ptr<Plan>(std::move(plan));
+}
+
+absl::StatusOr<ZeroWriteResult> WriteZeroCheckpoint(const state::ModelState& state,
+                                                    const std::string& output_folder,
+                                                    const ZeroWriteOptions& options) {
+  ZeroWriteResult result;
+  UCP_ASSIGN_OR_RETURN(std::unique_ptr<Plan> plan, PlanZero(state, options, &result.layout));
+  UCP_ASSIGN_OR_RETURN(WriteStats stats, RunPlan(*plan, output_folder, ZeroRunOptions(options)));
+  result.files = stats.files;
+  result.bytes = stats.bytes;
+  return result;
+}
+
+}  // namespace ucp::deepspeed_zero

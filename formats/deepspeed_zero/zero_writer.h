@@ -1,0 +1,103 @@
+// Writes a ModelState as a regular DeepSpeed 0.14.4 ZeRO checkpoint for a
+// target topology: what DeepSpeed itself saves at that tp/pp/dp, so that any
+// DeepSpeed version loads it with a plain `load_checkpoint`.
+//
+//   ROOT/TAG/layer_LL-model_TT-model_states.pt    PipelineModule layers (lp weights,
+//                                                 frozen params, buffers)
+//   ROOT/TAG/mp_rank_XX_model_states.pt           param_shapes, world sizes, ds_config
+//                                                 updated; client state carried over
+//   ROOT/TAG/[bf16_]zero_pp_rank_D_mp_rank_XX_optim_states.pt
+//                                                 flat fp32 partitions and optimizer
+//                                                 states per param group
+//   ROOT/latest                                   TAG, written last
+//
+// Mirrors deepspeed/runtime/zero/stage_1_and_2.py and bf16_optimizer.py
+// (state_dict; partitions as layout_math.h computes them; a ZeRO optimizer
+// saves its fp32 partition without the padding, as a view of the padded
+// storage, and its Adam states with it), deepspeed/runtime/pipe/module.py
+// (save_state_dict; stages from partition_uniform / partition_balanced),
+// deepspeed/runtime/engine.py (_save_checkpoint). Module weights of trainable
+// params are the fp32 masters cast to the lp dtype, as DeepSpeed's optimizers
+// keep them.
+//
+// Every output file is an independent unit of work (plan.h), except that a
+// large optimizer file is cut into pieces, each a unit (piece_bytes below,
+// plan.h WriteUnitPiece); files are written into a staging folder renamed
+// into place when complete, then `latest`.
+#ifndef UCP_FORMATS_DEEPSPEED_ZERO_ZERO_WRITER_H_
+#define UCP_FORMATS_DEEPSPEED_ZERO_ZERO_WRITER_H_
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "deepspeed/layout_math.h"
+#include "state/model_state.h"
+#include "state/topology.h"
+#include "tp/tensor_plan.h"
+#include "writers/plan.h"
+#include "writers/target_options.h"
+
+namespace ucp::deepspeed_zero {
+
+
+
+// Where everything goes at the target topology.
+struct TargetLayout {
+  state::Topology topo;
+  int zero_stage = 1;
+  std::string ds_version;  // written in the files; "" = copied from the source
+  // The version whose layout is written (the target's, else the source's,
+  // else 0.14.4): decides checkpoint_parallel_dimensions (0.19.5 and later).
+  deepspeed::DsVersion version{0, 14, 4};
+  deepspeed::PaddingConvention padding_convention = deepspeed::PaddingConvention::kLastRank;
+  std::string partition_method;
+  std::vector<int> parts;  // pp + 1 layer boundaries (pipeline only)
+  // [stage][group] -> indices into ModelInfo::params, in flatten order.
+  std::vector<std::vector<std::vector<int>>> stage_groups;
+  // [stage][group] -> partition layout (the same on every tp rank).
+  std::vector<std::vector<deepspeed::ZeroGroupLayout>> layouts;
+  // Per param: its tp slice shape and, for vocab params, the padded rows.
+  std::vector<std::vector<int64_t>> slice_shapes;
+  std::vector<int64_t> padded_rows;
+  // Per stage: params outside the optimizer (frozen, buffers) it holds.
+  std::vector<std::vector<int>> stage_module_params;
+  // Layer files: (layer, ordered param indices).
+  std::vector<std::pair<int, std::vector<int>>> layer_files;
+};
+
+// `source_ds_version`: the source's ds_version ("" if unknown), for the
+// target's conventions when options.target_ds_version is empty.
+absl::StatusOr<TargetLayout> PlanTarget(const state::ModelInfo& info, const writers::ZeroWriteOptions& options,
+                                        const std::string& source_ds_version = "");
+
+// The tp slice `rank` of a param's state at the target, as a plan. With
+// `deferred`, over the state's FullDeferred when it has one (nothing is
+// opened until the bytes are read).
+absl::StatusOr<tp::TensorPlan> TargetSlice(const state::ModelState& state, const TargetLayout& layout,
+                                           int param_index, const std::string& state_name, int rank,
+                                           bool deferred = false);
+
+struct ZeroWriteResult {
+  TargetLayout layout;
+  int64_t files = 0;
+  int64_t bytes = 0;
+};
+
+// The plan of the ZeRO checkpoint of `state` at options.target (`state`
+// must outlive it); its TargetLayout goes to `layout` when not null. One unit
+// per output file, or per piece of a large optimizer file.
+absl::StatusOr<std::unique_ptr<writers::Plan>> PlanZero(const state::ModelState& state, const writers::ZeroWriteOptions& options,
+                                               TargetLayout* layout = nullptr);
+
+
+// PlanZero, then RunPlan in this process. `output_folder` is ROOT/TAG.
+absl::StatusOr<ZeroWriteResult> WriteZeroCheckpoint(const state::ModelState& state,
+                                                    const std::string& output_folder,
+                                                    const writers::ZeroWriteOptions& options);
+
+}  // namespace ucp::deepspeed_zero
+
+#endif  // UCP_FORMATS_DEEPSPEED_ZERO_ZERO_WRITER_H_

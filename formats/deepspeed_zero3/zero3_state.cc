@@ -1,0 +1,633 @@
+#include "formats/deepspeed_zero3/zero3_state.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/fs.h"
+#include "base/status_macros.h"
+#include "deepspeed/checkpoint_files.h"
+#include "format/pickle/accessors.h"
+#include "deepspeed/value_util.h"
+
+namespace ucp::deepspeed_zero3 {
+
+using deepspeed::ReadLatestTag;
+namespace internal = ::ucp::deepspeed::internal;
+
+namespace {
+
+using internal::CheckDense;
+using internal::DictPath;
+using internal::FileError;
+using internal::ShapeStr;
+using internal::StringList;
+using pickle::AsInt;
+using pickle::AsSequence;
+using pickle::AsTorchSize;
+using pickle::GetField;
+using pickle::Kind;
+using pickle::Value;
+using pickle::ValuePtr;
+
+// The tag folder of `path` (following `latest` when `path` has no checkpoint
+// files of its own), or "" when there is none.
+std::string TagFolder(const std::string& path_in) {
+  std::string path = path_in;
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  auto names = ListDirectory(path);
+  if (!names.ok()) return "";
+  for (const auto& n : *names) {
+    if (deepspeed::ParseCheckpointFileName(n)) return path;
+  }
+  if (PathExists(JoinPath(path, deepspeed::kLatestFile))) {
+    auto tag = ReadLatestTag(path, deepspeed::kLatestFile);
+    if (tag.ok() && IsDirectory(JoinPath(path, *tag))) return JoinPath(path, *tag);
+  }
+  return path;
+}
+
+}  // namespace
+
+bool IsZero3Folder(const std::string& path) {
+  const std::string dir = TagFolder(path);
+  auto names = ListDirectory(dir);
+  if (!names.ok()) return false;
+  for (const auto& n : *names) {
+    auto parsed = deepspeed::ParseCheckpointFileName(n);
+    if (parsed && parsed->type == deepspeed::CheckpointFileName::Type::kZero3Model) return true;
+  }
+  return false;
+}
+
+
+absl::StatusOr<std::unique_ptr<Zero3State>> Zero3State::Open(const std::string& path,
+                                                             const deepspeed::ReadOptions& read) {
+  std::unique_ptr<Zero3State> s(new Zero3State());
+  s->read_ = read;
+  s->dir_ = TagFolder(path);
+  if (!IsDirectory(s->dir_)) return absl::NotFoundError(absl::StrCat(path, ": no such checkpoint folder"));
+  UCP_RETURN_IF_ERROR(s->Load());
+  return s;
+}
+
+std::string Zero3State::OptimPath(int dp) const {
+  return JoinPath(dir_, deepspeed::OptimFileName(dp, 0, bf16_prefix_));
+}
+
+absl::Status Zero3State::Load() {
+  UCP_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirectory(dir_));
+  std::set<int> model_dp, optim_dp, mp_ranks;
+  std::set<int> bf16_values;
+  for (const auto& n : names) {
+    auto parsed = deepspeed::ParseCheckpointFileName(n);
+    if (!parsed) continue;
+    switch (parsed->type) {
+      case deepspeed::CheckpointFileName::Type::kZero3Model:
+        model_dp.insert(parsed->dp_rank);
+        mp_ranks.insert(parsed->mp_rank);
+        break;
+      case deepspeed::CheckpointFileName::Type::kOptim:
+        optim_dp.insert(parsed->dp_rank);
+        mp_ranks.insert(parsed->mp_rank);
+        bf16_values.insert(parsed->bf16_prefix ? 1 : 0);
+        break;
+      default:
+        return absl::InvalidArgumentError(absl::StrCat(
+            dir_, ": ZeRO stage 3 checkpoint (zero_pp_rank_*_model_states.pt) that also holds '", n,
+            "' (a stage 1/2 or pipeline file): mixed layouts"));
+    }
+  }
+  if (mp_ranks.size() != 1 || *mp_ranks.begin() != 0) {
+    return absl::UnimplementedError(absl::StrCat(
+        dir_, ": ZeRO stage 3 with model parallelism (mp ranks ", absl::StrJoin(mp_ranks, ","),
+        ") is not supported: ucp reads ZeRO-3 checkpoints of DeepSpeed 0.12 to 0.19.5 at tp=pp=1"));
+  }
+  if (bf16_values.size() > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(dir_, ": mixes bf16_zero_pp_rank_* and zero_pp_rank_* files"));
+  }
+  bf16_prefix_ = bf16_values.count(1) > 0;
+  // Model states: every dp rank's.
+  const std::string first_model = JoinPath(dir_, deepspeed::Zero3ModelFileName(0, 0));
+  if (!model_dp.count(0)) return absl::NotFoundError(absl::StrCat(first_model, ": missing"));
+  UCP_ASSIGN_OR_RETURN(auto m0, torch::TorchFile::Open(first_model, read_.Files()));
+  const Value& root0 = *m0->root();
+  if (!root0.is(Kind::kDict)) {
+    return FileError(first_model, absl::StatusCode::kInvalidArgument,
+                     absl::StrCat("expected a dict of model states, found ", root0.DebugString(60)));
+  }
+  {
+    UCP_ASSIGN_OR_RETURN(const Value* d, GetField(root0, "dp_world_size", "model states"), _.Prepend(first_model + ": "));
+    UCP_ASSIGN_OR_RETURN(int64_t dp, AsInt(*d, "dp_world_size"), _.Prepend(first_model + ": "));
+    if (dp < 1) return FileError(first_model, absl::StatusCode::kInvalidArgument, "dp_world_size < 1");
+    dp_ = static_cast<int>(dp);
+    const Value* mpw = root0.DictGet("mp_world_size");
+    if (mpw != nullptr && mpw->is(Kind::kInt) && mpw->int_value() != 1) {
+      return FileError(first_model, absl::StatusCode::kUnimplemented,
+                       absl::StrCat("ZeRO stage 3 with mp_world_size ", mpw->int_value(),
+                                    " (tensor or pipeline parallelism) is not supported"));
+    }
+  }
+  for (int d = 0; d < dp_; ++d) {
+    if (!model_dp.count(d)) {
+      return absl::NotFoundError(absl::StrCat(JoinPath(dir_, deepspeed::Zero3ModelFileName(d, 0)),
+                                              ": missing (dp_world_size ", dp_, " in ",
+                                              deepspeed::Zero3ModelFileName(0, 0), ")"));
+    }
+    if (!optim_dp.count(d)) {
+      return absl::NotFoundError(absl::StrCat(OptimPath(d), ": missing (dp_world_size ", dp_, ")"));
+    }
+  }
+  for (int d : model_dp) {
+    if (d >= dp_) {
+      return absl::InvalidArgumentError(absl::StrCat(JoinPath(dir_, deepspeed::Zero3ModelFileName(d, 0)),
+                                                     ": dp rank ", d, " but dp_world_size is ", dp_));
+    }
+  }
+  for (int d : optim_dp) {
+    if (d >= dp_) {
+      return absl::InvalidArgumentError(absl::StrCat(OptimPath(d), ": dp rank ", d, " but dp_world_size is ", dp_));
+    }
+  }
+  model_files_.push_back(std::move(m0));
+  for (int d = 1; d < dp_; ++d) {
+    const std::string p = JoinPath(dir_, deepspeed::Zero3ModelFileName(d, 0));
+    UCP_ASSIGN_OR_RETURN(auto f, torch::TorchFile::Open(p, read_.Files()));
+    const Value* dw = f->root()->is(Kind::kDict) ? f->root()->DictGet("dp_world_size") : nullptr;
+    if (dw == nullptr || !dw->is(Kind::kInt) || dw->int_value() != dp_) {
+      return FileError(p, absl::StatusCode::kInvalidArgument,
+                       absl::StrCat("dp_world_size is ", dw ? dw->DebugString() : "missing", ", expected ", dp_,
+                                    " as in ", deepspeed::Zero3ModelFileName(0, 0)));
+    }
+    model_files_.push_back(std::move(f));
+  }
+  // ds_version and the zero config.
+  if (const Value* v = root0.DictGet("ds_version"); v != nullptr && v->is(Kind::kStr)) ds_version_ = v->str();
+  if (const Value* sg = DictPath(&root0, {"ds_config", "zero_optimization", "sub_group_size"})) {
+    if (sg->is(Kind::kInt)) sub_group_size_ = sg->int_value();
+    if (sg->is(Kind::kFloat)) sub_group_size_ = static_cast<int64_t>(sg->float_value());
+  }
+  // Frozen params are not in param_shapes; ZeRO-3 saves them partitioned in
+  // frozen_param_fragments, which ucp does not read.
+  for (const char* key : {"frozen_param_shapes", "frozen_param_fragments"}) {
+    const Value* f = root0.DictGet(key);
+    if (f != nullptr && f->is(Kind::kDict) && !f->dict_items().empty()) {
+      return FileError(first_model, absl::StatusCode::kUnimplemented,
+                       absl::StrCat("ZeRO stage 3 (DeepSpeed ", ds_version_, ") with frozen params (", key, " lists ",
+                                    f->dict_items().size(), ") is not supported"));
+    }
+  }
+  // param_shapes: one dict per sub-group.
+  UCP_ASSIGN_OR_RETURN(const Value* shapes_v, GetField(root0, "param_shapes", "model states"),
+                       _.Prepend(first_model + ": "));
+  UCP_ASSIGN_OR_RETURN(auto* shape_list, AsSequence(*shapes_v, "param_shapes"), _.Prepend(first_model + ": "));
+  std::set<std::string> seen;
+  for (size_t s = 0; s < shape_list->size(); ++s) {
+    const Value& d = *(*shape_list)[s];
+    if (!d.is(Kind::kDict)) {
+      return FileError(first_model, absl::StatusCode::kInvalidArgument,
+                       absl::StrCat("param_shapes[", s, "] is a ", pickle::KindName(d.kind()), ", expected a dict"));
+    }
+    SubGroup sg;
+    for (const auto& [k, v] : d.dict_items()) {
+      if (!k->is(Kind::kStr)) {
+        return FileError(first_model, absl::StatusCode::kInvalidArgument,
+                         absl::StrCat("param_shapes[", s, "] has a non-string key ", k->DebugString()));
+      }
+      if (!seen.insert(k->str()).second) {
+        return FileError(first_model, absl::StatusCode::kInvalidArgument,
+                         absl::StrCat("param '", k->str(), "' is listed twice in param_shapes"));
+      }
+      Param p;
+      p.name = k->str();
+      UCP_ASSIGN_OR_RETURN(p.shape, AsTorchSize(*v, absl::StrCat("param_shapes[", s, "]['", p.name, "']")),
+                           _.Prepend(first_model + ": "));
+      p.numel = internal::Numel(p.shape);
+      p.partition = Zero3PartitionNumel(p.numel, dp_);
+      p.sub_group = static_cast<int>(s);
+      p.offset = sg.flat_numel;
+      sg.flat_numel += p.partition;
+      params_.push_back(std::move(p));
+    }
+    sub_groups_.push_back(sg);
+  }
+  // The other ranks' param_shapes are the same.
+  for (int d = 1; d < dp_; ++d) {
+    const Value* other = model_files_[d]->root()->DictGet("param_shapes");
+    const std::string what = other == nullptr ? "missing" : other->DebugString(60);
+    bool same = other != nullptr && (other->is(Kind::kList) || other->is(Kind::kTuple)) &&
+                other->items().size() == shape_list->size();
+    for (size_t s = 0; same && s < shape_list->size(); ++s) {
+      const Value& a = *(*shape_list)[s];
+      const Value& b = *other->items()[s];
+      same = b.is(Kind::kDict) && a.dict_items().size() == b.dict_items().size();
+      for (size_t i = 0; same && i < a.dict_items().size(); ++i) {
+        same = b.dict_items()[i].first->is(Kind::kStr) && b.dict_items()[i].first->str() == a.dict_items()[i].first->str();
+      }
+    }
+    if (!same) {
+      return FileError(model_files_[d]->path(), absl::StatusCode::kInvalidArgument,
+                       absl::StrCat("param_shapes differ from ", deepspeed::Zero3ModelFileName(0, 0), " (found ", what,
+                                    ")"));
+    }
+  }
+  // Optimizer files: rank 0 now (its structure is every file's), the
+  // others on first use.
+  for (int d = 0; d < dp_; ++d) slots_.push_back(std::make_unique<Slot>());
+  UCP_ASSIGN_OR_RETURN(const OptimFile* first, Optim(0));
+  const Value& osd = *first->osd;
+  // Param groups: which sub-groups each holds.
+  const Value* inner = osd.DictGet("optimizer_state_dict");
+  const Value* groups = inner != nullptr && inner->is(Kind::kDict) ? inner->DictGet("param_groups") : nullptr;
+  if (groups == nullptr || !groups->is(Kind::kList)) {
+    return FileError(OptimPath(0), absl::StatusCode::kInvalidArgument,
+                     "optimizer_state_dict.optimizer_state_dict.param_groups is missing or not a list");
+  }
+  std::vector<int> group_of(sub_groups_.size(), -1);
+  for (size_t g = 0; g < groups->items().size(); ++g) {
+    const Value* ids = groups->items()[g]->is(Kind::kDict) ? groups->items()[g]->DictGet("params") : nullptr;
+    if (ids == nullptr || !ids->is(Kind::kList)) {
+      return FileError(OptimPath(0), absl::StatusCode::kInvalidArgument,
+                       absl::StrCat("param_groups[", g, "] has no 'params' list"));
+    }
+    group_sub_groups_.emplace_back();
+    for (const auto& id : ids->items()) {
+      if (!id->is(Kind::kInt) || id->int_value() < 0 || id->int_value() >= static_cast<int64_t>(sub_groups_.size()) ||
+          group_of[id->int_value()] >= 0) {
+        return FileError(OptimPath(0), absl::StatusCode::kInvalidArgument,
+                         absl::StrCat("param_groups[", g, "]['params'] holds ", id->DebugString(),
+                                      ", expected each of the sub-groups 0..", sub_groups_.size() - 1,
+                                      " (one per param_shapes entry) once"));
+      }
+      group_of[id->int_value()] = static_cast<int>(g);
+      group_sub_groups_.back().push_back(static_cast<int>(id->int_value()));
+    }
+  }
+  for (size_t s = 0; s < sub_groups_.size(); ++s) {
+    if (group_of[s] < 0) {
+      return FileError(OptimPath(0), absl::StatusCode::kInvalidArgument,
+                       absl::StrCat("sub-group ", s, " is in no param group's 'params'"));
+    }
+    // DeepSpeed numbers sub-groups group by group.
+    if (s > 0 && group_of[s] < group_of[s - 1]) {
+      return FileError(OptimPath(0), absl::StatusCode::kInvalidArgument,
+                       absl::StrCat("sub-group ", s, " is in param group ", group_of[s], " after sub-group ", s - 1,
+                                    " of group ", group_of[s - 1], ": expected sub-groups numbered group by group"));
+    }
+    sub_groups_[s].group = group_of[s];
+  }
+  for (size_t g = 0; g < group_sub_groups_.size(); ++g) {
+    if (group_sub_groups_[g].empty()) {
+      return FileError(OptimPath(0), absl::StatusCode::kInvalidArgument, absl::StrCat("param group ", g, " is empty"));
+    }
+  }
+  // Every sub-group of a group has the same scalars (step): one per group is
+  // what a universal checkpoint or another sub-grouping can carry.
+  for (size_t s = 1; s < sub_groups_.size(); ++s) {
+    const int g = sub_groups_[s].group;
+    const int s0 = group_sub_groups_[g][0];
+    for (size_t k = 0; k < first->scalars[s].size(); ++k) {
+      const auto& [key, v] = first->scalars[s][k];
+      const pickle::Value* v0 = nullptr;
+      for (const auto& [key0, w] : first->scalars[s0]) {
+        if (key0 == key) v0 = w.get();
+      }
+      bool same = v0 != nullptr;
+      if (same && torch::TorchFile::IsTensor(*v) && torch::TorchFile::IsTensor(*v0)) {
+        auto a = first->file->GetTensor(*v);
+        auto b = first->file->GetTensor(*v0);
+        same = a.ok() && b.ok() && a->BitwiseEqual(*b);
+      } else if (same) {
+        same = v->DebugString(80) == v0->DebugString(80);
+      }
+      if (!same) {
+        return FileError(OptimPath(0), absl::StatusCode::kInvalidArgument,
+                         absl::StrCat("sub-group ", s, " has '", key, "' ", v->DebugString(60), ", sub-group ", s0,
+                                      " of the same param group ", g, " has ",
+                                      v0 ? v0->DebugString(60) : "none", ": ucp carries one per param group"));
+      }
+    }
+  }
+
+  // The model info.
+  info_.source_topology = {1, 1, dp_};
+  info_.pipeline = false;
+  info_.zero_stage = 3;
+  info_.optimizer_kind = state::OptimizerKind::kZero;
+  info_.bf16_file_prefix = bf16_prefix_;
+  info_.num_groups = static_cast<int>(group_sub_groups_.size());
+  for (const auto& [k, t] : first->states[0]) info_.state_keys.push_back(k);
+  for (const auto& [k, v] : first->scalars[0]) info_.scalar_keys.push_back(k);
+  const Value* module = root0.DictGet("module");
+  if (module == nullptr || !module->is(Kind::kDict)) {
+    return FileError(first_model, absl::StatusCode::kInvalidArgument, "expected a module state dict");
+  }
+  const std::vector<std::string> buffers = StringList(root0.DictGet("buffer_names"));
+  const std::set<std::string> buffer_set(buffers.begin(), buffers.end());
+  std::map<std::string, int> trainable;
+  for (size_t i = 0; i < params_.size(); ++i) trainable[params_[i].name] = static_cast<int>(i);
+  bool lp_known = false;
+  for (const auto& [k, v] : module->dict_items()) {
+    if (!k->is(Kind::kStr) || !torch::TorchFile::IsTensor(*v)) continue;
+    UCP_ASSIGN_OR_RETURN(torch::Tensor t, model_files_[0]->GetTensor(*v));
+    info_.module_order.push_back({-1, k->str()});
+    auto it = trainable.find(k->str());
+    if (it != trainable.end()) {
+      if (t.numel() != 0) {
+        return FileError(first_model, absl::StatusCode::kInvalidArgument,
+                         absl::StrCat("module['", k->str(), "'] has shape ", ShapeStr(t.sizes()),
+                                      ", expected an empty tensor (ZeRO-3 saves params partitioned)"));
+      }
+      if (!lp_known) info_.lp_dtype = t.dtype();
+      lp_known = true;
+      continue;
+    }
+    if (!buffer_set.count(k->str())) {
+      return FileError(first_model, absl::StatusCode::kInvalidArgument,
+                       absl::StrCat("module['", k->str(), "'] is neither in param_shapes nor in buffer_names"));
+    }
+  }
+  // Trainable params in param_shapes order, then buffers in module order.
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Param& zp = params_[i];
+    state::ParamState p;
+    p.name = zp.name;
+    p.local_name = zp.name;
+    p.group = sub_groups_[zp.sub_group].group;
+    p.role = state::TensorRole::kTrainable;
+    p.lp_dtype = info_.lp_dtype;
+    p.tp_shapes = {zp.shape};
+    p.stages = {0};
+    info_.params.push_back(std::move(p));
+    info_param_.push_back(static_cast<int>(i));
+  }
+  for (const auto& [k, v] : module->dict_items()) {
+    if (!k->is(Kind::kStr) || !torch::TorchFile::IsTensor(*v) || trainable.count(k->str())) continue;
+    UCP_ASSIGN_OR_RETURN(torch::Tensor t, model_files_[0]->GetTensor(*v));
+    state::ParamState p;
+    p.name = k->str();
+    p.local_name = p.name;
+    p.role = state::TensorRole::kBuffer;
+    p.lp_dtype = t.dtype();
+    p.tp_shapes = {t.sizes()};
+    p.stages = {0};
+    info_.params.push_back(std::move(p));
+    info_param_.push_back(-1);
+  }
+  for (const std::string& name : buffers) {
+    if (!module->DictGet(name)) {
+      return FileError(first_model, absl::StatusCode::kInvalidArgument,
+                       absl::StrCat("buffer '", name, "' of buffer_names is not in module"));
+    }
+  }
+  info_.Reindex();
+  empty_dict_ = Value::MakeDict();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Zero3State::OptimFile>> Zero3State::ParseOptim(int dp) const {
+  const std::string path = OptimPath(dp);
+  auto out = std::make_unique<OptimFile>();
+  UCP_ASSIGN_OR_RETURN(out->file, torch::TorchFile::Open(path, read_.Files()));  // every CRC checked
+  auto err = [&](absl::string_view what) { return FileError(path, absl::StatusCode::kInvalidArgument, what); };
+  const Value& root = *out->file->root();
+  if (!root.is(Kind::kDict)) return err(absl::StrCat("expected a dict, found ", root.DebugString(60)));
+  UCP_ASSIGN_OR_RETURN(const Value* osd, GetField(root, "optimizer_state_dict", "optimizer states"),
+                       _.Prepend(path + ": "));
+  if (!osd->is(Kind::kDict)) return err("optimizer_state_dict is not a dict");
+  out->osd = osd;
+  UCP_ASSIGN_OR_RETURN(const Value* zs, GetField(*osd, "zero_stage", "optimizer_state_dict"), _.Prepend(path + ": "));
+  UCP_ASSIGN_OR_RETURN(int stage, pickle::AsZeroStage(*zs, "optimizer_state_dict.zero_stage"), _.Prepend(path + ": "));
+  if (stage != 3) {
+    return err(absl::StrCat("zero_stage is ", stage, " in a ZeRO stage 3 folder (zero_pp_rank_*_model_states.pt)"));
+  }
+  UCP_ASSIGN_OR_RETURN(const Value* pc, GetField(*osd, "partition_count", "optimizer_state_dict"),
+                       _.Prepend(path + ": "));
+  std::vector<int64_t> counts;
+  if (pc->is(Kind::kInt)) {
+    counts.push_back(pc->int_value());
+  } else {
+    UCP_ASSIGN_OR_RETURN(auto* seq, AsSequence(*pc, "partition_count"), _.Prepend(path + ": "));
+    for (const auto& c : *seq) {
+      UCP_ASSIGN_OR_RETURN(int64_t n, AsInt(*c, "partition_count"), _.Prepend(path + ": "));
+      counts.push_back(n);
+    }
+  }
+  for (int64_t c : counts) {
+    if (c != dp_) {
+      return err(absl::StrCat("partition_count is ", pc->DebugString(60), ", expected ", dp_, " (dp_world_size)"));
+    }
+  }
+  UCP_ASSIGN_OR_RETURN(const Value* flat_v, GetField(*osd, "fp32_flat_groups", "optimizer_state_dict"),
+                       _.Prepend(path + ": "));
+  UCP_ASSIGN_OR_RETURN(auto* flats, AsSequence(*flat_v, "fp32_flat_groups"), _.Prepend(path + ": "));
+  UCP_ASSIGN_OR_RETURN(const Value* inner, GetField(*osd, "optimizer_state_dict", "optimizer_state_dict"),
+                       _.Prepend(path + ": "));
+  const Value* state = inner->is(Kind::kDict) ? inner->DictGet("state") : nullptr;
+  if (state == nullptr || !state->is(Kind::kDict)) return err("optimizer_state_dict.optimizer_state_dict.state is not a dict");
+  const size_t n = sub_groups_.size();
+  if (flats->size() != n || state->dict_items().size() != n) {
+    return err(absl::StrCat("expected ", n, " sub-groups (param_shapes of ", deepspeed::Zero3ModelFileName(0, 0),
+                            "), found ", flats->size(), " fp32_flat_groups and ", state->dict_items().size(),
+                            " optimizer states"));
+  }
+  for (size_t s = 0; s < n; ++s) {
+    const int64_t want = sub_groups_[s].flat_numel;
+    if (!torch::TorchFile::IsTensor(*(*flats)[s])) return err(absl::StrCat("fp32_flat_groups[", s, "] is not a tensor"));
+    UCP_ASSIGN_OR_RETURN(torch::Tensor flat, out->file->GetTensor(*(*flats)[s]));
+    UCP_RETURN_IF_ERROR(CheckDense(flat, path, absl::StrCat("fp32_flat_groups[", s, "]")));
+    if (flat.dim() != 1 || flat.numel() != want || flat.dtype() != torch::DType::kFloat32) {
+      return err(absl::StrCat("fp32_flat_groups[", s, "] is ", std::string(torch::DTypeName(flat.dtype())), ShapeStr(flat.sizes()),
+                              ", expected float32[", want, "] (the partitions of its ",
+                              "params: ceil(numel / ", dp_, ") each)"));
+    }
+    out->fp32.push_back(std::move(flat));
+    const Value* st = state->DictGet(Value::Int(static_cast<int64_t>(s)));
+    if (st == nullptr || !st->is(Kind::kDict)) return err(absl::StrCat("no optimizer state for sub-group ", s));
+    UCP_ASSIGN_OR_RETURN(
+        internal::GroupStates split,
+        internal::SplitGroupStates(
+            *out->file, *st, [&](const std::string& key, const torch::Tensor& t) -> absl::StatusOr<bool> {
+              if (t.dim() == 0) return false;
+              UCP_RETURN_IF_ERROR(CheckDense(t, path, absl::StrCat("state[", s, "].", key)));
+              if (t.dim() != 1 || t.numel() != want) {
+                return err(absl::StrCat("optimizer state '", key, "' of sub-group ", s, " has shape ",
+                                        ShapeStr(t.sizes()), ", expected [", want, "]"));
+              }
+              return true;
+            }));
+    std::vector<std::pair<std::string, torch::Tensor>>& per_element = split.per_element;
+    std::vector<std::pair<std::string, ValuePtr>>& scalars = split.scalars;
+    if (!out->states.empty()) {
+      std::vector<std::string> a, b;
+      for (const auto& e : out->states[0]) a.push_back(e.first);
+      for (const auto& e : per_element) b.push_back(e.first);
+      if (a != b) {
+        return err(absl::StrCat("sub-group ", s, " has optimizer states [", absl::StrJoin(b, ", "),
+                                "], sub-group 0 has [", absl::StrJoin(a, ", "), "]"));
+      }
+    }
+    out->states.push_back(std::move(per_element));
+    out->scalars.push_back(std::move(scalars));
+  }
+  return out;
+}
+
+absl::StatusOr<const Zero3State::OptimFile*> Zero3State::Optim(int dp) const {
+  if (dp < 0 || dp >= static_cast<int>(slots_.size())) {
+    return absl::NotFoundError(absl::StrCat(OptimPath(dp), ": not part of this checkpoint"));
+  }
+  Slot& slot = *slots_[dp];
+  std::call_once(slot.once, [&] {
+    auto parsed = ParseOptim(dp);
+    if (!parsed.ok()) {
+      slot.status = parsed.status();
+      return;
+    }
+    slot.file = *std::move(parsed);
+    if (dp > 0 && slots_[0]->file != nullptr) {
+      std::vector<std::string> a, b;
+      for (const auto& e : slots_[0]->file->states[0]) a.push_back(e.first);
+      for (const auto& e : slot.file->states[0]) b.push_back(e.first);
+      if (!internal::SameStateNames(a, b)) {
+        slot.status = FileError(OptimPath(dp), absl::StatusCode::kInvalidArgument,
+                                absl::StrCat("optimizer states [", absl::StrJoin(b, ", "), "] differ from [",
+                                             absl::StrJoin(a, ", "), "] in ", OptimPath(0)));
+        slot.file.reset();
+      }
+    }
+  });
+  if (!slot.status.ok()) return slot.status;
+  return slot.file.get();
+}
+
+absl::StatusOr<std::vector<tp::TensorPlan>> Zero3State::Slices(const state::ParamState& param, int stage,
+                                                              const std::string& state) const {
+  const int i = info_.IndexOf(param.name);
+  if (i < 0) return absl::NotFoundError(absl::StrCat("no param '", param.name, "'"));
+  if (info_param_[i] < 0) {
+    if (state != state::kLpState) {
+      return absl::NotFoundError(absl::StrCat("buffer '", param.name, "' has no optimizer state '", state, "'"));
+    }
+    const Value* v = model_files_[0]->root()->DictGet("module")->DictGet(param.name);
+    UCP_ASSIGN_OR_RETURN(torch::Tensor t, model_files_[0]->GetTensor(*v));
+    return std::vector<tp::TensorPlan>{tp::TensorPlan::FromTensor(t)};
+  }
+  const Param& zp = params_[info_param_[i]];
+  if (state == state::kLpState) {
+    return absl::NotFoundError(absl::StrCat(
+        "param '", param.name, "': a ZeRO stage 3 checkpoint saves no module weights (module holds empty "
+        "tensors); use the fp32 masters"));
+  }
+  std::vector<torch::Tensor> pieces;
+  for (int r = 0; r < dp_; ++r) {
+    const int64_t begin = static_cast<int64_t>(r) * zp.partition;
+    const int64_t len = std::min(zp.partition, zp.numel - begin);
+    if (len <= 0) break;
+    UCP_ASSIGN_OR_RETURN(const OptimFile* f, Optim(r));
+    const torch::Tensor* flat = nullptr;
+    if (state == state::kFp32State) {
+      flat = &f->fp32[zp.sub_group];
+    } else {
+      for (const auto& [k, t] : f->states[zp.sub_group]) {
+        if (k == state) flat = &t;
+      }
+    }
+    if (flat == nullptr) {
+      return absl::NotFoundError(
+          absl::StrCat(OptimPath(r), ": sub-group ", zp.sub_group, " has no optimizer state '", state, "'"));
+    }
+    UCP_ASSIGN_OR_RETURN(torch::Tensor piece, flat->Narrow(0, zp.offset, len),
+                         _.Prepend(absl::StrCat(OptimPath(r), ": param '", zp.name, "' ", state, ": ")));
+    pieces.push_back(std::move(piece));
+  }
+  UCP_ASSIGN_OR_RETURN(tp::TensorPlan plan, tp::TensorPlan::FromPieces(torch::DType::kFloat32, zp.shape, pieces),
+                       _.Prepend(absl::StrCat("param '", zp.name, "' ", state, ": ")));
+  return std::vector<tp::TensorPlan>{std::move(plan)};
+}
+
+absl::StatusOr<state::FileValue> Zero3State::GroupScalar(int group, const std::string& key) const {
+  if (group < 0 || group >= static_cast<int>(group_sub_groups_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("no param group ", group));
+  }
+  UCP_ASSIGN_OR_RETURN(const OptimFile* f, Optim(0));
+  for (const auto& [k, v] : f->scalars[group_sub_groups_[group][0]]) {
+    if (k == key) return state::FileValue{v, state::Unowned(f->file.get())};
+  }
+  return state::FileValue{nullptr, nullptr};
+}
+
+std::vector<state::InputRange> Zero3State::Inputs(const state::ParamState& param) const {
+  std::vector<state::InputRange> out;
+  const int i = info_.IndexOf(param.name);
+  if (i < 0) return out;
+  if (info_param_[i] < 0) {
+    out.push_back({model_files_[0]->path(), absl::StrCat("module.", param.name), 0, -1});
+    return out;
+  }
+  const Param& zp = params_[info_param_[i]];
+  for (int r = 0; r < dp_; ++r) {
+    const int64_t begin = static_cast<int64_t>(r) * zp.partition;
+    const int64_t len = std::min(zp.partition, zp.numel - begin);
+    if (len <= 0) break;
+    out.push_back({OptimPath(r), absl::StrCat("fp32_flat_groups[", zp.sub_group, "]"), zp.offset * 4, len * 4});
+    for (const std::string& key : info_.state_keys) {
+      out.push_back({OptimPath(r), absl::StrCat("optimizer_state_dict.state[", zp.sub_group, "].", key), zp.offset * 4,
+                     len * 4});
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> Zero3State::InputFiles() const {
+  std::vector<std::string> out;
+  for (int d = 0; d < dp_; ++d) {
+    out.push_back(model_files_[d]->path());
+    out.push_back(OptimPath(d));
+  }
+  return out;
+}
+
+absl::Status Zero3State::VerifyInput(const std::string& path) const {
+  for (int d = 0; d < dp_; ++d) {
+    if (path == OptimPath(d)) return Optim(d).status();  // parsed with every CRC checked
+    if (path == model_files_[d]->path()) return absl::OkStatus();  // checked at Open
+  }
+  return absl::InvalidArgumentError(absl::StrCat(path, ": not a file of the checkpoint ", dir_));
+}
+
+absl::StatusOr<state::FileValue> Zero3State::OptimizerCommon() const {
+  UCP_ASSIGN_OR_RETURN(const OptimFile* f, Optim(0));
+  ValuePtr out = Value::MakeDict();
+  for (const auto& [k, v] : f->osd->dict_items()) out->DictSet(k, v);
+  const Value* inner = f->osd->DictGet("optimizer_state_dict");
+  if (pickle::ValuePtr groups = inner->DictGetPtr("param_groups")) out->DictSet(Value::Str("param_groups"), groups);
+  return state::FileValue{out, state::Unowned(f->file.get())};
+}
+
+state::FileValue Zero3State::ModelStatesRoot(int pp, int tp) const {
+  return state::FileValue{model_files_[0]->root(), state::Unowned(model_files_[0].get())};
+}
+
+std::string Zero3State::ModelStatesPath(int pp, int tp) const { return model_files_[0]->path(); }
+
+std::string Zero3State::DpModelStatesPath(int dp) const {
+  return dp >= 0 && dp < dp_ ? model_files_[dp]->path() : "";
+}
+
+const pickle::Value& Zero3State::checkpoint_info() const {
+  const Value* v = model_files_[0]->root()->DictGet("universal_checkpoint_info");
+  return v != nullptr ? *v : *empty_dict_;
+}
+
+const pickle::Value* Zero3State::args() const {
+  const Value* v = model_files_[0]->root()->DictGet("args");
+  if (v == nullptr || v->is_none()) return nullptr;
+  if (v->is(Kind::kDict)) return v;
+  auto ns = pickle::AsNamespace(*v);
+  return ns.ok() ? *ns : nullptr;
+}
+
+}  // namespace ucp::deepspeed_zero3

@@ -1,0 +1,139 @@
+// Zero3State: a DeepSpeed ZeRO stage 3 checkpoint folder as a SlicedState
+// (deepspeed/model_state.h), as DeepSpeed 0.12 to 0.19.5 write it:
+//
+//   zero_pp_rank_D_mp_rank_00_model_states.pt          one per dp rank: `module` with every
+//                                                      param an empty (0,) tensor (buffers whole),
+//                                                      param_shapes: one OrderedDict per SUB-GROUP
+//   [bf16_]zero_pp_rank_D_mp_rank_00_optim_states.pt   optimizer_state_dict = {zero_stage (3),
+//        loss_scaler, dynamic_loss_scale, overflow, partition_count (int), optimizer_state_dict =
+//        {state: {sub_group: {step, exp_avg, exp_avg_sq}}, param_groups: [{..., params: [sub_group
+//        ids]}]}, fp32_flat_groups: [one flat fp32 tensor per sub-group]}
+//
+// Each param is split over the dp ranks in partitions of ceil(numel / dp)
+// elements (the last one padded); a rank's flat sub-group is its partitions
+// of the sub-group's params, concatenated in param_shapes order
+// (deepspeed/runtime/zero/partition_parameters.py, stage3.py
+// _create_fp16_sub_groups and _rigid_state_dict; utils/zero_to_fp32.py
+// reads it the same way). Sub-groups are cut from each param group by
+// `sub_group_size` over the partition sizes, so they depend on dp.
+//
+// Topology: tp = pp = 1 (model parallelism with ZeRO-3 is refused: its
+// files would carry mp ranks > 0); dp = dp_world_size = the number of
+// files of each kind = partition_count. Files are checked against each other
+// and against param_shapes when opened (optimizer files on first use); every
+// error names the file, the sub-group or param, expected vs found.
+//
+// Example:
+//   UCP_ASSIGN_OR_RETURN(auto z3, Zero3State::Open("/ckpt/global_step4"));
+//   UCP_ASSIGN_OR_RETURN(auto slices, z3->Slices(z3->info().params[0], 0, "fp32"));  // one slice: full
+#ifndef UCP_FORMATS_DEEPSPEED_ZERO3_ZERO3_STATE_H_
+#define UCP_FORMATS_DEEPSPEED_ZERO3_ZERO3_STATE_H_
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "deepspeed/layout_math.h"
+#include "deepspeed/read_options.h"
+#include "deepspeed/facet.h"
+#include "state/model_state.h"
+#include "format/torch/torch_file.h"
+
+namespace ucp::deepspeed_zero3 {
+
+// True when `path` (a tag folder, or a root whose `latest` names one) holds
+// ZeRO-3 model-state files (zero_pp_rank_D_mp_rank_XX_model_states.pt).
+bool IsZero3Folder(const std::string& path);
+
+// The sub-group and partition math (deepspeed/layout_math.h).
+using deepspeed::Zero3PartitionNumel;
+using deepspeed::Zero3SubGroups;
+
+class Zero3State : public state::SlicedState, public deepspeed::DeepSpeedFacet {
+ public:
+  static absl::StatusOr<std::unique_ptr<Zero3State>> Open(const std::string& path,
+                                                          const deepspeed::ReadOptions& read = {});
+
+  const state::ModelInfo& info() const override { return info_; }
+  absl::StatusOr<std::vector<tp::TensorPlan>> Slices(const state::ParamState& param, int stage,
+                                                     const std::string& state) const override;
+  // The scalar (step) of the group's first sub-group: every sub-group of a
+  // group holds the same one (checked at Open).
+  absl::StatusOr<state::FileValue> GroupScalar(int group, const std::string& key) const override;
+  std::vector<state::InputRange> Inputs(const state::ParamState& param) const override;
+  std::vector<std::string> InputFiles() const override;
+  absl::Status VerifyInput(const std::string& path) const override;
+  const state::Facet* GetFacet(state::FacetKey key) const override { return deepspeed::OfferFacet(this, key); }
+  // DeepSpeedFacet. What DeepSpeed's ds_to_universal.py writes as zero/optimizer_state.pt for
+  // ZeRO-3: rank 0's optimizer_state_dict with `param_groups` added (the
+  // stage-3 universal loader reads state[0]['step'] and param_groups[0]).
+  absl::StatusOr<state::FileValue> OptimizerCommon() const override;
+  state::FileValue ModelStatesRoot(int pp, int tp) const override;
+  std::string ModelStatesPath(int pp, int tp) const override;
+  std::string DpModelStatesPath(int dp) const override;
+  const pickle::Value& checkpoint_info() const override;
+  const pickle::Value* args() const override;
+  const std::string& dir() const override { return dir_; }
+
+  int num_sub_groups() const { return static_cast<int>(sub_groups_.size()); }
+  // `sub_group_size` of the saving job's ds_config (DeepSpeed's default 1e9
+  // when it records none).
+  int64_t sub_group_size() const { return sub_group_size_; }
+  const std::string& ds_version() const { return ds_version_; }
+
+ private:
+  struct Param {
+    std::string name;
+    std::vector<int64_t> shape;
+    int64_t numel = 0;
+    int64_t partition = 0;  // ceil(numel / dp)
+    int sub_group = 0;
+    int64_t offset = 0;     // in the sub-group's flat partition of every rank
+  };
+  struct SubGroup {
+    int group = 0;
+    int64_t flat_numel = 0;  // per rank
+  };
+  struct OptimFile {
+    std::unique_ptr<torch::TorchFile> file;
+    const pickle::Value* osd = nullptr;  // root['optimizer_state_dict']
+    std::vector<torch::Tensor> fp32;     // per sub-group
+    // per sub-group: (state key, tensor) for per-element states in file order,
+    // and the scalar states.
+    std::vector<std::vector<std::pair<std::string, torch::Tensor>>> states;
+    std::vector<std::vector<std::pair<std::string, pickle::ValuePtr>>> scalars;
+  };
+  struct Slot {
+    std::once_flag once;
+    absl::Status status;
+    std::unique_ptr<OptimFile> file;
+  };
+
+  Zero3State() = default;
+  absl::Status Load();
+  absl::StatusOr<std::unique_ptr<OptimFile>> ParseOptim(int dp) const;
+  absl::StatusOr<const OptimFile*> Optim(int dp) const;
+  std::string OptimPath(int dp) const;
+
+  std::string dir_;
+  deepspeed::ReadOptions read_;
+  int dp_ = 1;
+  bool bf16_prefix_ = false;
+  int64_t sub_group_size_ = 1000000000;
+  std::string ds_version_;
+  std::vector<std::unique_ptr<torch::TorchFile>> model_files_;  // per dp rank
+  std::vector<Param> params_;                                   // trainable, in param_shapes order
+  std::vector<SubGroup> sub_groups_;
+  std::vector<std::vector<int>> group_sub_groups_;  // param group -> its sub-groups
+  std::vector<int> info_param_;                     // info_.params index -> params_ index or -1
+  std::vector<std::unique_ptr<Slot>> slots_;        // per dp rank
+  state::ModelInfo info_;
+  pickle::ValuePtr empty_dict_;
+};
+
+}  // namespace ucp::deepspeed_zero3
+
+#endif  // UCP_FORMATS_DEEPSPEED_ZERO3_ZERO3_STATE_H_

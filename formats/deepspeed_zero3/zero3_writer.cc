@@ -1,0 +1,475 @@
+#include "formats/deepspeed_zero3/zero3_writer.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "base/fs.h"
+#include "base/status_macros.h"
+#include "deepspeed/checkpoint_files.h"
+#include "deepspeed/engine_defaults.h"
+#include "deepspeed/layout_math.h"
+#include "deepspeed/tree_copy.h"
+#include "format/pickle/accessors.h"
+#include "tp/merge.h"
+#include "tp/plan_io.h"
+
+namespace ucp::deepspeed_zero3 {
+
+using writers::Plan;
+using writers::Unit;
+using writers::UnitResult;
+using writers::WriteStats;
+using writers::InputRange;
+using writers::AddVerifyUnit;
+using writers::ExecuteVerifyUnit;
+using writers::AddUnitResults;
+using writers::WriteUnitFile;
+using writers::ZeroWriteOptions;
+
+namespace {
+
+using state::ModelInfo;
+using state::ParamState;
+using pickle::Kind;
+using pickle::Value;
+using pickle::ValuePtr;
+using tp::TensorPlan;
+
+int64_t Numel(const std::vector<int64_t>& s) {
+  int64_t n = 1;
+  for (int64_t x : s) n *= x;
+  return n;
+}
+
+using deepspeed::Zero3PartitionNumel;
+using deepspeed::Zero3SubGroups;
+
+struct SubGroup {
+  int group = 0;
+  std::vector<int> params;  // indices into ModelInfo::params
+  int64_t flat_numel = 0;   // per rank
+};
+
+class Zero3Plan : public Plan {
+ public:
+  Zero3Plan(const state::ModelState& state, const ZeroWriteOptions& options)
+      : state_(state), info_(state.info()), options_(options), dp_(options.target.dp) {}
+
+  absl::Status Build() {
+    UCP_RETURN_IF_ERROR(options_.target.Validate());
+    UCP_ASSIGN_OR_RETURN(ds_, deepspeed::FacetOrDefaults(state_, options_.target_ds_version, &owned_facet_));
+    {
+      // The target version's model states record the degrees from 0.19.5 on.
+      const std::string version =
+          options_.target_ds_version.empty() ? deepspeed::SourceDsVersion(state_) : options_.target_ds_version;
+      auto v = deepspeed::ParseDsVersion(version);
+      parallel_dims_ = v.ok() && *v >= deepspeed::DsVersion{0, 19, 5};
+    }
+    if (options_.target.tp != 1 || options_.target.pp != 1) {
+      return absl::InvalidArgumentError(absl::StrCat("ZeRO stage 3 target ", options_.target.ToString(),
+                                                     ": ucp writes ZeRO-3 checkpoints at tp=1 pp=1"));
+    }
+    if (info_.pipeline) {
+      return absl::InvalidArgumentError(
+          "ZeRO stage 3 target: the source is a PipelineModule, which DeepSpeed does not run under ZeRO-3");
+    }
+    if (info_.optimizer_kind == state::OptimizerKind::kBf16) {
+      return absl::InvalidArgumentError(
+          "ZeRO stage 3 target: the source's BF16_Optimizer state has no ZeRO-3 counterpart in DeepSpeed's layout");
+    }
+    for (const ParamState& p : info_.params) {
+      if (p.role == state::TensorRole::kFrozen) {
+        return absl::UnimplementedError(absl::StrCat("ZeRO stage 3 target: frozen param '", p.name,
+                                                     "' (ucp does not write frozen_param_fragments)"));
+      }
+    }
+    // Megatron pads the vocabulary per tp rank; at tp=1 a model whose rows
+    // are not a multiple of make_vocab_size_divisible_by has padded rows in
+    // its embedding, which ucp does not add for ZeRO-3.
+    for (const ParamState& p : info_.params) {
+      if (p.rule.kind() != VOCAB || p.full_shape.empty()) continue;
+      const int64_t divisible_by = options_.make_vocab_size_divisible_by > 0 ? options_.make_vocab_size_divisible_by
+                                                                             : info_.make_vocab_size_divisible_by;
+      if (divisible_by <= 0 || tp::PaddedVocabSize(p.full_shape[0], divisible_by, 1) != p.full_shape[0]) {
+        return absl::UnimplementedError(absl::StrCat(
+            "ZeRO stage 3 target: vocabulary param '", p.name, "' (", p.full_shape[0],
+            " rows) would need Megatron's vocab padding, which ucp does not write for ZeRO-3"));
+      }
+    }
+    UCP_ASSIGN_OR_RETURN(common_, ds_->OptimizerCommon());
+    if (!common_.value || !common_.value->is(Kind::kDict)) {
+      return absl::InvalidArgumentError("the source's optimizer state is not a dict");
+    }
+    const Value* groups = common_.value->DictGet("param_groups");
+    if (groups == nullptr || !groups->is(Kind::kList) ||
+        static_cast<int>(groups->items().size()) != info_.num_groups) {
+      return absl::InvalidArgumentError(absl::StrCat("the source's optimizer state has ",
+                                                     groups ? groups->DebugString(40) : "no", " param_groups, expected ",
+                                                     info_.num_groups));
+    }
+    // sub_group_size: the flag, the source's config, DeepSpeed's default.
+    sub_group_size_ = options_.sub_group_size;
+    if (sub_group_size_ <= 0) {
+      sub_group_size_ = 1000000000;
+      state::FileValue root = ds_->ModelStatesRoot(0, 0);
+      const Value* c = root.value && root.value->is(Kind::kDict) ? root.value->DictGet("ds_config") : nullptr;
+      const Value* z = c && c->is(Kind::kDict) ? c->DictGet("zero_optimization") : nullptr;
+      const Value* sg = z && z->is(Kind::kDict) ? z->DictGet("sub_group_size") : nullptr;
+      if (sg != nullptr && sg->is(Kind::kInt)) sub_group_size_ = sg->int_value();
+      if (sg != nullptr && sg->is(Kind::kFloat)) sub_group_size_ = static_cast<int64_t>(sg->float_value());
+    }
+    // ds_id: DeepSpeed numbers params in module order.
+    int next_id = 0;
+    for (const auto& k : info_.module_order) {
+      const ParamState* p = info_.Find(k.name);
+      if (p != nullptr && p->trainable() && !ds_id_.count(k.name)) ds_id_[k.name] = next_id++;
+    }
+    for (const ParamState& p : info_.params) {
+      if (p.trainable() && !ds_id_.count(p.name)) ds_id_[p.name] = next_id++;
+    }
+    // Sub-groups of every group at the target dp.
+    for (int g = 0; g < info_.num_groups; ++g) {
+      std::vector<int> members;
+      std::vector<int64_t> numels;
+      for (size_t i = 0; i < info_.params.size(); ++i) {
+        if (info_.params[i].trainable() && info_.params[i].group == g) {
+          members.push_back(static_cast<int>(i));
+          numels.push_back(Numel(info_.params[i].full_shape));
+        }
+      }
+      if (members.empty()) {
+        return absl::FailedPreconditionError(absl::StrCat("param group ", g, " holds no params"));
+      }
+      size_t k = 0;
+      for (int count : Zero3SubGroups(numels, dp_, sub_group_size_)) {
+        SubGroup sg;
+        sg.group = g;
+        for (int c = 0; c < count; ++c, ++k) {
+          sg.params.push_back(members[k]);
+          sg.flat_numel += Zero3PartitionNumel(numels[k], dp_);
+        }
+        sub_groups_.push_back(std::move(sg));
+      }
+    }
+    // Units: per dp rank, its model-state file and its optimizer file.
+    std::vector<InputRange> all_inputs;
+    {
+      std::set<std::tuple<std::string, std::string, int64_t>> seen;
+      for (const ParamState& p : info_.params) {
+        for (const InputRange& r : state_.Inputs(p)) {
+          if (seen.insert({r.path, r.tensor, r.offset}).second) all_inputs.push_back(r);
+        }
+      }
+    }
+    const int64_t per_element = 4 * (1 + static_cast<int64_t>(info_.state_keys.size()));
+    int64_t flat_total = 0;
+    for (const auto& sg : sub_groups_) flat_total += sg.flat_numel;
+    for (int d = 0; d < dp_; ++d) {
+      Unit m;
+      m.outputs.push_back(deepspeed::Zero3ModelFileName(d, 0));
+      m.name = absl::StrCat("file ", m.outputs[0]);
+      m.bytes = 4096;
+      const std::string from = ds_->ModelStatesPath(0, 0);
+      if (!from.empty()) m.inputs.push_back({from, "", 0, -1});
+      jobs_.push_back({false, d});
+      units_.push_back(std::move(m));
+      Unit o;
+      o.outputs.push_back(deepspeed::OptimFileName(d, 0, info_.bf16_file_prefix));
+      o.name = absl::StrCat("file ", o.outputs[0]);
+      o.bytes = flat_total * per_element;
+      o.inputs = all_inputs;
+      jobs_.push_back({true, d});
+      units_.push_back(std::move(o));
+    }
+    if (AddVerifyUnit(state_, &units_)) jobs_.push_back({false, -1});
+    return absl::OkStatus();
+  }
+
+  absl::Status Prepare(const std::string& staging) const override { return absl::OkStatus(); }
+
+  absl::Status Execute(size_t i, const std::string& staging, UnitResult* result) const override {
+    const Job& job = jobs_[i];
+    if (job.dp < 0) return ExecuteVerifyUnit(state_, units_[i]);
+    torch::TorchWriteOptions wo;
+    wo.record_threads = 1;
+    torch::TorchWriter w(wo);
+    ValuePtr root;
+    if (job.optim) {
+      UCP_ASSIGN_OR_RETURN(root, OptimRoot(w, job.dp));
+    } else {
+      UCP_ASSIGN_OR_RETURN(root, ModelStatesRoot(w, job.dp));
+    }
+    return WriteUnitFile(w, staging, units_[i].outputs[0], *root, result);
+  }
+
+  absl::StatusOr<WriteStats> Finish(const std::vector<UnitResult>& results, const std::string& staging) const override {
+    WriteStats stats;
+    AddUnitResults(results, &stats);
+    return stats;
+  }
+
+  std::string latest_file() const override { return deepspeed::kLatestFile; }
+  const state::CheckpointState* source() const override { return &state_; }
+
+ private:
+  struct Job {
+    bool optim = false;
+    int dp = 0;  // -1: the verify unit
+  };
+
+  absl::StatusOr<ValuePtr> CopyCommon(torch::TorchWriter& w, const char* key) const {
+    ValuePtr v = common_.value->DictGetPtr(key);
+    if (!v) return ValuePtr();
+    return deepspeed::CopyTreeForWrite(state::FileValue{v, common_.file}, w);
+  }
+
+  // ds_config with stage 3 (and the sub_group_size given).
+  absl::StatusOr<ValuePtr> DsConfig(const state::FileValue& src, torch::TorchWriter& w) const {
+    UCP_ASSIGN_OR_RETURN(ValuePtr c, deepspeed::CopyTreeForWrite(src, w));
+    if (!c->is(Kind::kDict)) return c;
+    if (ValuePtr z = c->DictGetPtr("zero_optimization"); z && z->is(Kind::kDict)) {
+      if (z->DictGet("stage")) z->DictSet(Value::Str("stage"), Value::Int(3));
+      if (options_.sub_group_size > 0) z->DictSet(Value::Str("sub_group_size"), Value::Int(options_.sub_group_size));
+    }
+    if (ValuePtr ck = c->DictGetPtr("checkpoint"); ck && ck->is(Kind::kDict) && ck->DictGet("load_universal")) {
+      ck->DictSet(Value::Str("load_universal"), Value::Bool(false));
+    }
+    return c;
+  }
+
+  absl::StatusOr<ValuePtr> ModelStatesRoot(torch::TorchWriter& w, int dp) const {
+    state::FileValue src = ds_->ModelStatesRoot(0, 0);
+    if (!src.value || !src.value->is(Kind::kDict)) {
+      return absl::FailedPreconditionError("the source has no model states to carry over");
+    }
+    ValuePtr out = Value::MakeDict();
+    for (const auto& [k, v] : src.value->dict_items()) {
+      const std::string key = k->is(Kind::kStr) ? k->str() : "";
+      if (key == "module") {
+        UCP_ASSIGN_OR_RETURN(ValuePtr m, Module(w));
+        out->DictSet(k, m);
+      } else if (key == "param_shapes") {
+        std::vector<ValuePtr> groups;
+        for (const SubGroup& sg : sub_groups_) {
+          ValuePtr d = Value::MakeDict(/*ordered_dict=*/true);
+          for (int i : sg.params) {
+            d->DictSet(Value::Str(info_.params[i].name), pickle::MakeTorchSize(info_.params[i].full_shape));
+          }
+          groups.push_back(d);
+        }
+        out->DictSet(k, Value::List(std::move(groups)));
+      } else if (key == "frozen_param_shapes" || key == "frozen_param_fragments") {
+        out->DictSet(k, Value::MakeDict(/*ordered_dict=*/true));
+      } else if (key == "buffer_names") {
+        std::vector<ValuePtr> names;
+        for (const ParamState& p : info_.params) {
+          if (p.role == state::TensorRole::kBuffer) names.push_back(Value::Str(p.name));
+        }
+        out->DictSet(k, Value::List(std::move(names)));
+      } else if (key == "dp_world_size") {
+        out->DictSet(k, Value::Int(dp_));
+      } else if (key == "mp_world_size") {
+        out->DictSet(k, Value::Int(1));
+        if (parallel_dims_ && src.value->DictGet("checkpoint_parallel_dimensions") == nullptr) {
+          ValuePtr dims = Value::MakeDict();
+          dims->DictSet(Value::Str("pp_degree"), Value::Int(1));
+          dims->DictSet(Value::Str("tp_degree"), Value::Int(1));
+          out->DictSet(Value::Str("checkpoint_parallel_dimensions"), dims);
+        }
+      } else if (key == "checkpoint_parallel_dimensions" && !parallel_dims_) {
+        continue;  // a target before 0.19.5 records none
+      } else if (key == "checkpoint_parallel_dimensions" && v->is(Kind::kDict)) {
+        UCP_ASSIGN_OR_RETURN(ValuePtr dims, deepspeed::CopyTreeForWrite(state::FileValue{v, src.file}, w));
+        if (dims->DictGet("pp_degree")) dims->DictSet(Value::Str("pp_degree"), Value::Int(1));
+        if (dims->DictGet("tp_degree")) dims->DictSet(Value::Str("tp_degree"), Value::Int(1));
+        out->DictSet(k, dims);
+      } else if (key == "ds_config") {
+        UCP_ASSIGN_OR_RETURN(ValuePtr c, DsConfig(state::FileValue{v, src.file}, w));
+        out->DictSet(k, c);
+      } else if (key == "ds_version" && !options_.target_ds_version.empty()) {
+        out->DictSet(k, Value::Str(options_.target_ds_version));
+      } else {
+        UCP_ASSIGN_OR_RETURN(ValuePtr c, deepspeed::CopyTreeForWrite(state::FileValue{v, src.file}, w));
+        out->DictSet(k, c);
+      }
+    }
+    return out;
+  }
+
+  // The module state dict: params as empty tensors, buffers whole.
+  absl::StatusOr<ValuePtr> Module(torch::TorchWriter& w) const {
+    ValuePtr sd = Value::MakeDict(/*ordered_dict=*/true);
+    std::vector<int> order;
+    std::set<int> listed;
+    for (const auto& k : info_.module_order) {
+      const int i = info_.IndexOf(k.name);
+      if (i >= 0 && listed.insert(i).second) order.push_back(i);
+    }
+    for (size_t i = 0; i < info_.params.size(); ++i) {
+      if (listed.insert(static_cast<int>(i)).second) order.push_back(static_cast<int>(i));
+    }
+    for (int i : order) {
+      const ParamState& p = info_.params[i];
+      if (p.trainable()) {
+        sd->DictSet(Value::Str(p.name), tp::AddPlan(w, TensorPlan::Zeros(p.lp_dtype, {0})));
+      } else {
+        UCP_ASSIGN_OR_RETURN(TensorPlan lp, state_.Full(p, state::kLpState));
+        sd->DictSet(Value::Str(p.name), tp::AddPlan(w, lp));
+      }
+    }
+    state::FileValue src = ds_->ModelStatesRoot(0, 0);
+    const Value* module = src.value ? src.value->DictGet("module") : nullptr;
+    if (module != nullptr && module->is(Kind::kDict) && module->dict_state()) {
+      UCP_ASSIGN_OR_RETURN(ValuePtr metadata,
+                           deepspeed::CopyTreeForWrite(state::FileValue{module->dict_state(), src.file}, w));
+      sd->set_dict_state(std::move(metadata));
+    }
+    return sd;
+  }
+
+  // Sub-group `s`'s flat partition on dp rank `dp` for one state.
+  absl::StatusOr<TensorPlan> Flat(int s, int dp, const std::string& key) const {
+    std::vector<TensorPlan> pieces;
+    for (int i : sub_groups_[s].params) {
+      const ParamState& p = info_.params[i];
+      const int64_t numel = Numel(p.full_shape);
+      const int64_t part = Zero3PartitionNumel(numel, dp_);
+      const int64_t begin = static_cast<int64_t>(dp) * part;
+      const int64_t len = std::max<int64_t>(0, std::min(part, numel - begin));
+      if (len > 0) {
+        UCP_ASSIGN_OR_RETURN(TensorPlan full, state_.Full(p, key));
+        if (full.shape() != p.full_shape) {
+          return absl::InvalidArgumentError(absl::StrCat("param '", p.name, "' ", key, ": full shape ",
+                                                         torch::ShapeString(full.shape()), " differs from ",
+                                                         torch::ShapeString(p.full_shape)));
+        }
+        UCP_ASSIGN_OR_RETURN(TensorPlan flat, full.Reshape({numel}));
+        UCP_ASSIGN_OR_RETURN(TensorPlan piece, flat.FlatRange(begin, len));
+        if (piece.dtype() != torch::DType::kFloat32) {
+          return absl::InvalidArgumentError(absl::StrCat("param '", p.name, "' ", key, " is ",
+                                                         std::string(torch::DTypeName(piece.dtype())), ", expected float32"));
+        }
+        pieces.push_back(std::move(piece));
+      }
+      if (len < part) pieces.push_back(TensorPlan::Zeros(torch::DType::kFloat32, {part - len}));
+    }
+    if (pieces.empty()) return TensorPlan::Zeros(torch::DType::kFloat32, {0});
+    if (pieces.size() == 1) return pieces[0];
+    return TensorPlan::Cat(pieces, 0);
+  }
+
+  // A scalar state of group `g` as a value of its own (never shared).
+  absl::StatusOr<ValuePtr> OwnScalar(torch::TorchWriter& w, int g, const std::string& key) const {
+    UCP_ASSIGN_OR_RETURN(state::FileValue v, state_.GroupScalar(g, key));
+    if (!v.value) return ValuePtr();
+    if (torch::TorchFile::IsTensor(*v.value) && v.file != nullptr) {
+      UCP_ASSIGN_OR_RETURN(torch::Tensor t, v.file->GetTensor(*v.value));
+      return tp::AddPlan(w, TensorPlan::FromTensor(t));  // a new storage per call
+    }
+    return deepspeed::CopyTreeForWrite(v, w);
+  }
+
+  absl::StatusOr<ValuePtr> OptimRoot(torch::TorchWriter& w, int dp) const {
+    ValuePtr osd = Value::MakeDict();
+    osd->DictSet(Value::Str("zero_stage"), pickle::MakeZeroStage(3));
+    UCP_ASSIGN_OR_RETURN(ValuePtr loss_scaler, CopyCommon(w, "loss_scaler"));
+    osd->DictSet(Value::Str("loss_scaler"), loss_scaler ? loss_scaler : pickle::MakeLossScaler(1.0));
+    UCP_ASSIGN_OR_RETURN(ValuePtr dynamic, CopyCommon(w, "dynamic_loss_scale"));
+    osd->DictSet(Value::Str("dynamic_loss_scale"), dynamic ? dynamic : Value::Bool(false));
+    UCP_ASSIGN_OR_RETURN(ValuePtr overflow, CopyCommon(w, "overflow"));
+    osd->DictSet(Value::Str("overflow"), overflow ? overflow : Value::Bool(false));
+    osd->DictSet(Value::Str("partition_count"), Value::Int(dp_));
+    // The torch optimizer's state dict: one state per sub-group.
+    ValuePtr states = Value::MakeDict();
+    std::vector<ValuePtr> flats;
+    ValuePtr from_type = Value::Global("torch._tensor", "_rebuild_from_type_v2");
+    ValuePtr rebuild = Value::Global("torch._utils", "_rebuild_tensor_v2");
+    ValuePtr tensor_type = Value::Global("torch", "Tensor");
+    for (size_t s = 0; s < sub_groups_.size(); ++s) {
+      const SubGroup& sg = sub_groups_[s];
+      ValuePtr st = Value::MakeDict();
+      for (const std::string& key : info_.scalar_keys) {
+        UCP_ASSIGN_OR_RETURN(ValuePtr v, OwnScalar(w, sg.group, key));
+        if (v) st->DictSet(Value::Str(key), v);
+      }
+      for (const std::string& key : info_.state_keys) {
+        UCP_ASSIGN_OR_RETURN(TensorPlan plan, Flat(static_cast<int>(s), dp, key));
+        st->DictSet(Value::Str(key), tp::AddPlan(w, plan));
+      }
+      states->DictSet(Value::Int(static_cast<int64_t>(s)), st);
+      // fp32_flat_groups[s]: requires_grad, and DeepSpeed's `ds_id`
+      // "<first param's id>_<last param's id>" as a tensor attribute.
+      UCP_ASSIGN_OR_RETURN(TensorPlan fp32, Flat(static_cast<int>(s), dp, state::kFp32State));
+      ValuePtr t = tp::AddPlan(w, fp32);
+      UCP_RETURN_IF_ERROR(tp::SetRequiresGrad(*t, true));
+      ValuePtr attrs = Value::MakeDict();
+      attrs->DictSet(Value::Str("ds_id"), Value::Str(absl::StrCat(ds_id_.at(info_.params[sg.params.front()].name), "_",
+                                                                  ds_id_.at(info_.params[sg.params.back()].name))));
+      pickle::Object o;
+      o.callable = from_type;
+      o.args = Value::Tuple({rebuild, tensor_type, t->object().args, attrs});
+      flats.push_back(Value::MakeObject(std::move(o)));
+    }
+    UCP_ASSIGN_OR_RETURN(ValuePtr groups, CopyCommon(w, "param_groups"));
+    for (int g = 0; g < info_.num_groups; ++g) {
+      std::vector<ValuePtr> ids;
+      for (size_t s = 0; s < sub_groups_.size(); ++s) {
+        if (sub_groups_[s].group == g) ids.push_back(Value::Int(static_cast<int64_t>(s)));
+      }
+      ValuePtr group = groups->items()[g];
+      if (!group->is(Kind::kDict)) return absl::InvalidArgumentError(absl::StrCat("param_groups[", g, "] is not a dict"));
+      group->DictSet(Value::Str("params"), Value::List(std::move(ids)));
+    }
+    ValuePtr inner = Value::MakeDict();
+    inner->DictSet(Value::Str("state"), states);
+    inner->DictSet(Value::Str("param_groups"), groups);
+    osd->DictSet(Value::Str("optimizer_state_dict"), inner);
+    osd->DictSet(Value::Str("fp32_flat_groups"), Value::List(std::move(flats)));
+
+    ValuePtr root = Value::MakeDict();
+    root->DictSet(Value::Str("optimizer_state_dict"), osd);
+    state::FileValue src = ds_->ModelStatesRoot(0, 0);
+    ValuePtr config = src.value ? src.value->DictGetPtr("ds_config") : nullptr;
+    if (config) {
+      UCP_ASSIGN_OR_RETURN(ValuePtr c, DsConfig(state::FileValue{config, src.file}, w));
+      root->DictSet(Value::Str("ds_config"), c);
+    }
+    ValuePtr version;
+    if (!options_.target_ds_version.empty()) {
+      version = Value::Str(options_.target_ds_version);
+    } else if (const Value* v = src.value ? src.value->DictGet("ds_version") : nullptr; v && v->is(Kind::kStr)) {
+      version = Value::Str(v->str());
+    } else {
+      UCP_ASSIGN_OR_RETURN(version, CopyCommon(w, "ds_version"));
+    }
+    if (!version) return absl::FailedPreconditionError("the source records no ds_version: pass --target_ds_version");
+    root->DictSet(Value::Str("ds_version"), version);
+    return root;
+  }
+
+  const state::ModelState& state_;
+  const ModelInfo& info_;
+  ZeroWriteOptions options_;
+  std::unique_ptr<deepspeed::DeepSpeedFacet> owned_facet_;
+  const deepspeed::DeepSpeedFacet* ds_ = nullptr;
+  const int dp_;
+  int64_t sub_group_size_ = 0;
+  bool parallel_dims_ = false;  // the target writes checkpoint_parallel_dimensions
+  state::FileValue common_;
+  std::map<std::string, int> ds_id_;
+  std::vector<SubGroup> sub_groups_;
+  std::vector<Job> jobs_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Plan>> PlanZero3(const state::ModelState& state, const ZeroWriteOptions& options) {
+  auto plan = std::make_unique<Zero3Plan>(state, options);
+  UCP_RETURN_IF_ERROR(plan->Build());
+  return std::unique_ptr<Plan>(std::move(plan));
+}
+
+}  // namespace ucp::deepspeed_zero3

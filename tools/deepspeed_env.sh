@@ -5,15 +5,16 @@
 #   tools/deepspeed_env.sh create [trixie|sid|all]      build the roots (idempotent; default all)
 #   tools/deepspeed_env.sh root SUITE                     print a root's folder (fails if not built)
 #   tools/deepspeed_env.sh deepspeed VERSION|DIR          print the DeepSpeed source folder to use
-#   tools/deepspeed_env.sh run [--root=SUITE] [--deepspeed=VERSION|DIR] [--bind=HOST_DIR]... [--env=K=V]... -- CMD...
+#   tools/deepspeed_env.sh run [--root=SUITE] [--deepspeed=VERSION|DIR] [--bind=HOST_DIR]... [--env=K=V]...
+#                              [--cwd=DIR] -- CMD...
 #                                                         run CMD inside a root, DeepSpeed importable
 #   tools/deepspeed_env.sh status                         what is cached
 #
 # Roots (Debian's own packages, nothing from PyPI; see ../shared/docs/REAL-CLIENTS.md):
 #   trixie  Debian 13: Python 3.13, torch 2.6, numpy 2, pydantic 2 (DeepSpeed 0.14.4 - 0.19.5)
-#   both    safetensors, and python3-dev, -venv, -pip, pybind11-dev (wheels of the ucp package)
 #   sid     Debian unstable: Python 3.14, torch 2.14, transformers, accelerate
 #           (DeepSpeed 0.18.9, 0.19.5, master; Hugging Face Trainer, FSDP2 / DCP)
+#   both    also safetensors, python3-dev, -venv, -pip, pybind11-dev (wheels of the ucp package)
 # The packages come from the archive the host's apt already uses (read from its
 # sources, never written here). The cache is $UCP_CACHE_DIR (default
 # ${XDG_CACHE_HOME:-$HOME/.cache}/ucp); a root is built in a temporary folder and
@@ -157,9 +158,10 @@ dist_info_shim() {
 }
 
 run_in_root() {
-  local suite=sid ds="" binds=() envs=()
+  local suite=sid ds="" binds=() envs=() cwd=""
   while (($#)); do
     case $1 in
+      --cwd=*) cwd=${1#--cwd=} ;;
       --root=*) suite=${1#--root=} ;;
       --env=*) envs+=("${1#--env=}") ;;
       --deepspeed=*) ds=${1#--deepspeed=} ;;
@@ -185,8 +187,11 @@ run_in_root() {
   for b in "${binds[@]}"; do
     [[ -d $b ]] || die "run: --bind=$b is not a folder"
   done
+  # The working directory: --cwd, else the DeepSpeed source folder (DeepSpeed
+  # reads its version from ./version.txt when it is not installed: elsewhere
+  # it calls itself 0.0.0 and writes that into every checkpoint), else /.
+  [[ -n $cwd ]] || cwd=${dsdir:-/}
   # In a private mount namespace: everything mounted here disappears with it.
-  # The command starts in the caller's working directory (bind it to have it).
   exec unshare -m --propagation private bash -c '
     set -e
     root=$1; pythonpath=$2; dsdir=$3; shift 3
@@ -199,7 +204,7 @@ run_in_root() {
       DS_ACCELERATOR=cpu DS_BUILD_OPS=0 OMP_NUM_THREADS=1 GLOO_SOCKET_IFNAME=lo PYTHONHASHSEED=0 \
       PYTHONPATH="$pythonpath" "$@"
   ' ucp-root "$root" "$pythonpath" "$dsdir" "${binds[@]}" -- \
-    bash -c 'cd "$0" 2>/dev/null || cd /; exec "$@"' "$PWD" env "${envs[@]}" "$@"
+    bash -c 'cd "$0" || exit 2; exec "$@"' "$cwd" env "${envs[@]}" "$@"
 }
 
 status() {

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what ucp needs to build and test, from Debian 12's archive only.
-# Idempotent: packages already present are skipped; safe to run twice.
+# Idempotent: packages already present are skipped, Debian roots already built
+# are kept; safe to run twice.
 set -euo pipefail
 
 PACKAGES=(
@@ -15,6 +16,7 @@ PACKAGES=(
   openmpi-bin libopenmpi-dev               # mpirun -np N ucp ... (exec/, exec:mpi_test)
   libxxhash-dev                            # XXH3-128 manifest digests (base:digest)
   pybind11-dev python3-dev python3-venv python3-pip  # import ucp (python/), wheel test in a venv
+  python3-protobuf                         # realds/ driver (textproto cases, goldens)
 )
 
 missing=()
@@ -24,14 +26,18 @@ for p in "${PACKAGES[@]}"; do
   fi
 done
 
-if ((${#missing[@]} == 0)); then
-  echo "setup: all ${#PACKAGES[@]} packages already installed"
-  exit 0
-fi
-
 SUDO=""
 if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
-echo "setup: installing ${missing[*]}"
-$SUDO apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-echo "setup: done"
+if ((${#missing[@]} == 0)); then
+  echo "setup: all ${#PACKAGES[@]} packages already installed"
+else
+  echo "setup: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  echo "setup: packages done"
+fi
+
+# The Debian roots with torch in which the real-DeepSpeed tests (realds/) run
+# DeepSpeed: built once with debootstrap (about 11-15 minutes, both at once),
+# cached outside the clone; a no-op when they are ready.
+$SUDO "$(dirname "$0")/deepspeed_env.sh" create all

@@ -12,7 +12,9 @@
 #include "format/torch/mapped_file.h"
 #include "format/torch/torch_file.h"
 #include "readers/inspect.h"
+#include "readers/moe_state.h"
 #include "readers/universal_checkpoint.h"
+#include "readers/zero3_state.h"
 #include "readers/zero_checkpoint.h"
 
 namespace ucp::readers {
@@ -78,6 +80,31 @@ void VerifyZero(const std::string& path, VerifyResult& r) {
       if (!st.ok()) r.problems.push_back(StatusLine(st));
     }
   }
+}
+
+// ZeRO-3 and native MoE folders: Open checks the files' agreement (steps,
+// partitions, expert layout); every input file is then parsed with its CRCs.
+void VerifySliced(const std::string& path, const char* kind, VerifyResult& r,
+                  absl::StatusOr<std::unique_ptr<deepspeed::SlicedState>> opened) {
+  r.kind = kind;
+  if (!opened.ok()) {
+    r.problems.push_back(StatusLine(opened.status()));
+    return;
+  }
+  const deepspeed::SlicedState& s = **opened;
+  r.dir = s.dir();
+  for (const std::string& f : s.InputFiles()) {
+    ++r.files_checked;
+    absl::Status st = s.VerifyInput(f);
+    if (!st.ok()) r.problems.push_back(StatusLine(st));
+  }
+}
+
+template <typename State>
+absl::StatusOr<std::unique_ptr<deepspeed::SlicedState>> OpenSliced(const std::string& path) {
+  absl::StatusOr<std::unique_ptr<State>> s = State::Open(path);
+  if (!s.ok()) return s.status();
+  return std::unique_ptr<deepspeed::SlicedState>(std::move(*s));
 }
 
 void VerifyUniversal(const std::string& path, VerifyResult& r) {
@@ -152,6 +179,10 @@ VerifyResult VerifyFolder(const std::string& path) {
   torch::SetAllowUnsafePickles(true);  // reported above; check the rest too
   if (universal) {
     VerifyUniversal(path, r);
+  } else if (IsZero3Folder(path)) {
+    VerifySliced(path, "zero3", r, OpenSliced<Zero3State>(path));
+  } else if (IsMoeFolder(path)) {
+    VerifySliced(path, "moe", r, OpenSliced<MoeState>(path));
   } else {
     VerifyZero(path, r);
   }

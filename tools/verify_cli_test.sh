@@ -70,6 +70,17 @@ for fx in gpt-zero3-dp2:zero3 gpt-moe-ep2-zero2-dp2:moe; do
   check "damaged $kind optimizer file" 1 "^PROBLEM .*$(basename "$F")" "problem(s) ($kind checkpoint"
 done
 
+# What `ucp convert` writes for a ZeRO-3 source (DeepSpeed's stage-3 universal
+# layout, which ucp does not read back): verified by manifest and CRCs.
+Z3U="$WORK/z3u/global_step4_universal"
+out=$("$UCP" convert --input_folder="$FX195/gpt-zero3-dp2/global_step4" --output_folder="$Z3U" 2>&1); rc=$?
+check "convert a ZeRO-3 checkpoint" 0
+out=$("$UCP" verify "$Z3U" 2>&1); rc=$?
+check "good ZeRO-3 universal folder" 0 ": OK (universal (ZeRO-3) checkpoint"
+flip "$Z3U/zero/h.0.attn_qkv.weight/exp_avg.pt" >/dev/null
+out=$("$UCP" verify "$Z3U" 2>&1); rc=$?
+check "damaged ZeRO-3 universal file" 1 "^PROBLEM .*h.0.attn_qkv.weight/exp_avg.pt" "problem(s) (universal (ZeRO-3) checkpoint"
+
 out=$("$UCP" verify 2>&1); rc=$?
 check "no folder" 1 "usage: ucp verify FOLDER"
 out=$("$UCP" verify "$WORK/does-not-exist" 2>&1); rc=$?

@@ -62,6 +62,8 @@ class Case:
         self.tol = c.tolerance or (1e-4 if self.dtype == "fp32" else 3e-2)
         self.rows = []  # (what, ok, detail)
         self.seconds = {}
+        self.passed_negative = False  # a negative hop failed as it must
+        self.last_error = None
 
     def worker(self, stage):
         ds = stage.deepspeed or self.ds
@@ -82,11 +84,12 @@ class Case:
         print(f"    {'ok  ' if ok else 'FAIL'} {what}: {detail}", flush=True)
         return ok
 
-    def job(self, stage, actions, losses, name, universal=False):
+    def job(self, stage, actions, losses, name, universal=False, quiet=False):
         w = self.worker(stage)
         r = w.job(world(stage), self.spec(stage, actions, losses, universal), os.path.join(self.dir, name))
         self.seconds[name] = r.get("seconds")
-        if not r["ok"]:
+        self.last_error = r.get("error")
+        if not r["ok"] and not quiet:
             self.row(f"{name} (DeepSpeed {w.info['deepspeed']}, {describe(stage)})", False,
                      f"{r.get('error')} (log {r.get('log')})")
         return r["ok"]
@@ -102,6 +105,16 @@ class Case:
         ok, last, secs = host.run_ucp(self.ctx.ucp, args, os.path.join(self.dir, name + ".log"))
         self.seconds[name] = secs
         return ok, last
+
+    def ucp_step(self, i, hop, what, args, name):
+        """A ucp command of hop i; a failure ends the hop (as expected, for a
+        negative hop whose expect_problem matches the message)."""
+        ok, last = self.ucp(args, name)
+        if not ok and hop.expect_problem:
+            self.expected(i, hop, [f"ucp {what}: {last}"])
+            return False
+        self.row(f"hop {i + 1} ucp {what}", ok, last)
+        return ok
 
     def run(self):
         c = self.c
@@ -154,23 +167,21 @@ class Case:
         if hop.route in (pb.Hop.CONVERT, pb.Hop.CONVERT_RESHARD):
             uni_root = out_root if universal else f"{d}/uni{i}"
             uni = f"{uni_root}/global_step{n}_universal"
-            ok, last = self.ucp(["convert", f"--input_folder={inp}", f"--output_folder={uni}"] + flags, f"convert{i}")
-            if not self.row(f"hop {i + 1} ucp convert", ok, last):
-                return False
+            if not self.ucp_step(i, hop, "convert", ["convert", f"--input_folder={inp}", f"--output_folder={uni}"] + flags,
+                                 f"convert{i}"):
+                return self.passed_negative
             tag, out = f"global_step{n}_universal", uni
             if not universal:
                 out = f"{out_root}/global_step{n}"
-                ok, last = self.ucp(["reshard", f"--input_folder={uni}", f"--output_folder={out}"] + reshard_flags + flags,
-                                    f"reshard{i}")
-                if not self.row(f"hop {i + 1} ucp reshard", ok, last):
-                    return False
+                if not self.ucp_step(i, hop, "reshard", ["reshard", f"--input_folder={uni}", f"--output_folder={out}"] +
+                                     reshard_flags + flags, f"reshard{i}"):
+                    return self.passed_negative
                 tag = f"global_step{n}"
         else:
             out, tag = f"{out_root}/global_step{n}", f"global_step{n}"
-            ok, last = self.ucp(["reshard", f"--input_folder={inp}", f"--output_folder={out}"] + reshard_flags + flags,
-                                f"reshard{i}")
-            if not self.row(f"hop {i + 1} ucp reshard", ok, last):
-                return False
+            if not self.ucp_step(i, hop, "reshard", ["reshard", f"--input_folder={inp}", f"--output_folder={out}"] +
+                                 reshard_flags + flags, f"reshard{i}"):
+                return self.passed_negative
         ok, last = self.ucp(["verify", out], f"verify{i}")
         self.row(f"hop {i + 1} ucp verify", ok, last)
         if not ok:
@@ -195,8 +206,8 @@ class Case:
             acts += [{"do": "save", "dir": f"{d}/ckpt{i + 1}", "tag": f"global_step{n + steps}"},
                      {"do": "dump", "dir": f"{d}/ref{i + 1}"},
                      {"do": "train", "steps": nxt.steps or 2, "record": "cont"}]
-        if not self.job(T, acts, f"{d}/loss.L{i}", f"load{i}", universal=universal):
-            return self.expected(i, hop, [f"load failed"])
+        if not self.job(T, acts, f"{d}/loss.L{i}", f"load{i}", universal=universal, quiet=bool(hop.expect_problem)):
+            return self.expected(i, hop, [f"DeepSpeed's load: {self.last_error}"])
         if not self.job(T, [{"do": "load", "dir": f"{d}/own{i}", "tag": f"global_step{n}"},
                             {"do": "train", "steps": steps, "record": "P"}], f"{d}/loss.P{i}", f"resume{i}"):
             return False
@@ -224,6 +235,7 @@ class Case:
         if not hop.expect_problem:
             return False
         hit = [p for p in problems if re.search(hop.expect_problem, p)]
+        self.passed_negative = bool(hit)
         return self.row(f"hop {i + 1} negative control (must fail: /{hop.expect_problem}/)", bool(hit),
                         ("failed as expected: " + hit[0]) if hit else f"did not fail so: {problems[:2]} {line}")
 
@@ -258,7 +270,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--cases", action="append", default=[], help="a Cases textproto (repeatable)")
     ap.add_argument("--only", default="", help="comma list of case names")
-    ap.add_argument("--random", type=int, default=None, metavar="SEED", help="draw cases from this seed")
+    ap.add_argument("--random", default=None, metavar="SEED",
+                    help="draw cases from this seed; 'auto': $UCP_REALDS_SEED, else a new seed each run")
     ap.add_argument("--count", type=int, default=2, help="random cases to draw")
     ap.add_argument("--versions", default="", help="random cases: DeepSpeed versions to draw from")
     ap.add_argument("--print", action="store_true", help="print the cases (textproto) and stop")
@@ -274,10 +287,15 @@ def main(argv=None):
     cases = load_cases(a.cases)
     if a.random is not None:
         import random_cases
+        if a.random == "auto":
+            seed = int(os.environ.get("UCP_REALDS_SEED") or (time.time_ns() // 1000) % 1000000007)
+        else:
+            seed = int(a.random)
         versions = [v for v in a.versions.split(",") if v] or None
-        cases += random_cases.draw(pb, a.random, a.count, versions)
-        print(f"random cases: seed {a.random}, {a.count} cases; replay with: realds/driver.py --random={a.random} "
-              f"--count={a.count}" + (f" --versions={a.versions}" if a.versions else ""), flush=True)
+        cases += random_cases.draw(pb, seed, a.count, versions)
+        print(f"random cases: seed {seed}, {a.count} cases; replay with: realds/driver.py --random={seed} "
+              f"--count={a.count}" + (f" --versions={a.versions}" if a.versions else "") +
+              f" (or bazel test //realds:random_test --test_env=UCP_REALDS_SEED={seed})", flush=True)
     if a.only:
         want = a.only.split(",")
         unknown = set(want) - {c.name for c in cases}

@@ -79,6 +79,18 @@ class Job:
         self.engine, _, _, _ = deepspeed.initialize(model=self.built.module, model_parameters=self.built.param_groups,
                                                     config=ds_config(spec, self.built), mpu=self.built.mpu)
         self.records = {}
+        if self.built.pipeline:
+            # DeepSpeed 0.18.x's ZeRO step fails on gloo with autograd on ("Output 0 of
+            # SplitBackward0 is a view and is being modified inplace"); the pipeline
+            # engine steps inside train_batch, so its step runs under no_grad the same
+            # way (the engine instance's method wrapped; DeepSpeed's code untouched).
+            take = self.engine._take_model_step
+
+            def take_model_step(*args, **kwargs):
+                with torch.no_grad():
+                    return take(*args, **kwargs)
+
+            self.engine._take_model_step = take_model_step
 
     def train(self, steps, record):
         first = self.engine.global_steps + 1
@@ -132,7 +144,8 @@ class Job:
         b = self.built
         dumps.dump_state(self.engine, b, d, {"tp": self.topo["tp"], "pp": self.topo["pp"], "dp": self.topo["dp"],
                                              "ep": self.topo.get("ep", 1), "tp_rank": b.tp_rank, "pp_rank": b.pp_rank,
-                                             "dp_rank": b.dp_rank, "ep_rank": b.ep_rank})
+                                             "dp_rank": b.dp_rank,
+                                             "ep_rank": b.ep_rank_fn() if hasattr(b, "ep_rank_fn") else b.ep_rank})
 
     def run(self):
         for a in self.spec["actions"]:

@@ -39,8 +39,8 @@ def _ds_version_from_cwd():
 
 
 v = _ds_version_from_cwd()
-if v is not None and v < (0, 15, 0):
-    # DeepSpeed < 0.15 calls torch.load without weights_only, which torch >= 2.6
+if v is not None and v < (0, 16, 0):
+    # DeepSpeed < 0.16 calls torch.load without weights_only, which torch >= 2.6
     # turns into weights_only=True: its own checkpoints (numpy rng states, loss
     # scalers) would not load. torch's switch restores the old default where the
     # caller did not choose.
@@ -146,7 +146,9 @@ def run_job(cmd):
     out = {"ok": all(rc == 0 for rc in rcs), "rcs": rcs, "seconds": round(time.time() - t, 2)}
     if not out["ok"]:
         bad = [r for r, rc in enumerate(rcs) if rc != 0]
-        first = next((r for r in bad if last_error(f"{log}.rank{r}")), bad[0])
+        # the rank that failed first, not one that lost its peer ("Connection closed by peer")
+        first = next((r for r in bad if last_error(f"{log}.rank{r}") and "gloo" not in last_error(f"{log}.rank{r}")),
+                     next((r for r in bad if last_error(f"{log}.rank{r}")), bad[0]))
         out["error"] = ("timed out after %ss; " % cmd.get("timeout", 900) if timed_out else "") + \
             last_error(f"{log}.rank{first}")
         out["log"] = f"{log}.rank{first}"

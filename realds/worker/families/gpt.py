@@ -22,6 +22,9 @@ def add_args(ap):
     ap.add_argument("--odd", type=int, default=0, help="a 1-D param of this many elements (alignment padding)")
     ap.add_argument("--groups", type=int, default=2, choices=[1, 2],
                     help="1: one param group; 2: matrices, and vectors (norms, biases)")
+    ap.add_argument("--odd_group", action="store_true",
+                    help="the --odd param in a group of its own (with --odd 1 at dp 2, a rank whose partition "
+                         "holds nothing but padding)")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--wd", type=float, default=0.01, help="weight decay of group 0")
     ap.add_argument("--lr1", type=float, default=None, help="lr of group 1 (default: --lr)")
@@ -93,33 +96,37 @@ def build(cfg, topo):
     ep = topo.get("ep", 1)
     torch.manual_seed(cfg.seed)
     model = GPT(cfg, ep)
+    params = [p for p in model.parameters() if not (cfg.odd_group and p is model.odd)]
     if cfg.groups == 1:
-        groups = [{"params": list(model.parameters()), "weight_decay": cfg.wd}]
+        groups = [{"params": params, "weight_decay": cfg.wd}]
     else:
-        g1 = {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": cfg.wd1}
+        g1 = {"params": [p for p in params if p.dim() < 2], "weight_decay": cfg.wd1}
         if cfg.lr1 is not None:
             g1["lr"] = cfg.lr1
-        groups = [{"params": [p for p in model.parameters() if p.dim() >= 2], "weight_decay": cfg.wd}, g1]
-    ep_rank = 0
+        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.wd}, g1]
+    if cfg.odd_group and model.odd is not None:
+        groups.append({"params": [model.odd], "weight_decay": 0.0})
     if cfg.moe_layers:
         from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
         for i, g in enumerate(groups):  # the MoE splitter keys groups by name
             g["name"] = f"group{i}"
         groups = split_params_into_different_moe_groups_for_optimizer(groups)
-        from deepspeed.utils import groups as ds_groups
-        ep_rank = ds_groups._get_expert_parallel_rank(f"ep_size_{ep}")
     nloc = cfg.experts // ep
+
+    def ep_rank():  # the expert groups exist once deepspeed.initialize has run
+        from deepspeed.utils import groups as ds_groups
+        return ds_groups._get_expert_parallel_rank(f"ep_size_{ep}") if cfg.moe_layers else 0
 
     def global_name(n):
         m = re.search(r"deepspeed_experts\.(\d+)\.", n)
         if not m:
             return n
-        return n[:m.start(1)] + str(ep_rank * nloc + int(m.group(1))) + n[m.end(1):]
+        return n[:m.start(1)] + str(ep_rank() * nloc + int(m.group(1))) + n[m.end(1):]
 
-    rank = dist.get_rank()
-    return Built(module=model, param_groups=groups, pipeline=False,
-                 loss=lambda engine, x, y: engine(x, y), dp_rank=rank, ep_rank=ep_rank,
-                 records_losses=True, global_name=global_name)
+    built = Built(module=model, param_groups=groups, pipeline=False, loss=lambda engine, x, y: engine(x, y),
+                  dp_rank=dist.get_rank(), records_losses=True, global_name=global_name)
+    built.ep_rank_fn = ep_rank
+    return built
 
 
 def client_state(cfg, topo, iteration):

@@ -45,9 +45,8 @@ SPLITS = [
 # What a Megatron-DeepSpeed-style client would declare for these names
 # (deepspeed/checkpoint/constants.py keys).
 DECLARED = {
-    "tp_replicated_parameter_patterns": [r".*layernorm\.scale$", r".*norm\.scale$", r".*attention\.dense\.bias$",
-                                         r".*mlp\.dense_4h_to_h\.bias$"],
-    "parameters_with_row_parallelism": [r".*attention\.dense\.weight$", r".*mlp\.dense_4h_to_h\.weight$"],
+    "tp_replicated_parameter_patterns": [r".*norm\.scale$", r".*attention\.dense\.bias$", r".*mlp\.dense_4h_to_h\.bias$"],
+    "parameter_with_row_parallelism_patterns": [r".*attention\.dense\.weight$", r".*mlp\.dense_4h_to_h\.weight$"],
 }
 
 

@@ -86,7 +86,8 @@ class Case:
 
     def job(self, stage, actions, losses, name, universal=False, quiet=False):
         w = self.worker(stage)
-        r = w.job(world(stage), self.spec(stage, actions, losses, universal), os.path.join(self.dir, name))
+        r = self.ctx.workers.job(w.root, w.deepspeed, world(stage), self.spec(stage, actions, losses, universal),
+                                 os.path.join(self.dir, name), independent=self.c.independent_ranks)
         self.seconds[name] = r.get("seconds")
         self.last_error = r.get("error")
         if not r["ok"] and not quiet:

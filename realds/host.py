@@ -82,7 +82,7 @@ class Worker:
     """One zygote in one root with one DeepSpeed: one import of DeepSpeed, any
     number of jobs."""
 
-    def __init__(self, env, root, deepspeed, work, log):
+    def __init__(self, env, root, deepspeed, work, log, hash_seed=0):
         self.root, self.deepspeed, self.work = root, deepspeed, work
         wdir = os.path.join(work, "worker")
         if not os.path.exists(wdir):  # a real copy: runfiles are symlinks the root cannot follow
@@ -91,14 +91,23 @@ class Worker:
         self.log_path = log
         self.errlog = open(log, "w")
         t = time.time()
-        cmd = [env.script, "run", f"--root={root}", f"--deepspeed={deepspeed}", f"--bind={work}", "--",
-               "python3", os.path.join(wdir, "zygote.py")]
+        cmd = [env.script, "run", f"--root={root}", f"--deepspeed={deepspeed}", f"--bind={work}",
+               f"--env=PYTHONHASHSEED={hash_seed}", "--", "python3", os.path.join(wdir, "zygote.py")]
         self.p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errlog,
                                   text=True, env=env.environ())
-        self.info = self._read()
-        self.info["start_s"] = round(time.time() - t, 1)
-        if not self.info.get("ready"):
-            raise WorkerError(f"DeepSpeed {deepspeed} in {root}: {self.info.get('error')} (log {log})")
+        self.t0 = t
+        self.info = None
+
+    def wait_ready(self):
+        """The worker's first reply (it has imported DeepSpeed); starting several
+        workers before waiting for any lets them import at once."""
+        if self.info is None:
+            self.info = self._read()
+            self.info["start_s"] = round(time.time() - self.t0, 1)
+            if not self.info.get("ready"):
+                raise WorkerError(f"DeepSpeed {self.deepspeed} in {self.root}: {self.info.get('error')} "
+                                  f"(log {self.log_path})")
+        return self
 
     def _read(self):
         line = self.p.stdout.readline()
@@ -133,20 +142,51 @@ class Worker:
 
 
 class Workers:
-    """Workers started on demand, one per (root, DeepSpeed)."""
+    """Workers started on demand, one per (root, DeepSpeed) (hash seed 0); for
+    jobs whose ranks must be separate interpreters, rank r forked by worker r
+    (hash seed r)."""
 
     def __init__(self, env, work):
         self.env, self.work, self.pool = env, work, {}
 
-    def get(self, root, deepspeed):
-        key = (root, deepspeed)
+    def get(self, root, deepspeed, slot=0, wait=True):
+        key = (root, deepspeed, slot)
         if key not in self.pool:
-            name = re.sub(r"[^\w.-]", "_", f"{root}-{os.path.basename(deepspeed.rstrip('/'))}")
-            w = Worker(self.env, root, deepspeed, self.work, os.path.join(self.work, f"worker-{name}.log"))
+            name = re.sub(r"[^\w.-]", "_", f"{root}-{os.path.basename(deepspeed.rstrip('/'))}") + \
+                (f"-{slot}" if slot else "")
+            self.pool[key] = Worker(self.env, root, deepspeed, self.work,
+                                    os.path.join(self.work, f"worker-{name}.log"), hash_seed=slot)
+        w = self.pool[key]
+        if wait and w.info is None:
+            w.wait_ready()
             print(f"  worker: DeepSpeed {w.info['deepspeed']} in {root} (torch {w.info['torch']}, Python "
-                  f"{w.info['python']}), ready in {w.info['start_s']} s", flush=True)
-            self.pool[key] = w
-        return self.pool[key]
+                  f"{w.info['python']})" + (f", hash seed {slot}" if slot else "") +
+                  f", ready in {w.info['start_s']} s", flush=True)
+        return w
+
+    def job(self, root, deepspeed, world, spec, log, independent=False, timeout=900):
+        """One job; independent: each rank forked by a worker of its own (its own
+        interpreter and hash seed, as a launcher starts ranks: DeepSpeed 0.14
+        then lists optimizer states in a set's order, which differs by rank; in
+        Python 3.13 hash seeds 0 and 1 order {exp_avg, exp_avg_sq} differently)."""
+        if not independent:
+            return self.get(root, deepspeed).job(world, spec, log, timeout)
+        workers = [self.get(root, deepspeed, slot=r, wait=False) for r in range(world)]
+        workers = [self.get(root, deepspeed, slot=r) for r in range(world)]
+        for f in (f"{log}.store", f"{log}.abort"):
+            if os.path.exists(f):
+                os.remove(f)
+        for r, w in enumerate(workers):
+            w.p.stdin.write(json.dumps({"op": "job", "world": world, "ranks": [r], "spec": spec, "log": log,
+                                        "timeout": timeout, "abort": f"{log}.abort"}) + "\n")
+            w.p.stdin.flush()
+        replies = [w._read() for w in workers]
+        out = {"ok": all(x["ok"] for x in replies), "seconds": max(x.get("seconds", 0) for x in replies)}
+        if not out["ok"]:
+            bad = [x for x in replies if not x["ok"]]
+            first = next((x for x in bad if x.get("error") and "gloo" not in x["error"]), bad[0])
+            out["error"], out["log"] = first.get("error"), first.get("log")
+        return out
 
     def close(self):
         for w in self.pool.values():

@@ -173,7 +173,7 @@ def make_golden(name, env, work):
     c = read_text(os.path.join(GOLDEN, name, "case.textproto"), pb.GoldenCase())
     steps = int(c.tag.replace("global_step", ""))
     root = c.root or host.default_root(c.saved_by)
-    w = host.Worker(env, root, c.saved_by, work, os.path.join(work, "worker.log"))
+    w = host.Worker(env, root, c.saved_by, work, os.path.join(work, "worker.log")).wait_ready()
     try:
         out = os.path.join(work, "save")
         r = w.job(world(c.source), spec(c, c.source, [{"do": "train", "steps": steps, "record": "train"},
@@ -255,7 +255,11 @@ def main(argv=None):
     cases = golden_cases([c for c in a.cases.split(",") if c])
     print(f"DeepSpeed tree: {ds_dir} (version.txt: {open(os.path.join(ds_dir, 'version.txt')).read().strip()}); "
           f"root {root}; baseline {base_name}", flush=True)
-    w = host.Worker(env, root, ds_dir, work, os.path.join(work, "worker.log"))
+    try:
+        w = host.Worker(env, root, ds_dir, work, os.path.join(work, "worker.log")).wait_ready()
+    except host.WorkerError as e:
+        print(f"upstream_check: {e}", file=sys.stderr)
+        return 2
     print(f"worker: DeepSpeed {w.info['deepspeed']}, torch {w.info['torch']}, Python {w.info['python']} "
           f"(ready in {w.info['start_s']} s)", flush=True)
     chk = Check(w, work)

@@ -6,7 +6,9 @@
 #        forks N ranks of one DeepSpeed job (jobs.py) on a fresh gloo process group
 #        (a FileStore, no port); each rank's output goes to PREFIX.rank<R>. If a
 #        rank fails the others are killed. Reply: ok, seconds, error (the failing
-#        rank's last exception line).
+#        rank's last exception line). With "ranks": [R...] and "abort": FILE, only
+#        those ranks: the driver starts one worker per rank (own interpreter,
+#        own hash seed) and sends each its rank.
 #   {"op": "call", "module": M, "function": F, "args": {...}, "log": PATH}
 #        forks one process that runs M.F(**args) (the oracle, DeepSpeed's own
 #        converters) and replies with its return value as "result".
@@ -97,8 +99,11 @@ def child(log, fn):
             os._exit(rc)
 
 
-def wait_all(pids, timeout):
-    """Waits for the ranks; the first failure (or the timeout) kills the rest."""
+def wait_all(pids, timeout, abort=None):
+    """Waits for the ranks; the first failure (or the timeout) kills the rest.
+    `abort`: a file other workers' ranks of the same job watch (a job whose
+    ranks come from several workers): written on a failure here, and a failure
+    there when it appears."""
     rcs = {p: None for p in pids}
     deadline = time.time() + timeout
     kill_at = None
@@ -106,6 +111,8 @@ def wait_all(pids, timeout):
         pid, status = os.waitpid(-1, os.WNOHANG)
         if pid == 0:
             now = time.time()
+            if kill_at is None and abort and os.path.exists(abort):
+                kill_at = now + 5
             if now > deadline or (kill_at is not None and now > kill_at):
                 for p, r in rcs.items():
                     if r is None:
@@ -120,19 +127,25 @@ def wait_all(pids, timeout):
             rcs[pid] = os.waitstatus_to_exitcode(status)
             if rcs[pid] != 0 and kill_at is None:
                 kill_at = time.time() + 5  # the others are stuck in a collective
+                if abort:
+                    open(abort, "w").close()
     timed_out = time.time() > deadline
     return [rcs[p] for p in pids], timed_out
 
 
 def run_job(cmd):
+    """Forks the job's ranks: all of them, or those of cmd["ranks"] when the
+    job's ranks come from several workers (each its own interpreter, with its own
+    hash seed, as a launcher starts them); then the driver removes the store."""
     import jobs
     world, log = cmd["world"], cmd["log"]
+    ranks = cmd.get("ranks") or list(range(world))
     store = f"{log}.store"
-    if os.path.exists(store):
+    if "ranks" not in cmd and os.path.exists(store):
         os.remove(store)
     t = time.time()
     pids = []
-    for r in range(world):
+    for r in ranks:
         env = {"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "USE_LIBUV": "0",
                # DeepSpeed 0.14's CPU accelerator counts NUMA nodes with numactl (absent) unless told
@@ -142,10 +155,10 @@ def run_job(cmd):
             os.environ.update(env)
             child(f"{log}.rank{r}", lambda: jobs.main(cmd["spec"], r, world, store))
         pids.append(pid)
-    rcs, timed_out = wait_all(pids, cmd.get("timeout", 900))
+    rcs, timed_out = wait_all(pids, cmd.get("timeout", 900), cmd.get("abort"))
     out = {"ok": all(rc == 0 for rc in rcs), "rcs": rcs, "seconds": round(time.time() - t, 2)}
     if not out["ok"]:
-        bad = [r for r, rc in enumerate(rcs) if rc != 0]
+        bad = [r for r, rc in zip(ranks, rcs) if rc != 0]
         # the rank that failed first, not one that lost its peer ("Connection closed by peer")
         first = next((r for r in bad if last_error(f"{log}.rank{r}") and "gloo" not in last_error(f"{log}.rank{r}")),
                      next((r for r in bad if last_error(f"{log}.rank{r}")), bad[0]))

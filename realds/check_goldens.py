@@ -6,7 +6,7 @@
 # fp32 weights must carry the expected digests, so the goldens the upstream check
 # holds DeepSpeed to are what ucp writes. Native MoE, which ucp converts by
 # reshard only, is checked through export.
-#   check_goldens.py UCP WORK
+#   check_goldens.py UCP WORK     (WORK relative to $TEST_TMPDIR under bazel test)
 import hashlib
 import os
 import subprocess
@@ -27,7 +27,9 @@ def digest(t):
 
 
 def main():
-    ucp, work = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+    ucp = os.path.abspath(sys.argv[1])
+    work = os.path.join(os.environ.get("TEST_TMPDIR", ""), sys.argv[2]) if os.environ.get("TEST_TMPDIR") else \
+        os.path.abspath(sys.argv[2])
     pb = host.load_pb2()
     os.chdir(os.path.dirname(HERE))
     from google.protobuf import text_format

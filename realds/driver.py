@@ -58,7 +58,8 @@ class Case:
         self.root = c.root or host.default_root(self.ds)
         self.dtype = c.model.dtype or "fp32"
         dps = [topo(c.source)["dp"]] + [topo(h.target)["dp"] for h in c.hop]
-        self.gb = c.global_batch or max(4, math.lcm(*dps))
+        m = math.lcm(*dps)
+        self.gb = c.global_batch or m * -(-4 // m)  # the least multiple of every dp that is at least 4
         self.tol = c.tolerance or (1e-4 if self.dtype == "fp32" else 3e-2)
         self.rows = []  # (what, ok, detail)
         self.seconds = {}
@@ -263,6 +264,11 @@ def load_cases(paths):
     dup = {n for n in names if names.count(n) > 1}
     if dup:
         raise SystemExit(f"duplicate case names: {sorted(dup)}")
+    for c in out:
+        if not c.model.family:
+            raise SystemExit(f"case {c.name}: no model family")
+        if any(h.expect_problem for h in c.hop[:-1]):
+            raise SystemExit(f"case {c.name}: only the last hop can be a negative control (expect_problem)")
     return out
 
 

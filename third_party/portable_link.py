@@ -12,8 +12,8 @@ wheel's extension module, needing of the system it runs on only glibc's librarie
   RapidCheck) become Debian's static archives /usr/lib/x86_64-linux-gnu/libNAME.a,
   plus libz.a (protobuf's gzip streams); glibc's own (-lpthread, -lm, -ldl, -lrt)
   stay shared. Any other flag from a target is refused: it would be silently lost.
-- libstdc++ linked in statically (-Bstatic -lstdc++), its symbols hidden in a shared
-  object (--exclude-libs=ALL).
+- libstdc++ linked in statically (-Bstatic -lstdc++); a shared object exports only
+  what its version script lists (the extension: PyInit__core).
 - --sysroot: glibc's start files and libraries from that folder (an old Debian
   release's, see make_sysroot.sh) instead of the host's, so the symbol versions the
   output needs are at most that release's. gcc's own search paths still name the
@@ -61,9 +61,16 @@ def main():
 
     cmd = ["gcc", "-o", args.out, "-fuse-ld=gold", "-Wl,-S", "-Wl,-z,relro,-z,now", "-Wl,--as-needed"]
     if args.shared:
-        cmd += ["-shared", "-Wl,--exclude-libs=ALL"]
-    if args.version_script:
-        cmd.append(f"-Wl,--version-script={args.version_script}")
+        cmd.append("-shared")
+        # What the shared object exports: the version script's list, else nothing
+        # from an archive (our code is archives too, so a version script is what
+        # exports an entry point such as PyInit__core).
+        if args.version_script:
+            cmd.append(f"-Wl,--version-script={args.version_script}")
+        else:
+            cmd.append("-Wl,--exclude-libs=ALL")
+    elif args.version_script:
+        sys.exit("portable_link: --version-script is for shared objects")
     if args.sysroot:
         root = os.path.abspath(args.sysroot)
         lib = os.path.join(root, "usr/lib/x86_64-linux-gnu")

@@ -10,7 +10,8 @@ Debian root's glibc, and extension and binary needing only glibc and libgcc_s.
 Environment (python/BUILD): UCP_WHEEL_DIR (the folder holding the .whl),
 UCP_WHEEL_MISSING (why the wheel could not be built: the test fails with it),
 UCP_WHEEL_SUITE (host, trixie, sid), UCP_WHEEL_PYTHON (e.g. 3.13), UCP_ROOT_DIR (the
-root's folder, whose cache holds the roots).
+root's folder, whose cache holds the roots), UCP_OLDEST_ROOT_DIR / UCP_OLDEST_MISSING
+(the bullseye root, in which the extension's needs are checked by its dynamic loader).
 """
 
 import base64
@@ -32,6 +33,8 @@ MISSING = os.environ.get("UCP_WHEEL_MISSING", "")
 SUITE = os.environ.get("UCP_WHEEL_SUITE", "host")
 PYTHON_VERSION = os.environ.get("UCP_WHEEL_PYTHON", "")
 ROOT_DIR = os.environ.get("UCP_ROOT_DIR", "")
+OLDEST_ROOT_DIR = os.environ.get("UCP_OLDEST_ROOT_DIR", "")
+OLDEST_MISSING = os.environ.get("UCP_OLDEST_MISSING", "")
 README = os.environ.get("UCP_README", "")
 RUNFILES = os.environ.get("UCP_RUNFILES", os.getcwd())
 DEEPSPEED_ENV = os.path.join(RUNFILES, "tools", "deepspeed_env.sh")
@@ -51,6 +54,14 @@ def readme_example():
     m = re.search(r"<!-- python-example -->\n(.*?)<!-- /python-example -->", text, re.S)
     assert m, "README.md has no <!-- python-example --> block"
     return [line[4:] for line in m.group(1).splitlines() if line.startswith("    ")]
+
+
+def in_root(suite, root_dir, work, *args):
+    """Runs ARGS in a Debian root with `work` bound into it; the CompletedProcess (text)."""
+    env = dict(os.environ, UCP_CACHE_DIR=os.path.dirname(os.path.dirname(root_dir)),
+               PATH="/usr/sbin:/usr/bin:/sbin:/bin")  # chroot, mount: the sbin folders Bazel's PATH lacks
+    cmd = ["bash", DEEPSPEED_ENV, "run", f"--root={suite}", f"--bind={work}", f"--cwd={work}", "--"] + list(args)
+    return subprocess.run(cmd, capture_output=True, text=True, env=env)
 
 
 def the_wheel():
@@ -108,6 +119,14 @@ class WheelTest(unittest.TestCase):
                 p = subprocess.run([sys.executable, ELF_ABI, "check", path, f"--max-glibc={glibc[0]}.{glibc[1]}",
                                     "--only-libs=" + ",".join(sorted(GLIBC_LIBS))], capture_output=True, text=True)
                 self.assertEqual(p.returncode, 0, p.stderr)
+            # The dynamic loader of the oldest Debian root (glibc 2.31) finds every library and
+            # symbol version the extension needs (Python's own symbols come from the interpreter).
+            if OLDEST_MISSING:
+                raise AssertionError(OLDEST_MISSING)
+            p = in_root("bullseye", OLDEST_ROOT_DIR, work, "ldd", os.path.join(work, ext))
+            self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+            self.assertNotIn("not found", p.stdout + p.stderr)
+            self.assertIn("libc.so.6", p.stdout)
 
     def test_installs_into_a_venv_and_runs_the_readme_example(self):
         wheel = the_wheel()

@@ -12,7 +12,7 @@
 # against stderr), so a Python extension module cannot link them as they are.
 # third_party/portable.bzl compiles those six files again with -fPIC from these
 # sources (the same version, the same patches) and links them ahead of the
-# archives (see third_party/README.md, "Portable artifacts").
+# archives (third_party/portable.bzl; README, "Install").
 #
 # The cache is $UCP_CACHE_DIR (default ${XDG_CACHE_HOME:-$HOME/.cache}/ucp), as for
 # tools/deepspeed_env.sh. apt runs with a private source list and index in the

@@ -15,6 +15,7 @@ PACKAGES=(
   openmpi-bin libopenmpi-dev               # mpirun -np N ucp ... (exec/, exec:mpi_test)
   libxxhash-dev                            # XXH3-128 manifest digests (base:digest)
   pybind11-dev python3-dev python3-venv python3-pip  # import ucp (python/), wheel test in a venv
+  dpkg-dev binutils                        # Debian's abseil/protobuf sources (tools/debian_sources.sh), readelf/objdump
 )
 
 missing=()
@@ -24,14 +25,21 @@ for p in "${PACKAGES[@]}"; do
   fi
 done
 
-if ((${#missing[@]} == 0)); then
-  echo "setup: all ${#PACKAGES[@]} packages already installed"
-  exit 0
-fi
-
 SUDO=""
 if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
-echo "setup: installing ${missing[*]}"
-$SUDO apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+if ((${#missing[@]} == 0)); then
+  echo "setup: all ${#PACKAGES[@]} packages already installed"
+else
+  echo "setup: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+cd "$(dirname "$0")/.."
+# The portable artifacts (README, "Install"): Debian's sources of the archive
+# members a shared object cannot hold, and the Debian roots (the oldest one's
+# glibc is linked against; each runs the binary and a wheel in the tests).
+# Both idempotent and cached ($UCP_CACHE_DIR).
+$SUDO tools/debian_sources.sh fetch
+$SUDO tools/deepspeed_env.sh create all
 echo "setup: done"

@@ -2,7 +2,7 @@
 # The real-DeepSpeed runtime: Debian roots made with debootstrap, cached outside
 # the clone, and unmodified DeepSpeed sources from ../shared/deepspeed-src.
 #
-#   tools/deepspeed_env.sh create [trixie|sid|all]      build the roots (idempotent; default all)
+#   tools/deepspeed_env.sh create [trixie|sid|bullseye|all]  build the roots (idempotent; default all)
 #   tools/deepspeed_env.sh root SUITE                     print a root's folder (fails if not built)
 #   tools/deepspeed_env.sh deepspeed VERSION|DIR          print the DeepSpeed source folder to use
 #   tools/deepspeed_env.sh run [--root=SUITE] [--deepspeed=VERSION|DIR] [--bind=HOST_DIR]... [--env=K=V]...
@@ -15,6 +15,10 @@
 #   sid     Debian unstable: Python 3.14, torch 2.14, transformers, accelerate
 #           (DeepSpeed 0.18.9, 0.19.5, master; Hugging Face Trainer, FSDP2 / DCP)
 #   both    also safetensors, python3-dev, -venv, -pip, pybind11-dev (wheels of the ucp package)
+#   bullseye Debian 11, the oldest release the archive still serves: glibc 2.31 and
+#           libc6-dev only, no Python. The portable `ucp` binary and the wheels' extensions
+#           are linked against its glibc (third_party/debian_roots.bzl) and run in it
+#           (tools:portable_test).
 # The packages come from the archive the host's apt already uses (read from its
 # sources, never written here). The cache is $UCP_CACHE_DIR (default
 # ${XDG_CACHE_HOME:-$HOME/.cache}/ucp); a root is built in a temporary folder and
@@ -47,7 +51,17 @@ declare -A EXTRA_PACKAGES=(
   [trixie]=""
   [sid]=",python3-transformers,python3-accelerate"
 )
-SUITES=(trixie sid)
+# Suites with a package list of their own instead of BASE_PACKAGES + EXTRA_PACKAGES.
+declare -A OWN_PACKAGES=(
+  [bullseye]="libc6-dev"
+)
+# What a new root must do before it is renamed into place.
+declare -A ROOT_CHECK=(
+  [trixie]='python3 -c "import torch, numpy, pydantic; print(\"torch\", torch.__version__, \"numpy\", numpy.__version__)"'
+  [sid]='python3 -c "import torch, numpy, pydantic; print(\"torch\", torch.__version__, \"numpy\", numpy.__version__)"'
+  [bullseye]='ldd --version | head -n 1'
+)
+SUITES=(trixie sid bullseye)
 
 die() { echo "deepspeed_env: $*" >&2; exit 1; }
 
@@ -67,8 +81,16 @@ mirror() {
   echo "$url"
 }
 
+packages() {  # the --include list of a suite
+  if [[ -n ${OWN_PACKAGES[$1]+x} ]]; then
+    echo "${OWN_PACKAGES[$1]}"
+  else
+    echo "$BASE_PACKAGES${EXTRA_PACKAGES[$1]}"
+  fi
+}
+
 recipe() {  # what a root is made of; a root built from another recipe is rebuilt
-  echo "suite=$1 variant=minbase include=$BASE_PACKAGES${EXTRA_PACKAGES[$1]}"
+  echo "suite=$1 variant=minbase include=$(packages "$1")"
 }
 
 need_root_user() {
@@ -100,14 +122,14 @@ create_one() {
   # The sid script serves the testing release too (Debian 12's debootstrap has
   # none named after it). --cache-dir keeps the .debs for the next rebuild.
   if ! debootstrap --variant=minbase --cache-dir="$CACHE/debs/$suite" \
-       --include="$BASE_PACKAGES${EXTRA_PACKAGES[$suite]}" "$suite" "$tmp" "$url" >"$log" 2>&1; then
+       --include="$(packages "$suite")" "$suite" "$tmp" "$url" >"$log" 2>&1; then
     tail -n 20 "$log" >&2
     die "debootstrap of $suite failed (log: $log)"
   fi
   rm -rf "$tmp/var/cache/apt/archives/"*.deb
   mkdir -p "$tmp/ucp"
-  chroot "$tmp" python3 -c 'import torch, numpy, pydantic; print("torch", torch.__version__, "numpy", numpy.__version__)' \
-    >>"$log" 2>&1 || die "the $suite root does not import torch (log: $log)"
+  chroot "$tmp" /bin/sh -c "${ROOT_CHECK[$suite]}" >>"$log" 2>&1 ||
+    die "the $suite root fails its check '${ROOT_CHECK[$suite]}' (log: $log)"
   recipe "$suite" >"$tmp/.ucp-root"
   rm -rf "$dir"
   mv "$tmp" "$dir"
@@ -247,7 +269,7 @@ case $cmd in
       for p in "${pids[@]}"; do wait "$p" || rc=1; done
       exit $rc
     fi
-    [[ -n ${EXTRA_PACKAGES[$what]+x} ]] || die "unknown suite '$what' (trixie, sid or all)"
+    [[ -n ${ROOT_CHECK[$what]+x} ]] || die "unknown suite '$what' (${SUITES[*]} or all)"
     create_one "$what"
     ;;
   root) root_dir "${1:?suite}" ;;

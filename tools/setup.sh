@@ -16,6 +16,7 @@ PACKAGES=(
   openmpi-bin libopenmpi-dev               # mpirun -np N ucp ... (exec/, exec:mpi_test)
   libxxhash-dev                            # XXH3-128 manifest digests (base:digest)
   pybind11-dev python3-dev python3-venv python3-pip  # import ucp (python/), wheel test in a venv
+  dpkg-dev binutils                        # Debian's abseil/protobuf sources (tools/debian_sources.sh), readelf/objdump
   python3-protobuf                         # realds/ driver (textproto cases, goldens)
 )
 
@@ -37,7 +38,12 @@ else
   echo "setup: packages done"
 fi
 
-# The Debian roots with torch in which the real-DeepSpeed tests (realds/) run
-# DeepSpeed: built once with debootstrap (about 11-15 minutes, both at once),
-# cached outside the clone; a no-op when they are ready.
-$SUDO "$(dirname "$0")/deepspeed_env.sh" create all
+cd "$(dirname "$0")/.."
+# Debian's sources of the archive members a shared object cannot hold (the
+# portable artifacts, README "Install"), and the Debian roots: trixie and sid
+# run real DeepSpeed (realds/), bullseye's glibc is linked against; each runs
+# the binary and a wheel in the tests. Built once (debootstrap, 11-15 minutes,
+# all at once), idempotent, cached outside the clone ($UCP_CACHE_DIR).
+$SUDO tools/debian_sources.sh fetch
+$SUDO tools/deepspeed_env.sh create all
+echo "setup: done"

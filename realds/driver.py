@@ -16,6 +16,7 @@
 #   realds/driver.py --cases=realds/cases/trixie_0195.textproto [--only=NAME,...]
 #   realds/driver.py --random=SEED [--count=K] [--versions=0.19.5,0.16.4] [--print]
 #   realds/driver.py --cases=FILE --list
+#   realds/driver.py --cases=FILE --deepspeed_src=DIR    every case with a DeepSpeed tree of your own
 # Options: --ucp=PATH (default bazel-bin/tools/ucp), --work=DIR (default a
 # temporary folder, removed when all passed unless --keep).
 # Exit status 0 when every case passed.
@@ -283,6 +284,9 @@ def main(argv=None):
     ap.add_argument("--versions", default="", help="random cases: DeepSpeed versions to draw from")
     ap.add_argument("--print", action="store_true", help="print the cases (textproto) and stop")
     ap.add_argument("--list", action="store_true", help="list the cases and stop")
+    ap.add_argument("--deepspeed_src", default=None, metavar="DIR",
+                    help="run every case (and every hop) with this DeepSpeed tree instead of the cases' versions")
+    ap.add_argument("--root", default=None, help="with --deepspeed_src: the root (default: by its version.txt)")
     ap.add_argument("--ucp", default=None)
     ap.add_argument("--work", default=None)
     ap.add_argument("--keep", action="store_true", help="keep the work folder")
@@ -290,8 +294,11 @@ def main(argv=None):
     ap.add_argument("--deepspeed_env", default=None, help="tools/deepspeed_env.sh")
     a = ap.parse_args(argv)
     pb = host.load_pb2(a.pb2)
+    user_cwd = os.getcwd()
     os.chdir(os.path.dirname(HERE))  # the repo (or runfiles) root: case paths are relative to it
-    cases = load_cases(a.cases)
+    # case files relative to where the command ran, else to the repo
+    cases = load_cases([os.path.join(user_cwd, p) if os.path.exists(os.path.join(user_cwd, p)) else p
+                        for p in a.cases])
     if a.random is not None:
         import random_cases
         if a.random == "auto":
@@ -303,6 +310,16 @@ def main(argv=None):
         print(f"random cases: seed {seed}, {a.count} cases; replay with: realds/driver.py --random={seed} "
               f"--count={a.count}" + (f" --versions={a.versions}" if a.versions else "") +
               f" (or bazel test //realds:random_test --test_env=UCP_REALDS_SEED={seed})", flush=True)
+    if a.deepspeed_src:
+        base = os.environ.get("BUILD_WORKING_DIRECTORY") or user_cwd
+        tree = os.path.join(base, a.deepspeed_src)  # a folder, else a version of ../shared/deepspeed-src
+        tree = os.path.abspath(tree) if os.path.isdir(tree) else a.deepspeed_src
+        for c in cases:
+            c.deepspeed = tree
+            c.root = a.root or ""
+            for h in c.hop:
+                h.target.deepspeed, h.target.root = "", ""
+            c.source.deepspeed, c.source.root = "", ""
     if a.only:
         want = a.only.split(",")
         unknown = set(want) - {c.name for c in cases}

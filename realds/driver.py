@@ -170,8 +170,9 @@ class Case:
         if hop.route in (pb.Hop.CONVERT, pb.Hop.CONVERT_RESHARD):
             uni_root = out_root if universal else f"{d}/uni{i}"
             uni = f"{uni_root}/global_step{n}_universal"
-            if not self.ucp_step(i, hop, "convert", ["convert", f"--input_folder={inp}", f"--output_folder={uni}"] + flags,
-                                 f"convert{i}"):
+            convert_flags = flags if universal else hop.convert_flags.split()
+            if not self.ucp_step(i, hop, "convert", ["convert", f"--input_folder={inp}", f"--output_folder={uni}"] +
+                                 convert_flags, f"convert{i}"):
                 return self.passed_negative
             tag, out = f"global_step{n}_universal", uni
             if not universal:

@@ -50,6 +50,10 @@ DECLARED = {
 }
 
 
+# GPT-NeoX's default pipe_partition_method (its checkpoints do not record it).
+PARTITION_METHOD = "type:transformer|mlp"
+
+
 def add_args(ap):
     common_args(ap)
     ap.add_argument("--tied", action="store_true", help="output layer tied to the embedding")
@@ -212,7 +216,7 @@ def build(cfg, topo):
     from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
     module = PipelineModule(layers=specs(cfg), loss_fn=mpu.cross_entropy,
                             topology=PipeModelDataParallelTopology(num_pp=topo["pp"], num_mp=topo["tp"], num_dp=m.dp),
-                            partition_method="type:ParallelTransformerLayerPipe")
+                            partition_method=PARTITION_METHOD)
     return Built(module=module, param_groups=weight_decay_groups(module, cfg), pipeline=True, tp_rank=m.tp_rank,
                  pp_rank=m.pp_rank, dp_rank=m.dp_rank, records_losses=m.tp_rank == 0 and m.pp_rank == topo["pp"] - 1)
 

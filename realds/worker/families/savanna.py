@@ -50,6 +50,10 @@ SPLITS = [
 ]
 
 
+# savanna's default pipe_partition_method (its checkpoints do not record it).
+PARTITION_METHOD = "type:ParallelBlockPipe"
+
+
 def add_args(ap):
     common_args(ap)
     ap.set_defaults(hidden=64, vocab=128, seq=16)
@@ -369,7 +373,7 @@ def build(cfg, topo):
     from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
     module = PipelineModule(layers=specs(cfg), loss_fn=mpu.cross_entropy,
                             topology=PipeModelDataParallelTopology(num_pp=topo["pp"], num_mp=topo["tp"], num_dp=m.dp),
-                            partition_method="type:ParallelBlockPipe")
+                            partition_method=PARTITION_METHOD)
     groups = [{"params": list(module.parameters()), "weight_decay": cfg.wd}]
     return Built(module=module, param_groups=groups, pipeline=True, tp_rank=m.tp_rank, pp_rank=m.pp_rank,
                  dp_rank=m.dp_rank, records_losses=m.tp_rank == 0 and m.pp_rank == topo["pp"] - 1)

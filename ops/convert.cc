@@ -136,7 +136,7 @@ absl::StatusOr<ConvertResult> ConvertImpl(const ConvertOptions& options) {
   if (info.zero_stage == 3) {
     // The files are DeepSpeed's own layout (ds_to_universal.py writes the
     // same); the drift comes from DeepSpeed's stage-3 universal loader, seen
-    // in the lab with 0.18.9 and 0.19.5 (lab/README-ds19.md).
+    // in the lab with 0.18.9 and 0.19.5 (lab runs of issue 15).
     const std::string version = writers::UniversalLoaderVersion(*state, write);
     auto v = deepspeed::ParseDsVersion(version);
     if (v.ok() && !(*v < deepspeed::DsVersion{0, 18, 0})) {

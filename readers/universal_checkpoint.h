@@ -113,6 +113,11 @@ class UniversalCheckpoint {
       cache_;
 };
 
+// Every file a manifest lists (paths relative to `dir`) against its size and
+// digest: what VerifyChecksums does, for folders UniversalCheckpoint does not
+// open (DeepSpeed's ZeRO-3 universal layout, which ucp writes).
+absl::Status VerifyManifestDigests(const std::string& dir, const Manifest& manifest);
+
 }  // namespace ucp::readers
 
 #endif  // UCP_READERS_UNIVERSAL_CHECKPOINT_H_

@@ -6,13 +6,17 @@
 #include <set>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/fs.h"
 #include "deepspeed/checkpoint_files.h"
 #include "format/torch/mapped_file.h"
 #include "format/torch/torch_file.h"
+#include "google/protobuf/text_format.h"
 #include "readers/inspect.h"
+#include "readers/moe_state.h"
 #include "readers/universal_checkpoint.h"
+#include "readers/zero3_state.h"
 #include "readers/zero_checkpoint.h"
 
 namespace ucp::readers {
@@ -80,6 +84,31 @@ void VerifyZero(const std::string& path, VerifyResult& r) {
   }
 }
 
+// ZeRO-3 and native MoE folders: Open checks the files' agreement (steps,
+// partitions, expert layout); every input file is then parsed with its CRCs.
+void VerifySliced(const std::string& path, const char* kind, VerifyResult& r,
+                  absl::StatusOr<std::unique_ptr<deepspeed::SlicedState>> opened) {
+  r.kind = kind;
+  if (!opened.ok()) {
+    r.problems.push_back(StatusLine(opened.status()));
+    return;
+  }
+  const deepspeed::SlicedState& s = **opened;
+  r.dir = s.dir();
+  for (const std::string& f : s.InputFiles()) {
+    ++r.files_checked;
+    absl::Status st = s.VerifyInput(f);
+    if (!st.ok()) r.problems.push_back(StatusLine(st));
+  }
+}
+
+template <typename State>
+absl::StatusOr<std::unique_ptr<deepspeed::SlicedState>> OpenSliced(const std::string& path) {
+  absl::StatusOr<std::unique_ptr<State>> s = State::Open(path);
+  if (!s.ok()) return s.status();
+  return std::unique_ptr<deepspeed::SlicedState>(std::move(*s));
+}
+
 void VerifyUniversal(const std::string& path, VerifyResult& r) {
   r.kind = "universal";
   absl::StatusOr<std::unique_ptr<UniversalCheckpoint>> opened = UniversalCheckpoint::Open(path);
@@ -123,6 +152,46 @@ void VerifyUniversal(const std::string& path, VerifyResult& r) {
   }
 }
 
+// DeepSpeed's ZeRO-3 universal layout (zero_pp_rank_* model states beside
+// zero/: what `ucp convert` writes for a ZeRO-3 source and ucp does not read
+// back): the manifest's digests when there is one, every .pt file's CRCs.
+void VerifyZero3Universal(const std::string& path, VerifyResult& r) {
+  r.kind = "universal (ZeRO-3)";
+  const std::string manifest_path = JoinPath(path, deepspeed::kManifestFile);
+  if (PathExists(manifest_path)) {
+    absl::StatusOr<std::string> text = ReadFileToString(manifest_path);
+    Manifest m;
+    if (!text.ok()) {
+      r.problems.push_back(StatusLine(text.status()));
+    } else if (!google::protobuf::TextFormat::ParseFromString(*text, &m)) {
+      r.problems.push_back(absl::StrCat(manifest_path, ": not a valid ucp manifest"));
+    } else if (absl::Status st = VerifyManifestDigests(path, m); !st.ok()) {
+      r.problems.push_back(StatusLine(st));
+    }
+  }
+  std::vector<std::string> todo = {path};
+  while (!todo.empty()) {
+    const std::string dir = todo.back();
+    todo.pop_back();
+    absl::StatusOr<std::vector<std::string>> names = ListDirectory(dir);
+    if (!names.ok()) {
+      r.problems.push_back(StatusLine(names.status()));
+      continue;
+    }
+    for (const std::string& n : *names) {
+      const std::string p = JoinPath(dir, n);
+      if (IsDirectory(p)) {
+        todo.push_back(p);
+      } else if (absl::EndsWith(n, ".pt")) {
+        ++r.files_checked;
+        absl::StatusOr<std::unique_ptr<torch::TorchFile>> f = torch::TorchFile::Open(p);
+        absl::Status st = f.ok() ? (*f)->VerifyAllCrcs() : f.status();
+        if (!st.ok()) r.problems.push_back(StatusLine(st));
+      }
+    }
+  }
+}
+
 }  // namespace
 
 VerifyResult VerifyFolder(const std::string& path) {
@@ -150,8 +219,14 @@ VerifyResult VerifyFolder(const std::string& path) {
   }
   const bool allowed = torch::AllowUnsafePickles();
   torch::SetAllowUnsafePickles(true);  // reported above; check the rest too
-  if (universal) {
+  if (universal && IsZero3Folder(path)) {
+    VerifyZero3Universal(path, r);
+  } else if (universal) {
     VerifyUniversal(path, r);
+  } else if (IsZero3Folder(path)) {
+    VerifySliced(path, "zero3", r, OpenSliced<Zero3State>(path));
+  } else if (IsMoeFolder(path)) {
+    VerifySliced(path, "moe", r, OpenSliced<MoeState>(path));
   } else {
     VerifyZero(path, r);
   }

@@ -32,11 +32,19 @@
 # (transformers and accelerate look for an installed DeepSpeed; the shim is a
 # minimal deepspeed-<version>.dist-info, no code). Needs root (debootstrap, chroot).
 set -euo pipefail
+export PATH="$PATH:/usr/sbin:/sbin"  # chroot, debootstrap (not on PATH under bazel test)
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
 SHARED=${UCP_SHARED_DIR:-$REPO/../shared}
-CACHE=${UCP_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ucp}
+# Under `bazel test` HOME is the test's temporary folder: the cache stays in the
+# user's own home (from the password database) unless UCP_CACHE_DIR says otherwise.
+if [[ -n ${TEST_TMPDIR:-} ]]; then
+  USER_HOME=$(getent passwd "$(id -u)" | cut -d: -f6)
+else
+  USER_HOME=$HOME
+fi
+CACHE=${UCP_CACHE_DIR:-${XDG_CACHE_HOME:-$USER_HOME/.cache}/ucp}
 
 BASE_PACKAGES=python3,python3-torch,python3-numpy,python3-psutil,python3-pydantic,python3-tqdm,python3-packaging,python3-yaml,python3-einops,python3-msgpack,python3-cpuinfo,python3-hjson,python3-safetensors,python3-dev,python3-venv,python3-pip,pybind11-dev
 declare -A EXTRA_PACKAGES=(
@@ -135,7 +143,8 @@ root_dir() {
 }
 
 # DeepSpeed source folder: a version of ../shared/deepspeed-src (extracted once
-# into the cache) or a folder holding deepspeed/ and version.txt.
+# into the cache, again if the archive changes) or a folder holding deepspeed/
+# and version.txt.
 deepspeed_dir() {
   local want=$1
   if [[ -d $want ]]; then
@@ -145,22 +154,27 @@ deepspeed_dir() {
   fi
   local tarball
   tarball=$(ls "$SHARED"/deepspeed-src/deepspeed-"$want"*.tar.xz 2>/dev/null | head -n 1 || true)
-  [[ -n $tarball ]] || die "no DeepSpeed '$want' in $SHARED/deepspeed-src (have: $(ls "$SHARED"/deepspeed-src | sed -n 's/^deepspeed-\(.*\)\.tar\.xz$/\1/p' | tr '\n' ' '))"
-  local name dir
+  [[ -n $tarball ]] || die "no DeepSpeed '$want' in $SHARED/deepspeed-src (have: $(ls "$SHARED"/deepspeed-src 2>/dev/null | sed -n 's/^deepspeed-\(.*\)\.tar\.xz$/\1/p' | tr '\n' ' '))"
+  local name dir stamp
   name=$(basename "$tarball" .tar.xz)
   dir="$CACHE/deepspeed/$name"
-  if [[ ! -f $dir/.ucp-extracted ]]; then
+  stamp=$(stat -L -c '%s %Y' "$tarball")
+  if [[ ! -f $dir/.ucp-extracted || "$(cat "$dir/.ucp-extracted")" != "$stamp" ]]; then
     mkdir -p "$CACHE/deepspeed"
-    local tmp
-    tmp=$(mktemp -d "$CACHE/deepspeed/.$name.XXXXXX")
-    tar xJf "$tarball" -C "$tmp"
-    local top
-    top=$(ls "$tmp")
-    [[ -d $tmp/$top/deepspeed ]] || die "$tarball holds no $top/deepspeed"
-    touch "$tmp/$top/.ucp-extracted"
-    rm -rf "$dir"
-    mv "$tmp/$top" "$dir"
-    rmdir "$tmp"
+    exec 8>"$CACHE/deepspeed/.$name.lock"
+    flock 8  # another job may be extracting it
+    if [[ ! -f $dir/.ucp-extracted || "$(cat "$dir/.ucp-extracted")" != "$stamp" ]]; then
+      local tmp top
+      tmp=$(mktemp -d "$CACHE/deepspeed/.$name.XXXXXX")
+      tar xJf "$tarball" -C "$tmp"
+      top=$(ls "$tmp")
+      [[ -d $tmp/$top/deepspeed ]] || die "$tarball holds no $top/deepspeed"
+      echo "$stamp" >"$tmp/$top/.ucp-extracted"
+      rm -rf "$dir"
+      mv "$tmp/$top" "$dir"
+      rmdir "$tmp"
+    fi
+    exec 8>&-
   fi
   echo "$dir"
 }

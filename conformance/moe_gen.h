@@ -1,7 +1,7 @@
 // Native DeepSpeed mixture-of-experts models (deepspeed.moe.layer.MoE with
 // expert parallelism, ZeRO 1/2, tp = pp = 1) for the conformance suite: a
 // random case, the model's full training state, and save(M, T) through the
-// MoE writer (writers/moe_writer.h), as conformance/synthetic_state.h does for
+// MoE writer (formats/deepspeed_moe/moe_writer.h), as conformance/synthetic_state.h does for
 // dense models.
 //
 // A case (MoeCase) is a GPT-style nn.Module (wte, wpe, blocks h.<i> of

@@ -129,7 +129,7 @@ class CaseRunner {
     o.write.num_threads = 1;
     o.write.target_ds_version = target_version;
     // Half the cases write their optimizer files in pieces of 4-16 KiB
-    // (writers/zero_writer.h piece_bytes), which must not change a byte.
+    // (formats/deepspeed_zero/zero_writer.h piece_bytes), which must not change a byte.
     o.write.piece_bytes = case_.seed() % 2 == 0 ? -1 : int64_t{4096} * static_cast<int64_t>(1 + case_.seed() / 2 % 4);
     o.zero_source = zero_options_;
     UCP_RETURN_IF_ERROR(ops::Reshard(o).status());
@@ -553,7 +553,7 @@ absl::Status CorruptionsAreCaught(CaseRunner& r, const std::string& scratch) {
       if (state == "fp32") {
         // The nudged element is the first of its fragment, which the check of
         // every optimizer file against its own rank's lp weights samples
-        // (readers/zero_checkpoint.h): the file disagrees with itself first.
+        // (formats/deepspeed_zero/zero_checkpoint.h): the file disagrees with itself first.
         UCP_RETURN_IF_ERROR(ExpectError(p, absl::StrCat("tp rank 1's fp32 of ", victim->name, " changed"), s,
                                         absl::StatusCode::kInvalidArgument,
                                         {path, "do not match the lp weights", absl::StrCat("'", victim->name, "'")}));

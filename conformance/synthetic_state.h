@@ -1,6 +1,6 @@
 // SyntheticModelState: a made-up model's full training state, built from a
 // ModelSpec (proto/ucp.proto) and a seed, that the ZeRO writer
-// (writers/zero_writer.h) saves at any topology exactly as DeepSpeed 0.14.4
+// (formats/deepspeed_zero/zero_writer.h) saves at any topology exactly as DeepSpeed 0.14.4
 // would have: save(M, T) = deepspeed_zero::WriteZeroCheckpoint(SyntheticModelState(M), T).
 // The conformance properties compare everything ucp reads back with it.
 //

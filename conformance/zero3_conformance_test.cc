@@ -1,6 +1,6 @@
 // ZeRO-3 conformance on random models (RapidCheck): a synthetic model saved
 // as ZeRO-3 by DeepSpeed V1 (0.12 to 0.19.5) at dp1 with sub_group_size s1
-// reads back (readers/zero3_state.h) as exactly its tensors; resharded to dp2
+// reads back (formats/deepspeed_zero3/zero3_state.h) as exactly its tensors; resharded to dp2
 // with s2 for V2 (--target_ds_version) it reads back the same; every
 // sub-group's step is a tensor of its own; the sub-groups are the ones
 // DeepSpeed cuts (Zero3SubGroups) at each dp; every file records its

@@ -1,27 +1,133 @@
 #include "exec/mpi_cluster.h"
 
-// The C API only (Open MPI would otherwise pull in its C++ bindings).
-#define OMPI_SKIP_MPICXX 1
-#define MPICH_SKIP_MPICXX 1
-#include <mpi.h>
-
+#include <dlfcn.h>
 #include <time.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
 namespace ucp::exec {
 namespace {
 
+// The part of Open MPI's C ABI (its mpi.h, unchanged from 3.0 to 5.x) that ucp
+// uses: handles are pointers to Open MPI's predefined objects, which libmpi
+// exports as data symbols (MPI_COMM_WORLD is &ompi_mpi_comm_world).
+struct ompi_communicator_t;
+struct ompi_datatype_t;
+struct ompi_request_t;
+struct ompi_errhandler_t;
+struct ompi_status_public_t;
+using MPI_Comm = ompi_communicator_t*;
+using MPI_Datatype = ompi_datatype_t*;
+using MPI_Request = ompi_request_t*;
+using MPI_Errhandler = ompi_errhandler_t*;
+using MPI_Status = ompi_status_public_t;
+constexpr int MPI_SUCCESS = 0;
+constexpr int MPI_MAX_ERROR_STRING = 256;
+constexpr int MPI_THREAD_FUNNELED = 1;
+MPI_Status* const MPI_STATUS_IGNORE = nullptr;
+
+// Open MPI's entry points and predefined handles, from dlopen/dlsym.
+struct OpenMpi {
+  int (*Init_thread)(int*, char***, int, int*);
+  int (*Finalize)();
+  int (*Comm_rank)(MPI_Comm, int*);
+  int (*Comm_size)(MPI_Comm, int*);
+  int (*Comm_set_errhandler)(MPI_Comm, MPI_Errhandler);
+  int (*Error_string)(int, char*, int*);
+  int (*Test)(MPI_Request*, int*, MPI_Status*);
+  int (*Ibcast)(void*, int, MPI_Datatype, int, MPI_Comm, MPI_Request*);
+  int (*Igather)(const void*, int, MPI_Datatype, void*, int, MPI_Datatype, int, MPI_Comm, MPI_Request*);
+  int (*Irecv)(void*, int, MPI_Datatype, int, int, MPI_Comm, MPI_Request*);
+  int (*Isend)(const void*, int, MPI_Datatype, int, int, MPI_Comm, MPI_Request*);
+  int (*Abort)(MPI_Comm, int);
+  MPI_Comm comm_world;
+  MPI_Datatype byte;
+  MPI_Datatype int64;
+  MPI_Errhandler errors_return;
+};
+
+const OpenMpi* mpi = nullptr;  // set once by LoadOpenMpi, before any thread starts
+
+constexpr char kInstallHint[] =
+    "ucp runs under mpirun with Open MPI (3.0 or later): install it (Debian/Ubuntu: apt install "
+    "openmpi-bin; RHEL/Rocky: dnf install openmpi, then module load mpi/openmpi-x86_64), make "
+    "libmpi.so.40 findable (LD_LIBRARY_PATH, or mpirun --prefix), or set UCP_MPI_LIBRARY to its path";
+
+absl::StatusOr<const OpenMpi*> LoadOpenMpi() {
+  const char* forced = std::getenv("UCP_MPI_LIBRARY");
+  std::vector<std::string> candidates;
+  if (forced != nullptr && *forced != '\0') {
+    candidates.push_back(forced);
+  } else {
+    candidates = {"libmpi.so.40", "libmpi.so"};
+  }
+  void* handle = nullptr;
+  std::string tried, loaded_name;
+  for (const std::string& name : candidates) {
+    // RTLD_GLOBAL: Open MPI's components (dlopened by libmpi) resolve
+    // libmpi's symbols through the global scope.
+    handle = dlopen(name.c_str(), RTLD_NOW | RTLD_GLOBAL);
+    if (handle != nullptr) {
+      loaded_name = name;
+      break;
+    }
+    const char* why = dlerror();
+    absl::StrAppend(&tried, tried.empty() ? "" : "; ", why != nullptr ? why : name);
+  }
+  const std::string launcher = MpiLauncherVariable();
+  if (handle == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "launched by an MPI launcher (", launcher, " is set) but Open MPI's library cannot be loaded: ",
+        tried, ". ", kInstallHint));
+  }
+  auto* m = new OpenMpi();
+  std::string missing;
+  auto sym = [&](const char* name) {
+    void* p = dlsym(handle, name);
+    if (p == nullptr) absl::StrAppend(&missing, missing.empty() ? "" : ", ", name);
+    return p;
+  };
+  m->Init_thread = reinterpret_cast<decltype(m->Init_thread)>(sym("MPI_Init_thread"));
+  m->Finalize = reinterpret_cast<decltype(m->Finalize)>(sym("MPI_Finalize"));
+  m->Comm_rank = reinterpret_cast<decltype(m->Comm_rank)>(sym("MPI_Comm_rank"));
+  m->Comm_size = reinterpret_cast<decltype(m->Comm_size)>(sym("MPI_Comm_size"));
+  m->Comm_set_errhandler = reinterpret_cast<decltype(m->Comm_set_errhandler)>(sym("MPI_Comm_set_errhandler"));
+  m->Error_string = reinterpret_cast<decltype(m->Error_string)>(sym("MPI_Error_string"));
+  m->Test = reinterpret_cast<decltype(m->Test)>(sym("MPI_Test"));
+  m->Ibcast = reinterpret_cast<decltype(m->Ibcast)>(sym("MPI_Ibcast"));
+  m->Igather = reinterpret_cast<decltype(m->Igather)>(sym("MPI_Igather"));
+  m->Irecv = reinterpret_cast<decltype(m->Irecv)>(sym("MPI_Irecv"));
+  m->Isend = reinterpret_cast<decltype(m->Isend)>(sym("MPI_Isend"));
+  m->Abort = reinterpret_cast<decltype(m->Abort)>(sym("MPI_Abort"));
+  m->comm_world = static_cast<MPI_Comm>(sym("ompi_mpi_comm_world"));
+  m->byte = static_cast<MPI_Datatype>(sym("ompi_mpi_byte"));
+  m->int64 = static_cast<MPI_Datatype>(sym("ompi_mpi_int64_t"));
+  m->errors_return = static_cast<MPI_Errhandler>(sym("ompi_mpi_errors_return"));
+  if (!missing.empty()) {
+    char path[4096] = "";
+    if (dlinfo(handle, RTLD_DI_ORIGIN, path) != 0) path[0] = '\0';
+    delete m;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "launched by an MPI launcher (", launcher, " is set) but ", loaded_name, " (from ", path,
+        ") is not Open MPI's library (it lacks ", missing, "; MPICH and its derivatives have another ABI). ",
+        kInstallHint));
+  }
+  return m;
+}
+
 absl::Status MpiError(int code, const char* what) {
   char text[MPI_MAX_ERROR_STRING];
   int len = 0;
-  MPI_Error_string(code, text, &len);
-  return absl::InternalError(absl::StrCat("MPI ", what, " failed: ", std::string(text, len)));
+  if (mpi->Error_string(code, text, &len) != MPI_SUCCESS) len = 0;
+  return absl::InternalError(absl::StrCat("MPI ", what, " failed: ", std::string(text, len),
+                                          " (code ", code, ")"));
 }
 
 // Waits for `request` without holding a core: a rank that finished its
@@ -32,7 +138,7 @@ int PoliteWait(MPI_Request* request) {
   int done = 0;
   int64_t sleep_us = 20;
   while (true) {
-    if (int rc = MPI_Test(request, &done, MPI_STATUS_IGNORE); rc != MPI_SUCCESS) return rc;
+    if (int rc = mpi->Test(request, &done, MPI_STATUS_IGNORE); rc != MPI_SUCCESS) return rc;
     if (done) return MPI_SUCCESS;
     timespec ts{0, static_cast<long>(sleep_us * 1000)};
     nanosleep(&ts, nullptr);
@@ -47,12 +153,12 @@ constexpr int64_t kMaxPiece = int64_t{1} << 30;
 class MpiCluster : public Cluster {
  public:
   MpiCluster() {
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
-    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    mpi->Comm_rank(mpi->comm_world, &rank_);
+    mpi->Comm_size(mpi->comm_world, &size_);
     // Errors come back as codes, not as the default abort.
-    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    mpi->Comm_set_errhandler(mpi->comm_world, mpi->errors_return);
   }
-  ~MpiCluster() override { MPI_Finalize(); }
+  ~MpiCluster() override { mpi->Finalize(); }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -60,13 +166,13 @@ class MpiCluster : public Cluster {
   absl::Status Broadcast(std::string* bytes, int root) override {
     int64_t n = static_cast<int64_t>(bytes->size());
     MPI_Request req;
-    int rc = MPI_Ibcast(&n, 1, MPI_INT64_T, root, MPI_COMM_WORLD, &req);
+    int rc = mpi->Ibcast(&n, 1, mpi->int64, root, mpi->comm_world, &req);
     if (rc == MPI_SUCCESS) rc = PoliteWait(&req);
     if (rc != MPI_SUCCESS) return MpiError(rc, "Bcast");
     bytes->resize(static_cast<size_t>(n));
     for (int64_t off = 0; off < n; off += kMaxPiece) {
       const int piece = static_cast<int>(std::min(kMaxPiece, n - off));
-      rc = MPI_Ibcast(bytes->data() + off, piece, MPI_BYTE, root, MPI_COMM_WORLD, &req);
+      rc = mpi->Ibcast(bytes->data() + off, piece, mpi->byte, root, mpi->comm_world, &req);
       if (rc == MPI_SUCCESS) rc = PoliteWait(&req);
       if (rc != MPI_SUCCESS) return MpiError(rc, "Bcast");
     }
@@ -77,7 +183,7 @@ class MpiCluster : public Cluster {
     const int64_t n = static_cast<int64_t>(mine.size());
     std::vector<int64_t> sizes(rank_ == root ? size_ : 0);
     MPI_Request req;
-    int rc = MPI_Igather(&n, 1, MPI_INT64_T, sizes.data(), 1, MPI_INT64_T, root, MPI_COMM_WORLD, &req);
+    int rc = mpi->Igather(&n, 1, mpi->int64, sizes.data(), 1, mpi->int64, root, mpi->comm_world, &req);
     if (rc == MPI_SUCCESS) rc = PoliteWait(&req);
     if (rc != MPI_SUCCESS) return MpiError(rc, "Gather");
     std::vector<std::string> out;
@@ -91,7 +197,7 @@ class MpiCluster : public Cluster {
         out[r].resize(static_cast<size_t>(sizes[r]));
         for (int64_t off = 0; off < sizes[r]; off += kMaxPiece) {
           const int piece = static_cast<int>(std::min(kMaxPiece, sizes[r] - off));
-          rc = MPI_Irecv(out[r].data() + off, piece, MPI_BYTE, r, /*tag=*/7, MPI_COMM_WORLD, &req);
+          rc = mpi->Irecv(out[r].data() + off, piece, mpi->byte, r, /*tag=*/7, mpi->comm_world, &req);
           if (rc == MPI_SUCCESS) rc = PoliteWait(&req);
           if (rc != MPI_SUCCESS) return MpiError(rc, "Recv");
         }
@@ -99,7 +205,7 @@ class MpiCluster : public Cluster {
     } else {
       for (int64_t off = 0; off < n; off += kMaxPiece) {
         const int piece = static_cast<int>(std::min(kMaxPiece, n - off));
-        rc = MPI_Isend(mine.data() + off, piece, MPI_BYTE, root, /*tag=*/7, MPI_COMM_WORLD, &req);
+        rc = mpi->Isend(mine.data() + off, piece, mpi->byte, root, /*tag=*/7, mpi->comm_world, &req);
         if (rc == MPI_SUCCESS) rc = PoliteWait(&req);
         if (rc != MPI_SUCCESS) return MpiError(rc, "Send");
       }
@@ -107,7 +213,7 @@ class MpiCluster : public Cluster {
     return out;
   }
 
-  void Abort(int code) override { MPI_Abort(MPI_COMM_WORLD, code); }
+  void Abort(int code) override { mpi->Abort(mpi->comm_world, code); }
 
  private:
   int rank_ = 0;
@@ -116,19 +222,28 @@ class MpiCluster : public Cluster {
 
 }  // namespace
 
-bool LaunchedByMpi() {
+std::string MpiLauncherVariable() {
   for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"}) {
-    if (std::getenv(var) != nullptr) return true;
+    if (std::getenv(var) != nullptr) return var;
   }
-  return false;
+  return "";
 }
 
-std::unique_ptr<Cluster> JoinMpiJobIfLaunched(int* argc, char*** argv) {
+bool LaunchedByMpi() { return !MpiLauncherVariable().empty(); }
+
+absl::StatusOr<std::unique_ptr<Cluster>> JoinMpiJobIfLaunched(int* argc, char*** argv) {
   if (!LaunchedByMpi()) return nullptr;
+  if (mpi == nullptr) {
+    absl::StatusOr<const OpenMpi*> loaded = LoadOpenMpi();
+    if (!loaded.ok()) return loaded.status();
+    mpi = *loaded;
+  }
   int provided = 0;
   // Only the main thread calls MPI; the worker threads write files.
-  MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
-  return std::make_unique<MpiCluster>();
+  if (int rc = mpi->Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided); rc != MPI_SUCCESS) {
+    return absl::FailedPreconditionError(absl::StrCat("MPI_Init_thread failed with code ", rc));
+  }
+  return std::unique_ptr<Cluster>(std::make_unique<MpiCluster>());
 }
 
 }  // namespace ucp::exec

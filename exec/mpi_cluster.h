@@ -1,16 +1,27 @@
-// The Cluster of an MPI job (Open MPI from Debian). ucp initializes MPI only
-// when it was launched by mpirun/mpiexec (the launcher's environment
-// variables say so); run alone it never touches MPI and works as before.
+// The Cluster of an MPI job (Open MPI). ucp joins MPI only when it was
+// launched by mpirun/mpiexec (the launcher's environment variables say so);
+// run alone it never touches MPI and works as before.
+//
+// Open MPI is not linked in: the `ucp` binary runs on machines without it.
+// Under a launcher, libmpi.so.40 (the soname of Open MPI 3.0 to 5.x, whose C
+// ABI is the same) is loaded with dlopen: $UCP_MPI_LIBRARY if set, else
+// wherever the dynamic loader finds it (LD_LIBRARY_PATH, as `module load` and
+// mpirun's --prefix set it, then the system's folders). When it cannot be
+// loaded, or is not Open MPI's, the error names the library, the loader's
+// reason and what to install.
 //
 // Example (tools/ucp_main.cc):
-//   std::unique_ptr<Cluster> cluster = JoinMpiJobIfLaunched(&argc, &argv);  // null when alone
-//   ... run the command with cluster.get() ...
-//   cluster.reset();  // MPI_Finalize
+//   absl::StatusOr<std::unique_ptr<Cluster>> cluster = JoinMpiJobIfLaunched(&argc, &argv);
+//   if (!cluster.ok()) ...                           // launched by mpirun, no usable Open MPI
+//   ... run the command with cluster->get() ...      // null when alone
+//   cluster->reset();                                // MPI_Finalize
 #ifndef UCP_EXEC_MPI_CLUSTER_H_
 #define UCP_EXEC_MPI_CLUSTER_H_
 
 #include <memory>
+#include <string>
 
+#include "absl/status/statusor.h"
 #include "base/cluster.h"
 
 namespace ucp::exec {
@@ -19,9 +30,13 @@ namespace ucp::exec {
 // (OMPI_COMM_WORLD_SIZE, PMIX_RANK, PMI_RANK, PMI_SIZE).
 bool LaunchedByMpi();
 
-// MPI_Init_thread and a Cluster over MPI_COMM_WORLD when LaunchedByMpi(),
-// else null. Destroying it calls MPI_Finalize.
-std::unique_ptr<Cluster> JoinMpiJobIfLaunched(int* argc, char*** argv);
+// The name of the launcher variable that LaunchedByMpi() found, or "".
+std::string MpiLauncherVariable();
+
+// When LaunchedByMpi(): loads Open MPI, MPI_Init_thread and a Cluster over
+// MPI_COMM_WORLD (destroying it calls MPI_Finalize); FailedPrecondition when
+// Open MPI cannot be loaded. Alone: null, and MPI is never loaded.
+absl::StatusOr<std::unique_ptr<Cluster>> JoinMpiJobIfLaunched(int* argc, char*** argv);
 
 }  // namespace ucp::exec
 

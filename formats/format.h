@@ -92,7 +92,7 @@ struct SlicedSource {
 
 // What `ucp verify` found in one folder.
 struct VerifyResult {
-  std::string kind;                   // SourceFormat::kind()
+  std::string kind;                   // SourceFormat::kind(), or a finer one its Verify sets
   std::string dir;                    // the checkpoint folder checked
   int64_t files_checked = 0;
   std::vector<std::string> problems;  // one line each; empty: all good

@@ -1,6 +1,6 @@
 // libFuzzer target over whole DeepSpeed checkpoint folders: the ZeRO readers
-// (readers/zero_checkpoint.h with its cross-file checks) and `ucp verify`
-// (readers/verify.h) on folders derived from the real DeepSpeed fixtures.
+// (formats/deepspeed_zero/zero_checkpoint.h with its cross-file checks) and `ucp verify`
+// (formats/verify.h) on folders derived from the real DeepSpeed fixtures.
 //
 // A folder is megabytes of tensors, too much to mutate as one input, so an
 // input is a fixture choice plus edits of it, which the harness applies to a

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Checks a native DeepSpeed mixture-of-experts ZeRO-1/2 checkpoint (the layout of any version
 0.14.5 to 0.19.5, or of any version at ep = 1) against reference dumps written by the DeepSpeed
-job that saved the source (lab/ds19_train.py: every param's fp32 master, exp_avg, exp_avg_sq and lp
+job that saved the source (the lab of issue 15, whose ds19_train.py is now realds/worker/families/gpt.py and dumps.py: every param's fp32 master, exp_avg, exp_avg_sq and lp
 weight, experts under their global ids).
 
 Reads the checkpoint with torch alone, independently of ucp: every rank's param_slice_mappings

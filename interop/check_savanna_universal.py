@@ -1,5 +1,5 @@
 # Checks a universal checkpoint ucp wrote from a savanna-shaped checkpoint that REAL
-# DeepSpeed 0.14.4 saved (testdata/savanna_ds0144/*, made by lab/make_ci_fixture.py),
+# DeepSpeed 0.14.4 saved (testdata/savanna_ds0144/*, made by the lab of issue 14, since folded into realds/),
 # against expected.pt: per param the fp32 master / exp_avg / exp_avg_sq that DeepSpeed
 # itself reported for each source rank, merged over tp with a split table taken from
 # savanna's code (not from ucp). Every tensor must be bitwise equal, split params must

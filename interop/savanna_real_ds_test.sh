@@ -1,6 +1,6 @@
 #!/bin/bash
 # ucp convert with NO rule flags on savanna-shaped checkpoints written by real DeepSpeed
-# 0.14.4 (testdata/savanna_ds0144, made by the lab: lab/README.md) must give universal
+# 0.14.4 (testdata/savanna_ds0144, made by the lab of issue 14, since folded into realds/) must give universal
 # tensors bitwise equal to what DeepSpeed reported for the source ranks, merged with
 # savanna's splits (check_savanna_universal.py). Negative control: the same conversion with
 # a rules file that calls the row-parallel mixer.dense.weight COLUMN must fail the check.

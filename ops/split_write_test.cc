@@ -1,4 +1,4 @@
-// Large optimizer files written in pieces (writers/zero_writer.h
+// Large optimizer files written in pieces (formats/deepspeed_zero/zero_writer.h
 // ZeroWriteOptions::piece_bytes, torch::TorchWriter::WritePiece): the same
 // bytes as one unit writing the file, integrity kept by the combined record
 // CRCs, and nothing committed when a piece fails.

@@ -124,7 +124,7 @@ struct ModelInfo {
   int64_t original_vocab_size = 0;          // 0 when unknown
   int64_t make_vocab_size_divisible_by = 0; // 0 when unknown
   std::string partition_method;             // recorded pipe partition method, "" if none
-  // Native mixture of experts (readers/moe_state.h): the source's expert
+  // Native mixture of experts (formats/deepspeed_moe/moe_state.h): the source's expert
   // parallel degree (0: not a MoE model), each MoE layer's module prefix and
   // expert count, and which optimizer groups hold experts. Expert params are
   // named with global expert ids ("<prefix>.deepspeed_moe.experts.deepspeed_experts.<id>.<suffix>").

@@ -2,18 +2,23 @@
 # The real-DeepSpeed runtime: Debian roots made with debootstrap, cached outside
 # the clone, and unmodified DeepSpeed sources from ../shared/deepspeed-src.
 #
-#   tools/deepspeed_env.sh create [trixie|sid|all]      build the roots (idempotent; default all)
+#   tools/deepspeed_env.sh create [trixie|sid|bullseye|all]  build the roots (idempotent; default all)
 #   tools/deepspeed_env.sh root SUITE                     print a root's folder (fails if not built)
 #   tools/deepspeed_env.sh deepspeed VERSION|DIR          print the DeepSpeed source folder to use
-#   tools/deepspeed_env.sh run [--root=SUITE] [--deepspeed=VERSION|DIR] [--bind=HOST_DIR]... [--env=K=V]... -- CMD...
+#   tools/deepspeed_env.sh run [--root=SUITE] [--deepspeed=VERSION|DIR] [--bind=HOST_DIR]... [--env=K=V]...
+#                              [--cwd=DIR] -- CMD...
 #                                                         run CMD inside a root, DeepSpeed importable
 #   tools/deepspeed_env.sh status                         what is cached
 #
 # Roots (Debian's own packages, nothing from PyPI; see ../shared/docs/REAL-CLIENTS.md):
 #   trixie  Debian 13: Python 3.13, torch 2.6, numpy 2, pydantic 2 (DeepSpeed 0.14.4 - 0.19.5)
-#   both    safetensors, and python3-dev, -venv, -pip, pybind11-dev (wheels of the ucp package)
 #   sid     Debian unstable: Python 3.14, torch 2.14, transformers, accelerate
 #           (DeepSpeed 0.18.9, 0.19.5, master; Hugging Face Trainer, FSDP2 / DCP)
+#   both    also safetensors, python3-dev, -venv, -pip, pybind11-dev (wheels of the ucp package)
+#   bullseye Debian 11, the oldest release the archive still serves: glibc 2.31 and
+#           libc6-dev only, no Python. The portable `ucp` binary and the wheels' extensions
+#           are linked against its glibc (third_party/debian_roots.bzl) and run in it
+#           (tools:portable_test).
 # The packages come from the archive the host's apt already uses (read from its
 # sources, never written here). The cache is $UCP_CACHE_DIR (default
 # ${XDG_CACHE_HOME:-$HOME/.cache}/ucp); a root is built in a temporary folder and
@@ -27,18 +32,36 @@
 # (transformers and accelerate look for an installed DeepSpeed; the shim is a
 # minimal deepspeed-<version>.dist-info, no code). Needs root (debootstrap, chroot).
 set -euo pipefail
+export PATH="$PATH:/usr/sbin:/sbin"  # chroot, debootstrap (not on PATH under bazel test)
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
 SHARED=${UCP_SHARED_DIR:-$REPO/../shared}
-CACHE=${UCP_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ucp}
+# Under `bazel test` HOME is the test's temporary folder: the cache stays in the
+# user's own home (from the password database) unless UCP_CACHE_DIR says otherwise.
+if [[ -n ${TEST_TMPDIR:-} ]]; then
+  USER_HOME=$(getent passwd "$(id -u)" | cut -d: -f6)
+else
+  USER_HOME=$HOME
+fi
+CACHE=${UCP_CACHE_DIR:-${XDG_CACHE_HOME:-$USER_HOME/.cache}/ucp}
 
 BASE_PACKAGES=python3,python3-torch,python3-numpy,python3-psutil,python3-pydantic,python3-tqdm,python3-packaging,python3-yaml,python3-einops,python3-msgpack,python3-cpuinfo,python3-hjson,python3-safetensors,python3-dev,python3-venv,python3-pip,pybind11-dev
 declare -A EXTRA_PACKAGES=(
   [trixie]=""
   [sid]=",python3-transformers,python3-accelerate"
 )
-SUITES=(trixie sid)
+# Suites with a package list of their own instead of BASE_PACKAGES + EXTRA_PACKAGES.
+declare -A OWN_PACKAGES=(
+  [bullseye]="libc6-dev"
+)
+# What a new root must do before it is renamed into place.
+declare -A ROOT_CHECK=(
+  [trixie]='python3 -c "import torch, numpy, pydantic; print(\"torch\", torch.__version__, \"numpy\", numpy.__version__)"'
+  [sid]='python3 -c "import torch, numpy, pydantic; print(\"torch\", torch.__version__, \"numpy\", numpy.__version__)"'
+  [bullseye]='ldd --version | head -n 1'
+)
+SUITES=(trixie sid bullseye)
 
 die() { echo "deepspeed_env: $*" >&2; exit 1; }
 
@@ -58,8 +81,16 @@ mirror() {
   echo "$url"
 }
 
+packages() {  # the --include list of a suite
+  if [[ -n ${OWN_PACKAGES[$1]+x} ]]; then
+    echo "${OWN_PACKAGES[$1]}"
+  else
+    echo "$BASE_PACKAGES${EXTRA_PACKAGES[$1]}"
+  fi
+}
+
 recipe() {  # what a root is made of; a root built from another recipe is rebuilt
-  echo "suite=$1 variant=minbase include=$BASE_PACKAGES${EXTRA_PACKAGES[$1]}"
+  echo "suite=$1 variant=minbase include=$(packages "$1")"
 }
 
 need_root_user() {
@@ -91,14 +122,14 @@ create_one() {
   # The sid script serves the testing release too (Debian 12's debootstrap has
   # none named after it). --cache-dir keeps the .debs for the next rebuild.
   if ! debootstrap --variant=minbase --cache-dir="$CACHE/debs/$suite" \
-       --include="$BASE_PACKAGES${EXTRA_PACKAGES[$suite]}" "$suite" "$tmp" "$url" >"$log" 2>&1; then
+       --include="$(packages "$suite")" "$suite" "$tmp" "$url" >"$log" 2>&1; then
     tail -n 20 "$log" >&2
     die "debootstrap of $suite failed (log: $log)"
   fi
   rm -rf "$tmp/var/cache/apt/archives/"*.deb
   mkdir -p "$tmp/ucp"
-  chroot "$tmp" python3 -c 'import torch, numpy, pydantic; print("torch", torch.__version__, "numpy", numpy.__version__)' \
-    >>"$log" 2>&1 || die "the $suite root does not import torch (log: $log)"
+  chroot "$tmp" /bin/sh -c "${ROOT_CHECK[$suite]}" >>"$log" 2>&1 ||
+    die "the $suite root fails its check '${ROOT_CHECK[$suite]}' (log: $log)"
   recipe "$suite" >"$tmp/.ucp-root"
   rm -rf "$dir"
   mv "$tmp" "$dir"
@@ -112,7 +143,8 @@ root_dir() {
 }
 
 # DeepSpeed source folder: a version of ../shared/deepspeed-src (extracted once
-# into the cache) or a folder holding deepspeed/ and version.txt.
+# into the cache, again if the archive changes) or a folder holding deepspeed/
+# and version.txt.
 deepspeed_dir() {
   local want=$1
   if [[ -d $want ]]; then
@@ -122,22 +154,27 @@ deepspeed_dir() {
   fi
   local tarball
   tarball=$(ls "$SHARED"/deepspeed-src/deepspeed-"$want"*.tar.xz 2>/dev/null | head -n 1 || true)
-  [[ -n $tarball ]] || die "no DeepSpeed '$want' in $SHARED/deepspeed-src (have: $(ls "$SHARED"/deepspeed-src | sed -n 's/^deepspeed-\(.*\)\.tar\.xz$/\1/p' | tr '\n' ' '))"
-  local name dir
+  [[ -n $tarball ]] || die "no DeepSpeed '$want' in $SHARED/deepspeed-src (have: $(ls "$SHARED"/deepspeed-src 2>/dev/null | sed -n 's/^deepspeed-\(.*\)\.tar\.xz$/\1/p' | tr '\n' ' '))"
+  local name dir stamp
   name=$(basename "$tarball" .tar.xz)
   dir="$CACHE/deepspeed/$name"
-  if [[ ! -f $dir/.ucp-extracted ]]; then
+  stamp=$(stat -L -c '%s %Y' "$tarball")
+  if [[ ! -f $dir/.ucp-extracted || "$(cat "$dir/.ucp-extracted")" != "$stamp" ]]; then
     mkdir -p "$CACHE/deepspeed"
-    local tmp
-    tmp=$(mktemp -d "$CACHE/deepspeed/.$name.XXXXXX")
-    tar xJf "$tarball" -C "$tmp"
-    local top
-    top=$(ls "$tmp")
-    [[ -d $tmp/$top/deepspeed ]] || die "$tarball holds no $top/deepspeed"
-    touch "$tmp/$top/.ucp-extracted"
-    rm -rf "$dir"
-    mv "$tmp/$top" "$dir"
-    rmdir "$tmp"
+    exec 8>"$CACHE/deepspeed/.$name.lock"
+    flock 8  # another job may be extracting it
+    if [[ ! -f $dir/.ucp-extracted || "$(cat "$dir/.ucp-extracted")" != "$stamp" ]]; then
+      local tmp top
+      tmp=$(mktemp -d "$CACHE/deepspeed/.$name.XXXXXX")
+      tar xJf "$tarball" -C "$tmp"
+      top=$(ls "$tmp")
+      [[ -d $tmp/$top/deepspeed ]] || die "$tarball holds no $top/deepspeed"
+      echo "$stamp" >"$tmp/$top/.ucp-extracted"
+      rm -rf "$dir"
+      mv "$tmp/$top" "$dir"
+      rmdir "$tmp"
+    fi
+    exec 8>&-
   fi
   echo "$dir"
 }
@@ -157,9 +194,10 @@ dist_info_shim() {
 }
 
 run_in_root() {
-  local suite=sid ds="" binds=() envs=()
+  local suite=sid ds="" binds=() envs=() cwd=""
   while (($#)); do
     case $1 in
+      --cwd=*) cwd=${1#--cwd=} ;;
       --root=*) suite=${1#--root=} ;;
       --env=*) envs+=("${1#--env=}") ;;
       --deepspeed=*) ds=${1#--deepspeed=} ;;
@@ -185,8 +223,11 @@ run_in_root() {
   for b in "${binds[@]}"; do
     [[ -d $b ]] || die "run: --bind=$b is not a folder"
   done
+  # The working directory: --cwd, else the DeepSpeed source folder (DeepSpeed
+  # reads its version from ./version.txt when it is not installed: elsewhere
+  # it calls itself 0.0.0 and writes that into every checkpoint), else /.
+  [[ -n $cwd ]] || cwd=${dsdir:-/}
   # In a private mount namespace: everything mounted here disappears with it.
-  # The command starts in the caller's working directory (bind it to have it).
   exec unshare -m --propagation private bash -c '
     set -e
     root=$1; pythonpath=$2; dsdir=$3; shift 3
@@ -199,7 +240,7 @@ run_in_root() {
       DS_ACCELERATOR=cpu DS_BUILD_OPS=0 OMP_NUM_THREADS=1 GLOO_SOCKET_IFNAME=lo PYTHONHASHSEED=0 \
       PYTHONPATH="$pythonpath" "$@"
   ' ucp-root "$root" "$pythonpath" "$dsdir" "${binds[@]}" -- \
-    bash -c 'cd "$0" 2>/dev/null || cd /; exec "$@"' "$PWD" env "${envs[@]}" "$@"
+    bash -c 'cd "$0" || exit 2; exec "$@"' "$cwd" env "${envs[@]}" "$@"
 }
 
 status() {
@@ -228,7 +269,7 @@ case $cmd in
       for p in "${pids[@]}"; do wait "$p" || rc=1; done
       exit $rc
     fi
-    [[ -n ${EXTRA_PACKAGES[$what]+x} ]] || die "unknown suite '$what' (trixie, sid or all)"
+    [[ -n ${ROOT_CHECK[$what]+x} ]] || die "unknown suite '$what' (${SUITES[*]} or all)"
     create_one "$what"
     ;;
   root) root_dir "${1:?suite}" ;;

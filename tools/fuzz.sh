@@ -4,10 +4,11 @@
 # Bazel: Bazel's toolchain here is gcc), and runs each one after the other
 # for $FUZZ_SECONDS, then prints executions, coverage and corpus size.
 #
-# folder_fuzzer (whole checkpoint folders through readers/, inspect, verify;
-# not in the default FUZZERS) also compiles base/, deepspeed/, readers/ and
-# tp/, and the protobuf code Bazel generates: run
-# `bazel build //proto:ucp_cc_proto` first (it reads bazel-bin/proto/ucp.pb.cc).
+# folder_fuzzer (whole checkpoint folders through formats/, inspect, verify;
+# not in the default FUZZERS) also compiles the packages under them (base/,
+# deepspeed/, state/, formats/, rules/, writers/, tp/, ops/) and the code Bazel
+# generates: run `bazel build //proto:ucp_cc_proto //rules:presets_data` first
+# (it reads bazel-bin/proto/ucp.pb.cc and bazel-bin/rules/presets_data.cc).
 # It reads the fixtures from ../shared (UCP_FUZZ_FIXTURES) and writes its
 # folders under /dev/shm (UCP_FUZZ_TMP).
 #
@@ -75,19 +76,20 @@ LIB_SRCS+=(fuzz/fuzz_checks.cc)
 EXTRA_INCLUDES=()
 EXTRA_LIBS=()
 if [[ " $FUZZERS " == *" folder_fuzzer "* ]]; then
-  if [[ ! -f bazel-bin/proto/ucp.pb.cc ]]; then
-    echo "fuzz: folder_fuzzer needs bazel-bin/proto/ucp.pb.cc (bazel build //proto:ucp_cc_proto)" >&2
+  if [[ ! -f bazel-bin/proto/ucp.pb.cc || ! -f bazel-bin/rules/presets_data.cc ]]; then
+    echo "fuzz: folder_fuzzer needs bazel-bin/proto/ucp.pb.cc and bazel-bin/rules/presets_data.cc" \
+      "(bazel build //proto:ucp_cc_proto //rules:presets_data)" >&2
     exit 1
   fi
   mkdir -p "$OUT/gen/proto"
   cp -fp bazel-bin/proto/ucp.pb.cc bazel-bin/proto/ucp.pb.h "$OUT/gen/proto/"
-  for f in base/*.cc deepspeed/*.cc readers/*.cc tp/*.cc; do
+  for f in base/*.cc deepspeed/*.cc state/*.cc formats/*.cc formats/*/*.cc rules/*.cc writers/*.cc tp/*.cc ops/*.cc; do
     case "$f" in
       *_test.cc | *test_util.cc | *_bench.cc | *_main.cc) ;;
       *) [[ " ${LIB_SRCS[*]} " == *" $f "* ]] || LIB_SRCS+=("$f") ;;
     esac
   done
-  LIB_SRCS+=("$OUT/gen/proto/ucp.pb.cc")
+  LIB_SRCS+=("$OUT/gen/proto/ucp.pb.cc" bazel-bin/rules/presets_data.cc)
   EXTRA_INCLUDES=(-I"$OUT/gen")
   EXTRA_LIBS=(-lprotobuf -lxxhash)
 fi
@@ -117,7 +119,7 @@ if [[ ! -f "$FLAGS_STAMP" || "$(cat "$FLAGS_STAMP")" != "$FLAGS_LINE" ]]; then
   mkdir -p "$OUT/obj"
   echo "$FLAGS_LINE" >"$FLAGS_STAMP"
 fi
-NEWEST_HEADER=$(ls -t base/*.h format/pickle/*.h format/pickle/internal/*.h format/torch/*.h fuzz/*.h deepspeed/*.h readers/*.h tp/*.h | head -1)
+NEWEST_HEADER=$(ls -t base/*.h format/pickle/*.h format/pickle/internal/*.h format/torch/*.h fuzz/*.h deepspeed/*.h state/*.h formats/*.h formats/*/*.h rules/*.h writers/*.h tp/*.h ops/*.h | head -1)
 
 object_of() { local s=${1#"$OUT"/}; echo "$OUT/obj/${s%.cc}.o"; }
 

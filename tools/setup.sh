@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what ucp needs to build and test, from Debian 12's archive only.
-# Idempotent: packages already present are skipped; safe to run twice.
+# Idempotent: packages already present are skipped, Debian roots already built
+# are kept; safe to run twice.
 set -euo pipefail
 
 PACKAGES=(
@@ -15,6 +16,8 @@ PACKAGES=(
   openmpi-bin libopenmpi-dev               # mpirun -np N ucp ... (exec/, exec:mpi_test)
   libxxhash-dev                            # XXH3-128 manifest digests (base:digest)
   pybind11-dev python3-dev python3-venv python3-pip  # import ucp (python/), wheel test in a venv
+  dpkg-dev binutils                        # Debian's abseil/protobuf sources (tools/debian_sources.sh), readelf/objdump
+  python3-protobuf                         # realds/ driver (textproto cases, goldens)
 )
 
 missing=()
@@ -24,14 +27,23 @@ for p in "${PACKAGES[@]}"; do
   fi
 done
 
-if ((${#missing[@]} == 0)); then
-  echo "setup: all ${#PACKAGES[@]} packages already installed"
-  exit 0
-fi
-
 SUDO=""
 if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
-echo "setup: installing ${missing[*]}"
-$SUDO apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+if ((${#missing[@]} == 0)); then
+  echo "setup: all ${#PACKAGES[@]} packages already installed"
+else
+  echo "setup: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  echo "setup: packages done"
+fi
+
+cd "$(dirname "$0")/.."
+# Debian's sources of the archive members a shared object cannot hold (the
+# portable artifacts, README "Install"), and the Debian roots: trixie and sid
+# run real DeepSpeed (realds/), bullseye's glibc is linked against; each runs
+# the binary and a wheel in the tests. Built once (debootstrap, 11-15 minutes,
+# all at once), idempotent, cached outside the clone ($UCP_CACHE_DIR).
+$SUDO tools/debian_sources.sh fetch
+$SUDO tools/deepspeed_env.sh create all
 echo "setup: done"

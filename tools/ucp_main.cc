@@ -8,6 +8,7 @@
 
 #include "base/fs.h"
 #include "exec/mpi_cluster.h"
+#include "tools/build_info.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
 
@@ -15,7 +16,8 @@ namespace {
 
 void PrintUsage(std::ostream& out) {
   out << "ucp: universal checkpoints for DeepSpeed that survive any change of parallelism\n\n"
-         "usage: ucp <command> [flags]   (ucp <command> --help explains each flag)\n\ncommands:\n";
+         "usage: ucp <command> [flags]   (ucp <command> --help explains each flag)\n"
+         "       ucp --version            the release and the minimum glibc this binary needs\n\ncommands:\n";
   for (const auto& c : ucp::tools::Commands()) {
     std::string line = std::string("  ") + c.name;
     line.resize(std::max<size_t>(line.size() + 1, 12), ' ');
@@ -31,11 +33,22 @@ int main(int argc, char** argv) {
     PrintUsage(std::cout);
     return argc < 2 ? 1 : 0;
   }
+  if (std::string(argv[1]) == "--version" || std::string(argv[1]) == "version") {
+    std::cout << "ucp " << ucp::tools::kUcpVersion << "\n"
+              << "minimum glibc: " << ucp::tools::kMinimumGlibc << " (needed by "
+              << ucp::tools::kMinimumGlibcBound << ")\n";
+    return 0;
+  }
   // Ctrl-C, kill, a closed terminal: no staging folder left behind. Before
   // any thread starts, so that every thread blocks these signals.
   ucp::InstallStagingCleanupOnSignals();
   // Launched by mpirun: the ranks share the work (see README, "Many nodes").
-  std::unique_ptr<ucp::Cluster> cluster = ucp::exec::JoinMpiJobIfLaunched(&argc, &argv);
+  absl::StatusOr<std::unique_ptr<ucp::Cluster>> joined = ucp::exec::JoinMpiJobIfLaunched(&argc, &argv);
+  if (!joined.ok()) {
+    std::cerr << "ucp: " << joined.status().message() << "\n";
+    return 1;
+  }
+  std::unique_ptr<ucp::Cluster> cluster = *std::move(joined);
   ucp::tools::SetJobCluster(cluster.get());
   const std::string cmd = argv[1];
   for (const auto& c : ucp::tools::Commands()) {

@@ -54,6 +54,33 @@ flip "$Q" >/dev/null
 out=$("$UCP" verify "$U" 2>&1); rc=$?
 check "damaged universal file" 1 "^PROBLEM .*2.attention.dense.weight/exp_avg.pt" "problem(s) (universal checkpoint"
 
+# ZeRO-3 and native MoE checkpoints of DeepSpeed 0.19.5 (refused before: "open it
+# with readers::Zero3State"), and one damaged byte in each.
+FX195="$(dirname "$FIXTURES")/deepspeed-0.19.5"
+for fx in gpt-zero3-dp2:zero3 gpt-moe-ep2-zero2-dp2:moe; do
+  name=${fx%%:*}; kind=${fx##*:}
+  cp -rL "$FX195/$name" "$WORK/$name"
+  T="$WORK/$name/global_step4"
+  N=$(ls "$T" | grep -c '\.pt$')
+  out=$("$UCP" verify "$T" 2>&1); rc=$?
+  check "good $kind folder" 0 "$T: OK ($kind checkpoint, $N files checked)"
+  F=$(ls "$T"/*optim_states.pt | tail -n 1)
+  flip "$F" >/dev/null
+  out=$("$UCP" verify "$T" 2>&1); rc=$?
+  check "damaged $kind optimizer file" 1 "^PROBLEM .*$(basename "$F")" "problem(s) ($kind checkpoint"
+done
+
+# What `ucp convert` writes for a ZeRO-3 source (DeepSpeed's stage-3 universal
+# layout, which ucp does not read back): verified by manifest and CRCs.
+Z3U="$WORK/z3u/global_step4_universal"
+out=$("$UCP" convert --input_folder="$FX195/gpt-zero3-dp2/global_step4" --output_folder="$Z3U" 2>&1); rc=$?
+check "convert a ZeRO-3 checkpoint" 0
+out=$("$UCP" verify "$Z3U" 2>&1); rc=$?
+check "good ZeRO-3 universal folder" 0 ": OK (universal (ZeRO-3) checkpoint"
+flip "$Z3U/zero/h.0.attn_qkv.weight/exp_avg.pt" >/dev/null
+out=$("$UCP" verify "$Z3U" 2>&1); rc=$?
+check "damaged ZeRO-3 universal file" 1 "^PROBLEM .*h.0.attn_qkv.weight/exp_avg.pt" "problem(s) (universal (ZeRO-3) checkpoint"
+
 out=$("$UCP" verify 2>&1); rc=$?
 check "no folder" 1 "usage: ucp verify FOLDER"
 out=$("$UCP" verify "$WORK/does-not-exist" 2>&1); rc=$?

@@ -38,7 +38,7 @@ struct ZeroWriteOptions {
   // Mixture-of-experts sources (ModelInfo::expert_parallel > 0): the target's
   // expert parallel degree; 0 = the source's when it divides the target dp,
   // else the largest divisor of dp below it that divides every layer's
-  // expert count (writers/moe_writer.h).
+  // expert count (formats/deepspeed_moe/moe_writer.h).
   int expert_parallel = 0;
   std::string partition_method;       // "" = the recorded one, else "parameters"
   int64_t make_vocab_size_divisible_by = 0;  // 0 = the source's

@@ -147,7 +147,7 @@ struct TorchWriteOptions {
 };
 
 // One archive written in pieces, by several threads or processes at once
-// (writers/zero_writer.cc cuts a large optimizer file this way so that it
+// (formats/deepspeed_zero/zero_writer.cc cuts a large optimizer file this way so that it
 // is not written by one thread of one rank). Everyone builds the same tree
 // in a TorchWriter of its own. The archive's storage bytes (the data of its
 // storage records, concatenated in record order) are cut into `pieces`

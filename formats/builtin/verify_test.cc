@@ -79,7 +79,7 @@ TEST(VerifyTest, Zero3UniversalLayoutGoodDamagedAndIncomplete) {
       JoinPath(CopyOf("0.19.5", "gpt-zero3-dp2", "z3u"), "global_step4_universal_deepspeed");
   VerifyResult good = VerifyFolder(builtin::Formats(), dir);
   EXPECT_TRUE(good.problems.empty()) << Problems(good);
-  EXPECT_EQ(good.kind, "universal");
+  EXPECT_EQ(good.kind, "universal (ZeRO-3)");
   EXPECT_GT(good.files_checked, 100);
   const std::string state = JoinPath(dir, "zero/h.0.attn_qkv.weight/exp_avg.pt");
   Flip(state);

@@ -44,7 +44,7 @@ void Rewrite(const std::string& path, const std::function<void(Value&)>& edit) {
 }
 
 // DeepSpeed 0.16.4 writes expp_rank_R_mp_rank_00_optim_states.pt = {'optimizer':
-// None} next to a MoE job's ZeRO files (seen in the lab: lab/README-ds19.md);
+// None} next to a MoE job's ZeRO files (seen in the lab runs of issue 15);
 // ucp took them for a MoE job without ZeRO and refused the checkpoint. The
 // 0.19.5 fixture plus such files must read like the fixture; an expp file
 // holding an optimizer is still refused, naming the file.

@@ -39,7 +39,7 @@
 //
 // ds_to_universal.py (0.19.5) cannot convert these (it merges every ep
 // rank's local experts as if they were dp shards); ucp reshards them
-// (writers/moe_writer.h).
+// (formats/deepspeed_moe/moe_writer.h).
 #ifndef UCP_FORMATS_DEEPSPEED_MOE_MOE_STATE_H_
 #define UCP_FORMATS_DEEPSPEED_MOE_MOE_STATE_H_
 

@@ -1,4 +1,4 @@
-// Writes a native mixture-of-experts ModelState (readers/moe_state.h) as the
+// Writes a native mixture-of-experts ModelState (formats/deepspeed_moe/moe_state.h) as the
 // DeepSpeed ZeRO 1/2 checkpoint of a job at another dp and expert parallel
 // degree (tp = pp = 1), what that job saves (engine.py _save_moe_checkpoint,
 // stage_1_and_2.py state_dict), so that its plain load_checkpoint loads it:

@@ -242,6 +242,7 @@ class Source : public formats::SourceFormat {
   void Verify(const formats::CheckpointFolder& folder, const formats::SourceOptions& options,
               formats::VerifyResult* result) const override {
     if (IsZero3UniversalLayout(folder.names)) {
+      result->kind = kZero3UniversalKind;
       absl::StatusOr<std::unique_ptr<Zero3UniversalFolder>> z3 = Zero3UniversalFolder::Open(folder.dir, ReadOf(options));
       if (!z3.ok()) {
         result->problems.push_back(std::string(z3.status().message()));

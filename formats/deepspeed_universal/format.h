@@ -17,6 +17,8 @@ namespace ucp::deepspeed_universal {
 
 inline constexpr char kName[] = "deepspeed_universal";
 inline constexpr char kKind[] = "universal";
+// What `ucp verify` calls DeepSpeed's stage-3 universal layout (zero3_universal.h).
+inline constexpr char kZero3UniversalKind[] = "universal (ZeRO-3)";
 
 void Register(formats::Registry& registry);
 

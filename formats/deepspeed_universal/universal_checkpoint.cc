@@ -277,18 +277,18 @@ absl::Status UniversalCheckpoint::VerifyChecksums() const {
   return VerifyManifestDigests(dir_, *manifest_);
 }
 
-absl::Status VerifyManifestDigests(const std::string& dir_, const Manifest& manifest) {
+absl::Status VerifyManifestDigests(const std::string& dir, const Manifest& manifest) {
   for (const FileDigest& d : manifest.file()) {
     if (d.path().find("..") != std::string::npos || (!d.path().empty() && d.path()[0] == '/')) {
-      return absl::DataLossError(absl::StrCat(JoinPath(dir_, deepspeed::kManifestFile), ": bad file path '", d.path(), "'"));
+      return absl::DataLossError(absl::StrCat(JoinPath(dir, deepspeed::kManifestFile), ": bad file path '", d.path(), "'"));
     }
-    const std::string path = JoinPath(dir_, d.path());
+    const std::string path = JoinPath(dir, d.path());
     const DigestKind kind = !d.xxh3_128().empty() ? DigestKind::kXxh3_128
                             : !d.sha256().empty() ? DigestKind::kSha256
                                                   : DigestKind::kNone;
     if (kind == DigestKind::kNone) {
       return absl::DataLossError(
-          absl::StrCat(JoinPath(dir_, deepspeed::kManifestFile), ": no digest for '", d.path(), "'"));
+          absl::StrCat(JoinPath(dir, deepspeed::kManifestFile), ": no digest for '", d.path(), "'"));
     }
     const std::string& want = kind == DigestKind::kSha256 ? d.sha256() : d.xxh3_128();
     std::string got;

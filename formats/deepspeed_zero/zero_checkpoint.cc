@@ -159,7 +159,7 @@ absl::Status ZeroCheckpoint::Load(const std::vector<ModuleEntry>* module_entries
     }
   }
   if (!zero3.empty()) {
-    // readers/zero3_state.h reads these (ops/open.cc picks it).
+    // formats/deepspeed_zero3/ reads these (the registry picks it).
     return absl::InvalidArgumentError(absl::StrCat(dir_, ": a ZeRO stage 3 checkpoint (found ", zero3.front(),
                                                    "): open it with deepspeed_zero3::Zero3State"));
   }
@@ -173,7 +173,7 @@ absl::Status ZeroCheckpoint::Load(const std::vector<ModuleEntry>* module_entries
         const Value* v = (*f)->root()->is(Kind::kDict) ? (*f)->root()->DictGet("ds_version") : nullptr;
         if (v != nullptr && v->is(Kind::kStr)) version = v->str();
       }
-      // readers/moe_state.h reads these (ops/open.cc picks it).
+      // formats/deepspeed_moe/ reads these (the registry picks it).
       return absl::InvalidArgumentError(absl::StrCat(
           dir_, ": DeepSpeed ", version, " native mixture-of-experts checkpoint (found ", n,
           "; experts in layer_L_expert_E files): open it with deepspeed_moe::MoeState (`ucp reshard`)"));

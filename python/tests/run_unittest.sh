@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
 # Runs one unittest file of python/tests with Debian's /usr/bin/python3 (torch
 # 1.13 + numpy), the package from the runfiles (python/ucp and its extension)
-# on PYTHONPATH. Usage (from the BUILD): run_unittest.sh TEST.py UCP_CLI WHEEL
+# on PYTHONPATH. Usage (from the BUILD): run_unittest.sh TEST.py UCP_CLI
 set -euo pipefail
 test_file=$1
 export UCP_CLI=$(readlink -f "$2")
-export UCP_WHEEL=$(readlink -f "$3")
 root=$PWD  # the runfiles of the workspace (..../ucp)
 export UCP_FIXTURES=$(readlink -f "$root/../shared/fixtures")
 export UCP_README=$(readlink -f "$root/README.md")

@@ -1,0 +1,139 @@
+# Random real-DeepSpeed cases drawn from a seed (realds/README.md): model
+# family and sizes, source and target topologies, ZeRO stage, dtype, route and
+# DeepSpeed version, within what each DeepSpeed version and root can run. The
+# same seed draws the same cases, so a failure replays with
+#   realds/driver.py --random=SEED --count=K [--versions=...]
+# and `--print` shows the cases as textproto (to keep one in a cases file).
+import random
+
+# where each version runs and what it can do (../shared/docs/REAL-CLIENTS.md)
+VERSIONS = ["0.14.4", "0.15.4", "0.16.4", "0.17.6", "0.18.9", "0.19.5", "master"]
+# the partition_method of each family's PipelineModule (worker/families/*.py)
+PARTITION = {"neox": "type:transformer|mlp", "savanna": "type:ParallelBlockPipe"}
+
+
+def _version(v):
+    if v.startswith("master"):
+        return (0, 19, 6)
+    return tuple(int(x) for x in v.split(".")[:3])
+
+
+def _divisors_of(n, choices):
+    return [c for c in choices if n % c == 0]
+
+
+def _topologies(rng, family, plain, stage):
+    """(tp, pp, dp, ep) at most 4 ranks, as the family and the stage allow."""
+    if family == "gpt":
+        dp = rng.choice([1, 2, 2, 3, 4])
+        return 1, 1, dp, 1
+    tp = rng.choice([1, 2, 2])
+    pp = 1 if plain else rng.choice([1, 2])
+    dp = rng.choice([d for d in (1, 2, 4) if tp * pp * d <= 4])
+    return tp, pp, dp, 1
+
+
+def draw_one(pb, rng, name, versions):
+    version = rng.choice(versions)
+    v = _version(version)
+    sid = v >= (0, 19, 6)
+    c = pb.Case(name=name, deepspeed=version)
+    family = rng.choice(["neox", "savanna", "gpt", "gpt_moe"])
+    moe = family == "gpt_moe"
+    if moe:
+        family = "gpt"
+    # bf16 over gloo needs trixie's torch 2.6 (sid's gloo has no bf16 broadcast)
+    dtype = rng.choice(["fp32", "fp32", "bf16"]) if not sid else "fp32"
+    if family == "gpt" and not moe and not sid and rng.random() < 0.15:
+        dtype = "fp16"
+    c.model.family, c.model.dtype, c.model.seed = family, dtype, rng.randint(1, 10 ** 6)
+    plain = family != "gpt" and rng.random() < 0.4
+    stages = []
+    for _ in range(1 + rng.choice([1, 1, 2])):
+        if family == "gpt":
+            zero = rng.choice([1, 2]) if moe else rng.choice([1, 2, 3])
+        else:
+            zero = rng.choice([1, 2]) if plain else 1  # the pipeline engine takes ZeRO-1 only
+        tp, pp, dp, ep = _topologies(rng, family, plain, zero)
+        if moe:
+            ep = rng.choice(_divisors_of(dp, [1, 2, 4]))
+        stages.append((tp, pp, dp, ep, zero))
+    tps = {s[0] for s in stages}
+    if family == "neox":
+        heads = rng.choice([2, 4, 8])
+        hidden = heads * rng.choice([4, 8, 16])
+        vocab = 8 * rng.randint(4, 12)
+        c.model.args = f"--hidden {hidden} --heads {heads} --layers {rng.randint(1, 3)} --vocab {vocab} --seq {rng.choice([6, 8, 12])}"
+        if rng.random() < 0.4:
+            c.model.args += " --tied"
+    elif family == "savanna":
+        hidden = rng.choice([32, 48, 64])
+        heads = rng.choice(_divisors_of(hidden, [2, 4, 8]))
+        groups = lambda: rng.choice([g for g in _divisors_of(hidden, [2, 4, 8, 16]) if g % max(tps) == 0])
+        ops = ["hyena_se", "hyena_mr", "hyena", "flash"]
+        ops = rng.sample(ops, rng.randint(2, 4))
+        c.model.args = (f"--hidden {hidden} --heads {heads} --groups {groups()} --groups_mr {groups()} "
+                        f"--groups_se {groups()} --order {rng.choice([4, 6, 8])} --vocab {8 * rng.randint(6, 12)} "
+                        f"--seq {rng.choice([8, 12])} --operators {','.join(ops)}")
+        if rng.random() < 0.4:
+            c.model.args += " --untied"
+    else:
+        heads = rng.choice([2, 4])
+        c.model.args = f"--hidden {heads * rng.choice([4, 8])} --heads {heads} --layers {rng.randint(1, 2)} --vocab {rng.randint(17, 40)}"
+        if rng.random() < 0.5:
+            c.model.args += f" --odd {rng.randint(1, 7)}"
+        if rng.random() < 0.3:
+            c.model.args += " --lr1 5e-4"
+        if moe:
+            c.model.args += " --moe_layers 0 --experts 4"
+    if plain:
+        c.model.args += " --plain"
+    s = stages[0]
+    c.source.tp, c.source.pp, c.source.dp, c.source.ep, c.source.zero_stage = s
+    for i, t in enumerate(stages[1:]):
+        h = c.hop.add()
+        h.target.tp, h.target.pp, h.target.dp, h.target.ep, h.target.zero_stage = t
+        prev = stages[i]
+        routes = [pb.Hop.RESHARD]
+        # a universal load: not for MoE (ucp refuses to convert it), a ZeRO-3 source only
+        # for a ZeRO-3 target of 0.15 - 0.19.5 with one group, no stage change through it
+        if not moe and (prev[4] == 3) == (t[4] == 3):
+            if t[4] != 3 or ((0, 15, 0) <= v <= (0, 19, 5) and "--lr1" not in c.model.args):
+                routes += [pb.Hop.CONVERT, pb.Hop.CONVERT_RESHARD]
+        h.route = rng.choice(routes)
+        if h.route == pb.Hop.CONVERT and t[4] == 3:
+            c.model.args += " --groups 1" if "--groups 1" not in c.model.args else ""
+        if h.route != pb.Hop.RESHARD and family == "gpt":
+            # a tp=1 source does not say how it would split
+            if h.route == pb.Hop.CONVERT:
+                h.ucp_flags = "--default_kind=replicated"
+            else:
+                h.convert_flags = "--default_kind=replicated"
+        if sid and h.route != pb.Hop.CONVERT:
+            h.ucp_flags = (h.ucp_flags + " --target_ds_version=0.19.5").strip()
+        if h.route != pb.Hop.CONVERT and family in PARTITION and not plain and t[1] > 1:
+            # GPT-NeoX and savanna cut their pipeline stages by layer class and do not
+            # record it: ucp reshard's default ("parameters") cuts elsewhere
+            h.ucp_flags = (h.ucp_flags + f" --partition_method={PARTITION[family]}").strip()
+        h.steps = rng.choice([1, 2])
+    c.steps = rng.choice([2, 3])
+    # What the topology change alone does to later steps (DeepSpeed's own
+    # uninterrupted runs, no checkpoint): a pp change with a tied embedding
+    # 3.7e-3 after one step (tied grads), untied up to 9e-4 in 4 steps; an ep
+    # change on 0.14.x (expert gradients scaled by expert dp) 1.2e-4.
+    pp_change = any(a[1] != b[1] for a, b in zip(stages, stages[1:]))
+    ep_change = any(a[3] != b[3] for a, b in zip(stages, stages[1:]))
+    tied = (family == "neox" and "--tied" in c.model.args) or (family == "savanna" and "--untied" not in c.model.args)
+    if dtype == "fp32" and pp_change:
+        c.tolerance = 1e-2 if tied else 2e-3
+    elif dtype == "fp32" and moe and ep_change and v < (0, 15, 0):
+        c.tolerance = 1e-3
+    c.export = rng.random() < 0.3 and not moe and stages[0][4] != 3
+    c.proves = "a random case"
+    return c
+
+
+def draw(pb, seed, count, versions=None):
+    rng = random.Random(seed)
+    versions = versions or VERSIONS
+    return [draw_one(pb, rng, f"random_{seed}_{i}", versions) for i in range(count)]

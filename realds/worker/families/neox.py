@@ -1,0 +1,229 @@
+# Family `neox`: a GPT-NeoX-shaped PipelineModule with Megatron tensor
+# parallelism, named and split as GPT-NeoX names and splits them (the model of the
+# original tp 2 -> 1 bug report; ../shared/fixtures/deepspeed-0.14.4/README.md):
+#
+#   0   EmbeddingPipe          word_embeddings.weight [V/tp, h]           vocab rows (dim 0)
+#   1   a block without params (GPT-NeoX's _pre_transformer_block as a module)
+#   2.. ParallelTransformerLayerPipe x layers:
+#         input_layernorm.scale, post_attention_layernorm.scale [h]     replicated (RMSNorm)
+#         attention.query_key_value.{weight [3h/tp, h], bias}           column (dim 0)
+#         attention.dense.weight [h, h/tp]                              row (dim 1)
+#         attention.dense.bias [h]                                      replicated
+#         mlp.dense_h_to_4h.{weight [4h/tp, h], bias}                   column (dim 0)
+#         mlp.dense_4h_to_h.weight [h, 4h/tp]                           row (dim 1)
+#         mlp.dense_4h_to_h.bias [h]                                    replicated
+#   .   a function (_post_transformer_block)
+#   .   NormPipe               norm.scale [h]                             replicated
+#   .   ParallelLinearPipe     final_linear.weight [V/tp, h]              vocab rows (dim 0)
+#
+# or, with --tied, the output uses the embedding (`tied_modules.embed.word_embeddings.weight`).
+# Param groups as GPT-NeoX's get_params_for_weight_decay_optimization: weights,
+# then norms and biases (weight decay 0). --plain builds the same layers as one
+# nn.Sequential (`sequential.N.*`, pp = 1, DeepSpeed's engine given the mpu).
+# --declare_patterns saves `universal_checkpoint_info` with the patterns
+# ds_to_universal.py needs for these names (as Megatron-DeepSpeed does); by
+# default it is `{}`, as GPT-NeoX's fork of the bug report saved it.
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import mpu
+from families import Built, common_args
+
+SPLITS = [
+    (r"word_embeddings\.weight$", 0),
+    (r"final_linear\.weight$", 0),
+    (r"\.attention\.query_key_value\.(weight|bias)$", 0),
+    (r"\.mlp\.dense_h_to_4h\.(weight|bias)$", 0),
+    (r"\.attention\.dense\.weight$", 1),
+    (r"\.mlp\.dense_4h_to_h\.weight$", 1),
+    (r"\.attention\.dense\.bias$", None),
+    (r"\.mlp\.dense_4h_to_h\.bias$", None),
+    (r"(layernorm|norm)\.scale$", None),
+]
+
+# What a Megatron-DeepSpeed-style client would declare for these names
+# (deepspeed/checkpoint/constants.py keys).
+DECLARED = {
+    "tp_replicated_parameter_patterns": [r".*norm\.scale$", r".*attention\.dense\.bias$", r".*mlp\.dense_4h_to_h\.bias$"],
+    "parameter_with_row_parallelism_patterns": [r".*attention\.dense\.weight$", r".*mlp\.dense_4h_to_h\.weight$"],
+}
+
+
+# GPT-NeoX's default pipe_partition_method (its checkpoints do not record it).
+PARTITION_METHOD = "type:transformer|mlp"
+
+
+def add_args(ap):
+    common_args(ap)
+    ap.add_argument("--tied", action="store_true", help="output layer tied to the embedding")
+    ap.add_argument("--plain", action="store_true", help="one nn.Sequential instead of a PipelineModule")
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--wd", type=float, default=0.01)
+    ap.add_argument("--declare_patterns", action="store_true",
+                    help="save universal_checkpoint_info with the tp patterns of these names")
+
+
+def _gen(cfg, salt):
+    return torch.Generator().manual_seed(cfg.seed * 1000 + salt)
+
+
+class EmbeddingPipe(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.word_embeddings = mpu.VocabParallelEmbedding(_gen(cfg, 999), cfg.vocab, cfg.hidden)
+
+    @property
+    def word_embeddings_weight(self):
+        return self.word_embeddings.weight
+
+    def forward(self, ids):
+        return self.word_embeddings(ids)
+
+
+class PreTransformerBlock(nn.Module):
+    def forward(self, x):
+        return x
+
+
+def post_transformer_block(x):
+    return x
+
+
+class Attention(nn.Module):
+    def __init__(self, gen, cfg):
+        super().__init__()
+        h = cfg.hidden
+        if cfg.heads % mpu.MPU.tp:
+            raise SystemExit(f"family neox: {cfg.heads} heads do not split over tp {mpu.MPU.tp}")
+        self.heads = cfg.heads // mpu.MPU.tp
+        self.hn = h // cfg.heads
+        self.query_key_value = mpu.ColumnParallelLinear(gen, h, 3 * h, bias=True)
+        self.dense = mpu.RowParallelLinear(gen, h, h, bias=True)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        qkv = self.query_key_value(x).view(b, s, self.heads, 3 * self.hn)  # GPT-NeoX: per head [q k v]
+        q, k, v = qkv.split(self.hn, dim=-1)
+        z = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        return self.dense(z.transpose(1, 2).reshape(b, s, self.heads * self.hn))
+
+
+class MLP(nn.Module):
+    def __init__(self, gen, cfg):
+        super().__init__()
+        h = cfg.hidden
+        self.dense_h_to_4h = mpu.ColumnParallelLinear(gen, h, 4 * h, bias=True)
+        self.dense_4h_to_h = mpu.RowParallelLinear(gen, 4 * h, h, bias=True)
+
+    def forward(self, x):
+        return self.dense_4h_to_h(F.gelu(self.dense_h_to_4h(x)))
+
+
+class ParallelTransformerLayerPipe(nn.Module):
+    def __init__(self, cfg, layer):
+        super().__init__()
+        gen = _gen(cfg, layer)
+        self.input_layernorm = mpu.RMSNorm(gen, cfg.hidden)
+        self.attention = Attention(gen, cfg)
+        self.post_attention_layernorm = mpu.RMSNorm(gen, cfg.hidden)
+        self.mlp = MLP(gen, cfg)
+
+    def forward(self, x):
+        x = x + self.attention(self.input_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class NormPipe(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.norm = mpu.RMSNorm(_gen(cfg, 998), cfg.hidden)
+
+    def forward(self, x):
+        return self.norm(x)
+
+
+class ParallelLinearPipe(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        gen = _gen(cfg, 997)
+        self.final_linear = mpu.ColumnParallelLinear(gen, cfg.hidden, cfg.vocab)
+
+    def forward(self, x):
+        return mpu.gather_from_tp(self.final_linear(x))
+
+
+def tied_logits(embedding, x):
+    return mpu.parallel_logits(x, embedding.word_embeddings_weight)
+
+
+def specs(cfg):
+    from deepspeed.pipe import LayerSpec, TiedLayerSpec
+    out = [TiedLayerSpec("embed", EmbeddingPipe, cfg, tied_weight_attr="word_embeddings_weight") if cfg.tied
+           else LayerSpec(EmbeddingPipe, cfg), LayerSpec(PreTransformerBlock)]
+    out += [LayerSpec(ParallelTransformerLayerPipe, cfg, i) for i in range(cfg.layers)]
+    out += [post_transformer_block, LayerSpec(NormPipe, cfg)]
+    out.append(TiedLayerSpec("embed", EmbeddingPipe, cfg, forward_fn=tied_logits,
+                             tied_weight_attr="word_embeddings_weight") if cfg.tied else LayerSpec(ParallelLinearPipe, cfg))
+    return out
+
+
+class Lambda(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)
+
+
+class Sequential(nn.Module):
+    """The same layers as one module (names sequential.N.*), for pp = 1 runs
+    without a PipelineModule."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        emb = EmbeddingPipe(cfg)
+        layers = [emb, PreTransformerBlock()] + [ParallelTransformerLayerPipe(cfg, i) for i in range(cfg.layers)]
+        layers += [Lambda(post_transformer_block), NormPipe(cfg)]
+        if cfg.tied:
+            import functools
+            layers.append(Lambda(functools.partial(tied_logits, emb)))
+        else:
+            layers.append(ParallelLinearPipe(cfg))
+        self.sequential = nn.Sequential(*layers)
+
+    def forward(self, ids):
+        return self.sequential(ids)
+
+
+def weight_decay_groups(module, cfg):
+    decay = [p for n, p in module.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in module.named_parameters() if p.dim() < 2]
+    return [{"params": decay, "weight_decay": cfg.wd}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def build(cfg, topo):
+    m = mpu.setup(topo["tp"], topo["pp"])
+    if cfg.plain:
+        if topo["pp"] != 1:
+            raise SystemExit("family neox --plain: pp must be 1")
+        module = Sequential(cfg)
+        return Built(module=module, param_groups=weight_decay_groups(module, cfg), pipeline=False, mpu=m,
+                     loss=lambda engine, x, y: mpu.cross_entropy(engine(x), y), tp_rank=m.tp_rank,
+                     dp_rank=m.dp_rank, records_losses=m.tp_rank == 0)
+    from deepspeed.pipe import PipelineModule
+    from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+    module = PipelineModule(layers=specs(cfg), loss_fn=mpu.cross_entropy,
+                            topology=PipeModelDataParallelTopology(num_pp=topo["pp"], num_mp=topo["tp"], num_dp=m.dp),
+                            partition_method=PARTITION_METHOD)
+    return Built(module=module, param_groups=weight_decay_groups(module, cfg), pipeline=True, tp_rank=m.tp_rank,
+                 pp_rank=m.pp_rank, dp_rank=m.dp_rank, records_losses=m.tp_rank == 0 and m.pp_rank == topo["pp"] - 1)
+
+
+def client_state(cfg, topo, iteration):
+    info = dict(DECLARED) if cfg.declare_patterns else {}
+    return {"iteration": iteration, "universal_checkpoint_info": info,
+            "args": {"num_layers": cfg.layers, "hidden_size": cfg.hidden, "num_attention_heads": cfg.heads,
+                     "padded_vocab_size": cfg.vocab, "model_parallel_size": topo["tp"],
+                     "pipe_parallel_size": topo["pp"], "seq_length": cfg.seq}}

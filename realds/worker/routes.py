@@ -1,0 +1,154 @@
+# DeepSpeed's own checkpoint routes for tools/upstream_check.sh (runs in a
+# Debian root, in a process forked by zygote.py; see realds/README.md): each
+# runs the DeepSpeed tree under test, unmodified or patched, and compares what
+# it gives with a golden case's expected merged tensors (digests):
+#
+#   ds_to_universal(src, out, inject)        deepspeed/checkpoint/ds_to_universal.py, as a user runs it
+#   compare_universal_files(out, expected)   its zero/<param>/{fp32,exp_avg,exp_avg_sq,step}.pt
+#   compare_zero_to_fp32(src, tag, expected) zero_to_fp32's get_fp32_state_dict_from_zero_checkpoint
+#   compare_dump(ref, family, expected)      what a job held after load_universal or a plain load
+#                                            (dumps.py, merged by the oracle)
+#
+# Each compare returns {"pass": bool, "detail": the first problem, "checked": n}.
+import glob
+import os
+import runpy
+import sys
+
+import torch
+
+import oracle
+
+DS_STATES = ("fp32", "exp_avg", "exp_avg_sq")
+HYPER_PARAMETERS = ("lr", "betas", "eps", "weight_decay")
+
+
+def ds_to_universal(src, out, inject):
+    """Runs the tree's ds_to_universal.py script in this process (its own
+    argument parsing, its worker pools), with one worker of each kind."""
+    import deepspeed
+    script = os.path.join(os.path.dirname(deepspeed.__file__), "checkpoint", "ds_to_universal.py")
+    argv = ["ds_to_universal.py", "--input_folder", src, "--output_folder", out,
+            "--num_extract_workers", "1", "--num_merge_workers", "1"]
+    if inject:
+        with open(script) as f:
+            if "--inject_missing_state" in f.read():
+                argv.append("--inject_missing_state")
+    sys.argv = argv
+    runpy.run_path(script, run_name="__main__")
+    return {"ok": True}
+
+
+def _fmt(x):
+    return f"{x:.6g}"
+
+
+def _describe(name, state, got, want):
+    """How a tensor differs from its digest: shape / dtype, else whether the
+    values are permuted (same sums) or changed (by how much in L2 and max)."""
+    if list(got["shape"]) != list(want["shape"]) or got["dtype"] != want["dtype"]:
+        return (f"{name} {state}: {tuple(got['shape'])} {got['dtype']}, expected {tuple(want['shape'])} "
+                f"{want['dtype']}")
+    same_sums = got["sum"] == want["sum"] and got["l2"] == want["l2"] and got["absmax"] == want["absmax"]
+    if same_sums:
+        return f"{name} {state}: the same values in another order (sum, L2 and max equal, bytes differ)"
+    return (f"{name} {state}: values differ: L2 {_fmt(got['l2'])} vs {_fmt(want['l2'])} "
+            f"(|diff| {_fmt(abs(got['l2'] - want['l2']))}), max |x| {_fmt(got['absmax'])} vs {_fmt(want['absmax'])}, "
+            f"sum {_fmt(got['sum'])} vs {_fmt(want['sum'])}")
+
+
+def _compare(got, expected, states, what):
+    """got: name -> state -> digest (or a string: why it is missing)."""
+    checked = 0
+    for name in sorted(expected["tensors"]):
+        for state in states:
+            want = expected["tensors"][name][state]
+            g = got.get(name, {}).get(state) if isinstance(got.get(name), dict) else None
+            if g is None:
+                why = got.get(name) if isinstance(got.get(name), str) else f"missing from {what}"
+                return {"pass": False, "checked": checked, "detail": f"{name} {state}: {why}"}
+            if isinstance(g, str):
+                return {"pass": False, "checked": checked, "detail": f"{name} {state}: {g}"}
+            if g["sha256"] != want["sha256"] or list(g["shape"]) != list(want["shape"]) or g["dtype"] != want["dtype"]:
+                return {"pass": False, "checked": checked, "detail": _describe(name, state, g, want)}
+            checked += 1
+    return {"pass": True, "checked": checked, "detail": f"{checked} tensors bitwise"}
+
+
+def compare_universal_files(out, expected):
+    """zero/<param>/<state>.pt as ds_to_universal.py wrote them: a dict with
+    'param' (ZeRO-1/2, the whole tensor) or a raw flat tensor (ZeRO-3, reshaped
+    to the param's shape when its size fits, as the stage-3 loader does)."""
+    zero = os.path.join(out, "zero")
+    if not os.path.isdir(zero):
+        return {"pass": False, "checked": 0, "detail": f"no zero/ folder in {out}"}
+    got = {}
+    for name, states in expected["tensors"].items():
+        d = os.path.join(zero, name)
+        if not os.path.isdir(d):
+            got[name] = f"no zero/{name}/ folder"
+            continue
+        got[name] = {}
+        for s in DS_STATES:
+            f = os.path.join(d, f"{s}.pt")
+            if not os.path.exists(f):
+                got[name][s] = f"no zero/{name}/{s}.pt"
+                continue
+            v = torch.load(f, weights_only=False)
+            t = v.get("param") if isinstance(v, dict) else v
+            if not torch.is_tensor(t):
+                got[name][s] = f"zero/{name}/{s}.pt holds {type(v).__name__}, no tensor"
+                continue
+            want = states[s]["shape"]
+            if t.dim() == 1 and len(want) != 1 and t.numel() == _numel(want):
+                t = t.reshape(want)
+            got[name][s] = oracle.tensor_digest(t)
+    r = _compare(got, expected, DS_STATES, "the universal folder")
+    if r["pass"]:
+        steps = set()
+        for f in glob.glob(os.path.join(zero, "*", "step.pt")):
+            v = torch.load(f, weights_only=False)
+            steps.add(float(v) if torch.is_tensor(v) else float(v.get("param", v)) if isinstance(v, dict) else float(v))
+        if steps and steps != {float(expected["step"])}:
+            return {"pass": False, "checked": r["checked"],
+                    "detail": f"step.pt: {sorted(steps)}, expected {expected['step']}"}
+    return r
+
+
+def _numel(shape):
+    n = 1
+    for x in shape:
+        n *= x
+    return n
+
+
+def compare_zero_to_fp32(src, tag, expected):
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    sd = get_fp32_state_dict_from_zero_checkpoint(src, tag=tag)
+    got = {n: {"fp32": oracle.tensor_digest(t.contiguous() if hasattr(t, "contiguous") else t)} for n, t in sd.items()}
+    return _compare(got, expected, ("fp32",), "zero_to_fp32's state dict")
+
+
+def compare_dump(ref, family, expected):
+    """A loading job's dump (tp slices merged by the oracle) vs the goldens:
+    every state, the optimizer step, each group's hyper-parameters."""
+    d = oracle.digests(ref, family)
+    if d["problems"]:
+        return {"pass": False, "checked": 0, "detail": d["problems"][0]}
+    r = _compare(d["tensors"], expected, ("lp",) + DS_STATES, "the loaded job")
+    if not r["pass"]:
+        return r
+    if d["steps"] != [float(expected["step"])]:
+        return {"pass": False, "checked": r["checked"],
+                "detail": f"optimizer step {d['steps']}, expected {expected['step']}"}
+    groups = expected.get("groups")
+    if groups is not None:  # the hyper-parameters (not torch's own flags, which change with its version)
+        if len(groups) != len(d["groups"]):
+            return {"pass": False, "checked": r["checked"],
+                    "detail": f"{len(d['groups'])} param groups, expected {len(groups)}"}
+        for i, (g, w) in enumerate(zip(d["groups"], groups)):
+            diff = {k: (g.get(k), w[k]) for k in HYPER_PARAMETERS if k in w and g.get(k) != w[k]}
+            if diff:
+                return {"pass": False, "checked": r["checked"],
+                        "detail": f"group {i} hyper-parameters (got, expected): {diff}"}
+    return r

@@ -413,13 +413,6 @@ absl::Status CheckOutputApartFromInputs(const std::string& output, const std::ve
   return absl::OkStatus();
 }
 
-namespace {
-std::atomic<bool> sync_outputs{true};
-}  // namespace
-
-void SetSyncOutputs(bool on) { sync_outputs.store(on); }
-bool SyncOutputs() { return sync_outputs.load(); }
-
 absl::Status SyncDir(const std::string& path) {
   const int fd = open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return ErrnoError(path, "cannot open folder to fsync");
@@ -608,7 +601,7 @@ void StagingDir::Keep() {
   Unregister();
 }
 
-absl::StatusOr<StagingDir> StagingDir::Create(const std::string& target_in, bool overwrite) {
+absl::StatusOr<StagingDir> StagingDir::Create(const std::string& target_in, bool overwrite, bool sync) {
   std::string target = target_in;
   while (target.size() > 1 && target.back() == '/') target.pop_back();
   if (target.empty()) return absl::InvalidArgumentError("the output folder is empty");
@@ -627,6 +620,7 @@ absl::StatusOr<StagingDir> StagingDir::Create(const std::string& target_in, bool
   d.notes_ = RemoveStaleStaging(parent);
   d.target_ = target;
   d.overwrite_ = overwrite;
+  d.sync_ = sync;
   d.tmp_ = JoinPath(parent, TempName(Basename(target), "tmp"));
   s = RemoveTree(d.tmp_);
   if (!s.ok()) return s;
@@ -657,6 +651,7 @@ StagingDir& StagingDir::operator=(StagingDir&& o) noexcept {
     target_ = std::move(o.target_);
     tmp_ = std::move(o.tmp_);
     overwrite_ = o.overwrite_;
+    sync_ = o.sync_;
     done_ = o.done_;
     keep_ = o.keep_;
     o.done_ = true;
@@ -673,7 +668,7 @@ StagingDir::~StagingDir() {
 absl::Status StagingDir::Commit() {
   if (done_) return absl::FailedPreconditionError(absl::StrCat(target_, ": staging folder already committed"));
   // Every byte on disk before the folder gets its final name.
-  if (SyncOutputs()) {
+  if (sync_) {
     absl::Status synced = SyncTree(tmp_);
     if (!synced.ok()) return synced;
   }
@@ -699,7 +694,7 @@ absl::Status StagingDir::Commit() {
   Live().paths.erase(id_);
   id_ = 0;
   lock.unlock();
-  absl::Status s = SyncOutputs() ? SyncDir(Dirname(target_)) : absl::OkStatus();
+  absl::Status s = sync_ ? SyncDir(Dirname(target_)) : absl::OkStatus();
   if (!old.empty()) {
     absl::Status r = RemoveTree(old);
     if (s.ok()) s = r;

@@ -65,12 +65,6 @@ std::string ResolvePath(const std::string& path);
 // resolved): writing or replacing it would destroy the input.
 absl::Status CheckOutputApartFromInputs(const std::string& output, const std::vector<std::string>& inputs);
 
-// Process-wide (default true): whether StagingDir::Commit fsyncs the output
-// before renaming it into place. Off (the CLI's --fsync=false) a commit is
-// as durable as cp -r: not crash-safe.
-void SetSyncOutputs(bool on);
-bool SyncOutputs();
-
 // fsyncs every file and folder under `path` (and `path` itself).
 absl::Status SyncTree(const std::string& path);
 // fsyncs one folder (after a rename in it).
@@ -95,7 +89,10 @@ class StagingDir {
   // kFailedPrecondition if overwrite is asked for a target that is not a
   // previous ucp output (IsReplaceableOutput). Stale staging folders of dead
   // processes beside the target are removed first.
-  static absl::StatusOr<StagingDir> Create(const std::string& target, bool overwrite = false);
+  // `sync` (the CLI's --fsync, default true): Commit fsyncs the output
+  // before renaming it into place, and its parent after. Without it a commit
+  // is as durable as cp -r: not crash-safe.
+  static absl::StatusOr<StagingDir> Create(const std::string& target, bool overwrite = false, bool sync = true);
   StagingDir(StagingDir&& other) noexcept;
   StagingDir& operator=(StagingDir&& other) noexcept;
   StagingDir(const StagingDir&) = delete;
@@ -106,7 +103,7 @@ class StagingDir {
   const std::string& target() const { return target_; }
   // fsyncs the staging folder's files and folders, renames it to the target
   // (replacing an old target when created with overwrite) and fsyncs the
-  // parent (no fsync when !SyncOutputs()). After Commit the destructor does
+  // parent (no fsync when created without sync). After Commit the destructor does
   // nothing.
   absl::Status Commit();
   // Keeps the staging folder on destruction (ds_to_universal's --keep_temp_folder).
@@ -123,6 +120,7 @@ class StagingDir {
   std::string target_;
   std::string tmp_;
   bool overwrite_ = false;
+  bool sync_ = true;
   bool done_ = false;
   bool keep_ = false;
 };

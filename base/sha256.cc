@@ -141,16 +141,16 @@ const bool kHardware =
 #else
     false;
 #endif
-std::atomic<bool> hardware_enabled{true};
 
 }  // namespace
 
 bool Sha256HardwareAvailable() { return kHardware; }
-void SetSha256HardwareEnabled(bool enabled) { hardware_enabled = enabled; }
+
+Sha256::Sha256(Sha256Impl impl) : hardware_(kHardware && impl == Sha256Impl::kAuto) { Reset(); }
 
 void Sha256::CompressBlocks(const uint8_t* blocks, size_t n) {
 #if defined(__x86_64__)
-  if (kHardware && hardware_enabled.load(std::memory_order_relaxed)) {
+  if (hardware_) {
     CompressShaNi(state_, blocks, n);
     return;
   }
@@ -242,7 +242,7 @@ void Sha256::Update(const void* data, size_t len) {
 
 void Sha256::UpdatePair(Sha256& a, const void* da, size_t la, Sha256& b, const void* db, size_t lb) {
 #if defined(__x86_64__)
-  if (&a != &b && kHardware && hardware_enabled.load(std::memory_order_relaxed)) {
+  if (&a != &b && a.hardware_ && b.hardware_) {
     const uint8_t* pa = static_cast<const uint8_t*>(da);
     const uint8_t* pb = static_cast<const uint8_t*>(db);
     a.total_len_ += la;
@@ -302,8 +302,8 @@ std::string Sha256::HexDigest() {
   return out;
 }
 
-std::string Sha256Hex(std::string_view data) {
-  Sha256 h;
+std::string Sha256Hex(std::string_view data, Sha256Impl impl) {
+  Sha256 h(impl);
   h.Update(data);
   return h.HexDigest();
 }

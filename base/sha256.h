@@ -19,11 +19,15 @@
 
 namespace ucp {
 
+// Which compression a hasher runs: the CPU's SHA extensions when it has
+// them (kAuto), or the portable code (kPortable; tests check both agree).
+enum class Sha256Impl { kAuto, kPortable };
+
 // Sha256: incremental hasher. Update() any number of times, then Digest() or
 // HexDigest() once (the hasher is then spent; Reset() to reuse it).
 class Sha256 {
  public:
-  Sha256() { Reset(); }
+  explicit Sha256(Sha256Impl impl = Sha256Impl::kAuto);
   void Reset();
   void Update(const void* data, size_t len);
   void Update(std::string_view data) { Update(data.data(), data.size()); }
@@ -33,7 +37,8 @@ class Sha256 {
   // a.Update(da, la) and b.Update(db, lb) (distinct hashers), computed
   // together: with SHA-NI the two message chains are interleaved, which keeps
   // the CPU's SHA unit busy where one chain waits on each round's latency
-  // (about 1.8x the throughput of two Update() calls).
+  // (about 1.8x the throughput of two Update() calls) when both hashers use
+  // the extensions.
   static void UpdatePair(Sha256& a, const void* da, size_t la, Sha256& b, const void* db, size_t lb);
 
  private:
@@ -50,15 +55,14 @@ class Sha256 {
   uint64_t total_len_ = 0;
   uint8_t buffer_[64];
   size_t buffered_ = 0;
+  bool hardware_;  // compress with the SHA extensions
 };
 
 // The hex digest of `data` in one call.
-std::string Sha256Hex(std::string_view data);
+std::string Sha256Hex(std::string_view data, Sha256Impl impl = Sha256Impl::kAuto);
 
-// Whether CompressBlocks uses the CPU's SHA extensions; tests can turn them
-// off to check both paths give the same digests.
+// Whether this CPU has the SHA extensions (Sha256Impl::kAuto uses them).
 bool Sha256HardwareAvailable();
-void SetSha256HardwareEnabled(bool enabled);
 
 }  // namespace ucp
 

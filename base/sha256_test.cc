@@ -45,14 +45,10 @@ TEST(Sha256Test, HardwareMatchesPortable) {
   for (int i = 0; i < (1 << 20) + 77; ++i) data.push_back(static_cast<char>((i * 131 + (i >> 9)) & 0xff));
   for (size_t len : std::vector<size_t>{0, 1, 63, 64, 65, 127, 128, 129, 1000, 4096 + 13, size_t{1} << 20, data.size()}) {
     const std::string part = data.substr(0, len);
-    SetSha256HardwareEnabled(false);
-    const std::string portable = Sha256Hex(part);
-    SetSha256HardwareEnabled(true);
+    const std::string portable = Sha256Hex(part, Sha256Impl::kPortable);
     EXPECT_EQ(Sha256Hex(part), portable) << "len " << len;
   }
-  SetSha256HardwareEnabled(false);
-  EXPECT_EQ(Sha256Hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
-  SetSha256HardwareEnabled(true);
+  EXPECT_EQ(Sha256Hex("abc", Sha256Impl::kPortable), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
   EXPECT_EQ(Sha256Hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
   if (!Sha256HardwareAvailable()) std::cerr << "note: this CPU has no SHA extensions; only the portable path ran\n";
 }
@@ -66,14 +62,14 @@ TEST(Sha256Test, UpdatePairMatchesUpdate) {
   const std::vector<size_t> prefixes = {0, 1, 13, 63, 64, 65, 100};
   const std::vector<size_t> lengths = {0, 1, 50, 63, 64, 65, 127, 128, 1000, 4096 + 7, 100000};
   for (bool hardware : {true, false}) {
-    SetSha256HardwareEnabled(hardware);
+    const Sha256Impl impl = hardware ? Sha256Impl::kAuto : Sha256Impl::kPortable;
     for (size_t pa : prefixes) {
       for (size_t pb : prefixes) {
         for (size_t la : lengths) {
           for (size_t lb : lengths) {
             const char* a_data = data.data() + 1000;
             const char* b_data = data.data() + 150000 + pb;
-            Sha256 a, b, a_ref, b_ref;
+            Sha256 a(impl), b(impl), a_ref(Sha256Impl::kPortable), b_ref(Sha256Impl::kPortable);
             a.Update(data.data(), pa);
             a_ref.Update(data.data(), pa);
             b.Update(data.data() + 77, pb);
@@ -92,7 +88,6 @@ TEST(Sha256Test, UpdatePairMatchesUpdate) {
       }
     }
   }
-  SetSha256HardwareEnabled(true);
   // Large equal inputs, against a known digest.
   Sha256 x, y;
   const std::string million(1000000, 'a');

@@ -14,10 +14,10 @@
 #include "absl/strings/str_cat.h"
 #include "conformance/neox_model.h"
 #include "conformance/synthetic_state.h"
-#include "tools/flags.h"
+#include "cli/flags.h"
 
 int main(int argc, char** argv) {
-  using ucp::tools::FlagSet;
+  using ucp::cli::FlagSet;
   FlagSet f("make_checkpoint", "a large GPT-NeoX-shaped ZeRO-1 checkpoint for bench/run_bench.sh");
   std::string output;
   std::string gb = "3";

@@ -11,13 +11,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/fs.h"
-#include "conformance/demo.h"
 #include "conformance/golden.h"
 #include "conformance/model_gen.h"
 #include "conformance/properties.h"
 #include "conformance/spec_rules.h"
 #include "google/protobuf/text_format.h"
-#include "tools/flags.h"
+#include "cli/flags.h"
 
 namespace ucp::conformance {
 namespace {
@@ -103,7 +102,7 @@ int WriteSources(const std::string& dir, uint64_t seed, int cases, const CaseGen
 }  // namespace
 
 int RunFuzzCommand(int argc, char** argv) {
-  tools::FlagSet f("fuzz",
+  cli::FlagSet f("fuzz",
                    "runs the conformance properties on random models x topologies: (a) convert(save(M, T)) is the "
                    "same universal checkpoint for every T and equals M; (b) reshard(convert(save(M, T1)), T2) == "
                    "save(M, T2) bitwise; (c) ZeRO -> ZeRO reshard == the two-step path; (d) a missing shard, a "
@@ -134,7 +133,7 @@ int RunFuzzCommand(int argc, char** argv) {
     std::cout << f.Usage();
     return 0;
   }
-  if (!pos->empty()) return Fail(absl::InvalidArgumentError("ucp fuzz takes no positional arguments"));
+  if (!pos->empty()) return Fail(absl::InvalidArgumentError("ucp_conformance fuzz takes no positional arguments"));
   auto props = ParseProperties(properties);
   if (!props.ok()) return Fail(props.status());
   if (workdir.empty()) workdir = DefaultScratchDir("fuzz");
@@ -153,7 +152,7 @@ int RunFuzzCommand(int argc, char** argv) {
   o.workdir = workdir;
   std::vector<std::string> names;
   for (Property p : o.properties) names.push_back(absl::StrCat("(", PropertyLetter(p), ") ", PropertyName(p)));
-  std::cout << "ucp fuzz: seed " << seed << ", " << cases << " cases, properties:\n  " << absl::StrJoin(names, "\n  ")
+  std::cout << "ucp_conformance fuzz: seed " << seed << ", " << cases << " cases, properties:\n  " << absl::StrJoin(names, "\n  ")
             << "\n";
   std::cout.flush();
   const auto start = std::chrono::steady_clock::now();
@@ -172,7 +171,7 @@ int RunFuzzCommand(int argc, char** argv) {
     const std::string path = absl::StrCat("ucp_fuzz_failure_seed", seed, ".textproto");
     const absl::Status s = WriteFileAtomic(path, absl::StrCat("# proto-message: ucp.GoldenCase\n", r.shrunk_case));
     std::cout << "shrunk case:\n" << r.shrunk_case;
-    if (s.ok()) std::cout << "written to " << path << "; replay it alone: ucp fuzz --case=" << path << "\n";
+    if (s.ok()) std::cout << "written to " << path << "; replay it alone: ucp_conformance fuzz --case=" << path << "\n";
   }
   std::cout << "replay the run: " << r.replay << "\n";
   return 1;
@@ -180,17 +179,17 @@ int RunFuzzCommand(int argc, char** argv) {
 
 int RunGoldenCommand(int argc, char** argv) {
   const std::string usage =
-      "usage: ucp golden check --golden=DIR --universal=DIR   compare a universal folder with a golden\n"
-      "       ucp golden update --golden=DIR                    regenerate DIR/golden.textproto (on purpose only)\n"
-      "       ucp golden source --golden=DIR --output=ROOT      write the case's source ZeRO checkpoint\n";
+      "usage: ucp_conformance golden check --golden=DIR --universal=DIR   compare a universal folder with a golden\n"
+      "       ucp_conformance golden update --golden=DIR                    regenerate DIR/golden.textproto (on purpose only)\n"
+      "       ucp_conformance golden source --golden=DIR --output=ROOT      write the case's source ZeRO checkpoint\n";
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
     std::cout << usage;
     return argc < 2 ? 1 : 0;
   }
   const std::string mode = argv[1];
-  tools::FlagSet f(absl::StrCat("golden ", mode),
+  cli::FlagSet f(absl::StrCat("golden ", mode),
                    mode == "check" ? "compares a universal checkpoint folder (ucp's, or one written by a patched "
-                                     "DeepSpeed ds_to_universal.py from `ucp golden source`) with a golden and "
+                                     "DeepSpeed ds_to_universal.py from `ucp_conformance golden source`) with a golden and "
                                      "reports every param whose files differ"
                    : mode == "update"
                        ? "regenerates DIR/golden.textproto from DIR/case.textproto; run only when ucp's output is "
@@ -203,7 +202,7 @@ int RunGoldenCommand(int argc, char** argv) {
   if (mode == "source") f.String("output", &output, "the checkpoint root to write", true);
   if (mode == "update") f.String("workdir", &workdir, "scratch folder (default: under /dev/shm, else $TMPDIR or /tmp; removed)");
   if (mode != "check" && mode != "update" && mode != "source") {
-    std::cerr << "ucp golden: unknown mode '" << mode << "'\n" << usage;
+    std::cerr << "ucp_conformance golden: unknown mode '" << mode << "'\n" << usage;
     return 1;
   }
   auto pos = f.Parse(argc - 1, argv + 1);
@@ -233,7 +232,7 @@ int RunGoldenCommand(int argc, char** argv) {
     if (!zero_options.ok()) return Fail(zero_options.status());
     const std::string flags = SourceFlags(*zero_options);
     std::cout << "the golden's universal/ part is what `ucp convert --input_folder=" << *dir
-              << " --output_folder=DIR" << flags << "` writes; check another converter's output with `ucp golden check`\n";
+              << " --output_folder=DIR" << flags << "` writes; check another converter's output with `ucp_conformance golden check`\n";
     return 0;
   }
   auto g = ReadGolden(golden);
@@ -255,26 +254,6 @@ int RunGoldenCommand(int argc, char** argv) {
   std::cout << params << " param(s) differ from the golden " << c->name()
             << (report->count("") ? ", and files that belong to no param" : "") << "\n";
   return 1;
-}
-
-int RunDemoCommand(int argc, char** argv) {
-  tools::FlagSet f("demo",
-                   "the built-in example: generates a GPT-NeoX-style tp=2 ZeRO-1 checkpoint as DeepSpeed 0.14.4 "
-                   "saves it, converts it to a universal checkpoint, reshards that to tp=1, verifies every weight, "
-                   "fp32 master, exp_avg and exp_avg_sq bitwise against the generated model, and prints a summary");
-  DemoOptions o;
-  f.String("workdir", &o.workdir, "where to write the checkpoints (kept); default: a temporary folder, removed");
-  f.Int32("num_threads", &o.num_threads, "threads (0 = all cores)");
-  auto pos = f.Parse(argc, argv);
-  if (!pos.ok()) return Fail(pos.status());
-  if (f.help_requested()) {
-    std::cout << f.Usage();
-    return 0;
-  }
-  auto r = RunDemo(o);
-  if (!r.ok()) return Fail(r.status());
-  std::cout << r->summary;
-  return r->mismatches.empty() ? 0 : 1;
 }
 
 }  // namespace ucp::conformance

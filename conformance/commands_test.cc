@@ -1,5 +1,6 @@
-// The `ucp fuzz`, `ucp golden` and `ucp demo` commands: flags, output, exit codes.
+// The `ucp_conformance fuzz` / `golden` and `ucp demo` commands: flags, output, exit codes.
 #include "conformance/commands.h"
+#include "conformance/demo_command.h"
 
 #include <string>
 #include <vector>
@@ -35,7 +36,7 @@ TEST(CommandsTest, FuzzRunsAndPrintsTheDistribution) {
   const std::string work = FreshTempDir("fuzz_cmd");
   auto [code, out] = RunCommand(&RunFuzzCommand, {"fuzz", "--seed=7", "--cases=3", "--workdir=" + work});
   EXPECT_EQ(code, 0) << out;
-  EXPECT_THAT(out, HasSubstr("ucp fuzz: seed 7, 3 cases"));
+  EXPECT_THAT(out, HasSubstr("ucp_conformance fuzz: seed 7, 3 cases"));
   EXPECT_THAT(out, HasSubstr("param kinds (params)"));
   EXPECT_THAT(out, HasSubstr("style"));
   EXPECT_THAT(out, HasSubstr("passed: 3 cases"));

@@ -321,9 +321,9 @@ TEST(SplitWriteTest, APieceOpensOnlyTheInputsOfItsBytes) {
   const std::string staging = JoinPath(root, "staging");
   fs::create_directories(staging);
   std::vector<writers::UnitResult> results;
-  absl::Status ran = writers::ExecuteUnits(*plan, {piece}, staging, 1, {}, &results);
+  absl::Status ran = writers::ExecuteUnits(*plan, {piece}, staging, 1, {}, /*writeback=*/true, &results);
   EXPECT_TRUE(ran.ok()) << ran;
-  ran = writers::ExecuteUnits(*plan, {reader}, staging, 1, {}, &results);
+  ran = writers::ExecuteUnits(*plan, {reader}, staging, 1, {}, /*writeback=*/true, &results);
   EXPECT_FALSE(ran.ok());
   EXPECT_TRUE(absl::StrContains(ran.message(), other)) << ran;
 }

@@ -2,7 +2,7 @@
 // python/ucp/__init__.py is the public API; this module is its engine:
 //
 //   run(command, flags, progress, interval) -> dict  convert / reshard / export, with the CLI's own flag parsing
-//                                                    (tools/command_flags.h), the GIL released while working
+//                                                    (cli/command_flags.h), the GIL released while working
 //   flag_names(command), usage(command)              the flags (for keyword checks and docstrings)
 //   inspect(path) -> dict                            ops::Inspect's InspectReport, field by field
 //   open(path, flags) -> Checkpoint                  ops::OpenSource (any format the registry knows)
@@ -41,9 +41,9 @@
 #include "ops/reshard.h"
 #include "proto/ucp.pb.h"
 #include "ops/inspect.h"
-#include "tools/command_flags.h"
-#include "tools/flags.h"
-#include "tools/progress.h"
+#include "cli/command_flags.h"
+#include "cli/flags.h"
+#include "cli/progress.h"
 #include "tp/tensor_plan.h"
 
 namespace py = pybind11;
@@ -141,7 +141,7 @@ py::dict TopologyDict(const state::Topology& t) {
 // `flags` (as `--name=value` strings) parsed by the command's FlagSet;
 // kInvalidArgument for unknown flags, bad values, missing required ones and
 // positional arguments.
-void ParseFlags(tools::FlagSet& f, const std::string& command, const std::vector<std::string>& flags) {
+void ParseFlags(cli::FlagSet& f, const std::string& command, const std::vector<std::string>& flags) {
   std::vector<std::string> args = {command};
   args.insert(args.end(), flags.begin(), flags.end());
   std::vector<char*> argv;
@@ -155,12 +155,12 @@ void ParseFlags(tools::FlagSet& f, const std::string& command, const std::vector
 
 // The flags `ucp.open` takes: how a ZeRO source's tp merges are decided.
 struct OpenFlags {
-  tools::ZeroSourceFlags src;
+  cli::ZeroSourceFlags src;
   int threads = 0;
   int64_t divisible_by = 0;
   bool verify_checksums = false;
 
-  void Register(tools::FlagSet& f) {
+  void Register(cli::FlagSet& f) {
     src.Register(f);
     f.Int32("num_threads", &threads, "threads reading the evidence of a ZeRO source (0 = all cores)");
     f.Int("make_vocab_size_divisible_by", &divisible_by,
@@ -171,10 +171,10 @@ struct OpenFlags {
 
 // The flags' names and --help text of a command (for flag_names(), usage()).
 std::pair<std::vector<std::string>, std::string> DescribeFlags(const std::string& command) {
-  tools::FlagSet f(command, "");
-  tools::ConvertFlags c;
-  tools::ReshardFlags r;
-  tools::ExportFlags e;
+  cli::FlagSet f(command, "");
+  cli::ConvertFlags c;
+  cli::ReshardFlags r;
+  cli::ExportFlags e;
   OpenFlags o;
   if (command == "convert") {
     c.Register(f);
@@ -233,7 +233,7 @@ class PyProgress {
     phase_ = e.phase;
     last_ = now;
     const double elapsed = std::chrono::duration<double>(now - start_).count();
-    const tools::ProgressFigures fig = tools::FiguresOf(e, elapsed);
+    const cli::ProgressFigures fig = cli::FiguresOf(e, elapsed);
     py::gil_scoped_acquire gil;
     try {
       py::dict d;
@@ -280,15 +280,15 @@ ProgressFn Both(ProgressFn a, ProgressFn b) {
 // ---- convert / reshard / export ----
 
 py::dict Run(const std::string& command, const std::vector<std::string>& flags, py::object progress, double interval) {
-  tools::FlagSet f(command, "");
+  cli::FlagSet f(command, "");
   py::dict out;
   out["command"] = command;
   if (command == "convert") {
-    tools::ConvertFlags c;
+    cli::ConvertFlags c;
     c.Register(f);
     ParseFlags(f, command, flags);
     Check(c.Finish());
-    tools::ProgressPrinter printer(command, Take(tools::ParseProgressMode(c.progress)));
+    cli::ProgressPrinter printer(command, Take(cli::ParseProgressMode(c.progress)));
     PyProgress py_progress(command, progress, interval);
     c.options.write.progress = Both(printer.Callback(), py_progress.Callback());
     absl::StatusOr<ops::ConvertResult> result;
@@ -308,13 +308,13 @@ py::dict Run(const std::string& command, const std::vector<std::string>& flags, 
     out["rules_summary"] = result->summary;
     out["explain"] = result->explain;
     out["notes"] = result->warnings;
-    out["report"] = dry ? result->plan : tools::ConvertReport(c, *result);
+    out["report"] = dry ? result->plan : cli::ConvertReport(c, *result);
   } else if (command == "reshard") {
-    tools::ReshardFlags r;
+    cli::ReshardFlags r;
     r.Register(f);
     ParseFlags(f, command, flags);
     Check(r.Finish());
-    tools::ProgressPrinter printer(command, Take(tools::ParseProgressMode(r.progress)));
+    cli::ProgressPrinter printer(command, Take(cli::ParseProgressMode(r.progress)));
     PyProgress py_progress(command, progress, interval);
     r.options.write.progress = Both(printer.Callback(), py_progress.Callback());
     absl::StatusOr<ops::ReshardResult> result;
@@ -337,13 +337,13 @@ py::dict Run(const std::string& command, const std::vector<std::string>& flags, 
     out["partition_method"] = result->write.layout.partition_method;
     out["stage_boundaries"] = result->write.layout.parts;
     out["notes"] = result->notes;
-    out["report"] = dry ? result->plan : tools::ReshardReport(r, *result);
+    out["report"] = dry ? result->plan : cli::ReshardReport(r, *result);
   } else if (command == "export") {
-    tools::ExportFlags e;
+    cli::ExportFlags e;
     e.Register(f);
     ParseFlags(f, command, flags);
     Check(e.Finish());
-    tools::ProgressPrinter printer(command, Take(tools::ParseProgressMode(e.progress)));
+    cli::ProgressPrinter printer(command, Take(cli::ParseProgressMode(e.progress)));
     PyProgress py_progress(command, progress, interval);
     e.options.write.progress = Both(printer.Callback(), py_progress.Callback());
     absl::StatusOr<ops::ExportResult> result;
@@ -360,7 +360,7 @@ py::dict Run(const std::string& command, const std::vector<std::string>& flags, 
     out["bytes"] = result->stats.bytes;
     out["architecture"] = result->architecture;
     out["notes"] = result->notes;
-    out["report"] = tools::ExportReport(e, *result);
+    out["report"] = cli::ExportReport(e, *result);
   } else {
     Check(absl::InvalidArgumentError(
         absl::StrCat("unknown command '", command, "': expected convert, reshard or export")));
@@ -556,7 +556,7 @@ class Checkpoint {
 };
 
 std::unique_ptr<Checkpoint> Open(const std::string& path, const std::vector<std::string>& flags) {
-  tools::FlagSet f("open", "");
+  cli::FlagSet f("open", "");
   OpenFlags o;
   o.Register(f);
   ParseFlags(f, "open", flags);

@@ -1,5 +1,5 @@
 // Helpers shared by the ucp subcommands (tools/cmd_*.cc): error exit,
-// flag parsing (the flags of each command: tools/command_flags.h).
+// flag parsing (the flags of each command: cli/command_flags.h).
 #ifndef UCP_TOOLS_CLI_H_
 #define UCP_TOOLS_CLI_H_
 
@@ -11,10 +11,29 @@
 #include "absl/status/statusor.h"
 #include "base/cluster.h"
 #include "ops/open.h"
-#include "tools/command_flags.h"  // ZeroSourceFlags, RegisterProgressFlag
-#include "tools/flags.h"
+#include "cli/command_flags.h"  // ZeroSourceFlags, RegisterProgressFlag
+#include "cli/flags.h"
+#include "cli/progress.h"
 
 namespace ucp::tools {
+
+// The subcommands' flags and progress display live in cli/ (shared with the
+// Python module).
+using cli::ConvertFlags;
+using cli::ConvertReport;
+using cli::ExportFlags;
+using cli::ExportReport;
+using cli::FlagSet;
+using cli::ParseProgressMode;
+using cli::ProgressMode;
+using cli::ProgressPrinter;
+using cli::RegisterFsyncFlag;
+using cli::RegisterProgressFlag;
+using cli::RegisterUnsafePickleFlag;
+using cli::RegisterUpdateLatestFlag;
+using cli::ReshardFlags;
+using cli::ReshardReport;
+using cli::ZeroSourceFlags;
 
 // The MPI job this process is a rank of (`mpirun -np N ucp ...`), or null
 // when it runs alone; set by main.

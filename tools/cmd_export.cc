@@ -5,9 +5,9 @@
 
 #include "ops/export.h"
 #include "tools/cli.h"
-#include "tools/command_flags.h"
+#include "cli/command_flags.h"
 #include "tools/commands.h"
-#include "tools/progress.h"
+#include "cli/progress.h"
 
 namespace ucp::tools {
 

@@ -1,6 +1,6 @@
 #include "tools/commands.h"
 
-#include "conformance/commands.h"
+#include "conformance/demo_command.h"
 
 namespace ucp::tools {
 
@@ -22,8 +22,6 @@ const std::vector<Command>& Commands() {
        "the built-in example: generate a GPT-NeoX-style tp=2 ZeRO-1 checkpoint, convert it, reshard it to tp=1, "
        "verify it bitwise",
        &conformance::RunDemoCommand},
-      {"fuzz", "run the conformance properties on random models and topologies", &conformance::RunFuzzCommand},
-      {"golden", "check (or update) a golden description of a universal checkpoint", &conformance::RunGoldenCommand},
   };
   return *commands;
 }

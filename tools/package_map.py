@@ -145,14 +145,14 @@ def main(argv):
                     rel = "its own line" if level[dst] == level[src] else "a line above it"
                     problems.append(f"{where[0]}: {src} includes {dst}, on {rel} in the README map{kind}")
     order = [pkgs for pkgs, _ in lines]
-    for pkgs, listed in lines:
+    for line_pkgs, listed in lines:
         deps = set()
-        for p in pkgs:
+        for p in line_pkgs:
             deps |= set(product.get(p, {}))
-        deps -= set(pkgs)
+        deps -= set(line_pkgs)
         want = canonical(deps, order)
         if listed != want:
-            problems.append(f"README.md map: '{' '.join(pkgs)} -> {' '.join(listed)}' but the sources include "
+            problems.append(f"README.md map: '{' '.join(line_pkgs)} -> {' '.join(listed)}' but the sources include "
                             f"'{' '.join(want)}' (tools/package_map.py --print draws the map)")
     for p in problems:
         print(p)

@@ -28,7 +28,8 @@ int64_t Plan::total_bytes() const {
 }
 
 absl::Status ExecuteUnits(const Plan& plan, const std::vector<size_t>& subset, const std::string& staging,
-                          int threads, const ProgressFn& progress, std::vector<UnitResult>* results) {
+                          int threads, const ProgressFn& progress, bool writeback,
+                          std::vector<UnitResult>* results) {
   const std::vector<Unit>& units = plan.units();
   results->resize(units.size());
   // Largest first, so that the threads finish together rather than one of
@@ -64,7 +65,7 @@ absl::Status ExecuteUnits(const Plan& plan, const std::vector<size_t>& subset, c
     // Start writing the unit's files back to disk now, so that the fsync
     // before the commit (StagingDir::Commit) has little left to wait for.
     for (const FileDigest& f : (*results)[i].files) {
-      if (!torch::EarlyWriteback()) break;
+      if (!writeback) break;
       const int fd = open(JoinPath(staging, f.path()).c_str(), O_RDONLY | O_CLOEXEC);
       if (fd < 0) continue;
       (void)sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE);
@@ -195,7 +196,7 @@ absl::StatusOr<StagingDir> BeginOutput(const Plan& plan, const std::string& outp
     inputs.insert(inputs.end(), dirs.begin(), dirs.end());
   }
   UCP_RETURN_IF_ERROR(CheckOutputApartFromInputs(output_folder, inputs));
-  UCP_ASSIGN_OR_RETURN(StagingDir staging, StagingDir::Create(output_folder, options.overwrite));
+  UCP_ASSIGN_OR_RETURN(StagingDir staging, StagingDir::Create(output_folder, options.overwrite, options.fsync));
   if (options.keep_temp_folder) staging.Keep();
   UCP_RETURN_IF_ERROR(plan.Prepare(staging.path()));
   return staging;
@@ -235,7 +236,7 @@ absl::StatusOr<WriteStats> RunPlan(const Plan& plan, const std::string& output_f
   std::vector<size_t> all(plan.units().size());
   for (size_t i = 0; i < all.size(); ++i) all[i] = i;
   std::vector<UnitResult> results;
-  UCP_RETURN_IF_ERROR(ExecuteUnits(plan, all, staging.path(), options.num_threads, options.progress, &results));
+  UCP_RETURN_IF_ERROR(ExecuteUnits(plan, all, staging.path(), options.num_threads, options.progress, options.fsync, &results));
   return CommitOutput(plan, staging, results, options);
 }
 
@@ -289,7 +290,7 @@ absl::StatusOr<WriteStats> RunPlanOnCluster(const Plan& plan, const std::string&
   }
   std::vector<UnitResult> results;
   absl::Status ran = ExecuteUnits(plan, assignment[rank], started.staging(), options.num_threads,
-                                  rank == 0 ? options.progress : ProgressFn(), &results);
+                                  rank == 0 ? options.progress : ProgressFn(), options.fsync, &results);
   // Every input this rank read is still whole (no file shrank under it).
   if (ran.ok()) ran = torch::MappedFile::CheckAllIntact();
   RankReport report;

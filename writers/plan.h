@@ -98,8 +98,11 @@ class Plan {
 // Runs the units `subset` (indices into plan.units()) on up to `threads`
 // threads (0 = all cores), largest first; results[i] is filled for each i in
 // the subset. The first failure wins; units not started by then are skipped.
+// `writeback`: start writing each unit's files back to disk as it ends
+// (RunOptions::fsync).
 absl::Status ExecuteUnits(const Plan& plan, const std::vector<size_t>& subset, const std::string& staging,
-                          int threads, const ProgressFn& progress, std::vector<UnitResult>* results);
+                          int threads, const ProgressFn& progress, bool writeback,
+                          std::vector<UnitResult>* results);
 
 // Appends to `units` one unit that checks the source's input files no unit
 // reads (CheckpointState::InputFiles / VerifyInput); Plan::Execute of a
@@ -139,6 +142,10 @@ struct RunOptions {
   // so: repointing it would change what that root's checkpoint is.
   bool update_latest = false;
   ProgressFn progress;
+  // fsync the output before it is renamed into place (StagingDir's `sync`)
+  // and start each unit's files' writeback as the unit ends; the CLI's
+  // --fsync (false: as durable as cp -r).
+  bool fsync = true;
 };
 
 // Plan, execute and commit in this process: a staging folder beside

@@ -17,6 +17,7 @@ RunOptions ZeroRunOptions(const ZeroWriteOptions& options) {
   run.update_latest = options.update_latest;
   run.write_latest = options.write_latest;
   run.progress = options.progress;
+  run.fsync = options.fsync;
   return run;
 }
 
@@ -29,6 +30,7 @@ RunOptions UniversalRunOptions(const UniversalWriteOptions& options) {
   run.keep_temp_folder = options.keep_temp_folder;
   run.write_latest = options.write_latest;
   run.progress = options.progress;
+  run.fsync = options.fsync;
   return run;
 }
 
@@ -67,6 +69,7 @@ RunOptions WeightsRunOptions(const ExportWriteOptions& options) {
   run.keep_temp_folder = options.keep_temp_folder;
   run.write_latest = false;
   run.progress = options.progress;
+  run.fsync = options.fsync;
   return run;
 }
 

@@ -68,6 +68,7 @@ struct ZeroWriteOptions {
   bool update_latest = false;
   bool write_latest = true;
   ProgressFn progress;
+  bool fsync = true;  // RunOptions::fsync (--fsync)
 };
 
 inline constexpr int64_t kOptimPieceBytes = int64_t{128} << 20;
@@ -93,6 +94,7 @@ struct UniversalWriteOptions {
   bool keep_temp_folder = false;  // keep the staging folder on failure
   bool write_latest = true;       // <root>/latest_universal
   ProgressFn progress;  // may be empty
+  bool fsync = true;    // RunOptions::fsync (--fsync)
   // The digest of every file in the manifest (sha256 on request).
   DigestKind digest = DigestKind::kXxh3_128;
   // The DeepSpeed version that will load the output ("" = the source's
@@ -147,6 +149,7 @@ struct ExportWriteOptions {
   bool update_latest = false;
   bool keep_temp_folder = false;
   ProgressFn progress;
+  bool fsync = true;  // RunOptions::fsync (--fsync)
 };
 
 // "5GB" -> 5000000000 as huggingface_hub's parse_size_to_int reads it: an

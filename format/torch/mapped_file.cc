@@ -35,7 +35,6 @@ struct MappedRegistry {
 };
 
 std::atomic<size_t> consumed_since_release{0};
-std::atomic<size_t> release_budget{size_t{256} << 20};
 MappedRegistry& Registry() {
   static MappedRegistry* registry = new MappedRegistry();
   return *registry;
@@ -215,16 +214,13 @@ void MappedFile::ReleaseAll() {
 }
 
 void MappedFile::NoteBytesConsumed(size_t n) {
-  const size_t budget = release_budget.load(std::memory_order_relaxed);
-  if (budget == 0) return;
   const size_t total = consumed_since_release.fetch_add(n, std::memory_order_relaxed) + n;
-  if (total >= budget) {
+  if (total >= kReleaseBudget) {
     consumed_since_release.store(0, std::memory_order_relaxed);
     ReleaseAll();
   }
 }
 
-void MappedFile::SetReleaseBudget(size_t budget) { release_budget = budget; }
 
 bool MappedFile::IsMappedByThisProcess(const std::string& path) {
   struct stat st;

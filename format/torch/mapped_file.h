@@ -71,11 +71,10 @@ class MappedFile {
   // their pages in again from the page cache.
   static void ReleaseAll();
   // Streaming readers report the mapped bytes they have consumed; every
-  // `budget` bytes (default 256 MiB, 0 = never) all mappings are released,
-  // which bounds the RSS that memory-mapped sources add, however large the
-  // checkpoint.
+  // kReleaseBudget bytes all mappings are released, which bounds the RSS
+  // that memory-mapped sources add, however large the checkpoint.
+  static constexpr size_t kReleaseBudget = size_t{256} << 20;
   static void NoteBytesConsumed(size_t n);
-  static void SetReleaseBudget(size_t budget);
 
   // True when `path` names a file (same device and inode) that a live
   // MappedFile of this process maps. Writers use it to refuse truncating a

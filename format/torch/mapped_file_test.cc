@@ -165,11 +165,9 @@ TEST(MappedFileRssTest, ReleaseAllGivesBackTouchedPages) {
   // The data is still there.
   EXPECT_EQ((*mapped)->data()[12345], 0x5a);
   // The budget does the same on its own.
-  MappedFile::SetReleaseBudget(32 << 20);
   for (size_t i = 0; i < (*mapped)->size(); i += 4096) sum += (*mapped)->data()[i];
-  MappedFile::NoteBytesConsumed(40 << 20);
+  MappedFile::NoteBytesConsumed(MappedFile::kReleaseBudget);
   EXPECT_LT(testing::RssKiB() - before, 8 * 1024);
-  MappedFile::SetReleaseBudget(256 << 20);
 }
 
 }  // namespace

@@ -877,12 +877,12 @@ struct TorchWriter::Impl {
       crc = Crc32(crc, piece.data(), piece.size());
       UCP_RETURN_IF_ERROR(PwriteAll(fd, name, piece.data(), piece.size(), at));
       at += piece.size();
-      if (at >= written_back + kWritebackBytes) {
+      if (options.writeback && at >= written_back + kWritebackBytes) {
         StartWriteback(fd, written_back, at - written_back);
         written_back = at;
       }
     }
-    StartWriteback(fd, written_back, at - written_back);
+    if (options.writeback) StartWriteback(fd, written_back, at - written_back);
     return crc;
   }
 
@@ -997,7 +997,8 @@ namespace {
 // removed when writing failed or it is destroyed unclosed.
 class OutputFile {
  public:
-  static absl::StatusOr<std::unique_ptr<OutputFile>> Create(const std::string& path, DigestKind hash) {
+  static absl::StatusOr<std::unique_ptr<OutputFile>> Create(const std::string& path, DigestKind hash,
+                                                            bool writeback) {
     // Truncating a file this process has mapped (e.g. the checkpoint the
     // storages come from) would destroy the source and SIGBUS the reader.
     if (MappedFile::IsMappedByThisProcess(path)) {
@@ -1006,7 +1007,7 @@ class OutputFile {
     }
     const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat(path, ": cannot create"));
-    return std::unique_ptr<OutputFile>(new OutputFile(fd, path, hash));
+    return std::unique_ptr<OutputFile>(new OutputFile(fd, path, hash, writeback));
   }
   OutputFile(const OutputFile&) = delete;
   OutputFile& operator=(const OutputFile&) = delete;
@@ -1034,10 +1035,10 @@ class OutputFile {
   }
 
  private:
-  OutputFile(int fd, std::string path, DigestKind hash)
+  OutputFile(int fd, std::string path, DigestKind hash, bool writeback)
       : fd_(fd),
         path_(std::move(path)),
-        sink_(fd, path_),
+        sink_(fd, path_, size_t{1} << 20, writeback),
         sha_(hash),
         hashing_(&sink_, hash != DigestKind::kNone ? &sha_ : nullptr) {}
   int fd_;
@@ -1050,7 +1051,7 @@ class OutputFile {
 }  // namespace
 
 absl::Status TorchWriter::WriteFile(const std::string& path, const pickle::Value& root) {
-  UCP_ASSIGN_OR_RETURN(std::unique_ptr<OutputFile> file, OutputFile::Create(path, impl_->options.digest));
+  UCP_ASSIGN_OR_RETURN(std::unique_ptr<OutputFile> file, OutputFile::Create(path, impl_->options.digest, impl_->options.writeback));
   absl::Status s = impl_->WriteArchive(file->sink(), path, ArchiveStem(path), root, file->fd());
   impl_->last_bytes = file->bytes_written();
   impl_->last_digest = file->HexDigest();
@@ -1101,7 +1102,7 @@ absl::Status TorchWriter::WriteFiles(absl::Span<TorchWriter* const> writers, abs
   for (size_t i = 0; i < writers.size(); ++i) {
     auto l = std::make_unique<Lane>();
     l->impl = writers[i]->impl_.get();
-    absl::StatusOr<std::unique_ptr<OutputFile>> file = OutputFile::Create(paths[i], l->impl->options.digest);
+    absl::StatusOr<std::unique_ptr<OutputFile>> file = OutputFile::Create(paths[i], l->impl->options.digest, l->impl->options.writeback);
     if (!file.ok()) return fail(file.status());
     l->file = *std::move(file);
     absl::StatusOr<Impl::Prepared> prepared = l->impl->Prepare(paths[i], ArchiveStem(paths[i]), *roots[i]);

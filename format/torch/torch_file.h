@@ -134,6 +134,11 @@ struct TorchWriteOptions {
   size_t chunk_bytes = size_t{1} << 20;
   // fdatasync the file before closing it.
   bool sync = false;
+  // Start writing the file's bytes back to disk while writing it (every
+  // kWritebackBytes, zip.h StartWriteback), so that the fsync before the
+  // output's commit has little left to wait for. Off for outputs that are
+  // not fsynced (--fsync=false).
+  bool writeback = true;
   // See ZipWriterOptions; lower only in tests.
   uint64_t zip64_size_threshold = 0xFFFFFFFF;
   uint64_t zip64_offset_threshold = 0xFFFFFFFF;

@@ -544,20 +544,13 @@ absl::Status ZipReader::VerifyAllCrcs() const {
 // ---------------------------------------------------------------------------
 // Sinks
 
-namespace {
-std::atomic<bool> early_writeback{true};
-}  // namespace
-
-void SetEarlyWriteback(bool on) { early_writeback.store(on); }
-bool EarlyWriteback() { return early_writeback.load(); }
-
 void StartWriteback(int fd, uint64_t offset, uint64_t len) {
-  if (fd < 0 || len == 0 || !EarlyWriteback()) return;
+  if (fd < 0 || len == 0) return;
   (void)::sync_file_range(fd, static_cast<off64_t>(offset), static_cast<off64_t>(len), SYNC_FILE_RANGE_WRITE);
 }
 
-FdSink::FdSink(int fd, std::string path_for_messages, size_t buffer_size)
-    : fd_(fd), path_(std::move(path_for_messages)), buffer_(buffer_size) {}
+FdSink::FdSink(int fd, std::string path_for_messages, size_t buffer_size, bool writeback)
+    : fd_(fd), path_(std::move(path_for_messages)), buffer_(buffer_size), writeback_(writeback) {}
 
 absl::Status FdSink::WriteAll(const uint8_t* p, size_t n) {
   while (n > 0) {
@@ -570,7 +563,7 @@ absl::Status FdSink::WriteAll(const uint8_t* p, size_t n) {
     n -= static_cast<size_t>(w);
     pos_ += static_cast<uint64_t>(w);
   }
-  if (pos_ >= written_back_ + kWritebackBytes) {
+  if (writeback_ && pos_ >= written_back_ + kWritebackBytes) {
     StartWriteback(fd_, written_back_, pos_ - written_back_);
     written_back_ = pos_;
   }

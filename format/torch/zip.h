@@ -218,7 +218,8 @@ class CountingSink : public ZipSink {
 // fsync before the commit comes.
 class FdSink : public ZipSink {
  public:
-  FdSink(int fd, std::string path_for_messages, size_t buffer_size = size_t{1} << 20);
+  // `writeback`: start the writeback every kWritebackBytes (StartWriteback).
+  FdSink(int fd, std::string path_for_messages, size_t buffer_size = size_t{1} << 20, bool writeback = true);
   absl::Status Write(absl::Span<const uint8_t> bytes) override;
   absl::Status Flush() override;
   // Seeks forward over bytes written with pwrite at their own offsets.
@@ -232,18 +233,17 @@ class FdSink : public ZipSink {
   size_t used_ = 0;
   uint64_t pos_ = 0;          // file offset of the next byte
   uint64_t written_back_ = 0; // bytes before it whose writeback was started
+  bool writeback_ = true;
 };
 
 inline constexpr uint64_t kWritebackBytes = uint64_t{32} << 20;
 // Starts the writeback of bytes [offset, offset + len) of `fd`
-// (sync_file_range SYNC_FILE_RANGE_WRITE: no wait for it to finish; nothing
-// when SetEarlyWriteback(false)). A hint: failures are ignored, the fsync
-// before the commit is what makes the bytes durable.
+// (sync_file_range SYNC_FILE_RANGE_WRITE: no wait for it to finish). A hint:
+// failures are ignored, the fsync before the commit is what makes the bytes
+// durable. Writers call it only when their output is fsynced
+// (TorchWriteOptions::writeback, FdSink's `writeback`): without --fsync the
+// bytes may stay in the page cache, as cp's do.
 void StartWriteback(int fd, uint64_t offset, uint64_t len);
-// Process-wide (default true). Off for runs that do not fsync their output
-// (--fsync=false): their bytes may stay in the page cache, as cp's do.
-void SetEarlyWriteback(bool on);
-bool EarlyWriteback();
 
 // StringSink: appends to a string (tests, small archives).
 class StringSink : public ZipSink {

@@ -215,18 +215,18 @@ class MoePlan : public Plan {
       jobs_.push_back(job);
       units_.push_back(std::move(u));
     };
-    add({Job::kModel, 0, 0}, deepspeed::MpRankFileName(0), 4096);
+    add(Job{JobKind::kModel}, deepspeed::MpRankFileName(0), 4096);
     for (size_t l = 0; l < info_.moe_layers.size(); ++l) {
       for (int e = 0; e < info_.moe_layers[l].num_experts; ++e) {
-        add({Job::kExpert, static_cast<int>(l), e}, absl::StrCat("layer_", l, "_expert_", e, "_mp_rank_00_model_states.pt"),
+        add(Job{JobKind::kExpert, static_cast<int>(l), e}, absl::StrCat("layer_", l, "_expert_", e, "_mp_rank_00_model_states.pt"),
             4096);
       }
     }
-    for (int d = 0; d < dp_; ++d) add({Job::kOptim, d, 0}, deepspeed::OptimFileName(d, 0, info_.bf16_file_prefix), 4096);
+    for (int d = 0; d < dp_; ++d) add(Job{JobKind::kOptim, -1, -1, d}, deepspeed::OptimFileName(d, 0, info_.bf16_file_prefix), 4096);
     if (expp_files_) {
-      for (int e = 0; e < ep_; ++e) add({Job::kExpp, e, 0}, absl::StrCat("expp_rank_", e, "_mp_rank_00_optim_states.pt"), 1024);
+      for (int e = 0; e < ep_; ++e) add(Job{JobKind::kExpp, -1, e}, absl::StrCat("expp_rank_", e, "_mp_rank_00_optim_states.pt"), 1024);
     }
-    if (AddVerifyUnit(state_, &units_)) jobs_.push_back({Job::kVerify, 0, 0});
+    if (AddVerifyUnit(state_, &units_)) jobs_.push_back(Job{JobKind::kVerify});
     return absl::OkStatus();
   }
 
@@ -234,28 +234,32 @@ class MoePlan : public Plan {
 
   absl::Status Execute(size_t i, const std::string& staging, UnitResult* result) const override {
     const Job& job = jobs_[i];
-    if (job.type == Job::kVerify) return ExecuteVerifyUnit(state_, units_[i]);
-    torch::TorchWriter w;
+    if (job.kind == JobKind::kVerify) return ExecuteVerifyUnit(state_, units_[i]);
+    torch::TorchWriteOptions wo;
+    wo.writeback = options_.fsync;
+    torch::TorchWriter w(wo);
     ValuePtr root;
-    switch (job.type) {
-      case Job::kModel: {
+    switch (job.kind) {
+      case JobKind::kModel: {
         UCP_ASSIGN_OR_RETURN(root, ModelStates(w));
         break;
       }
-      case Job::kExpert: {
-        UCP_ASSIGN_OR_RETURN(root, ExpertFile(w, job.a, job.b));
+      case JobKind::kExpert: {
+        UCP_ASSIGN_OR_RETURN(root, ExpertFile(w, job.layer, job.expert));
         break;
       }
-      case Job::kExpp: {
+      case JobKind::kExpp: {
         // {'optimizer': None}: ZeRO keeps the optimizer in the zero_pp_rank files.
         root = Value::MakeDict();
         root->DictSet(Value::Str("optimizer"), Value::None());
         break;
       }
-      default: {
-        UCP_ASSIGN_OR_RETURN(root, OptimFile(w, job.a));
+      case JobKind::kOptim: {
+        UCP_ASSIGN_OR_RETURN(root, OptimFile(w, job.dp));
         break;
       }
+      case JobKind::kVerify:
+        return absl::InternalError("the verify unit writes no file");  // run above
     }
     return WriteUnitFile(w, staging, units_[i].outputs[0], *root, result);
   }
@@ -269,9 +273,16 @@ class MoePlan : public Plan {
   const state::CheckpointState* source() const override { return &state_; }
 
  private:
+  // What a unit writes: the module file, an expert's file (layer, expert),
+  // a dp rank's optimizer file (dp), an expert-parallel rank's placeholder
+  // optimizer file (expert = its ep rank), or the check of the inputs no
+  // unit reads (AddVerifyUnit).
+  enum class JobKind { kModel, kExpert, kExpp, kOptim, kVerify };
   struct Job {
-    enum { kModel, kExpert, kExpp, kOptim, kVerify } type;
-    int a, b;
+    JobKind kind;
+    int layer = -1;
+    int expert = -1;
+    int dp = -1;
   };
 
   // The module weight of a param: trainable ones are their masters cast.

@@ -45,9 +45,10 @@ absl::Status CheckParamName(const std::string& name) {
 }
 
 // Universal files are listed in the manifest with their digest.
-torch::TorchWriteOptions HashedWrites(DigestKind digest) {
+torch::TorchWriteOptions HashedWrites(const UniversalWriteOptions& options) {
   torch::TorchWriteOptions o;
-  o.digest = digest;
+  o.digest = options.digest;
+  o.writeback = options.fsync;
   return o;
 }
 
@@ -175,7 +176,7 @@ class UniversalPlan : public Plan {
         return WriteParam(info_.params[index_[i]], staging, result);
       case kOptimizerState: {
         UCP_ASSIGN_OR_RETURN(state::FileValue common, ds_->OptimizerCommon());
-        torch::TorchWriter w(HashedWrites(options_.digest));
+        torch::TorchWriter w(HashedWrites(options_));
         UCP_ASSIGN_OR_RETURN(ValuePtr v, deepspeed::CopyTreeForWrite(common, w));
         return WriteFiles(staging, units_[i].outputs, {&w}, {v.get()}, result);
       }
@@ -195,7 +196,7 @@ class UniversalPlan : public Plan {
         if (!root.value) {
           return absl::FailedPreconditionError(absl::StrCat("no model states for stage ", pp, " tp rank ", t));
         }
-        torch::TorchWriter w(HashedWrites(options_.digest));
+        torch::TorchWriter w(HashedWrites(options_));
         UCP_ASSIGN_OR_RETURN(ValuePtr v, deepspeed::CopyTreeForWrite(root, w));
         return WriteFiles(staging, {rel}, {&w}, {v.get()}, result);
       }
@@ -209,7 +210,7 @@ class UniversalPlan : public Plan {
         if (!root.value || !root.value->is(pickle::Kind::kDict)) {
           return absl::FailedPreconditionError("no model states for tp rank 0");
         }
-        torch::TorchWriter w(HashedWrites(options_.digest));
+        torch::TorchWriter w(HashedWrites(options_));
         ValuePtr out = Value::MakeDict();
         for (const auto& [k, v] : root.value->dict_items()) {
           const std::string key = k->is(pickle::Kind::kStr) ? k->str() : "";
@@ -334,7 +335,7 @@ class UniversalPlan : public Plan {
   absl::Status WriteParam(const ParamState& p, const std::string& staging, UnitResult* result) const {
     if (!p.trainable()) {
       UCP_ASSIGN_OR_RETURN(tp::TensorPlan plan, state_.Full(p, state::kLpState));
-      torch::TorchWriter w(HashedWrites(options_.digest));
+      torch::TorchWriter w(HashedWrites(options_));
       ValuePtr t = tp::AddPlan(w, plan);
       ValuePtr root = deepspeed::UniversalParamDict(p.rule, t);
       return WriteFiles(staging, {JoinPath(deepspeed::kUniversalModuleDir, p.name + ".pt")}, {&w}, {root.get()},
@@ -348,7 +349,7 @@ class UniversalPlan : public Plan {
     std::vector<ValuePtr> roots;
     std::vector<std::string> rels;
     auto add_file = [&](std::string rel) -> torch::TorchWriter& {
-      owned.push_back(std::make_unique<torch::TorchWriter>(HashedWrites(options_.digest)));
+      owned.push_back(std::make_unique<torch::TorchWriter>(HashedWrites(options_)));
       writers.push_back(owned.back().get());
       rels.push_back(std::move(rel));
       return *owned.back();

@@ -6,6 +6,7 @@
 #include <optional>
 #include <set>
 #include <tuple>
+#include <variant>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -297,11 +298,12 @@ namespace {
 // Writes one target checkpoint; each Write* method is one output file.
 class Writer {
  public:
-  Writer(const state::ModelState& state, const TargetLayout& layout, int threads)
+  Writer(const state::ModelState& state, const TargetLayout& layout, int threads, bool writeback)
       : state_(state), info_(state.info()), layout_(layout) {
     // A file's storage records are filled in parallel too: a target with a
     // small dp has a few very large optimizer files.
     write_options_.record_threads = threads > 0 ? threads : DefaultThreadCount();
+    write_options_.writeback = writeback;
   }
 
   // `ds`: the source's DeepSpeed engine state (deepspeed/facet.h), or
@@ -760,7 +762,7 @@ class ZeroPlan : public Plan {
   ZeroPlan(const state::ModelState& state, TargetLayout layout, const ZeroWriteOptions& options)
       : state_(state),
         layout_(std::move(layout)),
-        writer_(state, layout_, options.num_threads),
+        writer_(state, layout_, options.num_threads, options.fsync),
         info_(state.info()),
         piece_bytes_(options.piece_bytes == 0 ? kOptimPieceBytes : options.piece_bytes) {}
 
@@ -800,7 +802,7 @@ class ZeroPlan : public Plan {
       for (int i : keys) bytes += slice_bytes(i, true);
       const std::vector<InputRange> in = params_inputs(keys, /*lp=*/true);
       for (int r = 0; r < t.tp; ++r) {
-        Add({Job::kLayer, static_cast<int>(l), r, 0}, deepspeed::LayerFileName(layer, r), bytes, in);
+        Add(LayerJob{static_cast<int>(l), r}, deepspeed::LayerFileName(layer, r), bytes, in);
       }
     }
     for (int s = 0; s < t.pp; ++s) {
@@ -817,7 +819,7 @@ class ZeroPlan : public Plan {
         std::vector<InputRange> with_source = in;
         const std::string from = ds_->ModelStatesPath(s, r);
         if (!from.empty()) with_source.push_back({from, "", 0, -1});
-        Add({Job::kMpRank, s, r, 0}, deepspeed::MpRankFileName(t.mp_rank(s, r)), bytes, std::move(with_source));
+        Add(MpRankJob{s, r}, deepspeed::MpRankFileName(t.mp_rank(s, r)), bytes, std::move(with_source));
       }
     }
     const int64_t per_element = 4 * (1 + static_cast<int64_t>(info_.state_keys.size()));
@@ -847,19 +849,19 @@ class ZeroPlan : public Plan {
         for (int r = 0; r < t.tp; ++r) {
           const std::string file = deepspeed::OptimFileName(d, t.mp_rank(s, r), info_.bf16_file_prefix);
           if (pieces == 1) {
-            Add({Job::kOptim, s, r, d}, file, bytes, in);
+            Add(OptimJob{s, r, d}, file, bytes, in);
             continue;
           }
-          split_.push_back({Job::kOptim, s, r, d, 0, pieces});
+          split_.push_back(OptimJob{s, r, d});
           UCP_ASSIGN_OR_RETURN(auto piece_inputs, writer_.PieceInputs(s, r, d, pieces));
           for (int k = 0; k < pieces; ++k) {
-            Add({Job::kOptimPiece, s, r, d, k, pieces}, file, bytes / pieces, piece_inputs ? (*piece_inputs)[k] : in);
+            Add(OptimPieceJob{{s, r, d}, k, pieces}, file, bytes / pieces, piece_inputs ? (*piece_inputs)[k] : in);
             units_.back().name = absl::StrCat("file ", file, " piece ", k + 1, " of ", pieces);
           }
         }
       }
     }
-    if (AddVerifyUnit(state_, &units_)) jobs_.push_back({Job::kVerify, 0, 0, 0});
+    if (AddVerifyUnit(state_, &units_)) jobs_.push_back(VerifyJob{});
     return absl::OkStatus();
   }
 
@@ -867,29 +869,26 @@ class ZeroPlan : public Plan {
 
   absl::Status Execute(size_t i, const std::string& staging, UnitResult* result) const override {
     const Job& job = jobs_[i];
-    switch (job.type) {
-      case Job::kLayer: {
-        const auto& [layer, keys] = layout_.layer_files[job.a];
-        return writer_.WriteLayerFile(layer, keys, job.b, staging, result);
-      }
-      case Job::kMpRank:
-        return writer_.WriteMpRankFile(job.a, job.b, staging, result);
-      case Job::kOptim:
-        return writer_.WriteOptimFile(job.a, job.b, job.c, staging, result);
-      case Job::kOptimPiece:
-        return writer_.WriteOptimPiece(job.a, job.b, job.c, job.piece, job.pieces, staging, result);
-      case Job::kVerify:
-        return ExecuteVerifyUnit(state_, units_[i]);
+    if (const auto* j = std::get_if<LayerJob>(&job)) {
+      const auto& [layer, keys] = layout_.layer_files[j->layer_file];
+      return writer_.WriteLayerFile(layer, keys, j->tp, staging, result);
     }
-    return absl::InternalError("unknown unit");
+    if (const auto* j = std::get_if<MpRankJob>(&job)) return writer_.WriteMpRankFile(j->stage, j->tp, staging, result);
+    if (const auto* j = std::get_if<OptimJob>(&job)) {
+      return writer_.WriteOptimFile(j->stage, j->tp, j->dp, staging, result);
+    }
+    if (const auto* j = std::get_if<OptimPieceJob>(&job)) {
+      return writer_.WriteOptimPiece(j->file.stage, j->file.tp, j->file.dp, j->piece, j->pieces, staging, result);
+    }
+    return ExecuteVerifyUnit(state_, units_[i]);  // VerifyJob
   }
 
   absl::StatusOr<WriteStats> Finish(const std::vector<UnitResult>& results, const std::string& staging) const override {
     WriteStats stats;
     AddUnitResults(results, &stats);
     // The files written in pieces: everything around the pieces' bytes.
-    for (const Job& f : split_) {
-      UCP_ASSIGN_OR_RETURN(int64_t size, writer_.FinishOptimPieces(f.a, f.b, f.c, results, staging));
+    for (const OptimJob& f : split_) {
+      UCP_ASSIGN_OR_RETURN(int64_t size, writer_.FinishOptimPieces(f.stage, f.tp, f.dp, results, staging));
       stats.files += 1;
       stats.bytes += size;
     }
@@ -901,11 +900,24 @@ class ZeroPlan : public Plan {
   const TargetLayout& layout() const { return layout_; }
 
  private:
-  struct Job {
-    enum { kLayer, kMpRank, kOptim, kOptimPiece, kVerify } type;
-    int a, b, c;
-    int piece = 0, pieces = 1;  // kOptimPiece
+  // What a unit writes: one file, one piece of an optimizer file, or the
+  // check of the source's inputs no unit reads (AddVerifyUnit).
+  struct LayerJob {
+    int layer_file;  // index into layout_.layer_files
+    int tp;
   };
+  struct MpRankJob {
+    int stage, tp;
+  };
+  struct OptimJob {
+    int stage, tp, dp;
+  };
+  struct OptimPieceJob {
+    OptimJob file;
+    int piece, pieces;
+  };
+  struct VerifyJob {};
+  using Job = std::variant<LayerJob, MpRankJob, OptimJob, OptimPieceJob, VerifyJob>;
   void Add(Job job, std::string file, int64_t bytes, std::vector<InputRange> inputs) {
     Unit u;
     u.name = absl::StrCat("file ", file);
@@ -924,7 +936,7 @@ class ZeroPlan : public Plan {
   const ModelInfo& info_;
   const int64_t piece_bytes_;
   std::vector<Job> jobs_;
-  std::vector<Job> split_;  // the optimizer files written in pieces, finished by Finish
+  std::vector<OptimJob> split_;  // the optimizer files written in pieces, finished by Finish
 };
 
 }  // namespace

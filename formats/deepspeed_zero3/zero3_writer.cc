@@ -195,6 +195,7 @@ class Zero3Plan : public Plan {
     if (job.dp < 0) return ExecuteVerifyUnit(state_, units_[i]);
     torch::TorchWriteOptions wo;
     wo.record_threads = 1;
+    wo.writeback = options_.fsync;
     torch::TorchWriter w(wo);
     ValuePtr root;
     if (job.optim) {

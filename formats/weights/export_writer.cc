@@ -196,6 +196,7 @@ class ExportPlan : public Plan {
     torch::TorchWriteOptions wo;
     const int threads = options_.num_threads > 0 ? options_.num_threads : DefaultThreadCount();
     wo.record_threads = std::max(1, threads / static_cast<int>(std::max<size_t>(1, split_.files.size())));
+    wo.writeback = options_.fsync;
     torch::TorchWriter w(wo);
     pickle::ValuePtr root = pickle::Value::MakeDict();
     std::vector<std::pair<std::string, pickle::ValuePtr>> followers;

@@ -13,8 +13,8 @@
 //   UCP_ASSIGN_OR_RETURN(ProgressMode mode, ParseProgressMode(flag));
 //   ProgressPrinter printer("convert", mode);
 //   options.progress = printer.Callback();
-#ifndef UCP_TOOLS_PROGRESS_H_
-#define UCP_TOOLS_PROGRESS_H_
+#ifndef UCP_CLI_PROGRESS_H_
+#define UCP_CLI_PROGRESS_H_
 
 #include <chrono>
 #include <cstdio>
@@ -24,7 +24,7 @@
 #include "absl/status/statusor.h"
 #include "base/progress.h"
 
-namespace ucp::tools {
+namespace ucp::cli {
 
 enum class ProgressMode { kAuto, kAlways, kNever, kJson };
 absl::StatusOr<ProgressMode> ParseProgressMode(const std::string& s);
@@ -70,6 +70,6 @@ class ProgressPrinter {
   bool have_event_ = false;
 };
 
-}  // namespace ucp::tools
+}  // namespace ucp::cli
 
-#endif  // UCP_TOOLS_PROGRESS_H_
+#endif  // UCP_CLI_PROGRESS_H_

@@ -1,11 +1,11 @@
-#include "tools/progress.h"
+#include "cli/progress.h"
 
 #include <cstdio>
 #include <string>
 
 #include "gtest/gtest.h"
 
-namespace ucp::tools {
+namespace ucp::cli {
 namespace {
 
 // Everything a printer wrote to a temporary stream.
@@ -117,4 +117,4 @@ TEST(ProgressTest, NeverHasNoCallback) {
 }
 
 }  // namespace
-}  // namespace ucp::tools
+}  // namespace ucp::cli

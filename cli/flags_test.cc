@@ -1,8 +1,8 @@
-#include "tools/flags.h"
+#include "cli/flags.h"
 
 #include "gtest/gtest.h"
 
-namespace ucp::tools {
+namespace ucp::cli {
 namespace {
 
 std::vector<char*> Argv(std::vector<std::string>& args) {
@@ -110,9 +110,9 @@ TEST(FlagSetTest, HelpListsEveryFlag) {
 }
 
 }  // namespace
-}  // namespace ucp::tools
+}  // namespace ucp::cli
 
-namespace ucp::tools {
+namespace ucp::cli {
 namespace {
 
 // Fuzz failures print 64-bit seeds; `ucp fuzz --seed=` must take them back.
@@ -132,4 +132,4 @@ TEST(FlagSetTest, Uint64TakesTheFullRange) {
 }
 
 }  // namespace
-}  // namespace ucp::tools
+}  // namespace ucp::cli

@@ -1,4 +1,4 @@
-#include "tools/flags.h"
+#include "cli/flags.h"
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -7,7 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 
-namespace ucp::tools {
+namespace ucp::cli {
 
 void FlagSet::String(const std::string& name, std::string* value, const std::string& help, bool required) {
   Flag f;
@@ -196,4 +196,4 @@ std::string FlagSet::Usage() const {
   return out;
 }
 
-}  // namespace ucp::tools
+}  // namespace ucp::cli

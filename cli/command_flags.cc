@@ -1,4 +1,4 @@
-#include "tools/command_flags.h"
+#include "cli/command_flags.h"
 
 #include <vector>
 
@@ -11,7 +11,7 @@
 #include "format/torch/zip.h"
 #include "tp/merge.h"
 
-namespace ucp::tools {
+namespace ucp::cli {
 namespace {
 
 absl::Status ParseMismatch(const std::string& s, rules::ReplicatedMismatch* out) {
@@ -48,11 +48,6 @@ void RegisterFsyncFlag(FlagSet& f, bool* fsync) {
          "never leaves a committed but unwritten checkpoint. --fsync=false skips it (and the early writeback): "
          "faster, like cp -r, but NOT crash-safe: after a power loss the committed output may hold zeros or "
          "missing files");
-}
-
-void ApplyFsyncFlag(bool fsync) {
-  SetSyncOutputs(fsync);
-  torch::SetEarlyWriteback(fsync);
 }
 
 void ZeroSourceFlags::Register(FlagSet& f) {
@@ -160,7 +155,7 @@ void ConvertFlags::Register(FlagSet& f) {
 
 absl::Status ConvertFlags::Finish() {
   ops::ConvertOptions& o = options;
-  ApplyFsyncFlag(fsync);
+  o.write.fsync = fsync;
   int threads = threads_;
   if (threads == 0 && extract_workers_ > 0) threads = extract_workers_;
   auto state = src.Options(threads, divisible_by_);
@@ -235,7 +230,7 @@ void ReshardFlags::Register(FlagSet& f) {
 
 absl::Status ReshardFlags::Finish() {
   ops::ReshardOptions& o = options;
-  ApplyFsyncFlag(fsync);
+  o.write.fsync = fsync;
   for (absl::string_view item : absl::StrSplit(layer_types_, ',', absl::SkipEmpty())) {
     std::pair<std::string, std::string> kv = absl::StrSplit(item, ':');
     int idx = 0;
@@ -307,7 +302,7 @@ void ExportFlags::Register(FlagSet& f) {
 
 absl::Status ExportFlags::Finish() {
   ops::ExportOptions& o = options;
-  ApplyFsyncFlag(fsync);
+  o.write.fsync = fsync;
   if (format_ == "safetensors") {
     o.format = "safetensors";
   } else if (format_ == "torch" || format_ == "pt" || format_ == "bin") {
@@ -339,4 +334,4 @@ std::string ExportReport(const ExportFlags& flags, const ops::ExportResult& resu
                       result.stats.files, " files, ", result.stats.bytes, " bytes\n");
 }
 
-}  // namespace ucp::tools
+}  // namespace ucp::cli

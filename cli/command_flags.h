@@ -12,8 +12,8 @@
 //   UCP_ASSIGN_OR_RETURN(auto positional, f.Parse(argc, argv));
 //   UCP_RETURN_IF_ERROR(c.Finish());
 //   // c.options is ready but for options.write.progress and options.cluster.
-#ifndef UCP_TOOLS_COMMAND_FLAGS_H_
-#define UCP_TOOLS_COMMAND_FLAGS_H_
+#ifndef UCP_CLI_COMMAND_FLAGS_H_
+#define UCP_CLI_COMMAND_FLAGS_H_
 
 #include <cstdint>
 #include <string>
@@ -24,11 +24,11 @@
 #include "ops/export.h"
 #include "ops/open.h"
 #include "ops/reshard.h"
-#include "tools/flags.h"
+#include "cli/flags.h"
 
-namespace ucp::tools {
+namespace ucp::cli {
 
-// --progress=auto|always|never|json (tools/progress.h).
+// --progress=auto|always|never|json (cli/progress.h).
 void RegisterProgressFlag(FlagSet& f, std::string* mode);
 // --allow_unsafe_pickle: read (and copy) a checkpoint whose pickles name
 // code-execution globals (Finish() sets the source's allow_unsafe_pickles).
@@ -37,9 +37,8 @@ void RegisterUnsafePickleFlag(FlagSet& f, bool* allow);
 void RegisterUpdateLatestFlag(FlagSet& f, bool* update);
 // --fsync (default true): --fsync=false skips the fsync of the output before
 // its rename into place (and the early writeback): faster, like cp -r, but
-// not crash-safe. ApplyFsyncFlag sets it process-wide.
+// not crash-safe. Finish() puts it in the command's write options.
 void RegisterFsyncFlag(FlagSet& f, bool* fsync);
-void ApplyFsyncFlag(bool fsync);
 
 // Flags shared by convert, reshard, export (and the Python module's open) for
 // reading a ZeRO checkpoint.
@@ -117,6 +116,6 @@ std::string ConvertReport(const ConvertFlags& flags, const ops::ConvertResult& r
 std::string ReshardReport(const ReshardFlags& flags, const ops::ReshardResult& result);
 std::string ExportReport(const ExportFlags& flags, const ops::ExportResult& result);
 
-}  // namespace ucp::tools
+}  // namespace ucp::cli
 
-#endif  // UCP_TOOLS_COMMAND_FLAGS_H_
+#endif  // UCP_CLI_COMMAND_FLAGS_H_

@@ -1,4 +1,4 @@
-#include "tools/progress.h"
+#include "cli/progress.h"
 
 #include <unistd.h>
 
@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
-namespace ucp::tools {
+namespace ucp::cli {
 namespace {
 
 std::string Bytes(int64_t b) {
@@ -147,4 +147,4 @@ void ProgressPrinter::Report(const ProgressEvent& e) {
   }
 }
 
-}  // namespace ucp::tools
+}  // namespace ucp::cli

@@ -9,8 +9,8 @@
 //   std::string input;
 //   flags.String("input_folder", &input, "the ZeRO checkpoint folder", /*required=*/true);
 //   UCP_ASSIGN_OR_RETURN(std::vector<std::string> positional, flags.Parse(argc, argv));
-#ifndef UCP_TOOLS_FLAGS_H_
-#define UCP_TOOLS_FLAGS_H_
+#ifndef UCP_CLI_FLAGS_H_
+#define UCP_CLI_FLAGS_H_
 
 #include <cstdint>
 #include <functional>
@@ -19,7 +19,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace ucp::tools {
+namespace ucp::cli {
 
 class FlagSet {
  public:
@@ -66,6 +66,6 @@ class FlagSet {
   bool help_ = false;
 };
 
-}  // namespace ucp::tools
+}  // namespace ucp::cli
 
-#endif  // UCP_TOOLS_FLAGS_H_
+#endif  // UCP_CLI_FLAGS_H_

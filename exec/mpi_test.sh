@@ -9,6 +9,7 @@ set -euo pipefail
 
 UCP=$(readlink -f "$1")
 FX=$(readlink -f "$2")   # the deepspeed-0.14.4 fixtures folder
+CONFORMANCE=$(readlink -f "$3")   # ucp_conformance (its `fuzz` writes the random sources)
 W=${TEST_TMPDIR:-/tmp}/mpi_test
 rm -rf "$W"; mkdir -p "$W"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1  # CI runs as root
@@ -90,7 +91,7 @@ done
 
 # 2. Random conformance models (any tp/pp/dp, every merge kind, ZeRO 1/2,
 #    bf16/fp16, pipelines and plain modules, tied, frozen, buffers).
-"$UCP" fuzz --write_sources="$W/random" --cases=6 --seed=11 >/dev/null
+"$CONFORMANCE" fuzz --write_sources="$W/random" --cases=6 --seed=11 >/dev/null
 for case_dir in "$W"/random/case_*; do
   src=$(cat "$case_dir/source_dir")
   read -r -a flags <<<"$(cat "$case_dir/source_flags")"

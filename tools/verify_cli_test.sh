@@ -55,7 +55,7 @@ out=$("$UCP" verify "$U" 2>&1); rc=$?
 check "damaged universal file" 1 "^PROBLEM .*2.attention.dense.weight/exp_avg.pt" "problem(s) (universal checkpoint"
 
 # ZeRO-3 and native MoE checkpoints of DeepSpeed 0.19.5 (refused before: "open it
-# with readers::Zero3State"), and one damaged byte in each.
+# with readers::Zero3State", an internal name), and one damaged byte in each.
 FX195="$(dirname "$FIXTURES")/deepspeed-0.19.5"
 for fx in gpt-zero3-dp2:zero3 gpt-moe-ep2-zero2-dp2:moe; do
   name=${fx%%:*}; kind=${fx##*:}

@@ -161,7 +161,7 @@ absl::Status ZeroCheckpoint::Load(const std::vector<ModuleEntry>* module_entries
   if (!zero3.empty()) {
     // formats/deepspeed_zero3/ reads these (the registry picks it).
     return absl::InvalidArgumentError(absl::StrCat(dir_, ": a ZeRO stage 3 checkpoint (found ", zero3.front(),
-                                                   "): open it with deepspeed_zero3::Zero3State"));
+                                                   "), not a ZeRO stage 1/2 one"));
   }
   // Mixture-of-experts checkpoints keep experts in files of their own
   // (engine.py _get_expert_ckpt_name / _get_optimizer_ckpt_name with
@@ -176,7 +176,7 @@ absl::Status ZeroCheckpoint::Load(const std::vector<ModuleEntry>* module_entries
       // formats/deepspeed_moe/ reads these (the registry picks it).
       return absl::InvalidArgumentError(absl::StrCat(
           dir_, ": DeepSpeed ", version, " native mixture-of-experts checkpoint (found ", n,
-          "; experts in layer_L_expert_E files): open it with deepspeed_moe::MoeState (`ucp reshard`)"));
+          "; experts in layer_L_expert_E files), not a ZeRO stage 1/2 one without experts"));
     }
   }
   if (mp_ranks.empty()) {

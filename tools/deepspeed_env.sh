@@ -2,7 +2,8 @@
 # The real-DeepSpeed runtime: Debian roots made with debootstrap, cached outside
 # the clone, and unmodified DeepSpeed sources from ../shared/deepspeed-src.
 #
-#   tools/deepspeed_env.sh create [trixie|sid|bullseye|all]  build the roots (idempotent; default all)
+#   tools/deepspeed_env.sh create [SUITE...|all]          build the roots (trixie, sid, bullseye;
+#                                                         idempotent, at once; default all)
 #   tools/deepspeed_env.sh root SUITE                     print a root's folder (fails if not built)
 #   tools/deepspeed_env.sh deepspeed VERSION|DIR          print the DeepSpeed source folder to use
 #   tools/deepspeed_env.sh run [--root=SUITE] [--deepspeed=VERSION|DIR] [--bind=HOST_DIR]... [--env=K=V]...
@@ -260,22 +261,22 @@ cmd=${1:-}
 shift || true
 case $cmd in
   create)
-    what=${1:-all}
-    if [[ $what == all ]]; then
-      # Both at once: debootstrap waits on the network and the disk more than the CPU.
-      pids=()
-      for s in "${SUITES[@]}"; do create_one "$s" & pids+=($!); done
-      rc=0
-      for p in "${pids[@]}"; do wait "$p" || rc=1; done
-      exit $rc
-    fi
-    [[ -n ${ROOT_CHECK[$what]+x} ]] || die "unknown suite '$what' (${SUITES[*]} or all)"
-    create_one "$what"
+    want=("$@")
+    if ((${#want[@]} == 0)) || [[ ${want[0]} == all ]]; then want=("${SUITES[@]}"); fi
+    for s in "${want[@]}"; do
+      [[ -n ${ROOT_CHECK[$s]+x} ]] || die "unknown suite '$s' (${SUITES[*]} or all)"
+    done
+    # All at once: debootstrap waits on the network and the disk more than the CPU.
+    pids=()
+    for s in "${want[@]}"; do create_one "$s" & pids+=($!); done
+    rc=0
+    for p in "${pids[@]}"; do wait "$p" || rc=1; done
+    exit $rc
     ;;
   root) root_dir "${1:?suite}" ;;
   deepspeed) deepspeed_dir "${1:?version or folder}" ;;
   run) run_in_root "$@" ;;
   status) status ;;
   mirror) mirror ;;
-  *) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; [[ -z $cmd ]] || exit 2 ;;
+  *) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; [[ -z $cmd ]] || exit 2 ;;
 esac

@@ -2,7 +2,19 @@
 # Installs what ucp needs to build and test, from Debian 12's archive only.
 # Idempotent: packages already present are skipped, Debian roots already built
 # are kept; safe to run twice.
+#
+#   tools/setup.sh                    packages, Debian sources, and every Debian root
+#   tools/setup.sh --roots=bullseye   only these roots (space- or comma-separated; none: no root)
+#                                     .ci/run builds the other roots while Bazel compiles
 set -euo pipefail
+
+ROOTS=all
+for arg in "$@"; do
+  case $arg in
+    --roots=*) ROOTS=${arg#--roots=}; ROOTS=${ROOTS//,/ } ;;
+    *) echo "setup: unknown argument '$arg' (--roots=SUITE,...|all|none)" >&2; exit 2 ;;
+  esac
+done
 
 PACKAGES=(
   bazel-bootstrap bazel-platforms          # Bazel 4.2.3 (WORKSPACE mode) + platforms
@@ -42,8 +54,11 @@ cd "$(dirname "$0")/.."
 # Debian's sources of the archive members a shared object cannot hold (the
 # portable artifacts, README "Install"), and the Debian roots: trixie and sid
 # run real DeepSpeed (realds/), bullseye's glibc is linked against; each runs
-# the binary and a wheel in the tests. Built once (debootstrap, 11-15 minutes,
+# the binary and a wheel in the tests. Built once (debootstrap, 11-25 minutes,
 # all at once), idempotent, cached outside the clone ($UCP_CACHE_DIR).
 $SUDO tools/debian_sources.sh fetch
-$SUDO tools/deepspeed_env.sh create all
+if [[ $ROOTS != none ]]; then
+  # shellcheck disable=SC2086  # a list of suites
+  $SUDO tools/deepspeed_env.sh create $ROOTS
+fi
 echo "setup: done"

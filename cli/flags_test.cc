@@ -115,7 +115,7 @@ TEST(FlagSetTest, HelpListsEveryFlag) {
 namespace ucp::cli {
 namespace {
 
-// Fuzz failures print 64-bit seeds; `ucp fuzz --seed=` must take them back.
+// Fuzz failures print 64-bit seeds; `ucp_conformance fuzz --seed=` must take them back.
 TEST(FlagSetTest, Uint64TakesTheFullRange) {
   FlagSet f("fuzz", "");
   uint64_t seed = 1;

@@ -69,7 +69,7 @@ const std::vector<std::string>& DsVersionsDrawn();
 // The merge kinds a case exercises, by name: replicated, average, column,
 // row, vocab (padded when padding is needed at T1 or T2), sub_params_2,
 // sub_params_gqa; and its other features: frozen, buffer, tied,
-// equal_slices, rank3, rank4, split_dim1_rank3+, rank_conditioned. For the distribution `ucp fuzz` prints.
+// equal_slices, rank3, rank4, split_dim1_rank3+, rank_conditioned. For the distribution `ucp_conformance fuzz` prints.
 std::vector<std::string> CaseFeatures(const GoldenCase& c);
 
 }  // namespace ucp::conformance

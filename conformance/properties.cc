@@ -1141,7 +1141,7 @@ FuzzReport RunFuzz(const FuzzOptions& options) {
   } else {
     report.failure = os.str();
   }
-  report.replay = absl::StrCat("ucp fuzz --seed=", options.seed, " --cases=", options.cases,
+  report.replay = absl::StrCat("ucp_conformance fuzz --seed=", options.seed, " --cases=", options.cases,
                                " (or RC_PARAMS=\"seed=", options.seed, "\" for the tests)");
   return report;
 }

@@ -35,7 +35,7 @@
 //       to the writer and the readers; this can.
 //
 // RunFuzz drives them with RapidCheck (seeded, shrinking to a minimal case)
-// for `ucp fuzz` and the tests.
+// for `ucp_conformance fuzz` and the tests.
 //
 // Example:
 //   UCP_RETURN_IF_ERROR(CheckProperty(Property::kReshardMatchesSave, c, "/tmp/work"));

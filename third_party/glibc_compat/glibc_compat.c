@@ -9,7 +9,7 @@
 //   ("there may be other threads"): always atomic, correct with or without
 //   threads, and never read from glibc's own copy.
 // - arc4random (glibc 2.36): std::random_device's default source in libstdc++ 12
-//   (RapidCheck's seeds, `ucp fuzz`): here from the getrandom system call.
+//   (README: what bounds the minimum glibc): here from the getrandom system call.
 // - log2 (GLIBC_2.29 since glibc 2.29 dropped its SVID error handling): the
 //   version every glibc has, GLIBC_2.2.5, through -Wl,--wrap=log2 (Abseil's
 //   sampling rate); the two differ only in how errors are reported, never in a

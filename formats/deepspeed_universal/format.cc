@@ -15,6 +15,7 @@
 #include "deepspeed/layout_math.h"
 #include "deepspeed/manifest.h"
 #include "deepspeed/read_options.h"
+#include "formats/deepspeed_source.h"
 #include "formats/deepspeed_universal/universal_checkpoint.h"
 #include "formats/deepspeed_universal/universal_state.h"
 #include "formats/deepspeed_universal/universal_writer.h"
@@ -27,12 +28,6 @@ namespace {
 using deepspeed::ZeroParam;
 using pickle::Kind;
 using pickle::Value;
-
-deepspeed::ReadOptions ReadOf(const formats::SourceOptions& options) {
-  deepspeed::ReadOptions r;
-  r.allow_unsafe_pickles = options.allow_unsafe_pickles;
-  return r;
-}
 
 // What rank 0 opened, for the others: the folder's manifest, or one made of
 // what rank 0 read of a folder without (every file listed), so that the
@@ -183,7 +178,7 @@ class Source : public formats::SourceFormat {
                                              JobDescription* description) const override {
     UniversalCheckpoint::Options o;
     o.verify_checksums = options.verify_checksums;
-    o.read = ReadOf(options);
+    o.read = formats::DeepSpeedReadOptions(options);
     UCP_ASSIGN_OR_RETURN(std::unique_ptr<UniversalCheckpoint> u, UniversalCheckpoint::Open(folder.dir, o));
     std::shared_ptr<const UniversalCheckpoint> shared(std::move(u));
     UCP_ASSIGN_OR_RETURN(std::unique_ptr<UniversalModelState> reader, UniversalModelState::Make(shared));
@@ -212,7 +207,7 @@ class Source : public formats::SourceFormat {
                                                const JobDescription& description) const override {
     UniversalCheckpoint::Options o;
     o.given_manifest = description.reader();
-    o.read = ReadOf(options);
+    o.read = formats::DeepSpeedReadOptions(options);
     UCP_ASSIGN_OR_RETURN(std::unique_ptr<UniversalCheckpoint> u, UniversalCheckpoint::Open(folder.dir, o));
     std::shared_ptr<const UniversalCheckpoint> shared(std::move(u));
     UCP_ASSIGN_OR_RETURN(std::unique_ptr<UniversalModelState> reader, UniversalModelState::Make(shared));
@@ -233,17 +228,17 @@ class Source : public formats::SourceFormat {
   absl::StatusOr<InspectReport> Inspect(const formats::CheckpointFolder& folder,
                                         const formats::SourceOptions& options) const override {
     if (IsZero3UniversalLayout(folder.names)) {
-      UCP_ASSIGN_OR_RETURN(auto z3, Zero3UniversalFolder::Open(folder.dir, ReadOf(options)));
+      UCP_ASSIGN_OR_RETURN(auto z3, Zero3UniversalFolder::Open(folder.dir, formats::DeepSpeedReadOptions(options)));
       return z3->Report();
     }
-    return InspectUniversal(folder.dir, ReadOf(options));
+    return InspectUniversal(folder.dir, formats::DeepSpeedReadOptions(options));
   }
 
   void Verify(const formats::CheckpointFolder& folder, const formats::SourceOptions& options,
               formats::VerifyResult* result) const override {
     if (IsZero3UniversalLayout(folder.names)) {
       result->kind = kZero3UniversalKind;
-      absl::StatusOr<std::unique_ptr<Zero3UniversalFolder>> z3 = Zero3UniversalFolder::Open(folder.dir, ReadOf(options));
+      absl::StatusOr<std::unique_ptr<Zero3UniversalFolder>> z3 = Zero3UniversalFolder::Open(folder.dir, formats::DeepSpeedReadOptions(options));
       if (!z3.ok()) {
         result->problems.push_back(std::string(z3.status().message()));
         return;
@@ -251,7 +246,7 @@ class Source : public formats::SourceFormat {
       (*z3)->Verify(result);
       return;
     }
-    VerifyUniversal(folder.dir, ReadOf(options), *result);
+    VerifyUniversal(folder.dir, formats::DeepSpeedReadOptions(options), *result);
   }
 };
 

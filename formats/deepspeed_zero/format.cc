@@ -11,6 +11,7 @@
 #include "base/status_macros.h"
 #include "deepspeed/checkpoint_files.h"
 #include "deepspeed/read_options.h"
+#include "formats/deepspeed_source.h"
 #include "formats/deepspeed_zero/zero_checkpoint.h"
 #include "formats/deepspeed_zero/zero_state.h"
 #include "formats/deepspeed_zero/zero_writer.h"
@@ -21,12 +22,6 @@ namespace {
 using deepspeed::ZeroParam;
 using pickle::Kind;
 using pickle::Value;
-
-deepspeed::ReadOptions ReadOf(const formats::SourceOptions& options) {
-  deepspeed::ReadOptions r;
-  r.allow_unsafe_pickles = options.allow_unsafe_pickles;
-  return r;
-}
 
 ZeroReadOptions ZeroReadOf(const formats::SourceOptions& options) {
   ZeroReadOptions o;
@@ -197,7 +192,7 @@ class ZeroSource : public formats::SourceFormat {
   absl::StatusOr<formats::OpenedSource> Open(const formats::CheckpointFolder& folder,
                                              const formats::SourceOptions& options,
                                              JobDescription* description) const override {
-    UCP_ASSIGN_OR_RETURN(std::unique_ptr<ZeroCheckpoint> ckpt, ZeroCheckpoint::Open(folder.dir, ReadOf(options)));
+    UCP_ASSIGN_OR_RETURN(std::unique_ptr<ZeroCheckpoint> ckpt, ZeroCheckpoint::Open(folder.dir, formats::DeepSpeedReadOptions(options)));
     std::shared_ptr<const ZeroCheckpoint> shared(std::move(ckpt));
     if (description != nullptr) {
       description->set_has_module_entries(true);
@@ -216,7 +211,7 @@ class ZeroSource : public formats::SourceFormat {
       entries.push_back(std::move(e));
     }
     UCP_ASSIGN_OR_RETURN(std::unique_ptr<ZeroCheckpoint> ckpt,
-                         ZeroCheckpoint::Open(folder.dir, std::move(entries), ReadOf(options)));
+                         ZeroCheckpoint::Open(folder.dir, std::move(entries), formats::DeepSpeedReadOptions(options)));
     std::shared_ptr<const ZeroCheckpoint> shared(std::move(ckpt));
     UCP_ASSIGN_OR_RETURN(std::unique_ptr<ZeroSlicedState> sliced, ZeroSlicedState::Make(shared, ZeroReadOf(options)));
     UCP_ASSIGN_OR_RETURN(state::ModelInfo decided, formats::DecidedModel(description));
@@ -225,7 +220,7 @@ class ZeroSource : public formats::SourceFormat {
 
   absl::StatusOr<formats::SlicedSource> OpenSliced(const formats::CheckpointFolder& folder,
                                                    const formats::SourceOptions& options) const override {
-    UCP_ASSIGN_OR_RETURN(std::unique_ptr<ZeroCheckpoint> ckpt, ZeroCheckpoint::Open(folder.dir, ReadOf(options)));
+    UCP_ASSIGN_OR_RETURN(std::unique_ptr<ZeroCheckpoint> ckpt, ZeroCheckpoint::Open(folder.dir, formats::DeepSpeedReadOptions(options)));
     UCP_ASSIGN_OR_RETURN(std::unique_ptr<ZeroSlicedState> sliced,
                          ZeroSlicedState::Make(std::move(ckpt), ZeroReadOf(options)));
     return formats::SlicedSource{std::move(sliced), options.resolve()};
@@ -233,12 +228,12 @@ class ZeroSource : public formats::SourceFormat {
 
   absl::StatusOr<InspectReport> Inspect(const formats::CheckpointFolder& folder,
                                         const formats::SourceOptions& options) const override {
-    return InspectZero(folder.dir, ReadOf(options));
+    return InspectZero(folder.dir, formats::DeepSpeedReadOptions(options));
   }
 
   void Verify(const formats::CheckpointFolder& folder, const formats::SourceOptions& options,
               formats::VerifyResult* result) const override {
-    VerifyZero(folder.dir, ReadOf(options), *result);
+    VerifyZero(folder.dir, formats::DeepSpeedReadOptions(options), *result);
   }
 };
 

@@ -9,33 +9,18 @@
 #include "base/status_macros.h"
 #include "deepspeed/checkpoint_files.h"
 #include "deepspeed/facet.h"
-#include "deepspeed/read_options.h"
-#include "deepspeed/sliced_report.h"
+#include "formats/deepspeed_source.h"
 #include "formats/deepspeed_zero3/zero3_state.h"
 #include "formats/deepspeed_zero3/zero3_writer.h"
 
 namespace ucp::deepspeed_zero3 {
 namespace {
 
-deepspeed::ReadOptions ReadOf(const formats::SourceOptions& options) {
-  deepspeed::ReadOptions r;
-  r.allow_unsafe_pickles = options.allow_unsafe_pickles;
-  return r;
-}
-
-// Zero3State exists at tp = pp = 1: a param no rule covers is a whole tensor.
-rules::ResolveOptions ResolveOf(const formats::SourceOptions& options) {
-  rules::ResolveOptions r = options.resolve();
-  r.tp1_whole_tensors = true;
-  return r;
-}
-
-class Source : public formats::SourceFormat {
+class Source : public formats::SlicedStateSource<Zero3State> {
  public:
   absl::string_view name() const override { return kName; }
   absl::string_view kind() const override { return kKind; }
   absl::string_view summary() const override { return "a DeepSpeed ZeRO stage 3 checkpoint (zero_pp_rank_D_mp_rank_00_model_states.pt, *zero_pp_rank_D_mp_rank_00_optim_states.pt)"; }
-  absl::string_view latest_file() const override { return deepspeed::kLatestFile; }
 
   bool Detect(const formats::CheckpointFolder& folder) const override {
     for (const std::string& n : folder.names) {
@@ -45,43 +30,10 @@ class Source : public formats::SourceFormat {
     return false;
   }
 
-  absl::StatusOr<formats::OpenedSource> Open(const formats::CheckpointFolder& folder,
-                                             const formats::SourceOptions& options,
-                                             JobDescription* description) const override {
-    UCP_ASSIGN_OR_RETURN(std::unique_ptr<Zero3State> s, Zero3State::Open(folder.dir, ReadOf(options)));
-    return formats::ResolveSliced(this, std::move(s), ResolveOf(options));
-  }
-
-  absl::StatusOr<formats::OpenedSource> Reopen(const formats::CheckpointFolder& folder,
-                                               const formats::SourceOptions& options,
-                                               const JobDescription& description) const override {
-    UCP_ASSIGN_OR_RETURN(std::unique_ptr<Zero3State> s, Zero3State::Open(folder.dir, ReadOf(options)));
-    UCP_ASSIGN_OR_RETURN(state::ModelInfo decided, formats::DecidedModel(description));
-    return formats::ResolveSliced(this, std::move(s), options.resolve(), &decided);
-  }
-
-  absl::StatusOr<formats::SlicedSource> OpenSliced(const formats::CheckpointFolder& folder,
-                                                   const formats::SourceOptions& options) const override {
-    UCP_ASSIGN_OR_RETURN(std::unique_ptr<Zero3State> s, Zero3State::Open(folder.dir, ReadOf(options)));
-    return formats::SlicedSource{std::move(s), ResolveOf(options)};
-  }
-
-  absl::StatusOr<InspectReport> Inspect(const formats::CheckpointFolder& folder,
-                                        const formats::SourceOptions& options) const override {
-    UCP_ASSIGN_OR_RETURN(std::unique_ptr<Zero3State> s, Zero3State::Open(folder.dir, ReadOf(options)));
-    UCP_ASSIGN_OR_RETURN(InspectReport report, deepspeed::SlicedReport(*s, kKind, s->ds_version()));
-    report.set_kind_detail("ZeRO stage 3: every param partitioned over dp, fp32_flat_groups per sub-group");
-    return report;
-  }
-
-  void Verify(const formats::CheckpointFolder& folder, const formats::SourceOptions& options,
-              formats::VerifyResult* result) const override {
-    absl::StatusOr<std::unique_ptr<Zero3State>> s = Zero3State::Open(folder.dir, ReadOf(options));
-    if (!s.ok()) {
-      result->problems.push_back(std::string(s.status().message()));
-      return;
-    }
-    formats::VerifyStateInputs(**s, result);
+ protected:
+  std::string DsVersion(const Zero3State& s) const override { return s.ds_version(); }
+  std::string KindDetail(const InspectReport& report) const override {
+    return "ZeRO stage 3: every param partitioned over dp, fp32_flat_groups per sub-group";
   }
 };
 

@@ -633,7 +633,7 @@ absl::StatusOr<StagingDir> StagingDir::Create(const std::string& target_in, bool
 
 StagingDir::StagingDir(StagingDir&& o) noexcept
     : notes_(std::move(o.notes_)), id_(o.id_), target_(std::move(o.target_)), tmp_(std::move(o.tmp_)),
-      overwrite_(o.overwrite_), done_(o.done_), keep_(o.keep_) {
+      overwrite_(o.overwrite_), sync_(o.sync_), done_(o.done_), keep_(o.keep_) {
   o.done_ = true;
   o.id_ = 0;
   if (id_ != 0) {

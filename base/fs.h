@@ -101,6 +101,8 @@ class StagingDir {
 
   const std::string& path() const { return tmp_; }
   const std::string& target() const { return target_; }
+  // Whether Commit fsyncs (Create's `sync`, kept through moves).
+  bool syncs() const { return sync_; }
   // fsyncs the staging folder's files and folders, renames it to the target
   // (replacing an old target when created with overwrite) and fsyncs the
   // parent (no fsync when created without sync). After Commit the destructor does

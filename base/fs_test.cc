@@ -29,6 +29,24 @@ TEST(FsTest, PathPieces) {
   EXPECT_EQ(Dirname("z"), ".");
 }
 
+// --fsync=false reaches Commit: the flag survives the moves out of Create's
+// StatusOr (the move constructor once dropped it, and every commit fsynced).
+TEST(FsTest, StagingDirKeepsItsSyncFlagThroughMoves) {
+  const std::string root = TempDir() + "/staging_sync";
+  ASSERT_TRUE(MakeDirs(root).ok());
+  for (bool sync : {false, true}) {
+    auto created = StagingDir::Create(JoinPath(root, sync ? "synced" : "unsynced"), false, sync);
+    ASSERT_TRUE(created.ok()) << created.status();
+    StagingDir moved(std::move(*created));
+    EXPECT_EQ(moved.syncs(), sync);
+    auto other = StagingDir::Create(JoinPath(root, sync ? "other_synced" : "other_unsynced"), false, !sync);
+    ASSERT_TRUE(other.ok()) << other.status();
+    *other = std::move(moved);
+    EXPECT_EQ(other->syncs(), sync);
+    ASSERT_TRUE(other->Commit().ok());
+  }
+}
+
 TEST(FsTest, StagingDirCommitsOrCleansUp) {
   const std::string target = JoinPath(TempDir(), "staging_out");
   ASSERT_TRUE(RemoveTree(target).ok());

@@ -3,6 +3,7 @@
 # this machine (cp -r of the same bytes), measured in one run, as ratios.
 #
 #   bench/run_bench.sh [--gb=3] [--runs=3] [--workdir=/tmp/ucp_bench] [--threads=0] [--ranks="1 2"] [--nofsync=1]
+#                      [--baseline=OTHER_UCP]
 #
 # Generates a GPT-NeoX-shaped tp=2 dp=2 ZeRO-1 checkpoint (fp32 weights, fp32
 # master + Adam) of about --gb GB with the conformance writer, then times,
@@ -21,6 +22,10 @@
 #   *-nf      convert, reshard-u, reshard-z and export again (1 rank) with
 #             --fsync=false: no fsync before the commit, NOT crash-safe, the
 #             like-for-like comparison with plain cp -r (--nofsync=0 skips them)
+# --baseline=OTHER_UCP (another build of ucp, e.g. the one before a change):
+# convert, reshard-u, reshard-z and export (1 rank) also with that binary,
+# each right after its own run (the same machine state), and the ratio of
+# the two medians: "no slower" measured in one run.
 # each with every rank count of --ranks (R > 1: `mpirun -np R ucp ...`, the
 # ranks sharing the machine's cores; export runs alone), and prints min and
 # median seconds, MB/s of bytes read + written, peak RSS
@@ -46,6 +51,7 @@ WORK=/tmp/ucp_bench
 THREADS=0
 RANKS="1 2"
 NOFSYNC=1
+BASE=""
 for arg in "$@"; do
   case "$arg" in
     --gb=*) GB="${arg#*=}" ;;
@@ -54,6 +60,7 @@ for arg in "$@"; do
     --threads=*) THREADS="${arg#*=}" ;;
     --ranks=*) RANKS="${arg#*=}" ;;
     --nofsync=*) NOFSYNC="${arg#*=}" ;;
+    --baseline=*) BASE="$(readlink -f "${arg#*=}")" ;;
     *) echo "unknown argument $arg" >&2; exit 2 ;;
   esac
 done
@@ -112,6 +119,7 @@ suffix() { if (($1 > 1)); then echo "@$1"; fi; }
 OPS="cp cpsync export"
 for r in $RANKS; do OPS="$OPS convert$(suffix "$r") reshard-u$(suffix "$r") reshard-z$(suffix "$r")"; done
 if ((NOFSYNC)); then OPS="$OPS convert-nf reshard-u-nf reshard-z-nf export-nf"; fi
+if [[ -n "$BASE" ]]; then OPS="$OPS convert~b reshard-u~b reshard-z~b export~b"; fi
 
 PROTOCOLS="warm cold"
 if ((!CAN_DROP)); then PROTOCOLS="as-is"; fi
@@ -139,6 +147,19 @@ for protocol in $PROTOCOLS; do
     done
     run "$protocol" export "$SRC" "$WORK/export_out" \
       "$UCP" export --input_folder="$SRC" --output_folder="$WORK/export_out" --num_threads="$THREADS" --progress=never
+    if [[ -n "$BASE" ]]; then
+      bf=(--num_threads="$THREADS" --progress=never)
+      run "$protocol" "convert~b" "$SRC" "$WORK/u/global_step1_universal" \
+        "$BASE" convert --input_folder="$SRC" --output_folder="$WORK/u/global_step1_universal" "${bf[@]}"
+      run "$protocol" "reshard-u~b" "$UNI" "$WORK/tp1_from_universal/global_step1" \
+        "$BASE" reshard --input_folder="$UNI" --output_folder="$WORK/tp1_from_universal/global_step1" --tp=1 --pp=1 \
+        --dp=1 "${bf[@]}"
+      run "$protocol" "reshard-z~b" "$SRC" "$WORK/tp1_from_zero/global_step1" \
+        "$BASE" reshard --input_folder="$SRC" --output_folder="$WORK/tp1_from_zero/global_step1" --tp=1 --pp=1 \
+        --dp=1 "${bf[@]}"
+      run "$protocol" "export~b" "$SRC" "$WORK/export_out" \
+        "$BASE" export --input_folder="$SRC" --output_folder="$WORK/export_out" "${bf[@]}"
+    fi
     if ((NOFSYNC)); then
       nf=(--fsync=false --num_threads="$THREADS" --progress=never)
       run "$protocol" convert-nf "$SRC" "$WORK/u/global_step1_universal" \
@@ -187,6 +208,10 @@ if ((NOFSYNC)); then
   OP_ARGS+=("convert-nf:$ZERO_READ:$CONVERT_WRITE" "reshard-u-nf:$RU_READ:$RU_WRITE" "reshard-z-nf:$ZERO_READ:$RZ_WRITE"
     "export-nf:$EXPORT_READ:$EXPORT_WRITE")
 fi
+if [[ -n "$BASE" ]]; then
+  OP_ARGS+=("convert~b:$ZERO_READ:$CONVERT_WRITE" "reshard-u~b:$RU_READ:$RU_WRITE" "reshard-z~b:$ZERO_READ:$RZ_WRITE"
+    "export~b:$EXPORT_READ:$EXPORT_WRITE")
+fi
 /usr/bin/python3 - "$WORK" "$RUNS" "$GB" "$LARGEST" "$IN_BYTES" "$MANIFEST_BYTES" "$SAME" "$PROTOCOLS" \
   "${OP_ARGS[@]}" <<'EOF' | tee "$WORK/report.txt"
 import statistics, sys
@@ -216,13 +241,18 @@ for protocol in protocols.split():
         rate = (r["read"] + r["write"]) / r["med"]
         label = "cp+sync" if name == "cpsync" else name.split('@')[0]
         if label.endswith("-nf"): label = label[:-3] + "*"
+        if label.endswith("~b"): label = label[:-2] + " (b)"
         print(f"{label:10} {ranks(name):5} {r['min']:7.2f} {r['med']:9.2f} {r['read']/1e6:8.0f} "
               f"{r['write']/1e6:11.0f} {rate/1e6:7.0f} {rate/cp_rate:6.0%} {rate/durable_rate:11.0%} {r['rss']/2**20:12.0f}")
     if any(n.endswith("-nf") for n in rows):
         print("  * = with --fsync=false (NOT crash-safe; no target): against plain cp -r, which does not sync either: "
               + ", ".join(f"{n[:-3]} {(rows[n]['read'] + rows[n]['write']) / rows[n]['med'] / cp_rate:.0%}"
                           for n in rows if n.endswith("-nf")))
-    for name in [n for n in rows if n not in ("cp", "cpsync") and not n.endswith("-nf")]:
+    if any(n.endswith("~b") for n in rows):
+        print("  (b) = the --baseline binary, run right after each of ours; median time ours / baseline's (below 100%: "
+              "faster): " + ", ".join(f"{n[:-2]} {rows[n[:-2]]['med'] / rows[n]['med']:.0%}"
+                                      for n in rows if n.endswith("~b")))
+    for name in [n for n in rows if n not in ("cp", "cpsync") and not n.endswith("-nf") and not n.endswith("~b")]:
         r = rows[name]
         rate = (r["read"] + r["write"]) / r["med"] / durable_rate
         target = 0.5 if name == "export" else 0.8

@@ -190,6 +190,7 @@ std::string FormatReport(const InspectReport& r) {
     } else {
       absl::StrAppend(&out, p.frozen() ? " frozen" : " buffer");
     }
+    if (p.undecided()) absl::StrAppend(&out, " (tp split undecided: saved at tp=1, no rule)");
     absl::StrAppend(&out, "\n");
     for (const auto& f : p.fragment()) {
       if (r.fragment_ranges() && p.group() >= 0) {

@@ -14,11 +14,21 @@
 
 namespace ucp::ops {
 
+namespace {
+
+// The kind a summary shows: an undecided param is kept whole (and written as
+// a replicated one), but no rule says it is replicated.
+std::string ShownKind(const state::ParamState& p) {
+  return p.source == UNDECIDED ? "whole" : tp::MergeKindName(p.rule.kind());
+}
+
+}  // namespace
+
 std::string RuleSummary(const state::ModelInfo& info) {
   std::map<std::pair<std::string, std::string>, int> counts;
   std::map<std::string, int> by_source;
   for (const auto& p : info.params) {
-    counts[{tp::MergeKindName(p.rule.kind()), rules::RuleSourceName(p.source)}]++;
+    counts[{ShownKind(p), rules::RuleSourceName(p.source)}]++;
     by_source[rules::RuleSourceName(p.source)]++;
   }
   std::string out = absl::StrFormat("%-12s %-20s %s\n", "kind", "source", "params");
@@ -33,7 +43,8 @@ std::string RuleExplanation(const state::ModelInfo& info) {
   std::string out;
   for (const auto& p : info.params) {
     absl::StrAppendFormat(&out, "%s %s %s [%s] %s: %s\n", p.name, torch::ShapeString(p.full_shape),
-                          tp::DescribeRule(p.rule), rules::RuleSourceName(p.source),
+                          p.source == UNDECIDED ? "kept whole, tp split unknown" : tp::DescribeRule(p.rule),
+                          rules::RuleSourceName(p.source),
                           p.trainable() ? absl::StrCat("group ", p.group) : state::TensorRoleName(p.role),
                           p.origin);
   }
@@ -53,6 +64,20 @@ absl::StatusOr<const formats::TargetFormat*> UniversalTarget() {
 absl::StatusOr<ConvertResult> ConvertImpl(const ConvertOptions& options);
 
 }  // namespace
+
+std::string UndecidedNote(const state::ModelInfo& info) {
+  std::vector<std::string> names;
+  for (const auto& p : info.params) {
+    if (p.source == UNDECIDED) names.push_back(p.name);
+  }
+  if (names.empty()) return "";
+  return absl::StrCat(
+      names.size(), " param(s) of this tp=1 checkpoint (e.g. '", names.front(),
+      "') have no known tp split: kept whole and recorded as undecided in the manifest. The universal checkpoint "
+      "loads exactly at tp=1, any dp and pp; a DeepSpeed universal load at tp > 1 would split them on dim 0 (its "
+      "default), right for column-parallel params only. For tp > 1: `ucp reshard --tp=N` with --rules or --preset "
+      "(`ucp rules --suggest` lists them), or convert again with those flags");
+}
 
 absl::StatusOr<ConvertResult> Convert(const ConvertOptions& options) {
   absl::StatusOr<ConvertResult> r = ConvertImpl(options);
@@ -78,7 +103,12 @@ absl::StatusOr<ConvertResult> ConvertImpl(const ConvertOptions& options) {
   if (options.dry_run_ranks < 0) return absl::InvalidArgumentError("--dry_run: expected >= 0");
   OpenRequest request;
   request.refuse_universal = true;
-  UCP_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(options.input_folder, options.state, options.cluster, request));
+  // A universal checkpoint keeps the params of a tp=1 source whole: params
+  // that nothing decides are recorded as undecided, not refused (only a step
+  // that splits them over tp > 1 needs their kind).
+  SourceOptions source = options.state;
+  source.tp1_whole_tensors = true;
+  UCP_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(options.input_folder, source, options.cluster, request));
   const state::ModelState* state = src.state.get();
   if (state->info().expert_parallel > 0) {
     // DeepSpeed's universal loaders partition every param over dp; none
@@ -137,6 +167,7 @@ absl::StatusOr<ConvertResult> ConvertImpl(const ConvertOptions& options) {
                                   "\n", result.summary);
   }
   result.explain = RuleExplanation(state->info());
+  if (std::string note = UndecidedNote(state->info()); !note.empty()) result.warnings.push_back(std::move(note));
   for (const auto& note : state->info().notes) result.warnings.push_back(note);
   for (const auto& note : result.stats.notes) result.warnings.push_back(note);
   for (std::string& note : universal->UniversalNotes(*state, write)) result.warnings.push_back(std::move(note));

@@ -44,6 +44,9 @@ absl::StatusOr<ConvertResult> Convert(const ConvertOptions& options);
 // The summary and per-param table of a model state's rules.
 std::string RuleSummary(const state::ModelInfo& info);
 std::string RuleExplanation(const state::ModelInfo& info);
+// The note a conversion prints for params of a tp=1 source that nothing
+// decides (RuleSource UNDECIDED), "" when there are none.
+std::string UndecidedNote(const state::ModelInfo& info);
 
 }  // namespace ucp::ops
 

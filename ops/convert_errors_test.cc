@@ -190,13 +190,24 @@ TEST(ConvertErrorsTest, ExistingOutputIsNotReplaced) {
   EXPECT_TRUE(PathExists(JoinPath(c.output, "keep")));
 }
 
-TEST(ConvertErrorsTest, AmbiguousParamsOfATp1CheckpointSayWhatIsExactForTp1Loads) {
+// Saved at tp=1, nothing needs merging: convert keeps the params no rule
+// decides whole (undecided); only a reshard that splits them over tp > 1
+// refuses, asking for their kind, and writes nothing.
+TEST(ConvertErrorsTest, UndecidedParamsOfATp1CheckpointStopOnlyASplit) {
   Case c = Prepare("ambiguous_tp1", "neox-tp1-pp2-dp1");
-  absl::Status s = RunConvert(c, "none");
+  EXPECT_TRUE(RunConvert(c, "none").ok());
+  EXPECT_TRUE(PathExists(JoinPath(c.output, "ucp_manifest.textproto")));
+  ReshardOptions o;
+  o.input_folder = c.source;
+  o.output_folder = JoinPath(c.root, "tp2/global_step4");
+  o.write.target.tp = 2;
+  o.zero_source.rules.preset = "none";
+  absl::Status s = Reshard(o).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(s.message().find("Saved at tp=1, nothing needs merging"), std::string::npos) << s;
-  EXPECT_NE(s.message().find("for loads at tp=1 only, --default_kind=replicated is exact"), std::string::npos) << s;
-  ExpectNothingWritten(c);
+  EXPECT_NE(s.message().find("the target splits params over tp > 1, but "), std::string::npos) << s;
+  EXPECT_NE(s.message().find("have no known tp split: saved at tp=1"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("FILL IN the kind"), std::string::npos) << s;
+  EXPECT_FALSE(PathExists(JoinPath(c.root, "tp2")));
 }
 
 TEST(ConvertErrorsTest, AmbiguousParamsAreListedWithTheRuleThatSettlesThem) {

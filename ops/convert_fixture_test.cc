@@ -8,6 +8,8 @@
 #include "absl/strings/str_replace.h"
 #include "base/fs.h"
 #include "ops/convert.h"
+#include "ops/inspect.h"
+#include "formats/inspect.h"
 #include "ops/open.h"
 #include "ops/reshard.h"
 #include "testing/compare.h"
@@ -460,6 +462,91 @@ TEST(ConvertFixtureTest, PerRankPaddingConvertsLikeItsDp1Resave) {
     ++compared;
   }
   EXPECT_EQ(compared, 54 * 4);  // 54 params x (fp32, exp_avg, exp_avg_sq, step)
+}
+
+
+// A tp=1 source converts with no flags (issue 24): the params nothing decides
+// are kept whole and recorded as undecided; their universal files are those
+// of a replicated param (the whole tensor, no cat_dim). A reshard to tp > 1,
+// from the ZeRO folder or from the universal one, asks for their kind with
+// one rule per family, and with the same rules both give the same bytes.
+TEST(ConvertFixtureTest, Tp1SourceConvertsWithNoFlags) {
+  const std::string root = FreshTempDir("convert_tp1_noflags");
+  const std::string src = VersionFixturePath("0.19.5", "gpt-zero1-padding-dp2/global_step4");
+  const std::string undecided = JoinPath(root, "u/global_step4_universal");
+  auto r = Convert(Options(src, undecided));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT(r->summary, ::testing::HasSubstr("whole        undecided            54"));
+  EXPECT_THAT(r->explain, ::testing::HasSubstr("wte.weight [96, 64] kept whole, tp split unknown [undecided]"));
+  ASSERT_FALSE(r->warnings.empty());
+  EXPECT_THAT(r->warnings[0], ::testing::HasSubstr("54 param(s) of this tp=1 checkpoint"));
+  auto manifest = ReadFileToString(JoinPath(undecided, "ucp_manifest.textproto"));
+  ASSERT_TRUE(manifest.ok());
+  int n = 0;
+  for (size_t at = manifest->find("source: UNDECIDED"); at != std::string::npos;
+       at = manifest->find("source: UNDECIDED", at + 1)) {
+    ++n;
+  }
+  EXPECT_EQ(n, 54);
+  auto inspected = Inspect(undecided);
+  ASSERT_TRUE(inspected.ok()) << inspected.status();
+  EXPECT_THAT(formats::FormatReport(*inspected),
+              ::testing::HasSubstr("wte.weight float32[96, 64] group 0 (tp split undecided: saved at tp=1, no rule)"));
+
+  ConvertOptions o = Options(src, JoinPath(root, "r/global_step4_universal"));
+  o.state.rules.default_kind = REPLICATED;
+  auto replicated = Convert(o);
+  ASSERT_TRUE(replicated.ok()) << replicated.status();
+  auto files = testing::ListFilesRecursive(undecided);
+  ASSERT_TRUE(files.ok());
+  int compared = 0;
+  for (const auto& f : *files) {
+    if (!absl::StartsWith(f, "zero/")) continue;
+    auto a = ReadFileToString(JoinPath(undecided, f));
+    auto b = ReadFileToString(JoinPath(o.output_folder, f));
+    ASSERT_TRUE(a.ok() && b.ok()) << f;
+    EXPECT_TRUE(*a == *b) << f;
+    ++compared;
+  }
+  EXPECT_EQ(compared, 54 * 4 + 1);  // 54 params x (fp32, exp_avg, exp_avg_sq, step) + optimizer_state.pt
+
+  // tp=2 needs the kinds: refused from either folder, each family listed.
+  for (const std::string in : {src, undecided}) {
+    ReshardOptions ro;
+    ro.input_folder = in;
+    ro.output_folder = JoinPath(root, "refused/global_step4");
+    ro.write.target.tp = 2;
+    auto refused = Reshard(ro);
+    ASSERT_FALSE(refused.ok()) << in;
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(refused.status().message(), ::testing::HasSubstr("54 param(s) in 18 families"));
+    EXPECT_THAT(refused.status().message(), ::testing::HasSubstr("have no known tp split"));
+    EXPECT_THAT(refused.status().message(), ::testing::HasSubstr("rule { pattern: \"h\\\\.\\\\d+\\\\.attn_proj\\\\.weight$\" kind: MERGE_KIND_UNSPECIFIED }"));
+    EXPECT_FALSE(PathExists(ro.output_folder));
+  }
+  const std::string rules_file = JoinPath(root, "rules.textproto");
+  ASSERT_TRUE(WriteFileAtomic(rules_file, R"(
+rule { pattern: "h\\.\\d+\\.attn_qkv\\.(weight|bias)$" kind: COLUMN }
+rule { pattern: "h\\.\\d+\\.mlp_fc\\.(weight|bias)$" kind: COLUMN }
+rule { pattern: "h\\.\\d+\\.(attn_proj|mlp_proj)\\.weight$" kind: ROW }
+rule { pattern: "lm_head\\.weight$" kind: COLUMN }
+rule { pattern: ".*" kind: REPLICATED }
+)").ok());
+  std::string outs[2];
+  int k = 0;
+  for (const std::string in : {src, undecided}) {
+    ReshardOptions ro;
+    ro.input_folder = in;
+    ro.output_folder = JoinPath(root, absl::StrCat("tp2_", k, "/global_step4"));
+    ro.write.target.tp = 2;
+    ro.zero_source.rules.rules_file = rules_file;
+    auto done = Reshard(ro);
+    ASSERT_TRUE(done.ok()) << in << ": " << done.status();
+    outs[k++] = ro.output_folder;
+  }
+  auto diffs = testing::CompareFolders(outs[0], outs[1], {});
+  ASSERT_TRUE(diffs.ok()) << diffs.status();
+  EXPECT_THAT(*diffs, IsEmpty()) << absl::StrJoin(*diffs, "\n");
 }
 
 }  // namespace

@@ -93,6 +93,12 @@ absl::StatusOr<ReshardResult> ReshardImpl(const ReshardOptions& options) {
   if (options.write.target.tp == 1) source.tp1_whole_tensors = true;
   source.verify_checksums = source.verify_checksums || options.verify_checksums;
   UCP_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(options.input_folder, source, options.cluster));
+  if (options.write.target.tp > 1) {
+    // Whole tensors of a tp=1 source that nothing decided: the rules given
+    // now say how they split, or the reshard stops here.
+    UCP_ASSIGN_OR_RETURN(src.state, rules::DecideUndecided(std::move(src.state), options.zero_source.rules,
+                                                           src.dir, options.write.target.tp));
+  }
   const state::ModelState* state = src.state.get();
   UCP_RETURN_IF_ERROR(ValidateTargetAgainstModel(*state, options));
   ReshardResult result;

@@ -45,7 +45,7 @@ def main():
         moe = "--moe_layers" in case.model.args
         if not moe:
             uni = os.path.join(work, name, case.tag + "_universal")
-            flags = ["--default_kind=replicated"] if (case.source.tp or 1) == 1 else []
+            flags = []  # a tp=1 source converts with no flags (undecided params kept whole)
             p = subprocess.run([ucp, "convert", f"--input_folder={src}", f"--output_folder={uni}", "--progress=never"]
                                + flags, capture_output=True, text=True)
             if p.returncode:

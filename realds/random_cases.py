@@ -107,12 +107,8 @@ def draw_one(pb, rng, name, versions):
         h.route = rng.choice(routes)
         if h.route == pb.Hop.CONVERT and t[4] == 3:
             c.model.args += " --groups 1" if "--groups 1" not in c.model.args else ""
-        if h.route != pb.Hop.RESHARD and family == "gpt":
-            # a tp=1 source does not say how it would split
-            if h.route == pb.Hop.CONVERT:
-                h.ucp_flags = "--default_kind=replicated"
-            else:
-                h.convert_flags = "--default_kind=replicated"
+        # (a tp=1 source converts with no flags: params nothing decides are
+        # kept whole, undecided; DeepSpeed loads them at tp=1)
         if sid and h.route != pb.Hop.CONVERT:
             h.ucp_flags = (h.ucp_flags + " --target_ds_version=0.19.5").strip()
         if h.route != pb.Hop.CONVERT and family in PARTITION and not plain and t[1] > 1:

@@ -176,6 +176,134 @@ absl::Status ResolvedState::TakeDecisions(const state::ModelInfo& decided) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// What deciding the params found wrong, reported all at once.
+struct Problems {
+  std::vector<std::string> ambiguous, mismatched, tied_mismatch;
+  std::vector<bool> is_ambiguous;
+};
+
+// A param of a tp=1 source that nothing decides: kept whole, undecided.
+RuleDecision Undecided(const std::string& name) {
+  MergeRule rule;
+  rule.set_pattern(name);
+  rule.set_kind(REPLICATED);
+  RuleDecision d;
+  d.rule = rule;
+  d.source = UNDECIDED;
+  d.origin = state::kTp1WholeOrigin;
+  return d;
+}
+
+// One param's decision: the rule sources' (in `d`), else the fallbacks
+// (checkpoint patterns' default, equal tp copies, --default_kind), else, for
+// a tp=1 source whose whole tensors a step may keep, undecided; a replicated
+// param's differing tp copies as --replicated_mismatch says. Records what
+// stays wrong in `problems`; returns false when the param is left open.
+bool DecideParam(const ParamState& p, RuleDecision d, const Evidence& ev, bool family_equal, int tp_degree,
+                 const ResolveOptions& options, const RuleResolver& resolver, size_t i, Problems* problems,
+                 RuleDecision* out) {
+  if (!ev.stages_equal) {
+    problems->tied_mismatch.push_back(
+        absl::StrCat("'", p.name, "' differs between pipeline stages in ", ev.stage_diff_state));
+  }
+  if (!d.rule) {
+    d = resolver.DecideWithoutRules(p.name, tp_degree > 1 ? std::optional<bool>(family_equal) : std::nullopt);
+    if (d.rule && d.source == EVIDENCE && !ev.tp_equal) d.rule.reset();  // never: family_equal implies tp_equal
+    if (!d.rule && options.tp1_whole_tensors && tp_degree == 1) d = Undecided(p.name);
+    if (!d.rule) {
+      problems->is_ambiguous[i] = true;
+      problems->ambiguous.push_back(p.name);
+      return false;
+    }
+  } else if (d.rule->kind() == REPLICATED && tp_degree > 1 && !ev.tp_equal) {
+    switch (options.replicated_mismatch) {
+      case ReplicatedMismatch::kError:
+        problems->mismatched.push_back(absl::StrCat("  ", p.name, " (", d.origin, "): tp copies differ in ",
+                                                    ev.tp_diff_state, ", largest |difference| ", ev.tp_max_diff));
+        break;
+      case ReplicatedMismatch::kAverage:
+        d.rule->set_kind(AVERAGE);
+        absl::StrAppend(&d.origin, "; tp copies differ (max |diff| ", ev.tp_max_diff,
+                        "): averaged (--replicated_mismatch=average)");
+        break;
+      case ReplicatedMismatch::kFirst:
+        absl::StrAppend(&d.origin, "; tp copies differ (max |diff| ", ev.tp_max_diff,
+                        "): tp rank 0 kept (--replicated_mismatch=first)");
+        break;
+    }
+  }
+  *out = std::move(d);
+  return true;
+}
+
+// A tied alias (another name of a trainable param) is the same tensor: its
+// owner's rule, whatever its own name would match.
+absl::Status TieAliases(const std::string& dir, const std::vector<bool>& is_ambiguous, state::ModelInfo* info) {
+  for (ParamState& p : info->params) {
+    if (p.role != state::TensorRole::kTied || p.alias_of.empty()) continue;
+    const int owner = info->IndexOf(p.alias_of);
+    if (owner < 0 || is_ambiguous[static_cast<size_t>(owner)]) continue;
+    const ParamState& o = info->params[static_cast<size_t>(owner)];
+    if (o.tp_shapes != p.tp_shapes) {
+      return absl::FailedPreconditionError(absl::StrCat(dir, ": '", p.name, "' is listed in shared_params as '",
+                                                        o.name, "' but their tp slices differ in shape"));
+    }
+    p.rule = o.rule;
+    p.source = o.source;
+    p.origin = absl::StrCat("tied to '", o.name, "' (shared_params): ", o.origin);
+  }
+  return absl::OkStatus();
+}
+
+// The error for params no rule source, fallback or evidence settles, with
+// one suggested rule per family.
+absl::Status AmbiguousError(const state::SlicedState& src, const Gathered& g, const Problems& problems,
+                            const RuleResolver& resolver, int tp_degree) {
+  // Only the ambiguous params are undecided for the suggestions.
+  std::vector<ParamFacts> facts = g.facts;
+  for (size_t i = 0; i < facts.size(); ++i) facts[i].decided = !problems.is_ambiguous[i];
+  const std::vector<FamilySuggestion> suggestions = SuggestFamilies(facts, ContextOf(src, tp_degree));
+  std::string listed;
+  for (const FamilySuggestion& f : suggestions) absl::StrAppend(&listed, "\n", SuggestionText(f));
+  const std::string families =
+      absl::StrCat(suggestions.size(), " famil", suggestions.size() == 1 ? "y" : "ies");
+  const std::string preset = resolver.preset().empty() ? "" : absl::StrCat(" (", resolver.preset(), ")");
+  const std::string settle = absl::StrCat(
+      "Settle them with --rules=FILE (a MergeRules textproto; `ucp rules --suggest --input_folder=", src.dir(),
+      "` writes these suggestions as one to edit), --preset, or --default_kind");
+  if (tp_degree == 1) {
+    // Only a step that splits the params over tp > 1 needs their kind.
+    return absl::FailedPreconditionError(absl::StrCat(
+        src.dir(), ": the target splits params over tp > 1, but ", problems.ambiguous.size(), " param(s) in ",
+        families, " have no known tp split: saved at tp=1, and no rule file, checkpoint pattern or preset", preset,
+        " says how they split. ", settle, ". The undecided families:\n", listed));
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      src.dir(), ": cannot tell how to merge the tp slices of ", problems.ambiguous.size(), " param(s) in ", families,
+      "; no rule file, checkpoint pattern or preset", preset, " covers them. ", settle, ":\n", listed));
+}
+
+// Every param's full (merged) shape, the vocabulary padding stripped.
+absl::Status SetFullShapes(const std::string& dir, int tp_degree, state::ModelInfo* info) {
+  for (ParamState& p : info->params) {
+    UCP_ASSIGN_OR_RETURN(p.full_shape, tp::FullShapeFromSlice(p.rule, p.tp_shapes[0], tp_degree, p.name),
+                         _.Prepend(absl::StrCat(dir, ": ")));
+    if (p.rule.kind() == VOCAB && p.rule.original_vocab_size() > 0) {
+      if (p.rule.original_vocab_size() > p.full_shape[0]) {
+        return absl::InvalidArgumentError(absl::StrCat(dir, ": param '", p.name, "': original vocab size ",
+                                                       p.rule.original_vocab_size(), " exceeds its ",
+                                                       p.full_shape[0], " rows"));
+      }
+      p.full_shape[0] = p.rule.original_vocab_size();
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status ResolvedState::Resolve(const ResolveOptions& options) {
   const state::SlicedState& src = *source_;
   info_ = src.info();
@@ -187,123 +315,40 @@ absl::Status ResolvedState::Resolve(const ResolveOptions& options) {
   UCP_ASSIGN_OR_RETURN(resolver_, RuleResolver::Make(options.rules, deepspeed::CheckpointInfoOf(src), names, deepspeed::ArgsOf(src)));
   info_.original_vocab_size = resolver_.original_vocab_size();
   UCP_ASSIGN_OR_RETURN(Gathered g, Gather(src, info_, resolver_, options.num_threads, options.tp1_whole_tensors));
-  std::vector<RuleDecision>& decisions = g.decisions;
-  const std::vector<Evidence>& evidence = g.evidence;
   // Equal tp copies settle a param as replicated only if no param of its
   // family (same name but for layer indices, same rank) has copies that
   // differ: those are partitioned, and so is a sibling whose slices happen
   // to be equal (zero-initialized, untouched by training).
   const std::vector<bool> family_equal = FamilyCopiesEqual(g.facts);
 
-  std::vector<std::string> ambiguous, mismatched, tied_mismatch;
-  std::vector<bool> is_ambiguous(info_.params.size(), false);
+  Problems problems;
+  problems.is_ambiguous.assign(info_.params.size(), false);
   for (size_t i = 0; i < info_.params.size(); ++i) {
     ParamState& p = info_.params[i];
-    // A tied alias takes its owner's rule (below).
+    // A tied alias takes its owner's rule (TieAliases).
     if (p.role == state::TensorRole::kTied && info_.IndexOf(p.alias_of) >= 0) continue;
-    RuleDecision d = decisions[i];
-    const Evidence& ev = evidence[i];
-    if (!ev.stages_equal) {
-      tied_mismatch.push_back(absl::StrCat("'", p.name, "' differs between pipeline stages in ", ev.stage_diff_state));
-    }
-    if (!d.rule && options.tp1_whole_tensors && tp_degree == 1) {
-      MergeRule rule;
-      rule.set_pattern(p.name);
-      rule.set_kind(REPLICATED);
-      d.rule = rule;
-      d.source = EVIDENCE;
-      d.origin = state::kTp1WholeOrigin;
-    }
-    if (!d.rule) {
-      d = resolver_.DecideWithoutRules(p.name, tp_degree > 1 ? std::optional<bool>(family_equal[i]) : std::nullopt);
-      if (d.rule && d.source == EVIDENCE && !ev.tp_equal) d.rule.reset();  // never: family_equal implies tp_equal
-      if (!d.rule) {
-        is_ambiguous[i] = true;
-        ambiguous.push_back(p.name);
-        continue;
-      }
-    } else if (d.rule->kind() == REPLICATED && tp_degree > 1 && !ev.tp_equal) {
-      switch (options.replicated_mismatch) {
-        case ReplicatedMismatch::kError:
-          mismatched.push_back(absl::StrCat("  ", p.name, " (", d.origin, "): tp copies differ in ", ev.tp_diff_state,
-                                            ", largest |difference| ", ev.tp_max_diff));
-          break;
-        case ReplicatedMismatch::kAverage:
-          d.rule->set_kind(AVERAGE);
-          absl::StrAppend(&d.origin, "; tp copies differ (max |diff| ", ev.tp_max_diff,
-                          "): averaged (--replicated_mismatch=average)");
-          break;
-        case ReplicatedMismatch::kFirst:
-          absl::StrAppend(&d.origin, "; tp copies differ (max |diff| ", ev.tp_max_diff,
-                          "): tp rank 0 kept (--replicated_mismatch=first)");
-          break;
-      }
+    RuleDecision d;
+    if (!DecideParam(p, g.decisions[i], g.evidence[i], family_equal[i], tp_degree, options, resolver_, i, &problems,
+                     &d)) {
+      continue;
     }
     p.rule = *d.rule;
-    p.rule.set_pattern(d.rule->pattern());
     p.source = d.source;
     p.origin = d.origin;
   }
-  // A tied alias (another name of a trainable param) is the same tensor:
-  // its owner's rule, whatever its own name would match.
-  for (ParamState& p : info_.params) {
-    if (p.role != state::TensorRole::kTied || p.alias_of.empty()) continue;
-    const int owner = info_.IndexOf(p.alias_of);
-    if (owner < 0 || is_ambiguous[static_cast<size_t>(owner)]) continue;
-    const ParamState& o = info_.params[static_cast<size_t>(owner)];
-    if (o.tp_shapes != p.tp_shapes) {
-      return absl::FailedPreconditionError(absl::StrCat(src.dir(), ": '", p.name, "' is listed in shared_params as '",
-                                                        o.name, "' but their tp slices differ in shape"));
-    }
-    p.rule = o.rule;
-    p.source = o.source;
-    p.origin = absl::StrCat("tied to '", o.name, "' (shared_params): ", o.origin);
-  }
-  if (!tied_mismatch.empty()) {
+  UCP_RETURN_IF_ERROR(TieAliases(src.dir(), problems.is_ambiguous, &info_));
+  if (!problems.tied_mismatch.empty()) {
     return absl::FailedPreconditionError(
         absl::StrCat(src.dir(), ": params tied across pipeline stages are not equal:\n  ",
-                     absl::StrJoin(tied_mismatch, "\n  ")));
+                     absl::StrJoin(problems.tied_mismatch, "\n  ")));
   }
-  if (!mismatched.empty()) {
+  if (!problems.mismatched.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        src.dir(), ": ", mismatched.size(), " replicated param(s) differ between tp ranks (use ",
-        "--replicated_mismatch=average or =first to accept):\n", absl::StrJoin(mismatched, "\n")));
+        src.dir(), ": ", problems.mismatched.size(), " replicated param(s) differ between tp ranks (use ",
+        "--replicated_mismatch=average or =first to accept):\n", absl::StrJoin(problems.mismatched, "\n")));
   }
-  if (!ambiguous.empty()) {
-    // Only the ambiguous params are undecided for the suggestions.
-    std::vector<ParamFacts> facts = g.facts;
-    for (size_t i = 0; i < facts.size(); ++i) facts[i].decided = !is_ambiguous[i];
-    const std::vector<FamilySuggestion> suggestions = SuggestFamilies(facts, ContextOf(src, tp_degree));
-    std::string listed;
-    for (const FamilySuggestion& f : suggestions) absl::StrAppend(&listed, "\n", SuggestionText(f));
-    return absl::FailedPreconditionError(absl::StrCat(
-        src.dir(), ": cannot tell how to merge the tp slices of ", ambiguous.size(), " param(s) in ",
-        suggestions.size(), " famil", suggestions.size() == 1 ? "y" : "ies",
-        "; no rule file, checkpoint pattern or preset",
-        resolver_.preset().empty() ? "" : absl::StrCat(" (", resolver_.preset(), ")"),
-        " covers them. Settle them with --rules=FILE (a MergeRules textproto; `ucp rules --suggest --input_folder=",
-        src.dir(), "` writes these suggestions as one to edit), --preset, or --default_kind",
-        tp_degree == 1 ? ". Saved at tp=1, nothing needs merging, but a universal checkpoint says how each param "
-                         "splits for a load at tp >= 2; for loads at tp=1 only, --default_kind=replicated is exact. "
-                         "The undecided families"
-                       : "",
-        ":\n", listed));
-  }
-  // Full shapes.
-  for (size_t i = 0; i < info_.params.size(); ++i) {
-    ParamState& p = info_.params[i];
-    UCP_ASSIGN_OR_RETURN(p.full_shape, tp::FullShapeFromSlice(p.rule, p.tp_shapes[0], tp_degree, p.name),
-                         _.Prepend(absl::StrCat(src.dir(), ": ")));
-    if (p.rule.kind() == VOCAB && p.rule.original_vocab_size() > 0) {
-      if (p.rule.original_vocab_size() > p.full_shape[0]) {
-        return absl::InvalidArgumentError(absl::StrCat(src.dir(), ": param '", p.name, "': original vocab size ",
-                                                       p.rule.original_vocab_size(), " exceeds its ",
-                                                       p.full_shape[0], " rows"));
-      }
-      p.full_shape[0] = p.rule.original_vocab_size();
-    }
-  }
-  return absl::OkStatus();
+  if (!problems.ambiguous.empty()) return AmbiguousError(src, g, problems, resolver_, tp_degree);
+  return SetFullShapes(src.dir(), tp_degree, &info_);
 }
 
 absl::StatusOr<SuggestReport> SuggestRules(std::shared_ptr<const state::SlicedState> source,
@@ -540,6 +585,122 @@ absl::StatusOr<std::unique_ptr<state::ModelState>> ReinterpretDeepSpeedUniversal
   } else {
     UCP_RETURN_IF_ERROR(s->Reinterpret(uc_info, options, dir));
   }
+  return std::unique_ptr<state::ModelState>(std::move(s));
+}
+
+namespace {
+
+// A state whose undecided params took a rule (DecideUndecided): their whole
+// tensor is read as the one tp slice of a tp=1 checkpoint and merged by it.
+class WholeDecidedState : public state::ModelState {
+ public:
+  explicit WholeDecidedState(std::unique_ptr<state::ModelState> base)
+      : base_(std::move(base)), info_(base_->info()), decided_(info_.params.size(), false) {}
+
+  absl::Status Decide(const RuleResolver::Options& options, const std::string& dir, int target_tp);
+
+  const state::ModelInfo& info() const override { return info_; }
+  absl::StatusOr<TensorPlan> Full(const ParamState& param, const std::string& state) const override {
+    const int i = info_.IndexOf(param.name);
+    if (i < 0 || !decided_[i]) return base_->Full(i < 0 ? param : base_->info().params[i], state);
+    UCP_ASSIGN_OR_RETURN(TensorPlan whole, base_->Full(base_->info().params[i], state));
+    std::vector<TensorPlan> one;
+    one.push_back(std::move(whole));
+    return tp::MergeSlices(info_.params[i].rule, one, info_.original_vocab_size, param.name);
+  }
+  std::optional<TensorPlan> FullDeferred(const ParamState& param, const std::string& state) const override {
+    const int i = info_.IndexOf(param.name);
+    if (i < 0 || !decided_[i]) return base_->FullDeferred(i < 0 ? param : base_->info().params[i], state);
+    return std::nullopt;  // merged by its new rule: Full opens it
+  }
+  absl::StatusOr<state::FileValue> GroupScalar(int group, const std::string& key) const override {
+    return base_->GroupScalar(group, key);
+  }
+  std::vector<state::InputRange> Inputs(const ParamState& param) const override {
+    const int i = info_.IndexOf(param.name);
+    return base_->Inputs(i < 0 ? param : base_->info().params[i]);
+  }
+  std::vector<state::InputRange> StateInputs(const ParamState& param, const std::string& state) const override {
+    const int i = info_.IndexOf(param.name);
+    return base_->StateInputs(i < 0 ? param : base_->info().params[i], state);
+  }
+  std::vector<std::string> InputFiles() const override { return base_->InputFiles(); }
+  absl::Status VerifyInput(const std::string& path) const override { return base_->VerifyInput(path); }
+  void SetCheckedInputs(std::shared_ptr<const std::set<std::string>> keys) const override {
+    base_->SetCheckedInputs(std::move(keys));
+  }
+  const state::Facet* GetFacet(state::FacetKey key) const override { return base_->GetFacet(key); }
+
+ private:
+  std::unique_ptr<state::ModelState> base_;
+  state::ModelInfo info_;
+  std::vector<bool> decided_;
+};
+
+absl::Status WholeDecidedState::Decide(const RuleResolver::Options& options, const std::string& dir,
+                                       int target_tp) {
+  std::vector<std::string> names;
+  for (const auto& p : info_.params) names.push_back(p.name);
+  UCP_ASSIGN_OR_RETURN(RuleResolver resolver, RuleResolver::Make(options, *Value::None(), names));
+  if (info_.original_vocab_size == 0) info_.original_vocab_size = resolver.original_vocab_size();
+  std::vector<ParamFacts> facts;
+  std::vector<std::string> open;
+  for (size_t i = 0; i < info_.params.size(); ++i) {
+    ParamState& p = info_.params[i];
+    ParamFacts f;
+    f.name = p.name;
+    f.slice_shape = p.full_shape;
+    f.decided = p.source != UNDECIDED;
+    if (p.source == UNDECIDED) {
+      RuleDecision d = resolver.Decide(p.name, p.full_shape);
+      if (!d.rule) d = resolver.DecideWithoutRules(p.name, std::nullopt);
+      if (!d.rule) {
+        open.push_back(p.name);
+      } else {
+        UCP_ASSIGN_OR_RETURN(std::vector<int64_t> full, tp::FullShapeFromSlice(*d.rule, p.full_shape, 1, p.name),
+                             _.Prepend(absl::StrCat(dir, ": ")));
+        if (d.rule->kind() == VOCAB) {
+          const int64_t v =
+              d.rule->original_vocab_size() > 0 ? d.rule->original_vocab_size() : info_.original_vocab_size;
+          if (v > full[0]) {
+            return absl::InvalidArgumentError(absl::StrCat(dir, ": param '", p.name, "': original vocab size ", v,
+                                                           " exceeds its ", full[0], " rows"));
+          }
+          if (v > 0) full[0] = v;
+        }
+        p.rule = *d.rule;
+        p.full_shape = full;
+        p.source = d.source;
+        p.origin = absl::StrCat(d.origin, " (a whole tensor of the tp=1 source)");
+        decided_[i] = true;
+        f.decided = true;
+      }
+    }
+    facts.push_back(std::move(f));
+  }
+  info_.Reindex();
+  if (open.empty()) return absl::OkStatus();
+  const std::vector<FamilySuggestion> suggestions = SuggestFamilies(facts, SuggestContext());
+  std::string listed;
+  for (const FamilySuggestion& f : suggestions) absl::StrAppend(&listed, "\n", SuggestionText(f));
+  return absl::FailedPreconditionError(absl::StrCat(
+      dir, ": target tp=", target_tp, " splits params over tp ranks, but ", open.size(), " param(s) in ",
+      suggestions.size(), " famil", suggestions.size() == 1 ? "y" : "ies",
+      " have no known tp split (e.g. '", open.front(), "'): the checkpoint was saved at tp=1 and nothing it holds "
+      "says how they split. Settle them with --rules=FILE (a MergeRules textproto: the rules below, filled in), "
+      "--preset, or --default_kind. The undecided families:\n", listed));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<state::ModelState>> DecideUndecided(std::unique_ptr<state::ModelState> state,
+                                                                   const RuleResolver::Options& options,
+                                                                   const std::string& dir, int target_tp) {
+  bool any = false;
+  for (const auto& p : state->info().params) any |= p.source == UNDECIDED;
+  if (!any) return state;
+  auto s = std::make_unique<WholeDecidedState>(std::move(state));
+  UCP_RETURN_IF_ERROR(s->Decide(options, dir, target_tp));
   return std::unique_ptr<state::ModelState>(std::move(s));
 }
 

@@ -113,6 +113,17 @@ absl::StatusOr<std::unique_ptr<state::ModelState>> ReinterpretDeepSpeedUniversal
     std::unique_ptr<state::ModelState> universal, const pickle::Value& uc_info,
     const RuleResolver::Options& options, const std::string& dir, const state::ModelInfo* decided = nullptr);
 
+// For a target that splits params over tp > 1: the params of `state` kept
+// whole with no known tp split (RuleSource UNDECIDED: a tp=1 source's, or a
+// universal checkpoint converted from one) take the rule that `options`
+// (--rules, --preset, --default_kind) gives them, as if the whole tensor were
+// the one tp slice of a tp=1 checkpoint. While any stays undecided: an error
+// naming them, with one rule per family to fill in (rules/suggest.h). A state
+// with no undecided param is returned as it is.
+absl::StatusOr<std::unique_ptr<state::ModelState>> DecideUndecided(std::unique_ptr<state::ModelState> state,
+                                                                   const RuleResolver::Options& options,
+                                                                   const std::string& dir, int target_tp);
+
 }  // namespace ucp::rules
 
 #endif  // UCP_RULES_RESOLVE_H_

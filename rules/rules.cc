@@ -63,6 +63,7 @@ std::string RuleSourceName(RuleSource source) {
     case PRESET: return "preset";
     case EVIDENCE: return "evidence";
     case UNIVERSAL_METADATA: return "universal metadata";
+    case UNDECIDED: return "undecided";
     default: return "none";
   }
 }

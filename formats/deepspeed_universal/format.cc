@@ -3,6 +3,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -59,6 +60,12 @@ absl::StatusOr<InspectReport> InspectUniversal(const std::string& path, const de
   report.set_lp_dtype(std::string(torch::DTypeName(u->model_states().config_lp_dtype())));
   const Value* ver = u->model_states().file(0, 0).root()->DictGet("ds_version");
   if (ver != nullptr && ver->is(Kind::kStr)) report.set_ds_version(ver->str());
+  std::set<std::string> undecided;  // tp split unknown, by the manifest
+  if (u->manifest()) {
+    for (const auto& mp : u->manifest()->param()) {
+      if (mp.source() == UNDECIDED) undecided.insert(mp.name());
+    }
+  }
   for (const ZeroParam& p : u->model_states().params()) {
     UCP_ASSIGN_OR_RETURN(UniversalStateFile f, u->ReadState(p.name, "fp32"));
     InspectReport::Param* ip = report.add_param();
@@ -67,6 +74,7 @@ absl::StatusOr<InspectReport> InspectUniversal(const std::string& path, const de
     ip->set_dtype(std::string(torch::DTypeName(f.param.dtype())));
     ip->set_group(p.group);
     ip->set_layer(p.layer);
+    ip->set_undecided(undecided.count(p.name) > 0);
     for (const auto& s : u->StateFiles(p.name)) {
       InspectReport::Fragment* fr = ip->add_fragment();
       fr->set_file(JoinPath(JoinPath(deepspeed::kUniversalZeroDir, p.name), s + ".pt"));

@@ -104,6 +104,28 @@ absl::StatusOr<ops::SourceOptions> ZeroSourceFlags::Options(int threads, int64_t
   return o;
 }
 
+// ---- shared by convert, reshard, export ----
+
+void CommandFlags::RegisterThreadsFlag(FlagSet& f, const std::string& help) { f.Int32("num_threads", &threads_, help); }
+
+void CommandFlags::RegisterReadWriteFlags(FlagSet& f) {
+  RegisterUnsafePickleFlag(f, &allow_unsafe_pickle);
+  RegisterFsyncFlag(f, &fsync);
+}
+
+void CommandFlags::RegisterSharedFlags(FlagSet& f) {
+  RegisterProgressFlag(f, &progress);
+  src.Register(f);
+  RegisterReadWriteFlags(f);
+}
+
+absl::StatusOr<ops::SourceOptions> CommandFlags::SourceOptions(int threads, int64_t divisible_by) const {
+  auto o = src.Options(threads, divisible_by);
+  if (!o.ok()) return o.status();
+  o->allow_unsafe_pickles = allow_unsafe_pickle;
+  return o;
+}
+
 // ---- convert ----
 
 void ConvertFlags::Register(FlagSet& f) {
@@ -117,7 +139,7 @@ void ConvertFlags::Register(FlagSet& f) {
   src.Register(f);
   f.Bool("explain", &explain, "print every param's merge kind, the source of that rule and why");
   RegisterProgressFlag(f, &progress);
-  f.Int32("num_threads", &threads_, "threads converting params in parallel (0 = all cores)");
+  RegisterThreadsFlag(f, "threads converting params in parallel (0 = all cores)");
   f.String("target_ds_version", &o.write.target_ds_version,
            "the DeepSpeed version that will load the output (\"\" = the checkpoint's ds_version); a ZeRO-3 "
            "checkpoint is refused for versions whose stage-3 universal loader cannot read it");
@@ -148,21 +170,18 @@ void ConvertFlags::Register(FlagSet& f) {
                 "strict mode treats unused patterns)");
   f.Ignored("inject_missing_state", false,
             "ds_to_universal.py compatibility: ucp never requires universal_checkpoint_info, nothing to inject");
-  RegisterUnsafePickleFlag(f, &allow_unsafe_pickle);
-  RegisterFsyncFlag(f, &fsync);
+  RegisterReadWriteFlags(f);
   RegisterUpdateLatestFlag(f, &o.write.update_latest);
 }
 
 absl::Status ConvertFlags::Finish() {
   ops::ConvertOptions& o = options;
-  o.write.fsync = fsync;
   int threads = threads_;
   if (threads == 0 && extract_workers_ > 0) threads = extract_workers_;
-  auto state = src.Options(threads, divisible_by_);
+  auto state = SourceOptions(threads, divisible_by_);
   if (!state.ok()) return state.status();
   o.state = *state;
-  o.state.allow_unsafe_pickles = allow_unsafe_pickle;
-  o.write.num_threads = threads;
+  FinishWrite(threads, o.write);
   o.write.keep_temp_folder = keep_;
   auto digest_kind = ParseDigestKind(digest_);
   if (!digest_kind.ok() || *digest_kind == DigestKind::kNone) {
@@ -211,7 +230,7 @@ void ReshardFlags::Register(FlagSet& f) {
           "number of PipelineModule layer specs (0 = up to the last layer holding tensors)");
   f.String("layer_types", &layer_types_,
            "class names of layers for type:REGEX partitioning, as INDEX:NAME,... (default: guessed from param names)");
-  f.Int32("num_threads", &threads_, "threads writing files in parallel (0 = all cores)");
+  RegisterThreadsFlag(f, "threads writing files in parallel (0 = all cores)");
   f.Int("piece_bytes", &o.write.piece_bytes,
         "an optimizer file of more than twice this size is written in pieces of about this size by several threads "
         "or ranks at once (0 = 128 MiB, -1 = never); the output's bytes do not depend on it");
@@ -221,16 +240,12 @@ void ReshardFlags::Register(FlagSet& f) {
           "and input files per rank");
   f.Bool("dry_run_units", &o.dry_run_units, "with --dry_run: every unit with its outputs and the inputs it reads");
   f.Bool("verify_checksums", &o.verify_checksums, "check a ucp universal source against its manifest's sha256s first");
-  RegisterProgressFlag(f, &progress);
-  src.Register(f);
-  RegisterUnsafePickleFlag(f, &allow_unsafe_pickle);
-  RegisterFsyncFlag(f, &fsync);
+  RegisterSharedFlags(f);
   RegisterUpdateLatestFlag(f, &o.write.update_latest);
 }
 
 absl::Status ReshardFlags::Finish() {
   ops::ReshardOptions& o = options;
-  o.write.fsync = fsync;
   for (absl::string_view item : absl::StrSplit(layer_types_, ',', absl::SkipEmpty())) {
     std::pair<std::string, std::string> kv = absl::StrSplit(item, ':');
     int idx = 0;
@@ -239,11 +254,10 @@ absl::Status ReshardFlags::Finish() {
     }
     o.write.layer_types[idx] = kv.second;
   }
-  auto zs = src.Options(threads_, o.write.make_vocab_size_divisible_by);
+  auto zs = SourceOptions(threads_, o.write.make_vocab_size_divisible_by);
   if (!zs.ok()) return zs.status();
   o.zero_source = *zs;
-  o.zero_source.allow_unsafe_pickles = allow_unsafe_pickle;
-  o.write.num_threads = threads_;
+  FinishWrite(threads_, o.write);
   return absl::OkStatus();
 }
 
@@ -292,17 +306,13 @@ void ExportFlags::Register(FlagSet& f) {
            "--names=hf: config.json values, KEY=JSON;KEY=JSON (e.g. rotary_pct=0.25;use_parallel_residual=true); "
            "they win over what the checkpoint says");
   f.Bool("exclude_frozen_parameters", &o.exclude_frozen_parameters, "leave frozen params out (zero_to_fp32.py's flag)");
-  f.Int32("num_threads", &threads_, "threads writing in parallel (0 = all cores)");
+  RegisterThreadsFlag(f, "threads writing in parallel (0 = all cores)");
   f.Bool("overwrite", &o.write.overwrite, "replace an existing output folder (only once the new one is complete)");
-  RegisterProgressFlag(f, &progress);
-  src.Register(f);
-  RegisterUnsafePickleFlag(f, &allow_unsafe_pickle);
-  RegisterFsyncFlag(f, &fsync);
+  RegisterSharedFlags(f);
 }
 
 absl::Status ExportFlags::Finish() {
   ops::ExportOptions& o = options;
-  o.write.fsync = fsync;
   if (format_ == "safetensors") {
     o.format = "safetensors";
   } else if (format_ == "torch" || format_ == "pt" || format_ == "bin") {
@@ -320,11 +330,10 @@ absl::Status ExportFlags::Finish() {
     }
     o.hf.config.emplace_back(std::string(item.substr(0, eq)), std::string(item.substr(eq + 1)));
   }
-  auto state = src.Options(threads_, 0);
+  auto state = SourceOptions(threads_, 0);
   if (!state.ok()) return state.status();
   o.state = *state;
-  o.state.allow_unsafe_pickles = allow_unsafe_pickle;
-  o.write.num_threads = threads_;
+  FinishWrite(threads_, o.write);
   return absl::OkStatus();
 }
 

@@ -50,63 +50,74 @@ struct ZeroSourceFlags {
   absl::StatusOr<ops::SourceOptions> Options(int threads, int64_t divisible_by) const;
 };
 
-struct ConvertFlags {
-  ConvertFlags() = default;
-  ConvertFlags(const ConvertFlags&) = delete;  // the FlagSet points into it
-  ConvertFlags& operator=(const ConvertFlags&) = delete;
+// What convert, reshard and export share: the source checkpoint's flags, how
+// it is read (--allow_unsafe_pickle) and the output written (--fsync), the
+// progress display and the thread count. Each command registers them where
+// its --help lists them, and Finish()es them into its options with
+// SourceOptions() and FinishWrite().
+struct CommandFlags {
+  CommandFlags() = default;
+  CommandFlags(const CommandFlags&) = delete;  // the FlagSet points into it
+  CommandFlags& operator=(const CommandFlags&) = delete;
 
-  ops::ConvertOptions options;
   ZeroSourceFlags src;
-  bool explain = false;
   bool allow_unsafe_pickle = false;
   bool fsync = true;
   std::string progress = "auto";
+
+ protected:
+  ~CommandFlags() = default;
+
+  // --num_threads, with the command's help line.
+  void RegisterThreadsFlag(FlagSet& f, const std::string& help);
+  // --allow_unsafe_pickle, then --fsync.
+  void RegisterReadWriteFlags(FlagSet& f);
+  // --progress, the source flags, --allow_unsafe_pickle and --fsync, in
+  // that order (the tail of reshard's and export's flags).
+  void RegisterSharedFlags(FlagSet& f);
+  // The source options (src's, with allow_unsafe_pickle).
+  absl::StatusOr<ops::SourceOptions> SourceOptions(int threads, int64_t divisible_by) const;
+  // --fsync and the threads into a command's write options.
+  template <typename WriteOptions>
+  void FinishWrite(int threads, WriteOptions& write) const {
+    write.fsync = fsync;
+    write.num_threads = threads;
+  }
+
+  int threads_ = 0;
+};
+
+struct ConvertFlags : CommandFlags {
+  ops::ConvertOptions options;
+  bool explain = false;
 
   void Register(FlagSet& f);
   absl::Status Finish();
 
  private:
   bool keep_ = false;
-  int threads_ = 0, extract_workers_ = 0;
+  int extract_workers_ = 0;
   int64_t divisible_by_ = 0;
   std::string digest_ = "xxh3";
 };
 
-struct ReshardFlags {
-  ReshardFlags() = default;
-  ReshardFlags(const ReshardFlags&) = delete;  // the FlagSet points into it
-  ReshardFlags& operator=(const ReshardFlags&) = delete;
-
+struct ReshardFlags : CommandFlags {
   ops::ReshardOptions options;
-  ZeroSourceFlags src;
-  bool allow_unsafe_pickle = false;
-  bool fsync = true;
-  std::string progress = "auto";
 
   void Register(FlagSet& f);
   absl::Status Finish();
 
  private:
-  int threads_ = 0;
   std::string layer_types_;
 };
 
-struct ExportFlags {
-  ExportFlags() = default;
-  ExportFlags(const ExportFlags&) = delete;  // the FlagSet points into it
-  ExportFlags& operator=(const ExportFlags&) = delete;
-
+struct ExportFlags : CommandFlags {
   ops::ExportOptions options;
-  ZeroSourceFlags src;
-  bool allow_unsafe_pickle = false;
-  bool fsync = true;
-  std::string progress = "auto";
 
   void Register(FlagSet& f);
   absl::Status Finish();
 
  private:
-  int threads_ = 0;
   std::string format_ = "safetensors", max_shard_ = "5GB", hf_config_;
 };
 

@@ -139,12 +139,6 @@ std::optional<json::Value> ArgAsJson(const Value& v, const std::string& type, bo
   return std::nullopt;
 }
 
-struct Pending {
-  int param;
-  const HfTensorMap* entry;
-  std::vector<std::string> names;  // substituted
-};
-
 int64_t ConfigInt(const json::Value& config, const std::string& key, bool* ok) {
   const json::Value* v = config.Get(key);
   if (v == nullptr || v->type() != json::Value::Type::kInt) {
@@ -154,13 +148,14 @@ int64_t ConfigInt(const json::Value& config, const std::string& key, bool* ok) {
   return v->int_value();
 }
 
-}  // namespace
-
-absl::StatusOr<HfNamePlan> PlanHfNames(const state::ModelInfo& info, const std::vector<int>& order,
-                                       const pickle::Value* args, const HfOptions& options) {
-  HfNamePlan plan;
-  plan.preset = options.preset;
-  if (plan.preset.empty() || plan.preset == "none") {
+// Phase 1: the preset (the one asked for, or the one the param names
+// suggest; sets plan->preset) and its first Hugging Face architecture whose
+// conditions the checkpoint meets; a refusal lists every architecture's
+// failed condition.
+absl::StatusOr<const HfArchitecture*> ChooseArchitecture(const state::ModelInfo& info, const Value* args,
+                                                         const HfOptions& options, HfNamePlan* plan) {
+  plan->preset = options.preset;
+  if (plan->preset.empty() || plan->preset == "none") {
     std::vector<std::string> names;
     for (const auto& p : info.params) names.push_back(p.name);
     std::optional<std::string> detected = DetectPreset(names);
@@ -169,69 +164,77 @@ absl::StatusOr<HfNamePlan> PlanHfNames(const state::ModelInfo& info, const std::
           "--names=hf: no preset recognizes this checkpoint's param names; pass --preset=NAME (presets with Hugging "
           "Face names: gpt-neox, megatron-deepspeed) or export with --names=checkpoint");
     }
-    plan.preset = *detected;
-    plan.notes.push_back(absl::StrCat("Hugging Face names from preset '", plan.preset, "' (detected from the names)"));
+    plan->preset = *detected;
+    plan->notes.push_back(absl::StrCat("Hugging Face names from preset '", plan->preset, "' (detected from the names)"));
   }
-  UCP_ASSIGN_OR_RETURN(const Preset* preset, FindPreset(plan.preset));
+  UCP_ASSIGN_OR_RETURN(const Preset* preset, FindPreset(plan->preset));
   if (preset->hf_size() == 0) {
-    return absl::FailedPreconditionError(absl::StrCat("--names=hf: preset '", plan.preset,
+    return absl::FailedPreconditionError(absl::StrCat("--names=hf: preset '", plan->preset,
                                                       "' has no Hugging Face architecture; export with --names=checkpoint"));
   }
-  const HfArchitecture* arch = nullptr;
   std::vector<std::string> refusals;
   for (const HfArchitecture& a : preset->hf()) {
     UCP_ASSIGN_OR_RETURN(std::string failed, FailedCondition(a, info, args));
-    if (failed.empty()) {
-      arch = &a;
-      break;
-    }
+    if (failed.empty()) return &a;
     refusals.push_back(absl::StrCat(a.architecture(), ": ", failed));
   }
-  if (arch == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "--names=hf: this checkpoint has no faithful Hugging Face equivalent in preset '", plan.preset, "': ",
-        absl::StrJoin(refusals, "; "), ". Export with --names=checkpoint instead"));
-  }
-  plan.architecture = arch->architecture();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "--names=hf: this checkpoint has no faithful Hugging Face equivalent in preset '", plan->preset, "': ",
+      absl::StrJoin(refusals, "; "), ". Export with --names=checkpoint instead"));
+}
 
-  // Names.
+// A checkpoint param and the first tensor pattern of the architecture that
+// matches its name.
+struct Matched {
+  int param;
+  int entry;
+  std::smatch m;  // over info.params[param].name, which outlives it
+};
+
+// What phase 2 finds: the matched params in output order, and the HF layer
+// number of each layer index their names hold (the indices in order: a
+// pipeline's layer 2 can be HF layer 0).
+struct NameMatches {
+  std::vector<Matched> matched;
+  std::map<int64_t, int> ordinal;
+};
+
+// Phase 2: each exported param's pattern. Params the architecture drops by
+// design go to plan->dropped; a param no pattern matches is a refusal (the
+// first 12 named).
+absl::StatusOr<NameMatches> MatchNames(const HfArchitecture& arch, const state::ModelInfo& info,
+                                       const std::vector<int>& order, HfNamePlan* plan) {
   std::vector<std::regex> res;
-  for (const HfTensorMap& t : arch->tensor()) {
-    UCP_ASSIGN_OR_RETURN(std::regex re, Compile(t.pattern(), plan.architecture));
+  for (const HfTensorMap& t : arch.tensor()) {
+    UCP_ASSIGN_OR_RETURN(std::regex re, Compile(t.pattern(), plan->architecture));
     res.push_back(std::move(re));
   }
+  NameMatches out;
   std::vector<std::string> unmatched;
   std::set<int64_t> layer_indices;
-  struct Matched {
-    int param;
-    int entry;
-    std::smatch m;
-    std::string name;
-  };
-  std::vector<Matched> matched;
   for (int i : order) {
     const state::ParamState& p = info.params[static_cast<size_t>(i)];
     bool found = false;
     for (size_t e = 0; e < res.size(); ++e) {
-      Matched mt{i, static_cast<int>(e), {}, p.name};
-      if (!std::regex_match(mt.name, mt.m, res[e])) continue;
+      Matched mt{i, static_cast<int>(e), {}};
+      if (!std::regex_match(p.name, mt.m, res[e])) continue;
       found = true;
-      const HfTensorMap& entry = arch->tensor(static_cast<int>(e));
+      const HfTensorMap& entry = arch.tensor(static_cast<int>(e));
       if (entry.split() == HF_SPLIT_DROP) {
-        plan.dropped.push_back(p.name);
+        plan->dropped.push_back(p.name);
         break;
       }
       if (entry.layer_group() > 0) {
         int64_t idx = 0;
         if (static_cast<size_t>(entry.layer_group()) >= mt.m.size() ||
             !absl::SimpleAtoi(mt.m[entry.layer_group()].str(), &idx)) {
-          return absl::InternalError(absl::StrCat("preset '", plan.preset, "': pattern '", entry.pattern(),
+          return absl::InternalError(absl::StrCat("preset '", plan->preset, "': pattern '", entry.pattern(),
                                                   "' group ", entry.layer_group(), " is not a layer index in '",
                                                   p.name, "'"));
         }
         layer_indices.insert(idx);
       }
-      matched.push_back(std::move(mt));
+      out.matched.push_back(std::move(mt));
       break;
     }
     if (!found) unmatched.push_back(p.name);
@@ -239,29 +242,68 @@ absl::StatusOr<HfNamePlan> PlanHfNames(const state::ModelInfo& info, const std::
   if (!unmatched.empty()) {
     if (unmatched.size() > 12) unmatched.resize(12), unmatched.push_back("...");
     return absl::FailedPreconditionError(absl::StrCat(
-        "--names=hf: ", plan.architecture, " (preset '", plan.preset, "') has no name for: ",
+        "--names=hf: ", plan->architecture, " (preset '", plan->preset, "') has no name for: ",
         absl::StrJoin(unmatched, ", "), ". Export with --names=checkpoint instead"));
   }
-  std::map<int64_t, int> ordinal;
-  for (int64_t idx : layer_indices) ordinal.emplace(idx, static_cast<int>(ordinal.size()));
+  for (int64_t idx : layer_indices) out.ordinal.emplace(idx, static_cast<int>(out.ordinal.size()));
+  return out;
+}
 
-  // HF names and shapes; QKV shapes wait for the config (head counts).
-  struct Out {
-    HfTensor t;
-    const HfTensorMap* entry = nullptr;
-    int part = 0;
-  };
+// An HF tensor being planned: the pattern entry that named it, and which
+// part of a fused tensor it is (0, 1, 2: query, key, value; 0, 1: gate, up).
+struct Out {
+  HfTensor t;
+  const HfTensorMap* entry = nullptr;
+  int part = 0;
+};
+
+// What phase 3 names: the HF tensors in output order, and their names.
+struct NamedTensors {
   std::vector<Out> outs;
   std::set<std::string> hf_names;
-  const int64_t source_tp = std::max(1, info.source_topology.tp);
-  for (const Matched& mt : matched) {
-    const HfTensorMap& entry = arch->tensor(mt.entry);
+};
+
+// Part `part` (0 gate, 1 up) of a fused gate/up param `p`: which of its
+// rows, given how its tp slices were merged.
+absl::Status SplitGateUp(const state::ParamState& p, int64_t source_tp, int part, HfTensor* t) {
+  if (p.full_shape.empty()) return absl::InvalidArgumentError(absl::StrCat("'", p.name, "' is a scalar"));
+  const MergeRule& r = p.rule;
+  int64_t groups = 1;
+  if (r.kind() == SUB_PARAMS && r.num_sub_params() == 2 && r.cat_dim() == 0) {
+    groups = 1;  // merged as [gate; up]
+  } else if (r.kind() == COLUMN || source_tp == 1) {
+    groups = r.kind() == COLUMN ? source_tp : 1;  // [gate_r; up_r] per source tp rank
+  } else {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--names=hf: '", p.name, "' is a fused gate/up tensor but merged as ", MergeKind_Name(r.kind()),
+        "; it must be 2 sub-params on dim 0 (Megatron's args.swiglu) or concatenated on dim 0"));
+  }
+  const int64_t rows = p.full_shape[0];
+  if (rows % (2 * groups) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("'", p.name, "': ", rows, " rows do not split into gate/up over ",
+                                                   groups, " tp ranks"));
+  }
+  t->groups = groups;
+  t->length = rows / (2 * groups);
+  t->start = part * t->length;
+  t->shape[0] = rows / 2;
+  return absl::OkStatus();
+}
+
+// Phase 3: the HF tensors each matched param becomes (one, or the parts of
+// a fused one) with their names and shapes; fused QKV shapes wait for the
+// config (head counts). Two tensors with one HF name are a refusal.
+absl::StatusOr<NamedTensors> NameTensors(const HfArchitecture& arch, const state::ModelInfo& info,
+                                         const NameMatches& names, int64_t source_tp, const std::string& preset) {
+  NamedTensors out;
+  for (const Matched& mt : names.matched) {
+    const HfTensorMap& entry = arch.tensor(mt.entry);
     const state::ParamState& p = info.params[static_cast<size_t>(mt.param)];
     int layer = -1;
-    if (entry.layer_group() > 0) layer = ordinal.at(std::stoll(mt.m[entry.layer_group()].str()));
+    if (entry.layer_group() > 0) layer = names.ordinal.at(std::stoll(mt.m[entry.layer_group()].str()));
     const int want = entry.split() == HF_SPLIT_QKV ? 3 : entry.split() == HF_SPLIT_GATE_UP ? 2 : 1;
     if (entry.name_size() != want) {
-      return absl::InternalError(absl::StrCat("preset '", plan.preset, "': pattern '", entry.pattern(), "' needs ",
+      return absl::InternalError(absl::StrCat("preset '", preset, "': pattern '", entry.pattern(), "' needs ",
                                               want, " names, has ", entry.name_size()));
     }
     for (int k = 0; k < want; ++k) {
@@ -272,103 +314,98 @@ absl::StatusOr<HfNamePlan> PlanHfNames(const state::ModelInfo& info, const std::
       o.t.param = mt.param;
       o.t.shape = p.full_shape;
       o.t.length = p.full_shape.empty() ? 1 : p.full_shape[0];
-      if (!hf_names.insert(o.t.name).second) {
+      if (!out.hf_names.insert(o.t.name).second) {
         return absl::FailedPreconditionError(absl::StrCat("--names=hf: two checkpoint tensors map to '", o.t.name,
                                                           "' (the second is '", p.name, "')"));
       }
-      if (entry.split() == HF_SPLIT_GATE_UP) {
-        if (p.full_shape.empty()) return absl::InvalidArgumentError(absl::StrCat("'", p.name, "' is a scalar"));
-        const MergeRule& r = p.rule;
-        int64_t groups = 1;
-        if (r.kind() == SUB_PARAMS && r.num_sub_params() == 2 && r.cat_dim() == 0) {
-          groups = 1;  // merged as [gate; up]
-        } else if (r.kind() == COLUMN || source_tp == 1) {
-          groups = r.kind() == COLUMN ? source_tp : 1;  // [gate_r; up_r] per source tp rank
-        } else {
-          return absl::FailedPreconditionError(absl::StrCat(
-              "--names=hf: '", p.name, "' is a fused gate/up tensor but merged as ", MergeKind_Name(r.kind()),
-              "; it must be 2 sub-params on dim 0 (Megatron's args.swiglu) or concatenated on dim 0"));
-        }
-        const int64_t rows = p.full_shape[0];
-        if (rows % (2 * groups) != 0) {
-          return absl::InvalidArgumentError(absl::StrCat("'", p.name, "': ", rows, " rows do not split into gate/up over ",
-                                                         groups, " tp ranks"));
-        }
-        o.t.groups = groups;
-        o.t.length = rows / (2 * groups);
-        o.t.start = k * o.t.length;
-        o.t.shape[0] = rows / 2;
-      }
-      outs.push_back(std::move(o));
+      if (entry.split() == HF_SPLIT_GATE_UP) UCP_RETURN_IF_ERROR(SplitGateUp(p, source_tp, k, &o.t));
+      out.outs.push_back(std::move(o));
     }
   }
+  return out;
+}
 
-  // Config.
+// A config.json field's value from what the checkpoint says, trying its
+// sources in the preset's order: a tensor's dim, whether a tensor is there,
+// the layer count, the args, another key's value, a quotient of two keys,
+// and last the preset's default (with a note when args could have said
+// otherwise). nullopt when none has it.
+absl::StatusOr<std::optional<json::Value>> ConfigFieldFromCheckpoint(const HfConfigField& f,
+                                                                     const json::Value& config,
+                                                                     const NamedTensors& tensors, int num_layers,
+                                                                     const Value* args, HfNamePlan* plan) {
+  std::optional<json::Value> v;
+  if (!f.tensor_dim().empty()) {
+    std::vector<std::string> parts = absl::StrSplit(f.tensor_dim(), ':');
+    int dim = 0;
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[1], &dim)) {
+      return absl::InternalError(absl::StrCat("preset '", plan->preset, "': bad tensor_dim '", f.tensor_dim(), "'"));
+    }
+    const Out* o = nullptr;
+    for (const Out& candidate : tensors.outs) {
+      if (candidate.t.name == parts[0]) {
+        o = &candidate;
+        break;
+      }
+    }
+    if (o && o->entry->split() != HF_SPLIT_QKV && dim >= 0 && static_cast<size_t>(dim) < o->t.shape.size()) {
+      v = json::Value::Int(o->t.shape[static_cast<size_t>(dim)]);
+    }
+  }
+  if (!v && !f.tensor_present().empty()) v = json::Value::Bool(tensors.hf_names.count(f.tensor_present()) > 0);
+  if (!v && !f.tensor_absent().empty()) v = json::Value::Bool(tensors.hf_names.count(f.tensor_absent()) == 0);
+  if (!v && f.count_layers()) v = json::Value::Int(static_cast<int64_t>(num_layers));
+  if (!v) {
+    for (const std::string& a : f.arg()) {
+      const Value* av = Arg(args, a);
+      if (av == nullptr) continue;
+      v = ArgAsJson(*av, f.type(), f.negate());
+      if (v) break;
+    }
+  }
+  if (!v && !f.fallback_key().empty()) {
+    if (const json::Value* fb = config.Get(f.fallback_key())) v = *fb;
+  }
+  if (!v && !f.divide().empty()) {
+    std::vector<std::string> ab = absl::StrSplit(f.divide(), '/');
+    bool ok = ab.size() == 2;
+    const int64_t a = ok ? ConfigInt(config, ab[0], &ok) : 0;
+    const int64_t b = ok ? ConfigInt(config, ab[1], &ok) : 0;
+    if (ok && b != 0 && a % b == 0) v = json::Value::Int(a / b);
+  }
+  if (!v && !f.value().empty()) {
+    UCP_ASSIGN_OR_RETURN(json::Value parsed, json::Parse(f.value()),
+                         _.Prepend(absl::StrCat("preset '", plan->preset, "' config ", f.key(), ": ")));
+    v = std::move(parsed);
+    if (f.note_default() && f.arg_size() > 0) {
+      plan->notes.push_back(absl::StrCat("config.json ", f.key(), " = ", f.value(), ": the default, since the checkpoint's args have no ",
+                                         absl::StrJoin(f.arg(), " or "), "; pass --hf_config=", f.key(),
+                                         "=VALUE if the training used another"));
+    }
+  }
+  return v;
+}
+
+// Phase 4: config.json: the architecture, each field of the preset (a
+// --hf_config value first, else from the checkpoint; a required field
+// nothing gives is a refusal), the --hf_config keys the preset does not
+// list, and the transformers version.
+absl::StatusOr<json::Value> BuildConfig(const HfArchitecture& arch, const NamedTensors& tensors, int num_layers,
+                                        const Value* args, const HfOptions& options, HfNamePlan* plan) {
   json::Value config = json::Value::Object();
-  config.Set("architectures", json::Value::Array({json::Value::String(arch->architecture())}));
-  config.Set("model_type", json::Value::String(arch->model_type()));
+  config.Set("architectures", json::Value::Array({json::Value::String(arch.architecture())}));
+  config.Set("model_type", json::Value::String(arch.model_type()));
   std::map<std::string, std::string> overrides(options.config.begin(), options.config.end());
   std::set<std::string> used_overrides;
-  auto find_out = [&](const std::string& name) -> const Out* {
-    for (const Out& o : outs) {
-      if (o.t.name == name) return &o;
-    }
-    return nullptr;
-  };
-  for (const HfConfigField& f : arch->config()) {
+  for (const HfConfigField& f : arch.config()) {
     std::optional<json::Value> v;
-    std::string from;
     if (auto it = overrides.find(f.key()); it != overrides.end()) {
       UCP_ASSIGN_OR_RETURN(json::Value parsed, json::Parse(it->second),
                            _.Prepend(absl::StrCat("--hf_config ", f.key(), ": ")));
       v = std::move(parsed);
       used_overrides.insert(f.key());
-      from = "--hf_config";
-    }
-    if (!v && !f.tensor_dim().empty()) {
-      std::vector<std::string> parts = absl::StrSplit(f.tensor_dim(), ':');
-      int dim = 0;
-      if (parts.size() != 2 || !absl::SimpleAtoi(parts[1], &dim)) {
-        return absl::InternalError(absl::StrCat("preset '", plan.preset, "': bad tensor_dim '", f.tensor_dim(), "'"));
-      }
-      if (const Out* o = find_out(parts[0]); o && o->entry->split() != HF_SPLIT_QKV && dim >= 0 &&
-                                             static_cast<size_t>(dim) < o->t.shape.size()) {
-        v = json::Value::Int(o->t.shape[static_cast<size_t>(dim)]);
-      }
-    }
-    if (!v && !f.tensor_present().empty()) v = json::Value::Bool(hf_names.count(f.tensor_present()) > 0);
-    if (!v && !f.tensor_absent().empty()) v = json::Value::Bool(hf_names.count(f.tensor_absent()) == 0);
-    if (!v && f.count_layers()) v = json::Value::Int(static_cast<int64_t>(ordinal.size()));
-    if (!v) {
-      for (const std::string& a : f.arg()) {
-        const Value* av = Arg(args, a);
-        if (av == nullptr) continue;
-        v = ArgAsJson(*av, f.type(), f.negate());
-        if (v) {
-          from = absl::StrCat("args.", a);
-          break;
-        }
-      }
-    }
-    if (!v && !f.fallback_key().empty()) {
-      if (const json::Value* fb = config.Get(f.fallback_key())) v = *fb;
-    }
-    if (!v && !f.divide().empty()) {
-      std::vector<std::string> ab = absl::StrSplit(f.divide(), '/');
-      bool ok = ab.size() == 2;
-      const int64_t a = ok ? ConfigInt(config, ab[0], &ok) : 0;
-      const int64_t b = ok ? ConfigInt(config, ab[1], &ok) : 0;
-      if (ok && b != 0 && a % b == 0) v = json::Value::Int(a / b);
-    }
-    if (!v && !f.value().empty()) {
-      UCP_ASSIGN_OR_RETURN(json::Value parsed, json::Parse(f.value()),
-                           _.Prepend(absl::StrCat("preset '", plan.preset, "' config ", f.key(), ": ")));
-      v = std::move(parsed);
-      if (f.note_default() && f.arg_size() > 0) {
-        plan.notes.push_back(absl::StrCat("config.json ", f.key(), " = ", f.value(), ": the default, since the checkpoint's args have no ",
-                                          absl::StrJoin(f.arg(), " or "), "; pass --hf_config=", f.key(),
-                                          "=VALUE if the training used another"));
-      }
+    } else {
+      UCP_ASSIGN_OR_RETURN(v, ConfigFieldFromCheckpoint(f, config, tensors, num_layers, args, plan));
     }
     if (!v) {
       if (f.required()) {
@@ -386,11 +423,17 @@ absl::StatusOr<HfNamePlan> PlanHfNames(const state::ModelInfo& info, const std::
     UCP_ASSIGN_OR_RETURN(json::Value parsed, json::Parse(val), _.Prepend(absl::StrCat("--hf_config ", k, ": ")));
     config.Set(k, std::move(parsed));
   }
-  if (!arch->transformers_version().empty()) {
-    config.Set("transformers_version", json::Value::String(arch->transformers_version()));
+  if (!arch.transformers_version().empty()) {
+    config.Set("transformers_version", json::Value::String(arch.transformers_version()));
   }
+  return config;
+}
 
-  // QKV splits and tp sums, now that the config is known.
+// Phase 5: how fused query_key_value rows are laid out: --qkv_layout, or
+// for auto (when there is a fused QKV) the args' marker of
+// Megatron-DeepSpeed 676a482c, with a note saying which was read.
+absl::StatusOr<std::string> ChooseQkvLayout(const HfArchitecture& arch, const std::vector<Out>& outs,
+                                            const Value* args, const HfOptions& options, HfNamePlan* plan) {
   std::string layout = options.qkv_layout;
   if (layout != "auto" && layout != "grouped" && layout != "block") {
     return absl::InvalidArgumentError(absl::StrCat("--qkv_layout must be auto, grouped or block, not '", layout, "'"));
@@ -398,80 +441,115 @@ absl::StatusOr<HfNamePlan> PlanHfNames(const state::ModelInfo& info, const std::
   bool any_qkv = false;
   for (const Out& o : outs) any_qkv |= o.entry->split() == HF_SPLIT_QKV;
   if (any_qkv && layout == "auto") {
-    const bool marker = !arch->qkv_block_marker_arg().empty() && Arg(args, arch->qkv_block_marker_arg()) != nullptr;
+    const bool marker = !arch.qkv_block_marker_arg().empty() && Arg(args, arch.qkv_block_marker_arg()) != nullptr;
     layout = marker ? "block" : "grouped";
-    plan.notes.push_back(
+    plan->notes.push_back(
         marker ? absl::StrCat("fused query_key_value read as [Q_r; K_r; V_r] blocks per tp rank: the args have ",
-                              arch->qkv_block_marker_arg(),
+                              arch.qkv_block_marker_arg(),
                               " (Megatron-DeepSpeed 676a482c or later); --qkv_layout=grouped says otherwise")
                : absl::StrCat("fused query_key_value read as grouped per kv head [nkv, q heads + 2, d] "
                               "(Megatron-DeepSpeed before 676a482c: the args have no ",
-                              arch->qkv_block_marker_arg(), "); --qkv_layout=block says otherwise"));
+                              arch.qkv_block_marker_arg(), "); --qkv_layout=block says otherwise"));
   }
-  for (Out& o : outs) {
-    const state::ParamState& p = info.params[static_cast<size_t>(o.t.param)];
-    if (!o.entry->sum_tp_if().empty()) {
-      const json::Value* flag = config.Get(o.entry->sum_tp_if());
-      if (flag != nullptr && flag->type() == json::Value::Type::kBool && flag->bool_value() && source_tp > 1) {
-        if (p.rule.kind() != REPLICATED) {
-          return absl::FailedPreconditionError(absl::StrCat("--names=hf: '", p.name, "' is merged as ",
-                                                            MergeKind_Name(p.rule.kind()), ", expected REPLICATED"));
-        }
-        o.t.scale = source_tp;
-        plan.notes.push_back(absl::StrCat(o.t.name, " = ", source_tp, " x '", p.name, "' (", o.entry->sum_tp_if(),
-                                          ": every tp rank adds its copy before the all-reduce)"));
-      }
-    }
-    if (o.entry->split() != HF_SPLIT_QKV) continue;
-    bool ok = true;
-    const int64_t nq = ConfigInt(config, arch->heads_key(), &ok);
-    int64_t nkv = nq;
-    if (!arch->kv_heads_key().empty() && config.Get(arch->kv_heads_key()) != nullptr) {
-      nkv = ConfigInt(config, arch->kv_heads_key(), &ok);
-    }
-    if (!ok || nq <= 0 || nkv <= 0 || nq % nkv != 0) {
-      return absl::FailedPreconditionError(absl::StrCat("--names=hf: cannot split '", p.name, "': need ",
-                                                        arch->heads_key(), " and ", arch->kv_heads_key(),
-                                                        " (query heads a multiple of kv heads) in the config"));
-    }
-    if (p.full_shape.empty()) return absl::InvalidArgumentError(absl::StrCat("'", p.name, "' is a scalar"));
-    const int64_t rows = p.full_shape[0];
-    if (rows % (nq + 2 * nkv) != 0) {
-      return absl::FailedPreconditionError(absl::StrCat("--names=hf: '", p.name, "' has ", rows,
-                                                        " rows, not a multiple of query + 2 x kv heads = ",
-                                                        nq + 2 * nkv));
-    }
-    const int64_t d = rows / (nq + 2 * nkv);
-    const int64_t g = nq / nkv;
-    const MergeRule& r = p.rule;
-    const bool qkv_sub = r.kind() == SUB_PARAMS && r.has_sub_param_shape();
-    if (!qkv_sub && r.kind() != COLUMN && source_tp > 1) {
+  return layout;
+}
+
+// Phase 6a: a tensor that every tp rank holds a copy of and adds up before
+// the all-reduce (the config flag the entry's sum_tp_if names is true) is
+// exported as source_tp times the param.
+absl::Status SumTpCopies(const state::ParamState& p, const json::Value& config, int64_t source_tp, Out* o,
+                         HfNamePlan* plan) {
+  if (o->entry->sum_tp_if().empty()) return absl::OkStatus();
+  const json::Value* flag = config.Get(o->entry->sum_tp_if());
+  if (flag != nullptr && flag->type() == json::Value::Type::kBool && flag->bool_value() && source_tp > 1) {
+    if (p.rule.kind() != REPLICATED) {
       return absl::FailedPreconditionError(absl::StrCat("--names=hf: '", p.name, "' is merged as ",
-                                                        MergeKind_Name(r.kind()), "; a fused QKV must be column-parallel"));
+                                                        MergeKind_Name(p.rule.kind()), ", expected REPLICATED"));
     }
-    const int part = o.part;
-    if (qkv_sub) {
-      // Merged as three sub-params: [Q; K; V] whole.
-      o.t.groups = 1;
-      o.t.start = part == 0 ? 0 : part == 1 ? nq * d : (nq + nkv) * d;
-      o.t.length = (part == 0 ? nq : nkv) * d;
-    } else if (layout == "grouped") {
-      o.t.groups = nkv;
-      o.t.start = part == 0 ? 0 : part == 1 ? g * d : (g + 1) * d;
-      o.t.length = part == 0 ? g * d : d;
-    } else {
-      const int64_t t = r.kind() == COLUMN ? source_tp : 1;
-      if (nq % t != 0 || nkv % t != 0) {
-        return absl::FailedPreconditionError(absl::StrCat("--names=hf: '", p.name, "': ", nq, " query and ", nkv,
-                                                          " kv heads do not split over tp ", t));
-      }
-      o.t.groups = t;
-      o.t.start = part == 0 ? 0 : part == 1 ? nq / t * d : (nq + nkv) / t * d;
-      o.t.length = (part == 0 ? nq : nkv) / t * d;
-    }
-    o.t.shape[0] = o.t.groups * o.t.length;
+    o->t.scale = source_tp;
+    plan->notes.push_back(absl::StrCat(o->t.name, " = ", source_tp, " x '", p.name, "' (", o->entry->sum_tp_if(),
+                                       ": every tp rank adds its copy before the all-reduce)"));
   }
-  for (Out& o : outs) plan.tensors.push_back(std::move(o.t));
+  return absl::OkStatus();
+}
+
+// Phase 6b: the rows of a fused QKV param that its part (query, key or
+// value) takes, from the config's head counts and the layout: whole
+// [Q; K; V] when merged as three sub-params, else grouped per kv head or
+// [Q_r; K_r; V_r] blocks per source tp rank.
+absl::Status SplitQkv(const HfArchitecture& arch, const json::Value& config, const state::ParamState& p,
+                      const std::string& layout, int64_t source_tp, Out* o) {
+  bool ok = true;
+  const int64_t nq = ConfigInt(config, arch.heads_key(), &ok);
+  int64_t nkv = nq;
+  if (!arch.kv_heads_key().empty() && config.Get(arch.kv_heads_key()) != nullptr) {
+    nkv = ConfigInt(config, arch.kv_heads_key(), &ok);
+  }
+  if (!ok || nq <= 0 || nkv <= 0 || nq % nkv != 0) {
+    return absl::FailedPreconditionError(absl::StrCat("--names=hf: cannot split '", p.name, "': need ",
+                                                      arch.heads_key(), " and ", arch.kv_heads_key(),
+                                                      " (query heads a multiple of kv heads) in the config"));
+  }
+  if (p.full_shape.empty()) return absl::InvalidArgumentError(absl::StrCat("'", p.name, "' is a scalar"));
+  const int64_t rows = p.full_shape[0];
+  if (rows % (nq + 2 * nkv) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat("--names=hf: '", p.name, "' has ", rows,
+                                                      " rows, not a multiple of query + 2 x kv heads = ",
+                                                      nq + 2 * nkv));
+  }
+  const int64_t d = rows / (nq + 2 * nkv);
+  const int64_t g = nq / nkv;
+  const MergeRule& r = p.rule;
+  const bool qkv_sub = r.kind() == SUB_PARAMS && r.has_sub_param_shape();
+  if (!qkv_sub && r.kind() != COLUMN && source_tp > 1) {
+    return absl::FailedPreconditionError(absl::StrCat("--names=hf: '", p.name, "' is merged as ",
+                                                      MergeKind_Name(r.kind()), "; a fused QKV must be column-parallel"));
+  }
+  const int part = o->part;
+  HfTensor& t = o->t;
+  if (qkv_sub) {
+    // Merged as three sub-params: [Q; K; V] whole.
+    t.groups = 1;
+    t.start = part == 0 ? 0 : part == 1 ? nq * d : (nq + nkv) * d;
+    t.length = (part == 0 ? nq : nkv) * d;
+  } else if (layout == "grouped") {
+    t.groups = nkv;
+    t.start = part == 0 ? 0 : part == 1 ? g * d : (g + 1) * d;
+    t.length = part == 0 ? g * d : d;
+  } else {
+    const int64_t tp = r.kind() == COLUMN ? source_tp : 1;
+    if (nq % tp != 0 || nkv % tp != 0) {
+      return absl::FailedPreconditionError(absl::StrCat("--names=hf: '", p.name, "': ", nq, " query and ", nkv,
+                                                        " kv heads do not split over tp ", tp));
+    }
+    t.groups = tp;
+    t.start = part == 0 ? 0 : part == 1 ? nq / tp * d : (nq + nkv) / tp * d;
+    t.length = (part == 0 ? nq : nkv) / tp * d;
+  }
+  t.shape[0] = t.groups * t.length;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<HfNamePlan> PlanHfNames(const state::ModelInfo& info, const std::vector<int>& order,
+                                       const pickle::Value* args, const HfOptions& options) {
+  HfNamePlan plan;
+  UCP_ASSIGN_OR_RETURN(const HfArchitecture* arch, ChooseArchitecture(info, args, options, &plan));
+  plan.architecture = arch->architecture();
+  UCP_ASSIGN_OR_RETURN(NameMatches names, MatchNames(*arch, info, order, &plan));
+  const int64_t source_tp = std::max(1, info.source_topology.tp);
+  UCP_ASSIGN_OR_RETURN(NamedTensors tensors, NameTensors(*arch, info, names, source_tp, plan.preset));
+  UCP_ASSIGN_OR_RETURN(json::Value config, BuildConfig(*arch, tensors, static_cast<int>(names.ordinal.size()), args,
+                                                       options, &plan));
+  // Tp sums and QKV splits, now that the config is known.
+  UCP_ASSIGN_OR_RETURN(std::string layout, ChooseQkvLayout(*arch, tensors.outs, args, options, &plan));
+  for (Out& o : tensors.outs) {
+    const state::ParamState& p = info.params[static_cast<size_t>(o.t.param)];
+    UCP_RETURN_IF_ERROR(SumTpCopies(p, config, source_tp, &o, &plan));
+    if (o.entry->split() == HF_SPLIT_QKV) UCP_RETURN_IF_ERROR(SplitQkv(*arch, config, p, layout, source_tp, &o));
+  }
+  for (Out& o : tensors.outs) plan.tensors.push_back(std::move(o.t));
   plan.config = std::move(config);
   return plan;
 }

@@ -52,76 +52,105 @@ const std::vector<std::string>& EmptyList() {
   return *empty;
 }
 
-}  // namespace
+// Where a checkpoint is: its folder and tag.
+struct Folder {
+  std::string dir, tag;
+};
 
-
-absl::StatusOr<std::unique_ptr<UniversalCheckpoint>> UniversalCheckpoint::Open(const std::string& path_in,
-                                                                               const Options& options) {
+// Phase 1: the folder `path` names: itself, or, when it has no zero/ of its
+// own but a latest_universal, the tag that file names.
+absl::StatusOr<Folder> ResolveFolder(const std::string& path_in) {
   std::string path = path_in;
   while (path.size() > 1 && path.back() == '/') path.pop_back();
   if (!IsDirectory(path)) return absl::NotFoundError(absl::StrCat(path, ": no such universal checkpoint folder"));
-  std::unique_ptr<UniversalCheckpoint> u(new UniversalCheckpoint());
-  u->options_ = options;
+  Folder folder;
   if (!IsDirectory(JoinPath(path, deepspeed::kUniversalZeroDir)) && PathExists(JoinPath(path, deepspeed::kLatestUniversalFile))) {
     UCP_ASSIGN_OR_RETURN(std::string tag, ReadLatestTag(path, deepspeed::kLatestUniversalFile));
-    u->dir_ = JoinPath(path, tag);
-    u->tag_ = tag;
+    folder.dir = JoinPath(path, tag);
+    folder.tag = tag;
   } else {
-    u->dir_ = path;
-    u->tag_ = Basename(path);
+    folder.dir = path;
+    folder.tag = Basename(path);
   }
-  const std::string zero = JoinPath(u->dir_, deepspeed::kUniversalZeroDir);
-  if (!IsDirectory(zero)) {
-    return absl::InvalidArgumentError(absl::StrCat(u->dir_, ": not a universal checkpoint: no '", deepspeed::kUniversalZeroDir,
-                                                   "' folder"));
-  }
-  // The manifest first, so checksums can be verified before anything is parsed.
-  const std::string manifest_path = JoinPath(u->dir_, deepspeed::kManifestFile);
-  if (options.given_manifest) {
-    u->manifest_ = *options.given_manifest;
-  } else if (PathExists(manifest_path)) {
+  return folder;
+}
+
+// Phase 2: the ucp manifest (the one given, else the folder's, checked
+// against the files' digests when asked, before anything is parsed); none
+// for a folder DeepSpeed wrote, which cannot have its checksums verified.
+absl::StatusOr<std::optional<Manifest>> ReadManifest(const std::string& dir, const UniversalCheckpoint::Options& options) {
+  const std::string manifest_path = JoinPath(dir, deepspeed::kManifestFile);
+  if (options.given_manifest) return options.given_manifest;
+  if (PathExists(manifest_path)) {
     UCP_ASSIGN_OR_RETURN(std::string text, ReadFileToString(manifest_path));
     Manifest m;
     if (!google::protobuf::TextFormat::ParseFromString(text, &m)) {
       return absl::DataLossError(absl::StrCat(manifest_path, ": not a valid ucp manifest"));
     }
-    u->manifest_ = std::move(m);
-    if (options.verify_checksums) UCP_RETURN_IF_ERROR(u->VerifyChecksums());
-  } else if (options.verify_checksums) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(u->dir_, ": no ", deepspeed::kManifestFile, " to verify checksums against (not written by ucp)"));
+    if (options.verify_checksums) UCP_RETURN_IF_ERROR(VerifyManifestDigests(dir, m));
+    return std::optional<Manifest>(std::move(m));
   }
-  UCP_ASSIGN_OR_RETURN(u->ms_, deepspeed::ModelStatesFiles::Open(u->dir_, 0, options.read));
-  UCP_ASSIGN_OR_RETURN(std::vector<std::string> entries, ListDirectory(zero));
-  bool has_optimizer_state = false;
-  // A ucp manifest lists every file: no param folder needs listing (one
-  // metadata operation per param on a parallel file system).
-  std::map<std::string, std::vector<std::string>> recorded_states;
-  std::vector<std::string> recorded_modules;
-  if (u->manifest_ && u->manifest_->file_size() > 0) {
-    const std::string zero_prefix = absl::StrCat(deepspeed::kUniversalZeroDir, "/");
-    const std::string module_prefix = absl::StrCat(deepspeed::kUniversalModuleDir, "/");
-    for (const FileDigest& d : u->manifest_->file()) {
-      absl::string_view rel = d.path();
-      if (!absl::ConsumeSuffix(&rel, ".pt")) continue;
-      if (absl::ConsumePrefix(&rel, zero_prefix)) {
-        const size_t slash = rel.rfind('/');
-        if (slash == absl::string_view::npos) continue;
-        recorded_states[std::string(rel.substr(0, slash))].push_back(std::string(rel.substr(slash + 1)));
-      } else if (absl::ConsumePrefix(&rel, module_prefix)) {
-        recorded_modules.push_back(std::string(rel));
-      }
+  if (options.verify_checksums) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(dir, ": no ", deepspeed::kManifestFile, " to verify checksums against (not written by ucp)"));
+  }
+  return std::optional<Manifest>();
+}
+
+// The `.pt` files a manifest lists: each param folder's state files under
+// zero/, and the module tensors under ucp_module/ (both without `.pt`).
+struct ManifestFiles {
+  std::map<std::string, std::vector<std::string>> states;
+  std::vector<std::string> modules;
+};
+
+ManifestFiles FilesInManifest(const Manifest& manifest) {
+  ManifestFiles out;
+  const std::string zero_prefix = absl::StrCat(deepspeed::kUniversalZeroDir, "/");
+  const std::string module_prefix = absl::StrCat(deepspeed::kUniversalModuleDir, "/");
+  for (const FileDigest& d : manifest.file()) {
+    absl::string_view rel = d.path();
+    if (!absl::ConsumeSuffix(&rel, ".pt")) continue;
+    if (absl::ConsumePrefix(&rel, zero_prefix)) {
+      const size_t slash = rel.rfind('/');
+      if (slash == absl::string_view::npos) continue;
+      out.states[std::string(rel.substr(0, slash))].push_back(std::string(rel.substr(slash + 1)));
+    } else if (absl::ConsumePrefix(&rel, module_prefix)) {
+      out.modules.push_back(std::string(rel));
     }
   }
-  const bool recorded = !recorded_states.empty();
+  return out;
+}
+
+// What zero/ holds: the param folders and each one's state files, whether
+// optimizer_state.pt is there, and, when the manifest lists the files
+// (`recorded`), the module tensors it lists.
+struct StateFolders {
+  std::vector<std::string> param_names;
+  std::map<std::string, std::vector<std::string>> state_files;
+  bool has_optimizer_state = false;
+  bool recorded = false;
+  std::vector<std::string> recorded_modules;
+};
+
+// Phase 3: the param folders under `zero` and their state files. A ucp
+// manifest lists every file: then no param folder needs listing (one
+// metadata operation per param on a parallel file system), but each folder
+// it lists must be there and none it does not list.
+absl::StatusOr<StateFolders> ListStateFolders(const std::string& zero, const std::optional<Manifest>& manifest) {
+  UCP_ASSIGN_OR_RETURN(std::vector<std::string> entries, ListDirectory(zero));
+  StateFolders out;
+  ManifestFiles listed;
+  if (manifest && manifest->file_size() > 0) listed = FilesInManifest(*manifest);
+  out.recorded = !listed.states.empty();
   for (const auto& e : entries) {
     const std::string full = JoinPath(zero, e);
     if (e == deepspeed::kUniversalOptimizerStateFile) {
-      has_optimizer_state = true;
+      out.has_optimizer_state = true;
       continue;
     }
-    if (recorded) {
-      if (!recorded_states.count(e) && IsDirectory(full)) {
+    if (out.recorded) {
+      if (!listed.states.count(e) && IsDirectory(full)) {
         return absl::InvalidArgumentError(
             absl::StrCat(full, ": a param folder the manifest ", deepspeed::kManifestFile, " does not list"));
       }
@@ -133,40 +162,50 @@ absl::StatusOr<std::unique_ptr<UniversalCheckpoint>> UniversalCheckpoint::Open(c
     for (const auto& f : files) {
       if (absl::EndsWith(f, ".pt")) states.push_back(f.substr(0, f.size() - 3));
     }
-    u->param_names_.push_back(e);
-    u->state_files_[e] = std::move(states);
+    out.param_names.push_back(e);
+    out.state_files[e] = std::move(states);
   }
-  if (recorded) {
+  if (out.recorded) {
     const std::set<std::string> present(entries.begin(), entries.end());
-    for (auto& [name, states] : recorded_states) {
+    for (auto& [name, states] : listed.states) {
       if (!present.count(name)) {
         return absl::NotFoundError(absl::StrCat(JoinPath(zero, name), ": missing (listed in ", deepspeed::kManifestFile,
                                                 ")"));
       }
       std::sort(states.begin(), states.end());
-      u->param_names_.push_back(name);
-      u->state_files_[name] = std::move(states);
+      out.param_names.push_back(name);
+      out.state_files[name] = std::move(states);
     }
+    out.recorded_modules = std::move(listed.modules);
   }
-  if (!has_optimizer_state) {
-    return absl::NotFoundError(absl::StrCat(JoinPath(zero, deepspeed::kUniversalOptimizerStateFile), ": missing"));
-  }
-  UCP_ASSIGN_OR_RETURN(u->optimizer_state_,
-                       torch::TorchFile::Open(JoinPath(zero, deepspeed::kUniversalOptimizerStateFile), options.read.Files()));
-  const std::string module_dir = JoinPath(u->dir_, deepspeed::kUniversalModuleDir);
-  if (recorded) {
-    std::sort(recorded_modules.begin(), recorded_modules.end());
-    u->module_names_ = std::move(recorded_modules);
+  return out;
+}
+
+// Phase 4: the module tensors (ucp_module/<name>.pt): the manifest's list
+// when it lists the files, else the folder's, if there is one.
+absl::StatusOr<std::vector<std::string>> ListModules(const std::string& dir, StateFolders& folders) {
+  std::vector<std::string> names;
+  const std::string module_dir = JoinPath(dir, deepspeed::kUniversalModuleDir);
+  if (folders.recorded) {
+    names = std::move(folders.recorded_modules);
+    std::sort(names.begin(), names.end());
   } else if (IsDirectory(module_dir)) {
     UCP_ASSIGN_OR_RETURN(std::vector<std::string> files, ListDirectory(module_dir));
     for (const auto& f : files) {
-      if (absl::EndsWith(f, ".pt")) u->module_names_.push_back(f.substr(0, f.size() - 3));
+      if (absl::EndsWith(f, ".pt")) names.push_back(f.substr(0, f.size() - 3));
     }
   }
-  // Every optimizer param has its folder with an fp32 state, and nothing else does.
-  for (const ZeroParam& p : u->ms_->params()) {
-    auto it = u->state_files_.find(p.name);
-    if (it == u->state_files_.end()) {
+  return names;
+}
+
+// Phase 5: every optimizer param of the model-state files has its folder
+// with an fp32 state, and no other folder is there.
+absl::Status CheckParamsAgree(const std::string& zero, const deepspeed::ModelStatesFiles& ms,
+                              const std::vector<std::string>& param_names,
+                              const std::map<std::string, std::vector<std::string>>& state_files) {
+  for (const ZeroParam& p : ms.params()) {
+    auto it = state_files.find(p.name);
+    if (it == state_files.end()) {
       return absl::NotFoundError(absl::StrCat(JoinPath(zero, p.name), ": missing (param '", p.name,
                                               "' is in the param_shapes of ", deepspeed::MpRankFileName(0), ")"));
     }
@@ -174,12 +213,42 @@ absl::StatusOr<std::unique_ptr<UniversalCheckpoint>> UniversalCheckpoint::Open(c
       return absl::NotFoundError(absl::StrCat(JoinPath(JoinPath(zero, p.name), "fp32.pt"), ": missing"));
     }
   }
-  for (const auto& name : u->param_names_) {
-    if (u->ms_->FindParam(name) == nullptr) {
+  for (const auto& name : param_names) {
+    if (ms.FindParam(name) == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(JoinPath(zero, name), ": no param '", name,
                                                      "' in the param_shapes of the model-state files"));
     }
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+
+absl::StatusOr<std::unique_ptr<UniversalCheckpoint>> UniversalCheckpoint::Open(const std::string& path_in,
+                                                                               const Options& options) {
+  UCP_ASSIGN_OR_RETURN(Folder folder, ResolveFolder(path_in));
+  std::unique_ptr<UniversalCheckpoint> u(new UniversalCheckpoint());
+  u->options_ = options;
+  u->dir_ = std::move(folder.dir);
+  u->tag_ = std::move(folder.tag);
+  const std::string zero = JoinPath(u->dir_, deepspeed::kUniversalZeroDir);
+  if (!IsDirectory(zero)) {
+    return absl::InvalidArgumentError(absl::StrCat(u->dir_, ": not a universal checkpoint: no '", deepspeed::kUniversalZeroDir,
+                                                   "' folder"));
+  }
+  UCP_ASSIGN_OR_RETURN(u->manifest_, ReadManifest(u->dir_, options));
+  UCP_ASSIGN_OR_RETURN(u->ms_, deepspeed::ModelStatesFiles::Open(u->dir_, 0, options.read));
+  UCP_ASSIGN_OR_RETURN(StateFolders folders, ListStateFolders(zero, u->manifest_));
+  u->param_names_ = std::move(folders.param_names);
+  u->state_files_ = std::move(folders.state_files);
+  if (!folders.has_optimizer_state) {
+    return absl::NotFoundError(absl::StrCat(JoinPath(zero, deepspeed::kUniversalOptimizerStateFile), ": missing"));
+  }
+  UCP_ASSIGN_OR_RETURN(u->optimizer_state_,
+                       torch::TorchFile::Open(JoinPath(zero, deepspeed::kUniversalOptimizerStateFile), options.read.Files()));
+  UCP_ASSIGN_OR_RETURN(u->module_names_, ListModules(u->dir_, folders));
+  UCP_RETURN_IF_ERROR(CheckParamsAgree(zero, *u->ms_, u->param_names_, u->state_files_));
   return u;
 }
 

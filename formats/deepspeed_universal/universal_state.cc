@@ -43,6 +43,205 @@ absl::Status CheckRuleAgrees(const UniversalStateFile& f, const state::ParamStat
   return absl::OkStatus();
 }
 
+// What the folder's ucp manifest records (nothing without one): each param
+// by name, and the layout.
+struct Recorded {
+  std::map<std::string, const Manifest::Param*> params;
+  state::ModelInfo layout;
+};
+
+// Phase 1: read what the manifest records.
+absl::StatusOr<Recorded> ReadRecorded(const UniversalCheckpoint& u) {
+  Recorded rec;
+  const std::optional<Manifest>& manifest = u.manifest();
+  if (!manifest) return rec;
+  for (const auto& p : manifest->param()) rec.params[p.name()] = &p;
+  UCP_RETURN_IF_ERROR(Annotate(deepspeed::DecodeLayout(*manifest, &rec.layout),
+                               absl::StrCat(u.dir(), "/", deepspeed::kManifestFile, ": ")));
+  return rec;
+}
+
+// A param's place in the module (layer, local name, tied key): from its
+// name, or from the manifest with what the files' metadata cannot say
+// (averaged vs replicated, the rule's source, the role, the lp dtype).
+absl::Status ApplyRecorded(const UniversalCheckpoint& u, const Recorded& rec, bool pipeline, ParamState& p) {
+  auto it = rec.params.find(p.name);
+  if (it == rec.params.end()) {
+    p.layer = pipeline ? LayerOfName(p.name) : -1;
+    p.local_name = pipeline ? LocalName(p.name) : p.name;
+    p.tied_key = TiedKeyOfName(p.name);
+    if (!p.tied_key.empty()) p.local_name = p.name.substr(std::string("tied_modules.").size() + p.tied_key.size() + 1);
+    return absl::OkStatus();
+  }
+  const Manifest::Param& m = *it->second;
+  UCP_ASSIGN_OR_RETURN(state::ParamState r, deepspeed::DecodeParam(m),
+                       _.Prepend(absl::StrCat(u.dir(), "/", deepspeed::kManifestFile, ": ")));
+  if (r.rule.kind() == AVERAGE && p.rule.kind() == REPLICATED) p.rule.set_kind(AVERAGE);
+  p.source = r.source;
+  p.origin = r.origin;
+  p.layer = r.layer;
+  p.local_name = r.local_name;
+  p.tied_key = r.tied_key;
+  p.tied_layers = r.tied_layers;
+  if (!m.role().empty()) p.role = r.role;
+  if (!m.lp_dtype().empty()) p.lp_dtype = r.lp_dtype;
+  return absl::OkStatus();
+}
+
+// A param's full shape and rule: from the manifest when it records the
+// whole rule (no file of the param is opened; each file is checked against
+// it when a unit reads it), else from the fp32 (or module) file's metadata.
+absl::Status ReadShapeAndRule(const UniversalCheckpoint& u, const Recorded& rec, bool module, ParamState& p) {
+  auto it = rec.params.find(p.name);
+  if (it != rec.params.end() && it->second->has_merge_rule()) {
+    UCP_ASSIGN_OR_RETURN(state::ParamState r, deepspeed::DecodeParam(*it->second),
+                         _.Prepend(absl::StrCat(u.dir(), "/", deepspeed::kManifestFile, ": ")));
+    p.full_shape = r.full_shape;
+    p.rule = r.rule;
+    p.lp_dtype = module ? r.lp_dtype : p.lp_dtype;
+    p.source = UNIVERSAL_METADATA;
+    p.origin = "universal checkpoint metadata";
+    return absl::OkStatus();
+  }
+  UCP_ASSIGN_OR_RETURN(UniversalStateFile f, module ? u.ReadModule(p.name) : u.ReadState(p.name, state::kFp32State));
+  p.full_shape = f.param.sizes();
+  p.rule = f.rule;
+  p.source = UNIVERSAL_METADATA;
+  p.origin = "universal checkpoint metadata";
+  if (module) p.lp_dtype = f.param.dtype();
+  if (p.rule.kind() == VOCAB) p.rule.set_original_vocab_size(p.full_shape.empty() ? 0 : p.full_shape[0]);
+  return absl::OkStatus();
+}
+
+// Phase 2: the trainable params in global flatten order (group by group,
+// stage by stage, as the model-state files list them), and each group's
+// first param (whose step.pt the group's others must match).
+absl::Status AddTrainableParams(const UniversalCheckpoint& u, const Recorded& rec, state::ModelInfo* info,
+                                std::vector<std::string>* first_param_of_group) {
+  const ModelStatesFiles& ms = u.model_states();
+  std::set<std::string> seen;
+  first_param_of_group->assign(info->num_groups, "");
+  for (int g = 0; g < info->num_groups; ++g) {
+    for (int st = 0; st < ms.topology().pp; ++st) {
+      for (const std::string& name : ms.StageGroup(st, g)) {
+        if (!seen.insert(name).second) continue;
+        if ((*first_param_of_group)[g].empty()) (*first_param_of_group)[g] = name;
+        state::ParamState p;
+        p.name = name;
+        p.group = g;
+        p.role = state::TensorRole::kTrainable;
+        p.lp_dtype = info->lp_dtype;
+        UCP_RETURN_IF_ERROR(ReadShapeAndRule(u, rec, /*module=*/false, p));
+        UCP_RETURN_IF_ERROR(ApplyRecorded(u, rec, info->pipeline, p));
+        info->params.push_back(std::move(p));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Phase 3: the module tensors outside the optimizer (ucp_module/: frozen
+// params and buffers), after the trainable params, in module order when the
+// manifest records it (what frozen_param_shapes follows), not in
+// ucp_module/'s file-name order.
+absl::Status AddModuleTensors(const UniversalCheckpoint& u, const Recorded& rec, state::ModelInfo* info) {
+  for (const std::string& name : u.module_names()) {
+    state::ParamState p;
+    p.name = name;
+    p.group = -1;
+    p.role = state::TensorRole::kFrozen;
+    UCP_RETURN_IF_ERROR(ReadShapeAndRule(u, rec, /*module=*/true, p));
+    UCP_RETURN_IF_ERROR(ApplyRecorded(u, rec, info->pipeline, p));
+    if (p.role == state::TensorRole::kTrainable) p.role = state::TensorRole::kFrozen;
+    info->params.push_back(std::move(p));
+  }
+  const std::optional<Manifest>& manifest = u.manifest();
+  if (manifest && manifest->module_key_size() > 0) {
+    std::map<std::string, int> position;
+    for (const auto& k : manifest->module_key()) position.emplace(k.name(), static_cast<int>(position.size()));
+    auto rank = [&](const state::ParamState& p) {
+      auto it = position.find(p.name);
+      return it == position.end() ? static_cast<int>(position.size()) : it->second;
+    };
+    auto first_module = std::find_if(info->params.begin(), info->params.end(),
+                                     [](const state::ParamState& p) { return !p.trainable(); });
+    std::stable_sort(first_module, info->params.end(),
+                     [&](const state::ParamState& a, const state::ParamState& b) { return rank(a) < rank(b); });
+  }
+  return absl::OkStatus();
+}
+
+// Phase 4: the optimizer's state keys (recorded, else the first param's
+// files in DeepSpeed's order), its kind (bf16 optimizer or ZeRO, from the
+// common state's keys), ZeRO stage and bf16 file naming.
+absl::Status ReadOptimizerLayout(const UniversalCheckpoint& u, const Recorded& rec, state::ModelInfo* info) {
+  const bool manifest = u.manifest().has_value();
+  if (manifest && !rec.layout.state_keys.empty()) {
+    info->state_keys = rec.layout.state_keys;
+    info->scalar_keys = rec.layout.scalar_keys;
+  } else if (!info->params.empty() && info->params[0].trainable()) {
+    std::vector<std::string> keys;
+    for (const auto& s : u.StateFiles(info->params[0].name)) {
+      if (s == "step") {
+        info->scalar_keys.push_back(s);
+      } else if (s != state::kFp32State) {
+        keys.push_back(s);
+      }
+    }
+    // DeepSpeed's order: exp_avg before exp_avg_sq, others after.
+    std::stable_sort(keys.begin(), keys.end(), [](const std::string& a, const std::string& b) {
+      auto rank = [](const std::string& k) { return k == "exp_avg" ? 0 : k == "exp_avg_sq" ? 1 : 2; };
+      return rank(a) < rank(b);
+    });
+    info->state_keys = keys;
+  }
+  const Value& common = *u.optimizer_state().root();
+  if (!common.is(Kind::kDict)) {
+    return absl::InvalidArgumentError(absl::StrCat(u.optimizer_state().path(), ": expected a dict"));
+  }
+  info->optimizer_kind = common.DictGet("zero_stage") == nullptr && common.DictGet("loss_scaler") == nullptr
+                             ? state::OptimizerKind::kBf16
+                             : state::OptimizerKind::kZero;
+  if (const Value* zs = common.DictGet("zero_stage")) {
+    UCP_ASSIGN_OR_RETURN(info->zero_stage, pickle::AsZeroStage(*zs, "zero_stage"),
+                         _.Prepend(absl::StrCat(u.optimizer_state().path(), ": ")));
+  }
+  info->bf16_file_prefix = manifest ? rec.layout.bf16_file_prefix : info->lp_dtype == torch::DType::kBFloat16;
+  return absl::OkStatus();
+}
+
+// Phase 5: the vocabulary (unpadded size, padding multiple) and the
+// pipeline layout (partition method, layers): recorded in the manifest,
+// else from the model-state files' args, else inferred from the names
+// (every layer index up to the last one).
+void ReadVocabAndPipeline(const UniversalCheckpoint& u, const Recorded& rec, state::ModelInfo* info) {
+  const ModelStatesFiles& ms = u.model_states();
+  const bool manifest = u.manifest().has_value();
+  const state::ModelInfo& layout = rec.layout;
+  info->original_vocab_size = manifest ? layout.original_vocab_size : 0;
+  if (info->original_vocab_size == 0) {
+    const Value* ov = ms.universal_checkpoint_info().DictGet("original_vocab_size");
+    if (ov != nullptr && ov->is(Kind::kInt)) info->original_vocab_size = ov->int_value();
+  }
+  info->make_vocab_size_divisible_by =
+      manifest && layout.make_vocab_size_divisible_by > 0 ? layout.make_vocab_size_divisible_by
+                                                           : ms.ArgInt({"make_vocab_size_divisible_by"});
+  info->partition_method = manifest ? layout.partition_method : "";
+  if (info->partition_method.empty()) {
+    info->partition_method = ms.RecordedPartitionMethod();
+  }
+  if (manifest && (layout.num_layers > 0 || !layout.pipeline)) {
+    info->num_layers = layout.num_layers;
+    info->module_layers = layout.module_layers;
+    info->module_order = layout.module_order;
+  } else if (info->pipeline) {
+    int max_layer = -1;
+    for (const auto& p : info->params) max_layer = std::max(max_layer, p.layer);
+    info->num_layers = max_layer + 1;
+    for (int l = 0; l < info->num_layers; ++l) info->module_layers.push_back(l);
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<UniversalModelState>> UniversalModelState::Make(
@@ -56,175 +255,17 @@ absl::StatusOr<std::unique_ptr<UniversalModelState>> UniversalModelState::Make(
 absl::Status UniversalModelState::Build() {
   const UniversalCheckpoint& u = *ckpt_;
   const ModelStatesFiles& ms = u.model_states();
-  const std::optional<Manifest>& manifest = u.manifest();
-  std::map<std::string, const Manifest::Param*> recorded;
-  if (manifest) {
-    for (const auto& p : manifest->param()) recorded[p.name()] = &p;
-  }
+  UCP_ASSIGN_OR_RETURN(Recorded rec, ReadRecorded(u));
   info_.source_topology = ms.topology();
   info_.pipeline = ms.pipeline();
   info_.num_groups = ms.num_groups();
   info_.lp_dtype = ms.config_lp_dtype();
-  state::ModelInfo layout;  // what the manifest records of the layout
-  if (manifest) {
-    UCP_RETURN_IF_ERROR(Annotate(deepspeed::DecodeLayout(*manifest, &layout),
-                                 absl::StrCat(u.dir(), "/", deepspeed::kManifestFile, ": ")));
-    if (!manifest->lp_dtype().empty()) info_.lp_dtype = layout.lp_dtype;
-  }
-
-  auto apply_recorded = [&](state::ParamState& p) -> absl::Status {
-    auto it = recorded.find(p.name);
-    if (it == recorded.end()) {
-      p.layer = info_.pipeline ? LayerOfName(p.name) : -1;
-      p.local_name = info_.pipeline ? LocalName(p.name) : p.name;
-      p.tied_key = TiedKeyOfName(p.name);
-      if (!p.tied_key.empty()) p.local_name = p.name.substr(std::string("tied_modules.").size() + p.tied_key.size() + 1);
-      return absl::OkStatus();
-    }
-    // The files' metadata gives the rule and shape; the manifest what they
-    // cannot say (averaged vs replicated, the rule's source, the layout).
-    const Manifest::Param& m = *it->second;
-    UCP_ASSIGN_OR_RETURN(state::ParamState r, deepspeed::DecodeParam(m),
-                         _.Prepend(absl::StrCat(u.dir(), "/", deepspeed::kManifestFile, ": ")));
-    if (r.rule.kind() == AVERAGE && p.rule.kind() == REPLICATED) p.rule.set_kind(AVERAGE);
-    p.source = r.source;
-    p.origin = r.origin;
-    p.layer = r.layer;
-    p.local_name = r.local_name;
-    p.tied_key = r.tied_key;
-    p.tied_layers = r.tied_layers;
-    if (!m.role().empty()) p.role = r.role;
-    if (!m.lp_dtype().empty()) p.lp_dtype = r.lp_dtype;
-    return absl::OkStatus();
-  };
-
-  // A param's full shape and rule: from the manifest when it records the
-  // whole rule (no file of the param is opened; each file is checked against
-  // it when a unit reads it), else from the fp32 (or module) file's metadata.
-  auto shape_and_rule = [&](state::ParamState& p, bool module) -> absl::Status {
-    auto it = recorded.find(p.name);
-    if (it != recorded.end() && it->second->has_merge_rule()) {
-      UCP_ASSIGN_OR_RETURN(state::ParamState r, deepspeed::DecodeParam(*it->second),
-                           _.Prepend(absl::StrCat(u.dir(), "/", deepspeed::kManifestFile, ": ")));
-      p.full_shape = r.full_shape;
-      p.rule = r.rule;
-      p.lp_dtype = module ? r.lp_dtype : p.lp_dtype;
-      p.source = UNIVERSAL_METADATA;
-      p.origin = "universal checkpoint metadata";
-      return absl::OkStatus();
-    }
-    UCP_ASSIGN_OR_RETURN(UniversalStateFile f, module ? u.ReadModule(p.name) : u.ReadState(p.name, state::kFp32State));
-    p.full_shape = f.param.sizes();
-    p.rule = f.rule;
-    p.source = UNIVERSAL_METADATA;
-    p.origin = "universal checkpoint metadata";
-    if (module) p.lp_dtype = f.param.dtype();
-    if (p.rule.kind() == VOCAB) p.rule.set_original_vocab_size(p.full_shape.empty() ? 0 : p.full_shape[0]);
-    return absl::OkStatus();
-  };
-
-  // Trainable params in global flatten order.
-  std::set<std::string> seen;
-  first_param_of_group_.assign(info_.num_groups, "");
-  for (int g = 0; g < info_.num_groups; ++g) {
-    for (int st = 0; st < ms.topology().pp; ++st) {
-      for (const std::string& name : ms.StageGroup(st, g)) {
-        if (!seen.insert(name).second) continue;
-        if (first_param_of_group_[g].empty()) first_param_of_group_[g] = name;
-        state::ParamState p;
-        p.name = name;
-        p.group = g;
-        p.role = state::TensorRole::kTrainable;
-        p.lp_dtype = info_.lp_dtype;
-        UCP_RETURN_IF_ERROR(shape_and_rule(p, /*module=*/false));
-        UCP_RETURN_IF_ERROR(apply_recorded(p));
-        info_.params.push_back(std::move(p));
-      }
-    }
-  }
-  // Module tensors outside the optimizer.
-  for (const std::string& name : u.module_names()) {
-    state::ParamState p;
-    p.name = name;
-    p.group = -1;
-    p.role = state::TensorRole::kFrozen;
-    UCP_RETURN_IF_ERROR(shape_and_rule(p, /*module=*/true));
-    UCP_RETURN_IF_ERROR(apply_recorded(p));
-    if (p.role == state::TensorRole::kTrainable) p.role = state::TensorRole::kFrozen;
-    info_.params.push_back(std::move(p));
-  }
-  // ModelInfo lists frozen params and buffers in module order (what
-  // frozen_param_shapes follows), not in ucp_module/'s file-name order.
-  if (manifest && manifest->module_key_size() > 0) {
-    std::map<std::string, int> position;
-    for (const auto& k : manifest->module_key()) position.emplace(k.name(), static_cast<int>(position.size()));
-    auto rank = [&](const state::ParamState& p) {
-      auto it = position.find(p.name);
-      return it == position.end() ? static_cast<int>(position.size()) : it->second;
-    };
-    auto first_module = std::find_if(info_.params.begin(), info_.params.end(),
-                                     [](const state::ParamState& p) { return !p.trainable(); });
-    std::stable_sort(first_module, info_.params.end(),
-                     [&](const state::ParamState& a, const state::ParamState& b) { return rank(a) < rank(b); });
-  }
+  if (u.manifest() && !u.manifest()->lp_dtype().empty()) info_.lp_dtype = rec.layout.lp_dtype;
+  UCP_RETURN_IF_ERROR(AddTrainableParams(u, rec, &info_, &first_param_of_group_));
+  UCP_RETURN_IF_ERROR(AddModuleTensors(u, rec, &info_));
   info_.Reindex();
-
-  // Optimizer states.
-  if (manifest && !layout.state_keys.empty()) {
-    info_.state_keys = layout.state_keys;
-    info_.scalar_keys = layout.scalar_keys;
-  } else if (!info_.params.empty() && info_.params[0].trainable()) {
-    std::vector<std::string> keys;
-    for (const auto& s : u.StateFiles(info_.params[0].name)) {
-      if (s == "step") {
-        info_.scalar_keys.push_back(s);
-      } else if (s != state::kFp32State) {
-        keys.push_back(s);
-      }
-    }
-    // DeepSpeed's order: exp_avg before exp_avg_sq, others after.
-    std::stable_sort(keys.begin(), keys.end(), [](const std::string& a, const std::string& b) {
-      auto rank = [](const std::string& k) { return k == "exp_avg" ? 0 : k == "exp_avg_sq" ? 1 : 2; };
-      return rank(a) < rank(b);
-    });
-    info_.state_keys = keys;
-  }
-  const Value& common = *u.optimizer_state().root();
-  if (!common.is(Kind::kDict)) {
-    return absl::InvalidArgumentError(absl::StrCat(u.optimizer_state().path(), ": expected a dict"));
-  }
-  info_.optimizer_kind = common.DictGet("zero_stage") == nullptr && common.DictGet("loss_scaler") == nullptr
-                             ? state::OptimizerKind::kBf16
-                             : state::OptimizerKind::kZero;
-  if (const Value* zs = common.DictGet("zero_stage")) {
-    UCP_ASSIGN_OR_RETURN(info_.zero_stage, pickle::AsZeroStage(*zs, "zero_stage"),
-                         _.Prepend(absl::StrCat(u.optimizer_state().path(), ": ")));
-  }
-  info_.bf16_file_prefix = manifest ? layout.bf16_file_prefix : info_.lp_dtype == torch::DType::kBFloat16;
-
-  // Vocabulary and pipeline layout.
-  info_.original_vocab_size = manifest ? layout.original_vocab_size : 0;
-  if (info_.original_vocab_size == 0) {
-    const Value* ov = ms.universal_checkpoint_info().DictGet("original_vocab_size");
-    if (ov != nullptr && ov->is(Kind::kInt)) info_.original_vocab_size = ov->int_value();
-  }
-  info_.make_vocab_size_divisible_by =
-      manifest && layout.make_vocab_size_divisible_by > 0 ? layout.make_vocab_size_divisible_by
-                                                           : ms.ArgInt({"make_vocab_size_divisible_by"});
-  info_.partition_method = manifest ? layout.partition_method : "";
-  if (info_.partition_method.empty()) {
-    info_.partition_method = ms.RecordedPartitionMethod();
-  }
-  if (manifest && (layout.num_layers > 0 || !layout.pipeline)) {
-    info_.num_layers = layout.num_layers;
-    info_.module_layers = layout.module_layers;
-    info_.module_order = layout.module_order;
-  } else if (info_.pipeline) {
-    int max_layer = -1;
-    for (const auto& p : info_.params) max_layer = std::max(max_layer, p.layer);
-    info_.num_layers = max_layer + 1;
-    for (int l = 0; l < info_.num_layers; ++l) info_.module_layers.push_back(l);
-  }
+  UCP_RETURN_IF_ERROR(ReadOptimizerLayout(u, rec, &info_));
+  ReadVocabAndPipeline(u, rec, &info_);
   info_.Reindex();
   return absl::OkStatus();
 }

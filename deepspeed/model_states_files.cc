@@ -81,24 +81,21 @@ absl::StatusOr<FileGroupShapes> ReadParamShapes(const torch::TorchFile& f) {
   return out;
 }
 
-
-
-
-
-
-}  // namespace
-
-absl::StatusOr<std::unique_ptr<ModelStatesFiles>> ModelStatesFiles::Open(const std::string& dir, int layer_files_tp,
-                                                                       const ReadOptions& read) {
-  std::unique_ptr<ModelStatesFiles> m(new ModelStatesFiles());
-  m->dir_ = dir;
-  m->read_ = read;
-  UCP_RETURN_IF_ERROR(m->Load(layer_files_tp));
-  return m;
+// The names of a file's param groups, in order, flattened (all tp ranks of a
+// pipeline stage hold the same names).
+std::vector<std::string> ParamNames(const FileGroupShapes& shapes) {
+  std::vector<std::string> n;
+  for (const auto& g : shapes.groups) {
+    for (const auto& [name, shape] : g) n.push_back(name);
+  }
+  return n;
 }
 
-absl::Status ModelStatesFiles::Load(int layer_files_tp) {
-  UCP_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirectory(dir_));
+// How many mp_rank_XX_model_states.pt files `dir` holds: ranks 0..mp-1, all
+// present. A folder without any is refused, by name when it is DeepSpeed's
+// ZeRO-3 universal layout (which ucp does not read).
+absl::StatusOr<int> CountMpRankFiles(const std::string& dir, const ReadOptions& read) {
+  UCP_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirectory(dir));
   std::set<int> mp_ranks;
   for (const auto& n : names) {
     auto parsed = deepspeed::ParseCheckpointFileName(n);
@@ -111,191 +108,229 @@ absl::Status ModelStatesFiles::Load(int layer_files_tp) {
       // DeepSpeed's ZeRO-3 universal layout (ds_to_universal.py copies the
       // zero_pp_rank_* model states beside zero/).
       std::string version = "(no ds_version)";
-      if (auto f = torch::TorchFile::Open(JoinPath(dir_, n), read_.Files()); f.ok()) {
+      if (auto f = torch::TorchFile::Open(JoinPath(dir, n), read.Files()); f.ok()) {
         const Value* v = (*f)->root()->is(Kind::kDict) ? (*f)->root()->DictGet("ds_version") : nullptr;
         if (v != nullptr && v->is(Kind::kStr)) version = v->str();
       }
       return absl::UnimplementedError(absl::StrCat(
-          dir_, ": a DeepSpeed ", version, " ZeRO stage 3 universal checkpoint (", n,
+          dir, ": a DeepSpeed ", version, " ZeRO stage 3 universal checkpoint (", n,
           " beside zero/): ucp does not read the stage-3 universal layout; reshard the ZeRO-3 checkpoint it was "
           "converted from (`ucp reshard --input_folder=<its global_stepN> --dp=N`)"));
     }
     return absl::InvalidArgumentError(absl::StrCat(
-        dir_, ": unrecognized checkpoint layout: expected mp_rank_XX_model_states.pt files, found ",
+        dir, ": unrecognized checkpoint layout: expected mp_rank_XX_model_states.pt files, found ",
         names.empty() ? "an empty folder" : absl::StrCat(names.size(), " other entries, e.g. '", names.front(), "'")));
   }
   const int mp = *mp_ranks.rbegin() + 1;
   for (int r = 0; r < mp; ++r) {
     if (!mp_ranks.count(r)) {
-      return absl::NotFoundError(absl::StrCat(JoinPath(dir_, deepspeed::MpRankFileName(r)), ": missing (mp ranks ",
+      return absl::NotFoundError(absl::StrCat(JoinPath(dir, deepspeed::MpRankFileName(r)), ": missing (mp ranks ",
                                               absl::StrJoin(mp_ranks, ","), " are present)"));
     }
   }
-  // Model states.
-  for (int r = 0; r < mp; ++r) {
-    UCP_ASSIGN_OR_RETURN(auto f, torch::TorchFile::Open(JoinPath(dir_, deepspeed::MpRankFileName(r)), read_.Files()));
-    files_.push_back(std::move(f));
-  }
-  const torch::TorchFile& mp0 = *files_[0];
+  return mp;
+}
+
+using ModelStateFileList = std::vector<std::unique_ptr<torch::TorchFile>>;
+
+// The files' mp_world_size and dp_world_size, as mp_rank_00 records them.
+struct WorldSizes {
+  int64_t mp_world = 0, dp_world = 0;
+};
+
+// Reads the world sizes from mp_rank_00 (a dict of model states) and checks
+// that every file records the same and that mp_world_size is the number of
+// files.
+absl::StatusOr<WorldSizes> ReadWorldSizes(const ModelStateFileList& files) {
+  const int mp = static_cast<int>(files.size());
+  const torch::TorchFile& mp0 = *files[0];
   const Value& root0 = *mp0.root();
   if (!root0.is(Kind::kDict)) {
     return FileError(mp0.path(), absl::StatusCode::kInvalidArgument,
                      absl::StrCat("expected a dict of model states, found ", root0.DebugString(60)));
   }
-  int64_t mp_world = 0, dp_world = 0;
+  WorldSizes w;
   {
     UCP_ASSIGN_OR_RETURN(const Value* v, GetField(root0, "mp_world_size", "model states"),
                          _.Prepend(mp0.path() + ": "));
-    UCP_ASSIGN_OR_RETURN(mp_world, AsInt(*v, "mp_world_size"), _.Prepend(mp0.path() + ": "));
+    UCP_ASSIGN_OR_RETURN(w.mp_world, AsInt(*v, "mp_world_size"), _.Prepend(mp0.path() + ": "));
     UCP_ASSIGN_OR_RETURN(const Value* d, GetField(root0, "dp_world_size", "model states"),
                          _.Prepend(mp0.path() + ": "));
-    UCP_ASSIGN_OR_RETURN(dp_world, AsInt(*d, "dp_world_size"), _.Prepend(mp0.path() + ": "));
+    UCP_ASSIGN_OR_RETURN(w.dp_world, AsInt(*d, "dp_world_size"), _.Prepend(mp0.path() + ": "));
   }
-  if (mp_world != mp) {
+  if (w.mp_world != mp) {
     return FileError(mp0.path(), absl::StatusCode::kInvalidArgument,
-                     absl::StrCat("mp_world_size is ", mp_world, " but the folder has ", mp,
+                     absl::StrCat("mp_world_size is ", w.mp_world, " but the folder has ", mp,
                                   " mp_rank_*_model_states.pt files"));
   }
   for (int r = 1; r < mp; ++r) {
-    const Value& root = *files_[r]->root();
+    const Value& root = *files[r]->root();
     const Value* m = root.is(Kind::kDict) ? root.DictGet("mp_world_size") : nullptr;
     const Value* d = root.is(Kind::kDict) ? root.DictGet("dp_world_size") : nullptr;
-    if (m == nullptr || !m->is(Kind::kInt) || m->int_value() != mp_world || d == nullptr || !d->is(Kind::kInt) ||
-        d->int_value() != dp_world) {
-      return FileError(files_[r]->path(), absl::StatusCode::kInvalidArgument,
-                       absl::StrCat("expected mp_world_size ", mp_world, " and dp_world_size ", dp_world,
+    if (m == nullptr || !m->is(Kind::kInt) || m->int_value() != w.mp_world || d == nullptr || !d->is(Kind::kInt) ||
+        d->int_value() != w.dp_world) {
+      return FileError(files[r]->path(), absl::StatusCode::kInvalidArgument,
+                       absl::StrCat("expected mp_world_size ", w.mp_world, " and dp_world_size ", w.dp_world,
                                     " as in ", deepspeed::MpRankFileName(0), ", found ", m ? m->DebugString() : "none", " and ",
                                     d ? d->DebugString() : "none"));
     }
   }
-  // Saved together: the step counters and the DeepSpeed version agree.
-  for (int r = 1; r < mp; ++r) {
-    const Value& root = *files_[r]->root();
+  return w;
+}
+
+// Checks that the files were saved together: the step counters and the
+// DeepSpeed version agree with mp_rank_00's where both record them.
+absl::Status CheckSavedTogether(const ModelStateFileList& files) {
+  const torch::TorchFile& mp0 = *files[0];
+  const Value& root0 = *mp0.root();
+  for (size_t r = 1; r < files.size(); ++r) {
+    const Value& root = *files[r]->root();
     for (const char* key : {"ds_version", "global_steps", "global_samples", "iteration", "skipped_steps"}) {
       const Value* a = root0.DictGet(key);
       const Value* b = root.DictGet(key);
       if (a == nullptr || b == nullptr) continue;
       if (!pickle::DeepEqual(*a, *b)) {
-        return FileError(files_[r]->path(), absl::StatusCode::kInvalidArgument,
+        return FileError(files[r]->path(), absl::StatusCode::kInvalidArgument,
                          absl::StrCat(key, " is ", b->DebugString(60), " but ", a->DebugString(60), " in ",
                                       mp0.path(), ": files from different saves"));
       }
     }
   }
-  const Value* module0 = root0.DictGet("module");
-  pipeline_ = module0 == nullptr || module0->is_none();
+  return absl::OkStatus();
+}
 
-  // Param shapes of every mp rank, and tp from which ranks share names.
-  std::vector<FileGroupShapes> shapes;
+// The tp degree the files record in checkpoint_parallel_dimensions
+// ({pp_degree, tp_degree}, DeepSpeed >= 0.19.5), checked to be the same in
+// every file and to multiply with pp_degree to the number of files; 0 when
+// mp_rank_00 records none.
+absl::StatusOr<int> ReadRecordedTp(const ModelStateFileList& files) {
+  const int mp = static_cast<int>(files.size());
+  int recorded_tp = 0;
   for (int r = 0; r < mp; ++r) {
-    UCP_ASSIGN_OR_RETURN(FileGroupShapes s, ReadParamShapes(*files_[r]));
-    shapes.push_back(std::move(s));
-  }
-  auto name_set = [&](int r) {
-    std::vector<std::string> n;
-    for (const auto& g : shapes[r].groups) {
-      for (const auto& [name, shape] : g) n.push_back(name);
+    const Value& root = *files[r]->root();
+    const Value* dims = root.is(Kind::kDict) ? root.DictGet("checkpoint_parallel_dimensions") : nullptr;
+    if (dims == nullptr || dims->is_none()) {
+      if (r > 0 && recorded_tp > 0) {
+        return FileError(files[r]->path(), absl::StatusCode::kInvalidArgument,
+                         absl::StrCat("has no checkpoint_parallel_dimensions, which ", deepspeed::MpRankFileName(0),
+                                      " records"));
+      }
+      continue;
     }
-    return n;
-  };
+    const Value* tpv = dims->is(Kind::kDict) ? dims->DictGet("tp_degree") : nullptr;
+    const Value* ppv = dims->is(Kind::kDict) ? dims->DictGet("pp_degree") : nullptr;
+    if (tpv == nullptr || ppv == nullptr || !tpv->is(Kind::kInt) || !ppv->is(Kind::kInt) || tpv->int_value() < 1 ||
+        ppv->int_value() < 1 || tpv->int_value() * ppv->int_value() != mp) {
+      return FileError(files[r]->path(), absl::StatusCode::kInvalidArgument,
+                       absl::StrCat("checkpoint_parallel_dimensions is ", dims->DebugString(80),
+                                    ", expected {pp_degree, tp_degree} whose product is mp_world_size ", mp));
+    }
+    if (r == 0) {
+      recorded_tp = static_cast<int>(tpv->int_value());
+    } else if (recorded_tp != tpv->int_value()) {
+      return FileError(files[r]->path(), absl::StatusCode::kInvalidArgument,
+                       absl::StrCat("checkpoint_parallel_dimensions tp_degree ", tpv->int_value(), " differs from ",
+                                    recorded_tp, " in ", deepspeed::MpRankFileName(0)));
+    }
+  }
+  return recorded_tp;
+}
+
+// Decides tp: how many leading mp ranks share mp_rank_00's param names (all
+// of them for a plain module, which has one stage), unless the layer files
+// show another tp that divides the mp ranks (names can coincide across
+// stages without params), unless the files record it (`recorded_tp` > 0).
+absl::StatusOr<int> DecideTp(const std::string& dir, const std::vector<FileGroupShapes>& shapes, bool pipeline,
+                             int layer_files_tp, int recorded_tp) {
+  const int mp = static_cast<int>(shapes.size());
   int tp = 1;
-  {
-    const auto n0 = name_set(0);
-    while (tp < mp && name_set(tp) == n0) ++tp;
-    if (!pipeline_) tp = mp;  // a plain module has one stage
-    if (layer_files_tp > 0) {
-      const int files_tp = layer_files_tp;
-      if (files_tp != tp && mp % files_tp == 0) {
-        // Names can coincide across stages without params; layer files decide.
-        tp = files_tp;
-      }
-    }
-    // DeepSpeed >= 0.19.5 records the degrees (checkpoint_parallel_dimensions
-    // = {pp_degree, tp_degree}) in every model-state file: they decide.
-    for (int r = 0; r < mp; ++r) {
-      const Value& root = *files_[r]->root();
-      const Value* dims = root.is(Kind::kDict) ? root.DictGet("checkpoint_parallel_dimensions") : nullptr;
-      if (dims == nullptr || dims->is_none()) {
-        if (r > 0 && recorded_tp_ > 0) {
-          return FileError(files_[r]->path(), absl::StatusCode::kInvalidArgument,
-                           absl::StrCat("has no checkpoint_parallel_dimensions, which ", deepspeed::MpRankFileName(0),
-                                        " records"));
-        }
-        continue;
-      }
-      const Value* tpv = dims->is(Kind::kDict) ? dims->DictGet("tp_degree") : nullptr;
-      const Value* ppv = dims->is(Kind::kDict) ? dims->DictGet("pp_degree") : nullptr;
-      if (tpv == nullptr || ppv == nullptr || !tpv->is(Kind::kInt) || !ppv->is(Kind::kInt) || tpv->int_value() < 1 ||
-          ppv->int_value() < 1 || tpv->int_value() * ppv->int_value() != mp) {
-        return FileError(files_[r]->path(), absl::StatusCode::kInvalidArgument,
-                         absl::StrCat("checkpoint_parallel_dimensions is ", dims->DebugString(80),
-                                      ", expected {pp_degree, tp_degree} whose product is mp_world_size ", mp));
-      }
-      if (r == 0) {
-        recorded_tp_ = static_cast<int>(tpv->int_value());
-      } else if (recorded_tp_ != tpv->int_value()) {
-        return FileError(files_[r]->path(), absl::StatusCode::kInvalidArgument,
-                         absl::StrCat("checkpoint_parallel_dimensions tp_degree ", tpv->int_value(), " differs from ",
-                                      recorded_tp_, " in ", deepspeed::MpRankFileName(0)));
-      }
-    }
-    if (recorded_tp_ > 0) tp = recorded_tp_;
-    if (mp % tp != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(dir_, ": ", mp, " mp ranks do not split into stages of tp=", tp));
+  const auto n0 = ParamNames(shapes[0]);
+  while (tp < mp && ParamNames(shapes[tp]) == n0) ++tp;
+  if (!pipeline) tp = mp;  // a plain module has one stage
+  if (layer_files_tp > 0) {
+    const int files_tp = layer_files_tp;
+    if (files_tp != tp && mp % files_tp == 0) {
+      // Names can coincide across stages without params; layer files decide.
+      tp = files_tp;
     }
   }
-  topo_.tp = tp;
-  topo_.pp = mp / tp;
-  topo_.dp = static_cast<int>(dp_world);
-  if (topo_.dp < 1) {
-    return FileError(mp0.path(), absl::StatusCode::kInvalidArgument,
-                     absl::StrCat("dp_world_size is ", dp_world, ", expected >= 1"));
+  if (recorded_tp > 0) tp = recorded_tp;
+  if (mp % tp != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(dir, ": ", mp, " mp ranks do not split into stages of tp=", tp));
   }
-  for (int s = 0; s < topo_.pp; ++s) {
+  return tp;
+}
+
+// Checks that the tp ranks of each pipeline stage hold the same param names.
+absl::Status CheckStageNamesAgree(const ModelStateFileList& files, const std::vector<FileGroupShapes>& shapes,
+                                  const state::Topology& topo) {
+  const int tp = topo.tp;
+  for (int s = 0; s < topo.pp; ++s) {
     for (int t = 1; t < tp; ++t) {
-      if (name_set(s * tp + t) != name_set(s * tp)) {
-        return FileError(files_[s * tp + t]->path(), absl::StatusCode::kInvalidArgument,
+      if (ParamNames(shapes[s * tp + t]) != ParamNames(shapes[s * tp])) {
+        return FileError(files[s * tp + t]->path(), absl::StatusCode::kInvalidArgument,
                          absl::StrCat("param_shapes names differ from ", deepspeed::MpRankFileName(s * tp),
                                       " although both are pipeline stage ", s, " (tp=", tp, ")"));
       }
     }
   }
-  // Groups.
-  num_groups_ = static_cast<int>(shapes[0].groups.size());
-  stage_groups_.assign(topo_.pp, {});
-  for (int s = 0; s < topo_.pp; ++s) {
-    for (int t = 0; t < topo_.tp; ++t) {
+  return absl::OkStatus();
+}
+
+// The param names of each pipeline stage's groups ([stage][group] -> names,
+// from its tp rank 0), once every file is checked to hold `num_groups` groups.
+absl::StatusOr<std::vector<std::vector<std::vector<std::string>>>> ReadStageGroups(
+    const ModelStateFileList& files, const std::vector<FileGroupShapes>& shapes, const state::Topology& topo,
+    int num_groups) {
+  const int tp = topo.tp;
+  std::vector<std::vector<std::vector<std::string>>> stage_groups(topo.pp);
+  for (int s = 0; s < topo.pp; ++s) {
+    for (int t = 0; t < topo.tp; ++t) {
       const FileGroupShapes& gs = shapes[s * tp + t];
-      if (static_cast<int>(gs.groups.size()) != num_groups_) {
-        return FileError(files_[s * tp + t]->path(), absl::StatusCode::kInvalidArgument,
+      if (static_cast<int>(gs.groups.size()) != num_groups) {
+        return FileError(files[s * tp + t]->path(), absl::StatusCode::kInvalidArgument,
                          absl::StrCat("has ", gs.groups.size(), " param groups, ", deepspeed::MpRankFileName(0), " has ",
-                                      num_groups_));
+                                      num_groups));
       }
     }
-    for (int g = 0; g < num_groups_; ++g) {
+    for (int g = 0; g < num_groups; ++g) {
       std::vector<std::string> group_names;
       for (const auto& [name, shape] : shapes[s * tp].groups[g]) group_names.push_back(name);
-      stage_groups_[s].push_back(std::move(group_names));
+      stage_groups[s].push_back(std::move(group_names));
     }
   }
-  shapes_.clear();
-  for (const auto& fs : shapes) shapes_.push_back(fs.groups);
-  // Params, with tied ones merged across stages.
-  for (int s = 0; s < topo_.pp; ++s) {
-    for (int g = 0; g < num_groups_; ++g) {
-      for (size_t i = 0; i < stage_groups_[s][g].size(); ++i) {
-        const std::string& name = stage_groups_[s][g][i];
+  return stage_groups;
+}
+
+// The params, in stage, group and flatten order, and their index by name.
+struct ParamList {
+  std::vector<ZeroParam> params;
+  absl::flat_hash_map<std::string, size_t> index;  // by name
+};
+
+// Collects the params of every stage's groups, each with its tp shapes; a
+// tied param (one name in several stages) is one param with several stages,
+// and must have the same group and shapes in each.
+absl::StatusOr<ParamList> CollectParams(const ModelStateFileList& files, const std::vector<FileGroupShapes>& shapes,
+                                        const std::vector<std::vector<std::vector<std::string>>>& stage_groups,
+                                        const state::Topology& topo) {
+  const int tp = topo.tp;
+  ParamList out;
+  for (int s = 0; s < topo.pp; ++s) {
+    for (int g = 0; g < static_cast<int>(stage_groups[s].size()); ++g) {
+      for (size_t i = 0; i < stage_groups[s][g].size(); ++i) {
+        const std::string& name = stage_groups[s][g][i];
         std::vector<std::vector<int64_t>> tp_shapes;
         for (int t = 0; t < tp; ++t) tp_shapes.push_back(shapes[s * tp + t].groups[g][i].second);
-        auto it = param_index_.find(name);
-        if (it != param_index_.end()) {
-          ZeroParam& p = params_[it->second];
+        auto it = out.index.find(name);
+        if (it != out.index.end()) {
+          ZeroParam& p = out.params[it->second];
           if (p.stages.back() == s) {
-            return FileError(files_[s * tp]->path(), absl::StatusCode::kInvalidArgument,
+            return FileError(files[s * tp]->path(), absl::StatusCode::kInvalidArgument,
                              absl::StrCat("param '", name, "' appears twice in param_shapes"));
           }
           if (p.group != g || p.tp_shapes != tp_shapes) {
-            return FileError(files_[s * tp]->path(), absl::StatusCode::kInvalidArgument,
+            return FileError(files[s * tp]->path(), absl::StatusCode::kInvalidArgument,
                              absl::StrCat("tied param '", name, "' is in group ", g, " with shape ",
                                           ShapeStr(tp_shapes[0]), " but in group ", p.group, " with shape ",
                                           ShapeStr(p.tp_shapes[0]), " in stage ", p.stages[0]));
@@ -312,11 +347,68 @@ absl::Status ModelStatesFiles::Load(int layer_files_tp) {
         p.tp_shapes = std::move(tp_shapes);
         p.layer = LayerOfName(name);
         p.tied_key = TiedKeyOfName(name);
-        param_index_[name] = params_.size();
-        params_.push_back(std::move(p));
+        out.index[name] = out.params.size();
+        out.params.push_back(std::move(p));
       }
     }
   }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ModelStatesFiles>> ModelStatesFiles::Open(const std::string& dir, int layer_files_tp,
+                                                                       const ReadOptions& read) {
+  std::unique_ptr<ModelStatesFiles> m(new ModelStatesFiles());
+  m->dir_ = dir;
+  m->read_ = read;
+  UCP_RETURN_IF_ERROR(m->Load(layer_files_tp));
+  return m;
+}
+
+// Loads in phases: count the mp rank files, open them, check their world
+// sizes and that they were saved together, read every file's param shapes,
+// decide tp (and so pp), check the stages' names and groups, collect the
+// params, then read what else mp_rank_00 says.
+absl::Status ModelStatesFiles::Load(int layer_files_tp) {
+  UCP_ASSIGN_OR_RETURN(const int mp, CountMpRankFiles(dir_, read_));
+  // Model states.
+  for (int r = 0; r < mp; ++r) {
+    UCP_ASSIGN_OR_RETURN(auto f, torch::TorchFile::Open(JoinPath(dir_, deepspeed::MpRankFileName(r)), read_.Files()));
+    files_.push_back(std::move(f));
+  }
+  UCP_ASSIGN_OR_RETURN(const WorldSizes world, ReadWorldSizes(files_));
+  UCP_RETURN_IF_ERROR(CheckSavedTogether(files_));
+  const torch::TorchFile& mp0 = *files_[0];
+  const Value& root0 = *mp0.root();
+  const Value* module0 = root0.DictGet("module");
+  pipeline_ = module0 == nullptr || module0->is_none();
+
+  // Param shapes of every mp rank, and tp from which ranks share names.
+  std::vector<FileGroupShapes> shapes;
+  for (int r = 0; r < mp; ++r) {
+    UCP_ASSIGN_OR_RETURN(FileGroupShapes s, ReadParamShapes(*files_[r]));
+    shapes.push_back(std::move(s));
+  }
+  UCP_ASSIGN_OR_RETURN(recorded_tp_, ReadRecordedTp(files_));
+  UCP_ASSIGN_OR_RETURN(const int tp, DecideTp(dir_, shapes, pipeline_, layer_files_tp, recorded_tp_));
+  topo_.tp = tp;
+  topo_.pp = mp / tp;
+  topo_.dp = static_cast<int>(world.dp_world);
+  if (topo_.dp < 1) {
+    return FileError(mp0.path(), absl::StatusCode::kInvalidArgument,
+                     absl::StrCat("dp_world_size is ", world.dp_world, ", expected >= 1"));
+  }
+  UCP_RETURN_IF_ERROR(CheckStageNamesAgree(files_, shapes, topo_));
+  // Groups.
+  num_groups_ = static_cast<int>(shapes[0].groups.size());
+  UCP_ASSIGN_OR_RETURN(stage_groups_, ReadStageGroups(files_, shapes, topo_, num_groups_));
+  shapes_.clear();
+  for (const auto& fs : shapes) shapes_.push_back(fs.groups);
+  // Params, with tied ones merged across stages.
+  UCP_ASSIGN_OR_RETURN(ParamList params, CollectParams(files_, shapes, stage_groups_, topo_));
+  params_ = std::move(params.params);
+  param_index_ = std::move(params.index);
 
   // What else the files say.
   for (const auto& f : files_) {

@@ -147,247 +147,329 @@ absl::StatusOr<ZipReader> ZipReader::Open(absl::Span<const uint8_t> archive, std
   return reader;
 }
 
-absl::Status ZipReader::Parse(const ZipReadOptions& options) {
-  const uint8_t* base = archive_.data();
-  const uint64_t size = archive_.size();
-  auto data_loss = [&](auto&&... parts) {
-    return absl::DataLossError(absl::StrCat(name_, ": ", parts...));
-  };
+namespace {
 
-  // End of central directory: the last signature whose comment length
-  // reaches exactly the end of the archive.
+// A kDataLoss error whose message starts with the archive's name.
+template <typename... Parts>
+absl::Status ArchiveDataLoss(const std::string& archive, const Parts&... parts) {
+  return absl::DataLossError(absl::StrCat(archive, ": ", parts...));
+}
+
+// The refusal of a multi-disk archive (or record) at `where`.
+absl::Status MultiDiskError(const std::string& where) {
+  return absl::InvalidArgumentError(absl::StrCat(where, ": multi-disk zip archives are not supported"));
+}
+
+// The central directory's place and size as the end records state them
+// (zip64 values already substituted for saturated classic ones).
+struct EndRecords {
+  uint16_t disk = 0, cd_disk = 0;
+  uint64_t entries_disk = 0, entries = 0;
+  uint64_t cd_size = 0, cd_offset = 0;
+  // Nothing of the central directory may pass this: the first end record.
+  uint64_t records_end_limit = 0;
+};
+
+// Finds the end of central directory record: the last signature whose
+// comment length reaches exactly the end of the archive.
+absl::StatusOr<uint64_t> FindEndOfCentralDirectory(const uint8_t* base, uint64_t size, const std::string& archive) {
   if (size < kEndOfCentralDirSize) {
-    return data_loss("not a zip archive (", size, " bytes, too short for an end of central directory record)");
+    return ArchiveDataLoss(archive, "not a zip archive (", size,
+                           " bytes, too short for an end of central directory record)");
   }
-  uint64_t eocd = 0;
-  bool found = false;
   const uint64_t lowest = size - kEndOfCentralDirSize > 0xFFFF ? size - kEndOfCentralDirSize - 0xFFFF : 0;
   for (uint64_t pos = size - kEndOfCentralDirSize + 1; pos-- > lowest;) {
     if (base[pos] == 'P' && Le32(base + pos) == kEndOfCentralDirSig &&
         pos + kEndOfCentralDirSize + Le16(base + pos + 20) == size) {
-      eocd = pos;
-      found = true;
-      break;
+      return pos;
     }
   }
-  if (!found) {
-    return data_loss("no end of central directory record (not a zip archive, or truncated)");
-  }
-  const uint8_t* e = base + eocd;
-  uint16_t disk = Le16(e + 4), cd_disk = Le16(e + 6);
-  uint64_t entries_disk = Le16(e + 8), entries = Le16(e + 10);
-  uint64_t cd_size = Le32(e + 12), cd_offset = Le32(e + 16);
-  uint64_t records_end_limit = eocd;  // nothing of the central directory may pass this
+  return ArchiveDataLoss(archive, "no end of central directory record (not a zip archive, or truncated)");
+}
 
-  // Zip64 end of central directory locator and record.
+// Reads the zip64 end of central directory record that the locator just
+// before the classic record (at `eocd`) points to, checks it against the
+// classic fields in `records` and substitutes its 64-bit values.
+absl::Status ReadZip64EndRecord(const uint8_t* base, uint64_t eocd, const std::string& archive,
+                                EndRecords* records) {
+  const uint8_t* loc = base + eocd - kZip64LocatorSize;
+  uint32_t z64_disk = Le32(loc + 4);
+  uint64_t z64_offset = Le64(loc + 8);
+  uint32_t total_disks = Le32(loc + 16);
+  if (z64_disk != 0 || total_disks > 1) return MultiDiskError(archive);
+  const uint64_t locator_pos = eocd - kZip64LocatorSize;
+  if (z64_offset > locator_pos || locator_pos - z64_offset < kZip64EndOfCentralDirSize) {
+    return ArchiveDataLoss(archive, "zip64 end of central directory record at offset ", z64_offset,
+                           " does not fit before its locator at offset ", locator_pos);
+  }
+  const uint8_t* z = base + z64_offset;
+  if (Le32(z) != kZip64EndOfCentralDirSig) {
+    return ArchiveDataLoss(archive, "bad zip64 end of central directory signature at offset ", z64_offset);
+  }
+  uint64_t record_size = Le64(z + 4);
+  uint64_t record_end;
+  if (record_size < kZip64EndOfCentralDirSize - 12 || !AddOk(z64_offset + 12, record_size, &record_end) ||
+      record_end > locator_pos) {
+    return ArchiveDataLoss(archive, "zip64 end of central directory record size ", record_size, " is inconsistent");
+  }
+  uint32_t z_disk = Le32(z + 16), z_cd_disk = Le32(z + 20);
+  uint64_t z_entries_disk = Le64(z + 24), z_entries = Le64(z + 32);
+  uint64_t z_cd_size = Le64(z + 40), z_cd_offset = Le64(z + 48);
+  if (z_disk != 0 || z_cd_disk != 0) return MultiDiskError(archive);
+  // Classic fields are either saturated or equal to the zip64 ones.
+  EndRecords& r = *records;
+  if ((r.entries_disk != kMax16 && r.entries_disk != z_entries_disk) || (r.entries != kMax16 && r.entries != z_entries) ||
+      (r.cd_size != kMax32 && r.cd_size != z_cd_size) || (r.cd_offset != kMax32 && r.cd_offset != z_cd_offset)) {
+    return ArchiveDataLoss(archive, "end of central directory and zip64 end of central directory records disagree");
+  }
+  r.entries_disk = z_entries_disk;
+  r.entries = z_entries;
+  r.cd_size = z_cd_size;
+  r.cd_offset = z_cd_offset;
+  r.records_end_limit = z64_offset;
+  return absl::OkStatus();
+}
+
+// Where the central directory lies: [offset, end), and how many entries it
+// holds, as the end records give them, bounded by the archive and the options.
+struct CentralDirectoryExtent {
+  uint64_t offset = 0, end = 0, entries = 0;
+};
+
+absl::StatusOr<CentralDirectoryExtent> LocateCentralDirectory(const uint8_t* base, uint64_t size,
+                                                              const std::string& archive,
+                                                              const ZipReadOptions& options) {
+  absl::StatusOr<uint64_t> eocd_or = FindEndOfCentralDirectory(base, size, archive);
+  if (!eocd_or.ok()) return eocd_or.status();
+  const uint64_t eocd = *eocd_or;
+  const uint8_t* e = base + eocd;
+  EndRecords r;
+  r.disk = Le16(e + 4);
+  r.cd_disk = Le16(e + 6);
+  r.entries_disk = Le16(e + 8);
+  r.entries = Le16(e + 10);
+  r.cd_size = Le32(e + 12);
+  r.cd_offset = Le32(e + 16);
+  r.records_end_limit = eocd;
+
   if (eocd >= kZip64LocatorSize && Le32(base + eocd - kZip64LocatorSize) == kZip64LocatorSig) {
-    const uint8_t* loc = base + eocd - kZip64LocatorSize;
-    uint32_t z64_disk = Le32(loc + 4);
-    uint64_t z64_offset = Le64(loc + 8);
-    uint32_t total_disks = Le32(loc + 16);
-    if (z64_disk != 0 || total_disks > 1) {
-      return absl::InvalidArgumentError(absl::StrCat(name_, ": multi-disk zip archives are not supported"));
-    }
-    const uint64_t locator_pos = eocd - kZip64LocatorSize;
-    if (z64_offset > locator_pos || locator_pos - z64_offset < kZip64EndOfCentralDirSize) {
-      return data_loss("zip64 end of central directory record at offset ", z64_offset,
-                       " does not fit before its locator at offset ", locator_pos);
-    }
-    const uint8_t* z = base + z64_offset;
-    if (Le32(z) != kZip64EndOfCentralDirSig) {
-      return data_loss("bad zip64 end of central directory signature at offset ", z64_offset);
-    }
-    uint64_t record_size = Le64(z + 4);
-    uint64_t record_end;
-    if (record_size < kZip64EndOfCentralDirSize - 12 || !AddOk(z64_offset + 12, record_size, &record_end) ||
-        record_end > locator_pos) {
-      return data_loss("zip64 end of central directory record size ", record_size, " is inconsistent");
-    }
-    uint32_t z_disk = Le32(z + 16), z_cd_disk = Le32(z + 20);
-    uint64_t z_entries_disk = Le64(z + 24), z_entries = Le64(z + 32);
-    uint64_t z_cd_size = Le64(z + 40), z_cd_offset = Le64(z + 48);
-    if (z_disk != 0 || z_cd_disk != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(name_, ": multi-disk zip archives are not supported"));
-    }
-    // Classic fields are either saturated or equal to the zip64 ones.
-    if ((entries_disk != kMax16 && entries_disk != z_entries_disk) || (entries != kMax16 && entries != z_entries) ||
-        (cd_size != kMax32 && cd_size != z_cd_size) || (cd_offset != kMax32 && cd_offset != z_cd_offset)) {
-      return data_loss("end of central directory and zip64 end of central directory records disagree");
-    }
-    entries_disk = z_entries_disk;
-    entries = z_entries;
-    cd_size = z_cd_size;
-    cd_offset = z_cd_offset;
-    records_end_limit = z64_offset;
-  } else if (disk != 0 || cd_disk != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(name_, ": multi-disk zip archives are not supported"));
+    absl::Status s = ReadZip64EndRecord(base, eocd, archive, &r);
+    if (!s.ok()) return s;
+  } else if (r.disk != 0 || r.cd_disk != 0) {
+    return MultiDiskError(archive);
   }
-  if (entries_disk != entries) {
-    return absl::InvalidArgumentError(absl::StrCat(name_, ": multi-disk zip archives are not supported"));
+  if (r.entries_disk != r.entries) return MultiDiskError(archive);
+  CentralDirectoryExtent cd;
+  if (!AddOk(r.cd_offset, r.cd_size, &cd.end) || cd.end > r.records_end_limit) {
+    return ArchiveDataLoss(archive, "central directory (offset ", r.cd_offset, ", ", r.cd_size,
+                           " bytes) extends past the end records at offset ", r.records_end_limit);
   }
-  uint64_t cd_end;
-  if (!AddOk(cd_offset, cd_size, &cd_end) || cd_end > records_end_limit) {
-    return data_loss("central directory (offset ", cd_offset, ", ", cd_size,
-                     " bytes) extends past the end records at offset ", records_end_limit);
+  if (r.entries > r.cd_size / kCentralHeaderSize) {
+    return ArchiveDataLoss(archive, "central directory of ", r.cd_size, " bytes cannot hold ", r.entries, " records");
   }
-  if (entries > cd_size / kCentralHeaderSize) {
-    return data_loss("central directory of ", cd_size, " bytes cannot hold ", entries, " records");
-  }
-  if (entries > options.max_records) {
+  if (r.entries > options.max_records) {
     return absl::ResourceExhaustedError(
-        absl::StrCat(name_, ": ", entries, " records exceed the limit of ", options.max_records));
+        absl::StrCat(archive, ": ", r.entries, " records exceed the limit of ", options.max_records));
   }
-  cd_offset_ = cd_offset;
+  cd.offset = r.cd_offset;
+  cd.entries = r.entries;
+  return cd;
+}
+
+// Parses central directory entry `i` at `pos` (before `cd_end`) into
+// `record`; `*entry_size` is its length with the variable fields.
+absl::Status ParseCentralEntry(const uint8_t* base, uint64_t pos, uint64_t cd_end, uint64_t i, uint64_t entries,
+                               const std::string& archive, ZipRecord* record, uint64_t* entry_size) {
+  if (cd_end - pos < kCentralHeaderSize) {
+    return ArchiveDataLoss(archive, "central directory truncated in entry ", i, " of ", entries);
+  }
+  const uint8_t* h = base + pos;
+  if (Le32(h) != kCentralHeaderSig) {
+    return ArchiveDataLoss(archive, "bad central directory signature for entry ", i, " at offset ", pos);
+  }
+  ZipRecord& r = *record;
+  r.flags = Le16(h + 8);
+  uint16_t method = Le16(h + 10);
+  r.crc32 = Le32(h + 16);
+  uint64_t csize = Le32(h + 20), usize = Le32(h + 24);
+  uint16_t name_len = Le16(h + 28), extra_len = Le16(h + 30), comment_len = Le16(h + 32);
+  uint32_t disk_start = Le16(h + 34);
+  r.header_offset = Le32(h + 42);
+  uint64_t var_len = uint64_t{name_len} + extra_len + comment_len;
+  if (cd_end - pos - kCentralHeaderSize < var_len) {
+    return ArchiveDataLoss(archive, "central directory entry ", i, " overruns the central directory");
+  }
+  r.name.assign(reinterpret_cast<const char*>(h + kCentralHeaderSize), name_len);
+  const std::string where = absl::StrCat(archive, ": record '", r.name, "'");
+  Zip64Field z64;
+  absl::Status s = FindZip64Field(h + kCentralHeaderSize + name_len, extra_len, &z64, where);
+  if (!s.ok()) return s;
+  Zip64Values values(z64, where);
+  if (!(s = values.Resolve(&usize, usize == kMax32, "uncompressed size")).ok()) return s;
+  if (!(s = values.Resolve(&csize, csize == kMax32, "compressed size")).ok()) return s;
+  if (!(s = values.Resolve(&r.header_offset, r.header_offset == kMax32, "local header offset")).ok()) return s;
+  if (!(s = values.Resolve32(&disk_start, disk_start == kMax16, "disk number")).ok()) return s;
+  if (r.flags & kFlagEncrypted) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": encrypted records are not supported"));
+  }
+  if (method != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": unsupported compression method ", method, " (only stored, 0, is supported)"));
+  }
+  if (disk_start != 0) return MultiDiskError(where);
+  if (csize != usize) {
+    return absl::DataLossError(
+        absl::StrCat(where, ": stored record has compressed size ", csize, " != uncompressed size ", usize));
+  }
+  r.size = usize;
+  *entry_size = kCentralHeaderSize + var_len;
+  return absl::OkStatus();
+}
+
+// Finds the end of a record's data descriptor, which follows its data at
+// `data_end`: an optional signature, the CRC, then 32-bit sizes, or 64-bit
+// ones when the local header carries a zip64 field (miniz's rule; the other
+// width is tried too). It must agree with the central directory.
+absl::StatusOr<uint64_t> DataDescriptorEnd(const uint8_t* base, uint64_t data_end, uint64_t cd_offset,
+                                           bool local_zip64, const ZipRecord& r, const std::string& where) {
+  uint64_t p = data_end;
+  if (cd_offset - p >= 4 && Le32(base + p) == kDataDescriptorSig) p += 4;
+  const uint64_t avail = cd_offset - p;
+  uint64_t len = 0;
+  for (int wide = local_zip64 ? 1 : 0, tries = 0; tries < 2; ++tries, wide ^= 1) {
+    len = wide ? 20 : 12;
+    if (avail < len) continue;
+    const uint8_t* d = base + p;
+    uint64_t dc = wide ? Le64(d + 4) : Le32(d + 4);
+    uint64_t du = wide ? Le64(d + 12) : Le32(d + 8);
+    if (Le32(d) == r.crc32 && dc == r.size && du == r.size) return p + len;
+  }
+  return absl::DataLossError(absl::StrCat(where, ": data descriptor at offset ", data_end,
+                                          " is missing or disagrees with the central directory"));
+}
+
+// Checks a record's local header against its central directory entry and
+// sets its data offset; returns where the record (data descriptor included)
+// ends. Everything must lie before the central directory at `cd_offset`.
+absl::StatusOr<uint64_t> CheckLocalHeader(const uint8_t* base, uint64_t cd_offset, const std::string& archive,
+                                          ZipRecord* record) {
+  ZipRecord& r = *record;
+  const std::string where = absl::StrCat(archive, ": record '", r.name, "'");
+  if (r.header_offset > cd_offset || cd_offset - r.header_offset < kLocalHeaderSize) {
+    return absl::DataLossError(absl::StrCat(where, ": local header at offset ", r.header_offset,
+                                            " is not before the central directory at offset ", cd_offset));
+  }
+  const uint8_t* h = base + r.header_offset;
+  if (Le32(h) != kLocalHeaderSig) {
+    return absl::DataLossError(absl::StrCat(where, ": bad local header signature at offset ", r.header_offset));
+  }
+  uint16_t flags = Le16(h + 6), method = Le16(h + 8);
+  uint32_t crc = Le32(h + 14);
+  uint64_t csize = Le32(h + 18), usize = Le32(h + 22);
+  uint16_t name_len = Le16(h + 26), extra_len = Le16(h + 28);
+  uint64_t data_offset = r.header_offset + kLocalHeaderSize + name_len + extra_len;
+  uint64_t data_end;
+  if (data_offset > cd_offset || !AddOk(data_offset, r.size, &data_end) || data_end > cd_offset) {
+    return absl::DataLossError(absl::StrCat(where, ": data (", r.size, " bytes at offset ", data_offset,
+                                            ") extends past the start of the central directory at offset ",
+                                            cd_offset));
+  }
+  if (name_len != r.name.size() || std::memcmp(h + kLocalHeaderSize, r.name.data(), name_len) != 0) {
+    return absl::DataLossError(absl::StrCat(where, ": local header names '",
+                                            std::string(reinterpret_cast<const char*>(h + kLocalHeaderSize), name_len),
+                                            "'"));
+  }
+  if (method != 0 || (flags & kFlagDataDescriptor) != (r.flags & kFlagDataDescriptor)) {
+    return absl::DataLossError(absl::StrCat(where, ": local header (method ", method, ", flags 0x", absl::Hex(flags),
+                                            ") disagrees with the central directory (flags 0x", absl::Hex(r.flags), ")"));
+  }
+  Zip64Field z64;
+  absl::Status s = FindZip64Field(h + kLocalHeaderSize + name_len, extra_len, &z64, where);
+  if (!s.ok()) return s;
+  // With a data descriptor, miniz leaves CRC and sizes 0 here; otherwise
+  // they must match the central directory.
+  const bool deferred = (flags & kFlagDataDescriptor) && crc == 0 && csize == 0 && usize == 0;
+  if (!deferred) {
+    Zip64Values values(z64, where);
+    if (!(s = values.Resolve(&usize, usize == kMax32, "local uncompressed size")).ok()) return s;
+    if (!(s = values.Resolve(&csize, csize == kMax32, "local compressed size")).ok()) return s;
+    if (crc != r.crc32 || usize != r.size || csize != r.size) {
+      return absl::DataLossError(absl::StrFormat(
+          "%s: local header (crc %08x, sizes %d/%d) disagrees with the central directory (crc %08x, size %d)",
+          where, crc, csize, usize, r.crc32, r.size));
+    }
+  }
+  uint64_t end = data_end;
+  if (flags & kFlagDataDescriptor) {
+    absl::StatusOr<uint64_t> descriptor_end = DataDescriptorEnd(base, data_end, cd_offset, z64.present, r, where);
+    if (!descriptor_end.ok()) return descriptor_end.status();
+    end = *descriptor_end;
+  }
+  r.data_offset = data_offset;
+  return end;
+}
+
+// A record's bytes in the archive, local header to data descriptor.
+struct RecordExtent {
+  uint64_t begin, end;
+  size_t index;
+};
+
+// Checks that no two records' extents overlap (sorts `extents`).
+absl::Status CheckNoOverlap(std::vector<RecordExtent>& extents, const std::vector<ZipRecord>& records,
+                            const std::string& archive) {
+  std::sort(extents.begin(), extents.end(),
+            [](const RecordExtent& a, const RecordExtent& b) { return a.begin < b.begin; });
+  for (size_t i = 1; i < extents.size(); ++i) {
+    if (extents[i].begin < extents[i - 1].end) {
+      return ArchiveDataLoss(archive, "records '", records[extents[i - 1].index].name, "' and '",
+                             records[extents[i].index].name, "' overlap");
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+// Parses in phases: locate the central directory from the end records, read
+// its entries, check each local header against its entry, check that no two
+// records overlap.
+absl::Status ZipReader::Parse(const ZipReadOptions& options) {
+  const uint8_t* base = archive_.data();
+  absl::StatusOr<CentralDirectoryExtent> cd = LocateCentralDirectory(base, archive_.size(), name_, options);
+  if (!cd.ok()) return cd.status();
+  cd_offset_ = cd->offset;
 
   // Central directory.
-  records_.reserve(entries);
-  by_name_.reserve(entries);
-  uint64_t pos = cd_offset;
-  for (uint64_t i = 0; i < entries; ++i) {
-    if (cd_end - pos < kCentralHeaderSize) {
-      return data_loss("central directory truncated in entry ", i, " of ", entries);
-    }
-    const uint8_t* h = base + pos;
-    if (Le32(h) != kCentralHeaderSig) {
-      return data_loss("bad central directory signature for entry ", i, " at offset ", pos);
-    }
+  records_.reserve(cd->entries);
+  by_name_.reserve(cd->entries);
+  uint64_t pos = cd->offset;
+  for (uint64_t i = 0; i < cd->entries; ++i) {
     ZipRecord r;
-    r.flags = Le16(h + 8);
-    uint16_t method = Le16(h + 10);
-    r.crc32 = Le32(h + 16);
-    uint64_t csize = Le32(h + 20), usize = Le32(h + 24);
-    uint16_t name_len = Le16(h + 28), extra_len = Le16(h + 30), comment_len = Le16(h + 32);
-    uint32_t disk_start = Le16(h + 34);
-    r.header_offset = Le32(h + 42);
-    uint64_t var_len = uint64_t{name_len} + extra_len + comment_len;
-    if (cd_end - pos - kCentralHeaderSize < var_len) {
-      return data_loss("central directory entry ", i, " overruns the central directory");
-    }
-    r.name.assign(reinterpret_cast<const char*>(h + kCentralHeaderSize), name_len);
-    const std::string where = absl::StrCat(name_, ": record '", r.name, "'");
-    Zip64Field z64;
-    absl::Status s = FindZip64Field(h + kCentralHeaderSize + name_len, extra_len, &z64, where);
+    uint64_t entry_size = 0;
+    absl::Status s = ParseCentralEntry(base, pos, cd->end, i, cd->entries, name_, &r, &entry_size);
     if (!s.ok()) return s;
-    Zip64Values values(z64, where);
-    if (!(s = values.Resolve(&usize, usize == kMax32, "uncompressed size")).ok()) return s;
-    if (!(s = values.Resolve(&csize, csize == kMax32, "compressed size")).ok()) return s;
-    if (!(s = values.Resolve(&r.header_offset, r.header_offset == kMax32, "local header offset")).ok()) return s;
-    if (!(s = values.Resolve32(&disk_start, disk_start == kMax16, "disk number")).ok()) return s;
-    if (r.flags & kFlagEncrypted) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": encrypted records are not supported"));
-    }
-    if (method != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": unsupported compression method ", method, " (only stored, 0, is supported)"));
-    }
-    if (disk_start != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": multi-disk zip archives are not supported"));
-    }
-    if (csize != usize) {
-      return absl::DataLossError(
-          absl::StrCat(where, ": stored record has compressed size ", csize, " != uncompressed size ", usize));
-    }
-    r.size = usize;
     if (!by_name_.emplace(r.name, records_.size()).second) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": duplicate record name"));
+      return absl::InvalidArgumentError(absl::StrCat(name_, ": record '", r.name, "': duplicate record name"));
     }
     records_.push_back(std::move(r));
-    pos += kCentralHeaderSize + var_len;
+    pos += entry_size;
   }
-  if (pos != cd_end) {
-    return data_loss("central directory has ", cd_end - pos, " bytes after its ", entries, " entries");
+  if (pos != cd->end) {
+    return ArchiveDataLoss(name_, "central directory has ", cd->end - pos, " bytes after its ", cd->entries,
+                           " entries");
   }
 
   // Local headers, checked against the central directory; record extents.
-  struct Extent {
-    uint64_t begin, end;
-    size_t index;
-  };
-  std::vector<Extent> extents;
+  std::vector<RecordExtent> extents;
   extents.reserve(records_.size());
   for (size_t i = 0; i < records_.size(); ++i) {
-    ZipRecord& r = records_[i];
-    const std::string where = absl::StrCat(name_, ": record '", r.name, "'");
-    if (r.header_offset > cd_offset || cd_offset - r.header_offset < kLocalHeaderSize) {
-      return absl::DataLossError(absl::StrCat(where, ": local header at offset ", r.header_offset,
-                                              " is not before the central directory at offset ", cd_offset));
-    }
-    const uint8_t* h = base + r.header_offset;
-    if (Le32(h) != kLocalHeaderSig) {
-      return absl::DataLossError(absl::StrCat(where, ": bad local header signature at offset ", r.header_offset));
-    }
-    uint16_t flags = Le16(h + 6), method = Le16(h + 8);
-    uint32_t crc = Le32(h + 14);
-    uint64_t csize = Le32(h + 18), usize = Le32(h + 22);
-    uint16_t name_len = Le16(h + 26), extra_len = Le16(h + 28);
-    uint64_t data_offset = r.header_offset + kLocalHeaderSize + name_len + extra_len;
-    uint64_t data_end;
-    if (data_offset > cd_offset || !AddOk(data_offset, r.size, &data_end) || data_end > cd_offset) {
-      return absl::DataLossError(absl::StrCat(where, ": data (", r.size, " bytes at offset ", data_offset,
-                                              ") extends past the start of the central directory at offset ",
-                                              cd_offset));
-    }
-    if (name_len != r.name.size() || std::memcmp(h + kLocalHeaderSize, r.name.data(), name_len) != 0) {
-      return absl::DataLossError(absl::StrCat(where, ": local header names '",
-                                              std::string(reinterpret_cast<const char*>(h + kLocalHeaderSize), name_len),
-                                              "'"));
-    }
-    if (method != 0 || (flags & kFlagDataDescriptor) != (r.flags & kFlagDataDescriptor)) {
-      return absl::DataLossError(absl::StrCat(where, ": local header (method ", method, ", flags 0x", absl::Hex(flags),
-                                              ") disagrees with the central directory (flags 0x", absl::Hex(r.flags), ")"));
-    }
-    Zip64Field z64;
-    absl::Status s = FindZip64Field(h + kLocalHeaderSize + name_len, extra_len, &z64, where);
-    if (!s.ok()) return s;
-    // With a data descriptor, miniz leaves CRC and sizes 0 here; otherwise
-    // they must match the central directory.
-    const bool deferred = (flags & kFlagDataDescriptor) && crc == 0 && csize == 0 && usize == 0;
-    if (!deferred) {
-      Zip64Values values(z64, where);
-      if (!(s = values.Resolve(&usize, usize == kMax32, "local uncompressed size")).ok()) return s;
-      if (!(s = values.Resolve(&csize, csize == kMax32, "local compressed size")).ok()) return s;
-      if (crc != r.crc32 || usize != r.size || csize != r.size) {
-        return absl::DataLossError(absl::StrFormat(
-            "%s: local header (crc %08x, sizes %d/%d) disagrees with the central directory (crc %08x, size %d)",
-            where, crc, csize, usize, r.crc32, r.size));
-      }
-    }
-    uint64_t end = data_end;
-    if (flags & kFlagDataDescriptor) {
-      // Optional signature, CRC, then 32-bit sizes, or 64-bit ones when the
-      // local header carries a zip64 field (miniz's rule).
-      uint64_t p = data_end;
-      if (cd_offset - p >= 4 && Le32(base + p) == kDataDescriptorSig) p += 4;
-      const uint64_t avail = cd_offset - p;
-      bool ok = false;
-      uint64_t len = 0;
-      for (int wide = z64.present ? 1 : 0, tries = 0; tries < 2; ++tries, wide ^= 1) {
-        len = wide ? 20 : 12;
-        if (avail < len) continue;
-        const uint8_t* d = base + p;
-        uint64_t dc = wide ? Le64(d + 4) : Le32(d + 4);
-        uint64_t du = wide ? Le64(d + 12) : Le32(d + 8);
-        if (Le32(d) == r.crc32 && dc == r.size && du == r.size) {
-          ok = true;
-          break;
-        }
-      }
-      if (!ok) {
-        return absl::DataLossError(absl::StrCat(where, ": data descriptor at offset ", data_end,
-                                                " is missing or disagrees with the central directory"));
-      }
-      end = p + len;
-    }
-    r.data_offset = data_offset;
-    extents.push_back({r.header_offset, end, i});
+    absl::StatusOr<uint64_t> end = CheckLocalHeader(base, cd->offset, name_, &records_[i]);
+    if (!end.ok()) return end.status();
+    extents.push_back({records_[i].header_offset, *end, i});
   }
-  std::sort(extents.begin(), extents.end(), [](const Extent& a, const Extent& b) { return a.begin < b.begin; });
-  for (size_t i = 1; i < extents.size(); ++i) {
-    if (extents[i].begin < extents[i - 1].end) {
-      return data_loss("records '", records_[extents[i - 1].index].name, "' and '", records_[extents[i].index].name,
-                       "' overlap");
-    }
-  }
+  absl::Status s = CheckNoOverlap(extents, records_, name_);
+  if (!s.ok()) return s;
   crc_ok_ = std::shared_ptr<std::atomic<uint8_t>[]>(new std::atomic<uint8_t>[records_.size()]);
   for (size_t i = 0; i < records_.size(); ++i) crc_ok_[i].store(0, std::memory_order_relaxed);
   return absl::OkStatus();

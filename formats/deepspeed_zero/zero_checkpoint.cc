@@ -50,15 +50,191 @@ using pickle::Kind;
 using pickle::Value;
 using pickle::ValuePtr;
 
+// The checkpoint files of a tag folder, by kind (the names
+// ParseCheckpointFileName recognizes; anything else is not the checkpoint's).
+struct FolderScan {
+  std::vector<std::string> names;       // every entry of the folder
+  std::vector<std::string> files;       // the checkpoint's: mp_rank, optimizer and layer files
+  std::set<int> mp_ranks;
+  std::map<int, std::set<int>> optim_dp;  // mp rank -> dp ranks
+  std::set<int> bf16_values;              // 1: bf16_zero_pp_rank_*, 0: zero_pp_rank_*
+  std::set<int> layer_tp;
+  std::map<std::pair<int, int>, std::string> layer_paths;  // (layer, tp) -> path
+  std::vector<std::string> zero3;                          // ZeRO-3 model state files
+};
 
+// Lists the tag folder `dir` and sorts its files by kind.
+absl::StatusOr<FolderScan> ScanTagFolder(const std::string& dir) {
+  FolderScan scan;
+  UCP_ASSIGN_OR_RETURN(scan.names, ListDirectory(dir));
+  for (const auto& n : scan.names) {
+    auto parsed = deepspeed::ParseCheckpointFileName(n);
+    if (!parsed) continue;
+    switch (parsed->type) {
+      case deepspeed::CheckpointFileName::Type::kMpRank:
+        scan.mp_ranks.insert(parsed->mp_rank);
+        scan.files.push_back(n);
+        break;
+      case deepspeed::CheckpointFileName::Type::kOptim:
+        scan.optim_dp[parsed->mp_rank].insert(parsed->dp_rank);
+        scan.bf16_values.insert(parsed->bf16_prefix ? 1 : 0);
+        scan.files.push_back(n);
+        break;
+      case deepspeed::CheckpointFileName::Type::kLayer:
+        scan.layer_paths[{parsed->layer, parsed->tp_rank}] = JoinPath(dir, n);
+        scan.layer_tp.insert(parsed->tp_rank);
+        scan.files.push_back(n);
+        break;
+      case deepspeed::CheckpointFileName::Type::kZero3Model:
+        scan.zero3.push_back(n);
+        break;
+    }
+  }
+  return scan;
+}
 
+// Refuses a folder that is not a ZeRO stage 1/2 (or bf16 optimizer)
+// checkpoint: ZeRO-3 and mixture-of-experts files (other formats read
+// those), no mp_rank files, mixed bf16_ and plain optimizer file names, no
+// optimizer files.
+absl::Status CheckIsZero12Folder(const std::string& dir, const FolderScan& scan, const deepspeed::ReadOptions& read) {
+  if (!scan.zero3.empty()) {
+    // formats/deepspeed_zero3/ reads these (the registry picks it).
+    return absl::InvalidArgumentError(absl::StrCat(dir, ": a ZeRO stage 3 checkpoint (found ", scan.zero3.front(),
+                                                   "), not a ZeRO stage 1/2 one"));
+  }
+  // Mixture-of-experts checkpoints keep experts in files of their own
+  // (engine.py _get_expert_ckpt_name / _get_optimizer_ckpt_name with
+  // expp_rank); converting the rest alone would silently drop them.
+  for (const auto& n : scan.names) {
+    if (absl::StrContains(n, "_expert_") || absl::StartsWith(n, "expp_rank_")) {
+      std::string version = "unknown";
+      if (auto f = torch::TorchFile::Open(JoinPath(dir, deepspeed::MpRankFileName(0)), read.Files()); f.ok()) {
+        const Value* v = (*f)->root()->is(Kind::kDict) ? (*f)->root()->DictGet("ds_version") : nullptr;
+        if (v != nullptr && v->is(Kind::kStr)) version = v->str();
+      }
+      // formats/deepspeed_moe/ reads these (the registry picks it).
+      return absl::InvalidArgumentError(absl::StrCat(
+          dir, ": DeepSpeed ", version, " native mixture-of-experts checkpoint (found ", n,
+          "; experts in layer_L_expert_E files), not a ZeRO stage 1/2 one without experts"));
+    }
+  }
+  if (scan.mp_ranks.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        dir, ": unrecognized checkpoint layout: expected mp_rank_XX_model_states.pt files (DeepSpeed ZeRO 1/2), found ",
+        scan.names.empty() ? "an empty folder"
+                           : absl::StrCat(scan.names.size(), " other entries, e.g. '", scan.names.front(), "'")));
+  }
+  if (scan.bf16_values.size() > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(dir, ": mixes bf16_zero_pp_rank_* and zero_pp_rank_* files"));
+  }
+  if (scan.optim_dp.empty()) {
+    return absl::NotFoundError(absl::StrCat(dir, ": no *zero_pp_rank_*_optim_states.pt files: ucp reads ZeRO stage 1/2 "
+                                            "and bf16 optimizer checkpoints"));
+  }
+  return absl::OkStatus();
+}
 
+// Checks that the optimizer files are exactly dp ranks 0..dp-1 of every mp
+// rank of the topology the model states give.
+absl::Status CheckOptimFilesComplete(const std::string& dir, const state::Topology& topo,
+                                     std::map<int, std::set<int>> optim_dp, bool bf16_prefix) {
+  const int mp = topo.mp_world_size();
+  for (int r = 0; r < mp; ++r) {
+    for (int d = 0; d < topo.dp; ++d) {
+      if (!optim_dp[r].count(d)) {
+        return absl::NotFoundError(absl::StrCat(JoinPath(dir, deepspeed::OptimFileName(d, r, bf16_prefix)),
+                                                ": missing (dp_world_size ", topo.dp, " in ",
+                                                deepspeed::MpRankFileName(r), ")"));
+      }
+    }
+    for (int d : optim_dp[r]) {
+      if (d >= topo.dp) {
+        return absl::InvalidArgumentError(absl::StrCat(JoinPath(dir, deepspeed::OptimFileName(d, r, bf16_prefix)),
+                                                       ": dp rank ", d, " but dp_world_size is ", topo.dp));
+      }
+    }
+  }
+  for (const auto& [r, dps] : optim_dp) {
+    if (r >= mp) {
+      return absl::InvalidArgumentError(absl::StrCat(dir, ": optimizer files for mp rank ", r, " but only ", mp,
+                                                     " mp_rank_*_model_states.pt files"));
+    }
+  }
+  return absl::OkStatus();
+}
 
+using StageLayouts = std::vector<std::vector<std::vector<deepspeed::ZeroGroupLayout>>>;  // [pp][tp][group]
 
+// The partition layout of every (stage, tp rank, group), from param_shapes,
+// in the default padding convention.
+StageLayouts MakeLayouts(const deepspeed::ModelStatesFiles& ms, const state::Topology& topo, int num_groups) {
+  StageLayouts layouts(topo.pp, std::vector<std::vector<deepspeed::ZeroGroupLayout>>(topo.tp));
+  for (int s = 0; s < topo.pp; ++s) {
+    for (int t = 0; t < topo.tp; ++t) {
+      for (int g = 0; g < num_groups; ++g) {
+        std::vector<int64_t> numels;
+        for (const auto& [name, shape] : ms.Shapes(s, t, g)) numels.push_back(Numel(shape));
+        layouts[s][t].push_back(deepspeed::ZeroGroupLayout::Make(std::move(numels), topo.dp));
+      }
+    }
+  }
+  return layouts;
+}
 
+// The same layouts in padding convention `convention`.
+void RemakeLayouts(StageLayouts& layouts, int dp, deepspeed::PaddingConvention convention) {
+  for (auto& per_tp : layouts) {
+    for (auto& per_group : per_tp) {
+      for (auto& layout : per_group) {
+        std::vector<int64_t> numels;
+        for (int i = 0; i < layout.num_params(); ++i) numels.push_back(layout.param_numel(i));
+        layout = deepspeed::ZeroGroupLayout::Make(std::move(numels), dp, convention);
+      }
+    }
+  }
+}
 
+// The optimizer's kind and ZeRO stage, as zero_pp_rank_0_mp_rank_00 tells
+// them: a bf16 optimizer's state has neither zero_stage nor loss_scaler;
+// the stage is the state's zero_stage, else the ds_config's, else
+// `default_stage`.
+struct OptimizerStage {
+  state::OptimizerKind kind = state::OptimizerKind::kZero;
+  int zero_stage = 1;
+};
 
+absl::StatusOr<OptimizerStage> ReadOptimizerStage(const OptimFile& first, const deepspeed::ModelStatesFiles& ms,
+                                                  int default_stage) {
+  OptimizerStage out;
+  out.zero_stage = default_stage;
+  out.kind = first.optimizer_state_dict->DictGet("zero_stage") == nullptr &&
+                     first.optimizer_state_dict->DictGet("loss_scaler") == nullptr
+                 ? state::OptimizerKind::kBf16
+                 : state::OptimizerKind::kZero;
+  if (const Value* zs = first.optimizer_state_dict->DictGet("zero_stage")) {
+    UCP_ASSIGN_OR_RETURN(out.zero_stage, pickle::AsZeroStage(*zs, "optimizer_state_dict.zero_stage"),
+                         _.Prepend(first.path + ": "));
+  } else if (const Value* st = DictPath(ms.file(0, 0).root().get(), {"ds_config", "zero_optimization", "stage"})) {
+    if (st->is(Kind::kInt)) out.zero_stage = static_cast<int>(st->int_value());
+  }
+  if (out.zero_stage == 3) {
+    return FileError(first.path, absl::StatusCode::kUnimplemented,
+                     "records ZeRO stage 3 but has the stage 1/2 layout (mp_rank_XX_model_states.pt): not a layout "
+                     "any DeepSpeed version writes");
+  }
+  return out;
+}
 
+// ds_version: the optimizer state's, the optimizer file's, or mp_rank_00's
+// ("" when none records it).
+std::string ReadDsVersion(const OptimFile& first, const deepspeed::ModelStatesFiles& ms) {
+  for (const Value* v : {first.optimizer_state_dict->DictGet("ds_version"), first.file->root()->DictGet("ds_version"),
+                         ms.file(0, 0).root()->DictGet("ds_version")}) {
+    if (v != nullptr && v->is(Kind::kStr)) return v->str();
+  }
+  return "";
+}
 
 // A scalar optimizer state as text, for comparing shards (a 0-dim tensor by
 // its dtype and value).
@@ -128,72 +304,20 @@ absl::StatusOr<std::unique_ptr<ZeroCheckpoint>> ZeroCheckpoint::OpenImpl(const s
   return c;
 }
 
+// Loads in phases: sort the folder's files by kind and refuse other formats,
+// open the model states (topology, params), check the optimizer files are
+// complete, lay out the partitions, parse zero_pp_rank_0_mp_rank_00 for what
+// every optimizer file shares (kind, stage, ds_version, padding convention,
+// state keys), then read the module layout and check it against the files.
 absl::Status ZeroCheckpoint::Load(const std::vector<ModuleEntry>* module_entries) {
-  UCP_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirectory(dir_));
-  std::set<int> mp_ranks;
-  std::map<int, std::set<int>> optim_dp;  // mp rank -> dp ranks
-  std::set<int> bf16_values;
-  std::set<int> layer_tp;
-  std::vector<std::string> zero3;
-  for (const auto& n : names) {
-    auto parsed = deepspeed::ParseCheckpointFileName(n);
-    if (!parsed) continue;
-    switch (parsed->type) {
-      case deepspeed::CheckpointFileName::Type::kMpRank:
-        mp_ranks.insert(parsed->mp_rank);
-        files_.push_back(n);
-        break;
-      case deepspeed::CheckpointFileName::Type::kOptim:
-        optim_dp[parsed->mp_rank].insert(parsed->dp_rank);
-        bf16_values.insert(parsed->bf16_prefix ? 1 : 0);
-        files_.push_back(n);
-        break;
-      case deepspeed::CheckpointFileName::Type::kLayer:
-        layer_paths_[{parsed->layer, parsed->tp_rank}] = JoinPath(dir_, n);
-        layer_tp.insert(parsed->tp_rank);
-        files_.push_back(n);
-        break;
-      case deepspeed::CheckpointFileName::Type::kZero3Model:
-        zero3.push_back(n);
-        break;
-    }
-  }
-  if (!zero3.empty()) {
-    // formats/deepspeed_zero3/ reads these (the registry picks it).
-    return absl::InvalidArgumentError(absl::StrCat(dir_, ": a ZeRO stage 3 checkpoint (found ", zero3.front(),
-                                                   "), not a ZeRO stage 1/2 one"));
-  }
-  // Mixture-of-experts checkpoints keep experts in files of their own
-  // (engine.py _get_expert_ckpt_name / _get_optimizer_ckpt_name with
-  // expp_rank); converting the rest alone would silently drop them.
-  for (const auto& n : names) {
-    if (absl::StrContains(n, "_expert_") || absl::StartsWith(n, "expp_rank_")) {
-      std::string version = "unknown";
-      if (auto f = torch::TorchFile::Open(JoinPath(dir_, deepspeed::MpRankFileName(0)), read_.Files()); f.ok()) {
-        const Value* v = (*f)->root()->is(Kind::kDict) ? (*f)->root()->DictGet("ds_version") : nullptr;
-        if (v != nullptr && v->is(Kind::kStr)) version = v->str();
-      }
-      // formats/deepspeed_moe/ reads these (the registry picks it).
-      return absl::InvalidArgumentError(absl::StrCat(
-          dir_, ": DeepSpeed ", version, " native mixture-of-experts checkpoint (found ", n,
-          "; experts in layer_L_expert_E files), not a ZeRO stage 1/2 one without experts"));
-    }
-  }
-  if (mp_ranks.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        dir_, ": unrecognized checkpoint layout: expected mp_rank_XX_model_states.pt files (DeepSpeed ZeRO 1/2), found ",
-        names.empty() ? "an empty folder" : absl::StrCat(names.size(), " other entries, e.g. '", names.front(), "'")));
-  }
-  if (bf16_values.size() > 1) {
-    return absl::InvalidArgumentError(absl::StrCat(dir_, ": mixes bf16_zero_pp_rank_* and zero_pp_rank_* files"));
-  }
-  bf16_prefix_ = bf16_values.count(1) > 0;
-  if (optim_dp.empty()) {
-    return absl::NotFoundError(absl::StrCat(dir_, ": no *zero_pp_rank_*_optim_states.pt files: ucp reads ZeRO stage 1/2 "
-                                            "and bf16 optimizer checkpoints"));
-  }
+  UCP_ASSIGN_OR_RETURN(FolderScan scan, ScanTagFolder(dir_));
+  files_ = std::move(scan.files);
+  layer_paths_ = std::move(scan.layer_paths);
+  UCP_RETURN_IF_ERROR(CheckIsZero12Folder(dir_, scan, read_));
+  bf16_prefix_ = scan.bf16_values.count(1) > 0;
 
   // Model states.
+  const std::set<int>& layer_tp = scan.layer_tp;
   UCP_ASSIGN_OR_RETURN(ms_, deepspeed::ModelStatesFiles::Open(dir_, layer_tp.empty() ? 0 : *layer_tp.rbegin() + 1, read_));
   topo_ = ms_->topology();
   pipeline_ = ms_->pipeline();
@@ -202,40 +326,10 @@ absl::Status ZeroCheckpoint::Load(const std::vector<ModuleEntry>* module_entries
     return absl::NotFoundError(absl::StrCat(dir_, ": layer files exist for tp ranks ", absl::StrJoin(layer_tp, ","),
                                             " only"));
   }
-  const int mp = topo_.mp_world_size();
-  // Optimizer files: dp ranks 0..dp-1 for every mp rank.
-  for (int r = 0; r < mp; ++r) {
-    for (int d = 0; d < topo_.dp; ++d) {
-      if (!optim_dp[r].count(d)) {
-        return absl::NotFoundError(absl::StrCat(JoinPath(dir_, deepspeed::OptimFileName(d, r, bf16_prefix_)), ": missing (dp_world_size ",
-                                                topo_.dp, " in ", deepspeed::MpRankFileName(r), ")"));
-      }
-    }
-    for (int d : optim_dp[r]) {
-      if (d >= topo_.dp) {
-        return absl::InvalidArgumentError(absl::StrCat(JoinPath(dir_, deepspeed::OptimFileName(d, r, bf16_prefix_)),
-                                                       ": dp rank ", d, " but dp_world_size is ", topo_.dp));
-      }
-    }
-  }
-  for (const auto& [r, dps] : optim_dp) {
-    if (r >= mp) {
-      return absl::InvalidArgumentError(absl::StrCat(dir_, ": optimizer files for mp rank ", r, " but only ", mp,
-                                                     " mp_rank_*_model_states.pt files"));
-    }
-  }
+  UCP_RETURN_IF_ERROR(CheckOptimFilesComplete(dir_, topo_, scan.optim_dp, bf16_prefix_));
 
   // Partition layouts.
-  layouts_.assign(topo_.pp, std::vector<std::vector<deepspeed::ZeroGroupLayout>>(topo_.tp));
-  for (int s = 0; s < topo_.pp; ++s) {
-    for (int t = 0; t < topo_.tp; ++t) {
-      for (int g = 0; g < num_groups_; ++g) {
-        std::vector<int64_t> numels;
-        for (const auto& [name, shape] : ms_->Shapes(s, t, g)) numels.push_back(Numel(shape));
-        layouts_[s][t].push_back(deepspeed::ZeroGroupLayout::Make(std::move(numels), topo_.dp));
-      }
-    }
-  }
+  layouts_ = MakeLayouts(*ms_, topo_, num_groups_);
   // Optimizer files open on first use (a unit of work reads only the files
   // it needs); each is checked against the partition math and against
   // zero_pp_rank_0_mp_rank_00, which is read now for what every file shares.
@@ -255,43 +349,16 @@ absl::Status ZeroCheckpoint::Load(const std::vector<ModuleEntry>* module_entries
   }
   // Zero stage from the files or the config.
   const OptimFile& first = *optim_slots_.at({0, 0, 0})->file;
-  kind_ = first.optimizer_state_dict->DictGet("zero_stage") == nullptr &&
-                  first.optimizer_state_dict->DictGet("loss_scaler") == nullptr
-              ? state::OptimizerKind::kBf16
-              : state::OptimizerKind::kZero;
-  if (const Value* zs = first.optimizer_state_dict->DictGet("zero_stage")) {
-    UCP_ASSIGN_OR_RETURN(zero_stage_, pickle::AsZeroStage(*zs, "optimizer_state_dict.zero_stage"),
-                         _.Prepend(first.path + ": "));
-  } else if (const Value* st = DictPath(ms_->file(0, 0).root().get(), {"ds_config", "zero_optimization", "stage"})) {
-    if (st->is(Kind::kInt)) zero_stage_ = static_cast<int>(st->int_value());
-  }
-  if (zero_stage_ == 3) {
-    return FileError(first.path, absl::StatusCode::kUnimplemented,
-                     "records ZeRO stage 3 but has the stage 1/2 layout (mp_rank_XX_model_states.pt): not a layout "
-                     "any DeepSpeed version writes");
-  }
-  // ds_version: the optimizer state's, the file's, or mp_rank_00's.
-  for (const Value* v : {first.optimizer_state_dict->DictGet("ds_version"), first.file->root()->DictGet("ds_version"),
-                         ms_->file(0, 0).root()->DictGet("ds_version")}) {
-    if (v != nullptr && v->is(Kind::kStr)) {
-      ds_version_ = v->str();
-      break;
-    }
-  }
+  UCP_ASSIGN_OR_RETURN(const OptimizerStage stage, ReadOptimizerStage(first, *ms_, zero_stage_));
+  kind_ = stage.kind;
+  zero_stage_ = stage.zero_stage;
+  ds_version_ = ReadDsVersion(first, *ms_);
   {
     auto version = deepspeed::ParseDsVersion(ds_version_);
     convention_ = deepspeed::PaddingConventionOf(version.ok() ? *version : deepspeed::DsVersion{0, 14, 4},
                                                  kind_ == state::OptimizerKind::kBf16);
     if (first.convention_decided) convention_ = first.convention;
-    for (auto& per_tp : layouts_) {
-      for (auto& per_group : per_tp) {
-        for (auto& layout : per_group) {
-          std::vector<int64_t> numels;
-          for (int i = 0; i < layout.num_params(); ++i) numels.push_back(layout.param_numel(i));
-          layout = deepspeed::ZeroGroupLayout::Make(std::move(numels), topo_.dp, convention_);
-        }
-      }
-    }
+    RemakeLayouts(layouts_, topo_.dp, convention_);
   }
   // The per-element state keys, the same in every file (CheckLikeFirst).
   if (!first.groups.empty()) {
@@ -624,25 +691,21 @@ absl::Status ZeroCheckpoint::LoadModuleLayout() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<OptimFile>> ZeroCheckpoint::ParseOptim(int pp, int tp, int dp) const {
-  const std::string path = OptimPath(pp, tp, dp);
-  auto out = std::make_unique<OptimFile>();
-  out->path = path;
-  const torch::OpenOptions lazy = read_.Files(/*verify_crc=*/false);  // the partitions when used (VerifyPartition), the rest below
-  UCP_ASSIGN_OR_RETURN(out->file, torch::TorchFile::Open(path, lazy));
-  const Value& root = *out->file->root();
-  auto err = [&](absl::string_view what) { return FileError(path, absl::StatusCode::kInvalidArgument, what); };
-  if (!root.is(Kind::kDict)) return err(absl::StrCat("expected a dict, found ", root.DebugString(60)));
-  UCP_ASSIGN_OR_RETURN(const Value* osd, GetField(root, "optimizer_state_dict", "optimizer states"),
-                       _.Prepend(path + ": "));
-  if (!osd->is(Kind::kDict)) return err("optimizer_state_dict is not a dict");
-  out->optimizer_state_dict = osd;
-  // partition_count
-  UCP_ASSIGN_OR_RETURN(const Value* pc, GetField(*osd, "partition_count", "optimizer_state_dict"),
+namespace {
+
+// An optimizer file's refusal: kInvalidArgument, the file named.
+absl::Status OptimError(const std::string& path, absl::string_view what) {
+  return FileError(path, absl::StatusCode::kInvalidArgument, what);
+}
+
+// Checks optimizer_state_dict.partition_count (one int, or one per group):
+// every group is partitioned over dp_world_size ranks.
+absl::Status CheckPartitionCount(const Value& osd, const std::string& path, int num_groups, int dp_world) {
+  UCP_ASSIGN_OR_RETURN(const Value* pc, GetField(osd, "partition_count", "optimizer_state_dict"),
                        _.Prepend(path + ": "));
   std::vector<int64_t> counts;
   if (pc->is(Kind::kInt)) {
-    counts.assign(num_groups_, pc->int_value());
+    counts.assign(num_groups, pc->int_value());
   } else {
     UCP_ASSIGN_OR_RETURN(auto* seq, AsSequence(*pc, "partition_count"), _.Prepend(path + ": "));
     for (const auto& c : *seq) {
@@ -651,149 +714,237 @@ absl::StatusOr<std::unique_ptr<OptimFile>> ZeroCheckpoint::ParseOptim(int pp, in
     }
   }
   for (int64_t c : counts) {
-    if (c != topo_.dp) {
-      return err(absl::StrCat("partition_count is [", absl::StrJoin(counts, ", "), "], expected ", topo_.dp,
-                              " (dp_world_size) for every group"));
+    if (c != dp_world) {
+      return OptimError(path, absl::StrCat("partition_count is [", absl::StrJoin(counts, ", "), "], expected ",
+                                           dp_world, " (dp_world_size) for every group"));
     }
   }
-  // group_paddings
+  return absl::OkStatus();
+}
+
+// The per-group entries of optimizer_state_dict: group_paddings, the fp32
+// partitions and param_slice_mappings (one each per group), and the base
+// optimizer state.
+struct OptimGroupLists {
   std::vector<int64_t> paddings;
-  UCP_ASSIGN_OR_RETURN(const Value* gp, GetField(*osd, "group_paddings", "optimizer_state_dict"),
+  const std::vector<ValuePtr>* fp32s = nullptr;
+  const Value* base = nullptr;
+  const std::vector<ValuePtr>* mappings = nullptr;
+};
+
+// Reads the per-group entries and checks that each lists `num_groups` groups,
+// as param_shapes of mp rank `mp_rank` does.
+absl::StatusOr<OptimGroupLists> ReadGroupLists(const Value& osd, const std::string& path, int num_groups,
+                                               int mp_rank) {
+  OptimGroupLists l;
+  UCP_ASSIGN_OR_RETURN(const Value* gp, GetField(osd, "group_paddings", "optimizer_state_dict"),
                        _.Prepend(path + ": "));
   UCP_ASSIGN_OR_RETURN(auto* gps, AsSequence(*gp, "group_paddings"), _.Prepend(path + ": "));
   for (const auto& v : *gps) {
     UCP_ASSIGN_OR_RETURN(int64_t n, AsInt(*v, "group_paddings"), _.Prepend(path + ": "));
-    paddings.push_back(n);
+    l.paddings.push_back(n);
   }
-  UCP_ASSIGN_OR_RETURN(const Value* fp32v, GetField(*osd, "single_partition_of_fp32_groups", "optimizer_state_dict"),
+  UCP_ASSIGN_OR_RETURN(const Value* fp32v, GetField(osd, "single_partition_of_fp32_groups", "optimizer_state_dict"),
                        _.Prepend(path + ": "));
-  UCP_ASSIGN_OR_RETURN(auto* fp32s, AsSequence(*fp32v, "single_partition_of_fp32_groups"), _.Prepend(path + ": "));
-  UCP_ASSIGN_OR_RETURN(const Value* base, GetField(*osd, "base_optimizer_state", "optimizer_state_dict"),
+  UCP_ASSIGN_OR_RETURN(l.fp32s, AsSequence(*fp32v, "single_partition_of_fp32_groups"), _.Prepend(path + ": "));
+  UCP_ASSIGN_OR_RETURN(l.base, GetField(osd, "base_optimizer_state", "optimizer_state_dict"),
                        _.Prepend(path + ": "));
-  UCP_ASSIGN_OR_RETURN(const Value* mappings_v, GetField(*osd, "param_slice_mappings", "optimizer_state_dict"),
+  UCP_ASSIGN_OR_RETURN(const Value* mappings_v, GetField(osd, "param_slice_mappings", "optimizer_state_dict"),
                        _.Prepend(path + ": "));
-  UCP_ASSIGN_OR_RETURN(auto* mappings, AsSequence(*mappings_v, "param_slice_mappings"), _.Prepend(path + ": "));
-  if (static_cast<int>(paddings.size()) != num_groups_ || static_cast<int>(fp32s->size()) != num_groups_ ||
-      static_cast<int>(mappings->size()) != num_groups_) {
-    return err(absl::StrCat("expected ", num_groups_, " param groups (param_shapes of ", deepspeed::MpRankFileName(topo_.mp_rank(pp, tp)),
-                            "), found ", paddings.size(), " group_paddings, ", fp32s->size(),
-                            " fp32 partitions and ", mappings->size(), " param_slice_mappings"));
+  UCP_ASSIGN_OR_RETURN(l.mappings, AsSequence(*mappings_v, "param_slice_mappings"), _.Prepend(path + ": "));
+  if (static_cast<int>(l.paddings.size()) != num_groups || static_cast<int>(l.fp32s->size()) != num_groups ||
+      static_cast<int>(l.mappings->size()) != num_groups) {
+    return OptimError(path, absl::StrCat("expected ", num_groups, " param groups (param_shapes of ",
+                                         deepspeed::MpRankFileName(mp_rank), "), found ", l.paddings.size(),
+                                         " group_paddings, ", l.fp32s->size(), " fp32 partitions and ",
+                                         l.mappings->size(), " param_slice_mappings"));
   }
-  // Base optimizer state: {'state': {g: {...}}, 'param_groups': [...]}, or
-  // the elastic form: a list of per-group dicts.
-  std::vector<const Value*> group_states(num_groups_, nullptr);
-  if (base->is(Kind::kDict)) {
-    UCP_ASSIGN_OR_RETURN(const Value* st, GetField(*base, "state", "base_optimizer_state"), _.Prepend(path + ": "));
-    if (!st->is(Kind::kDict)) return err("base_optimizer_state.state is not a dict");
-    for (int g = 0; g < num_groups_; ++g) group_states[g] = st->DictGet(Value::Int(g));
-  } else if (base->is(Kind::kList)) {
-    if (static_cast<int>(base->items().size()) != num_groups_) {
-      return err(absl::StrCat("base_optimizer_state has ", base->items().size(), " groups, expected ", num_groups_));
+  return l;
+}
+
+// The optimizer state dict of each group in the base optimizer state:
+// {'state': {g: {...}}, 'param_groups': [...]}, or the elastic form: a list
+// of per-group dicts. Null for a group the dict form lacks.
+absl::StatusOr<std::vector<const Value*>> BaseGroupStates(const Value& base, const std::string& path,
+                                                          int num_groups) {
+  std::vector<const Value*> group_states(num_groups, nullptr);
+  if (base.is(Kind::kDict)) {
+    UCP_ASSIGN_OR_RETURN(const Value* st, GetField(base, "state", "base_optimizer_state"), _.Prepend(path + ": "));
+    if (!st->is(Kind::kDict)) return OptimError(path, "base_optimizer_state.state is not a dict");
+    for (int g = 0; g < num_groups; ++g) group_states[g] = st->DictGet(Value::Int(g));
+  } else if (base.is(Kind::kList)) {
+    if (static_cast<int>(base.items().size()) != num_groups) {
+      return OptimError(path, absl::StrCat("base_optimizer_state has ", base.items().size(), " groups, expected ",
+                                           num_groups));
     }
-    for (int g = 0; g < num_groups_; ++g) group_states[g] = base->items()[g].get();
+    for (int g = 0; g < num_groups; ++g) group_states[g] = base.items()[g].get();
   } else {
-    return err(absl::StrCat("base_optimizer_state is a ", pickle::KindName(base->kind()), ", expected a dict or list"));
+    return OptimError(path, absl::StrCat("base_optimizer_state is a ", pickle::KindName(base.kind()),
+                                         ", expected a dict or list"));
   }
+  return group_states;
+}
+
+// Checks group g's padding on dp rank `dp` against the partition math, and
+// records in `out` the padding convention it follows when it tells the two
+// apart. DeepSpeed saves group[:p - padding]; which ranks record padding
+// changed in 0.16.4 (layout_math.h, PaddingConvention): the file says which
+// it follows, whatever its ds_version.
+absl::Status CheckGroupPadding(const deepspeed::ZeroGroupLayout& layout, int64_t padding, int g, int dp,
+                               int dp_world, const std::string& path, OptimFile* out) {
+  const int64_t last_rank = layout.PaddingAs(dp, deepspeed::PaddingConvention::kLastRank);
+  const int64_t per_rank = layout.PaddingAs(dp, deepspeed::PaddingConvention::kPerRank);
+  if (padding != last_rank && padding != per_rank) {
+    return OptimError(
+        path, absl::StrCat("group_paddings[", g, "] is ", padding, ", expected ",
+                           last_rank == per_rank
+                               ? absl::StrCat(per_rank)
+                               : absl::StrCat(last_rank, " (last-rank padding, DeepSpeed <= 0.16.3) or ", per_rank,
+                                              " (per-rank padding, DeepSpeed >= 0.16.4)"),
+                           " for dp rank ", dp, " (", layout.numel(), " elements padded to ", layout.padded_numel(),
+                           " over dp=", dp_world, ")"));
+  }
+  if (last_rank != per_rank) {
+    out->convention = padding == per_rank ? deepspeed::PaddingConvention::kPerRank
+                                          : deepspeed::PaddingConvention::kLastRank;
+    out->convention_decided = true;
+  }
+  return absl::OkStatus();
+}
+
+// Reads group g's fp32 partition and its optimizer states (per-element ones
+// and scalars) into `group`, each per-element tensor holding the partition
+// (p elements) or its lean part (p minus the group's padding).
+absl::Status ReadGroupTensors(const torch::TorchFile& file, const Value& fp32_value, const Value* group_state,
+                              const deepspeed::ZeroGroupLayout& layout, int g, const std::string& path,
+                              OptimFile::Group* group) {
+  const int64_t p = layout.partition_numel();
+  const int64_t lean = layout.LeanNumel(group->padding);
+  if (!torch::TorchFile::IsTensor(fp32_value)) {
+    return OptimError(path, absl::StrCat("single_partition_of_fp32_groups[", g, "] is not a tensor"));
+  }
+  UCP_ASSIGN_OR_RETURN(group->fp32, file.GetTensor(fp32_value));
+  UCP_RETURN_IF_ERROR(CheckDense(group->fp32, path, absl::StrCat("single_partition_of_fp32_groups[", g, "]")));
+  if (group->fp32.dim() != 1 || (group->fp32.numel() != lean && group->fp32.numel() != p)) {
+    return OptimError(path, absl::StrCat("single_partition_of_fp32_groups[", g, "] has shape ",
+                                         ShapeStr(group->fp32.sizes()), ", expected [", lean, "] (partition of ", p,
+                                         " minus padding ", group->padding, ")"));
+  }
+  if (group_state == nullptr || !group_state->is(Kind::kDict)) {
+    return OptimError(path, absl::StrCat("base_optimizer_state has no state for group ", g));
+  }
+  UCP_ASSIGN_OR_RETURN(
+      internal::GroupStates split,
+      internal::SplitGroupStates(
+          file, *group_state, [&](const std::string& key, const torch::Tensor& t) -> absl::StatusOr<bool> {
+            UCP_RETURN_IF_ERROR(CheckDense(t, path, absl::StrCat("optimizer state '", key, "' of group ", g)));
+            // Scalars (Adam's `step`) are 0-dim tensors; a 1-element tensor is
+            // a per-element state when the partition (or its lean part) has 1.
+            if (t.dim() == 0 || (t.numel() == 1 && p != 1 && lean != 1)) return false;
+            if (t.dim() != 1 || (t.numel() != p && t.numel() != lean)) {
+              return OptimError(path, absl::StrCat("optimizer state '", key, "' of group ", g, " has shape ",
+                                                   ShapeStr(t.sizes()), ", expected [", p, "] (the dp partition)"));
+            }
+            return true;
+          }));
+  group->states = std::move(split.per_element);
+  group->scalars = std::move(split.scalars);
+  return absl::OkStatus();
+}
+
+// Checks param_slice_mappings[g] (`m`) against the partition math: the
+// fragments of dp rank `dp`, in order, named as param_shapes names them
+// (`names`), at the offsets and sizes the layout gives.
+absl::Status CheckSliceMappings(const Value& m, const deepspeed::ZeroGroupLayout& layout,
+                                const std::vector<std::string>& names, int g, int dp, int dp_world,
+                                const std::string& path) {
+  if (!m.is(Kind::kDict)) return OptimError(path, absl::StrCat("param_slice_mappings[", g, "] is not a dict"));
+  const std::vector<deepspeed::ZeroFragment> expected = layout.Fragments(dp);
+  if (m.dict_items().size() != expected.size()) {
+    return OptimError(path, absl::StrCat("param_slice_mappings[", g, "] lists ", m.dict_items().size(),
+                                         " params, expected ", expected.size(), " for dp rank ", dp, " of ",
+                                         dp_world));
+  }
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const auto& [k, v] = m.dict_items()[i];
+    const std::string& want = names[expected[i].param_index];
+    if (!k->is(Kind::kStr) || k->str() != want) {
+      return OptimError(path, absl::StrCat("param_slice_mappings[", g, "] entry ", i, " is ", k->DebugString(),
+                                           ", expected '", want, "'"));
+    }
+    UCP_ASSIGN_OR_RETURN(pickle::FragmentAddress a, AsFragmentAddress(*v, want), _.Prepend(path + ": "));
+    if (a.numel != expected[i].numel || a.start != expected[i].partition_offset) {
+      return OptimError(path, absl::StrCat("param '", want, "' has fragment_address(numel=", a.numel,
+                                           ", start=", a.start, "), expected (numel=", expected[i].numel,
+                                           ", start=", expected[i].partition_offset, ") from param_shapes"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// CRC-checks every storage of the file but the flat partitions (fp32 masters
+// and per-element states), which are checked when used (VerifyPartition).
+absl::Status VerifyStoragesButPartitions(const OptimFile& out) {
+  std::set<const torch::Storage*> partitions;
+  for (const auto& g : out.groups) {
+    partitions.insert(g.fp32.storage().get());
+    for (const auto& [k, t] : g.states) partitions.insert(t.storage().get());
+  }
+  for (const auto& storage : out.file->Storages()) {
+    if (!partitions.count(storage.get())) UCP_RETURN_IF_ERROR(out.file->VerifyStorageCrc(*storage));
+  }
+  return absl::OkStatus();
+}
+
+// Checks that all groups hold the same optimizer state keys as group 0.
+absl::Status CheckSameStateKeys(const OptimFile& out, int num_groups) {
+  for (int g = 1; g < num_groups; ++g) {
+    std::vector<std::string> a, b;
+    for (const auto& s : out.groups[0].states) a.push_back(s.first);
+    for (const auto& s : out.groups[g].states) b.push_back(s.first);
+    if (!internal::SameStateNames(a, b)) {
+      return OptimError(out.path, absl::StrCat("group ", g, " has optimizer states [", absl::StrJoin(b, ", "),
+                                               "], group 0 has [", absl::StrJoin(a, ", "), "]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+// Parses in phases: open the file and find optimizer_state_dict, check
+// partition_count, read the per-group lists and the base optimizer state,
+// then per group check the padding, read the fp32 partition and states and
+// check param_slice_mappings; last, CRC-check what is not a partition and
+// check that the groups hold the same state keys.
+absl::StatusOr<std::unique_ptr<OptimFile>> ZeroCheckpoint::ParseOptim(int pp, int tp, int dp) const {
+  const std::string path = OptimPath(pp, tp, dp);
+  auto out = std::make_unique<OptimFile>();
+  out->path = path;
+  const torch::OpenOptions lazy = read_.Files(/*verify_crc=*/false);  // the partitions when used (VerifyPartition), the rest below
+  UCP_ASSIGN_OR_RETURN(out->file, torch::TorchFile::Open(path, lazy));
+  const Value& root = *out->file->root();
+  if (!root.is(Kind::kDict)) return OptimError(path, absl::StrCat("expected a dict, found ", root.DebugString(60)));
+  UCP_ASSIGN_OR_RETURN(const Value* osd, GetField(root, "optimizer_state_dict", "optimizer states"),
+                       _.Prepend(path + ": "));
+  if (!osd->is(Kind::kDict)) return OptimError(path, "optimizer_state_dict is not a dict");
+  out->optimizer_state_dict = osd;
+  UCP_RETURN_IF_ERROR(CheckPartitionCount(*osd, path, num_groups_, topo_.dp));
+  UCP_ASSIGN_OR_RETURN(const OptimGroupLists lists, ReadGroupLists(*osd, path, num_groups_, topo_.mp_rank(pp, tp)));
+  UCP_ASSIGN_OR_RETURN(const std::vector<const Value*> group_states, BaseGroupStates(*lists.base, path, num_groups_));
   for (int g = 0; g < num_groups_; ++g) {
     const deepspeed::ZeroGroupLayout& layout = layouts_[pp][tp][g];
-    const int64_t p = layout.partition_numel();
-    // DeepSpeed saves group[:p - padding]. Which ranks record padding
-    // changed in 0.16.4 (layout_math.h, PaddingConvention): the file says
-    // which it follows, whatever its ds_version.
-    const int64_t last_rank = layout.PaddingAs(dp, deepspeed::PaddingConvention::kLastRank);
-    const int64_t per_rank = layout.PaddingAs(dp, deepspeed::PaddingConvention::kPerRank);
-    if (paddings[g] != last_rank && paddings[g] != per_rank) {
-      return err(absl::StrCat("group_paddings[", g, "] is ", paddings[g], ", expected ",
-                              last_rank == per_rank ? absl::StrCat(per_rank)
-                                                    : absl::StrCat(last_rank, " (last-rank padding, DeepSpeed <= 0.16.3) or ",
-                                                                   per_rank, " (per-rank padding, DeepSpeed >= 0.16.4)"),
-                              " for dp rank ", dp, " (", layout.numel(), " elements padded to ", layout.padded_numel(),
-                              " over dp=", topo_.dp, ")"));
-    }
-    if (last_rank != per_rank) {
-      out->convention = paddings[g] == per_rank ? deepspeed::PaddingConvention::kPerRank
-                                                : deepspeed::PaddingConvention::kLastRank;
-      out->convention_decided = true;
-    }
-    const int64_t lean = layout.LeanNumel(paddings[g]);
+    UCP_RETURN_IF_ERROR(CheckGroupPadding(layout, lists.paddings[g], g, dp, topo_.dp, path, out.get()));
     OptimFile::Group group;
-    group.padding = paddings[g];
-    if (!torch::TorchFile::IsTensor(*(*fp32s)[g])) {
-      return err(absl::StrCat("single_partition_of_fp32_groups[", g, "] is not a tensor"));
-    }
-    UCP_ASSIGN_OR_RETURN(group.fp32, out->file->GetTensor(*(*fp32s)[g]));
-    UCP_RETURN_IF_ERROR(CheckDense(group.fp32, path, absl::StrCat("single_partition_of_fp32_groups[", g, "]")));
-    if (group.fp32.dim() != 1 || (group.fp32.numel() != lean && group.fp32.numel() != p)) {
-      return err(absl::StrCat("single_partition_of_fp32_groups[", g, "] has shape ",
-                              ShapeStr(group.fp32.sizes()), ", expected [", lean, "] (partition of ", p,
-                              " minus padding ", paddings[g], ")"));
-    }
-    const Value* gs = group_states[g];
-    if (gs == nullptr || !gs->is(Kind::kDict)) {
-      return err(absl::StrCat("base_optimizer_state has no state for group ", g));
-    }
-    UCP_ASSIGN_OR_RETURN(
-        internal::GroupStates split,
-        internal::SplitGroupStates(
-            *out->file, *gs, [&](const std::string& key, const torch::Tensor& t) -> absl::StatusOr<bool> {
-              UCP_RETURN_IF_ERROR(CheckDense(t, path, absl::StrCat("optimizer state '", key, "' of group ", g)));
-              // Scalars (Adam's `step`) are 0-dim tensors; a 1-element tensor is
-              // a per-element state when the partition (or its lean part) has 1.
-              if (t.dim() == 0 || (t.numel() == 1 && p != 1 && lean != 1)) return false;
-              if (t.dim() != 1 || (t.numel() != p && t.numel() != lean)) {
-                return err(absl::StrCat("optimizer state '", key, "' of group ", g, " has shape ", ShapeStr(t.sizes()),
-                                        ", expected [", p, "] (the dp partition)"));
-              }
-              return true;
-            }));
-    group.states = std::move(split.per_element);
-    group.scalars = std::move(split.scalars);
-    // param_slice_mappings must be what the partition math says.
-    const Value& m = *(*mappings)[g];
-    if (!m.is(Kind::kDict)) return err(absl::StrCat("param_slice_mappings[", g, "] is not a dict"));
-    const std::vector<deepspeed::ZeroFragment> expected = layout.Fragments(dp);
-    const auto& names = ms_->StageGroup(pp, g);
-    if (m.dict_items().size() != expected.size()) {
-      return err(absl::StrCat("param_slice_mappings[", g, "] lists ", m.dict_items().size(), " params, expected ",
-                              expected.size(), " for dp rank ", dp, " of ", topo_.dp));
-    }
-    for (size_t i = 0; i < expected.size(); ++i) {
-      const auto& [k, v] = m.dict_items()[i];
-      const std::string& want = names[expected[i].param_index];
-      if (!k->is(Kind::kStr) || k->str() != want) {
-        return err(absl::StrCat("param_slice_mappings[", g, "] entry ", i, " is ", k->DebugString(),
-                                ", expected '", want, "'"));
-      }
-      UCP_ASSIGN_OR_RETURN(pickle::FragmentAddress a, AsFragmentAddress(*v, want), _.Prepend(path + ": "));
-      if (a.numel != expected[i].numel || a.start != expected[i].partition_offset) {
-        return err(absl::StrCat("param '", want, "' has fragment_address(numel=", a.numel, ", start=", a.start,
-                                "), expected (numel=", expected[i].numel, ", start=", expected[i].partition_offset,
-                                ") from param_shapes"));
-      }
-    }
+    group.padding = lists.paddings[g];
+    UCP_RETURN_IF_ERROR(
+        ReadGroupTensors(*out->file, *(*lists.fp32s)[g], group_states[g], layout, g, path, &group));
+    UCP_RETURN_IF_ERROR(
+        CheckSliceMappings(*(*lists.mappings)[g], layout, ms_->StageGroup(pp, g), g, dp, topo_.dp, path));
     out->groups.push_back(std::move(group));
   }
-  // Every storage but the flat partitions is checked now.
-  {
-    std::set<const torch::Storage*> partitions;
-    for (const auto& g : out->groups) {
-      partitions.insert(g.fp32.storage().get());
-      for (const auto& [k, t] : g.states) partitions.insert(t.storage().get());
-    }
-    for (const auto& storage : out->file->Storages()) {
-      if (!partitions.count(storage.get())) UCP_RETURN_IF_ERROR(out->file->VerifyStorageCrc(*storage));
-    }
-  }
-  // All groups hold the same state keys.
-  for (int g = 1; g < num_groups_; ++g) {
-    std::vector<std::string> a, b;
-    for (const auto& s : out->groups[0].states) a.push_back(s.first);
-    for (const auto& s : out->groups[g].states) b.push_back(s.first);
-    if (!internal::SameStateNames(a, b)) {
-      return err(absl::StrCat("group ", g, " has optimizer states [", absl::StrJoin(b, ", "), "], group 0 has [",
-                              absl::StrJoin(a, ", "), "]"));
-    }
-  }
+  UCP_RETURN_IF_ERROR(VerifyStoragesButPartitions(*out));
+  UCP_RETURN_IF_ERROR(CheckSameStateKeys(*out, num_groups_));
   return out;
 }
 

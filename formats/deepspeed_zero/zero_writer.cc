@@ -71,39 +71,42 @@ std::vector<int> LayersOf(const ParamState& p) {
 
 }  // namespace
 
-absl::StatusOr<TargetLayout> PlanTarget(const ModelInfo& info, const ZeroWriteOptions& options,
-                                        const std::string& source_ds_version) {
-  TargetLayout out;
-  out.topo = options.target;
-  UCP_RETURN_IF_ERROR(out.topo.Validate());
-  {
-    const std::string& version = options.target_ds_version.empty() ? source_ds_version : options.target_ds_version;
-    deepspeed::DsVersion v{0, 14, 4};
-    if (!version.empty()) {
-      UCP_ASSIGN_OR_RETURN(v, deepspeed::ParseDsVersion(version),
-                           _.Prepend(options.target_ds_version.empty() ? "the source's ds_version: "
-                                                                       : "--target_ds_version: "));
-    }
-    if (v < deepspeed::DsVersion{0, 12, 0} || deepspeed::DsVersion{0, 19, 5} < v) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "DeepSpeed ", version, ": ucp writes the ZeRO 1/2 layouts of DeepSpeed 0.12 to 0.19.5",
-          options.target_ds_version.empty() ? " (pass --target_ds_version to choose one)" : ""));
-    }
-    out.ds_version = options.target_ds_version;
-    out.version = v;
-    out.padding_convention =
-        deepspeed::PaddingConventionOf(v, info.optimizer_kind == state::OptimizerKind::kBf16);
+namespace {
+
+// Chooses the DeepSpeed version whose layout is written (the target's, else
+// the source's, else 0.14.4; 0.12 to 0.19.5) and its padding convention.
+absl::Status ChooseTargetVersion(const ModelInfo& info, const ZeroWriteOptions& options,
+                                 const std::string& source_ds_version, TargetLayout* out) {
+  const std::string& version = options.target_ds_version.empty() ? source_ds_version : options.target_ds_version;
+  deepspeed::DsVersion v{0, 14, 4};
+  if (!version.empty()) {
+    UCP_ASSIGN_OR_RETURN(v, deepspeed::ParseDsVersion(version),
+                         _.Prepend(options.target_ds_version.empty() ? "the source's ds_version: "
+                                                                     : "--target_ds_version: "));
   }
-  const int tp = out.topo.tp;
-  const int pp = out.topo.pp;
-  out.zero_stage = options.zero_stage > 0 ? options.zero_stage : info.zero_stage;
-  if (out.zero_stage != 1 && out.zero_stage != 2) {
-    return absl::InvalidArgumentError(absl::StrCat("ZeRO stage ", out.zero_stage, ": ucp writes stages 1 and 2"));
+  if (v < deepspeed::DsVersion{0, 12, 0} || deepspeed::DsVersion{0, 19, 5} < v) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DeepSpeed ", version, ": ucp writes the ZeRO 1/2 layouts of DeepSpeed 0.12 to 0.19.5",
+        options.target_ds_version.empty() ? " (pass --target_ds_version to choose one)" : ""));
   }
-  if (info.optimizer_kind == state::OptimizerKind::kBf16 && out.zero_stage != 1) {
+  out->ds_version = options.target_ds_version;
+  out->version = v;
+  out->padding_convention = deepspeed::PaddingConventionOf(v, info.optimizer_kind == state::OptimizerKind::kBf16);
+  return absl::OkStatus();
+}
+
+// The ZeRO stage written (the option's, else the source's), checked against
+// what DeepSpeed can run: stage 1 or 2, the bf16 optimizer at stage 1, a
+// pipeline at stage 1, and no pipeline stages for a plain module.
+absl::StatusOr<int> ChooseZeroStage(const ModelInfo& info, const ZeroWriteOptions& options, int pp) {
+  const int zero_stage = options.zero_stage > 0 ? options.zero_stage : info.zero_stage;
+  if (zero_stage != 1 && zero_stage != 2) {
+    return absl::InvalidArgumentError(absl::StrCat("ZeRO stage ", zero_stage, ": ucp writes stages 1 and 2"));
+  }
+  if (info.optimizer_kind == state::OptimizerKind::kBf16 && zero_stage != 1) {
     return absl::InvalidArgumentError("the bf16 optimizer (BF16_Optimizer) partitions like ZeRO stage 1 only");
   }
-  if (info.pipeline && out.zero_stage == 2) {
+  if (info.pipeline && zero_stage == 2) {
     return absl::InvalidArgumentError("ZeRO stage 2 cannot run under a PipelineModule (DeepSpeed refuses it)");
   }
   if (!info.pipeline && pp > 1) {
@@ -111,10 +114,14 @@ absl::StatusOr<TargetLayout> PlanTarget(const ModelInfo& info, const ZeroWriteOp
         absl::StrCat("pp=", pp, ": the source is a plain nn.Module, not a PipelineModule, so it has no layers to "
                      "split into pipeline stages"));
   }
-  const int64_t divisible_by =
-      options.make_vocab_size_divisible_by > 0 ? options.make_vocab_size_divisible_by : info.make_vocab_size_divisible_by;
+  return zero_stage;
+}
 
-  // Whole tensors of a tp=1 source (ZeRO-3, MoE) have no known tp split.
+// Each param's tp slice shape at the target tp, and the padded rows of a
+// vocabulary param (padded to a multiple of `divisible_by` * tp). Whole
+// tensors of a tp=1 source (ZeRO-3, MoE) have no known tp split: refused at
+// tp > 1.
+absl::Status PlanSliceShapes(const ModelInfo& info, int tp, int64_t divisible_by, TargetLayout* out) {
   if (tp > 1) {
     std::vector<std::string> unknown;
     for (const auto& p : info.params) {
@@ -126,10 +133,9 @@ absl::StatusOr<TargetLayout> PlanTarget(const ModelInfo& info, const ZeroWriteOp
           unknown.front(), "'): give --rules=FILE or --preset to say how each splits"));
     }
   }
-  // Slice shapes at the target tp.
   const size_t n = info.params.size();
-  out.slice_shapes.resize(n);
-  out.padded_rows.assign(n, 0);
+  out->slice_shapes.resize(n);
+  out->padded_rows.assign(n, 0);
   for (size_t i = 0; i < n; ++i) {
     const ParamState& p = info.params[i];
     if (p.rule.kind() == VOCAB) {
@@ -138,64 +144,89 @@ absl::StatusOr<TargetLayout> PlanTarget(const ModelInfo& info, const ZeroWriteOp
             "param '", p.name, "' is a vocabulary tensor of ", p.full_shape.empty() ? 0 : p.full_shape[0],
             " rows whose padding depends on tp: pass --make_vocab_size_divisible_by (Megatron's default is 128)"));
       }
-      out.padded_rows[i] = tp::PaddedVocabSize(p.full_shape[0], divisible_by, tp);
+      out->padded_rows[i] = tp::PaddedVocabSize(p.full_shape[0], divisible_by, tp);
     }
-    UCP_ASSIGN_OR_RETURN(out.slice_shapes[i],
-                         tp::SliceShapeFromFull(p.rule, p.full_shape, tp, out.padded_rows[i], p.name),
+    UCP_ASSIGN_OR_RETURN(out->slice_shapes[i],
+                         tp::SliceShapeFromFull(p.rule, p.full_shape, tp, out->padded_rows[i], p.name),
                          _.Prepend(absl::StrCat("target tp=", tp, ": ")));
   }
+  return absl::OkStatus();
+}
 
-  // Pipeline stages.
-  std::vector<int> stage_of_layer;
-  if (info.pipeline) {
-    const int num_layers = options.num_layers > 0 ? options.num_layers : info.num_layers;
-    int max_layer = -1;
-    for (const auto& p : info.params) {
-      for (int l : LayersOf(p)) max_layer = std::max(max_layer, l);
-    }
-    for (int l : info.module_layers) max_layer = std::max(max_layer, l);
-    if (num_layers <= max_layer) {
-      return absl::InvalidArgumentError(absl::StrCat("--num_layers=", num_layers, " but layer ", max_layer,
-                                                     " holds tensors"));
-    }
-    std::vector<deepspeed::PipelineLayerInfo> layers(num_layers);
-    std::vector<std::vector<std::string>> local_names(num_layers);
-    for (size_t i = 0; i < n; ++i) {
-      const ParamState& p = info.params[i];
-      if (p.layer < 0 && p.tied_layers.empty()) {
-        if (!p.tied_key.empty()) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              "param '", p.name, "' belongs to tied module '", p.tied_key,
-              "' whose pipeline layers the source does not record (a universal checkpoint written by DeepSpeed): "
-              "reshard from the ZeRO checkpoint, or convert it with `ucp convert` first"));
-        }
-        return absl::InvalidArgumentError(
-            absl::StrCat("param '", p.name, "' has no pipeline layer index (expected '<layer>.<name>')"));
+// The pipeline layers as DeepSpeed's partitioner sees them: each layer's
+// trainable numel at the target tp and its type name (the option's, the
+// caller's guess from its tensor names, else "Layer", or "function" for a
+// layer without tensors). Every param must have a layer.
+absl::StatusOr<std::vector<deepspeed::PipelineLayerInfo>> PipelineLayers(const ModelInfo& info,
+                                                                         const ZeroWriteOptions& options,
+                                                                         const TargetLayout& out) {
+  const int num_layers = options.num_layers > 0 ? options.num_layers : info.num_layers;
+  int max_layer = -1;
+  for (const auto& p : info.params) {
+    for (int l : LayersOf(p)) max_layer = std::max(max_layer, l);
+  }
+  for (int l : info.module_layers) max_layer = std::max(max_layer, l);
+  if (num_layers <= max_layer) {
+    return absl::InvalidArgumentError(absl::StrCat("--num_layers=", num_layers, " but layer ", max_layer,
+                                                   " holds tensors"));
+  }
+  std::vector<deepspeed::PipelineLayerInfo> layers(num_layers);
+  std::vector<std::vector<std::string>> local_names(num_layers);
+  for (size_t i = 0; i < info.params.size(); ++i) {
+    const ParamState& p = info.params[i];
+    if (p.layer < 0 && p.tied_layers.empty()) {
+      if (!p.tied_key.empty()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "param '", p.name, "' belongs to tied module '", p.tied_key,
+            "' whose pipeline layers the source does not record (a universal checkpoint written by DeepSpeed): "
+            "reshard from the ZeRO checkpoint, or convert it with `ucp convert` first"));
       }
-      for (int l : LayersOf(p)) {
-        if (p.trainable()) layers[l].trainable_numel += Numel(out.slice_shapes[i]);
-        local_names[l].push_back(p.local_name);
-      }
+      return absl::InvalidArgumentError(
+          absl::StrCat("param '", p.name, "' has no pipeline layer index (expected '<layer>.<name>')"));
     }
-    for (int l = 0; l < num_layers; ++l) {
-      auto it = options.layer_types.find(l);
-      if (it != options.layer_types.end()) {
-        layers[l].type_name = it->second;
-      } else if (options.layer_type_name) {
-        layers[l].type_name = options.layer_type_name(local_names[l]);
-      } else {
-        layers[l].type_name = local_names[l].empty() ? "function" : "Layer";
-      }
-    }
-    out.partition_method = !options.partition_method.empty()      ? options.partition_method
-                           : !info.partition_method.empty() ? info.partition_method
-                                                             : "parameters";
-    UCP_ASSIGN_OR_RETURN(out.parts, deepspeed::PartitionLayers(layers, pp, out.partition_method));
-    stage_of_layer.assign(num_layers, 0);
-    for (int s = 0; s < pp; ++s) {
-      for (int l = out.parts[s]; l < out.parts[s + 1]; ++l) stage_of_layer[l] = s;
+    for (int l : LayersOf(p)) {
+      if (p.trainable()) layers[l].trainable_numel += Numel(out.slice_shapes[i]);
+      local_names[l].push_back(p.local_name);
     }
   }
+  for (int l = 0; l < num_layers; ++l) {
+    auto it = options.layer_types.find(l);
+    if (it != options.layer_types.end()) {
+      layers[l].type_name = it->second;
+    } else if (options.layer_type_name) {
+      layers[l].type_name = options.layer_type_name(local_names[l]);
+    } else {
+      layers[l].type_name = local_names[l].empty() ? "function" : "Layer";
+    }
+  }
+  return layers;
+}
+
+// Splits the layers into pp stages with the partition method (the option's,
+// else the source's, else "parameters"); returns each layer's stage.
+absl::StatusOr<std::vector<int>> PartitionStages(const ModelInfo& info, const ZeroWriteOptions& options, int pp,
+                                                 TargetLayout* out) {
+  UCP_ASSIGN_OR_RETURN(std::vector<deepspeed::PipelineLayerInfo> layers, PipelineLayers(info, options, *out));
+  out->partition_method = !options.partition_method.empty()      ? options.partition_method
+                          : !info.partition_method.empty() ? info.partition_method
+                                                            : "parameters";
+  UCP_ASSIGN_OR_RETURN(out->parts, deepspeed::PartitionLayers(layers, pp, out->partition_method));
+  std::vector<int> stage_of_layer(layers.size(), 0);
+  for (int s = 0; s < pp; ++s) {
+    for (int l = out->parts[s]; l < out->parts[s + 1]; ++l) stage_of_layer[l] = s;
+  }
+  return stage_of_layer;
+}
+
+// Puts each param in the stages holding its layers (stage 0 without a
+// pipeline): a trainable one in its optimizer group there, in flatten order,
+// any other among the stage's module params. DeepSpeed 0.14.4 drops a param
+// group with no params on a stage (engine._configure_optimizer), so that
+// stage's files would number their groups differently from the others'; one
+// group list per checkpoint cannot say that, and ZeRO cannot flatten an
+// empty group either: refused.
+absl::Status AssignStageGroups(const ModelInfo& info, const std::vector<int>& stage_of_layer, int pp,
+                               TargetLayout* out) {
   auto stages_of = [&](const ParamState& p) {
     std::set<int> s;
     if (!info.pipeline) {
@@ -205,9 +236,9 @@ absl::StatusOr<TargetLayout> PlanTarget(const ModelInfo& info, const ZeroWriteOp
     }
     return s;
   };
-  out.stage_groups.assign(pp, std::vector<std::vector<int>>(info.num_groups));
-  out.stage_module_params.assign(pp, {});
-  for (size_t i = 0; i < n; ++i) {
+  out->stage_groups.assign(pp, std::vector<std::vector<int>>(info.num_groups));
+  out->stage_module_params.assign(pp, {});
+  for (size_t i = 0; i < info.params.size(); ++i) {
     const ParamState& p = info.params[i];
     for (int s : stages_of(p)) {
       if (p.trainable()) {
@@ -215,66 +246,98 @@ absl::StatusOr<TargetLayout> PlanTarget(const ModelInfo& info, const ZeroWriteOp
           return absl::InvalidArgumentError(absl::StrCat("param '", p.name, "' has group ", p.group, " of ",
                                                          info.num_groups));
         }
-        out.stage_groups[s][p.group].push_back(static_cast<int>(i));
+        out->stage_groups[s][p.group].push_back(static_cast<int>(i));
       } else {
-        out.stage_module_params[s].push_back(static_cast<int>(i));
+        out->stage_module_params[s].push_back(static_cast<int>(i));
       }
     }
   }
-  // DeepSpeed 0.14.4 drops a param group with no params on a stage
-  // (engine._configure_optimizer), so that stage's files would number their
-  // groups differently from the others'; one group list per checkpoint cannot
-  // say that, and ZeRO cannot flatten an empty group either.
   for (int s = 0; s < pp; ++s) {
     for (int g = 0; g < info.num_groups; ++g) {
-      if (out.stage_groups[s][g].empty()) {
+      if (out->stage_groups[s][g].empty()) {
         return absl::FailedPreconditionError(absl::StrCat(
-            "pipeline stage ", s, " of pp=", pp, " (", out.partition_method.empty() ? "" : out.partition_method,
+            "pipeline stage ", s, " of pp=", pp, " (", out->partition_method.empty() ? "" : out->partition_method,
             " partitioning) holds no params of optimizer group ", g, " of ", info.num_groups,
             ": DeepSpeed would drop that group on this stage only; choose another pp or partition method"));
       }
     }
   }
-  out.layouts.assign(pp, {});
+  return absl::OkStatus();
+}
+
+// The partition layout of every stage's groups over the target dp.
+void PlanGroupLayouts(const ModelInfo& info, int pp, TargetLayout* out) {
+  out->layouts.assign(pp, {});
   for (int s = 0; s < pp; ++s) {
     for (int g = 0; g < info.num_groups; ++g) {
       std::vector<int64_t> numels;
-      for (int i : out.stage_groups[s][g]) numels.push_back(Numel(out.slice_shapes[i]));
-      out.layouts[s].push_back(
-          deepspeed::ZeroGroupLayout::Make(std::move(numels), out.topo.dp, out.padding_convention));
+      for (int i : out->stage_groups[s][g]) numels.push_back(Numel(out->slice_shapes[i]));
+      out->layouts[s].push_back(
+          deepspeed::ZeroGroupLayout::Make(std::move(numels), out->topo.dp, out->padding_convention));
     }
   }
-  // Layer files and their keys in file order.
+}
+
+// The layer files and their keys in file order: the recorded module order,
+// then the tensors it misses (all of them when none is recorded).
+absl::Status PlanLayerFiles(const ModelInfo& info, TargetLayout* out) {
+  std::vector<int> module_layers = info.module_layers;
+  // A tied module's other layers may be functions (a TiedLayerSpec with a
+  // forward_fn has no file); the layers of other params are modules.
+  for (const auto& p : info.params) {
+    if (!p.tied_layers.empty()) continue;
+    for (int l : LayersOf(p)) {
+      if (std::find(module_layers.begin(), module_layers.end(), l) == module_layers.end()) module_layers.push_back(l);
+    }
+  }
+  std::sort(module_layers.begin(), module_layers.end());
+  for (int l : module_layers) {
+    std::vector<int> keys;
+    if (!info.module_order.empty()) {
+      for (const auto& k : info.module_order) {
+        if (k.layer != l) continue;
+        const int i = info.IndexOf(k.name);
+        if (i < 0) return absl::InvalidArgumentError(absl::StrCat("module key '", k.name, "' is not a known tensor"));
+        keys.push_back(i);
+      }
+    }
+    // Tensors the recorded order misses (or all of them when none is recorded).
+    for (size_t i = 0; i < info.params.size(); ++i) {
+      if (ContainsLayer(info.params[i], l) && std::find(keys.begin(), keys.end(), static_cast<int>(i)) == keys.end()) {
+        keys.push_back(static_cast<int>(i));
+      }
+    }
+    out->layer_files.emplace_back(l, std::move(keys));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+// Plans in phases: the DeepSpeed version and ZeRO stage written, each
+// param's slice shape at the target tp, the pipeline stages, the stages'
+// optimizer groups and their partition layouts, the layer files.
+absl::StatusOr<TargetLayout> PlanTarget(const ModelInfo& info, const ZeroWriteOptions& options,
+                                        const std::string& source_ds_version) {
+  TargetLayout out;
+  out.topo = options.target;
+  UCP_RETURN_IF_ERROR(out.topo.Validate());
+  UCP_RETURN_IF_ERROR(ChooseTargetVersion(info, options, source_ds_version, &out));
+  const int tp = out.topo.tp;
+  const int pp = out.topo.pp;
+  UCP_ASSIGN_OR_RETURN(out.zero_stage, ChooseZeroStage(info, options, pp));
+  const int64_t divisible_by =
+      options.make_vocab_size_divisible_by > 0 ? options.make_vocab_size_divisible_by : info.make_vocab_size_divisible_by;
+  UCP_RETURN_IF_ERROR(PlanSliceShapes(info, tp, divisible_by, &out));
+
+  // Pipeline stages.
+  std::vector<int> stage_of_layer;
   if (info.pipeline) {
-    std::vector<int> module_layers = info.module_layers;
-    // A tied module's other layers may be functions (a TiedLayerSpec with a
-    // forward_fn has no file); the layers of other params are modules.
-    for (const auto& p : info.params) {
-      if (!p.tied_layers.empty()) continue;
-      for (int l : LayersOf(p)) {
-        if (std::find(module_layers.begin(), module_layers.end(), l) == module_layers.end()) module_layers.push_back(l);
-      }
-    }
-    std::sort(module_layers.begin(), module_layers.end());
-    for (int l : module_layers) {
-      std::vector<int> keys;
-      if (!info.module_order.empty()) {
-        for (const auto& k : info.module_order) {
-          if (k.layer != l) continue;
-          const int i = info.IndexOf(k.name);
-          if (i < 0) return absl::InvalidArgumentError(absl::StrCat("module key '", k.name, "' is not a known tensor"));
-          keys.push_back(i);
-        }
-      }
-      // Tensors the recorded order misses (or all of them when none is recorded).
-      for (size_t i = 0; i < n; ++i) {
-        if (ContainsLayer(info.params[i], l) && std::find(keys.begin(), keys.end(), static_cast<int>(i)) == keys.end()) {
-          keys.push_back(static_cast<int>(i));
-        }
-      }
-      out.layer_files.emplace_back(l, std::move(keys));
-    }
+    UCP_ASSIGN_OR_RETURN(stage_of_layer, PartitionStages(info, options, pp, &out));
   }
+  UCP_RETURN_IF_ERROR(AssignStageGroups(info, stage_of_layer, pp, &out));
+  PlanGroupLayouts(info, pp, &out);
+  if (info.pipeline) UCP_RETURN_IF_ERROR(PlanLayerFiles(info, &out));
   return out;
 }
 
@@ -492,17 +555,60 @@ class Writer {
   // `deferred`, the source's tensors are opened when their bytes are read
   // (TargetSlice); `records` (if given) receives each storage of a state or
   // fp32 partition (TorchWriter storage number, plan).
+  // Built in phases, in the order the writer must see the tensors and
+  // copied values (it numbers storages as they come): each group's state and
+  // slice mappings, the fp32 partitions, the optimizer_state_dict around
+  // them, then the root.
   absl::StatusOr<ValuePtr> OptimRoot(torch::TorchWriter& w, int stage, int rank, int dp_rank, bool deferred = false,
                                      std::vector<std::pair<size_t, TensorPlan>>* records = nullptr) const {
-    const bool bf16 = info_.optimizer_kind == state::OptimizerKind::kBf16;
-    const Value& common = *common_.value;
-    auto copy_common = [&](const char* key) -> absl::StatusOr<ValuePtr> {
-      ValuePtr v = common.DictGetPtr(key);
-      if (!v) return absl::NotFoundError(absl::StrCat("the source's optimizer state has no '", key, "'"));
-      return deepspeed::CopyTreeForWrite(state::FileValue{v, common_.file}, w);
-    };
+    OptimGroupLists lists;
+    UCP_RETURN_IF_ERROR(AddGroupStates(w, stage, rank, dp_rank, deferred, records, &lists));
+    UCP_RETURN_IF_ERROR(AddFp32Partitions(w, stage, rank, dp_rank, deferred, records, &lists));
+    UCP_ASSIGN_OR_RETURN(ValuePtr osd, OptimizerStateDict(w, stage, rank, lists));
+
+    ValuePtr root = Value::MakeDict();
+    root->DictSet(Value::Str("optimizer_state_dict"), osd);
+    state::FileValue src = ds_->ModelStatesRoot(stage, rank);
+    ValuePtr config = src.value ? src.value->DictGetPtr("ds_config") : nullptr;
+    if (config) {
+      UCP_ASSIGN_OR_RETURN(ValuePtr c, DsConfig(state::FileValue{config, src.file}, w));
+      root->DictSet(Value::Str("ds_config"), c);
+    }
+    UCP_ASSIGN_OR_RETURN(ValuePtr version, TargetDsVersion(w, stage, rank));
+    root->DictSet(Value::Str("ds_version"), version);
+    return root;
+  }
+
+ private:
+  // The per-group lists of an optimizer_state_dict being built, and the
+  // base optimizer's per-group states ({g: {key: value}}).
+  struct OptimGroupLists {
     std::vector<ValuePtr> fp32_groups, paddings, counts, mappings;
     ValuePtr group_states = Value::MakeDict();
+  };
+
+  // A value of the source's optimizer state (OptimizerCommon), copied for `w`.
+  absl::StatusOr<ValuePtr> CopyCommon(torch::TorchWriter& w, const char* key) const {
+    ValuePtr v = common_.value->DictGetPtr(key);
+    if (!v) return absl::NotFoundError(absl::StrCat("the source's optimizer state has no '", key, "'"));
+    return deepspeed::CopyTreeForWrite(state::FileValue{v, common_.file}, w);
+  }
+
+  // The ds_version an optimizer file records: the target's, else the
+  // source optimizer state's, else the model states'.
+  absl::StatusOr<ValuePtr> TargetDsVersion(torch::TorchWriter& w, int stage, int rank) const {
+    if (layout_.ds_version.empty() && common_.value->DictGet("ds_version") == nullptr) {
+      return SourceVersion(stage, rank);
+    }
+    if (layout_.ds_version.empty()) return CopyCommon(w, "ds_version");
+    return Value::Str(layout_.ds_version);
+  }
+
+  // Per group of dp rank `dp_rank`'s partition: its param_slice_mappings
+  // entry, padding, partition count, and base optimizer state (the
+  // source's scalars, then the per-element states' partitions).
+  absl::Status AddGroupStates(torch::TorchWriter& w, int stage, int rank, int dp_rank, bool deferred,
+                              std::vector<std::pair<size_t, TensorPlan>>* records, OptimGroupLists* lists) const {
     for (int g = 0; g < info_.num_groups; ++g) {
       const deepspeed::ZeroGroupLayout& gl = layout_.layouts[stage][g];
       const std::vector<deepspeed::ZeroFragment> frags = gl.Fragments(dp_rank);
@@ -511,9 +617,9 @@ class Writer {
         mapping->DictSet(Value::Str(info_.params[layout_.stage_groups[stage][g][f.param_index]].name),
                          pickle::MakeFragmentAddress(f.numel, f.partition_offset));
       }
-      mappings.push_back(mapping);
-      paddings.push_back(Value::Int(gl.padding(dp_rank)));
-      counts.push_back(Value::Int(layout_.topo.dp));
+      lists->mappings.push_back(mapping);
+      lists->paddings.push_back(Value::Int(gl.padding(dp_rank)));
+      lists->counts.push_back(Value::Int(layout_.topo.dp));
       ValuePtr st = Value::MakeDict();
       for (const std::string& key : info_.scalar_keys) {
         UCP_ASSIGN_OR_RETURN(state::FileValue sv, state_.GroupScalar(g, key));
@@ -526,14 +632,20 @@ class Writer {
         if (records != nullptr) records->emplace_back(w.num_storages(), plan);
         st->DictSet(Value::Str(key), tp::AddPlan(w, plan));
       }
-      group_states->DictSet(Value::Int(g), st);
+      lists->group_states->DictSet(Value::Int(g), st);
     }
-    // The fp32 partitions after every group's optimizer states: the order
-    // their records have in the file. Making a plan opens its inputs, and
-    // an opened input is read ahead and CRC-checked (on the background
-    // thread of ExecuteUnits) in the order inputs were opened: opened in
-    // file order, the inputs arrive in the order the file's pieces (and
-    // records) are written. The tree, and so the bytes, do not depend on it.
+    return absl::OkStatus();
+  }
+
+  // The fp32 partitions, after every group's optimizer states: the order
+  // their records have in the file. Making a plan opens its inputs, and
+  // an opened input is read ahead and CRC-checked (on the background
+  // thread of ExecuteUnits) in the order inputs were opened: opened in
+  // file order, the inputs arrive in the order the file's pieces (and
+  // records) are written. The tree, and so the bytes, do not depend on it.
+  absl::Status AddFp32Partitions(torch::TorchWriter& w, int stage, int rank, int dp_rank, bool deferred,
+                                 std::vector<std::pair<size_t, TensorPlan>>* records, OptimGroupLists* lists) const {
+    const bool bf16 = info_.optimizer_kind == state::OptimizerKind::kBf16;
     for (int g = 0; g < info_.num_groups; ++g) {
       const deepspeed::ZeroGroupLayout& gl = layout_.layouts[stage][g];
       const int64_t p_numel = gl.partition_numel();
@@ -543,11 +655,17 @@ class Writer {
       UCP_ASSIGN_OR_RETURN(TensorPlan fp32, Partition(stage, rank, dp_rank, g, state::kFp32State, deferred));
       if (records != nullptr) records->emplace_back(w.num_storages(), fp32);
       UCP_ASSIGN_OR_RETURN(ValuePtr fp32_value, tp::AddPlanView(w, fp32, bf16 ? p_numel : lean, /*requires_grad=*/true));
-      fp32_groups.push_back(fp32_value);
+      lists->fp32_groups.push_back(fp32_value);
     }
+    return absl::OkStatus();
+  }
+
+  // base_optimizer_state: the group states and the source's param_groups,
+  // each listing its one flat param.
+  absl::StatusOr<ValuePtr> BaseOptimizerState(torch::TorchWriter& w, const ValuePtr& group_states) const {
     ValuePtr base = Value::MakeDict();
     base->DictSet(Value::Str("state"), group_states);
-    UCP_ASSIGN_OR_RETURN(ValuePtr param_groups, copy_common("param_groups"));
+    UCP_ASSIGN_OR_RETURN(ValuePtr param_groups, CopyCommon(w, "param_groups"));
     // A ZeRO 1/2 optimizer has one flat param per group: params = [g] (a
     // ZeRO-3 source lists its sub-groups there).
     if (param_groups->is(Kind::kList) && static_cast<int>(param_groups->items().size()) == info_.num_groups) {
@@ -559,10 +677,20 @@ class Writer {
       }
     }
     base->DictSet(Value::Str("param_groups"), param_groups);
+    return base;
+  }
 
+  // optimizer_state_dict in DeepSpeed's key order: the loss scaler (ZeRO
+  // only), clip_grad, the base optimizer state and fp32 partitions, the
+  // ZeRO stage, paddings, partition counts, ds_version, slice mappings.
+  absl::StatusOr<ValuePtr> OptimizerStateDict(torch::TorchWriter& w, int stage, int rank,
+                                              const OptimGroupLists& lists) const {
+    const bool bf16 = info_.optimizer_kind == state::OptimizerKind::kBf16;
+    const Value& common = *common_.value;
+    UCP_ASSIGN_OR_RETURN(ValuePtr base, BaseOptimizerState(w, lists.group_states));
     ValuePtr osd = Value::MakeDict();
     auto set_common = [&](const char* key) -> absl::Status {
-      UCP_ASSIGN_OR_RETURN(ValuePtr v, copy_common(key));
+      UCP_ASSIGN_OR_RETURN(ValuePtr v, CopyCommon(w, key));
       osd->DictSet(Value::Str(key), v);
       return absl::OkStatus();
     };
@@ -582,7 +710,7 @@ class Writer {
                    clip && (clip->is(Kind::kFloat) || clip->is(Kind::kInt)) ? clip : Value::Float(0.0));
     }
     osd->DictSet(Value::Str("base_optimizer_state"), base);
-    osd->DictSet(Value::Str("single_partition_of_fp32_groups"), Value::List(fp32_groups));
+    osd->DictSet(Value::Str("single_partition_of_fp32_groups"), Value::List(lists.fp32_groups));
     if (!bf16) {
       const Value* zs = common.DictGet("zero_stage");
       auto stage_value = zs ? pickle::AsZeroStage(*zs) : absl::StatusOr<int>(-1);
@@ -592,37 +720,14 @@ class Writer {
         osd->DictSet(Value::Str("zero_stage"), pickle::MakeZeroStage(layout_.zero_stage));
       }
     }
-    osd->DictSet(Value::Str("group_paddings"), Value::List(paddings));
-    osd->DictSet(Value::Str("partition_count"), Value::List(counts));
-    if (layout_.ds_version.empty() && common.DictGet("ds_version") == nullptr) {
-      osd->DictSet(Value::Str("ds_version"), SourceVersion(stage, rank));
-    } else if (layout_.ds_version.empty()) {
-      UCP_RETURN_IF_ERROR(set_common("ds_version"));
-    } else {
-      osd->DictSet(Value::Str("ds_version"), Value::Str(layout_.ds_version));
-    }
-    osd->DictSet(Value::Str("param_slice_mappings"), Value::List(mappings));
-
-    ValuePtr root = Value::MakeDict();
-    root->DictSet(Value::Str("optimizer_state_dict"), osd);
-    state::FileValue src = ds_->ModelStatesRoot(stage, rank);
-    ValuePtr config = src.value ? src.value->DictGetPtr("ds_config") : nullptr;
-    if (config) {
-      UCP_ASSIGN_OR_RETURN(ValuePtr c, DsConfig(state::FileValue{config, src.file}, w));
-      root->DictSet(Value::Str("ds_config"), c);
-    }
-    if (layout_.ds_version.empty() && common.DictGet("ds_version") == nullptr) {
-      root->DictSet(Value::Str("ds_version"), SourceVersion(stage, rank));
-    } else if (layout_.ds_version.empty()) {
-      UCP_ASSIGN_OR_RETURN(ValuePtr version, copy_common("ds_version"));
-      root->DictSet(Value::Str("ds_version"), version);
-    } else {
-      root->DictSet(Value::Str("ds_version"), Value::Str(layout_.ds_version));
-    }
-    return root;
+    osd->DictSet(Value::Str("group_paddings"), Value::List(lists.paddings));
+    osd->DictSet(Value::Str("partition_count"), Value::List(lists.counts));
+    UCP_ASSIGN_OR_RETURN(ValuePtr version, TargetDsVersion(w, stage, rank));
+    osd->DictSet(Value::Str("ds_version"), version);
+    osd->DictSet(Value::Str("param_slice_mappings"), Value::List(lists.mappings));
+    return osd;
   }
 
- private:
   // The model states' ds_version (a ZeRO-3 source's optimizer state has none).
   ValuePtr SourceVersion(int stage, int rank) const {
     state::FileValue src = ds_->ModelStatesRoot(stage, rank);

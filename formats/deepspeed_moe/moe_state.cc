@@ -63,6 +63,12 @@ std::string TagFolderOf(const std::string& path_in) {
   return path;
 }
 
+constexpr char kSupported[] = "ucp reads native MoE checkpoints of ZeRO stage 1/2 (DeepSpeedZeroOptimizer) at tp=pp=1";
+
+absl::Status InvalidIn(const std::string& path, absl::string_view message) {
+  return FileError(path, absl::StatusCode::kInvalidArgument, message);
+}
+
 }  // namespace
 
 bool SplitExpertName(const std::string& name, std::string* prefix, int* id, std::string* suffix) {
@@ -117,44 +123,80 @@ std::string MoeState::ExpertPath(int layer, int expert) const {
              : JoinPath(dir_, absl::StrCat("layer_", layer, "_expert_", expert, "_mp_rank_00_model_states.pt"));
 }
 
+int MoeState::LayerIndex(const std::string& prefix) const {
+  return static_cast<int>(std::find(moe_prefixes_.begin(), moe_prefixes_.end(), prefix) - moe_prefixes_.begin());
+}
+
 absl::Status MoeState::Load() {
   UCP_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirectory(dir_));
-  // bf16 jobs name their optimizer files bf16_zero_pp_rank_* (engine.py, for
-  // DeepSpeedZeroOptimizer with bf16 weights as for BF16_Optimizer; only the
-  // former is read, checked below).
-  {
-    std::set<bool> prefixes;
-    for (const auto& n : names) {
-      auto parsed = deepspeed::ParseCheckpointFileName(n);
-      if (parsed && parsed->type == deepspeed::CheckpointFileName::Type::kOptim) prefixes.insert(parsed->bf16_prefix);
-    }
-    if (prefixes.size() > 1) {
-      return absl::InvalidArgumentError(absl::StrCat(dir_, ": mixes bf16_zero_pp_rank_* and zero_pp_rank_* files"));
-    }
-    bf16_prefix_ = prefixes.count(true) > 0;
+  UCP_RETURN_IF_ERROR(FindOptimPrefix(names));
+  const std::string version = VersionForMessages();
+  const std::string what = absl::StrCat("DeepSpeed ", version, " native mixture-of-experts checkpoint");
+  UCP_ASSIGN_OR_RETURN(std::set<int> optim_dp, ListFiles(names, what));
+  UCP_RETURN_IF_ERROR(CheckExpertOptimizerFiles(names, optim_dp, what));
+  UCP_RETURN_IF_ERROR(OpenModelStates(optim_dp, version));
+  // Rank 0's optimizer file: the groups, which of them hold experts, ep.
+  UCP_ASSIGN_OR_RETURN(Rank0Groups rank0, ReadRank0Groups(what));
+  UCP_RETURN_IF_ERROR(ReadGroupMembers(rank0));
+  optim_files_.Reset(dp_);
+  UCP_RETURN_IF_ERROR(FindExpertGroups(rank0));
+  window_mappings_ = legacy_ && ep_ > 1 && deepspeed::ExpertMappingsSizedByWorld(legacy_parsed_);
+  if (legacy_) UCP_RETURN_IF_ERROR(GroupNamesFromMappings());
+  UCP_RETURN_IF_ERROR(FindMoeLayers());
+  if (legacy_) UCP_RETURN_IF_ERROR(GroupShapesFromTensors());
+  UCP_RETURN_IF_ERROR(MakeLayouts());
+  UCP_ASSIGN_OR_RETURN(const OptimFile* first, Optim(0));
+  UCP_RETURN_IF_ERROR(BuildInfo(*first));
+  empty_dict_ = Value::MakeDict();
+  return absl::OkStatus();
+}
+
+// bf16 jobs name their optimizer files bf16_zero_pp_rank_* (engine.py, for
+// DeepSpeedZeroOptimizer with bf16 weights as for BF16_Optimizer; only the
+// former is read, checked in ReadRank0Groups): sets bf16_prefix_.
+absl::Status MoeState::FindOptimPrefix(const std::vector<std::string>& names) {
+  std::set<bool> prefixes;
+  for (const auto& n : names) {
+    auto parsed = deepspeed::ParseCheckpointFileName(n);
+    if (parsed && parsed->type == deepspeed::CheckpointFileName::Type::kOptim) prefixes.insert(parsed->bf16_prefix);
   }
-  // The version, for the messages of what is refused below.
+  if (prefixes.size() > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(dir_, ": mixes bf16_zero_pp_rank_* and zero_pp_rank_* files"));
+  }
+  bf16_prefix_ = prefixes.count(true) > 0;
+  return absl::OkStatus();
+}
+
+// The saving DeepSpeed's version, for the messages of what is refused: the
+// model states' ds_version, else (before 0.19.3 only the optimizer files
+// name it) optimizer file 0's, else "(no ds_version)".
+std::string MoeState::VersionForMessages() const {
   std::string version = "(no ds_version)";
   if (auto f = torch::TorchFile::Open(JoinPath(dir_, deepspeed::MpRankFileName(0)), read_.Files()); f.ok()) {
     const Value* v = (*f)->root()->is(Kind::kDict) ? (*f)->root()->DictGet("ds_version") : nullptr;
     if (v != nullptr && v->is(Kind::kStr)) version = v->str();
   }
-  if (version == "(no ds_version)") {  // before 0.19.3 only the optimizer files name it
+  if (version == "(no ds_version)") {
     const torch::OpenOptions lazy = read_.Files(/*verify_crc=*/false);
     if (auto f = torch::TorchFile::Open(OptimPath(0), lazy); f.ok() && (*f)->root()->is(Kind::kDict)) {
       const Value* v = (*f)->root()->DictGet("ds_version");
       if (v != nullptr && v->is(Kind::kStr)) version = v->str();
     }
   }
-  const std::string what = absl::StrCat("DeepSpeed ", version, " native mixture-of-experts checkpoint");
-  const std::string supported = "ucp reads native MoE checkpoints of ZeRO stage 1/2 (DeepSpeedZeroOptimizer) at tp=pp=1";
+  return version;
+}
+
+// The folder's checkpoint files: expert files (expert_files_) and optimizer
+// files of mp rank 0 and mp_rank_00's model states only. Returns the
+// optimizer files' dp ranks.
+absl::StatusOr<std::set<int>> MoeState::ListFiles(const std::vector<std::string>& names, const std::string& what) {
   std::set<int> optim_dp;
   for (const auto& n : names) {
     int l, e, m;
     if (ParseExpertFileName(n, &l, &e, &m)) {
       if (m != 0) {
         return absl::UnimplementedError(
-            absl::StrCat(dir_, ": ", what, " with model parallelism (", n, "): ", supported));
+            absl::StrCat(dir_, ": ", what, " with model parallelism (", n, "): ", kSupported));
       }
       expert_files_[{l, e}] = JoinPath(dir_, n);
       continue;
@@ -163,21 +205,26 @@ absl::Status MoeState::Load() {
     if (!parsed) continue;
     if (parsed->type == deepspeed::CheckpointFileName::Type::kOptim) {
       if (parsed->mp_rank != 0) {
-        return absl::UnimplementedError(absl::StrCat(dir_, ": ", what, " with ", n, ": ", supported));
+        return absl::UnimplementedError(absl::StrCat(dir_, ": ", what, " with ", n, ": ", kSupported));
       }
       optim_dp.insert(parsed->dp_rank);
     } else if (parsed->type != deepspeed::CheckpointFileName::Type::kMpRank || parsed->mp_rank != 0) {
-      return absl::UnimplementedError(absl::StrCat(dir_, ": ", what, " with ", n, ": ", supported));
+      return absl::UnimplementedError(absl::StrCat(dir_, ": ", what, " with ", n, ": ", kSupported));
     }
   }
-  // engine.py _save_checkpoint writes expp_rank_R_mp_rank_XX_optim_states.pt
-  // for every MoE job; with ZeRO (up to 0.16.x at least; 0.19.5 no longer
-  // writes them) they only hold {'optimizer': None}, the optimizer being in
-  // the zero_pp_rank files. Without ZeRO they hold the whole optimizer.
+  return optim_dp;
+}
+
+// engine.py _save_checkpoint writes expp_rank_R_mp_rank_XX_optim_states.pt
+// for every MoE job; with ZeRO (up to 0.16.x at least; 0.19.5 no longer
+// writes them) they only hold {'optimizer': None}, the optimizer being in
+// the zero_pp_rank files. Without ZeRO they hold the whole optimizer.
+absl::Status MoeState::CheckExpertOptimizerFiles(const std::vector<std::string>& names, const std::set<int>& optim_dp,
+                                                 const std::string& what) const {
   for (const auto& n : names) {
     if (!absl::StartsWith(n, "expp_rank_")) continue;
     if (optim_dp.empty()) {
-      return absl::UnimplementedError(absl::StrCat(dir_, ": ", what, " without ZeRO (", n, "): ", supported));
+      return absl::UnimplementedError(absl::StrCat(dir_, ": ", what, " without ZeRO (", n, "): ", kSupported));
     }
     const std::string path = JoinPath(dir_, n);
     UCP_ASSIGN_OR_RETURN(std::unique_ptr<torch::TorchFile> f, torch::TorchFile::Open(path, read_.Files()));
@@ -186,20 +233,24 @@ absl::Status MoeState::Load() {
       return FileError(path, absl::StatusCode::kUnimplemented,
                        absl::StrCat(what, ": an expert optimizer file next to the ZeRO files holds ",
                                     opt == nullptr ? "no 'optimizer' key" : "an optimizer",
-                                    ", expected {'optimizer': None}: ", supported));
+                                    ", expected {'optimizer': None}: ", kSupported));
     }
   }
+  return absl::OkStatus();
+}
+
+// mp_rank_00's model states (mp_): dp_world_size (dp_) against the optimizer
+// files present, no model parallelism, a plain module, no frozen params, and
+// num_experts per MoE layer (num_experts_).
+absl::Status MoeState::OpenModelStates(const std::set<int>& optim_dp, const std::string& version) {
   const std::string mp_path = JoinPath(dir_, deepspeed::MpRankFileName(0));
   UCP_ASSIGN_OR_RETURN(mp_, torch::TorchFile::Open(mp_path, read_.Files()));
   const Value& root = *mp_->root();
-  auto err = [&](const std::string& path, absl::string_view message) {
-    return FileError(path, absl::StatusCode::kInvalidArgument, message);
-  };
-  if (!root.is(Kind::kDict)) return err(mp_path, "expected a dict of model states");
+  if (!root.is(Kind::kDict)) return InvalidIn(mp_path, "expected a dict of model states");
   {
     UCP_ASSIGN_OR_RETURN(const Value* d, GetField(root, "dp_world_size", "model states"), _.Prepend(mp_path + ": "));
     UCP_ASSIGN_OR_RETURN(int64_t dp, AsInt(*d, "dp_world_size"), _.Prepend(mp_path + ": "));
-    if (dp < 1) return err(mp_path, "dp_world_size < 1");
+    if (dp < 1) return InvalidIn(mp_path, "dp_world_size < 1");
     dp_ = static_cast<int>(dp);
     const Value* m = root.DictGet("mp_world_size");
     if (m != nullptr && m->is(Kind::kInt) && m->int_value() != 1) {
@@ -226,43 +277,56 @@ absl::Status MoeState::Load() {
                        absl::StrCat("mixture-of-experts checkpoint with frozen params (", key, "): not supported"));
     }
   }
-  // num_experts per MoE layer.
-  {
-    const Value* ne = root.DictGet("num_experts");
-    if (ne == nullptr || !(ne->is(Kind::kList) || ne->is(Kind::kTuple))) {
-      return err(mp_path, "a mixture-of-experts checkpoint without a num_experts list");
-    }
-    for (const auto& v : ne->items()) {
-      UCP_ASSIGN_OR_RETURN(int64_t n, AsInt(*v, "num_experts"), _.Prepend(mp_path + ": "));
-      num_experts_.push_back(static_cast<int>(n));
-    }
+  const Value* ne = root.DictGet("num_experts");
+  if (ne == nullptr || !(ne->is(Kind::kList) || ne->is(Kind::kTuple))) {
+    return InvalidIn(mp_path, "a mixture-of-experts checkpoint without a num_experts list");
   }
-  // Rank 0's optimizer file: the groups, which of them hold experts, ep.
-  UCP_ASSIGN_OR_RETURN(auto f0, torch::TorchFile::Open(OptimPath(0), read_.Files()));
-  const Value* pgs = internal::DictPath(f0->root().get(), {"optimizer_state_dict", "base_optimizer_state", "param_groups"});
-  const Value* pc = internal::DictPath(f0->root().get(), {"optimizer_state_dict", "partition_count"});
-  if (pgs == nullptr || !pgs->is(Kind::kList) || pgs->items().empty()) {
-    return err(OptimPath(0), "no optimizer_state_dict.base_optimizer_state.param_groups list");
+  for (const auto& v : ne->items()) {
+    UCP_ASSIGN_OR_RETURN(int64_t n, AsInt(*v, "num_experts"), _.Prepend(mp_path + ": "));
+    num_experts_.push_back(static_cast<int>(n));
   }
-  if (const Value* osd = f0->root()->DictGet("optimizer_state_dict");
+  return absl::OkStatus();
+}
+
+// Rank 0's optimizer file: its param_groups and partition_count (one count
+// per group); a BF16_Optimizer's file refused.
+absl::StatusOr<MoeState::Rank0Groups> MoeState::ReadRank0Groups(const std::string& what) const {
+  Rank0Groups out;
+  UCP_ASSIGN_OR_RETURN(out.file, torch::TorchFile::Open(OptimPath(0), read_.Files()));
+  const Value* root = out.file->root().get();
+  out.param_groups = internal::DictPath(root, {"optimizer_state_dict", "base_optimizer_state", "param_groups"});
+  out.partition_count = internal::DictPath(root, {"optimizer_state_dict", "partition_count"});
+  if (out.param_groups == nullptr || !out.param_groups->is(Kind::kList) || out.param_groups->items().empty()) {
+    return InvalidIn(OptimPath(0), "no optimizer_state_dict.base_optimizer_state.param_groups list");
+  }
+  if (const Value* osd = root->DictGet("optimizer_state_dict");
       osd != nullptr && osd->is(Kind::kDict) && osd->DictGet("zero_stage") == nullptr &&
       osd->DictGet("loss_scaler") == nullptr) {
     return FileError(OptimPath(0), absl::StatusCode::kUnimplemented,
-                     absl::StrCat(what, " saved by BF16_Optimizer (no zero_stage, no loss_scaler): ", supported));
+                     absl::StrCat(what, " saved by BF16_Optimizer (no zero_stage, no loss_scaler): ", kSupported));
   }
-  const size_t num_groups = pgs->items().size();
-  if (pc == nullptr || !pc->is(Kind::kList) || pc->items().size() != num_groups) {
-    return err(OptimPath(0), "partition_count is not a list with one count per param group");
+  out.num_groups = out.param_groups->items().size();
+  if (out.partition_count == nullptr || !out.partition_count->is(Kind::kList) ||
+      out.partition_count->items().size() != out.num_groups) {
+    return InvalidIn(OptimPath(0), "partition_count is not a list with one count per param group");
   }
-  // The layout, by the keys present and the version the optimizer files
-  // name. DeepSpeed before 0.19.3 saved MoE model states without
-  // param_shapes (nor buffer_names, ds_config, ds_version: engine.py
-  // _save_moe_checkpoint): the groups' members and their order then come from
-  // every rank's param_slice_mappings, the shapes from the module (non-expert
-  // params) and the expert files (experts).
+  return out;
+}
+
+// The layout, by the keys present and the version the optimizer files
+// name. DeepSpeed before 0.19.3 saved MoE model states without
+// param_shapes (nor buffer_names, ds_config, ds_version: engine.py
+// _save_moe_checkpoint): the groups' members and their order then come from
+// every rank's param_slice_mappings, the shapes from the module (non-expert
+// params) and the expert files (experts), later (legacy_, legacy_version_;
+// groups_ sized). From 0.19.3 param_shapes gives each group's local names
+// and shapes (groups_).
+absl::Status MoeState::ReadGroupMembers(const Rank0Groups& rank0) {
+  const std::string mp_path = mp_->path();
+  const Value& root = *mp_->root();
   legacy_ = root.DictGet("param_shapes") == nullptr;
   if (legacy_) {
-    const Value* v = f0->root()->is(Kind::kDict) ? f0->root()->DictGet("ds_version") : nullptr;
+    const Value* v = rank0.file->root()->is(Kind::kDict) ? rank0.file->root()->DictGet("ds_version") : nullptr;
     if (v == nullptr || !v->is(Kind::kStr)) {
       return FileError(OptimPath(0), absl::StatusCode::kInvalidArgument,
                        absl::StrCat("no ds_version, and ", mp_path, " has no param_shapes: cannot tell which DeepSpeed ",
@@ -281,69 +345,78 @@ absl::Status MoeState::Load() {
     }
     legacy_version_ = v->str();
     legacy_parsed_ = *parsed;
-    groups_.resize(num_groups);
-  } else {
-    UCP_ASSIGN_OR_RETURN(const Value* shapes_v, GetField(root, "param_shapes", "model states"), _.Prepend(mp_path + ": "));
-    UCP_ASSIGN_OR_RETURN(auto* shape_list, AsSequence(*shapes_v, "param_shapes"), _.Prepend(mp_path + ": "));
-    for (size_t g = 0; g < shape_list->size(); ++g) {
-      const Value& d = *(*shape_list)[g];
-      if (!d.is(Kind::kDict)) return err(mp_path, absl::StrCat("param_shapes[", g, "] is not a dict"));
-      Group group;
-      for (const auto& [k, v] : d.dict_items()) {
-        if (!k->is(Kind::kStr)) return err(mp_path, absl::StrCat("param_shapes[", g, "] has a non-string key"));
-        UCP_ASSIGN_OR_RETURN(std::vector<int64_t> shape, AsTorchSize(*v, absl::StrCat("param_shapes[", g, "]")),
-                             _.Prepend(mp_path + ": "));
-        group.names.push_back(k->str());
-        group.shapes.push_back(std::move(shape));
-      }
-      groups_.push_back(std::move(group));
+    groups_.resize(rank0.num_groups);
+    return absl::OkStatus();
+  }
+  UCP_ASSIGN_OR_RETURN(const Value* shapes_v, GetField(root, "param_shapes", "model states"), _.Prepend(mp_path + ": "));
+  UCP_ASSIGN_OR_RETURN(auto* shape_list, AsSequence(*shapes_v, "param_shapes"), _.Prepend(mp_path + ": "));
+  for (size_t g = 0; g < shape_list->size(); ++g) {
+    const Value& d = *(*shape_list)[g];
+    if (!d.is(Kind::kDict)) return InvalidIn(mp_path, absl::StrCat("param_shapes[", g, "] is not a dict"));
+    Group group;
+    for (const auto& [k, v] : d.dict_items()) {
+      if (!k->is(Kind::kStr)) return InvalidIn(mp_path, absl::StrCat("param_shapes[", g, "] has a non-string key"));
+      UCP_ASSIGN_OR_RETURN(std::vector<int64_t> shape, AsTorchSize(*v, absl::StrCat("param_shapes[", g, "]")),
+                           _.Prepend(mp_path + ": "));
+      group.names.push_back(k->str());
+      group.shapes.push_back(std::move(shape));
     }
-    if (groups_.size() != num_groups) {
-      return err(OptimPath(0), absl::StrCat("expected ", groups_.size(),
-                                            " base_optimizer_state.param_groups (param_shapes of mp_rank_00)"));
+    groups_.push_back(std::move(group));
+  }
+  if (groups_.size() != rank0.num_groups) {
+    return InvalidIn(OptimPath(0), absl::StrCat("expected ", groups_.size(),
+                                                " base_optimizer_state.param_groups (param_shapes of mp_rank_00)"));
+  }
+  return absl::OkStatus();
+}
+
+// Expert groups: 'moe': True in rank 0's param_groups, each partitioned over
+// the same divisor of dp (the expert data parallel degree; ep_ = dp / it),
+// named 'ep_size_<ep>'; every other group over all of dp.
+absl::Status MoeState::FindExpertGroups(const Rank0Groups& rank0) {
+  int edp = 0;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const Value& pg = *rank0.param_groups->items()[g];
+    groups_[g].expert = pg.is(Kind::kDict) && internal::Truthy(pg.DictGet("moe"));
+    UCP_ASSIGN_OR_RETURN(int64_t count, AsInt(*rank0.partition_count->items()[g], "partition_count"),
+                         _.Prepend(OptimPath(0) + ": "));
+    if (!groups_[g].expert) {
+      if (count != dp_) {
+        return InvalidIn(OptimPath(0), absl::StrCat("partition_count[", g, "] is ", count, ", expected ", dp_,
+                                                    " (dp_world_size) for a group without experts"));
+      }
+      continue;
+    }
+    if (count < 1 || dp_ % count != 0 || (edp != 0 && count != edp)) {
+      return InvalidIn(OptimPath(0), absl::StrCat("partition_count[", g, "] is ", count, " for an expert group: expected ",
+                                                  "the same divisor of dp_world_size ", dp_, " for every expert group"));
+    }
+    edp = static_cast<int>(count);
+    const Value* name = pg.DictGet("name");
+    ep_ = dp_ / edp;
+    if (name != nullptr && name->is(Kind::kStr) && name->str() != absl::StrCat("ep_size_", ep_)) {
+      return InvalidIn(OptimPath(0), absl::StrCat("expert param group ", g, " is named '", name->str(),
+                                                  "', expected 'ep_size_", ep_, "' (dp ", dp_, " / partition_count ",
+                                                  count, ")"));
     }
   }
-  slots_.clear();
-  for (int d = 0; d < dp_; ++d) slots_.push_back(std::make_unique<Slot>());
-  // Expert groups: 'moe': True in rank 0's param_groups.
-  {
-    int edp = 0;
-    for (size_t g = 0; g < groups_.size(); ++g) {
-      const Value& pg = *pgs->items()[g];
-      groups_[g].expert = pg.is(Kind::kDict) && internal::Truthy(pg.DictGet("moe"));
-      UCP_ASSIGN_OR_RETURN(int64_t count, AsInt(*pc->items()[g], "partition_count"), _.Prepend(OptimPath(0) + ": "));
-      if (!groups_[g].expert) {
-        if (count != dp_) {
-          return err(OptimPath(0), absl::StrCat("partition_count[", g, "] is ", count, ", expected ", dp_,
-                                                " (dp_world_size) for a group without experts"));
-        }
-        continue;
-      }
-      if (count < 1 || dp_ % count != 0 || (edp != 0 && count != edp)) {
-        return err(OptimPath(0), absl::StrCat("partition_count[", g, "] is ", count, " for an expert group: expected ",
-                                              "the same divisor of dp_world_size ", dp_, " for every expert group"));
-      }
-      edp = static_cast<int>(count);
-      const Value* name = pg.DictGet("name");
-      ep_ = dp_ / edp;
-      if (name != nullptr && name->is(Kind::kStr) && name->str() != absl::StrCat("ep_size_", ep_)) {
-        return err(OptimPath(0), absl::StrCat("expert param group ", g, " is named '", name->str(), "', expected 'ep_size_",
-                                              ep_, "' (dp ", dp_, " / partition_count ", count, ")"));
-      }
-    }
-    if (edp == 0) return err(OptimPath(0), "no expert param group ('moe': True) in a checkpoint with expert files");
-  }
-  window_mappings_ = legacy_ && ep_ > 1 && deepspeed::ExpertMappingsSizedByWorld(legacy_parsed_);
-  if (legacy_) UCP_RETURN_IF_ERROR(GroupNamesFromMappings());
-  // MoE layers in order of appearance, and the experts' local ids.
+  if (edp == 0) return InvalidIn(OptimPath(0), "no expert param group ('moe': True) in a checkpoint with expert files");
+  return absl::OkStatus();
+}
+
+// MoE layers in order of appearance in the expert groups (moe_prefixes_),
+// one per num_experts entry, each with a multiple of ep experts and every
+// expert's file, and no expert file beyond num_experts.
+absl::Status MoeState::FindMoeLayers() {
+  const std::string mp_path = mp_->path();
   for (const Group& g : groups_) {
     if (!g.expert) continue;
     for (const std::string& n : g.names) {
       std::string prefix, suffix;
       int id = 0;
       if (!SplitExpertName(n, &prefix, &id, &suffix)) {
-        return err(mp_path, absl::StrCat("'", n, "' is in an expert param group but is not named '<prefix>",
-                                         kExpertInfix, "<id>.<name>'"));
+        return InvalidIn(mp_path, absl::StrCat("'", n, "' is in an expert param group but is not named '<prefix>",
+                                               kExpertInfix, "<id>.<name>'"));
       }
       if (std::find(moe_prefixes_.begin(), moe_prefixes_.end(), prefix) == moe_prefixes_.end()) {
         moe_prefixes_.push_back(prefix);
@@ -351,12 +424,13 @@ absl::Status MoeState::Load() {
     }
   }
   if (moe_prefixes_.size() != num_experts_.size()) {
-    return err(mp_path, absl::StrCat("num_experts lists ", num_experts_.size(), " MoE layers, the expert groups hold ",
-                                     moe_prefixes_.size()));
+    return InvalidIn(mp_path, absl::StrCat("num_experts lists ", num_experts_.size(),
+                                           " MoE layers, the expert groups hold ", moe_prefixes_.size()));
   }
   for (size_t l = 0; l < num_experts_.size(); ++l) {
     if (num_experts_[l] % ep_ != 0) {
-      return err(mp_path, absl::StrCat("MoE layer ", l, " has ", num_experts_[l], " experts, not a multiple of ep ", ep_));
+      return InvalidIn(mp_path,
+                       absl::StrCat("MoE layer ", l, " has ", num_experts_[l], " experts, not a multiple of ep ", ep_));
     }
     for (int e = 0; e < num_experts_[l]; ++e) {
       if (!expert_files_.count({static_cast<int>(l), e})) {
@@ -371,8 +445,13 @@ absl::Status MoeState::Load() {
                                                      absl::StrJoin(num_experts_, ",")));
     }
   }
-  if (legacy_) UCP_RETURN_IF_ERROR(GroupShapesFromTensors());
-  // Layouts: non-expert groups over dp, expert groups over dp / ep.
+  return absl::OkStatus();
+}
+
+// Each group's ZeRO layout (non-expert groups over dp, expert groups over
+// dp / ep); every expert param's local id below its layer's experts per ep
+// rank.
+absl::Status MoeState::MakeLayouts() {
   for (Group& g : groups_) {
     std::vector<int64_t> numels;
     for (const auto& s : g.shapes) numels.push_back(internal::Numel(s));
@@ -382,42 +461,58 @@ absl::Status MoeState::Load() {
       std::string prefix, suffix;
       int id = 0;
       SplitExpertName(n, &prefix, &id, &suffix);
-      const int layer = static_cast<int>(std::find(moe_prefixes_.begin(), moe_prefixes_.end(), prefix) - moe_prefixes_.begin());
+      const int layer = LayerIndex(prefix);
       if (id >= num_experts_[layer] / ep_) {
-        return err(mp_path, absl::StrCat("'", n, "': local expert ", id, " but MoE layer ", layer, " has ",
-                                         num_experts_[layer] / ep_, " per ep rank"));
+        return InvalidIn(mp_->path(), absl::StrCat("'", n, "': local expert ", id, " but MoE layer ", layer, " has ",
+                                                   num_experts_[layer] / ep_, " per ep rank"));
       }
     }
   }
-  UCP_ASSIGN_OR_RETURN(const OptimFile* first, Optim(0));
+  return absl::OkStatus();
+}
 
-  // The model info: non-expert params, then experts under global ids.
+// The model info: topology, optimizer kind and state names, MoE layers; the
+// params (trainable non-expert params and experts under global ids, then the
+// module's other tensors), module order (the module's tensors, then each
+// expert file's keys) and notes.
+absl::Status MoeState::BuildInfo(const OptimFile& first) {
   info_.source_topology = {1, 1, dp_};
   info_.pipeline = false;
   info_.optimizer_kind = state::OptimizerKind::kZero;
   info_.bf16_file_prefix = bf16_prefix_;
   info_.num_groups = static_cast<int>(groups_.size());
   {
-    const Value* zs = first->osd->DictGet("zero_stage");
+    const Value* zs = first.osd->DictGet("zero_stage");
     UCP_ASSIGN_OR_RETURN(info_.zero_stage, pickle::AsZeroStage(*zs, "zero_stage"), _.Prepend(OptimPath(0) + ": "));
   }
-  for (const auto& [k, t] : first->states[0]) info_.state_keys.push_back(k);
-  for (const auto& [k, v] : first->scalars[0]) info_.scalar_keys.push_back(k);
+  info_.state_keys = first.StateNames(0);
+  info_.scalar_keys = first.ScalarNames(0);
   info_.expert_parallel = ep_;
   for (size_t l = 0; l < num_experts_.size(); ++l) info_.moe_layers.push_back({moe_prefixes_[l], num_experts_[l]});
   for (const Group& g : groups_) info_.expert_groups.push_back(g.expert);
-  const Value* module = root.DictGet("module");
-  const std::vector<std::string> buffers = StringList(root.DictGet("buffer_names"));
   torch::DType lp = torch::DType::kFloat32;
-  for (const auto& [k, v] : module->dict_items()) {
+  for (const auto& [k, v] : mp_->root()->DictGet("module")->dict_items()) {
     if (!k->is(Kind::kStr) || !torch::TorchFile::IsTensor(*v)) continue;
     UCP_ASSIGN_OR_RETURN(torch::Tensor t, mp_->GetTensor(*v));
     info_.module_order.push_back({-1, k->str()});
     lp = t.dtype();
   }
   info_.lp_dtype = lp;
-  std::set<std::string> trainable;
-  std::map<std::string, std::vector<int64_t>> shape_of;
+  TrainableShapes trainable;
+  UCP_RETURN_IF_ERROR(AddTrainableParams(lp, &trainable));
+  UCP_RETURN_IF_ERROR(AddModuleBuffers(trainable));
+  UCP_RETURN_IF_ERROR(AddExpertModuleOrder(trainable));
+  AddNotes();
+  info_.Reindex();
+  return absl::OkStatus();
+}
+
+// Every group's params, an expert group's once per ep rank under the global
+// ids of that rank's experts (where_ says where each lies); `trainable` gets
+// their shapes.
+absl::Status MoeState::AddTrainableParams(torch::DType lp, TrainableShapes* trainable) {
+  const std::string mp_path = mp_->path();
+  const Value* module = mp_->root()->DictGet("module");
   for (size_t g = 0; g < groups_.size(); ++g) {
     const Group& grp = groups_[g];
     for (int e = 0; e < (grp.expert ? ep_ : 1); ++e) {
@@ -428,11 +523,10 @@ absl::Status MoeState::Load() {
           std::string prefix, suffix;
           int id = 0;
           SplitExpertName(grp.names[i], &prefix, &id, &suffix);
-          const int layer =
-              static_cast<int>(std::find(moe_prefixes_.begin(), moe_prefixes_.end(), prefix) - moe_prefixes_.begin());
+          const int layer = LayerIndex(prefix);
           p.name = ExpertName(prefix, e * (num_experts_[layer] / ep_) + id, suffix);
         } else if (!module->DictGet(p.name)) {
-          return err(mp_path, absl::StrCat("param '", p.name, "' of param_shapes is not in module"));
+          return InvalidIn(mp_path, absl::StrCat("param '", p.name, "' of param_shapes is not in module"));
         }
         p.local_name = p.name;
         p.group = static_cast<int>(g);
@@ -440,22 +534,28 @@ absl::Status MoeState::Load() {
         p.lp_dtype = lp;
         p.tp_shapes = {grp.shapes[i]};
         p.stages = {0};
-        shape_of[p.name] = grp.shapes[i];
-        if (!trainable.insert(p.name).second) {
-          return err(mp_path, absl::StrCat("param '", p.name, "' is in param_shapes twice"));
-        }
+        if (!trainable->insert({p.name, grp.shapes[i]}).second) return InvalidIn(mp_path, absl::StrCat("param '", p.name, "' is in param_shapes twice"));
         info_.params.push_back(std::move(p));
         where_.push_back({static_cast<int>(g), static_cast<int>(i), grp.expert ? e : -1});
       }
     }
   }
-  for (const auto& [k, v] : module->dict_items()) {
+  return absl::OkStatus();
+}
+
+// The module's tensors in no group, kept as they are (role kBuffer): the
+// buffer_names (0.19.3+); before 0.19.3 any, recorded as untold_ (nothing
+// tells a buffer from a frozen or tied param).
+absl::Status MoeState::AddModuleBuffers(const TrainableShapes& trainable) {
+  const Value& root = *mp_->root();
+  const std::vector<std::string> buffers = StringList(root.DictGet("buffer_names"));
+  for (const auto& [k, v] : root.DictGet("module")->dict_items()) {
     if (!k->is(Kind::kStr) || !torch::TorchFile::IsTensor(*v) || trainable.count(k->str())) continue;
     if (std::find(buffers.begin(), buffers.end(), k->str()) == buffers.end()) {
       if (!legacy_) {
-        return err(mp_path, absl::StrCat("module['", k->str(), "'] is neither a param of the optimizer nor a buffer"));
+        return InvalidIn(mp_->path(),
+                         absl::StrCat("module['", k->str(), "'] is neither a param of the optimizer nor a buffer"));
       }
-      // Before 0.19.3 nothing tells a buffer from a frozen (or tied) param.
       untold_.push_back(k->str());
     }
     UCP_ASSIGN_OR_RETURN(torch::Tensor t, mp_->GetTensor(*v));
@@ -469,36 +569,49 @@ absl::Status MoeState::Load() {
     info_.params.push_back(std::move(p));
     where_.push_back({});
   }
-  // The experts' module keys, in their files' order (expert files are
-  // opened for their keys only; their weights are checked when read).
+  return absl::OkStatus();
+}
+
+// The experts' module keys, in their files' order (expert files are opened
+// for their keys only; their weights are checked when read): each a weight
+// of its layer and expert, in an expert group, of its group's shape.
+absl::Status MoeState::AddExpertModuleOrder(const TrainableShapes& trainable) {
   for (size_t l = 0; l < num_experts_.size(); ++l) {
     for (int e = 0; e < num_experts_[l]; ++e) {
       const torch::OpenOptions lazy = read_.Files(/*verify_crc=*/false);
       const std::string path = ExpertPath(static_cast<int>(l), e);
       UCP_ASSIGN_OR_RETURN(auto f, torch::TorchFile::Open(path, lazy));
-      if (!f->root()->is(Kind::kDict)) return err(path, "expected a dict of expert weights");
+      if (!f->root()->is(Kind::kDict)) return InvalidIn(path, "expected a dict of expert weights");
       for (const auto& [k, v] : f->root()->dict_items()) {
         std::string prefix, suffix;
         int id = -1;
         if (!k->is(Kind::kStr) || !SplitExpertName(k->str(), &prefix, &id, &suffix) || prefix != moe_prefixes_[l] ||
             id != e) {
-          return err(path, absl::StrCat("key ", k->DebugString(), " is not a weight of MoE layer ", l, " ('",
-                                        moe_prefixes_[l], "') expert ", e));
+          return InvalidIn(path, absl::StrCat("key ", k->DebugString(), " is not a weight of MoE layer ", l, " ('",
+                                              moe_prefixes_[l], "') expert ", e));
         }
-        if (!trainable.count(k->str())) {
-          return err(path, absl::StrCat("'", k->str(), "' is in no expert param group of the optimizer files"));
+        auto shape = trainable.find(k->str());
+        if (shape == trainable.end()) {
+          return InvalidIn(path, absl::StrCat("'", k->str(), "' is in no expert param group of the optimizer files"));
         }
         if (torch::TorchFile::IsTensor(*v)) {
           UCP_ASSIGN_OR_RETURN(torch::Tensor t, f->GetTensor(*v), _.Prepend(path + ": "));
-          if (t.sizes() != shape_of[k->str()]) {
-            return err(path, absl::StrCat("'", k->str(), "' has shape ", ShapeStr(t.sizes()), ", its param group ",
-                                          legacy_ ? "(ep rank 0's local expert) " : "(param_shapes) ", ShapeStr(shape_of[k->str()])));
+          if (t.sizes() != shape->second) {
+            return InvalidIn(path, absl::StrCat("'", k->str(), "' has shape ", ShapeStr(t.sizes()), ", its param group ",
+                                                legacy_ ? "(ep rank 0's local expert) " : "(param_shapes) ",
+                                                ShapeStr(shape->second)));
           }
         }
         info_.module_order.push_back({-1, k->str()});
       }
     }
   }
+  return absl::OkStatus();
+}
+
+// What the model info says of the layout: the legacy layout's sources, the
+// module tensors it cannot classify, the expert parallelism.
+void MoeState::AddNotes() {
   if (legacy_) {
     info_.notes.push_back(absl::StrCat(
         "DeepSpeed ", legacy_version_, " mixture-of-experts layout (before 0.19.3: no param_shapes): each group's params "
@@ -514,15 +627,55 @@ absl::Status MoeState::Load() {
   info_.notes.push_back(absl::StrCat("mixture of experts: ", num_experts_.size(), " MoE layers, ep=", ep_,
                                      ", experts named by global id; dp rank d taken as ep rank d % ", ep_,
                                      " (DeepSpeed's default E + D rank order)"));
-  info_.Reindex();
-  empty_dict_ = Value::MakeDict();
-  return absl::OkStatus();
 }
 
 absl::Status MoeState::GroupNamesFromMappings() {
+  UCP_ASSIGN_OR_RETURN(RankMappings ranks, ReadRankMappings());
   const size_t n = groups_.size();
-  // Every rank's param_slice_mappings: (name, fragment numel) per group.
-  std::vector<std::vector<std::vector<std::pair<std::string, int64_t>>>> ranks(dp_);
+  legacy_numels_.assign(n, {});
+  const int edp = dp_ / ep_;
+  if (window_mappings_) UCP_RETURN_IF_ERROR(ExpertGroupsFromExpertFiles(ranks));
+  for (size_t g = 0; g < n; ++g) {
+    Group& grp = groups_[g];
+    if (grp.expert && window_mappings_) continue;
+    if (!grp.expert) {
+      std::vector<int> all;
+      for (int d = 0; d < dp_; ++d) all.push_back(d);
+      UCP_RETURN_IF_ERROR(MergeMappings(ranks, g, all, &grp.names, &legacy_numels_[g]));
+    } else {
+      // Every ep rank holds the same local experts (local ids): its expert
+      // data parallel ranks e, e + ep, ... list them all.
+      for (int e = 0; e < ep_; ++e) {
+        std::vector<int> ranks_of_e;
+        for (int k = 0; k < edp; ++k) ranks_of_e.push_back(DpRank(e, k));
+        std::vector<std::string> names;
+        std::vector<int64_t> numels;
+        UCP_RETURN_IF_ERROR(MergeMappings(ranks, g, ranks_of_e, &names, &numels));
+        if (e == 0) {
+          grp.names = std::move(names);
+          legacy_numels_[g] = std::move(numels);
+        } else if (names != grp.names || numels != legacy_numels_[g]) {
+          return FileError(OptimPath(DpRank(e, 0)), absl::StatusCode::kInvalidArgument,
+                           absl::StrCat("param_slice_mappings[", g, "] of ep rank ", e, " (dp ranks ", e, ", ", e + ep_,
+                                        ", ...) list [", absl::StrJoin(names, ", "), "], ep rank 0's [",
+                                        absl::StrJoin(grp.names, ", "),
+                                        "] (or other sizes): every ep rank holds the same local experts"));
+        }
+      }
+    }
+    if (grp.names.empty()) {
+      return FileError(OptimPath(0), absl::StatusCode::kInvalidArgument,
+                       absl::StrCat("param group ", g, " has no param in any rank's param_slice_mappings"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Every rank's param_slice_mappings: (name, fragment numel) per group; and
+// each rank's saved fp32 partition sizes (fp32_numels_, -1 when unreadable).
+absl::StatusOr<MoeState::RankMappings> MoeState::ReadRankMappings() {
+  const size_t n = groups_.size();
+  RankMappings ranks(dp_);
   for (int d = 0; d < dp_; ++d) {
     const std::string path = OptimPath(d);
     const torch::OpenOptions lazy = read_.Files(/*verify_crc=*/false);  // checked when the file is read for its tensors
@@ -560,73 +713,58 @@ absl::Status MoeState::GroupNamesFromMappings() {
       }
     }
   }
-  // A group's params in flatten order over `dp_ranks` (partition order): a
-  // param split between two ranks ends one rank's list and starts the next's.
-  auto merge = [&](size_t g, const std::vector<int>& dp_ranks, std::vector<std::string>* names,
-                   std::vector<int64_t>* numels) -> absl::Status {
-    for (int d : dp_ranks) {
-      const auto& list = ranks[d][g];
-      for (size_t i = 0; i < list.size(); ++i) {
-        const auto& [name, numel] = list[i];
-        if (i == 0 && !names->empty() && names->back() == name) {
-          numels->back() += numel;
-          continue;
-        }
-        if (std::find(names->begin(), names->end(), name) != names->end()) {
-          return FileError(OptimPath(d), absl::StatusCode::kInvalidArgument,
-                           absl::StrCat("param_slice_mappings[", g, "] lists '", name,
-                                        "', which an earlier partition of the group already ended"));
-        }
-        names->push_back(name);
-        numels->push_back(numel);
+  return ranks;
+}
+
+// Group `g`'s params in flatten order over `dp_ranks` (partition order): a
+// param split between two ranks ends one rank's list and starts the next's.
+absl::Status MoeState::MergeMappings(const RankMappings& ranks, size_t g, const std::vector<int>& dp_ranks,
+                                     std::vector<std::string>* names, std::vector<int64_t>* numels) const {
+  for (int d : dp_ranks) {
+    const auto& list = ranks[d][g];
+    for (size_t i = 0; i < list.size(); ++i) {
+      const auto& [name, numel] = list[i];
+      if (i == 0 && !names->empty() && names->back() == name) {
+        numels->back() += numel;
+        continue;
       }
-    }
-    return absl::OkStatus();
-  };
-  legacy_numels_.assign(n, {});
-  const int edp = dp_ / ep_;
-  if (window_mappings_) UCP_RETURN_IF_ERROR(ExpertGroupsFromExpertFiles(ranks));
-  for (size_t g = 0; g < n; ++g) {
-    Group& grp = groups_[g];
-    if (grp.expert && window_mappings_) continue;
-    if (!grp.expert) {
-      std::vector<int> all;
-      for (int d = 0; d < dp_; ++d) all.push_back(d);
-      UCP_RETURN_IF_ERROR(merge(g, all, &grp.names, &legacy_numels_[g]));
-    } else {
-      // Every ep rank holds the same local experts (local ids): its expert
-      // data parallel ranks e, e + ep, ... list them all.
-      for (int e = 0; e < ep_; ++e) {
-        std::vector<int> ranks_of_e;
-        for (int k = 0; k < edp; ++k) ranks_of_e.push_back(DpRank(e, k));
-        std::vector<std::string> names;
-        std::vector<int64_t> numels;
-        UCP_RETURN_IF_ERROR(merge(g, ranks_of_e, &names, &numels));
-        if (e == 0) {
-          grp.names = std::move(names);
-          legacy_numels_[g] = std::move(numels);
-        } else if (names != grp.names || numels != legacy_numels_[g]) {
-          return FileError(OptimPath(DpRank(e, 0)), absl::StatusCode::kInvalidArgument,
-                           absl::StrCat("param_slice_mappings[", g, "] of ep rank ", e, " (dp ranks ", e, ", ", e + ep_,
-                                        ", ...) list [", absl::StrJoin(names, ", "), "], ep rank 0's [",
-                                        absl::StrJoin(grp.names, ", "),
-                                        "] (or other sizes): every ep rank holds the same local experts"));
-        }
+      if (std::find(names->begin(), names->end(), name) != names->end()) {
+        return FileError(OptimPath(d), absl::StatusCode::kInvalidArgument,
+                         absl::StrCat("param_slice_mappings[", g, "] lists '", name,
+                                      "', which an earlier partition of the group already ended"));
       }
-    }
-    if (grp.names.empty()) {
-      return FileError(OptimPath(0), absl::StatusCode::kInvalidArgument,
-                       absl::StrCat("param group ", g, " has no param in any rank's param_slice_mappings"));
+      names->push_back(name);
+      numels->push_back(numel);
     }
   }
   return absl::OkStatus();
 }
 
-absl::Status MoeState::ExpertGroupsFromExpertFiles(
-    const std::vector<std::vector<std::vector<std::pair<std::string, int64_t>>>>& ranks) {
-  // Which expert group each (MoE layer prefix, expert param suffix) is in, as
-  // any rank's mappings show it (they list only a window of each group).
-  std::map<std::pair<std::string, std::string>, int> group_of;
+absl::Status MoeState::ExpertGroupsFromExpertFiles(const RankMappings& ranks) {
+  UCP_ASSIGN_OR_RETURN(ExpertGroupOf group_of, ExpertGroupsInWindows(ranks));
+  std::vector<int> expert_groups;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    if (groups_[g].expert) expert_groups.push_back(static_cast<int>(g));
+  }
+  UCP_ASSIGN_OR_RETURN(ExpertTemplate tmpl, ReadExpertTemplate(group_of));
+  std::vector<std::vector<std::string>> names;
+  std::vector<std::vector<int64_t>> numels;
+  if (tmpl.unknown.empty()) {
+    ExpertGroupMembers(tmpl, group_of, &names, &numels);
+  } else {
+    UCP_RETURN_IF_ERROR(AssignUnlistedExpertParams(ranks, tmpl, group_of, expert_groups, &names, &numels));
+  }
+  for (int g : expert_groups) {
+    groups_[g].names = names[g];
+    legacy_numels_[g] = numels[g];
+  }
+  return absl::OkStatus();
+}
+
+// Which expert group each (MoE layer prefix, expert param suffix) is in, as
+// any rank's mappings show it (they list only a window of each group).
+absl::StatusOr<MoeState::ExpertGroupOf> MoeState::ExpertGroupsInWindows(const RankMappings& ranks) const {
+  ExpertGroupOf group_of;
   for (int d = 0; d < dp_; ++d) {
     for (size_t g = 0; g < groups_.size(); ++g) {
       if (!groups_[g].expert) continue;
@@ -647,18 +785,17 @@ absl::Status MoeState::ExpertGroupsFromExpertFiles(
       }
     }
   }
-  // Each MoE layer's prefix and expert params (suffixes, in module order)
-  // from its global expert 0 (ep rank 0's local expert 0); every local expert
-  // is a copy of it (deepspeed.moe.experts.Experts), which the optimizer
-  // files' windows and partition sizes then confirm (ParseOptim).
-  std::vector<int> expert_groups;
-  for (size_t g = 0; g < groups_.size(); ++g) {
-    if (groups_[g].expert) expert_groups.push_back(static_cast<int>(g));
-  }
-  std::vector<std::string> prefixes;
-  std::vector<std::vector<std::string>> suffixes(num_experts_.size());
-  std::map<std::pair<std::string, std::string>, int64_t> numel_of;
-  std::vector<std::pair<std::string, std::string>> unknown;  // in no window
+  return group_of;
+}
+
+// Each MoE layer's prefix and expert params (suffixes, in module order)
+// from its global expert 0 (ep rank 0's local expert 0); every local expert
+// is a copy of it (deepspeed.moe.experts.Experts), which the optimizer
+// files' windows and partition sizes then confirm (ParseOptim). Params no
+// window lists (not in `group_of`) are `unknown`.
+absl::StatusOr<MoeState::ExpertTemplate> MoeState::ReadExpertTemplate(const ExpertGroupOf& group_of) const {
+  ExpertTemplate out;
+  out.suffixes.resize(num_experts_.size());
   for (size_t l = 0; l < num_experts_.size(); ++l) {
     const std::string path = ExpertPath(static_cast<int>(l), 0);
     const torch::OpenOptions lazy = read_.Files(/*verify_crc=*/false);
@@ -677,95 +814,100 @@ absl::Status MoeState::ExpertGroupsFromExpertFiles(
       }
       layer_prefix = prefix;
       UCP_ASSIGN_OR_RETURN(torch::Tensor t, f->GetTensor(*v), _.Prepend(path + ": "));
-      suffixes[l].push_back(suffix);
-      numel_of[{prefix, suffix}] = t.numel();
-      if (!group_of.count({prefix, suffix})) unknown.push_back({prefix, suffix});
+      out.suffixes[l].push_back(suffix);
+      out.numel_of[{prefix, suffix}] = t.numel();
+      if (!group_of.count({prefix, suffix})) out.unknown.push_back({prefix, suffix});
     }
     if (layer_prefix.empty()) return FileError(path, absl::StatusCode::kInvalidArgument, "holds no expert weight");
-    prefixes.push_back(layer_prefix);
+    out.prefixes.push_back(layer_prefix);
   }
-  // Each expert group in module order (MoE layers, local experts, params),
-  // for an assignment of the params no window lists.
-  auto build = [&](const std::map<std::pair<std::string, std::string>, int>& of,
-                   std::vector<std::vector<std::string>>* names, std::vector<std::vector<int64_t>>* numels) {
-    names->assign(groups_.size(), {});
-    numels->assign(groups_.size(), {});
-    for (size_t l = 0; l < prefixes.size(); ++l) {
-      for (int k = 0; k < num_experts_[l] / ep_; ++k) {
-        for (const std::string& suffix : suffixes[l]) {
-          const int g = of.at({prefixes[l], suffix});
-          (*names)[g].push_back(ExpertName(prefixes[l], k, suffix));
-          (*numels)[g].push_back(numel_of.at({prefixes[l], suffix}));
-        }
+  return out;
+}
+
+// Each expert group's local names and numels in module order (MoE layers,
+// local experts, params) when expert params are in the groups `of` says.
+void MoeState::ExpertGroupMembers(const ExpertTemplate& tmpl, const ExpertGroupOf& of,
+                                  std::vector<std::vector<std::string>>* names,
+                                  std::vector<std::vector<int64_t>>* numels) const {
+  names->assign(groups_.size(), {});
+  numels->assign(groups_.size(), {});
+  for (size_t l = 0; l < tmpl.prefixes.size(); ++l) {
+    for (int k = 0; k < num_experts_[l] / ep_; ++k) {
+      for (const std::string& suffix : tmpl.suffixes[l]) {
+        const int g = of.at({tmpl.prefixes[l], suffix});
+        (*names)[g].push_back(ExpertName(tmpl.prefixes[l], k, suffix));
+        (*numels)[g].push_back(tmpl.numel_of.at({tmpl.prefixes[l], suffix}));
       }
-    }
-  };
-  // Whether every rank's window and fp32 partition are what that assignment gives.
-  auto fits = [&](const std::vector<std::vector<std::string>>& names,
-                  const std::vector<std::vector<int64_t>>& numels) {
-    const int edp = dp_ / ep_;
-    for (int g : expert_groups) {
-      const auto layout = deepspeed::ZeroGroupLayout::Make(numels[g], edp);
-      int64_t total = 0;
-      for (int k = 0; k < edp; ++k) {
-        total += fp32_numels_[DpRank(0, k)][g];
-        const auto [start, size] = deepspeed::ExpertMappingWindow(layout, k, dp_);
-        const auto frags = layout.FragmentsOfWindow(start, size);
-        for (int e = 0; e < ep_; ++e) {
-          const auto& listed = ranks[DpRank(e, k)][g];
-          if (listed.size() != frags.size()) return false;
-          for (size_t i = 0; i < frags.size(); ++i) {
-            if (listed[i].first != names[g][frags[i].param_index] || listed[i].second != frags[i].numel) return false;
-          }
-        }
-      }
-      if (total != layout.numel()) return false;
-    }
-    return true;
-  };
-  std::vector<std::vector<std::string>> names;
-  std::vector<std::vector<int64_t>> numels;
-  if (unknown.empty()) {
-    build(group_of, &names, &numels);
-  } else {
-    // Try every assignment of them to the expert groups: the one whose
-    // windows and partition sizes are the files', if exactly one is.
-    int64_t combos = 1;
-    for (size_t i = 0; i < unknown.size() && combos <= 4096; ++i) combos *= static_cast<int64_t>(expert_groups.size());
-    std::vector<std::string> unknown_names;
-    for (const auto& [prefix, suffix] : unknown) unknown_names.push_back(absl::StrCat(prefix, ".<expert>.", suffix));
-    const std::string why = absl::StrCat(
-        "DeepSpeed ", legacy_version_, " (before 0.14.5) lists only a window of 1/ep of each expert group in "
-        "param_slice_mappings, and no window lists ", absl::StrJoin(unknown_names, ", "));
-    if (combos > 4096) {
-      return FileError(OptimPath(0), absl::StatusCode::kInvalidArgument,
-                       absl::StrCat(why, ": too many expert params of unknown param group to tell"));
-    }
-    int found = 0;
-    for (int64_t c = 0; c < combos; ++c) {
-      std::map<std::pair<std::string, std::string>, int> of = group_of;
-      int64_t x = c;
-      for (const auto& key : unknown) {
-        of[key] = expert_groups[x % expert_groups.size()];
-        x /= static_cast<int64_t>(expert_groups.size());
-      }
-      std::vector<std::vector<std::string>> n;
-      std::vector<std::vector<int64_t>> m;
-      build(of, &n, &m);
-      if (!fits(n, m)) continue;
-      if (++found > 1) break;
-      names = std::move(n);
-      numels = std::move(m);
-    }
-    if (found != 1) {
-      return FileError(OptimPath(0), absl::StatusCode::kInvalidArgument,
-                       absl::StrCat(why, ": their param group is unknown (", found == 0 ? "no" : "more than one",
-                                    " assignment to the expert groups gives the files' windows and partition sizes)"));
     }
   }
+}
+
+// Whether every rank's window and fp32 partition are what the expert groups
+// `names` / `numels` give.
+bool MoeState::WindowsFit(const RankMappings& ranks, const std::vector<int>& expert_groups,
+                          const std::vector<std::vector<std::string>>& names,
+                          const std::vector<std::vector<int64_t>>& numels) const {
+  const int edp = dp_ / ep_;
   for (int g : expert_groups) {
-    groups_[g].names = names[g];
-    legacy_numels_[g] = numels[g];
+    const auto layout = deepspeed::ZeroGroupLayout::Make(numels[g], edp);
+    int64_t total = 0;
+    for (int k = 0; k < edp; ++k) {
+      total += fp32_numels_[DpRank(0, k)][g];
+      const auto [start, size] = deepspeed::ExpertMappingWindow(layout, k, dp_);
+      const auto frags = layout.FragmentsOfWindow(start, size);
+      for (int e = 0; e < ep_; ++e) {
+        const auto& listed = ranks[DpRank(e, k)][g];
+        if (listed.size() != frags.size()) return false;
+        for (size_t i = 0; i < frags.size(); ++i) {
+          if (listed[i].first != names[g][frags[i].param_index] || listed[i].second != frags[i].numel) return false;
+        }
+      }
+    }
+    if (total != layout.numel()) return false;
+  }
+  return true;
+}
+
+// Tries every assignment of the params no window lists to the expert
+// groups: the one whose windows and partition sizes are the files', if
+// exactly one is, gives `names` / `numels`.
+absl::Status MoeState::AssignUnlistedExpertParams(const RankMappings& ranks, const ExpertTemplate& tmpl,
+                                                  const ExpertGroupOf& group_of, const std::vector<int>& expert_groups,
+                                                  std::vector<std::vector<std::string>>* names,
+                                                  std::vector<std::vector<int64_t>>* numels) const {
+  int64_t combos = 1;
+  for (size_t i = 0; i < tmpl.unknown.size() && combos <= 4096; ++i) {
+    combos *= static_cast<int64_t>(expert_groups.size());
+  }
+  std::vector<std::string> unknown_names;
+  for (const auto& [prefix, suffix] : tmpl.unknown) unknown_names.push_back(absl::StrCat(prefix, ".<expert>.", suffix));
+  const std::string why = absl::StrCat(
+      "DeepSpeed ", legacy_version_, " (before 0.14.5) lists only a window of 1/ep of each expert group in "
+      "param_slice_mappings, and no window lists ", absl::StrJoin(unknown_names, ", "));
+  if (combos > 4096) {
+    return FileError(OptimPath(0), absl::StatusCode::kInvalidArgument,
+                     absl::StrCat(why, ": too many expert params of unknown param group to tell"));
+  }
+  int found = 0;
+  for (int64_t c = 0; c < combos; ++c) {
+    ExpertGroupOf of = group_of;
+    int64_t x = c;
+    for (const auto& key : tmpl.unknown) {
+      of[key] = expert_groups[x % expert_groups.size()];
+      x /= static_cast<int64_t>(expert_groups.size());
+    }
+    std::vector<std::vector<std::string>> n;
+    std::vector<std::vector<int64_t>> m;
+    ExpertGroupMembers(tmpl, of, &n, &m);
+    if (!WindowsFit(ranks, expert_groups, n, m)) continue;
+    if (++found > 1) break;
+    *names = std::move(n);
+    *numels = std::move(m);
+  }
+  if (found != 1) {
+    return FileError(OptimPath(0), absl::StatusCode::kInvalidArgument,
+                     absl::StrCat(why, ": their param group is unknown (", found == 0 ? "no" : "more than one",
+                                  " assignment to the expert groups gives the files' windows and partition sizes)"));
   }
   return absl::OkStatus();
 }
@@ -796,8 +938,7 @@ absl::Status MoeState::GroupShapesFromTensors() {
         std::string prefix, suffix;
         int id = 0;
         SplitExpertName(name, &prefix, &id, &suffix);
-        const int layer =
-            static_cast<int>(std::find(moe_prefixes_.begin(), moe_prefixes_.end(), prefix) - moe_prefixes_.begin());
+        const int layer = LayerIndex(prefix);
         from = ExpertPath(layer, id);
         auto& f = experts[{layer, id}];
         if (f == nullptr) {
@@ -866,21 +1007,10 @@ absl::StatusOr<std::unique_ptr<MoeState::OptimFile>> MoeState::ParseOptim(int dp
     out->fp32.push_back(std::move(fp32));
     const Value* st = states->DictGet(Value::Int(static_cast<int64_t>(g)));
     if (st == nullptr || !st->is(Kind::kDict)) return err(absl::StrCat("no optimizer state for group ", g));
-    UCP_ASSIGN_OR_RETURN(
-        internal::GroupStates split,
-        internal::SplitGroupStates(
-            *out->file, *st, [&](const std::string& key, const torch::Tensor& t) -> absl::StatusOr<bool> {
-              if (t.dim() == 0) return false;
-              if (t.dim() != 1 || (t.numel() != p && t.numel() != lean)) {
-                return err(absl::StrCat("optimizer state '", key, "' of group ", g, " has shape ",
-                                        ShapeStr(t.sizes()), ", expected [", p, "]"));
-              }
-              return true;
-            }));
-    std::vector<std::pair<std::string, torch::Tensor>>& per_element = split.per_element;
-    std::vector<std::pair<std::string, ValuePtr>>& scalars = split.scalars;
-    out->states.push_back(std::move(per_element));
-    out->scalars.push_back(std::move(scalars));
+    UCP_ASSIGN_OR_RETURN(internal::GroupStates split,
+                         deepspeed::SplitFlatStates(*out->file, path, *st, g, {"group", p, lean, /*check_dense=*/false}));
+    out->states.push_back(std::move(split.per_element));
+    out->scalars.push_back(std::move(split.scalars));
     // param_slice_mappings: local names, fragments of the layout.
     const Value& m = *mappings->items()[g];
     const auto expected = grp.expert && window_mappings_ ? std::apply(
@@ -911,20 +1041,10 @@ absl::StatusOr<std::unique_ptr<MoeState::OptimFile>> MoeState::ParseOptim(int dp
 }
 
 absl::StatusOr<const MoeState::OptimFile*> MoeState::Optim(int dp) const {
-  if (dp < 0 || dp >= static_cast<int>(slots_.size())) {
+  if (!optim_files_.Has(dp)) {
     return absl::NotFoundError(absl::StrCat(OptimPath(dp), ": not part of this checkpoint"));
   }
-  Slot& slot = *slots_[dp];
-  std::call_once(slot.once, [&] {
-    auto parsed = ParseOptim(dp);
-    if (parsed.ok()) {
-      slot.file = *std::move(parsed);
-    } else {
-      slot.status = parsed.status();
-    }
-  });
-  if (!slot.status.ok()) return slot.status;
-  return slot.file.get();
+  return optim_files_.Get(dp, [&](int d) { return ParseOptim(d); });
 }
 
 absl::StatusOr<std::vector<tp::TensorPlan>> MoeState::Slices(const state::ParamState& param, int stage,
@@ -936,7 +1056,7 @@ absl::StatusOr<std::vector<tp::TensorPlan>> MoeState::Slices(const state::ParamS
     std::string prefix, suffix;
     int id = 0;
     if (w.ep_rank >= 0 && SplitExpertName(param.name, &prefix, &id, &suffix)) {
-      const int layer = static_cast<int>(std::find(moe_prefixes_.begin(), moe_prefixes_.end(), prefix) - moe_prefixes_.begin());
+      const int layer = LayerIndex(prefix);
       const std::string path = ExpertPath(layer, id);
       const torch::TorchFile* f = nullptr;
       {
@@ -965,14 +1085,7 @@ absl::StatusOr<std::vector<tp::TensorPlan>> MoeState::Slices(const state::ParamS
   for (const auto& [rank, frag] : grp.layout.FragmentsOfParam(w.index)) {
     const int d = grp.expert ? DpRank(w.ep_rank, rank) : rank;
     UCP_ASSIGN_OR_RETURN(const OptimFile* f, Optim(d));
-    const torch::Tensor* flat = nullptr;
-    if (state == state::kFp32State) {
-      flat = &f->fp32[w.group];
-    } else {
-      for (const auto& [k, t] : f->states[w.group]) {
-        if (k == state) flat = &t;
-      }
-    }
+    const torch::Tensor* flat = f->Flat(w.group, state);
     if (flat == nullptr) {
       return absl::NotFoundError(absl::StrCat(OptimPath(d), ": group ", w.group, " has no optimizer state '", state, "'"));
     }
@@ -991,10 +1104,7 @@ absl::StatusOr<state::FileValue> MoeState::GroupScalar(int group, const std::str
   if (group < 0 || group >= static_cast<int>(f->scalars.size())) {
     return absl::InvalidArgumentError(absl::StrCat("no param group ", group));
   }
-  for (const auto& [k, v] : f->scalars[group]) {
-    if (k == key) return state::FileValue{v, state::Unowned(f->file.get())};
-  }
-  return state::FileValue{nullptr, nullptr};
+  return f->Scalar(group, key);
 }
 
 std::vector<state::InputRange> MoeState::Inputs(const state::ParamState& param) const {

@@ -47,6 +47,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,7 @@
 #include "deepspeed/layout_math.h"
 #include "deepspeed/read_options.h"
 #include "deepspeed/facet.h"
+#include "deepspeed/flat_optim_file.h"
 #include "state/model_state.h"
 #include "format/torch/torch_file.h"
 
@@ -105,30 +107,62 @@ class MoeState : public state::SlicedState, public deepspeed::DeepSpeedFacet {
     std::vector<std::vector<int64_t>> shapes;
     deepspeed::ZeroGroupLayout layout;  // over dp (experts: over dp / ep)
   };
-  struct OptimFile {
-    std::unique_ptr<torch::TorchFile> file;
-    const pickle::Value* osd = nullptr;
-    std::vector<torch::Tensor> fp32;  // per group
-    std::vector<std::vector<std::pair<std::string, torch::Tensor>>> states;
-    std::vector<std::vector<std::pair<std::string, pickle::ValuePtr>>> scalars;
-  };
-  struct Slot {
-    std::once_flag once;
-    absl::Status status;
-    std::unique_ptr<OptimFile> file;
-  };
   struct Where {  // a trainable param in the optimizer files
     int group = -1;
     int index = -1;    // in the group's local names
     int ep_rank = -1;  // expert params: whose
   };
 
+  using OptimFile = deepspeed::FlatOptimFile;  // flat groups: the param groups
+  // Rank 0's optimizer file, read for its groups (ReadRank0Groups).
+  struct Rank0Groups {
+    std::unique_ptr<torch::TorchFile> file;
+    const pickle::Value* param_groups = nullptr;     // base_optimizer_state.param_groups
+    const pickle::Value* partition_count = nullptr;  // one count per group
+    size_t num_groups = 0;
+  };
+  // Trainable param name -> its shape (BuildInfo).
+  using TrainableShapes = std::map<std::string, std::vector<int64_t>>;
+  // Per dp rank, per group: each param_slice_mappings entry's (local name,
+  // fragment numel), in the file's order.
+  using RankMappings = std::vector<std::vector<std::vector<std::pair<std::string, int64_t>>>>;
+  // (MoE layer prefix, expert param suffix) -> its expert group.
+  using ExpertGroupOf = std::map<std::pair<std::string, std::string>, int>;
+  // Each MoE layer's expert params as its global expert 0 holds them
+  // (ReadExpertTemplate).
+  struct ExpertTemplate {
+    std::vector<std::string> prefixes;               // per MoE layer
+    std::vector<std::vector<std::string>> suffixes;  // per MoE layer, module order
+    std::map<std::pair<std::string, std::string>, int64_t> numel_of;
+    std::vector<std::pair<std::string, std::string>> unknown;  // in no rank's window
+  };
+
   MoeState() = default;
+  // Open's phases, in order; each checks what it reads and names the file.
   absl::Status Load();
+  absl::Status FindOptimPrefix(const std::vector<std::string>& names);
+  std::string VersionForMessages() const;
+  absl::StatusOr<std::set<int>> ListFiles(const std::vector<std::string>& names, const std::string& what);
+  absl::Status CheckExpertOptimizerFiles(const std::vector<std::string>& names, const std::set<int>& optim_dp,
+                                         const std::string& what) const;
+  absl::Status OpenModelStates(const std::set<int>& optim_dp, const std::string& version);
+  absl::StatusOr<Rank0Groups> ReadRank0Groups(const std::string& what) const;
+  absl::Status ReadGroupMembers(const Rank0Groups& rank0);
+  absl::Status FindExpertGroups(const Rank0Groups& rank0);
+  absl::Status FindMoeLayers();
+  absl::Status MakeLayouts();
+  absl::Status BuildInfo(const OptimFile& first);
+  absl::Status AddTrainableParams(torch::DType lp, TrainableShapes* trainable);
+  absl::Status AddModuleBuffers(const TrainableShapes& trainable);
+  absl::Status AddExpertModuleOrder(const TrainableShapes& trainable);
+  void AddNotes();
   // The layout before DeepSpeed 0.19.3 (no param_shapes): each group's
   // local names in flatten order from every rank's param_slice_mappings,
   // then their shapes from the module and the expert files.
   absl::Status GroupNamesFromMappings();
+  absl::StatusOr<RankMappings> ReadRankMappings();
+  absl::Status MergeMappings(const RankMappings& ranks, size_t g, const std::vector<int>& dp_ranks,
+                             std::vector<std::string>* names, std::vector<int64_t>* numels) const;
   absl::Status GroupShapesFromTensors();
   // Before 0.14.5 at ep > 1 the expert groups' mappings cover a window only
   // (deepspeed::ExpertMappingsSizedByWorld): the groups are then each MoE
@@ -137,11 +171,23 @@ class MoeState : public state::SlicedState, public deepspeed::DeepSpeedFacet {
   // go to the only assignment to the expert groups that reproduces every
   // rank's window and fp32 partition size (refused if none or several);
   // ParseOptim checks each rank's window again.
-  absl::Status ExpertGroupsFromExpertFiles(
-      const std::vector<std::vector<std::vector<std::pair<std::string, int64_t>>>>& ranks);
+  absl::Status ExpertGroupsFromExpertFiles(const RankMappings& ranks);
+  absl::StatusOr<ExpertGroupOf> ExpertGroupsInWindows(const RankMappings& ranks) const;
+  absl::StatusOr<ExpertTemplate> ReadExpertTemplate(const ExpertGroupOf& group_of) const;
+  void ExpertGroupMembers(const ExpertTemplate& tmpl, const ExpertGroupOf& of,
+                          std::vector<std::vector<std::string>>* names, std::vector<std::vector<int64_t>>* numels) const;
+  bool WindowsFit(const RankMappings& ranks, const std::vector<int>& expert_groups,
+                  const std::vector<std::vector<std::string>>& names,
+                  const std::vector<std::vector<int64_t>>& numels) const;
+  absl::Status AssignUnlistedExpertParams(const RankMappings& ranks, const ExpertTemplate& tmpl,
+                                          const ExpertGroupOf& group_of, const std::vector<int>& expert_groups,
+                                          std::vector<std::vector<std::string>>* names,
+                                          std::vector<std::vector<int64_t>>* numels) const;
   absl::StatusOr<std::unique_ptr<OptimFile>> ParseOptim(int dp) const;
   absl::StatusOr<const OptimFile*> Optim(int dp) const;
   std::string OptimPath(int dp) const;
+  // The index of the MoE layer of module prefix `prefix` in moe_prefixes_.
+  int LayerIndex(const std::string& prefix) const;
   // The dp rank holding expert data parallel rank `k` of ep rank `e`.
   int DpRank(int e, int k) const { return e + k * ep_; }
 
@@ -163,7 +209,7 @@ class MoeState : public state::SlicedState, public deepspeed::DeepSpeedFacet {
   std::map<std::pair<int, int>, std::string> expert_files_;
   mutable std::mutex mu_;
   mutable std::map<std::pair<int, int>, std::unique_ptr<torch::TorchFile>> expert_cache_;
-  std::vector<std::unique_ptr<Slot>> slots_;
+  deepspeed::LazyOptimFiles optim_files_;  // per dp rank
   std::vector<Where> where_;  // per info param
   state::ModelInfo info_;
   pickle::ValuePtr empty_dict_;

@@ -14,6 +14,8 @@
 #include "deepspeed/engine_defaults.h"
 #include "deepspeed/layout_math.h"
 #include "deepspeed/tree_copy.h"
+#include "deepspeed/zero_target_parts.h"
+#include "formats/deepspeed_moe/moe_state.h"
 #include "format/pickle/accessors.h"
 #include "tp/plan_io.h"
 
@@ -39,24 +41,6 @@ using pickle::Value;
 using pickle::ValuePtr;
 using tp::TensorPlan;
 
-constexpr char kInfix[] = ".deepspeed_moe.experts.deepspeed_experts.";
-
-bool Split(const std::string& name, std::string* prefix, int* id, std::string* suffix) {
-  const size_t at = name.find(kInfix);
-  if (at == std::string::npos) return false;
-  const size_t start = at + std::string(kInfix).size();
-  const size_t dot = name.find('.', start);
-  if (dot == std::string::npos) return false;
-  if (!absl::SimpleAtoi(absl::string_view(name).substr(start, dot - start), id)) return false;
-  *prefix = name.substr(0, at);
-  *suffix = name.substr(dot + 1);
-  return true;
-}
-
-std::string Join(const std::string& prefix, int id, const std::string& suffix) {
-  return absl::StrCat(prefix, kInfix, id, ".", suffix);
-}
-
 int64_t Numel(const std::vector<int64_t>& s) {
   int64_t n = 1;
   for (int64_t x : s) n *= x;
@@ -79,154 +63,13 @@ class MoePlan : public Plan {
       : state_(state), info_(state.info()), options_(options) {}
 
   absl::Status Build() {
-    const state::Topology& t = options_.target;
-    UCP_RETURN_IF_ERROR(t.Validate());
-    UCP_ASSIGN_OR_RETURN(ds_, deepspeed::FacetOrDefaults(state_, options_.target_ds_version, &owned_facet_));
-    if (t.tp != 1 || t.pp != 1) {
-      return absl::InvalidArgumentError(absl::StrCat("mixture-of-experts target ", t.ToString(),
-                                                     ": ucp writes native MoE checkpoints at tp=1 pp=1"));
-    }
-    dp_ = t.dp;
-    stage_ = options_.zero_stage > 0 ? options_.zero_stage : info_.zero_stage;
-    if (stage_ != 1 && stage_ != 2) {
-      return absl::InvalidArgumentError(absl::StrCat("mixture-of-experts target: ZeRO stage ", stage_,
-                                                     ": ucp writes native MoE checkpoints at stage 1 or 2"));
-    }
-    UCP_ASSIGN_OR_RETURN(ep_, TargetExpertParallel(info_, options_));
-    edp_ = dp_ / ep_;
-    // The DeepSpeed version: padding convention and files' ds_version.
-    version_ = options_.target_ds_version.empty() ? deepspeed::SourceDsVersion(state_) : options_.target_ds_version;
-    {
-      auto v = deepspeed::ParseDsVersion(version_);
-      if (!v.ok()) return absl::InvalidArgumentError(absl::StrCat("ds_version '", version_, "': pass --target_ds_version"));
-      convention_ = deepspeed::PaddingConventionOf(*v, false);
-      parallel_dims_ = *v >= deepspeed::DsVersion{0, 19, 5};
-      // engine.py _save_moe_checkpoint at each tag: the common checkpoint
-      // state from 0.19.3, ds_autoep_layers from 0.19.2, the expert
-      // optimizer placeholders up to 0.19.4; stage_1_and_2.py before 0.14.5
-      // maps a window of the expert groups only.
-      common_layout_ = *v >= deepspeed::DsVersion{0, 19, 3};
-      autoep_key_ = *v >= deepspeed::DsVersion{0, 19, 2};
-      expp_files_ = *v < deepspeed::DsVersion{0, 19, 5};
-      window_mappings_ = deepspeed::ExpertMappingsSizedByWorld(*v);
-    }
-    if (common_layout_) {
-      // 0.19.3+ records buffer_names (and frozen params): a source that does
-      // not (DeepSpeed before 0.19.3) cannot tell them apart.
-      state::FileValue src = ds_->ModelStatesRoot(0, 0);
-      if (src.value && src.value->is(Kind::kDict) && src.value->DictGet("buffer_names") == nullptr) {
-        std::vector<std::string> untold;
-        for (const ParamState& p : info_.params) {
-          if (!p.trainable()) untold.push_back(p.name);
-        }
-        if (!untold.empty()) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              "writing the mixture-of-experts layout of DeepSpeed ", version_, " needs buffer_names, but the source (",
-              deepspeed::SourceDsVersion(state_), ", before 0.19.3) does not say whether its module tensors outside ",
-              "the optimizer (", absl::StrJoin(untold, ", "), ") are buffers or frozen params: pass a ",
-              "--target_ds_version before 0.19.3"));
-        }
-      }
-    }
+    UCP_RETURN_IF_ERROR(CheckTarget());
+    UCP_RETURN_IF_ERROR(ReadTargetVersion());
+    if (common_layout_) UCP_RETURN_IF_ERROR(CheckBuffersTold());
     UCP_ASSIGN_OR_RETURN(common_, ds_->OptimizerCommon());
     if (!common_.value || !common_.value->is(Kind::kDict)) return absl::InvalidArgumentError("no optimizer state");
-    // Per MoE layer: prefix -> index.
-    std::map<std::string, int> layer_of;
-    for (size_t l = 0; l < info_.moe_layers.size(); ++l) layer_of[info_.moe_layers[l].prefix] = static_cast<int>(l);
-    // Groups.
-    for (int g = 0; g < info_.num_groups; ++g) {
-      TargetGroup tg;
-      tg.expert = g < static_cast<int>(info_.expert_groups.size()) && info_.expert_groups[g];
-      std::vector<int64_t> numels;
-      if (!tg.expert) {
-        tg.params.emplace_back();
-        tg.names.emplace_back();
-        for (size_t i = 0; i < info_.params.size(); ++i) {
-          const ParamState& p = info_.params[i];
-          if (!p.trainable() || p.group != g) continue;
-          tg.params[0].push_back(static_cast<int>(i));
-          tg.names[0].push_back(p.name);
-          numels.push_back(Numel(p.full_shape));
-        }
-        tg.layout = deepspeed::ZeroGroupLayout::Make(std::move(numels), dp_, convention_);
-        groups_.push_back(std::move(tg));
-        continue;
-      }
-      // The (layer, suffix) sequence of one expert, from global expert 0.
-      std::vector<std::vector<std::string>> suffixes(info_.moe_layers.size());
-      int members = 0;
-      for (const ParamState& p : info_.params) {
-        if (!p.trainable() || p.group != g) continue;
-        ++members;
-        std::string prefix, suffix;
-        int id = 0;
-        if (!Split(p.name, &prefix, &id, &suffix) || !layer_of.count(prefix)) {
-          return absl::InvalidArgumentError(absl::StrCat("param '", p.name, "' of expert group ", g,
-                                                         " is not an expert of a known MoE layer"));
-        }
-        if (id == 0) suffixes[layer_of[prefix]].push_back(suffix);
-      }
-      int expected = 0;
-      for (size_t l = 0; l < suffixes.size(); ++l) {
-        expected += static_cast<int>(suffixes[l].size()) * info_.moe_layers[l].num_experts;
-      }
-      if (expected != members) {
-        return absl::InvalidArgumentError(absl::StrCat("expert group ", g, " holds ", members, " params, expected ",
-                                                       expected, " (every expert the same params)"));
-      }
-      for (int e = 0; e < ep_; ++e) {
-        tg.params.emplace_back();
-        tg.names.emplace_back();
-        std::vector<int64_t> ns;
-        for (size_t l = 0; l < suffixes.size(); ++l) {
-          const int local = info_.moe_layers[l].num_experts / ep_;
-          for (int k = 0; k < local; ++k) {
-            for (const std::string& suffix : suffixes[l]) {
-              const std::string global = Join(info_.moe_layers[l].prefix, e * local + k, suffix);
-              const int i = info_.IndexOf(global);
-              if (i < 0) return absl::InvalidArgumentError(absl::StrCat("expert param '", global, "' is missing"));
-              tg.params.back().push_back(i);
-              tg.names.back().push_back(Join(info_.moe_layers[l].prefix, k, suffix));
-              ns.push_back(Numel(info_.params[i].full_shape));
-            }
-          }
-        }
-        if (e == 0) numels = ns;
-      }
-      tg.layout = deepspeed::ZeroGroupLayout::Make(std::move(numels), edp_, convention_);
-      groups_.push_back(std::move(tg));
-    }
-    // Units: the model states, every expert file, every optimizer file.
-    std::vector<InputRange> all;
-    {
-      std::set<std::tuple<std::string, std::string, int64_t>> seen;
-      for (const ParamState& p : info_.params) {
-        for (const InputRange& r : state_.Inputs(p)) {
-          if (seen.insert({r.path, r.tensor, r.offset}).second) all.push_back(r);
-        }
-      }
-    }
-    auto add = [&](Job job, std::string file, int64_t bytes) {
-      Unit u;
-      u.name = absl::StrCat("file ", file);
-      u.outputs.push_back(std::move(file));
-      u.inputs = all;
-      u.bytes = bytes;
-      jobs_.push_back(job);
-      units_.push_back(std::move(u));
-    };
-    add(Job{JobKind::kModel}, deepspeed::MpRankFileName(0), 4096);
-    for (size_t l = 0; l < info_.moe_layers.size(); ++l) {
-      for (int e = 0; e < info_.moe_layers[l].num_experts; ++e) {
-        add(Job{JobKind::kExpert, static_cast<int>(l), e}, absl::StrCat("layer_", l, "_expert_", e, "_mp_rank_00_model_states.pt"),
-            4096);
-      }
-    }
-    for (int d = 0; d < dp_; ++d) add(Job{JobKind::kOptim, -1, -1, d}, deepspeed::OptimFileName(d, 0, info_.bf16_file_prefix), 4096);
-    if (expp_files_) {
-      for (int e = 0; e < ep_; ++e) add(Job{JobKind::kExpp, -1, e}, absl::StrCat("expp_rank_", e, "_mp_rank_00_optim_states.pt"), 1024);
-    }
-    if (AddVerifyUnit(state_, &units_)) jobs_.push_back(Job{JobKind::kVerify});
+    UCP_RETURN_IF_ERROR(PlanGroups());
+    AddUnits();
     return absl::OkStatus();
   }
 
@@ -285,6 +128,178 @@ class MoePlan : public Plan {
     int dp = -1;
   };
 
+  // The target: tp = pp = 1 (dp_), ZeRO stage 1 or 2 (stage_), its expert
+  // parallelism (ep_, edp_); the source's DeepSpeed facet (ds_).
+  absl::Status CheckTarget() {
+    const state::Topology& t = options_.target;
+    UCP_RETURN_IF_ERROR(t.Validate());
+    UCP_ASSIGN_OR_RETURN(ds_, deepspeed::FacetOrDefaults(state_, options_.target_ds_version, &owned_facet_));
+    if (t.tp != 1 || t.pp != 1) {
+      return absl::InvalidArgumentError(absl::StrCat("mixture-of-experts target ", t.ToString(),
+                                                     ": ucp writes native MoE checkpoints at tp=1 pp=1"));
+    }
+    dp_ = t.dp;
+    stage_ = options_.zero_stage > 0 ? options_.zero_stage : info_.zero_stage;
+    if (stage_ != 1 && stage_ != 2) {
+      return absl::InvalidArgumentError(absl::StrCat("mixture-of-experts target: ZeRO stage ", stage_,
+                                                     ": ucp writes native MoE checkpoints at stage 1 or 2"));
+    }
+    UCP_ASSIGN_OR_RETURN(ep_, TargetExpertParallel(info_, options_));
+    edp_ = dp_ / ep_;
+    return absl::OkStatus();
+  }
+
+  // The DeepSpeed version written (version_) and what its files hold: its
+  // padding convention, and engine.py _save_moe_checkpoint at each tag: the
+  // common checkpoint state from 0.19.3, ds_autoep_layers from 0.19.2, the
+  // expert optimizer placeholders up to 0.19.4, checkpoint_parallel_dimensions
+  // from 0.19.5; stage_1_and_2.py before 0.14.5 maps a window of the expert
+  // groups only.
+  absl::Status ReadTargetVersion() {
+    version_ = deepspeed::TargetDsVersion(state_, options_.target_ds_version);
+    auto v = deepspeed::ParseDsVersion(version_);
+    if (!v.ok()) return absl::InvalidArgumentError(absl::StrCat("ds_version '", version_, "': pass --target_ds_version"));
+    convention_ = deepspeed::PaddingConventionOf(*v, false);
+    parallel_dims_ = *v >= deepspeed::DsVersion{0, 19, 5};
+    common_layout_ = *v >= deepspeed::DsVersion{0, 19, 3};
+    autoep_key_ = *v >= deepspeed::DsVersion{0, 19, 2};
+    expp_files_ = *v < deepspeed::DsVersion{0, 19, 5};
+    window_mappings_ = deepspeed::ExpertMappingsSizedByWorld(*v);
+    return absl::OkStatus();
+  }
+
+  // 0.19.3+ records buffer_names (and frozen params): a source that does
+  // not (DeepSpeed before 0.19.3) cannot tell its module tensors outside the
+  // optimizer apart, so they must be none.
+  absl::Status CheckBuffersTold() const {
+    state::FileValue src = ds_->ModelStatesRoot(0, 0);
+    if (!src.value || !src.value->is(Kind::kDict) || src.value->DictGet("buffer_names") != nullptr) {
+      return absl::OkStatus();
+    }
+    std::vector<std::string> untold;
+    for (const ParamState& p : info_.params) {
+      if (!p.trainable()) untold.push_back(p.name);
+    }
+    if (untold.empty()) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "writing the mixture-of-experts layout of DeepSpeed ", version_, " needs buffer_names, but the source (",
+        deepspeed::SourceDsVersion(state_), ", before 0.19.3) does not say whether its module tensors outside ",
+        "the optimizer (", absl::StrJoin(untold, ", "), ") are buffers or frozen params: pass a ",
+        "--target_ds_version before 0.19.3"));
+  }
+
+  // Every group at the target (groups_), in the source's group order.
+  absl::Status PlanGroups() {
+    std::map<std::string, int> layer_of;  // MoE layer prefix -> index
+    for (size_t l = 0; l < info_.moe_layers.size(); ++l) layer_of[info_.moe_layers[l].prefix] = static_cast<int>(l);
+    for (int g = 0; g < info_.num_groups; ++g) {
+      const bool expert = g < static_cast<int>(info_.expert_groups.size()) && info_.expert_groups[g];
+      if (!expert) {
+        groups_.push_back(DenseGroup(g));
+        continue;
+      }
+      UCP_ASSIGN_OR_RETURN(TargetGroup tg, ExpertGroup(g, layer_of));
+      groups_.push_back(std::move(tg));
+    }
+    return absl::OkStatus();
+  }
+
+  // Group `g` without experts: its trainable params, partitioned over dp.
+  TargetGroup DenseGroup(int g) const {
+    TargetGroup tg;
+    std::vector<int64_t> numels;
+    tg.params.emplace_back();
+    tg.names.emplace_back();
+    for (size_t i = 0; i < info_.params.size(); ++i) {
+      const ParamState& p = info_.params[i];
+      if (!p.trainable() || p.group != g) continue;
+      tg.params[0].push_back(static_cast<int>(i));
+      tg.names[0].push_back(p.name);
+      numels.push_back(Numel(p.full_shape));
+    }
+    tg.layout = deepspeed::ZeroGroupLayout::Make(std::move(numels), dp_, convention_);
+    return tg;
+  }
+
+  // Expert group `g`: per target ep rank its experts' params (MoE layers,
+  // local experts, each expert's params in global expert 0's order) under
+  // local ids, partitioned over the expert data parallel ranks.
+  absl::StatusOr<TargetGroup> ExpertGroup(int g, const std::map<std::string, int>& layer_of) const {
+    TargetGroup tg;
+    tg.expert = true;
+    // The (layer, suffix) sequence of one expert, from global expert 0.
+    std::vector<std::vector<std::string>> suffixes(info_.moe_layers.size());
+    int members = 0;
+    for (const ParamState& p : info_.params) {
+      if (!p.trainable() || p.group != g) continue;
+      ++members;
+      std::string prefix, suffix;
+      int id = 0;
+      if (!SplitExpertName(p.name, &prefix, &id, &suffix) || !layer_of.count(prefix)) {
+        return absl::InvalidArgumentError(absl::StrCat("param '", p.name, "' of expert group ", g,
+                                                       " is not an expert of a known MoE layer"));
+      }
+      if (id == 0) suffixes[layer_of.at(prefix)].push_back(suffix);
+    }
+    int expected = 0;
+    for (size_t l = 0; l < suffixes.size(); ++l) {
+      expected += static_cast<int>(suffixes[l].size()) * info_.moe_layers[l].num_experts;
+    }
+    if (expected != members) {
+      return absl::InvalidArgumentError(absl::StrCat("expert group ", g, " holds ", members, " params, expected ",
+                                                     expected, " (every expert the same params)"));
+    }
+    std::vector<int64_t> numels;
+    for (int e = 0; e < ep_; ++e) {
+      tg.params.emplace_back();
+      tg.names.emplace_back();
+      std::vector<int64_t> ns;
+      for (size_t l = 0; l < suffixes.size(); ++l) {
+        const int local = info_.moe_layers[l].num_experts / ep_;
+        for (int k = 0; k < local; ++k) {
+          for (const std::string& suffix : suffixes[l]) {
+            const std::string global = ExpertName(info_.moe_layers[l].prefix, e * local + k, suffix);
+            const int i = info_.IndexOf(global);
+            if (i < 0) return absl::InvalidArgumentError(absl::StrCat("expert param '", global, "' is missing"));
+            tg.params.back().push_back(i);
+            tg.names.back().push_back(ExpertName(info_.moe_layers[l].prefix, k, suffix));
+            ns.push_back(Numel(info_.params[i].full_shape));
+          }
+        }
+      }
+      if (e == 0) numels = ns;
+    }
+    tg.layout = deepspeed::ZeroGroupLayout::Make(std::move(numels), edp_, convention_);
+    return tg;
+  }
+
+  // The units: the model states, every expert file, every optimizer file,
+  // the placeholders, the check of the inputs no unit reads.
+  void AddUnits() {
+    const std::vector<InputRange> all = deepspeed::EveryParamInput(state_);
+    auto add = [&](Job job, std::string file, int64_t bytes) {
+      Unit u;
+      u.name = absl::StrCat("file ", file);
+      u.outputs.push_back(std::move(file));
+      u.inputs = all;
+      u.bytes = bytes;
+      jobs_.push_back(job);
+      units_.push_back(std::move(u));
+    };
+    add(Job{JobKind::kModel}, deepspeed::MpRankFileName(0), 4096);
+    for (size_t l = 0; l < info_.moe_layers.size(); ++l) {
+      for (int e = 0; e < info_.moe_layers[l].num_experts; ++e) {
+        add(Job{JobKind::kExpert, static_cast<int>(l), e}, absl::StrCat("layer_", l, "_expert_", e, "_mp_rank_00_model_states.pt"),
+            4096);
+      }
+    }
+    for (int d = 0; d < dp_; ++d) add(Job{JobKind::kOptim, -1, -1, d}, deepspeed::OptimFileName(d, 0, info_.bf16_file_prefix), 4096);
+    if (expp_files_) {
+      for (int e = 0; e < ep_; ++e) add(Job{JobKind::kExpp, -1, e}, absl::StrCat("expp_rank_", e, "_mp_rank_00_optim_states.pt"), 1024);
+    }
+    if (AddVerifyUnit(state_, &units_)) jobs_.push_back(Job{JobKind::kVerify});
+  }
+
   // The module weight of a param: trainable ones are their masters cast.
   absl::StatusOr<ValuePtr> Lp(torch::TorchWriter& w, int i) const {
     const ParamState& p = info_.params[i];
@@ -296,23 +311,16 @@ class MoePlan : public Plan {
     return tp::AddPlan(w, lp);
   }
 
-  bool IsExpert(const std::string& name) const { return name.find(kInfix) != std::string::npos; }
+  bool IsExpert(const std::string& name) const { return name.find(kExpertInfix) != std::string::npos; }
 
   absl::StatusOr<ValuePtr> Copy(const ValuePtr& v, const std::shared_ptr<const torch::TorchFile>& file,
                                 torch::TorchWriter& w) const {
     return deepspeed::CopyTreeForWrite(state::FileValue{v, file}, w);
   }
 
+  // The saving job's ds_config at the target's ZeRO stage.
   absl::StatusOr<ValuePtr> DsConfig(const state::FileValue& src, torch::TorchWriter& w) const {
-    UCP_ASSIGN_OR_RETURN(ValuePtr c, deepspeed::CopyTreeForWrite(src, w));
-    if (!c->is(Kind::kDict)) return c;
-    if (ValuePtr z = c->DictGetPtr("zero_optimization"); z && z->is(Kind::kDict) && z->DictGet("stage")) {
-      z->DictSet(Value::Str("stage"), Value::Int(stage_));
-    }
-    if (ValuePtr ck = c->DictGetPtr("checkpoint"); ck && ck->is(Kind::kDict) && ck->DictGet("load_universal")) {
-      ck->DictSet(Value::Str("load_universal"), Value::Bool(false));
-    }
-    return c;
+    return deepspeed::RetargetDsConfig(src, w, stage_);
   }
 
   // The model states DeepSpeed's engine.py _save_moe_checkpoint writes at
@@ -327,52 +335,15 @@ class MoePlan : public Plan {
       if (!v) return absent;
       return Copy(v, src.file, w);
     };
-    // param_shapes values as the source wrote them (0.19.5 MoE: plain
-    // tuples; a source without param_shapes: tuples too).
-    bool tuples = true;
-    if (const Value* ps = s.DictGet("param_shapes"); ps && ps->is(Kind::kList) && !ps->items().empty()) {
-      const Value& g0 = *ps->items()[0];
-      tuples = g0.is(Kind::kDict) && !g0.dict_items().empty() && g0.dict_items()[0].second->is(Kind::kTuple);
-    }
     ValuePtr out = Value::MakeDict();
     auto set = [&](const char* key, ValuePtr v) { out->DictSet(Value::Str(key), std::move(v)); };
-    {
-      ValuePtr sd = Value::MakeDict(/*ordered_dict=*/true);
-      for (const auto& mk : info_.module_order) {
-        if (IsExpert(mk.name)) continue;
-        const int i = info_.IndexOf(mk.name);
-        if (i < 0) continue;
-        UCP_ASSIGN_OR_RETURN(ValuePtr t, Lp(w, i));
-        sd->DictSet(Value::Str(mk.name), t);
-      }
-      if (const Value* v = s.DictGet("module"); v != nullptr && v->is(Kind::kDict) && v->dict_state()) {
-        UCP_ASSIGN_OR_RETURN(ValuePtr md, Copy(v->dict_state(), src.file, w));
-        sd->set_dict_state(std::move(md));
-      }
-      set("module", sd);
-    }
+    UCP_ASSIGN_OR_RETURN(ValuePtr module, Module(src, w));
+    set("module", module);
     if (common_layout_) {
       UCP_ASSIGN_OR_RETURN(ValuePtr buffers, copy("buffer_names", Value::List({})));
       set("buffer_names", buffers);
       set("optimizer", Value::None());
-      std::vector<ValuePtr> gs;
-      for (const TargetGroup& tg : groups_) {
-        ValuePtr d = Value::MakeDict(/*ordered_dict=*/true);
-        for (size_t j = 0; j < tg.params[0].size(); ++j) {
-          const std::vector<int64_t>& shape = info_.params[tg.params[0][j]].full_shape;
-          ValuePtr sh;
-          if (tuples) {
-            std::vector<ValuePtr> dims;
-            for (int64_t x : shape) dims.push_back(Value::Int(x));
-            sh = Value::Tuple(std::move(dims));
-          } else {
-            sh = pickle::MakeTorchSize(shape);
-          }
-          d->DictSet(Value::Str(tg.names[0][j]), sh);
-        }
-        gs.push_back(d);
-      }
-      set("param_shapes", Value::List(std::move(gs)));
+      set("param_shapes", ParamShapes(s));
       set("frozen_param_shapes", stage_ >= 2 ? Value::MakeDict(/*ordered_dict=*/true) : Value::None());
       UCP_ASSIGN_OR_RETURN(ValuePtr shared, copy("shared_params", Value::MakeDict()));
       set("shared_params", shared);
@@ -388,10 +359,7 @@ class MoePlan : public Plan {
     if (common_layout_) {
       if (parallel_dims_) {
         // engine.py:_checkpoint_parallel_metadata (0.19.5), after mp_world_size.
-        ValuePtr dims = Value::MakeDict();
-        dims->DictSet(Value::Str("pp_degree"), Value::Int(1));
-        dims->DictSet(Value::Str("tp_degree"), Value::Int(1));
-        set("checkpoint_parallel_dimensions", dims);
+        set("checkpoint_parallel_dimensions", deepspeed::SingleRankParallelDimensions());
       }
       state::FileValue config = ds_->SavedDsConfig();
       if (!config.value) {
@@ -413,25 +381,78 @@ class MoePlan : public Plan {
       UCP_ASSIGN_OR_RETURN(ValuePtr v, copy("universal_checkpoint_info", Value::None()));
       set("universal_checkpoint_info", v);
     }
-    // The client state: what neither layout's engine writes.
+    UCP_RETURN_IF_ERROR(AddClientState(src, w, out.get()));
+    return out;
+  }
+
+  // The module state dict: the non-expert tensors in module order (trainable
+  // ones their masters cast to the lp dtype), the source's module metadata.
+  absl::StatusOr<ValuePtr> Module(const state::FileValue& src, torch::TorchWriter& w) const {
+    ValuePtr sd = Value::MakeDict(/*ordered_dict=*/true);
+    for (const auto& mk : info_.module_order) {
+      if (IsExpert(mk.name)) continue;
+      const int i = info_.IndexOf(mk.name);
+      if (i < 0) continue;
+      UCP_ASSIGN_OR_RETURN(ValuePtr t, Lp(w, i));
+      sd->DictSet(Value::Str(mk.name), t);
+    }
+    if (const Value* v = src.value->DictGet("module"); v != nullptr && v->is(Kind::kDict) && v->dict_state()) {
+      UCP_ASSIGN_OR_RETURN(ValuePtr md, Copy(v->dict_state(), src.file, w));
+      sd->set_dict_state(std::move(md));
+    }
+    return sd;
+  }
+
+  // param_shapes: per group, ep rank 0's params under local names, their
+  // shapes as the source `s` wrote them (0.19.5 MoE: plain tuples; a source
+  // without param_shapes: tuples too).
+  ValuePtr ParamShapes(const Value& s) const {
+    bool tuples = true;
+    if (const Value* ps = s.DictGet("param_shapes"); ps && ps->is(Kind::kList) && !ps->items().empty()) {
+      const Value& g0 = *ps->items()[0];
+      tuples = g0.is(Kind::kDict) && !g0.dict_items().empty() && g0.dict_items()[0].second->is(Kind::kTuple);
+    }
+    std::vector<ValuePtr> gs;
+    for (const TargetGroup& tg : groups_) {
+      ValuePtr d = Value::MakeDict(/*ordered_dict=*/true);
+      for (size_t j = 0; j < tg.params[0].size(); ++j) {
+        const std::vector<int64_t>& shape = info_.params[tg.params[0][j]].full_shape;
+        ValuePtr sh;
+        if (tuples) {
+          std::vector<ValuePtr> dims;
+          for (int64_t x : shape) dims.push_back(Value::Int(x));
+          sh = Value::Tuple(std::move(dims));
+        } else {
+          sh = pickle::MakeTorchSize(shape);
+        }
+        d->DictSet(Value::Str(tg.names[0][j]), sh);
+      }
+      gs.push_back(d);
+    }
+    return Value::List(std::move(gs));
+  }
+
+  // The client state: the source's model-state keys neither layout's engine
+  // writes, copied into `out` after the engine's.
+  absl::Status AddClientState(const state::FileValue& src, torch::TorchWriter& w, Value* out) const {
     static const std::set<std::string> kEngineKeys = {
         "module", "buffer_names", "optimizer", "param_shapes", "frozen_param_shapes", "shared_params",
         "frozen_param_fragments", "lr_scheduler", "data_sampler", "random_ltd", "sparse_tensor_module_names",
         "skipped_steps", "global_steps", "global_samples", "dp_world_size", "mp_world_size",
         "checkpoint_parallel_dimensions", "ds_config", "ds_version", "num_experts", "ds_autoep_layers",
         "universal_checkpoint_info"};
-    for (const auto& [k, v] : s.dict_items()) {
+    for (const auto& [k, v] : src.value->dict_items()) {
       if (k->is(Kind::kStr) && kEngineKeys.count(k->str())) continue;
       UCP_ASSIGN_OR_RETURN(ValuePtr c, Copy(v, src.file, w));
       out->DictSet(k, c);
     }
-    return out;
+    return absl::OkStatus();
   }
 
   // layer_L_expert_E: the expert's weights under global names, in module order.
   absl::StatusOr<ValuePtr> ExpertFile(torch::TorchWriter& w, int layer, int expert) const {
     ValuePtr d = Value::MakeDict();
-    const std::string head = absl::StrCat(info_.moe_layers[layer].prefix, kInfix, expert, ".");
+    const std::string head = absl::StrCat(info_.moe_layers[layer].prefix, kExpertInfix, expert, ".");
     for (const auto& mk : info_.module_order) {
       if (mk.name.rfind(head, 0) != 0) continue;
       const int i = info_.IndexOf(mk.name);
@@ -466,15 +487,17 @@ class MoePlan : public Plan {
     return TensorPlan::Cat(pieces, 0);
   }
 
-  absl::StatusOr<ValuePtr> OptimFile(torch::TorchWriter& w, int d) const {
-    const Value& common = *common_.value;
-    auto copy_common = [&](const char* key) -> absl::StatusOr<ValuePtr> {
-      ValuePtr v = common.DictGetPtr(key);
-      if (!v) return absl::NotFoundError(absl::StrCat("the source's optimizer state has no '", key, "'"));
-      return deepspeed::CopyTreeForWrite(state::FileValue{v, common_.file}, w);
-    };
-    std::vector<ValuePtr> fp32s, paddings, counts, mappings;
-    ValuePtr states = Value::MakeDict();
+  // What dp rank `d`'s optimizer file holds of each group, in the order
+  // DeepSpeed writes them.
+  struct RankPartitions {
+    std::vector<ValuePtr> fp32s, paddings, counts, mappings;  // per group
+    ValuePtr states = Value::MakeDict();                      // group -> its states
+  };
+
+  // Rank `d`'s partition of every group: param_slice_mappings (a window of
+  // the expert groups for targets before 0.14.5), padding, partition count,
+  // fp32 master (without padding), scalars and per-element states.
+  absl::Status AddRankPartitions(torch::TorchWriter& w, int d, RankPartitions* out) const {
     for (size_t g = 0; g < groups_.size(); ++g) {
       const TargetGroup& tg = groups_[g];
       const int e = tg.expert ? d % ep_ : 0;
@@ -488,12 +511,12 @@ class MoePlan : public Plan {
       for (const auto& f : listed) {
         mapping->DictSet(Value::Str(tg.names[e][f.param_index]), pickle::MakeFragmentAddress(f.numel, f.partition_offset));
       }
-      mappings.push_back(mapping);
-      paddings.push_back(Value::Int(tg.layout.padding(rank)));
-      counts.push_back(Value::Int(tg.expert ? edp_ : dp_));
+      out->mappings.push_back(mapping);
+      out->paddings.push_back(Value::Int(tg.layout.padding(rank)));
+      out->counts.push_back(Value::Int(tg.expert ? edp_ : dp_));
       UCP_ASSIGN_OR_RETURN(TensorPlan fp32, Partition(tg, d, state::kFp32State));
       UCP_ASSIGN_OR_RETURN(ValuePtr fv, tp::AddPlanView(w, fp32, tg.layout.lean_partition_numel(rank), true));
-      fp32s.push_back(fv);
+      out->fp32s.push_back(fv);
       ValuePtr st = Value::MakeDict();
       for (const std::string& key : info_.scalar_keys) {
         UCP_ASSIGN_OR_RETURN(state::FileValue sv, state_.GroupScalar(static_cast<int>(g), key));
@@ -505,8 +528,20 @@ class MoePlan : public Plan {
         UCP_ASSIGN_OR_RETURN(TensorPlan plan, Partition(tg, d, key));
         st->DictSet(Value::Str(key), tp::AddPlan(w, plan));
       }
-      states->DictSet(Value::Int(static_cast<int64_t>(g)), st);
+      out->states->DictSet(Value::Int(static_cast<int64_t>(g)), st);
     }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<ValuePtr> OptimFile(torch::TorchWriter& w, int d) const {
+    const Value& common = *common_.value;
+    auto copy_common = [&](const char* key) -> absl::StatusOr<ValuePtr> {
+      ValuePtr v = common.DictGetPtr(key);
+      if (!v) return absl::NotFoundError(absl::StrCat("the source's optimizer state has no '", key, "'"));
+      return deepspeed::CopyTreeForWrite(state::FileValue{v, common_.file}, w);
+    };
+    RankPartitions parts;
+    UCP_RETURN_IF_ERROR(AddRankPartitions(w, d, &parts));
     UCP_ASSIGN_OR_RETURN(ValuePtr groups, copy_common("param_groups"));
     if (!groups->is(Kind::kList) || groups->items().size() != groups_.size()) {
       return absl::InvalidArgumentError("the source's param_groups do not match its groups");
@@ -517,7 +552,7 @@ class MoePlan : public Plan {
       }
     }
     ValuePtr base = Value::MakeDict();
-    base->DictSet(Value::Str("state"), states);
+    base->DictSet(Value::Str("state"), parts.states);
     base->DictSet(Value::Str("param_groups"), groups);
     ValuePtr osd = Value::MakeDict();
     for (const char* key : {"loss_scaler", "dynamic_loss_scale", "overflow", "clip_grad"}) {
@@ -525,7 +560,7 @@ class MoePlan : public Plan {
       osd->DictSet(Value::Str(key), v);
     }
     osd->DictSet(Value::Str("base_optimizer_state"), base);
-    osd->DictSet(Value::Str("single_partition_of_fp32_groups"), Value::List(std::move(fp32s)));
+    osd->DictSet(Value::Str("single_partition_of_fp32_groups"), Value::List(std::move(parts.fp32s)));
     const Value* zs = common.DictGet("zero_stage");
     auto stage_value = zs ? pickle::AsZeroStage(*zs) : absl::StatusOr<int>(-1);
     if (zs != nullptr && stage_value.ok() && *stage_value == stage_) {
@@ -534,10 +569,10 @@ class MoePlan : public Plan {
     } else {
       osd->DictSet(Value::Str("zero_stage"), pickle::MakeZeroStage(stage_));
     }
-    osd->DictSet(Value::Str("group_paddings"), Value::List(std::move(paddings)));
-    osd->DictSet(Value::Str("partition_count"), Value::List(std::move(counts)));
+    osd->DictSet(Value::Str("group_paddings"), Value::List(std::move(parts.paddings)));
+    osd->DictSet(Value::Str("partition_count"), Value::List(std::move(parts.counts)));
     osd->DictSet(Value::Str("ds_version"), Value::Str(version_));
-    osd->DictSet(Value::Str("param_slice_mappings"), Value::List(std::move(mappings)));
+    osd->DictSet(Value::Str("param_slice_mappings"), Value::List(std::move(parts.mappings)));
     ValuePtr root = Value::MakeDict();
     root->DictSet(Value::Str("optimizer_state_dict"), osd);
     if (state::FileValue config = ds_->SavedDsConfig(); config.value) {

@@ -77,20 +77,42 @@ std::string Zero3State::OptimPath(int dp) const {
   return JoinPath(dir_, deepspeed::OptimFileName(dp, 0, bf16_prefix_));
 }
 
+std::string Zero3State::ModelPath(int dp) const { return JoinPath(dir_, deepspeed::Zero3ModelFileName(dp, 0)); }
+
 absl::Status Zero3State::Load() {
+  UCP_ASSIGN_OR_RETURN(FolderFiles files, ListFiles());
+  UCP_RETURN_IF_ERROR(OpenModelFiles(files));
+  UCP_RETURN_IF_ERROR(ReadZeroConfig());
+  UCP_ASSIGN_OR_RETURN(const std::vector<ValuePtr>* shape_list, ParseParamShapes());
+  UCP_RETURN_IF_ERROR(CheckParamShapesAgree(*shape_list));
+  // Optimizer files: rank 0 now (its structure is every file's), the
+  // others on first use.
+  optim_files_.Reset(dp_);
+  UCP_ASSIGN_OR_RETURN(const OptimFile* first, Optim(0));
+  UCP_RETURN_IF_ERROR(ParseParamGroups(*first));
+  UCP_RETURN_IF_ERROR(CheckScalarsAgree(*first));
+  UCP_RETURN_IF_ERROR(BuildInfo(*first));
+  empty_dict_ = Value::MakeDict();
+  return absl::OkStatus();
+}
+
+// The folder's checkpoint files: ZeRO-3 model and optimizer files of mp
+// rank 0 only, all with the bf16_ prefix or none (sets bf16_prefix_).
+absl::StatusOr<Zero3State::FolderFiles> Zero3State::ListFiles() {
   UCP_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirectory(dir_));
-  std::set<int> model_dp, optim_dp, mp_ranks;
+  FolderFiles files;
+  std::set<int> mp_ranks;
   std::set<int> bf16_values;
   for (const auto& n : names) {
     auto parsed = deepspeed::ParseCheckpointFileName(n);
     if (!parsed) continue;
     switch (parsed->type) {
       case deepspeed::CheckpointFileName::Type::kZero3Model:
-        model_dp.insert(parsed->dp_rank);
+        files.model_dp.insert(parsed->dp_rank);
         mp_ranks.insert(parsed->mp_rank);
         break;
       case deepspeed::CheckpointFileName::Type::kOptim:
-        optim_dp.insert(parsed->dp_rank);
+        files.optim_dp.insert(parsed->dp_rank);
         mp_ranks.insert(parsed->mp_rank);
         bf16_values.insert(parsed->bf16_prefix ? 1 : 0);
         break;
@@ -109,9 +131,14 @@ absl::Status Zero3State::Load() {
     return absl::InvalidArgumentError(absl::StrCat(dir_, ": mixes bf16_zero_pp_rank_* and zero_pp_rank_* files"));
   }
   bf16_prefix_ = bf16_values.count(1) > 0;
-  // Model states: every dp rank's.
-  const std::string first_model = JoinPath(dir_, deepspeed::Zero3ModelFileName(0, 0));
-  if (!model_dp.count(0)) return absl::NotFoundError(absl::StrCat(first_model, ": missing"));
+  return files;
+}
+
+// Every dp rank's model states (model_files_): rank 0's dp_world_size (dp_,
+// no model parallelism) is every file's, and each rank has both its files.
+absl::Status Zero3State::OpenModelFiles(const FolderFiles& files) {
+  const std::string first_model = ModelPath(0);
+  if (!files.model_dp.count(0)) return absl::NotFoundError(absl::StrCat(first_model, ": missing"));
   UCP_ASSIGN_OR_RETURN(auto m0, torch::TorchFile::Open(first_model, read_.Files()));
   const Value& root0 = *m0->root();
   if (!root0.is(Kind::kDict)) {
@@ -131,29 +158,27 @@ absl::Status Zero3State::Load() {
     }
   }
   for (int d = 0; d < dp_; ++d) {
-    if (!model_dp.count(d)) {
-      return absl::NotFoundError(absl::StrCat(JoinPath(dir_, deepspeed::Zero3ModelFileName(d, 0)),
-                                              ": missing (dp_world_size ", dp_, " in ",
+    if (!files.model_dp.count(d)) {
+      return absl::NotFoundError(absl::StrCat(ModelPath(d), ": missing (dp_world_size ", dp_, " in ",
                                               deepspeed::Zero3ModelFileName(0, 0), ")"));
     }
-    if (!optim_dp.count(d)) {
+    if (!files.optim_dp.count(d)) {
       return absl::NotFoundError(absl::StrCat(OptimPath(d), ": missing (dp_world_size ", dp_, ")"));
     }
   }
-  for (int d : model_dp) {
+  for (int d : files.model_dp) {
     if (d >= dp_) {
-      return absl::InvalidArgumentError(absl::StrCat(JoinPath(dir_, deepspeed::Zero3ModelFileName(d, 0)),
-                                                     ": dp rank ", d, " but dp_world_size is ", dp_));
+      return absl::InvalidArgumentError(absl::StrCat(ModelPath(d), ": dp rank ", d, " but dp_world_size is ", dp_));
     }
   }
-  for (int d : optim_dp) {
+  for (int d : files.optim_dp) {
     if (d >= dp_) {
       return absl::InvalidArgumentError(absl::StrCat(OptimPath(d), ": dp rank ", d, " but dp_world_size is ", dp_));
     }
   }
   model_files_.push_back(std::move(m0));
   for (int d = 1; d < dp_; ++d) {
-    const std::string p = JoinPath(dir_, deepspeed::Zero3ModelFileName(d, 0));
+    const std::string p = ModelPath(d);
     UCP_ASSIGN_OR_RETURN(auto f, torch::TorchFile::Open(p, read_.Files()));
     const Value* dw = f->root()->is(Kind::kDict) ? f->root()->DictGet("dp_world_size") : nullptr;
     if (dw == nullptr || !dw->is(Kind::kInt) || dw->int_value() != dp_) {
@@ -163,7 +188,13 @@ absl::Status Zero3State::Load() {
     }
     model_files_.push_back(std::move(f));
   }
-  // ds_version and the zero config.
+  return absl::OkStatus();
+}
+
+// ds_version and the zero config (sub_group_size) of rank 0's model states;
+// frozen params refused.
+absl::Status Zero3State::ReadZeroConfig() {
+  const Value& root0 = *model_files_[0]->root();
   if (const Value* v = root0.DictGet("ds_version"); v != nullptr && v->is(Kind::kStr)) ds_version_ = v->str();
   if (const Value* sg = DictPath(&root0, {"ds_config", "zero_optimization", "sub_group_size"})) {
     if (sg->is(Kind::kInt)) sub_group_size_ = sg->int_value();
@@ -174,12 +205,20 @@ absl::Status Zero3State::Load() {
   for (const char* key : {"frozen_param_shapes", "frozen_param_fragments"}) {
     const Value* f = root0.DictGet(key);
     if (f != nullptr && f->is(Kind::kDict) && !f->dict_items().empty()) {
-      return FileError(first_model, absl::StatusCode::kUnimplemented,
+      return FileError(ModelPath(0), absl::StatusCode::kUnimplemented,
                        absl::StrCat("ZeRO stage 3 (DeepSpeed ", ds_version_, ") with frozen params (", key, " lists ",
                                     f->dict_items().size(), ") is not supported"));
     }
   }
-  // param_shapes: one dict per sub-group.
+  return absl::OkStatus();
+}
+
+// Rank 0's param_shapes, one dict per sub-group: the trainable params
+// (params_) and where each lies in its sub-group's flat partition
+// (sub_groups_), at this dp. Returns the list.
+absl::StatusOr<const std::vector<ValuePtr>*> Zero3State::ParseParamShapes() {
+  const std::string first_model = ModelPath(0);
+  const Value& root0 = *model_files_[0]->root();
   UCP_ASSIGN_OR_RETURN(const Value* shapes_v, GetField(root0, "param_shapes", "model states"),
                        _.Prepend(first_model + ": "));
   UCP_ASSIGN_OR_RETURN(auto* shape_list, AsSequence(*shapes_v, "param_shapes"), _.Prepend(first_model + ": "));
@@ -213,14 +252,18 @@ absl::Status Zero3State::Load() {
     }
     sub_groups_.push_back(sg);
   }
-  // The other ranks' param_shapes are the same.
+  return shape_list;
+}
+
+// The other ranks' param_shapes list the same params in the same sub-groups.
+absl::Status Zero3State::CheckParamShapesAgree(const std::vector<ValuePtr>& shape_list) const {
   for (int d = 1; d < dp_; ++d) {
     const Value* other = model_files_[d]->root()->DictGet("param_shapes");
     const std::string what = other == nullptr ? "missing" : other->DebugString(60);
     bool same = other != nullptr && (other->is(Kind::kList) || other->is(Kind::kTuple)) &&
-                other->items().size() == shape_list->size();
-    for (size_t s = 0; same && s < shape_list->size(); ++s) {
-      const Value& a = *(*shape_list)[s];
+                other->items().size() == shape_list.size();
+    for (size_t s = 0; same && s < shape_list.size(); ++s) {
+      const Value& a = *shape_list[s];
       const Value& b = *other->items()[s];
       same = b.is(Kind::kDict) && a.dict_items().size() == b.dict_items().size();
       for (size_t i = 0; same && i < a.dict_items().size(); ++i) {
@@ -233,13 +276,14 @@ absl::Status Zero3State::Load() {
                                     ")"));
     }
   }
-  // Optimizer files: rank 0 now (its structure is every file's), the
-  // others on first use.
-  for (int d = 0; d < dp_; ++d) slots_.push_back(std::make_unique<Slot>());
-  UCP_ASSIGN_OR_RETURN(const OptimFile* first, Optim(0));
-  const Value& osd = *first->osd;
-  // Param groups: which sub-groups each holds.
-  const Value* inner = osd.DictGet("optimizer_state_dict");
+  return absl::OkStatus();
+}
+
+// Rank 0's optimizer param_groups: which sub-groups each param group holds
+// (group_sub_groups_, sub_groups_[s].group), every sub-group in exactly one,
+// numbered group by group, no group empty.
+absl::Status Zero3State::ParseParamGroups(const OptimFile& first) {
+  const Value* inner = first.osd->DictGet("optimizer_state_dict");
   const Value* groups = inner != nullptr && inner->is(Kind::kDict) ? inner->DictGet("param_groups") : nullptr;
   if (groups == nullptr || !groups->is(Kind::kList)) {
     return FileError(OptimPath(0), absl::StatusCode::kInvalidArgument,
@@ -283,21 +327,25 @@ absl::Status Zero3State::Load() {
       return FileError(OptimPath(0), absl::StatusCode::kInvalidArgument, absl::StrCat("param group ", g, " is empty"));
     }
   }
-  // Every sub-group of a group has the same scalars (step): one per group is
-  // what a universal checkpoint or another sub-grouping can carry.
+  return absl::OkStatus();
+}
+
+// Every sub-group of a group has the same scalars (step): one per group is
+// what a universal checkpoint or another sub-grouping can carry.
+absl::Status Zero3State::CheckScalarsAgree(const OptimFile& first) const {
   for (size_t s = 1; s < sub_groups_.size(); ++s) {
     const int g = sub_groups_[s].group;
     const int s0 = group_sub_groups_[g][0];
-    for (size_t k = 0; k < first->scalars[s].size(); ++k) {
-      const auto& [key, v] = first->scalars[s][k];
+    for (size_t k = 0; k < first.scalars[s].size(); ++k) {
+      const auto& [key, v] = first.scalars[s][k];
       const pickle::Value* v0 = nullptr;
-      for (const auto& [key0, w] : first->scalars[s0]) {
+      for (const auto& [key0, w] : first.scalars[s0]) {
         if (key0 == key) v0 = w.get();
       }
       bool same = v0 != nullptr;
       if (same && torch::TorchFile::IsTensor(*v) && torch::TorchFile::IsTensor(*v0)) {
-        auto a = first->file->GetTensor(*v);
-        auto b = first->file->GetTensor(*v0);
+        auto a = first.file->GetTensor(*v);
+        auto b = first.file->GetTensor(*v0);
         same = a.ok() && b.ok() && a->BitwiseEqual(*b);
       } else if (same) {
         same = v->DebugString(80) == v0->DebugString(80);
@@ -310,16 +358,23 @@ absl::Status Zero3State::Load() {
       }
     }
   }
+  return absl::OkStatus();
+}
 
-  // The model info.
+// The model info: topology and optimizer kind, the module's tensors checked
+// (params empty, every other tensor a buffer) in module order, then the
+// trainable params in param_shapes order and the buffers in module order.
+absl::Status Zero3State::BuildInfo(const OptimFile& first) {
+  const std::string first_model = ModelPath(0);
+  const Value& root0 = *model_files_[0]->root();
   info_.source_topology = {1, 1, dp_};
   info_.pipeline = false;
   info_.zero_stage = 3;
   info_.optimizer_kind = state::OptimizerKind::kZero;
   info_.bf16_file_prefix = bf16_prefix_;
   info_.num_groups = static_cast<int>(group_sub_groups_.size());
-  for (const auto& [k, t] : first->states[0]) info_.state_keys.push_back(k);
-  for (const auto& [k, v] : first->scalars[0]) info_.scalar_keys.push_back(k);
+  info_.state_keys = first.StateNames(0);
+  info_.scalar_keys = first.ScalarNames(0);
   const Value* module = root0.DictGet("module");
   if (module == nullptr || !module->is(Kind::kDict)) {
     return FileError(first_model, absl::StatusCode::kInvalidArgument, "expected a module state dict");
@@ -383,7 +438,6 @@ absl::Status Zero3State::Load() {
     }
   }
   info_.Reindex();
-  empty_dict_ = Value::MakeDict();
   return absl::OkStatus();
 }
 
@@ -446,61 +500,40 @@ absl::StatusOr<std::unique_ptr<Zero3State::OptimFile>> Zero3State::ParseOptim(in
     out->fp32.push_back(std::move(flat));
     const Value* st = state->DictGet(Value::Int(static_cast<int64_t>(s)));
     if (st == nullptr || !st->is(Kind::kDict)) return err(absl::StrCat("no optimizer state for sub-group ", s));
-    UCP_ASSIGN_OR_RETURN(
-        internal::GroupStates split,
-        internal::SplitGroupStates(
-            *out->file, *st, [&](const std::string& key, const torch::Tensor& t) -> absl::StatusOr<bool> {
-              if (t.dim() == 0) return false;
-              UCP_RETURN_IF_ERROR(CheckDense(t, path, absl::StrCat("state[", s, "].", key)));
-              if (t.dim() != 1 || t.numel() != want) {
-                return err(absl::StrCat("optimizer state '", key, "' of sub-group ", s, " has shape ",
-                                        ShapeStr(t.sizes()), ", expected [", want, "]"));
-              }
-              return true;
-            }));
-    std::vector<std::pair<std::string, torch::Tensor>>& per_element = split.per_element;
-    std::vector<std::pair<std::string, ValuePtr>>& scalars = split.scalars;
+    UCP_ASSIGN_OR_RETURN(internal::GroupStates split,
+                         deepspeed::SplitFlatStates(*out->file, path, *st, s,
+                                                    {"sub-group", want, /*lean_numel=*/-1, /*check_dense=*/true}));
     if (!out->states.empty()) {
-      std::vector<std::string> a, b;
-      for (const auto& e : out->states[0]) a.push_back(e.first);
-      for (const auto& e : per_element) b.push_back(e.first);
+      std::vector<std::string> a = out->StateNames(0), b;
+      for (const auto& e : split.per_element) b.push_back(e.first);
       if (a != b) {
         return err(absl::StrCat("sub-group ", s, " has optimizer states [", absl::StrJoin(b, ", "),
                                 "], sub-group 0 has [", absl::StrJoin(a, ", "), "]"));
       }
     }
-    out->states.push_back(std::move(per_element));
-    out->scalars.push_back(std::move(scalars));
+    out->states.push_back(std::move(split.per_element));
+    out->scalars.push_back(std::move(split.scalars));
   }
   return out;
 }
 
 absl::StatusOr<const Zero3State::OptimFile*> Zero3State::Optim(int dp) const {
-  if (dp < 0 || dp >= static_cast<int>(slots_.size())) {
+  if (!optim_files_.Has(dp)) {
     return absl::NotFoundError(absl::StrCat(OptimPath(dp), ": not part of this checkpoint"));
   }
-  Slot& slot = *slots_[dp];
-  std::call_once(slot.once, [&] {
-    auto parsed = ParseOptim(dp);
-    if (!parsed.ok()) {
-      slot.status = parsed.status();
-      return;
-    }
-    slot.file = *std::move(parsed);
-    if (dp > 0 && slots_[0]->file != nullptr) {
-      std::vector<std::string> a, b;
-      for (const auto& e : slots_[0]->file->states[0]) a.push_back(e.first);
-      for (const auto& e : slot.file->states[0]) b.push_back(e.first);
+  return optim_files_.Get(dp, [&](int d) -> absl::StatusOr<std::unique_ptr<OptimFile>> {
+    UCP_ASSIGN_OR_RETURN(std::unique_ptr<OptimFile> file, ParseOptim(d));
+    // Every rank holds rank 0's optimizer states (compared by name).
+    if (const OptimFile* first = d > 0 ? optim_files_.Parsed(0) : nullptr) {
+      const std::vector<std::string> a = first->StateNames(0), b = file->StateNames(0);
       if (!internal::SameStateNames(a, b)) {
-        slot.status = FileError(OptimPath(dp), absl::StatusCode::kInvalidArgument,
-                                absl::StrCat("optimizer states [", absl::StrJoin(b, ", "), "] differ from [",
-                                             absl::StrJoin(a, ", "), "] in ", OptimPath(0)));
-        slot.file.reset();
+        return FileError(OptimPath(d), absl::StatusCode::kInvalidArgument,
+                         absl::StrCat("optimizer states [", absl::StrJoin(b, ", "), "] differ from [",
+                                      absl::StrJoin(a, ", "), "] in ", OptimPath(0)));
       }
     }
+    return file;
   });
-  if (!slot.status.ok()) return slot.status;
-  return slot.file.get();
 }
 
 absl::StatusOr<std::vector<tp::TensorPlan>> Zero3State::Slices(const state::ParamState& param, int stage,
@@ -527,14 +560,7 @@ absl::StatusOr<std::vector<tp::TensorPlan>> Zero3State::Slices(const state::Para
     const int64_t len = std::min(zp.partition, zp.numel - begin);
     if (len <= 0) break;
     UCP_ASSIGN_OR_RETURN(const OptimFile* f, Optim(r));
-    const torch::Tensor* flat = nullptr;
-    if (state == state::kFp32State) {
-      flat = &f->fp32[zp.sub_group];
-    } else {
-      for (const auto& [k, t] : f->states[zp.sub_group]) {
-        if (k == state) flat = &t;
-      }
-    }
+    const torch::Tensor* flat = f->Flat(zp.sub_group, state);
     if (flat == nullptr) {
       return absl::NotFoundError(
           absl::StrCat(OptimPath(r), ": sub-group ", zp.sub_group, " has no optimizer state '", state, "'"));
@@ -553,10 +579,7 @@ absl::StatusOr<state::FileValue> Zero3State::GroupScalar(int group, const std::s
     return absl::InvalidArgumentError(absl::StrCat("no param group ", group));
   }
   UCP_ASSIGN_OR_RETURN(const OptimFile* f, Optim(0));
-  for (const auto& [k, v] : f->scalars[group_sub_groups_[group][0]]) {
-    if (k == key) return state::FileValue{v, state::Unowned(f->file.get())};
-  }
-  return state::FileValue{nullptr, nullptr};
+  return f->Scalar(group_sub_groups_[group][0], key);
 }
 
 std::vector<state::InputRange> Zero3State::Inputs(const state::ParamState& param) const {

@@ -31,7 +31,7 @@
 
 #include <cstdint>
 #include <memory>
-#include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -39,6 +39,7 @@
 #include "deepspeed/layout_math.h"
 #include "deepspeed/read_options.h"
 #include "deepspeed/facet.h"
+#include "deepspeed/flat_optim_file.h"
 #include "state/model_state.h"
 #include "format/torch/torch_file.h"
 
@@ -97,26 +98,28 @@ class Zero3State : public state::SlicedState, public deepspeed::DeepSpeedFacet {
     int group = 0;
     int64_t flat_numel = 0;  // per rank
   };
-  struct OptimFile {
-    std::unique_ptr<torch::TorchFile> file;
-    const pickle::Value* osd = nullptr;  // root['optimizer_state_dict']
-    std::vector<torch::Tensor> fp32;     // per sub-group
-    // per sub-group: (state key, tensor) for per-element states in file order,
-    // and the scalar states.
-    std::vector<std::vector<std::pair<std::string, torch::Tensor>>> states;
-    std::vector<std::vector<std::pair<std::string, pickle::ValuePtr>>> scalars;
-  };
-  struct Slot {
-    std::once_flag once;
-    absl::Status status;
-    std::unique_ptr<OptimFile> file;
+  using OptimFile = deepspeed::FlatOptimFile;  // flat groups: the sub-groups
+  // The checkpoint's files by kind and dp rank (ListFiles).
+  struct FolderFiles {
+    std::set<int> model_dp, optim_dp;
   };
 
   Zero3State() = default;
+  // Open's phases, in order; each checks what it reads and names the file.
   absl::Status Load();
+  absl::StatusOr<FolderFiles> ListFiles();
+  absl::Status OpenModelFiles(const FolderFiles& files);
+  absl::Status ReadZeroConfig();
+  absl::StatusOr<const std::vector<pickle::ValuePtr>*> ParseParamShapes();
+  absl::Status CheckParamShapesAgree(const std::vector<pickle::ValuePtr>& shape_list) const;
+  absl::Status ParseParamGroups(const OptimFile& first);
+  absl::Status CheckScalarsAgree(const OptimFile& first) const;
+  absl::Status BuildInfo(const OptimFile& first);
+
   absl::StatusOr<std::unique_ptr<OptimFile>> ParseOptim(int dp) const;
   absl::StatusOr<const OptimFile*> Optim(int dp) const;
   std::string OptimPath(int dp) const;
+  std::string ModelPath(int dp) const;
 
   std::string dir_;
   deepspeed::ReadOptions read_;
@@ -129,7 +132,7 @@ class Zero3State : public state::SlicedState, public deepspeed::DeepSpeedFacet {
   std::vector<SubGroup> sub_groups_;
   std::vector<std::vector<int>> group_sub_groups_;  // param group -> its sub-groups
   std::vector<int> info_param_;                     // info_.params index -> params_ index or -1
-  std::vector<std::unique_ptr<Slot>> slots_;        // per dp rank
+  deepspeed::LazyOptimFiles optim_files_;           // per dp rank
   state::ModelInfo info_;
   pickle::ValuePtr empty_dict_;
 };

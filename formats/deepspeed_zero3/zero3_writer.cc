@@ -12,6 +12,7 @@
 #include "deepspeed/engine_defaults.h"
 #include "deepspeed/layout_math.h"
 #include "deepspeed/tree_copy.h"
+#include "deepspeed/zero_target_parts.h"
 #include "format/pickle/accessors.h"
 #include "tp/merge.h"
 #include "tp/plan_io.h"
@@ -59,132 +60,13 @@ class Zero3Plan : public Plan {
       : state_(state), info_(state.info()), options_(options), dp_(options.target.dp) {}
 
   absl::Status Build() {
-    UCP_RETURN_IF_ERROR(options_.target.Validate());
-    UCP_ASSIGN_OR_RETURN(ds_, deepspeed::FacetOrDefaults(state_, options_.target_ds_version, &owned_facet_));
-    {
-      // The target version's model states record the degrees from 0.19.5 on.
-      const std::string version =
-          options_.target_ds_version.empty() ? deepspeed::SourceDsVersion(state_) : options_.target_ds_version;
-      auto v = deepspeed::ParseDsVersion(version);
-      parallel_dims_ = v.ok() && *v >= deepspeed::DsVersion{0, 19, 5};
-    }
-    if (options_.target.tp != 1 || options_.target.pp != 1) {
-      return absl::InvalidArgumentError(absl::StrCat("ZeRO stage 3 target ", options_.target.ToString(),
-                                                     ": ucp writes ZeRO-3 checkpoints at tp=1 pp=1"));
-    }
-    if (info_.pipeline) {
-      return absl::InvalidArgumentError(
-          "ZeRO stage 3 target: the source is a PipelineModule, which DeepSpeed does not run under ZeRO-3");
-    }
-    if (info_.optimizer_kind == state::OptimizerKind::kBf16) {
-      return absl::InvalidArgumentError(
-          "ZeRO stage 3 target: the source's BF16_Optimizer state has no ZeRO-3 counterpart in DeepSpeed's layout");
-    }
-    for (const ParamState& p : info_.params) {
-      if (p.role == state::TensorRole::kFrozen) {
-        return absl::UnimplementedError(absl::StrCat("ZeRO stage 3 target: frozen param '", p.name,
-                                                     "' (ucp does not write frozen_param_fragments)"));
-      }
-    }
-    // Megatron pads the vocabulary per tp rank; at tp=1 a model whose rows
-    // are not a multiple of make_vocab_size_divisible_by has padded rows in
-    // its embedding, which ucp does not add for ZeRO-3.
-    for (const ParamState& p : info_.params) {
-      if (p.rule.kind() != VOCAB || p.full_shape.empty()) continue;
-      const int64_t divisible_by = options_.make_vocab_size_divisible_by > 0 ? options_.make_vocab_size_divisible_by
-                                                                             : info_.make_vocab_size_divisible_by;
-      if (divisible_by <= 0 || tp::PaddedVocabSize(p.full_shape[0], divisible_by, 1) != p.full_shape[0]) {
-        return absl::UnimplementedError(absl::StrCat(
-            "ZeRO stage 3 target: vocabulary param '", p.name, "' (", p.full_shape[0],
-            " rows) would need Megatron's vocab padding, which ucp does not write for ZeRO-3"));
-      }
-    }
-    UCP_ASSIGN_OR_RETURN(common_, ds_->OptimizerCommon());
-    if (!common_.value || !common_.value->is(Kind::kDict)) {
-      return absl::InvalidArgumentError("the source's optimizer state is not a dict");
-    }
-    const Value* groups = common_.value->DictGet("param_groups");
-    if (groups == nullptr || !groups->is(Kind::kList) ||
-        static_cast<int>(groups->items().size()) != info_.num_groups) {
-      return absl::InvalidArgumentError(absl::StrCat("the source's optimizer state has ",
-                                                     groups ? groups->DebugString(40) : "no", " param_groups, expected ",
-                                                     info_.num_groups));
-    }
-    // sub_group_size: the flag, the source's config, DeepSpeed's default.
-    sub_group_size_ = options_.sub_group_size;
-    if (sub_group_size_ <= 0) {
-      sub_group_size_ = 1000000000;
-      state::FileValue root = ds_->ModelStatesRoot(0, 0);
-      const Value* c = root.value && root.value->is(Kind::kDict) ? root.value->DictGet("ds_config") : nullptr;
-      const Value* z = c && c->is(Kind::kDict) ? c->DictGet("zero_optimization") : nullptr;
-      const Value* sg = z && z->is(Kind::kDict) ? z->DictGet("sub_group_size") : nullptr;
-      if (sg != nullptr && sg->is(Kind::kInt)) sub_group_size_ = sg->int_value();
-      if (sg != nullptr && sg->is(Kind::kFloat)) sub_group_size_ = static_cast<int64_t>(sg->float_value());
-    }
-    // ds_id: DeepSpeed numbers params in module order.
-    int next_id = 0;
-    for (const auto& k : info_.module_order) {
-      const ParamState* p = info_.Find(k.name);
-      if (p != nullptr && p->trainable() && !ds_id_.count(k.name)) ds_id_[k.name] = next_id++;
-    }
-    for (const ParamState& p : info_.params) {
-      if (p.trainable() && !ds_id_.count(p.name)) ds_id_[p.name] = next_id++;
-    }
-    // Sub-groups of every group at the target dp.
-    for (int g = 0; g < info_.num_groups; ++g) {
-      std::vector<int> members;
-      std::vector<int64_t> numels;
-      for (size_t i = 0; i < info_.params.size(); ++i) {
-        if (info_.params[i].trainable() && info_.params[i].group == g) {
-          members.push_back(static_cast<int>(i));
-          numels.push_back(Numel(info_.params[i].full_shape));
-        }
-      }
-      if (members.empty()) {
-        return absl::FailedPreconditionError(absl::StrCat("param group ", g, " holds no params"));
-      }
-      size_t k = 0;
-      for (int count : Zero3SubGroups(numels, dp_, sub_group_size_)) {
-        SubGroup sg;
-        sg.group = g;
-        for (int c = 0; c < count; ++c, ++k) {
-          sg.params.push_back(members[k]);
-          sg.flat_numel += Zero3PartitionNumel(numels[k], dp_);
-        }
-        sub_groups_.push_back(std::move(sg));
-      }
-    }
-    // Units: per dp rank, its model-state file and its optimizer file.
-    std::vector<InputRange> all_inputs;
-    {
-      std::set<std::tuple<std::string, std::string, int64_t>> seen;
-      for (const ParamState& p : info_.params) {
-        for (const InputRange& r : state_.Inputs(p)) {
-          if (seen.insert({r.path, r.tensor, r.offset}).second) all_inputs.push_back(r);
-        }
-      }
-    }
-    const int64_t per_element = 4 * (1 + static_cast<int64_t>(info_.state_keys.size()));
-    int64_t flat_total = 0;
-    for (const auto& sg : sub_groups_) flat_total += sg.flat_numel;
-    for (int d = 0; d < dp_; ++d) {
-      Unit m;
-      m.outputs.push_back(deepspeed::Zero3ModelFileName(d, 0));
-      m.name = absl::StrCat("file ", m.outputs[0]);
-      m.bytes = 4096;
-      const std::string from = ds_->ModelStatesPath(0, 0);
-      if (!from.empty()) m.inputs.push_back({from, "", 0, -1});
-      jobs_.push_back({false, d});
-      units_.push_back(std::move(m));
-      Unit o;
-      o.outputs.push_back(deepspeed::OptimFileName(d, 0, info_.bf16_file_prefix));
-      o.name = absl::StrCat("file ", o.outputs[0]);
-      o.bytes = flat_total * per_element;
-      o.inputs = all_inputs;
-      jobs_.push_back({true, d});
-      units_.push_back(std::move(o));
-    }
-    if (AddVerifyUnit(state_, &units_)) jobs_.push_back({false, -1});
+    UCP_RETURN_IF_ERROR(CheckTarget());
+    UCP_RETURN_IF_ERROR(CheckSourceFits());
+    UCP_RETURN_IF_ERROR(ReadSourceOptimizer());
+    ChooseSubGroupSize();
+    NumberParams();
+    UCP_RETURN_IF_ERROR(CutSubGroups());
+    AddUnits();
     return absl::OkStatus();
   }
 
@@ -221,6 +103,154 @@ class Zero3Plan : public Plan {
     int dp = 0;  // -1: the verify unit
   };
 
+  // The target: tp = pp = 1; the source's DeepSpeed facet (ds_); whether
+  // the target version's model states record the degrees (0.19.5 on).
+  absl::Status CheckTarget() {
+    UCP_RETURN_IF_ERROR(options_.target.Validate());
+    UCP_ASSIGN_OR_RETURN(ds_, deepspeed::FacetOrDefaults(state_, options_.target_ds_version, &owned_facet_));
+    {
+      auto v = deepspeed::ParseDsVersion(deepspeed::TargetDsVersion(state_, options_.target_ds_version));
+      parallel_dims_ = v.ok() && *v >= deepspeed::DsVersion{0, 19, 5};
+    }
+    if (options_.target.tp != 1 || options_.target.pp != 1) {
+      return absl::InvalidArgumentError(absl::StrCat("ZeRO stage 3 target ", options_.target.ToString(),
+                                                     ": ucp writes ZeRO-3 checkpoints at tp=1 pp=1"));
+    }
+    return absl::OkStatus();
+  }
+
+  // What ZeRO-3's layout cannot hold: a PipelineModule, BF16_Optimizer
+  // state, frozen params, Megatron's padded vocabulary rows.
+  absl::Status CheckSourceFits() const {
+    if (info_.pipeline) {
+      return absl::InvalidArgumentError(
+          "ZeRO stage 3 target: the source is a PipelineModule, which DeepSpeed does not run under ZeRO-3");
+    }
+    if (info_.optimizer_kind == state::OptimizerKind::kBf16) {
+      return absl::InvalidArgumentError(
+          "ZeRO stage 3 target: the source's BF16_Optimizer state has no ZeRO-3 counterpart in DeepSpeed's layout");
+    }
+    for (const ParamState& p : info_.params) {
+      if (p.role == state::TensorRole::kFrozen) {
+        return absl::UnimplementedError(absl::StrCat("ZeRO stage 3 target: frozen param '", p.name,
+                                                     "' (ucp does not write frozen_param_fragments)"));
+      }
+    }
+    // Megatron pads the vocabulary per tp rank; at tp=1 a model whose rows
+    // are not a multiple of make_vocab_size_divisible_by has padded rows in
+    // its embedding, which ucp does not add for ZeRO-3.
+    for (const ParamState& p : info_.params) {
+      if (p.rule.kind() != VOCAB || p.full_shape.empty()) continue;
+      const int64_t divisible_by = options_.make_vocab_size_divisible_by > 0 ? options_.make_vocab_size_divisible_by
+                                                                             : info_.make_vocab_size_divisible_by;
+      if (divisible_by <= 0 || tp::PaddedVocabSize(p.full_shape[0], divisible_by, 1) != p.full_shape[0]) {
+        return absl::UnimplementedError(absl::StrCat(
+            "ZeRO stage 3 target: vocabulary param '", p.name, "' (", p.full_shape[0],
+            " rows) would need Megatron's vocab padding, which ucp does not write for ZeRO-3"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // The source's optimizer state (common_): a dict with one param group per
+  // group of the model.
+  absl::Status ReadSourceOptimizer() {
+    UCP_ASSIGN_OR_RETURN(common_, ds_->OptimizerCommon());
+    if (!common_.value || !common_.value->is(Kind::kDict)) {
+      return absl::InvalidArgumentError("the source's optimizer state is not a dict");
+    }
+    const Value* groups = common_.value->DictGet("param_groups");
+    if (groups == nullptr || !groups->is(Kind::kList) ||
+        static_cast<int>(groups->items().size()) != info_.num_groups) {
+      return absl::InvalidArgumentError(absl::StrCat("the source's optimizer state has ",
+                                                     groups ? groups->DebugString(40) : "no", " param_groups, expected ",
+                                                     info_.num_groups));
+    }
+    return absl::OkStatus();
+  }
+
+  // sub_group_size_: the flag, the source's config, DeepSpeed's default.
+  void ChooseSubGroupSize() {
+    sub_group_size_ = options_.sub_group_size;
+    if (sub_group_size_ > 0) return;
+    sub_group_size_ = 1000000000;
+    state::FileValue root = ds_->ModelStatesRoot(0, 0);
+    const Value* c = root.value && root.value->is(Kind::kDict) ? root.value->DictGet("ds_config") : nullptr;
+    const Value* z = c && c->is(Kind::kDict) ? c->DictGet("zero_optimization") : nullptr;
+    const Value* sg = z && z->is(Kind::kDict) ? z->DictGet("sub_group_size") : nullptr;
+    if (sg != nullptr && sg->is(Kind::kInt)) sub_group_size_ = sg->int_value();
+    if (sg != nullptr && sg->is(Kind::kFloat)) sub_group_size_ = static_cast<int64_t>(sg->float_value());
+  }
+
+  // ds_id_: DeepSpeed numbers params in module order (then any trainable
+  // param the module order does not list).
+  void NumberParams() {
+    int next_id = 0;
+    for (const auto& k : info_.module_order) {
+      const ParamState* p = info_.Find(k.name);
+      if (p != nullptr && p->trainable() && !ds_id_.count(k.name)) ds_id_[k.name] = next_id++;
+    }
+    for (const ParamState& p : info_.params) {
+      if (p.trainable() && !ds_id_.count(p.name)) ds_id_[p.name] = next_id++;
+    }
+  }
+
+  // Sub-groups of every group at the target dp (sub_groups_), cut by
+  // sub_group_size_ over the partition sizes (Zero3SubGroups).
+  absl::Status CutSubGroups() {
+    for (int g = 0; g < info_.num_groups; ++g) {
+      std::vector<int> members;
+      std::vector<int64_t> numels;
+      for (size_t i = 0; i < info_.params.size(); ++i) {
+        if (info_.params[i].trainable() && info_.params[i].group == g) {
+          members.push_back(static_cast<int>(i));
+          numels.push_back(Numel(info_.params[i].full_shape));
+        }
+      }
+      if (members.empty()) {
+        return absl::FailedPreconditionError(absl::StrCat("param group ", g, " holds no params"));
+      }
+      size_t k = 0;
+      for (int count : Zero3SubGroups(numels, dp_, sub_group_size_)) {
+        SubGroup sg;
+        sg.group = g;
+        for (int c = 0; c < count; ++c, ++k) {
+          sg.params.push_back(members[k]);
+          sg.flat_numel += Zero3PartitionNumel(numels[k], dp_);
+        }
+        sub_groups_.push_back(std::move(sg));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // The units: per dp rank, its model-state file and its optimizer file;
+  // the check of the inputs no unit reads.
+  void AddUnits() {
+    const std::vector<InputRange> all_inputs = deepspeed::EveryParamInput(state_);
+    const int64_t per_element = 4 * (1 + static_cast<int64_t>(info_.state_keys.size()));
+    int64_t flat_total = 0;
+    for (const auto& sg : sub_groups_) flat_total += sg.flat_numel;
+    for (int d = 0; d < dp_; ++d) {
+      Unit m;
+      m.outputs.push_back(deepspeed::Zero3ModelFileName(d, 0));
+      m.name = absl::StrCat("file ", m.outputs[0]);
+      m.bytes = 4096;
+      const std::string from = ds_->ModelStatesPath(0, 0);
+      if (!from.empty()) m.inputs.push_back({from, "", 0, -1});
+      jobs_.push_back({false, d});
+      units_.push_back(std::move(m));
+      Unit o;
+      o.outputs.push_back(deepspeed::OptimFileName(d, 0, info_.bf16_file_prefix));
+      o.name = absl::StrCat("file ", o.outputs[0]);
+      o.bytes = flat_total * per_element;
+      o.inputs = all_inputs;
+      jobs_.push_back({true, d});
+      units_.push_back(std::move(o));
+    }
+    if (AddVerifyUnit(state_, &units_)) jobs_.push_back({false, -1});
+  }
+
   absl::StatusOr<ValuePtr> CopyCommon(torch::TorchWriter& w, const char* key) const {
     ValuePtr v = common_.value->DictGetPtr(key);
     if (!v) return ValuePtr();
@@ -229,16 +259,7 @@ class Zero3Plan : public Plan {
 
   // ds_config with stage 3 (and the sub_group_size given).
   absl::StatusOr<ValuePtr> DsConfig(const state::FileValue& src, torch::TorchWriter& w) const {
-    UCP_ASSIGN_OR_RETURN(ValuePtr c, deepspeed::CopyTreeForWrite(src, w));
-    if (!c->is(Kind::kDict)) return c;
-    if (ValuePtr z = c->DictGetPtr("zero_optimization"); z && z->is(Kind::kDict)) {
-      if (z->DictGet("stage")) z->DictSet(Value::Str("stage"), Value::Int(3));
-      if (options_.sub_group_size > 0) z->DictSet(Value::Str("sub_group_size"), Value::Int(options_.sub_group_size));
-    }
-    if (ValuePtr ck = c->DictGetPtr("checkpoint"); ck && ck->is(Kind::kDict) && ck->DictGet("load_universal")) {
-      ck->DictSet(Value::Str("load_universal"), Value::Bool(false));
-    }
-    return c;
+    return deepspeed::RetargetDsConfig(src, w, /*stage=*/3, options_.sub_group_size);
   }
 
   absl::StatusOr<ValuePtr> ModelStatesRoot(torch::TorchWriter& w, int dp) const {
@@ -275,10 +296,7 @@ class Zero3Plan : public Plan {
       } else if (key == "mp_world_size") {
         out->DictSet(k, Value::Int(1));
         if (parallel_dims_ && src.value->DictGet("checkpoint_parallel_dimensions") == nullptr) {
-          ValuePtr dims = Value::MakeDict();
-          dims->DictSet(Value::Str("pp_degree"), Value::Int(1));
-          dims->DictSet(Value::Str("tp_degree"), Value::Int(1));
-          out->DictSet(Value::Str("checkpoint_parallel_dimensions"), dims);
+          out->DictSet(Value::Str("checkpoint_parallel_dimensions"), deepspeed::SingleRankParallelDimensions());
         }
       } else if (key == "checkpoint_parallel_dimensions" && !parallel_dims_) {
         continue;  // a target before 0.19.5 records none

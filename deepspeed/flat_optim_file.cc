@@ -1,0 +1,60 @@
+#include "deepspeed/flat_optim_file.h"
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+
+namespace ucp::deepspeed {
+
+const torch::Tensor* FlatOptimFile::Flat(int g, const std::string& state) const {
+  if (state == state::kFp32State) return &fp32[g];
+  const torch::Tensor* flat = nullptr;
+  for (const auto& [k, t] : states[g]) {
+    if (k == state) flat = &t;
+  }
+  return flat;
+}
+
+state::FileValue FlatOptimFile::Scalar(int g, const std::string& key) const {
+  for (const auto& [k, v] : scalars[g]) {
+    if (k == key) return state::FileValue{v, state::Unowned(file.get())};
+  }
+  return state::FileValue{nullptr, nullptr};
+}
+
+std::vector<std::string> FlatOptimFile::StateNames(int g) const {
+  std::vector<std::string> out;
+  for (const auto& e : states[g]) out.push_back(e.first);
+  return out;
+}
+
+std::vector<std::string> FlatOptimFile::ScalarNames(int g) const {
+  std::vector<std::string> out;
+  for (const auto& e : scalars[g]) out.push_back(e.first);
+  return out;
+}
+
+absl::StatusOr<internal::GroupStates> SplitFlatStates(const torch::TorchFile& file, const std::string& path,
+                                                      const pickle::Value& states, size_t index,
+                                                      const FlatStatesSpec& spec) {
+  return internal::SplitGroupStates(
+      file, states, [&](const std::string& key, const torch::Tensor& t) -> absl::StatusOr<bool> {
+        if (t.dim() == 0) return false;
+        if (spec.check_dense) {
+          UCP_RETURN_IF_ERROR(internal::CheckDense(t, path, absl::StrCat("state[", index, "].", key)));
+        }
+        if (t.dim() != 1 || (t.numel() != spec.numel && (spec.lean_numel < 0 || t.numel() != spec.lean_numel))) {
+          return internal::FileError(path, absl::StatusCode::kInvalidArgument,
+                                     absl::StrCat("optimizer state '", key, "' of ", spec.unit, " ", index,
+                                                  " has shape ", internal::ShapeStr(t.sizes()), ", expected [",
+                                                  spec.numel, "]"));
+        }
+        return true;
+      });
+}
+
+void LazyOptimFiles::Reset(int ranks) {
+  slots_.clear();
+  for (int d = 0; d < ranks; ++d) slots_.push_back(std::make_unique<Slot>());
+}
+
+}  // namespace ucp::deepspeed

@@ -1,0 +1,115 @@
+// What the native MoE and ZeRO-3 readers (formats/deepspeed_moe,
+// formats/deepspeed_zero3) parse out of DeepSpeed's
+// [bf16_]zero_pp_rank_D_mp_rank_XX_optim_states.pt files alike: per flat
+// group (a ZeRO-1/2 param group's dp partition, stage_1_and_2.py
+// single_partition_of_fp32_groups; a ZeRO-3 sub-group's, stage3.py
+// fp32_flat_groups) the fp32 master partition, the torch optimizer's
+// per-element states over the same elements (exp_avg, exp_avg_sq) and its
+// scalars (step); the files parsed lazily, once per dp rank.
+//
+// Example:
+//   deepspeed::LazyOptimFiles files;
+//   files.Reset(dp);
+//   UCP_ASSIGN_OR_RETURN(const deepspeed::FlatOptimFile* f, files.Get(d, [&](int d) { return Parse(d); }));
+//   const torch::Tensor* exp_avg = f->Flat(group, "exp_avg");
+#ifndef UCP_DEEPSPEED_FLAT_OPTIM_FILE_H_
+#define UCP_DEEPSPEED_FLAT_OPTIM_FILE_H_
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "deepspeed/value_util.h"
+#include "format/pickle/value.h"
+#include "format/torch/tensor.h"
+#include "format/torch/torch_file.h"
+#include "state/model_state.h"
+
+namespace ucp::deepspeed {
+
+// One optimizer file's flat groups, in the file's group order.
+struct FlatOptimFile {
+  std::unique_ptr<torch::TorchFile> file;
+  const pickle::Value* osd = nullptr;  // root['optimizer_state_dict']
+  std::vector<torch::Tensor> fp32;     // per flat group
+  // Per flat group: (state key, tensor) of the per-element states in file
+  // order, and the scalar states.
+  std::vector<std::vector<std::pair<std::string, torch::Tensor>>> states;
+  std::vector<std::vector<std::pair<std::string, pickle::ValuePtr>>> scalars;
+
+  // Flat group `g`'s tensor of `state` (state::kFp32State or a per-element
+  // state's key); null when the group has no such state.
+  const torch::Tensor* Flat(int g, const std::string& state) const;
+  // Flat group `g`'s scalar `key` as a value of this file; {nullptr, nullptr}
+  // when it has none.
+  state::FileValue Scalar(int g, const std::string& key) const;
+  // The keys of flat group `g`'s per-element states / scalars, in file order.
+  std::vector<std::string> StateNames(int g) const;
+  std::vector<std::string> ScalarNames(int g) const;
+};
+
+// How one flat group's state dict is split (SplitFlatStates): a 0-dim
+// tensor is a scalar (Adam's `step`); every other tensor is a per-element
+// state and must be 1-dim of `numel` (or `lean_numel`: DeepSpeed saves
+// ZeRO-1/2 partitions without their padding) elements.
+struct FlatStatesSpec {
+  const char* unit = "group";     // how messages name the flat group: "group", "sub-group"
+  int64_t numel = 0;              // the flat group's elements (shown as expected)
+  int64_t lean_numel = -1;        // also accepted when >= 0
+  // Refuse overlapping views (internal::CheckDense) of the per-element
+  // states, named "state[<index>].<key>" (the ZeRO-3 reader's check).
+  bool check_dense = false;
+};
+
+// Flat group `index`'s optimizer state dict `states` of `file` (at `path`)
+// split into per-element states and scalars as `spec` says; an error naming
+// the file, the group and the state otherwise.
+absl::StatusOr<internal::GroupStates> SplitFlatStates(const torch::TorchFile& file, const std::string& path,
+                                                      const pickle::Value& states, size_t index,
+                                                      const FlatStatesSpec& spec);
+
+// A checkpoint's optimizer files, one per dp rank, each parsed on first use,
+// once, by whichever thread asks first (a command parses only the files it
+// reads); a parse error is every later call's answer too.
+class LazyOptimFiles {
+ public:
+  // `ranks` files, none parsed.
+  void Reset(int ranks);
+  bool Has(int dp) const { return dp >= 0 && dp < static_cast<int>(slots_.size()); }
+  // Rank `dp`'s file (Has(dp) must hold), parsed by `parse(dp)` (returning
+  // absl::StatusOr<std::unique_ptr<FlatOptimFile>>) on the first call.
+  template <typename Parse>
+  absl::StatusOr<const FlatOptimFile*> Get(int dp, const Parse& parse) const {
+    Slot& slot = *slots_[dp];
+    std::call_once(slot.once, [&] {
+      absl::StatusOr<std::unique_ptr<FlatOptimFile>> parsed = parse(dp);
+      if (parsed.ok()) {
+        slot.file = *std::move(parsed);
+      } else {
+        slot.status = parsed.status();
+      }
+    });
+    if (!slot.status.ok()) return slot.status;
+    return slot.file.get();
+  }
+  // Rank `dp`'s file when an earlier Get parsed it, else null (never parses).
+  const FlatOptimFile* Parsed(int dp) const { return Has(dp) ? slots_[dp]->file.get() : nullptr; }
+
+ private:
+  struct Slot {
+    std::once_flag once;
+    absl::Status status;
+    std::unique_ptr<FlatOptimFile> file;
+  };
+  std::vector<std::unique_ptr<Slot>> slots_;
+};
+
+}  // namespace ucp::deepspeed
+
+#endif  // UCP_DEEPSPEED_FLAT_OPTIM_FILE_H_

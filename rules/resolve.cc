@@ -422,10 +422,46 @@ bool SameRule(MergeRule a, MergeRule b) {
   return a.SerializeAsString() == b.SerializeAsString();
 }
 
-// A universal checkpoint DeepSpeed wrote, with some params re-merged.
-class ReinterpretedState : public state::ModelState {
+// A state that takes another's tensors and changes some params' rules (and
+// full shapes): ModelInfo is its own, everything else forwards to `base_`,
+// asked with the base's own ParamState of the same index.
+class RuleOverlayState : public state::ModelState {
  public:
-  ReinterpretedState(std::unique_ptr<state::ModelState> base) : base_(std::move(base)), info_(base_->info()) {
+  explicit RuleOverlayState(std::unique_ptr<state::ModelState> base)
+      : base_(std::move(base)), info_(base_->info()) {}
+
+  const state::ModelInfo& info() const override { return info_; }
+  absl::StatusOr<state::FileValue> GroupScalar(int group, const std::string& key) const override {
+    return base_->GroupScalar(group, key);
+  }
+  std::vector<state::InputRange> Inputs(const ParamState& param) const override {
+    return base_->Inputs(BaseParam(param));
+  }
+  std::vector<state::InputRange> StateInputs(const ParamState& param, const std::string& state) const override {
+    return base_->StateInputs(BaseParam(param), state);
+  }
+  std::vector<std::string> InputFiles() const override { return base_->InputFiles(); }
+  absl::Status VerifyInput(const std::string& path) const override { return base_->VerifyInput(path); }
+  void SetCheckedInputs(std::shared_ptr<const std::set<std::string>> keys) const override {
+    base_->SetCheckedInputs(std::move(keys));
+  }
+  const state::Facet* GetFacet(state::FacetKey key) const override { return base_->GetFacet(key); }
+
+ protected:
+  // The base's ParamState of `param` (by name), or `param` when it has none.
+  const ParamState& BaseParam(const ParamState& param) const {
+    const int i = info_.IndexOf(param.name);
+    return i < 0 ? param : base_->info().params[i];
+  }
+
+  std::unique_ptr<state::ModelState> base_;
+  state::ModelInfo info_;
+};
+
+// A universal checkpoint DeepSpeed wrote, with some params re-merged.
+class ReinterpretedState : public RuleOverlayState {
+ public:
+  explicit ReinterpretedState(std::unique_ptr<state::ModelState> base) : RuleOverlayState(std::move(base)) {
     stored_rule_.assign(info_.params.size(), std::nullopt);
   }
 
@@ -441,14 +477,12 @@ class ReinterpretedState : public state::ModelState {
     return absl::OkStatus();
   }
 
-  const state::ModelInfo& info() const override { return info_; }
   absl::StatusOr<TensorPlan> Full(const ParamState& param, const std::string& state) const override {
     const int i = info_.IndexOf(param.name);
-    if (i < 0) return base_->Full(param, state);
-    if (!stored_rule_[i]) return base_->Full(base_->info().params[i], state);
+    if (i < 0 || !stored_rule_[i]) return base_->Full(BaseParam(param), state);
     // DeepSpeed's concatenation of the source's tp slices, re-merged.
     const int tp_src = info_.source_topology.tp;
-    UCP_ASSIGN_OR_RETURN(TensorPlan stored, base_->Full(base_->info().params[i], state));
+    UCP_ASSIGN_OR_RETURN(TensorPlan stored, base_->Full(BaseParam(param), state));
     std::vector<TensorPlan> slices;
     for (int t = 0; t < tp_src; ++t) {
       UCP_ASSIGN_OR_RETURN(TensorPlan s, tp::SplitFull(*stored_rule_[i], stored, tp_src, t, 0, param.name));
@@ -458,28 +492,11 @@ class ReinterpretedState : public state::ModelState {
   }
   std::optional<TensorPlan> FullDeferred(const ParamState& param, const std::string& state) const override {
     const int i = info_.IndexOf(param.name);
-    if (i < 0) return base_->FullDeferred(param, state);
-    if (!stored_rule_[i]) return base_->FullDeferred(base_->info().params[i], state);
+    if (i < 0 || !stored_rule_[i]) return base_->FullDeferred(BaseParam(param), state);
     return std::nullopt;  // re-merged: Full opens the stored tensor
   }
-  absl::StatusOr<state::FileValue> GroupScalar(int group, const std::string& key) const override {
-    return base_->GroupScalar(group, key);
-  }
-  std::vector<state::InputRange> Inputs(const ParamState& param) const override { return base_->Inputs(param); }
-  std::vector<state::InputRange> StateInputs(const ParamState& param, const std::string& state) const override {
-    const int i = info_.IndexOf(param.name);
-    return base_->StateInputs(i < 0 ? param : base_->info().params[i], state);
-  }
-  std::vector<std::string> InputFiles() const override { return base_->InputFiles(); }
-  absl::Status VerifyInput(const std::string& path) const override { return base_->VerifyInput(path); }
-  void SetCheckedInputs(std::shared_ptr<const std::set<std::string>> keys) const override {
-    base_->SetCheckedInputs(std::move(keys));
-  }
-  const state::Facet* GetFacet(state::FacetKey key) const override { return base_->GetFacet(key); }
 
  private:
-  std::unique_ptr<state::ModelState> base_;
-  state::ModelInfo info_;
   // Per param: the rule its stored tensor was merged with, when it differs
   // from the rule it is re-merged by (DeepSpeed's pattern-less cat on dim 0).
   std::vector<std::optional<MergeRule>> stored_rule_;
@@ -592,48 +609,28 @@ namespace {
 
 // A state whose undecided params took a rule (DecideUndecided): their whole
 // tensor is read as the one tp slice of a tp=1 checkpoint and merged by it.
-class WholeDecidedState : public state::ModelState {
+class WholeDecidedState : public RuleOverlayState {
  public:
   explicit WholeDecidedState(std::unique_ptr<state::ModelState> base)
-      : base_(std::move(base)), info_(base_->info()), decided_(info_.params.size(), false) {}
+      : RuleOverlayState(std::move(base)), decided_(info_.params.size(), false) {}
 
   absl::Status Decide(const RuleResolver::Options& options, const std::string& dir, int target_tp);
 
-  const state::ModelInfo& info() const override { return info_; }
   absl::StatusOr<TensorPlan> Full(const ParamState& param, const std::string& state) const override {
     const int i = info_.IndexOf(param.name);
-    if (i < 0 || !decided_[i]) return base_->Full(i < 0 ? param : base_->info().params[i], state);
-    UCP_ASSIGN_OR_RETURN(TensorPlan whole, base_->Full(base_->info().params[i], state));
+    if (i < 0 || !decided_[i]) return base_->Full(BaseParam(param), state);
+    UCP_ASSIGN_OR_RETURN(TensorPlan whole, base_->Full(BaseParam(param), state));
     std::vector<TensorPlan> one;
     one.push_back(std::move(whole));
     return tp::MergeSlices(info_.params[i].rule, one, info_.original_vocab_size, param.name);
   }
   std::optional<TensorPlan> FullDeferred(const ParamState& param, const std::string& state) const override {
     const int i = info_.IndexOf(param.name);
-    if (i < 0 || !decided_[i]) return base_->FullDeferred(i < 0 ? param : base_->info().params[i], state);
+    if (i < 0 || !decided_[i]) return base_->FullDeferred(BaseParam(param), state);
     return std::nullopt;  // merged by its new rule: Full opens it
   }
-  absl::StatusOr<state::FileValue> GroupScalar(int group, const std::string& key) const override {
-    return base_->GroupScalar(group, key);
-  }
-  std::vector<state::InputRange> Inputs(const ParamState& param) const override {
-    const int i = info_.IndexOf(param.name);
-    return base_->Inputs(i < 0 ? param : base_->info().params[i]);
-  }
-  std::vector<state::InputRange> StateInputs(const ParamState& param, const std::string& state) const override {
-    const int i = info_.IndexOf(param.name);
-    return base_->StateInputs(i < 0 ? param : base_->info().params[i], state);
-  }
-  std::vector<std::string> InputFiles() const override { return base_->InputFiles(); }
-  absl::Status VerifyInput(const std::string& path) const override { return base_->VerifyInput(path); }
-  void SetCheckedInputs(std::shared_ptr<const std::set<std::string>> keys) const override {
-    base_->SetCheckedInputs(std::move(keys));
-  }
-  const state::Facet* GetFacet(state::FacetKey key) const override { return base_->GetFacet(key); }
 
  private:
-  std::unique_ptr<state::ModelState> base_;
-  state::ModelInfo info_;
   std::vector<bool> decided_;
 };
 

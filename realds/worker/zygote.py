@@ -3,7 +3,8 @@
 # object a line on stdin, one JSON reply a line on stdout:
 #
 #   {"op": "job", "world": N, "spec": {...}, "log": PREFIX, "timeout": S}
-#        forks N ranks of one DeepSpeed job (jobs.py) on a fresh gloo process group
+#        forks N ranks of one DeepSpeed job (jobs.py; trainer_job.py for a spec
+#        with "runner": "trainer") on a fresh gloo process group
 #        (a FileStore, no port); each rank's output goes to PREFIX.rank<R>. If a
 #        rank fails the others are killed. Reply: ok, seconds, error (the failing
 #        rank's last exception line). With "ranks": [R...] and "abort": FILE, only
@@ -138,6 +139,11 @@ def run_job(cmd):
     job's ranks come from several workers (each its own interpreter, with its own
     hash seed, as a launcher starts them); then the driver removes the store."""
     import jobs
+    runner = jobs
+    if cmd["spec"].get("runner") == "trainer":
+        # transformers + accelerate imported here, in the worker, once: every
+        # Trainer job after the first forks with them loaded
+        import trainer_job as runner
     world, log = cmd["world"], cmd["log"]
     ranks = cmd.get("ranks") or list(range(world))
     store = f"{log}.store"
@@ -153,7 +159,7 @@ def run_job(cmd):
         pid = os.fork()
         if pid == 0:
             os.environ.update(env)
-            child(f"{log}.rank{r}", lambda: jobs.main(cmd["spec"], r, world, store))
+            child(f"{log}.rank{r}", lambda: runner.main(cmd["spec"], r, world, store))
         pids.append(pid)
     rcs, timed_out = wait_all(pids, cmd.get("timeout", 900), cmd.get("abort"))
     out = {"ok": all(rc == 0 for rc in rcs), "rcs": rcs, "seconds": round(time.time() - t, 2)}

@@ -139,7 +139,7 @@ def compare_states(ref, got, family, check_buffers=True):
     for n in sorted(set(R.params) & set(G.params)):
         for s in STATES:
             if _same(R.params[n][s], G.params[n][s]):
-                rep[f"{s}_equal"] += 1
+                rep[f"{s}_equal"] += R.params[n][s] is not None  # a frozen param's absent states: not counted
             else:
                 rep["unequal"].append(f"{n} {s}: {describe_difference(R.params[n][s], G.params[n][s])}")
     if rep["unequal"]:
@@ -187,7 +187,7 @@ def compare_states(ref, got, family, check_buffers=True):
     n = rep["params"]
     frozen = sum(1 for e in R.params.values() if e["fp32"] is None)
     rep["line"] = ((f"frozen {frozen} (lp only); " if frozen else "") +
-                   " ".join(f"{s} {rep[s + '_equal']}/{n}" for s in STATES) +
+                   " ".join(f"{s} {rep[s + '_equal']}/{n - (frozen if s != 'lp' else 0)}" for s in STATES) +
                    f"; hparams {rep['hparams_equal']}/{rep['groups']}; steps {rep['steps_equal']}/{rep['step_states']}" +
                    (f"; buffers {rep['buffers_equal']}/{rep['buffers']}" if check_buffers else ""))
     rep.pop("unequal") if not rep["unequal"] else None

@@ -35,9 +35,17 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-import transformers  # imported once by the zygote (the first Trainer job), shared by every fork
+import transformers
 
 import dumps
+
+# Imported once by the worker (its first Trainer job), then shared by every fork:
+# transformers loads its modules lazily, so touch what a run uses.
+from accelerate import Accelerator, PartialState  # noqa: E402,F401
+from transformers import (AutoModelForCausalLM, LlamaForCausalLM, Trainer, TrainerCallback,  # noqa: E402,F401
+                          TrainingArguments)
+import transformers.integrations.deepspeed  # noqa: E402,F401
+import transformers.models.llama.modeling_llama  # noqa: E402,F401
 
 SEQ = 16
 
@@ -165,8 +173,17 @@ def ds_config(spec):
     return cfg
 
 
+def mark(what, t0=[]):
+    import time
+    t0.append(time.time()) if not t0 else None
+    print(f"[trainer_job] {time.time() - t0[0]:7.2f} s {what}", flush=True)
+
+
 def run(spec, rank, world):
-    from accelerate import PartialState
+    mark("start")
+    if os.environ.get("UCP_TRAINER_STACKS"):
+        import faulthandler
+        faulthandler.dump_traceback_later(float(os.environ["UCP_TRAINER_STACKS"]), repeat=True)
     PartialState(backend="gloo")  # before TrainingArguments: adopts the process group (REAL-CLIENTS.md)
     m = parse_args(spec.get("model_args"))
     seed = spec["seed"]
@@ -216,6 +233,7 @@ def run(spec, rank, world):
 
     class Hooks(transformers.TrainerCallback):
         def on_train_begin(self, args, state, control, **kw):
+            mark("train begins (after the resume's load)")
             # after the resume's load (Trainer._prepare_for_training) and before any step
             if spec.get("dump_begin"):
                 dump(spec["dump_begin"], state.global_step)
@@ -248,7 +266,9 @@ def run(spec, rank, world):
     holder["trainer"] = trainer
     if spec["max_steps"] > steps_per_epoch:
         raise SystemExit("max_steps beyond one epoch of the dataset")
+    mark("Trainer made")
     trainer.train(resume_from_checkpoint=spec.get("resume"))
+    mark("trained")
     if spec.get("losses"):
         for name, recs in records.items():
             with open(f"{spec['losses']}.{name}.rank{rank}", "w") as f:

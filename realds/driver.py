@@ -335,6 +335,7 @@ def main(argv=None):
     if not cases:
         raise SystemExit("no cases (--cases FILE or --random SEED)")
     ctx = Ctx()
+    ctx.pb = pb
     ctx.ucp = os.path.abspath(a.ucp or "bazel-bin/tools/ucp")
     if not os.access(ctx.ucp, os.X_OK):
         raise SystemExit(f"no ucp binary at {ctx.ucp} (bazel build //tools:ucp, or --ucp=PATH)")
@@ -350,7 +351,11 @@ def main(argv=None):
                   f"DeepSpeed {c.deepspeed or '0.19.5'}, {describe(c.source)}, {len(c.hop)} hop(s)", flush=True)
             if c.proves:
                 print(f"  proves: {c.proves}", flush=True)
-            k = Case(c, ctx)
+            if c.model.family == "hf_trainer":  # transformers' Trainer (trainer_case.py)
+                import trainer_case
+                k = trainer_case.TrainerCase(c, ctx)
+            else:
+                k = Case(c, ctx)
             try:
                 ok = k.run()
             except host.WorkerError as e:

@@ -80,7 +80,11 @@ class Merged:
             self.params[name] = {}
             for s in STATES:
                 parts = [per_tp[t][name][s] for t in range(tp)]
-                if dim is None:
+                if any(p is None for p in parts):  # frozen: no such state
+                    if not all(p is None for p in parts):
+                        self.problems.append(f"{name} {s}: absent on some tp ranks only")
+                    self.params[name][s] = None
+                elif dim is None:
                     for t in range(1, tp):
                         if not _same(parts[0], parts[t]):
                             self.problems.append(f"replicated {name} {s} differs between tp ranks 0 and {t}")
@@ -97,10 +101,14 @@ class Merged:
 
 
 def _same(a, b):
+    if a is None or b is None:  # a frozen param's master and optimizer states: absent on both sides
+        return a is None and b is None
     return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
 
 
 def describe_difference(a, b):
+    if a is None or b is None:
+        return f"{'absent' if b is None else 'present'} (frozen param), expected {'absent' if a is None else 'present'}"
     if a.dtype != b.dtype or a.shape != b.shape:
         return f"{tuple(b.shape)} {str(b.dtype).replace('torch.', '')}, expected {tuple(a.shape)} {str(a.dtype).replace('torch.', '')}"
     d = (a.double() - b.double()).abs()
@@ -131,7 +139,7 @@ def compare_states(ref, got, family, check_buffers=True):
     for n in sorted(set(R.params) & set(G.params)):
         for s in STATES:
             if _same(R.params[n][s], G.params[n][s]):
-                rep[f"{s}_equal"] += 1
+                rep[f"{s}_equal"] += R.params[n][s] is not None  # a frozen param's absent states: not counted
             else:
                 rep["unequal"].append(f"{n} {s}: {describe_difference(R.params[n][s], G.params[n][s])}")
     if rep["unequal"]:
@@ -177,7 +185,9 @@ def compare_states(ref, got, family, check_buffers=True):
         if r0[k] != g0[k]:
             rep["problems"].append(f"{k}: loaded {g0[k]}, the source's {r0[k]}")
     n = rep["params"]
-    rep["line"] = (" ".join(f"{s} {rep[s + '_equal']}/{n}" for s in STATES) +
+    frozen = sum(1 for e in R.params.values() if e["fp32"] is None)
+    rep["line"] = ((f"frozen {frozen} (lp only); " if frozen else "") +
+                   " ".join(f"{s} {rep[s + '_equal']}/{n - (frozen if s != 'lp' else 0)}" for s in STATES) +
                    f"; hparams {rep['hparams_equal']}/{rep['groups']}; steps {rep['steps_equal']}/{rep['step_states']}" +
                    (f"; buffers {rep['buffers_equal']}/{rep['buffers']}" if check_buffers else ""))
     rep.pop("unequal") if not rep["unequal"] else None

@@ -3,7 +3,8 @@
 # object a line on stdin, one JSON reply a line on stdout:
 #
 #   {"op": "job", "world": N, "spec": {...}, "log": PREFIX, "timeout": S}
-#        forks N ranks of one DeepSpeed job (jobs.py) on a fresh gloo process group
+#        forks N ranks of one DeepSpeed job (jobs.py; trainer_job.py for a spec
+#        with "runner": "trainer") on a fresh gloo process group
 #        (a FileStore, no port); each rank's output goes to PREFIX.rank<R>. If a
 #        rank fails the others are killed. Reply: ok, seconds, error (the failing
 #        rank's last exception line). With "ranks": [R...] and "abort": FILE, only
@@ -19,6 +20,7 @@
 # 10-20 s an import of DeepSpeed takes. DeepSpeed is not modified: the worker only
 # turns off its JIT-built CPU shared-memory collective (no compiler in the root)
 # through DeepSpeed's own table of compatible ops.
+import gc
 import json
 import os
 import re
@@ -138,12 +140,22 @@ def run_job(cmd):
     job's ranks come from several workers (each its own interpreter, with its own
     hash seed, as a launcher starts them); then the driver removes the store."""
     import jobs
+    runner = jobs
+    if cmd["spec"].get("runner") == "trainer":
+        # transformers + accelerate imported here, in the worker, once: every
+        # Trainer job after the first forks with them loaded
+        import trainer_job as runner
     world, log = cmd["world"], cmd["log"]
     ranks = cmd.get("ranks") or list(range(world))
     store = f"{log}.store"
     if "ranks" not in cmd and os.path.exists(store):
         os.remove(store)
     t = time.time()
+    # Everything imported so far into the permanent generation: a gc.collect() in a
+    # rank (accelerate calls one at every train()) then skips the worker's millions
+    # of objects instead of walking them all (30-40 s a job here, and copies of
+    # every page the fork shared).
+    gc.freeze()
     pids = []
     for r in ranks:
         env = {"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
@@ -153,7 +165,7 @@ def run_job(cmd):
         pid = os.fork()
         if pid == 0:
             os.environ.update(env)
-            child(f"{log}.rank{r}", lambda: jobs.main(cmd["spec"], r, world, store))
+            child(f"{log}.rank{r}", lambda: runner.main(cmd["spec"], r, world, store))
         pids.append(pid)
     rcs, timed_out = wait_all(pids, cmd.get("timeout", 900), cmd.get("abort"))
     out = {"ok": all(rc == 0 for rc in rcs), "rcs": rcs, "seconds": round(time.time() - t, 2)}
@@ -174,6 +186,7 @@ def run_call(cmd):
     if os.path.exists(result):
         os.remove(result)
     t = time.time()
+    gc.freeze()  # as in run_job
     pid = os.fork()
     if pid == 0:
         def fn():

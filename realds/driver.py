@@ -217,7 +217,8 @@ class Case:
                 return False
         # The job that loads ucp's output: dump, DeepSpeed's own save, train on, and
         # for the next hop save again and go on (its uninterrupted continuation).
-        acts = [{"do": "load", "dir": out_root, "tag": tag}, {"do": "dump", "dir": f"{d}/got{i}"},
+        acts = [{"do": "load", "dir": out_root, "tag": tag, "scramble_frozen": not universal},
+                {"do": "dump", "dir": f"{d}/got{i}"},
                 {"do": "save", "dir": f"{d}/own{i}", "tag": f"global_step{n}"},
                 {"do": "train", "steps": steps, "record": "L"}]
         if nxt is not None:
@@ -226,7 +227,7 @@ class Case:
                      {"do": "train", "steps": nxt.steps or 2, "record": "cont"}]
         if not self.job(T, acts, f"{d}/loss.L{i}", f"load{i}", universal=universal, quiet=bool(hop.expect_problem)):
             return self.expected(i, hop, [f"DeepSpeed's load: {self.last_error}"])
-        if not self.job(T, [{"do": "load", "dir": f"{d}/own{i}", "tag": f"global_step{n}"},
+        if not self.job(T, [{"do": "load", "dir": f"{d}/own{i}", "tag": f"global_step{n}", "scramble_frozen": True},
                             {"do": "train", "steps": steps, "record": "P"}], f"{d}/loss.P{i}", f"resume{i}"):
             return False
         st = self.call(T, "compare_states", {"ref": f"{d}/ref{i}", "got": f"{d}/got{i}", "family": c.model.family},

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <set>
 #include <sstream>
 
@@ -578,14 +579,25 @@ absl::Status ZeroCheckpoint::LoadModuleLayout() {
   for (const auto& p : ms_->params()) {
     if (!p.tied_key.empty()) tied_keys.insert(p.tied_key);
   }
-  // Tied aliases of trainable params: engine._get_shared_params (global rank
-  // 0's file only) maps each alias to the param that holds the data.
+  // Tied aliases: engine._get_shared_params (global rank 0's file only) maps
+  // each alias to the param that holds the data, a trainable param or (a
+  // plain module's) frozen one, e.g. a tied embedding a LoRA run freezes.
   std::map<std::string, std::string> aliases;
+  const Value* module0 = pipeline_ ? nullptr : ms_->file(0, 0).root()->DictGet("module");
+  auto frozen_owner = [&](const std::string& owner) {
+    return module0 != nullptr && module0->is(Kind::kDict) && module0->DictGet(owner) != nullptr &&
+           !buffer_names.count(owner);
+  };
   if (const pickle::Value* sp = ms_->file(0, 0).root()->DictGet("shared_params");
       sp != nullptr && sp->is(pickle::Kind::kDict)) {
     for (const auto& [k, v] : sp->dict_items()) {
-      if (k->is(pickle::Kind::kStr) && v->is(pickle::Kind::kStr) && ms_->FindParam(v->str())) aliases[k->str()] = v->str();
+      if (!k->is(pickle::Kind::kStr) || !v->is(pickle::Kind::kStr) || k->str() == v->str()) continue;
+      if (ms_->FindParam(v->str()) || frozen_owner(v->str())) aliases[k->str()] = v->str();
     }
+  }
+  // An owner is never an alias itself.
+  for (auto it = aliases.begin(); it != aliases.end();) {
+    it = aliases.count(it->second) ? aliases.erase(it) : std::next(it);
   }
   auto role_of = [&](const std::string& name) {
     if (ms_->FindParam(name)) return state::TensorRole::kTrainable;

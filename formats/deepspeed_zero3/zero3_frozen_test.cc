@@ -180,7 +180,7 @@ TEST(Zero3FrozenTest, WritesDeepSpeedsLayoutAndReadsItBack) {
   }
 }
 
-// ZeRO-3 dp 3 -> ZeRO-3 dp 2 -> ZeRO-2 dp 2 -> ZeRO-1 dp 1 -> ZeRO-3 dp 3.
+// ZeRO-3 dp 3 -> ZeRO-3 dp 2 -> ZeRO-2 dp 2 -> ZeRO-1 dp 1 -> ZeRO-2 dp 2 -> ZeRO-3 dp 3.
 TEST(Zero3FrozenTest, ReshardsAcrossStagesAndDp) {
   auto m = Model("fp32");
   ASSERT_NE(m, nullptr);
@@ -190,7 +190,7 @@ TEST(Zero3FrozenTest, ReshardsAcrossStagesAndDp) {
     int dp, stage;
   };
   int n = 0;
-  for (const Hop& h : std::vector<Hop>{{2, 3}, {2, 2}, {1, 1}, {3, 3}}) {
+  for (const Hop& h : std::vector<Hop>{{2, 3}, {2, 2}, {1, 1}, {2, 2}, {3, 3}}) {
     SCOPED_TRACE(absl::StrCat("ZeRO-", h.stage, " dp ", h.dp));
     ops::ReshardOptions r;
     r.input_folder = in;

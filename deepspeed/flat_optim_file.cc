@@ -15,6 +15,7 @@ const torch::Tensor* FlatOptimFile::Flat(int g, const std::string& state) const 
 }
 
 state::FileValue FlatOptimFile::Scalar(int g, const std::string& key) const {
+  if (g < 0 || g >= static_cast<int>(scalars.size())) return state::FileValue{nullptr, nullptr};
   for (const auto& [k, v] : scalars[g]) {
     if (k == key) return state::FileValue{v, state::Unowned(file.get())};
   }
@@ -23,12 +24,14 @@ state::FileValue FlatOptimFile::Scalar(int g, const std::string& key) const {
 
 std::vector<std::string> FlatOptimFile::StateNames(int g) const {
   std::vector<std::string> out;
+  if (g < 0 || g >= static_cast<int>(states.size())) return out;
   for (const auto& e : states[g]) out.push_back(e.first);
   return out;
 }
 
 std::vector<std::string> FlatOptimFile::ScalarNames(int g) const {
   std::vector<std::string> out;
+  if (g < 0 || g >= static_cast<int>(scalars.size())) return out;
   for (const auto& e : scalars[g]) out.push_back(e.first);
   return out;
 }

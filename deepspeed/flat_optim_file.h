@@ -47,9 +47,10 @@ struct FlatOptimFile {
   // state's key); null when the group has no such state.
   const torch::Tensor* Flat(int g, const std::string& state) const;
   // Flat group `g`'s scalar `key` as a value of this file; {nullptr, nullptr}
-  // when it has none.
+  // when it has none (or the file has no group `g`).
   state::FileValue Scalar(int g, const std::string& key) const;
-  // The keys of flat group `g`'s per-element states / scalars, in file order.
+  // The keys of flat group `g`'s per-element states / scalars, in file order
+  // (none for a group the file does not have).
   std::vector<std::string> StateNames(int g) const;
   std::vector<std::string> ScalarNames(int g) const;
 };

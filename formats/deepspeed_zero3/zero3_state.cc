@@ -404,6 +404,11 @@ absl::Status Zero3State::ParseParamGroups(const OptimFile& first) {
     return FileError(OptimPath(0), absl::StatusCode::kInvalidArgument,
                      "optimizer_state_dict.optimizer_state_dict.param_groups is missing or not a list");
   }
+  if (groups->items().empty()) {
+    return FileError(OptimPath(0), absl::StatusCode::kInvalidArgument,
+                     "optimizer_state_dict.optimizer_state_dict.param_groups is empty, expected at least one "
+                     "param group (DeepSpeed's optimizer holds every trainable param)");
+  }
   std::vector<int> group_of(sub_groups_.size(), -1);
   for (size_t g = 0; g < groups->items().size(); ++g) {
     const Value* ids = groups->items()[g]->is(Kind::kDict) ? groups->items()[g]->DictGet("params") : nullptr;

@@ -121,5 +121,23 @@ TEST(Zero3StateTest, ClearErrors) {
   EXPECT_TRUE(absl::StrContains(t.status().message(), "partition_count is 2, expected 1")) << t.status();
 }
 
+// An optimizer file with no param group (nothing to read group 0's state
+// names from) is refused, naming the file.
+TEST(Zero3StateTest, OptimizerWithoutParamGroupsIsRefused) {
+  const std::string dir = JoinPath(FreshTempDir("zero3_no_groups"), "global_step4");
+  ASSERT_TRUE(CopyTree(VersionFixturePath("0.19.5", "gpt-zero3-dp2/global_step4"), dir).ok());
+  const std::string optim0 = JoinPath(dir, "zero_pp_rank_0_mp_rank_00_optim_states.pt");
+  auto out = RunCommand(absl::StrCat(ucp::testing::kPython, " ",
+                                     ucp::testing::RunfilePath("testdata/python/mutate_checkpoint.py"), " ", optim0,
+                                     " clear optimizer_state_dict.optimizer_state_dict.param_groups"));
+  ASSERT_TRUE(out.ok()) << out.status();
+  auto s = Zero3State::Open(dir);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << s.status();
+  EXPECT_EQ(s.status().message(),
+            absl::StrCat(optim0, ": optimizer_state_dict.optimizer_state_dict.param_groups is empty, expected at "
+                                 "least one param group (DeepSpeed's optimizer holds every trainable param)"));
+}
+
 }  // namespace
 }  // namespace ucp::deepspeed_zero3

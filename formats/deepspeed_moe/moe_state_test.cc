@@ -1,0 +1,68 @@
+// MoeState on damaged copies of the real DeepSpeed 0.19.5 native MoE fixture:
+// optimizer states the reader must refuse, naming the file, the group and the
+// state, instead of reading past their storage or mixing states up.
+#include "formats/deepspeed_moe/moe_state.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "base/fs.h"
+#include "gtest/gtest.h"
+#include "testing/fixtures.h"
+
+namespace ucp::deepspeed_moe {
+namespace {
+
+using ucp::testing::FreshTempDir;
+using ucp::testing::VersionFixturePath;
+
+constexpr char kFixture[] = "gpt-moe-ep2-zero2-dp2/global_step4";
+constexpr char kOptim0[] = "zero_pp_rank_0_mp_rank_00_optim_states.pt";
+
+// A copy of the fixture's tag folder with `op` (testdata/python/mutate_checkpoint.py)
+// applied to rank 0's optimizer file.
+std::string DamagedCopy(const std::string& name, const std::string& op) {
+  const std::string dir = JoinPath(FreshTempDir(name), "global_step4");
+  EXPECT_TRUE(CopyTree(VersionFixturePath("0.19.5", kFixture), dir).ok());
+  auto out = ucp::testing::RunCommand(absl::StrCat(ucp::testing::kPython, " ",
+                                                   ucp::testing::RunfilePath("testdata/python/mutate_checkpoint.py"),
+                                                   " ", JoinPath(dir, kOptim0), " ", op));
+  EXPECT_TRUE(out.ok()) << out.status();
+  return dir;
+}
+
+TEST(MoeStateTest, TheFixtureOpens) {
+  auto s = MoeState::Open(VersionFixturePath("0.19.5", kFixture));
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ((*s)->info().num_groups, 4);
+  EXPECT_EQ((*s)->info().state_keys, (std::vector<std::string>{"exp_avg", "exp_avg_sq"}));
+}
+
+// An exp_avg whose strides repeat elements (1280 elements over a storage of
+// 640) would make every writer emit bytes the file does not have.
+TEST(MoeStateTest, OverlappingStateViewIsRefused) {
+  const std::string dir =
+      DamagedCopy("moe_overlap", "overlap optimizer_state_dict.base_optimizer_state.state.1.exp_avg");
+  auto s = MoeState::Open(dir);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << s.status();
+  EXPECT_EQ(s.status().message(),
+            absl::StrCat(JoinPath(dir, kOptim0),
+                         ": state[1].exp_avg views 1280 elements of a storage of 640 (overlapping strides)"));
+}
+
+// Every group holds the states of group 0 (one optimizer): a group with
+// other state names is refused rather than read under group 0's names.
+TEST(MoeStateTest, GroupWithOtherStatesIsRefused) {
+  const std::string dir = DamagedCopy(
+      "moe_state_names", "rename-key optimizer_state_dict.base_optimizer_state.state.2 exp_avg_sq exp_avg_sq_x");
+  auto s = MoeState::Open(dir);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << s.status();
+  EXPECT_EQ(s.status().message(),
+            absl::StrCat(JoinPath(dir, kOptim0),
+                         ": group 2 has optimizer states [exp_avg, exp_avg_sq_x], group 0 has [exp_avg, exp_avg_sq]"));
+}
+
+}  // namespace
+}  // namespace ucp::deepspeed_moe

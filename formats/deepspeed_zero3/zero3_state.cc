@@ -549,8 +549,21 @@ absl::Status Zero3State::BuildInfo(const OptimFile& first) {
     info_.params.push_back(std::move(p));
     info_param_.push_back(static_cast<int>(i));
   }
-  // Then the module's other tensors in module order: frozen params, tied
-  // aliases, buffers (and any frozen param module does not hold).
+  UCP_RETURN_IF_ERROR(AddModuleTensors(*module, trainable));
+  for (const std::string& name : buffers) {
+    if (!module->DictGet(name)) {
+      return FileError(first_model, absl::StatusCode::kInvalidArgument,
+                       absl::StrCat("buffer '", name, "' of buffer_names is not in module"));
+    }
+  }
+  info_.Reindex();
+  return absl::OkStatus();
+}
+
+// After the trainable params, the module's other tensors in module order:
+// frozen params, tied aliases (with their owner's shape and dtype), buffers;
+// then any frozen param `module` does not hold.
+absl::Status Zero3State::AddModuleTensors(const Value& module, const std::map<std::string, int>& trainable) {
   auto add_frozen = [&](const FrozenParam& f) {
     state::ParamState p;
     p.name = f.name;
@@ -563,7 +576,7 @@ absl::Status Zero3State::BuildInfo(const OptimFile& first) {
     info_param_.push_back(-1);
   };
   std::set<std::string> added;
-  for (const auto& [k, v] : module->dict_items()) {
+  for (const auto& [k, v] : module.dict_items()) {
     if (!k->is(Kind::kStr) || !torch::TorchFile::IsTensor(*v) || trainable.count(k->str())) continue;
     if (auto it = frozen_index_.find(k->str()); it != frozen_index_.end()) {
       if (added.insert(k->str()).second) add_frozen(frozen_[it->second]);
@@ -598,13 +611,6 @@ absl::Status Zero3State::BuildInfo(const OptimFile& first) {
   for (const FrozenParam& f : frozen_) {
     if (added.insert(f.name).second) add_frozen(f);
   }
-  for (const std::string& name : buffers) {
-    if (!module->DictGet(name)) {
-      return FileError(first_model, absl::StatusCode::kInvalidArgument,
-                       absl::StrCat("buffer '", name, "' of buffer_names is not in module"));
-    }
-  }
-  info_.Reindex();
   return absl::OkStatus();
 }
 

@@ -138,6 +138,7 @@ class Zero3State : public state::SlicedState, public deepspeed::DeepSpeedFacet {
   absl::Status ParseParamGroups(const OptimFile& first);
   absl::Status CheckScalarsAgree(const OptimFile& first) const;
   absl::Status BuildInfo(const OptimFile& first);
+  absl::Status AddModuleTensors(const pickle::Value& module, const std::map<std::string, int>& trainable);
 
   absl::StatusOr<std::unique_ptr<OptimFile>> ParseOptim(int dp) const;
   absl::StatusOr<const OptimFile*> Optim(int dp) const;

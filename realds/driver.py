@@ -11,7 +11,8 @@
 #           loaded state, (b) within the tolerance of the uninterrupted run (the
 #           previous job going on without a checkpoint), the first step bitwise
 #           where tp and the arithmetic are unchanged;
-#   ucp verify of every ucp output, and (case.export) ucp export vs the masters.
+#   ucp verify of every ucp output, and (case.export) ucp export vs the masters,
+#   (case.zero_to_fp32) ucp export vs DeepSpeed's own zero_to_fp32.
 #
 #   realds/driver.py --cases=realds/cases/trixie_0195.textproto [--only=NAME,...]
 #   realds/driver.py --random=SEED [--count=K] [--versions=0.19.5,0.16.4] [--print]
@@ -201,9 +202,23 @@ class Case:
                 ok, last = not r["problems"], r["line"] + ("; " + "; ".join(r["problems"][:3]) if r["problems"] else "")
             if not self.row(f"hop {i + 1} ucp export", ok, last):
                 return False
+        if c.zero_to_fp32:
+            exp = f"{d}/export{i}.torch"
+            ok, last = self.ucp(["export", f"--input_folder={inp}", f"--output_folder={exp}", "--format=torch"],
+                                f"export{i}.torch")
+            if ok:
+                r = self.call(prev, "compare_zero_to_fp32", {"ckpt": f"{d}/ckpt{i}", "tag": f"global_step{n}",
+                                                             "path": f"{exp}/pytorch_model.bin", "ref": f"{d}/ref{i}",
+                                                             "family": c.model.family}, f"export{i}.zero_to_fp32")
+                if r is None:
+                    return False
+                ok, last = not r["problems"], r["line"] + ("; " + "; ".join(r["problems"][:3]) if r["problems"] else "")
+            if not self.row(f"hop {i + 1} ucp export = zero_to_fp32", ok, last):
+                return False
         # The job that loads ucp's output: dump, DeepSpeed's own save, train on, and
         # for the next hop save again and go on (its uninterrupted continuation).
-        acts = [{"do": "load", "dir": out_root, "tag": tag}, {"do": "dump", "dir": f"{d}/got{i}"},
+        acts = [{"do": "load", "dir": out_root, "tag": tag, "scramble_frozen": not universal},
+                {"do": "dump", "dir": f"{d}/got{i}"},
                 {"do": "save", "dir": f"{d}/own{i}", "tag": f"global_step{n}"},
                 {"do": "train", "steps": steps, "record": "L"}]
         if nxt is not None:
@@ -212,7 +227,7 @@ class Case:
                      {"do": "train", "steps": nxt.steps or 2, "record": "cont"}]
         if not self.job(T, acts, f"{d}/loss.L{i}", f"load{i}", universal=universal, quiet=bool(hop.expect_problem)):
             return self.expected(i, hop, [f"DeepSpeed's load: {self.last_error}"])
-        if not self.job(T, [{"do": "load", "dir": f"{d}/own{i}", "tag": f"global_step{n}"},
+        if not self.job(T, [{"do": "load", "dir": f"{d}/own{i}", "tag": f"global_step{n}", "scramble_frozen": True},
                             {"do": "train", "steps": steps, "record": "P"}], f"{d}/loss.P{i}", f"resume{i}"):
             return False
         st = self.call(T, "compare_states", {"ref": f"{d}/ref{i}", "got": f"{d}/got{i}", "family": c.model.family},

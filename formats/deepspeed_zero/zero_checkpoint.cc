@@ -7,6 +7,9 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <functional>
+#include <iterator>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -572,21 +575,44 @@ absl::Status ZeroCheckpoint::SetModuleLayout(std::vector<ModuleEntry> entries) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// Tied aliases: engine._get_shared_params (global rank 0's file, `root0`,
+// only) maps each alias to the param that holds the data, a trainable param
+// or (a plain module's, `module0`) frozen one, e.g. a tied embedding a LoRA
+// run freezes. An owner is never an alias itself.
+std::map<std::string, std::string> SharedAliases(const pickle::Value& root0, const pickle::Value* module0,
+                                                 const std::set<std::string>& buffer_names,
+                                                 const std::function<bool(const std::string&)>& is_param) {
+  std::map<std::string, std::string> aliases;
+  auto frozen_owner = [&](const std::string& owner) {
+    return module0 != nullptr && module0->is(pickle::Kind::kDict) && module0->DictGet(owner) != nullptr &&
+           !buffer_names.count(owner);
+  };
+  if (const pickle::Value* sp = root0.DictGet("shared_params"); sp != nullptr && sp->is(pickle::Kind::kDict)) {
+    for (const auto& [k, v] : sp->dict_items()) {
+      if (!k->is(pickle::Kind::kStr) || !v->is(pickle::Kind::kStr) || k->str() == v->str()) continue;
+      if (is_param(v->str()) || frozen_owner(v->str())) aliases[k->str()] = v->str();
+    }
+  }
+  for (auto it = aliases.begin(); it != aliases.end();) {
+    it = aliases.count(it->second) ? aliases.erase(it) : std::next(it);
+  }
+  return aliases;
+}
+
+}  // namespace
+
 absl::Status ZeroCheckpoint::LoadModuleLayout() {
   const std::set<std::string>& buffer_names = ms_->buffer_names();
   std::set<std::string> tied_keys;
   for (const auto& p : ms_->params()) {
     if (!p.tied_key.empty()) tied_keys.insert(p.tied_key);
   }
-  // Tied aliases of trainable params: engine._get_shared_params (global rank
-  // 0's file only) maps each alias to the param that holds the data.
-  std::map<std::string, std::string> aliases;
-  if (const pickle::Value* sp = ms_->file(0, 0).root()->DictGet("shared_params");
-      sp != nullptr && sp->is(pickle::Kind::kDict)) {
-    for (const auto& [k, v] : sp->dict_items()) {
-      if (k->is(pickle::Kind::kStr) && v->is(pickle::Kind::kStr) && ms_->FindParam(v->str())) aliases[k->str()] = v->str();
-    }
-  }
+  const Value* module0 = pipeline_ ? nullptr : ms_->file(0, 0).root()->DictGet("module");
+  const std::map<std::string, std::string> aliases =
+      SharedAliases(*ms_->file(0, 0).root(), module0, buffer_names,
+                    [&](const std::string& name) { return ms_->FindParam(name) != nullptr; });
   auto role_of = [&](const std::string& name) {
     if (ms_->FindParam(name)) return state::TensorRole::kTrainable;
     if (buffer_names.count(name)) return state::TensorRole::kBuffer;

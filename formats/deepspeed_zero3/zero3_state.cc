@@ -85,6 +85,8 @@ absl::Status Zero3State::Load() {
   UCP_RETURN_IF_ERROR(ReadZeroConfig());
   UCP_ASSIGN_OR_RETURN(const std::vector<ValuePtr>* shape_list, ParseParamShapes());
   UCP_RETURN_IF_ERROR(CheckParamShapesAgree(*shape_list));
+  UCP_RETURN_IF_ERROR(ParseFrozenParams());
+  ParseSharedParams();
   // Optimizer files: rank 0 now (its structure is every file's), the
   // others on first use.
   optim_files_.Reset(dp_);
@@ -191,24 +193,13 @@ absl::Status Zero3State::OpenModelFiles(const FolderFiles& files) {
   return absl::OkStatus();
 }
 
-// ds_version and the zero config (sub_group_size) of rank 0's model states;
-// frozen params refused.
+// ds_version and the zero config (sub_group_size) of rank 0's model states.
 absl::Status Zero3State::ReadZeroConfig() {
   const Value& root0 = *model_files_[0]->root();
   if (const Value* v = root0.DictGet("ds_version"); v != nullptr && v->is(Kind::kStr)) ds_version_ = v->str();
   if (const Value* sg = DictPath(&root0, {"ds_config", "zero_optimization", "sub_group_size"})) {
     if (sg->is(Kind::kInt)) sub_group_size_ = sg->int_value();
     if (sg->is(Kind::kFloat)) sub_group_size_ = static_cast<int64_t>(sg->float_value());
-  }
-  // Frozen params are not in param_shapes; ZeRO-3 saves them partitioned in
-  // frozen_param_fragments, which ucp does not read.
-  for (const char* key : {"frozen_param_shapes", "frozen_param_fragments"}) {
-    const Value* f = root0.DictGet(key);
-    if (f != nullptr && f->is(Kind::kDict) && !f->dict_items().empty()) {
-      return FileError(ModelPath(0), absl::StatusCode::kUnimplemented,
-                       absl::StrCat("ZeRO stage 3 (DeepSpeed ", ds_version_, ") with frozen params (", key, " lists ",
-                                    f->dict_items().size(), ") is not supported"));
-    }
   }
   return absl::OkStatus();
 }
@@ -277,6 +268,130 @@ absl::Status Zero3State::CheckParamShapesAgree(const std::vector<ValuePtr>& shap
     }
   }
   return absl::OkStatus();
+}
+
+// Rank 0's frozen_param_shapes (frozen_), checked against every rank's
+// frozen_param_shapes and frozen_param_fragments: the same names and shapes,
+// each fragment a dense 1-D tensor of ceil(numel / dp) elements, one dtype
+// per param on every rank. None (stage 1/2 layouts, exclude_frozen_parameters)
+// or empty: no frozen params.
+absl::Status Zero3State::ParseFrozenParams() {
+  const std::string first_model = ModelPath(0);
+  const Value& root0 = *model_files_[0]->root();
+  const Value* shapes = root0.DictGet("frozen_param_shapes");
+  const Value* fragments = root0.DictGet("frozen_param_fragments");
+  auto listed = [](const Value* v) { return v != nullptr && v->is(Kind::kDict) && !v->dict_items().empty(); };
+  if (!listed(shapes)) {
+    if (listed(fragments)) {
+      return FileError(first_model, absl::StatusCode::kInvalidArgument,
+                       absl::StrCat("frozen_param_fragments lists ", fragments->dict_items().size(),
+                                    " params but frozen_param_shapes is ",
+                                    shapes == nullptr ? "missing" : shapes->DebugString(40)));
+    }
+    return absl::OkStatus();
+  }
+  std::set<std::string> trainable;
+  for (const Param& p : params_) trainable.insert(p.name);
+  for (const auto& [k, v] : shapes->dict_items()) {
+    if (!k->is(Kind::kStr)) {
+      return FileError(first_model, absl::StatusCode::kInvalidArgument,
+                       absl::StrCat("frozen_param_shapes has a non-string key ", k->DebugString(40)));
+    }
+    FrozenParam f;
+    f.name = k->str();
+    if (trainable.count(f.name)) {
+      return FileError(first_model, absl::StatusCode::kInvalidArgument,
+                       absl::StrCat("param '", f.name, "' is listed both in param_shapes (trained) and in ",
+                                    "frozen_param_shapes"));
+    }
+    if (frozen_index_.count(f.name)) {
+      return FileError(first_model, absl::StatusCode::kInvalidArgument,
+                       absl::StrCat("frozen param '", f.name, "' is listed twice in frozen_param_shapes"));
+    }
+    UCP_ASSIGN_OR_RETURN(f.shape, AsTorchSize(*v, absl::StrCat("frozen_param_shapes['", f.name, "']")),
+                         _.Prepend(first_model + ": "));
+    UCP_ASSIGN_OR_RETURN(f.numel, internal::CheckedShapeNumel(f.shape, first_model,
+                                                              absl::StrCat("frozen_param_shapes['", f.name, "']")));
+    f.partition = Zero3PartitionNumel(f.numel, dp_);
+    frozen_index_[f.name] = static_cast<int>(frozen_.size());
+    frozen_.push_back(std::move(f));
+  }
+  for (int d = 0; d < dp_; ++d) UCP_RETURN_IF_ERROR(CheckFrozenFragments(d));
+  return absl::OkStatus();
+}
+
+// Rank d's frozen_param_shapes equal rank 0's (names, order, shapes), and its
+// frozen_param_fragments hold its partition of each of them (sets the dtype
+// from rank 0's).
+absl::Status Zero3State::CheckFrozenFragments(int d) {
+  const std::string path = ModelPath(d);
+  const torch::TorchFile& file = *model_files_[d];
+  const Value& root = *file.root();
+  auto err = [&](absl::string_view what) { return FileError(path, absl::StatusCode::kInvalidArgument, what); };
+  const Value* shapes = root.DictGet("frozen_param_shapes");
+  if (d > 0) {
+    if (shapes == nullptr || !shapes->is(Kind::kDict) || shapes->dict_items().size() != frozen_.size()) {
+      return err(absl::StrCat("frozen_param_shapes lists ",
+                              shapes != nullptr && shapes->is(Kind::kDict) ? absl::StrCat(shapes->dict_items().size())
+                                                                            : std::string("no"),
+                              " params, ", deepspeed::Zero3ModelFileName(0, 0), " lists ", frozen_.size()));
+    }
+    for (size_t i = 0; i < frozen_.size(); ++i) {
+      const auto& [k, v] = shapes->dict_items()[i];
+      const FrozenParam& f = frozen_[i];
+      if (!k->is(Kind::kStr) || k->str() != f.name) {
+        return err(absl::StrCat("frozen_param_shapes[", i, "] is ", k->DebugString(60), ", ",
+                                deepspeed::Zero3ModelFileName(0, 0), " has '", f.name, "' there"));
+      }
+      auto shape = AsTorchSize(*v, "frozen_param_shapes");
+      if (!shape.ok() || *shape != f.shape) {
+        return err(absl::StrCat("frozen param '", f.name, "' has shape ", v->DebugString(60), ", ",
+                                deepspeed::Zero3ModelFileName(0, 0), " says ", ShapeStr(f.shape)));
+      }
+    }
+  }
+  const Value* fragments = root.DictGet("frozen_param_fragments");
+  if (fragments == nullptr || !fragments->is(Kind::kDict)) {
+    return err(absl::StrCat("frozen_param_fragments is ", fragments == nullptr ? "missing" : fragments->DebugString(40),
+                            ", but frozen_param_shapes lists ", frozen_.size(), " frozen params"));
+  }
+  for (const auto& [k, v] : fragments->dict_items()) {
+    if (!k->is(Kind::kStr) || !frozen_index_.count(k->str())) {
+      return err(absl::StrCat("frozen_param_fragments holds ", k->DebugString(60),
+                              ", which frozen_param_shapes does not list"));
+    }
+  }
+  for (FrozenParam& f : frozen_) {
+    const Value* v = fragments->DictGet(f.name);
+    if (v == nullptr) return err(absl::StrCat("frozen_param_fragments has no fragment of frozen param '", f.name, "'"));
+    if (!torch::TorchFile::IsTensor(*v)) {
+      return err(absl::StrCat("frozen_param_fragments['", f.name, "'] is not a tensor: ", v->DebugString(60)));
+    }
+    UCP_ASSIGN_OR_RETURN(torch::Tensor t, file.GetTensor(*v), _.Prepend(path + ": "));
+    UCP_RETURN_IF_ERROR(CheckDense(t, path, absl::StrCat("frozen_param_fragments['", f.name, "']")));
+    if (d == 0) f.dtype = t.dtype();
+    if (t.dim() != 1 || t.numel() != f.partition || t.dtype() != f.dtype) {
+      return err(absl::StrCat("frozen_param_fragments['", f.name, "'] is ", std::string(torch::DTypeName(t.dtype())),
+                              ShapeStr(t.sizes()), ", expected ", std::string(torch::DTypeName(f.dtype)), "[",
+                              f.partition, "] (rank ", d, "'s partition of its ", ShapeStr(f.shape),
+                              ": ceil(", f.numel, " / dp ", dp_, ") elements", d > 0 ? ", dtype of rank 0's" : "",
+                              ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Rank 0's shared_params (engine._get_shared_params runs on global rank 0
+// only): module keys that are another name of a param (aliases_).
+void Zero3State::ParseSharedParams() {
+  const Value* sp = model_files_[0]->root()->DictGet("shared_params");
+  if (sp == nullptr || !sp->is(Kind::kDict)) return;
+  std::set<std::string> params;
+  for (const Param& p : params_) params.insert(p.name);
+  for (const auto& [k, v] : sp->dict_items()) {
+    if (!k->is(Kind::kStr) || !v->is(Kind::kStr) || k->str() == v->str()) continue;
+    if (params.count(v->str()) || frozen_index_.count(v->str())) aliases_[k->str()] = v->str();
+  }
 }
 
 // Rank 0's optimizer param_groups: which sub-groups each param group holds
@@ -404,11 +519,22 @@ absl::Status Zero3State::BuildInfo(const OptimFile& first) {
       lp_known = true;
       continue;
     }
+    if (frozen_index_.count(k->str()) || aliases_.count(k->str())) {
+      if (t.numel() != 0) {
+        return FileError(first_model, absl::StatusCode::kInvalidArgument,
+                         absl::StrCat("module['", k->str(), "'] has shape ", ShapeStr(t.sizes()), ", expected an empty ",
+                                      "tensor (ZeRO-3 saves ", frozen_index_.count(k->str()) ? "frozen params in "
+                                      "frozen_param_fragments)" : "params partitioned)"));
+      }
+      continue;
+    }
     if (!buffer_set.count(k->str())) {
       return FileError(first_model, absl::StatusCode::kInvalidArgument,
-                       absl::StrCat("module['", k->str(), "'] is neither in param_shapes nor in buffer_names"));
+                       absl::StrCat("module['", k->str(), "'] is neither in param_shapes, frozen_param_shapes, ",
+                                    "shared_params nor buffer_names"));
     }
   }
+  if (!lp_known && !frozen_.empty()) info_.lp_dtype = frozen_[0].dtype;
   // Trainable params in param_shapes order, then buffers in module order.
   for (size_t i = 0; i < params_.size(); ++i) {
     const Param& zp = params_[i];
@@ -423,19 +549,7 @@ absl::Status Zero3State::BuildInfo(const OptimFile& first) {
     info_.params.push_back(std::move(p));
     info_param_.push_back(static_cast<int>(i));
   }
-  for (const auto& [k, v] : module->dict_items()) {
-    if (!k->is(Kind::kStr) || !torch::TorchFile::IsTensor(*v) || trainable.count(k->str())) continue;
-    UCP_ASSIGN_OR_RETURN(torch::Tensor t, model_files_[0]->GetTensor(*v));
-    state::ParamState p;
-    p.name = k->str();
-    p.local_name = p.name;
-    p.role = state::TensorRole::kBuffer;
-    p.lp_dtype = t.dtype();
-    p.tp_shapes = {t.sizes()};
-    p.stages = {0};
-    info_.params.push_back(std::move(p));
-    info_param_.push_back(-1);
-  }
+  UCP_RETURN_IF_ERROR(AddModuleTensors(*module, trainable));
   for (const std::string& name : buffers) {
     if (!module->DictGet(name)) {
       return FileError(first_model, absl::StatusCode::kInvalidArgument,
@@ -443,6 +557,60 @@ absl::Status Zero3State::BuildInfo(const OptimFile& first) {
     }
   }
   info_.Reindex();
+  return absl::OkStatus();
+}
+
+// After the trainable params, the module's other tensors in module order:
+// frozen params, tied aliases (with their owner's shape and dtype), buffers;
+// then any frozen param `module` does not hold.
+absl::Status Zero3State::AddModuleTensors(const Value& module, const std::map<std::string, int>& trainable) {
+  auto add_frozen = [&](const FrozenParam& f) {
+    state::ParamState p;
+    p.name = f.name;
+    p.local_name = f.name;
+    p.role = state::TensorRole::kFrozen;
+    p.lp_dtype = f.dtype;
+    p.tp_shapes = {f.shape};
+    p.stages = {0};
+    info_.params.push_back(std::move(p));
+    info_param_.push_back(-1);
+  };
+  std::set<std::string> added;
+  for (const auto& [k, v] : module.dict_items()) {
+    if (!k->is(Kind::kStr) || !torch::TorchFile::IsTensor(*v) || trainable.count(k->str())) continue;
+    if (auto it = frozen_index_.find(k->str()); it != frozen_index_.end()) {
+      if (added.insert(k->str()).second) add_frozen(frozen_[it->second]);
+      continue;
+    }
+    UCP_ASSIGN_OR_RETURN(torch::Tensor t, model_files_[0]->GetTensor(*v));
+    state::ParamState p;
+    p.name = k->str();
+    p.local_name = p.name;
+    p.stages = {0};
+    if (auto it = aliases_.find(k->str()); it != aliases_.end()) {
+      const std::string& owner = it->second;
+      p.role = state::TensorRole::kTied;
+      p.alias_of = owner;
+      if (auto f = frozen_index_.find(owner); f != frozen_index_.end()) {
+        p.lp_dtype = frozen_[f->second].dtype;
+        p.tp_shapes = {frozen_[f->second].shape};
+      } else {
+        p.lp_dtype = info_.lp_dtype;
+        for (const Param& q : params_) {
+          if (q.name == owner) p.tp_shapes = {q.shape};
+        }
+      }
+    } else {
+      p.role = state::TensorRole::kBuffer;
+      p.lp_dtype = t.dtype();
+      p.tp_shapes = {t.sizes()};
+    }
+    info_.params.push_back(std::move(p));
+    info_param_.push_back(-1);
+  }
+  for (const FrozenParam& f : frozen_) {
+    if (added.insert(f.name).second) add_frozen(f);
+  }
   return absl::OkStatus();
 }
 
@@ -546,8 +714,18 @@ absl::StatusOr<std::vector<tp::TensorPlan>> Zero3State::Slices(const state::Para
   const int i = info_.IndexOf(param.name);
   if (i < 0) return absl::NotFoundError(absl::StrCat("no param '", param.name, "'"));
   if (info_param_[i] < 0) {
+    const state::ParamState& p = info_.params[i];
     if (state != state::kLpState) {
-      return absl::NotFoundError(absl::StrCat("buffer '", param.name, "' has no optimizer state '", state, "'"));
+      return absl::NotFoundError(absl::StrCat(state::TensorRoleName(p.role), " '", param.name,
+                                              "' has no optimizer state '", state, "'"));
+    }
+    if (p.role == state::TensorRole::kFrozen) {
+      UCP_ASSIGN_OR_RETURN(tp::TensorPlan plan, FrozenFull(frozen_[frozen_index_.at(p.name)]));
+      return std::vector<tp::TensorPlan>{std::move(plan)};
+    }
+    if (p.role == state::TensorRole::kTied) {
+      UCP_ASSIGN_OR_RETURN(tp::TensorPlan plan, TiedFull(p));
+      return std::vector<tp::TensorPlan>{std::move(plan)};
     }
     const Value* v = model_files_[0]->root()->DictGet("module")->DictGet(param.name);
     UCP_ASSIGN_OR_RETURN(torch::Tensor t, model_files_[0]->GetTensor(*v));
@@ -579,6 +757,57 @@ absl::StatusOr<std::vector<tp::TensorPlan>> Zero3State::Slices(const state::Para
   return std::vector<tp::TensorPlan>{std::move(plan)};
 }
 
+absl::StatusOr<tp::TensorPlan> Zero3State::FrozenFull(const FrozenParam& f) const {
+  std::vector<torch::Tensor> pieces;
+  for (int r = 0; r < dp_; ++r) {
+    const int64_t begin = static_cast<int64_t>(r) * f.partition;
+    const int64_t len = std::min(f.partition, f.numel - begin);
+    if (len <= 0) break;
+    const Value* v = model_files_[r]->root()->DictGet("frozen_param_fragments")->DictGet(f.name);
+    UCP_ASSIGN_OR_RETURN(torch::Tensor t, model_files_[r]->GetTensor(*v));  // checked at Open
+    UCP_ASSIGN_OR_RETURN(torch::Tensor piece, t.Narrow(0, 0, len),
+                         _.Prepend(absl::StrCat(ModelPath(r), ": frozen param '", f.name, "': ")));
+    pieces.push_back(std::move(piece));
+  }
+  return tp::TensorPlan::FromPieces(f.dtype, f.shape, pieces);
+}
+
+absl::StatusOr<tp::TensorPlan> Zero3State::TiedFull(const state::ParamState& alias) const {
+  if (auto f = frozen_index_.find(alias.alias_of); f != frozen_index_.end()) return FrozenFull(frozen_[f->second]);
+  const state::ParamState* owner = info_.Find(alias.alias_of);
+  if (owner == nullptr) return absl::NotFoundError(absl::StrCat("tied param '", alias.name, "': no param '", alias.alias_of, "'"));
+  UCP_ASSIGN_OR_RETURN(std::vector<tp::TensorPlan> fp32, Slices(*owner, 0, state::kFp32State));
+  if (alias.lp_dtype == torch::DType::kFloat32) return fp32[0];
+  // The owner's module weight in bf16/fp16: its fp32 master rounded to the lp
+  // dtype (how DeepSpeed's optimizers derive it after each step), read when
+  // first used.
+  tp::TensorPlan::DeferredSource src;
+  src.dtype = alias.lp_dtype;
+  src.shape = fp32[0].shape();
+  src.label = absl::StrCat("tied param '", alias.name, "' (the lp weight of '", owner->name, "')");
+  for (int r = 0; r < dp_; ++r) src.files.push_back(OptimPath(r));
+  const tp::TensorPlan master = fp32[0];
+  const torch::DType dtype = alias.lp_dtype;
+  src.open = [master, dtype]() -> absl::StatusOr<tp::TensorPlan> {
+    UCP_ASSIGN_OR_RETURN(torch::Tensor t, master.Materialize());
+    UCP_ASSIGN_OR_RETURN(torch::Tensor c, torch::Cast(t, dtype));
+    return tp::TensorPlan::FromTensor(c);
+  };
+  return tp::TensorPlan::Deferred(std::move(src));
+}
+
+std::vector<state::InputRange> Zero3State::FrozenInputs(const FrozenParam& f) const {
+  std::vector<state::InputRange> out;
+  for (int r = 0; r < dp_; ++r) {
+    const int64_t begin = static_cast<int64_t>(r) * f.partition;
+    const int64_t len = std::min(f.partition, f.numel - begin);
+    if (len <= 0) break;
+    out.push_back({ModelPath(r), absl::StrCat("frozen_param_fragments.", f.name), 0,
+                   len * static_cast<int64_t>(torch::ItemSize(f.dtype))});
+  }
+  return out;
+}
+
 absl::StatusOr<state::FileValue> Zero3State::GroupScalar(int group, const std::string& key) const {
   if (group < 0 || group >= static_cast<int>(group_sub_groups_.size())) {
     return absl::InvalidArgumentError(absl::StrCat("no param group ", group));
@@ -592,6 +821,13 @@ std::vector<state::InputRange> Zero3State::Inputs(const state::ParamState& param
   const int i = info_.IndexOf(param.name);
   if (i < 0) return out;
   if (info_param_[i] < 0) {
+    const state::ParamState& p = info_.params[i];
+    if (p.role == state::TensorRole::kFrozen) return FrozenInputs(frozen_[frozen_index_.at(p.name)]);
+    if (p.role == state::TensorRole::kTied) {
+      if (auto f = frozen_index_.find(p.alias_of); f != frozen_index_.end()) return FrozenInputs(frozen_[f->second]);
+      if (const state::ParamState* owner = info_.Find(p.alias_of)) return Inputs(*owner);
+      return out;
+    }
     out.push_back({model_files_[0]->path(), absl::StrCat("module.", param.name), 0, -1});
     return out;
   }

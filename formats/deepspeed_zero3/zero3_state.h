@@ -9,6 +9,17 @@
 //        {state: {sub_group: {step, exp_avg, exp_avg_sq}}, param_groups: [{..., params: [sub_group
 //        ids]}]}, fp32_flat_groups: [one flat fp32 tensor per sub-group]}
 //
+// Frozen params (requires_grad False: a LoRA run's base model, frozen
+// embeddings) are in no optimizer file: every rank's model states list them
+// in `frozen_param_shapes` (name -> full shape, module order) and hold its
+// own partition of each in `frozen_param_fragments` (name -> the 1-D
+// `ds_tensor` of ceil(numel / dp) elements, lp dtype, the last rank's
+// padded); `module` has an empty tensor for them. A frozen param's lp
+// weight is the ranks' fragments concatenated and cut to numel, as
+// zero_to_fp32.py's _zero3_merge_frozen_params does. Tied params: rank 0's
+// `shared_params` (alias -> owner; every other rank's is empty) names the
+// module keys that are another name of a param (kTied, the owner's values).
+//
 // Each param is split over the dp ranks in partitions of ceil(numel / dp)
 // elements (the last one padded); a rank's flat sub-group is its partitions
 // of the sub-group's params, concatenated in param_shapes order
@@ -30,6 +41,7 @@
 #define UCP_FORMATS_DEEPSPEED_ZERO3_ZERO3_STATE_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -94,6 +106,14 @@ class Zero3State : public state::SlicedState, public deepspeed::DeepSpeedFacet {
     int sub_group = 0;
     int64_t offset = 0;     // in the sub-group's flat partition of every rank
   };
+  // A frozen param: frozen_param_shapes entry, its partition per rank.
+  struct FrozenParam {
+    std::string name;
+    std::vector<int64_t> shape;
+    int64_t numel = 0;
+    int64_t partition = 0;  // ceil(numel / dp)
+    torch::DType dtype = torch::DType::kFloat32;
+  };
   struct SubGroup {
     int group = 0;
     int64_t flat_numel = 0;  // per rank
@@ -112,14 +132,24 @@ class Zero3State : public state::SlicedState, public deepspeed::DeepSpeedFacet {
   absl::Status ReadZeroConfig();
   absl::StatusOr<const std::vector<pickle::ValuePtr>*> ParseParamShapes();
   absl::Status CheckParamShapesAgree(const std::vector<pickle::ValuePtr>& shape_list) const;
+  absl::Status ParseFrozenParams();
+  absl::Status CheckFrozenFragments(int dp);
+  void ParseSharedParams();
   absl::Status ParseParamGroups(const OptimFile& first);
   absl::Status CheckScalarsAgree(const OptimFile& first) const;
   absl::Status BuildInfo(const OptimFile& first);
+  absl::Status AddModuleTensors(const pickle::Value& module, const std::map<std::string, int>& trainable);
 
   absl::StatusOr<std::unique_ptr<OptimFile>> ParseOptim(int dp) const;
   absl::StatusOr<const OptimFile*> Optim(int dp) const;
   std::string OptimPath(int dp) const;
   std::string ModelPath(int dp) const;
+  // The frozen param's lp weight: every rank's fragment, cut to numel.
+  absl::StatusOr<tp::TensorPlan> FrozenFull(const FrozenParam& f) const;
+  // A tied alias's lp weight: its owner's (a trainable owner's fp32 master
+  // in the lp dtype).
+  absl::StatusOr<tp::TensorPlan> TiedFull(const state::ParamState& alias) const;
+  std::vector<state::InputRange> FrozenInputs(const FrozenParam& f) const;
 
   std::string dir_;
   deepspeed::ReadOptions read_;
@@ -132,6 +162,9 @@ class Zero3State : public state::SlicedState, public deepspeed::DeepSpeedFacet {
   std::vector<SubGroup> sub_groups_;
   std::vector<std::vector<int>> group_sub_groups_;  // param group -> its sub-groups
   std::vector<int> info_param_;                     // info_.params index -> params_ index or -1
+  std::vector<FrozenParam> frozen_;                 // frozen_param_shapes order
+  std::map<std::string, int> frozen_index_;         // name -> frozen_ index
+  std::map<std::string, std::string> aliases_;      // rank 0's shared_params: alias -> owner
   deepspeed::LazyOptimFiles optim_files_;           // per dp rank
   state::ModelInfo info_;
   pickle::ValuePtr empty_dict_;

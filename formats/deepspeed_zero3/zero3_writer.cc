@@ -120,7 +120,7 @@ class Zero3Plan : public Plan {
   }
 
   // What ZeRO-3's layout cannot hold: a PipelineModule, BF16_Optimizer
-  // state, frozen params, Megatron's padded vocabulary rows.
+  // state, Megatron's padded vocabulary rows.
   absl::Status CheckSourceFits() const {
     if (info_.pipeline) {
       return absl::InvalidArgumentError(
@@ -129,12 +129,6 @@ class Zero3Plan : public Plan {
     if (info_.optimizer_kind == state::OptimizerKind::kBf16) {
       return absl::InvalidArgumentError(
           "ZeRO stage 3 target: the source's BF16_Optimizer state has no ZeRO-3 counterpart in DeepSpeed's layout");
-    }
-    for (const ParamState& p : info_.params) {
-      if (p.role == state::TensorRole::kFrozen) {
-        return absl::UnimplementedError(absl::StrCat("ZeRO stage 3 target: frozen param '", p.name,
-                                                     "' (ucp does not write frozen_param_fragments)"));
-      }
     }
     // Megatron pads the vocabulary per tp rank; at tp=1 a model whose rows
     // are not a multiple of make_vocab_size_divisible_by has padded rows in
@@ -182,17 +176,31 @@ class Zero3Plan : public Plan {
     if (sg != nullptr && sg->is(Kind::kFloat)) sub_group_size_ = static_cast<int64_t>(sg->float_value());
   }
 
-  // ds_id_: DeepSpeed numbers params in module order (then any trainable
-  // param the module order does not list).
+  // ds_id_: DeepSpeed numbers the module's params (module.parameters():
+  // trainable and frozen, a tied param once) in module order, then any the
+  // module order does not list.
   void NumberParams() {
+    auto numbered = [](const ParamState& p) {
+      return p.role == state::TensorRole::kTrainable || p.role == state::TensorRole::kFrozen;
+    };
     int next_id = 0;
     for (const auto& k : info_.module_order) {
       const ParamState* p = info_.Find(k.name);
-      if (p != nullptr && p->trainable() && !ds_id_.count(k.name)) ds_id_[k.name] = next_id++;
+      if (p != nullptr && numbered(*p) && !ds_id_.count(k.name)) ds_id_[k.name] = next_id++;
     }
     for (const ParamState& p : info_.params) {
-      if (p.trainable() && !ds_id_.count(p.name)) ds_id_[p.name] = next_id++;
+      if (numbered(p) && !ds_id_.count(p.name)) ds_id_[p.name] = next_id++;
     }
+    // Frozen params in module order (engine._get_zero_frozen_param_attributes
+    // walks module.parameters()).
+    std::vector<std::pair<int, int>> frozen;
+    for (size_t i = 0; i < info_.params.size(); ++i) {
+      if (info_.params[i].role == state::TensorRole::kFrozen) {
+        frozen.emplace_back(ds_id_.at(info_.params[i].name), static_cast<int>(i));
+      }
+    }
+    std::sort(frozen.begin(), frozen.end());
+    for (const auto& [id, i] : frozen) frozen_.push_back(i);
   }
 
   // Sub-groups of every group at the target dp (sub_groups_), cut by
@@ -238,6 +246,11 @@ class Zero3Plan : public Plan {
       m.bytes = 4096;
       const std::string from = ds_->ModelStatesPath(0, 0);
       if (!from.empty()) m.inputs.push_back({from, "", 0, -1});
+      for (int i : frozen_) {
+        for (const InputRange& r : state_.Inputs(info_.params[i])) m.inputs.push_back(r);
+        m.bytes += Zero3PartitionNumel(Numel(info_.params[i].full_shape), dp_) *
+                   static_cast<int64_t>(torch::ItemSize(info_.params[i].lp_dtype));
+      }
       jobs_.push_back({false, d});
       units_.push_back(std::move(m));
       Unit o;
@@ -283,8 +296,15 @@ class Zero3Plan : public Plan {
           groups.push_back(d);
         }
         out->DictSet(k, Value::List(std::move(groups)));
-      } else if (key == "frozen_param_shapes" || key == "frozen_param_fragments") {
-        out->DictSet(k, Value::MakeDict(/*ordered_dict=*/true));
+      } else if (key == "frozen_param_shapes") {
+        out->DictSet(k, FrozenShapes());
+      } else if (key == "frozen_param_fragments") {
+        UCP_ASSIGN_OR_RETURN(ValuePtr f, FrozenFragments(w, dp));
+        out->DictSet(k, f);
+      } else if (key == "shared_params" && dp != 0) {
+        // engine._get_shared_params runs on global rank 0 only: every other
+        // rank's file holds an empty dict.
+        out->DictSet(k, Value::MakeDict());
       } else if (key == "buffer_names") {
         std::vector<ValuePtr> names;
         for (const ParamState& p : info_.params) {
@@ -315,7 +335,57 @@ class Zero3Plan : public Plan {
         out->DictSet(k, c);
       }
     }
+    // A source that records no frozen params' keys (but has frozen params).
+    if (!frozen_.empty() && out->DictGet("frozen_param_shapes") == nullptr) {
+      out->DictSet(Value::Str("frozen_param_shapes"), FrozenShapes());
+      UCP_ASSIGN_OR_RETURN(ValuePtr f, FrozenFragments(w, dp));
+      out->DictSet(Value::Str("frozen_param_fragments"), f);
+    }
     return out;
+  }
+
+  // frozen_param_shapes: name -> full shape, in module order.
+  ValuePtr FrozenShapes() const {
+    ValuePtr d = Value::MakeDict(/*ordered_dict=*/true);
+    for (int i : frozen_) {
+      d->DictSet(Value::Str(info_.params[i].name), pickle::MakeTorchSize(info_.params[i].full_shape));
+    }
+    return d;
+  }
+
+  // frozen_param_fragments of dp rank `dp`: each frozen param's ZeRO-3
+  // partition (its `ds_tensor`: elements [dp * part, (dp + 1) * part) of the
+  // flattened lp weight, part = ceil(numel / dp), zeros past the end), 1-D,
+  // in its lp dtype.
+  absl::StatusOr<ValuePtr> FrozenFragments(torch::TorchWriter& w, int dp) const {
+    ValuePtr d = Value::MakeDict(/*ordered_dict=*/true);
+    for (int i : frozen_) {
+      const ParamState& p = info_.params[i];
+      const int64_t numel = Numel(p.full_shape);
+      const int64_t part = Zero3PartitionNumel(numel, dp_);
+      const int64_t begin = static_cast<int64_t>(dp) * part;
+      const int64_t len = std::max<int64_t>(0, std::min(part, numel - begin));
+      std::vector<TensorPlan> pieces;
+      if (len > 0) {
+        UCP_ASSIGN_OR_RETURN(TensorPlan full, state_.Full(p, state::kLpState));
+        if (full.shape() != p.full_shape) {
+          return absl::InvalidArgumentError(absl::StrCat("frozen param '", p.name, "': full shape ",
+                                                         torch::ShapeString(full.shape()), " differs from ",
+                                                         torch::ShapeString(p.full_shape)));
+        }
+        UCP_ASSIGN_OR_RETURN(TensorPlan flat, full.Reshape({numel}));
+        UCP_ASSIGN_OR_RETURN(TensorPlan piece, flat.FlatRange(begin, len));
+        pieces.push_back(std::move(piece));
+      }
+      if (len < part) pieces.push_back(TensorPlan::Zeros(p.lp_dtype, {part - len}));
+      TensorPlan plan = pieces.empty() ? TensorPlan::Zeros(p.lp_dtype, {0})
+                                       : pieces.size() == 1 ? pieces[0] : TensorPlan();
+      if (pieces.size() > 1) {
+        UCP_ASSIGN_OR_RETURN(plan, TensorPlan::Cat(pieces, 0));
+      }
+      d->DictSet(Value::Str(p.name), tp::AddPlan(w, plan));
+    }
+    return d;
   }
 
   // The module state dict: params as empty tensors, buffers whole.
@@ -332,7 +402,7 @@ class Zero3Plan : public Plan {
     }
     for (int i : order) {
       const ParamState& p = info_.params[i];
-      if (p.trainable()) {
+      if (p.role != state::TensorRole::kBuffer) {  // trainable, frozen, tied: partitioned
         sd->DictSet(Value::Str(p.name), tp::AddPlan(w, TensorPlan::Zeros(p.lp_dtype, {0})));
       } else {
         UCP_ASSIGN_OR_RETURN(TensorPlan lp, state_.Full(p, state::kLpState));
@@ -479,6 +549,7 @@ class Zero3Plan : public Plan {
   bool parallel_dims_ = false;  // the target writes checkpoint_parallel_dimensions
   state::FileValue common_;
   std::map<std::string, int> ds_id_;
+  std::vector<int> frozen_;  // frozen params (ModelInfo::params indices), module order
   std::vector<SubGroup> sub_groups_;
   std::vector<Job> jobs_;
 };

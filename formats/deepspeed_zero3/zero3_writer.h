@@ -5,7 +5,10 @@
 //
 //   ROOT/TAG/zero_pp_rank_D_mp_rank_00_model_states.pt   per dp rank: `module` with every
 //        param an empty tensor of the lp dtype (buffers whole), param_shapes per sub-group
-//        at the target dp, dp_world_size, the rest carried over from the source
+//        at the target dp, frozen_param_shapes (module order) and frozen_param_fragments
+//        (rank D's ceil(numel / dp) partition of each frozen param, zero padded, its lp
+//        dtype), shared_params on rank 0 only ({} elsewhere), dp_world_size, the rest
+//        carried over from the source
 //   ROOT/TAG/[bf16_]zero_pp_rank_D_mp_rank_00_optim_states.pt   per dp rank:
 //        {zero_stage: 3, loss_scaler, dynamic_loss_scale, overflow, partition_count: dp,
 //         optimizer_state_dict: {state: {sub_group: {step, <states>}}, param_groups (params =

@@ -1,8 +1,7 @@
 # What a DeepSpeed job holds, dumped per rank for the oracle (runs in a Debian
 # root; see realds/README.md): every param's lp weight, fp32 master, exp_avg and
 # exp_avg_sq (each gathered whole over its dp group, still this tp rank's
-# slice; a frozen param has its lp weight only, the others None), its tp
-# split as the model marked it, the module's buffers, each param
+# slice; a frozen param: its lp weight only, marked "frozen"), its tp split as the model marked it, the module's buffers, each param
 # group's hyper-parameters, every optimizer state's `step` (and whether states
 # share one `step` tensor), global steps / samples and the fp16 loss scaler.
 #
@@ -98,8 +97,8 @@ def dump_state(engine, built, path, meta):
            "optimizer": type(opt).__name__, "meta": dict(meta)}
     for n, p in engine.module.named_parameters():
         e = {"split": getattr(p, "partition_dim", None)}
-        if not p.requires_grad:  # frozen (LoRA's base model): no master, no optimizer state
-            e.update(fp32=None, exp_avg=None, exp_avg_sq=None, frozen=True)
+        if not p.requires_grad:  # a frozen param: in no optimizer group, its module weight only
+            e["frozen"] = True
             if zero3:
                 with deepspeed.zero.GatheredParameters([p]):
                     e["lp"] = p.data.detach().clone()

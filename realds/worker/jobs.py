@@ -6,7 +6,9 @@
 #                                             recording every sample's loss under R
 #   {"do": "save", "dir": D, "tag": T}        engine.save_checkpoint with the family's client state
 #   {"do": "load", "dir": D, "tag": T}        engine.load_checkpoint (plain, or universal when
-#                                             the job has "universal": true)
+#                                             the job has "universal": true); "scramble_frozen":
+#                                             frozen params overwritten first (a plain load
+#                                             must restore them; a universal one never does)
 #   {"do": "dump", "dir": D}                  dumps.dump_state -> D/rank{R}.pt
 #
 # and writes the recorded losses to <spec["losses"]>.<R>.rank<rank> (JSON: step,
@@ -135,7 +137,17 @@ class Job:
         cs = self.family.client_state(self.cfg, self.topo, self.engine.global_steps)
         self.engine.save_checkpoint(d, tag=tag, client_state=cs)
 
-    def load(self, d, tag):
+    def load(self, d, tag, scramble_frozen=False):
+        if scramble_frozen:
+            # Frozen params equal to the saved ones already (the same seed builds the
+            # same model): overwrite them, so that only a load that really restores
+            # them from the checkpoint passes the oracle. ZeRO-3: the rank's
+            # partition, and the whole of a persistent (never released) param.
+            for p in self.engine.module.parameters():
+                if not p.requires_grad:
+                    if hasattr(p, "ds_tensor"):
+                        p.ds_tensor.data.fill_(-3.0)
+                    p.data.fill_(-3.0)
         path, cs = self.engine.load_checkpoint(d, tag=tag)
         if path is None:
             raise SystemExit(f"load_checkpoint found nothing to load in {d} (tag {tag})")
@@ -155,7 +167,7 @@ class Job:
             elif do == "save":
                 self.save(a["dir"], a["tag"])
             elif do == "load":
-                self.load(a["dir"], a["tag"])
+                self.load(a["dir"], a["tag"], a.get("scramble_frozen", False))
             elif do == "dump":
                 self.dump(a["dir"])
             else:

@@ -11,6 +11,9 @@
 #                                      (b) loaded vs the uninterrupted run within a
 #                                      tolerance (bitwise for the first step if asked)
 #   compare_export(path, ref, family)  a `ucp export` safetensors file vs the fp32 masters
+#                                      (frozen params: their lp weights)
+#   compare_zero_to_fp32(ckpt, tag, path, ref, family)   `ucp export --format=torch` vs
+#                                      DeepSpeed's zero_to_fp32: names, order, bytes
 #   digests(ref, family)               the goldens: per param and state, shape, dtype,
 #                                      sha256 of the bytes and a few sums
 #
@@ -60,7 +63,7 @@ class Merged:
                 self.problems.append(f"{d}: rank dump anomaly: {p}")
             for name, e in du["params"].items():
                 if name in per_tp[t]:  # held by several dp ranks or pipeline stages (tied): must agree
-                    for s in STATES:
+                    for s in _states(e):
                         if not _same(per_tp[t][name][s], e[s]):
                             self.problems.append(f"{name} {s} differs between ranks of tp rank {t} in {d}")
                 else:
@@ -77,8 +80,8 @@ class Merged:
             if missing:
                 self.problems.append(f"{name}: missing on tp ranks {missing}")
                 continue
-            self.params[name] = {}
-            for s in STATES:
+            self.params[name] = {"frozen": True} if per_tp[0][name].get("frozen") else {}
+            for s in _states(per_tp[0][name]):
                 parts = [per_tp[t][name][s] for t in range(tp)]
                 if any(p is None for p in parts):  # frozen: no such state
                     if not all(p is None for p in parts):
@@ -98,6 +101,11 @@ class Merged:
                 continue
             self.buffers[name] = parts[0] if dim is None else torch.cat(parts, dim=dim)
         self.dumps = dumps
+
+
+def _states(e):
+    """The states a dumped param has: a frozen param its lp weight only."""
+    return ("lp",) if e.get("frozen") else STATES
 
 
 def _same(a, b):
@@ -136,8 +144,13 @@ def compare_states(ref, got, family, check_buffers=True):
         rep["problems"].append(f"param {n} not in the loading job")
     for n in sorted(set(G.params) - set(R.params)):
         rep["problems"].append(f"param {n} not in the saving job")
+    rep["frozen"] = sum(1 for n in R.params if R.params[n].get("frozen"))
     for n in sorted(set(R.params) & set(G.params)):
-        for s in STATES:
+        if R.params[n].get("frozen") != G.params[n].get("frozen"):
+            rep["problems"].append(f"param {n}: frozen in {'the saving' if R.params[n].get('frozen') else 'the loading'}"
+                                   " job only")
+            continue
+        for s in _states(R.params[n]):
             if _same(R.params[n][s], G.params[n][s]):
                 rep[f"{s}_equal"] += R.params[n][s] is not None  # a frozen param's absent states: not counted
             else:
@@ -185,9 +198,9 @@ def compare_states(ref, got, family, check_buffers=True):
         if r0[k] != g0[k]:
             rep["problems"].append(f"{k}: loaded {g0[k]}, the source's {r0[k]}")
     n = rep["params"]
-    frozen = sum(1 for e in R.params.values() if e["fp32"] is None)
-    rep["line"] = ((f"frozen {frozen} (lp only); " if frozen else "") +
-                   " ".join(f"{s} {rep[s + '_equal']}/{n - (frozen if s != 'lp' else 0)}" for s in STATES) +
+    nt = n - rep["frozen"]  # frozen params have an lp weight only
+    rep["line"] = (" ".join(f"{s} {rep[s + '_equal']}/{n if s == 'lp' else nt}" for s in STATES) +
+                   (f" ({rep['frozen']} frozen)" if rep["frozen"] else "") +
                    f"; hparams {rep['hparams_equal']}/{rep['groups']}; steps {rep['steps_equal']}/{rep['step_states']}" +
                    (f"; buffers {rep['buffers_equal']}/{rep['buffers']}" if check_buffers else ""))
     rep.pop("unequal") if not rep["unequal"] else None
@@ -246,16 +259,57 @@ def compare_export(path, ref, family):
     got = load_file(path)
     rep = {"problems": list(R.problems), "params": len(R.params), "equal": 0}
     for n, e in R.params.items():
+        want = e["lp"] if e.get("frozen") else e["fp32"]  # a frozen param: its module weight, as stored
         if n not in got:
             rep["problems"].append(f"{n}: not in {os.path.basename(path)}")
-        elif _same(e["fp32"], got[n]):
+        elif _same(want, got[n]):
             rep["equal"] += 1
         else:
-            rep["problems"].append(f"{n}: {describe_difference(e['fp32'], got[n])}")
+            rep["problems"].append(f"{n}: {describe_difference(want, got[n])}")
     extra = sorted(set(got) - set(R.params) - set(R.buffers))
     if extra:
         rep["problems"].append(f"{len(extra)} tensors not in the model, first: {extra[0]}")
     rep["line"] = f"export {rep['equal']}/{rep['params']} fp32 bitwise"
+    return rep
+
+
+def compare_zero_to_fp32(ckpt, tag, path, ref, family):
+    """`ucp export --format=torch` (path: its pytorch_model.bin) vs DeepSpeed's
+    own zero_to_fp32 of the same checkpoint (get_fp32_state_dict_from_zero_checkpoint
+    of the DeepSpeed this runs): the same names in the same order, every tensor
+    bitwise (dtype, shape, bytes). The one difference allowed is ucp's on
+    purpose: it also exports a ZeRO-1 checkpoint's frozen params, which
+    zero_to_fp32 leaves out (their frozen_param_shapes is None); they must be
+    frozen params of the saving job (ref), all missing from zero_to_fp32's."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    ds = get_fp32_state_dict_from_zero_checkpoint(ckpt, tag=tag)
+    got = torch.load(path, weights_only=False)
+    R = Merged(ref, family)
+    frozen = {n for n, e in R.params.items() if e.get("frozen")}
+    rep = {"problems": list(R.problems), "tensors": len(ds), "equal": 0}
+    extra = [n for n in got if n not in ds]
+    dropped = frozen & set(extra)
+    # Allowed: every frozen param, when zero_to_fp32 drops them all, and the tied
+    # aliases of those (named_parameters lists a tied param once: not in the dump).
+    allowed = frozen | {n for n in got if n not in R.params and n not in R.buffers}
+    if extra and (not set(extra) <= allowed or not frozen <= set(extra)):
+        rep["problems"].append(f"ucp exports {len(extra)} tensors zero_to_fp32 does not, first {extra[0]} "
+                               f"(allowed: the frozen params, and their tied aliases, when zero_to_fp32 drops them all)")
+    missing = [n for n in ds if n not in got]
+    if missing:
+        rep["problems"].append(f"{len(missing)} of zero_to_fp32's tensors not exported, first {missing[0]}")
+    order = [n for n in got if n in ds]
+    if not missing and order != list(ds):
+        i = next(i for i, (a, b) in enumerate(zip(order, ds)) if a != b)
+        rep["problems"].append(f"order differs at {i}: ucp {order[i]}, zero_to_fp32 {list(ds)[i]}")
+    for n, t in ds.items():
+        if n in got:
+            if _same(t.contiguous(), got[n].contiguous()):
+                rep["equal"] += 1
+            else:
+                rep["problems"].append(f"{n}: {describe_difference(t, got[n])} (vs zero_to_fp32)")
+    rep["line"] = (f"zero_to_fp32 {rep['equal']}/{rep['tensors']} bitwise, same order" +
+                   (f"; +{len(dropped)} frozen params it drops (ZeRO-1)" if dropped else ""))
     return rep
 
 
@@ -275,5 +329,5 @@ def digests(ref, family):
     r0 = R.dumps[0]
     steps = sorted({s for du in R.dumps for g in du["steps"] for s in g if s is not None})
     return {"problems": R.problems,
-            "tensors": {n: {s: tensor_digest(e[s]) for s in STATES} for n, e in sorted(R.params.items())},
+            "tensors": {n: {s: tensor_digest(e[s]) for s in _states(e)} for n, e in sorted(R.params.items())},
             "groups": r0["groups"], "steps": steps, "global_steps": r0["global_steps"]}

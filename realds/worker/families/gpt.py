@@ -3,6 +3,11 @@
 # 1-D param) and DeepSpeed's native MoE (`deepspeed.moe.layer.MoE`, experts over
 # the topology's `ep`). Names: wte, wpe, h.N.{ln_1,qkv,proj,ln_2,mlp}, ln_f, head,
 # odd; MoE blocks h.N.mlp.deepspeed_moe.experts.deepspeed_experts.E.{0,2}.*.
+# Frozen params (requires_grad False, left out of the optimizer's groups as
+# the Hugging Face Trainer does; a group left empty stays in the list):
+# --freeze emb (wte, wpe), --freeze lora (everything but LoRA-style adapters
+# h.N.qkv_lora_{A,B} of rank --lora_rank beside each qkv, B zero-initialized);
+# --tie ties head.weight to wte.weight (DeepSpeed's shared_params).
 # From the lab's ds19_train.py (issue 15).
 import re
 
@@ -31,6 +36,10 @@ def add_args(ap):
     ap.add_argument("--wd1", type=float, default=0.0, help="weight decay of group 1")
     ap.add_argument("--moe_layers", default="", help="comma list of blocks whose MLP is an MoE layer")
     ap.add_argument("--experts", type=int, default=4)
+    ap.add_argument("--freeze", default="", choices=["", "emb", "lora"],
+                    help="emb: freeze wte and wpe; lora: freeze all but adapters beside each qkv")
+    ap.add_argument("--lora_rank", type=int, default=2)
+    ap.add_argument("--tie", action="store_true", help="head.weight is wte.weight")
 
 
 class Block(nn.Module):
@@ -40,6 +49,11 @@ class Block(nn.Module):
         self.heads = cfg.heads
         self.ln_1 = nn.LayerNorm(h)
         self.qkv = nn.Linear(h, 3 * h)
+        self.lora = cfg.freeze == "lora"
+        if self.lora:  # qkv(x) + B(A(x)), B zero-initialized (LoRA)
+            self.qkv_lora_A = nn.Linear(h, cfg.lora_rank, bias=False)
+            self.qkv_lora_B = nn.Linear(cfg.lora_rank, 3 * h, bias=False)
+            nn.init.zeros_(self.qkv_lora_B.weight)
         self.proj = nn.Linear(h, h)
         self.ln_2 = nn.LayerNorm(h)
         self.moe = moe
@@ -54,7 +68,11 @@ class Block(nn.Module):
 
     def forward(self, x):
         b, t, h = x.shape
-        q, k, v = self.qkv(self.ln_1(x)).split(h, dim=2)
+        a = self.ln_1(x)
+        qkv = self.qkv(a)
+        if self.lora:
+            qkv = qkv + self.qkv_lora_B(self.qkv_lora_A(a))
+        q, k, v = qkv.split(h, dim=2)
         sh = lambda z: z.view(b, t, self.heads, h // self.heads).transpose(1, 2)
         q, k, v = sh(q), sh(k), sh(v)
         att = (q @ k.transpose(-2, -1)) * (1.0 / (h // self.heads) ** 0.5)
@@ -78,6 +96,11 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(cfg.hidden)
         self.head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
         self.odd = nn.Parameter(torch.randn(cfg.odd) * 0.02) if cfg.odd else None
+        if cfg.tie:
+            self.head.weight = self.wte.weight
+        for n, p in self.named_parameters():
+            if (cfg.freeze == "emb" and n.split(".")[0] in ("wte", "wpe")) or (cfg.freeze == "lora" and "_lora_" not in n):
+                p.requires_grad_(False)
 
     def forward(self, idx, tgt):
         x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
@@ -96,7 +119,7 @@ def build(cfg, topo):
     ep = topo.get("ep", 1)
     torch.manual_seed(cfg.seed)
     model = GPT(cfg, ep)
-    params = [p for p in model.parameters() if not (cfg.odd_group and p is model.odd)]
+    params = [p for p in model.parameters() if p.requires_grad and not (cfg.odd_group and p is model.odd)]
     if cfg.groups == 1:
         groups = [{"params": params, "weight_decay": cfg.wd}]
     else:

@@ -471,9 +471,34 @@ absl::Status Zero0State::BuildCommon() {
   c->DictSet(Value::Str("param_groups"), optimizer_->DictGetPtr("param_groups"));
   common_ = state::FileValue{c, state::Unowned(file_.get())};
   // The model states as a ZeRO target keeps them: no optimizer inside.
+  // The model states as a ZeRO job saves them, which writers and the
+  // universal format expect: no optimizer inside, param_shapes (one
+  // OrderedDict name -> torch.Size per group) and shared_params (tied
+  // names) filled.
+  std::vector<ValuePtr> shapes;
+  for (int g = 0; g < info_.num_groups; ++g) {
+    ValuePtr d = Value::MakeDict(/*ordered_dict=*/true);
+    for (const state::ParamState& p : info_.params) {
+      if (p.trainable() && p.group == g) d->DictSet(Value::Str(p.name), pickle::MakeTorchSize(p.tp_shapes[0]));
+    }
+    shapes.push_back(d);
+  }
+  ValuePtr shared = Value::MakeDict();
+  for (const state::ParamState& p : info_.params) {
+    if (p.role == state::TensorRole::kTied) shared->DictSet(Value::Str(p.name), Value::Str(p.alias_of));
+  }
   root_copy_ = Value::MakeDict();
   for (const auto& [k, v] : root.dict_items()) {
-    root_copy_->DictSet(k, k->is(Kind::kStr) && k->str() == "optimizer" ? Value::None() : v);
+    const std::string key = k->is(Kind::kStr) ? k->str() : "";
+    if (key == "optimizer") {
+      root_copy_->DictSet(k, Value::None());
+    } else if (key == "param_shapes") {
+      root_copy_->DictSet(k, Value::List(shapes));
+    } else if (key == "shared_params") {
+      root_copy_->DictSet(k, shared);
+    } else {
+      root_copy_->DictSet(k, v);
+    }
   }
   return absl::OkStatus();
 }

@@ -197,10 +197,11 @@ TEST(Zero0Test, Fp32LlamaIsDetectedAndOrderedByShapes) {
   auto z = OpenDir(dir);
   ASSERT_TRUE(z.ok()) << z.status();
   const state::ModelInfo& info = (*z)->info();
-  ASSERT_EQ(info.params.size(), 12u);
+  ASSERT_EQ(info.params.size(), 13u);
   EXPECT_EQ(info.params[0].name, "model.embed_tokens.weight");
-  EXPECT_EQ(info.params[9].name, "model.layers.0.input_layernorm.weight");
-  EXPECT_EQ(info.params[9].group, 1);
+  EXPECT_EQ(info.params[9].name, "lm_head.weight");
+  EXPECT_EQ(info.params[10].name, "model.layers.0.input_layernorm.weight");
+  EXPECT_EQ(info.params[10].group, 1);
   EXPECT_EQ(info.scalar_keys, std::vector<std::string>{"step"});
   EXPECT_TRUE(absl::StrContains((*z)->evidence(), "shapes"));
   // exp_avg of the norm of layer 1 (module index 10, seed 110).

@@ -378,6 +378,10 @@ absl::Status Zero0State::BuildInfo() {
       break;
     }
   }
+  // DeepSpeed names a bf16 job's ZeRO optimizer files bf16_zero_pp_rank_*
+  // (engine.py _get_zero_ckpt_prefix: bfloat16_enabled(), whatever the
+  // optimizer), so a ZeRO target of this model is named so too.
+  info_.bf16_file_prefix = info_.lp_dtype == torch::DType::kBFloat16;
   if (wrapper_ == nullptr && info_.lp_dtype != torch::DType::kFloat32) {
     return Error(absl::StrCat("the module weights are ", std::string(torch::DTypeName(info_.lp_dtype)),
                               " but the optimizer keeps no fp32 masters (no fp32_groups)"));

@@ -13,13 +13,14 @@
 #include "format/pickle/value.h"
 #include "format/torch/tensor.h"
 #include "format/torch/torch_file.h"
-#include "formats/builtin/builtin.h"
+#include "formats/deepspeed_universal/format.h"
+#include "formats/deepspeed_zero/format.h"
 #include "formats/deepspeed_zero0/format.h"
 #include "formats/deepspeed_zero0/zero0_state.h"
 #include "formats/format.h"
 #include "gtest/gtest.h"
-#include "ops/convert.h"
-#include "ops/reshard.h"
+#include "writers/plan.h"
+#include "writers/target_options.h"
 #include "testing/fixtures.h"
 #include "tp/tensor_plan.h"
 
@@ -161,6 +162,18 @@ void WriteZero0(const Model& m, const std::string& dir,
   ASSERT_TRUE(w.WriteFile(JoinPath(dir, "mp_rank_00_model_states.pt"), *root).ok());
 }
 
+// The formats these tests use, in the built-in order.
+const formats::Registry& Formats() {
+  static const formats::Registry* r = [] {
+    auto* r = new formats::Registry();
+    deepspeed_universal::Register(*r);
+    Register(*r);
+    deepspeed_zero::Register(*r);
+    return r;
+  }();
+  return *r;
+}
+
 absl::StatusOr<std::unique_ptr<Zero0State>> OpenDir(const std::string& dir, const std::string& order = "") {
   Zero0Options o;
   o.order = order;
@@ -191,7 +204,7 @@ void ExpectSameState(const state::SlicedState& a, const state::SlicedState& b) {
 TEST(Zero0Test, Fp32LlamaIsDetectedAndOrderedByShapes) {
   const std::string dir = JoinPath(testing::FreshTempDir("z0_fp32"), "global_step3");
   WriteZero0(Llama(DType::kFloat32), dir);
-  auto detected = formats::DetectFolder(formats::builtin::Formats(), dir);
+  auto detected = formats::DetectFolder(Formats(), dir);
   ASSERT_TRUE(detected.ok()) << detected.status();
   EXPECT_EQ(detected->format->name(), kName);
   auto z = OpenDir(dir);
@@ -341,7 +354,7 @@ TEST(Zero0Test, AZeroCheckpointWithoutOptimizerFilesIsNotStageZero) {
   root->DictSet(Value::Str("optimizer"), Value::None());
   root->DictSet(Value::Str("param_shapes"), Value::List({Value::MakeDict(true)}));
   ASSERT_TRUE(w.WriteFile(JoinPath(dir, "mp_rank_00_model_states.pt"), *root).ok());
-  const formats::SourceFormat* f = formats::builtin::Formats().FindSource(kName);
+  const formats::SourceFormat* f = Formats().FindSource(kName);
   ASSERT_NE(f, nullptr);
   formats::CheckpointFolder folder;
   folder.dir = dir;
@@ -351,47 +364,59 @@ TEST(Zero0Test, AZeroCheckpointWithoutOptimizerFilesIsNotStageZero) {
   EXPECT_FALSE(f->Detect(folder));
 }
 
+// Opens `dir` with the format that detects it.
+absl::StatusOr<formats::OpenedSource> OpenAny(const std::string& dir) {
+  auto detected = formats::DetectFolder(Formats(), dir);
+  if (!detected.ok()) return detected.status();
+  return detected->format->Open(detected->folder, formats::SourceOptions(), nullptr);
+}
+
+// Writes `src` with training-state target `target` at dp into `out`.
+absl::Status WriteTraining(const std::string& src, const std::string& target, int dp, int zero_stage,
+                           const std::string& out) {
+  auto opened = OpenAny(src);
+  if (!opened.ok()) return opened.status();
+  writers::ZeroWriteOptions o;
+  o.target.dp = dp;
+  o.zero_stage = zero_stage;
+  auto plan = Formats().FindTarget(target)->PlanTrainingState(*opened->state, o, nullptr);
+  if (!plan.ok()) return plan.status();
+  return writers::RunPlan(**plan, out, writers::ZeroRunOptions(o)).status();
+}
+
 void RoundTrip(DType lp, const std::string& name) {
   const std::string base = testing::FreshTempDir(name);
   const std::string src = JoinPath(base, "z0/global_step3");
   Model m = Llama(lp);
   m.groups[0].erase(m.groups[0].begin());  // a frozen embedding too
   WriteZero0(m, src);
-  // ZeRO-0 -> ZeRO-1 at dp 2.
-  ops::ReshardOptions to1;
-  to1.input_folder = src;
-  to1.output_folder = JoinPath(base, "z1/global_step3");
-  to1.write.target.dp = 2;
-  to1.write.zero_stage = 1;
-  auto r1 = ops::Reshard(to1);
-  ASSERT_TRUE(r1.ok()) << r1.status();
-  EXPECT_EQ(r1->source_kind, kKind);
-  // ZeRO-1 -> ZeRO-0 at dp 3.
-  ops::ReshardOptions to0;
-  to0.input_folder = to1.output_folder;
-  to0.output_folder = JoinPath(base, "back/global_step3");
-  to0.write.target.dp = 3;
-  to0.format = kName;
-  auto r0 = ops::Reshard(to0);
-  ASSERT_TRUE(r0.ok()) << r0.status();
+  // ZeRO-0 -> ZeRO-1 at dp 2 -> ZeRO-0 at dp 3.
+  const std::string z1 = JoinPath(base, "z1/global_step3"), back = JoinPath(base, "back/global_step3");
+  ASSERT_TRUE(WriteTraining(src, "deepspeed_zero", 2, 1, z1).ok());
+  auto z1_source = OpenAny(z1);
+  ASSERT_TRUE(z1_source.ok()) << z1_source.status();
+  EXPECT_EQ(z1_source->format->name(), "deepspeed_zero");
+  ASSERT_TRUE(WriteTraining(z1, kName, 3, 0, back).ok());
   auto a = OpenDir(src);
-  auto b = OpenDir(to0.output_folder);
+  auto b = OpenDir(back);
   ASSERT_TRUE(a.ok() && b.ok()) << (a.ok() ? b.status() : a.status());
   ExpectSameState(**a, **b);
   EXPECT_EQ((*b)->info().source_topology.dp, 3);
   // ZeRO-0 -> universal -> ZeRO-0.
-  ops::ConvertOptions cv;
-  cv.input_folder = src;
-  cv.output_folder = JoinPath(base, "uni/global_step3_universal");
-  auto c = ops::Convert(cv);
-  ASSERT_TRUE(c.ok()) << c.status();
-  ops::ReshardOptions u0;
-  u0.input_folder = cv.output_folder;
-  u0.output_folder = JoinPath(base, "uback/global_step3");
-  u0.format = kName;
-  auto ru = ops::Reshard(u0);
-  ASSERT_TRUE(ru.ok()) << ru.status();
-  auto d = OpenDir(u0.output_folder);
+  const std::string uni = JoinPath(base, "uni/global_step3_universal"), uback = JoinPath(base, "uback/global_step3");
+  {
+    auto opened = OpenAny(src);
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    writers::UniversalWriteOptions uo;
+    auto plan = Formats().FindTarget("deepspeed_universal")->PlanUniversal(*opened->state, uo);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    writers::RunOptions ro;
+    auto written = writers::RunPlan(**plan, uni, ro);
+    ASSERT_TRUE(written.ok()) << written.status();
+  }
+  auto u = WriteTraining(uni, kName, 1, 0, uback);
+  ASSERT_TRUE(u.ok()) << u;
+  auto d = OpenDir(uback);
   ASSERT_TRUE(d.ok()) << d.status();
   ExpectSameState(**a, **d);
 }

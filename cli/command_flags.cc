@@ -67,6 +67,9 @@ void ZeroSourceFlags::Register(FlagSet& f) {
            "pipeline layers using each tied module, as KEY:L1,L2;... (e.g. embed:0,12). Layers with files are "
            "read from the checkpoint; a tied layer without a file (a TiedLayerSpec with forward_fn, like "
            "Megatron-DeepSpeed's and GPT-NeoX's output head) is otherwise assumed to be the last layer");
+  f.String("source_option", &source_options,
+           "options of the source's format as KEY=VALUE,...: zero0_order=hf_trainer (a ZeRO stage 0 source whose "
+           "optimizer order the files leave ambiguous: groups as the Hugging Face Trainer builds them)");
   f.Int("original_vocab_size", &original_vocab_size,
         "unpadded vocabulary size, to strip vocab padding from vocabulary-parallel params (0 = from the "
         "checkpoint's universal_checkpoint_info, else the padding is kept)");
@@ -98,6 +101,13 @@ absl::StatusOr<ops::SourceOptions> ZeroSourceFlags::Options(int threads, int64_t
       return absl::InvalidArgumentError(absl::StrCat("--tied_layers: expected KEY:L1,L2, got '", item, "'"));
     }
     o.tied_layers[kv.first] = layers;
+  }
+  for (absl::string_view item : absl::StrSplit(source_options, ',', absl::SkipEmpty())) {
+    std::pair<std::string, std::string> kv = absl::StrSplit(item, absl::MaxSplits('=', 1));
+    if (kv.first.empty() || kv.second.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("--source_option: expected KEY=VALUE, got '", item, "'"));
+    }
+    o.format_options[kv.first] = kv.second;
   }
   o.num_threads = threads;
   o.make_vocab_size_divisible_by = divisible_by;
@@ -213,6 +223,9 @@ void ReshardFlags::Register(FlagSet& f) {
   f.Int32("pp", &o.write.target.pp, "target pipeline-parallel degree");
   f.Int32("dp", &o.write.target.dp, "target data-parallel degree");
   f.Int32("zero_stage", &o.write.zero_stage, "ZeRO stage of the output, 1, 2 or 3 (0 = the source's)");
+  f.String("format", &o.format,
+           "the target format's registry name, e.g. deepspeed_zero0 (DeepSpeed without ZeRO); \"\" = the one for the "
+           "source and --zero_stage");
   f.Int("sub_group_size", &o.write.sub_group_size,
         "ZeRO-3 output: the target job's zero_optimization.sub_group_size (0 = the source's, else 1e9)");
   f.Int32("expert_parallel", &o.write.expert_parallel,

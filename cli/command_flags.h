@@ -43,7 +43,7 @@ void RegisterFsyncFlag(FlagSet& f, bool* fsync);
 // Flags shared by convert, reshard, export (and the Python module's open) for
 // reading a ZeRO checkpoint.
 struct ZeroSourceFlags {
-  std::string rules, preset, mismatch = "error", default_kind, tied_layers;
+  std::string rules, preset, mismatch = "error", default_kind, tied_layers, source_options;
   int64_t original_vocab_size = 0;
 
   void Register(FlagSet& f);

@@ -55,6 +55,10 @@ struct SourceOptions {
   // A ucp universal source: check every file against its manifest's digests
   // while opening.
   bool verify_checksums = false;
+  // Options of one source format, by keys the format documents
+  // (--source_option=KEY=VALUE,...; e.g. formats/deepspeed_zero0's
+  // zero0_order). A format ignores the keys of others.
+  std::map<std::string, std::string> format_options;
 
   rules::ResolveOptions resolve() const;
 };

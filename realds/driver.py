@@ -46,10 +46,15 @@ def world(stage):
     return t["tp"] * t["pp"] * t["dp"]
 
 
+def zstage(stage):
+    """The stage's ZeRO stage: 0 (no_zero), else zero_stage (0 means 1)."""
+    return 0 if stage.no_zero else (stage.zero_stage or 1)
+
+
 def describe(stage):
     t = topo(stage)
     s = f"tp{t['tp']} pp{t['pp']} dp{t['dp']}" + (f" ep{t['ep']}" if t["ep"] > 1 else "")
-    return s + f" z{stage.zero_stage or 1}"
+    return s + f" z{zstage(stage)}"
 
 
 class Case:
@@ -77,7 +82,7 @@ class Case:
         c = self.c
         return {"family": c.model.family, "model_args": c.model.args, "seed": c.model.seed or 1,
                 "data_seed": c.model.seed or 1, "dtype": self.dtype, "topology": topo(stage),
-                "zero_stage": stage.zero_stage or 1, "sub_group_size": stage.sub_group_size or None,
+                "zero_stage": zstage(stage), "sub_group_size": stage.sub_group_size or None,
                 "global_batch": self.gb, "config": json.loads(stage.config_json or "{}"),
                 "universal": universal, "losses": losses, "actions": actions}
 
@@ -161,8 +166,10 @@ class Case:
         reshard_flags = [f"--tp={t['tp']}", f"--pp={t['pp']}", f"--dp={t['dp']}"]
         if t["ep"] > 1 or topo(prev)["ep"] > 1:
             reshard_flags.append(f"--expert_parallel={t['ep']}")
-        if (T.zero_stage or 1) != (prev.zero_stage or 1):
-            reshard_flags.append(f"--zero_stage={T.zero_stage or 1}")
+        if zstage(T) == 0:
+            reshard_flags.append("--format=deepspeed_zero0")  # --zero_stage=0 means the source's
+        elif zstage(T) != zstage(prev):
+            reshard_flags.append(f"--zero_stage={zstage(T)}")
         if T.sub_group_size:
             reshard_flags.append(f"--sub_group_size={T.sub_group_size}")
         universal = hop.route == pb.Hop.CONVERT
@@ -260,7 +267,7 @@ class Case:
 
     def bitwise_default(self, prev, T):
         same_tp = topo(prev)["tp"] == topo(T)["tp"]
-        z_prev, z_t = prev.zero_stage or 1, T.zero_stage or 1
+        z_prev, z_t = zstage(prev), zstage(T)
         same_path = z_prev == z_t or (z_prev <= 2 and z_t <= 2)
         ep_changed = topo(prev)["ep"] != topo(T)["ep"]
         return same_tp and same_path and not (self.dtype != "fp32" and (ep_changed or z_prev != z_t))

@@ -10,7 +10,10 @@
 # returns exp_avg (`map_to_flat_opt_states` re-points the fragment), right after
 # a plain load the state fragments are not linked yet, and DeepSpeed < 0.14.5
 # maps only a window of an expert group at ep > 1. ZeRO-3 uses DeepSpeed's
-# accessors (its partitions are per param) and GatheredParameters.
+# accessors (its partitions are per param) and GatheredParameters. Without
+# ZeRO (stage 0) the optimizer holds each param whole: the torch optimizer
+# itself (fp32: the master is the param) or FP16_UnfusedOptimizer (fp32_groups
+# beside the lp params, states keyed by the masters).
 #
 #   dump_state(engine, built, path, meta)   -> path/rank{R}.pt
 import os
@@ -86,11 +89,38 @@ def _full_by_mapping(opt, p, key, anomalies):
     return buf.reshape(p.shape)
 
 
+def _unfused(opt):
+    return getattr(opt, "fp32_groups", None) is not None and getattr(opt, "fp16_groups", None) is not None
+
+
+def _full_zero0(opt, p, key, anomalies):
+    """Stage 0: p's `key` from the optimizer that holds it whole."""
+    if _unfused(opt):
+        for g16, g32 in zip(opt.fp16_groups, opt.fp32_groups):
+            for lp, hp in zip(g16, g32):
+                if lp is p:
+                    t = hp if key == "fp32" else opt.optimizer.state.get(hp, {}).get(key)
+                    break
+            else:
+                continue
+            break
+        else:
+            t = None
+    else:
+        t = p.detach() if key == "fp32" else opt.state.get(p, {}).get(key)
+    if t is None:
+        if p.requires_grad:
+            anomalies.append(f"stage 0: a trainable param has no {key}")
+        return torch.zeros(p.shape, dtype=torch.float32)
+    return t.detach().clone().float().reshape(p.shape)
+
+
 def dump_state(engine, built, path, meta):
     import deepspeed
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
     opt = engine.optimizer
     zero3 = hasattr(opt, "fp32_partitioned_groups_flat")
+    zero0 = engine.zero_optimization_stage() == 0 and not hasattr(opt, "bf16_groups")
     old_mapping = _version(deepspeed.__version__) < (0, 14, 5)
     out = {"params": {}, "buffers": {}, "groups": [], "steps": [], "anomalies": [],
            "global_steps": engine.global_steps, "global_samples": engine.global_samples,
@@ -110,6 +140,10 @@ def dump_state(engine, built, path, meta):
                 e[key] = safe_get_full_optimizer_state(p, key).clone()
             with deepspeed.zero.GatheredParameters([p]):
                 e["lp"] = p.data.detach().clone()
+        elif zero0:
+            for key in ("fp32", "exp_avg", "exp_avg_sq"):
+                e[key] = _full_zero0(opt, p, key, out["anomalies"])
+            e["lp"] = p.data.detach().clone()
         else:
             full = _full_by_partition if old_mapping else _full_by_mapping
             for key in ("fp32", "exp_avg", "exp_avg_sq"):
@@ -118,7 +152,7 @@ def dump_state(engine, built, path, meta):
         out["params"][built.global_name(n)] = e
     for n, b in engine.module.named_buffers():
         out["buffers"][n] = b.detach().clone()
-    base = opt.optimizer
+    base = opt.optimizer if not (zero0 and not _unfused(opt)) else opt
     if zero3:  # a sub-group's fp32 tensor sits in its param group only while it steps
         members = [[] for _ in base.param_groups]
         for sg, fp32 in enumerate(opt.fp32_partitioned_groups_flat):

@@ -1,0 +1,149 @@
+#include "formats/deepspeed_zero0/format.h"
+
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "base/fs.h"
+#include "base/status_macros.h"
+#include "deepspeed/checkpoint_files.h"
+#include "deepspeed/sliced_report.h"
+#include "format/torch/torch_file.h"
+#include "formats/deepspeed_source.h"
+#include "formats/deepspeed_zero0/zero0_state.h"
+#include "formats/deepspeed_zero0/zero0_writer.h"
+
+namespace ucp::deepspeed_zero0 {
+namespace {
+
+absl::StatusOr<Zero0Options> OptionsOf(const formats::SourceOptions& options) {
+  Zero0Options o;
+  o.read = formats::DeepSpeedReadOptions(options);
+  auto it = options.format_options.find(kOrderOption);
+  if (it != options.format_options.end()) {
+    if (it->second != kOrderHfTrainer) {
+      return absl::InvalidArgumentError(absl::StrCat("--source_option=", kOrderOption, "=", it->second,
+                                                     ": expected ", kOrderHfTrainer));
+    }
+    o.order = it->second;
+  }
+  return o;
+}
+
+absl::StatusOr<std::unique_ptr<Zero0State>> OpenState(const formats::CheckpointFolder& folder,
+                                                      const formats::SourceOptions& options) {
+  UCP_ASSIGN_OR_RETURN(Zero0Options o, OptionsOf(options));
+  return Zero0State::Open(folder.dir, o);
+}
+
+// tp = pp = 1: a param no rule covers is a whole tensor.
+rules::ResolveOptions ResolveOf(const formats::SourceOptions& options) {
+  rules::ResolveOptions r = options.resolve();
+  r.tp1_whole_tensors = true;
+  return r;
+}
+
+class Source : public formats::SourceFormat {
+ public:
+  absl::string_view name() const override { return kName; }
+  absl::string_view kind() const override { return kKind; }
+  absl::string_view summary() const override {
+    return "a DeepSpeed checkpoint without ZeRO (zero_optimization.stage 0: mp_rank_00_model_states.pt holding the "
+           "optimizer state, no *_optim_states.pt)";
+  }
+  absl::string_view latest_file() const override { return deepspeed::kLatestFile; }
+
+  // Model-states files only, and the first one's pickle (not its tensors)
+  // says stage 0: param_shapes None (ZeRO writes them, also without
+  // optimizer files) and the optimizer inside.
+  bool Detect(const formats::CheckpointFolder& folder) const override {
+    bool mp_rank = false;
+    for (const std::string& n : folder.names) {
+      auto parsed = deepspeed::ParseCheckpointFileName(n);
+      if (!parsed) continue;
+      if (parsed->type != deepspeed::CheckpointFileName::Type::kMpRank &&
+          parsed->type != deepspeed::CheckpointFileName::Type::kLayer) {
+        return false;
+      }
+      if (parsed->type == deepspeed::CheckpointFileName::Type::kMpRank) mp_rank = true;
+    }
+    if (!mp_rank) return false;
+    torch::OpenOptions o;
+    o.verify_crc = false;
+    o.refuse_unsafe_globals = false;  // only looked at; Open applies the user's choice
+    auto f = torch::TorchFile::Open(JoinPath(folder.dir, deepspeed::MpRankFileName(0)), o);
+    return f.ok() && IsZero0Root(*(*f)->root());
+  }
+
+  absl::StatusOr<formats::OpenedSource> Open(const formats::CheckpointFolder& folder,
+                                             const formats::SourceOptions& options,
+                                             JobDescription* description) const override {
+    UCP_ASSIGN_OR_RETURN(std::unique_ptr<Zero0State> s, OpenState(folder, options));
+    return formats::ResolveSliced(this, std::move(s), ResolveOf(options));
+  }
+
+  absl::StatusOr<formats::OpenedSource> Reopen(const formats::CheckpointFolder& folder,
+                                               const formats::SourceOptions& options,
+                                               const JobDescription& description) const override {
+    UCP_ASSIGN_OR_RETURN(std::unique_ptr<Zero0State> s, OpenState(folder, options));
+    UCP_ASSIGN_OR_RETURN(state::ModelInfo decided, formats::DecidedModel(description));
+    return formats::ResolveSliced(this, std::move(s), options.resolve(), &decided);
+  }
+
+  absl::StatusOr<formats::SlicedSource> OpenSliced(const formats::CheckpointFolder& folder,
+                                                   const formats::SourceOptions& options) const override {
+    UCP_ASSIGN_OR_RETURN(std::unique_ptr<Zero0State> s, OpenState(folder, options));
+    return formats::SlicedSource{std::move(s), ResolveOf(options)};
+  }
+
+  absl::StatusOr<InspectReport> Inspect(const formats::CheckpointFolder& folder,
+                                        const formats::SourceOptions& options) const override {
+    UCP_ASSIGN_OR_RETURN(std::unique_ptr<Zero0State> s, OpenState(folder, options));
+    UCP_ASSIGN_OR_RETURN(InspectReport report, deepspeed::SlicedReport(*s, std::string(kind()), s->ds_version()));
+    report.set_zero_stage(0);
+    report.set_kind_detail(absl::StrCat("ZeRO stage 0 (no ZeRO): ", s->layout(),
+                                        " inside the model states; param order decided by ", s->evidence()));
+    return report;
+  }
+
+  void Verify(const formats::CheckpointFolder& folder, const formats::SourceOptions& options,
+              formats::VerifyResult* result) const override {
+    absl::StatusOr<std::unique_ptr<Zero0State>> s = OpenState(folder, options);
+    if (!s.ok()) {
+      result->problems.push_back(std::string(s.status().message()));
+      return;
+    }
+    formats::VerifyStateInputs(**s, result);
+  }
+};
+
+class Target : public formats::TargetFormat {
+ public:
+  absl::string_view name() const override { return kName; }
+  absl::string_view summary() const override {
+    return "a DeepSpeed checkpoint without ZeRO (stage 0) at tp=1 pp=1 and any dp";
+  }
+  formats::TargetFamily family() const override { return formats::TargetFamily::kTrainingState; }
+  bool PicksFor(const state::ModelInfo& info, const writers::ZeroWriteOptions& options) const override {
+    return options.zero_stage == 0 && info.zero_stage == 0 && info.expert_parallel == 0;
+  }
+  absl::StatusOr<std::unique_ptr<writers::Plan>> PlanTrainingState(const state::ModelState& state,
+                                                                   const writers::ZeroWriteOptions& options,
+                                                                   writers::TargetSummary* summary) const override {
+    if (summary != nullptr) {
+      summary->topo = options.target;
+      summary->zero_stage = 0;
+    }
+    return PlanZero0(state, options);
+  }
+};
+
+}  // namespace
+
+void Register(formats::Registry& registry) {
+  registry.AddSource(std::make_unique<Source>());
+  registry.AddTarget(std::make_unique<Target>());
+}
+
+}  // namespace ucp::deepspeed_zero0

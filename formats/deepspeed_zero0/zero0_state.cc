@@ -1,0 +1,547 @@
+#include "formats/deepspeed_zero0/zero0_state.h"
+
+#include <algorithm>
+#include <map>
+#include <regex>
+#include <set>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/fs.h"
+#include "base/status_macros.h"
+#include "deepspeed/checkpoint_files.h"
+#include "deepspeed/engine_defaults.h"
+#include "format/pickle/accessors.h"
+#include "formats/deepspeed_zero0/param_order.h"
+
+namespace ucp::deepspeed_zero0 {
+namespace {
+
+using pickle::Kind;
+using pickle::Value;
+using pickle::ValuePtr;
+using tp::TensorPlan;
+
+std::string Shape(const std::vector<int64_t>& s) { return torch::ShapeString(s); }
+
+// transformers' Trainer.get_decay_parameter_names, by name: no param whose
+// lower-cased name matches one of these (the nn.LayerNorm type test cannot be
+// made from a checkpoint).
+bool HfDecays(const std::string& name) {
+  static const std::regex* patterns = new std::regex(R"(bias|layernorm|rmsnorm|(?:^|\.)norm(?:$|\.)|_norm(?:$|\.))");
+  return !std::regex_search(absl::AsciiStrToLower(name), *patterns);
+}
+
+}  // namespace
+
+bool IsZero0Root(const Value& root) {
+  if (!root.is(Kind::kDict)) return false;
+  const Value* shapes = root.DictGet("param_shapes");
+  const Value* opt = root.DictGet("optimizer");
+  const Value* module = root.DictGet("module");
+  if (shapes == nullptr || !shapes->is_none() || opt == nullptr || module == nullptr) return false;
+  return opt->is_none() || opt->is(Kind::kDict);
+}
+
+absl::Status Zero0State::Error(const std::string& what) const {
+  return absl::InvalidArgumentError(absl::StrCat(path_, ": ", what));
+}
+
+absl::StatusOr<torch::Tensor> Zero0State::Tensor(const Value& v, const std::string& what) const {
+  if (!torch::TorchFile::IsTensor(v)) return Error(absl::StrCat(what, " is not a tensor: ", v.DebugString(80)));
+  absl::StatusOr<torch::Tensor> t = file_->GetTensor(v);
+  if (!t.ok()) return Error(absl::StrCat(what, ": ", t.status().message()));
+  return t;
+}
+
+absl::StatusOr<std::unique_ptr<Zero0State>> Zero0State::Open(const std::string& dir, const Zero0Options& options) {
+  std::unique_ptr<Zero0State> s(new Zero0State());
+  s->dir_ = dir;
+  UCP_RETURN_IF_ERROR(s->Load(options));
+  return s;
+}
+
+absl::Status Zero0State::Load(const Zero0Options& options) {
+  UCP_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirectory(dir_));
+  std::vector<std::string> mp_files;
+  for (const std::string& n : names) {
+    auto parsed = deepspeed::ParseCheckpointFileName(n);
+    if (!parsed) continue;
+    switch (parsed->type) {
+      case deepspeed::CheckpointFileName::Type::kMpRank:
+        mp_files.push_back(n);
+        break;
+      case deepspeed::CheckpointFileName::Type::kLayer:
+        return absl::UnimplementedError(absl::StrCat(
+            dir_, ": a ZeRO stage 0 checkpoint of a PipelineModule (", n,
+            ") is not supported: only plain modules (one mp_rank_00_model_states.pt)"));
+      default:
+        return absl::InvalidArgumentError(absl::StrCat(
+            dir_, ": ", n, " beside a ZeRO stage 0 model-states file: the folder mixes a ZeRO checkpoint with a "
+            "stage 0 one"));
+    }
+  }
+  std::sort(mp_files.begin(), mp_files.end());
+  if (mp_files.size() != 1 || mp_files[0] != deepspeed::MpRankFileName(0)) {
+    return absl::UnimplementedError(absl::StrCat(
+        dir_, ": ZeRO stage 0 with model parallelism (", absl::StrJoin(mp_files, ", "),
+        ") is not supported: only tp = pp = 1 (one mp_rank_00_model_states.pt)"));
+  }
+  path_ = JoinPath(dir_, mp_files[0]);
+  UCP_ASSIGN_OR_RETURN(file_, torch::TorchFile::Open(path_, options.read.Files()));
+  const Value& root = *file_->root();
+  if (!IsZero0Root(root)) {
+    return Error("not a ZeRO stage 0 model-states file (expected param_shapes None and an optimizer dict)");
+  }
+  if (const Value* v = root.DictGet("ds_version"); v != nullptr && v->is(Kind::kStr)) ds_version_ = v->str();
+  UCP_RETURN_IF_ERROR(ReadModule());
+  UCP_RETURN_IF_ERROR(ReadOptimizer());
+  UCP_RETURN_IF_ERROR(SolveOrder(options));
+  UCP_RETURN_IF_ERROR(BuildInfo());
+  return BuildCommon();
+}
+
+absl::Status Zero0State::ReadModule() {
+  const Value& root = *file_->root();
+  const Value* module = root.DictGet("module");
+  if (module == nullptr || !module->is(Kind::kDict)) return Error("'module' is not a dict");
+  std::set<std::string> buffers;
+  if (const Value* b = root.DictGet("buffer_names"); b != nullptr && (b->is(Kind::kList) || b->is(Kind::kTuple))) {
+    for (const ValuePtr& n : b->items()) {
+      if (n->is(Kind::kStr)) buffers.insert(n->str());
+    }
+  }
+  for (const auto& [k, v] : module->dict_items()) {
+    if (!k->is(Kind::kStr)) return Error(absl::StrCat("module key ", k->DebugString(40), " is not a string"));
+    Entry e;
+    e.name = k->str();
+    UCP_ASSIGN_OR_RETURN(e.tensor, Tensor(*v, absl::StrCat("module['", e.name, "']")));
+    e.role = buffers.count(e.name) ? state::TensorRole::kBuffer : state::TensorRole::kFrozen;
+    if (e.role != state::TensorRole::kBuffer) {
+      // A tied weight: the module's state_dict holds it under every name,
+      // model.parameters() (the optimizer) once: the same storage, offset
+      // and shape as an earlier param.
+      for (const Entry& o : entries_) {
+        if (o.role == state::TensorRole::kBuffer || o.role == state::TensorRole::kTied) continue;
+        if (o.tensor.storage() == e.tensor.storage() && o.tensor.storage_offset() == e.tensor.storage_offset() &&
+            o.tensor.sizes() == e.tensor.sizes() && o.tensor.strides() == e.tensor.strides()) {
+          e.role = state::TensorRole::kTied;
+          e.alias_of = o.name;
+          break;
+        }
+      }
+    }
+    entries_.push_back(std::move(e));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Zero0State::ReadOptimizer() {
+  const Value* opt = file_->root()->DictGet("optimizer");
+  if (opt->is_none()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        path_, ": a DeepSpeed stage 0 checkpoint saved without optimizer state ('optimizer' is None): only its "
+        "module weights exist, which `ucp export` of a training checkpoint cannot take; load it with "
+        "DeepSpeed's load_module_only"));
+  }
+  if (opt->DictGet("fp32_groups_flat") != nullptr) {
+    return absl::UnimplementedError(absl::StrCat(
+        path_, ": FP16_Optimizer's fused layout (fp32_groups_flat: fp16 with FusedAdam on GPU) is not supported; "
+        "the unfused layout (fp32_groups) and fp32 are"));
+  }
+  if (const Value* inner = opt->DictGet("optimizer_state_dict")) {
+    wrapper_ = opt;
+    optimizer_ = inner;
+    layout_ = "FP16_UnfusedOptimizer (fp32 masters in fp32_groups)";
+  } else {
+    optimizer_ = opt;
+    layout_ = "the torch optimizer's state_dict (fp32: the module weights are the masters)";
+  }
+  if (!optimizer_->is(Kind::kDict)) return Error("the optimizer state_dict is not a dict");
+  const Value* st = optimizer_->DictGet("state");
+  const Value* pgs = optimizer_->DictGet("param_groups");
+  if (st == nullptr || !st->is(Kind::kDict) || pgs == nullptr || !pgs->is(Kind::kList)) {
+    return Error("the optimizer state_dict has no 'state' dict and 'param_groups' list (not a torch optimizer's)");
+  }
+  const Value* fp32_groups = nullptr;
+  if (wrapper_ != nullptr) {
+    fp32_groups = wrapper_->DictGet("fp32_groups");
+    if (fp32_groups == nullptr || !fp32_groups->is(Kind::kList) || fp32_groups->size() != pgs->size()) {
+      return Error(absl::StrCat("optimizer['fp32_groups'] must list one group per param group (",
+                                pgs->size(), "), found ", fp32_groups == nullptr ? "none" : fp32_groups->DebugString(60)));
+    }
+  }
+  std::set<int64_t> seen;
+  for (size_t g = 0; g < pgs->size(); ++g) {
+    const Value& group = *pgs->items()[g];
+    const Value* params = group.is(Kind::kDict) ? group.DictGet("params") : nullptr;
+    if (params == nullptr || !params->is(Kind::kList)) {
+      return Error(absl::StrCat("param_groups[", g, "] has no 'params' list"));
+    }
+    if (fp32_groups != nullptr && fp32_groups->items()[g]->size() != params->size()) {
+      return Error(absl::StrCat("param group ", g, " lists ", params->size(), " params but fp32_groups[", g,
+                                "] holds ", fp32_groups->items()[g]->size(), " masters"));
+    }
+    std::vector<Slot> slots;
+    for (size_t j = 0; j < params->size(); ++j) {
+      Slot s;
+      UCP_ASSIGN_OR_RETURN(s.index, pickle::AsInt(*params->items()[j], "param index"),
+                           _.Prepend(absl::StrCat(path_, ": param_groups[", g, "]['params'][", j, "]: ")));
+      if (!seen.insert(s.index).second) {
+        return Error(absl::StrCat("optimizer param index ", s.index, " is listed twice in param_groups"));
+      }
+      s.state = st->DictGet(Value::Int(s.index));
+      if (fp32_groups != nullptr) {
+        s.master = fp32_groups->items()[g]->items()[j].get();
+        UCP_ASSIGN_OR_RETURN(torch::Tensor m, Tensor(*s.master, absl::StrCat("fp32_groups[", g, "][", j, "]")));
+        if (m.dtype() != torch::DType::kFloat32) {
+          return Error(absl::StrCat("fp32_groups[", g, "][", j, "] is ", std::string(torch::DTypeName(m.dtype())), ", expected float32"));
+        }
+        s.shape = m.sizes();
+      }
+      if (s.state == nullptr) {
+        return absl::UnimplementedError(absl::StrCat(
+            path_, ": optimizer param ", s.index, " (group ", g, ", position ", j,
+            ") has no optimizer state: it never received a gradient before the save; such a checkpoint is not "
+            "supported"));
+      }
+      if (!s.state->is(Kind::kDict)) return Error(absl::StrCat("optimizer state ", s.index, " is not a dict"));
+      // Per-element states have the param's shape; the rest are scalars.
+      std::vector<std::string> tensors, scalars;
+      for (const auto& [k, v] : s.state->dict_items()) {
+        if (!k->is(Kind::kStr)) return Error(absl::StrCat("optimizer state ", s.index, " has a non-string key"));
+        if (torch::TorchFile::IsTensor(*v)) {
+          UCP_ASSIGN_OR_RETURN(torch::Tensor t, Tensor(*v, absl::StrCat("state[", s.index, "]['", k->str(), "']")));
+          if (t.dim() == 0) {
+            scalars.push_back(k->str());
+            continue;
+          }
+          if (t.dtype() != torch::DType::kFloat32) {
+            return Error(absl::StrCat("state[", s.index, "]['", k->str(), "'] is ", std::string(torch::DTypeName(t.dtype())),
+                                      ", expected float32"));
+          }
+          if (s.shape.empty() && fp32_groups == nullptr) s.shape = t.sizes();
+          if (t.sizes() != s.shape) {
+            return Error(absl::StrCat("state[", s.index, "]['", k->str(), "'] has shape ", Shape(t.sizes()),
+                                      ", expected ", Shape(s.shape), fp32_groups ? " (its fp32 master's)" : ""));
+          }
+          tensors.push_back(k->str());
+        } else if (v->is(Kind::kInt) || v->is(Kind::kFloat)) {
+          scalars.push_back(k->str());
+        } else {
+          return Error(absl::StrCat("state[", s.index, "]['", k->str(), "'] is neither a tensor nor a number"));
+        }
+      }
+      if (tensors.empty()) {
+        return Error(absl::StrCat("optimizer state ", s.index, " holds no per-element state (", s.state->DebugString(80), ")"));
+      }
+      if (state_keys_.empty() && scalar_keys_.empty()) {
+        state_keys_ = tensors;
+        scalar_keys_ = scalars;
+      } else if (tensors != state_keys_ || scalars != scalar_keys_) {
+        return Error(absl::StrCat("optimizer state ", s.index, " has keys [", absl::StrJoin(scalars, ", "), "; ",
+                                  absl::StrJoin(tensors, ", "), "], the first one [", absl::StrJoin(scalar_keys_, ", "),
+                                  "; ", absl::StrJoin(state_keys_, ", "), "]"));
+      }
+      slots.push_back(std::move(s));
+    }
+    groups_.push_back(std::move(slots));
+  }
+  // States of no listed param.
+  for (const auto& [k, v] : st->dict_items()) {
+    if (!k->is(Kind::kInt) || !seen.count(k->int_value())) {
+      return Error(absl::StrCat("optimizer state ", k->DebugString(20), " belongs to no param group"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Zero0State::SolveOrder(const Zero0Options& options) {
+  OrderProblem p;
+  std::vector<int> candidates;  // problem index -> entries_ index
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    if (entries_[i].role != state::TensorRole::kFrozen) continue;
+    candidates.push_back(static_cast<int>(i));
+    p.module_shapes.push_back(entries_[i].tensor.sizes());
+  }
+  for (const auto& slots : groups_) {
+    p.group_shapes.emplace_back();
+    for (const Slot& s : slots) p.group_shapes.back().push_back(s.shape);
+  }
+  const FitFn shapes = ShapeFit(p);
+  OrderResult r = deepspeed_zero0::SolveOrder(p, shapes);
+  evidence_ = "the shapes of the optimizer states against the module params in module order";
+  // bf16/fp16: the master cast to the lp dtype is the module weight (the
+  // optimizer copies masters into the lp params after every step).
+  if (r.count > 1 && wrapper_ != nullptr) {
+    absl::flat_hash_map<int64_t, bool> cache;
+    absl::Status err;
+    FitFn cast = [&](int m, int g, int j) {
+      if (!shapes(m, g, j)) return false;
+      const int64_t key = (static_cast<int64_t>(m) << 32) | (static_cast<int64_t>(g) << 20) | j;
+      auto it = cache.find(key);
+      if (it != cache.end()) return it->second;
+      bool fit = false;
+      absl::StatusOr<torch::Tensor> master = file_->GetTensor(*groups_[g][j].master);
+      const torch::Tensor& lp = entries_[candidates[m]].tensor;
+      if (master.ok()) {
+        absl::StatusOr<torch::Tensor> c = torch::Cast(*master, lp.dtype());
+        if (c.ok()) fit = c->BitwiseEqual(lp.Contiguous());
+      }
+      cache[key] = fit;
+      return fit;
+    };
+    OrderResult rc = deepspeed_zero0::SolveOrder(p, cast);
+    if (rc.count >= 1) {
+      r = std::move(rc);
+      evidence_ = "shapes, and the fp32 masters cast to the lp dtype equal to the module weights bitwise";
+    }
+  }
+  if (r.count > 1 && options.order == kOrderHfTrainer) {
+    std::vector<bool> decays;
+    for (int e : candidates) decays.push_back(HfDecays(entries_[e].name));
+    std::vector<int> group_decay;  // 1: weight_decay > 0, 0: == 0
+    const Value* pgs = optimizer_->DictGet("param_groups");
+    for (const ValuePtr& g : pgs->items()) {
+      const Value* wd = g->DictGet("weight_decay");
+      double v = 0;
+      if (wd != nullptr) v = wd->is(Kind::kFloat) ? wd->float_value() : static_cast<double>(wd->int_value());
+      group_decay.push_back(v > 0 ? 1 : 0);
+    }
+    const FitFn prev = shapes;
+    FitFn hf = [&](int m, int g, int j) { return prev(m, g, j) && decays[m] == (group_decay[g] == 1); };
+    OrderResult rh = deepspeed_zero0::SolveOrder(p, hf);
+    if (rh.count == 0) {
+      return Error(absl::StrCat(
+          "--source_option=", kOrderOption, "=", kOrderHfTrainer,
+          ": no assignment of the module params to the optimizer's groups follows the Hugging Face Trainer's rule "
+          "(groups with weight_decay > 0 hold the params whose names contain no bias/layernorm/rmsnorm/norm)"));
+    }
+    r = std::move(rh);
+    evidence_ = "shapes and the Hugging Face Trainer's decay / no-decay rule (--source_option=zero0_order=hf_trainer)";
+  }
+  if (r.count == 0) {
+    std::string where;
+    if (r.stuck_group >= 0) {
+      const Slot& s = groups_[r.stuck_group][r.stuck_position];
+      where = absl::StrCat(": the furthest assignment found no module param for optimizer param ", s.index,
+                           " (group ", r.stuck_group, ", position ", r.stuck_position, ", shape ", Shape(s.shape), ")");
+    }
+    return Error(absl::StrCat("the optimizer's ", groups_.size(), " param groups do not fit the module's ",
+                              candidates.size(),
+                              " params (each group must be the module's params of its shapes in module order, "
+                              "the params of no group frozen)",
+                              where));
+  }
+  if (r.count > 1) {
+    std::vector<std::string> diffs;
+    for (size_t g = 0; g < r.first.size(); ++g) {
+      for (size_t j = 0; j < r.first[g].size(); ++j) {
+        if (r.first[g][j] == r.second[g][j] || diffs.size() >= 8) continue;
+        diffs.push_back(absl::StrCat("optimizer param ", groups_[g][j].index, " (group ", g, ") is '",
+                                     entries_[candidates[r.first[g][j]]].name, "' or '",
+                                     entries_[candidates[r.second[g][j]]].name, "'"));
+      }
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        path_, ": the optimizer state is keyed by param index and no name map is saved at ZeRO stage 0; ",
+        "several assignments of the module params to the optimizer's params fit (", evidence_, "): ",
+        absl::StrJoin(diffs, "; "),
+        ". If the client built its optimizer as the Hugging Face Trainer does (weight decay for all but biases and "
+        "norms), say so with --source_option=", kOrderOption, "=", kOrderHfTrainer));
+  }
+  assigned_.clear();
+  for (const auto& g : r.first) {
+    assigned_.emplace_back();
+    for (int m : g) assigned_.back().push_back(candidates[m]);
+  }
+  for (const auto& g : assigned_) {
+    for (int e : g) entries_[e].role = state::TensorRole::kTrainable;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Zero0State::BuildInfo() {
+  info_.num_groups = static_cast<int>(groups_.size());
+  info_.state_keys = state_keys_;
+  info_.scalar_keys = scalar_keys_;
+  info_.pipeline = false;
+  info_.optimizer_kind = state::OptimizerKind::kZero;
+  info_.zero_stage = 0;
+  info_.lp_dtype = torch::DType::kFloat32;
+  for (const auto& g : assigned_) {
+    if (!g.empty()) {
+      info_.lp_dtype = entries_[g[0]].tensor.dtype();
+      break;
+    }
+  }
+  // DeepSpeed names a bf16 job's ZeRO optimizer files bf16_zero_pp_rank_*
+  // (engine.py _get_zero_ckpt_prefix: bfloat16_enabled(), whatever the
+  // optimizer), so a ZeRO target of this model is named so too.
+  info_.bf16_file_prefix = info_.lp_dtype == torch::DType::kBFloat16;
+  if (wrapper_ == nullptr && info_.lp_dtype != torch::DType::kFloat32) {
+    return Error(absl::StrCat("the module weights are ", std::string(torch::DTypeName(info_.lp_dtype)),
+                              " but the optimizer keeps no fp32 masters (no fp32_groups)"));
+  }
+  const Value& root = *file_->root();
+  int64_t dp = 1;
+  if (const Value* v = root.DictGet("dp_world_size"); v != nullptr && v->is(Kind::kInt)) dp = v->int_value();
+  info_.source_topology = state::Topology{1, 1, static_cast<int>(std::max<int64_t>(dp, 1))};
+  auto add = [&](int e, int group, const Slot* slot) {
+    const Entry& en = entries_[e];
+    state::ParamState p;
+    p.name = en.name;
+    p.group = group;
+    p.role = en.role;
+    p.lp_dtype = en.tensor.dtype();
+    p.local_name = en.name;
+    p.alias_of = en.alias_of;
+    p.tp_shapes = {en.tensor.sizes()};
+    p.stages = {0};
+    info_.params.push_back(std::move(p));
+    info_entry_.push_back(e);
+    info_slot_.push_back(slot);
+  };
+  for (size_t g = 0; g < assigned_.size(); ++g) {
+    for (size_t j = 0; j < assigned_[g].size(); ++j) add(assigned_[g][j], static_cast<int>(g), &groups_[g][j]);
+  }
+  for (size_t e = 0; e < entries_.size(); ++e) {
+    info_.module_order.push_back({-1, entries_[e].name});
+    if (entries_[e].role != state::TensorRole::kTrainable) add(static_cast<int>(e), -1, nullptr);
+  }
+  info_.notes.push_back(absl::StrCat("ZeRO stage 0 source (", layout_, "): which module param each optimizer state ",
+                                     "belongs to was decided by ", evidence_));
+  info_.Reindex();
+  // Every group's scalars (step) agree: a ZeRO target keeps one per group.
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    for (const std::string& key : scalar_keys_) {
+      const Value* first = groups_[g].empty() ? nullptr : groups_[g][0].state->DictGet(key);
+      for (const Slot& s : groups_[g]) {
+        const Value* v = s.state->DictGet(key);
+        bool same = v->kind() == first->kind();
+        if (same && torch::TorchFile::IsTensor(*v)) {
+          UCP_ASSIGN_OR_RETURN(torch::Tensor a, Tensor(*first, key));
+          UCP_ASSIGN_OR_RETURN(torch::Tensor b, Tensor(*v, key));
+          same = a.BitwiseEqual(b);
+        } else if (same) {
+          same = v->is(Kind::kFloat) ? v->float_value() == first->float_value() : v->int_value() == first->int_value();
+        }
+        if (!same) {
+          return absl::UnimplementedError(absl::StrCat(
+              path_, ": the params of group ", g, " have different '", key, "' (optimizer params ",
+              groups_[g][0].index, " and ", s.index, "): a param skipped some steps; a ZeRO or universal checkpoint "
+              "keeps one per group"));
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Zero0State::BuildCommon() {
+  const Value& root = *file_->root();
+  // The ZeRO optimizer's keys DeepSpeed's defaults give this model; then
+  // the source's loss scale, clip_grad and param groups.
+  deepspeed::EngineDefaults d;
+  if (!ds_version_.empty()) d.ds_version = ds_version_;
+  if (const Value* v = root.DictGet("global_steps"); v != nullptr && v->is(Kind::kInt)) d.global_steps = v->int_value();
+  absl::StatusOr<state::FileValue> defaults = deepspeed::DefaultOptimizerCommon(info_, d);
+  if (!defaults.ok()) {
+    d.ds_version = deepspeed::kNewestDsVersion;  // a version the defaults do not know
+    UCP_ASSIGN_OR_RETURN(defaults, deepspeed::DefaultOptimizerCommon(info_, d));
+  }
+  ValuePtr c = Value::MakeDict();
+  for (const auto& [k, v] : defaults->value->dict_items()) c->DictSet(k, v);
+  if (wrapper_ != nullptr) {
+    const Value* scale = wrapper_->DictGet("cur_scale");
+    const Value* dynamic = wrapper_->DictGet("dynamic_loss_scale");
+    if (scale != nullptr && (scale->is(Kind::kFloat) || scale->is(Kind::kInt)) && dynamic != nullptr &&
+        !dynamic->bool_value()) {
+      c->DictSet(Value::Str("loss_scaler"),
+                 pickle::MakeLossScaler(scale->is(Kind::kFloat) ? scale->float_value() : scale->int_value()));
+    }
+  }
+  // clip_grad: the job's gradient_clipping (ZeRO optimizers keep it).
+  if (const Value* cfg = root.DictGet("ds_config"); cfg != nullptr && cfg->is(Kind::kDict)) {
+    if (const Value* gc = cfg->DictGet("gradient_clipping"); gc != nullptr && (gc->is(Kind::kFloat) || gc->is(Kind::kInt))) {
+      c->DictSet(Value::Str("clip_grad"), Value::Float(gc->is(Kind::kFloat) ? gc->float_value() : gc->int_value()));
+    } else {
+      c->DictSet(Value::Str("clip_grad"), Value::Float(0.0));
+    }
+  }
+  c->DictSet(Value::Str("param_groups"), optimizer_->DictGetPtr("param_groups"));
+  common_ = state::FileValue{c, state::Unowned(file_.get())};
+  // The model states as a ZeRO target keeps them: no optimizer inside.
+  // The model states as a ZeRO job saves them, which writers and the
+  // universal format expect: no optimizer inside, param_shapes (one
+  // OrderedDict name -> torch.Size per group) and shared_params (tied
+  // names) filled.
+  std::vector<ValuePtr> shapes;
+  for (int g = 0; g < info_.num_groups; ++g) {
+    ValuePtr d = Value::MakeDict(/*ordered_dict=*/true);
+    for (const state::ParamState& p : info_.params) {
+      if (p.trainable() && p.group == g) d->DictSet(Value::Str(p.name), pickle::MakeTorchSize(p.tp_shapes[0]));
+    }
+    shapes.push_back(d);
+  }
+  ValuePtr shared = Value::MakeDict();
+  for (const state::ParamState& p : info_.params) {
+    if (p.role == state::TensorRole::kTied) shared->DictSet(Value::Str(p.name), Value::Str(p.alias_of));
+  }
+  root_copy_ = Value::MakeDict();
+  for (const auto& [k, v] : root.dict_items()) {
+    const std::string key = k->is(Kind::kStr) ? k->str() : "";
+    if (key == "optimizer") {
+      root_copy_->DictSet(k, Value::None());
+    } else if (key == "param_shapes") {
+      root_copy_->DictSet(k, Value::List(shapes));
+    } else if (key == "shared_params") {
+      root_copy_->DictSet(k, shared);
+    } else {
+      root_copy_->DictSet(k, v);
+    }
+  }
+  return absl::OkStatus();
+}
+
+state::FileValue Zero0State::ModelStatesRoot(int pp, int tp) const {
+  return state::FileValue{root_copy_, state::Unowned(file_.get())};
+}
+
+absl::StatusOr<std::vector<TensorPlan>> Zero0State::Slices(const state::ParamState& param, int stage,
+                                                           const std::string& state) const {
+  const int i = info_.IndexOf(param.name);
+  if (i < 0) return absl::NotFoundError(absl::StrCat("no param '", param.name, "'"));
+  const Entry& e = entries_[info_entry_[i]];
+  if (state == state::kLpState) return std::vector<TensorPlan>{TensorPlan::FromTensor(e.tensor)};
+  const Slot* s = info_slot_[i];
+  if (s == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("param '", param.name, "' is not in the optimizer (", state::TensorRoleName(param.role), ")"));
+  }
+  if (state == state::kFp32State) {
+    if (s->master == nullptr) return std::vector<TensorPlan>{TensorPlan::FromTensor(e.tensor)};
+    UCP_ASSIGN_OR_RETURN(torch::Tensor m, Tensor(*s->master, absl::StrCat("fp32 master of '", param.name, "'")));
+    return std::vector<TensorPlan>{TensorPlan::FromTensor(m)};
+  }
+  const Value* v = s->state->DictGet(state);
+  if (v == nullptr) return absl::NotFoundError(absl::StrCat("param '", param.name, "' has no optimizer state '", state, "'"));
+  UCP_ASSIGN_OR_RETURN(torch::Tensor t, Tensor(*v, absl::StrCat(state, " of '", param.name, "'")));
+  return std::vector<TensorPlan>{TensorPlan::FromTensor(t)};
+}
+
+absl::StatusOr<state::FileValue> Zero0State::GroupScalar(int group, const std::string& key) const {
+  if (group < 0 || group >= static_cast<int>(groups_.size()) || groups_[group].empty()) {
+    return state::FileValue{nullptr, nullptr};
+  }
+  return state::FileValue{groups_[group][0].state->DictGetPtr(key), state::Unowned(file_.get())};
+}
+
+std::vector<state::InputRange> Zero0State::Inputs(const state::ParamState& param) const {
+  return {state::InputRange{path_, "", 0, -1}};
+}
+
+}  // namespace ucp::deepspeed_zero0

@@ -1,0 +1,127 @@
+// Zero0State: a DeepSpeed checkpoint saved without ZeRO
+// (`zero_optimization.stage: 0`) as a SlicedState at tp = pp = 1:
+//
+//   mp_rank_00_model_states.pt   `module` (the full lp weights, buffers, both names
+//                                of a tied weight), `optimizer` = the optimizer's own
+//                                state_dict, param_shapes None; no *_optim_states.pt
+//
+// `optimizer` is one of (DeepSpeed 0.12 to 0.19.5 and master, engine.py
+// _save_checkpoint / _get_optimizer_ckpt_state):
+//   fp32        the torch optimizer's state_dict: {state: {i: {step, exp_avg,
+//               exp_avg_sq}}, param_groups: [{..., params: [i, ...]}]}; the fp32
+//               master is the module weight itself;
+//   bf16/fp16   FP16_UnfusedOptimizer.state_dict (runtime/fp16/unfused_optimizer.py):
+//               {dynamic_loss_scale, cur_scale, cur_iter, [last_overflow_iter,
+//               scale_factor, scale_window,] optimizer_state_dict: <as fp32>,
+//               fp32_groups: [[fp32 master per param of the group]]}.
+// FP16_Optimizer's fused layout (fp32_groups_flat, GPU FusedAdam only) is
+// refused (kUnimplemented), as are pipeline (layer files) and tp > 1 sources.
+//
+// The state is keyed by the optimizer's param index; which module param each
+// index is, is reconstructed (param_order.h) from shapes, then for bf16/fp16
+// from the masters cast to the lp dtype, then, when the option names it, by
+// the Hugging Face Trainer's decay / no-decay rule; an assignment that is
+// still ambiguous is refused with the params in question. The evidence that
+// decided is in `evidence()` and in the notes commands print.
+//
+// Example:
+//   UCP_ASSIGN_OR_RETURN(auto z0, Zero0State::Open("/ckpt/global_step3", {}));
+//   UCP_ASSIGN_OR_RETURN(auto slices, z0->Slices(z0->info().params[0], 0, "exp_avg"));  // one slice: full
+#ifndef UCP_FORMATS_DEEPSPEED_ZERO0_ZERO0_STATE_H_
+#define UCP_FORMATS_DEEPSPEED_ZERO0_ZERO0_STATE_H_
+
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "deepspeed/facet.h"
+#include "deepspeed/read_options.h"
+#include "format/torch/tensor.h"
+#include "format/torch/torch_file.h"
+#include "state/model_state.h"
+
+namespace ucp::deepspeed_zero0 {
+
+// The source option key (formats::SourceOptions::format_options) and its values.
+inline constexpr char kOrderOption[] = "zero0_order";
+inline constexpr char kOrderHfTrainer[] = "hf_trainer";
+
+struct Zero0Options {
+  deepspeed::ReadOptions read;
+  // "" (evidence in the files only) or kOrderHfTrainer.
+  std::string order;
+};
+
+// Whether the parsed model-states root is a stage-0 checkpoint's: param_shapes
+// None and an optimizer state (or none at all) in the file.
+bool IsZero0Root(const pickle::Value& root);
+
+class Zero0State : public state::SlicedState, public deepspeed::DeepSpeedFacet {
+ public:
+  static absl::StatusOr<std::unique_ptr<Zero0State>> Open(const std::string& dir, const Zero0Options& options);
+
+  const state::ModelInfo& info() const override { return info_; }
+  absl::StatusOr<std::vector<tp::TensorPlan>> Slices(const state::ParamState& param, int stage,
+                                                     const std::string& state) const override;
+  absl::StatusOr<state::FileValue> GroupScalar(int group, const std::string& key) const override;
+  std::vector<state::InputRange> Inputs(const state::ParamState& param) const override;
+  std::vector<std::string> InputFiles() const override { return {path_}; }
+  absl::Status VerifyInput(const std::string& path) const override { return file_->VerifyAllCrcs(); }
+  const state::Facet* GetFacet(state::FacetKey key) const override { return deepspeed::OfferFacet(this, key); }
+  const std::string& dir() const override { return dir_; }
+  // DeepSpeedFacet: the model states without `optimizer`, and an optimizer
+  // state in the shape of a ZeRO optimizer's (loss scaler, clip_grad from the
+  // ds_config's gradient_clipping, param_groups as the source saved them).
+  absl::StatusOr<state::FileValue> OptimizerCommon() const override { return common_; }
+  state::FileValue ModelStatesRoot(int pp, int tp) const override;
+  std::string ModelStatesPath(int pp, int tp) const override { return ""; }
+
+  const std::string& ds_version() const { return ds_version_; }
+  // "fp32 (torch optimizer state_dict)" or "bf16 (FP16_UnfusedOptimizer)".
+  const std::string& layout() const { return layout_; }
+  const std::string& evidence() const { return evidence_; }
+
+ private:
+  struct Slot {              // one optimizer param
+    int index = -1;          // the optimizer's state key
+    std::vector<int64_t> shape;
+    const pickle::Value* state = nullptr;  // its state dict
+    const pickle::Value* master = nullptr; // fp32_groups[g][j] (bf16/fp16), else null
+  };
+  struct Entry {             // one module tensor
+    std::string name;
+    torch::Tensor tensor;
+    state::TensorRole role = state::TensorRole::kFrozen;
+    std::string alias_of;
+  };
+
+  Zero0State() = default;
+  absl::Status Load(const Zero0Options& options);
+  absl::Status ReadModule();
+  absl::Status ReadOptimizer();
+  absl::Status SolveOrder(const Zero0Options& options);
+  absl::Status BuildInfo();
+  absl::Status BuildCommon();
+  absl::StatusOr<torch::Tensor> Tensor(const pickle::Value& v, const std::string& what) const;
+  absl::Status Error(const std::string& what) const;
+
+  std::string dir_, path_, ds_version_, layout_, evidence_;
+  std::unique_ptr<torch::TorchFile> file_;
+  const pickle::Value* optimizer_ = nullptr;  // the torch optimizer's state_dict
+  const pickle::Value* wrapper_ = nullptr;    // FP16_UnfusedOptimizer's, or null
+  std::vector<Entry> entries_;                // module order
+  std::vector<std::vector<Slot>> groups_;
+  std::vector<std::vector<int>> assigned_;    // per group, per slot: entries_ index
+  std::vector<std::string> state_keys_, scalar_keys_;
+  std::vector<int> info_entry_;               // info_.params index -> entries_ index
+  std::vector<const Slot*> info_slot_;        // info_.params index -> slot or null
+  state::ModelInfo info_;
+  state::FileValue common_;
+  pickle::ValuePtr root_copy_;
+};
+
+}  // namespace ucp::deepspeed_zero0
+
+#endif  // UCP_FORMATS_DEEPSPEED_ZERO0_ZERO0_STATE_H_

@@ -1,0 +1,428 @@
+// Tests of the ZeRO stage 0 format on checkpoints written here in DeepSpeed's
+// stage 0 layouts (fp32: the torch optimizer's state_dict; bf16:
+// FP16_UnfusedOptimizer's): detection, the param order reconstruction and
+// its evidence, hostile inputs, and the round trip ZeRO-0 -> ZeRO-1 (dp 2)
+// -> ZeRO-0 and -> universal, which must give back every tensor bitwise.
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "base/fs.h"
+#include "format/pickle/value.h"
+#include "format/torch/tensor.h"
+#include "format/torch/torch_file.h"
+#include "formats/deepspeed_universal/format.h"
+#include "formats/deepspeed_zero/format.h"
+#include "formats/deepspeed_zero0/format.h"
+#include "formats/deepspeed_zero0/zero0_state.h"
+#include "formats/format.h"
+#include "gtest/gtest.h"
+#include "writers/plan.h"
+#include "writers/target_options.h"
+#include "testing/fixtures.h"
+#include "tp/tensor_plan.h"
+
+namespace ucp::deepspeed_zero0 {
+namespace {
+
+using pickle::Value;
+using pickle::ValuePtr;
+using torch::DType;
+using torch::Tensor;
+
+struct Param {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+
+// A model: module params in module order, and the optimizer's groups as
+// module indices in optimizer order (params of no group are frozen).
+struct Model {
+  std::vector<Param> module;
+  std::vector<std::vector<int>> groups;
+  std::vector<double> weight_decay;
+  DType lp = DType::kFloat32;
+};
+
+Tensor Values(const std::vector<int64_t>& shape, float seed) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  std::string bytes(n * 4, '\0');
+  for (int64_t i = 0; i < n; ++i) {
+    float v = seed + 0.001f * static_cast<float>(i) + 0.0001234f * static_cast<float>(i * i % 7);
+    std::memcpy(&bytes[i * 4], &v, 4);
+  }
+  return *Tensor::FromBytes(DType::kFloat32, shape, bytes);
+}
+
+// A Llama-like model: embed, per layer q (64x64... small), norms, head.
+Model Llama(DType lp) {
+  Model m;
+  m.lp = lp;
+  m.module = {{"model.embed_tokens.weight", {16, 8}}};
+  for (int l = 0; l < 2; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    m.module.push_back({p + "self_attn.q_proj.weight", {8, 8}});
+    m.module.push_back({p + "self_attn.o_proj.weight", {8, 8}});
+    m.module.push_back({p + "mlp.up_proj.weight", {12, 8}});
+    m.module.push_back({p + "mlp.down_proj.weight", {8, 12}});
+    m.module.push_back({p + "input_layernorm.weight", {8}});
+  }
+  m.module.push_back({"model.norm.weight", {8}});
+  m.module.push_back({"lm_head.weight", {16, 8}});
+  // Hugging Face Trainer groups: 2-D weights decay, norms do not.
+  m.groups.resize(2);
+  for (int i = 0; i < static_cast<int>(m.module.size()); ++i) m.groups[m.module[i].shape.size() == 2 ? 0 : 1].push_back(i);
+  m.weight_decay = {0.01, 0.0};
+  return m;
+}
+
+// Writes `m` as DeepSpeed saves it at stage 0 into dir/mp_rank_00_model_states.pt.
+// `mutate` may change the optimizer dict before it is written.
+void WriteZero0(const Model& m, const std::string& dir,
+                const std::function<void(Value& optimizer, torch::TorchWriter& w)>& mutate = nullptr) {
+  ASSERT_TRUE(MakeDirs(dir).ok());
+  torch::TorchWriter w;
+  std::vector<Tensor> master(m.module.size());
+  for (size_t i = 0; i < m.module.size(); ++i) master[i] = Values(m.module[i].shape, 0.5f + static_cast<float>(i));
+  ValuePtr module = Value::MakeDict(true);
+  for (size_t i = 0; i < m.module.size(); ++i) {
+    Tensor t = m.lp == DType::kFloat32 ? master[i] : *torch::Cast(master[i], m.lp);
+    module->DictSet(Value::Str(m.module[i].name), w.AddTensor(t));
+  }
+  ValuePtr state = Value::MakeDict();
+  std::vector<ValuePtr> groups, fp32_groups;
+  int index = 0;
+  for (size_t g = 0; g < m.groups.size(); ++g) {
+    std::vector<ValuePtr> params, masters;
+    for (int i : m.groups[g]) {
+      ValuePtr s = Value::MakeDict();
+      s->DictSet(Value::Str("step"), w.AddTensor(*Tensor::FromBytes(DType::kFloat32, {}, std::string("\0\0\x40\x40", 4))));
+      s->DictSet(Value::Str("exp_avg"), w.AddTensor(Values(m.module[i].shape, 100.0f + i)));
+      s->DictSet(Value::Str("exp_avg_sq"), w.AddTensor(Values(m.module[i].shape, 200.0f + i)));
+      state->DictSet(Value::Int(index), s);
+      params.push_back(Value::Int(index++));
+      masters.push_back(w.AddTensor(master[i]));
+    }
+    ValuePtr group = Value::MakeDict();
+    group->DictSet(Value::Str("lr"), Value::Float(0.001));
+    group->DictSet(Value::Str("betas"), Value::Tuple({Value::Float(0.9), Value::Float(0.999)}));
+    group->DictSet(Value::Str("eps"), Value::Float(1e-8));
+    group->DictSet(Value::Str("weight_decay"), Value::Float(m.weight_decay[g]));
+    group->DictSet(Value::Str("amsgrad"), Value::Bool(false));
+    group->DictSet(Value::Str("params"), Value::List(params));
+    groups.push_back(group);
+    fp32_groups.push_back(Value::List(masters));
+  }
+  ValuePtr osd = Value::MakeDict();
+  osd->DictSet(Value::Str("state"), state);
+  osd->DictSet(Value::Str("param_groups"), Value::List(groups));
+  ValuePtr optimizer = osd;
+  if (m.lp != DType::kFloat32) {
+    optimizer = Value::MakeDict();
+    optimizer->DictSet(Value::Str("dynamic_loss_scale"), Value::Bool(false));
+    optimizer->DictSet(Value::Str("cur_scale"), Value::Float(1.0));
+    optimizer->DictSet(Value::Str("cur_iter"), Value::Int(3));
+    optimizer->DictSet(Value::Str("optimizer_state_dict"), osd);
+    optimizer->DictSet(Value::Str("fp32_groups"), Value::List(fp32_groups));
+  }
+  if (mutate) mutate(*optimizer, w);
+  ValuePtr config = Value::MakeDict();
+  config->DictSet(Value::Str("train_micro_batch_size_per_gpu"), Value::Int(2));
+  config->DictSet(Value::Str("gradient_clipping"), Value::Float(1.0));
+  ValuePtr zero = Value::MakeDict();
+  zero->DictSet(Value::Str("stage"), Value::Int(0));
+  config->DictSet(Value::Str("zero_optimization"), zero);
+  ValuePtr dims = Value::MakeDict();
+  dims->DictSet(Value::Str("pp_degree"), Value::Int(1));
+  dims->DictSet(Value::Str("tp_degree"), Value::Int(1));
+  ValuePtr sched = Value::MakeDict();
+  sched->DictSet(Value::Str("last_batch_iteration"), Value::Int(2));
+  ValuePtr root = Value::MakeDict();
+  root->DictSet(Value::Str("module"), module);
+  root->DictSet(Value::Str("buffer_names"), Value::List({}));
+  root->DictSet(Value::Str("optimizer"), optimizer);
+  for (const char* k : {"param_shapes", "frozen_param_shapes", "shared_params", "frozen_param_fragments"}) {
+    root->DictSet(Value::Str(k), Value::None());
+  }
+  root->DictSet(Value::Str("lr_scheduler"), sched);
+  root->DictSet(Value::Str("data_sampler"), Value::None());
+  root->DictSet(Value::Str("random_ltd"), Value::None());
+  root->DictSet(Value::Str("sparse_tensor_module_names"), Value::MakeSet());
+  root->DictSet(Value::Str("skipped_steps"), Value::Int(0));
+  root->DictSet(Value::Str("global_steps"), Value::Int(3));
+  root->DictSet(Value::Str("global_samples"), Value::Int(12));
+  root->DictSet(Value::Str("dp_world_size"), Value::Int(2));
+  root->DictSet(Value::Str("mp_world_size"), Value::Int(1));
+  root->DictSet(Value::Str("checkpoint_parallel_dimensions"), dims);
+  root->DictSet(Value::Str("ds_config"), config);
+  root->DictSet(Value::Str("ds_version"), Value::Str("0.19.5"));
+  ASSERT_TRUE(w.WriteFile(JoinPath(dir, "mp_rank_00_model_states.pt"), *root).ok());
+}
+
+// The formats these tests use, in the built-in order.
+const formats::Registry& Formats() {
+  static const formats::Registry* r = [] {
+    auto* r = new formats::Registry();
+    deepspeed_universal::Register(*r);
+    Register(*r);
+    deepspeed_zero::Register(*r);
+    return r;
+  }();
+  return *r;
+}
+
+absl::StatusOr<std::unique_ptr<Zero0State>> OpenDir(const std::string& dir, const std::string& order = "") {
+  Zero0Options o;
+  o.order = order;
+  return Zero0State::Open(dir, o);
+}
+
+// Every tensor of every param of `a` equals `b`'s, by name.
+void ExpectSameState(const state::SlicedState& a, const state::SlicedState& b) {
+  ASSERT_EQ(a.info().params.size(), b.info().params.size());
+  for (const auto& p : a.info().params) {
+    const state::ParamState* q = b.info().Find(p.name);
+    ASSERT_NE(q, nullptr) << p.name;
+    EXPECT_EQ(p.role, q->role) << p.name;
+    EXPECT_EQ(p.group, q->group) << p.name;
+    std::vector<std::string> states = {state::kLpState};
+    if (p.trainable()) states = {state::kLpState, state::kFp32State, "exp_avg", "exp_avg_sq"};
+    for (const std::string& s : states) {
+      auto x = a.Slices(p, 0, s);
+      auto y = b.Slices(*q, 0, s);
+      ASSERT_TRUE(x.ok() && y.ok()) << p.name << " " << s;
+      auto eq = tp::TensorPlan::BitwiseEqual((*x)[0], (*y)[0]);
+      ASSERT_TRUE(eq.ok());
+      EXPECT_TRUE(*eq) << p.name << " " << s;
+    }
+  }
+}
+
+TEST(Zero0Test, Fp32LlamaIsDetectedAndOrderedByShapes) {
+  const std::string dir = JoinPath(testing::FreshTempDir("z0_fp32"), "global_step3");
+  WriteZero0(Llama(DType::kFloat32), dir);
+  auto detected = formats::DetectFolder(Formats(), dir);
+  ASSERT_TRUE(detected.ok()) << detected.status();
+  EXPECT_EQ(detected->format->name(), kName);
+  auto z = OpenDir(dir);
+  ASSERT_TRUE(z.ok()) << z.status();
+  const state::ModelInfo& info = (*z)->info();
+  ASSERT_EQ(info.params.size(), 13u);
+  EXPECT_EQ(info.params[0].name, "model.embed_tokens.weight");
+  EXPECT_EQ(info.params[9].name, "lm_head.weight");
+  EXPECT_EQ(info.params[10].name, "model.layers.0.input_layernorm.weight");
+  EXPECT_EQ(info.params[10].group, 1);
+  EXPECT_EQ(info.scalar_keys, std::vector<std::string>{"step"});
+  EXPECT_TRUE(absl::StrContains((*z)->evidence(), "shapes"));
+  // exp_avg of the norm of layer 1 (module index 10, seed 110).
+  auto s = (*z)->Slices(*info.Find("model.layers.1.input_layernorm.weight"), 0, "exp_avg");
+  ASSERT_TRUE(s.ok());
+  auto eq = tp::TensorPlan::BitwiseEqual((*s)[0], tp::TensorPlan::FromTensor(Values({8}, 110.0f)));
+  ASSERT_TRUE(eq.ok());
+  EXPECT_TRUE(*eq);
+}
+
+TEST(Zero0Test, FrozenParamsAreTheModuleParamsOfNoGroup) {
+  Model m = Llama(DType::kFloat32);
+  m.groups[0].erase(m.groups[0].begin());  // embed_tokens frozen
+  const std::string dir = JoinPath(testing::FreshTempDir("z0_frozen"), "global_step3");
+  WriteZero0(m, dir);
+  auto z = OpenDir(dir);
+  ASSERT_TRUE(z.ok()) << z.status();
+  const state::ParamState* e = (*z)->info().Find("model.embed_tokens.weight");
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->role, state::TensorRole::kFrozen);
+  EXPECT_EQ((*z)->info().params[0].name, "model.layers.0.self_attn.q_proj.weight");
+}
+
+// Two same-shaped weights of which only one trains: shapes cannot tell.
+Model OneOfTwoTrains(DType lp) {
+  Model m;
+  m.lp = lp;
+  m.module = {{"a.weight", {4, 4}}, {"b.weight", {4, 4}}, {"c.bias", {4}}};
+  m.groups = {{1}, {2}};
+  m.weight_decay = {0.01, 0.0};
+  return m;
+}
+
+TEST(Zero0Test, AmbiguousFp32OrderIsRefusedNamingTheParamsAndTheFlag) {
+  const std::string dir = JoinPath(testing::FreshTempDir("z0_ambiguous"), "global_step3");
+  WriteZero0(OneOfTwoTrains(DType::kFloat32), dir);
+  auto z = OpenDir(dir);
+  ASSERT_FALSE(z.ok());
+  EXPECT_EQ(z.status().code(), absl::StatusCode::kFailedPrecondition);
+  const std::string msg(z.status().message());
+  EXPECT_TRUE(absl::StrContains(msg, "mp_rank_00_model_states.pt")) << msg;
+  EXPECT_TRUE(absl::StrContains(msg, "'a.weight' or 'b.weight'") || absl::StrContains(msg, "'b.weight' or 'a.weight'"))
+      << msg;
+  EXPECT_TRUE(absl::StrContains(msg, "zero0_order=hf_trainer")) << msg;
+}
+
+TEST(Zero0Test, Bf16MastersSettleWhatShapesCannot) {
+  const std::string dir = JoinPath(testing::FreshTempDir("z0_bf16"), "global_step3");
+  WriteZero0(OneOfTwoTrains(DType::kBFloat16), dir);
+  auto z = OpenDir(dir);
+  ASSERT_TRUE(z.ok()) << z.status();
+  EXPECT_EQ((*z)->info().params[0].name, "b.weight");
+  EXPECT_EQ((*z)->info().Find("a.weight")->role, state::TensorRole::kFrozen);
+  EXPECT_EQ((*z)->info().lp_dtype, DType::kBFloat16);
+  EXPECT_TRUE(absl::StrContains((*z)->evidence(), "cast")) << (*z)->evidence();
+}
+
+TEST(Zero0Test, HfTrainerRuleSettlesDecayGroups) {
+  // Two [4] params: a bias (no decay) and a 1-D weight the client decays.
+  Model m;
+  m.module = {{"x.weight", {4}}, {"x.bias", {4}}};
+  m.groups = {{0}, {1}};
+  m.weight_decay = {0.01, 0.0};
+  const std::string dir = JoinPath(testing::FreshTempDir("z0_hf"), "global_step3");
+  WriteZero0(m, dir);
+  auto plain = OpenDir(dir);
+  ASSERT_FALSE(plain.ok());
+  auto z = OpenDir(dir, kOrderHfTrainer);
+  ASSERT_TRUE(z.ok()) << z.status();
+  EXPECT_EQ((*z)->info().Find("x.weight")->group, 0);
+  EXPECT_EQ((*z)->info().Find("x.bias")->group, 1);
+  EXPECT_TRUE(absl::StrContains((*z)->evidence(), "Hugging Face")) << (*z)->evidence();
+}
+
+TEST(Zero0Test, HostileOptimizerStatesAreRefusedNamingTheFile) {
+  const Model m = Llama(DType::kFloat32);
+  struct Case {
+    const char* name;
+    std::function<void(Value&, torch::TorchWriter&)> mutate;
+    const char* expect;
+  };
+  std::vector<Case> cases = {
+      {"extra",
+       [](Value& o, torch::TorchWriter& w) {
+         ValuePtr s = Value::MakeDict();
+         s->DictSet(Value::Str("exp_avg"), w.AddTensor(Values({8}, 1.0f)));
+         const_cast<Value*>(o.DictGet("state"))->DictSet(Value::Int(99), s);
+       },
+       "belongs to no param group"},
+      {"shape",
+       [](Value& o, torch::TorchWriter& w) {
+         Value* s = const_cast<Value*>(o.DictGet("state")->DictGet(Value::Int(0)));
+         s->DictSet(Value::Str("exp_avg_sq"), w.AddTensor(Values({16, 4}, 1.0f)));
+       },
+       "exp_avg_sq"},
+      {"unfit",
+       [](Value& o, torch::TorchWriter& w) {
+         Value* s = const_cast<Value*>(o.DictGet("state")->DictGet(Value::Int(1)));
+         s->DictSet(Value::Str("exp_avg"), w.AddTensor(Values({5, 5}, 1.0f)));
+         s->DictSet(Value::Str("exp_avg_sq"), w.AddTensor(Values({5, 5}, 1.0f)));
+       },
+       "do not fit"},
+  };
+  for (const Case& c : cases) {
+    const std::string dir = JoinPath(testing::FreshTempDir(std::string("z0_hostile_") + c.name), "global_step3");
+    WriteZero0(m, dir, c.mutate);
+    auto z = OpenDir(dir);
+    ASSERT_FALSE(z.ok()) << c.name;
+    const std::string msg(z.status().message());
+    EXPECT_TRUE(absl::StrContains(msg, "mp_rank_00_model_states.pt")) << c.name << ": " << msg;
+    EXPECT_TRUE(absl::StrContains(msg, c.expect)) << c.name << ": " << msg;
+  }
+}
+
+TEST(Zero0Test, AParamWithoutStateIsRefused) {
+  const std::string dir = JoinPath(testing::FreshTempDir("z0_nostate"), "global_step3");
+  WriteZero0(Llama(DType::kFloat32), dir, [](Value& o, torch::TorchWriter&) {
+    Value* st = const_cast<Value*>(o.DictGet("state"));
+    ValuePtr copy = Value::MakeDict();
+    for (const auto& [k, v] : st->dict_items()) {
+      if (k->int_value() != 3) copy->DictSet(k, v);
+    }
+    o.DictSet(Value::Str("state"), copy);
+  });
+  auto z = OpenDir(dir);
+  ASSERT_FALSE(z.ok());
+  EXPECT_TRUE(absl::StrContains(z.status().message(), "optimizer param 3")) << z.status();
+  EXPECT_TRUE(absl::StrContains(z.status().message(), "mp_rank_00_model_states.pt")) << z.status();
+}
+
+TEST(Zero0Test, AZeroCheckpointWithoutOptimizerFilesIsNotStageZero) {
+  const std::string dir = JoinPath(testing::FreshTempDir("z0_zero1"), "global_step3");
+  ASSERT_TRUE(MakeDirs(dir).ok());
+  torch::TorchWriter w;
+  ValuePtr root = Value::MakeDict();
+  root->DictSet(Value::Str("module"), Value::MakeDict(true));
+  root->DictSet(Value::Str("optimizer"), Value::None());
+  root->DictSet(Value::Str("param_shapes"), Value::List({Value::MakeDict(true)}));
+  ASSERT_TRUE(w.WriteFile(JoinPath(dir, "mp_rank_00_model_states.pt"), *root).ok());
+  const formats::SourceFormat* f = Formats().FindSource(kName);
+  ASSERT_NE(f, nullptr);
+  formats::CheckpointFolder folder;
+  folder.dir = dir;
+  folder.names = {"mp_rank_00_model_states.pt"};
+  EXPECT_FALSE(f->Detect(folder));
+  folder.names.push_back("zero_pp_rank_0_mp_rank_00_optim_states.pt");
+  EXPECT_FALSE(f->Detect(folder));
+}
+
+// Opens `dir` with the format that detects it.
+absl::StatusOr<formats::OpenedSource> OpenAny(const std::string& dir) {
+  auto detected = formats::DetectFolder(Formats(), dir);
+  if (!detected.ok()) return detected.status();
+  return detected->format->Open(detected->folder, formats::SourceOptions(), nullptr);
+}
+
+// Writes `src` with training-state target `target` at dp into `out`.
+absl::Status WriteTraining(const std::string& src, const std::string& target, int dp, int zero_stage,
+                           const std::string& out) {
+  auto opened = OpenAny(src);
+  if (!opened.ok()) return opened.status();
+  writers::ZeroWriteOptions o;
+  o.target.dp = dp;
+  o.zero_stage = zero_stage;
+  auto plan = Formats().FindTarget(target)->PlanTrainingState(*opened->state, o, nullptr);
+  if (!plan.ok()) return plan.status();
+  return writers::RunPlan(**plan, out, writers::ZeroRunOptions(o)).status();
+}
+
+void RoundTrip(DType lp, const std::string& name) {
+  const std::string base = testing::FreshTempDir(name);
+  const std::string src = JoinPath(base, "z0/global_step3");
+  Model m = Llama(lp);
+  m.groups[0].erase(m.groups[0].begin());  // a frozen embedding too
+  WriteZero0(m, src);
+  // ZeRO-0 -> ZeRO-1 at dp 2 -> ZeRO-0 at dp 3.
+  const std::string z1 = JoinPath(base, "z1/global_step3"), back = JoinPath(base, "back/global_step3");
+  ASSERT_TRUE(WriteTraining(src, "deepspeed_zero", 2, 1, z1).ok());
+  auto z1_source = OpenAny(z1);
+  ASSERT_TRUE(z1_source.ok()) << z1_source.status();
+  EXPECT_EQ(z1_source->format->name(), "deepspeed_zero");
+  ASSERT_TRUE(WriteTraining(z1, kName, 3, 0, back).ok());
+  auto a = OpenDir(src);
+  auto b = OpenDir(back);
+  ASSERT_TRUE(a.ok() && b.ok()) << (a.ok() ? b.status() : a.status());
+  ExpectSameState(**a, **b);
+  EXPECT_EQ((*b)->info().source_topology.dp, 3);
+  // ZeRO-0 -> universal -> ZeRO-0.
+  const std::string uni = JoinPath(base, "uni/global_step3_universal"), uback = JoinPath(base, "uback/global_step3");
+  {
+    auto opened = OpenAny(src);
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    writers::UniversalWriteOptions uo;
+    auto plan = Formats().FindTarget("deepspeed_universal")->PlanUniversal(*opened->state, uo);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    writers::RunOptions ro;
+    auto written = writers::RunPlan(**plan, uni, ro);
+    ASSERT_TRUE(written.ok()) << written.status();
+  }
+  auto u = WriteTraining(uni, kName, 1, 0, uback);
+  ASSERT_TRUE(u.ok()) << u;
+  auto d = OpenDir(uback);
+  ASSERT_TRUE(d.ok()) << d.status();
+  ExpectSameState(**a, **d);
+}
+
+TEST(Zero0Test, Fp32RoundTripsThroughZero1AndUniversalBitwise) { RoundTrip(DType::kFloat32, "z0_rt_fp32"); }
+TEST(Zero0Test, Bf16RoundTripsThroughZero1AndUniversalBitwise) { RoundTrip(DType::kBFloat16, "z0_rt_bf16"); }
+
+}  // namespace
+}  // namespace ucp::deepspeed_zero0

@@ -26,8 +26,10 @@ bool IsUniversalFormat(const formats::SourceFormat& format) {
 absl::StatusOr<SourceOptions> WithHfModelType(const SourceOptions& options, const formats::CheckpointFolder& folder) {
   SourceOptions opts = options;
   if (opts.rules.hf_model_type.empty()) {
-    UCP_ASSIGN_OR_RETURN(formats::HfFolder hf, formats::HfFolderOf(folder.dir));
-    opts.rules.hf_model_type = hf.model_type;
+    // A config.json that does not parse helps nothing and is not the
+    // checkpoint's: detection goes by the names alone.
+    absl::StatusOr<formats::HfFolder> hf = formats::HfFolderOf(folder.dir);
+    if (hf.ok()) opts.rules.hf_model_type = hf->model_type;
   }
   return opts;
 }

@@ -50,8 +50,10 @@ bool IsPickleFile(const std::string& name) {
 }  // namespace
 
 absl::StatusOr<std::string> TrainerFolderInput(const std::string& input, const std::string& source_dir) {
-  UCP_ASSIGN_OR_RETURN(formats::HfFolder hf, formats::HfFolderOf(source_dir));
-  if (!hf.trainer) return std::string();
+  absl::StatusOr<formats::HfFolder> found = formats::HfFolderOf(source_dir);
+  if (!found.ok() && PathExists(JoinPath(Dirname(source_dir), "trainer_state.json"))) return found.status();
+  if (!found.ok() || !found->trainer) return std::string();
+  const formats::HfFolder& hf = *found;
   UCP_ASSIGN_OR_RETURN(formats::CheckpointFolder folder, formats::ResolveFolder(formats::builtin::Formats(), input));
   if (folder.latest_file.empty() || ResolvePath(folder.root) != ResolvePath(hf.dir)) return std::string();
   return hf.dir;

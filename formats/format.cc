@@ -8,6 +8,7 @@
 #include "base/status_macros.h"
 #include "deepspeed/checkpoint_files.h"
 #include "deepspeed/manifest.h"
+#include "format/json/json.h"
 
 namespace ucp::formats {
 
@@ -173,6 +174,35 @@ void VerifyStateInputs(const state::CheckpointState& state, VerifyResult* result
 
 absl::StatusOr<state::ModelInfo> DecidedModel(const JobDescription& description) {
   return deepspeed::FromManifest(description.resolved());
+}
+
+absl::StatusOr<HfFolder> HfFolderOf(const std::string& checkpoint_dir) {
+  HfFolder out;
+  std::string dir = checkpoint_dir;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  const std::string parent = Dirname(dir);
+  if (parent.empty() || parent == dir) return out;
+  const std::string config = JoinPath(parent, "config.json");
+  out.trainer = PathExists(JoinPath(parent, "trainer_state.json"));
+  const bool has_config = PathExists(config) && !IsDirectory(config);
+  if (!out.trainer && !has_config) return out;
+  out.dir = parent;
+  if (!has_config) return out;
+  UCP_ASSIGN_OR_RETURN(out.config_json, ReadFileToString(config, int64_t{64} << 20));
+  absl::StatusOr<json::Value> v = json::Parse(out.config_json);
+  if (!v.ok() || v->type() != json::Value::Type::kObject) {
+    return absl::DataLossError(absl::StrCat(config, ": not a JSON object",
+                                            v.ok() ? "" : absl::StrCat(" (", v.status().message(), ")")));
+  }
+  if (const json::Value* t = v->Get("model_type"); t != nullptr && t->type() == json::Value::Type::kString) {
+    out.model_type = t->string_value();
+  }
+  if (const json::Value* a = v->Get("architectures");
+      a != nullptr && a->type() == json::Value::Type::kArray && !a->items().empty() &&
+      a->items()[0].type() == json::Value::Type::kString) {
+    out.architecture = a->items()[0].string_value();
+  }
+  return out;
 }
 
 absl::StatusOr<DetectedFolder> DetectFolder(const Registry& registry, const std::string& path) {

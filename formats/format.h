@@ -210,6 +210,22 @@ class Registry {
 // kNotFound for a missing path or a tag folder that is not there.
 absl::StatusOr<CheckpointFolder> ResolveFolder(const Registry& registry, const std::string& path);
 
+// A Hugging Face model folder around a checkpoint: the Trainer's
+// `checkpoint-N/` (config.json, generation_config.json, trainer_state.json,
+// rng_state_*.pth, ... beside the DeepSpeed tag folder `global_stepN/` and
+// `latest`), or any folder whose tag folder sits beside a config.json.
+struct HfFolder {
+  std::string dir;          // "" = the checkpoint has none
+  bool trainer = false;     // trainer_state.json is there (a Trainer's checkpoint-N)
+  std::string config_json;  // the contents of config.json ("" = none)
+  std::string model_type;   // its model_type ("" = none)
+  std::string architecture; // its architectures[0] ("" = none)
+};
+// The folder holding the checkpoint folder `checkpoint_dir` (a tag folder),
+// when it has a config.json or a trainer_state.json; a config.json that is
+// not a JSON object is an error naming it.
+absl::StatusOr<HfFolder> HfFolderOf(const std::string& checkpoint_dir);
+
 // Resolves and detects: the folder and its format.
 struct DetectedFolder {
   CheckpointFolder folder;

@@ -471,6 +471,12 @@ std::vector<InteropCase> Matrix() {
        "zero",
        "bfloat16",
        64},
+      // A Hugging Face LlamaForCausalLM as the Trainer saves it (tp=1, ZeRO-2,
+      // two param groups, no rule flags; dp=3 so that the norms' group needs
+      // padding): the hf-llama preset, detected from the names, splits it as
+      // AutoTP does (q/k/v/gate/up/lm_head on dim 0, o/down on dim 1,
+      // embeddings and norms whole) to tp=2 dp=2, and back.
+      {"hf_llama_plain_tp1_dp3_no_flags", "hf_llama_plain.json", {}, {1, 1, 3}, {2, 1, 2}, false, 2, "zero", "float32"},
       // ZeRO-2 bf16 plain module with lm_head.weight tied to embed.weight:
       // the alias is neither in frozen_param_shapes nor in the optimizer,
       // and shared_params stays in global rank 0's file at tp=2.

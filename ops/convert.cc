@@ -5,11 +5,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "base/fs.h"
 #include "base/status_macros.h"
 #include "deepspeed/facet.h"
 #include "deepspeed/layout_math.h"
 #include "format/torch/mapped_file.h"
 #include "formats/builtin/builtin.h"
+#include "ops/trainer_folder.h"
 #include "tp/merge.h"
 
 namespace ucp::ops {
@@ -158,9 +160,27 @@ absl::StatusOr<ConvertResult> ConvertImpl(const ConvertOptions& options) {
     return result;
   }
   writers::RunOptions run = writers::UniversalRunOptions(write);
-  UCP_ASSIGN_OR_RETURN(result.stats, options.cluster != nullptr
-                                         ? writers::RunPlanOnCluster(**plan, options.output_folder, run, *options.cluster)
-                                         : writers::RunPlan(**plan, options.output_folder, run));
+  UCP_ASSIGN_OR_RETURN(std::string trainer_dir, TrainerFolderInput(options.input_folder, src.dir));
+  if (!trainer_dir.empty()) {
+    // A Trainer's checkpoint-N: a new checkpoint-N holding the universal
+    // folder, latest_universal and the Trainer's files, which the Trainer
+    // resumes with "checkpoint": {"load_universal": true} at any topology.
+    if (options.cluster != nullptr && options.cluster->size() > 1) {
+      return absl::UnimplementedError(absl::StrCat(
+          options.input_folder, " is a Hugging Face Trainer checkpoint folder: under mpirun convert its ",
+          Basename(src.dir), " folder (the Trainer's files are then not written), or run without mpirun"));
+    }
+    const std::string tag = Basename(src.dir);
+    UCP_ASSIGN_OR_RETURN(result.stats,
+                         WriteTrainerFolder(**plan, run, options.output_folder, absl::StrCat(tag, "_universal"),
+                                            trainer_dir, {tag, "latest"}, /*world_size=*/0,
+                                            source.allow_unsafe_pickles, &result.trainer_files));
+    result.trainer_folder = options.output_folder;
+  } else {
+    UCP_ASSIGN_OR_RETURN(result.stats, options.cluster != nullptr
+                                           ? writers::RunPlanOnCluster(**plan, options.output_folder, run, *options.cluster)
+                                           : writers::RunPlan(**plan, options.output_folder, run));
+  }
   result.summary = RuleSummary(state->info());
   if (!src.preset.empty()) {
     result.summary = absl::StrCat("preset: ", src.preset, src.preset_detected ? " (detected from param names)" : "",

@@ -16,7 +16,10 @@ namespace ucp::ops {
 
 struct ConvertOptions {
   std::string input_folder;   // a tag folder, or a root with `latest`
-  std::string output_folder;  // the universal folder to create
+  // The universal folder to create; for a Hugging Face Trainer's
+  // checkpoint-N given as the input (the folder itself), the new
+  // checkpoint-N: <tag>_universal/ + latest_universal + the Trainer's files.
+  std::string output_folder;
   SourceOptions state;
   writers::UniversalWriteOptions write;
   // Unused patterns of a --rules file are an error (ds_to_universal's strict
@@ -37,6 +40,10 @@ struct ConvertResult {
   std::string summary;   // how many params got each kind from each source
   std::string explain;   // one line per param: name, shape, kind, source, why
   std::vector<std::string> warnings;
+  // A Trainer's checkpoint-N given as the input (ops/trainer_folder.h): the
+  // folder written, and one line per Trainer file saying what was done.
+  std::string trainer_folder;
+  std::vector<std::string> trainer_files;
 };
 
 absl::StatusOr<ConvertResult> Convert(const ConvertOptions& options);

@@ -8,12 +8,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/fs.h"
 #include "base/status_macros.h"
 #include "deepspeed/facet.h"
 #include "format/torch/mapped_file.h"
 #include "format/json/json.h"
 #include "format/pickle/accessors.h"
 #include "formats/builtin/builtin.h"
+#include "formats/format.h"
 
 namespace ucp::ops {
 namespace {
@@ -250,8 +252,12 @@ class Builder {
       }
       out.tensors.push_back(std::move(t));
     }
-    plan.config.Set("torch_dtype", json::Value::String(std::string(torch::DTypeName(weights_dtype))));
-    out.config_json = json::DumpPython(plan.config) + "\n";
+    if (plan.config_verbatim) {
+      out.config_json = options_.hf.checkpoint_config_json;  // the checkpoint's own, byte for byte
+    } else {
+      plan.config.Set("torch_dtype", json::Value::String(std::string(torch::DTypeName(weights_dtype))));
+      out.config_json = json::DumpPython(plan.config) + "\n";
+    }
     out.architecture = plan.architecture;
     NoteLpFromMasters();
     out.notes = plan.notes;
@@ -308,6 +314,29 @@ absl::StatusOr<const formats::TargetFormat*> WeightsTarget(const std::string& na
 
 absl::StatusOr<ExportResult> ExportImpl(const ExportOptions& options);
 
+// The files of a Hugging Face model folder, besides config.json and the
+// weights, that from_pretrained (generation_config.json) and
+// AutoTokenizer.from_pretrained read: copied as they are when present.
+constexpr const char* kModelFolderFiles[] = {
+    "generation_config.json", "tokenizer.json",    "tokenizer_config.json", "special_tokens_map.json",
+    "tokenizer.model",        "vocab.json",        "merges.txt",            "added_tokens.json",
+    "chat_template.jinja",    "chat_template.json", "preprocessor_config.json",
+};
+
+absl::Status AddModelFolderFiles(const std::string& dir, writers::ExportWriteOptions* w,
+                                 std::vector<std::string>* notes) {
+  std::vector<std::string> copied;
+  for (const char* name : kModelFolderFiles) {
+    const std::string path = JoinPath(dir, name);
+    if (!PathExists(path) || IsDirectory(path)) continue;
+    UCP_ASSIGN_OR_RETURN(std::string bytes, ReadFileToString(path, int64_t{1} << 30));
+    w->extra_files.emplace_back(name, std::move(bytes));
+    copied.push_back(name);
+  }
+  if (!copied.empty()) notes->push_back(absl::StrCat("copied from ", dir, ": ", absl::StrJoin(copied, ", ")));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<ExportResult> Export(const ExportOptions& options) {
@@ -337,10 +366,24 @@ absl::StatusOr<ExportResult> ExportImpl(const ExportOptions& options) {
   UCP_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(options.input_folder, source, nullptr));
   const std::string source_dir = src.dir;
   std::unique_ptr<state::ModelState> state = std::move(src.state);
-  UCP_ASSIGN_OR_RETURN(ExportContents c, PlanExportContents(*state, options));
+  // --names=hf of a checkpoint inside a Hugging Face model folder (the
+  // Trainer's checkpoint-N): its config.json decides the architecture and is
+  // written as is, with the other files from_pretrained reads beside it.
+  ExportOptions o = options;
+  UCP_ASSIGN_OR_RETURN(formats::HfFolder hf_folder, formats::HfFolderOf(source_dir));
+  if (o.names == "hf" && !hf_folder.config_json.empty()) {
+    o.hf.checkpoint_config_json = hf_folder.config_json;
+    o.hf.checkpoint_model_type = hf_folder.model_type;
+    o.hf.checkpoint_architecture = hf_folder.architecture;
+  }
+  UCP_ASSIGN_OR_RETURN(ExportContents c, PlanExportContents(*state, o));
   writers::ExportWriteOptions w = options.write;
   w.inputs = {source_dir};
+  if (!hf_folder.dir.empty()) w.inputs.push_back(hf_folder.dir);
   if (!c.config_json.empty()) w.extra_files.emplace_back("config.json", c.config_json);
+  if (o.names == "hf" && !hf_folder.dir.empty()) {
+    UCP_RETURN_IF_ERROR(AddModelFolderFiles(hf_folder.dir, &w, &c.notes));
+  }
   ExportResult r;
   r.notes = state->info().notes;
   r.notes.insert(r.notes.end(), c.notes.begin(), c.notes.end());

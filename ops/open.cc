@@ -21,6 +21,19 @@ bool IsUniversalFormat(const formats::SourceFormat& format) {
   return false;
 }
 
+// A Hugging Face model folder around the checkpoint (the Trainer's
+// checkpoint-N): its config.json's model_type helps detect the preset.
+absl::StatusOr<SourceOptions> WithHfModelType(const SourceOptions& options, const formats::CheckpointFolder& folder) {
+  SourceOptions opts = options;
+  if (opts.rules.hf_model_type.empty()) {
+    // A config.json that does not parse helps nothing and is not the
+    // checkpoint's: detection goes by the names alone.
+    absl::StatusOr<formats::HfFolder> hf = formats::HfFolderOf(folder.dir);
+    if (hf.ok()) opts.rules.hf_model_type = hf->model_type;
+  }
+  return opts;
+}
+
 absl::StatusOr<formats::DetectedFolder> Detect(const std::string& path, const OpenRequest& request) {
   UCP_ASSIGN_OR_RETURN(formats::DetectedFolder d, formats::DetectFolder(Formats(), path));
   if (request.refuse_universal && IsUniversalFormat(*d.format)) {
@@ -36,7 +49,8 @@ absl::StatusOr<formats::DetectedFolder> Detect(const std::string& path, const Op
 absl::StatusOr<OpenedSource> OpenAndDescribe(const std::string& path, const SourceOptions& options,
                                              const OpenRequest& request, JobDescription* description) {
   UCP_ASSIGN_OR_RETURN(formats::DetectedFolder d, Detect(path, request));
-  UCP_ASSIGN_OR_RETURN(OpenedSource src, d.format->Open(d.folder, options, description));
+  UCP_ASSIGN_OR_RETURN(SourceOptions opts, WithHfModelType(options, d.folder));
+  UCP_ASSIGN_OR_RETURN(OpenedSource src, d.format->Open(d.folder, opts, description));
   if (description != nullptr) {
     description->set_source_kind(std::string(d.format->name()));
     description->set_source_dir(src.dir);
@@ -77,13 +91,15 @@ bool IsUniversalFolder(const std::string& path) {
 absl::StatusOr<std::unique_ptr<rules::ResolvedState>> OpenResolvedState(const std::string& path,
                                                                         const SourceOptions& options) {
   UCP_ASSIGN_OR_RETURN(formats::DetectedFolder d, formats::DetectFolder(Formats(), path));
-  UCP_ASSIGN_OR_RETURN(formats::SlicedSource sliced, d.format->OpenSliced(d.folder, options));
+  UCP_ASSIGN_OR_RETURN(SourceOptions opts, WithHfModelType(options, d.folder));
+  UCP_ASSIGN_OR_RETURN(formats::SlicedSource sliced, d.format->OpenSliced(d.folder, opts));
   return rules::ResolveRules(std::move(sliced.state), sliced.resolve);
 }
 
 absl::StatusOr<rules::SuggestReport> SuggestRules(const std::string& path, const SourceOptions& options) {
   UCP_ASSIGN_OR_RETURN(formats::DetectedFolder d, formats::DetectFolder(Formats(), path));
-  UCP_ASSIGN_OR_RETURN(formats::SlicedSource sliced, d.format->OpenSliced(d.folder, options));
+  UCP_ASSIGN_OR_RETURN(SourceOptions opts, WithHfModelType(options, d.folder));
+  UCP_ASSIGN_OR_RETURN(formats::SlicedSource sliced, d.format->OpenSliced(d.folder, opts));
   return rules::SuggestRules(std::move(sliced.state), sliced.resolve);
 }
 

@@ -1,7 +1,9 @@
 #include "ops/reshard.h"
 
 #include "absl/strings/str_cat.h"
+#include "base/fs.h"
 #include "base/status_macros.h"
+#include "ops/trainer_folder.h"
 #include "ops/training_state.h"
 #include "deepspeed/facet.h"
 #include "format/torch/mapped_file.h"
@@ -75,6 +77,7 @@ absl::Status ValidateTargetAgainstModel(const state::ModelState& state, const Re
 
 namespace {
 absl::StatusOr<ReshardResult> ReshardImpl(const ReshardOptions& options);
+
 }  // namespace
 
 absl::StatusOr<ReshardResult> Reshard(const ReshardOptions& options) {
@@ -130,6 +133,24 @@ absl::StatusOr<ReshardResult> ReshardImpl(const ReshardOptions& options) {
     return result;
   }
   const writers::RunOptions& run = planned->run;
+  UCP_ASSIGN_OR_RETURN(std::string trainer_dir, TrainerFolderInput(options.input_folder, src.dir));
+  if (!trainer_dir.empty()) {
+    if (options.cluster != nullptr && options.cluster->size() > 1) {
+      return absl::UnimplementedError(absl::StrCat(
+          options.input_folder, " is a Hugging Face Trainer checkpoint folder: under mpirun reshard its ",
+          Basename(src.dir), " folder (the Trainer's files are then not written), or run without mpirun"));
+    }
+    const state::Topology& t = options.write.target;
+    const std::string tag = Basename(src.dir);
+    UCP_ASSIGN_OR_RETURN(writers::WriteStats stats,
+                         WriteTrainerFolder(plan, run, options.output_folder, tag, trainer_dir, {tag, "latest"},
+                                            t.tp * t.pp * t.dp, source.allow_unsafe_pickles, &result.trainer_files));
+    result.trainer_folder = options.output_folder;
+    result.notes.insert(result.notes.end(), stats.notes.begin(), stats.notes.end());
+    result.write.files = stats.files;
+    result.write.bytes = stats.bytes;
+    return result;
+  }
   UCP_ASSIGN_OR_RETURN(writers::WriteStats stats,
                        options.cluster != nullptr
                            ? writers::RunPlanOnCluster(plan, options.output_folder, run, *options.cluster)

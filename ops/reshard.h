@@ -19,7 +19,10 @@ namespace ucp::ops {
 
 struct ReshardOptions {
   std::string input_folder;   // universal folder (or root with latest_universal), or ZeRO folder
-  std::string output_folder;  // ROOT/TAG
+  // ROOT/TAG; for a Hugging Face Trainer's checkpoint-N given as the input
+  // (the folder itself, not its global_stepN), the new checkpoint-N folder:
+  // global_stepN/ + latest + the Trainer's files (ops/trainer_folder.h).
+  std::string output_folder;
   writers::ZeroWriteOptions write;
   // The target format's registry name (--format), "" = the pick for the
   // model: deepspeed_zero (ZeRO 1/2), deepspeed_zero3 (--zero_stage=3 or a
@@ -42,6 +45,10 @@ struct ReshardResult {
   std::string source_kind;  // the source format's kind (formats::SourceFormat::kind)
   state::Topology source;
   std::vector<std::string> notes;  // assumptions about the source (ModelInfo::notes)
+  // A Trainer's checkpoint-N: the folder written, and one line per Trainer
+  // file saying what was done with it.
+  std::string trainer_folder;
+  std::vector<std::string> trainer_files;
 };
 
 absl::StatusOr<ReshardResult> Reshard(const ReshardOptions& options);

@@ -158,11 +158,15 @@ absl::StatusOr<const HfArchitecture*> ChooseArchitecture(const state::ModelInfo&
   if (plan->preset.empty() || plan->preset == "none") {
     std::vector<std::string> names;
     for (const auto& p : info.params) names.push_back(p.name);
-    std::optional<std::string> detected = DetectPreset(names);
+    std::optional<std::string> detected = DetectPreset(names, options.checkpoint_model_type);
     if (!detected) {
-      return absl::FailedPreconditionError(
+      std::vector<std::string> with_hf;
+      for (const std::string& n : PresetNames()) {
+        if (auto p = FindPreset(n); p.ok() && (*p)->hf_size() > 0) with_hf.push_back(n);
+      }
+      return absl::FailedPreconditionError(absl::StrCat(
           "--names=hf: no preset recognizes this checkpoint's param names; pass --preset=NAME (presets with Hugging "
-          "Face names: gpt-neox, megatron-deepspeed) or export with --names=checkpoint");
+          "Face names: ", absl::StrJoin(with_hf, ", "), ") or export with --names=checkpoint"));
     }
     plan->preset = *detected;
     plan->notes.push_back(absl::StrCat("Hugging Face names from preset '", plan->preset, "' (detected from the names)"));
@@ -171,6 +175,37 @@ absl::StatusOr<const HfArchitecture*> ChooseArchitecture(const state::ModelInfo&
   if (preset->hf_size() == 0) {
     return absl::FailedPreconditionError(absl::StrCat("--names=hf: preset '", plan->preset,
                                                       "' has no Hugging Face architecture; export with --names=checkpoint"));
+  }
+  // The checkpoint's own config.json names its architecture: the entry that
+  // lists it keeps the names and writes that config as is; its conditions
+  // that exclude names (no_param) still hold.
+  if (!options.checkpoint_architecture.empty()) {
+    std::vector<std::string> known;
+    for (const HfArchitecture& a : preset->hf()) {
+      for (const std::string& c : a.config_architectures()) {
+        known.push_back(c);
+        if (c != options.checkpoint_architecture) continue;
+        HfArchitecture only_names;
+        for (const HfCondition& cond : a.require()) {
+          if (!cond.no_param().empty()) *only_names.add_require() = cond;
+        }
+        only_names.set_architecture(c);
+        UCP_ASSIGN_OR_RETURN(std::string failed, FailedCondition(only_names, info, args));
+        if (!failed.empty()) {
+          return absl::FailedPreconditionError(absl::StrCat("--names=hf: ", c, " (the checkpoint's config.json, preset '",
+                                                            plan->preset, "'): ", failed));
+        }
+        plan->config_verbatim = true;
+        plan->notes.push_back(absl::StrCat("config.json: the checkpoint's own (", c, "), names kept"));
+        return &a;
+      }
+    }
+    if (!known.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--names=hf: the checkpoint's config.json names ", options.checkpoint_architecture, ", which preset '",
+          plan->preset, "' does not know (", absl::StrJoin(known, ", "),
+          "); the names are the checkpoint's own: export with --names=checkpoint"));
+    }
   }
   std::vector<std::string> refusals;
   for (const HfArchitecture& a : preset->hf()) {
@@ -325,6 +360,22 @@ absl::StatusOr<NamedTensors> NameTensors(const HfArchitecture& arch, const state
   return out;
 }
 
+// An operand of HfConfigField.divide: "HF_NAME:DIM" (a dim of an exported
+// tensor that is not a fused QKV part) or a config key holding an int.
+int64_t Operand(const json::Value& config, const NamedTensors& tensors, const std::string& operand, bool* ok) {
+  std::vector<std::string> parts = absl::StrSplit(operand, ':');
+  if (parts.size() != 2) return ConfigInt(config, operand, ok);
+  int dim = 0;
+  if (absl::SimpleAtoi(parts[1], &dim)) {
+    for (const Out& o : tensors.outs) {
+      if (o.t.name != parts[0] || o.entry->split() == HF_SPLIT_QKV) continue;
+      if (dim >= 0 && static_cast<size_t>(dim) < o.t.shape.size()) return o.t.shape[static_cast<size_t>(dim)];
+    }
+  }
+  *ok = false;
+  return 0;
+}
+
 // A config.json field's value from what the checkpoint says, trying its
 // sources in the preset's order: a tensor's dim, whether a tensor is there,
 // the layer count, the args, another key's value, a quotient of two keys,
@@ -369,8 +420,8 @@ absl::StatusOr<std::optional<json::Value>> ConfigFieldFromCheckpoint(const HfCon
   if (!v && !f.divide().empty()) {
     std::vector<std::string> ab = absl::StrSplit(f.divide(), '/');
     bool ok = ab.size() == 2;
-    const int64_t a = ok ? ConfigInt(config, ab[0], &ok) : 0;
-    const int64_t b = ok ? ConfigInt(config, ab[1], &ok) : 0;
+    const int64_t a = ok ? Operand(config, tensors, ab[0], &ok) : 0;
+    const int64_t b = ok ? Operand(config, tensors, ab[1], &ok) : 0;
     if (ok && b != 0 && a % b == 0) v = json::Value::Int(a / b);
   }
   if (!v && !f.value().empty()) {
@@ -381,6 +432,10 @@ absl::StatusOr<std::optional<json::Value>> ConfigFieldFromCheckpoint(const HfCon
       plan->notes.push_back(absl::StrCat("config.json ", f.key(), " = ", f.value(), ": the default, since the checkpoint's args have no ",
                                          absl::StrJoin(f.arg(), " or "), "; pass --hf_config=", f.key(),
                                          "=VALUE if the training used another"));
+    } else if (f.note_default()) {
+      plan->notes.push_back(absl::StrCat("config.json ", f.key(), " = ", f.value(),
+                                         ": the default, which the checkpoint does not record; pass --hf_config=",
+                                         f.key(), "=VALUE if the model has another"));
     }
   }
   return v;
@@ -540,8 +595,18 @@ absl::StatusOr<HfNamePlan> PlanHfNames(const state::ModelInfo& info, const std::
   UCP_ASSIGN_OR_RETURN(NameMatches names, MatchNames(*arch, info, order, &plan));
   const int64_t source_tp = std::max(1, info.source_topology.tp);
   UCP_ASSIGN_OR_RETURN(NamedTensors tensors, NameTensors(*arch, info, names, source_tp, plan.preset));
-  UCP_ASSIGN_OR_RETURN(json::Value config, BuildConfig(*arch, tensors, static_cast<int>(names.ordinal.size()), args,
-                                                       options, &plan));
+  json::Value config;
+  if (plan.config_verbatim) {
+    UCP_ASSIGN_OR_RETURN(config, json::Parse(options.checkpoint_config_json),
+                         _.Prepend("the checkpoint's config.json: "));
+    if (!options.config.empty()) {
+      return absl::InvalidArgumentError(
+          "--hf_config: the checkpoint's own config.json is written as is; edit it instead of overriding its keys");
+    }
+  } else {
+    UCP_ASSIGN_OR_RETURN(config, BuildConfig(*arch, tensors, static_cast<int>(names.ordinal.size()), args, options,
+                                             &plan));
+  }
   // Tp sums and QKV splits, now that the config is known.
   UCP_ASSIGN_OR_RETURN(std::string layout, ChooseQkvLayout(*arch, tensors.outs, args, options, &plan));
   for (Out& o : tensors.outs) {

@@ -55,6 +55,9 @@ struct HfNamePlan {
   json::Value config;  // without torch_dtype, which the caller knows
   std::vector<std::string> dropped;  // checkpoint names with no HF counterpart, by design
   std::vector<std::string> notes;
+  // `config` is the checkpoint's own config.json (HfOptions), to be written
+  // byte for byte (HfArchitecture.config_architectures).
+  bool config_verbatim = false;
 };
 
 struct HfOptions {
@@ -62,6 +65,12 @@ struct HfOptions {
   std::string qkv_layout = "auto";   // auto, grouped, block
   // config.json values given by the user: key -> JSON literal (`--hf_config`).
   std::vector<std::pair<std::string, std::string>> config;
+  // The checkpoint's own config.json (a Trainer's checkpoint-N holds one;
+  // formats::HfFolderOf): its contents ("" = none), model_type and
+  // architectures[0].
+  std::string checkpoint_config_json;
+  std::string checkpoint_model_type;
+  std::string checkpoint_architecture;
 };
 
 // `order`: indices into info.params to export, in output order (tied

@@ -1,5 +1,6 @@
 #include "rules/presets.h"
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <regex>
@@ -100,11 +101,17 @@ absl::StatusOr<MergeRules> PresetRules(absl::string_view name) {
   return rules;
 }
 
-std::optional<std::string> DetectPreset(const std::vector<std::string>& names) {
+std::optional<std::string> DetectPreset(const std::vector<std::string>& names, const std::string& hf_model_type) {
   if (names.empty()) return std::nullopt;
   std::map<std::string, size_t> score;
   std::map<std::string, bool> required_met;
+  std::vector<std::string> lists_model_type;
   for (const auto& [name, preset] : Presets().presets) {
+    if (!hf_model_type.empty() && preset.hf_model_type_size() > 0) {
+      const auto& types = preset.hf_model_type();
+      if (std::find(types.begin(), types.end(), hf_model_type) == types.end()) continue;
+      lists_model_type.push_back(name);
+    }
     MergeRules rules;
     for (const MergeRule& r : preset.rule()) *rules.add_rule() = r;
     auto set = RuleSet::Compile(rules, PRESET, name);
@@ -126,6 +133,10 @@ std::optional<std::string> DetectPreset(const std::vector<std::string>& names) {
     for (const auto& n : names) {
       if (set->MatchName(n) != nullptr) ++s;
     }
+  }
+  // The checkpoint's config.json names the model type a preset lists.
+  for (const std::string& preset : lists_model_type) {
+    if (score[preset] > 0 && score[preset] * 2 >= names.size()) return preset;
   }
   std::string best;
   size_t best_score = 0;

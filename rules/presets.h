@@ -32,7 +32,12 @@ absl::StatusOr<MergeRules> PresetRules(absl::string_view name);
 // The preset whose rules match the most of `names` (at least half of them
 // and more than any other; Preset.detect_requires narrows the candidates),
 // or nullopt. Names only: rules' shape conditions are not tested.
-std::optional<std::string> DetectPreset(const std::vector<std::string>& names);
+// `hf_model_type`: the `model_type` of the checkpoint's config.json ("" =
+// none): presets that list model types (Preset.hf_model_type) but not this
+// one are no candidates, and one that lists it wins if its rules match at
+// least half of the names.
+std::optional<std::string> DetectPreset(const std::vector<std::string>& names,
+                                        const std::string& hf_model_type = "");
 
 // The ArgOverride rules of `preset` whose condition the checkpoint's `args`
 // (a dict, or null) meets, in file order, each with its note.

@@ -290,7 +290,7 @@ absl::StatusOr<RuleResolver> RuleResolver::Make(const Options& options, const Va
   if (options.preset != "none") {
     std::string preset = options.preset;
     if (preset.empty()) {
-      if (auto detected = DetectPreset(names)) {
+      if (auto detected = DetectPreset(names, options.hf_model_type)) {
         preset = *detected;
         r.preset_detected_ = true;
       }

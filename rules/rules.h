@@ -109,6 +109,10 @@ class RuleResolver {
     // Used when nothing else decides (--default_kind); UNSPECIFIED = error.
     MergeKind default_kind = MERGE_KIND_UNSPECIFIED;
     int64_t original_vocab_size = 0;  // 0 = from the checkpoint info if any
+    // The `model_type` of the checkpoint's config.json (a Hugging Face
+    // Trainer's checkpoint-N folder holds one), "" = none: preset detection
+    // takes it into account (DetectPreset).
+    std::string hf_model_type;
   };
   // `uc_info`: the checkpoint's universal_checkpoint_info; `names`: every
   // param (for preset detection); `args`: the training's args (a dict), for

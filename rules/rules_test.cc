@@ -208,6 +208,175 @@ TEST(SavannaPresetTest, DetectedFromEitherNaming) {
   EXPECT_EQ(namer({"final_linear.weight"}), "ParallelLinearPipe");
 }
 
+// --- Hugging Face names (rules/presets/hf-*.textproto) ---
+
+struct HfTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  MergeKind kind;
+  int split_dim;  // -1: whole
+};
+
+// Every param of tiny transformers 5.12 instances (names and shapes as
+// `model.state_dict()` gives them) and how AutoTP splits it from the
+// family's tp plan (FINDINGS 4.2: colwise -> dim 0, rowwise -> dim 1, no
+// plan entry -> whole).
+std::vector<HfTensor> LlamaLikeTensors(const std::string& prefix) {
+  const std::string l = prefix + "model.layers.1.";
+  return {
+      {prefix + "model.embed_tokens.weight", {128, 64}, REPLICATED, -1},
+      {l + "self_attn.q_proj.weight", {64, 64}, COLUMN, 0},
+      {l + "self_attn.q_proj.bias", {64}, COLUMN, 0},  // Qwen2
+      {l + "self_attn.k_proj.weight", {32, 64}, COLUMN, 0},
+      {l + "self_attn.v_proj.weight", {32, 64}, COLUMN, 0},
+      {l + "self_attn.o_proj.weight", {64, 64}, ROW, 1},
+      {l + "self_attn.q_norm.weight", {16}, REPLICATED, -1},  // Qwen3
+      {l + "self_attn.k_norm.weight", {16}, REPLICATED, -1},
+      {l + "mlp.gate_proj.weight", {128, 64}, COLUMN, 0},
+      {l + "mlp.up_proj.weight", {128, 64}, COLUMN, 0},
+      {l + "mlp.down_proj.weight", {64, 128}, ROW, 1},
+      {l + "input_layernorm.weight", {64}, REPLICATED, -1},
+      {l + "post_attention_layernorm.weight", {64}, REPLICATED, -1},
+      {l + "pre_feedforward_layernorm.weight", {64}, REPLICATED, -1},  // Gemma2/3
+      {l + "post_feedforward_layernorm.weight", {64}, REPLICATED, -1},
+      {l + "self_attn.dense.weight", {64, 64}, ROW, 1},  // Phi
+      {l + "self_attn.dense.bias", {64}, REPLICATED, -1},
+      {l + "mlp.fc1.weight", {128, 64}, COLUMN, 0},
+      {l + "mlp.fc1.bias", {128}, COLUMN, 0},
+      {l + "mlp.fc2.weight", {64, 128}, ROW, 1},
+      {l + "mlp.fc2.bias", {64}, REPLICATED, -1},
+      {l + "mlp.c_fc.weight", {128, 64}, COLUMN, 0},  // Starcoder2
+      {l + "mlp.c_proj.weight", {64, 128}, ROW, 1},
+      {l + "mlp.c_proj.bias", {64}, REPLICATED, -1},
+      {l + "mlp.gate.weight", {2, 64}, REPLICATED, -1},  // Mixtral / Qwen2-MoE routers and experts
+      {l + "mlp.experts.gate_up_proj", {2, 256, 64}, REPLICATED, -1},
+      {l + "mlp.shared_expert.gate_proj.weight", {32, 64}, REPLICATED, -1},
+      {l + "mlp.gate_up_proj.weight", {256, 64}, SUB_PARAMS, 0},  // Phi-3
+      {prefix + "model.final_layernorm.weight", {64}, REPLICATED, -1},
+      {prefix + "model.norm.weight", {64}, REPLICATED, -1},
+      {prefix + "lm_head.weight", {128, 64}, COLUMN, 0},
+  };
+}
+
+void ExpectSplits(const std::string& preset, const std::vector<HfTensor>& tensors) {
+  auto rules = PresetRules(preset);
+  ASSERT_TRUE(rules.ok()) << rules.status();
+  auto set = RuleSet::Compile(*rules, PRESET, preset);
+  ASSERT_TRUE(set.ok()) << set.status();
+  for (const HfTensor& t : tensors) {
+    SCOPED_TRACE(t.name);
+    const MergeRule* r = set->Match(t.name, t.shape);
+    ASSERT_NE(r, nullptr);
+    EXPECT_EQ(r->kind(), t.kind);
+    if (t.split_dim >= 0) {
+      EXPECT_EQ(tp::PartitionDim(*r), t.split_dim);
+    }
+  }
+}
+
+TEST(HfPresetTest, LlamaStyleFamiliesSplitAsAutoTpSplitsThem) {
+  ExpectSplits("hf-llama", LlamaLikeTensors(""));
+  // Phi-3's fused [gate; up] is two sub-params; its qkv_proj is left to a rule.
+  auto set = RuleSet::Compile(*PresetRules("hf-llama"), PRESET, "hf-llama");
+  ASSERT_TRUE(set.ok());
+  EXPECT_EQ(set->Match("model.layers.0.mlp.gate_up_proj.weight", {256, 64})->num_sub_params(), 2);
+  EXPECT_EQ(set->Match("model.layers.0.self_attn.qkv_proj.weight", {128, 64}), nullptr);
+}
+
+TEST(HfPresetTest, PeftLoraNamesSplitAsTheirBaseLayer) {
+  const std::string p = "base_model.model.model.layers.0.";
+  ExpectSplits("hf-llama", {
+                               {p + "self_attn.q_proj.base_layer.weight", {64, 64}, COLUMN, 0},
+                               {p + "self_attn.q_proj.lora_A.default.weight", {4, 64}, REPLICATED, -1},
+                               {p + "self_attn.q_proj.lora_B.default.weight", {64, 4}, COLUMN, 0},
+                               {p + "self_attn.o_proj.base_layer.weight", {64, 64}, ROW, 1},
+                               {p + "self_attn.o_proj.lora_A.default.weight", {4, 64}, ROW, 1},
+                               {p + "self_attn.o_proj.lora_B.default.weight", {64, 4}, REPLICATED, -1},
+                               {p + "mlp.down_proj.lora_A.default.weight", {4, 128}, ROW, 1},
+                               {"base_model.model.model.embed_tokens.weight", {128, 64}, REPLICATED, -1},
+                               {"base_model.model.lm_head.weight", {128, 64}, COLUMN, 0},
+                           });
+  ExpectSplits("hf-llama", LlamaLikeTensors("base_model.model."));
+}
+
+TEST(HfPresetTest, GptNeoxAndGpt2) {
+  ExpectSplits("hf-gpt-neox", {
+                                  {"gpt_neox.embed_in.weight", {128, 64}, REPLICATED, -1},
+                                  {"gpt_neox.layers.0.input_layernorm.bias", {64}, REPLICATED, -1},
+                                  {"gpt_neox.layers.0.attention.query_key_value.weight", {192, 64}, COLUMN, 0},
+                                  {"gpt_neox.layers.0.attention.query_key_value.bias", {192}, COLUMN, 0},
+                                  {"gpt_neox.layers.0.attention.dense.weight", {64, 64}, ROW, 1},
+                                  {"gpt_neox.layers.0.attention.dense.bias", {64}, REPLICATED, -1},
+                                  {"gpt_neox.layers.0.mlp.dense_h_to_4h.weight", {128, 64}, COLUMN, 0},
+                                  {"gpt_neox.layers.0.mlp.dense_4h_to_h.weight", {64, 128}, ROW, 1},
+                                  {"gpt_neox.layers.0.mlp.dense_4h_to_h.bias", {64}, REPLICATED, -1},
+                                  {"gpt_neox.final_layer_norm.weight", {64}, REPLICATED, -1},
+                                  {"embed_out.weight", {128, 64}, COLUMN, 0},
+                              });
+  // Conv1D weights are [in, out]: column-parallel ones split dim 1, row-parallel ones dim 0.
+  ExpectSplits("hf-gpt2", {
+                              {"transformer.wte.weight", {128, 64}, REPLICATED, -1},
+                              {"transformer.wpe.weight", {64, 64}, REPLICATED, -1},
+                              {"transformer.h.0.ln_1.weight", {64}, REPLICATED, -1},
+                              {"transformer.h.0.attn.c_attn.weight", {64, 192}, SUB_PARAMS, 1},
+                              {"transformer.h.0.attn.c_attn.bias", {192}, SUB_PARAMS, 0},
+                              {"transformer.h.0.attn.c_proj.weight", {64, 64}, COLUMN, 0},
+                              {"transformer.h.0.attn.c_proj.bias", {64}, REPLICATED, -1},
+                              {"transformer.h.0.mlp.c_fc.weight", {64, 256}, ROW, 1},
+                              {"transformer.h.0.mlp.c_fc.bias", {256}, COLUMN, 0},
+                              {"transformer.h.0.mlp.c_proj.weight", {256, 64}, COLUMN, 0},
+                              {"transformer.h.0.mlp.c_proj.bias", {64}, REPLICATED, -1},
+                              {"transformer.ln_f.bias", {64}, REPLICATED, -1},
+                          });
+}
+
+std::vector<std::string> Names(const std::vector<HfTensor>& tensors) {
+  std::vector<std::string> out;
+  for (const HfTensor& t : tensors) out.push_back(t.name);
+  return out;
+}
+
+TEST(HfPresetTest, DetectedFromTheNamesAndTheConfigModelType) {
+  // A Trainer's Llama (FINDINGS 1: the tiny LlamaForCausalLM's 21 params).
+  std::vector<std::string> llama = {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"};
+  for (int l = 0; l < 2; ++l) {
+    for (const char* s : {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+                          "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
+                          "mlp.down_proj.weight", "input_layernorm.weight", "post_attention_layernorm.weight"}) {
+      llama.push_back("model.layers." + std::to_string(l) + "." + s);
+    }
+  }
+  EXPECT_EQ(DetectPreset(llama), "hf-llama");
+  EXPECT_EQ(DetectPreset(llama, "llama"), "hf-llama");
+  EXPECT_EQ(DetectPreset(llama, "mistral"), "hf-llama");
+  EXPECT_EQ(DetectPreset(Names(LlamaLikeTensors("base_model.model."))), "hf-llama");
+  // Megatron-DeepSpeed's Llama-style pipeline names stay megatron-deepspeed.
+  std::vector<std::string> pipe = {"tied_modules.embed.word_embeddings.weight", "4.weight"};
+  for (const char* s : {"self_attn.q_proj.weight", "self_attn.o_proj.weight", "mlp.down_proj.weight",
+                        "input_layernorm.weight", "post_attention_layernorm.weight"}) {
+    pipe.push_back(std::string("2.") + s);
+  }
+  EXPECT_EQ(DetectPreset(pipe), "megatron-deepspeed");
+  std::vector<std::string> gpt2 = {"transformer.wte.weight", "transformer.wpe.weight", "transformer.ln_f.weight",
+                                   "transformer.ln_f.bias"};
+  for (const char* s : {"ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight",
+                        "attn.c_proj.bias", "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight", "mlp.c_fc.bias",
+                        "mlp.c_proj.weight", "mlp.c_proj.bias"}) {
+    gpt2.push_back(std::string("transformer.h.0.") + s);
+  }
+  EXPECT_EQ(DetectPreset(gpt2), "hf-gpt2");
+  EXPECT_EQ(DetectPreset(gpt2, "gpt2"), "hf-gpt2");
+  // GPTBigCode has GPT-2's names with nn.Linear weights: its config.json says so.
+  EXPECT_NE(DetectPreset(gpt2, "gpt_bigcode"), "hf-gpt2");
+  std::vector<std::string> neox = {"gpt_neox.embed_in.weight", "gpt_neox.final_layer_norm.weight",
+                                   "gpt_neox.final_layer_norm.bias", "embed_out.weight"};
+  for (const char* s : {"input_layernorm.weight", "attention.query_key_value.weight", "attention.dense.weight",
+                        "attention.dense.bias", "mlp.dense_h_to_4h.weight", "mlp.dense_4h_to_h.weight"}) {
+    neox.push_back(std::string("gpt_neox.layers.0.") + s);
+  }
+  EXPECT_EQ(DetectPreset(neox), "hf-gpt-neox");
+}
+
 // --- the suggestions' evidence ---
 
 ParamFacts Facts(const std::string& name, std::vector<int64_t> slice, std::optional<bool> equal) {

@@ -34,6 +34,11 @@ int RunConvert(int argc, char** argv) {
   }
   for (const auto& w : result->warnings) std::cerr << "ucp: note: " << w << "\n";
   std::cout << ConvertReport(c, *result);
+  if (!result->trainer_folder.empty()) {
+    std::cout << "Hugging Face Trainer folder " << result->trainer_folder
+              << " (resume with \"checkpoint\": {\"load_universal\": true} in the DeepSpeed config):\n";
+    for (const auto& line : result->trainer_files) std::cout << "  " << line << "\n";
+  }
   return 0;
 }
 

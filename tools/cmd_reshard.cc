@@ -34,6 +34,10 @@ int RunReshard(int argc, char** argv) {
   }
   for (const auto& n : result->notes) std::cerr << "ucp: note: " << n << "\n";
   std::cout << ReshardReport(r, *result);
+  if (!result->trainer_folder.empty()) {
+    std::cout << "Hugging Face Trainer folder " << result->trainer_folder << ":\n";
+    for (const auto& line : result->trainer_files) std::cout << "  " << line << "\n";
+  }
   return 0;
 }
 

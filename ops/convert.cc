@@ -53,12 +53,18 @@ std::string RuleExplanation(const state::ModelInfo& info) {
 
 namespace {
 
-// The target `convert` writes: the registry's universal format.
-absl::StatusOr<const formats::TargetFormat*> UniversalTarget() {
+// The target `convert` writes: the registry's format of family kUniversal
+// named `to` ("" or "universal": DeepSpeed's universal checkpoint).
+absl::StatusOr<const formats::TargetFormat*> UniversalTarget(const std::string& to) {
+  const std::string name = to.empty() || to == "universal" ? "deepspeed_universal" : to;
+  std::vector<std::string> known;
   for (const auto& t : formats::builtin::Formats().targets()) {
-    if (t->family() == formats::TargetFamily::kUniversal) return t.get();
+    if (t->family() != formats::TargetFamily::kUniversal) continue;
+    if (t->name() == name) return t.get();
+    known.push_back(t->name() == "deepspeed_universal" ? "universal" : std::string(t->name()));
   }
-  return absl::InternalError("no universal target format is registered");
+  return absl::InvalidArgumentError(
+      absl::StrCat("--to=", to, ": expected one of ", absl::StrJoin(known, ", ")));
 }
 
 absl::StatusOr<ConvertResult> ConvertImpl(const ConvertOptions& options);
@@ -147,7 +153,7 @@ absl::StatusOr<ConvertResult> ConvertImpl(const ConvertOptions& options) {
   write.source_folder = src.dir;
   write.inputs = {src.dir};
   write.rules = src.effective_rules;
-  UCP_ASSIGN_OR_RETURN(const formats::TargetFormat* universal, UniversalTarget());
+  UCP_ASSIGN_OR_RETURN(const formats::TargetFormat* universal, UniversalTarget(options.to));
   absl::StatusOr<std::unique_ptr<writers::Plan>> plan = universal->PlanUniversal(*state, write);
   if (options.cluster != nullptr) UCP_RETURN_IF_ERROR(AgreeOnStatus(*options.cluster, plan.status()));
   UCP_RETURN_IF_ERROR(plan.status());

@@ -17,6 +17,10 @@ namespace ucp::ops {
 struct ConvertOptions {
   std::string input_folder;   // a tag folder, or a root with `latest`
   std::string output_folder;  // the universal folder to create
+  // The target (a registered format of family kUniversal): "" or
+  // "universal" for DeepSpeed's universal checkpoint, "dcp" for PyTorch
+  // Distributed Checkpoint (formats/dcp).
+  std::string to;
   SourceOptions state;
   writers::UniversalWriteOptions write;
   // Unused patterns of a --rules file are an error (ds_to_universal's strict

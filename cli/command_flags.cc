@@ -147,6 +147,10 @@ void ConvertFlags::Register(FlagSet& f) {
            "written last",
            true);
   src.Register(f);
+  f.String("to", &o.to,
+           "what to write: universal (DeepSpeed's universal checkpoint, the default) or dcp (PyTorch Distributed "
+           "Checkpoint: model and Adam state as an FSDP2 model's get_model_state_dict / get_optimizer_state_dict "
+           "give them, for torch.distributed.checkpoint.load at any world size)");
   f.Bool("explain", &explain, "print every param's merge kind, the source of that rule and why");
   RegisterProgressFlag(f, &progress);
   RegisterThreadsFlag(f, "threads converting params in parallel (0 = all cores)");

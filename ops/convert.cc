@@ -55,12 +55,18 @@ std::string RuleExplanation(const state::ModelInfo& info) {
 
 namespace {
 
-// The target `convert` writes: the registry's universal format.
-absl::StatusOr<const formats::TargetFormat*> UniversalTarget() {
+// The target `convert` writes: the registry's format of family kUniversal
+// named `to` ("" or "universal": DeepSpeed's universal checkpoint).
+absl::StatusOr<const formats::TargetFormat*> UniversalTarget(const std::string& to) {
+  const std::string name = to.empty() || to == "universal" ? "deepspeed_universal" : to;
+  std::vector<std::string> known;
   for (const auto& t : formats::builtin::Formats().targets()) {
-    if (t->family() == formats::TargetFamily::kUniversal) return t.get();
+    if (t->family() != formats::TargetFamily::kUniversal) continue;
+    if (t->name() == name) return t.get();
+    known.push_back(t->name() == "deepspeed_universal" ? "universal" : std::string(t->name()));
   }
-  return absl::InternalError("no universal target format is registered");
+  return absl::InvalidArgumentError(
+      absl::StrCat("--to=", to, ": expected one of ", absl::StrJoin(known, ", ")));
 }
 
 absl::StatusOr<ConvertResult> ConvertImpl(const ConvertOptions& options);
@@ -149,7 +155,7 @@ absl::StatusOr<ConvertResult> ConvertImpl(const ConvertOptions& options) {
   write.source_folder = src.dir;
   write.inputs = {src.dir};
   write.rules = src.effective_rules;
-  UCP_ASSIGN_OR_RETURN(const formats::TargetFormat* universal, UniversalTarget());
+  UCP_ASSIGN_OR_RETURN(const formats::TargetFormat* universal, UniversalTarget(options.to));
   absl::StatusOr<std::unique_ptr<writers::Plan>> plan = universal->PlanUniversal(*state, write);
   if (options.cluster != nullptr) UCP_RETURN_IF_ERROR(AgreeOnStatus(*options.cluster, plan.status()));
   UCP_RETURN_IF_ERROR(plan.status());
@@ -161,6 +167,11 @@ absl::StatusOr<ConvertResult> ConvertImpl(const ConvertOptions& options) {
   }
   writers::RunOptions run = writers::UniversalRunOptions(write);
   UCP_ASSIGN_OR_RETURN(std::string trainer_dir, TrainerFolderInput(options.input_folder, src.dir));
+  if (!trainer_dir.empty() && universal->name() != "deepspeed_universal") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        options.input_folder, " is a Hugging Face Trainer checkpoint folder, which --to=", options.to,
+        " does not write: convert its ", Basename(src.dir), " folder"));
+  }
   if (!trainer_dir.empty()) {
     // A Trainer's checkpoint-N: a new checkpoint-N holding the universal
     // folder, latest_universal and the Trainer's files, which the Trainer

@@ -20,6 +20,10 @@ struct ConvertOptions {
   // checkpoint-N given as the input (the folder itself), the new
   // checkpoint-N: <tag>_universal/ + latest_universal + the Trainer's files.
   std::string output_folder;
+  // The target (a registered format of family kUniversal): "" or
+  // "universal" for DeepSpeed's universal checkpoint, "dcp" for PyTorch
+  // Distributed Checkpoint (formats/dcp).
+  std::string to;
   SourceOptions state;
   writers::UniversalWriteOptions write;
   // Unused patterns of a --rules file are an error (ds_to_universal's strict

@@ -1,5 +1,6 @@
 #include "formats/builtin/builtin.h"
 
+#include "formats/dcp/format.h"
 #include "formats/deepspeed_moe/format.h"
 #include "formats/deepspeed_universal/format.h"
 #include "formats/deepspeed_zero/format.h"
@@ -23,6 +24,7 @@ Registry* Build() {
   deepspeed_zero0::Register(*r);
   deepspeed_zero::Register(*r);
   weights::Register(*r);
+  dcp::Register(*r);
   return r;
 }
 

@@ -1,0 +1,16 @@
+// PyTorch Distributed Checkpoint as a target format (dcp_writer.h): `ucp
+// convert --to=dcp`.
+#ifndef UCP_FORMATS_DCP_FORMAT_H_
+#define UCP_FORMATS_DCP_FORMAT_H_
+
+#include "formats/format.h"
+
+namespace ucp::dcp {
+
+inline constexpr char kName[] = "dcp";
+
+void Register(formats::Registry& registry);
+
+}  // namespace ucp::dcp
+
+#endif  // UCP_FORMATS_DCP_FORMAT_H_

@@ -1,0 +1,62 @@
+#!/bin/bash
+# `ucp convert --to=dcp` read by torch's own torch.distributed.checkpoint (torch 2.14,
+# Debian unstable root of tools/deepspeed_env.sh): each real DeepSpeed 0.19.5 fixture
+# named in the args is converted to DCP and to universal, and dcp_load_check.py loads the
+# DCP folder at world sizes 1, 2 and 3 (gloo; dim-0 shards as FSDP2 holds them) and
+# compares every entry bitwise with the universal folder's (which DeepSpeed's own loader
+# reads bitwise: realds/). Negative control: a DCP folder with one byte of one tensor
+# changed must fail the check.
+# Args: UCP CHECKER FIXTURE... (paths under @shared's fixtures/deepspeed-0.19.5)
+set -u
+UCP=$(pwd)/$1; CHECK=$(pwd)/$2; shift 2
+for d in external/shared ../shared; do
+  if [[ -d $d/deepspeed-src ]]; then
+    UCP_SHARED_DIR=$(cd "$d" && pwd)
+    break
+  fi
+done
+export UCP_SHARED_DIR
+ENV=$(pwd)/tools/deepspeed_env.sh
+# The runfiles are symlinks out of the root's reach: run a copy from the bound folder.
+cp "$CHECK" "$TEST_TMPDIR/dcp_load_check.py"
+CHECK=$TEST_TMPDIR/dcp_load_check.py
+fail=0
+check() {  # DCP UNIVERSAL WORLD
+  "$ENV" run --root=sid --deepspeed=0.19.5 --bind="$TEST_TMPDIR" -- \
+    python3 "$CHECK" "$1" "$2" "$3" 2>&1 | grep -v -e gloo -e UserWarning -e 'return func'
+  return "${PIPESTATUS[0]}"
+}
+for fx in "$@"; do
+  name=$(basename "$fx")
+  src=$UCP_SHARED_DIR/fixtures/deepspeed-0.19.5/$fx
+  out=$TEST_TMPDIR/$name
+  if ! "$UCP" convert --input_folder="$src" --output_folder="$out/dcp" --to=dcp > "$out.log" 2>&1 ||
+     ! "$UCP" convert --input_folder="$src" --output_folder="$out/u" >> "$out.log" 2>&1; then
+    echo "FAIL $name: ucp convert failed:"; cat "$out.log"; fail=1; continue
+  fi
+  for world in 1 2 3; do
+    if check "$out/dcp" "$out/u" "$world"; then echo "PASS $name world $world"; else echo "FAIL $name world $world"; fail=1; fi
+  done
+done
+# Negative control: flip one bit of the first model entry's storage (the last byte of its data record).
+fx=$1; name=$(basename "$fx")
+bad=$TEST_TMPDIR/bad
+cp -r "$TEST_TMPDIR/$name/dcp" "$bad"
+victim=$(ls "$bad"/model/*.distcp | head -1)
+/usr/bin/python3 - "$victim" <<'PY'
+import sys, zipfile
+path = sys.argv[1]
+with zipfile.ZipFile(path) as z:
+    info = [i for i in z.infolist() if "/data/" in i.filename][0]
+data = bytearray(open(path, "rb").read())
+start = info.header_offset + 30 + len(info.filename.encode()) + len(info.extra)
+data[start] ^= 1
+open(path, "wb").write(bytes(data))
+PY
+check "$bad" "$TEST_TMPDIR/$name/u" 1 > "$TEST_TMPDIR/bad.log" 2>&1
+if ! grep -q "^world 1: .* DIFFER: model\." "$TEST_TMPDIR/bad.log"; then
+  echo "FAIL negative control: a changed DCP entry was not reported as differing"; cat "$TEST_TMPDIR/bad.log"; fail=1
+else
+  echo "PASS negative control: $(grep '^world' "$TEST_TMPDIR/bad.log" | cut -c1-200)"
+fi
+exit $fail

@@ -44,13 +44,14 @@ bad=$TEST_TMPDIR/bad
 cp -r "$TEST_TMPDIR/$name/dcp" "$bad"
 victim=$(ls "$bad"/model/*.distcp | head -1)
 /usr/bin/python3 - "$victim" <<'PY'
-import sys, zipfile
+import struct, sys, zipfile
 path = sys.argv[1]
 with zipfile.ZipFile(path) as z:
     info = [i for i in z.infolist() if "/data/" in i.filename][0]
 data = bytearray(open(path, "rb").read())
-start = info.header_offset + 30 + len(info.filename.encode()) + len(info.extra)
-data[start] ^= 1
+off = info.header_offset  # the local header's own name and extra lengths give the data's start
+n, m = struct.unpack("<HH", data[off + 26:off + 30])
+data[off + 30 + n + m] ^= 1
 open(path, "wb").write(bytes(data))
 PY
 check "$bad" "$TEST_TMPDIR/$name/u" 1 > "$TEST_TMPDIR/bad.log" 2>&1

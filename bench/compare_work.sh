@@ -3,7 +3,7 @@
 # ucp do on the same checkpoint, counted, not timed, so a busy or noisy
 # machine does not change the figures.
 #
-#   bench/compare_work.sh OLD_UCP [NEW_UCP] [--gb=0.1] [--workdir=/tmp/ucp_work]
+#   bench/compare_work.sh OLD_UCP [NEW_UCP] [--gb=0.1] [--workdir=/tmp/ucp_work] [--keep]
 #
 # NEW_UCP defaults to this tree's `bazel build -c opt //tools:ucp`. Generates
 # a GPT-NeoX-shaped tp=2 dp=2 ZeRO-1 checkpoint (bench/make_checkpoint, as
@@ -15,7 +15,8 @@
 #   bytes         bytes written to the output (identical outputs are checked)
 # and the ratio new / old. Wall time on a quiet machine is bench/run_bench.sh's
 # job; this one answers "does the new build do more work" on any machine.
-# Needs valgrind and strace (Debian packages `valgrind`, `strace`).
+# Needs valgrind and strace (Debian packages `valgrind`, `strace`). The work
+# folder is removed when the script ends (--keep leaves it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,10 +24,12 @@ GB=0.1
 WORK=/tmp/ucp_work
 OLD=""
 NEW=""
+KEEP=0
 for arg in "$@"; do
   case "$arg" in
     --gb=*) GB="${arg#*=}" ;;
     --workdir=*) WORK="${arg#*=}" ;;
+    --keep) KEEP=1 ;;
     -*) echo "unknown argument $arg" >&2; exit 2 ;;
     *) if [[ -z "$OLD" ]]; then OLD="$(readlink -f "$arg")"; else NEW="$(readlink -f "$arg")"; fi ;;
   esac
@@ -44,6 +47,7 @@ BIN="$(bazel info -c opt bazel-bin 2>/dev/null)"
 
 rm -rf "$WORK"
 mkdir -p "$WORK"
+trap '((KEEP)) || rm -rf "$WORK"' EXIT
 SRC="$WORK/src/global_step1"
 UNI="$WORK/src/global_step1_universal"
 "$BIN/bench/make_checkpoint" --gb="$GB" --tp=2 --dp=2 --output_folder="$SRC" | tail -1

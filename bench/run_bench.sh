@@ -3,7 +3,11 @@
 # this machine (cp -r of the same bytes), measured in one run, as ratios.
 #
 #   bench/run_bench.sh [--gb=3] [--runs=3] [--workdir=/tmp/ucp_bench] [--threads=0] [--ranks="1 2"] [--nofsync=1]
-#                      [--baseline=OTHER_UCP]
+#                      [--baseline=OTHER_UCP] [--keep]
+#
+# The work folder (the checkpoint and every output: about 5.5 x --gb GB) is
+# removed when the script ends, its report kept as WORKDIR.report.txt;
+# --keep leaves it.
 #
 # Generates a GPT-NeoX-shaped tp=2 dp=2 ZeRO-1 checkpoint (fp32 weights, fp32
 # master + Adam) of about --gb GB with the conformance writer, then times,
@@ -52,6 +56,7 @@ THREADS=0
 RANKS="1 2"
 NOFSYNC=1
 BASE=""
+KEEP=0
 for arg in "$@"; do
   case "$arg" in
     --gb=*) GB="${arg#*=}" ;;
@@ -61,6 +66,7 @@ for arg in "$@"; do
     --ranks=*) RANKS="${arg#*=}" ;;
     --nofsync=*) NOFSYNC="${arg#*=}" ;;
     --baseline=*) BASE="$(readlink -f "${arg#*=}")" ;;
+    --keep) KEEP=1 ;;
     *) echo "unknown argument $arg" >&2; exit 2 ;;
   esac
 done
@@ -72,6 +78,11 @@ MAKE="$BIN/bench/make_checkpoint"
 
 rm -rf "$WORK"
 mkdir -p "$WORK"
+cleanup() {
+  if [[ -f $WORK/report.txt ]]; then cp "$WORK/report.txt" "$WORK.report.txt"; fi
+  if ((!KEEP)); then rm -rf "$WORK"; fi
+}
+trap cleanup EXIT
 SRC="$WORK/src/global_step1"
 UNI="$WORK/src/global_step1_universal"
 echo "== generating a ~${GB} GB checkpoint (tp=2 pp=1 dp=2, ZeRO-1, fp32) in $WORK"

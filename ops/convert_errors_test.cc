@@ -333,5 +333,19 @@ TEST(ConvertErrorsTest, Zero3UniversalFolderIsRefusedAsInput) {
   EXPECT_FALSE(PathExists(JoinPath(root, "z")));
 }
 
+// --to names a registered target of the universal family; anything else is
+// refused with the names it takes, and nothing is written.
+TEST(ConvertErrorsTest, UnknownTargetIsRefusedWithTheKnownOnes) {
+  Case c = Prepare("unknown_to", "neox-tp2-pp1-dp1");
+  ConvertOptions o;
+  o.input_folder = c.source;
+  o.output_folder = c.output;
+  o.to = "safetensors";  // a target of `ucp export`, not of convert
+  absl::Status s = Convert(o).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_EQ(s.message(), "--to=safetensors: expected one of universal, dcp");
+  ExpectNothingWritten(c);
+}
+
 }  // namespace
 }  // namespace ucp::ops

@@ -31,6 +31,22 @@ int ModelInfo::IndexOf(const std::string& name) const {
   return -1;
 }
 
+std::vector<int> ModelInfo::ModuleOrderIndices() const {
+  std::vector<int> order;
+  std::vector<bool> listed(params.size(), false);
+  for (const auto& k : module_order) {
+    const int i = IndexOf(k.name);
+    if (i >= 0 && !listed[i]) {
+      listed[i] = true;
+      order.push_back(i);
+    }
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!listed[i]) order.push_back(static_cast<int>(i));
+  }
+  return order;
+}
+
 const ParamState* ModelInfo::Find(const std::string& name) const {
   const int i = IndexOf(name);
   return i < 0 ? nullptr : &params[i];

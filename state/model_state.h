@@ -141,6 +141,10 @@ struct ModelInfo {
 
   const ParamState* Find(const std::string& name) const;
   int IndexOf(const std::string& name) const;
+  // Indices of `params` in module order (module_order's names, each once),
+  // then the params module_order does not list, in `params` order: the
+  // order of a module state dict a writer builds.
+  std::vector<int> ModuleOrderIndices() const;
   // Rebuilds the name index; call after changing `params`.
   void Reindex();
 

@@ -13,6 +13,7 @@
 #include "deepspeed/engine_defaults.h"
 #include "deepspeed/facet.h"
 #include "deepspeed/tree_copy.h"
+#include "deepspeed/value_util.h"
 #include "format/pickle/writer.h"
 #include "format/torch/tensor.h"
 #include "format/torch/torch_file.h"
@@ -229,7 +230,7 @@ class DcpPlan : public writers::Plan {
                      std::vector<int64_t> size) {
         Entry e{std::move(key), std::move(path), std::move(file), true, dtype, std::move(size)};
         u.outputs.push_back(e.file);
-        u.bytes += torch::ItemSize(e.dtype) * NumelOf(e.size);
+        u.bytes += torch::ItemSize(e.dtype) * deepspeed::internal::Numel(e.size);
         mine.push_back(entries_.size());
         entries_.push_back(std::move(e));
       };
@@ -312,12 +313,6 @@ class DcpPlan : public writers::Plan {
       if (k == "step") return true;
     }
     return false;
-  }
-
-  static int64_t NumelOf(const std::vector<int64_t>& shape) {
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    return n;
   }
 
   torch::TorchWriteOptions WriteOptions() const {

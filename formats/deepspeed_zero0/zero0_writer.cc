@@ -1,7 +1,6 @@
 #include "formats/deepspeed_zero0/zero0_writer.h"
 
 #include <map>
-#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -104,15 +103,7 @@ class Zero0Plan : public writers::Plan {
   // the lp dtype (what DeepSpeed's optimizers copy into them).
   absl::StatusOr<ValuePtr> Module(torch::TorchWriter& w) const {
     ValuePtr sd = Value::MakeDict(/*ordered_dict=*/true);
-    std::vector<int> order;
-    std::set<int> listed;
-    for (const auto& k : info_.module_order) {
-      const int i = info_.IndexOf(k.name);
-      if (i >= 0 && listed.insert(i).second) order.push_back(i);
-    }
-    for (size_t i = 0; i < info_.params.size(); ++i) {
-      if (listed.insert(static_cast<int>(i)).second) order.push_back(static_cast<int>(i));
-    }
+    const std::vector<int> order = info_.ModuleOrderIndices();
     std::map<std::string, ValuePtr> added;
     for (int i : order) {
       const ParamState& p = info_.params[i];

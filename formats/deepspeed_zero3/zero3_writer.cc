@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <map>
-#include <set>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
@@ -391,15 +390,7 @@ class Zero3Plan : public Plan {
   // The module state dict: params as empty tensors, buffers whole.
   absl::StatusOr<ValuePtr> Module(torch::TorchWriter& w) const {
     ValuePtr sd = Value::MakeDict(/*ordered_dict=*/true);
-    std::vector<int> order;
-    std::set<int> listed;
-    for (const auto& k : info_.module_order) {
-      const int i = info_.IndexOf(k.name);
-      if (i >= 0 && listed.insert(i).second) order.push_back(i);
-    }
-    for (size_t i = 0; i < info_.params.size(); ++i) {
-      if (listed.insert(static_cast<int>(i)).second) order.push_back(static_cast<int>(i));
-    }
+    const std::vector<int> order = info_.ModuleOrderIndices();
     for (int i : order) {
       const ParamState& p = info_.params[i];
       if (p.role != state::TensorRole::kBuffer) {  // trainable, frozen, tied: partitioned

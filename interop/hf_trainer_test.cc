@@ -176,7 +176,31 @@ TEST(HfTrainerFolderTest, ConvertWritesTheUniversalFolderBesideTheTrainerFiles) 
   for (const char* f : {"rng_state_0.pth", "rng_state_1.pth", "trainer_state.json", "config.json"}) {
     EXPECT_EQ(Read(JoinPath(o.output_folder, f)), Read(JoinPath(src, f))) << f;
   }
+  // A job of one process reads rng_state.pth: process 0's, as reshard --dp=1 gives it.
+  EXPECT_EQ(Read(JoinPath(o.output_folder, "rng_state.pth")), Read(JoinPath(src, "rng_state_0.pth")));
+  std::string files;
+  for (const auto& l : r->trainer_files) absl::StrAppend(&files, l, "\n");
+  EXPECT_THAT(files, HasSubstr("rng_state.pth: the source's rng_state_0.pth (process 0's RNG states"));
+  EXPECT_THAT(files, HasSubstr("rng_state_1.pth: the source's rng_state_1.pth (as it is"));
   EXPECT_FALSE(PathExists(JoinPath(o.output_folder, "global_step3")));
+}
+
+TEST(HfTrainerFolderTest, ConvertOfAOneProcessRunGivesProcessZeroItsStatesAtAnyDp) {
+  // A run of one process saved rng_state.pth; process 0 of a job of several
+  // reads rng_state_0.pth.
+  const std::string src = MakeTrainerFolder("trainer_convert_one", /*with_config=*/true);
+  ASSERT_TRUE(CopyFile(JoinPath(src, "rng_state_0.pth"), JoinPath(src, "rng_state.pth")).ok());
+  ASSERT_TRUE(RemoveTree(JoinPath(src, "rng_state_0.pth")).ok());
+  ASSERT_TRUE(RemoveTree(JoinPath(src, "rng_state_1.pth")).ok());
+  ops::ConvertOptions o;
+  o.input_folder = src;
+  o.output_folder = JoinPath(FreshTempDir("trainer_convert_one_out"), "checkpoint-3");
+  o.write.num_threads = 2;
+  auto r = ops::Convert(o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(Read(JoinPath(o.output_folder, "rng_state.pth")), Read(JoinPath(src, "rng_state.pth")));
+  EXPECT_EQ(Read(JoinPath(o.output_folder, "rng_state_0.pth")), Read(JoinPath(src, "rng_state.pth")));
+  EXPECT_FALSE(PathExists(JoinPath(o.output_folder, "rng_state_1.pth")));
 }
 
 TEST(HfTrainerFolderTest, ExportWithTheCheckpointsOwnConfig) {

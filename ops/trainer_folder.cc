@@ -127,19 +127,26 @@ absl::Status WriteTrainerFiles(const std::string& source_dir, const std::vector<
     return "";
   };
   if (world_size == 0) {
-    for (const auto& [i, name] : rng) {
-      UCP_RETURN_IF_ERROR(CheckPickle(JoinPath(source_dir, name), allow_unsafe_pickles));
-      UCP_RETURN_IF_ERROR(CopyFile(JoinPath(source_dir, name), JoinPath(out_dir, name)));
+    // Any number of processes: every file as it is, and the one a job of one
+    // process reads (rng_state.pth) or process 0 of several reads
+    // (rng_state_0.pth) from process 0's when the source has only the other.
+    std::vector<std::pair<std::string, std::string>> copies;  // (to, from)
+    for (const auto& [i, name] : rng) copies.emplace_back(name, name);
+    if (rng_single) copies.emplace_back(kRngSingle, kRngSingle);
+    if (!rng_single && rng.count(0)) copies.emplace_back(kRngSingle, rng[0]);
+    if (rng_single && !rng.count(0)) copies.emplace_back(absl::StrCat(kRngPrefix, 0, kRngSuffix), kRngSingle);
+    for (const auto& [to, from] : copies) {
+      UCP_RETURN_IF_ERROR(CheckPickle(JoinPath(source_dir, from), allow_unsafe_pickles));
+      UCP_RETURN_IF_ERROR(CopyFile(JoinPath(source_dir, from), JoinPath(out_dir, to)));
+      summary->push_back(
+          to == from ? absl::StrCat(to, ": the source's ", from, " (as it is: the process of that index reads it)")
+                     : absl::StrCat(to, ": the source's ", from, " (process 0's RNG states, for a job of ",
+                                    to == kRngSingle ? "one process" : "several processes", ")"));
     }
-    if (rng_single) {
-      UCP_RETURN_IF_ERROR(CheckPickle(JoinPath(source_dir, kRngSingle), allow_unsafe_pickles));
-      UCP_RETURN_IF_ERROR(CopyFile(JoinPath(source_dir, kRngSingle), JoinPath(out_dir, kRngSingle)));
-    }
-    if (!rng.empty() || rng_single) {
-      summary->push_back(absl::StrCat(
-          "rng_state*.pth: copied as they are (", rng.size() + (rng_single ? 1 : 0),
-          " file(s), one per process of the saving job); a job with another number of processes reads those of its "
-          "process indices that exist (the Trainer logs a missing one and goes on)"));
+    if (!copies.empty()) {
+      summary->push_back(
+          "rng_state*.pth: a job of any number of processes reads those of its process indices that exist (the "
+          "Trainer logs a missing one and goes on with fresh RNG states)");
     }
     rng.clear();
     rng_single = false;

@@ -12,7 +12,11 @@
 //                                  (rng_state.pth for 1 process; the source's
 //                                  rng_state.pth or rng_state_0.pth for process
 //                                  0); processes the source had none for get
-//                                  none (the Trainer logs and goes on)
+//                                  none (the Trainer logs and goes on). For a
+//                                  universal checkpoint (any number of
+//                                  processes): every file as it is, plus
+//                                  rng_state.pth or rng_state_0.pth (process
+//                                  0's) when the source has only the other
 //   trainer_state.json             copied: global_step, max_steps, total_flos do
 //                                  not depend on dp; `epoch` (global_step /
 //                                  steps per epoch) is the old dp's, and the
@@ -58,8 +62,9 @@ absl::StatusOr<writers::WriteStats> WriteTrainerFolder(const writers::Plan& plan
                                                        bool allow_unsafe_pickles, std::vector<std::string>* summary);
 
 // Writes into `out_dir` the Trainer's files of `source_dir` (a checkpoint-N)
-// for a job of `world_size` processes (0 = unknown: every rng_state file
-// as it is, for a universal checkpoint that loads at any dp). `skip`: entries of source_dir the
+// for a job of `world_size` processes (0 = any, for a universal checkpoint:
+// every rng_state file as it is, and process 0's as both rng_state.pth and
+// rng_state_0.pth). `skip`: entries of source_dir the
 // caller writes itself or leaves out on purpose (the tag folder, `latest`).
 // `summary` gets one line per file: what was done and why.
 absl::Status WriteTrainerFiles(const std::string& source_dir, const std::vector<std::string>& skip, int world_size,

@@ -2,26 +2,32 @@
 # (realds/README.md, "Hugging Face Trainer"): a case whose model family is
 # `hf_trainer`. transformers' Trainer (worker/trainer_job.py, in the sid root)
 # trains a tiny Llama at the source dp and saves `checkpoint-N/` every 3 steps;
-# each hop takes the `checkpoint-N/` the previous run saved, has ucp reshard or
-# convert its `global_stepN/`, puts the result into a copy of `checkpoint-N/`
-# (what the Trainer needs around DeepSpeed's files: `latest` or
-# `latest_universal`, one `rng_state_<i>.pth` per process, `rng_state.pth` for
-# one), and resumes with `trainer.train(resume_from_checkpoint=...)` at the
-# target dp. Then, as for every case (driver.py):
+# each hop gives the `checkpoint-N/` the previous run saved to `ucp reshard
+# --dp=T` or `ucp convert`, which write a whole new `checkpoint-N/` (DeepSpeed's
+# folder, `latest` or `latest_universal`, the Trainer's files with one RNG file
+# per process of the new run), and the Trainer resumes from it as it is with
+# `trainer.train(resume_from_checkpoint=...)` at the target dp (after convert,
+# with "checkpoint": {"load_universal": true} in its DeepSpeed config). Then,
+# as for every case (driver.py):
 #   states  the state the resumed Trainer holds right after the load vs what
 #           the saving run held at its save, bitwise (oracle.compare_states:
 #           lp / fp32 / exp_avg / exp_avg_sq, hyper-parameters incl. the lr the
 #           scheduler set, steps, global steps and samples; frozen params lp);
+#   rng     each resumed process's RNG states (python, numpy, torch) right after
+#           the Trainer's _load_rng_state vs the source's file that ucp's
+#           summary says it gave that process (none: none of the source's);
 #   losses  (a) bitwise equal to a fresh resume from the Trainer's own save of
 #           the loaded state (Trainer._save_checkpoint, DeepSpeed's
 #           save_checkpoint inside), (b) within the tolerance of the saving run
 #           going on uninterrupted, the first step bitwise;
-#   export  (case.export) `ucp export` of the hop's input, loaded with
-#           AutoModelForCausalLM.from_pretrained (full) or into the LoRA
-#           look-alike: logits on a fixed batch bitwise equal to the saving run's.
+#   export  (case.export) `ucp export` of the hop's input as it is: --names=hf
+#           loaded with AutoModelForCausalLM.from_pretrained (full), the
+#           checkpoint's names into the LoRA look-alike: logits on a fixed batch
+#           bitwise equal to the saving run's.
 # The next hop reads what the resumed Trainer saved 3 steps later.
 import json
 import os
+import re
 import shutil
 
 import driver
@@ -34,36 +40,19 @@ def dp_of(stage):
     return stage.dp or 1
 
 
-def assemble(src, dst, ds_dir_name, latest_name, tag, target_dp):
-    """A copy of the Trainer's checkpoint folder `src` for a run at target_dp,
-    with DeepSpeed's files left for ucp to write into dst/ds_dir_name: every
-    Trainer file (trainer_state.json, scheduler.pt, model.safetensors, config,
-    training_args.bin) as it is, `latest_name` naming `tag`, and one RNG file
-    per process of the new run: rng_state_<i>.pth (rng_state.pth for one
-    process), the source's file of process i, else its process 0's. (What the
-    RNG holds does not reach the losses here: no dropout, a sequential sampler.)"""
-    os.makedirs(dst)
-    rng = {}
-    for f in sorted(os.listdir(src)):
-        p = os.path.join(src, f)
-        if f.startswith("global_step") or f in ("latest", "latest_universal"):
-            continue
-        if f == "rng_state.pth":
-            rng[0] = p
-        elif f.startswith("rng_state_") and f.endswith(".pth"):
-            rng[int(f[len("rng_state_"):-len(".pth")])] = p
-        elif os.path.isdir(p):
-            shutil.copytree(p, os.path.join(dst, f))
-        else:
-            shutil.copy2(p, os.path.join(dst, f))
-    if 0 not in rng:
-        raise RuntimeError(f"{src}: no rng_state_0.pth or rng_state.pth")
-    names = ["rng_state.pth"] if target_dp == 1 else [f"rng_state_{i}.pth" for i in range(target_dp)]
-    for i, name in enumerate(names):
-        shutil.copy2(rng.get(i, rng[0]), os.path.join(dst, name))
-    with open(os.path.join(dst, latest_name), "w") as f:
-        f.write(tag)
-    return os.path.join(dst, ds_dir_name)
+RNG_GIVEN = re.compile(r"^\s+(rng_state(?:_\d+)?\.pth): the source's (rng_state(?:_\d+)?\.pth)\b")
+
+
+def rng_files_given(log):
+    """What ucp's summary (its output, in the command's log) says it wrote of the
+    Trainer's RNG files: {file in the new folder: the source's file}."""
+    given = {}
+    with open(log) as f:
+        for line in f:
+            m = RNG_GIVEN.match(line)
+            if m:
+                given[m.group(1)] = m.group(2)
+    return given
 
 
 class TrainerCase(driver.Case):
@@ -132,36 +121,38 @@ class TrainerCase(driver.Case):
         print(f"  {label}", flush=True)
         if (T.zero_stage or 2) != (prev.zero_stage or 2) or (T.tp or 1) != 1 or (T.pp or 1) != 1:
             raise SystemExit(f"case {c.name}: Trainer hops change dp only")
-        tag = f"global_step{n}"
-        inp = f"{src}/{tag}"
         flags = hop.ucp_flags.split()
+        # ucp writes the whole checkpoint-N the Trainer resumes from (DeepSpeed's
+        # folder, latest or latest_universal, the Trainer's files with one RNG file
+        # per process): the harness adds nothing to it.
         ck = f"{d}/in{i}/checkpoint-{n}"
         universal = hop.route == pb.Hop.CONVERT
         if universal:
-            out = assemble(src, ck, f"{tag}_universal", "latest_universal", f"{tag}_universal", dp_of(T))
-            if not self.ucp_step(i, hop, "convert", ["convert", f"--input_folder={inp}", f"--output_folder={out}"] +
-                                 flags, f"convert{i}"):
-                return self.passed_negative
+            # What the harness still does for load_universal: the resumed job's
+            # DeepSpeed config says "checkpoint": {"load_universal": true} (a setting
+            # of the loading job, not of any file: DeepSpeed then reads
+            # latest_universal).
+            what, args = "convert", ["convert", f"--input_folder={src}", f"--output_folder={ck}"]
         elif hop.route == pb.Hop.RESHARD:
-            out = assemble(src, ck, tag, "latest", tag, dp_of(T))
-            if not self.ucp_step(i, hop, "reshard", ["reshard", f"--input_folder={inp}", f"--output_folder={out}",
-                                                     f"--dp={dp_of(T)}"] + flags, f"reshard{i}"):
-                return self.passed_negative
+            what, args = "reshard", ["reshard", f"--input_folder={src}", f"--output_folder={ck}", f"--dp={dp_of(T)}"]
         else:
             raise SystemExit(f"case {c.name}: Trainer hops are CONVERT or RESHARD")
-        ok, last = self.ucp(["verify", out], f"verify{i}")
+        if not self.ucp_step(i, hop, what, args + flags, f"{what}{i}"):
+            return self.passed_negative
+        rng_given = rng_files_given(os.path.join(d, f"{what}{i}.log"))
+        ok, last = self.ucp(["verify", ck], f"verify{i}")
         self.row(f"hop {i + 1} ucp verify", ok, last)
         if not ok:
             return False
         if c.export:
+            # ucp export of the Trainer's folder as it is, loaded as it is: full models
+            # with --names=hf (config.json and generation_config.json from the
+            # checkpoint), the LoRA look-alike under the checkpoint's (peft's) names.
             exp = f"{d}/export{i}"
-            ok, last = self.ucp(["export", f"--input_folder={inp}", f"--output_folder={exp}"], f"export{i}")
+            names = "hf" if self.mode == "full" else "checkpoint"
+            ok, last = self.ucp(["export", f"--input_folder={src}", f"--output_folder={exp}", f"--names={names}"],
+                                f"export{i}")
             if ok:
-                # what a from_pretrained folder needs beside the weights: the Trainer's config.json
-                # (and generation_config.json) of the checkpoint (full models only)
-                for f in ("config.json", "generation_config.json"):
-                    if os.path.exists(os.path.join(src, f)) and not os.path.exists(os.path.join(exp, f)):
-                        shutil.copy2(os.path.join(src, f), os.path.join(exp, f))
                 r = self.call(prev, "check_export", {"folder": exp, "ref": f"{d}/ref{i}", "mode": self.mode,
                                                       "model_args": c.model.args, "seed": c.model.seed or 1},
                               f"export{i}.check", module="trainer_job")
@@ -174,6 +165,7 @@ class TrainerCase(driver.Case):
         # 3 steps (and for the next hop 3 more, saved at the end of the first 3).
         end = n + SAVE_STEPS
         spec = {"out": f"{d}/run.L{i}", "resume": ck, "universal": universal, "dump_begin": f"{d}/got{i}",
+                "rng_dump": f"{d}/rng{i}",
                 "save_begin": True, "stop_at": end + (SAVE_STEPS if has_next else 0), "losses": f"{d}/loss.L{i}",
                 "records": [[end, "L"], [10 ** 9, "cont"]]}
         if has_next:
@@ -188,6 +180,14 @@ class TrainerCase(driver.Case):
         problems += st["problems"]
         tr = self.trainer_state(f"{d}/ref{i}", f"{d}/got{i}")
         problems += tr
+        # Which rng_state file each process of the resumed run got (ucp's summary
+        # says) vs the RNG states that process holds right after the Trainer's
+        # _load_rng_state.
+        rg = self.call(T, "check_rng", {"given": rng_given, "source": src, "folder": ck, "got": f"{d}/rng{i}",
+                                        "world": dp_of(T)}, f"rng{i}", module="trainer_job")
+        if rg is None:
+            return False
+        problems += rg["problems"]
         if hop.expect_problem and problems:
             # a negative control that already failed as it must: no resume run needed
             return self.expected(i, hop, problems, st["line"])
@@ -205,9 +205,21 @@ class TrainerCase(driver.Case):
             return self.expected(i, hop, problems, st["line"] + "; " + lo["line"])
         self.row(f"hop {i + 1} states", not st["problems"] and not tr,
                  st["line"] + "; trainer step and scheduler" + "".join("; " + p for p in (st["problems"] + tr)[:4]))
+        self.row(f"hop {i + 1} rng states", not rg["problems"], rg["line"] + "".join("; " + p for p in rg["problems"][:3]))
         self.row(f"hop {i + 1} losses", not lo["problems"],
                  lo["line"] + (" (first step bitwise)" if bitwise else "") + "".join("; " + p for p in lo["problems"][:3]))
         return not problems
+
+    def ucp(self, args, name):
+        """driver.Case.ucp, the row showing what was written ("resharded ...",
+        "wrote ...") rather than the last line of the Trainer files' summary."""
+        ok, last = super().ucp(args, name)
+        if ok and args[0] in ("reshard", "convert"):
+            with open(os.path.join(self.dir, name + ".log")) as f:
+                main = [l.strip() for l in f if l.startswith(("resharded ", "wrote "))]
+            if main:
+                last = main[-1]
+        return ok, last
 
     def call(self, stage, function, args, name, module="oracle"):
         r = self.worker(stage).call(module, function, args, os.path.join(self.dir, name + ".log"))

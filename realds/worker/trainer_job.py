@@ -19,7 +19,8 @@
 #   stop_at (last step trained), dump_at {step: dir} (state and logits at that
 #   step's save), dump_begin (state right after the resume's load),
 #   save_begin (the Trainer's own checkpoint right after that load),
-#   losses (prefix), records [[last step, name], ...].
+#   losses (prefix), records [[last step, name], ...], rng_dump (the RNG states
+#   right after the Trainer's _load_rng_state, per process).
 #
 # Data: sample i is a function of (seed, i); one sample per micro batch, the
 # Trainer's sequential sampler, gradient accumulation global_batch / dp: step k
@@ -29,6 +30,9 @@
 import json
 import math
 import os
+import random
+
+import numpy as np
 
 import torch
 import torch.distributed as dist
@@ -208,6 +212,14 @@ def run(spec, rank, world):
             record(self.state.global_step + 1, int(idx.reshape(-1)[0]), per.item())
             return (loss, outputs) if return_outputs else loss
 
+        def _load_rng_state(self, checkpoint):
+            # The Trainer restores rng_state_<process_index>.pth (rng_state.pth for one
+            # process) at the first step after a resume: what this process holds then.
+            super()._load_rng_state(checkpoint)
+            if spec.get("rng_dump") and checkpoint is not None:
+                os.makedirs(spec["rng_dump"], exist_ok=True)
+                torch.save(rng_states(), os.path.join(spec["rng_dump"], f"rng.rank{rank}.pt"))
+
     holder = {}
 
     def engine():
@@ -243,6 +255,13 @@ def run(spec, rank, world):
                 holder["trainer"]._save_checkpoint(holder["trainer"].model, None)
 
         def on_step_end(self, args, state, control, **kw):
+            # Every process's RNG states its own (rank + 1 draws of each generator per
+            # step, before the Trainer saves them), so that the RNG check tells the
+            # rng_state_<i>.pth files apart; nothing here trains on random numbers.
+            for _ in range(rank + 1):
+                random.random()
+                np.random.random()
+                torch.rand(1)
             if state.global_step >= spec["stop_at"]:
                 control.should_training_stop = True
             return control
@@ -281,6 +300,61 @@ def main(spec, rank, world, store_path):
     run(spec, rank, world)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def rng_states():
+    """This process's RNG states as the Trainer saves them (_save_rng_state, CPU)."""
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.random.get_rng_state()}
+
+
+def same_rng(a, b):
+    """Whether two RNG state dicts (python, numpy, cpu) are equal."""
+    if a["python"] != b["python"] or not torch.equal(a["cpu"], b["cpu"]):
+        return False
+    na, nb = a["numpy"], b["numpy"]
+    return len(na) == len(nb) and all(np.array_equal(x, y) if isinstance(x, np.ndarray) else x == y
+                                      for x, y in zip(na, nb))
+
+
+def check_rng(given, source, folder, got, world):
+    """The RNG states each process of a resumed Trainer run holds right after the
+    Trainer's _load_rng_state (got/rng.rank<p>.pt) vs what ucp says it gave that
+    process (`given`: {file of the new folder: the source's file}, from ucp's
+    summary): the process reads rng_state_<p>.pth (rng_state.pth when alone);
+    given one, its states are the source file's (python, numpy, torch CPU), and
+    the folder's file is the source's byte for byte; given none, the folder has
+    no such file and the process's states are none of the source's files'."""
+    problems, parts = [], []
+    sources = {f: torch.load(os.path.join(source, f), weights_only=False) for f in sorted(os.listdir(source))
+               if f.startswith("rng_state") and f.endswith(".pth")}
+    for p in range(world):
+        name = "rng_state.pth" if world == 1 else f"rng_state_{p}.pth"
+        mine = torch.load(os.path.join(got, f"rng.rank{p}.pt"), weights_only=False)
+        have = os.path.isfile(os.path.join(folder, name))
+        if name in given:
+            src = given[name]
+            if not have:
+                problems.append(f"process {p}: ucp says it wrote {name} (the source's {src}), the folder has none")
+                continue
+            with open(os.path.join(folder, name), "rb") as f, open(os.path.join(source, src), "rb") as g:
+                if f.read() != g.read():
+                    problems.append(f"process {p}: {name} differs from the source's {src}")
+            if src not in sources or not same_rng(mine, sources[src]):
+                problems.append(f"process {p}: its RNG states after the Trainer's load are not the source's {src}")
+            parts.append(f"process {p} <- {src}")
+        else:
+            if have:
+                problems.append(f"process {p}: the folder has {name}, which ucp's summary does not list")
+            same = [f for f, st in sources.items() if same_rng(mine, st)]
+            if same:
+                problems.append(f"process {p}: given no RNG file, it holds the states of the source's {same[0]}")
+            parts.append(f"process {p}: none (fresh)")
+    distinct = len({bytes(s["cpu"].numpy()) for s in sources.values()})
+    line = (f"{', '.join(parts)}: the states each process holds after the Trainer's load "
+            f"(source RNG files: {len(sources)}, distinct: {distinct})")
+    if distinct < len(sources):
+        problems.append(f"the source's {len(sources)} RNG files hold only {distinct} distinct states")
+    return {"problems": problems, "line": line}
 
 
 def check_export(folder, ref, mode, model_args, seed):

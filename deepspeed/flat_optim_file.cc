@@ -41,15 +41,21 @@ absl::StatusOr<internal::GroupStates> SplitFlatStates(const torch::TorchFile& fi
                                                       const FlatStatesSpec& spec) {
   return internal::SplitGroupStates(
       file, states, [&](const std::string& key, const torch::Tensor& t) -> absl::StatusOr<bool> {
+        using Dense = FlatStatesSpec::Dense;
+        if (spec.dense == Dense::kEvery) {
+          UCP_RETURN_IF_ERROR(internal::CheckDense(
+              t, path, absl::StrCat("optimizer state '", key, "' of ", spec.unit, " ", index)));
+        }
         if (t.dim() == 0) return false;
-        if (spec.check_dense) {
+        if (spec.one_element_scalars && t.numel() == 1 && spec.numel != 1 && spec.lean_numel != 1) return false;
+        if (spec.dense == Dense::kPerElement) {
           UCP_RETURN_IF_ERROR(internal::CheckDense(t, path, absl::StrCat("state[", index, "].", key)));
         }
         if (t.dim() != 1 || (t.numel() != spec.numel && (spec.lean_numel < 0 || t.numel() != spec.lean_numel))) {
           return internal::FileError(path, absl::StatusCode::kInvalidArgument,
                                      absl::StrCat("optimizer state '", key, "' of ", spec.unit, " ", index,
                                                   " has shape ", internal::ShapeStr(t.sizes()), ", expected [",
-                                                  spec.numel, "]"));
+                                                  spec.numel, "]", spec.expected_note));
         }
         return true;
       });

@@ -1,11 +1,12 @@
-// What the native MoE and ZeRO-3 readers (formats/deepspeed_moe,
-// formats/deepspeed_zero3) parse out of DeepSpeed's
+// What the ZeRO-1/2, native MoE and ZeRO-3 readers (formats/deepspeed_zero,
+// formats/deepspeed_moe, formats/deepspeed_zero3) parse out of DeepSpeed's
 // [bf16_]zero_pp_rank_D_mp_rank_XX_optim_states.pt files alike: per flat
 // group (a ZeRO-1/2 param group's dp partition, stage_1_and_2.py
 // single_partition_of_fp32_groups; a ZeRO-3 sub-group's, stage3.py
 // fp32_flat_groups) the fp32 master partition, the torch optimizer's
 // per-element states over the same elements (exp_avg, exp_avg_sq) and its
-// scalars (step); the files parsed lazily, once per dp rank.
+// scalars (step); the files parsed lazily, once per dp rank (ZeRO-1/2: once
+// per (pp, tp, dp) file, in its own slots).
 //
 // Example:
 //   deepspeed::LazyOptimFiles files;
@@ -35,6 +36,7 @@ namespace ucp::deepspeed {
 
 // One optimizer file's flat groups, in the file's group order.
 struct FlatOptimFile {
+  std::string path;  // the file, as errors name it
   std::unique_ptr<torch::TorchFile> file;
   const pickle::Value* osd = nullptr;  // root['optimizer_state_dict']
   std::vector<torch::Tensor> fp32;     // per flat group
@@ -53,6 +55,10 @@ struct FlatOptimFile {
   // (none for a group the file does not have).
   std::vector<std::string> StateNames(int g) const;
   std::vector<std::string> ScalarNames(int g) const;
+  // CRC-checks the storage of a flat tensor of the file, once per record
+  // (for a file opened without CRC checks, which checks its flat partitions
+  // when first used: a command reads only the bytes it needs).
+  absl::Status VerifyPartition(const torch::Tensor& flat) const { return file->VerifyStorageCrc(*flat.storage()); }
 };
 
 // How one flat group's state dict is split (SplitFlatStates): a 0-dim
@@ -60,12 +66,22 @@ struct FlatOptimFile {
 // state and must be 1-dim of `numel` (or `lean_numel`: DeepSpeed saves
 // ZeRO-1/2 partitions without their padding) elements.
 struct FlatStatesSpec {
+  // Which tensors are refused as overlapping views (internal::CheckDense),
+  // and how the message names them.
+  enum class Dense {
+    kNo,
+    kPerElement,  // per-element states, "state[<index>].<key>" (ZeRO-3, MoE)
+    kEvery,       // every tensor, scalars too, "optimizer state '<key>' of <unit> <index>" (ZeRO-1/2)
+  };
   const char* unit = "group";     // how messages name the flat group: "group", "sub-group"
   int64_t numel = 0;              // the flat group's elements (shown as expected)
   int64_t lean_numel = -1;        // also accepted when >= 0
-  // Refuse overlapping views (internal::CheckDense) of the per-element
-  // states, named "state[<index>].<key>" (the ZeRO-3 reader's check).
-  bool check_dense = false;
+  Dense dense = Dense::kNo;
+  // A 1-element tensor is a scalar too, unless the flat group (or its lean
+  // part) has 1 element (ZeRO-1/2: a 1-element `step`).
+  bool one_element_scalars = false;
+  // Appended to the shape error's "expected [numel]", e.g. " (the dp partition)".
+  const char* expected_note = "";
 };
 
 // Flat group `index`'s optimizer state dict `states` of `file` (at `path`)

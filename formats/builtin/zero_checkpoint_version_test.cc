@@ -94,16 +94,16 @@ TEST(ZeroCheckpointVersionTest, PerRankPaddingsOf0195) {
   EXPECT_EQ((*c)->padding_convention(), PaddingConvention::kPerRank);
   auto r1 = (*c)->Optim(0, 0, 1);
   ASSERT_TRUE(r1.ok()) << r1.status();
-  ASSERT_EQ((*r1)->groups.size(), 3u);
-  EXPECT_EQ((*r1)->groups[2].padding, 2);
-  EXPECT_EQ((*r1)->groups[2].fp32.numel(), 0);  // rank 1's partition is all padding
+  ASSERT_EQ((*r1)->fp32.size(), 3u);
+  EXPECT_EQ((*r1)->paddings[2], 2);
+  EXPECT_EQ((*r1)->fp32[2].numel(), 0);  // rank 1's partition is all padding
   // Its Adam states keep the padded partition: per-element states, not scalars.
-  ASSERT_EQ((*r1)->groups[2].states.size(), 2u);
+  ASSERT_EQ((*r1)->states[2].size(), 2u);
   auto r0 = (*c)->Optim(0, 0, 0);
   ASSERT_TRUE(r0.ok());
-  EXPECT_EQ((*r0)->groups[2].padding, 1);
-  EXPECT_EQ((*r0)->groups[2].fp32.numel(), 1);
-  ASSERT_EQ((*r0)->groups[2].states.size(), 2u);  // exp_avg of 2 elements, not a "scalar"
+  EXPECT_EQ((*r0)->paddings[2], 1);
+  EXPECT_EQ((*r0)->fp32[2].numel(), 1);
+  ASSERT_EQ((*r0)->states[2].size(), 2u);  // exp_avg of 2 elements, not a "scalar"
 }
 
 TEST(ZeroCheckpointVersionTest, VersionsAndTheirConventions) {

@@ -1008,7 +1008,8 @@ absl::StatusOr<std::unique_ptr<MoeState::OptimFile>> MoeState::ParseOptim(int dp
     const Value* st = states->DictGet(Value::Int(static_cast<int64_t>(g)));
     if (st == nullptr || !st->is(Kind::kDict)) return err(absl::StrCat("no optimizer state for group ", g));
     UCP_ASSIGN_OR_RETURN(internal::GroupStates split,
-                         deepspeed::SplitFlatStates(*out->file, path, *st, g, {"group", p, lean, /*check_dense=*/true}));
+                         deepspeed::SplitFlatStates(*out->file, path, *st, g,
+                                                    {"group", p, lean, deepspeed::FlatStatesSpec::Dense::kPerElement}));
     if (!out->states.empty()) {
       std::vector<std::string> a = out->StateNames(0), b;
       for (const auto& e : split.per_element) b.push_back(e.first);

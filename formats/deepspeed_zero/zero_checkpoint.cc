@@ -211,11 +211,11 @@ absl::StatusOr<OptimizerStage> ReadOptimizerStage(const OptimFile& first, const 
                                                   int default_stage) {
   OptimizerStage out;
   out.zero_stage = default_stage;
-  out.kind = first.optimizer_state_dict->DictGet("zero_stage") == nullptr &&
-                     first.optimizer_state_dict->DictGet("loss_scaler") == nullptr
+  out.kind = first.osd->DictGet("zero_stage") == nullptr &&
+                     first.osd->DictGet("loss_scaler") == nullptr
                  ? state::OptimizerKind::kBf16
                  : state::OptimizerKind::kZero;
-  if (const Value* zs = first.optimizer_state_dict->DictGet("zero_stage")) {
+  if (const Value* zs = first.osd->DictGet("zero_stage")) {
     UCP_ASSIGN_OR_RETURN(out.zero_stage, pickle::AsZeroStage(*zs, "optimizer_state_dict.zero_stage"),
                          _.Prepend(first.path + ": "));
   } else if (const Value* st = DictPath(ms.file(0, 0).root().get(), {"ds_config", "zero_optimization", "stage"})) {
@@ -232,7 +232,7 @@ absl::StatusOr<OptimizerStage> ReadOptimizerStage(const OptimFile& first, const 
 // ds_version: the optimizer state's, the optimizer file's, or mp_rank_00's
 // ("" when none records it).
 std::string ReadDsVersion(const OptimFile& first, const deepspeed::ModelStatesFiles& ms) {
-  for (const Value* v : {first.optimizer_state_dict->DictGet("ds_version"), first.file->root()->DictGet("ds_version"),
+  for (const Value* v : {first.osd->DictGet("ds_version"), first.file->root()->DictGet("ds_version"),
                          ms.file(0, 0).root()->DictGet("ds_version")}) {
     if (v != nullptr && v->is(Kind::kStr)) return v->str();
   }
@@ -364,9 +364,7 @@ absl::Status ZeroCheckpoint::Load(const std::vector<ModuleEntry>* module_entries
     RemakeLayouts(layouts_, topo_.dp, convention_);
   }
   // The per-element state keys, the same in every file (CheckLikeFirst).
-  if (!first.groups.empty()) {
-    for (const auto& s : first.groups[0].states) state_keys_.push_back(s.first);
-  }
+  state_keys_ = first.StateNames(0);
   lp_dtype_ = ms_->config_lp_dtype();
   if (module_entries != nullptr) {
     UCP_RETURN_IF_ERROR(SetModuleLayout(*module_entries));
@@ -471,10 +469,10 @@ absl::Status ZeroCheckpoint::CheckMastersMatchLp(const OptimFile& file, int pp, 
   };
   std::vector<torch::Tensor> lp_tensors;  // kept alive for the samples
   lp_tensors.reserve(module_entries_.size());
-  for (int g = 0; g < num_groups_ && g < static_cast<int>(file.groups.size()); ++g) {
+  for (int g = 0; g < num_groups_ && g < static_cast<int>(file.fp32.size()); ++g) {
     const deepspeed::ZeroGroupLayout& layout = layouts_[pp][tp][g];
     const auto& names = ms_->StageGroup(pp, g);
-    const torch::Tensor& fp32 = file.groups[g].fp32;
+    const torch::Tensor& fp32 = file.fp32[g];
     if (fp32.dtype() != torch::DType::kFloat32) continue;
     std::vector<Sample> samples;
     lp_tensors.clear();
@@ -839,42 +837,39 @@ absl::Status CheckGroupPadding(const deepspeed::ZeroGroupLayout& layout, int64_t
 }
 
 // Reads group g's fp32 partition and its optimizer states (per-element ones
-// and scalars) into `group`, each per-element tensor holding the partition
-// (p elements) or its lean part (p minus the group's padding).
-absl::Status ReadGroupTensors(const torch::TorchFile& file, const Value& fp32_value, const Value* group_state,
-                              const deepspeed::ZeroGroupLayout& layout, int g, const std::string& path,
-                              OptimFile::Group* group) {
+// and scalars, split by the shared SplitFlatStates) into `out`, each
+// per-element tensor holding the partition (p elements) or its lean part (p
+// minus the group's `padding`).
+absl::Status ReadGroupTensors(const Value& fp32_value, const Value* group_state,
+                              const deepspeed::ZeroGroupLayout& layout, int64_t padding, int g, OptimFile* out) {
+  const std::string& path = out->path;
+  const torch::TorchFile& file = *out->file;
   const int64_t p = layout.partition_numel();
-  const int64_t lean = layout.LeanNumel(group->padding);
+  const int64_t lean = layout.LeanNumel(padding);
   if (!torch::TorchFile::IsTensor(fp32_value)) {
     return OptimError(path, absl::StrCat("single_partition_of_fp32_groups[", g, "] is not a tensor"));
   }
-  UCP_ASSIGN_OR_RETURN(group->fp32, file.GetTensor(fp32_value));
-  UCP_RETURN_IF_ERROR(CheckDense(group->fp32, path, absl::StrCat("single_partition_of_fp32_groups[", g, "]")));
-  if (group->fp32.dim() != 1 || (group->fp32.numel() != lean && group->fp32.numel() != p)) {
+  UCP_ASSIGN_OR_RETURN(torch::Tensor fp32, file.GetTensor(fp32_value));
+  UCP_RETURN_IF_ERROR(CheckDense(fp32, path, absl::StrCat("single_partition_of_fp32_groups[", g, "]")));
+  if (fp32.dim() != 1 || (fp32.numel() != lean && fp32.numel() != p)) {
     return OptimError(path, absl::StrCat("single_partition_of_fp32_groups[", g, "] has shape ",
-                                         ShapeStr(group->fp32.sizes()), ", expected [", lean, "] (partition of ", p,
-                                         " minus padding ", group->padding, ")"));
+                                         ShapeStr(fp32.sizes()), ", expected [", lean, "] (partition of ", p,
+                                         " minus padding ", padding, ")"));
   }
   if (group_state == nullptr || !group_state->is(Kind::kDict)) {
     return OptimError(path, absl::StrCat("base_optimizer_state has no state for group ", g));
   }
-  UCP_ASSIGN_OR_RETURN(
-      internal::GroupStates split,
-      internal::SplitGroupStates(
-          file, *group_state, [&](const std::string& key, const torch::Tensor& t) -> absl::StatusOr<bool> {
-            UCP_RETURN_IF_ERROR(CheckDense(t, path, absl::StrCat("optimizer state '", key, "' of group ", g)));
-            // Scalars (Adam's `step`) are 0-dim tensors; a 1-element tensor is
-            // a per-element state when the partition (or its lean part) has 1.
-            if (t.dim() == 0 || (t.numel() == 1 && p != 1 && lean != 1)) return false;
-            if (t.dim() != 1 || (t.numel() != p && t.numel() != lean)) {
-              return OptimError(path, absl::StrCat("optimizer state '", key, "' of group ", g, " has shape ",
-                                                   ShapeStr(t.sizes()), ", expected [", p, "] (the dp partition)"));
-            }
-            return true;
-          }));
-  group->states = std::move(split.per_element);
-  group->scalars = std::move(split.scalars);
+  deepspeed::FlatStatesSpec spec;
+  spec.numel = p;
+  spec.lean_numel = lean;
+  spec.dense = deepspeed::FlatStatesSpec::Dense::kEvery;
+  spec.one_element_scalars = true;
+  spec.expected_note = " (the dp partition)";
+  UCP_ASSIGN_OR_RETURN(internal::GroupStates split, deepspeed::SplitFlatStates(file, path, *group_state, g, spec));
+  out->paddings.push_back(padding);
+  out->fp32.push_back(std::move(fp32));
+  out->states.push_back(std::move(split.per_element));
+  out->scalars.push_back(std::move(split.scalars));
   return absl::OkStatus();
 }
 
@@ -912,9 +907,9 @@ absl::Status CheckSliceMappings(const Value& m, const deepspeed::ZeroGroupLayout
 // and per-element states), which are checked when used (VerifyPartition).
 absl::Status VerifyStoragesButPartitions(const OptimFile& out) {
   std::set<const torch::Storage*> partitions;
-  for (const auto& g : out.groups) {
-    partitions.insert(g.fp32.storage().get());
-    for (const auto& [k, t] : g.states) partitions.insert(t.storage().get());
+  for (const auto& t : out.fp32) partitions.insert(t.storage().get());
+  for (const auto& group : out.states) {
+    for (const auto& [k, t] : group) partitions.insert(t.storage().get());
   }
   for (const auto& storage : out.file->Storages()) {
     if (!partitions.count(storage.get())) UCP_RETURN_IF_ERROR(out.file->VerifyStorageCrc(*storage));
@@ -925,9 +920,7 @@ absl::Status VerifyStoragesButPartitions(const OptimFile& out) {
 // Checks that all groups hold the same optimizer state keys as group 0.
 absl::Status CheckSameStateKeys(const OptimFile& out, int num_groups) {
   for (int g = 1; g < num_groups; ++g) {
-    std::vector<std::string> a, b;
-    for (const auto& s : out.groups[0].states) a.push_back(s.first);
-    for (const auto& s : out.groups[g].states) b.push_back(s.first);
+    const std::vector<std::string> a = out.StateNames(0), b = out.StateNames(g);
     if (!internal::SameStateNames(a, b)) {
       return OptimError(out.path, absl::StrCat("group ", g, " has optimizer states [", absl::StrJoin(b, ", "),
                                                "], group 0 has [", absl::StrJoin(a, ", "), "]"));
@@ -954,20 +947,16 @@ absl::StatusOr<std::unique_ptr<OptimFile>> ZeroCheckpoint::ParseOptim(int pp, in
   UCP_ASSIGN_OR_RETURN(const Value* osd, GetField(root, "optimizer_state_dict", "optimizer states"),
                        _.Prepend(path + ": "));
   if (!osd->is(Kind::kDict)) return OptimError(path, "optimizer_state_dict is not a dict");
-  out->optimizer_state_dict = osd;
+  out->osd = osd;
   UCP_RETURN_IF_ERROR(CheckPartitionCount(*osd, path, num_groups_, topo_.dp));
   UCP_ASSIGN_OR_RETURN(const OptimGroupLists lists, ReadGroupLists(*osd, path, num_groups_, topo_.mp_rank(pp, tp)));
   UCP_ASSIGN_OR_RETURN(const std::vector<const Value*> group_states, BaseGroupStates(*lists.base, path, num_groups_));
   for (int g = 0; g < num_groups_; ++g) {
     const deepspeed::ZeroGroupLayout& layout = layouts_[pp][tp][g];
     UCP_RETURN_IF_ERROR(CheckGroupPadding(layout, lists.paddings[g], g, dp, topo_.dp, path, out.get()));
-    OptimFile::Group group;
-    group.padding = lists.paddings[g];
-    UCP_RETURN_IF_ERROR(
-        ReadGroupTensors(*out->file, *(*lists.fp32s)[g], group_states[g], layout, g, path, &group));
+    UCP_RETURN_IF_ERROR(ReadGroupTensors(*(*lists.fp32s)[g], group_states[g], layout, lists.paddings[g], g, out.get()));
     UCP_RETURN_IF_ERROR(
         CheckSliceMappings(*(*lists.mappings)[g], layout, ms_->StageGroup(pp, g), g, dp, topo_.dp, path));
-    out->groups.push_back(std::move(group));
   }
   UCP_RETURN_IF_ERROR(VerifyStoragesButPartitions(*out));
   UCP_RETURN_IF_ERROR(CheckSameStateKeys(*out, num_groups_));
@@ -1005,14 +994,13 @@ absl::StatusOr<const OptimFile*> ZeroCheckpoint::Optim(int pp, int tp, int dp) c
 
 absl::Status ZeroCheckpoint::CheckLikeFirst(const OptimFile& file) const {
   const OptimFile& first = *optim_slots_.at({0, 0, 0})->file;
-  const bool has_stage = file.optimizer_state_dict->DictGet("zero_stage") != nullptr;
+  const bool has_stage = file.osd->DictGet("zero_stage") != nullptr;
   if (has_stage != (kind_ == state::OptimizerKind::kZero)) {
     return FileError(file.path, absl::StatusCode::kInvalidArgument,
                      absl::StrCat("optimizer state layout differs from ", first.path));
   }
-  if (!file.groups.empty()) {
-    std::vector<std::string> have;
-    for (const auto& s : file.groups[0].states) have.push_back(s.first);
+  if (!file.fp32.empty()) {
+    const std::vector<std::string> have = file.StateNames(0);
     if (!internal::SameStateNames(have, state_keys_)) {
       return FileError(file.path, absl::StatusCode::kInvalidArgument,
                        absl::StrCat("optimizer states [", absl::StrJoin(have, ", "), "] differ from [",
@@ -1022,9 +1010,9 @@ absl::Status ZeroCheckpoint::CheckLikeFirst(const OptimFile& file) const {
   // Every shard was saved at the same step: the optimizer's step count of
   // each group and the DeepSpeed version agree with zero_pp_rank_0_mp_rank_00.
   if (&file != &first) {
-    for (size_t g = 0; g < file.groups.size() && g < first.groups.size(); ++g) {
-      for (const auto& [key, v] : file.groups[g].scalars) {
-        for (const auto& [key0, v0] : first.groups[g].scalars) {
+    for (size_t g = 0; g < file.scalars.size() && g < first.scalars.size(); ++g) {
+      for (const auto& [key, v] : file.scalars[g]) {
+        for (const auto& [key0, v0] : first.scalars[g]) {
           if (key != key0) continue;
           const std::string a = ScalarText(*file.file, *v), b = ScalarText(*first.file, *v0);
           if (a != b) {
@@ -1055,9 +1043,9 @@ absl::Status ZeroCheckpoint::VerifyFile(const std::string& path) const {
     case deepspeed::CheckpointFileName::Type::kOptim: {
       const int pp = parsed->mp_rank / topo_.tp, tp = parsed->mp_rank % topo_.tp;
       UCP_ASSIGN_OR_RETURN(const OptimFile* f, Optim(pp, tp, parsed->dp_rank));
-      for (const auto& g : f->groups) {
-        UCP_RETURN_IF_ERROR(f->VerifyPartition(g.fp32));
-        for (const auto& [key, t] : g.states) UCP_RETURN_IF_ERROR(f->VerifyPartition(t));
+      for (const auto& t : f->fp32) UCP_RETURN_IF_ERROR(f->VerifyPartition(t));
+      for (const auto& group : f->states) {
+        for (const auto& [key, t] : group) UCP_RETURN_IF_ERROR(f->VerifyPartition(t));
       }
       return absl::OkStatus();
     }
@@ -1099,18 +1087,10 @@ absl::StatusOr<std::vector<torch::Tensor>> ZeroCheckpoint::SlicePieces(const Zer
   std::vector<torch::Tensor> pieces;
   for (const auto& [rank, frag] : layout.FragmentsOfParam(index)) {
     UCP_ASSIGN_OR_RETURN(const OptimFile* f, Optim(pp, tp, rank));
-    const OptimFile::Group& g = f->groups[param.group];
-    const torch::Tensor* flat = nullptr;
-    std::string tensor_name;
-    if (state == "fp32") {
-      flat = &g.fp32;
-      tensor_name = absl::StrCat("single_partition_of_fp32_groups[", param.group, "]");
-    } else {
-      for (const auto& [k, t] : g.states) {
-        if (k == state) flat = &t;
-      }
-      tensor_name = absl::StrCat("base_optimizer_state.state[", param.group, "].", state);
-    }
+    const torch::Tensor* flat = f->Flat(param.group, state);  // "fp32": the partition
+    const std::string tensor_name =
+        state == "fp32" ? absl::StrCat("single_partition_of_fp32_groups[", param.group, "]")
+                        : absl::StrCat("base_optimizer_state.state[", param.group, "].", state);
     if (flat == nullptr) {
       return absl::NotFoundError(absl::StrCat(f->path, ": group ", param.group, " has no optimizer state '", state,
                                               "'"));
@@ -1133,7 +1113,7 @@ absl::StatusOr<std::vector<torch::Tensor>> ZeroCheckpoint::SlicePieces(const Zer
 absl::StatusOr<pickle::ValuePtr> ZeroCheckpoint::GroupScalar(int pp, int tp, int dp, int group,
                                                              const std::string& key) const {
   UCP_ASSIGN_OR_RETURN(const OptimFile* f, Optim(pp, tp, dp));
-  for (const auto& [k, v] : f->groups[group].scalars) {
+  for (const auto& [k, v] : f->scalars[group]) {
     if (k == key) return v;
   }
   return pickle::ValuePtr();

@@ -33,6 +33,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "deepspeed/flat_optim_file.h"
 #include "deepspeed/layout_math.h"
 #include "deepspeed/read_options.h"
 #include "state/model_state.h"
@@ -58,34 +59,22 @@ struct ModuleEntry {
   std::vector<std::vector<int64_t>> tp_shapes;  // per tp rank
 };
 
-// OptimFile: one parsed `*_optim_states.pt`.
-struct OptimFile {
-  struct Group {
-    torch::Tensor fp32;  // single_partition_of_fp32_groups[g]
-    // Per-element optimizer states (exp_avg, exp_avg_sq, ...) in file order.
-    std::vector<std::pair<std::string, torch::Tensor>> states;
-    // Scalar states (step) of the group, e.g. {"step": 0-dim tensor}.
-    std::vector<std::pair<std::string, pickle::ValuePtr>> scalars;
-    int64_t padding = 0;
-  };
-  std::string path;
-  std::unique_ptr<torch::TorchFile> file;
-  std::vector<Group> groups;
-  const pickle::Value* optimizer_state_dict = nullptr;  // inside file->root()
+// OptimFile: one parsed `*_optim_states.pt`: per param group its flat dp
+// partition (single_partition_of_fp32_groups[g]), per-element optimizer
+// states and scalars in the shared FlatOptimFile (deepspeed/flat_optim_file.h,
+// which the ZeRO-3 and MoE readers parse into too), `osd` the file's
+// optimizer_state_dict; and what only ZeRO-1/2 records. The flat partitions
+// are CRC-checked when first used, each once (VerifyPartition): a command
+// reads only the bytes it needs and each of them once from disk (export
+// reads no optimizer states); every other storage of the file is checked
+// when it opens.
+struct OptimFile : deepspeed::FlatOptimFile {
+  std::vector<int64_t> paddings;  // per group: group_paddings[g] (its lean part is the partition minus it)
   // The padding convention its group_paddings follow, when they tell the two
   // apart (a group whose padding is not all in the last partition).
   deepspeed::PaddingConvention convention = deepspeed::PaddingConvention::kLastRank;
   bool convention_decided = false;
-
-  // The flat partitions (fp32 masters, optimizer states) are CRC-checked
-  // when first used, each once: a command reads only the bytes it needs and
-  // each of them once from disk (export reads no optimizer states). Every
-  // other storage of the file is checked when it opens.
-  absl::Status VerifyPartition(const torch::Tensor& flat) const {
-    return file->VerifyStorageCrc(*flat.storage());  // remembered per record
-  }
 };
-
 class ZeroCheckpoint {
  public:
   // `path`: a tag folder, or a root folder with a `latest` file.

@@ -44,8 +44,8 @@ absl::Status ZeroSlicedState::Build(const ZeroReadOptions& options) {
   info_.state_keys = c.state_keys();
   {
     UCP_ASSIGN_OR_RETURN(const OptimFile* f, c.Optim(0, 0, 0));
-    if (!f->groups.empty()) {
-      for (const auto& [k, v] : f->groups[0].scalars) info_.scalar_keys.push_back(k);
+    if (!f->scalars.empty()) {
+      for (const auto& [k, v] : f->scalars[0]) info_.scalar_keys.push_back(k);
     }
   }
   const ModelStatesFiles& ms = c.model_states();
@@ -250,7 +250,7 @@ absl::StatusOr<state::FileValue> ZeroSlicedState::GroupScalar(int group, const s
 
 absl::StatusOr<state::FileValue> ZeroSlicedState::OptimizerCommon() const {
   UCP_ASSIGN_OR_RETURN(const OptimFile* f, ckpt_->Optim(0, 0, 0));
-  const Value& osd = *f->optimizer_state_dict;
+  const Value& osd = *f->osd;
   pickle::ValuePtr out = Value::MakeDict();
   for (const auto& [k, v] : osd.dict_items()) {
     if (k->is(Kind::kStr) && (k->str() == "base_optimizer_state" || k->str() == "param_slice_mappings" ||

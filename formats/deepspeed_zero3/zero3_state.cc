@@ -675,7 +675,8 @@ absl::StatusOr<std::unique_ptr<Zero3State::OptimFile>> Zero3State::ParseOptim(in
     if (st == nullptr || !st->is(Kind::kDict)) return err(absl::StrCat("no optimizer state for sub-group ", s));
     UCP_ASSIGN_OR_RETURN(internal::GroupStates split,
                          deepspeed::SplitFlatStates(*out->file, path, *st, s,
-                                                    {"sub-group", want, /*lean_numel=*/-1, /*check_dense=*/true}));
+                                                    {"sub-group", want, /*lean_numel=*/-1,
+                                                     deepspeed::FlatStatesSpec::Dense::kPerElement}));
     if (!out->states.empty()) {
       std::vector<std::string> a = out->StateNames(0), b;
       for (const auto& e : split.per_element) b.push_back(e.first);

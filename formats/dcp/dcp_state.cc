@@ -355,6 +355,10 @@ absl::Status DcpState::BuildInfo(const std::vector<std::string>& fqns) {
     }
     info_.params.push_back(std::move(p));
   }
+  info_.notes.push_back(absl::StrCat(
+      "DCP source: a DeepSpeed target records clip_grad ", options_.clip_grad,
+      " (DCP keeps no gradient clipping; DeepSpeed's ZeRO optimizers restore clip_grad from the checkpoint over "
+      "their config's gradient_clipping: set it with --source_option=", kClipGradOption, "=X)"));
   info_.notes.push_back(absl::StrCat("DCP source: ", layout_, "; ", num_trainable, " trainable params in ",
                                      info_.num_groups, " groups, ", info_.params.size() - num_trainable,
                                      " other model tensors (frozen or tied)"));
@@ -423,6 +427,7 @@ absl::Status DcpState::BuildFacet() {
     groups.push_back(group);
   }
   c->DictSet(Value::Str("param_groups"), Value::List(std::move(groups)));
+  c->DictSet(Value::Str("clip_grad"), Value::Float(options_.clip_grad));
   common_ = state::FileValue{c, defaults.file};
   UCP_ASSIGN_OR_RETURN(state::FileValue root, deepspeed::DefaultModelStatesRoot(info_, d));
   ValuePtr shared = Value::MakeDict();

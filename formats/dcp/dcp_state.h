@@ -28,7 +28,8 @@
 //
 // It offers the DeepSpeed facet a DeepSpeed target needs: DeepSpeed's engine
 // defaults for the model (deepspeed/engine_defaults.h) with the source's
-// param groups (every hyper-parameter torch saved) and global_steps = step.
+// param groups (every hyper-parameter torch saved), global_steps = step and
+// clip_grad = DcpReadOptions::clip_grad.
 //
 // Example:
 //   UCP_ASSIGN_OR_RETURN(auto s, DcpState::Open("/ckpt/step-100", {}));
@@ -55,7 +56,14 @@ namespace ucp::dcp {
 struct DcpReadOptions {
   // Read items whose pickles name code-execution globals (never executed).
   bool allow_unsafe_pickles = false;
+  // The gradient clipping DeepSpeed's optimizer state records (clip_grad,
+  // which a ZeRO optimizer restores on load over its config's
+  // gradient_clipping). DCP does not record one: clipping is the training
+  // loop's, not the optimizer's; 0 = none (--source_option=dcp_clip_grad=X).
+  double clip_grad = 0.0;
 };
+// The source option (formats::SourceOptions::format_options) that sets it.
+inline constexpr char kClipGradOption[] = "dcp_clip_grad";
 
 class DcpState : public state::SlicedState, public deepspeed::DeepSpeedFacet {
  public:

@@ -5,6 +5,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "base/fs.h"
 #include "base/status_macros.h"
@@ -20,6 +21,12 @@ absl::StatusOr<std::unique_ptr<DcpState>> OpenState(const formats::CheckpointFol
                                                    const formats::SourceOptions& options) {
   DcpReadOptions o;
   o.allow_unsafe_pickles = options.allow_unsafe_pickles;
+  if (auto it = options.format_options.find(kClipGradOption); it != options.format_options.end()) {
+    if (!absl::SimpleAtod(it->second, &o.clip_grad) || !(o.clip_grad >= 0)) {
+      return absl::InvalidArgumentError(absl::StrCat("--source_option=", kClipGradOption, "=", it->second,
+                                                     ": expected a number >= 0 (0 = no clipping)"));
+    }
+  }
   return DcpState::Open(folder.dir, o);
 }
 

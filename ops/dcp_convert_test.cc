@@ -1,7 +1,10 @@
 // A DCP folder real torch 2.14 saved (testdata/dcp/mlp_w3: FSDP2 at world
 // 3) through the registry: detected as "dcp", converted to DeepSpeed's
 // universal checkpoint, which holds the saving job's fp32 masters, exp_avg
-// and exp_avg_sq (`mlp_w3.ref.pt`, torch's full state) bitwise.
+// and exp_avg_sq (`mlp_w3.ref.pt`, torch's full state) bitwise. And real
+// DeepSpeed 0.19.5 checkpoints (ZeRO-3 dp 2, NeoX tp 2) through
+// `convert --to=dcp` and back: the DCP folder exports the same bytes as the
+// checkpoint itself.
 #include <string>
 #include <utility>
 #include <vector>
@@ -11,6 +14,8 @@
 #include "format/torch/torch_file.h"
 #include "formats/builtin/builtin.h"
 #include "formats/format.h"
+#include "ops/convert.h"
+#include "ops/export.h"
 #include "gtest/gtest.h"
 #include "testing/fixtures.h"
 #include "tp/tensor_plan.h"
@@ -64,6 +69,35 @@ TEST(DcpConvertTest, ConvertsToUniversalHoldingTheReference) {
     }
   }
   EXPECT_EQ(compared, 21);
+}
+
+TEST(DcpConvertTest, DeepSpeedThroughDcpExportsTheSameBytes) {
+  for (const std::string fx : {"gpt-zero3-dp2", "neox-tp2-pp1-dp1"}) {
+    SCOPED_TRACE(fx);
+    const std::string src = testing::VersionFixturePath("0.19.5", fx);
+    const std::string tmp = testing::FreshTempDir(absl::StrCat("dcp_roundtrip_", fx));
+    ops::ConvertOptions c;
+    c.input_folder = src;
+    c.output_folder = JoinPath(tmp, "dcp");
+    c.to = "dcp";
+    c.write.fsync = false;
+    auto converted = ops::Convert(c);
+    ASSERT_TRUE(converted.ok()) << converted.status();
+    std::vector<std::string> outputs;
+    for (const std::string& in : {src, c.output_folder}) {
+      ops::ExportOptions e;
+      e.input_folder = in;
+      e.output_folder = JoinPath(tmp, absl::StrCat("export", outputs.size()));
+      e.write.fsync = false;
+      auto exported = ops::Export(e);
+      ASSERT_TRUE(exported.ok()) << exported.status();
+      auto bytes = ReadFileToString(JoinPath(e.output_folder, "model.safetensors"));
+      ASSERT_TRUE(bytes.ok()) << bytes.status();
+      outputs.push_back(*bytes);
+    }
+    EXPECT_GT(outputs[0].size(), 1000u);
+    EXPECT_TRUE(outputs[0] == outputs[1]);
+  }
 }
 
 }  // namespace

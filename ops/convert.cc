@@ -109,8 +109,9 @@ absl::StatusOr<ConvertResult> ConvertImpl(const ConvertOptions& options) {
                                                    options.state.make_vocab_size_divisible_by, ": expected >= 0"));
   }
   if (options.dry_run_ranks < 0) return absl::InvalidArgumentError("--dry_run: expected >= 0");
+  UCP_ASSIGN_OR_RETURN(const formats::TargetFormat* target, UniversalTarget(options.to));
   OpenRequest request;
-  request.refuse_universal = true;
+  request.refuse_format = std::string(target->name());
   // A universal checkpoint keeps the params of a tp=1 source whole: params
   // that nothing decides are recorded as undecided, not refused (only a step
   // that splits them over tp > 1 needs their kind).

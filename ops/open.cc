@@ -13,13 +13,6 @@ namespace {
 
 const formats::Registry& Formats() { return formats::builtin::Formats(); }
 
-// The format `convert` writes: a source of it is refused.
-bool IsUniversalFormat(const formats::SourceFormat& format) {
-  for (const auto& t : Formats().targets()) {
-    if (t->family() == formats::TargetFamily::kUniversal && t->name() == format.name()) return true;
-  }
-  return false;
-}
 
 // A Hugging Face model folder around the checkpoint (the Trainer's
 // checkpoint-N): its config.json's model_type helps detect the preset.
@@ -36,8 +29,12 @@ absl::StatusOr<SourceOptions> WithHfModelType(const SourceOptions& options, cons
 
 absl::StatusOr<formats::DetectedFolder> Detect(const std::string& path, const OpenRequest& request) {
   UCP_ASSIGN_OR_RETURN(formats::DetectedFolder d, formats::DetectFolder(Formats(), path));
-  if (request.refuse_universal && IsUniversalFormat(*d.format)) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": a universal checkpoint; this command reads ZeRO ones"));
+  if (!request.refuse_format.empty() && d.format->name() == request.refuse_format) {
+    if (d.format->kind() == "universal") {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": a universal checkpoint; this command reads ZeRO ones"));
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": already ", d.format->summary(), ", the format --to=", d.format->name(), " writes"));
   }
   return d;
 }
@@ -85,7 +82,7 @@ absl::StatusOr<OpenedSource> OpenFromDescription(const std::string& path, const 
 
 bool IsUniversalFolder(const std::string& path) {
   absl::StatusOr<formats::DetectedFolder> d = formats::DetectFolder(Formats(), path);
-  return d.ok() && IsUniversalFormat(*d->format);
+  return d.ok() && d->format->kind() == "universal";
 }
 
 absl::StatusOr<std::unique_ptr<rules::ResolvedState>> OpenResolvedState(const std::string& path,

@@ -45,8 +45,9 @@ absl::StatusOr<std::unique_ptr<state::ModelState>> OpenModelState(const std::str
 
 // Which sources a command refuses before reading them.
 struct OpenRequest {
-  // `ucp convert`: a folder of the format the universal target writes.
-  bool refuse_universal = false;
+  // `ucp convert`: a folder of the format its target writes (the target's
+  // registry name; "" = none refused).
+  std::string refuse_format;
 };
 
 // OpenModelState for a command. With a cluster of several ranks (an MPI

@@ -123,6 +123,7 @@ namespace internal_torch_file {
 struct State {
   std::shared_ptr<const MappedFile> mapped;
   std::shared_ptr<const std::string> owned;  // FromBytes
+  uint64_t range_size = 0;                    // OpenRange
   std::optional<ZipReader> zip;
   // One Storage per record key.
   struct StorageEntry {
@@ -478,8 +479,29 @@ absl::StatusOr<std::unique_ptr<TorchFile>> TorchFile::FromBytes(std::string byte
   return file;
 }
 
+absl::StatusOr<std::unique_ptr<TorchFile>> TorchFile::OpenRange(std::shared_ptr<const MappedFile> mapped,
+                                                                uint64_t offset, uint64_t length,
+                                                                const std::string& name, const OpenOptions& options) {
+  if (mapped == nullptr) return absl::InvalidArgumentError(absl::StrCat(name, ": no file"));
+  if (offset > mapped->size() || length > mapped->size() - offset) {
+    return absl::OutOfRangeError(absl::StrCat(name, ": bytes [", offset, ", ", offset + length, ") are not inside ",
+                                              mapped->path(), " (", mapped->size(), " bytes)"));
+  }
+  std::unique_ptr<TorchFile> file(new TorchFile());
+  file->path_ = name;
+  file->impl_ = std::make_shared<Impl>();
+  file->impl_->range_size = length;
+  file->mapping_ = mapped;
+  absl::Status s = ParseTorchFile(name, mapped->bytes().subspan(offset, length), mapped, /*mapped=*/nullptr, options,
+                                  file->impl_.get(), &file->stem_, &file->root_, &file->unsafe_globals_);
+  if (!s.ok()) return s;
+  return file;
+}
+
 size_t TorchFile::file_size() const {
-  return impl_->mapped != nullptr ? impl_->mapped->size() : impl_->owned->size();
+  if (impl_->mapped != nullptr) return impl_->mapped->size();
+  if (impl_->owned != nullptr) return impl_->owned->size();
+  return impl_->range_size;
 }
 
 bool TorchFile::IsTensor(const pickle::Value& v) {

@@ -75,6 +75,15 @@ class TorchFile {
   // The same from bytes in memory (tests, fuzzing); `name` is used in messages.
   static absl::StatusOr<std::unique_ptr<TorchFile>> FromBytes(std::string bytes, const std::string& name,
                                                               const OpenOptions& options = {});
+  // An archive stored at bytes [offset, offset + length) of a mapped file
+  // (PyTorch Distributed Checkpoint keeps one torch.save archive per item,
+  // back to back in a `.distcp` file; every zip offset is relative to the
+  // item's start). kOutOfRange when the range is not inside the file.
+  // `name` is used in messages; mapped_file() is null (offsets in the
+  // mapping are not the archive's).
+  static absl::StatusOr<std::unique_ptr<TorchFile>> OpenRange(std::shared_ptr<const MappedFile> file, uint64_t offset,
+                                                              uint64_t length, const std::string& name,
+                                                              const OpenOptions& options = {});
 
   const std::string& path() const { return path_; }
   // The archive's record prefix (`<stem>`).

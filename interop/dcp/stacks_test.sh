@@ -1,0 +1,86 @@
+#!/bin/bash
+# A training state moved between FSDP2 (PyTorch DCP) and DeepSpeed by ucp, resumed by the real
+# clients in the Debian unstable root (torch 2.14, transformers, DeepSpeed 0.19.5; CPU, gloo;
+# stacks_check.py says what each step runs). Issue 26:
+#   1. FSDP2 at world 2 saves a DCP folder and continues (the reference continuation);
+#   2. ucp reshard DCP -> ZeRO-1 dp 2: DeepSpeed loads it, its full state equals FSDP2's bitwise,
+#      its next loss and the loss after one more step equal FSDP2's continuation (within 1e-6);
+#   3. ucp reshard DCP -> ZeRO-3 dp 3: DeepSpeed at 3 resumes as FSDP2 at 3 does from the same DCP;
+#   4. ucp convert DCP -> universal: DeepSpeed's load_universal at dp 2, as in 2;
+#   5. DeepSpeed ZeRO-1 at 2 saves and continues; ucp convert --to=dcp; FSDP2 at 2 loads it: state
+#      bitwise equal to DeepSpeed's, losses equal to DeepSpeed's continuation (within 1e-6);
+#   6. negative control: a reference with one element changed is reported as differing.
+# Args: UCP CHECKER
+set -u
+UCP=$(pwd)/$1; CHECK_SRC=$(pwd)/$2
+for d in external/shared ../shared; do
+  if [[ -d $d/deepspeed-src ]]; then
+    UCP_SHARED_DIR=$(cd "$d" && pwd)
+    break
+  fi
+done
+export UCP_SHARED_DIR
+ENV=$(pwd)/tools/deepspeed_env.sh
+W=$TEST_TMPDIR
+# The runfiles are symlinks out of the root's reach: run a copy from the bound folder.
+cp "$CHECK_SRC" "$W/stacks_check.py"
+fail=0
+run() {  # stacks_check.py ARGS...: its JSON line on stdout, the rest in $W/log
+  "$ENV" run --root=sid --deepspeed=0.19.5 --bind="$W" -- python3 "$W/stacks_check.py" "$@" > "$W/out" 2>> "$W/log"
+  local rc=$?
+  grep '^{' "$W/out" | tail -1
+  [[ $rc == 0 ]] || { echo "  (exit $rc; last lines:)"; grep -v -e gloo -e Warning "$W/out" "$W/log" | tail -5; }
+  return $rc
+}
+ucp() { "$UCP" "$@" >> "$W/ucp.log" 2>&1 || { echo "FAIL ucp $*"; tail -5 "$W/ucp.log"; fail=1; return 1; }; }
+same_losses() {  # NAME GOT.json WANT.json: next and after per rank within 1e-6
+  /usr/bin/python3 - "$@" <<'PY'
+import json, sys
+name, got, want = sys.argv[1], json.load(open(sys.argv[2])), json.load(open(sys.argv[3]))
+d = max(abs(a - b) for k in ("next", "after") for a, b in zip(got[k], want[k]))
+n = len(got["next"]) == len(want["next"])
+ok = n and d <= 1e-6 and got.get("differ", []) == [] and got.get("compared", 1) > 0
+print(f"{'PASS' if ok else 'FAIL'} {name}: state {got.get('compared', '-')} entries, differ {got.get('differ', [])}; "
+      f"losses next {got['next']} after {got['after']} vs {want['next']} {want['after']}: max |diff| {d:.3g}")
+sys.exit(0 if ok else 1)
+PY
+}
+step() { if "$@"; then :; else fail=1; fi; }
+
+# 1. FSDP2 saves.
+run fsdp2-save --out "$W/f" --world 2 || { echo "FAIL fsdp2-save"; exit 1; }
+# 2. DCP -> ZeRO-1 dp 2 -> DeepSpeed.
+ucp reshard --input_folder="$W/f/dcp" --output_folder="$W/z1/global_step2" --dp=2 --zero_stage=1 &&
+  run ds-resume --ckpt "$W/z1" --world 2 --stage 1 --ref "$W/f/ref.pt" --out "$W/z1.json" &&
+  step same_losses "DCP -> ZeRO-1 dp 2, DeepSpeed resumes" "$W/z1.json" "$W/f/cont.json" || fail=1
+# 3. DCP -> ZeRO-3 dp 3 -> DeepSpeed at 3, against FSDP2 resuming at 3.
+ucp reshard --input_folder="$W/f/dcp" --output_folder="$W/z3/global_step2" --dp=3 --zero_stage=3 &&
+  run ds-resume --ckpt "$W/z3" --world 3 --stage 3 --ref "$W/f/ref.pt" --out "$W/z3.json" &&
+  run fsdp2-resume --ckpt "$W/f/dcp" --world 3 --ref "$W/f/ref.pt" --out "$W/f3.json" &&
+  step same_losses "DCP -> ZeRO-3 dp 3, DeepSpeed resumes as FSDP2 at 3" "$W/z3.json" "$W/f3.json" || fail=1
+# 4. DCP -> universal -> load_universal at dp 2.
+ucp convert --input_folder="$W/f/dcp" --output_folder="$W/u/global_step2_universal" &&
+  echo global_step2_universal > "$W/u/latest_universal" &&
+  run ds-resume --ckpt "$W/u" --world 2 --stage 1 --universal --ref "$W/f/ref.pt" --out "$W/u.json" &&
+  step same_losses "DCP -> universal, DeepSpeed load_universal at dp 2" "$W/u.json" "$W/f/cont.json" || fail=1
+# 5. DeepSpeed ZeRO-1 -> DCP -> FSDP2.
+run ds-save --out "$W/d" --world 2 --stage 1 &&
+  ucp convert --input_folder="$W/d/ds" --output_folder="$W/d/dcp" --to=dcp &&
+  run fsdp2-resume --ckpt "$W/d/dcp" --world 2 --ref "$W/d/ref.pt" --out "$W/d.json" &&
+  step same_losses "DeepSpeed ZeRO-1 -> DCP, FSDP2 resumes" "$W/d.json" "$W/d/cont.json" || fail=1
+# 6. Negative control: one exp_avg element of the reference changed.
+"$ENV" run --root=sid --bind="$W" -- python3 -c "
+import torch, sys
+r = torch.load('$W/f/ref.pt', weights_only=False)
+k = sorted(k for k in r if k.endswith('.exp_avg'))[0]
+r[k].view(-1)[0] += 1.0
+torch.save(r, '$W/bad_ref.pt')
+print(k)" > "$W/bad_key" 2>> "$W/log"
+if run fsdp2-resume --ckpt "$W/f/dcp" --world 2 --ref "$W/bad_ref.pt" --out "$W/bad.json" > "$W/bad.out"; then
+  echo "FAIL negative control: a changed reference passed"; fail=1
+elif grep -q "\"differ\": \[\"$(cat "$W/bad_key")\"\]" "$W/bad.out"; then
+  echo "PASS negative control: $(cat "$W/bad_key") reported as differing"
+else
+  echo "FAIL negative control: not reported as expected:"; cat "$W/bad.out"; fail=1
+fi
+exit $fail

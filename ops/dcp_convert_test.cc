@@ -1,0 +1,104 @@
+// A DCP folder real torch 2.14 saved (testdata/dcp/mlp_w3: FSDP2 at world
+// 3) through the registry: detected as "dcp", converted to DeepSpeed's
+// universal checkpoint, which holds the saving job's fp32 masters, exp_avg
+// and exp_avg_sq (`mlp_w3.ref.pt`, torch's full state) bitwise. And real
+// DeepSpeed 0.19.5 checkpoints (ZeRO-3 dp 2, NeoX tp 2) through
+// `convert --to=dcp` and back: the DCP folder exports the same bytes as the
+// checkpoint itself.
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "base/fs.h"
+#include "format/torch/torch_file.h"
+#include "formats/builtin/builtin.h"
+#include "formats/format.h"
+#include "ops/convert.h"
+#include "ops/export.h"
+#include "gtest/gtest.h"
+#include "testing/fixtures.h"
+#include "tp/tensor_plan.h"
+#include "writers/plan.h"
+
+namespace ucp {
+namespace {
+
+std::string Case(const std::string& name) { return testing::RunfilePath(absl::StrCat("testdata/dcp/", name)); }
+
+bool Equal(const tp::TensorPlan& a, const torch::Tensor& b) {
+  absl::StatusOr<bool> same = tp::TensorPlan::BitwiseEqual(a, tp::TensorPlan::FromTensor(b));
+  return same.ok() && *same;
+}
+
+TEST(DcpConvertTest, ConvertsToUniversalHoldingTheReference) {
+  const formats::Registry& r = formats::builtin::Formats();
+  auto d = formats::DetectFolder(r, Case("mlp_w3"));
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->format->name(), "dcp");
+  auto src = d->format->Open(d->folder, formats::SourceOptions(), nullptr);
+  ASSERT_TRUE(src.ok()) << src.status();
+  writers::UniversalWriteOptions w;
+  w.write_latest = false;
+  w.fsync = false;
+  w.inputs = {d->folder.dir};
+  auto plan = r.FindTarget("deepspeed_universal")->PlanUniversal(*src->state, w);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const std::string out = JoinPath(testing::FreshTempDir("dcp_universal"), "u");
+  auto stats = writers::RunPlan(**plan, out, writers::UniversalRunOptions(w));
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  auto u = formats::DetectFolder(r, out);
+  ASSERT_TRUE(u.ok()) << u.status();
+  EXPECT_EQ(u->format->kind(), "universal");
+  auto back = u->format->Open(u->folder, formats::SourceOptions(), nullptr);
+  ASSERT_TRUE(back.ok()) << back.status();
+  auto ref = torch::TorchFile::Open(Case("mlp_w3.ref.pt"));
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  int compared = 0;
+  for (const state::ParamState& p : back->state->info().params) {
+    for (const auto& [st, key] : std::vector<std::pair<std::string, std::string>>{
+             {"fp32", "model." + p.name}, {"exp_avg", "optim.state." + p.name + ".exp_avg"},
+             {"exp_avg_sq", "optim.state." + p.name + ".exp_avg_sq"}}) {
+      SCOPED_TRACE(key);
+      auto full = back->state->Full(p, st);
+      ASSERT_TRUE(full.ok()) << full.status();
+      auto t = (*ref)->GetTensor(*(*ref)->root()->DictGet(key));
+      ASSERT_TRUE(t.ok());
+      EXPECT_TRUE(Equal(*full, *t));
+      ++compared;
+    }
+  }
+  EXPECT_EQ(compared, 21);
+}
+
+TEST(DcpConvertTest, DeepSpeedThroughDcpExportsTheSameBytes) {
+  for (const std::string fx : {"gpt-zero3-dp2", "neox-tp2-pp1-dp1"}) {
+    SCOPED_TRACE(fx);
+    const std::string src = testing::VersionFixturePath("0.19.5", fx);
+    const std::string tmp = testing::FreshTempDir(absl::StrCat("dcp_roundtrip_", fx));
+    ops::ConvertOptions c;
+    c.input_folder = src;
+    c.output_folder = JoinPath(tmp, "dcp");
+    c.to = "dcp";
+    c.write.fsync = false;
+    auto converted = ops::Convert(c);
+    ASSERT_TRUE(converted.ok()) << converted.status();
+    std::vector<std::string> outputs;
+    for (const std::string& in : {src, c.output_folder}) {
+      ops::ExportOptions e;
+      e.input_folder = in;
+      e.output_folder = JoinPath(tmp, absl::StrCat("export", outputs.size()));
+      e.write.fsync = false;
+      auto exported = ops::Export(e);
+      ASSERT_TRUE(exported.ok()) << exported.status();
+      auto bytes = ReadFileToString(JoinPath(e.output_folder, "model.safetensors"));
+      ASSERT_TRUE(bytes.ok()) << bytes.status();
+      outputs.push_back(*bytes);
+    }
+    EXPECT_GT(outputs[0].size(), 1000u);
+    EXPECT_TRUE(outputs[0] == outputs[1]);
+  }
+}
+
+}  // namespace
+}  // namespace ucp

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <numeric>
+#include <regex>
 #include <set>
 
 #include "absl/strings/match.h"
@@ -335,6 +336,9 @@ const std::vector<std::string>& DsVersionsDrawn() {
 
 rc::Gen<GoldenCase> GenCase(const CaseGenOptions& options) {
   return rc::gen::exec([options]() {
+    if (options.hf_only || (options.hf_one_in > 0 && *Maybe(1, options.hf_one_in - 1))) {
+      return *GenHfCase(options);
+    }
     GoldenCase c;
     ModelSpec& spec = *c.mutable_model();
     const bool pipeline = *Maybe(3, 1);
@@ -604,6 +608,278 @@ rc::Gen<GoldenCase> GenCase(const CaseGenOptions& options) {
   });
 }
 
+namespace {
+
+// The true tp split of a Hugging Face name: the first rule of the preset's
+// own rules (rules/presets/<preset>.textproto) whose pattern matches it
+// (Python re.match: anchored at the start), replicated when none does.
+MergeRule PresetRuleOf(const MergeRules& preset, const std::string& name) {
+  for (const MergeRule& r : preset.rule()) {
+    std::smatch m;
+    if (std::regex_search(name, m, std::regex(r.pattern(), std::regex::ECMAScript),
+                          std::regex_constants::match_continuous)) {
+      MergeRule out;
+      out.set_kind(r.kind());
+      if (r.kind() == SUB_PARAMS) {
+        out.set_num_sub_params(r.num_sub_params());
+        out.set_cat_dim(r.cat_dim());
+        if (r.has_sub_param_shape()) *out.mutable_sub_param_shape() = r.sub_param_shape();
+      }
+      return out;
+    }
+  }
+  return Rule(REPLICATED);
+}
+
+struct HfTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  bool buffer = false;
+  bool adapter = false;    // a peft LoRA adapter
+  bool embedding = false;  // input embeddings (word / position)
+  bool norm = false;       // a norm module's param (the Trainer's no-decay group)
+};
+
+// The names and shapes of one transformers model (tp = 1), in module order.
+// `lora`: peft LoRA on the attention projections (and, for Llama, on the
+// MLP's down_proj): <proj>.base_layer.<weight|bias>, lora_A / lora_B.
+std::vector<HfTensor> HfTensors(const std::string& style, int layers, int64_t h, int64_t f, int64_t vocab,
+                                int64_t positions, int64_t q, int64_t kv, int64_t rank, bool lora, bool qkv_bias,
+                                bool buffers, bool head) {
+  std::vector<HfTensor> t;
+  const std::string root = lora ? "base_model.model." : "";
+  auto add = [&](const std::string& name, std::vector<int64_t> shape) { t.push_back({root + name, std::move(shape)}); };
+  // A linear module (nn.Linear [out, in]; GPT-2's Conv1D [in, out]) with LoRA or not.
+  auto linear = [&](const std::string& m, int64_t out, int64_t in, bool bias, bool adapted, bool conv1d) {
+    const std::string base = adapted ? m + ".base_layer" : m;
+    add(base + ".weight", conv1d ? std::vector<int64_t>{in, out} : std::vector<int64_t>{out, in});
+    if (bias) add(base + ".bias", {out});
+    if (adapted) {
+      add(m + ".lora_A.default.weight", {rank, in});
+      t.back().adapter = true;
+      add(m + ".lora_B.default.weight", {out, rank});
+      t.back().adapter = true;
+    }
+  };
+  auto norm = [&](const std::string& m, bool bias) {
+    add(m + ".weight", {h});
+    t.back().norm = true;
+    if (bias) {
+      add(m + ".bias", {h});
+      t.back().norm = true;
+    }
+  };
+  if (style == "hf-llama") {
+    add("model.embed_tokens.weight", {vocab, h});
+    t.back().embedding = true;
+    for (int i = 0; i < layers; ++i) {
+      const std::string l = absl::StrCat("model.layers.", i, ".");
+      norm(l + "input_layernorm", false);
+      linear(l + "self_attn.q_proj", q, h, qkv_bias, lora, false);
+      linear(l + "self_attn.k_proj", kv, h, qkv_bias, false, false);
+      linear(l + "self_attn.v_proj", kv, h, qkv_bias, lora, false);
+      linear(l + "self_attn.o_proj", h, q, false, false, false);
+      if (buffers) {
+        add(l + "self_attn.rotary_emb.inv_freq", {2});
+        t.back().buffer = true;
+      }
+      norm(l + "post_attention_layernorm", false);
+      linear(l + "mlp.gate_proj", f, h, false, false, false);
+      linear(l + "mlp.up_proj", f, h, false, false, false);
+      linear(l + "mlp.down_proj", h, f, false, lora, false);
+    }
+    norm("model.norm", false);
+    if (head) add("lm_head.weight", {vocab, h});
+  } else if (style == "hf-gpt-neox") {
+    add("gpt_neox.embed_in.weight", {vocab, h});
+    t.back().embedding = true;
+    for (int i = 0; i < layers; ++i) {
+      const std::string l = absl::StrCat("gpt_neox.layers.", i, ".");
+      norm(l + "input_layernorm", true);
+      norm(l + "post_attention_layernorm", true);
+      linear(l + "attention.query_key_value", 3 * h, h, true, lora, false);
+      if (buffers) {
+        add(l + "attention.rotary_emb.inv_freq", {2});
+        t.back().buffer = true;
+      }
+      linear(l + "attention.dense", h, h, true, lora, false);
+      linear(l + "mlp.dense_h_to_4h", f, h, true, false, false);
+      linear(l + "mlp.dense_4h_to_h", h, f, true, false, false);
+    }
+    norm("gpt_neox.final_layer_norm", true);
+    if (head) add("embed_out.weight", {vocab, h});
+  } else {  // hf-gpt2
+    add("transformer.wte.weight", {vocab, h});
+    t.back().embedding = true;
+    add("transformer.wpe.weight", {positions, h});
+    t.back().embedding = true;
+    for (int i = 0; i < layers; ++i) {
+      const std::string l = absl::StrCat("transformer.h.", i, ".");
+      norm(l + "ln_1", true);
+      if (buffers) {
+        add(l + "attn.bias", {1, 1, positions, positions});
+        t.back().buffer = true;
+      }
+      linear(l + "attn.c_attn", 3 * h, h, true, lora, true);
+      linear(l + "attn.c_proj", h, h, true, lora, true);
+      norm(l + "ln_2", true);
+      linear(l + "mlp.c_fc", f, h, true, false, true);
+      linear(l + "mlp.c_proj", h, f, true, false, true);
+    }
+    norm("transformer.ln_f", true);
+    if (head) add("lm_head.weight", {vocab, h});
+  }
+  return t;
+}
+
+}  // namespace
+
+rc::Gen<GoldenCase> GenHfCase(const CaseGenOptions& options) {
+  return rc::gen::exec([options]() {
+    GoldenCase c;
+    ModelSpec& spec = *c.mutable_model();
+    const std::string style = *Pick<std::string>({"hf-llama", "hf-gpt-neox", "hf-gpt2"});
+    spec.set_style(style);
+    spec.set_pipeline(false);
+    spec.set_preset(style);
+    spec.set_rules_source(kNoFlagsSource);
+    // lp dtype and the stages the formats write it at: fp32 / fp16 with
+    // DeepSpeed's ZeRO optimizers at any stage; bf16 as BF16_Optimizer
+    // (stage 1 in the synthetic model) and the stage 0 and 3 writers.
+    const std::string lp = *Pick<std::string>({"fp32", "fp16", "bf16"});
+    spec.set_lp_dtype(lp);
+    c.set_optimizer_layout(lp == "bf16" ? "bf16" : "zero");
+    // (A bf16 stage 0 source is read as bf16 weights with fp32 masters,
+    // which DeepSpeed would run at stage 1 with BF16_Optimizer: ucp writes
+    // those files only from a BF16_Optimizer checkpoint, and tells the user
+    // to pick stage 2, which the synthetic BF16_Optimizer model cannot be
+    // saved at; so bf16 goes 1 -> 1, 1 -> 0, 0 -> 0.)
+    const std::vector<int> stages = lp == "bf16" ? std::vector<int>{1, 0} : std::vector<int>{1, 2, 3, 0};
+    c.set_source_zero_stage(*Pick<int>(stages));
+    c.set_target_zero_stage(*Maybe(1, 3) ? c.source_zero_stage() : *Pick<int>(stages));
+    if (lp == "bf16" && c.source_zero_stage() == 0) c.set_target_zero_stage(0);
+
+    // Structure and sizes.
+    const int layers = *Uniform(1, 3);
+    const int64_t h = 2 * *Uniform<int64_t>(1, 5);
+    const int64_t f = *Uniform<int64_t>(1, 9);
+    const int64_t vocab = *Uniform<int64_t>(3, 41);
+    const int64_t positions = *Uniform<int64_t>(2, 9);
+    const int64_t kv = *Uniform<int64_t>(1, 5);
+    const int64_t q = kv * *Uniform<int64_t>(1, 3);
+    const bool lora = *Maybe(1, 1);
+    const int64_t rank = *Uniform<int64_t>(1, 3);
+    const bool qkv_bias = style == "hf-llama" && *Maybe(1, 2);
+    const bool buffers = *Maybe(1, 2);
+    // 0: an lm_head of its own; 1: lm_head tied to the embedding (a tied
+    // alias in the module state, the optimizer holds the embedding once).
+    const bool tied = *Maybe(1, 1);
+    // none, LoRA's (base frozen: with peft names), frozen embeddings, random.
+    const int freeze = lora ? 1 : *Pick<int>({0, 2, 3});
+    const bool trainer_groups = *Maybe(1, 1);
+    std::vector<HfTensor> tensors =
+        HfTensors(style, layers, h, f, vocab, positions, q, kv, rank, lora, qkv_bias, buffers, /*head=*/true);
+    auto preset = rules::PresetRules(style);
+    RC_ASSERT(preset.ok());
+    spec.set_hidden_size(h);
+    spec.set_num_attention_heads(1);
+    spec.set_original_vocab_size(vocab);
+    spec.set_make_vocab_size_divisible_by(1);
+
+    std::vector<ModelParam> params;
+    std::vector<int> group_if_trained;  // per param: the group it joins when trained
+    std::string embedding_name;
+    for (const HfTensor& t : tensors) {
+      ModelParam p;
+      p.set_name(t.name);
+      p.set_local_name(t.name);
+      p.set_layer(-1);
+      for (int64_t x : t.shape) p.add_shape(x);
+      *p.mutable_rule() = PresetRuleOf(*preset, t.name);
+      bool frozen = false;
+      if (freeze == 1) frozen = !t.adapter;
+      if (freeze == 2) frozen = t.embedding;
+      if (freeze == 3) frozen = *Maybe(1, 4);
+      const bool head = absl::EndsWith(t.name, "lm_head.weight") || absl::EndsWith(t.name, "embed_out.weight");
+      if (t.embedding && embedding_name.empty()) embedding_name = t.name;
+      if (head && tied) {
+        // Another name of the embedding: its split is the embedding's.
+        p.set_role("tied");
+        p.set_tied_key(embedding_name);
+        p.set_group(-1);
+        *p.mutable_rule() = PresetRuleOf(*preset, embedding_name);
+      } else if (t.buffer) {
+        p.set_role("buffer");
+        p.set_group(-1);
+      } else {
+        p.set_role(frozen ? "frozen" : "trainable");
+        p.set_group(-1);
+      }
+      const bool no_decay = t.norm || absl::EndsWith(t.name, ".bias");
+      group_if_trained.push_back(trainer_groups && no_decay ? 1 : 0);
+      if (p.role() == "trainable") p.set_group(group_if_trained.back());
+      params.push_back(std::move(p));
+    }
+    // A ZeRO-0 checkpoint names no param of its optimizer state: ucp finds
+    // the order from the shapes (and, for bf16 / fp16, the masters), which
+    // cannot tell an fp32 frozen param from a trainable one of its shape
+    // (README, "The param order": refused as ambiguous). Such a model is
+    // drawn with that frozen param trained.
+    if (lp == "fp32" && (c.source_zero_stage() == 0 || c.target_zero_stage() == 0)) {
+      std::set<std::vector<int64_t>> trained;
+      for (const ModelParam& p : params) {
+        if (p.role() == "trainable") trained.insert({p.shape().begin(), p.shape().end()});
+      }
+      for (size_t i = 0; i < params.size(); ++i) {
+        ModelParam& p = params[i];
+        if (p.role() == "frozen" && trained.count({p.shape().begin(), p.shape().end()})) {
+          p.set_role("trainable");
+          p.set_group(group_if_trained[i]);
+        }
+      }
+    }
+    bool any_trainable = false;
+    for (const ModelParam& p : params) any_trainable |= p.role() == "trainable";
+    if (!any_trainable) {
+      for (size_t i = 0; i < params.size(); ++i) {
+        if (params[i].role() == "frozen") {
+          params[i].set_role("trainable");
+          params[i].set_group(group_if_trained[i]);
+          break;
+        }
+      }
+    }
+    std::set<int> groups;
+    for (const ModelParam& p : params) {
+      if (p.group() >= 0) groups.insert(p.group());
+    }
+    std::map<int, int> renumber;
+    for (int g : groups) renumber[g] = static_cast<int>(renumber.size());
+    for (ModelParam& p : params) {
+      if (p.group() >= 0) p.set_group(renumber[p.group()]);
+      *spec.add_param() = p;
+    }
+    spec.set_num_groups(std::max<int>(1, static_cast<int>(groups.size())));
+    c.set_zero_stage(c.source_zero_stage() == 1 || c.source_zero_stage() == 2 ? c.source_zero_stage() : 0);
+
+    // tp = pp = 1; dp at each end.
+    c.mutable_source()->set_tp(1);
+    c.mutable_source()->set_pp(1);
+    c.mutable_source()->set_dp(*Uniform(1, options.max_dp + 1));
+    c.mutable_target()->set_tp(1);
+    c.mutable_target()->set_pp(1);
+    c.mutable_target()->set_dp(*Uniform(1, options.max_dp + 1));
+    static const std::vector<std::string> kVersions = {"0.19.5", "0.18.9", "0.19.4"};
+    c.set_ds_version(*Pick<std::string>(kVersions));
+    c.set_target_ds_version(*Maybe(1, 1) ? *Pick<std::string>(kVersions) : c.ds_version());
+    c.set_numpy2(*Maybe(1, 1));
+    spec.set_train_batch_size(0);
+    c.set_seed(*Uniform<uint64_t>(0, uint64_t{1} << 40));
+    c.set_name("fuzz_hf");
+    return c;
+  });
+}
+
 std::vector<std::string> CaseFeatures(const GoldenCase& c) {
   std::set<std::string> f;
   const ModelSpec& spec = c.model();
@@ -624,6 +900,8 @@ std::vector<std::string> CaseFeatures(const GoldenCase& c) {
       default: f.insert(tp::MergeKindName(r.kind()));
     }
     if (p.role() == "frozen") f.insert("frozen");
+    if (p.role() == "tied") f.insert("tied_alias");
+    if (absl::StartsWith(p.name(), "base_model.model.")) f.insert("peft");
     if (p.role() == "buffer") f.insert("buffer");
     if (!p.tied_key().empty()) f.insert("tied");
     if (p.equal_slices()) f.insert("equal_slices");
@@ -650,6 +928,8 @@ std::vector<std::string> CaseFeatures(const GoldenCase& c) {
     f.insert("padding_convention_change");
   }
   if (c.numpy2()) f.insert("numpy2");
+  if (absl::StartsWith(spec.style(), "hf-")) f.insert("hf_names");
+  if (SourceZeroStage(c) != TargetZeroStage(c)) f.insert("zero_stage_change");
   // A group whose padding spans more than one dp partition: there the two
   // conventions write different group_paddings (and fp32 partition sizes).
   {

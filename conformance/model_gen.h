@@ -29,7 +29,10 @@
 //     is written for (--target_ds_version), numpy 1 or 2 names;
 //   - a num_attention_heads every tp of the case divides;
 //   - tp <= 8, pp <= 4 (<= the layers), dp <= 8, every partitioned dim
-//     divisible by lcm(T1.tp, T2.tp) (and sub-params by it per sub-param).
+//     divisible by lcm(T1.tp, T2.tp) (and sub-params by it per sub-param);
+//   - one case in CaseGenOptions::hf_one_in: a Hugging Face case
+//     (GenHfCase below: tp = 1, transformers / peft names, frozen params,
+//     tied embeddings, ZeRO stages 0-3 at both ends).
 // Everything is drawn with shrinkable generators, so a failing case shrinks
 // towards fewer layers, fewer kinds, tp = pp = dp = 1 and small sizes.
 //
@@ -58,9 +61,32 @@ struct CaseGenOptions {
   int max_world = 64;
   // Draw T1 with tp >= 2 (cases that need tp copies to compare).
   bool source_tp_at_least_2 = false;
+  // Hugging Face cases (GenHfCase): one in `hf_one_in` of the cases GenCase
+  // draws (0 = none); hf_only: every case.
+  int hf_one_in = 5;
+  bool hf_only = false;
 };
 
 rc::Gen<GoldenCase> GenCase(const CaseGenOptions& options);
+
+// A Hugging Face Trainer / Accelerate style case: a plain module at tp = pp =
+// 1 named as transformers names it (Llama, GPT-NeoX, GPT-2: the styles
+// hf-llama, hf-gpt-neox, hf-gpt2), optionally wrapped as peft names it
+// (base_model.model. prefix, <proj>.base_layer, <proj>.lora_A.default /
+// lora_B.default); each param's true tp split is what the preset of that
+// name (rules/presets/<style>.textproto, its own rules read here, first match
+// wins) gives it, replicated where no rule of the preset matches (peft
+// adapters of modules AutoTP does not split: undecided, kept whole). Frozen
+// params as users freeze them: none, LoRA (base frozen, adapters trained),
+// frozen embeddings, or any param one time in five; lm_head tied to the
+// embedding (a tied alias, role "tied") or not; groups as DeepSpeed's
+// default (one) or the Trainer's decay / no-decay split; the source and the
+// target at ZeRO stage 0, 1, 2 or 3 (source_zero_stage, target_zero_stage)
+// at dp <= max_dp, lp fp32 / fp16 (any stage) or bf16 (BF16_Optimizer at
+// stage 1, and stage 0: 1 -> 1, 1 -> 0, 0 -> 0; ucp writes no ZeRO-3 from
+// a BF16_Optimizer state), DeepSpeed 0.18.9 to 0.19.5,
+// converted with no flags at all (rules_source "no_flags").
+rc::Gen<GoldenCase> GenHfCase(const CaseGenOptions& options);
 
 // The DeepSpeed versions GenCase draws (ds_version, target_ds_version), the
 // first the one a shrunk case falls back to.

@@ -3,9 +3,12 @@
 // three ways the converter learns them), and every kind, style and degree.
 #include "conformance/model_gen.h"
 
+#include <map>
+#include <optional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "conformance/spec_rules.h"
 #include "conformance/synthetic_state.h"
@@ -18,6 +21,13 @@
 namespace ucp::conformance {
 namespace {
 
+// The non-Hugging Face cases (GenHfCase has tests of its own below).
+CaseGenOptions NonHf() {
+  CaseGenOptions o;
+  o.hf_one_in = 0;
+  return o;
+}
+
 bool SameKindAndShape(const MergeRule& a, const MergeRule& b) {
   if (a.kind() != b.kind()) return false;
   if (a.kind() != SUB_PARAMS) return true;
@@ -27,7 +37,7 @@ bool SameKindAndShape(const MergeRule& a, const MergeRule& b) {
 }
 
 RC_GTEST_PROP(ModelGenTest, CasesAreValidAndFitBothTopologies, ()) {
-  const GoldenCase c = *GenCase(CaseGenOptions());
+  const GoldenCase c = *GenCase(NonHf());
   const ModelSpec& spec = c.model();
   RC_ASSERT(ValidateModelSpec(spec).ok());
   auto m = SyntheticModelState::FromCase(c);
@@ -55,7 +65,7 @@ RC_GTEST_PROP(ModelGenTest, CasesAreValidAndFitBothTopologies, ()) {
 
 // Whatever source the converter is told the rules by, it is told the truth.
 RC_GTEST_PROP(ModelGenTest, RulesSourcesSayWhatTheModelIs, ()) {
-  const GoldenCase c = *GenCase(CaseGenOptions());
+  const GoldenCase c = *GenCase(NonHf());
   const ModelSpec& spec = c.model();
   std::vector<std::string> names;
   for (const ModelParam& p : spec.param()) names.push_back(p.name());
@@ -113,7 +123,7 @@ RC_GTEST_PROP(ModelGenTest, RulesSourcesSayWhatTheModelIs, ()) {
 TEST(ModelGenTest, CoversEveryKindStyleAndDegree) {
   std::map<std::string, std::set<std::string>> seen;
   for (int i = 0; i < 600; ++i) {
-    const GoldenCase c = GenCase(CaseGenOptions())(rc::Random(static_cast<uint64_t>(i) * 7919 + 1), 50).value();
+    const GoldenCase c = GenCase(NonHf())(rc::Random(static_cast<uint64_t>(i) * 7919 + 1), 50).value();
     for (const Topology& t : {c.source(), c.target()}) {
       seen["tp"].insert(absl::StrCat(t.tp()));
       seen["pp"].insert(absl::StrCat(t.pp()));
@@ -148,6 +158,56 @@ TEST(ModelGenTest, CoversEveryKindStyleAndDegree) {
                                    "row", "split_dim1_rank3+", "sub_params_2", "sub_params_gqa", "tied", "vocab",
                                    "vocab_padded"}))
       << absl::StrJoin(seen["features"], ", ");
+}
+
+// Hugging Face cases: tp = pp = 1, a plain module, valid for the synthetic
+// model, every name one the preset of its style detects, no rule flags.
+RC_GTEST_PROP(ModelGenTest, HfCasesAreTp1PlainModelsOfTheirPreset, ()) {
+  CaseGenOptions o;
+  o.hf_only = true;
+  const GoldenCase c = *GenCase(o);
+  const ModelSpec& spec = c.model();
+  RC_ASSERT(ValidateModelSpec(spec).ok());
+  RC_ASSERT(SyntheticModelState::FromCase(c).ok());
+  RC_ASSERT(!spec.pipeline());
+  for (const Topology& t : {c.source(), c.target()}) {
+    RC_ASSERT(t.tp() == 1 && t.pp() == 1 && t.dp() >= 1 && t.dp() <= 8);
+  }
+  RC_ASSERT(c.has_source_zero_stage() && c.has_target_zero_stage());
+  RC_ASSERT(c.source_zero_stage() >= 0 && c.source_zero_stage() <= 3);
+  RC_ASSERT(c.target_zero_stage() >= 0 && c.target_zero_stage() <= 3);
+  RC_ASSERT(spec.rules_source() == std::string(kNoFlagsSource));
+  std::vector<std::string> names;
+  for (const ModelParam& p : spec.param()) names.push_back(p.name());
+  RC_ASSERT(rules::DetectPreset(names) == std::optional<std::string>(spec.style()));
+}
+
+TEST(ModelGenTest, HfCasesCoverStagesStylesAndFreezing) {
+  std::map<std::string, std::set<std::string>> seen;
+  CaseGenOptions o;
+  o.hf_only = true;
+  for (int i = 0; i < 400; ++i) {
+    const GoldenCase c = GenCase(o)(rc::Random(static_cast<uint64_t>(i) * 7919 + 3), 50).value();
+    seen["style"].insert(c.model().style());
+    seen["stages"].insert(absl::StrCat(c.source_zero_stage(), "->", c.target_zero_stage()));
+    seen["lp"].insert(c.model().lp_dtype());
+    seen["dp"].insert(absl::StrCat(c.source().dp()));
+    for (const auto& f : CaseFeatures(c)) seen["features"].insert(f);
+    bool frozen_embedding = false;
+    for (const ModelParam& p : c.model().param()) {
+      frozen_embedding |= p.role() == "frozen" && (absl::StrContains(p.name(), "embed") || absl::StrContains(p.name(), "wte"));
+    }
+    if (frozen_embedding) seen["features"].insert("frozen_embedding");
+  }
+  EXPECT_EQ(seen["style"], (std::set<std::string>{"hf-gpt-neox", "hf-gpt2", "hf-llama"}));
+  // Every stage to every stage (bf16: 0, 1, 3).
+  EXPECT_EQ(seen["stages"].size(), 16u) << absl::StrJoin(seen["stages"], " ");
+  EXPECT_EQ(seen["lp"].size(), 3u);
+  EXPECT_EQ(seen["dp"].size(), 8u);
+  for (const std::string f : {"frozen", "frozen_embedding", "peft", "tied_alias", "buffer", "hf_names",
+                              "zero_stage_change", "ds_version_change", "numpy2"}) {
+    EXPECT_TRUE(seen["features"].count(f)) << f << " not drawn: " << absl::StrJoin(seen["features"], ", ");
+  }
 }
 
 }  // namespace

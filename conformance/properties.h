@@ -34,6 +34,33 @@
 //       slice. The round trips (a)-(c) cannot see a change made consistently
 //       to the writer and the readers; this can.
 //
+// Hugging Face cases (model_gen.h GenHfCase: tp = 1, saved at ZeRO stage
+// S1 = source_zero_stage, T2 at S2 = target_zero_stage, 0-3, the reshards
+// to T2 written at S2, converted with no rule flags):
+//   (a) compares the two universal folders but for what records the
+//       source's optimizer (stage, loss scaling, each group's `params`,
+//       optimizer_layout); where one end is ZeRO-3, save(M, T2) is made at
+//       S1 (a ZeRO-3 source converts to DeepSpeed's stage-3 universal
+//       layout, which keeps the source's dp: each is checked against M
+//       instead); a ZeRO-0 source's model states reach the universal folder
+//       as a ZeRO job saves them (optimizer None). And export(save(M, T1))
+//       and export(save(M, T2)) are M's weights (zero_to_fp32's choice: fp32
+//       masters, frozen params as stored, buffers as float32, a tied alias
+//       as its owner or named in the metadata), `--names=hf` with the
+//       Trainer's config.json the same tensors under the same names (buffers
+//       the preset drops and a tied lm_head aside) and that config.json, a
+//       peft-named model refused saying so.
+//   (b), (c) from a ZeRO-3 source: ucp does not read the stage-3 universal
+//       layout, so (b) reshards the ZeRO-3 folder itself and (c) compares it
+//       with the route through ZeRO-1 at T1.
+//   (d) a ZeRO-0 source has no optimizer files: its model-states file is
+//       removed instead (an unrecognized folder, named).
+//   (e) ZeRO-3 and ZeRO-0 saves against formulas of their own
+//       (CheckLayoutZero3: per-rank ceil(numel / dp) partitions of every
+//       state and frozen param; CheckLayoutZero0: the module, the torch
+//       optimizer's state by param index, FP16_UnfusedOptimizer's
+//       fp32_groups).
+//
 // RunFuzz drives them with RapidCheck (seeded, shrinking to a minimal case)
 // for `ucp_conformance fuzz` and the tests.
 //

@@ -153,11 +153,13 @@ absl::StatusOr<ops::SourceOptions> ZeroSourceOptionsFor(const ModelSpec& spec, c
     o.rules.original_vocab_size = spec.original_vocab_size();
   } else if (spec.rules_source() == kDetectSource) {
     o.rules.original_vocab_size = spec.original_vocab_size();
+  } else if (spec.rules_source() == kNoFlagsSource) {
+    // No rule flag of any kind.
   } else if (spec.rules_source() == kCheckpointInfoSource) {
     if (spec.preset() == "none") o.rules.preset = "none";
   } else {
     return absl::InvalidArgumentError(absl::StrCat("unknown rules_source '", spec.rules_source(),
-                                                   "' (rules_file, checkpoint_info, preset, detect)"));
+                                                   "' (rules_file, checkpoint_info, preset, detect, no_flags)"));
   }
   return o;
 }

@@ -13,6 +13,9 @@
 //   rules_source "detect"           no rule flags: the preset is detected from the
 //                                   names (only --original_vocab_size, which no
 //                                   name can tell)
+//   rules_source "no_flags"         nothing at all: a tp=1 source (Hugging Face
+//                                   names, model_gen.h), converted as a user
+//                                   would first try it
 //
 // ZeroSourceOptionsFor(spec, dir) is what a user would pass to `ucp convert`
 // or `ucp reshard` for a checkpoint of that model.
@@ -36,6 +39,7 @@ inline constexpr char kRulesFileSource[] = "rules_file";
 inline constexpr char kCheckpointInfoSource[] = "checkpoint_info";
 inline constexpr char kPresetSource[] = "preset";
 inline constexpr char kDetectSource[] = "detect";
+inline constexpr char kNoFlagsSource[] = "no_flags";
 
 // The regex that matches exactly `name` (Python re.match semantics).
 std::string ExactPattern(const std::string& name);

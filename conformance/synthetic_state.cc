@@ -5,6 +5,7 @@
 #include <numeric>
 #include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "conformance/spec_rules.h"
@@ -190,6 +191,17 @@ absl::Status ValidateModelSpec(const ModelSpec& spec) {
         if (!module_layers.count(l)) return err(absl::StrCat("'", n, "' is in layer ", l, ", which is not a module"));
       }
       if (p.local_name().empty()) return err(absl::StrCat("'", n, "' has no local name"));
+    } else if (role == TensorRole::kTied) {
+      // A tied alias of a plain module: another name of an earlier param.
+      const ModelParam* owner = nullptr;
+      for (const ModelParam& q : spec.param()) {
+        if (q.name() == p.tied_key()) owner = &q;
+        if (&q == &p) break;
+      }
+      if (owner == nullptr || owner->role() == "tied" || owner->role() == "buffer" ||
+          std::vector<int64_t>(owner->shape().begin(), owner->shape().end()) != shape || p.layer() != -1) {
+        return err(absl::StrCat("tied alias '", n, "' needs tied_key = an earlier param or frozen param of its shape"));
+      }
     } else if (p.layer() != -1 || !p.tied_key().empty()) {
       return err(absl::StrCat("'", n, "': a plain module has no layers or tied params"));
     }
@@ -225,7 +237,23 @@ absl::StatusOr<std::unique_ptr<SyntheticModelState>> SyntheticModelState::FromCa
   SyntheticVersion v;
   if (!c.ds_version().empty()) v.ds_version = c.ds_version();
   v.numpy2 = c.numpy2();
-  return Make(c.model(), c.seed(), c.zero_stage() > 0 ? c.zero_stage() : 1, kind, v);
+  v.zero_stage_call = SourceZeroStage(c) == 0;
+  return Make(c.model(), c.seed(), ModelZeroStage(c), kind, v);
+}
+
+int SourceZeroStage(const GoldenCase& c) {
+  if (c.has_source_zero_stage()) return c.source_zero_stage();
+  return c.zero_stage() > 0 ? c.zero_stage() : 1;
+}
+
+int TargetZeroStage(const GoldenCase& c) {
+  return c.has_target_zero_stage() ? c.target_zero_stage() : SourceZeroStage(c);
+}
+
+int ModelZeroStage(const GoldenCase& c) {
+  const int s = SourceZeroStage(c);
+  if (s == 1 || s == 2) return c.optimizer_layout() == "bf16" ? 1 : s;
+  return c.optimizer_layout() == "bf16" ? 1 : 2;
 }
 
 int64_t SpecAttentionHeads(const ModelSpec& spec) {
@@ -300,7 +328,11 @@ absl::StatusOr<state::ModelInfo> ModelInfoFromSpec(const ModelSpec& spec, int ze
     s.lp_dtype = lp_dtype;
     s.layer = spec.pipeline() ? p.layer() : -1;
     s.local_name = spec.pipeline() ? p.local_name() : p.name();
-    s.tied_key = p.tied_key();
+    if (s.role == TensorRole::kTied) {
+      s.alias_of = p.tied_key();
+    } else {
+      s.tied_key = p.tied_key();
+    }
     s.tied_layers.assign(p.tied_layer().begin(), p.tied_layer().end());
     (s.trainable() ? trainable : other).push_back(std::move(s));
   }
@@ -339,7 +371,7 @@ absl::Status SyntheticModelState::Build() {
       UCP_ASSIGN_OR_RETURN(t[state::kFp32State], MakeValues(p, seed_, Salt::kFp32));
       UCP_ASSIGN_OR_RETURN(t["exp_avg"], MakeValues(p, seed_, Salt::kExpAvg));
       UCP_ASSIGN_OR_RETURN(t["exp_avg_sq"], MakeValues(p, seed_, Salt::kExpAvgSq));
-    } else {
+    } else if (role != TensorRole::kTied) {
       UCP_ASSIGN_OR_RETURN(torch::Tensor v, MakeValues(p, seed_, Salt::kLp));
       UCP_ASSIGN_OR_RETURN(t[state::kLpState], torch::Cast(v, lp_dtype));
     }
@@ -365,7 +397,8 @@ absl::Status SyntheticModelState::Build() {
   d.global_steps = iterations;
   d.micro_batch = 1 + static_cast<int64_t>(seed_ % 3);
   d.train_batch_size = spec.train_batch_size();
-  d.zero_stage_encoding = seed_ % 2 == 0 ? pickle::EnumEncoding::kCall : pickle::EnumEncoding::kGetattr;
+  d.zero_stage_encoding = seed_ % 2 == 0 || version_.zero_stage_call ? pickle::EnumEncoding::kCall
+                                                                      : pickle::EnumEncoding::kGetattr;
   d.client_state = [this](torch::TorchWriter& w, Value& r) { return AddClientState(w, r); };
   UCP_ASSIGN_OR_RETURN(common_, deepspeed::DefaultOptimizerCommon(info_, d));
   UCP_ASSIGN_OR_RETURN(root_, deepspeed::DefaultModelStatesRoot(info_, d));
@@ -378,6 +411,17 @@ absl::Status SyntheticModelState::AddClientState(torch::TorchWriter& w, Value& r
   const ModelSpec& spec = spec_;
   const int64_t iterations = 1 + static_cast<int64_t>(seed_ % 97);
   Value* r = &root;
+  // Tied aliases of a plain module (engine._get_shared_params: alias -> owner).
+  {
+    ValuePtr shared = Value::MakeDict();
+    for (const ModelParam& p : spec.param()) {
+      if (p.role() == "tied") shared->DictSet(Value::Str(p.name()), Value::Str(p.tied_key()));
+    }
+    r->DictSet(Value::Str("shared_params"), shared);
+  }
+  // The Hugging Face Trainer saves no client state (engine.save_checkpoint
+  // without client_state).
+  if (absl::StartsWith(spec.style(), "hf-")) return absl::OkStatus();
   // Client state, as GPT-NeoX / Megatron-DeepSpeed save it.
   r->DictSet(Value::Str("iteration"), Value::Int(iterations));
   {
@@ -429,6 +473,16 @@ absl::Status SyntheticModelState::AddClientState(torch::TorchWriter& w, Value& r
 }
 
 absl::StatusOr<torch::Tensor> SyntheticModelState::Tensor(const std::string& name, const std::string& state) const {
+  if (const state::ParamState* p = info_.Find(name); p != nullptr && p->role == TensorRole::kTied) {
+    if (state != state::kLpState) {
+      return absl::NotFoundError(absl::StrCat("synthetic tied alias '", name, "' has only its owner's lp weight"));
+    }
+    const state::ParamState* owner = info_.Find(p->alias_of);
+    if (owner == nullptr) return absl::NotFoundError(absl::StrCat("tied alias '", name, "': no owner"));
+    if (!owner->trainable()) return Tensor(owner->name, state);
+    UCP_ASSIGN_OR_RETURN(torch::Tensor fp32, Tensor(owner->name, state::kFp32State));
+    return torch::Cast(fp32, info_.lp_dtype);
+  }
   auto it = tensors_.find(name);
   if (it == tensors_.end()) return absl::NotFoundError(absl::StrCat("synthetic model has no param '", name, "'"));
   auto s = it->second.find(state);

@@ -10,6 +10,10 @@
 //     weight: the writer casts the fp32 master, as DeepSpeed's optimizers
 //     keep the module weights.
 //   - per frozen param and buffer: its lp tensor in the spec's lp dtype.
+//   - per tied alias of a plain module (role "tied", tied_key = the owner's
+//     name, as Hugging Face's tie_word_embeddings makes lm_head.weight):
+//     nothing of its own; its lp weight is the owner's, and the model
+//     states' shared_params map it to the owner.
 //   - per optimizer group: `step`, a 0-dim float32 tensor (as torch AdamW).
 //   - OptimizerCommon(): what DeepSpeed 0.14.4's optimizer state_dict holds
 //     besides the partitions (stage_1_and_2.py / bf16_optimizer.py state_dict:
@@ -88,6 +92,16 @@ absl::StatusOr<state::OptimizerKind> ParseOptimizerLayout(const std::string& nam
 absl::StatusOr<state::ModelInfo> ModelInfoFromSpec(const ModelSpec& spec, int zero_stage,
                                                        state::OptimizerKind kind);
 
+// The ZeRO stage (0-3) save(M, T1) is written at (GoldenCase
+// source_zero_stage, else zero_stage), the one save(M, T2) and the reshards
+// to T2 are written at (target_zero_stage, else the source's), and the stage
+// of the synthetic model's own ModelInfo (1 or 2, what ModelInfoFromSpec
+// accepts: the source's when it is 1 or 2, else 1 for the bf16 optimizer and
+// 2 otherwise).
+int SourceZeroStage(const GoldenCase& c);
+int TargetZeroStage(const GoldenCase& c);
+int ModelZeroStage(const GoldenCase& c);
+
 // The DeepSpeed release (and the job's environment) a synthetic source is
 // saved as. What differs between 0.12 and 0.19.5 in a ZeRO 1/2 checkpoint
 // (DeepSpeed's source at each tag):
@@ -107,6 +121,10 @@ absl::StatusOr<state::ModelInfo> ModelInfoFromSpec(const ModelSpec& spec, int ze
 struct SyntheticVersion {
   std::string ds_version = "0.14.4";
   bool numpy2 = false;
+  // The zero_stage enum pickled as ZeroStageEnum(n) whatever the seed: for
+  // a source that records no ZeroStageEnum (ZeRO-0: the torch optimizer's
+  // own state), from which ucp cannot tell the Python and writes that form.
+  bool zero_stage_call = false;
 };
 
 class SyntheticModelState : public state::ModelState, public deepspeed::DeepSpeedFacet {

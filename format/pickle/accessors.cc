@@ -315,6 +315,10 @@ absl::StatusOr<int> AsZeroStage(const Value& v, std::string_view what) {
   return Mismatch(what, "deepspeed.runtime.zero.config.ZeroStageEnum", v);
 }
 
+EnumEncoding ZeroStageEncoding(const Value& v) {
+  return v.is(Kind::kObject) && v.object_name() == "getattr" ? EnumEncoding::kGetattr : EnumEncoding::kCall;
+}
+
 ValuePtr MakeZeroStage(int stage, EnumEncoding encoding) {
   Object o;
   o.how = ObjectHow::kReduce;

@@ -67,6 +67,9 @@ enum class EnumEncoding { kCall, kGetattr };
 // The getattr encoding needs a stage name: for a stage outside 0-3 it falls
 // back to kCall. (`getattr` is spelled `builtins`, the writer writes `__builtin__`.)
 ValuePtr MakeZeroStage(int stage, EnumEncoding encoding = EnumEncoding::kCall);
+// The encoding of a ZeroStageEnum value (kGetattr for getattr(...), else
+// kCall): a writer changing the stage keeps the source's (its Python's).
+EnumEncoding ZeroStageEncoding(const Value& v);
 // disabled, optimizer_states, gradients, weights
 absl::StatusOr<std::string> ZeroStageName(int stage);
 

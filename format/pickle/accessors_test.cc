@@ -138,6 +138,9 @@ TEST(ZeroStageTest, BothEncodingsAndInts) {
             "X\x10\x00\x00\x00optimizer_statesq\x02\x86q\x03Rq\x04."s);
   EXPECT_EQ(Pickle(*MakeZeroStage(2)).value(),
             "\x80\x02" "cdeepspeed.runtime.zero.config\nZeroStageEnum\nq\x00K\x02\x85q\x01Rq\x02."s);
+  EXPECT_EQ(ZeroStageEncoding(*RoundTrip(MakeZeroStage(1, EnumEncoding::kGetattr))), EnumEncoding::kGetattr);
+  EXPECT_EQ(ZeroStageEncoding(*RoundTrip(MakeZeroStage(3, EnumEncoding::kCall))), EnumEncoding::kCall);
+  EXPECT_EQ(ZeroStageEncoding(*Value::Int(2)), EnumEncoding::kCall);
   EXPECT_EQ(AsZeroStage(*Value::Int(2)).value(), 2);
   EXPECT_EQ(Message(AsZeroStage(*MakeZeroStage(7)).status()), "zero_stage: ZeroStageEnum 7 is not a ZeRO stage (0-3)");
   ValuePtr unknown = Obj(Value::Global("builtins", "getattr"), ObjectHow::kReduce,

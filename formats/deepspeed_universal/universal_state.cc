@@ -145,6 +145,10 @@ absl::Status AddTrainableParams(const UniversalCheckpoint& u, const Recorded& re
 // manifest records it (what frozen_param_shapes follows), not in
 // ucp_module/'s file-name order.
 absl::Status AddModuleTensors(const UniversalCheckpoint& u, const Recorded& rec, state::ModelInfo* info) {
+  // A tied alias of a plain module names its owner in shared_params of the
+  // model states (alias -> owner), which the manifest does not record.
+  const Value* shared =
+      u.model_states().file_names().empty() ? nullptr : u.model_states().file(0, 0).root()->DictGet("shared_params");
   for (const std::string& name : u.module_names()) {
     state::ParamState p;
     p.name = name;
@@ -153,6 +157,10 @@ absl::Status AddModuleTensors(const UniversalCheckpoint& u, const Recorded& rec,
     UCP_RETURN_IF_ERROR(ReadShapeAndRule(u, rec, /*module=*/true, p));
     UCP_RETURN_IF_ERROR(ApplyRecorded(u, rec, info->pipeline, p));
     if (p.role == state::TensorRole::kTrainable) p.role = state::TensorRole::kFrozen;
+    if (p.role == state::TensorRole::kTied && shared != nullptr && shared->is(Kind::kDict)) {
+      const Value* owner = shared->DictGet(name);
+      if (owner != nullptr && owner->is(Kind::kStr)) p.alias_of = owner->str();
+    }
     info->params.push_back(std::move(p));
   }
   const std::optional<Manifest>& manifest = u.manifest();

@@ -717,7 +717,10 @@ class Writer {
       if (zs != nullptr && stage_value.ok() && *stage_value == layout_.zero_stage) {
         UCP_RETURN_IF_ERROR(set_common("zero_stage"));
       } else {
-        osd->DictSet(Value::Str("zero_stage"), pickle::MakeZeroStage(layout_.zero_stage));
+        // Another stage, pickled as the source's Python pickled its own.
+        osd->DictSet(Value::Str("zero_stage"),
+                     pickle::MakeZeroStage(layout_.zero_stage,
+                                           zs != nullptr ? pickle::ZeroStageEncoding(*zs) : pickle::EnumEncoding::kCall));
       }
     }
     osd->DictSet(Value::Str("group_paddings"), Value::List(lists.paddings));

@@ -73,7 +73,11 @@ class Source : public formats::SourceFormat {
     o.verify_crc = false;
     o.refuse_unsafe_globals = false;  // only looked at; Open applies the user's choice
     auto f = torch::TorchFile::Open(JoinPath(folder.dir, deepspeed::MpRankFileName(0)), o);
-    return f.ok() && IsZero0Root(*(*f)->root());
+    // Model states and nothing else, the first unreadable (truncated,
+    // damaged): no other format can be it, and Open says what is wrong
+    // with that file (not that optimizer files are missing).
+    if (!f.ok()) return f.status().code() == absl::StatusCode::kDataLoss;
+    return IsZero0Root(*(*f)->root());
   }
 
   absl::StatusOr<formats::OpenedSource> Open(const formats::CheckpointFolder& folder,

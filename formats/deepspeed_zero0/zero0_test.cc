@@ -5,6 +5,8 @@
 // -> ZeRO-0 and -> universal, which must give back every tensor bitwise.
 #include <cstring>
 #include <map>
+#include <unistd.h>
+
 #include <string>
 #include <vector>
 
@@ -369,6 +371,20 @@ absl::StatusOr<formats::OpenedSource> OpenAny(const std::string& dir) {
   auto detected = formats::DetectFolder(Formats(), dir);
   if (!detected.ok()) return detected.status();
   return detected->format->Open(detected->folder, formats::SourceOptions(), nullptr);
+}
+
+// A truncated model-states file with nothing beside it: the error names that
+// file and says it is damaged (not that optimizer files are missing).
+TEST(Zero0Test, ATruncatedModelStatesFileIsNamed) {
+  const std::string dir = JoinPath(testing::FreshTempDir("z0_truncated"), "global_step3");
+  WriteZero0(Llama(DType::kFloat32), dir);
+  const std::string path = JoinPath(dir, "mp_rank_00_model_states.pt");
+  for (int64_t keep : {0, 100}) {
+    ASSERT_EQ(truncate(path.c_str(), keep), 0);
+    const absl::Status s = OpenAny(dir).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+    EXPECT_NE(std::string(s.message()).find(path), std::string::npos) << s;
+  }
 }
 
 // Writes `src` with training-state target `target` at dp into `out`.

@@ -454,7 +454,11 @@ class Zero3Plan : public Plan {
 
   absl::StatusOr<ValuePtr> OptimRoot(torch::TorchWriter& w, int dp) const {
     ValuePtr osd = Value::MakeDict();
-    osd->DictSet(Value::Str("zero_stage"), pickle::MakeZeroStage(3));
+    // Pickled as the source's Python pickled its own stage.
+    const Value* source_stage = common_.value ? common_.value->DictGet("zero_stage") : nullptr;
+    osd->DictSet(Value::Str("zero_stage"),
+                 pickle::MakeZeroStage(3, source_stage != nullptr ? pickle::ZeroStageEncoding(*source_stage)
+                                                                  : pickle::EnumEncoding::kCall));
     UCP_ASSIGN_OR_RETURN(ValuePtr loss_scaler, CopyCommon(w, "loss_scaler"));
     osd->DictSet(Value::Str("loss_scaler"), loss_scaler ? loss_scaler : pickle::MakeLossScaler(1.0));
     UCP_ASSIGN_OR_RETURN(ValuePtr dynamic, CopyCommon(w, "dynamic_loss_scale"));

@@ -20,6 +20,23 @@
 namespace ucp::conformance {
 namespace {
 
+// Appends `params` to `spec` with their optimizer groups renumbered 0..n-1 in
+// ascending order (a drawn group may end up empty), and sets num_groups (at
+// least 1).
+void AddParamsWithDenseGroups(std::vector<ModelParam>& params, ModelSpec& spec) {
+  std::set<int> groups;
+  for (const ModelParam& p : params) {
+    if (p.group() >= 0) groups.insert(p.group());
+  }
+  std::map<int, int> renumber;
+  for (int g : groups) renumber[g] = static_cast<int>(renumber.size());
+  for (ModelParam& p : params) {
+    if (p.group() >= 0) p.set_group(renumber[p.group()]);
+    *spec.add_param() = p;
+  }
+  spec.set_num_groups(std::max<int>(1, static_cast<int>(groups.size())));
+}
+
 // Sizes of one model; every partitioned dim is a multiple of `unit`.
 struct Dims {
   int64_t unit = 1;
@@ -576,17 +593,7 @@ rc::Gen<GoldenCase> GenCase(const CaseGenOptions& options) {
         }
       }
     }
-    std::set<int> groups;
-    for (const ModelParam& p : params) {
-      if (p.group() >= 0) groups.insert(p.group());
-    }
-    std::map<int, int> renumber;
-    for (int g : groups) renumber[g] = static_cast<int>(renumber.size());
-    for (ModelParam& p : params) {
-      if (p.group() >= 0) p.set_group(renumber[p.group()]);
-      *spec.add_param() = p;
-    }
-    spec.set_num_groups(std::max<int>(1, static_cast<int>(groups.size())));
+    AddParamsWithDenseGroups(params, spec);
 
     // Optimizer, values, job.
     c.set_zero_stage(!pipeline && lp != "bf16" ? *Pick<int>({1, 2}) : 1);
@@ -849,17 +856,7 @@ rc::Gen<GoldenCase> GenHfCase(const CaseGenOptions& options) {
         }
       }
     }
-    std::set<int> groups;
-    for (const ModelParam& p : params) {
-      if (p.group() >= 0) groups.insert(p.group());
-    }
-    std::map<int, int> renumber;
-    for (int g : groups) renumber[g] = static_cast<int>(renumber.size());
-    for (ModelParam& p : params) {
-      if (p.group() >= 0) p.set_group(renumber[p.group()]);
-      *spec.add_param() = p;
-    }
-    spec.set_num_groups(std::max<int>(1, static_cast<int>(groups.size())));
+    AddParamsWithDenseGroups(params, spec);
     c.set_zero_stage(c.source_zero_stage() == 1 || c.source_zero_stage() == 2 ? c.source_zero_stage() : 0);
 
     // tp = pp = 1; dp at each end.

@@ -248,8 +248,6 @@ std::vector<std::string> DcpMetadata::Files() const {
   return {files.begin(), files.end()};
 }
 
-bool IsMetadataRoot(const pickle::Value& root) { return root.IsObjectOf(kMetadataModule, "Metadata"); }
-
 absl::StatusOr<DcpMetadata> ParseMetadata(const pickle::Value& root, const std::string& path) {
   UCP_ASSIGN_OR_RETURN(const Value* state, DataclassState(root, kMetadataModule, "Metadata", path, "the root"));
   UCP_ASSIGN_OR_RETURN(const Value* sdm, RequiredField(state, "state_dict_metadata", path, "Metadata"));

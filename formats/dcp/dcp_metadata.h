@@ -68,8 +68,6 @@ struct DcpMetadata {
   std::vector<std::string> Files() const;
 };
 
-// Whether `root` (an unpickled file) is a DCP Metadata object.
-bool IsMetadataRoot(const pickle::Value& root);
 // Parses the unpickled `.metadata` of folder `dir` (`path` for messages).
 absl::StatusOr<DcpMetadata> ParseMetadata(const pickle::Value& root, const std::string& path);
 // Reads and parses `<dir>/.metadata`.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -87,6 +88,19 @@ absl::StatusOr<TensorPlan> Tile(const DcpEntry& e, const std::vector<const DcpCh
 }
 
 bool IsScalarEntry(const DcpEntry& e) { return !e.tensor || e.size.empty(); }
+
+// A model tensor of a plain (tp = pp = 1) module: `group` -1 outside the optimizer.
+state::ParamState ParamOf(const std::string& fqn, const DcpEntry& e, state::TensorRole role, int group) {
+  state::ParamState p;
+  p.name = fqn;
+  p.local_name = fqn;
+  p.group = group;
+  p.role = role;
+  p.lp_dtype = e.dtype;
+  p.tp_shapes = {e.size};
+  p.stages = {0};
+  return p;
+}
 
 }  // namespace
 
@@ -309,15 +323,7 @@ absl::Status DcpState::BuildInfo(const std::vector<std::string>& fqns) {
             path, ": trainable param '", f, "' is ", Shape(m.dtype, m.size),
             ": ucp reads DCP training states whose trainable params are float32 (their own fp32 masters)"));
       }
-      state::ParamState p;
-      p.name = f;
-      p.local_name = f;
-      p.group = g;
-      p.role = state::TensorRole::kTrainable;
-      p.lp_dtype = m.dtype;
-      p.tp_shapes = {m.size};
-      p.stages = {0};
-      info_.params.push_back(std::move(p));
+      info_.params.push_back(ParamOf(f, m, state::TensorRole::kTrainable, g));
       trainable.insert(f);
     }
   }
@@ -330,21 +336,18 @@ absl::Status DcpState::BuildInfo(const std::vector<std::string>& fqns) {
     const std::string f = e.key.substr(model_prefix_.size());
     info_.module_order.push_back({-1, f});
     if (trainable.count(f)) continue;
-    state::ParamState p;
-    p.name = f;
-    p.local_name = f;
-    p.role = state::TensorRole::kFrozen;
-    p.lp_dtype = e.dtype;
-    p.tp_shapes = {e.size};
-    p.stages = {0};
+    state::ParamState p = ParamOf(f, e, state::TensorRole::kFrozen, -1);
     // A tied name (lm_head.weight of tied embeddings): FSDP2's model state
     // dict holds both names, the optimizer one; their values are the same.
+    std::optional<TensorPlan> a;  // assembled once, for the first candidate
     for (size_t t = 0; t < num_trainable; ++t) {
       const state::ParamState& o = info_.params[t];
       if (o.tp_shapes[0] != e.size || o.lp_dtype != e.dtype) continue;
-      UCP_ASSIGN_OR_RETURN(TensorPlan a, Assemble(e));
+      if (!a) {
+        UCP_ASSIGN_OR_RETURN(a, Assemble(e));
+      }
       UCP_ASSIGN_OR_RETURN(TensorPlan b, Assemble(*metadata_.Find(params_[o.name].model_key)));
-      UCP_ASSIGN_OR_RETURN(bool same, TensorPlan::BitwiseEqual(a, b));
+      UCP_ASSIGN_OR_RETURN(bool same, TensorPlan::BitwiseEqual(*a, b));
       if (same) {
         p.role = state::TensorRole::kTied;
         p.alias_of = o.name;

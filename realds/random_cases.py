@@ -120,12 +120,20 @@ def draw_one(pb, rng, name, versions):
     # What the topology change alone does to later steps (DeepSpeed's own
     # uninterrupted runs, no checkpoint): a pp change with a tied embedding
     # 3.7e-3 after one step (tied grads), untied up to 9e-4 in 4 steps; an ep
-    # change on 0.14.x (expert gradients scaled by expert dp) 1.2e-4.
+    # change on 0.14.x (expert gradients scaled by expert dp) 1.2e-4; a change to or
+    # from ZeRO-2, whose gradient accumulation (a reduction after every micro step)
+    # computes other gradients than ZeRO-1 and 3 do (DeepSpeed issues #1488, #1945;
+    # from one init, 0.17.6 dp 2: ZeRO-1 and 3 equal, ZeRO-2 4e-3 apart after one
+    # step): 1.9e-4 to 2.6e-3 on the second resumed step, 16 cases of gpt and MoE,
+    # every (a) bitwise (random seed 730369945 drew one at 4.8e-4 > 1e-4).
     pp_change = any(a[1] != b[1] for a, b in zip(stages, stages[1:]))
     ep_change = any(a[3] != b[3] for a, b in zip(stages, stages[1:]))
+    z2_change = any(a[4] != b[4] and 2 in (a[4], b[4]) for a, b in zip(stages, stages[1:]))
     tied = (family == "neox" and "--tied" in c.model.args) or (family == "savanna" and "--untied" not in c.model.args)
     if dtype == "fp32" and pp_change:
         c.tolerance = 1e-2 if tied else 2e-3
+    elif dtype == "fp32" and z2_change:
+        c.tolerance = 5e-3
     elif dtype == "fp32" and moe and ep_change and v < (0, 15, 0):
         c.tolerance = 1e-3
     c.export = rng.random() < 0.3 and not moe and stages[0][4] != 3

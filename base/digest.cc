@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
+#include "base/phases.h"
 
 namespace ucp {
 
@@ -39,6 +40,8 @@ StreamDigest::StreamDigest(DigestKind kind) : kind_(kind) {
 StreamDigest::~StreamDigest() = default;
 
 void StreamDigest::Update(const void* data, size_t len) {
+  if (kind_ == DigestKind::kNone) return;
+  PhaseTimer timer(Phase::kDigest, static_cast<int64_t>(len));
   switch (kind_) {
     case DigestKind::kNone:
       break;

@@ -24,6 +24,7 @@
 #include "base/parallel.h"
 
 #include "absl/strings/str_cat.h"
+#include "base/phases.h"
 #include "base/sha256.h"
 
 namespace ucp {
@@ -669,9 +670,11 @@ absl::Status StagingDir::Commit() {
   if (done_) return absl::FailedPreconditionError(absl::StrCat(target_, ": staging folder already committed"));
   // Every byte on disk before the folder gets its final name.
   if (sync_) {
+    PhaseTimer timer(Phase::kFsync);
     absl::Status synced = SyncTree(tmp_);
     if (!synced.ok()) return synced;
   }
+  PhaseTimer timer(Phase::kCommit);
   std::unique_lock<std::mutex> lock(Live().mu);  // no signal cleanup mid-rename
   if (Live().paths.count(id_) == 0 && id_ != 0) {
     return absl::CancelledError(absl::StrCat(target_, ": interrupted"));

@@ -3,7 +3,18 @@
 # this machine (cp -r of the same bytes), measured in one run, as ratios.
 #
 #   bench/run_bench.sh [--gb=3] [--runs=3] [--workdir=/tmp/ucp_bench] [--threads=0] [--ranks="1 2"] [--nofsync=1]
-#                      [--baseline=OTHER_UCP] [--keep]
+#                      [--baseline=OTHER_UCP] [--source=TAG_FOLDER] [--timings=1] [--keep]
+#
+# --source=TAG_FOLDER: a checkpoint real DeepSpeed wrote (a global_stepN folder;
+# bench/real_checkpoints.py makes several shapes, bench/run_real_bench.sh runs
+# this script on each) instead of the generated one; never modified (the
+# outputs go to the work folder). When `ucp convert` refuses it (a format ucp
+# reshards but does not convert), the rows that need a universal checkpoint
+# are left out and the report says why.
+# --timings=1 (default): after the timed runs, each operation once more with
+# --timings (warm, not timed), its table of where the time went by phase (open
+# and plan, read and merge, input CRC, output CRC, digest, write, writeback,
+# fsync, commit) printed under the figures, so a regression names its phase.
 #
 # The work folder (the checkpoint and every output: about 5.5 x --gb GB) is
 # removed when the script ends, its report kept as WORKDIR.report.txt;
@@ -34,7 +45,7 @@
 # ranks sharing the machine's cores; export runs alone), and prints min and
 # median seconds, MB/s of bytes read + written, peak RSS
 # (/usr/bin/time), each one's throughput ratio to cp, and the checks of the
-# targets: throughput >= 80% of cp (export: 50%); peak RSS <= largest input
+# targets: throughput >= 90% of cp+sync (every row); peak RSS <= largest input
 # file + 256 MiB (per process: with R ranks, of mpirun and the ranks together);
 # every byte written once (the bytes the process wrote, getrusage's block
 # outputs, equal its final output: no temporary files), and for convert and the
@@ -57,6 +68,8 @@ RANKS="1 2"
 NOFSYNC=1
 BASE=""
 KEEP=0
+SOURCE=""
+TIMINGS=1
 for arg in "$@"; do
   case "$arg" in
     --gb=*) GB="${arg#*=}" ;;
@@ -66,6 +79,8 @@ for arg in "$@"; do
     --ranks=*) RANKS="${arg#*=}" ;;
     --nofsync=*) NOFSYNC="${arg#*=}" ;;
     --baseline=*) BASE="$(readlink -f "${arg#*=}")" ;;
+    --source=*) SOURCE="$(readlink -f "${arg#*=}")" ;;
+    --timings=*) TIMINGS="${arg#*=}" ;;
     --keep) KEEP=1 ;;
     *) echo "unknown argument $arg" >&2; exit 2 ;;
   esac
@@ -83,18 +98,30 @@ cleanup() {
   if ((!KEEP)); then rm -rf "$WORK"; fi
 }
 trap cleanup EXIT
-SRC="$WORK/src/global_step1"
 UNI="$WORK/src/global_step1_universal"
-echo "== generating a ~${GB} GB checkpoint (tp=2 pp=1 dp=2, ZeRO-1, fp32) in $WORK"
-"$MAKE" --gb="$GB" --tp=2 --dp=2 --output_folder="$SRC"
+if [[ -n "$SOURCE" ]]; then
+  SRC="$SOURCE"
+  WHAT="real checkpoint $SOURCE"
+  echo "== source: $SOURCE"
+else
+  SRC="$WORK/src/global_step1"
+  WHAT="~${GB} GB generated GPT-NeoX-shaped checkpoint (tp=2 pp=1 dp=2, ZeRO-1, fp32)"
+  echo "== generating a ~${GB} GB checkpoint (tp=2 pp=1 dp=2, ZeRO-1, fp32) in $WORK"
+  "$MAKE" --gb="$GB" --tp=2 --dp=2 --output_folder="$SRC"
+fi
 # The universal checkpoint reshard-u reads (made once, outside the timings).
-"$UCP" convert --input_folder="$SRC" --output_folder="$UNI" >/dev/null
+UNIVERSAL=1
+if ! "$UCP" convert --input_folder="$SRC" --output_folder="$UNI" >"$WORK/convert-once.log" 2>&1; then
+  UNIVERSAL=0
+  echo "== ucp convert refuses this source: no convert / reshard-u rows ($(tail -1 "$WORK/convert-once.log"))"
+fi
 sync
 
 bytes_of() { du -sb "$1" | cut -f1; }
 IN_BYTES=$(bytes_of "$SRC")
 LARGEST=$(find "$SRC" -type f -printf '%s\n' | sort -n | tail -1)
-MANIFEST_BYTES=$(stat -c %s "$UNI/ucp_manifest.textproto")
+MANIFEST_BYTES=0
+if ((UNIVERSAL)); then MANIFEST_BYTES=$(stat -c %s "$UNI/ucp_manifest.textproto"); fi
 echo "source: $IN_BYTES bytes in $(find "$SRC" -type f | wc -l) files, largest file $LARGEST bytes"
 
 CAN_DROP=0
@@ -115,6 +142,7 @@ prepare() {
 run() {
   local protocol="$1" name="$2" input="$3" out="$4"
   shift 4
+  wanted "$name" || return 0
   rm -rf "$out"
   prepare "$protocol" "$input"
   /usr/bin/time -f "%e %M %O" -o "$WORK/time.out" "$@" >"$WORK/$name.log" 2>&1
@@ -131,6 +159,9 @@ OPS="cp cpsync export"
 for r in $RANKS; do OPS="$OPS convert$(suffix "$r") reshard-u$(suffix "$r") reshard-z$(suffix "$r")"; done
 if ((NOFSYNC)); then OPS="$OPS convert-nf reshard-u-nf reshard-z-nf export-nf"; fi
 if [[ -n "$BASE" ]]; then OPS="$OPS convert~b reshard-u~b reshard-z~b export~b"; fi
+# wanted OP: whether this source has the operation (no universal checkpoint: no convert, reshard-u)
+wanted() { ((UNIVERSAL)) || [[ "$1" != convert* && "$1" != reshard-u* ]]; }
+OPS=$(for o in $OPS; do if wanted "$o"; then echo "$o"; fi; done | xargs)
 
 PROTOCOLS="warm cold"
 if ((!CAN_DROP)); then PROTOCOLS="as-is"; fi
@@ -192,9 +223,12 @@ done
 CP_WRITE=$(bytes_of "$WORK/cp_out")
 ZERO_READ=$(find "$SRC" -type f \( -name '*optim_states.pt' -o -name 'mp_rank_*' \) -printf '%s\n' |
   awk '{s+=$1} END {printf "%d\n", s}')
-CONVERT_WRITE=$(bytes_of "$WORK/u/global_step1_universal")
-RU_READ=$(($(bytes_of "$UNI") - MANIFEST_BYTES))
-RU_WRITE=$(bytes_of "$WORK/tp1_from_universal/global_step1")
+CONVERT_WRITE=0 RU_READ=0 RU_WRITE=0
+if ((UNIVERSAL)); then
+  CONVERT_WRITE=$(bytes_of "$WORK/u/global_step1_universal")
+  RU_READ=$(($(bytes_of "$UNI") - MANIFEST_BYTES))
+  RU_WRITE=$(bytes_of "$WORK/tp1_from_universal/global_step1")
+fi
 RZ_WRITE=$(bytes_of "$WORK/tp1_from_zero/global_step1")
 # export reads the fp32 partitions (as many bytes as it writes; the optimizer
 # states are not read) and the mp_rank files.
@@ -202,7 +236,9 @@ EXPORT_WRITE=$(bytes_of "$WORK/export_out")
 EXPORT_READ=$((EXPORT_WRITE + $(find "$SRC" -type f -name 'mp_rank_*' -printf '%s\n' | awk '{s+=$1} END {printf "%d\n", s}')))
 
 # The two reshard paths give the same checkpoint.
-if cmp -s <(cd "$WORK/tp1_from_universal/global_step1" && find . -type f -exec sha256sum {} + | sort -k2) \
+if ((!UNIVERSAL)); then
+  SAME="not compared (no universal checkpoint)"
+elif cmp -s <(cd "$WORK/tp1_from_universal/global_step1" && find . -type f -exec sha256sum {} + | sort -k2) \
   <(cd "$WORK/tp1_from_zero/global_step1" && find . -type f -exec sha256sum {} + | sort -k2); then
   SAME="identical"
 else
@@ -210,6 +246,11 @@ else
 fi
 
 OP_ARGS=("cp:$IN_BYTES:$CP_WRITE" "cpsync:$IN_BYTES:$CP_WRITE")
+keep_wanted() {
+  local out=() a
+  for a in "${OP_ARGS[@]}"; do if wanted "${a%%:*}"; then out+=("$a"); fi; done
+  OP_ARGS=("${out[@]}")
+}
 for r in $RANKS; do
   x=$(suffix "$r")
   OP_ARGS+=("convert$x:$ZERO_READ:$CONVERT_WRITE" "reshard-u$x:$RU_READ:$RU_WRITE" "reshard-z$x:$ZERO_READ:$RZ_WRITE")
@@ -223,15 +264,16 @@ if [[ -n "$BASE" ]]; then
   OP_ARGS+=("convert~b:$ZERO_READ:$CONVERT_WRITE" "reshard-u~b:$RU_READ:$RU_WRITE" "reshard-z~b:$ZERO_READ:$RZ_WRITE"
     "export~b:$EXPORT_READ:$EXPORT_WRITE")
 fi
-/usr/bin/python3 - "$WORK" "$RUNS" "$GB" "$LARGEST" "$IN_BYTES" "$MANIFEST_BYTES" "$SAME" "$PROTOCOLS" \
+keep_wanted
+/usr/bin/python3 - "$WORK" "$RUNS" "$WHAT" "$LARGEST" "$IN_BYTES" "$MANIFEST_BYTES" "$SAME" "$PROTOCOLS" \
   "${OP_ARGS[@]}" <<'EOF' | tee "$WORK/report.txt"
 import statistics, sys
-work, runs, gb, largest, in_bytes, manifest, same, protocols = sys.argv[1:9]
+work, runs, what, largest, in_bytes, manifest, same, protocols = sys.argv[1:9]
 runs, largest, in_bytes, manifest = int(runs), int(largest), int(in_bytes), int(manifest)
 ops = [a.split(":") for a in sys.argv[9:]]
 budget = largest + 256 * 2**20
-ok = same == "identical"
-print(f"\n== ucp benchmark: ~{gb} GB GPT-NeoX-shaped checkpoint, tp=2 dp=2 -> universal / tp=1 dp=1, {runs} runs each")
+ok = same != "DIFFERENT"
+print(f"\n== ucp benchmark: {what} -> universal / tp=1 dp=1, {runs} runs each")
 print(f"input {in_bytes/1e6:.0f} MB, largest input file {largest/2**20:.0f} MiB -> RSS budget {budget/2**20:.0f} MiB")
 for protocol in protocols.split():
     rows = {}
@@ -266,7 +308,7 @@ for protocol in protocols.split():
     for name in [n for n in rows if n not in ("cp", "cpsync") and not n.endswith("-nf") and not n.endswith("~b")]:
         r = rows[name]
         rate = (r["read"] + r["write"]) / r["med"] / durable_rate
-        target = 0.5 if name == "export" else 0.8
+        target = 0.9  # issue 28: every row at 90% of the durable copy
         # /usr/bin/time reports the largest RSS of mpirun or one rank.
         rss_ok = r["rss"] <= budget
         once = r["wrote"] <= r["write"] * 1.01 + 2**20 or protocol == "as-is"
@@ -285,3 +327,29 @@ for protocol in protocols.split():
 print(f"\nreshard universal->tp1 and ZeRO->tp1 outputs: {same}")
 print("all targets met" if ok else "SOME TARGETS MISSED")
 EOF
+
+# Where the time goes (--timings): each operation once more, warm, not timed.
+if ((TIMINGS)); then
+  {
+    echo
+    echo "== where the time goes (one more warm run of each, ucp --timings; seconds summed over threads)"
+    timed() {
+      local name="$1" input="$2" out="$3"
+      shift 3
+      wanted "$name" || return 0
+      rm -rf "$out"
+      prepare warm "$input"
+      "$@" --timings --progress=never 2>&1 >/dev/null | grep -v '^ucp: note' || true
+    }
+    timed convert "$SRC" "$WORK/u/global_step1_universal" \
+      "$UCP" convert --input_folder="$SRC" --output_folder="$WORK/u/global_step1_universal" --num_threads="$THREADS"
+    timed reshard-u "$UNI" "$WORK/tp1_from_universal/global_step1" \
+      "$UCP" reshard --input_folder="$UNI" --output_folder="$WORK/tp1_from_universal/global_step1" --tp=1 --pp=1 \
+      --dp=1 --num_threads="$THREADS"
+    timed reshard-z "$SRC" "$WORK/tp1_from_zero/global_step1" \
+      "$UCP" reshard --input_folder="$SRC" --output_folder="$WORK/tp1_from_zero/global_step1" --tp=1 --pp=1 \
+      --dp=1 --num_threads="$THREADS"
+    timed export "$SRC" "$WORK/export_out" \
+      "$UCP" export --input_folder="$SRC" --output_folder="$WORK/export_out" --num_threads="$THREADS"
+  } | tee -a "$WORK/report.txt"
+fi

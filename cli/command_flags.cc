@@ -121,6 +121,9 @@ void CommandFlags::RegisterThreadsFlag(FlagSet& f, const std::string& help) { f.
 void CommandFlags::RegisterReadWriteFlags(FlagSet& f) {
   RegisterUnsafePickleFlag(f, &allow_unsafe_pickle);
   RegisterFsyncFlag(f, &fsync);
+  f.Bool("timings", &timings,
+         "print on stderr where the time went, by phase (open and plan, read and merge, input CRC, output CRC, "
+         "digest, write, writeback, fsync, commit), in seconds summed over the threads; each MPI rank prints its own");
 }
 
 void CommandFlags::RegisterSharedFlags(FlagSet& f) {

@@ -63,6 +63,7 @@ struct CommandFlags {
   ZeroSourceFlags src;
   bool allow_unsafe_pickle = false;
   bool fsync = true;
+  bool timings = false;  // --timings: where the time went, by phase, on stderr
   std::string progress = "auto";
 
  protected:
@@ -70,7 +71,7 @@ struct CommandFlags {
 
   // --num_threads, with the command's help line.
   void RegisterThreadsFlag(FlagSet& f, const std::string& help);
-  // --allow_unsafe_pickle, then --fsync.
+  // --allow_unsafe_pickle, --fsync, then --timings.
   void RegisterReadWriteFlags(FlagSet& f);
   // --progress, the source flags, --allow_unsafe_pickle and --fsync, in
   // that order (the tail of reshard's and export's flags).

@@ -1,5 +1,7 @@
 #include "tools/cli.h"
 
+#include <time.h>
+
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
@@ -18,6 +20,31 @@ int Fail(const absl::Status& s) {
   if (!PrintsResults()) return 1;
   std::cerr << "ucp: " << s.message() << " [" << absl::StatusCodeToString(s.code()) << "]\n";
   return 1;
+}
+
+namespace {
+int64_t MonotonicNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
+}
+}  // namespace
+
+CommandTimings::CommandTimings(const char* command, bool enabled) : command_(command), enabled_(enabled) {
+  if (!enabled_) return;
+  start_ns_ = MonotonicNs();
+  scope_.emplace(&times_);
+  root_.emplace(Phase::kOpen);  // what no nested phase counts: opening, parsing, planning
+}
+
+void CommandTimings::Print() {
+  if (!enabled_) return;
+  root_.reset();
+  scope_.reset();
+  enabled_ = false;
+  std::string title = absl::StrCat("ucp ", command_, " timings");
+  if (job_cluster != nullptr) absl::StrAppend(&title, " (rank ", job_cluster->rank(), " of ", job_cluster->size(), ")");
+  std::cerr << times_.Report(title, (MonotonicNs() - start_ns_) * 1e-9) << std::flush;
 }
 
 // Parses the flags; an exit code when the command is already done (a bad

@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "base/cluster.h"
+#include "base/phases.h"
 #include "ops/open.h"
 #include "cli/command_flags.h"  // ZeroSourceFlags, RegisterProgressFlag
 #include "cli/flags.h"
@@ -46,6 +47,23 @@ bool PrintsResults();
 // Prints "ucp: MESSAGE [CODE]" on stderr (rank 0 only in an MPI job) and
 // returns 1.
 int Fail(const absl::Status& s);
+
+// With --timings, times the command from its construction to Print (its
+// own thread and the threads it starts, by phase: base/phases.h) and Print
+// writes the table on stderr; without, nothing.
+class CommandTimings {
+ public:
+  CommandTimings(const char* command, bool enabled);
+  void Print();
+
+ private:
+  std::string command_;
+  bool enabled_;
+  PhaseTimes times_;
+  std::optional<PhaseScope> scope_;
+  std::optional<PhaseTimer> root_;
+  int64_t start_ns_ = 0;
+};
 
 // Parses the flags; an exit code when the command is already done (a bad
 // flag: 1, --help: 0), else nullopt.

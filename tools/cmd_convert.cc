@@ -25,7 +25,9 @@ int RunConvert(int argc, char** argv) {
   ProgressPrinter progress("convert", *mode);
   c.options.write.progress = progress.Callback();
   c.options.cluster = JobCluster();
+  CommandTimings timings("convert", c.timings);
   auto result = ops::Convert(c.options);
+  timings.Print();
   if (!result.ok()) return Fail(result.status());
   if (!PrintsResults()) return 0;
   if (c.options.dry_run_ranks > 0) {

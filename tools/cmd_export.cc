@@ -25,7 +25,9 @@ int RunExport(int argc, char** argv) {
   if (!mode.ok()) return Fail(mode.status());
   ProgressPrinter progress("export", *mode);
   e.options.write.progress = progress.Callback();
+  CommandTimings timings("export", e.timings);
   auto result = ops::Export(e.options);
+  timings.Print();
   if (!result.ok()) return Fail(result.status());
   for (const auto& n : result->notes) std::cerr << "ucp: note: " << n << "\n";
   std::cout << ExportReport(e, *result);

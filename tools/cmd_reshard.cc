@@ -25,7 +25,9 @@ int RunReshard(int argc, char** argv) {
   ProgressPrinter progress("reshard", *mode);
   r.options.write.progress = progress.Callback();
   r.options.cluster = JobCluster();
+  CommandTimings timings("reshard", r.timings);
   auto result = ops::Reshard(r.options);
+  timings.Print();
   if (!result.ok()) return Fail(result.status());
   if (!PrintsResults()) return 0;
   if (r.options.dry_run_ranks > 0) {

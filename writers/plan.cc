@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/fs.h"
 #include "base/parallel.h"
+#include "base/phases.h"
 #include "base/status_macros.h"
 #include "format/torch/mapped_file.h"
 #include "format/torch/zip.h"
@@ -49,12 +50,16 @@ absl::Status ExecuteUnits(const Plan& plan, const std::vector<size_t>& subset, c
   // input records (every record a unit touches is checked whole) before
   // writing anything: on a cold page cache, the reads and the writes would
   // follow each other instead of overlapping.
+  PhaseTimes* const times = PhaseTimes::Current();  // --timings: bound on the threads that run units
+  PhaseTimer wait(Phase::kUnits);
   torch::DeferredCrcChecks checks;
   absl::Status ran_all = ParallelFor(order.size(), threads, [&](size_t k) -> absl::Status {
     const size_t i = order[k];
+    PhaseScope bound(times);
     absl::Status ran;
     {
       torch::DeferredCrcChecks::Scope scope(&checks);
+      PhaseTimer unit(Phase::kMerge);
       ran = plan.Execute(i, staging, &(*results)[i]);
     }
     // An input truncated under us reads as zeros (MappedFile's SIGBUS
@@ -66,6 +71,7 @@ absl::Status ExecuteUnits(const Plan& plan, const std::vector<size_t>& subset, c
     // before the commit (StagingDir::Commit) has little left to wait for.
     for (const FileDigest& f : (*results)[i].files) {
       if (!writeback) break;
+      PhaseTimer timer(Phase::kWriteback);
       const int fd = open(JoinPath(staging, f.path()).c_str(), O_RDONLY | O_CLOEXEC);
       if (fd < 0) continue;
       (void)sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE);

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "base/phases.h"
 #include "format/json/json.h"
 
 namespace ucp::safetensors {
@@ -146,6 +147,7 @@ absl::Status Errno(const std::string& path, const char* what) {
 }
 
 absl::Status PWriteAll(int fd, const std::string& path, const uint8_t* p, size_t n, uint64_t off) {
+  PhaseTimer timer(Phase::kWrite, static_cast<int64_t>(n));
   while (n > 0) {
     const ssize_t w = ::pwrite(fd, p, n, static_cast<off_t>(off));
     if (w < 0) {

@@ -20,6 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "base/parallel.h"
 #include "base/digest.h"
+#include "base/phases.h"
 #include "base/status_macros.h"
 #include "format/pickle/reader.h"
 #include "format/pickle/unsafe.h"
@@ -100,6 +101,7 @@ std::string ArchiveStem(const std::string& path) {
 // Writes all n bytes at file offset `offset` (pwrite, retried on EINTR and
 // short writes).
 absl::Status PwriteAll(int fd, const std::string& name, const uint8_t* p, size_t n, uint64_t offset) {
+  PhaseTimer timer(Phase::kWrite, static_cast<int64_t>(n));
   size_t done = 0;
   while (done < n) {
     const ssize_t w = ::pwrite(fd, p + done, n - done, static_cast<off_t>(offset + done));

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/phases.h"
 #include "format/torch/crc32.h"
 
 namespace ucp::torch {
@@ -502,6 +503,7 @@ namespace {
 absl::Status CheckRecordCrc(absl::Span<const uint8_t> data, uint64_t data_offset, uint32_t stored,
                             const std::string& archive, const std::string& record,
                             const std::function<void(uint64_t, uint64_t)>& on_verified) {
+  PhaseTimer timer(Phase::kInputCrc, static_cast<int64_t>(data.size()));
   uint32_t crc = 0;
   // In pieces, so that a caller can release what was read as it goes.
   constexpr size_t kPiece = size_t{16} << 20;
@@ -560,8 +562,10 @@ struct DeferredCrcChecks::State {
   bool stop = false;
   absl::Status first_error;  // guarded by mu
   std::thread worker;
+  PhaseTimes* times = PhaseTimes::Current();  // the creator's (--timings)
 
   void Run() {
+    PhaseScope scope(times);
     std::unique_lock<std::mutex> lock(mu);
     while (true) {
       cv.wait(lock, [&] { return stop || !queue.empty(); });
@@ -628,6 +632,7 @@ absl::Status ZipReader::VerifyAllCrcs() const {
 
 void StartWriteback(int fd, uint64_t offset, uint64_t len) {
   if (fd < 0 || len == 0) return;
+  PhaseTimer timer(Phase::kWriteback, static_cast<int64_t>(len));
   (void)::sync_file_range(fd, static_cast<off64_t>(offset), static_cast<off64_t>(len), SYNC_FILE_RANGE_WRITE);
 }
 
@@ -635,6 +640,7 @@ FdSink::FdSink(int fd, std::string path_for_messages, size_t buffer_size, bool w
     : fd_(fd), path_(std::move(path_for_messages)), buffer_(buffer_size), writeback_(writeback) {}
 
 absl::Status FdSink::WriteAll(const uint8_t* p, size_t n) {
+  PhaseTimer timer(Phase::kWrite, static_cast<int64_t>(n));
   while (n > 0) {
     ssize_t w = ::write(fd_, p, std::min<size_t>(n, size_t{1} << 30));
     if (w < 0) {
@@ -772,7 +778,10 @@ absl::Status ZipWriter::WriteData(absl::Span<const uint8_t> chunk) {
     return Fail(absl::FailedPreconditionError(absl::StrCat(name_, ": record '", entry.name, "' declared ", entry.size,
                                                            " bytes, got more")));
   }
-  record_crc_ = Crc32(record_crc_, chunk.data(), chunk.size());
+  {
+    PhaseTimer timer(Phase::kOutputCrc, static_cast<int64_t>(chunk.size()));
+    record_crc_ = Crc32(record_crc_, chunk.data(), chunk.size());
+  }
   record_written_ += chunk.size();
   return Emit(chunk);
 }

@@ -215,6 +215,12 @@ absl::StatusOr<HfImportPlan> PlanHfImport(const std::vector<HfImportInput>& tens
                                           const std::string& preset) {
   HfImportPlan plan;
   UCP_ASSIGN_OR_RETURN(const HfArchitecture* arch, ArchitectureOf(config, preset, &plan));
+  if (const json::Value* tied = config.Get("tie_word_embeddings");
+      tied != nullptr && tied->type() == json::Value::Type::kBool && tied->bool_value()) {
+    return absl::UnimplementedError(
+        "config.json: tie_word_embeddings is true: an output layer tied to the input embedding is not imported yet "
+        "(the checkpoint would need the preset's tied module names)");
+  }
   std::vector<Inverse> inverses;
   for (const HfTensorMap& t : arch->tensor()) inverses.push_back(InverseOf(t.name_size() ? t.name(0) : "\x01"));
   const int num_hf_layers = CountLayers(*arch, inverses, tensors);

@@ -138,8 +138,12 @@ absl::StatusOr<std::string> ImportName(const HfArchitecture& arch, const std::ve
       if (!std::regex_match(hf, m, inv.re)) continue;
       std::map<std::string, std::string> matched;
       for (size_t g = 0; g < inv.keys.size(); ++g) matched[inv.keys[g]] = m[g + 1].str();
+      UCP_ASSIGN_OR_RETURN(std::string name, Fill(t.import_name(), matched, num_layers, preset));
+      // The entry's own pattern decides: a name it does not match is not its.
+      std::smatch pm;
+      if (!std::regex_match(name, pm, std::regex(t.pattern(), std::regex::ECMAScript))) continue;
       *entry = e;
-      return Fill(t.import_name(), matched, num_layers, preset);
+      return name;
     }
   }
   return std::string();

@@ -6,6 +6,9 @@
 // the file and the tensor.
 #include "formats/hf/hf_state.h"
 
+#include "formats/hf/hf_test_folder.h"
+
+#include <cstring>
 #include <map>
 #include <string>
 #include <vector>
@@ -25,104 +28,12 @@ namespace {
 using torch::DType;
 using torch::Tensor;
 
-constexpr char kConfig[] = R"({"architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox",
-  "hidden_size": 8, "num_attention_heads": 2, "num_hidden_layers": 2, "intermediate_size": 16,
-  "vocab_size": 12, "max_position_embeddings": 32, "use_parallel_residual": true, "layer_norm_eps": 1e-05,
-  "tie_word_embeddings": false})";
-
-// A tensor whose elements are distinct per tensor (salt) and per position.
-Tensor Filled(const std::vector<int64_t>& shape, int salt, DType dtype = DType::kFloat32) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  std::string bytes;
-  for (int64_t i = 0; i < n; ++i) {
-    if (dtype == DType::kFloat32) {
-      float v = static_cast<float>(salt) + static_cast<float>(i) * 0.001f;
-      bytes.append(reinterpret_cast<const char*>(&v), sizeof v);
-    } else {
-      int64_t v = salt * 1000 + i;
-      bytes.append(reinterpret_cast<const char*>(&v), sizeof v);
-    }
-  }
-  return *Tensor::FromBytes(dtype, shape, bytes);
-}
-
-using Tensors = std::vector<std::pair<std::string, Tensor>>;
-
-// GPT-NeoX's transformers names, 2 layers, hidden 8, vocab 12.
-Tensors NeoX() {
-  Tensors t;
-  int salt = 1;
-  auto add = [&](const std::string& n, std::vector<int64_t> s) { t.emplace_back(n, Filled(s, salt++)); };
-  add("gpt_neox.embed_in.weight", {12, 8});
-  for (int l = 0; l < 2; ++l) {
-    const std::string p = absl::StrCat("gpt_neox.layers.", l, ".");
-    add(p + "input_layernorm.weight", {8});
-    add(p + "input_layernorm.bias", {8});
-    add(p + "post_attention_layernorm.weight", {8});
-    add(p + "post_attention_layernorm.bias", {8});
-    add(p + "attention.query_key_value.weight", {24, 8});
-    add(p + "attention.query_key_value.bias", {24});
-    add(p + "attention.dense.weight", {8, 8});
-    add(p + "attention.dense.bias", {8});
-    add(p + "mlp.dense_h_to_4h.weight", {16, 8});
-    add(p + "mlp.dense_h_to_4h.bias", {16});
-    add(p + "mlp.dense_4h_to_h.weight", {8, 16});
-    add(p + "mlp.dense_4h_to_h.bias", {8});
-  }
-  add("gpt_neox.final_layer_norm.weight", {8});
-  add("gpt_neox.final_layer_norm.bias", {8});
-  add("embed_out.weight", {12, 8});
-  return t;
-}
-
-void WriteSafetensors(const std::string& path, const Tensors& tensors) {
-  std::vector<safetensors::TensorSpec> specs;
-  for (const auto& [n, t] : tensors) specs.push_back({n, t.dtype(), t.sizes()});
-  absl::StatusOr<safetensors::FileLayout> l = safetensors::Layout(specs, {{"format", "pt"}});
-  ASSERT_TRUE(l.ok()) << l.status();
-  ASSERT_TRUE(safetensors::CreateFile(path, *l).ok());
-  for (size_t i = 0; i < l->tensors.size(); ++i) {
-    const std::string& name = l->tensors[i].spec.name;
-    const Tensor* t = nullptr;
-    for (const auto& [n, v] : tensors) t = n == name ? &v : t;
-    const std::string bytes = t->ContiguousBytes();
-    absl::Status s = safetensors::WriteTensor(path, *l, i, [&](uint64_t off, size_t len, uint8_t*) {
-      return absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(bytes.data()) + off, len);
-    });
-    ASSERT_TRUE(s.ok()) << s;
-  }
-}
-
-std::string Folder(const std::string& name, const Tensors& tensors, const std::string& config = kConfig) {
-  const std::string dir = testing::FreshTempDir(name);
-  EXPECT_TRUE(WriteFileAtomic(JoinPath(dir, kConfigFile), config).ok());
-  WriteSafetensors(JoinPath(dir, kSingleFile), tensors);
-  return dir;
-}
-
-// Shards of 10 tensors and their index (weight_map in name order, as transformers writes it).
-std::string Sharded(const std::string& name, const Tensors& tensors) {
-  const std::string dir = testing::FreshTempDir(name);
-  EXPECT_TRUE(WriteFileAtomic(JoinPath(dir, kConfigFile), kConfig).ok());
-  std::map<std::string, std::string> map;
-  const size_t n = (tensors.size() + 9) / 10;
-  for (size_t s = 0; s < n; ++s) {
-    Tensors part(tensors.begin() + s * 10, tensors.begin() + std::min(tensors.size(), s * 10 + 10));
-    const std::string file = absl::StrCat("model-0000", s + 1, "-of-0000", n, ".safetensors");
-    WriteSafetensors(JoinPath(dir, file), part);
-    for (const auto& [k, v] : part) map[k] = file;
-  }
-  std::string json = "{\"metadata\": {\"total_size\": 0}, \"weight_map\": {";
-  bool first = true;
-  for (const auto& [k, f] : map) {
-    absl::StrAppend(&json, first ? "" : ", ", "\"", k, "\": \"", f, "\"");
-    first = false;
-  }
-  json += "}}";
-  EXPECT_TRUE(WriteFileAtomic(JoinPath(dir, kIndexFile), json).ok());
-  return dir;
-}
+using testfolder::Filled;
+using testfolder::Folder;
+using testfolder::kConfig;
+using testfolder::NeoX;
+using testfolder::Sharded;
+using testfolder::Tensors;
 
 bool Same(const tp::TensorPlan& a, const Tensor& b) {
   absl::StatusOr<bool> s = tp::TensorPlan::BitwiseEqual(a, tp::TensorPlan::FromTensor(b));
@@ -200,6 +111,38 @@ void ExpectRefused(const std::string& dir, const std::vector<std::string>& want,
   absl::StatusOr<std::unique_ptr<HfState>> s = HfState::Open(dir, {preset});
   ASSERT_FALSE(s.ok());
   for (const std::string& w : want) EXPECT_TRUE(absl::StrContains(s.status().message(), w)) << s.status() << "\nwant: " << w;
+}
+
+// bf16 weights: the lp state as the file holds them, the fp32 masters their
+// exact upcast (each bf16 the upper half of a float's bits).
+TEST(HfStateTest, Bf16WeightsGiveUpcastMasters) {
+  const Tensors t = NeoX(DType::kBFloat16);
+  absl::StatusOr<std::unique_ptr<HfState>> s = HfState::Open(Folder("hf_bf16", t), {"gpt-neox"});
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ((*s)->info().lp_dtype, DType::kBFloat16);
+  int checked = 0;
+  for (const auto& [hf, name] : Expected()) {
+    const Tensor* w = nullptr;
+    for (const auto& [n, v] : t) w = n == hf ? &v : w;
+    const std::string half = w->ContiguousBytes();
+    std::string full;
+    for (size_t i = 0; i + 1 < half.size(); i += 2) {
+      uint16_t top = 0;
+      std::memcpy(&top, half.data() + i, 2);
+      const uint32_t bits = static_cast<uint32_t>(top) << 16;
+      full.append(reinterpret_cast<const char*>(&bits), 4);
+    }
+    const Tensor want = *Tensor::FromBytes(DType::kFloat32, w->sizes(), full);
+    const state::ParamState* p = (*s)->info().Find(name);
+    ASSERT_NE(p, nullptr) << name;
+    absl::StatusOr<std::vector<tp::TensorPlan>> lp = (*s)->Slices(*p, 0, "lp");
+    absl::StatusOr<std::vector<tp::TensorPlan>> fp = (*s)->Slices(*p, 0, "fp32");
+    ASSERT_TRUE(lp.ok() && fp.ok());
+    EXPECT_TRUE(Same((*lp)[0], *w)) << name;
+    EXPECT_TRUE(Same((*fp)[0], want)) << name;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 7);
 }
 
 TEST(HfStateTest, RefusesWithoutAPreset) {

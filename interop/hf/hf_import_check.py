@@ -213,7 +213,7 @@ def run_load(rank, a, port):
             return take(*args, **kwargs)
     engine._take_model_step = take_model_step
     if a.init == "ckpt":
-        path, _ = engine.load_checkpoint(a.ckpt, load_module_only=True)
+        path, _ = engine.load_checkpoint(a.ckpt, load_module_only=not a.full_load)
         if path is None:
             raise SystemExit(f"DeepSpeed loaded nothing from {a.ckpt}")
     # 1. every loaded weight: its slice of the HF tensor, bitwise.
@@ -240,11 +240,12 @@ def run_load(rank, a, port):
     # 3. one step on a fixed batch; every param after it.
     g = torch.Generator().manual_seed(5)
     seq = torch.randint(0, cfg.vocab_size, (1, SEQ + 1), generator=g)
+    hp = {k: engine.optimizer.param_groups[0][k] for k in ("lr", "betas", "eps", "weight_decay")}
     loss = engine.train_batch(data_iter=iter([(seq[:, :-1], seq[:, 1:])]))
     after = {nm: p.detach().clone() for nm, p in engine.module.named_parameters()}
     torch.save(after, f"{a.out}.rank{rank}")
     res = dict(rank=rank, compared=n, differ=bad, logits_max_diff=diff, logits_bitwise=same if diff is not None else None,
-               loss=float(loss))
+               loss=float(loss), hp=str(hp))
     gathered = [None] * a.world
     dist.all_gather_object(gathered, res)
     if rank == 0:
@@ -252,7 +253,8 @@ def run_load(rank, a, port):
         out = dict(cmd="load", init=a.init, tp=a.tp, pp=a.pp, compared=sum(r["compared"] for r in gathered),
                    differ=sorted(set(sum((r["differ"] for r in gathered), []))),
                    logits_max_diff=max(r["logits_max_diff"] for r in last),
-                   logits_bitwise=all(r["logits_bitwise"] for r in last), loss=gathered[-1]["loss"])
+                   logits_bitwise=all(r["logits_bitwise"] for r in last), loss=gathered[-1]["loss"],
+                   hyper_parameters=gathered[0]["hp"])
         print(json.dumps(out), flush=True)
         if out["differ"] or out["compared"] == 0:
             sys.stdout.flush()
@@ -270,6 +272,7 @@ def main():
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--pp", type=int, default=1)
     ap.add_argument("--init", choices=["ckpt", "hf"], default="ckpt")
+    ap.add_argument("--full_load", action="store_true", help="a plain load_checkpoint (optimizer state too)")
     a = ap.parse_args()
     if a.cmd == "save":
         return run_save(a)

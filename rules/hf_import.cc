@@ -83,7 +83,13 @@ absl::StatusOr<std::string> Fill(const std::string& tmpl, const std::map<std::st
 
 absl::StatusOr<const HfArchitecture*> ArchitectureOf(const json::Value& config, const std::string& preset_name,
                                                      HfImportPlan* plan) {
-  std::vector<std::string> importable;
+  const json::Value* archs = config.Get("architectures");
+  std::string arch;
+  if (archs != nullptr && archs->type() == json::Value::Type::kArray && !archs->items().empty() &&
+      archs->items()[0].type() == json::Value::Type::kString) {
+    arch = archs->items()[0].string_value();
+  }
+  std::vector<std::string> importable, of_arch;
   for (const std::string& n : PresetNames()) {
     absl::StatusOr<const Preset*> p = FindPreset(n);
     if (!p.ok()) continue;
@@ -91,31 +97,32 @@ absl::StatusOr<const HfArchitecture*> ArchitectureOf(const json::Value& config, 
       bool any = false;
       for (const HfTensorMap& t : a.tensor()) any = any || !t.import_name().empty();
       if (any) importable.push_back(absl::StrCat(n, " (", a.architecture(), ")"));
+      if (any && a.architecture() == arch) of_arch.push_back(n);
     }
   }
-  if (preset_name.empty() || preset_name == "none") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "a Hugging Face folder is imported by a preset's names: pass --preset=NAME (presets that import: ",
-        absl::StrJoin(importable, ", "), ")"));
+  std::string name = preset_name;
+  if (name.empty() || name == "none") {
+    if (of_arch.size() != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a Hugging Face folder is imported by a preset's names: pass --preset=NAME (presets that import: ",
+          absl::StrJoin(importable, ", "), "; config.json's architecture: '", arch, "')"));
+    }
+    name = of_arch[0];
+    plan->notes.push_back(absl::StrCat("preset '", name, "': the one preset that imports ", arch,
+                                       " (config.json); --preset names another"));
   }
-  UCP_ASSIGN_OR_RETURN(const Preset* preset, FindPreset(preset_name));
-  const json::Value* archs = config.Get("architectures");
-  std::string arch;
-  if (archs != nullptr && archs->type() == json::Value::Type::kArray && !archs->items().empty() &&
-      archs->items()[0].type() == json::Value::Type::kString) {
-    arch = archs->items()[0].string_value();
-  }
+  UCP_ASSIGN_OR_RETURN(const Preset* preset, FindPreset(name));
   for (const HfArchitecture& a : preset->hf()) {
     bool any = false;
     for (const HfTensorMap& t : a.tensor()) any = any || !t.import_name().empty();
     if (any && a.architecture() == arch) {
-      plan->preset = preset_name;
+      plan->preset = name;
       plan->architecture = arch;
       return &a;
     }
   }
   return absl::FailedPreconditionError(absl::StrCat(
-      "config.json: architectures[0] is '", arch, "', which preset '", preset_name,
+      "config.json: architectures[0] is '", arch, "', which preset '", name,
       "' does not import (presets that import: ", absl::StrJoin(importable, ", "), ")"));
 }
 

@@ -51,8 +51,9 @@ struct HfImportPlan {
 
 // `config`: the folder's config.json (its architectures[0] must be the
 // preset's architecture; its values are what the forward check's config
-// reads). `preset`: a preset with Hugging Face names ("" = an error listing
-// them).
+// reads). `preset`: a preset with Hugging Face names; "" = the one preset
+// that imports config.json's architecture (a note says so), else an error
+// listing the presets that import.
 absl::StatusOr<HfImportPlan> PlanHfImport(const std::vector<HfImportInput>& tensors, const json::Value& config,
                                           const std::string& preset);
 

@@ -145,8 +145,18 @@ TEST(HfStateTest, Bf16WeightsGiveUpcastMasters) {
   EXPECT_EQ(checked, 7);
 }
 
-TEST(HfStateTest, RefusesWithoutAPreset) {
-  ExpectRefused(Folder("hf_nopreset", NeoX()), {"--preset", "gpt-neox (GPTNeoXForCausalLM)"}, "");
+TEST(HfStateTest, WithoutAPresetTheOneThatImportsTheArchitecture) {
+  const Tensors t = NeoX();
+  absl::StatusOr<std::unique_ptr<HfState>> s = HfState::Open(Folder("hf_nopreset", t), {""});
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ((*s)->preset(), "gpt-neox");
+  CheckState(**s, t);
+}
+
+TEST(HfStateTest, RefusesWithoutAPresetWhenNoneImportsTheArchitecture) {
+  std::string config = kConfig;
+  config.replace(config.find("GPTNeoXForCausalLM"), 18, "LlamaForCausalLM");
+  ExpectRefused(Folder("hf_nopreset_llama", NeoX(), config), {"--preset", "gpt-neox (GPTNeoXForCausalLM)", "'LlamaForCausalLM'"}, "");
 }
 
 TEST(HfStateTest, RefusesAnotherArchitecture) {

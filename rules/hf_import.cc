@@ -285,7 +285,21 @@ absl::StatusOr<HfImportPlan> PlanHfImport(const std::vector<HfImportInput>& tens
   plan.num_layers = plan.module_layers.empty() ? 0 : plan.module_layers.back() + 1;
   plan.partition_method = arch->import_partition_method();
   UCP_RETURN_IF_ERROR(CheckForwards(plan, tensors, *arch, config));
-  plan.notes.push_back(absl::StrCat("Hugging Face ", plan.architecture, " imported by preset '", preset, "': ",
+  // The export's sum_tp_if: a model that adds each tp rank's copy before the
+  // all-reduce (GPT-NeoX's gpt_j_residual) holds 1/tp of the HF value per
+  // rank; the import writes the HF value on every rank.
+  std::map<std::string, std::string> summed;  // pattern -> config key
+  for (const HfTensorMap& t : arch->tensor()) {
+    const json::Value* flag = t.sum_tp_if().empty() ? nullptr : config.Get(t.sum_tp_if());
+    if (flag != nullptr && flag->type() == json::Value::Type::kBool && flag->bool_value()) summed[t.pattern()] = t.sum_tp_if();
+  }
+  for (const auto& [pattern, key] : summed) {
+    plan.notes.push_back(absl::StrCat(
+        "params matching '", pattern, "' are written whole on every tp rank, for a model that adds them once after "
+        "the all-reduce (Megatron's RowParallelLinear); with config.json's ", key, " true the preset's own trainer adds "
+        "each rank's copy before it, which needs them divided by tp: not done"));
+  }
+  plan.notes.push_back(absl::StrCat("Hugging Face ", plan.architecture, " imported by preset '", plan.preset, "': ",
                                     plan.tensors.size(), " tensors, ", num_hf_layers, " layers as pipeline layers ",
                                     plan.num_layers, " specs (checked by running the export's names forwards)"));
   return plan;

@@ -95,6 +95,12 @@ TEST(HfStateTest, OneFileUnderGptNeoxNames) {
   ASSERT_TRUE(s.ok()) << s.status();
   CheckState(**s, t);
   EXPECT_EQ((*s)->architecture(), "GPTNeoXForCausalLM");
+  // The row-parallel biases GPT-NeoX's parallel residual would want divided by tp: said, not done.
+  int said = 0;
+  for (const std::string& n : (*s)->info().notes) {
+    said += absl::StrContains(n, "use_parallel_residual true") && absl::StrContains(n, "divided by tp");
+  }
+  EXPECT_EQ(said, 2);
 }
 
 TEST(HfStateTest, ShardsWithTheirIndex) {

@@ -186,7 +186,8 @@ absl::Status HfState::BuildInfo(const std::string& preset) {
   info_.notes.push_back(absl::StrCat(
       "Hugging Face source: no optimizer state; written fresh (fp32 masters = the ", std::string(torch::DTypeName(dtype)),
       " weights, exp_avg and exp_avg_sq 0, step 0, DeepSpeed's default param group): load it in DeepSpeed with "
-      "load_checkpoint(..., load_module_only=True) so that the job's own optimizer starts from the weights"));
+      "load_checkpoint(..., load_module_only=True) so that the job's own optimizer starts from the weights (a plain "
+      "load maps the fresh partitions by position, in ucp's order of the params, not necessarily the model's)"));
   info_.Reindex();
   return absl::OkStatus();
 }

@@ -17,6 +17,8 @@
 // state (no facet: deepspeed::FacetOrDefaults). DeepSpeed is to load it with
 // load_module_only=True (README, "A Hugging Face folder into DeepSpeed"):
 // the job's own optimizer and hyper-parameters then start from the weights.
+// (A plain load would map the fresh flat partitions by position, and their
+// order, ucp's, need not be the model's parameters() order: measured wrong.)
 //
 // Refused, each naming the file and tensor: a config.json that is not a JSON
 // object, no safetensors, an index whose weight_map names a file outside the

@@ -205,6 +205,8 @@ def run_load(rank, a, port):
           "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "betas": [0.9, 0.95], "eps": 1e-8,
                                                      "weight_decay": 0.1, "torch_adam": True}},
           "zero_allow_untested_optimizer": True, "gradient_clipping": 1.0, "steps_per_print": 100000}
+    if a.file_hp:  # the hyper-parameters ucp's fresh optimizer state records (DeepSpeed's defaults)
+        ds["optimizer"]["params"].update(lr=1e-3, weight_decay=0.01)
     engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=module.parameters(), config=ds)
     take = engine._take_model_step  # as realds/worker/jobs.py: the step under no_grad (gloo, autograd views)
 
@@ -273,6 +275,7 @@ def main():
     ap.add_argument("--pp", type=int, default=1)
     ap.add_argument("--init", choices=["ckpt", "hf"], default="ckpt")
     ap.add_argument("--full_load", action="store_true", help="a plain load_checkpoint (optimizer state too)")
+    ap.add_argument("--file_hp", action="store_true", help="the job's hyper-parameters = the file's (lr 1e-3, wd 0.01)")
     a = ap.parse_args()
     if a.cmd == "save":
         return run_save(a)

@@ -6,6 +6,7 @@
 #include "formats/deepspeed_zero/format.h"
 #include "formats/deepspeed_zero0/format.h"
 #include "formats/deepspeed_zero3/format.h"
+#include "formats/hf/format.h"
 #include "formats/weights/format.h"
 
 namespace ucp::formats::builtin {
@@ -25,6 +26,7 @@ Registry* Build() {
   deepspeed_zero::Register(*r);
   weights::Register(*r);
   dcp::Register(*r);
+  hf::Register(*r);  // last: a folder of any other format may also hold config.json
   return r;
 }
 

@@ -1,0 +1,234 @@
+// HfState on Hugging Face folders written here with the safetensors format
+// (one file, and shards with their index) under GPT-NeoX's transformers
+// names: the checkpoint names and layers of the gpt-neox preset (written out
+// below), every weight as the file holds it, the fresh optimizer state; the
+// damaged or foreign folders are refused naming
+// the file and the tensor.
+#include "formats/hf/hf_state.h"
+
+#include "formats/hf/hf_test_folder.h"
+
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "base/fs.h"
+#include "format/safetensors/safetensors.h"
+#include "format/torch/tensor.h"
+#include "gtest/gtest.h"
+#include "testing/fixtures.h"
+#include "tp/tensor_plan.h"
+
+namespace ucp::hf {
+namespace {
+
+using torch::DType;
+using torch::Tensor;
+
+using testfolder::Filled;
+using testfolder::Folder;
+using testfolder::kConfig;
+using testfolder::NeoX;
+using testfolder::Sharded;
+using testfolder::Tensors;
+
+bool Same(const tp::TensorPlan& a, const Tensor& b) {
+  absl::StatusOr<bool> s = tp::TensorPlan::BitwiseEqual(a, tp::TensorPlan::FromTensor(b));
+  return s.ok() && *s;
+}
+
+// The gpt-neox preset's names of GPTNeoXForCausalLM: layer 0 the embedding,
+// transformer layer l at l + 2, the final norm at layers + 3, the output at + 4.
+const std::map<std::string, std::string>& Expected() {
+  static const auto* m = new std::map<std::string, std::string>{
+      {"gpt_neox.embed_in.weight", "0.word_embeddings.weight"},
+      {"gpt_neox.layers.0.input_layernorm.bias", "2.input_layernorm.bias"},
+      {"gpt_neox.layers.0.attention.query_key_value.weight", "2.attention.query_key_value.weight"},
+      {"gpt_neox.layers.1.attention.dense.bias", "3.attention.dense.bias"},
+      {"gpt_neox.layers.1.mlp.dense_4h_to_h.weight", "3.mlp.dense_4h_to_h.weight"},
+      {"gpt_neox.final_layer_norm.weight", "5.norm.weight"},
+      {"embed_out.weight", "6.final_linear.weight"},
+  };
+  return *m;
+}
+
+void CheckState(const HfState& s, const Tensors& tensors) {
+  const state::ModelInfo& info = s.info();
+  ASSERT_EQ(info.params.size(), tensors.size());
+  EXPECT_EQ(info.num_layers, 7);
+  EXPECT_EQ(info.module_layers, (std::vector<int>{0, 2, 3, 5, 6}));
+  EXPECT_EQ(info.partition_method, "type:transformer|mlp");
+  EXPECT_EQ(info.state_keys, (std::vector<std::string>{"exp_avg", "exp_avg_sq"}));
+  EXPECT_EQ(info.source_topology.tp, 1);
+  for (const auto& [hf, name] : Expected()) {
+    SCOPED_TRACE(hf);
+    const state::ParamState* p = info.Find(name);
+    ASSERT_NE(p, nullptr);
+    EXPECT_EQ(p->layer, std::stoi(name.substr(0, name.find('.'))));
+    EXPECT_EQ(p->local_name, name.substr(name.find('.') + 1));
+    const Tensor* want = nullptr;
+    for (const auto& [n, t] : tensors) want = n == hf ? &t : want;
+    ASSERT_NE(want, nullptr);
+    EXPECT_EQ(p->full_shape, want->sizes());
+    for (const char* st : {"lp", "fp32"}) {
+      absl::StatusOr<std::vector<tp::TensorPlan>> sl = s.Slices(*p, 0, st);
+      ASSERT_TRUE(sl.ok()) << sl.status();
+      ASSERT_EQ(sl->size(), 1u);
+      EXPECT_TRUE(Same((*sl)[0], *want)) << st;
+    }
+    absl::StatusOr<std::vector<tp::TensorPlan>> m = s.Slices(*p, 0, "exp_avg_sq");
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_TRUE(Same((*m)[0], Tensor::Zeros(DType::kFloat32, want->sizes())));
+  }
+  // Checkpoint order: by pipeline layer.
+  for (size_t i = 1; i < info.params.size(); ++i) EXPECT_LE(info.params[i - 1].layer, info.params[i].layer);
+  absl::StatusOr<state::FileValue> step = s.GroupScalar(0, "step");
+  ASSERT_TRUE(step.ok() && step->value != nullptr);
+}
+
+TEST(HfStateTest, OneFileUnderGptNeoxNames) {
+  const Tensors t = NeoX();
+  absl::StatusOr<std::unique_ptr<HfState>> s = HfState::Open(Folder("hf_one", t), {"gpt-neox"});
+  ASSERT_TRUE(s.ok()) << s.status();
+  CheckState(**s, t);
+  EXPECT_EQ((*s)->architecture(), "GPTNeoXForCausalLM");
+  // The row-parallel biases GPT-NeoX's parallel residual would want divided by tp: said, not done.
+  int said = 0;
+  for (const std::string& n : (*s)->info().notes) {
+    said += absl::StrContains(n, "use_parallel_residual true") && absl::StrContains(n, "divided by tp");
+  }
+  EXPECT_EQ(said, 2);
+}
+
+TEST(HfStateTest, ShardsWithTheirIndex) {
+  const Tensors t = NeoX();
+  const std::string dir = Sharded("hf_shards", t);
+  absl::StatusOr<std::unique_ptr<HfState>> s = HfState::Open(dir, {"gpt-neox"});
+  ASSERT_TRUE(s.ok()) << s.status();
+  CheckState(**s, t);
+  EXPECT_EQ((*s)->Files().size(), 3u);
+}
+
+// The refusal of `dir` names every piece of `want`.
+void ExpectRefused(const std::string& dir, const std::vector<std::string>& want, const std::string& preset = "gpt-neox") {
+  absl::StatusOr<std::unique_ptr<HfState>> s = HfState::Open(dir, {preset});
+  ASSERT_FALSE(s.ok());
+  for (const std::string& w : want) EXPECT_TRUE(absl::StrContains(s.status().message(), w)) << s.status() << "\nwant: " << w;
+}
+
+// bf16 weights: the lp state as the file holds them, the fp32 masters their
+// exact upcast (each bf16 the upper half of a float's bits).
+TEST(HfStateTest, Bf16WeightsGiveUpcastMasters) {
+  const Tensors t = NeoX(DType::kBFloat16);
+  absl::StatusOr<std::unique_ptr<HfState>> s = HfState::Open(Folder("hf_bf16", t), {"gpt-neox"});
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ((*s)->info().lp_dtype, DType::kBFloat16);
+  int checked = 0;
+  for (const auto& [hf, name] : Expected()) {
+    const Tensor* w = nullptr;
+    for (const auto& [n, v] : t) w = n == hf ? &v : w;
+    const std::string half = w->ContiguousBytes();
+    std::string full;
+    for (size_t i = 0; i + 1 < half.size(); i += 2) {
+      uint16_t top = 0;
+      std::memcpy(&top, half.data() + i, 2);
+      const uint32_t bits = static_cast<uint32_t>(top) << 16;
+      full.append(reinterpret_cast<const char*>(&bits), 4);
+    }
+    const Tensor want = *Tensor::FromBytes(DType::kFloat32, w->sizes(), full);
+    const state::ParamState* p = (*s)->info().Find(name);
+    ASSERT_NE(p, nullptr) << name;
+    absl::StatusOr<std::vector<tp::TensorPlan>> lp = (*s)->Slices(*p, 0, "lp");
+    absl::StatusOr<std::vector<tp::TensorPlan>> fp = (*s)->Slices(*p, 0, "fp32");
+    ASSERT_TRUE(lp.ok() && fp.ok());
+    EXPECT_TRUE(Same((*lp)[0], *w)) << name;
+    EXPECT_TRUE(Same((*fp)[0], want)) << name;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 7);
+}
+
+TEST(HfStateTest, WithoutAPresetTheOneThatImportsTheArchitecture) {
+  const Tensors t = NeoX();
+  absl::StatusOr<std::unique_ptr<HfState>> s = HfState::Open(Folder("hf_nopreset", t), {""});
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ((*s)->preset(), "gpt-neox");
+  CheckState(**s, t);
+}
+
+TEST(HfStateTest, RefusesWithoutAPresetWhenNoneImportsTheArchitecture) {
+  std::string config = kConfig;
+  config.replace(config.find("GPTNeoXForCausalLM"), 18, "LlamaForCausalLM");
+  ExpectRefused(Folder("hf_nopreset_llama", NeoX(), config), {"--preset", "gpt-neox (GPTNeoXForCausalLM)", "'LlamaForCausalLM'"}, "");
+}
+
+TEST(HfStateTest, RefusesAnotherArchitecture) {
+  std::string config = kConfig;
+  config.replace(config.find("GPTNeoXForCausalLM"), 18, "LlamaForCausalLM");
+  ExpectRefused(Folder("hf_arch", NeoX(), config), {"config.json", "LlamaForCausalLM", "gpt-neox"});
+}
+
+TEST(HfStateTest, RefusesTiedEmbeddings) {
+  std::string config = kConfig;
+  config.replace(config.find("\"tie_word_embeddings\": false"), 28, "\"tie_word_embeddings\": true");
+  Tensors t = NeoX();
+  t.pop_back();  // save_pretrained leaves the tied output out
+  ExpectRefused(Folder("hf_tied", t, config), {"config.json", "tie_word_embeddings", "not imported yet"});
+}
+
+TEST(HfStateTest, RefusesANameThePresetDoesNotImport) {
+  Tensors t = NeoX();
+  t.emplace_back("gpt_neox.layers.0.attention.rotary.extra", Filled({4}, 99));
+  ExpectRefused(Folder("hf_unknown", t), {"gpt_neox.layers.0.attention.rotary.extra", "imports no checkpoint name"});
+}
+
+TEST(HfStateTest, RefusesAnIntegerTensor) {
+  Tensors t = NeoX();
+  t.emplace_back("gpt_neox.layers.0.attention.masked_bias", Filled({2}, 7, DType::kInt64));
+  ExpectRefused(Folder("hf_int", t), {"model.safetensors", "gpt_neox.layers.0.attention.masked_bias", "int64"});
+}
+
+TEST(HfStateTest, RefusesADamagedIndex) {
+  const Tensors t = NeoX();
+  {
+    const std::string dir = Sharded("hf_escape", t);
+    std::string idx = *ReadFileToString(JoinPath(dir, kIndexFile));
+    idx.replace(idx.find("model-00001-of-00003"), 20, "../model-00001-of-3");
+    ASSERT_TRUE(WriteFileAtomic(JoinPath(dir, kIndexFile), idx).ok());
+    ExpectRefused(dir, {kIndexFile, "../model-00001-of-3", "expected a file name in the folder"});
+  }
+  {
+    // The index puts a tensor in a shard that does not hold it.
+    const std::string dir = Sharded("hf_moved", t);
+    std::string idx = *ReadFileToString(JoinPath(dir, kIndexFile));
+    const std::string key = "\"embed_out.weight\": \"model-00003-of-00003.safetensors\"";
+    ASSERT_NE(idx.find(key), std::string::npos) << idx;
+    idx.replace(idx.find(key), key.size(), "\"embed_out.weight\": \"model-00001-of-00003.safetensors\"");
+    ASSERT_TRUE(WriteFileAtomic(JoinPath(dir, kIndexFile), idx).ok());
+    ExpectRefused(dir, {"embed_out.weight", "model-00001-of-00003.safetensors", "has no such tensor"});
+  }
+  {
+    // A shard holds a tensor the index does not list.
+    const std::string dir = Sharded("hf_unlisted", t);
+    std::string idx = *ReadFileToString(JoinPath(dir, kIndexFile));
+    const std::string key = "\"embed_out.weight\": \"model-00003-of-00003.safetensors\", ";
+    const size_t at = idx.find("\"embed_out.weight\"");
+    ASSERT_NE(at, std::string::npos);
+    const size_t end = idx.find(", ", at);
+    idx.erase(at, end + 2 - at);
+    ASSERT_TRUE(WriteFileAtomic(JoinPath(dir, kIndexFile), idx).ok());
+    ExpectRefused(dir, {"embed_out.weight", "is not in", kIndexFile});
+  }
+}
+
+TEST(HfStateTest, RefusesAFolderWithoutSafetensors) {
+  const std::string dir = testing::FreshTempDir("hf_bin");
+  ASSERT_TRUE(WriteFileAtomic(JoinPath(dir, kConfigFile), kConfig).ok());
+  ExpectRefused(dir, {kSingleFile, kIndexFile, "pytorch_model.bin"});
+}
+
+}  // namespace
+}  // namespace ucp::hf

@@ -1,0 +1,291 @@
+"""A Hugging Face folder imported into DeepSpeed by ucp, loaded by real DeepSpeed (run in the Debian
+unstable root: torch 2.14, transformers 5.12, DeepSpeed 0.19.5 on PYTHONPATH; CPU, gloo; fp32).
+
+  python3 hf_import_check.py save --out DIR
+      transformers builds a tiny GPTNeoXForCausalLM from a GPTNeoXConfig (random init, seeded; partial
+      rotary 0.25, parallel residual, exact GELU, LayerNorm, untied output, eager attention) and
+      save_pretrained's it to DIR/hf (one model.safetensors) and DIR/hf_sharded (shards + index);
+      DIR/ref.pt holds its state dict and its logits for fixed input ids.
+  python3 hf_import_check.py load --ckpt CKPT --tp T --pp P --ref REF --out PT [--init ckpt|hf]
+      T x P processes build a GPT-NeoX PipelineModule with Megatron-style tp (mpu.py) whose math is
+      transformers' (the same functions for rotary and attention), named as the gpt-neox preset names
+      it, from another seed; DeepSpeed (ZeRO-1, torch Adam) initializes it. --init ckpt:
+      engine.load_checkpoint(CKPT, load_module_only=True). --init hf: the HF weights copied into the
+      module before deepspeed.initialize (a fresh optimizer over them: the reference for the step).
+      Then: every param against its slice of the HF tensor (bitwise), the logits of the fixed ids
+      (stage by stage over the pipeline, gathered over tp) against transformers' (max |diff|), one
+      train_batch, and every param after it saved to PT (per rank, for the step's comparison).
+Prints one JSON line (rank 0); exits 1 when a weight differs.
+"""
+import argparse
+import json
+import os
+import socket
+import sys
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+import torch.nn.functional as F
+
+SEED = 4321
+SEQ = 12
+# (regex over the checkpoint name, the split dim over tp or None when whole), as the gpt-neox preset splits
+SPLITS = [
+    (r"word_embeddings\.weight$", 0), (r"final_linear\.weight$", 0),
+    (r"attention\.query_key_value\.(weight|bias)$", 0), (r"mlp\.dense_h_to_4h\.(weight|bias)$", 0),
+    (r"attention\.dense\.weight$", 1), (r"mlp\.dense_4h_to_h\.weight$", 1),
+    (r"(attention\.dense|mlp\.dense_4h_to_h)\.bias$", None), (r"(layernorm|norm)\.(weight|bias)$", None),
+]
+
+
+def config():
+    from transformers import GPTNeoXConfig
+    return GPTNeoXConfig(vocab_size=96, hidden_size=64, intermediate_size=160, num_hidden_layers=3,
+                         num_attention_heads=4, max_position_embeddings=64, rotary_pct=0.25,
+                         use_parallel_residual=True, tie_word_embeddings=False, hidden_act="gelu",
+                         layer_norm_eps=1e-5, attn_implementation="eager")
+
+
+def ids():
+    g = torch.Generator().manual_seed(99)
+    return torch.randint(0, 96, (2, SEQ), generator=g)
+
+
+def hf_name(name, layers):
+    """The checkpoint name's HF tensor (the gpt-neox preset's mapping, written out for the check)."""
+    i, rest = name.split(".", 1)
+    i = int(i)
+    if rest == "word_embeddings.weight":
+        return "gpt_neox.embed_in.weight"
+    if rest.startswith("norm."):
+        return "gpt_neox.final_layer_norm." + rest.split(".")[1]
+    if rest == "final_linear.weight":
+        return "embed_out.weight"
+    return f"gpt_neox.layers.{i - 2}.{rest}"
+
+
+def run_save(a):
+    from transformers import GPTNeoXForCausalLM
+    torch.manual_seed(SEED)
+    m = GPTNeoXForCausalLM(config()).float().eval()
+    m.save_pretrained(os.path.join(a.out, "hf"))
+    m.save_pretrained(os.path.join(a.out, "hf_sharded"), max_shard_size="100KB")
+    with torch.no_grad():
+        logits = m(input_ids=ids()).logits
+    torch.save({"state": {k: v.clone() for k, v in m.state_dict().items()}, "logits": logits}, os.path.join(a.out, "ref.pt"))
+    print(json.dumps({"cmd": "save", "tensors": len(m.state_dict()),
+                      "files": sorted(os.listdir(os.path.join(a.out, "hf_sharded")))}))
+
+
+# ---- the DeepSpeed model: GPT-NeoX's math, Megatron tp, named as the gpt-neox preset ----
+
+def build(cfg, tp, pp):
+    import mpu
+    from deepspeed.pipe import LayerSpec, PipelineModule
+    from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+    from transformers.models.gpt_neox import modeling_gpt_neox as hfm
+    m = mpu.setup(tp, pp)
+    gen = torch.Generator().manual_seed(SEED + 7)  # another init than the HF model's: the load must replace it
+    h, heads, hn = cfg.hidden_size, cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads
+
+    class EmbeddingPipe(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.word_embeddings = mpu.VocabParallelEmbedding(gen, cfg.vocab_size, h)
+
+        def forward(self, x):
+            return self.word_embeddings(x)
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.heads = heads // tp
+            self.query_key_value = mpu.ColumnParallelLinear(gen, h, 3 * h, bias=True)
+            self.dense = mpu.RowParallelLinear(gen, h, h, bias=True)
+            self.rotary = hfm.GPTNeoXRotaryEmbedding(cfg)
+            self.training = False
+
+        def forward(self, x):
+            b, s, _ = x.shape
+            qkv = self.query_key_value(x).view(b, s, -1, 3 * hn).transpose(1, 2)
+            q, k, v = qkv.chunk(3, dim=-1)
+            pos = torch.arange(s).unsqueeze(0)
+            cos, sin = self.rotary(x, pos)
+            q, k = hfm.apply_rotary_pos_emb(q, k, cos, sin)
+            mask = torch.full((s, s), torch.finfo(x.dtype).min).triu(1)[None, None]
+            z, _ = hfm.eager_attention_forward(self, q, k, v, mask, scaling=hn ** -0.5, dropout=0.0)
+            return self.dense(z.reshape(b, s, -1).contiguous())
+
+    class MLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.dense_h_to_4h = mpu.ColumnParallelLinear(gen, h, cfg.intermediate_size, bias=True)
+            self.dense_4h_to_h = mpu.RowParallelLinear(gen, cfg.intermediate_size, h, bias=True)
+
+        def forward(self, x):
+            return self.dense_4h_to_h(F.gelu(self.dense_h_to_4h(x)))
+
+    class ParallelTransformerLayerPipe(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.input_layernorm = nn.LayerNorm(h, eps=cfg.layer_norm_eps)
+            self.post_attention_layernorm = nn.LayerNorm(h, eps=cfg.layer_norm_eps)
+            self.attention = Attention()
+            self.mlp = MLP()
+
+        def forward(self, x):  # parallel residual, in transformers' order of the sum
+            a = self.attention(self.input_layernorm(x))
+            return self.mlp(self.post_attention_layernorm(x)) + a + x
+
+    class NormPipe(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = nn.LayerNorm(h, eps=cfg.layer_norm_eps)
+
+        def forward(self, x):
+            return self.norm(x)
+
+    class ParallelLinearPipe(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.final_linear = mpu.ColumnParallelLinear(gen, h, cfg.vocab_size)
+
+        def forward(self, x):
+            return mpu.gather_from_tp(self.final_linear(x))
+
+    def identity(x):
+        return x
+
+    specs = [LayerSpec(EmbeddingPipe), identity]
+    specs += [LayerSpec(ParallelTransformerLayerPipe) for _ in range(cfg.num_hidden_layers)]
+    specs += [identity, LayerSpec(NormPipe), LayerSpec(ParallelLinearPipe)]
+    module = PipelineModule(layers=specs, loss_fn=mpu.cross_entropy,
+                            topology=PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=m.dp),
+                            partition_method="type:transformer|mlp")
+    return module, m
+
+
+def split_of(name):
+    import re
+    for pat, dim in SPLITS:
+        if re.search(pat, name):
+            return dim
+    raise KeyError(name)
+
+
+def expected(name, hf, m, layers):
+    """This rank's slice of the HF tensor the checkpoint name `name` holds."""
+    full = hf[hf_name(name, layers)]
+    dim = split_of(name)
+    return full if dim is None else full.chunk(m.tp, dim)[m.tp_rank]
+
+
+def run_load(rank, a, port):
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(a.world), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    store = dist.TCPStore("127.0.0.1", port, a.world, rank == 0, use_libuv=False, timeout=timedelta(seconds=600))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=a.world)
+    import deepspeed
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    deepspeed.init_distributed(dist_backend="gloo")
+    cfg = config()
+    ref = torch.load(a.ref, weights_only=False)
+    hf = ref["state"]
+    module, m = build(cfg, a.tp, a.pp)
+    layers = cfg.num_hidden_layers
+    if a.init == "hf":
+        with torch.no_grad():
+            for n, p in module.named_parameters():
+                p.copy_(expected(n, hf, m, layers))
+    ds = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "train_batch_size": 1,
+          "zero_optimization": {"stage": 1},
+          "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "betas": [0.9, 0.95], "eps": 1e-8,
+                                                     "weight_decay": 0.1, "torch_adam": True}},
+          "zero_allow_untested_optimizer": True, "gradient_clipping": 1.0, "steps_per_print": 100000}
+    if a.file_hp:  # the hyper-parameters ucp's fresh optimizer state records (DeepSpeed's defaults)
+        ds["optimizer"]["params"].update(lr=1e-3, weight_decay=0.01)
+    engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=module.parameters(), config=ds)
+    take = engine._take_model_step  # as realds/worker/jobs.py: the step under no_grad (gloo, autograd views)
+
+    def take_model_step(*args, **kwargs):
+        with torch.no_grad():
+            return take(*args, **kwargs)
+    engine._take_model_step = take_model_step
+    if a.init == "ckpt":
+        path, _ = engine.load_checkpoint(a.ckpt, load_module_only=not a.full_load)
+        if path is None:
+            raise SystemExit(f"DeepSpeed loaded nothing from {a.ckpt}")
+    # 1. every loaded weight: its slice of the HF tensor, bitwise.
+    bad, n = [], 0
+    for name, p in engine.module.named_parameters():
+        want = expected(name, hf, m, layers)
+        n += 1
+        if p.shape != want.shape or not torch.equal(p.detach().view(-1).view(torch.int32), want.reshape(-1).view(torch.int32)):
+            bad.append(name)
+    # 2. the logits, stage by stage (activations sent to the same tp rank of the next stage).
+    x = ids()
+    with torch.no_grad():
+        h = x if m.pp_rank == 0 else None
+        if m.pp_rank > 0:
+            h = torch.empty(x.shape[0], x.shape[1], cfg.hidden_size)
+            dist.recv(h, src=rank - m.tp * m.dp)
+        out = engine.module(h)
+        if m.pp_rank < m.pp - 1:
+            dist.send(out.contiguous(), dst=rank + m.tp * m.dp)
+    diff = None
+    if m.pp_rank == m.pp - 1:
+        diff = (out - ref["logits"]).abs().max().item()
+        same = torch.equal(out, ref["logits"])
+    # 3. one step on a fixed batch; every param after it.
+    g = torch.Generator().manual_seed(5)
+    seq = torch.randint(0, cfg.vocab_size, (1, SEQ + 1), generator=g)
+    hp = {k: engine.optimizer.param_groups[0][k] for k in ("lr", "betas", "eps", "weight_decay")}
+    loss = engine.train_batch(data_iter=iter([(seq[:, :-1], seq[:, 1:])]))
+    after = {nm: p.detach().clone() for nm, p in engine.module.named_parameters()}
+    torch.save(after, f"{a.out}.rank{rank}")
+    res = dict(rank=rank, compared=n, differ=bad, logits_max_diff=diff, logits_bitwise=same if diff is not None else None,
+               loss=float(loss), hp=str(hp))
+    gathered = [None] * a.world
+    dist.all_gather_object(gathered, res)
+    if rank == 0:
+        last = [r for r in gathered if r["logits_max_diff"] is not None]
+        out = dict(cmd="load", init=a.init, tp=a.tp, pp=a.pp, compared=sum(r["compared"] for r in gathered),
+                   differ=sorted(set(sum((r["differ"] for r in gathered), []))),
+                   logits_max_diff=max(r["logits_max_diff"] for r in last),
+                   logits_bitwise=all(r["logits_bitwise"] for r in last), loss=gathered[-1]["loss"],
+                   hyper_parameters=gathered[0]["hp"])
+        print(json.dumps(out), flush=True)
+        if out["differ"] or out["compared"] == 0:
+            sys.stdout.flush()
+            os._exit(1)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("cmd", choices=["save", "load"])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--ckpt", default="")
+    ap.add_argument("--ref", default="")
+    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--pp", type=int, default=1)
+    ap.add_argument("--init", choices=["ckpt", "hf"], default="ckpt")
+    ap.add_argument("--full_load", action="store_true", help="a plain load_checkpoint (optimizer state too)")
+    ap.add_argument("--file_hp", action="store_true", help="the job's hyper-parameters = the file's (lr 1e-3, wd 0.01)")
+    a = ap.parse_args()
+    if a.cmd == "save":
+        return run_save(a)
+    a.world = a.tp * a.pp
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    mp.spawn(run_load, args=(a, port), nprocs=a.world, join=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+#!/bin/bash
+# A Hugging Face folder into DeepSpeed (issue 26 part 3), proven with the real clients in the Debian
+# unstable root (torch 2.14, transformers 5.12, DeepSpeed 0.19.5; CPU, gloo; fp32;
+# hf_import_check.py says what each command runs):
+#   1. transformers builds a tiny GPTNeoXForCausalLM from its config (seeded random init) and
+#      save_pretrained's it, as one model.safetensors and as shards with their index;
+#   2. ucp reshard --preset=gpt-neox imports it at tp 1 pp 1, tp 1 pp 2, tp 2 pp 1, tp 2 pp 2 (and the
+#      sharded folder at tp 2 pp 2);
+#   3. DeepSpeed loads each with load_checkpoint(load_module_only=True) into a GPT-NeoX PipelineModule
+#      with Megatron tp: every weight equals its slice of the HF tensor bitwise; the logits equal
+#      transformers' bitwise at tp 1, within 1e-5 at tp 2 (the row-parallel partial sums are added in
+#      another order by the all-reduce);
+#   4. the next step equals bitwise the step of a fresh engine given the HF weights directly (same
+#      topology, every param after the step);
+#   5. negative control: a folder with one weight changed is reported as differing.
+# Args: UCP CHECKER MPU
+set -u
+UCP=$(pwd)/$1
+ENV=$(pwd)/tools/deepspeed_env.sh
+W=$TEST_TMPDIR
+# The runfiles are symlinks out of the root's reach: run copies from the bound folder.
+cp "$2" "$W/hf_import_check.py"
+cp "$3" "$W/mpu.py"
+fail=0
+run() {  # hf_import_check.py ARGS...: its JSON line on stdout, the rest in $W/log
+  "$ENV" run --root=sid --deepspeed=0.19.5 --bind="$W" --cwd="$W" -- python3 "$W/hf_import_check.py" "$@" > "$W/out" 2>> "$W/log"
+  local rc=$?
+  grep '^{' "$W/out" | tail -1
+  [[ $rc == 0 ]] || { echo "  (exit $rc; last lines:)"; grep -v -e gloo -e Warning "$W/out" "$W/log" | tail -5; }
+  return $rc
+}
+ucp() { "$UCP" "$@" >> "$W/ucp.log" 2>&1 || { echo "FAIL ucp $*"; tail -5 "$W/ucp.log"; fail=1; return 1; }; }
+judge() {  # NAME JSON-LINE TOLERANCE
+  /usr/bin/python3 - "$@" <<'PY'
+import json, sys
+name, r, tol = sys.argv[1], json.loads(sys.argv[2]), float(sys.argv[3])
+ok = r["compared"] > 0 and r["differ"] == [] and r["logits_max_diff"] <= tol and (tol > 0 or r["logits_bitwise"])
+print(f"{'PASS' if ok else 'FAIL'} {name}: {r['compared']} weights bitwise (differ {r['differ'][:4]}), logits max |diff| "
+      f"{r['logits_max_diff']:.3g} (bitwise {r['logits_bitwise']}, allowed {tol:g})")
+sys.exit(0 if ok else 1)
+PY
+}
+same_step() {  # NAME A B WORLD: every param after the step, per rank, bitwise
+  "$ENV" run --root=sid --deepspeed=0.19.5 --bind="$W" -- python3 - "$@" <<'PY'
+import sys, torch
+name, a, b, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+cnt, bad = 0, []
+for r in range(n):
+    x, y = torch.load(f"{a}.rank{r}"), torch.load(f"{b}.rank{r}")
+    bad += [f"rank{r}:{k} (only one side)" for k in set(x) ^ set(y)]
+    for k, v in y.items():
+        cnt += 1
+        if k not in x or x[k].shape != v.shape or not torch.equal(x[k].reshape(-1).view(torch.int32), v.reshape(-1).view(torch.int32)):
+            bad.append(f"rank{r}:{k}")
+ok = cnt > 0 and not bad
+print(f"{'PASS' if ok else 'FAIL'} {name}: {cnt} params after one step, {len(bad)} differ {bad[:4]}")
+sys.exit(0 if ok else 1)
+PY
+}
+
+run save --out "$W" || { echo "FAIL save"; exit 1; }
+for t in "1 1 hf 0" "1 2 hf 0" "2 1 hf 1e-5" "2 2 hf 1e-5" "2 2 hf_sharded 1e-5"; do
+  set -- $t
+  tag=$3-tp$1-pp$2
+  ucp reshard --input_folder="$W/$3" --output_folder="$W/$tag/global_step0" --tp=$1 --pp=$2 --dp=1 --preset=gpt-neox || continue
+  line=$(run load --ckpt "$W/$tag" --tp $1 --pp $2 --ref "$W/ref.pt" --out "$W/$tag.after") || { echo "FAIL load $tag"; fail=1; continue; }
+  judge "$3 -> ucp tp $1 pp $2 -> DeepSpeed" "$line" "$4" || fail=1
+done
+# The next step against a fresh optimizer over the same weights.
+for t in "1 1" "2 2"; do
+  set -- $t
+  line=$(run load --init hf --tp $1 --pp $2 --ref "$W/ref.pt" --out "$W/fresh-tp$1-pp$2.after") || { echo "FAIL fresh tp $1 pp $2"; fail=1; continue; }
+  same_step "tp $1 pp $2: the step after the import = a fresh optimizer's step" "$W/hf-tp$1-pp$2.after" "$W/fresh-tp$1-pp$2.after" $(($1 * $2)) || fail=1
+done
+# Negative control: one element of one weight changed in the HF folder; the load must report it.
+"$ENV" run --root=sid --deepspeed=0.19.5 --bind="$W" -- python3 - "$W" <<'PY' >> "$W/log" 2>&1
+import sys, shutil
+from safetensors.torch import load_file, save_file
+d = sys.argv[1]
+shutil.copytree(f"{d}/hf", f"{d}/hf_bad")
+t = load_file(f"{d}/hf_bad/model.safetensors")
+t["gpt_neox.layers.1.mlp.dense_4h_to_h.weight"][3, 5] += 1.0
+save_file(t, f"{d}/hf_bad/model.safetensors", metadata={"format": "pt"})
+PY
+if ucp reshard --input_folder="$W/hf_bad" --output_folder="$W/bad/global_step0" --tp=2 --pp=2 --dp=1 --preset=gpt-neox; then
+  if line=$(run load --ckpt "$W/bad" --tp 2 --pp 2 --ref "$W/ref.pt" --out "$W/bad.after"); then
+    echo "FAIL negative control: a changed weight was not reported: $line"; fail=1
+  else
+    echo "PASS negative control: the changed weight is reported"
+  fi
+fi
+exit $fail

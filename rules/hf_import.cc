@@ -1,0 +1,308 @@
+#include "rules/hf_import.h"
+
+#include <algorithm>
+#include <map>
+#include <regex>
+#include <set>
+#include <tuple>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "base/status_macros.h"
+#include "rules/hf_names.h"
+#include "rules/presets.h"
+#include "state/model_state.h"
+
+namespace ucp::rules {
+namespace {
+
+// An HF name template ("gpt_neox.layers.{layer}.{2}.{3}") as a regex over
+// HF names, and the placeholder each of its groups captures.
+struct Inverse {
+  std::regex re;
+  std::vector<std::string> keys;
+};
+
+Inverse InverseOf(const std::string& tmpl) {
+  Inverse out;
+  std::string re;
+  for (size_t i = 0; i < tmpl.size(); ++i) {
+    const size_t close = tmpl[i] == '{' ? tmpl.find('}', i) : std::string::npos;
+    if (close != std::string::npos) {
+      const std::string key = tmpl.substr(i + 1, close - i - 1);
+      out.keys.push_back(key);
+      re += key == "layer" ? "(\\d+)" : key == "0" ? "(.+)" : "([^.]+)";
+      i = close;
+      continue;
+    }
+    if (std::string(".^$|()[]{}*+?\\").find(tmpl[i]) != std::string::npos) re.push_back('\\');
+    re.push_back(tmpl[i]);
+  }
+  out.re = std::regex(re, std::regex::ECMAScript);
+  return out;
+}
+
+// `import_name` with its placeholders filled from what the HF name matched.
+absl::StatusOr<std::string> Fill(const std::string& tmpl, const std::map<std::string, std::string>& matched,
+                                 int num_layers, const std::string& preset) {
+  std::string out;
+  for (size_t i = 0; i < tmpl.size(); ++i) {
+    const size_t close = tmpl[i] == '{' ? tmpl.find('}', i) : std::string::npos;
+    if (close == std::string::npos) {
+      out.push_back(tmpl[i]);
+      continue;
+    }
+    std::string key = tmpl.substr(i + 1, close - i - 1);
+    i = close;
+    int64_t base = -1, plus = 0;
+    absl::string_view k = key;
+    if (absl::ConsumePrefix(&k, "layers")) {
+      base = num_layers;
+    } else if (absl::ConsumePrefix(&k, "layer")) {
+      auto it = matched.find("layer");
+      if (it == matched.end() || !absl::SimpleAtoi(it->second, &base)) base = -2;
+    }
+    if (base != -1) {
+      if (base < 0 || (!k.empty() && !(absl::ConsumePrefix(&k, "+") && absl::SimpleAtoi(k, &plus)))) {
+        return absl::InternalError(absl::StrCat("preset '", preset, "': import_name '", tmpl, "': bad {", key, "}"));
+      }
+      out += absl::StrCat(base + plus);
+      continue;
+    }
+    auto it = matched.find(key);
+    if (it == matched.end()) {
+      return absl::InternalError(absl::StrCat("preset '", preset, "': import_name '", tmpl, "': {", key,
+                                              "} is not a placeholder of the entry's name"));
+    }
+    out += it->second;
+  }
+  return out;
+}
+
+absl::StatusOr<const HfArchitecture*> ArchitectureOf(const json::Value& config, const std::string& preset_name,
+                                                     HfImportPlan* plan) {
+  const json::Value* archs = config.Get("architectures");
+  std::string arch;
+  if (archs != nullptr && archs->type() == json::Value::Type::kArray && !archs->items().empty() &&
+      archs->items()[0].type() == json::Value::Type::kString) {
+    arch = archs->items()[0].string_value();
+  }
+  std::vector<std::string> importable, of_arch;
+  for (const std::string& n : PresetNames()) {
+    absl::StatusOr<const Preset*> p = FindPreset(n);
+    if (!p.ok()) continue;
+    for (const HfArchitecture& a : (*p)->hf()) {
+      bool any = false;
+      for (const HfTensorMap& t : a.tensor()) any = any || !t.import_name().empty();
+      if (any) importable.push_back(absl::StrCat(n, " (", a.architecture(), ")"));
+      if (any && a.architecture() == arch) of_arch.push_back(n);
+    }
+  }
+  std::string name = preset_name;
+  if (name.empty() || name == "none") {
+    if (of_arch.size() != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a Hugging Face folder is imported by a preset's names: pass --preset=NAME (presets that import: ",
+          absl::StrJoin(importable, ", "), "; config.json's architecture: '", arch, "')"));
+    }
+    name = of_arch[0];
+    plan->notes.push_back(absl::StrCat("preset '", name, "': the one preset that imports ", arch,
+                                       " (config.json); --preset names another"));
+  }
+  UCP_ASSIGN_OR_RETURN(const Preset* preset, FindPreset(name));
+  for (const HfArchitecture& a : preset->hf()) {
+    bool any = false;
+    for (const HfTensorMap& t : a.tensor()) any = any || !t.import_name().empty();
+    if (any && a.architecture() == arch) {
+      plan->preset = name;
+      plan->architecture = arch;
+      return &a;
+    }
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "config.json: architectures[0] is '", arch, "', which preset '", name,
+      "' does not import (presets that import: ", absl::StrJoin(importable, ", "), ")"));
+}
+
+// One HF tensor's checkpoint name, from the first entry whose name it has.
+// Returns "" (and sets *fused) for a tensor only a fused entry names.
+absl::StatusOr<std::string> ImportName(const HfArchitecture& arch, const std::vector<Inverse>& inverses,
+                                       const std::string& hf, int num_layers, const std::string& preset,
+                                       int* entry, bool* fused) {
+  for (int e = 0; e < arch.tensor_size(); ++e) {
+    const HfTensorMap& t = arch.tensor(e);
+    for (int n = 0; n < t.name_size(); ++n) {
+      const Inverse& inv = inverses[static_cast<size_t>(e)];
+      std::smatch m;
+      if (n > 0 || t.import_name().empty()) {
+        // Fused parts (and entries without an import name) only say what the name is.
+        Inverse other = InverseOf(t.name(n));
+        if (std::regex_match(hf, m, other.re) && t.import_name().empty()) *fused = *fused || t.split() != HF_SPLIT_NONE;
+        continue;
+      }
+      if (!std::regex_match(hf, m, inv.re)) continue;
+      std::map<std::string, std::string> matched;
+      for (size_t g = 0; g < inv.keys.size(); ++g) matched[inv.keys[g]] = m[g + 1].str();
+      UCP_ASSIGN_OR_RETURN(std::string name, Fill(t.import_name(), matched, num_layers, preset));
+      // The entry's own pattern decides: a name it does not match is not its.
+      std::smatch pm;
+      if (!std::regex_match(name, pm, std::regex(t.pattern(), std::regex::ECMAScript))) continue;
+      *entry = e;
+      return name;
+    }
+  }
+  return std::string();
+}
+
+// The number of transformer layers: one more than the largest {layer} any
+// entry's name matches.
+int CountLayers(const HfArchitecture& arch, const std::vector<Inverse>& inverses,
+                const std::vector<HfImportInput>& tensors) {
+  int n = 0;
+  for (const HfImportInput& in : tensors) {
+    for (const Inverse& inv : inverses) {
+      std::smatch m;
+      if (!std::regex_match(in.name, m, inv.re)) continue;
+      for (size_t g = 0; g < inv.keys.size(); ++g) {
+        int v = 0;
+        if (inv.keys[g] == "layer" && absl::SimpleAtoi(m[g + 1].str(), &v)) n = std::max(n, v + 1);
+      }
+      break;
+    }
+  }
+  return n;
+}
+
+// The export's mapping run over the checkpoint names found: each must give
+// back its HF tensor, whole, under the same name and shape.
+absl::Status CheckForwards(const HfImportPlan& plan, const std::vector<HfImportInput>& tensors,
+                           const HfArchitecture& arch, const json::Value& config) {
+  state::ModelInfo info;
+  std::vector<int> order;
+  for (const HfImportTensor& t : plan.tensors) {
+    state::ParamState p;
+    p.name = t.name;
+    p.full_shape = tensors[static_cast<size_t>(t.input)].shape;
+    p.rule.set_kind(REPLICATED);
+    order.push_back(static_cast<int>(info.params.size()));
+    info.params.push_back(std::move(p));
+  }
+  info.source_topology = state::Topology{1, 1, 1};
+  info.Reindex();
+  HfOptions o;
+  o.preset = plan.preset;
+  for (const HfConfigField& f : arch.config()) {
+    if (const json::Value* v = config.Get(f.key())) o.config.emplace_back(f.key(), json::DumpCompact(*v));
+  }
+  UCP_ASSIGN_OR_RETURN(HfNamePlan forward, PlanHfNames(info, order, nullptr, o),
+                       _.Prepend(absl::StrCat("preset '", plan.preset, "' run forwards over the imported names: ")));
+  std::vector<int> seen(plan.tensors.size(), 0);
+  for (const HfTensor& t : forward.tensors) {
+    const HfImportTensor& it = plan.tensors[static_cast<size_t>(t.param)];
+    const HfImportInput& in = tensors[static_cast<size_t>(it.input)];
+    if (t.name != in.name || t.shape != in.shape || t.groups != 1 || t.start != 0 || t.scale != 1 ||
+        (!in.shape.empty() && t.length != in.shape[0])) {
+      return absl::InternalError(absl::StrCat("preset '", plan.preset, "': '", in.name, "' imported as '", it.name,
+                                              "', which the export names '", t.name, "' (rows ", t.start, "+",
+                                              t.length, " of ", t.groups, " groups, x", t.scale, ")"));
+    }
+    ++seen[static_cast<size_t>(t.param)];
+  }
+  for (size_t i = 0; i < seen.size(); ++i) {
+    if (seen[i] != 1) {
+      return absl::InternalError(absl::StrCat("preset '", plan.preset, "': '", plan.tensors[i].name, "' (from '",
+                                              tensors[static_cast<size_t>(plan.tensors[i].input)].name,
+                                              "') is exported ", seen[i], " times"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<HfImportPlan> PlanHfImport(const std::vector<HfImportInput>& tensors, const json::Value& config,
+                                          const std::string& preset) {
+  HfImportPlan plan;
+  UCP_ASSIGN_OR_RETURN(const HfArchitecture* arch, ArchitectureOf(config, preset, &plan));
+  if (const json::Value* tied = config.Get("tie_word_embeddings");
+      tied != nullptr && tied->type() == json::Value::Type::kBool && tied->bool_value()) {
+    return absl::UnimplementedError(
+        "config.json: tie_word_embeddings is true: an output layer tied to the input embedding is not imported yet "
+        "(the checkpoint would need the preset's tied module names)");
+  }
+  std::vector<Inverse> inverses;
+  for (const HfTensorMap& t : arch->tensor()) inverses.push_back(InverseOf(t.name_size() ? t.name(0) : "\x01"));
+  const int num_hf_layers = CountLayers(*arch, inverses, tensors);
+  std::vector<std::string> unmatched, fused;
+  std::vector<std::tuple<int, int, int>> keys;  // layer, entry, input
+  std::set<std::string> names;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    int entry = -1;
+    bool is_fused = false;
+    UCP_ASSIGN_OR_RETURN(std::string name,
+                         ImportName(*arch, inverses, tensors[i].name, num_hf_layers, preset, &entry, &is_fused));
+    if (name.empty()) {
+      (is_fused ? fused : unmatched).push_back(tensors[i].name);
+      continue;
+    }
+    HfImportTensor t;
+    t.input = static_cast<int>(i);
+    t.name = name;
+    const size_t dot = name.find('.');
+    if (dot == std::string::npos || !absl::SimpleAtoi(name.substr(0, dot), &t.layer)) {
+      return absl::InternalError(absl::StrCat("preset '", preset, "': import name '", name, "' of '", tensors[i].name,
+                                              "' does not start with a pipeline layer index"));
+    }
+    t.local_name = name.substr(dot + 1);
+    if (!names.insert(name).second) {
+      return absl::InvalidArgumentError(absl::StrCat("two Hugging Face tensors import as '", name, "' (the second is '",
+                                                     tensors[i].name, "')"));
+    }
+    keys.emplace_back(t.layer, entry, static_cast<int>(plan.tensors.size()));
+    plan.tensors.push_back(std::move(t));
+  }
+  if (!fused.empty() || !unmatched.empty()) {
+    auto list = [](std::vector<std::string> v) {
+      if (v.size() > 12) v.resize(12), v.push_back("...");
+      return absl::StrJoin(v, ", ");
+    };
+    return absl::UnimplementedError(absl::StrCat(
+        "preset '", preset, "' (", plan.architecture, ") imports no checkpoint name for: ",
+        fused.empty() ? "" : absl::StrCat(list(fused), " (parts of a fused checkpoint tensor: not imported yet)"),
+        !fused.empty() && !unmatched.empty() ? "; " : "", unmatched.empty() ? "" : list(unmatched)));
+  }
+  std::sort(keys.begin(), keys.end());
+  std::vector<HfImportTensor> sorted;
+  std::set<int> layers;
+  for (const auto& [layer, entry, i] : keys) {
+    sorted.push_back(plan.tensors[static_cast<size_t>(i)]);
+    layers.insert(layer);
+  }
+  plan.tensors = std::move(sorted);
+  plan.module_layers.assign(layers.begin(), layers.end());
+  plan.num_layers = plan.module_layers.empty() ? 0 : plan.module_layers.back() + 1;
+  plan.partition_method = arch->import_partition_method();
+  UCP_RETURN_IF_ERROR(CheckForwards(plan, tensors, *arch, config));
+  // The export's sum_tp_if: a model that adds each tp rank's copy before the
+  // all-reduce (GPT-NeoX's gpt_j_residual) holds 1/tp of the HF value per
+  // rank; the import writes the HF value on every rank.
+  std::map<std::string, std::string> summed;  // pattern -> config key
+  for (const HfTensorMap& t : arch->tensor()) {
+    const json::Value* flag = t.sum_tp_if().empty() ? nullptr : config.Get(t.sum_tp_if());
+    if (flag != nullptr && flag->type() == json::Value::Type::kBool && flag->bool_value()) summed[t.pattern()] = t.sum_tp_if();
+  }
+  for (const auto& [pattern, key] : summed) {
+    plan.notes.push_back(absl::StrCat(
+        "params matching '", pattern, "' are written whole on every tp rank, for a model that adds them once after "
+        "the all-reduce (Megatron's RowParallelLinear); with config.json's ", key, " true the preset's own trainer adds "
+        "each rank's copy before it, which needs them divided by tp: not done"));
+  }
+  plan.notes.push_back(absl::StrCat("Hugging Face ", plan.architecture, " imported by preset '", plan.preset, "': ",
+                                    plan.tensors.size(), " tensors, ", num_hf_layers, " layers as pipeline layers ",
+                                    plan.num_layers, " specs (checked by running the export's names forwards)"));
+  return plan;
+}
+
+}  // namespace ucp::rules

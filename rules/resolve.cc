@@ -288,7 +288,9 @@ absl::Status AmbiguousError(const state::SlicedState& src, const Gathered& g, co
 // Every param's full (merged) shape, the vocabulary padding stripped.
 absl::Status SetFullShapes(const std::string& dir, int tp_degree, state::ModelInfo* info) {
   for (ParamState& p : info->params) {
-    UCP_ASSIGN_OR_RETURN(p.full_shape, tp::FullShapeFromSlice(p.rule, p.tp_shapes[0], tp_degree, p.name),
+    UCP_ASSIGN_OR_RETURN(p.full_shape, p.tp_shapes.size() == static_cast<size_t>(tp_degree)
+                                           ? tp::FullShapeFromSlices(p.rule, p.tp_shapes, p.name)
+                                           : tp::FullShapeFromSlice(p.rule, p.tp_shapes[0], tp_degree, p.name),
                          _.Prepend(absl::StrCat(dir, ": ")));
     if (p.rule.kind() == VOCAB && p.rule.original_vocab_size() > 0) {
       if (p.rule.original_vocab_size() > p.full_shape[0]) {

@@ -47,7 +47,53 @@ int64_t Numel(const std::vector<int64_t>& s) {
   return n;
 }
 
+// The message for tp slices that neither agree nor follow AutoTP's uneven split.
+absl::Status UnequalSlices(absl::string_view name, size_t t, const std::string& got, const std::string& first,
+                           absl::string_view why) {
+  return Err(name, absl::StrCat("tp slice ", t, " is ", got, ", tp slice 0 is ", first, why));
+}
+
 }  // namespace
+
+int64_t AutoTpWidth(int64_t size, int tp, int rank) { return size / tp + (rank < size % tp ? 1 : 0); }
+
+absl::StatusOr<std::vector<int64_t>> FullShapeFromSlices(const MergeRule& rule,
+                                                         const std::vector<std::vector<int64_t>>& slices,
+                                                         absl::string_view name) {
+  if (slices.empty()) return Err(name, "no tp slices");
+  const int tp = static_cast<int>(slices.size());
+  bool equal = true;
+  for (const auto& s : slices) equal = equal && s == slices[0];
+  if (equal) return FullShapeFromSlice(rule, slices[0], tp, name);
+  const bool cat = rule.kind() == COLUMN || rule.kind() == ROW || rule.kind() == VOCAB;
+  const int64_t dim = PartitionDim(rule);
+  int64_t sum = 0;
+  for (size_t t = 0; t < slices.size(); ++t) {
+    bool same_elsewhere = cat && slices[t].size() == slices[0].size() && dim < static_cast<int64_t>(slices[t].size());
+    for (size_t d = 0; same_elsewhere && d < slices[t].size(); ++d) {
+      same_elsewhere = static_cast<int64_t>(d) == dim || slices[t][d] == slices[0][d];
+    }
+    if (!same_elsewhere) {
+      return UnequalSlices(name, t, torch::ShapeString(slices[t]), torch::ShapeString(slices[0]),
+                           cat ? absl::StrCat(" (a ", MergeKindName(rule.kind()), " param's slices may differ on dim ",
+                                              dim, " only)")
+                               : absl::StrCat(" (", MergeKindName(rule.kind()), " slices must agree)"));
+    }
+    sum += slices[t][dim];
+  }
+  for (int t = 0; t < tp; ++t) {
+    if (slices[t][dim] != AutoTpWidth(sum, tp, t)) {
+      std::vector<std::string> want;
+      for (int r = 0; r < tp; ++r) want.push_back(absl::StrCat(AutoTpWidth(sum, tp, r)));
+      return UnequalSlices(name, t, torch::ShapeString(slices[t]), torch::ShapeString(slices[0]),
+                           absl::StrCat(": uneven slices must follow AutoTP's split of ", sum, " over tp ", tp, " (",
+                                        absl::StrJoin(want, ", "), " on dim ", dim, ")"));
+    }
+  }
+  std::vector<int64_t> full = slices[0];
+  full[dim] = sum;
+  return full;
+}
 
 std::string MergeKindName(MergeKind kind) {
   switch (kind) {
@@ -191,13 +237,17 @@ absl::StatusOr<TensorPlan> MergeSlices(const MergeRule& rule, const std::vector<
                                        int64_t original_vocab_size, absl::string_view name) {
   UCP_RETURN_IF_ERROR(ValidateRule(rule, name));
   if (slices.empty()) return Err(name, "no tp slices to merge");
-  for (size_t t = 1; t < slices.size(); ++t) {
-    if (slices[t].shape() != slices[0].shape() || slices[t].dtype() != slices[0].dtype()) {
+  std::vector<std::vector<int64_t>> shapes;
+  for (size_t t = 0; t < slices.size(); ++t) {
+    if (slices[t].dtype() != slices[0].dtype()) {
       return Err(name, absl::StrCat("tp slice ", t, " is ", std::string(torch::DTypeName(slices[t].dtype())),
                                     torch::ShapeString(slices[t].shape()), ", tp slice 0 is ",
                                     std::string(torch::DTypeName(slices[0].dtype())), torch::ShapeString(slices[0].shape())));
     }
+    shapes.push_back(slices[t].shape());
   }
+  // Equal slices, or AutoTP's uneven ones of a COLUMN / ROW / VOCAB param.
+  UCP_RETURN_IF_ERROR(FullShapeFromSlices(rule, shapes, name).status());
   const int tp = static_cast<int>(slices.size());
   switch (rule.kind()) {
     case REPLICATED: return slices[0];

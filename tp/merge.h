@@ -48,7 +48,21 @@ absl::StatusOr<std::vector<int64_t>> FullShapeFromSlice(const MergeRule& rule, c
 absl::StatusOr<std::vector<int64_t>> SliceShapeFromFull(const MergeRule& rule, const std::vector<int64_t>& full,
                                                         int tp, int64_t padded_rows, absl::string_view name);
 
-// Merges tp slices (in tp rank order) into the full tensor. REPLICATED returns
+// DeepSpeed AutoTP's split of a dimension of `size` over `tp` ranks
+// (deepspeed/module_inject/tp_shard.py get_shard_size, tp_grain_size 1 as
+// training uses it): rank r holds size / tp rows or columns, and the first
+// size % tp ranks one more.
+int64_t AutoTpWidth(int64_t size, int tp, int rank);
+// The full shape from every tp rank's slice shape: FullShapeFromSlice when
+// they agree; slices of a COLUMN, ROW or VOCAB param that differ on its
+// partition dim only, in AutoTP's widths (AutoTpWidth of their sum), give
+// their sum there. Other unequal slices: kInvalidArgument naming them.
+absl::StatusOr<std::vector<int64_t>> FullShapeFromSlices(const MergeRule& rule,
+                                                         const std::vector<std::vector<int64_t>>& slices,
+                                                         absl::string_view name);
+
+// Merges tp slices (in tp rank order) into the full tensor. COLUMN, ROW and
+// VOCAB slices may be uneven in AutoTP's widths (FullShapeFromSlices). REPLICATED returns
 // slices[0] (callers check that the copies agree); AVERAGE materializes the
 // element-wise mean (float types only); VOCAB strips the rows past
 // `original_vocab_size` (0 = keep all).

@@ -74,7 +74,9 @@ std::vector<int> LayersOf(const ParamState& p) {
 namespace {
 
 // Chooses the DeepSpeed version whose layout is written (the target's, else
-// the source's, else 0.14.4; 0.12 to 0.19.5) and its padding convention.
+// the source's, else 0.14.4; 0.12 to 0.19.6, master edaa72212, whose ZeRO 1/2
+// files are 0.19.5's: stage_1_and_2.py's state_dict and engine.py's save are
+// unchanged) and its padding convention.
 absl::Status ChooseTargetVersion(const ModelInfo& info, const ZeroWriteOptions& options,
                                  const std::string& source_ds_version, TargetLayout* out) {
   const std::string& version = options.target_ds_version.empty() ? source_ds_version : options.target_ds_version;
@@ -84,9 +86,9 @@ absl::Status ChooseTargetVersion(const ModelInfo& info, const ZeroWriteOptions& 
                          _.Prepend(options.target_ds_version.empty() ? "the source's ds_version: "
                                                                      : "--target_ds_version: "));
   }
-  if (v < deepspeed::DsVersion{0, 12, 0} || deepspeed::DsVersion{0, 19, 5} < v) {
+  if (v < deepspeed::DsVersion{0, 12, 0} || deepspeed::DsVersion{0, 19, 6} < v) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "DeepSpeed ", version, ": ucp writes the ZeRO 1/2 layouts of DeepSpeed 0.12 to 0.19.5",
+        "DeepSpeed ", version, ": ucp writes the ZeRO 1/2 layouts of DeepSpeed 0.12 to 0.19.6 (master edaa72212)",
         options.target_ds_version.empty() ? " (pass --target_ds_version to choose one)" : ""));
   }
   out->ds_version = options.target_ds_version;
@@ -138,7 +140,10 @@ absl::Status PlanSliceShapes(const ModelInfo& info, int tp, int64_t divisible_by
   out->padded_rows.assign(n, 0);
   for (size_t i = 0; i < n; ++i) {
     const ParamState& p = info.params[i];
-    if (p.rule.kind() == VOCAB) {
+    if (p.rule.kind() == VOCAB && info.autotp && divisible_by <= 0) {
+      // AutoTP does not pad the vocabulary (its lm_head is cut in its own widths).
+      out->padded_rows[i] = p.full_shape.empty() ? 0 : p.full_shape[0];
+    } else if (p.rule.kind() == VOCAB) {
       if (divisible_by <= 0) {
         return absl::FailedPreconditionError(absl::StrCat(
             "param '", p.name, "' is a vocabulary tensor of ", p.full_shape.empty() ? 0 : p.full_shape[0],
@@ -148,7 +153,10 @@ absl::Status PlanSliceShapes(const ModelInfo& info, int tp, int64_t divisible_by
     }
     UCP_ASSIGN_OR_RETURN(out->slice_shapes[i],
                          tp::SliceShapeFromFull(p.rule, p.full_shape, tp, out->padded_rows[i], p.name),
-                         _.Prepend(absl::StrCat("target tp=", tp, ": ")));
+                         _.Prepend(absl::StrCat("target tp=", tp, ": "))
+                             .Append(info.autotp ? " (ucp writes tp slices of equal widths only: AutoTP's uneven "
+                                                   "split, the first size % tp ranks one more, is not written yet)"
+                                                 : ""));
   }
   return absl::OkStatus();
 }

@@ -2,6 +2,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 
@@ -93,6 +94,41 @@ absl::StatusOr<std::vector<int64_t>> FullShapeFromSlices(const MergeRule& rule,
   std::vector<int64_t> full = slices[0];
   full[dim] = sum;
   return full;
+}
+
+bool AutoTpCutsByHeads(absl::string_view name) {
+  for (absl::string_view mlp : {"mlp", "gate_proj", "up_proj", "down_proj", "w1", "w2", "w3"}) {
+    if (absl::StrContains(name, mlp)) return false;
+  }
+  for (absl::string_view head : {"lm_head", "embed_out"}) {
+    if (name == head || absl::StartsWith(name, absl::StrCat(head, ".")) ||
+        absl::StrContains(name, absl::StrCat(".", head, "."))) {
+      return false;
+    }
+  }
+  return true;
+}
+
+absl::StatusOr<std::vector<std::vector<int64_t>>> AutoTpSliceShapes(const MergeRule& rule,
+                                                                    const std::vector<int64_t>& full, int tp,
+                                                                    int64_t padded_rows, absl::string_view name) {
+  const bool cat = rule.kind() == COLUMN || rule.kind() == ROW || (rule.kind() == VOCAB && !full.empty() &&
+                                                                   padded_rows == full[0]);
+  const int64_t dim = PartitionDim(rule);
+  if (!cat || dim >= static_cast<int64_t>(full.size())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "param '", name, "': AutoTP's uneven widths apply to column, row and unpadded vocabulary params only, not ",
+        DescribeRule(rule), " of ", torch::ShapeString(full)));
+  }
+  if (AutoTpCutsByHeads(name)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "param '", name, "': dim ", dim, " of ", torch::ShapeString(full), " does not split evenly over tp ", tp,
+        ", and AutoTP cuts attention projections in whole key-value heads, whose count ucp does not know: "
+        "choose a tp that divides the heads"));
+  }
+  std::vector<std::vector<int64_t>> out(tp, full);
+  for (int r = 0; r < tp; ++r) out[r][dim] = AutoTpWidth(full[dim], tp, r);
+  return out;
 }
 
 std::string MergeKindName(MergeKind kind) {
@@ -342,9 +378,17 @@ absl::StatusOr<TensorPlan> MergeSlices(const MergeRule& rule, const std::vector<
 }
 
 absl::StatusOr<TensorPlan> SplitFull(const MergeRule& rule, const TensorPlan& full, int tp, int rank,
-                                     int64_t padded_rows, absl::string_view name) {
+                                     int64_t padded_rows, absl::string_view name, bool autotp_widths) {
   UCP_RETURN_IF_ERROR(ValidateRule(rule, name));
   if (rank < 0 || rank >= tp) return Err(name, absl::StrCat("tp rank ", rank, " outside tp ", tp));
+  const int64_t pdim = PartitionDim(rule);
+  if (autotp_widths && (rule.kind() == COLUMN || rule.kind() == ROW || rule.kind() == VOCAB) &&
+      pdim < full.dim() && full.shape()[pdim] % tp != 0) {
+    UCP_ASSIGN_OR_RETURN(auto shapes, AutoTpSliceShapes(rule, full.shape(), tp, padded_rows, name));
+    int64_t start = 0;
+    for (int r = 0; r < rank; ++r) start += shapes[r][pdim];
+    return full.Narrow(pdim, start, shapes[rank][pdim]);
+  }
   UCP_ASSIGN_OR_RETURN(std::vector<int64_t> slice_shape,
                        SliceShapeFromFull(rule, full.shape(), tp, padded_rows, name));
   switch (rule.kind()) {

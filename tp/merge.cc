@@ -96,17 +96,21 @@ absl::StatusOr<std::vector<int64_t>> FullShapeFromSlices(const MergeRule& rule,
   return full;
 }
 
+bool AutoTpIsLmHead(absl::string_view name) {
+  for (absl::string_view head : {"lm_head", "embed_out"}) {
+    if (name == head || absl::StartsWith(name, absl::StrCat(head, ".")) ||
+        absl::StrContains(name, absl::StrCat(".", head, "."))) {
+      return true;
+    }
+  }
+  return false;
+}
+
 bool AutoTpCutsByHeads(absl::string_view name) {
   for (absl::string_view mlp : {"mlp", "gate_proj", "up_proj", "down_proj", "w1", "w2", "w3"}) {
     if (absl::StrContains(name, mlp)) return false;
   }
-  for (absl::string_view head : {"lm_head", "embed_out"}) {
-    if (name == head || absl::StartsWith(name, absl::StrCat(head, ".")) ||
-        absl::StrContains(name, absl::StrCat(".", head, "."))) {
-      return false;
-    }
-  }
-  return true;
+  return !AutoTpIsLmHead(name);
 }
 
 absl::StatusOr<std::vector<std::vector<int64_t>>> AutoTpSliceShapes(const MergeRule& rule,

@@ -65,6 +65,9 @@ absl::StatusOr<std::vector<int64_t>> FullShapeFromSlices(const MergeRule& rule,
 // than rows (tp_shard.py get_shard_size: every name but an MLP's, MoE MLP
 // layers' and the lm_head / embed_out, when the key-value heads divide it).
 bool AutoTpCutsByHeads(absl::string_view name);
+// Whether the param belongs to AutoTP's output head (a module named lm_head
+// or embed_out).
+bool AutoTpIsLmHead(absl::string_view name);
 // Each tp rank's slice shape when AutoTP writes a COLUMN, ROW or unpadded
 // VOCAB param (padded_rows == full rows) whose partition dim tp does not
 // divide: AutoTpWidth per rank. Refused (kFailedPrecondition) for other kinds

@@ -160,10 +160,21 @@ absl::Status PlanSliceShapes(const ModelInfo& info, int tp, int64_t divisible_by
       }
       out->padded_rows[i] = tp::PaddedVocabSize(p.full_shape[0], divisible_by, tp);
     }
+    if (tp > 1 && AutoTpLayout(info, p) && (p.rule.kind() == COLUMN || p.rule.kind() == VOCAB) &&
+        tp::AutoTpIsLmHead(p.name) && p.full_shape.size() == 2 && p.full_shape[0] % tp != 0 &&
+        out->version < deepspeed::DsVersion{0, 19, 6}) {
+      // auto_tp.py (0.19.5) _create_column_parallel_layer: a gathered lm_head
+      // whose output dim tp does not divide falls back to LmHeadLinearAllreduce.
+      MergeRule row = p.rule;
+      row.set_kind(ROW);
+      row.set_comment("DeepSpeed < 0.19.6 AutoTP: LmHeadLinearAllreduce (uneven vocabulary)");
+      out->rule_overrides[static_cast<int>(i)] = row;
+    }
+    const MergeRule& rule = out->RuleOf(static_cast<int>(i), p.rule);
     absl::StatusOr<std::vector<int64_t>> shape =
-        tp::SliceShapeFromFull(p.rule, p.full_shape, tp, out->padded_rows[i], p.name);
+        tp::SliceShapeFromFull(rule, p.full_shape, tp, out->padded_rows[i], p.name);
     if (!shape.ok() && tp > 1 && AutoTpLayout(info, p)) {
-      UCP_ASSIGN_OR_RETURN(uneven[i], tp::AutoTpSliceShapes(p.rule, p.full_shape, tp, out->padded_rows[i], p.name),
+      UCP_ASSIGN_OR_RETURN(uneven[i], tp::AutoTpSliceShapes(rule, p.full_shape, tp, out->padded_rows[i], p.name),
                            _.Prepend(absl::StrCat("target tp=", tp, ": ")));
       shape = uneven[i][0];
     }
@@ -383,7 +394,8 @@ absl::StatusOr<TensorPlan> TargetSlice(const state::ModelState& state, const Tar
                                                    torch::ShapeString(p.full_shape)));
   }
   UCP_ASSIGN_OR_RETURN(TensorPlan slice,
-                       tp::SplitFull(p.rule, full, layout.topo.tp, rank, layout.padded_rows[param_index], p.name,
+                       tp::SplitFull(layout.RuleOf(param_index, p.rule), full, layout.topo.tp, rank,
+                                     layout.padded_rows[param_index], p.name,
                                      /*autotp_widths=*/!layout.rank_slice_shapes.empty()));
   return slice.Reshape(layout.SliceShape(param_index, rank));
 }

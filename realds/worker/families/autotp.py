@@ -22,7 +22,10 @@ from families import Built, common_args
 SPLITS = [
     (r"\.(q|k|v|gate|up)_proj\.weight$", 0),
     (r"\.(o|down)_proj\.weight$", 1),
-    (r"^lm_head\.weight$", 0),
+    # lm_head by vocabulary rows; DeepSpeed 0.19.5 cuts one whose vocabulary tp
+    # does not divide by columns (auto_tp.py _create_column_parallel_layer falls
+    # back to LmHeadLinearAllreduce), master by rows in uneven widths.
+    (r"^lm_head\.weight$", (0, 1)),
     (r".", None),  # embed_tokens, the RMSNorms, rotary buffers
 ]
 

@@ -92,6 +92,38 @@ TEST(MergeTest, UnevenSlicesOutsideAutoTpsSplitAreRefused) {
   EXPECT_FALSE(FullShapeFromSlices(Rule(ROW), {{4, 3}, {4, 1}}, "o_proj.weight").ok());
 }
 
+TEST(MergeTest, AutoTpSplitsRoundTrip) {
+  // gate_proj [5, 2] over tp 2: rows 3 + 2; SplitFull with autotp_widths cuts
+  // the same and merging the slices gives the tensor back.
+  TensorPlan full = Iota({5, 2}, 0);
+  auto shapes = AutoTpSliceShapes(Rule(COLUMN), {5, 2}, 2, 0, "model.layers.0.mlp.gate_proj.weight");
+  ASSERT_TRUE(shapes.ok()) << shapes.status();
+  EXPECT_EQ(*shapes, (std::vector<std::vector<int64_t>>{{3, 2}, {2, 2}}));
+  std::vector<TensorPlan> slices;
+  for (int r = 0; r < 2; ++r) {
+    auto s = SplitFull(Rule(COLUMN), full, 2, r, 0, "model.layers.0.mlp.gate_proj.weight", /*autotp_widths=*/true);
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_EQ(s->shape(), (*shapes)[r]);
+    slices.push_back(*s);
+  }
+  EXPECT_EQ(Values(slices[1]), (std::vector<int32_t>{6, 7, 8, 9}));
+  auto merged = MergeSlices(Rule(COLUMN), slices, 0, "gate_proj");
+  ASSERT_TRUE(merged.ok());
+  EXPECT_EQ(Values(*merged), Values(full));
+  // Without autotp_widths the uneven split stays an error.
+  EXPECT_FALSE(SplitFull(Rule(COLUMN), full, 2, 0, 0, "w").ok());
+  // Attention projections are cut in whole heads by AutoTP: refused, naming the param.
+  auto q = AutoTpSliceShapes(Rule(COLUMN), {5, 2}, 2, 0, "model.layers.0.self_attn.q_proj.weight");
+  ASSERT_FALSE(q.ok());
+  EXPECT_NE(q.status().message().find("q_proj"), std::string::npos);
+  // A padded vocabulary is Megatron's, not AutoTP's.
+  EXPECT_FALSE(AutoTpSliceShapes(Rule(VOCAB), {5, 2}, 2, 6, "lm_head.weight").ok());
+  EXPECT_TRUE(AutoTpSliceShapes(Rule(VOCAB), {5, 2}, 2, 5, "lm_head.weight").ok());
+  EXPECT_TRUE(AutoTpIsLmHead("lm_head.weight"));
+  EXPECT_TRUE(AutoTpIsLmHead("base_model.model.lm_head.weight"));
+  EXPECT_FALSE(AutoTpIsLmHead("model.lm_head_norm.weight"));
+}
+
 TEST(MergeTest, ReplicatedKeepsOneCopy) {
   auto full = MergeSlices(Rule(REPLICATED), {Iota({3}, 5), Iota({3}, 5)}, 0, "b");
   ASSERT_TRUE(full.ok());

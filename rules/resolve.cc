@@ -80,6 +80,9 @@ absl::StatusOr<Gathered> Gather(const state::SlicedState& src, const state::Mode
   decisions.resize(info.params.size());
   std::vector<char> needs_data(info.params.size(), 0);
   for (size_t i = 0; i < info.params.size(); ++i) {
+    if (absl::Status s = resolver.CheckSupported(info.params[i].name); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat(src.dir(), ": ", s.message()));
+    }
     decisions[i] = resolver.Decide(info.params[i].name, info.params[i].tp_shapes[0]);
     const bool replicated = decisions[i].rule && (decisions[i].rule->kind() == REPLICATED);
     const bool multi_stage = info.params[i].trainable() && info.params[i].stages.size() > 1;

@@ -332,7 +332,8 @@ absl::Status RuleResolver::CheckSupported(absl::string_view name) const {
   const int i = unsupported_.MatchNameIndex(name);
   if (i < 0) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
-      "param '", name, "' matches AutoTP's autotp_unsupported_parameter_patterns '", unsupported_.rules().rule(i).pattern(),
+      "param '", name, "' matches AutoTP's autotp_unsupported_parameter_patterns '",
+      unsupported_.rules().rule(i).pattern(),
       "': ", unsupported_reasons_[static_cast<size_t>(i)],
       " (DeepSpeed's converter refuses it too; ucp does not guess how its tp slices merge)"));
 }

@@ -310,7 +310,8 @@ void PlanGroupLayouts(const ModelInfo& info, int pp, TargetLayout* out) {
       for (int g = 0; g < info.num_groups; ++g) {
         std::vector<int64_t> numels;
         for (int i : out->stage_groups[s][g]) numels.push_back(Numel(shapes[i]));
-        layouts[s].push_back(deepspeed::ZeroGroupLayout::Make(std::move(numels), out->topo.dp, out->padding_convention));
+        layouts[s].push_back(
+            deepspeed::ZeroGroupLayout::Make(std::move(numels), out->topo.dp, out->padding_convention));
       }
     }
     return layouts;

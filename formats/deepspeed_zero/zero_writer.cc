@@ -160,17 +160,22 @@ absl::Status PlanSliceShapes(const ModelInfo& info, int tp, int64_t divisible_by
       }
       out->padded_rows[i] = tp::PaddedVocabSize(p.full_shape[0], divisible_by, tp);
     }
-    if (tp > 1 && AutoTpLayout(info, p) && (p.rule.kind() == COLUMN || p.rule.kind() == VOCAB) &&
-        tp::AutoTpIsLmHead(p.name) && p.full_shape.size() == 2 && p.full_shape[0] % tp != 0 &&
+    if (tp > 1 && AutoTpLayout(info, p) && tp::AutoTpIsLmHead(p.name) && p.full_shape.size() == 2 &&
+        (p.rule.kind() == COLUMN || p.rule.kind() == VOCAB) && p.full_shape[0] % tp != 0 &&
         out->version < deepspeed::DsVersion{0, 19, 6}) {
-      // auto_tp.py (0.19.5) _create_column_parallel_layer: a gathered lm_head
-      // whose output dim tp does not divide falls back to LmHeadLinearAllreduce.
-      MergeRule row = p.rule;
-      row.set_kind(ROW);
-      row.set_comment("DeepSpeed < 0.19.6 AutoTP: LmHeadLinearAllreduce (uneven vocabulary)");
-      out->rule_overrides[static_cast<int>(i)] = row;
+      // auto_tp.py before 0.19.6 (_create_column_parallel_layer) cuts such an
+      // lm_head by columns (LmHeadLinearAllreduce), and 0.19.5 then trains the
+      // final norm's tp copies apart (README, "AutoTP checkpoints").
+      return absl::FailedPreconditionError(absl::StrCat(
+          "target tp=", tp, ": param '", p.name, "' has a vocabulary of ", p.full_shape[0],
+          " rows that tp does not divide: DeepSpeed ", out->version.major, ".", out->version.minor, ".",
+          out->version.patch,
+          "'s AutoTP cuts such an lm_head by columns (LmHeadLinearAllreduce) and trains it wrong (the tp copies "
+          "of the final norm drift apart); ucp does not write that layout. Target DeepSpeed master "
+          "(--target_ds_version=0.19.6), which cuts the vocabulary rows, or a tp that divides ",
+          p.full_shape[0]));
     }
-    const MergeRule& rule = out->RuleOf(static_cast<int>(i), p.rule);
+    const MergeRule& rule = p.rule;
     absl::StatusOr<std::vector<int64_t>> shape =
         tp::SliceShapeFromFull(rule, p.full_shape, tp, out->padded_rows[i], p.name);
     if (!shape.ok() && tp > 1 && AutoTpLayout(info, p)) {
@@ -395,7 +400,7 @@ absl::StatusOr<TensorPlan> TargetSlice(const state::ModelState& state, const Tar
                                                    torch::ShapeString(p.full_shape)));
   }
   UCP_ASSIGN_OR_RETURN(TensorPlan slice,
-                       tp::SplitFull(layout.RuleOf(param_index, p.rule), full, layout.topo.tp, rank,
+                       tp::SplitFull(p.rule, full, layout.topo.tp, rank,
                                      layout.padded_rows[param_index], p.name,
                                      /*autotp_widths=*/!layout.rank_slice_shapes.empty()));
   return slice.Reshape(layout.SliceShape(param_index, rank));

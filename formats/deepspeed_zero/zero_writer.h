@@ -28,7 +28,6 @@
 #define UCP_FORMATS_DEEPSPEED_ZERO_ZERO_WRITER_H_
 
 #include <functional>
-#include <map>
 #include <string>
 #include <vector>
 
@@ -68,14 +67,6 @@ struct TargetLayout {
   // layouts above; read them through SliceShape and Layout.
   std::vector<std::vector<std::vector<int64_t>>> rank_slice_shapes;                  // [tp][param]
   std::vector<std::vector<std::vector<deepspeed::ZeroGroupLayout>>> rank_layouts;  // [tp][stage][group]
-  // Params cut by another rule than their own at this target: DeepSpeed
-  // < 0.19.6's AutoTP cuts an lm_head whose vocabulary tp does not divide by
-  // its columns (LmHeadLinearAllreduce; master cuts its rows unevenly).
-  std::map<int, MergeRule> rule_overrides;
-  const MergeRule& RuleOf(int param, const MergeRule& own) const {
-    auto it = rule_overrides.find(param);
-    return it == rule_overrides.end() ? own : it->second;
-  }
   const std::vector<int64_t>& SliceShape(int param, int tp_rank) const {
     return rank_slice_shapes.empty() ? slice_shapes[param] : rank_slice_shapes[tp_rank][param];
   }

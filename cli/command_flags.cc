@@ -239,7 +239,7 @@ void ReshardFlags::Register(FlagSet& f) {
           "mixture-of-experts output: expert parallel degree (0 = the source's if it divides --dp, else the largest "
           "that divides --dp and every layer's expert count)");
   f.String("target_ds_version", &o.write.target_ds_version,
-           "the DeepSpeed version (0.12 to 0.19.5) whose layout to write: group_paddings per rank from 0.16.4 "
+           "the DeepSpeed version (0.12 to 0.19.6, master) whose layout to write: group_paddings per rank from 0.16.4 "
            "(\"\" = the source's ds_version)");
   f.String("partition_method", &o.write.partition_method,
            "pipeline stage partitioning, as PipelineModule's partition_method: parameters, uniform or type:REGEX "

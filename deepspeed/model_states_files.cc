@@ -426,6 +426,10 @@ absl::Status ModelStatesFiles::Load(int layer_files_tp) {
       args_ = *ns;
     }
   }
+  if (const Value* a = DictPath(&root0, {"ds_config", "tensor_parallel", "autotp_size"});
+      a != nullptr && a->is(Kind::kInt)) {
+    autotp_size_ = a->int_value();
+  }
   const Value* bf16 = DictPath(&root0, {"ds_config", "bf16", "enabled"});
   const Value* fp16 = DictPath(&root0, {"ds_config", "fp16", "enabled"});
   config_lp_dtype_ = Truthy(bf16) ? torch::DType::kBFloat16

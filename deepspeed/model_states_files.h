@@ -80,10 +80,13 @@ class ModelStatesFiles {
   }
   // The lp dtype the ds_config implies (bf16.enabled, fp16.enabled, else fp32).
   torch::DType config_lp_dtype() const { return config_lp_dtype_; }
+  // ds_config.tensor_parallel.autotp_size (DeepSpeed's AutoTP training), 0 when absent.
+  int64_t autotp_size() const { return autotp_size_; }
   std::vector<std::string> file_names() const;
 
  private:
   ModelStatesFiles() = default;
+  int64_t autotp_size_ = 0;
   absl::Status Load(int layer_files_tp);
 
   std::string dir_;

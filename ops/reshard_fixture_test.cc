@@ -425,7 +425,9 @@ TEST(VersionConventionTest, TargetVersionDecidesThePaddings) {
   const std::string root = FreshTempDir("reshard_target_version");
   for (const auto& [version, rank0, rank1, lean1] :
        std::vector<std::tuple<std::string, std::string, std::string, int64_t>>{
-           {"0.16.3", "[0, 0, 0]", "[0, 0, 3]", 1}, {"0.19.5", "[0, 0, 1]", "[0, 0, 2]", 0}}) {
+           {"0.16.3", "[0, 0, 0]", "[0, 0, 3]", 1}, {"0.19.5", "[0, 0, 1]", "[0, 0, 2]", 0},
+           // master edaa72212: 0.19.5's ZeRO 1/2 layout
+           {"0.19.6", "[0, 0, 1]", "[0, 0, 2]", 0}}) {
     ReshardOptions o;
     o.input_folder = src;
     o.output_folder = JoinPath(root, version + "/global_step4");
@@ -470,7 +472,7 @@ TEST(VersionConventionTest, TargetVersionDecidesThePaddings) {
       }
     }
   }
-  // Versions outside 0.12 - 0.19.5 are refused, naming the version.
+  // Versions outside 0.12 - 0.19.6 are refused, naming the version.
   ReshardOptions o;
   o.input_folder = src;
   o.output_folder = JoinPath(root, "future/global_step4");

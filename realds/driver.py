@@ -175,12 +175,17 @@ class Case:
         universal = hop.route == pb.Hop.CONVERT
         out_root = f"{d}/ucp{i}"
         problems = []
-        if hop.route in (pb.Hop.CONVERT, pb.Hop.CONVERT_RESHARD):
+        if hop.route in (pb.Hop.CONVERT, pb.Hop.CONVERT_RESHARD, pb.Hop.DS_CONVERT_RESHARD):
             uni_root = out_root if universal else f"{d}/uni{i}"
             uni = f"{uni_root}/global_step{n}_universal"
             convert_flags = flags if universal else hop.convert_flags.split()
-            if not self.ucp_step(i, hop, "convert", ["convert", f"--input_folder={inp}", f"--output_folder={uni}"] +
-                                 convert_flags, f"convert{i}"):
+            if hop.route == pb.Hop.DS_CONVERT_RESHARD:  # DeepSpeed's own converter, where the source ran
+                r = self.worker(prev).call("routes", "ds_to_universal", {"src": inp, "out": uni, "inject": False},
+                                           os.path.join(self.dir, f"ds_convert{i}.log"))
+                if not self.row(f"hop {i + 1} ds_to_universal.py", r["ok"], r.get("error") or uni):
+                    return False
+            elif not self.ucp_step(i, hop, "convert", ["convert", f"--input_folder={inp}", f"--output_folder={uni}"] +
+                                   convert_flags, f"convert{i}"):
                 return self.passed_negative
             tag, out = f"global_step{n}_universal", uni
             if not universal:

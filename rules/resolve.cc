@@ -80,6 +80,9 @@ absl::StatusOr<Gathered> Gather(const state::SlicedState& src, const state::Mode
   decisions.resize(info.params.size());
   std::vector<char> needs_data(info.params.size(), 0);
   for (size_t i = 0; i < info.params.size(); ++i) {
+    if (absl::Status s = resolver.CheckSupported(info.params[i].name); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat(src.dir(), ": ", s.message()));
+    }
     decisions[i] = resolver.Decide(info.params[i].name, info.params[i].tp_shapes[0]);
     const bool replicated = decisions[i].rule && (decisions[i].rule->kind() == REPLICATED);
     const bool multi_stage = info.params[i].trainable() && info.params[i].stages.size() > 1;
@@ -288,7 +291,9 @@ absl::Status AmbiguousError(const state::SlicedState& src, const Gathered& g, co
 // Every param's full (merged) shape, the vocabulary padding stripped.
 absl::Status SetFullShapes(const std::string& dir, int tp_degree, state::ModelInfo* info) {
   for (ParamState& p : info->params) {
-    UCP_ASSIGN_OR_RETURN(p.full_shape, tp::FullShapeFromSlice(p.rule, p.tp_shapes[0], tp_degree, p.name),
+    UCP_ASSIGN_OR_RETURN(p.full_shape, p.tp_shapes.size() == static_cast<size_t>(tp_degree)
+                                           ? tp::FullShapeFromSlices(p.rule, p.tp_shapes, p.name)
+                                           : tp::FullShapeFromSlice(p.rule, p.tp_shapes[0], tp_degree, p.name),
                          _.Prepend(absl::StrCat(dir, ": ")));
     if (p.rule.kind() == VOCAB && p.rule.original_vocab_size() > 0) {
       if (p.rule.original_vocab_size() > p.full_shape[0]) {

@@ -312,7 +312,30 @@ absl::StatusOr<RuleResolver> RuleResolver::Make(const Options& options, const Va
     }
   }
   if (options.original_vocab_size > 0) r.original_vocab_size_ = options.original_vocab_size;
+  MergeRules unsupported;
+  if (const Value* u = uc_info.is(Kind::kDict) ? uc_info.DictGet("autotp_unsupported_parameter_patterns") : nullptr;
+      u != nullptr && u->is(Kind::kDict)) {
+    for (const auto& [k, v] : u->dict_items()) {
+      if (!k->is(Kind::kStr)) continue;
+      MergeRule* rule = unsupported.add_rule();
+      rule->set_pattern(k->str());
+      rule->set_kind(REPLICATED);  // unused: the pattern is what matters
+      r.unsupported_reasons_.push_back(v->is(Kind::kStr) ? v->str() : "no reason given");
+    }
+  }
+  UCP_ASSIGN_OR_RETURN(r.unsupported_, RuleSet::Compile(unsupported, CHECKPOINT_INFO,
+                                                        "autotp_unsupported_parameter_patterns"));
   return r;
+}
+
+absl::Status RuleResolver::CheckSupported(absl::string_view name) const {
+  const int i = unsupported_.MatchNameIndex(name);
+  if (i < 0) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "param '", name, "' matches AutoTP's autotp_unsupported_parameter_patterns '",
+      unsupported_.rules().rule(i).pattern(),
+      "': ", unsupported_reasons_[static_cast<size_t>(i)],
+      " (DeepSpeed's converter refuses it too; ucp does not guess how its tp slices merge)"));
 }
 
 RuleDecision RuleResolver::Decide(absl::string_view name, const std::vector<int64_t>& shape) const {

@@ -129,6 +129,11 @@ class RuleResolver {
   // when tp == 1: no evidence).
   RuleDecision DecideWithoutRules(absl::string_view name, std::optional<bool> copies_equal) const;
 
+  // kFailedPrecondition when `name` matches one of AutoTP's
+  // autotp_unsupported_parameter_patterns (universal format 0.4: params
+  // DeepSpeed's converter must not merge), naming the pattern and its reason.
+  absl::Status CheckSupported(absl::string_view name) const;
+
   const std::string& preset() const { return preset_; }
   bool preset_detected() const { return preset_detected_; }
   int64_t original_vocab_size() const { return original_vocab_size_; }
@@ -138,6 +143,8 @@ class RuleResolver {
 
  private:
   std::vector<RuleSet> sets_;
+  RuleSet unsupported_;                          // autotp_unsupported_parameter_patterns
+  std::vector<std::string> unsupported_reasons_;  // per rule of unsupported_
   int preset_set_ = -1;            // index of the preset's set in sets_
   RuleSet overrides_;              // the preset's rules the args switched on
   std::vector<std::string> override_notes_;

@@ -83,6 +83,33 @@ TEST(ShapeConditionsTest, TheResolverDecidesByShapeAndSaysSo) {
   EXPECT_EQ(d2.rule->kind(), COLUMN);
 }
 
+TEST(RuleResolverTest, AutoTpUnsupportedPatternsAreRefusedNamingPatternAndReason) {
+  // universal_checkpoint_info 0.4 (DeepSpeed master, layers.py
+  // collect_autotp_universal_checkpoint_info): pattern -> reason.
+  auto uc = pickle::Value::MakeDict();
+  auto unsupported = pickle::Value::MakeDict();
+  unsupported->DictSet(pickle::Value::Str("^model\\.layers\\.0\\.mlp\\.experts\\.w$"),
+                       pickle::Value::Str("packed experts are not supported"));
+  uc->DictSet(pickle::Value::Str("autotp_unsupported_parameter_patterns"), unsupported);
+  RuleResolver::Options o;
+  o.preset = "none";
+  auto r = RuleResolver::Make(o, *uc, {"model.layers.0.mlp.experts.w", "model.norm.weight"});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->CheckSupported("model.norm.weight").ok());
+  EXPECT_TRUE(r->CheckSupported("model.layers.1.mlp.experts.w").ok());
+  absl::Status s = r->CheckSupported("model.layers.0.mlp.experts.w");
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("'model.layers.0.mlp.experts.w'"));
+  EXPECT_THAT(s.message(), HasSubstr("packed experts are not supported"));
+  EXPECT_THAT(s.message(), HasSubstr("autotp_unsupported_parameter_patterns '^model"));
+  // An empty dict (what every 0.4 checkpoint here carries) refuses nothing.
+  auto empty = pickle::Value::MakeDict();
+  empty->DictSet(pickle::Value::Str("autotp_unsupported_parameter_patterns"), pickle::Value::MakeDict());
+  auto r2 = RuleResolver::Make(o, *empty, {"model.norm.weight"});
+  ASSERT_TRUE(r2.ok());
+  EXPECT_TRUE(r2->CheckSupported("model.layers.0.mlp.experts.w").ok());
+}
+
 TEST(GeneralizedPatternTest, LayerIndicesBecomeDigitRuns) {
   EXPECT_EQ(GeneralizedPattern("sequential.3.mlp.w1.weight"), "sequential\\.\\d+\\.mlp\\.w1\\.weight$");
   EXPECT_EQ(GeneralizedPattern("12.mixer.mixer.filter.p"), "\\d+\\.mixer\\.mixer\\.filter\\.p$");

@@ -2,6 +2,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 
@@ -47,7 +48,92 @@ int64_t Numel(const std::vector<int64_t>& s) {
   return n;
 }
 
+// The message for tp slices that neither agree nor follow AutoTP's uneven split.
+absl::Status UnequalSlices(absl::string_view name, size_t t, const std::string& got, const std::string& first,
+                           absl::string_view why) {
+  return Err(name, absl::StrCat("tp slice ", t, " is ", got, ", tp slice 0 is ", first, why));
+}
+
 }  // namespace
+
+int64_t AutoTpWidth(int64_t size, int tp, int rank) { return size / tp + (rank < size % tp ? 1 : 0); }
+
+absl::StatusOr<std::vector<int64_t>> FullShapeFromSlices(const MergeRule& rule,
+                                                         const std::vector<std::vector<int64_t>>& slices,
+                                                         absl::string_view name) {
+  if (slices.empty()) return Err(name, "no tp slices");
+  const int tp = static_cast<int>(slices.size());
+  bool equal = true;
+  for (const auto& s : slices) equal = equal && s == slices[0];
+  if (equal) return FullShapeFromSlice(rule, slices[0], tp, name);
+  const bool cat = rule.kind() == COLUMN || rule.kind() == ROW || rule.kind() == VOCAB;
+  const int64_t dim = PartitionDim(rule);
+  int64_t sum = 0;
+  for (size_t t = 0; t < slices.size(); ++t) {
+    bool same_elsewhere = cat && slices[t].size() == slices[0].size() && dim < static_cast<int64_t>(slices[t].size());
+    for (size_t d = 0; same_elsewhere && d < slices[t].size(); ++d) {
+      same_elsewhere = static_cast<int64_t>(d) == dim || slices[t][d] == slices[0][d];
+    }
+    if (!same_elsewhere) {
+      return UnequalSlices(name, t, torch::ShapeString(slices[t]), torch::ShapeString(slices[0]),
+                           cat ? absl::StrCat(" (a ", MergeKindName(rule.kind()), " param's slices may differ on dim ",
+                                              dim, " only)")
+                               : absl::StrCat(" (", MergeKindName(rule.kind()), " slices must agree)"));
+    }
+    sum += slices[t][dim];
+  }
+  for (int t = 0; t < tp; ++t) {
+    if (slices[t][dim] != AutoTpWidth(sum, tp, t)) {
+      std::vector<std::string> want;
+      for (int r = 0; r < tp; ++r) want.push_back(absl::StrCat(AutoTpWidth(sum, tp, r)));
+      return UnequalSlices(name, t, torch::ShapeString(slices[t]), torch::ShapeString(slices[0]),
+                           absl::StrCat(": uneven slices must follow AutoTP's split of ", sum, " over tp ", tp, " (",
+                                        absl::StrJoin(want, ", "), " on dim ", dim, ")"));
+    }
+  }
+  std::vector<int64_t> full = slices[0];
+  full[dim] = sum;
+  return full;
+}
+
+bool AutoTpIsLmHead(absl::string_view name) {
+  for (absl::string_view head : {"lm_head", "embed_out"}) {
+    if (name == head || absl::StartsWith(name, absl::StrCat(head, ".")) ||
+        absl::StrContains(name, absl::StrCat(".", head, "."))) {
+      return true;
+    }
+  }
+  return false;
+}
+
+bool AutoTpCutsByHeads(absl::string_view name) {
+  for (absl::string_view mlp : {"mlp", "gate_proj", "up_proj", "down_proj", "w1", "w2", "w3"}) {
+    if (absl::StrContains(name, mlp)) return false;
+  }
+  return !AutoTpIsLmHead(name);
+}
+
+absl::StatusOr<std::vector<std::vector<int64_t>>> AutoTpSliceShapes(const MergeRule& rule,
+                                                                    const std::vector<int64_t>& full, int tp,
+                                                                    int64_t padded_rows, absl::string_view name) {
+  const bool cat = rule.kind() == COLUMN || rule.kind() == ROW || (rule.kind() == VOCAB && !full.empty() &&
+                                                                   padded_rows == full[0]);
+  const int64_t dim = PartitionDim(rule);
+  if (!cat || dim >= static_cast<int64_t>(full.size())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "param '", name, "': AutoTP's uneven widths apply to column, row and unpadded vocabulary params only, not ",
+        DescribeRule(rule), " of ", torch::ShapeString(full)));
+  }
+  if (AutoTpCutsByHeads(name)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "param '", name, "': dim ", dim, " of ", torch::ShapeString(full), " does not split evenly over tp ", tp,
+        ", and AutoTP cuts attention projections in whole key-value heads, whose count ucp does not know: "
+        "choose a tp that divides the heads"));
+  }
+  std::vector<std::vector<int64_t>> out(tp, full);
+  for (int r = 0; r < tp; ++r) out[r][dim] = AutoTpWidth(full[dim], tp, r);
+  return out;
+}
 
 std::string MergeKindName(MergeKind kind) {
   switch (kind) {
@@ -191,13 +277,17 @@ absl::StatusOr<TensorPlan> MergeSlices(const MergeRule& rule, const std::vector<
                                        int64_t original_vocab_size, absl::string_view name) {
   UCP_RETURN_IF_ERROR(ValidateRule(rule, name));
   if (slices.empty()) return Err(name, "no tp slices to merge");
-  for (size_t t = 1; t < slices.size(); ++t) {
-    if (slices[t].shape() != slices[0].shape() || slices[t].dtype() != slices[0].dtype()) {
+  std::vector<std::vector<int64_t>> shapes;
+  for (size_t t = 0; t < slices.size(); ++t) {
+    if (slices[t].dtype() != slices[0].dtype()) {
       return Err(name, absl::StrCat("tp slice ", t, " is ", std::string(torch::DTypeName(slices[t].dtype())),
                                     torch::ShapeString(slices[t].shape()), ", tp slice 0 is ",
                                     std::string(torch::DTypeName(slices[0].dtype())), torch::ShapeString(slices[0].shape())));
     }
+    shapes.push_back(slices[t].shape());
   }
+  // Equal slices, or AutoTP's uneven ones of a COLUMN / ROW / VOCAB param.
+  UCP_RETURN_IF_ERROR(FullShapeFromSlices(rule, shapes, name).status());
   const int tp = static_cast<int>(slices.size());
   switch (rule.kind()) {
     case REPLICATED: return slices[0];
@@ -292,9 +382,17 @@ absl::StatusOr<TensorPlan> MergeSlices(const MergeRule& rule, const std::vector<
 }
 
 absl::StatusOr<TensorPlan> SplitFull(const MergeRule& rule, const TensorPlan& full, int tp, int rank,
-                                     int64_t padded_rows, absl::string_view name) {
+                                     int64_t padded_rows, absl::string_view name, bool autotp_widths) {
   UCP_RETURN_IF_ERROR(ValidateRule(rule, name));
   if (rank < 0 || rank >= tp) return Err(name, absl::StrCat("tp rank ", rank, " outside tp ", tp));
+  const int64_t pdim = PartitionDim(rule);
+  if (autotp_widths && (rule.kind() == COLUMN || rule.kind() == ROW || rule.kind() == VOCAB) &&
+      pdim < full.dim() && full.shape()[pdim] % tp != 0) {
+    UCP_ASSIGN_OR_RETURN(auto shapes, AutoTpSliceShapes(rule, full.shape(), tp, padded_rows, name));
+    int64_t start = 0;
+    for (int r = 0; r < rank; ++r) start += shapes[r][pdim];
+    return full.Narrow(pdim, start, shapes[rank][pdim]);
+  }
   UCP_ASSIGN_OR_RETURN(std::vector<int64_t> slice_shape,
                        SliceShapeFromFull(rule, full.shape(), tp, padded_rows, name));
   switch (rule.kind()) {

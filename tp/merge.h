@@ -48,7 +48,36 @@ absl::StatusOr<std::vector<int64_t>> FullShapeFromSlice(const MergeRule& rule, c
 absl::StatusOr<std::vector<int64_t>> SliceShapeFromFull(const MergeRule& rule, const std::vector<int64_t>& full,
                                                         int tp, int64_t padded_rows, absl::string_view name);
 
-// Merges tp slices (in tp rank order) into the full tensor. REPLICATED returns
+// DeepSpeed AutoTP's split of a dimension of `size` over `tp` ranks
+// (deepspeed/module_inject/tp_shard.py get_shard_size, tp_grain_size 1 as
+// training uses it): rank r holds size / tp rows or columns, and the first
+// size % tp ranks one more.
+int64_t AutoTpWidth(int64_t size, int tp, int rank);
+// The full shape from every tp rank's slice shape: FullShapeFromSlice when
+// they agree; slices of a COLUMN, ROW or VOCAB param that differ on its
+// partition dim only, in AutoTP's widths (AutoTpWidth of their sum), give
+// their sum there. Other unequal slices: kInvalidArgument naming them.
+absl::StatusOr<std::vector<int64_t>> FullShapeFromSlices(const MergeRule& rule,
+                                                         const std::vector<std::vector<int64_t>>& slices,
+                                                         absl::string_view name);
+
+// Whether AutoTP cuts a param of this name in whole key-value heads rather
+// than rows (tp_shard.py get_shard_size: every name but an MLP's, MoE MLP
+// layers' and the lm_head / embed_out, when the key-value heads divide it).
+bool AutoTpCutsByHeads(absl::string_view name);
+// Whether the param belongs to AutoTP's output head (a module named lm_head
+// or embed_out).
+bool AutoTpIsLmHead(absl::string_view name);
+// Each tp rank's slice shape when AutoTP writes a COLUMN, ROW or unpadded
+// VOCAB param (padded_rows == full rows) whose partition dim tp does not
+// divide: AutoTpWidth per rank. Refused (kFailedPrecondition) for other kinds
+// and for params AutoTP cuts by heads (the head count is not known here).
+absl::StatusOr<std::vector<std::vector<int64_t>>> AutoTpSliceShapes(const MergeRule& rule,
+                                                                    const std::vector<int64_t>& full, int tp,
+                                                                    int64_t padded_rows, absl::string_view name);
+
+// Merges tp slices (in tp rank order) into the full tensor. COLUMN, ROW and
+// VOCAB slices may be uneven in AutoTP's widths (FullShapeFromSlices). REPLICATED returns
 // slices[0] (callers check that the copies agree); AVERAGE materializes the
 // element-wise mean (float types only); VOCAB strips the rows past
 // `original_vocab_size` (0 = keep all).
@@ -56,8 +85,10 @@ absl::StatusOr<TensorPlan> MergeSlices(const MergeRule& rule, const std::vector<
                                        int64_t original_vocab_size, absl::string_view name);
 // The slice of tp rank `rank` out of `tp`. For VOCAB the full tensor is first
 // padded with zero rows to `padded_rows`.
+// With `autotp_widths`, a COLUMN, ROW or unpadded VOCAB dim that tp does not
+// divide is cut in AutoTP's widths (AutoTpSliceShapes).
 absl::StatusOr<TensorPlan> SplitFull(const MergeRule& rule, const TensorPlan& full, int tp, int rank,
-                                     int64_t padded_rows, absl::string_view name);
+                                     int64_t padded_rows, absl::string_view name, bool autotp_widths = false);
 
 // Megatron's padded vocabulary: the smallest multiple of
 // divisible_by * tp that is >= vocab.

@@ -52,6 +52,78 @@ TEST(MergeTest, ColumnAndRowAsDeepSpeedConcatenates) {
   EXPECT_NE(bad.status().message().find("2.input_layernorm.scale"), std::string::npos);
 }
 
+TEST(MergeTest, AutoTpWidthsAsDeepSpeedMasterTpShard) {
+  // tp_shard.py get_shard_size (grain 1): size // tp, the first size % tp ranks one more.
+  EXPECT_EQ(AutoTpWidth(65, 2, 0), 33);
+  EXPECT_EQ(AutoTpWidth(65, 2, 1), 32);
+  EXPECT_EQ(AutoTpWidth(10, 4, 0), 3);
+  EXPECT_EQ(AutoTpWidth(10, 4, 1), 3);
+  EXPECT_EQ(AutoTpWidth(10, 4, 2), 2);
+  EXPECT_EQ(AutoTpWidth(10, 4, 3), 2);
+  EXPECT_EQ(AutoTpWidth(1, 2, 1), 0);
+}
+
+TEST(MergeTest, UnevenAutoTpSlicesConcatenate) {
+  // A column param of 3 rows at tp 2: rows [0..1] and [2] (2 columns each).
+  auto col = MergeSlices(Rule(COLUMN), {Iota({2, 2}, 0), Iota({1, 2}, 10)}, 0, "gate_proj.weight");
+  ASSERT_TRUE(col.ok()) << col.status();
+  EXPECT_EQ(col->shape(), (std::vector<int64_t>{3, 2}));
+  EXPECT_EQ(Values(*col), (std::vector<int32_t>{0, 1, 2, 3, 10, 11}));
+  // A row param [2, 3] cut into columns 2 + 1.
+  auto row = MergeSlices(Rule(ROW), {Iota({2, 2}, 0), Iota({2, 1}, 10)}, 0, "down_proj.weight");
+  ASSERT_TRUE(row.ok()) << row.status();
+  EXPECT_EQ(row->shape(), (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(Values(*row), (std::vector<int32_t>{0, 1, 10, 2, 3, 11}));
+  auto full = FullShapeFromSlices(Rule(VOCAB), {{33, 32}, {32, 32}}, "lm_head.weight");
+  ASSERT_TRUE(full.ok());
+  EXPECT_EQ(*full, (std::vector<int64_t>{65, 32}));
+}
+
+TEST(MergeTest, UnevenSlicesOutsideAutoTpsSplitAreRefused) {
+  // The larger slice last: not AutoTP's split (the first ranks hold more).
+  auto last = MergeSlices(Rule(COLUMN), {Iota({1, 2}, 0), Iota({2, 2}, 10)}, 0, "up_proj.weight");
+  ASSERT_FALSE(last.ok());
+  EXPECT_NE(last.status().message().find("up_proj.weight"), std::string::npos);
+  EXPECT_NE(last.status().message().find("AutoTP's split of 3 over tp 2 (2, 1 on dim 0)"), std::string::npos)
+      << last.status();
+  // Slices that differ off the partition dim, or of a replicated param.
+  EXPECT_FALSE(MergeSlices(Rule(COLUMN), {Iota({2, 2}, 0), Iota({1, 3}, 10)}, 0, "w").ok());
+  EXPECT_FALSE(MergeSlices(Rule(REPLICATED), {Iota({2}, 0), Iota({1}, 10)}, 0, "norm").ok());
+  EXPECT_FALSE(FullShapeFromSlices(Rule(ROW), {{4, 3}, {4, 1}}, "o_proj.weight").ok());
+}
+
+TEST(MergeTest, AutoTpSplitsRoundTrip) {
+  // gate_proj [5, 2] over tp 2: rows 3 + 2; SplitFull with autotp_widths cuts
+  // the same and merging the slices gives the tensor back.
+  TensorPlan full = Iota({5, 2}, 0);
+  auto shapes = AutoTpSliceShapes(Rule(COLUMN), {5, 2}, 2, 0, "model.layers.0.mlp.gate_proj.weight");
+  ASSERT_TRUE(shapes.ok()) << shapes.status();
+  EXPECT_EQ(*shapes, (std::vector<std::vector<int64_t>>{{3, 2}, {2, 2}}));
+  std::vector<TensorPlan> slices;
+  for (int r = 0; r < 2; ++r) {
+    auto s = SplitFull(Rule(COLUMN), full, 2, r, 0, "model.layers.0.mlp.gate_proj.weight", /*autotp_widths=*/true);
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_EQ(s->shape(), (*shapes)[r]);
+    slices.push_back(*s);
+  }
+  EXPECT_EQ(Values(slices[1]), (std::vector<int32_t>{6, 7, 8, 9}));
+  auto merged = MergeSlices(Rule(COLUMN), slices, 0, "gate_proj");
+  ASSERT_TRUE(merged.ok());
+  EXPECT_EQ(Values(*merged), Values(full));
+  // Without autotp_widths the uneven split stays an error.
+  EXPECT_FALSE(SplitFull(Rule(COLUMN), full, 2, 0, 0, "w").ok());
+  // Attention projections are cut in whole heads by AutoTP: refused, naming the param.
+  auto q = AutoTpSliceShapes(Rule(COLUMN), {5, 2}, 2, 0, "model.layers.0.self_attn.q_proj.weight");
+  ASSERT_FALSE(q.ok());
+  EXPECT_NE(q.status().message().find("q_proj"), std::string::npos);
+  // A padded vocabulary is Megatron's, not AutoTP's.
+  EXPECT_FALSE(AutoTpSliceShapes(Rule(VOCAB), {5, 2}, 2, 6, "lm_head.weight").ok());
+  EXPECT_TRUE(AutoTpSliceShapes(Rule(VOCAB), {5, 2}, 2, 5, "lm_head.weight").ok());
+  EXPECT_TRUE(AutoTpIsLmHead("lm_head.weight"));
+  EXPECT_TRUE(AutoTpIsLmHead("base_model.model.lm_head.weight"));
+  EXPECT_FALSE(AutoTpIsLmHead("model.lm_head_norm.weight"));
+}
+
 TEST(MergeTest, ReplicatedKeepsOneCopy) {
   auto full = MergeSlices(Rule(REPLICATED), {Iota({3}, 5), Iota({3}, 5)}, 0, "b");
   ASSERT_TRUE(full.ok());

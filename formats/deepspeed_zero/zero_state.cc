@@ -53,6 +53,8 @@ absl::Status ZeroSlicedState::Build(const ZeroReadOptions& options) {
                                            ? options.make_vocab_size_divisible_by
                                            : ms.ArgInt({"make_vocab_size_divisible_by"});
   info_.partition_method = ms.RecordedPartitionMethod();
+  info_.autotp = ms.autotp_size() > 1 ||
+                 ms.universal_checkpoint_info().DictGet("autotp_unsupported_parameter_patterns") != nullptr;
   info_.module_layers = c.layer_files();
 
   // Module entries by full name (tied names appear in several layers).

@@ -74,7 +74,9 @@ std::vector<int> LayersOf(const ParamState& p) {
 namespace {
 
 // Chooses the DeepSpeed version whose layout is written (the target's, else
-// the source's, else 0.14.4; 0.12 to 0.19.5) and its padding convention.
+// the source's, else 0.14.4; 0.12 to 0.19.6, master edaa72212, whose ZeRO 1/2
+// files are 0.19.5's: stage_1_and_2.py's state_dict and engine.py's save are
+// unchanged) and its padding convention.
 absl::Status ChooseTargetVersion(const ModelInfo& info, const ZeroWriteOptions& options,
                                  const std::string& source_ds_version, TargetLayout* out) {
   const std::string& version = options.target_ds_version.empty() ? source_ds_version : options.target_ds_version;
@@ -84,9 +86,9 @@ absl::Status ChooseTargetVersion(const ModelInfo& info, const ZeroWriteOptions& 
                          _.Prepend(options.target_ds_version.empty() ? "the source's ds_version: "
                                                                      : "--target_ds_version: "));
   }
-  if (v < deepspeed::DsVersion{0, 12, 0} || deepspeed::DsVersion{0, 19, 5} < v) {
+  if (v < deepspeed::DsVersion{0, 12, 0} || deepspeed::DsVersion{0, 19, 6} < v) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "DeepSpeed ", version, ": ucp writes the ZeRO 1/2 layouts of DeepSpeed 0.12 to 0.19.5",
+        "DeepSpeed ", version, ": ucp writes the ZeRO 1/2 layouts of DeepSpeed 0.12 to 0.19.6 (master edaa72212)",
         options.target_ds_version.empty() ? " (pass --target_ds_version to choose one)" : ""));
   }
   out->ds_version = options.target_ds_version;
@@ -117,6 +119,14 @@ absl::StatusOr<int> ChooseZeroStage(const ModelInfo& info, const ZeroWriteOption
   return zero_stage;
 }
 
+// Whether a param is written in AutoTP's layout where tp does not divide it
+// (uneven widths): the source was saved by AutoTP, or the param's rule is a
+// Hugging Face preset's (DeepSpeed splits Hugging Face models over tp with
+// AutoTP only). Megatron-style layouts keep refusing such a tp.
+bool AutoTpLayout(const ModelInfo& info, const ParamState& p) {
+  return info.autotp || (p.source == PRESET && absl::StartsWith(p.origin, "preset hf-"));
+}
+
 // Each param's tp slice shape at the target tp, and the padded rows of a
 // vocabulary param (padded to a multiple of `divisible_by` * tp). Whole
 // tensors of a tp=1 source (ZeRO-3, MoE) have no known tp split: refused at
@@ -136,9 +146,13 @@ absl::Status PlanSliceShapes(const ModelInfo& info, int tp, int64_t divisible_by
   const size_t n = info.params.size();
   out->slice_shapes.resize(n);
   out->padded_rows.assign(n, 0);
+  std::vector<std::vector<std::vector<int64_t>>> uneven(n);  // AutoTP's per-rank shapes
   for (size_t i = 0; i < n; ++i) {
     const ParamState& p = info.params[i];
-    if (p.rule.kind() == VOCAB) {
+    if (p.rule.kind() == VOCAB && info.autotp && divisible_by <= 0) {
+      // AutoTP does not pad the vocabulary (its lm_head is cut in its own widths).
+      out->padded_rows[i] = p.full_shape.empty() ? 0 : p.full_shape[0];
+    } else if (p.rule.kind() == VOCAB) {
       if (divisible_by <= 0) {
         return absl::FailedPreconditionError(absl::StrCat(
             "param '", p.name, "' is a vocabulary tensor of ", p.full_shape.empty() ? 0 : p.full_shape[0],
@@ -146,9 +160,36 @@ absl::Status PlanSliceShapes(const ModelInfo& info, int tp, int64_t divisible_by
       }
       out->padded_rows[i] = tp::PaddedVocabSize(p.full_shape[0], divisible_by, tp);
     }
-    UCP_ASSIGN_OR_RETURN(out->slice_shapes[i],
-                         tp::SliceShapeFromFull(p.rule, p.full_shape, tp, out->padded_rows[i], p.name),
-                         _.Prepend(absl::StrCat("target tp=", tp, ": ")));
+    if (tp > 1 && AutoTpLayout(info, p) && tp::AutoTpIsLmHead(p.name) && p.full_shape.size() == 2 &&
+        (p.rule.kind() == COLUMN || p.rule.kind() == VOCAB) && p.full_shape[0] % tp != 0 &&
+        out->version < deepspeed::DsVersion{0, 19, 6}) {
+      // auto_tp.py before 0.19.6 (_create_column_parallel_layer) cuts such an
+      // lm_head by columns (LmHeadLinearAllreduce), and 0.19.5 then trains the
+      // final norm's tp copies apart (README, "AutoTP checkpoints").
+      return absl::FailedPreconditionError(absl::StrCat(
+          "target tp=", tp, ": param '", p.name, "' has a vocabulary of ", p.full_shape[0],
+          " rows that tp does not divide: DeepSpeed ", out->version.major, ".", out->version.minor, ".",
+          out->version.patch,
+          "'s AutoTP cuts such an lm_head by columns (LmHeadLinearAllreduce) and trains it wrong (the tp copies "
+          "of the final norm drift apart); ucp does not write that layout. Target DeepSpeed master "
+          "(--target_ds_version=0.19.6), which cuts the vocabulary rows, or a tp that divides ",
+          p.full_shape[0]));
+    }
+    const MergeRule& rule = p.rule;
+    absl::StatusOr<std::vector<int64_t>> shape =
+        tp::SliceShapeFromFull(rule, p.full_shape, tp, out->padded_rows[i], p.name);
+    if (!shape.ok() && tp > 1 && AutoTpLayout(info, p)) {
+      UCP_ASSIGN_OR_RETURN(uneven[i], tp::AutoTpSliceShapes(rule, p.full_shape, tp, out->padded_rows[i], p.name),
+                           _.Prepend(absl::StrCat("target tp=", tp, ": ")));
+      shape = uneven[i][0];
+    }
+    UCP_ASSIGN_OR_RETURN(out->slice_shapes[i], std::move(shape), _.Prepend(absl::StrCat("target tp=", tp, ": ")));
+  }
+  if (std::any_of(uneven.begin(), uneven.end(), [](const auto& u) { return !u.empty(); })) {
+    out->rank_slice_shapes.assign(tp, out->slice_shapes);
+    for (size_t i = 0; i < n; ++i) {
+      for (int t = 0; t < tp && !uneven[i].empty(); ++t) out->rank_slice_shapes[t][i] = uneven[i][t];
+    }
   }
   return absl::OkStatus();
 }
@@ -266,16 +307,23 @@ absl::Status AssignStageGroups(const ModelInfo& info, const std::vector<int>& st
 }
 
 // The partition layout of every stage's groups over the target dp.
+// With AutoTP's uneven widths, every tp rank's own (rank_layouts).
 void PlanGroupLayouts(const ModelInfo& info, int pp, TargetLayout* out) {
-  out->layouts.assign(pp, {});
-  for (int s = 0; s < pp; ++s) {
-    for (int g = 0; g < info.num_groups; ++g) {
-      std::vector<int64_t> numels;
-      for (int i : out->stage_groups[s][g]) numels.push_back(Numel(out->slice_shapes[i]));
-      out->layouts[s].push_back(
-          deepspeed::ZeroGroupLayout::Make(std::move(numels), out->topo.dp, out->padding_convention));
+  auto make = [&](const std::vector<std::vector<int64_t>>& shapes) {
+    std::vector<std::vector<deepspeed::ZeroGroupLayout>> layouts(pp);
+    for (int s = 0; s < pp; ++s) {
+      for (int g = 0; g < info.num_groups; ++g) {
+        std::vector<int64_t> numels;
+        for (int i : out->stage_groups[s][g]) numels.push_back(Numel(shapes[i]));
+        layouts[s].push_back(
+            deepspeed::ZeroGroupLayout::Make(std::move(numels), out->topo.dp, out->padding_convention));
+      }
     }
-  }
+    return layouts;
+  };
+  out->layouts = make(out->slice_shapes);
+  out->rank_layouts.clear();
+  for (const auto& shapes : out->rank_slice_shapes) out->rank_layouts.push_back(make(shapes));
 }
 
 // The layer files and their keys in file order: the recorded module order,
@@ -352,8 +400,10 @@ absl::StatusOr<TensorPlan> TargetSlice(const state::ModelState& state, const Tar
                                                    torch::ShapeString(p.full_shape)));
   }
   UCP_ASSIGN_OR_RETURN(TensorPlan slice,
-                       tp::SplitFull(p.rule, full, layout.topo.tp, rank, layout.padded_rows[param_index], p.name));
-  return slice.Reshape(layout.slice_shapes[param_index]);
+                       tp::SplitFull(p.rule, full, layout.topo.tp, rank,
+                                     layout.padded_rows[param_index], p.name,
+                                     /*autotp_widths=*/!layout.rank_slice_shapes.empty()));
+  return slice.Reshape(layout.SliceShape(param_index, rank));
 }
 
 namespace {
@@ -417,7 +467,7 @@ class Writer {
         UCP_ASSIGN_OR_RETURN(ValuePtr m, ModuleDict(w, rank));
         out->DictSet(k, m);
       } else if (key == "param_shapes") {
-        out->DictSet(k, ParamShapes(stage));
+        out->DictSet(k, ParamShapes(stage, rank));
       } else if (key == "buffer_names") {
         out->DictSet(k, BufferNames(stage));
       } else if (key == "frozen_param_shapes" || key == "frozen_param_fragments") {
@@ -508,7 +558,7 @@ class Writer {
     // of another would open (and CRC-check, outside any unit) its inputs
     // while planning.
     for (int g = 0; g < info_.num_groups; ++g) {
-      for (const auto& f : layout_.layouts[stage][g].Fragments(dp_rank)) {
+      for (const auto& f : layout_.Layout(stage, g, rank).Fragments(dp_rank)) {
         const ParamState& p = info_.params[layout_.stage_groups[stage][g][f.param_index]];
         if (!state_.FullDeferred(p, state::kFp32State)) return std::optional<std::vector<std::vector<InputRange>>>();
         for (const std::string& key : info_.state_keys) {
@@ -610,7 +660,7 @@ class Writer {
   absl::Status AddGroupStates(torch::TorchWriter& w, int stage, int rank, int dp_rank, bool deferred,
                               std::vector<std::pair<size_t, TensorPlan>>* records, OptimGroupLists* lists) const {
     for (int g = 0; g < info_.num_groups; ++g) {
-      const deepspeed::ZeroGroupLayout& gl = layout_.layouts[stage][g];
+      const deepspeed::ZeroGroupLayout& gl = layout_.Layout(stage, g, rank);
       const std::vector<deepspeed::ZeroFragment> frags = gl.Fragments(dp_rank);
       ValuePtr mapping = Value::MakeDict(/*ordered_dict=*/true);
       for (const auto& f : frags) {
@@ -647,7 +697,7 @@ class Writer {
                                  std::vector<std::pair<size_t, TensorPlan>>* records, OptimGroupLists* lists) const {
     const bool bf16 = info_.optimizer_kind == state::OptimizerKind::kBf16;
     for (int g = 0; g < info_.num_groups; ++g) {
-      const deepspeed::ZeroGroupLayout& gl = layout_.layouts[stage][g];
+      const deepspeed::ZeroGroupLayout& gl = layout_.Layout(stage, g, rank);
       const int64_t p_numel = gl.partition_numel();
       const int64_t lean = gl.lean_partition_numel(dp_rank);  // Python's group[:p - padding]
       // fp32 partition: the ZeRO optimizer saves group[:lean] of the padded
@@ -742,7 +792,7 @@ class Writer {
   // of the params it overlaps, then zeros for the alignment padding.
   absl::StatusOr<TensorPlan> Partition(int stage, int rank, int dp_rank, int g, const std::string& key,
                                        bool deferred = false) const {
-    const deepspeed::ZeroGroupLayout& gl = layout_.layouts[stage][g];
+    const deepspeed::ZeroGroupLayout& gl = layout_.Layout(stage, g, rank);
     std::vector<TensorPlan> pieces;
     int64_t covered = 0;
     torch::DType dtype = torch::DType::kFloat32;
@@ -760,12 +810,12 @@ class Writer {
     return TensorPlan::Cat(pieces, 0);
   }
 
-  ValuePtr ParamShapes(int stage) const {
+  ValuePtr ParamShapes(int stage, int rank) const {
     std::vector<ValuePtr> groups;
     for (int g = 0; g < info_.num_groups; ++g) {
       ValuePtr d = Value::MakeDict(/*ordered_dict=*/true);
       for (int i : layout_.stage_groups[stage][g]) {
-        d->DictSet(Value::Str(info_.params[i].name), pickle::MakeTorchSize(layout_.slice_shapes[i]));
+        d->DictSet(Value::Str(info_.params[i].name), pickle::MakeTorchSize(layout_.SliceShape(i, rank)));
       }
       groups.push_back(d);
     }
@@ -794,7 +844,7 @@ class Writer {
         UCP_ASSIGN_OR_RETURN(ValuePtr t, LpTensor(w, i, rank));
         d->DictSet(Value::Str(p.name), t);
       } else {
-        d->DictSet(Value::Str(p.name), pickle::MakeTorchSize(layout_.slice_shapes[i]));
+        d->DictSet(Value::Str(p.name), pickle::MakeTorchSize(layout_.SliceShape(i, rank)));
       }
     }
     return d;
@@ -932,44 +982,52 @@ class ZeroPlan : public Plan {
     }
     const int64_t per_element = 4 * (1 + static_cast<int64_t>(info_.state_keys.size()));
     for (int s = 0; s < t.pp; ++s) {
-      int64_t bytes = 0;
-      for (const auto& gl : layout_.layouts[s]) bytes += gl.partition_numel() * per_element;
       for (int d = 0; d < t.dp; ++d) {
-        std::vector<int> params;
-        for (int g = 0; g < info_.num_groups; ++g) {
-          for (const auto& f : layout_.layouts[s][g].Fragments(d)) {
-            params.push_back(layout_.stage_groups[s][g][f.param_index]);
-          }
-        }
-        const std::vector<InputRange> in = params_inputs(params);
-        // A large file is cut into pieces of about piece_bytes_ (at least
-        // two), each a unit: the cut depends on the plan only, so one
-        // process, any thread count and any number of ranks write the same
-        // bytes. Each piece lists the inputs of its bytes (PieceInputs lays
-        // the file out without opening them), or, from a source that cannot
-        // defer its tensors, all of the file's inputs.
-        // At most kMaxPieces (a tiny --piece_bytes must not make millions
-        // of units, each building the file's tree).
-        constexpr int64_t kMaxPieces = 4096;
-        const int pieces = piece_bytes_ > 0 && bytes >= 2 * piece_bytes_
-                               ? static_cast<int>(std::min(kMaxPieces, (bytes + piece_bytes_ - 1) / piece_bytes_))
-                               : 1;
         for (int r = 0; r < t.tp; ++r) {
-          const std::string file = deepspeed::OptimFileName(d, t.mp_rank(s, r), info_.bf16_file_prefix);
-          if (pieces == 1) {
-            Add(OptimJob{s, r, d}, file, bytes, in);
-            continue;
-          }
-          split_.push_back(OptimJob{s, r, d});
-          UCP_ASSIGN_OR_RETURN(auto piece_inputs, writer_.PieceInputs(s, r, d, pieces));
-          for (int k = 0; k < pieces; ++k) {
-            Add(OptimPieceJob{{s, r, d}, k, pieces}, file, bytes / pieces, piece_inputs ? (*piece_inputs)[k] : in);
-            units_.back().name = absl::StrCat("file ", file, " piece ", k + 1, " of ", pieces);
-          }
+          UCP_RETURN_IF_ERROR(AddOptimUnits(s, r, d, per_element, params_inputs));
         }
       }
     }
     if (AddVerifyUnit(state_, &units_)) jobs_.push_back(VerifyJob{});
+    return absl::OkStatus();
+  }
+
+  // The units of the optimizer file of (stage s, tp rank r, dp rank d).
+  template <typename ParamsInputs>
+  absl::Status AddOptimUnits(int s, int r, int d, int64_t per_element, const ParamsInputs& params_inputs) {
+    const state::Topology& t = layout_.topo;
+    int64_t bytes = 0;
+    std::vector<int> params;
+    for (int g = 0; g < info_.num_groups; ++g) {
+      bytes += layout_.Layout(s, g, r).partition_numel() * per_element;
+      for (const auto& f : layout_.Layout(s, g, r).Fragments(d)) {
+        params.push_back(layout_.stage_groups[s][g][f.param_index]);
+      }
+    }
+    const std::vector<InputRange> in = params_inputs(params);
+    // A large file is cut into pieces of about piece_bytes_ (at least
+    // two), each a unit: the cut depends on the plan only, so one
+    // process, any thread count and any number of ranks write the same
+    // bytes. Each piece lists the inputs of its bytes (PieceInputs lays
+    // the file out without opening them), or, from a source that cannot
+    // defer its tensors, all of the file's inputs.
+    // At most kMaxPieces (a tiny --piece_bytes must not make millions
+    // of units, each building the file's tree).
+    constexpr int64_t kMaxPieces = 4096;
+    const int pieces = piece_bytes_ > 0 && bytes >= 2 * piece_bytes_
+                           ? static_cast<int>(std::min(kMaxPieces, (bytes + piece_bytes_ - 1) / piece_bytes_))
+                           : 1;
+    const std::string file = deepspeed::OptimFileName(d, t.mp_rank(s, r), info_.bf16_file_prefix);
+    if (pieces == 1) {
+      Add(OptimJob{s, r, d}, file, bytes, in);
+      return absl::OkStatus();
+    }
+    split_.push_back(OptimJob{s, r, d});
+    UCP_ASSIGN_OR_RETURN(auto piece_inputs, writer_.PieceInputs(s, r, d, pieces));
+    for (int k = 0; k < pieces; ++k) {
+      Add(OptimPieceJob{{s, r, d}, k, pieces}, file, bytes / pieces, piece_inputs ? (*piece_inputs)[k] : in);
+      units_.back().name = absl::StrCat("file ", file, " piece ", k + 1, " of ", pieces);
+    }
     return absl::OkStatus();
   }
 

@@ -28,7 +28,6 @@
 #define UCP_FORMATS_DEEPSPEED_ZERO_ZERO_WRITER_H_
 
 #include <functional>
-#include <map>
 #include <string>
 #include <vector>
 
@@ -62,6 +61,18 @@ struct TargetLayout {
   // Per param: its tp slice shape and, for vocab params, the padded rows.
   std::vector<std::vector<int64_t>> slice_shapes;
   std::vector<int64_t> padded_rows;
+  // AutoTP's uneven widths (tp::AutoTpWidth: the first size % tp ranks hold
+  // one more row or column): per tp rank, each param's slice shape and the
+  // stage groups' layouts. Empty when every tp rank has the shapes and
+  // layouts above; read them through SliceShape and Layout.
+  std::vector<std::vector<std::vector<int64_t>>> rank_slice_shapes;                  // [tp][param]
+  std::vector<std::vector<std::vector<deepspeed::ZeroGroupLayout>>> rank_layouts;  // [tp][stage][group]
+  const std::vector<int64_t>& SliceShape(int param, int tp_rank) const {
+    return rank_slice_shapes.empty() ? slice_shapes[param] : rank_slice_shapes[tp_rank][param];
+  }
+  const deepspeed::ZeroGroupLayout& Layout(int stage, int group, int tp_rank) const {
+    return rank_layouts.empty() ? layouts[stage][group] : rank_layouts[tp_rank][stage][group];
+  }
   // Per stage: params outside the optimizer (frozen, buffers) it holds.
   std::vector<std::vector<int>> stage_module_params;
   // Layer files: (layer, ordered param indices).

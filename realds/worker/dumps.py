@@ -127,6 +127,8 @@ def dump_state(engine, built, path, meta):
            "optimizer": type(opt).__name__, "meta": dict(meta)}
     for n, p in engine.module.named_parameters():
         e = {"split": getattr(p, "partition_dim", None)}
+        if hasattr(built, "split_of_param"):  # AutoTP marks its splits in its own metadata
+            e["split"] = built.split_of_param(p)
         if not p.requires_grad:  # a frozen param: in no optimizer group, its module weight only
             e["frozen"] = True
             if zero3:

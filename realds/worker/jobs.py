@@ -60,7 +60,10 @@ def ds_config(spec, built):
         from deepspeed.accelerator import get_accelerator
         get_accelerator().is_fp16_supported = lambda: True
         cfg["fp16"] = {"enabled": True, "initial_scale_power": 12, "loss_scale_window": 2, "hysteresis": 1}
-    for k, v in (spec.get("config") or {}).items():  # the case's extra config, merged one level deep
+    # the family's own config (e.g. AutoTP's tensor_parallel), then the case's
+    # extra config, each merged one level deep
+    extra = [fam_cfg(spec) for fam_cfg in [getattr(built, "ds_config", None)] if fam_cfg] + [spec.get("config") or {}]
+    for k, v in [kv for e in extra for kv in e.items()]:
         if isinstance(v, dict) and isinstance(cfg.get(k), dict):
             cfg[k].update(v)
         else:
@@ -76,6 +79,8 @@ class Job:
         self.family = families.get(spec["family"])
         self.cfg = families.parse(self.family, spec.get("model_args", ""), spec.get("dtype"), spec["seed"])
         self.built = self.family.build(self.cfg, self.topo)
+        if hasattr(self.family, "ds_config"):
+            self.built.ds_config = lambda spec: self.family.ds_config(self.cfg, self.topo)
         spec.setdefault("lr", getattr(self.cfg, "lr", 1e-3))
         spec.setdefault("wd", getattr(self.cfg, "wd", 0.0))
         self.engine, _, _, _ = deepspeed.initialize(model=self.built.module, model_parameters=self.built.param_groups,

@@ -74,6 +74,8 @@ class Merged:
         for name in per_tp[0]:
             dim = split_of(fam.SPLITS, name, self.problems)
             marked = per_tp[0][name].get("split")
+            if isinstance(dim, tuple):  # the table allows several splits: the one the model marked
+                dim = marked if marked in dim else dim[0]
             if tp > 1 and marked != dim:
                 self.problems.append(f"{name}: the family's table splits it on {dim}, the model marked {marked}")
             missing = [t for t in range(tp) if name not in per_tp[t]]

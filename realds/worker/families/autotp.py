@@ -1,0 +1,101 @@
+# Family `autotp`: DeepSpeed's AutoTP training (`"tensor_parallel": {"autotp_size":
+# tp}`, DeepSpeed 0.16.4 and later) of a transformers `LlamaForCausalLM` built from
+# a tiny `LlamaConfig` (random init from the case's seed; sid root: transformers
+# 5.12). deepspeed.initialize itself cuts the model over tp (the job's config gets
+# `tensor_parallel` from ds_config below at tp > 1; at tp 1 the model stays whole,
+# as a user who trains without AutoTP). Every tp rank trains the same samples
+# (AutoTP checks that its tp group's inputs agree); the dp rank is rank // tp
+# (DeepSpeed's tp groups are runs of consecutive ranks: checked after initialize).
+#
+# How AutoTP cuts (DeepSpeed master module_inject/tp_shard.py get_shard_size,
+# tp_grain_size 1 for training): q/k/v by rows in whole key-value heads, gate/up by
+# rows, o/down by columns, lm_head by vocabulary rows; tp rank r of a dimension of
+# size n holds n // tp + (1 if r < n % tp else 0) rows/columns (the first n % tp
+# ranks one more); embeddings and norms replicated. The oracle concatenates the
+# slices along SPLITS' dim, whatever their widths.
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from families import Built, common_args
+
+SPLITS = [
+    (r"\.(q|k|v|gate|up)_proj\.weight$", 0),
+    (r"\.(o|down)_proj\.weight$", 1),
+    # lm_head by vocabulary rows; DeepSpeed 0.19.5 cuts one whose vocabulary tp
+    # does not divide by columns (auto_tp.py _create_column_parallel_layer falls
+    # back to LmHeadLinearAllreduce), master by rows in uneven widths.
+    (r"^lm_head\.weight$", (0, 1)),
+    (r".", None),  # embed_tokens, the RMSNorms, rotary buffers
+]
+
+
+def add_args(ap):
+    common_args(ap)
+    ap.add_argument("--inter", type=int, default=64, help="intermediate (MLP) size")
+    ap.add_argument("--kv_heads", type=int, default=0, help="key-value heads (default: --heads)")
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--wd", type=float, default=0.0)
+
+
+def ds_config(cfg, topo):
+    """Merged into the job's DeepSpeed config."""
+    if topo["tp"] > 1:
+        return {"tensor_parallel": {"autotp_size": topo["tp"]}}
+    return {}
+
+
+def llama(cfg):
+    import transformers
+    import transformers.models.llama.modeling_llama  # noqa: F401 (lazy modules)
+    conf = transformers.LlamaConfig(vocab_size=cfg.vocab, hidden_size=cfg.hidden, intermediate_size=cfg.inter,
+                                    num_hidden_layers=cfg.layers, num_attention_heads=cfg.heads,
+                                    num_key_value_heads=cfg.kv_heads or cfg.heads, max_position_embeddings=64,
+                                    tie_word_embeddings=False)
+    torch.manual_seed(cfg.seed)
+    return transformers.LlamaForCausalLM(conf)
+
+
+def build(cfg, topo):
+    if topo["pp"] != 1:
+        raise SystemExit("family autotp: pp must be 1")
+    tp = topo["tp"]
+    rank = dist.get_rank()
+    model = llama(cfg)
+    tp_rank, dp_rank = rank % tp, rank // tp
+    mpu = None
+    if tp > 1:
+        # DeepSpeed's own tp/dp groups (what initialize makes for AutoTP), given as
+        # the mpu so that its batch arithmetic counts dp ranks, not all ranks (as
+        # merge_tp_model_init_into_config does for tp_model_init without a group).
+        from deepspeed.utils import groups
+        groups._init_tp_mesh_device(tensor_model_parallel_size=tp)
+        mpu = groups
+
+    def loss(engine, x, y):
+        if tp > 1:
+            from deepspeed.utils import groups
+            got = (groups.get_tensor_model_parallel_rank(), groups.get_data_parallel_rank())
+            if got != (tp_rank, dp_rank):
+                raise SystemExit(f"family autotp: rank {rank} is tp {got[0]} dp {got[1]} in DeepSpeed, "
+                                 f"the family assumed tp {tp_rank} dp {dp_rank}")
+        logits = engine(input_ids=x).logits.float()
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+    # param_groups None: DeepSpeed takes the module's params after AutoTP replaced its layers.
+    built = Built(module=model, param_groups=None, pipeline=False, mpu=mpu, loss=loss, tp_rank=tp_rank, dp_rank=dp_rank,
+                  records_losses=tp_rank == 0)
+    built.split_of_param = split_of_param
+    return built
+
+
+def split_of_param(p):
+    """The split AutoTP marked on a param (its universal-checkpoint metadata)."""
+    meta = getattr(p, "ds_autotp_universal_checkpoint_meta", None)
+    if not meta or meta.get("replicated"):
+        return None
+    return meta.get("partition_dim")
+
+
+def client_state(cfg, topo, iteration):
+    return {"iteration": iteration}

@@ -66,5 +66,31 @@ TEST(HfImportTest, ReshardToTp2Pp2Dp2ReadsBackAsTheHfTensors) {
   }
 }
 
+// The Trainer's checkpoint-N holds config.json and model.safetensors beside
+// `latest` and global_stepN/: it is the DeepSpeed checkpoint `latest` names,
+// not a Hugging Face folder to import.
+TEST(HfImportTest, AFolderWithLatestBesideTheWeightsIsTheDeepSpeedCheckpoint) {
+  const hf::testfolder::Tensors t = hf::testfolder::NeoX();
+  const std::string in = hf::testfolder::Folder("hf_import_trainer_src", t);
+  const std::string root = testing::FreshTempDir("hf_import_trainer");
+  ReshardOptions o;
+  o.input_folder = in;
+  o.output_folder = JoinPath(root, "global_step0");
+  o.write.target = state::Topology{1, 1, 1};
+  o.zero_source.rules.preset = "gpt-neox";
+  absl::StatusOr<ReshardResult> r = Reshard(o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(WriteFileAtomic(JoinPath(root, "config.json"), hf::testfolder::kConfig).ok());
+  hf::testfolder::WriteSafetensors(JoinPath(root, "model.safetensors"), t);
+  ReshardOptions again;
+  again.input_folder = root;
+  again.output_folder = JoinPath(testing::FreshTempDir("hf_import_trainer_out"), "global_step0");
+  again.write.target = state::Topology{1, 1, 2};
+  again.zero_source.rules.preset = "gpt-neox";
+  absl::StatusOr<ReshardResult> r2 = Reshard(again);
+  ASSERT_TRUE(r2.ok()) << r2.status();
+  EXPECT_EQ(r2->source_kind, "zero");
+}
+
 }  // namespace
 }  // namespace ucp::ops

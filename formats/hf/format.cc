@@ -4,6 +4,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
@@ -40,6 +41,10 @@ class Source : public formats::SourceFormat {
   bool Detect(const formats::CheckpointFolder& folder) const override {
     bool config = false, weights = false;
     for (const std::string& n : folder.names) {
+      // A DeepSpeed root beside the weights (the Trainer's checkpoint-N:
+      // config.json, model.safetensors, latest, global_stepN/): the training
+      // state is the DeepSpeed checkpoint its latest file names, not this.
+      if (n == "latest" || n == "latest_universal" || absl::StartsWith(n, "global_step")) return false;
       config = config || n == kConfigFile;
       weights = weights || n == kSingleFile || n == kIndexFile;
     }

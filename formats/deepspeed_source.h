@@ -12,8 +12,10 @@
 
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "deepspeed/checkpoint_files.h"
 #include "deepspeed/read_options.h"
@@ -29,8 +31,17 @@ inline deepspeed::ReadOptions DeepSpeedReadOptions(const SourceOptions& options)
   return r;
 }
 
+template <typename S, typename = void>
+struct OpensWithReadOptions : std::false_type {};
+template <typename S>
+struct OpensWithReadOptions<S, std::void_t<decltype(S::Open(std::string(), deepspeed::ReadOptions()))>>
+    : std::true_type {};
+
 // A source format whose checkpoint is `State` (a state::SlicedState with
-// `static absl::StatusOr<std::unique_ptr<State>> Open(dir, deepspeed::ReadOptions)`).
+// `static absl::StatusOr<std::unique_ptr<State>> Open(dir, deepspeed::ReadOptions)`,
+// or another way to open it: OpenState). Also the sources of other stacks read
+// as one sliced state at tp = pp = 1 (formats/deepspeed_zero0, formats/dcp,
+// formats/hf), which override OpenState, latest_file and ReopenResolve.
 template <typename State>
 class SlicedStateSource : public SourceFormat {
  public:
@@ -38,33 +49,33 @@ class SlicedStateSource : public SourceFormat {
 
   absl::StatusOr<OpenedSource> Open(const CheckpointFolder& folder, const SourceOptions& options,
                                     JobDescription* description) const override {
-    UCP_ASSIGN_OR_RETURN(std::unique_ptr<State> s, State::Open(folder.dir, DeepSpeedReadOptions(options)));
+    UCP_ASSIGN_OR_RETURN(std::unique_ptr<State> s, OpenState(folder, options));
     return ResolveSliced(this, std::move(s), ResolveOf(options));
   }
 
   absl::StatusOr<OpenedSource> Reopen(const CheckpointFolder& folder, const SourceOptions& options,
                                       const JobDescription& description) const override {
-    UCP_ASSIGN_OR_RETURN(std::unique_ptr<State> s, State::Open(folder.dir, DeepSpeedReadOptions(options)));
+    UCP_ASSIGN_OR_RETURN(std::unique_ptr<State> s, OpenState(folder, options));
     UCP_ASSIGN_OR_RETURN(state::ModelInfo decided, DecidedModel(description));
-    return ResolveSliced(this, std::move(s), options.resolve(), &decided);
+    return ResolveSliced(this, std::move(s), ReopenResolve(options), &decided);
   }
 
   absl::StatusOr<SlicedSource> OpenSliced(const CheckpointFolder& folder,
                                           const SourceOptions& options) const override {
-    UCP_ASSIGN_OR_RETURN(std::unique_ptr<State> s, State::Open(folder.dir, DeepSpeedReadOptions(options)));
+    UCP_ASSIGN_OR_RETURN(std::unique_ptr<State> s, OpenState(folder, options));
     return SlicedSource{std::move(s), ResolveOf(options)};
   }
 
   absl::StatusOr<InspectReport> Inspect(const CheckpointFolder& folder,
                                         const SourceOptions& options) const override {
-    UCP_ASSIGN_OR_RETURN(std::unique_ptr<State> s, State::Open(folder.dir, DeepSpeedReadOptions(options)));
+    UCP_ASSIGN_OR_RETURN(std::unique_ptr<State> s, OpenState(folder, options));
     UCP_ASSIGN_OR_RETURN(InspectReport report, deepspeed::SlicedReport(*s, std::string(kind()), DsVersion(*s)));
-    report.set_kind_detail(KindDetail(report));
+    Describe(*s, &report);
     return report;
   }
 
   void Verify(const CheckpointFolder& folder, const SourceOptions& options, VerifyResult* result) const override {
-    absl::StatusOr<std::unique_ptr<State>> s = State::Open(folder.dir, DeepSpeedReadOptions(options));
+    absl::StatusOr<std::unique_ptr<State>> s = OpenState(folder, options);
     if (!s.ok()) {
       result->problems.push_back(std::string(s.status().message()));
       return;
@@ -73,12 +84,25 @@ class SlicedStateSource : public SourceFormat {
   }
 
  protected:
+  // Opens the state of a folder: State::Open with the DeepSpeed read options;
+  // a State opened otherwise (no such Open) must override it.
+  virtual absl::StatusOr<std::unique_ptr<State>> OpenState(const CheckpointFolder& folder,
+                                                           const SourceOptions& options) const {
+    if constexpr (OpensWithReadOptions<State>::value) {
+      return State::Open(folder.dir, DeepSpeedReadOptions(options));
+    } else {
+      return absl::InternalError(absl::StrCat(name(), ": no OpenState for this source"));
+    }
+  }
+  // The resolve options of a reopen (an MPI rank, the model decided by rank 0).
+  virtual rules::ResolveOptions ReopenResolve(const SourceOptions& options) const { return options.resolve(); }
   // The DeepSpeed version `inspect` reports for the state.
   virtual std::string DsVersion(const State& s) const = 0;
   // `inspect`'s kind detail, given the report made of the state.
-  virtual std::string KindDetail(const InspectReport& report) const = 0;
+  virtual std::string KindDetail(const InspectReport& report) const { return ""; }
+  // What `inspect` adds to the report made of the state (default: KindDetail).
+  virtual void Describe(const State& s, InspectReport* report) const { report->set_kind_detail(KindDetail(*report)); }
 
- private:
   // The state exists at tp = pp = 1: a param no rule covers is a whole tensor.
   static rules::ResolveOptions ResolveOf(const SourceOptions& options) {
     rules::ResolveOptions r = options.resolve();

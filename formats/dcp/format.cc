@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/fs.h"
 #include "base/status_macros.h"
-#include "deepspeed/sliced_report.h"
+#include "formats/deepspeed_source.h"
 #include "formats/dcp/dcp_metadata.h"
 #include "formats/dcp/dcp_state.h"
 #include "formats/dcp/dcp_writer.h"
@@ -17,28 +17,7 @@
 namespace ucp::dcp {
 namespace {
 
-absl::StatusOr<std::unique_ptr<DcpState>> OpenState(const formats::CheckpointFolder& folder,
-                                                   const formats::SourceOptions& options) {
-  DcpReadOptions o;
-  o.allow_unsafe_pickles = options.allow_unsafe_pickles;
-  if (auto it = options.format_options.find(kClipGradOption); it != options.format_options.end()) {
-    if (!absl::SimpleAtod(it->second, &o.clip_grad) || !(o.clip_grad >= 0)) {
-      return absl::InvalidArgumentError(absl::StrCat("--source_option=", kClipGradOption, "=", it->second,
-                                                     ": expected a number >= 0 (0 = no clipping)"));
-    }
-  }
-  return DcpState::Open(folder.dir, o);
-}
-
-// tp = pp = 1: a param no rule covers is a whole tensor; a preset or rules
-// say how to split it for a reshard to tp > 1.
-rules::ResolveOptions ResolveOf(const formats::SourceOptions& options) {
-  rules::ResolveOptions r = options.resolve();
-  r.tp1_whole_tensors = true;
-  return r;
-}
-
-class Source : public formats::SourceFormat {
+class Source : public formats::SlicedStateSource<DcpState> {
  public:
   absl::string_view name() const override { return kName; }
   absl::string_view kind() const override { return kName; }
@@ -68,45 +47,29 @@ class Source : public formats::SourceFormat {
            head->find("Metadata") != std::string::npos;
   }
 
-  absl::StatusOr<formats::OpenedSource> Open(const formats::CheckpointFolder& folder,
-                                             const formats::SourceOptions& options,
-                                             JobDescription* description) const override {
-    UCP_ASSIGN_OR_RETURN(std::unique_ptr<DcpState> s, OpenState(folder, options));
-    return formats::ResolveSliced(this, std::move(s), ResolveOf(options));
-  }
-
-  absl::StatusOr<formats::OpenedSource> Reopen(const formats::CheckpointFolder& folder,
-                                               const formats::SourceOptions& options,
-                                               const JobDescription& description) const override {
-    UCP_ASSIGN_OR_RETURN(std::unique_ptr<DcpState> s, OpenState(folder, options));
-    UCP_ASSIGN_OR_RETURN(state::ModelInfo decided, formats::DecidedModel(description));
-    return formats::ResolveSliced(this, std::move(s), ResolveOf(options), &decided);
-  }
-
-  absl::StatusOr<formats::SlicedSource> OpenSliced(const formats::CheckpointFolder& folder,
-                                                   const formats::SourceOptions& options) const override {
-    UCP_ASSIGN_OR_RETURN(std::unique_ptr<DcpState> s, OpenState(folder, options));
-    return formats::SlicedSource{std::move(s), ResolveOf(options)};
-  }
-
-  absl::StatusOr<InspectReport> Inspect(const formats::CheckpointFolder& folder,
-                                        const formats::SourceOptions& options) const override {
-    UCP_ASSIGN_OR_RETURN(std::unique_ptr<DcpState> s, OpenState(folder, options));
-    UCP_ASSIGN_OR_RETURN(InspectReport report, deepspeed::SlicedReport(*s, std::string(kind()), ""));
-    report.set_kind_detail(absl::StrCat("PyTorch Distributed Checkpoint saved by ", s->info().source_topology.dp,
-                                        " ranks, ", s->metadata().entries.size(), " entries in ",
-                                        s->metadata().Files().size(), " files: ", s->layout()));
-    return report;
-  }
-
-  void Verify(const formats::CheckpointFolder& folder, const formats::SourceOptions& options,
-              formats::VerifyResult* result) const override {
-    absl::StatusOr<std::unique_ptr<DcpState>> s = OpenState(folder, options);
-    if (!s.ok()) {
-      result->problems.push_back(std::string(s.status().message()));
-      return;
+ protected:
+  absl::StatusOr<std::unique_ptr<DcpState>> OpenState(const formats::CheckpointFolder& folder,
+                                                      const formats::SourceOptions& options) const override {
+  DcpReadOptions o;
+  o.allow_unsafe_pickles = options.allow_unsafe_pickles;
+  if (auto it = options.format_options.find(kClipGradOption); it != options.format_options.end()) {
+    if (!absl::SimpleAtod(it->second, &o.clip_grad) || !(o.clip_grad >= 0)) {
+      return absl::InvalidArgumentError(absl::StrCat("--source_option=", kClipGradOption, "=", it->second,
+                                                     ": expected a number >= 0 (0 = no clipping)"));
     }
-    formats::VerifyStateInputs(**s, result);
+  }
+  return DcpState::Open(folder.dir, o);
+}
+  // tp = pp = 1: a param no rule covers is a whole tensor; a preset or rules
+  // say how to split it for a reshard to tp > 1.
+  rules::ResolveOptions ReopenResolve(const formats::SourceOptions& options) const override {
+    return ResolveOf(options);
+  }
+  std::string DsVersion(const DcpState&) const override { return ""; }
+  void Describe(const DcpState& s, InspectReport* report) const override {
+    report->set_kind_detail(absl::StrCat("PyTorch Distributed Checkpoint saved by ", s.info().source_topology.dp,
+                                         " ranks, ", s.metadata().entries.size(), " entries in ",
+                                         s.metadata().Files().size(), " files: ", s.layout()));
   }
 };
 

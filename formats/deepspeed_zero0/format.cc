@@ -31,20 +31,7 @@ absl::StatusOr<Zero0Options> OptionsOf(const formats::SourceOptions& options) {
   return o;
 }
 
-absl::StatusOr<std::unique_ptr<Zero0State>> OpenState(const formats::CheckpointFolder& folder,
-                                                      const formats::SourceOptions& options) {
-  UCP_ASSIGN_OR_RETURN(Zero0Options o, OptionsOf(options));
-  return Zero0State::Open(folder.dir, o);
-}
-
-// tp = pp = 1: a param no rule covers is a whole tensor.
-rules::ResolveOptions ResolveOf(const formats::SourceOptions& options) {
-  rules::ResolveOptions r = options.resolve();
-  r.tp1_whole_tensors = true;
-  return r;
-}
-
-class Source : public formats::SourceFormat {
+class Source : public formats::SlicedStateSource<Zero0State> {
  public:
   absl::string_view name() const override { return kName; }
   absl::string_view kind() const override { return kKind; }
@@ -80,45 +67,17 @@ class Source : public formats::SourceFormat {
     return IsZero0Root(*(*f)->root());
   }
 
-  absl::StatusOr<formats::OpenedSource> Open(const formats::CheckpointFolder& folder,
-                                             const formats::SourceOptions& options,
-                                             JobDescription* description) const override {
-    UCP_ASSIGN_OR_RETURN(std::unique_ptr<Zero0State> s, OpenState(folder, options));
-    return formats::ResolveSliced(this, std::move(s), ResolveOf(options));
+ protected:
+  absl::StatusOr<std::unique_ptr<Zero0State>> OpenState(const formats::CheckpointFolder& folder,
+                                                        const formats::SourceOptions& options) const override {
+    UCP_ASSIGN_OR_RETURN(Zero0Options o, OptionsOf(options));
+    return Zero0State::Open(folder.dir, o);
   }
-
-  absl::StatusOr<formats::OpenedSource> Reopen(const formats::CheckpointFolder& folder,
-                                               const formats::SourceOptions& options,
-                                               const JobDescription& description) const override {
-    UCP_ASSIGN_OR_RETURN(std::unique_ptr<Zero0State> s, OpenState(folder, options));
-    UCP_ASSIGN_OR_RETURN(state::ModelInfo decided, formats::DecidedModel(description));
-    return formats::ResolveSliced(this, std::move(s), options.resolve(), &decided);
-  }
-
-  absl::StatusOr<formats::SlicedSource> OpenSliced(const formats::CheckpointFolder& folder,
-                                                   const formats::SourceOptions& options) const override {
-    UCP_ASSIGN_OR_RETURN(std::unique_ptr<Zero0State> s, OpenState(folder, options));
-    return formats::SlicedSource{std::move(s), ResolveOf(options)};
-  }
-
-  absl::StatusOr<InspectReport> Inspect(const formats::CheckpointFolder& folder,
-                                        const formats::SourceOptions& options) const override {
-    UCP_ASSIGN_OR_RETURN(std::unique_ptr<Zero0State> s, OpenState(folder, options));
-    UCP_ASSIGN_OR_RETURN(InspectReport report, deepspeed::SlicedReport(*s, std::string(kind()), s->ds_version()));
-    report.set_zero_stage(0);
-    report.set_kind_detail(absl::StrCat("ZeRO stage 0 (no ZeRO): ", s->layout(),
-                                        " inside the model states; param order decided by ", s->evidence()));
-    return report;
-  }
-
-  void Verify(const formats::CheckpointFolder& folder, const formats::SourceOptions& options,
-              formats::VerifyResult* result) const override {
-    absl::StatusOr<std::unique_ptr<Zero0State>> s = OpenState(folder, options);
-    if (!s.ok()) {
-      result->problems.push_back(std::string(s.status().message()));
-      return;
-    }
-    formats::VerifyStateInputs(**s, result);
+  std::string DsVersion(const Zero0State& s) const override { return s.ds_version(); }
+  void Describe(const Zero0State& s, InspectReport* report) const override {
+    report->set_zero_stage(0);
+    report->set_kind_detail(absl::StrCat("ZeRO stage 0 (no ZeRO): ", s.layout(),
+                                         " inside the model states; param order decided by ", s.evidence()));
   }
 };
 

@@ -8,27 +8,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
-#include "deepspeed/sliced_report.h"
+#include "formats/deepspeed_source.h"
 #include "formats/hf/hf_state.h"
 
 namespace ucp::hf {
 namespace {
 
-absl::StatusOr<std::unique_ptr<HfState>> OpenState(const formats::CheckpointFolder& folder,
-                                                  const formats::SourceOptions& options) {
-  HfReadOptions o;
-  o.preset = options.rules.preset;
-  return HfState::Open(folder.dir, o);
-}
-
-// tp = pp = 1: the preset's rules split each param for a reshard to tp > 1.
-rules::ResolveOptions ResolveOf(const formats::SourceOptions& options) {
-  rules::ResolveOptions r = options.resolve();
-  r.tp1_whole_tensors = true;
-  return r;
-}
-
-class Source : public formats::SourceFormat {
+class Source : public formats::SlicedStateSource<HfState> {
  public:
   absl::string_view name() const override { return kName; }
   absl::string_view kind() const override { return kName; }
@@ -51,44 +37,21 @@ class Source : public formats::SourceFormat {
     return config && weights;
   }
 
-  absl::StatusOr<formats::OpenedSource> Open(const formats::CheckpointFolder& folder,
-                                             const formats::SourceOptions& options,
-                                             JobDescription* description) const override {
-    UCP_ASSIGN_OR_RETURN(std::unique_ptr<HfState> s, OpenState(folder, options));
-    return formats::ResolveSliced(this, std::move(s), ResolveOf(options));
+ protected:
+  absl::StatusOr<std::unique_ptr<HfState>> OpenState(const formats::CheckpointFolder& folder,
+                                                     const formats::SourceOptions& options) const override {
+    HfReadOptions o;
+    o.preset = options.rules.preset;
+    return HfState::Open(folder.dir, o);
   }
-
-  absl::StatusOr<formats::OpenedSource> Reopen(const formats::CheckpointFolder& folder,
-                                               const formats::SourceOptions& options,
-                                               const JobDescription& description) const override {
-    UCP_ASSIGN_OR_RETURN(std::unique_ptr<HfState> s, OpenState(folder, options));
-    UCP_ASSIGN_OR_RETURN(state::ModelInfo decided, formats::DecidedModel(description));
-    return formats::ResolveSliced(this, std::move(s), ResolveOf(options), &decided);
+  // tp = pp = 1: the preset's rules split each param for a reshard to tp > 1.
+  rules::ResolveOptions ReopenResolve(const formats::SourceOptions& options) const override {
+    return ResolveOf(options);
   }
-
-  absl::StatusOr<formats::SlicedSource> OpenSliced(const formats::CheckpointFolder& folder,
-                                                   const formats::SourceOptions& options) const override {
-    UCP_ASSIGN_OR_RETURN(std::unique_ptr<HfState> s, OpenState(folder, options));
-    return formats::SlicedSource{std::move(s), ResolveOf(options)};
-  }
-
-  absl::StatusOr<InspectReport> Inspect(const formats::CheckpointFolder& folder,
-                                        const formats::SourceOptions& options) const override {
-    UCP_ASSIGN_OR_RETURN(std::unique_ptr<HfState> s, OpenState(folder, options));
-    UCP_ASSIGN_OR_RETURN(InspectReport report, deepspeed::SlicedReport(*s, std::string(kind()), ""));
-    report.set_kind_detail(absl::StrCat("Hugging Face ", s->architecture(), " (", s->Files().size(),
-                                        " safetensors files) under preset '", s->preset(), "' names"));
-    return report;
-  }
-
-  void Verify(const formats::CheckpointFolder& folder, const formats::SourceOptions& options,
-              formats::VerifyResult* result) const override {
-    absl::StatusOr<std::unique_ptr<HfState>> s = OpenState(folder, options);
-    if (!s.ok()) {
-      result->problems.push_back(std::string(s.status().message()));
-      return;
-    }
-    formats::VerifyStateInputs(**s, result);
+  std::string DsVersion(const HfState&) const override { return ""; }
+  void Describe(const HfState& s, InspectReport* report) const override {
+    report->set_kind_detail(absl::StrCat("Hugging Face ", s.architecture(), " (", s.Files().size(),
+                                         " safetensors files) under preset '", s.preset(), "' names"));
   }
 };
 

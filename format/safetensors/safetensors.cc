@@ -161,6 +161,13 @@ absl::Status PWriteAll(int fd, const std::string& path, const uint8_t* p, size_t
   return absl::OkStatus();
 }
 
+// Starts writing [offset, offset + len) of `fd` back to disk without waiting
+// (an error shows at the fsync before the commit).
+void StartWriteback(int fd, uint64_t offset, uint64_t len) {
+  PhaseTimer timer(Phase::kWriteback, static_cast<int64_t>(len));
+  (void)::sync_file_range(fd, static_cast<off64_t>(offset), static_cast<off64_t>(len), SYNC_FILE_RANGE_WRITE);
+}
+
 }  // namespace
 
 absl::Status CreateFile(const std::string& path, const FileLayout& layout) {
@@ -176,7 +183,7 @@ absl::Status CreateFile(const std::string& path, const FileLayout& layout) {
 }
 
 absl::Status WriteTensor(const std::string& path, const FileLayout& layout, size_t index, const TensorBytes& bytes,
-                         size_t chunk_bytes) {
+                         size_t chunk_bytes, bool writeback) {
   if (index >= layout.tensors.size()) return absl::OutOfRangeError(absl::StrCat("no tensor ", index));
   const PlacedTensor& t = layout.tensors[index];
   const size_t isz = torch::ItemSize(t.spec.dtype);
@@ -185,6 +192,8 @@ absl::Status WriteTensor(const std::string& path, const FileLayout& layout, size
   if (fd < 0) return Errno(path, "open");
   std::vector<uint8_t> buf(static_cast<size_t>(std::min<uint64_t>(chunk_bytes, t.end - t.begin)));
   absl::Status st;
+  const uint64_t base = layout.data_start() + t.begin;
+  uint64_t written_back = 0;  // bytes of the tensor whose writeback was started
   for (uint64_t off = 0; st.ok() && off < t.end - t.begin; off += buf.size()) {
     const size_t n = static_cast<size_t>(std::min<uint64_t>(buf.size(), t.end - t.begin - off));
     auto view = bytes(off, n, buf.data());
@@ -193,8 +202,15 @@ absl::Status WriteTensor(const std::string& path, const FileLayout& layout, size
     } else if (view->size() != n) {
       st = absl::InternalError(absl::StrCat("a producer returned ", view->size(), " bytes for ", n));
     } else {
-      st = PWriteAll(fd, path, view->data(), n, layout.data_start() + t.begin + off);
+      st = PWriteAll(fd, path, view->data(), n, base + off);
+      if (st.ok() && writeback && off + n >= written_back + kWritebackBytes) {
+        StartWriteback(fd, base + written_back, off + n - written_back);
+        written_back = off + n;
+      }
     }
+  }
+  if (st.ok() && writeback && written_back < t.end - t.begin) {
+    StartWriteback(fd, base + written_back, t.end - t.begin - written_back);
   }
   if (::close(fd) != 0 && st.ok()) st = Errno(path, "close");
   if (!st.ok()) return absl::Status(st.code(), absl::StrCat(path, ": tensor \"", t.spec.name, "\": ", st.message()));

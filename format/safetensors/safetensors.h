@@ -92,9 +92,13 @@ using TensorBytes =
 absl::Status CreateFile(const std::string& path, const FileLayout& layout);
 // Writes tensor `index` of `layout` into `path` (made by CreateFile) at its
 // offset with pwrite, `chunk_bytes` at a time; safe from several threads for
-// different tensors.
+// different tensors. With `writeback`, the writeback of what it wrote is
+// started (sync_file_range SYNC_FILE_RANGE_WRITE) every kWritebackBytes and
+// at the end, so that the disk works while the rest is produced and the
+// fsync before the commit finds little left to write.
 absl::Status WriteTensor(const std::string& path, const FileLayout& layout, size_t index, const TensorBytes& bytes,
-                         size_t chunk_bytes = size_t{4} << 20);
+                         size_t chunk_bytes = size_t{4} << 20, bool writeback = false);
+inline constexpr uint64_t kWritebackBytes = uint64_t{32} << 20;
 
 // A safetensors file opened read-only: every check of the reference reader
 // (header length and cap, UTF-8 JSON object without duplicate keys, known

@@ -188,7 +188,8 @@ class ExportPlan : public Plan {
         const safetensors::PlacedTensor& placed = layouts_[u.shard].tensors[k];
         const ExportTensor& t = tensors_[layout_tensor_[u.shard][k]];
         UCP_ASSIGN_OR_RETURN(tp::TensorPlan plan, SourcePlan(t));
-        UCP_RETURN_IF_ERROR(safetensors::WriteTensor(path, layouts_[u.shard], k, PlanBytes(plan, placed.spec.dtype)));
+        UCP_RETURN_IF_ERROR(safetensors::WriteTensor(path, layouts_[u.shard], k, PlanBytes(plan, placed.spec.dtype),
+                                                     size_t{4} << 20, /*writeback=*/options_.fsync));
       }
       return absl::OkStatus();
     }

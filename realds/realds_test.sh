@@ -5,11 +5,6 @@
 # fails with the command that builds it) and DeepSpeed's sources from ../shared.
 set -euo pipefail
 # @shared's files in the runfiles (external/shared, or ../shared beside the workspace)
-for d in external/shared ../shared; do
-  if [[ -d $d/deepspeed-src ]]; then
-    UCP_SHARED_DIR=$(cd "$d" && pwd)
-    break
-  fi
-done
+UCP_SHARED_DIR=$(tools/deepspeed_env.sh shared) || exit 1
 export UCP_SHARED_DIR
 exec /usr/bin/python3 realds/driver.py --ucp=tools/ucp --deepspeed_env=tools/deepspeed_env.sh "$@"

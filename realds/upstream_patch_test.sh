@@ -7,9 +7,8 @@
 # Args: PATCH WANT CASE:ROUTE...
 set -uo pipefail
 patch_file=$1; want=$2; shift 2
-for d in external/shared ../shared; do
-  if [[ -d $d/deepspeed-src ]]; then export UCP_SHARED_DIR=$(cd "$d" && pwd); break; fi
-done
+UCP_SHARED_DIR=$(tools/deepspeed_env.sh shared) || exit 1
+export UCP_SHARED_DIR
 src=$(tools/deepspeed_env.sh deepspeed 0.19.5) || exit 1
 copy=$TEST_TMPDIR/deepspeed-0.19.5-patched
 rm -rf "$copy"

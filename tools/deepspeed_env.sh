@@ -10,6 +10,8 @@
 #                              [--cwd=DIR] -- CMD...
 #                                                         run CMD inside a root, DeepSpeed importable
 #   tools/deepspeed_env.sh status                         what is cached
+#   tools/deepspeed_env.sh shared                         print the ../shared folder in use (tests:
+#                                                         export UCP_SHARED_DIR=$(tools/deepspeed_env.sh shared))
 #
 # Roots (Debian's own packages, nothing from PyPI; see ../shared/docs/REAL-CLIENTS.md):
 #   trixie  Debian 13: Python 3.13, torch 2.6, numpy 2, pydantic 2 (DeepSpeed 0.14.4 - 0.19.5)
@@ -37,7 +39,15 @@ export PATH="$PATH:/usr/sbin:/sbin"  # chroot, debootstrap (not on PATH under ba
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
-SHARED=${UCP_SHARED_DIR:-$REPO/../shared}
+# ../shared: $UCP_SHARED_DIR, else beside the clone, or in a test's runfiles
+# (@shared: external/shared, or ../shared beside the workspace).
+SHARED=${UCP_SHARED_DIR:-}
+if [[ -z $SHARED ]]; then
+  SHARED=$REPO/../shared
+  for d in "$REPO/external/shared" "$REPO/../shared"; do
+    if [[ -d $d/deepspeed-src ]]; then SHARED=$(cd "$d" && pwd); break; fi
+  done
+fi
 # Under `bazel test` HOME is the test's temporary folder: the cache stays in the
 # user's own home (from the password database) unless UCP_CACHE_DIR says otherwise.
 if [[ -n ${TEST_TMPDIR:-} ]]; then
@@ -277,6 +287,10 @@ case $cmd in
   deepspeed) deepspeed_dir "${1:?version or folder}" ;;
   run) run_in_root "$@" ;;
   status) status ;;
+  shared)
+    [[ -d $SHARED/deepspeed-src ]] || die "no DeepSpeed sources in $SHARED/deepspeed-src (set UCP_SHARED_DIR)"
+    echo "$SHARED"
+    ;;
   mirror) mirror ;;
-  *) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; [[ -z $cmd ]] || exit 2 ;;
+  *) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; [[ -z $cmd ]] || exit 2 ;;
 esac

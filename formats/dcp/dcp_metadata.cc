@@ -105,49 +105,6 @@ absl::StatusOr<torch::DType> PropertiesDType(const Value& v, const std::string& 
 
 std::string Coords(const std::vector<int64_t>& v) { return absl::StrCat("(", absl::StrJoin(v, ", "), ")"); }
 
-// The chunks tile the tensor: each inside it, no two overlapping, their
-// element counts adding up to the tensor's.
-absl::Status CheckTiling(const DcpEntry& e, const std::string& path) {
-  int64_t total = 1;
-  for (int64_t d : e.size) total *= d;
-  int64_t sum = 0;
-  for (const DcpChunk& c : e.chunks) {
-    if (c.offsets.size() != e.size.size() || c.sizes.size() != e.size.size()) {
-      return Bad(path, absl::StrCat("entry '", e.key, "': a chunk at ", Coords(c.offsets), " of size ",
-                                    Coords(c.sizes), " has not the tensor's ", e.size.size(), " dims"));
-    }
-    int64_t n = 1;
-    for (size_t d = 0; d < e.size.size(); ++d) {
-      if (c.offsets[d] < 0 || c.offsets[d] > e.size[d] || c.sizes[d] > e.size[d] - c.offsets[d]) {
-        return Bad(path, absl::StrCat("entry '", e.key, "': the chunk at ", Coords(c.offsets), " of size ",
-                                      Coords(c.sizes), " is not inside the tensor of size ", Coords(e.size)));
-      }
-      n *= c.sizes[d];
-    }
-    sum += n;
-  }
-  for (size_t i = 0; i < e.chunks.size(); ++i) {
-    for (size_t j = i + 1; j < e.chunks.size(); ++j) {
-      const DcpChunk& a = e.chunks[i];
-      const DcpChunk& b = e.chunks[j];
-      bool overlap = true;
-      for (size_t d = 0; d < e.size.size() && overlap; ++d) {
-        overlap = a.sizes[d] > 0 && b.sizes[d] > 0 && a.offsets[d] < b.offsets[d] + b.sizes[d] &&
-                  b.offsets[d] < a.offsets[d] + a.sizes[d];
-      }
-      if (overlap) {
-        return Bad(path, absl::StrCat("entry '", e.key, "': chunks at ", Coords(a.offsets), " and ",
-                                      Coords(b.offsets), " overlap"));
-      }
-    }
-    if (e.chunks.size() > 4096) break;  // the element count below still catches holes
-  }
-  if (sum != total) {
-    return Bad(path, absl::StrCat("entry '", e.key, "': its chunks hold ", sum, " elements, the tensor of size ",
-                                  Coords(e.size), " has ", total, " (a chunk is missing)"));
-  }
-  return absl::OkStatus();
-}
 
 // A relative path inside the folder: no absolute path, no '..'.
 absl::Status CheckRelative(const std::string& file, const std::string& path) {
@@ -233,6 +190,66 @@ absl::StatusOr<DcpEntry> ParseEntry(const std::string& key, const Value& v, cons
 }
 
 }  // namespace
+
+absl::Status CheckTiling(const DcpEntry& e, const std::string& path) {
+  int64_t total = 1;
+  for (int64_t d : e.size) total *= d;
+  int64_t sum = 0;
+  for (const DcpChunk& c : e.chunks) {
+    if (c.offsets.size() != e.size.size() || c.sizes.size() != e.size.size()) {
+      return Bad(path, absl::StrCat("entry '", e.key, "': a chunk at ", Coords(c.offsets), " of size ",
+                                    Coords(c.sizes), " has not the tensor's ", e.size.size(), " dims"));
+    }
+    int64_t n = 1;
+    for (size_t d = 0; d < e.size.size(); ++d) {
+      if (c.offsets[d] < 0 || c.offsets[d] > e.size[d] || c.sizes[d] > e.size[d] - c.offsets[d]) {
+        return Bad(path, absl::StrCat("entry '", e.key, "': the chunk at ", Coords(c.offsets), " of size ",
+                                      Coords(c.sizes), " is not inside the tensor of size ", Coords(e.size)));
+      }
+      n *= c.sizes[d];
+    }
+    sum += n;
+  }
+  // Overlaps: a sweep along dim 0 (chunks in order of their start there),
+  // each chunk compared with the chunks whose dim-0 range it starts inside;
+  // every pair of chunks that overlaps is among them. Chunks of no elements
+  // overlap nothing.
+  const size_t dims = e.size.size();
+  auto begin0 = [&](const DcpChunk& c) { return dims == 0 ? int64_t{0} : c.offsets[0]; };
+  auto end0 = [&](const DcpChunk& c) { return dims == 0 ? int64_t{1} : c.offsets[0] + c.sizes[0]; };
+  std::vector<size_t> order;
+  for (size_t i = 0; i < e.chunks.size(); ++i) {
+    bool empty = false;
+    for (int64_t n : e.chunks[i].sizes) empty = empty || n == 0;
+    if (!empty) order.push_back(i);
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return begin0(e.chunks[a]) < begin0(e.chunks[b]); });
+  std::vector<size_t> active;  // chunks whose dim-0 range reaches the current start
+  for (size_t j : order) {
+    const DcpChunk& b = e.chunks[j];
+    active.erase(std::remove_if(active.begin(), active.end(),
+                                [&](size_t i) { return end0(e.chunks[i]) <= begin0(b); }),
+                 active.end());
+    for (size_t i : active) {
+      const DcpChunk& a = e.chunks[i];
+      bool overlap = true;
+      for (size_t d = 1; d < dims && overlap; ++d) {
+        overlap = a.offsets[d] < b.offsets[d] + b.sizes[d] && b.offsets[d] < a.offsets[d] + a.sizes[d];
+      }
+      if (overlap) {
+        return Bad(path, absl::StrCat("entry '", e.key, "': chunks at ", Coords(a.offsets), " and ",
+                                      Coords(b.offsets), " overlap"));
+      }
+    }
+    active.push_back(j);
+  }
+  if (sum != total) {
+    return Bad(path, absl::StrCat("entry '", e.key, "': its chunks hold ", sum, " elements, the tensor of size ",
+                                  Coords(e.size), " has ", total, " (a chunk is missing)"));
+  }
+  return absl::OkStatus();
+}
 
 const DcpEntry* DcpMetadata::Find(const std::string& key) const {
   auto it = index.find(key);

@@ -69,6 +69,11 @@ struct DcpMetadata {
 };
 
 // Parses the unpickled `.metadata` of folder `dir` (`path` for messages).
+// The chunks of tensor entry `e` tile its size: each inside it, no two
+// overlapping (checked for every pair, however many chunks), their element
+// counts adding up to the tensor's. `path` names the file in errors.
+absl::Status CheckTiling(const DcpEntry& e, const std::string& path);
+
 absl::StatusOr<DcpMetadata> ParseMetadata(const pickle::Value& root, const std::string& path);
 // Reads and parses `<dir>/.metadata`.
 absl::StatusOr<DcpMetadata> ReadMetadata(const std::string& dir);

@@ -369,7 +369,8 @@ absl::Status DcpState::BuildInfo(const std::vector<std::string>& fqns) {
   return absl::OkStatus();
 }
 
-// Every group's scalars (step) agree: DeepSpeed keeps one per group.
+// Every group's scalars (step) agree: DeepSpeed keeps one per group. Keeps
+// group 0's step (global_steps of the facet) in `group0_step_`.
 absl::Status DcpState::CheckScalars() {
   for (int g = 0; g < info_.num_groups; ++g) {
     for (const std::string& key : scalar_keys_) {
@@ -377,16 +378,29 @@ absl::Status DcpState::CheckScalars() {
       for (size_t j = 0; j < groups_[g].size(); ++j) {
         const DcpEntry& e = *metadata_.Find(params_[groups_[g][j]].states[key]);
         std::string bytes;
+        std::optional<int64_t> number;  // the value as a step count
         if (e.tensor) {
           UCP_ASSIGN_OR_RETURN(TensorPlan t, Assemble(e));
           UCP_ASSIGN_OR_RETURN(torch::Tensor m, t.Materialize());
           bytes = absl::StrCat(std::string(torch::DTypeName(m.dtype())), ":", m.ContiguousBytes());
+          if (m.dtype() == torch::DType::kFloat32 && m.numel() == 1) {
+            float v = 0;
+            std::memcpy(&v, m.data(), sizeof v);
+            number = static_cast<int64_t>(v);
+          } else if (m.dtype() == torch::DType::kInt64 && m.numel() == 1) {
+            int64_t v = 0;
+            std::memcpy(&v, m.data(), sizeof v);
+            number = v;
+          }
         } else {
           UCP_ASSIGN_OR_RETURN(state::FileValue v, BytesValue(e));
           UCP_ASSIGN_OR_RETURN(bytes, pickle::Pickle(*v.value));
+          if (v.value->is(Kind::kInt)) number = v.value->int_value();
+          if (v.value->is(Kind::kFloat)) number = static_cast<int64_t>(v.value->float_value());
         }
         if (j == 0) {
           first_bytes = bytes;
+          if (g == 0 && key == "step") group0_step_ = number;
         } else if (bytes != first_bytes) {
           return absl::UnimplementedError(absl::StrCat(
               metadata_.path, ": the params of param group ", g, " have different '", key, "' ('", groups_[g][0],
@@ -400,25 +414,9 @@ absl::Status DcpState::CheckScalars() {
 
 absl::Status DcpState::BuildFacet() {
   deepspeed::EngineDefaults d;
-  // global_steps: the optimizer's step count (a 0-d tensor or a number).
-  if (info_.num_groups > 0 && std::count(scalar_keys_.begin(), scalar_keys_.end(), "step")) {
-    const DcpEntry& e = *metadata_.Find(params_[groups_[0][0]].states["step"]);
-    if (e.tensor) {
-      UCP_ASSIGN_OR_RETURN(TensorPlan t, Assemble(e));
-      UCP_ASSIGN_OR_RETURN(torch::Tensor m, t.Materialize());
-      if (m.dtype() == torch::DType::kFloat32) {
-        float v = 0;
-        std::memcpy(&v, m.data(), sizeof v);
-        d.global_steps = static_cast<int64_t>(v);
-      } else if (m.dtype() == torch::DType::kInt64) {
-        std::memcpy(&d.global_steps, m.data(), sizeof d.global_steps);
-      }
-    } else {
-      UCP_ASSIGN_OR_RETURN(state::FileValue v, BytesValue(e));
-      if (v.value->is(Kind::kInt)) d.global_steps = v.value->int_value();
-      if (v.value->is(Kind::kFloat)) d.global_steps = static_cast<int64_t>(v.value->float_value());
-    }
-  }
+  // global_steps: the optimizer's step count (a 0-d tensor or a number), as
+  // CheckScalars read it.
+  if (group0_step_.has_value()) d.global_steps = *group0_step_;
   UCP_ASSIGN_OR_RETURN(state::FileValue defaults, deepspeed::DefaultOptimizerCommon(info_, d));
   ValuePtr c = Value::MakeDict();
   for (const auto& [k, v] : defaults.value->dict_items()) c->DictSet(k, v);
@@ -514,13 +512,20 @@ const DcpEntry& DcpState::EntryOf(const state::ParamState& param, const std::str
   return *metadata_.Find(it->second.states.at(state));
 }
 
+// The weights (lp) of every param; fp32 masters and optimizer states of the
+// trainable ones that hold them (a param never stepped has none).
+bool DcpState::HasState(const state::ParamState& p, const std::string& state) const {
+  if (state == state::kLpState) return true;
+  if (!p.trainable()) return false;
+  return state == state::kFp32State || params_.at(p.name).states.count(state) != 0;
+}
+
 absl::StatusOr<std::vector<TensorPlan>> DcpState::Slices(const state::ParamState& param, int stage,
                                                         const std::string& state) const {
   const int i = info_.IndexOf(param.name);
   if (i < 0) return absl::NotFoundError(absl::StrCat("no param '", param.name, "'"));
   const state::ParamState& p = info_.params[i];
-  if (state != state::kLpState && !(state == state::kFp32State && p.trainable()) &&
-      (!p.trainable() || params_.at(p.name).states.count(state) == 0)) {
+  if (!HasState(p, state)) {
     return absl::NotFoundError(absl::StrCat("param '", param.name, "' (", state::TensorRoleName(p.role),
                                             ") has no state '", state, "' in ", metadata_.path));
   }
@@ -547,10 +552,7 @@ std::vector<state::InputRange> DcpState::StateInputs(const state::ParamState& pa
   std::vector<state::InputRange> out;
   if (info_.IndexOf(param.name) < 0) return out;
   const state::ParamState& p = info_.params[info_.IndexOf(param.name)];
-  if (state != state::kLpState && state != state::kFp32State &&
-      (!p.trainable() || params_.at(p.name).states.count(state) == 0)) {
-    return out;
-  }
+  if (!HasState(p, state)) return out;
   std::set<std::string> files;
   for (const DcpChunk& c : EntryOf(p, state).chunks) files.insert(JoinPath(dir_, c.storage.file));
   for (const std::string& f : files) out.push_back(state::InputRange{f, "", 0, -1});

@@ -40,6 +40,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -105,6 +106,7 @@ class DcpState : public state::SlicedState, public deepspeed::DeepSpeedFacet {
   absl::Status ReadGroups(const std::vector<std::string>& fqns);
   absl::Status BuildInfo(const std::vector<std::string>& fqns);
   absl::Status CheckScalars();
+  bool HasState(const state::ParamState& p, const std::string& state) const;
   absl::Status BuildFacet();
   absl::StatusOr<std::shared_ptr<const torch::TorchFile>> OpenItem(const DcpStorage& storage,
                                                                  const std::string& key) const;
@@ -118,6 +120,7 @@ class DcpState : public state::SlicedState, public deepspeed::DeepSpeedFacet {
   std::vector<std::vector<std::string>> groups_;        // fqns per group
   std::vector<pickle::ValuePtr> hyper_;                 // per group: {hp: value}
   std::vector<std::string> state_keys_, scalar_keys_;
+  std::optional<int64_t> group0_step_;  // CheckScalars: group 0's step, when a number
   state::ModelInfo info_;
   state::FileValue common_, root_;
   mutable std::mutex mu_;

@@ -6,6 +6,7 @@
 // the entry. (ops:dcp_convert_test: the universal checkpoint written from it.)
 #include "formats/dcp/dcp_state.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -323,4 +324,46 @@ TEST(DcpStateDamageTest, UnsafeGlobalInTheMetadata) {
 }
 
 }  // namespace
+// A tensor of 6000 rows in 6000 one-row chunks: a tiling. Then the chunk
+// of row 2999 moved onto row 0 (an overlap far past the first thousands of chunks, its
+// hole keeping the element count right) is refused, as is a chunk outside.
+TEST(DcpTilingTest, ManyChunksEveryPairChecked) {
+  DcpEntry e;
+  e.key = "w";
+  e.tensor = true;
+  e.size = {6000, 3};
+  for (int64_t r = 0; r < 6000; ++r) e.chunks.push_back({{r, 0}, {1, 3}, {}});
+  std::reverse(e.chunks.begin(), e.chunks.end());  // any order
+  EXPECT_TRUE(CheckTiling(e, "x/.metadata").ok()) << CheckTiling(e, "x/.metadata");
+  DcpEntry overlap = e;
+  overlap.chunks[3000].offsets = {0, 0};  // row 2999's chunk onto row 0
+  absl::Status s = CheckTiling(overlap, "x/.metadata");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "chunks at (0, 0) and (0, 0) overlap")) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "x/.metadata")) << s;
+  // Columns split too: two column halves of one row overlap only when their
+  // column ranges do.
+  DcpEntry cols;
+  cols.key = "c";
+  cols.tensor = true;
+  cols.size = {5000, 4};
+  for (int64_t r = 0; r < 5000; ++r) {
+    cols.chunks.push_back({{r, 0}, {1, 2}, {}});
+    cols.chunks.push_back({{r, 2}, {1, 2}, {}});
+  }
+  EXPECT_TRUE(CheckTiling(cols, "y").ok()) << CheckTiling(cols, "y");
+  cols.chunks[9999].offsets = {4999, 1};  // overlaps (4999, 0) by a column; column 3 left empty
+  cols.chunks[9998].sizes = {1, 1};       // ... and (4999, 0) narrowed: the count short by one, not the cause
+  s = CheckTiling(cols, "y");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "missing") || absl::StrContains(s.message(), "overlap")) << s;
+  cols.chunks[9998].sizes = {1, 2};
+  s = CheckTiling(cols, "y");
+  EXPECT_TRUE(absl::StrContains(s.message(), "overlap")) << s;
+  // Chunks of no elements overlap nothing.
+  DcpEntry empty = e;
+  empty.chunks.push_back({{3, 0}, {0, 3}, {}});
+  EXPECT_TRUE(CheckTiling(empty, "z").ok()) << CheckTiling(empty, "z");
+}
+
 }  // namespace ucp::dcp

@@ -9,12 +9,7 @@
 # Args: UCP CHECKER FIXTURE... (paths under @shared's fixtures/deepspeed-0.19.5)
 set -u
 UCP=$(pwd)/$1; CHECK=$(pwd)/$2; shift 2
-for d in external/shared ../shared; do
-  if [[ -d $d/deepspeed-src ]]; then
-    UCP_SHARED_DIR=$(cd "$d" && pwd)
-    break
-  fi
-done
+UCP_SHARED_DIR=$(tools/deepspeed_env.sh shared) || exit 1
 export UCP_SHARED_DIR
 ENV=$(pwd)/tools/deepspeed_env.sh
 # The runfiles are symlinks out of the root's reach: run a copy from the bound folder.

@@ -13,12 +13,7 @@
 # Args: UCP CHECKER
 set -u
 UCP=$(pwd)/$1; CHECK_SRC=$(pwd)/$2
-for d in external/shared ../shared; do
-  if [[ -d $d/deepspeed-src ]]; then
-    UCP_SHARED_DIR=$(cd "$d" && pwd)
-    break
-  fi
-done
+UCP_SHARED_DIR=$(tools/deepspeed_env.sh shared) || exit 1
 export UCP_SHARED_DIR
 ENV=$(pwd)/tools/deepspeed_env.sh
 W=$TEST_TMPDIR

@@ -203,6 +203,7 @@ absl::StatusOr<ConvertResult> ConvertImpl(const ConvertOptions& options) {
   for (const auto& note : state->info().notes) result.warnings.push_back(note);
   for (const auto& note : result.stats.notes) result.warnings.push_back(note);
   for (std::string& note : universal->UniversalNotes(*state, write)) result.warnings.push_back(std::move(note));
+  for (std::string& note : TpSummedNotes(*state, src.preset, /*target_tp=*/0)) result.warnings.push_back(std::move(note));
   return result;
 }
 

@@ -1,12 +1,16 @@
 #include "ops/open.h"
 
+#include <algorithm>
 #include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/status_macros.h"
+#include "deepspeed/facet.h"
 #include "deepspeed/manifest.h"
 #include "formats/builtin/builtin.h"
+#include "rules/hf_names.h"
 
 namespace ucp::ops {
 namespace {
@@ -146,6 +150,29 @@ absl::StatusOr<OpenedSource> OpenSource(const std::string& path, const SourceOpt
   }
   UCP_RETURN_IF_ERROR(AgreeOnStatus(*cluster, opened));
   return *std::move(src);
+}
+
+std::vector<std::string> TpSummedNotes(const state::ModelState& state, const std::string& preset, int target_tp) {
+  const state::ModelInfo& info = state.info();
+  const int source_tp = std::max(1, info.source_topology.tp);
+  if (target_tp == source_tp) return {};
+  absl::StatusOr<std::vector<std::pair<std::string, std::string>>> summed =
+      rules::TpSummedParams(info, deepspeed::ArgsOf(state), preset);
+  if (!summed.ok()) return {absl::StrCat("could not check for params added once per tp rank: ", summed.status().message())};
+  if (summed->empty()) return {};
+  std::vector<std::string> names;
+  for (const auto& [name, flag] : *summed) names.push_back(absl::StrCat("'", name, "'"));
+  const std::string list =
+      names.size() <= 4 ? absl::StrJoin(names, ", ")
+                        : absl::StrCat(absl::StrJoin(names.begin(), names.begin() + 4, ", "), " and ", names.size() - 4, " more");
+  return {absl::StrCat(
+      "the model changes: ", names.size(), " params (", list, ") are added once per tp rank before the all-reduce (",
+      (*summed)[0].second, " is true), so the model uses tp x the stored value. ",
+      target_tp > 0 ? absl::StrCat("Written unchanged at tp ", target_tp, " (saved at tp ", source_tp,
+                                   "), the model's value becomes ", target_tp, "/", source_tp, " of what it was")
+                    : absl::StrCat("The output holds the stored value (saved at tp ", source_tp,
+                                   "): loaded at another tp, the model's value changes in proportion"),
+      ", as with DeepSpeed's own converter; `ucp export --names=hf` writes their sum")};
 }
 
 }  // namespace ucp::ops

@@ -59,6 +59,16 @@ struct OpenRequest {
 absl::StatusOr<OpenedSource> OpenSource(const std::string& path, const SourceOptions& options, Cluster* cluster,
                                         const OpenRequest& request = OpenRequest());
 
+// Notes for a checkpoint written for another tp than it was saved at
+// (`target_tp`; 0 = any, a universal checkpoint): params the model's preset
+// says every tp rank adds up before the all-reduce (GPT-NeoX's
+// gpt_j_residual: the row-parallel biases) are stored once per rank, the
+// model using tp x that; ucp writes the stored value unchanged (as
+// DeepSpeed's converter does), so the model's value changes with tp. Empty
+// when the preset knows of no such param or the flag is off. `preset`: ""
+// detects it from the names.
+std::vector<std::string> TpSummedNotes(const state::ModelState& state, const std::string& preset, int target_tp);
+
 }  // namespace ucp::ops
 
 #endif  // UCP_OPS_OPEN_H_

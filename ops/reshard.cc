@@ -108,6 +108,9 @@ absl::StatusOr<ReshardResult> ReshardImpl(const ReshardOptions& options) {
   result.source_kind = std::string(src.format->kind());
   result.source = state->info().source_topology;
   result.notes = state->info().notes;
+  for (std::string& n : TpSummedNotes(*state, options.zero_source.rules.preset, options.write.target.tp)) {
+    result.notes.push_back(std::move(n));
+  }
   writers::ZeroWriteOptions write = options.write;
   write.inputs = {src.dir};
   if (!write.layer_type_name) {

@@ -619,4 +619,51 @@ absl::StatusOr<HfNamePlan> PlanHfNames(const state::ModelInfo& info, const std::
   return plan;
 }
 
+absl::StatusOr<std::vector<std::pair<std::string, std::string>>> TpSummedParams(const state::ModelInfo& info,
+                                                                                const Value* args,
+                                                                                const std::string& preset) {
+  std::vector<std::pair<std::string, std::string>> out;
+  std::string name = preset == "none" ? "" : preset;
+  if (name.empty()) {
+    std::vector<std::string> names;
+    for (const auto& p : info.params) names.push_back(p.name);
+    name = DetectPreset(names).value_or("");
+    if (name.empty()) return out;
+  }
+  UCP_ASSIGN_OR_RETURN(const Preset* found, FindPreset(name));
+  std::set<std::string> seen;
+  for (const HfArchitecture& a : found->hf()) {
+    for (const HfTensorMap& t : a.tensor()) {
+      if (t.sum_tp_if().empty()) continue;
+      // The flag: from the checkpoint's args, else the field's default.
+      std::optional<json::Value> flag;
+      std::string from;
+      for (const HfConfigField& f : a.config()) {
+        if (f.key() != t.sum_tp_if()) continue;
+        for (const std::string& arg : f.arg()) {
+          const Value* av = Arg(args, arg);
+          if (av == nullptr) continue;
+          flag = ArgAsJson(*av, "bool", f.negate());
+          if (flag) {
+            from = absl::StrCat("the arg ", arg, " (Hugging Face's ", t.sum_tp_if(), ")");
+            break;
+          }
+        }
+        if (!flag && !f.value().empty()) {
+          absl::StatusOr<json::Value> v = json::Parse(f.value());
+          if (v.ok()) flag = *v;
+          from = absl::StrCat(t.sum_tp_if(), " by default");
+        }
+        break;
+      }
+      if (!flag || flag->type() != json::Value::Type::kBool || !flag->bool_value()) continue;
+      UCP_ASSIGN_OR_RETURN(std::regex re, Compile(t.pattern(), a.architecture()));
+      for (const state::ParamState& p : info.params) {
+        if (std::regex_match(p.name, re) && seen.insert(p.name).second) out.emplace_back(p.name, from);
+      }
+    }
+  }
+  return out;
+}
+
 }  // namespace ucp::rules

@@ -78,6 +78,17 @@ struct HfOptions {
 absl::StatusOr<HfNamePlan> PlanHfNames(const state::ModelInfo& info, const std::vector<int>& order,
                                        const pickle::Value* args, const HfOptions& options);
 
+// The params that every tp rank holds a copy of and adds up before the
+// all-reduce, so that the model uses tp x the stored value: those a tensor
+// entry of the preset's Hugging Face mapping marks sum_tp_if, where the
+// config flag it names is true from the checkpoint's args (or its default).
+// Independent of whether the rest of the model has a Hugging Face
+// equivalent. Each as (param name, where the flag came from). `preset`: "" or
+// "none" detects it from the names; a model no preset knows has none.
+absl::StatusOr<std::vector<std::pair<std::string, std::string>>> TpSummedParams(const state::ModelInfo& info,
+                                                                                const pickle::Value* args,
+                                                                                const std::string& preset);
+
 }  // namespace ucp::rules
 
 #endif  // UCP_RULES_HF_NAMES_H_

@@ -77,7 +77,7 @@ absl::Status Zero0State::Load(const Zero0Options& options) {
       case deepspeed::CheckpointFileName::Type::kLayer:
         return absl::UnimplementedError(absl::StrCat(
             dir_, ": a ZeRO stage 0 checkpoint of a PipelineModule (", n,
-            ") is not supported: only plain modules (one mp_rank_00_model_states.pt)"));
+            ") is not supported: only plain modules (mp_rank_*_model_states.pt)"));
       default:
         return absl::InvalidArgumentError(absl::StrCat(
             dir_, ": ", n, " beside a ZeRO stage 0 model-states file: the folder mixes a ZeRO checkpoint with a "
@@ -85,12 +85,32 @@ absl::Status Zero0State::Load(const Zero0Options& options) {
     }
   }
   std::sort(mp_files.begin(), mp_files.end());
-  if (mp_files.size() != 1 || mp_files[0] != deepspeed::MpRankFileName(0)) {
-    return absl::UnimplementedError(absl::StrCat(
-        dir_, ": ZeRO stage 0 with model parallelism (", absl::StrJoin(mp_files, ", "),
-        ") is not supported: only tp = pp = 1 (one mp_rank_00_model_states.pt)"));
+  for (size_t t = 0; t < mp_files.size(); ++t) {
+    if (mp_files[t] != deepspeed::MpRankFileName(static_cast<int>(t))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          dir_, ": ZeRO stage 0 model-states files ", absl::StrJoin(mp_files, ", "), ": expected ",
+          deepspeed::MpRankFileName(static_cast<int>(t)), " (one file per tp rank, numbered from 0)"));
+    }
   }
-  path_ = JoinPath(dir_, mp_files[0]);
+  if (mp_files.empty()) return absl::InvalidArgumentError(absl::StrCat(dir_, ": no mp_rank_*_model_states.pt"));
+  if (mp_files.size() == 1) return LoadFile(mp_files[0], options);
+  for (const std::string& f : mp_files) {
+    UCP_ASSIGN_OR_RETURN(std::unique_ptr<Zero0State> r, OpenFile(dir_, f, options));
+    tp_ranks_.push_back(std::move(r));
+  }
+  return CombineTpRanks();
+}
+
+absl::StatusOr<std::unique_ptr<Zero0State>> Zero0State::OpenFile(const std::string& dir, const std::string& file,
+                                                                  const Zero0Options& options) {
+  std::unique_ptr<Zero0State> s(new Zero0State());
+  s->dir_ = dir;
+  UCP_RETURN_IF_ERROR(s->LoadFile(file, options));
+  return s;
+}
+
+absl::Status Zero0State::LoadFile(const std::string& file, const Zero0Options& options) {
+  path_ = JoinPath(dir_, file);
   UCP_ASSIGN_OR_RETURN(file_, torch::TorchFile::Open(path_, options.read.Files()));
   const Value& root = *file_->root();
   if (!IsZero0Root(root)) {
@@ -102,6 +122,69 @@ absl::Status Zero0State::Load(const Zero0Options& options) {
   UCP_RETURN_IF_ERROR(SolveOrder(options));
   UCP_RETURN_IF_ERROR(BuildInfo());
   return BuildCommon();
+}
+
+absl::Status Zero0State::CombineTpRanks() {
+  const int tp = static_cast<int>(tp_ranks_.size());
+  const Zero0State& r0 = *tp_ranks_[0];
+  path_ = r0.path_;
+  ds_version_ = r0.ds_version_;
+  layout_ = r0.layout_;
+  evidence_ = absl::StrCat(r0.evidence_, ", on each of the ", tp, " tp ranks");
+  info_ = r0.info_;
+  for (state::ParamState& p : info_.params) p.tp_shapes.clear();
+  for (int t = 0; t < tp; ++t) {
+    const Zero0State& r = *tp_ranks_[t];
+    auto differs = [&](const std::string& what) {
+      return absl::InvalidArgumentError(absl::StrCat(r.path_, ": ", what, " (tp rank ", t, ") differs from ",
+                                                     r0.path_, "'s: the tp ranks of one model hold the same params"));
+    };
+    if (const Value* v = r.file_->root()->DictGet("mp_world_size"); v != nullptr && v->is(Kind::kInt) &&
+                                                                    v->int_value() != tp) {
+      return r.Error(absl::StrCat("mp_world_size is ", v->int_value(), ", but the folder holds ", tp,
+                                  " mp_rank files (a ZeRO stage 0 pipeline keeps layer files: none here)"));
+    }
+    if (r.info_.params.size() != r0.info_.params.size()) {
+      return differs(absl::StrCat("its ", r.info_.params.size(), " tensors"));
+    }
+    if (r.info_.num_groups != r0.info_.num_groups || r.state_keys_ != r0.state_keys_ ||
+        r.scalar_keys_ != r0.scalar_keys_ || r.layout_ != r0.layout_) {
+      return differs(absl::StrCat("its optimizer (", r.info_.num_groups, " groups, ", r.layout_, ", states ",
+                                  absl::StrJoin(r.state_keys_, "/"), ")"));
+    }
+    for (size_t i = 0; i < info_.params.size(); ++i) {
+      const state::ParamState& a = r0.info_.params[i];
+      const state::ParamState& b = r.info_.params[i];
+      if (a.name != b.name || a.role != b.role || a.group != b.group || a.lp_dtype != b.lp_dtype ||
+          a.alias_of != b.alias_of) {
+        return differs(absl::StrCat("tensor ", i, " '", b.name, "' (", state::TensorRoleName(b.role), ", group ",
+                                    b.group, "; rank 0: '", a.name, "', ", state::TensorRoleName(a.role), ", group ",
+                                    a.group, ")"));
+      }
+      info_.params[i].tp_shapes.push_back(b.tp_shapes[0]);
+    }
+  }
+  info_.source_topology.tp = tp;
+  info_.notes.clear();
+  info_.notes.push_back(absl::StrCat("ZeRO stage 0 source (", layout_, ", ", tp,
+                                     " tp ranks): which module param each optimizer state belongs to was decided by ",
+                                     evidence_));
+  info_.Reindex();
+  return absl::OkStatus();
+}
+
+std::vector<std::string> Zero0State::InputFiles() const {
+  if (tp_ranks_.empty()) return {path_};
+  std::vector<std::string> out;
+  for (const auto& r : tp_ranks_) out.push_back(r->path_);
+  return out;
+}
+
+absl::Status Zero0State::VerifyInput(const std::string& path) const {
+  for (const auto& r : tp_ranks_) {
+    if (r->path_ == path) return r->file_->VerifyAllCrcs();
+  }
+  return file_ != nullptr ? file_->VerifyAllCrcs() : tp_ranks_[0]->file_->VerifyAllCrcs();
 }
 
 absl::Status Zero0State::ReadModule() {
@@ -508,11 +591,22 @@ absl::Status Zero0State::BuildCommon() {
 }
 
 state::FileValue Zero0State::ModelStatesRoot(int pp, int tp) const {
+  if (!tp_ranks_.empty()) {
+    return tp_ranks_[std::min<size_t>(std::max(tp, 0), tp_ranks_.size() - 1)]->ModelStatesRoot(pp, 0);
+  }
   return state::FileValue{root_copy_, state::Unowned(file_.get())};
 }
 
 absl::StatusOr<std::vector<TensorPlan>> Zero0State::Slices(const state::ParamState& param, int stage,
                                                            const std::string& state) const {
+  if (!tp_ranks_.empty()) {
+    std::vector<TensorPlan> out;
+    for (const auto& r : tp_ranks_) {
+      UCP_ASSIGN_OR_RETURN(std::vector<TensorPlan> one, r->Slices(param, stage, state));
+      out.push_back(std::move(one[0]));
+    }
+    return out;
+  }
   const int i = info_.IndexOf(param.name);
   if (i < 0) return absl::NotFoundError(absl::StrCat("no param '", param.name, "'"));
   const Entry& e = entries_[info_entry_[i]];
@@ -534,6 +628,7 @@ absl::StatusOr<std::vector<TensorPlan>> Zero0State::Slices(const state::ParamSta
 }
 
 absl::StatusOr<state::FileValue> Zero0State::GroupScalar(int group, const std::string& key) const {
+  if (!tp_ranks_.empty()) return tp_ranks_[0]->GroupScalar(group, key);
   if (group < 0 || group >= static_cast<int>(groups_.size()) || groups_[group].empty()) {
     return state::FileValue{nullptr, nullptr};
   }
@@ -541,6 +636,11 @@ absl::StatusOr<state::FileValue> Zero0State::GroupScalar(int group, const std::s
 }
 
 std::vector<state::InputRange> Zero0State::Inputs(const state::ParamState& param) const {
+  if (!tp_ranks_.empty()) {
+    std::vector<state::InputRange> out;
+    for (const auto& r : tp_ranks_) out.push_back(state::InputRange{r->path_, "", 0, -1});
+    return out;
+  }
   return {state::InputRange{path_, "", 0, -1}};
 }
 

@@ -15,7 +15,13 @@
 //               scale_factor, scale_window,] optimizer_state_dict: <as fp32>,
 //               fp32_groups: [[fp32 master per param of the group]]}.
 // FP16_Optimizer's fused layout (fp32_groups_flat, GPU FusedAdam only) is
-// refused (kUnimplemented), as are pipeline (layer files) and tp > 1 sources.
+// refused (kUnimplemented), as are pipelines (layer files).
+//
+// Tensor parallelism (a plain module given an mpu: mp_rank_00 .. mp_rank_<tp-1>,
+// each holding its tp rank's module slices and the optimizer state over them):
+// each file is read and its order reconstructed on its own (a rank of its
+// own, `tp_ranks_`), and the ranks must agree on every name, role and group;
+// the state is then their tp slices side by side.
 //
 // The state is keyed by the optimizer's param index; which module param each
 // index is, is reconstructed (param_order.h) from shapes, then for bf16/fp16
@@ -67,14 +73,16 @@ class Zero0State : public state::SlicedState, public deepspeed::DeepSpeedFacet {
                                                      const std::string& state) const override;
   absl::StatusOr<state::FileValue> GroupScalar(int group, const std::string& key) const override;
   std::vector<state::InputRange> Inputs(const state::ParamState& param) const override;
-  std::vector<std::string> InputFiles() const override { return {path_}; }
-  absl::Status VerifyInput(const std::string& path) const override { return file_->VerifyAllCrcs(); }
+  std::vector<std::string> InputFiles() const override;
+  absl::Status VerifyInput(const std::string& path) const override;
   const state::Facet* GetFacet(state::FacetKey key) const override { return deepspeed::OfferFacet(this, key); }
   const std::string& dir() const override { return dir_; }
   // DeepSpeedFacet: the model states without `optimizer`, and an optimizer
   // state in the shape of a ZeRO optimizer's (loss scaler, clip_grad from the
   // ds_config's gradient_clipping, param_groups as the source saved them).
-  absl::StatusOr<state::FileValue> OptimizerCommon() const override { return common_; }
+  absl::StatusOr<state::FileValue> OptimizerCommon() const override {
+    return tp_ranks_.empty() ? common_ : tp_ranks_[0]->common_;
+  }
   state::FileValue ModelStatesRoot(int pp, int tp) const override;
   std::string ModelStatesPath(int pp, int tp) const override { return ""; }
 
@@ -98,7 +106,13 @@ class Zero0State : public state::SlicedState, public deepspeed::DeepSpeedFacet {
   };
 
   Zero0State() = default;
+  // One model-states file (`file` in dir_): what Load does for tp = 1.
+  static absl::StatusOr<std::unique_ptr<Zero0State>> OpenFile(const std::string& dir, const std::string& file,
+                                                               const Zero0Options& options);
   absl::Status Load(const Zero0Options& options);
+  absl::Status LoadFile(const std::string& file, const Zero0Options& options);
+  // tp > 1: the ranks' infos agree; info_ is rank 0's with every rank's shapes.
+  absl::Status CombineTpRanks();
   absl::Status ReadModule();
   absl::Status ReadOptimizer();
   absl::Status SolveOrder(const Zero0Options& options);
@@ -120,6 +134,7 @@ class Zero0State : public state::SlicedState, public deepspeed::DeepSpeedFacet {
   state::ModelInfo info_;
   state::FileValue common_;
   pickle::ValuePtr root_copy_;
+  std::vector<std::unique_ptr<Zero0State>> tp_ranks_;  // tp > 1: one per mp_rank file
 };
 
 }  // namespace ucp::deepspeed_zero0

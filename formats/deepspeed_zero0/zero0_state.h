@@ -15,13 +15,22 @@
 //               scale_factor, scale_window,] optimizer_state_dict: <as fp32>,
 //               fp32_groups: [[fp32 master per param of the group]]}.
 // FP16_Optimizer's fused layout (fp32_groups_flat, GPU FusedAdam only) is
-// refused (kUnimplemented), as are pipelines (layer files).
+// refused (kUnimplemented).
 //
 // Tensor parallelism (a plain module given an mpu: mp_rank_00 .. mp_rank_<tp-1>,
 // each holding its tp rank's module slices and the optimizer state over them):
 // each file is read and its order reconstructed on its own (a rank of its
 // own, `tp_ranks_`), and the ranks must agree on every name, role and group;
 // the state is then their tp slices side by side.
+//
+// A PipelineModule (layer_LL-model_TT-model_states.pt beside mp_rank_00 ..
+// mp_rank_<pp*tp-1>, whose `module` is None): every (stage, tp rank) file
+// holds the optimizer over its stage's params. Which layers a stage holds is
+// not saved: stage s takes the fewest layers after stage s-1's for which its
+// optimizer's order reconstruction succeeds (the last stage the rest); its
+// params are named `<layer>.<key>` as PipelineModule names them. Tied modules
+// (TiedLayerSpec: `tied_modules.<key>.*`, in the optimizer of every stage
+// using them) cannot be told from the files and are refused.
 //
 // The state is keyed by the optimizer's param index; which module param each
 // index is, is reconstructed (param_order.h) from shapes, then for bf16/fp16
@@ -36,6 +45,7 @@
 #ifndef UCP_FORMATS_DEEPSPEED_ZERO0_ZERO0_STATE_H_
 #define UCP_FORMATS_DEEPSPEED_ZERO0_ZERO0_STATE_H_
 
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -100,6 +110,8 @@ class Zero0State : public state::SlicedState, public deepspeed::DeepSpeedFacet {
   };
   struct Entry {             // one module tensor
     std::string name;
+    int layer = -1;          // pipelines: the layer file's index
+    std::string local_name;  // pipelines: the key in the layer file
     torch::Tensor tensor;
     state::TensorRole role = state::TensorRole::kFrozen;
     std::string alias_of;
@@ -113,6 +125,17 @@ class Zero0State : public state::SlicedState, public deepspeed::DeepSpeedFacet {
   absl::Status LoadFile(const std::string& file, const Zero0Options& options);
   // tp > 1: the ranks' infos agree; info_ is rank 0's with every rank's shapes.
   absl::Status CombineTpRanks();
+  // Pipelines: the mp_rank files (sorted) and the layer files by (layer, tp rank).
+  absl::Status LoadPipeline(const std::vector<std::string>& mp_files,
+                            const std::map<std::pair<int, int>, std::string>& layer_files, const Zero0Options& options);
+  // Pipelines: opens a stage's mp_rank file and reads its optimizer (no module).
+  static absl::StatusOr<std::unique_ptr<Zero0State>> OpenStageFile(const std::string& dir, const std::string& file,
+                                                                    const Zero0Options& options);
+  // Pipelines: gives the rank the tensors of layers [begin, end) of tp rank
+  // `t` and reconstructs its order.
+  absl::Status SolveStage(const Zero0State& parent, int t, size_t begin, size_t end, const Zero0Options& options);
+  absl::Status CombinePipeline();
+  const Zero0State& Rank(int stage, int tp_rank) const { return *tp_ranks_[stage * tp_ + tp_rank]; }
   absl::Status ReadModule();
   absl::Status ReadOptimizer();
   absl::Status SolveOrder(const Zero0Options& options);
@@ -134,7 +157,15 @@ class Zero0State : public state::SlicedState, public deepspeed::DeepSpeedFacet {
   state::ModelInfo info_;
   state::FileValue common_;
   pickle::ValuePtr root_copy_;
-  std::vector<std::unique_ptr<Zero0State>> tp_ranks_;  // tp > 1: one per mp_rank file
+  // tp > 1 or pp > 1: one per mp_rank file, in mp rank order (stage * tp + tp rank).
+  std::vector<std::unique_ptr<Zero0State>> tp_ranks_;
+  int tp_ = 1, pp_ = 1;
+  // Pipelines (the parent only): layer indices with files, their files per
+  // tp rank, and the entries each layer file holds per tp rank.
+  std::vector<int> layers_;
+  std::vector<std::unique_ptr<torch::TorchFile>> layer_files_;
+  std::vector<std::vector<std::vector<Entry>>> layer_entries_;  // [tp][layer index in layers_]
+  std::vector<std::pair<size_t, size_t>> stage_layers_;         // per stage: [begin, end) in layers_
 };
 
 }  // namespace ucp::deepspeed_zero0

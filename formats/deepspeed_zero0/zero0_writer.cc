@@ -41,8 +41,16 @@ class Zero0Plan : public writers::Plan {
                                                      ": ucp writes ZeRO stage 0 checkpoints of plain modules (pp=1)"));
     }
     if (info_.pipeline && info_.num_layers > 0) {
-      return absl::InvalidArgumentError(
-          "ZeRO stage 0 target: the source is a PipelineModule (layer files); ucp writes stage 0 for plain modules");
+      // A bf16 PipelineEngine without ZeRO runs BF16_Optimizer, and DeepSpeed
+      // (0.19.5) cannot load what it saves: _load_checkpoint passes the mp_rank
+      // file's optimizer dict to BF16_Optimizer._load_legacy_checkpoint, which
+      // indexes it by dp rank (KeyError: 0).
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ZeRO stage 0 target: the source is a PipelineModule (layer files); ucp writes stage 0 for plain modules",
+          info_.lp_dtype == torch::DType::kBFloat16
+              ? " (a bf16 pipeline without ZeRO runs BF16_Optimizer, whose stage 0 checkpoint DeepSpeed 0.19.5 cannot "
+                "load back: KeyError 0 in BF16_Optimizer._load_legacy_checkpoint; target --zero_stage=1)"
+              : "; target --zero_stage=1"));
     }
     if (info_.expert_parallel > 0) {
       return absl::InvalidArgumentError("ZeRO stage 0 target: a mixture-of-experts source is not supported");

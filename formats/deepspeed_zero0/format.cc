@@ -20,6 +20,7 @@ namespace {
 absl::StatusOr<Zero0Options> OptionsOf(const formats::SourceOptions& options) {
   Zero0Options o;
   o.read = formats::DeepSpeedReadOptions(options);
+  o.make_vocab_size_divisible_by = options.make_vocab_size_divisible_by;
   auto it = options.format_options.find(kOrderOption);
   if (it != options.format_options.end()) {
     if (it->second != kOrderHfTrainer) {

@@ -208,6 +208,7 @@ absl::Status Zero0State::LoadPipeline(const std::vector<std::string>& mp_files,
       Zero0State& rt = *tp_ranks_[s * tp_ + t];
       UCP_RETURN_IF_ERROR(rt.BuildInfo());
       UCP_RETURN_IF_ERROR(rt.BuildCommon());
+      rt.RecordArgs(options);
     }
     begin = end;
   }
@@ -233,6 +234,8 @@ absl::Status Zero0State::CombinePipeline() {
   info_.module_layers = layers_;
   info_.num_layers = layers_.empty() ? 0 : layers_.back() + 1;
   info_.source_topology = state::Topology{tp_, pp_, r0.info_.source_topology.dp};
+  info_.make_vocab_size_divisible_by = r0.info_.make_vocab_size_divisible_by;
+  info_.partition_method = r0.info_.partition_method;
   for (size_t i = 0; i < tp_ranks_.size(); ++i) {
     const Zero0State& r = *tp_ranks_[i];
     const Zero0State& first = Rank(static_cast<int>(i) / tp_, 0);
@@ -297,7 +300,24 @@ absl::Status Zero0State::LoadFile(const std::string& file, const Zero0Options& o
   UCP_RETURN_IF_ERROR(ReadOptimizer());
   UCP_RETURN_IF_ERROR(SolveOrder(options));
   UCP_RETURN_IF_ERROR(BuildInfo());
-  return BuildCommon();
+  UCP_RETURN_IF_ERROR(BuildCommon());
+  RecordArgs(options);
+  return absl::OkStatus();
+}
+
+void Zero0State::RecordArgs(const Zero0Options& options) {
+  const Value* a = args();
+  auto get = [&](const char* key) { return a != nullptr && a->is(Kind::kDict) ? a->DictGet(key) : nullptr; };
+  info_.make_vocab_size_divisible_by = options.make_vocab_size_divisible_by;
+  if (const Value* v = get("make_vocab_size_divisible_by");
+      info_.make_vocab_size_divisible_by <= 0 && v != nullptr && v->is(Kind::kInt) && v->fits_int64()) {
+    info_.make_vocab_size_divisible_by = v->int_value();
+  }
+  for (const char* key : {"pipe_partition_method", "partition_method", "partition-method"}) {
+    if (const Value* v = get(key); v != nullptr && v->is(Kind::kStr) && info_.partition_method.empty()) {
+      info_.partition_method = v->str();
+    }
+  }
 }
 
 absl::Status Zero0State::CombineTpRanks() {

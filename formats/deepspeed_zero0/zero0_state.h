@@ -68,6 +68,9 @@ struct Zero0Options {
   deepspeed::ReadOptions read;
   // "" (evidence in the files only) or kOrderHfTrainer.
   std::string order;
+  // --make_vocab_size_divisible_by of the command (0: the checkpoint's args'),
+  // recorded in ModelInfo as the ZeRO-1/2 reader records it.
+  int64_t make_vocab_size_divisible_by = 0;
 };
 
 // Whether the parsed model-states root is a stage-0 checkpoint's: param_shapes
@@ -141,6 +144,10 @@ class Zero0State : public state::SlicedState, public deepspeed::DeepSpeedFacet {
   absl::Status SolveOrder(const Zero0Options& options);
   absl::Status BuildInfo();
   absl::Status BuildCommon();
+  // What the training's args say that the ZeRO-1/2 reader records too: the
+  // vocabulary padding (make_vocab_size_divisible_by, or the option's) and
+  // the pipeline partition method.
+  void RecordArgs(const Zero0Options& options);
   absl::StatusOr<torch::Tensor> Tensor(const pickle::Value& v, const std::string& what) const;
   absl::Status Error(const std::string& what) const;
 

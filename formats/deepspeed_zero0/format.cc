@@ -86,7 +86,7 @@ class Target : public formats::TargetFormat {
  public:
   absl::string_view name() const override { return kName; }
   absl::string_view summary() const override {
-    return "a DeepSpeed checkpoint without ZeRO (stage 0) at tp=1 pp=1 and any dp";
+    return "a DeepSpeed checkpoint without ZeRO (stage 0) of a plain module at any tp and dp";
   }
   formats::TargetFamily family() const override { return formats::TargetFamily::kTrainingState; }
   bool PicksFor(const state::ModelInfo& info, const writers::ZeroWriteOptions& options) const override {

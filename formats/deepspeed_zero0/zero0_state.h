@@ -1,5 +1,6 @@
 // Zero0State: a DeepSpeed checkpoint saved without ZeRO
-// (`zero_optimization.stage: 0`) as a SlicedState at tp = pp = 1:
+// (`zero_optimization.stage: 0`) as a SlicedState (tp = pp = 1 below; tp and
+// pipelines further down):
 //
 //   mp_rank_00_model_states.pt   `module` (the full lp weights, buffers, both names
 //                                of a tied weight), `optimizer` = the optimizer's own

@@ -1,6 +1,8 @@
 #include "deepspeed/model_states_files.h"
 
 #include <algorithm>
+#include <map>
+#include <set>
 
 #include "absl/strings/strip.h"
 #include "absl/strings/match.h"
@@ -77,6 +79,75 @@ absl::StatusOr<FileGroupShapes> ReadParamShapes(const torch::TorchFile& f) {
       group.emplace_back(k->str(), std::move(shape));
     }
     out.groups.push_back(std::move(group));
+  }
+  return out;
+}
+
+// A PipelineModule's mp_rank file saved in bf16 without ZeRO (stage 0):
+// engine.py gives a bf16 PipelineEngine the BF16_Optimizer, which writes the
+// bf16_zero_pp_rank_* files, while param_shapes stays None (written only when
+// zero_optimization() is on). Each group's names come from the optimizer
+// files' param_slice_mappings (every dp rank's, in partition order, a name
+// split over two partitions once), their shapes from the layer files of tp
+// rank mp_rank % layer_files_tp (names are "<layer>.<key>"; a tied module's
+// "tied_modules.<key>.*" names no layer and is refused).
+absl::StatusOr<FileGroupShapes> ShapesFromSliceMappings(const std::string& dir, int mp_rank, int layer_files_tp,
+                                                        const ReadOptions& read, const absl::Status& none) {
+  if (layer_files_tp <= 0 || !PathExists(JoinPath(dir, OptimFileName(0, mp_rank, true)))) return none;
+  const int tp_rank = mp_rank % layer_files_tp;
+  FileGroupShapes out;
+  std::vector<std::set<std::string>> seen;
+  for (int d = 0;; ++d) {
+    const std::string path = JoinPath(dir, OptimFileName(d, mp_rank, true));
+    if (!PathExists(path)) break;
+    UCP_ASSIGN_OR_RETURN(auto f, torch::TorchFile::Open(path, read.Files()));
+    const Value* osd = f->root()->DictGet("optimizer_state_dict");
+    const Value* maps = osd != nullptr && osd->is(Kind::kDict) ? osd->DictGet("param_slice_mappings") : nullptr;
+    if (maps == nullptr || !maps->is(Kind::kList)) {
+      return FileError(path, absl::StatusCode::kFailedPrecondition,
+                       "param_shapes of the model states is None and this file has no param_slice_mappings list to "
+                       "name the params by");
+    }
+    if (out.groups.size() < maps->size()) {
+      out.groups.resize(maps->size());
+      seen.resize(maps->size());
+    }
+    for (size_t g = 0; g < maps->size(); ++g) {
+      const Value& m = *maps->items()[g];
+      if (!m.is(Kind::kDict)) {
+        return FileError(path, absl::StatusCode::kInvalidArgument, absl::StrCat("param_slice_mappings[", g, "] is not a dict"));
+      }
+      for (const auto& [k, v] : m.dict_items()) {
+        if (!k->is(Kind::kStr)) {
+          return FileError(path, absl::StatusCode::kInvalidArgument,
+                           absl::StrCat("param_slice_mappings[", g, "] has a non-string key"));
+        }
+        if (seen[g].insert(k->str()).second) out.groups[g].emplace_back(k->str(), std::vector<int64_t>{});
+      }
+    }
+  }
+  std::map<int, std::unique_ptr<torch::TorchFile>> layers;
+  for (auto& group : out.groups) {
+    for (auto& [name, shape] : group) {
+      const int layer = LayerOfName(name);
+      if (layer < 0) {
+        return FileError(JoinPath(dir, MpRankFileName(mp_rank)), absl::StatusCode::kUnimplemented,
+                         absl::StrCat("param_shapes is None (a bf16 pipeline saved without ZeRO) and param '", name,
+                                      "' names no layer file (a tied module): its shape cannot be read"));
+      }
+      if (!layers.count(layer)) {
+        UCP_ASSIGN_OR_RETURN(layers[layer], torch::TorchFile::Open(JoinPath(dir, LayerFileName(layer, tp_rank)), read.Files()));
+      }
+      const torch::TorchFile& lf = *layers[layer];
+      const Value* t = lf.root()->DictGet(name.substr(name.find('.') + 1));
+      if (t == nullptr || !torch::TorchFile::IsTensor(*t)) {
+        return FileError(lf.path(), absl::StatusCode::kInvalidArgument,
+                         absl::StrCat("no tensor '", name.substr(name.find('.') + 1), "' for param '", name,
+                                      "' of the optimizer's param_slice_mappings"));
+      }
+      UCP_ASSIGN_OR_RETURN(torch::Tensor tensor, lf.GetTensor(*t));
+      shape = tensor.sizes();
+    }
   }
   return out;
 }
@@ -387,8 +458,12 @@ absl::Status ModelStatesFiles::Load(int layer_files_tp) {
   // Param shapes of every mp rank, and tp from which ranks share names.
   std::vector<FileGroupShapes> shapes;
   for (int r = 0; r < mp; ++r) {
-    UCP_ASSIGN_OR_RETURN(FileGroupShapes s, ReadParamShapes(*files_[r]));
-    shapes.push_back(std::move(s));
+    absl::StatusOr<FileGroupShapes> s = ReadParamShapes(*files_[r]);
+    if (!s.ok() && s.status().code() == absl::StatusCode::kFailedPrecondition) {
+      s = ShapesFromSliceMappings(dir_, r, layer_files_tp, read_, s.status());
+    }
+    if (!s.ok()) return s.status();
+    shapes.push_back(*std::move(s));
   }
   UCP_ASSIGN_OR_RETURN(recorded_tp_, ReadRecordedTp(files_));
   UCP_ASSIGN_OR_RETURN(const int tp, DecideTp(dir_, shapes, pipeline_, layer_files_tp, recorded_tp_));

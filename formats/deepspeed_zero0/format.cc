@@ -20,6 +20,7 @@ namespace {
 absl::StatusOr<Zero0Options> OptionsOf(const formats::SourceOptions& options) {
   Zero0Options o;
   o.read = formats::DeepSpeedReadOptions(options);
+  o.make_vocab_size_divisible_by = options.make_vocab_size_divisible_by;
   auto it = options.format_options.find(kOrderOption);
   if (it != options.format_options.end()) {
     if (it->second != kOrderHfTrainer) {
@@ -85,7 +86,7 @@ class Target : public formats::TargetFormat {
  public:
   absl::string_view name() const override { return kName; }
   absl::string_view summary() const override {
-    return "a DeepSpeed checkpoint without ZeRO (stage 0) at tp=1 pp=1 and any dp";
+    return "a DeepSpeed checkpoint without ZeRO (stage 0) of a plain module at any tp and dp";
   }
   formats::TargetFamily family() const override { return formats::TargetFamily::kTrainingState; }
   bool PicksFor(const state::ModelInfo& info, const writers::ZeroWriteOptions& options) const override {

@@ -67,6 +67,7 @@ absl::StatusOr<std::unique_ptr<Zero0State>> Zero0State::Open(const std::string& 
 absl::Status Zero0State::Load(const Zero0Options& options) {
   UCP_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirectory(dir_));
   std::vector<std::string> mp_files;
+  std::map<std::pair<int, int>, std::string> layer_files;
   for (const std::string& n : names) {
     auto parsed = deepspeed::ParseCheckpointFileName(n);
     if (!parsed) continue;
@@ -75,9 +76,8 @@ absl::Status Zero0State::Load(const Zero0Options& options) {
         mp_files.push_back(n);
         break;
       case deepspeed::CheckpointFileName::Type::kLayer:
-        return absl::UnimplementedError(absl::StrCat(
-            dir_, ": a ZeRO stage 0 checkpoint of a PipelineModule (", n,
-            ") is not supported: only plain modules (one mp_rank_00_model_states.pt)"));
+        layer_files[{parsed->layer, parsed->tp_rank}] = n;
+        break;
       default:
         return absl::InvalidArgumentError(absl::StrCat(
             dir_, ": ", n, " beside a ZeRO stage 0 model-states file: the folder mixes a ZeRO checkpoint with a "
@@ -85,12 +85,211 @@ absl::Status Zero0State::Load(const Zero0Options& options) {
     }
   }
   std::sort(mp_files.begin(), mp_files.end());
-  if (mp_files.size() != 1 || mp_files[0] != deepspeed::MpRankFileName(0)) {
-    return absl::UnimplementedError(absl::StrCat(
-        dir_, ": ZeRO stage 0 with model parallelism (", absl::StrJoin(mp_files, ", "),
-        ") is not supported: only tp = pp = 1 (one mp_rank_00_model_states.pt)"));
+  for (size_t t = 0; t < mp_files.size(); ++t) {
+    if (mp_files[t] != deepspeed::MpRankFileName(static_cast<int>(t))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          dir_, ": ZeRO stage 0 model-states files ", absl::StrJoin(mp_files, ", "), ": expected ",
+          deepspeed::MpRankFileName(static_cast<int>(t)), " (one file per model-parallel rank, numbered from 0)"));
+    }
   }
-  path_ = JoinPath(dir_, mp_files[0]);
+  if (mp_files.empty()) return absl::InvalidArgumentError(absl::StrCat(dir_, ": no mp_rank_*_model_states.pt"));
+  if (!layer_files.empty()) return LoadPipeline(mp_files, layer_files, options);
+  if (mp_files.size() == 1) return LoadFile(mp_files[0], options);
+  tp_ = static_cast<int>(mp_files.size());
+  for (const std::string& f : mp_files) {
+    UCP_ASSIGN_OR_RETURN(std::unique_ptr<Zero0State> r, OpenFile(dir_, f, options));
+    tp_ranks_.push_back(std::move(r));
+  }
+  return CombineTpRanks();
+}
+
+absl::StatusOr<std::unique_ptr<Zero0State>> Zero0State::OpenStageFile(const std::string& dir, const std::string& file,
+                                                                       const Zero0Options& options) {
+  std::unique_ptr<Zero0State> s(new Zero0State());
+  s->dir_ = dir;
+  s->path_ = JoinPath(dir, file);
+  UCP_ASSIGN_OR_RETURN(s->file_, torch::TorchFile::Open(s->path_, options.read.Files()));
+  const Value& root = *s->file_->root();
+  if (!IsZero0Root(root)) {
+    return s->Error("not a ZeRO stage 0 model-states file (expected param_shapes None and an optimizer dict)");
+  }
+  if (const Value* m = root.DictGet("module"); m == nullptr || !m->is_none()) {
+    return s->Error("a PipelineModule's model states hold module None (the weights are in the layer files)");
+  }
+  if (const Value* v = root.DictGet("ds_version"); v != nullptr && v->is(Kind::kStr)) s->ds_version_ = v->str();
+  UCP_RETURN_IF_ERROR(s->ReadOptimizer());
+  return s;
+}
+
+absl::Status Zero0State::SolveStage(const Zero0State& parent, int t, size_t begin, size_t end,
+                                    const Zero0Options& options) {
+  entries_.clear();
+  assigned_.clear();
+  std::set<std::string> buffers;
+  if (const Value* b = file_->root()->DictGet("buffer_names"); b != nullptr && b->is(Kind::kList)) {
+    for (const ValuePtr& n : b->items()) {
+      if (n->is(Kind::kStr)) buffers.insert(n->str());
+    }
+  }
+  for (size_t l = begin; l < end; ++l) {
+    for (Entry e : parent.layer_entries_[t][l]) {
+      e.role = buffers.count(e.name) ? state::TensorRole::kBuffer : state::TensorRole::kFrozen;
+      entries_.push_back(std::move(e));
+    }
+  }
+  return SolveOrder(options);
+}
+
+absl::Status Zero0State::LoadPipeline(const std::vector<std::string>& mp_files,
+                                      const std::map<std::pair<int, int>, std::string>& layer_files,
+                                      const Zero0Options& options) {
+  std::set<int> tps;
+  for (const auto& [key, n] : layer_files) {
+    if (layers_.empty() || layers_.back() != key.first) layers_.push_back(key.first);
+    tps.insert(key.second);
+  }
+  tp_ = static_cast<int>(tps.size());
+  for (int l : layers_) {
+    for (int t = 0; t < tp_; ++t) {
+      if (!layer_files.count({l, t})) {
+        return absl::InvalidArgumentError(absl::StrCat(dir_, ": ", deepspeed::LayerFileName(l, t),
+                                                       " is missing (the layer files show tp=", tp_, ")"));
+      }
+    }
+  }
+  if (static_cast<int>(mp_files.size()) % tp_ != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(dir_, ": ", mp_files.size(), " mp_rank files for tp=", tp_,
+                                                   " (the layer files'): expected pp * tp"));
+  }
+  pp_ = static_cast<int>(mp_files.size()) / tp_;
+  layer_entries_.assign(tp_, std::vector<std::vector<Entry>>(layers_.size()));
+  for (int t = 0; t < tp_; ++t) {
+    for (size_t li = 0; li < layers_.size(); ++li) {
+      const std::string path = JoinPath(dir_, layer_files.at({layers_[li], t}));
+      UCP_ASSIGN_OR_RETURN(std::unique_ptr<torch::TorchFile> f, torch::TorchFile::Open(path, options.read.Files()));
+      if (!f->root()->is(Kind::kDict)) return absl::InvalidArgumentError(absl::StrCat(path, ": not a state dict"));
+      for (const auto& [k, v] : f->root()->dict_items()) {
+        if (!k->is(Kind::kStr) || !torch::TorchFile::IsTensor(*v)) {
+          return absl::InvalidArgumentError(absl::StrCat(path, ": key ", k->DebugString(40), " is not a tensor"));
+        }
+        Entry e;
+        e.local_name = k->str();
+        e.layer = layers_[li];
+        e.name = absl::StrCat(layers_[li], ".", e.local_name);
+        UCP_ASSIGN_OR_RETURN(e.tensor, f->GetTensor(*v), _.Prepend(absl::StrCat(path, ": '", e.local_name, "': ")));
+        layer_entries_[t][li].push_back(std::move(e));
+      }
+      layer_files_.push_back(std::move(f));
+    }
+  }
+  for (const std::string& f : mp_files) {
+    UCP_ASSIGN_OR_RETURN(std::unique_ptr<Zero0State> r, OpenStageFile(dir_, f, options));
+    tp_ranks_.push_back(std::move(r));
+  }
+  // Stage s: the fewest layers after stage s-1's whose tensors its optimizer fits.
+  size_t begin = 0;
+  for (int s = 0; s < pp_; ++s) {
+    Zero0State& r = *tp_ranks_[s * tp_];
+    size_t end = s + 1 == pp_ ? layers_.size() : begin + 1;
+    absl::Status st = absl::InvalidArgumentError("no layers left");
+    for (; end <= layers_.size(); ++end) {
+      st = r.SolveStage(*this, 0, begin, end, options);
+      if (st.code() != absl::StatusCode::kInvalidArgument) break;
+    }
+    if (!st.ok()) {
+      return absl::Status(st.code(), absl::StrCat(
+          st.message(), " (pipeline stage ", s, " of ", pp_, ", its layers from layer ",
+          begin < layers_.size() ? layers_[begin] : -1, " on; a stage 0 pipeline's tied modules (TiedLayerSpec) "
+          "are not supported: nothing in the files names them)"));
+    }
+    stage_layers_.push_back({begin, end});
+    for (int t = 1; t < tp_; ++t) UCP_RETURN_IF_ERROR(tp_ranks_[s * tp_ + t]->SolveStage(*this, t, begin, end, options));
+    for (int t = 0; t < tp_; ++t) {
+      Zero0State& rt = *tp_ranks_[s * tp_ + t];
+      UCP_RETURN_IF_ERROR(rt.BuildInfo());
+      UCP_RETURN_IF_ERROR(rt.BuildCommon());
+      rt.RecordArgs(options);
+    }
+    begin = end;
+  }
+  return CombinePipeline();
+}
+
+absl::Status Zero0State::CombinePipeline() {
+  const Zero0State& r0 = Rank(0, 0);
+  path_ = r0.path_;
+  ds_version_ = r0.ds_version_;
+  layout_ = r0.layout_;
+  evidence_ = absl::StrCat(r0.evidence_, ", on each of the ", pp_, " pipeline stages x ", tp_,
+                           " tp ranks (a stage: the fewest layers its optimizer fits)");
+  info_ = state::ModelInfo();
+  info_.num_groups = r0.info_.num_groups;
+  info_.state_keys = r0.state_keys_;
+  info_.scalar_keys = r0.scalar_keys_;
+  info_.pipeline = true;
+  info_.optimizer_kind = state::OptimizerKind::kZero;
+  info_.zero_stage = 0;
+  info_.lp_dtype = r0.info_.lp_dtype;
+  info_.bf16_file_prefix = r0.info_.bf16_file_prefix;
+  info_.module_layers = layers_;
+  info_.num_layers = layers_.empty() ? 0 : layers_.back() + 1;
+  info_.source_topology = state::Topology{tp_, pp_, r0.info_.source_topology.dp};
+  info_.make_vocab_size_divisible_by = r0.info_.make_vocab_size_divisible_by;
+  info_.partition_method = r0.info_.partition_method;
+  for (size_t i = 0; i < tp_ranks_.size(); ++i) {
+    const Zero0State& r = *tp_ranks_[i];
+    const Zero0State& first = Rank(static_cast<int>(i) / tp_, 0);
+    if (r.info_.num_groups != info_.num_groups || r.state_keys_ != info_.state_keys ||
+        r.scalar_keys_ != info_.scalar_keys || r.layout_ != layout_ || r.info_.params.size() != first.info_.params.size()) {
+      return r.Error(absl::StrCat("its optimizer (", r.info_.num_groups, " groups, ", r.layout_, ", ",
+                                  r.info_.params.size(), " tensors) differs from ", first.path_, "'s"));
+    }
+    for (size_t j = 0; j < r.info_.params.size(); ++j) {
+      const state::ParamState& a = first.info_.params[j];
+      const state::ParamState& b = r.info_.params[j];
+      if (a.name != b.name || a.role != b.role || a.group != b.group) {
+        return r.Error(absl::StrCat("tensor ", j, " is '", b.name, "' (group ", b.group, "), ", first.path_,
+                                    "'s '", a.name, "' (group ", a.group, "): the tp ranks of a stage hold the same params"));
+      }
+    }
+  }
+  auto add = [&](int s, const state::ParamState& src) {
+    state::ParamState p = src;
+    p.stages = {s};
+    p.tp_shapes.clear();
+    for (int t = 0; t < tp_; ++t) p.tp_shapes.push_back(Rank(s, t).info_.Find(src.name)->tp_shapes[0]);
+    info_.params.push_back(std::move(p));
+  };
+  for (int g = 0; g < info_.num_groups; ++g) {
+    for (int s = 0; s < pp_; ++s) {
+      for (const state::ParamState& p : Rank(s, 0).info_.params) {
+        if (p.trainable() && p.group == g) add(s, p);
+      }
+    }
+  }
+  for (int s = 0; s < pp_; ++s) {
+    for (const state::ParamState& p : Rank(s, 0).info_.params) {
+      if (!p.trainable()) add(s, p);
+    }
+    for (const auto& k : Rank(s, 0).info_.module_order) info_.module_order.push_back(k);
+  }
+  info_.notes.push_back(absl::StrCat("ZeRO stage 0 pipeline source (", layout_, ", pp=", pp_, " tp=", tp_,
+                                     "): which module param each optimizer state belongs to was decided by ",
+                                     evidence_));
+  info_.Reindex();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Zero0State>> Zero0State::OpenFile(const std::string& dir, const std::string& file,
+                                                                  const Zero0Options& options) {
+  std::unique_ptr<Zero0State> s(new Zero0State());
+  s->dir_ = dir;
+  UCP_RETURN_IF_ERROR(s->LoadFile(file, options));
+  return s;
+}
+
+absl::Status Zero0State::LoadFile(const std::string& file, const Zero0Options& options) {
+  path_ = JoinPath(dir_, file);
   UCP_ASSIGN_OR_RETURN(file_, torch::TorchFile::Open(path_, options.read.Files()));
   const Value& root = *file_->root();
   if (!IsZero0Root(root)) {
@@ -101,7 +300,91 @@ absl::Status Zero0State::Load(const Zero0Options& options) {
   UCP_RETURN_IF_ERROR(ReadOptimizer());
   UCP_RETURN_IF_ERROR(SolveOrder(options));
   UCP_RETURN_IF_ERROR(BuildInfo());
-  return BuildCommon();
+  UCP_RETURN_IF_ERROR(BuildCommon());
+  RecordArgs(options);
+  return absl::OkStatus();
+}
+
+void Zero0State::RecordArgs(const Zero0Options& options) {
+  const Value* a = args();
+  auto get = [&](const char* key) { return a != nullptr && a->is(Kind::kDict) ? a->DictGet(key) : nullptr; };
+  info_.make_vocab_size_divisible_by = options.make_vocab_size_divisible_by;
+  if (const Value* v = get("make_vocab_size_divisible_by");
+      info_.make_vocab_size_divisible_by <= 0 && v != nullptr && v->is(Kind::kInt) && v->fits_int64()) {
+    info_.make_vocab_size_divisible_by = v->int_value();
+  }
+  for (const char* key : {"pipe_partition_method", "partition_method", "partition-method"}) {
+    if (const Value* v = get(key); v != nullptr && v->is(Kind::kStr) && info_.partition_method.empty()) {
+      info_.partition_method = v->str();
+    }
+  }
+}
+
+absl::Status Zero0State::CombineTpRanks() {
+  const int tp = static_cast<int>(tp_ranks_.size());
+  const Zero0State& r0 = *tp_ranks_[0];
+  path_ = r0.path_;
+  ds_version_ = r0.ds_version_;
+  layout_ = r0.layout_;
+  evidence_ = absl::StrCat(r0.evidence_, ", on each of the ", tp, " tp ranks");
+  info_ = r0.info_;
+  for (state::ParamState& p : info_.params) p.tp_shapes.clear();
+  for (int t = 0; t < tp; ++t) {
+    const Zero0State& r = *tp_ranks_[t];
+    auto differs = [&](const std::string& what) {
+      return absl::InvalidArgumentError(absl::StrCat(r.path_, ": ", what, " (tp rank ", t, ") differs from ",
+                                                     r0.path_, "'s: the tp ranks of one model hold the same params"));
+    };
+    if (const Value* v = r.file_->root()->DictGet("mp_world_size"); v != nullptr && v->is(Kind::kInt) &&
+                                                                    v->int_value() != tp) {
+      return r.Error(absl::StrCat("mp_world_size is ", v->int_value(), ", but the folder holds ", tp,
+                                  " mp_rank files (a ZeRO stage 0 pipeline keeps layer files: none here)"));
+    }
+    if (r.info_.params.size() != r0.info_.params.size()) {
+      return differs(absl::StrCat("its ", r.info_.params.size(), " tensors"));
+    }
+    if (r.info_.num_groups != r0.info_.num_groups || r.state_keys_ != r0.state_keys_ ||
+        r.scalar_keys_ != r0.scalar_keys_ || r.layout_ != r0.layout_) {
+      return differs(absl::StrCat("its optimizer (", r.info_.num_groups, " groups, ", r.layout_, ", states ",
+                                  absl::StrJoin(r.state_keys_, "/"), ")"));
+    }
+    for (size_t i = 0; i < info_.params.size(); ++i) {
+      const state::ParamState& a = r0.info_.params[i];
+      const state::ParamState& b = r.info_.params[i];
+      if (a.name != b.name || a.role != b.role || a.group != b.group || a.lp_dtype != b.lp_dtype ||
+          a.alias_of != b.alias_of) {
+        return differs(absl::StrCat("tensor ", i, " '", b.name, "' (", state::TensorRoleName(b.role), ", group ",
+                                    b.group, "; rank 0: '", a.name, "', ", state::TensorRoleName(a.role), ", group ",
+                                    a.group, ")"));
+      }
+      info_.params[i].tp_shapes.push_back(b.tp_shapes[0]);
+    }
+  }
+  info_.source_topology.tp = tp;
+  info_.notes.clear();
+  info_.notes.push_back(absl::StrCat("ZeRO stage 0 source (", layout_, ", ", tp,
+                                     " tp ranks): which module param each optimizer state belongs to was decided by ",
+                                     evidence_));
+  info_.Reindex();
+  return absl::OkStatus();
+}
+
+std::vector<std::string> Zero0State::InputFiles() const {
+  if (tp_ranks_.empty()) return {path_};
+  std::vector<std::string> out;
+  for (const auto& r : tp_ranks_) out.push_back(r->path_);
+  for (const auto& f : layer_files_) out.push_back(f->path());
+  return out;
+}
+
+absl::Status Zero0State::VerifyInput(const std::string& path) const {
+  for (const auto& r : tp_ranks_) {
+    if (r->path_ == path) return r->file_->VerifyAllCrcs();
+  }
+  for (const auto& f : layer_files_) {
+    if (f->path() == path) return f->VerifyAllCrcs();
+  }
+  return file_ != nullptr ? file_->VerifyAllCrcs() : tp_ranks_[0]->file_->VerifyAllCrcs();
 }
 
 absl::Status Zero0State::ReadModule() {
@@ -397,7 +680,8 @@ absl::Status Zero0State::BuildInfo() {
     p.group = group;
     p.role = en.role;
     p.lp_dtype = en.tensor.dtype();
-    p.local_name = en.name;
+    p.local_name = en.local_name.empty() ? en.name : en.local_name;
+    p.layer = en.layer;
     p.alias_of = en.alias_of;
     p.tp_shapes = {en.tensor.sizes()};
     p.stages = {0};
@@ -409,7 +693,7 @@ absl::Status Zero0State::BuildInfo() {
     for (size_t j = 0; j < assigned_[g].size(); ++j) add(assigned_[g][j], static_cast<int>(g), &groups_[g][j]);
   }
   for (size_t e = 0; e < entries_.size(); ++e) {
-    info_.module_order.push_back({-1, entries_[e].name});
+    info_.module_order.push_back({entries_[e].layer, entries_[e].name});
     if (entries_[e].role != state::TensorRole::kTrainable) add(static_cast<int>(e), -1, nullptr);
   }
   info_.notes.push_back(absl::StrCat("ZeRO stage 0 source (", layout_, "): which module param each optimizer state ",
@@ -508,11 +792,21 @@ absl::Status Zero0State::BuildCommon() {
 }
 
 state::FileValue Zero0State::ModelStatesRoot(int pp, int tp) const {
+  if (!tp_ranks_.empty()) return Rank(std::clamp(pp, 0, pp_ - 1), std::clamp(tp, 0, tp_ - 1)).ModelStatesRoot(0, 0);
   return state::FileValue{root_copy_, state::Unowned(file_.get())};
 }
 
 absl::StatusOr<std::vector<TensorPlan>> Zero0State::Slices(const state::ParamState& param, int stage,
                                                            const std::string& state) const {
+  if (!tp_ranks_.empty()) {
+    if (stage < 0 || stage >= pp_) return absl::InvalidArgumentError(absl::StrCat("no pipeline stage ", stage));
+    std::vector<TensorPlan> out;
+    for (int t = 0; t < tp_; ++t) {
+      UCP_ASSIGN_OR_RETURN(std::vector<TensorPlan> one, Rank(stage, t).Slices(param, 0, state));
+      out.push_back(std::move(one[0]));
+    }
+    return out;
+  }
   const int i = info_.IndexOf(param.name);
   if (i < 0) return absl::NotFoundError(absl::StrCat("no param '", param.name, "'"));
   const Entry& e = entries_[info_entry_[i]];
@@ -534,6 +828,12 @@ absl::StatusOr<std::vector<TensorPlan>> Zero0State::Slices(const state::ParamSta
 }
 
 absl::StatusOr<state::FileValue> Zero0State::GroupScalar(int group, const std::string& key) const {
+  for (const auto& r : tp_ranks_) {  // the first stage whose optimizer holds a param of the group
+    if (group >= 0 && group < static_cast<int>(r->groups_.size()) && !r->groups_[group].empty()) {
+      return r->GroupScalar(group, key);
+    }
+  }
+  if (!tp_ranks_.empty()) return tp_ranks_[0]->GroupScalar(group, key);
   if (group < 0 || group >= static_cast<int>(groups_.size()) || groups_[group].empty()) {
     return state::FileValue{nullptr, nullptr};
   }
@@ -541,6 +841,15 @@ absl::StatusOr<state::FileValue> Zero0State::GroupScalar(int group, const std::s
 }
 
 std::vector<state::InputRange> Zero0State::Inputs(const state::ParamState& param) const {
+  if (!tp_ranks_.empty()) {
+    std::vector<state::InputRange> out;
+    const int stage = param.stages.empty() ? 0 : param.stages[0];
+    for (int t = 0; t < tp_; ++t) {
+      out.push_back(state::InputRange{Rank(stage, t).path_, "", 0, -1});
+      if (param.layer >= 0) out.push_back(state::InputRange{JoinPath(dir_, deepspeed::LayerFileName(param.layer, t)), "", 0, -1});
+    }
+    return out;
+  }
   return {state::InputRange{path_, "", 0, -1}};
 }
 

@@ -1,5 +1,6 @@
 // Zero0State: a DeepSpeed checkpoint saved without ZeRO
-// (`zero_optimization.stage: 0`) as a SlicedState at tp = pp = 1:
+// (`zero_optimization.stage: 0`) as a SlicedState (tp = pp = 1 below; tp and
+// pipelines further down):
 //
 //   mp_rank_00_model_states.pt   `module` (the full lp weights, buffers, both names
 //                                of a tied weight), `optimizer` = the optimizer's own
@@ -15,7 +16,22 @@
 //               scale_factor, scale_window,] optimizer_state_dict: <as fp32>,
 //               fp32_groups: [[fp32 master per param of the group]]}.
 // FP16_Optimizer's fused layout (fp32_groups_flat, GPU FusedAdam only) is
-// refused (kUnimplemented), as are pipeline (layer files) and tp > 1 sources.
+// refused (kUnimplemented).
+//
+// Tensor parallelism (a plain module given an mpu: mp_rank_00 .. mp_rank_<tp-1>,
+// each holding its tp rank's module slices and the optimizer state over them):
+// each file is read and its order reconstructed on its own (a rank of its
+// own, `tp_ranks_`), and the ranks must agree on every name, role and group;
+// the state is then their tp slices side by side.
+//
+// A PipelineModule (layer_LL-model_TT-model_states.pt beside mp_rank_00 ..
+// mp_rank_<pp*tp-1>, whose `module` is None): every (stage, tp rank) file
+// holds the optimizer over its stage's params. Which layers a stage holds is
+// not saved: stage s takes the fewest layers after stage s-1's for which its
+// optimizer's order reconstruction succeeds (the last stage the rest); its
+// params are named `<layer>.<key>` as PipelineModule names them. Tied modules
+// (TiedLayerSpec: `tied_modules.<key>.*`, in the optimizer of every stage
+// using them) cannot be told from the files and are refused.
 //
 // The state is keyed by the optimizer's param index; which module param each
 // index is, is reconstructed (param_order.h) from shapes, then for bf16/fp16
@@ -30,6 +46,7 @@
 #ifndef UCP_FORMATS_DEEPSPEED_ZERO0_ZERO0_STATE_H_
 #define UCP_FORMATS_DEEPSPEED_ZERO0_ZERO0_STATE_H_
 
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -52,6 +69,9 @@ struct Zero0Options {
   deepspeed::ReadOptions read;
   // "" (evidence in the files only) or kOrderHfTrainer.
   std::string order;
+  // --make_vocab_size_divisible_by of the command (0: the checkpoint's args'),
+  // recorded in ModelInfo as the ZeRO-1/2 reader records it.
+  int64_t make_vocab_size_divisible_by = 0;
 };
 
 // Whether the parsed model-states root is a stage-0 checkpoint's: param_shapes
@@ -67,14 +87,16 @@ class Zero0State : public state::SlicedState, public deepspeed::DeepSpeedFacet {
                                                      const std::string& state) const override;
   absl::StatusOr<state::FileValue> GroupScalar(int group, const std::string& key) const override;
   std::vector<state::InputRange> Inputs(const state::ParamState& param) const override;
-  std::vector<std::string> InputFiles() const override { return {path_}; }
-  absl::Status VerifyInput(const std::string& path) const override { return file_->VerifyAllCrcs(); }
+  std::vector<std::string> InputFiles() const override;
+  absl::Status VerifyInput(const std::string& path) const override;
   const state::Facet* GetFacet(state::FacetKey key) const override { return deepspeed::OfferFacet(this, key); }
   const std::string& dir() const override { return dir_; }
   // DeepSpeedFacet: the model states without `optimizer`, and an optimizer
   // state in the shape of a ZeRO optimizer's (loss scaler, clip_grad from the
   // ds_config's gradient_clipping, param_groups as the source saved them).
-  absl::StatusOr<state::FileValue> OptimizerCommon() const override { return common_; }
+  absl::StatusOr<state::FileValue> OptimizerCommon() const override {
+    return tp_ranks_.empty() ? common_ : tp_ranks_[0]->common_;
+  }
   state::FileValue ModelStatesRoot(int pp, int tp) const override;
   std::string ModelStatesPath(int pp, int tp) const override { return ""; }
 
@@ -92,18 +114,41 @@ class Zero0State : public state::SlicedState, public deepspeed::DeepSpeedFacet {
   };
   struct Entry {             // one module tensor
     std::string name;
+    int layer = -1;          // pipelines: the layer file's index
+    std::string local_name;  // pipelines: the key in the layer file
     torch::Tensor tensor;
     state::TensorRole role = state::TensorRole::kFrozen;
     std::string alias_of;
   };
 
   Zero0State() = default;
+  // One model-states file (`file` in dir_): what Load does for tp = 1.
+  static absl::StatusOr<std::unique_ptr<Zero0State>> OpenFile(const std::string& dir, const std::string& file,
+                                                               const Zero0Options& options);
   absl::Status Load(const Zero0Options& options);
+  absl::Status LoadFile(const std::string& file, const Zero0Options& options);
+  // tp > 1: the ranks' infos agree; info_ is rank 0's with every rank's shapes.
+  absl::Status CombineTpRanks();
+  // Pipelines: the mp_rank files (sorted) and the layer files by (layer, tp rank).
+  absl::Status LoadPipeline(const std::vector<std::string>& mp_files,
+                            const std::map<std::pair<int, int>, std::string>& layer_files, const Zero0Options& options);
+  // Pipelines: opens a stage's mp_rank file and reads its optimizer (no module).
+  static absl::StatusOr<std::unique_ptr<Zero0State>> OpenStageFile(const std::string& dir, const std::string& file,
+                                                                    const Zero0Options& options);
+  // Pipelines: gives the rank the tensors of layers [begin, end) of tp rank
+  // `t` and reconstructs its order.
+  absl::Status SolveStage(const Zero0State& parent, int t, size_t begin, size_t end, const Zero0Options& options);
+  absl::Status CombinePipeline();
+  const Zero0State& Rank(int stage, int tp_rank) const { return *tp_ranks_[stage * tp_ + tp_rank]; }
   absl::Status ReadModule();
   absl::Status ReadOptimizer();
   absl::Status SolveOrder(const Zero0Options& options);
   absl::Status BuildInfo();
   absl::Status BuildCommon();
+  // What the training's args say that the ZeRO-1/2 reader records too: the
+  // vocabulary padding (make_vocab_size_divisible_by, or the option's) and
+  // the pipeline partition method.
+  void RecordArgs(const Zero0Options& options);
   absl::StatusOr<torch::Tensor> Tensor(const pickle::Value& v, const std::string& what) const;
   absl::Status Error(const std::string& what) const;
 
@@ -120,6 +165,15 @@ class Zero0State : public state::SlicedState, public deepspeed::DeepSpeedFacet {
   state::ModelInfo info_;
   state::FileValue common_;
   pickle::ValuePtr root_copy_;
+  // tp > 1 or pp > 1: one per mp_rank file, in mp rank order (stage * tp + tp rank).
+  std::vector<std::unique_ptr<Zero0State>> tp_ranks_;
+  int tp_ = 1, pp_ = 1;
+  // Pipelines (the parent only): layer indices with files, their files per
+  // tp rank, and the entries each layer file holds per tp rank.
+  std::vector<int> layers_;
+  std::vector<std::unique_ptr<torch::TorchFile>> layer_files_;
+  std::vector<std::vector<std::vector<Entry>>> layer_entries_;  // [tp][layer index in layers_]
+  std::vector<std::pair<size_t, size_t>> stage_layers_;         // per stage: [begin, end) in layers_
 };
 
 }  // namespace ucp::deepspeed_zero0

@@ -83,12 +83,16 @@ Model Llama(DType lp) {
 
 // Writes `m` as DeepSpeed saves it at stage 0 into dir/mp_rank_00_model_states.pt.
 // `mutate` may change the optimizer dict before it is written.
+// `file`, `mp_world_size`: a tp rank's file of a tp > 1 model (its own
+// tensors: `m`'s shapes, values shifted by `shift`); `args`: the training's.
 void WriteZero0(const Model& m, const std::string& dir,
-                const std::function<void(Value& optimizer, torch::TorchWriter& w)>& mutate = nullptr) {
+                const std::function<void(Value& optimizer, torch::TorchWriter& w)>& mutate = nullptr,
+                const std::string& file = "mp_rank_00_model_states.pt", int mp_world_size = 1,
+                ValuePtr args = nullptr, float shift = 0.0f) {
   ASSERT_TRUE(MakeDirs(dir).ok());
   torch::TorchWriter w;
   std::vector<Tensor> master(m.module.size());
-  for (size_t i = 0; i < m.module.size(); ++i) master[i] = Values(m.module[i].shape, 0.5f + static_cast<float>(i));
+  for (size_t i = 0; i < m.module.size(); ++i) master[i] = Values(m.module[i].shape, shift + 0.5f + static_cast<float>(i));
   ValuePtr module = Value::MakeDict(true);
   for (size_t i = 0; i < m.module.size(); ++i) {
     Tensor t = m.lp == DType::kFloat32 ? master[i] : *torch::Cast(master[i], m.lp);
@@ -102,8 +106,8 @@ void WriteZero0(const Model& m, const std::string& dir,
     for (int i : m.groups[g]) {
       ValuePtr s = Value::MakeDict();
       s->DictSet(Value::Str("step"), w.AddTensor(*Tensor::FromBytes(DType::kFloat32, {}, std::string("\0\0\x40\x40", 4))));
-      s->DictSet(Value::Str("exp_avg"), w.AddTensor(Values(m.module[i].shape, 100.0f + i)));
-      s->DictSet(Value::Str("exp_avg_sq"), w.AddTensor(Values(m.module[i].shape, 200.0f + i)));
+      s->DictSet(Value::Str("exp_avg"), w.AddTensor(Values(m.module[i].shape, shift + 100.0f + i)));
+      s->DictSet(Value::Str("exp_avg_sq"), w.AddTensor(Values(m.module[i].shape, shift + 200.0f + i)));
       state->DictSet(Value::Int(index), s);
       params.push_back(Value::Int(index++));
       masters.push_back(w.AddTensor(master[i]));
@@ -139,7 +143,7 @@ void WriteZero0(const Model& m, const std::string& dir,
   config->DictSet(Value::Str("zero_optimization"), zero);
   ValuePtr dims = Value::MakeDict();
   dims->DictSet(Value::Str("pp_degree"), Value::Int(1));
-  dims->DictSet(Value::Str("tp_degree"), Value::Int(1));
+  dims->DictSet(Value::Str("tp_degree"), Value::Int(mp_world_size));
   ValuePtr sched = Value::MakeDict();
   sched->DictSet(Value::Str("last_batch_iteration"), Value::Int(2));
   ValuePtr root = Value::MakeDict();
@@ -157,11 +161,12 @@ void WriteZero0(const Model& m, const std::string& dir,
   root->DictSet(Value::Str("global_steps"), Value::Int(3));
   root->DictSet(Value::Str("global_samples"), Value::Int(12));
   root->DictSet(Value::Str("dp_world_size"), Value::Int(2));
-  root->DictSet(Value::Str("mp_world_size"), Value::Int(1));
+  root->DictSet(Value::Str("mp_world_size"), Value::Int(mp_world_size));
   root->DictSet(Value::Str("checkpoint_parallel_dimensions"), dims);
   root->DictSet(Value::Str("ds_config"), config);
   root->DictSet(Value::Str("ds_version"), Value::Str("0.19.5"));
-  ASSERT_TRUE(w.WriteFile(JoinPath(dir, "mp_rank_00_model_states.pt"), *root).ok());
+  if (args) root->DictSet(Value::Str("args"), args);
+  ASSERT_TRUE(w.WriteFile(JoinPath(dir, file), *root).ok());
 }
 
 // The formats these tests use, in the built-in order.
@@ -225,6 +230,55 @@ TEST(Zero0Test, Fp32LlamaIsDetectedAndOrderedByShapes) {
   auto eq = tp::TensorPlan::BitwiseEqual((*s)[0], tp::TensorPlan::FromTensor(Values({8}, 110.0f)));
   ASSERT_TRUE(eq.ok());
   EXPECT_TRUE(*eq);
+}
+
+// The training's make_vocab_size_divisible_by (Megatron's args), or the
+// command's, is recorded as the ZeRO-1/2 reader records it.
+TEST(Zero0Test, RecordsTheVocabularyPaddingOfTheArgsOrTheOption) {
+  const std::string dir = JoinPath(testing::FreshTempDir("z0_args"), "global_step3");
+  ValuePtr args = Value::MakeDict();
+  args->DictSet(Value::Str("make_vocab_size_divisible_by"), Value::Int(8));
+  WriteZero0(Llama(DType::kFloat32), dir, nullptr, "mp_rank_00_model_states.pt", 1, args);
+  auto z = OpenDir(dir);
+  ASSERT_TRUE(z.ok()) << z.status();
+  EXPECT_EQ((*z)->info().make_vocab_size_divisible_by, 8);
+  Zero0Options o;
+  o.make_vocab_size_divisible_by = 16;
+  auto z16 = Zero0State::Open(dir, o);
+  ASSERT_TRUE(z16.ok()) << z16.status();
+  EXPECT_EQ((*z16)->info().make_vocab_size_divisible_by, 16);
+}
+
+// tp = 2: one file per tp rank, each with its own optimizer state_dict; the
+// state holds both ranks' slices side by side, and the ranks must agree.
+TEST(Zero0Test, TpRanksAreReadSideBySide) {
+  const std::string dir = JoinPath(testing::FreshTempDir("z0_tp2"), "global_step3");
+  const Model m = Llama(DType::kFloat32);
+  WriteZero0(m, dir, nullptr, "mp_rank_00_model_states.pt", 2);
+  WriteZero0(m, dir, nullptr, "mp_rank_01_model_states.pt", 2, nullptr, 1000.0f);
+  auto z = OpenDir(dir);
+  ASSERT_TRUE(z.ok()) << z.status();
+  const state::ModelInfo& info = (*z)->info();
+  EXPECT_EQ(info.source_topology.tp, 2);
+  const state::ParamState* q = info.Find("model.layers.0.self_attn.q_proj.weight");
+  ASSERT_NE(q, nullptr);
+  ASSERT_EQ(q->tp_shapes.size(), 2u);
+  auto s = (*z)->Slices(*q, 0, "exp_avg");
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_EQ(s->size(), 2u);
+  auto eq = tp::TensorPlan::BitwiseEqual((*s)[1], tp::TensorPlan::FromTensor(Values({8, 8}, 1101.0f)));
+  ASSERT_TRUE(eq.ok());
+  EXPECT_TRUE(*eq);
+  EXPECT_EQ((*z)->InputFiles().size(), 2u);
+  // A rank whose optimizer holds other params is refused, naming its file.
+  Model other = m;
+  other.groups[1].pop_back();
+  const std::string bad_dir = JoinPath(testing::FreshTempDir("z0_tp2_bad"), "global_step3");
+  WriteZero0(m, bad_dir, nullptr, "mp_rank_00_model_states.pt", 2);
+  WriteZero0(other, bad_dir, nullptr, "mp_rank_01_model_states.pt", 2);
+  auto bad = OpenDir(bad_dir);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_TRUE(absl::StrContains(bad.status().message(), "mp_rank_01_model_states.pt")) << bad.status();
 }
 
 TEST(Zero0Test, FrozenParamsAreTheModuleParamsOfNoGroup) {

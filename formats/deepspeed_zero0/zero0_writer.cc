@@ -15,6 +15,7 @@
 #include "deepspeed/zero_target_parts.h"
 #include "format/pickle/accessors.h"
 #include "format/torch/torch_file.h"
+#include "formats/deepspeed_zero/zero_writer.h"
 #include "tp/plan_io.h"
 
 namespace ucp::deepspeed_zero0 {
@@ -35,13 +36,21 @@ class Zero0Plan : public writers::Plan {
 
   absl::Status Build() {
     UCP_RETURN_IF_ERROR(options_.target.Validate());
-    if (options_.target.tp != 1 || options_.target.pp != 1) {
+    if (options_.target.pp != 1) {
       return absl::InvalidArgumentError(absl::StrCat("ZeRO stage 0 target ", options_.target.ToString(),
-                                                     ": ucp writes ZeRO stage 0 checkpoints at tp=1 pp=1"));
+                                                     ": ucp writes ZeRO stage 0 checkpoints of plain modules (pp=1)"));
     }
     if (info_.pipeline && info_.num_layers > 0) {
-      return absl::InvalidArgumentError(
-          "ZeRO stage 0 target: the source is a PipelineModule (layer files); ucp writes stage 0 for plain modules");
+      // A bf16 PipelineEngine without ZeRO runs BF16_Optimizer, and DeepSpeed
+      // (0.19.5) cannot load what it saves: _load_checkpoint passes the mp_rank
+      // file's optimizer dict to BF16_Optimizer._load_legacy_checkpoint, which
+      // indexes it by dp rank (KeyError: 0).
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ZeRO stage 0 target: the source is a PipelineModule (layer files); ucp writes stage 0 for plain modules",
+          info_.lp_dtype == torch::DType::kBFloat16
+              ? " (a bf16 pipeline without ZeRO runs BF16_Optimizer, whose stage 0 checkpoint DeepSpeed 0.19.5 cannot "
+                "load back: KeyError 0 in BF16_Optimizer._load_legacy_checkpoint; target --zero_stage=1)"
+              : "; target --zero_stage=1"));
     }
     if (info_.expert_parallel > 0) {
       return absl::InvalidArgumentError("ZeRO stage 0 target: a mixture-of-experts source is not supported");
@@ -58,16 +67,26 @@ class Zero0Plan : public writers::Plan {
                                                         groups == nullptr ? 0 : groups->size(), " param_groups, its model ",
                                                         info_.num_groups));
     }
-    writers::Unit u;
-    u.outputs.push_back(deepspeed::MpRankFileName(0));
-    u.name = absl::StrCat("file ", u.outputs[0]);
-    for (const ParamState& p : info_.params) {
-      for (const auto& in : state_.Inputs(p)) u.inputs.push_back(in);
-      int64_t n = 1;
-      for (int64_t d : p.full_shape) n *= d;
-      u.bytes += n * 4 * (2 + static_cast<int64_t>(info_.state_keys.size()));
+    tp_ = options_.target.tp;
+    if (tp_ > 1) {
+      // Each tp rank's slice shapes (vocabulary padding included) as the
+      // ZeRO writer cuts them: a stage 0 file holds the same slices.
+      writers::ZeroWriteOptions o = options_;
+      o.zero_stage = 1;
+      UCP_ASSIGN_OR_RETURN(layout_, deepspeed_zero::PlanTarget(info_, o, ds_version_of_source()));
     }
-    units_.push_back(std::move(u));
+    for (int t = 0; t < tp_; ++t) {
+      writers::Unit u;
+      u.outputs.push_back(deepspeed::MpRankFileName(t));
+      u.name = absl::StrCat("file ", u.outputs[0]);
+      for (const ParamState& p : info_.params) {
+        for (const auto& in : state_.Inputs(p)) u.inputs.push_back(in);
+        int64_t n = 1;
+        for (int64_t d : p.full_shape) n *= d;
+        u.bytes += n * 4 * (2 + static_cast<int64_t>(info_.state_keys.size())) / tp_;
+      }
+      units_.push_back(std::move(u));
+    }
     if (writers::AddVerifyUnit(state_, &units_)) has_verify_ = true;
     return absl::OkStatus();
   }
@@ -75,12 +94,12 @@ class Zero0Plan : public writers::Plan {
   absl::Status Prepare(const std::string& staging) const override { return absl::OkStatus(); }
 
   absl::Status Execute(size_t i, const std::string& staging, UnitResult* result) const override {
-    if (i > 0) return writers::ExecuteVerifyUnit(state_, units_[i]);
+    if (static_cast<int>(i) >= tp_) return writers::ExecuteVerifyUnit(state_, units_[i]);
     torch::TorchWriteOptions wo;
     wo.record_threads = 1;
     wo.writeback = options_.fsync;
     torch::TorchWriter w(wo);
-    UCP_ASSIGN_OR_RETURN(ValuePtr root, Root(w));
+    UCP_ASSIGN_OR_RETURN(ValuePtr root, Root(w, static_cast<int>(i)));
     return writers::WriteUnitFile(w, staging, units_[i].outputs[0], *root, result);
   }
 
@@ -94,6 +113,18 @@ class Zero0Plan : public writers::Plan {
   const state::CheckpointState* source() const override { return &state_; }
 
  private:
+  std::string ds_version_of_source() const {
+    const Value* v = ds_->ModelStatesRoot(0, 0).value ? ds_->ModelStatesRoot(0, 0).value->DictGet("ds_version") : nullptr;
+    return v != nullptr && v->is(Kind::kStr) ? v->str() : "";
+  }
+
+  // Param `i`'s `state` on tp rank `t`: the full tensor at tp 1, else the
+  // rank's slice.
+  absl::StatusOr<TensorPlan> Get(int i, const std::string& state, int t) const {
+    if (tp_ == 1) return state_.Full(info_.params[i], state);
+    return deepspeed_zero::TargetSlice(state_, layout_, i, state, t);
+  }
+
   absl::StatusOr<ValuePtr> CopyCommon(torch::TorchWriter& w, const ValuePtr& v) const {
     return deepspeed::CopyTreeForWrite(state::FileValue{v, common_.file}, w);
   }
@@ -101,26 +132,26 @@ class Zero0Plan : public writers::Plan {
   // The module's state dict: module order, every tensor once (a tied name
   // shares its alias's tensor), trainable weights as their masters cast to
   // the lp dtype (what DeepSpeed's optimizers copy into them).
-  absl::StatusOr<ValuePtr> Module(torch::TorchWriter& w) const {
+  absl::StatusOr<ValuePtr> Module(torch::TorchWriter& w, int t) const {
     ValuePtr sd = Value::MakeDict(/*ordered_dict=*/true);
     const std::vector<int> order = info_.ModuleOrderIndices();
     std::map<std::string, ValuePtr> added;
     for (int i : order) {
       const ParamState& p = info_.params[i];
-      ValuePtr t;
+      ValuePtr v;
       if (p.role == state::TensorRole::kTied && added.count(p.alias_of)) {
-        t = added[p.alias_of];
+        v = added[p.alias_of];
       } else if (p.trainable()) {
-        UCP_ASSIGN_OR_RETURN(TensorPlan fp32, state_.Full(p, state::kFp32State));
-        UCP_ASSIGN_OR_RETURN(t, tp::AddPlanAs(w, fp32, p.lp_dtype));
+        UCP_ASSIGN_OR_RETURN(TensorPlan fp32, Get(i, state::kFp32State, t));
+        UCP_ASSIGN_OR_RETURN(v, tp::AddPlanAs(w, fp32, p.lp_dtype));
       } else {
-        UCP_ASSIGN_OR_RETURN(TensorPlan lp, state_.Full(p, state::kLpState));
-        t = tp::AddPlan(w, lp);
+        UCP_ASSIGN_OR_RETURN(TensorPlan lp, Get(i, state::kLpState, t));
+        v = tp::AddPlan(w, lp);
       }
-      added[p.name] = t;
-      sd->DictSet(Value::Str(p.name), t);
+      added[p.name] = v;
+      sd->DictSet(Value::Str(p.name), v);
     }
-    state::FileValue src = ds_->ModelStatesRoot(0, 0);
+    state::FileValue src = ds_->ModelStatesRoot(0, t);
     const Value* module = src.value ? src.value->DictGet("module") : nullptr;
     if (module != nullptr && module->is(Kind::kDict) && module->dict_state()) {
       UCP_ASSIGN_OR_RETURN(ValuePtr metadata,
@@ -132,14 +163,15 @@ class Zero0Plan : public writers::Plan {
 
   // The torch optimizer's state_dict over the trainable params, numbered
   // group by group.
-  absl::StatusOr<ValuePtr> TorchOptimizer(torch::TorchWriter& w, ValuePtr* fp32_groups) const {
+  absl::StatusOr<ValuePtr> TorchOptimizer(torch::TorchWriter& w, ValuePtr* fp32_groups, int t) const {
     ValuePtr st = Value::MakeDict();
     std::vector<ValuePtr> groups, masters;
     const Value& src_groups = *common_.value->DictGet("param_groups");
     int64_t index = 0;
     for (int g = 0; g < info_.num_groups; ++g) {
       std::vector<ValuePtr> params, group_masters;
-      for (const ParamState& p : info_.params) {
+      for (size_t i = 0; i < info_.params.size(); ++i) {
+        const ParamState& p = info_.params[i];
         if (!p.trainable() || p.group != g) continue;
         ValuePtr s = Value::MakeDict();
         for (const std::string& key : info_.scalar_keys) {
@@ -149,13 +181,13 @@ class Zero0Plan : public writers::Plan {
           s->DictSet(Value::Str(key), c);
         }
         for (const std::string& key : info_.state_keys) {
-          UCP_ASSIGN_OR_RETURN(TensorPlan plan, state_.Full(p, key));
+          UCP_ASSIGN_OR_RETURN(TensorPlan plan, Get(static_cast<int>(i), key, t));
           s->DictSet(Value::Str(key), tp::AddPlan(w, plan));
         }
         st->DictSet(Value::Int(index), s);
         params.push_back(Value::Int(index));
         if (fp32_groups != nullptr) {
-          UCP_ASSIGN_OR_RETURN(TensorPlan fp32, state_.Full(p, state::kFp32State));
+          UCP_ASSIGN_OR_RETURN(TensorPlan fp32, Get(static_cast<int>(i), state::kFp32State, t));
           group_masters.push_back(tp::AddPlan(w, fp32));
         }
         ++index;
@@ -183,10 +215,10 @@ class Zero0Plan : public writers::Plan {
   }
 
   // FP16_UnfusedOptimizer.state_dict around the torch optimizer's.
-  absl::StatusOr<ValuePtr> Optimizer(torch::TorchWriter& w, int64_t global_steps) const {
-    if (info_.lp_dtype == torch::DType::kFloat32) return TorchOptimizer(w, nullptr);
+  absl::StatusOr<ValuePtr> Optimizer(torch::TorchWriter& w, int64_t global_steps, int t) const {
+    if (info_.lp_dtype == torch::DType::kFloat32) return TorchOptimizer(w, nullptr, t);
     ValuePtr fp32_groups;
-    UCP_ASSIGN_OR_RETURN(ValuePtr inner, TorchOptimizer(w, &fp32_groups));
+    UCP_ASSIGN_OR_RETURN(ValuePtr inner, TorchOptimizer(w, &fp32_groups, t));
     double scale = 1.0;
     bool dynamic = false;
     const Value* scaler_state = nullptr;
@@ -215,8 +247,8 @@ class Zero0Plan : public writers::Plan {
     return out;
   }
 
-  absl::StatusOr<ValuePtr> Root(torch::TorchWriter& w) const {
-    state::FileValue src = ds_->ModelStatesRoot(0, 0);
+  absl::StatusOr<ValuePtr> Root(torch::TorchWriter& w, int t) const {
+    state::FileValue src = ds_->ModelStatesRoot(0, t);
     if (!src.value || !src.value->is(Kind::kDict)) {
       return absl::FailedPreconditionError("the source has no model states to carry over");
     }
@@ -229,10 +261,10 @@ class Zero0Plan : public writers::Plan {
     for (const auto& [k, v] : src.value->dict_items()) {
       const std::string key = k->is(Kind::kStr) ? k->str() : "";
       if (key == "module") {
-        UCP_ASSIGN_OR_RETURN(ValuePtr m, Module(w));
+        UCP_ASSIGN_OR_RETURN(ValuePtr m, Module(w, t));
         out->DictSet(k, m);
       } else if (key == "optimizer") {
-        UCP_ASSIGN_OR_RETURN(ValuePtr o, Optimizer(w, global_steps));
+        UCP_ASSIGN_OR_RETURN(ValuePtr o, Optimizer(w, global_steps, t));
         out->DictSet(k, o);
       } else if (key == "param_shapes" || key == "frozen_param_shapes" || key == "shared_params" ||
                  key == "frozen_param_fragments") {
@@ -246,12 +278,12 @@ class Zero0Plan : public writers::Plan {
       } else if (key == "dp_world_size") {
         out->DictSet(k, Value::Int(options_.target.dp));
       } else if (key == "mp_world_size") {
-        out->DictSet(k, Value::Int(1));
+        out->DictSet(k, Value::Int(tp_));
         if (parallel_dims_ && src.value->DictGet("checkpoint_parallel_dimensions") == nullptr) {
-          put("checkpoint_parallel_dimensions", deepspeed::SingleRankParallelDimensions());
+          put("checkpoint_parallel_dimensions", ParallelDimensions());
         }
       } else if (key == "checkpoint_parallel_dimensions") {
-        if (parallel_dims_) out->DictSet(k, deepspeed::SingleRankParallelDimensions());
+        if (parallel_dims_) out->DictSet(k, ParallelDimensions());
       } else if (key == "ds_config") {
         UCP_ASSIGN_OR_RETURN(ValuePtr c, deepspeed::RetargetDsConfig(state::FileValue{v, src.file}, w, /*stage=*/0));
         out->DictSet(k, c);
@@ -263,15 +295,26 @@ class Zero0Plan : public writers::Plan {
       }
     }
     if (out->DictGet("optimizer") == nullptr) {
-      UCP_ASSIGN_OR_RETURN(ValuePtr o, Optimizer(w, global_steps));
+      UCP_ASSIGN_OR_RETURN(ValuePtr o, Optimizer(w, global_steps, t));
       put("optimizer", o);
     }
     return out;
   }
 
+  // engine.py:_checkpoint_parallel_metadata (0.19.5): the saving job's degrees.
+  ValuePtr ParallelDimensions() const {
+    if (tp_ == 1) return deepspeed::SingleRankParallelDimensions();
+    ValuePtr dims = Value::MakeDict();
+    dims->DictSet(Value::Str("pp_degree"), Value::Int(1));
+    dims->DictSet(Value::Str("tp_degree"), Value::Int(tp_));
+    return dims;
+  }
+
   const state::ModelState& state_;
   const state::ModelInfo& info_;
   writers::ZeroWriteOptions options_;
+  int tp_ = 1;
+  deepspeed_zero::TargetLayout layout_;  // tp > 1: the tp slices
   std::unique_ptr<deepspeed::DeepSpeedFacet> owned_facet_;
   const deepspeed::DeepSpeedFacet* ds_ = nullptr;
   state::FileValue common_;

@@ -1,5 +1,6 @@
 // The ZeRO stage 0 target: what DeepSpeed without ZeRO loads, from any model
-// state: one mp_rank_00_model_states.pt (tp = pp = 1) holding the module's lp
+// state: one mp_rank_XX_model_states.pt per tp rank (plain modules: pp = 1;
+// tp slices as the ZeRO writer cuts them) holding the module's lp
 // weights and the optimizer's own state_dict in the layout the target job's
 // precision makes DeepSpeed use (zero0_state.h):
 //   fp32 model    the torch optimizer's state_dict: state {i: {step,

@@ -495,6 +495,12 @@ absl::Status Zero3State::BuildInfo(const OptimFile& first) {
   info_.num_groups = static_cast<int>(group_sub_groups_.size());
   info_.state_keys = first.StateNames(0);
   info_.scalar_keys = first.ScalarNames(0);
+  // The training's vocabulary padding, as the ZeRO-1/2 reader records it
+  // (Megatron's args.make_vocab_size_divisible_by; 0 when not saved).
+  if (const Value* a = args(); a != nullptr && a->is(Kind::kDict)) {
+    const Value* v = a->DictGet("make_vocab_size_divisible_by");
+    if (v != nullptr && v->is(Kind::kInt) && v->fits_int64()) info_.make_vocab_size_divisible_by = v->int_value();
+  }
   const Value* module = root0.DictGet("module");
   if (module == nullptr || !module->is(Kind::kDict)) {
     return FileError(first_model, absl::StatusCode::kInvalidArgument, "expected a module state dict");

@@ -1,6 +1,7 @@
 // Zero3State on the real DeepSpeed 0.19.5 / 0.16.4 ZeRO-3 fixtures.
 #include "formats/deepspeed_zero3/zero3_state.h"
 
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "testing/fixtures.h"
+#include "format/torch/torch_file.h"
+#include "format/torch/tree_copy.h"
 
 namespace ucp::deepspeed_zero3 {
 namespace {
@@ -56,6 +59,38 @@ TEST(Zero3StateTest, ReadsTheSubGroupsFixture) {
 }
 
 // DeepSpeed's sub-groups: the same cut at dp2 (20) and dp1 (22) as the files.
+// The training's make_vocab_size_divisible_by (Megatron's args) is recorded
+// as the ZeRO-1/2 reader records it: a convert's manifest and a later reshard
+// to tp > 1 need it. The fixture saved no args: a copy gets them.
+TEST(Zero3StateTest, RecordsTheArgsVocabularyPadding) {
+  const std::string src = VersionFixturePath("0.19.5", "gpt-zero3-dp2/global_step4");
+  const std::string dir = JoinPath(FreshTempDir("z3_args"), "global_step4");
+  ASSERT_TRUE(CopyTree(src, dir).ok());
+  {
+    auto plain = Zero3State::Open(dir);
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    EXPECT_EQ((*plain)->info().make_vocab_size_divisible_by, 0);
+  }
+  const std::string path = JoinPath(dir, "zero_pp_rank_0_mp_rank_00_model_states.pt");
+  {
+    auto f = torch::TorchFile::Open(path);
+    ASSERT_TRUE(f.ok()) << f.status();
+    torch::TorchWriter w;
+    auto root = torch::CopyTreeForWrite(f->get(), (*f)->root(), w);
+    ASSERT_TRUE(root.ok()) << root.status();
+    pickle::ValuePtr args = pickle::Value::MakeDict();
+    args->DictSet(pickle::Value::Str("make_vocab_size_divisible_by"), pickle::Value::Int(8));
+    (*root)->DictSet(pickle::Value::Str("args"), args);
+    const std::string tmp = path + ".new";
+    ASSERT_TRUE(w.WriteFile(tmp, **root).ok());
+    f->reset();
+    ASSERT_EQ(std::rename(tmp.c_str(), path.c_str()), 0);
+  }
+  auto s = Zero3State::Open(dir);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ((*s)->info().make_vocab_size_divisible_by, 8);
+}
+
 TEST(Zero3StateTest, SubGroupsAsDeepSpeedCutsThem) {
   const std::string fx = "gpt-zero3-subgroups-dp2";
   for (const auto& [folder, dp] : std::vector<std::pair<std::string, int>>{

@@ -755,16 +755,23 @@ rc::Gen<GoldenCase> GenHfCase(const CaseGenOptions& options) {
     // (stage 1 in the synthetic model) and the stage 0 and 3 writers.
     const std::string lp = *Pick<std::string>({"fp32", "fp16", "bf16"});
     spec.set_lp_dtype(lp);
-    c.set_optimizer_layout(lp == "bf16" ? "bf16" : "zero");
+    // bf16 either as BF16_Optimizer (stage 1, and stage 0's
+    // FP16_UnfusedOptimizer) or as DeepSpeed's ZeRO optimizers at stage 2
+    // and 3 (bf16_ file names, fp32 partitions).
+    const bool bf16_optimizer = lp == "bf16" && *Maybe(1, 1);
+    c.set_optimizer_layout(bf16_optimizer ? "bf16" : "zero");
     // (A bf16 stage 0 source is read as bf16 weights with fp32 masters,
     // which DeepSpeed would run at stage 1 with BF16_Optimizer: ucp writes
     // those files only from a BF16_Optimizer checkpoint, and tells the user
     // to pick stage 2, which the synthetic BF16_Optimizer model cannot be
-    // saved at; so bf16 goes 1 -> 1, 1 -> 0, 0 -> 0.)
-    const std::vector<int> stages = lp == "bf16" ? std::vector<int>{1, 0} : std::vector<int>{1, 2, 3, 0};
+    // saved at; so BF16_Optimizer goes 1 -> 1, 1 -> 0, 0 -> 0, and bf16
+    // under the ZeRO optimizers between 2 and 3.)
+    const std::vector<int> stages = bf16_optimizer  ? std::vector<int>{1, 0}
+                                    : lp == "bf16" ? std::vector<int>{2, 3}
+                                                   : std::vector<int>{1, 2, 3, 0};
     c.set_source_zero_stage(*Pick<int>(stages));
     c.set_target_zero_stage(*Maybe(1, 3) ? c.source_zero_stage() : *Pick<int>(stages));
-    if (lp == "bf16" && c.source_zero_stage() == 0) c.set_target_zero_stage(0);
+    if (bf16_optimizer && c.source_zero_stage() == 0) c.set_target_zero_stage(0);
 
     // Structure and sizes.
     const int layers = *Uniform(1, 3);

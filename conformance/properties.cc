@@ -1321,7 +1321,9 @@ absl::Status CheckLayoutZero3(const CaseRunner& r, const std::string& dir, const
       diff(mname, d == 0 ? "shared_params is not the tied aliases" : "shared_params is not {} (rank 0 only)");
     }
 
-    const std::string oname = absl::StrCat("zero_pp_rank_", d, "_mp_rank_00_optim_states.pt");
+    // engine.py _get_zero_ckpt_prefix: bf16_ for every bf16 job, whatever the stage.
+    const std::string oname =
+        absl::StrCat(spec.lp_dtype() == "bf16" ? "bf16_" : "", "zero_pp_rank_", d, "_mp_rank_00_optim_states.pt");
     UCP_ASSIGN_OR_RETURN(auto of, torch::TorchFile::Open(JoinPath(dir, oname)));
     const Value* osd = of->root()->DictGet("optimizer_state_dict");
     const Value* flat = osd != nullptr ? osd->DictGet("fp32_flat_groups") : nullptr;

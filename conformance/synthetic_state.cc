@@ -286,8 +286,11 @@ absl::StatusOr<state::ModelInfo> ModelInfoFromSpec(const ModelSpec& spec, int ze
   if (bf16 && lp_dtype != torch::DType::kBFloat16) {
     return absl::InvalidArgumentError("the bf16 optimizer (BF16_Optimizer) holds bf16 weights: lp_dtype must be bf16");
   }
-  if (!bf16 && lp_dtype == torch::DType::kBFloat16) {
-    return absl::InvalidArgumentError("bf16 weights are saved by the bf16 optimizer: optimizer_layout must be bf16");
+  // bf16 weights under DeepSpeed's ZeRO optimizer: stage 2 (and the ZeRO-3
+  // saves made from this model); at stage 1 DeepSpeed may pick BF16_Optimizer.
+  if (!bf16 && lp_dtype == torch::DType::kBFloat16 && zero_stage != 2) {
+    return absl::InvalidArgumentError(
+        "bf16 weights at ZeRO stage 1 are saved by the bf16 optimizer: optimizer_layout must be bf16 (or stage 2)");
   }
   if (zero_stage != 1 && zero_stage != 2) {
     return absl::InvalidArgumentError(absl::StrCat("ZeRO stage ", zero_stage, ": expected 1 or 2"));
@@ -305,7 +308,8 @@ absl::StatusOr<state::ModelInfo> ModelInfoFromSpec(const ModelSpec& spec, int ze
   info.module_layers.assign(spec.module_layers().begin(), spec.module_layers().end());
   std::sort(info.module_layers.begin(), info.module_layers.end());
   info.lp_dtype = lp_dtype;
-  info.bf16_file_prefix = bf16;
+  // engine.py _get_zero_ckpt_prefix: bf16_ for every bf16 job, whatever the optimizer.
+  info.bf16_file_prefix = lp_dtype == torch::DType::kBFloat16;
   info.original_vocab_size = spec.original_vocab_size();
   info.make_vocab_size_divisible_by = spec.make_vocab_size_divisible_by();
   info.partition_method = spec.partition_method();

@@ -55,7 +55,11 @@ ValuePtr DynamicLossScaler(int64_t iterations) {
 // section, fp16 / bf16 as the model's lp dtype says.
 ValuePtr DefaultDsConfig(const state::ModelInfo& info, const EngineDefaults& d) {
   const bool fp16 = info.lp_dtype == torch::DType::kFloat16;
-  const bool bf16 = info.optimizer_kind == state::OptimizerKind::kBf16;
+  // bf16 weights: a bf16 job (bf16.enabled), whichever optimizer it ran;
+  // BF16_Optimizer's also keeps its gradients in fp32 (data_types), which is
+  // what makes DeepSpeed pick it at stage 0 and 1.
+  const bool bf16 = info.lp_dtype == torch::DType::kBFloat16;
+  const bool bf16_optimizer = info.optimizer_kind == state::OptimizerKind::kBf16;
   ValuePtr ds = Value::MakeDict();
   if (d.train_batch_size > 0) ds->DictSet(Value::Str("train_batch_size"), Value::Int(d.train_batch_size));
   ds->DictSet(Value::Str("train_micro_batch_size_per_gpu"), Value::Int(d.micro_batch));
@@ -96,6 +100,8 @@ ValuePtr DefaultDsConfig(const state::ModelInfo& info, const EngineDefaults& d) 
     ValuePtr b = Value::MakeDict();
     b->DictSet(Value::Str("enabled"), Value::Bool(true));
     ds->DictSet(Value::Str("bf16"), b);
+  }
+  if (bf16_optimizer) {
     ValuePtr dt = Value::MakeDict();
     dt->DictSet(Value::Str("grad_accum_dtype"), Value::Str("fp32"));
     ds->DictSet(Value::Str("data_types"), dt);

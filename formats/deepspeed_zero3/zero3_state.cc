@@ -159,6 +159,14 @@ absl::Status Zero3State::OpenModelFiles(const FolderFiles& files) {
                                     " (tensor or pipeline parallelism) is not supported"));
     }
   }
+  if (files.optim_dp.empty()) {
+    // No optimizer file left to name the prefix: the job's config does
+    // (engine.py _get_zero_ckpt_prefix: bf16_ for every bf16 job), so that a
+    // missing file is named as DeepSpeed named it.
+    const Value* bf16 = DictPath(&root0, {"ds_config", "bf16", "enabled"});
+    if (bf16 == nullptr) bf16 = DictPath(&root0, {"ds_config", "bfloat16", "enabled"});
+    bf16_prefix_ = internal::Truthy(bf16);
+  }
   for (int d = 0; d < dp_; ++d) {
     if (!files.model_dp.count(d)) {
       return absl::NotFoundError(absl::StrCat(ModelPath(d), ": missing (dp_world_size ", dp_, " in ",

@@ -133,6 +133,21 @@ TEST(Zero3StateTest, IsZero3Folder) {
   EXPECT_FALSE(IsZero3Folder(VersionFixturePath("0.19.5", "gpt-zero1-padding-dp2/global_step4")));
 }
 
+// A bf16 job with every optimizer file gone: the missing file is named as
+// DeepSpeed names it (bf16_ from the job's ds_config), not zero_pp_rank_*.
+TEST(Zero3StateTest, MissingBf16OptimizerFilesAreNamedAsDeepSpeedNamesThem) {
+  const std::string root = FreshTempDir("zero3_bf16_missing");
+  const std::string src = VersionFixturePath("0.19.5", "gpt-zero3-bf16-dp2/global_step4");
+  const std::string copy = JoinPath(root, "global_step4");
+  ASSERT_TRUE(RunCommand(absl::StrCat("cp -rL '", src, "' '", copy, "' && chmod -R u+w '", copy, "'")).ok());
+  ASSERT_TRUE(RunCommand(absl::StrCat("rm '", copy, "'/bf16_zero_pp_rank_*_optim_states.pt")).ok());
+  auto s = Zero3State::Open(copy);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kNotFound) << s.status();
+  EXPECT_TRUE(absl::StrContains(s.status().message(), "/bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt: missing"))
+      << s.status();
+}
+
 // Damaged folders: a missing optimizer file, and a flat group of the wrong size.
 TEST(Zero3StateTest, ClearErrors) {
   const std::string root = FreshTempDir("zero3_errors");

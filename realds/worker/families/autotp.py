@@ -31,7 +31,7 @@ SPLITS = [
     # lm_head by vocabulary rows; DeepSpeed 0.19.5 cuts one whose vocabulary tp
     # does not divide by columns (auto_tp.py _create_column_parallel_layer falls
     # back to LmHeadLinearAllreduce), master by rows in uneven widths.
-    (r"^lm_head\.weight$", (0, 1)),
+    (r"^lm_head\.weight$", (0, 1, None)),  # None: whole (the Phi-3 partition_config leaves it)
     (r".", None),  # embed_tokens, the RMSNorms, rotary buffers
 ]
 

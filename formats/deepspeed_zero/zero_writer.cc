@@ -120,12 +120,11 @@ absl::StatusOr<int> ChooseZeroStage(const ModelInfo& info, const ZeroWriteOption
 }
 
 // Whether a param is written in AutoTP's layout where tp does not divide it
-// (uneven widths): the source was saved by AutoTP, or the param's rule is a
-// Hugging Face preset's (DeepSpeed splits Hugging Face models over tp with
-// AutoTP only). Megatron-style layouts keep refusing such a tp.
-bool AutoTpLayout(const ModelInfo& info, const ParamState& p) {
-  return info.autotp || (p.source == PRESET && absl::StartsWith(p.origin, "preset hf-"));
-}
+// (uneven widths): the source was saved by AutoTP, or the param's rule says
+// so (MergeRule.autotp_widths: a rule of a preset DeepSpeed splits with
+// AutoTP only, Preset.tp_split_by_autotp, or of a rules file). Megatron-style
+// layouts keep refusing such a tp.
+bool AutoTpLayout(const ModelInfo& info, const ParamState& p) { return info.autotp || p.rule.autotp_widths(); }
 
 // Each param's tp slice shape at the target tp, and the padded rows of a
 // vocabulary param (padded to a multiple of `divisible_by` * tp). Whole

@@ -234,6 +234,15 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> AutoTpSliceShapes(const MergeR
         "param '", name, "': AutoTP's uneven widths apply to column, row and unpadded vocabulary params only, not ",
         DescribeRule(rule), " of ", torch::ShapeString(full)));
   }
+  if (sub) {
+    // Widths the checkpoint recorded for this tp are kept (whatever cut them).
+    UCP_ASSIGN_OR_RETURN(SubShape s, ResolveSubShape(rule.sub_param_shape(), name, Numel(full)));
+    if (!s.shard_widths.empty() && static_cast<int>(s.shard_widths[0].size()) == tp) {
+      std::vector<std::vector<int64_t>> out(tp);
+      for (int r = 0; r < tp; ++r) out[r] = SubParamRankShape(s, s.shard_widths, r);
+      return out;
+    }
+  }
   if (AutoTpCutsByHeads(name)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "param '", name, "': dim ", dim, " of ", torch::ShapeString(full), " does not split evenly over tp ", tp,
@@ -507,7 +516,8 @@ absl::StatusOr<TensorPlan> SplitFull(const MergeRule& given, const TensorPlan& f
     // universal_checkpoint.py _narrow_sub_params: this rank's piece of every
     // sub-param, in AutoTP's widths where tp does not divide one (`autotp_widths`).
     UCP_ASSIGN_OR_RETURN(SubShape s, ResolveSubShape(rule.sub_param_shape(), name, Numel(full.shape())));
-    if (autotp_widths && AutoTpCutsByHeads(name)) {
+    const bool recorded = !s.shard_widths.empty() && static_cast<int>(s.shard_widths[0].size()) == tp;
+    if (autotp_widths && !recorded && AutoTpCutsByHeads(name)) {
       for (int64_t sub : s.sub_sizes) {
         if (sub % tp != 0) return AutoTpSliceShapes(rule, full.shape(), tp, padded_rows, name).status();
       }

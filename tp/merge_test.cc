@@ -182,6 +182,17 @@ TEST(MergeTest, FusedSubParamsInAutoTpWidths) {
   EXPECT_FALSE(MergeSlices(GateUp({{3, 2}}), slices, 0, name).ok());
   EXPECT_FALSE(SplitFull(GateUp({}), Iota({3, 7}, 0), 2, 0, 0, name, true).ok());
   EXPECT_FALSE(SplitFull(GateUp({}), full, 2, 0, 0, name).ok());  // 5 rows over tp 2, no AutoTP widths
+  // A fused param AutoTP cuts by heads (qkv_proj): widths recorded for this
+  // tp are kept (here [4, 1] of the first sub-param), another uneven tp is refused.
+  const std::string qkv = "model.layers.0.self_attn.qkv_proj.weight";
+  auto kept = AutoTpSliceShapes(GateUp({{4, 1}, {3, 2}}), {10, 2}, 2, 0, qkv);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(*kept, (std::vector<std::vector<int64_t>>{{7, 2}, {3, 2}}));
+  auto q0 = SplitFull(GateUp({{4, 1}, {3, 2}}), full, 2, 0, 0, qkv, /*autotp_widths=*/true);
+  ASSERT_TRUE(q0.ok()) << q0.status();
+  EXPECT_EQ(Values(*q0), (std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7, 10, 11, 12, 13, 14, 15}));
+  EXPECT_FALSE(AutoTpSliceShapes(GateUp({{4, 1}, {3, 2}}), {10, 2}, 3, 0, qkv).ok());
+  EXPECT_FALSE(SplitFull(GateUp({}), full, 2, 0, 0, qkv, /*autotp_widths=*/true).ok());
 }
 
 TEST(MergeTest, ReplicatedKeepsOneCopy) {

@@ -24,7 +24,10 @@ pickle::ValuePtr SubparamShapeValue(const MergeRule& rule) {
   }
   ValuePtr state = Value::MakeDict();
   state->DictSet(Value::Str("patterns"), Value::List({Value::Str(rule.pattern())}));
-  state->DictSet(Value::Str("shape"), Value::Tuple(std::move(dims)));
+  // AutoTP's universal_checkpoint_info (format 0.4, the one with shard
+  // widths) publishes the shape as a list, which ds_to_universal.py passes on.
+  const bool autotp = s.shard_widths_size() > 0;
+  state->DictSet(Value::Str("shape"), autotp ? Value::List(std::move(dims)) : Value::Tuple(std::move(dims)));
   state->DictSet(Value::Str("partition_dim"), Value::Int(s.partition_dim()));
   pickle::Object o;
   o.callable = Value::Global("deepspeed.checkpoint.universal_checkpoint", "SubparamShape");

@@ -188,6 +188,8 @@ class Case:
                                    convert_flags, f"convert{i}"):
                 return self.passed_negative
             tag, out = f"global_step{n}_universal", uni
+            if hop.compare_ds_universal and not self.compare_ds_universal(i, prev, inp, uni):
+                return False
             if not universal:
                 out = f"{out_root}/global_step{n}"
                 if not self.ucp_step(i, hop, "reshard", ["reshard", f"--input_folder={uni}", f"--output_folder={out}"] +
@@ -260,6 +262,20 @@ class Case:
         self.row(f"hop {i + 1} losses", not lo["problems"],
                  lo["line"] + (" (first step bitwise)" if bitwise else "") + "".join("; " + p for p in lo["problems"][:3]))
         return not problems
+
+    def compare_ds_universal(self, i, prev, inp, uni):
+        """DeepSpeed's own ds_to_universal.py of the same checkpoint, field by
+        field against ucp's universal folder `uni`."""
+        theirs = f"{self.dir}/dsuni{i}/{os.path.basename(uni)}"
+        r = self.worker(prev).call("routes", "ds_to_universal", {"src": inp, "out": theirs, "inject": False},
+                                   os.path.join(self.dir, f"ds_convert{i}.log"))
+        if not self.row(f"hop {i + 1} ds_to_universal.py (for the comparison)", r["ok"], r.get("error") or theirs):
+            return False
+        r = self.worker(prev).call("routes", "compare_universal_folders", {"ours": uni, "theirs": theirs},
+                                   os.path.join(self.dir, f"ds_compare{i}.log"))
+        ok = r["ok"] and r["result"]["pass"]
+        return self.row(f"hop {i + 1} ucp convert = ds_to_universal.py", ok,
+                        r.get("error") or r["result"]["detail"])
 
     def expected(self, i, hop, problems, line=""):
         import re

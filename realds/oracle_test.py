@@ -151,6 +151,26 @@ class OracleTest(unittest.TestCase):
         self.assertNotEqual(a["l2"], oracle.tensor_digest(x + 1)["l2"])
 
 
+class SubParamMergeTest(unittest.TestCase):
+    """A fused gate_up_proj [gate(5); up(5)] cut by AutoTP over tp 2 in widths
+    3 + 2 per sub-param: rank 0 holds gate rows 0-2 and up rows 5-7, rank 1
+    gate rows 3-4 and up rows 8-9 (written out by hand)."""
+
+    def test_pieces_merge_per_sub_param(self):
+        full = torch.arange(20.0).reshape(10, 2)
+        parts = [full[[0, 1, 2, 5, 6, 7]], full[[3, 4, 8, 9]]]
+        problems = []
+        self.assertTrue(torch.equal(oracle._merge_sub_params(parts, 0, 2, "gate_up", problems), full))
+        self.assertEqual(problems, [])
+        # A plain concatenation would interleave them: the merge is not that.
+        self.assertFalse(torch.equal(torch.cat(parts), full))
+
+    def test_a_part_of_odd_rows_is_reported(self):
+        problems = []
+        oracle._merge_sub_params([torch.zeros(5, 2), torch.zeros(4, 2)], 0, 2, "gate_up", problems)
+        self.assertTrue(problems and "tp rank 0" in problems[0], problems)
+
+
 class LossesTest(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.mkdtemp()

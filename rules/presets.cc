@@ -97,7 +97,11 @@ absl::StatusOr<const Preset*> FindPreset(absl::string_view name) {
 absl::StatusOr<MergeRules> PresetRules(absl::string_view name) {
   UCP_ASSIGN_OR_RETURN(const Preset* p, FindPreset(name));
   MergeRules rules;
-  for (const MergeRule& r : p->rule()) *rules.add_rule() = r;
+  for (const MergeRule& r : p->rule()) {
+    MergeRule* out = rules.add_rule();
+    *out = r;
+    if (p->tp_split_by_autotp()) out->set_autotp_widths(true);
+  }
   return rules;
 }
 
@@ -169,7 +173,10 @@ std::vector<ActiveOverride> ActiveOverrides(const Preset& preset, const pickle::
     if (v == nullptr) continue;
     const bool met = o.equals().empty() ? Truthy(*v) : PyStr(*v) == o.equals();
     if (!met) continue;
-    for (const MergeRule& r : o.rule()) out.push_back({r, o.note()});
+    for (MergeRule r : o.rule()) {
+      if (preset.tp_split_by_autotp()) r.set_autotp_widths(true);
+      out.push_back({std::move(r), o.note()});
+    }
   }
   return out;
 }

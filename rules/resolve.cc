@@ -423,6 +423,7 @@ bool SameRule(MergeRule a, MergeRule b) {
     r->clear_ndim();
     r->clear_dim_size();
     r->clear_original_vocab_size();
+    r->clear_autotp_widths();  // how a later write cuts uneven sizes, not how the stored tensor merged
   }
   return a.SerializeAsString() == b.SerializeAsString();
 }
@@ -573,6 +574,7 @@ absl::Status ReinterpretedState::Reinterpret(const pickle::Value& uc_info, const
       if (d.rule) {
         p.source = d.source;
         p.origin = d.origin;
+        p.rule.set_autotp_widths(d.rule->autotp_widths());
       }
       continue;
     }

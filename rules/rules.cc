@@ -209,6 +209,26 @@ absl::StatusOr<MergeRules> ReadRulesFile(const std::string& path) {
   return ParseRulesText(ss.str(), path);
 }
 
+// universal_checkpoint_info['sub_param_shard_widths'][pattern] (format 0.4,
+// AutoTP of DeepSpeed 0.19.6): one list of per-rank widths per sub-param.
+static absl::Status AddShardWidths(const Value& uc, const std::string& pattern, SubParamShape* shape) {
+  const Value* all = uc.DictGet("sub_param_shard_widths");
+  if (all == nullptr || !all->is(Kind::kDict)) return absl::OkStatus();
+  const Value* widths = all->DictGet(pattern);
+  if (widths == nullptr) return absl::OkStatus();
+  const std::string what = absl::StrCat("universal_checkpoint_info.sub_param_shard_widths['", pattern, "']");
+  UCP_ASSIGN_OR_RETURN(auto* subs, pickle::AsSequence(*widths, what));
+  for (const auto& sub : *subs) {
+    UCP_ASSIGN_OR_RETURN(auto* per_rank, pickle::AsSequence(*sub, what));
+    SubParamShape::ShardWidths* w = shape->add_shard_widths();
+    for (const auto& x : *per_rank) {
+      UCP_ASSIGN_OR_RETURN(int64_t width, pickle::AsInt(*x, what));
+      w->add_width(width);
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<CheckpointInfoRules> RulesFromCheckpointInfo(const Value& uc) {
   CheckpointInfoRules out;
   if (!uc.is(Kind::kDict)) return out;
@@ -252,6 +272,8 @@ absl::StatusOr<CheckpointInfoRules> RulesFromCheckpointInfo(const Value& uc) {
         r->set_pattern(p);
         r->set_kind(SUB_PARAMS);
         *r->mutable_sub_param_shape() = shape;
+        // Format 0.4: each sub-param's width on each tp rank, by pattern.
+        UCP_RETURN_IF_ERROR(AddShardWidths(uc, p, r->mutable_sub_param_shape()));
         r->set_comment("parameter_with_sub_params");
         out.has_patterns = true;
       }

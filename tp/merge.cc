@@ -14,32 +14,120 @@ absl::Status Err(absl::string_view name, absl::string_view what) {
 }
 
 // The sub-param sizes on the partition dim and the full partition shape of a
-// SubParamShape (DeepSpeed: tuple dims are summed).
+// SubParamShape (DeepSpeed: tuple dims are summed), and the widths each tp
+// rank of the checkpoint holds of each sub-param (format 0.4; empty: even).
 struct SubShape {
   std::vector<int64_t> full_shape;
   std::vector<int64_t> sub_sizes;
   int64_t partition_dim = 0;
+  std::vector<std::vector<int64_t>> shard_widths;
 };
 
-absl::StatusOr<SubShape> ResolveSubShape(const SubParamShape& s, absl::string_view name) {
+int64_t Numel(const std::vector<int64_t>& s);
+
+// `numel`: the tensor's elements, which resolve a -1 dim (DeepSpeed's
+// _resolve_logical_shape); -1 when not known (the -1 is then kept).
+absl::StatusOr<SubShape> ResolveSubShape(const SubParamShape& s, absl::string_view name, int64_t numel = -1) {
   SubShape out;
   out.partition_dim = s.partition_dim();
   if (out.partition_dim < 0 || out.partition_dim >= s.dim_size()) {
     return Err(name, absl::StrCat("sub_param_shape partition_dim ", out.partition_dim, " outside its ", s.dim_size(),
                                   " dims"));
   }
+  int placeholder = -1;
+  int64_t known = 1;
   for (int i = 0; i < s.dim_size(); ++i) {
     const auto& d = s.dim(i);
     if (d.size_size() == 0) return Err(name, absl::StrCat("sub_param_shape dim ", i, " has no size"));
+    if (d.size_size() == 1 && d.size(0) == -1 && i != out.partition_dim && placeholder < 0) {
+      placeholder = i;
+      out.full_shape.push_back(-1);
+      continue;
+    }
     int64_t sum = 0;
     for (int64_t x : d.size()) {
       if (x <= 0) return Err(name, absl::StrCat("sub_param_shape dim ", i, " has size ", x));
       sum += x;
     }
     out.full_shape.push_back(sum);
+    known *= sum;
     if (i == out.partition_dim) out.sub_sizes.assign(d.size().begin(), d.size().end());
   }
+  if (placeholder >= 0 && numel >= 0) {
+    if (known <= 0 || numel % known != 0) {
+      return Err(name, absl::StrCat("sub_param_shape dim ", placeholder, " is -1 and the other dims (",
+                                    known, " elements) do not divide the tensor's ", numel));
+    }
+    out.full_shape[placeholder] = numel / known;
+  }
+  for (const auto& w : s.shard_widths()) out.shard_widths.emplace_back(w.width().begin(), w.width().end());
+  if (!out.shard_widths.empty()) {
+    if (out.shard_widths.size() != out.sub_sizes.size()) {
+      return Err(name, absl::StrCat("sub_param_shard_widths has ", out.shard_widths.size(), " entries for ",
+                                    out.sub_sizes.size(), " sub-params"));
+    }
+    for (size_t k = 0; k < out.sub_sizes.size(); ++k) {
+      int64_t sum = 0;
+      for (int64_t w : out.shard_widths[k]) sum += w < 0 ? out.sub_sizes[k] + 1 : w;
+      if (sum != out.sub_sizes[k] || out.shard_widths[k].size() != out.shard_widths[0].size()) {
+        return Err(name, absl::StrCat("sub_param_shard_widths [", absl::StrJoin(out.shard_widths[k], ", "),
+                                      "] of sub-param ", k, " do not split its ", out.sub_sizes[k], " rows over ",
+                                      out.shard_widths[0].size(), " tp ranks"));
+      }
+    }
+  }
   return out;
+}
+
+// Each sub-param's width on each of `tp` ranks: the checkpoint's recorded
+// widths when it has them for this tp, else an even split (AutoTP's widths
+// with `autotp`; without, a sub-param tp does not divide is an error).
+absl::StatusOr<std::vector<std::vector<int64_t>>> SubParamWidths(const SubShape& s, int tp, bool autotp,
+                                                                 absl::string_view name) {
+  if (!s.shard_widths.empty() && static_cast<int>(s.shard_widths[0].size()) == tp) return s.shard_widths;
+  std::vector<std::vector<int64_t>> out;
+  for (int64_t sub : s.sub_sizes) {
+    if (sub % tp != 0 && !autotp) {
+      return Err(name, absl::StrCat("sub-param size ", sub, " is not divisible by tp ", tp));
+    }
+    std::vector<int64_t> w;
+    for (int r = 0; r < tp; ++r) w.push_back(AutoTpWidth(sub, tp, r));
+    out.push_back(std::move(w));
+  }
+  return out;
+}
+
+// A SUB_PARAMS rule of `num_sub_params` equal chunks on `cat_dim` as the
+// sub_param_shape that says the same of a tensor of shape `full`, so that
+// AutoTP's uneven widths apply to it too (Phi-3's gate_up_proj from a preset).
+MergeRule AsSubParamShape(const MergeRule& rule, const std::vector<int64_t>& full) {
+  if (rule.kind() != SUB_PARAMS || rule.sub_param_shape().dim_size() > 0 || rule.num_sub_params() < 1 ||
+      rule.cat_dim() < 0 || rule.cat_dim() >= static_cast<int64_t>(full.size()) ||
+      full[rule.cat_dim()] % rule.num_sub_params() != 0) {
+    return rule;
+  }
+  MergeRule out = rule;
+  SubParamShape* s = out.mutable_sub_param_shape();
+  s->set_partition_dim(rule.cat_dim());
+  for (size_t d = 0; d < full.size(); ++d) {
+    SubParamShape::Dim* dim = s->add_dim();
+    if (static_cast<int64_t>(d) != rule.cat_dim()) {
+      dim->add_size(full[d]);
+      continue;
+    }
+    for (int k = 0; k < rule.num_sub_params(); ++k) dim->add_size(full[d] / rule.num_sub_params());
+  }
+  return out;
+}
+
+// A tp rank's shape of a sub-param tensor: the full (resolved) shape with its
+// own widths summed on the partition dim.
+std::vector<int64_t> SubParamRankShape(const SubShape& s, const std::vector<std::vector<int64_t>>& widths, int rank) {
+  std::vector<int64_t> shape = s.full_shape;
+  int64_t w = 0;
+  for (const auto& per_rank : widths) w += per_rank[rank];
+  shape[s.partition_dim] = w;
+  return shape;
 }
 
 int64_t Numel(const std::vector<int64_t>& s) {
@@ -63,6 +151,26 @@ absl::StatusOr<std::vector<int64_t>> FullShapeFromSlices(const MergeRule& rule,
                                                          absl::string_view name) {
   if (slices.empty()) return Err(name, "no tp slices");
   const int tp = static_cast<int>(slices.size());
+  if (rule.kind() == SUB_PARAMS && rule.sub_param_shape().dim_size() > 0) {
+    // Each rank holds its widths of every sub-param (merge_tp_slices of 0.4).
+    int64_t total = 0;
+    for (const auto& sl : slices) total += Numel(sl);
+    UCP_ASSIGN_OR_RETURN(SubShape s, ResolveSubShape(rule.sub_param_shape(), name, total));
+    if (Numel(s.full_shape) != total) {
+      return Err(name, absl::StrCat("tp slices of ", total, " elements in all do not fill sub_param_shape ",
+                                    torch::ShapeString(s.full_shape)));
+    }
+    UCP_ASSIGN_OR_RETURN(auto widths, SubParamWidths(s, tp, /*autotp=*/false, name));
+    for (int t = 0; t < tp; ++t) {
+      const std::vector<int64_t> want = SubParamRankShape(s, widths, t);
+      if (Numel(slices[t]) != Numel(want)) {
+        return Err(name, absl::StrCat("tp slice ", t, " is ", torch::ShapeString(slices[t]), ", its sub-param widths",
+                                      s.shard_widths.empty() ? " (even: the checkpoint records none)" : "",
+                                      " make it ", torch::ShapeString(want)));
+      }
+    }
+    return s.full_shape;
+  }
   bool equal = true;
   for (const auto& s : slices) equal = equal && s == slices[0];
   if (equal) return FullShapeFromSlice(rule, slices[0], tp, name);
@@ -113,16 +221,27 @@ bool AutoTpCutsByHeads(absl::string_view name) {
   return !AutoTpIsLmHead(name);
 }
 
-absl::StatusOr<std::vector<std::vector<int64_t>>> AutoTpSliceShapes(const MergeRule& rule,
+absl::StatusOr<std::vector<std::vector<int64_t>>> AutoTpSliceShapes(const MergeRule& given,
                                                                     const std::vector<int64_t>& full, int tp,
                                                                     int64_t padded_rows, absl::string_view name) {
-  const bool cat = rule.kind() == COLUMN || rule.kind() == ROW || (rule.kind() == VOCAB && !full.empty() &&
-                                                                   padded_rows == full[0]);
+  const MergeRule rule = AsSubParamShape(given, full);
+  const bool sub = rule.kind() == SUB_PARAMS && rule.sub_param_shape().dim_size() > 0;
+  const bool cat = sub || rule.kind() == COLUMN || rule.kind() == ROW ||
+                   (rule.kind() == VOCAB && !full.empty() && padded_rows == full[0]);
   const int64_t dim = PartitionDim(rule);
   if (!cat || dim >= static_cast<int64_t>(full.size())) {
     return absl::FailedPreconditionError(absl::StrCat(
         "param '", name, "': AutoTP's uneven widths apply to column, row and unpadded vocabulary params only, not ",
         DescribeRule(rule), " of ", torch::ShapeString(full)));
+  }
+  if (sub) {
+    // Widths the checkpoint recorded for this tp are kept (whatever cut them).
+    UCP_ASSIGN_OR_RETURN(SubShape s, ResolveSubShape(rule.sub_param_shape(), name, Numel(full)));
+    if (!s.shard_widths.empty() && static_cast<int>(s.shard_widths[0].size()) == tp) {
+      std::vector<std::vector<int64_t>> out(tp);
+      for (int r = 0; r < tp; ++r) out[r] = SubParamRankShape(s, s.shard_widths, r);
+      return out;
+    }
   }
   if (AutoTpCutsByHeads(name)) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -131,6 +250,12 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> AutoTpSliceShapes(const MergeR
         "choose a tp that divides the heads"));
   }
   std::vector<std::vector<int64_t>> out(tp, full);
+  if (sub) {  // every sub-param in AutoTP's widths (layers.py _subparam_shard_widths)
+    UCP_ASSIGN_OR_RETURN(SubShape s, ResolveSubShape(rule.sub_param_shape(), name, Numel(full)));
+    UCP_ASSIGN_OR_RETURN(auto widths, SubParamWidths(s, tp, /*autotp=*/true, name));
+    for (int r = 0; r < tp; ++r) out[r] = SubParamRankShape(s, widths, r);
+    return out;
+  }
   for (int r = 0; r < tp; ++r) out[r][dim] = AutoTpWidth(full[dim], tp, r);
   return out;
 }
@@ -215,7 +340,7 @@ absl::StatusOr<std::vector<int64_t>> FullShapeFromSlice(const MergeRule& rule, c
   UCP_RETURN_IF_ERROR(ValidateRule(rule, name));
   if (rule.kind() == REPLICATED || rule.kind() == AVERAGE) return slice;
   if (rule.kind() == SUB_PARAMS && rule.sub_param_shape().dim_size() > 0) {
-    UCP_ASSIGN_OR_RETURN(SubShape s, ResolveSubShape(rule.sub_param_shape(), name));
+    UCP_ASSIGN_OR_RETURN(SubShape s, ResolveSubShape(rule.sub_param_shape(), name, Numel(slice) * tp));
     if (Numel(slice) * tp != Numel(s.full_shape)) {
       return Err(name, absl::StrCat("tp slice ", torch::ShapeString(slice), " x tp ", tp,
                                     " does not fill sub_param_shape ", torch::ShapeString(s.full_shape)));
@@ -237,7 +362,7 @@ absl::StatusOr<std::vector<int64_t>> SliceShapeFromFull(const MergeRule& rule, c
   UCP_RETURN_IF_ERROR(ValidateRule(rule, name));
   if (rule.kind() == REPLICATED || rule.kind() == AVERAGE) return full;
   if (rule.kind() == SUB_PARAMS && rule.sub_param_shape().dim_size() > 0) {
-    UCP_ASSIGN_OR_RETURN(SubShape s, ResolveSubShape(rule.sub_param_shape(), name));
+    UCP_ASSIGN_OR_RETURN(SubShape s, ResolveSubShape(rule.sub_param_shape(), name, Numel(full)));
     if (Numel(full) != Numel(s.full_shape)) {
       return Err(name, absl::StrCat("full shape ", torch::ShapeString(full), " does not match sub_param_shape ",
                                     torch::ShapeString(s.full_shape)));
@@ -330,30 +455,29 @@ absl::StatusOr<TensorPlan> MergeSlices(const MergeRule& rule, const std::vector<
     }
     case SUB_PARAMS: {
       if (rule.sub_param_shape().dim_size() > 0) {
-        UCP_ASSIGN_OR_RETURN(SubShape s, ResolveSubShape(rule.sub_param_shape(), name));
-        std::vector<int64_t> part_shape = s.full_shape;
-        if (part_shape[s.partition_dim] % tp != 0) {
-          return Err(name, absl::StrCat("sub_param_shape dim ", s.partition_dim, " is not divisible by tp ", tp));
-        }
-        part_shape[s.partition_dim] /= tp;
+        // ds_to_universal.py merge_tp_slices (0.4): each rank's slice viewed
+        // in its own widths, then every sub-param's pieces in rank order.
+        int64_t total = 0;
+        for (const TensorPlan& sl : slices) total += Numel(sl.shape());
+        UCP_ASSIGN_OR_RETURN(SubShape s, ResolveSubShape(rule.sub_param_shape(), name, total));
+        UCP_ASSIGN_OR_RETURN(auto widths, SubParamWidths(s, tp, /*autotp=*/false, name));
         std::vector<TensorPlan> views;
-        for (const TensorPlan& sl : slices) {
-          UCP_ASSIGN_OR_RETURN(TensorPlan v, sl.Reshape(part_shape), _.Prepend(absl::StrCat("param '", name, "': ")));
+        for (int t = 0; t < tp; ++t) {
+          UCP_ASSIGN_OR_RETURN(TensorPlan v, slices[t].Reshape(SubParamRankShape(s, widths, t)),
+                               _.Prepend(absl::StrCat("param '", name, "': ")));
           views.push_back(std::move(v));
         }
         std::vector<TensorPlan> merged;
-        int64_t offset = 0;
-        for (int64_t sub : s.sub_sizes) {
-          if (sub % tp != 0) return Err(name, absl::StrCat("sub-param size ", sub, " is not divisible by tp ", tp));
-          const int64_t part = sub / tp;
+        std::vector<int64_t> offsets(tp, 0);
+        for (const auto& per_rank : widths) {
           std::vector<TensorPlan> pieces;
-          for (const TensorPlan& v : views) {
-            UCP_ASSIGN_OR_RETURN(TensorPlan p, v.Narrow(s.partition_dim, offset, part));
+          for (int t = 0; t < tp; ++t) {
+            UCP_ASSIGN_OR_RETURN(TensorPlan p, views[t].Narrow(s.partition_dim, offsets[t], per_rank[t]));
             pieces.push_back(std::move(p));
+            offsets[t] += per_rank[t];
           }
           UCP_ASSIGN_OR_RETURN(TensorPlan m, TensorPlan::Cat(pieces, s.partition_dim));
           merged.push_back(std::move(m));
-          offset += part;
         }
         return TensorPlan::Cat(merged, s.partition_dim);
       }
@@ -381,11 +505,36 @@ absl::StatusOr<TensorPlan> MergeSlices(const MergeRule& rule, const std::vector<
   }
 }
 
-absl::StatusOr<TensorPlan> SplitFull(const MergeRule& rule, const TensorPlan& full, int tp, int rank,
+absl::StatusOr<TensorPlan> SplitFull(const MergeRule& given, const TensorPlan& full, int tp, int rank,
                                      int64_t padded_rows, absl::string_view name, bool autotp_widths) {
+  const MergeRule rule = autotp_widths ? AsSubParamShape(given, full.shape()) : given;
   UCP_RETURN_IF_ERROR(ValidateRule(rule, name));
   if (rank < 0 || rank >= tp) return Err(name, absl::StrCat("tp rank ", rank, " outside tp ", tp));
   const int64_t pdim = PartitionDim(rule);
+  const bool sub_shape = rule.kind() == SUB_PARAMS && rule.sub_param_shape().dim_size() > 0;
+  if (sub_shape) {
+    // universal_checkpoint.py _narrow_sub_params: this rank's piece of every
+    // sub-param, in AutoTP's widths where tp does not divide one (`autotp_widths`).
+    UCP_ASSIGN_OR_RETURN(SubShape s, ResolveSubShape(rule.sub_param_shape(), name, Numel(full.shape())));
+    const bool recorded = !s.shard_widths.empty() && static_cast<int>(s.shard_widths[0].size()) == tp;
+    if (autotp_widths && !recorded && AutoTpCutsByHeads(name)) {
+      for (int64_t sub : s.sub_sizes) {
+        if (sub % tp != 0) return AutoTpSliceShapes(rule, full.shape(), tp, padded_rows, name).status();
+      }
+    }
+    UCP_ASSIGN_OR_RETURN(auto widths, SubParamWidths(s, tp, autotp_widths, name));
+    UCP_ASSIGN_OR_RETURN(TensorPlan view, full.Reshape(s.full_shape), _.Prepend(absl::StrCat("param '", name, "': ")));
+    std::vector<TensorPlan> pieces;
+    int64_t offset = 0;
+    for (size_t k = 0; k < widths.size(); ++k) {
+      int64_t start = offset;
+      for (int r = 0; r < rank; ++r) start += widths[k][r];
+      UCP_ASSIGN_OR_RETURN(TensorPlan p, view.Narrow(s.partition_dim, start, widths[k][rank]));
+      pieces.push_back(std::move(p));
+      offset += s.sub_sizes[k];
+    }
+    return TensorPlan::Cat(pieces, s.partition_dim);
+  }
   if (autotp_widths && (rule.kind() == COLUMN || rule.kind() == ROW || rule.kind() == VOCAB) &&
       pdim < full.dim() && full.shape()[pdim] % tp != 0) {
     UCP_ASSIGN_OR_RETURN(auto shapes, AutoTpSliceShapes(rule, full.shape(), tp, padded_rows, name));
@@ -407,21 +556,7 @@ absl::StatusOr<TensorPlan> SplitFull(const MergeRule& rule, const TensorPlan& fu
       UCP_ASSIGN_OR_RETURN(TensorPlan padded, full.PadDim0(padded_rows));
       return padded.Narrow(0, rank * slice_shape[0], slice_shape[0]);
     }
-    case SUB_PARAMS: {
-      if (rule.sub_param_shape().dim_size() > 0) {
-        UCP_ASSIGN_OR_RETURN(SubShape s, ResolveSubShape(rule.sub_param_shape(), name));
-        UCP_ASSIGN_OR_RETURN(TensorPlan view, full.Reshape(s.full_shape),
-                             _.Prepend(absl::StrCat("param '", name, "': ")));
-        std::vector<TensorPlan> pieces;
-        int64_t offset = 0;
-        for (int64_t sub : s.sub_sizes) {
-          const int64_t part = sub / tp;
-          UCP_ASSIGN_OR_RETURN(TensorPlan p, view.Narrow(s.partition_dim, offset + rank * part, part));
-          pieces.push_back(std::move(p));
-          offset += sub;
-        }
-        return TensorPlan::Cat(pieces, s.partition_dim);
-      }
+    case SUB_PARAMS: {  // a sub_param_shape returned above
       const int64_t dim = rule.cat_dim();
       const int64_t n = rule.num_sub_params();
       const int64_t sub = full.shape()[dim] / n;

@@ -124,6 +124,77 @@ TEST(MergeTest, AutoTpSplitsRoundTrip) {
   EXPECT_FALSE(AutoTpIsLmHead("model.lm_head_norm.weight"));
 }
 
+// AutoTP's fused gate_up_proj (universal format 0.4): sub_param_shape
+// ((5, 5), -1) on dim 0 with sub_param_shard_widths [[3, 2], [3, 2]]: tp rank 0
+// holds gate rows 0-2 and up rows 5-7, rank 1 gate rows 3-4 and up rows 8-9
+// (DeepSpeed layers.py _partition_logical_tensor), written out by hand here.
+MergeRule GateUp(std::vector<std::vector<int64_t>> widths) {
+  MergeRule r = Rule(SUB_PARAMS);
+  SubParamShape* s = r.mutable_sub_param_shape();
+  s->set_partition_dim(0);
+  s->add_dim()->add_size(5);
+  s->mutable_dim(0)->add_size(5);
+  s->add_dim()->add_size(-1);
+  for (const auto& w : widths) {
+    auto* sw = s->add_shard_widths();
+    for (int64_t x : w) sw->add_width(x);
+  }
+  return r;
+}
+
+TEST(MergeTest, FusedSubParamsInAutoTpWidths) {
+  const std::string name = "model.layers.0.mlp.gate_up_proj.weight";
+  TensorPlan full = Iota({10, 2}, 0);  // row k holds 2k, 2k+1
+  std::vector<int32_t> rank0 = {0, 1, 2, 3, 4, 5, 10, 11, 12, 13, 14, 15};
+  std::vector<int32_t> rank1 = {6, 7, 8, 9, 16, 17, 18, 19};
+  std::vector<TensorPlan> slices;
+  for (int r = 0; r < 2; ++r) {
+    auto s = SplitFull(GateUp({}), full, 2, r, 0, name, /*autotp_widths=*/true);
+    ASSERT_TRUE(s.ok()) << s.status();
+    slices.push_back(*s);
+  }
+  EXPECT_EQ(slices[0].shape(), (std::vector<int64_t>{6, 2}));
+  EXPECT_EQ(Values(slices[0]), rank0);
+  EXPECT_EQ(Values(slices[1]), rank1);
+  auto shapes = AutoTpSliceShapes(GateUp({}), {10, 2}, 2, 0, name);
+  ASSERT_TRUE(shapes.ok()) << shapes.status();
+  EXPECT_EQ(*shapes, (std::vector<std::vector<int64_t>>{{6, 2}, {4, 2}}));
+  // Merged with the recorded widths (-1 resolved from the elements): the tensor.
+  auto fs = FullShapeFromSlices(GateUp({{3, 2}, {3, 2}}), {{6, 2}, {4, 2}}, name);
+  ASSERT_TRUE(fs.ok()) << fs.status();
+  EXPECT_EQ(*fs, (std::vector<int64_t>{10, 2}));
+  auto merged = MergeSlices(GateUp({{3, 2}, {3, 2}}), slices, 0, name);
+  ASSERT_TRUE(merged.ok()) << merged.status();
+  EXPECT_EQ(merged->shape(), (std::vector<int64_t>{10, 2}));
+  EXPECT_EQ(Values(*merged), Values(full));
+  // The same split as a preset's 2 equal sub-params on dim 0.
+  MergeRule two = Rule(SUB_PARAMS);
+  two.set_num_sub_params(2);
+  two.set_cat_dim(0);
+  auto s1 = SplitFull(two, full, 2, 1, 0, name, /*autotp_widths=*/true);
+  ASSERT_TRUE(s1.ok()) << s1.status();
+  EXPECT_EQ(Values(*s1), rank1);
+  EXPECT_FALSE(SplitFull(two, full, 2, 1, 0, name).ok());  // uneven without AutoTP widths
+  // Refused: no widths for uneven slices, widths that do not match the
+  // slices, the wrong number of widths, a -1 the elements cannot fill.
+  EXPECT_FALSE(MergeSlices(GateUp({}), slices, 0, name).ok());
+  EXPECT_FALSE(MergeSlices(GateUp({{2, 3}, {3, 2}}), slices, 0, name).ok());
+  EXPECT_FALSE(MergeSlices(GateUp({{3, 2}}), slices, 0, name).ok());
+  EXPECT_FALSE(SplitFull(GateUp({}), Iota({3, 7}, 0), 2, 0, 0, name, true).ok());
+  EXPECT_FALSE(SplitFull(GateUp({}), full, 2, 0, 0, name).ok());  // 5 rows over tp 2, no AutoTP widths
+  // A fused param AutoTP cuts by heads (qkv_proj): widths recorded for this
+  // tp are kept (here [4, 1] of the first sub-param), another uneven tp is refused.
+  const std::string qkv = "model.layers.0.self_attn.qkv_proj.weight";
+  auto kept = AutoTpSliceShapes(GateUp({{4, 1}, {3, 2}}), {10, 2}, 2, 0, qkv);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(*kept, (std::vector<std::vector<int64_t>>{{7, 2}, {3, 2}}));
+  auto q0 = SplitFull(GateUp({{4, 1}, {3, 2}}), full, 2, 0, 0, qkv, /*autotp_widths=*/true);
+  ASSERT_TRUE(q0.ok()) << q0.status();
+  EXPECT_EQ(Values(*q0), (std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7, 10, 11, 12, 13, 14, 15}));
+  EXPECT_FALSE(AutoTpSliceShapes(GateUp({{4, 1}, {3, 2}}), {10, 2}, 3, 0, qkv).ok());
+  EXPECT_FALSE(SplitFull(GateUp({}), full, 2, 0, 0, qkv, /*autotp_widths=*/true).ok());
+}
+
 TEST(MergeTest, ReplicatedKeepsOneCopy) {
   auto full = MergeSlices(Rule(REPLICATED), {Iota({3}, 5), Iota({3}, 5)}, 0, "b");
   ASSERT_TRUE(full.ok());

@@ -120,12 +120,11 @@ absl::StatusOr<int> ChooseZeroStage(const ModelInfo& info, const ZeroWriteOption
 }
 
 // Whether a param is written in AutoTP's layout where tp does not divide it
-// (uneven widths): the source was saved by AutoTP, or the param's rule is a
-// Hugging Face preset's (DeepSpeed splits Hugging Face models over tp with
-// AutoTP only). Megatron-style layouts keep refusing such a tp.
-bool AutoTpLayout(const ModelInfo& info, const ParamState& p) {
-  return info.autotp || (p.source == PRESET && absl::StartsWith(p.origin, "preset hf-"));
-}
+// (uneven widths): the source was saved by AutoTP, or the param's rule says
+// so (MergeRule.autotp_widths: a rule of a preset DeepSpeed splits with
+// AutoTP only, Preset.tp_split_by_autotp, or of a rules file). Megatron-style
+// layouts keep refusing such a tp.
+bool AutoTpLayout(const ModelInfo& info, const ParamState& p) { return info.autotp || p.rule.autotp_widths(); }
 
 // Each param's tp slice shape at the target tp, and the padded rows of a
 // vocabulary param (padded to a multiple of `divisible_by` * tp). Whole
@@ -508,12 +507,52 @@ class Writer {
       } else if (key == "ds_config") {
         UCP_ASSIGN_OR_RETURN(ValuePtr c, DsConfig(state::FileValue{v, src.file}, w));
         out->DictSet(k, c);
+      } else if (key == "universal_checkpoint_info" && v->is(Kind::kDict) &&
+                 v->DictGet("sub_param_shard_widths") != nullptr) {
+        UCP_ASSIGN_OR_RETURN(ValuePtr c, deepspeed::CopyTreeForWrite(state::FileValue{v, src.file}, w));
+        UCP_RETURN_IF_ERROR(ShardWidthsForTarget(c.get()));
+        out->DictSet(k, c);
       } else {
         UCP_ASSIGN_OR_RETURN(ValuePtr c, deepspeed::CopyTreeForWrite(state::FileValue{v, src.file}, w));
         out->DictSet(k, c);
       }
     }
     return Finish(w, deepspeed::MpRankFileName(layout_.topo.mp_rank(stage, rank)), *out, dir, result);
+  }
+
+  // AutoTP's `sub_param_shard_widths` (format 0.4) as the target's tp holds
+  // them: each sub-param in AutoTP's widths (tp::SplitFull), unless tp is the
+  // one they were recorded for (then they are kept, as the split keeps them).
+  absl::Status ShardWidthsForTarget(Value* uc_info) const {
+    ValuePtr all = uc_info->DictGetPtr("sub_param_shard_widths");
+    if (all == nullptr || !all->is(Kind::kDict)) return absl::OkStatus();
+    const int tp = layout_.topo.tp;
+    std::vector<std::pair<ValuePtr, ValuePtr>> updated;
+    for (const auto& [pattern, subs] : all->dict_items()) {
+      if (!subs->is(Kind::kList) && !subs->is(Kind::kTuple)) continue;
+      std::vector<ValuePtr> out;
+      for (const auto& sub : subs->items()) {
+        if ((!sub->is(Kind::kList) && !sub->is(Kind::kTuple)) || static_cast<int>(sub->items().size()) == tp) {
+          out.push_back(sub);
+          continue;
+        }
+        int64_t size = 0;
+        for (const auto& x : sub->items()) {
+          if (!x->is(Kind::kInt)) {
+            return absl::InvalidArgumentError(absl::StrCat("universal_checkpoint_info.sub_param_shard_widths of ",
+                                                           pattern->DebugString(80), ": ", sub->DebugString(80),
+                                                           " is not a list of widths"));
+          }
+          size += x->int_value();
+        }
+        std::vector<ValuePtr> widths;
+        for (int r = 0; r < tp; ++r) widths.push_back(Value::Int(tp::AutoTpWidth(size, tp, r)));
+        out.push_back(Value::List(std::move(widths)));
+      }
+      updated.emplace_back(pattern, Value::List(std::move(out)));
+    }
+    for (auto& [pattern, widths] : updated) all->DictSet(pattern, std::move(widths));
+    return absl::OkStatus();
   }
 
   std::string OptimName(int stage, int rank, int dp_rank) const {

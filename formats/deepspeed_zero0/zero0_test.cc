@@ -17,6 +17,8 @@
 #include "format/torch/torch_file.h"
 #include "formats/deepspeed_universal/format.h"
 #include "formats/deepspeed_zero/format.h"
+#include "formats/deepspeed_zero/zero_checkpoint.h"
+#include "formats/deepspeed_zero/zero_state.h"
 #include "formats/deepspeed_zero0/format.h"
 #include "formats/deepspeed_zero0/zero0_state.h"
 #include "formats/format.h"
@@ -493,6 +495,59 @@ void RoundTrip(DType lp, const std::string& name) {
 
 TEST(Zero0Test, Fp32RoundTripsThroughZero1AndUniversalBitwise) { RoundTrip(DType::kFloat32, "z0_rt_fp32"); }
 TEST(Zero0Test, Bf16RoundTripsThroughZero1AndUniversalBitwise) { RoundTrip(DType::kBFloat16, "z0_rt_bf16"); }
+
+// A Hugging Face model saved at tp 1 whose intermediate size (13) tp 2 does
+// not divide is written at tp 2 in AutoTP's widths (7 + 6 rows of up_proj,
+// columns of down_proj): its names are hf-llama's, a preset DeepSpeed splits
+// with AutoTP only (Preset.tp_split_by_autotp, carried by each rule as
+// MergeRule.autotp_widths). Without that property the write is refused as a
+// Megatron-style layout (dim 0 of size 13 is not divisible by 2).
+TEST(Zero0Test, UnevenIntermediateOfAnHfPresetIsWrittenInAutoTpWidths) {
+  const std::string base = testing::FreshTempDir("z0_autotp_widths");
+  const std::string src = JoinPath(base, "z0/global_step3"), out = JoinPath(base, "tp2/global_step3");
+  Model m = Llama(DType::kFloat32);
+  for (Param& p : m.module) {
+    if (absl::EndsWith(p.name, "mlp.up_proj.weight")) p.shape = {13, 8};
+    if (absl::EndsWith(p.name, "mlp.down_proj.weight")) p.shape = {8, 13};
+  }
+  WriteZero0(m, src);
+  auto opened = OpenAny(src);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  writers::ZeroWriteOptions o;
+  o.target.tp = 2;
+  o.zero_stage = 1;
+  auto plan = Formats().FindTarget("deepspeed_zero")->PlanTrainingState(*opened->state, o, nullptr);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_TRUE(writers::RunPlan(**plan, out, writers::ZeroRunOptions(o)).ok());
+  auto ckpt = deepspeed_zero::ZeroCheckpoint::Open(out);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  auto back = deepspeed_zero::ZeroSlicedState::Make(std::move(*ckpt), deepspeed_zero::ZeroReadOptions());
+  ASSERT_TRUE(back.ok()) << back.status();
+  const state::ParamState* up = (*back)->info().Find("model.layers.0.mlp.up_proj.weight");
+  const state::ParamState* down = (*back)->info().Find("model.layers.1.mlp.down_proj.weight");
+  ASSERT_TRUE(up != nullptr && down != nullptr);
+  auto up_slices = (*back)->Slices(*up, 0, state::kFp32State);
+  auto down_slices = (*back)->Slices(*down, 0, state::kFp32State);
+  ASSERT_TRUE(up_slices.ok() && down_slices.ok());
+  ASSERT_EQ(up_slices->size(), 2u);
+  EXPECT_EQ((*up_slices)[0].shape(), (std::vector<int64_t>{7, 8}));
+  EXPECT_EQ((*up_slices)[1].shape(), (std::vector<int64_t>{6, 8}));
+  EXPECT_EQ((*down_slices)[0].shape(), (std::vector<int64_t>{8, 7}));
+  EXPECT_EQ((*down_slices)[1].shape(), (std::vector<int64_t>{8, 6}));
+  // Merged back, every tensor is the tp 1 source's.
+  auto a = OpenDir(src);
+  ASSERT_TRUE(a.ok()) << a.status();
+  for (const std::string& s : {std::string(state::kFp32State), std::string("exp_avg")}) {
+    auto whole = (*a)->Slices(*(*a)->info().Find(up->name), 0, s);
+    auto parts = (*back)->Slices(*up, 0, s);
+    ASSERT_TRUE(whole.ok() && parts.ok());
+    auto merged = tp::TensorPlan::Cat(*parts, 0);
+    ASSERT_TRUE(merged.ok());
+    auto eq = tp::TensorPlan::BitwiseEqual((*whole)[0], *merged);
+    ASSERT_TRUE(eq.ok());
+    EXPECT_TRUE(*eq) << s;
+  }
+}
 
 }  // namespace
 }  // namespace ucp::deepspeed_zero0

@@ -74,6 +74,9 @@ class Merged:
         for name in per_tp[0]:
             dim = split_of(fam.SPLITS, name, self.problems)
             marked = per_tp[0][name].get("split")
+            sub = None
+            if isinstance(dim, tuple) and dim and dim[0] == "sub":  # fused sub-params: ("sub", dim, count)
+                sub, dim = dim[2], dim[1]
             if isinstance(dim, tuple):  # the table allows several splits: the one the model marked
                 dim = marked if marked in dim else dim[0]
             if tp > 1 and marked != dim:
@@ -94,6 +97,8 @@ class Merged:
                         if not _same(parts[0], parts[t]):
                             self.problems.append(f"replicated {name} {s} differs between tp ranks 0 and {t}")
                     self.params[name][s] = parts[0]
+                elif sub is not None:
+                    self.params[name][s] = _merge_sub_params(parts, dim, sub, name, self.problems)
                 else:
                     self.params[name][s] = torch.cat(parts, dim=dim)
         for name in per_tp_buf[0]:
@@ -103,6 +108,19 @@ class Merged:
                 continue
             self.buffers[name] = parts[0] if dim is None else torch.cat(parts, dim=dim)
         self.dumps = dumps
+
+
+def _merge_sub_params(parts, dim, count, name, problems):
+    """A fused param of `count` equal sub-params (Phi-3's qkv_proj, gate_up_proj):
+    each tp rank's part is one piece of every sub-param, side by side and of
+    equal width, so the whole tensor is, per sub-param, its pieces over the ranks."""
+    pieces = []
+    for t, p in enumerate(parts):
+        if p.shape[dim] % count:
+            problems.append(f"{name}: tp rank {t} holds {p.shape[dim]} rows on dim {dim}, not {count} equal pieces")
+            return parts[0]
+        pieces.append(p.chunk(count, dim=dim))
+    return torch.cat([torch.cat([pc[i] for pc in pieces], dim=dim) for i in range(count)], dim=dim)
 
 
 def _states(e):

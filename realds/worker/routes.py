@@ -8,6 +8,8 @@
 #   compare_zero_to_fp32(src, tag, expected) zero_to_fp32's get_fp32_state_dict_from_zero_checkpoint
 #   compare_dump(ref, family, expected)      what a job held after load_universal or a plain load
 #                                            (dumps.py, merged by the oracle)
+#   compare_universal_folders(ours, theirs)  two universal folders (ucp convert's and
+#                                            ds_to_universal.py's of one checkpoint), field by field
 #
 # Each compare returns {"pass": bool, "detail": the first problem, "checked": n}.
 import glob
@@ -152,3 +154,82 @@ def compare_dump(ref, family, expected):
                 return {"pass": False, "checked": r["checked"],
                         "detail": f"group {i} hyper-parameters (got, expected): {diff}"}
     return r
+
+
+def _fields(v):
+    """A value of a universal file as comparable data: tensors as (dtype, shape,
+    bytes), objects (SubparamShape, LossScaler, ...) as their class and fields,
+    dicts as their items in order, lists and tuples kept apart."""
+    import dataclasses
+    if torch.is_tensor(v):
+        t = v.detach().contiguous()
+        return ("tensor", str(t.dtype), tuple(t.shape), t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        return (f"{type(v).__module__}.{type(v).__qualname__}",
+                _fields({f.name: getattr(v, f.name) for f in dataclasses.fields(v)}))
+    if isinstance(v, dict):
+        return ("dict", [(k, _fields(x)) for k, x in v.items()])
+    if isinstance(v, (list, tuple)):
+        return (type(v).__name__, [_fields(x) for x in v])
+    if hasattr(v, "__dict__") and not isinstance(v, type):
+        return (f"{type(v).__module__}.{type(v).__qualname__}", _fields(vars(v)))
+    return (type(v).__name__, v)
+
+
+def _first_difference(a, b, path):
+    if a == b:
+        return None
+    if a[0] != b[0]:
+        return f"{path}: {a[0]} vs {b[0]}"
+    if a[0] == "tensor":
+        what = "bytes" if a[1:3] == b[1:3] else f"{a[1]}{list(a[2])} vs {b[1]}{list(b[2])}"
+        return f"{path}: tensors differ ({what})"
+    if a[0] == "dict":
+        ka, kb = [k for k, _ in a[1]], [k for k, _ in b[1]]
+        if ka != kb:
+            return f"{path}: keys {ka} vs {kb}"
+        for (k, x), (_, y) in zip(a[1], b[1]):
+            d = _first_difference(x, y, f"{path}[{k!r}]")
+            if d:
+                return d
+        return None
+    if isinstance(a[1], list) and isinstance(b[1], list) and len(a[1]) == len(b[1]):
+        for j, (x, y) in enumerate(zip(a[1], b[1])):
+            d = _first_difference(x, y, f"{path}[{j}]")
+            if d:
+                return d
+        return None
+    return f"{path}: {str(a[1])[:160]} vs {str(b[1])[:160]} ({a[0]})"
+
+
+def compare_universal_folders(ours, theirs):
+    """ucp's universal folder vs DeepSpeed's for the same checkpoint: the same
+    zero/ files, each equal field by field (keys in order, metadata values,
+    tensors bitwise), and the same universal_checkpoint_info in mp_rank_00
+    (ucp writes one mp_rank_00 for a plain module of any tp, DeepSpeed copies
+    every rank's: the files themselves are not compared)."""
+    def files(root):
+        z = os.path.join(root, "zero")
+        return sorted(os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(z) for f in fs)
+    fa, fb = files(ours), files(theirs)
+    if fa != fb:
+        return {"pass": False, "checked": 0,
+                "detail": f"zero/ files: only ucp's {sorted(set(fa) - set(fb))[:4]}, only DeepSpeed's "
+                          f"{sorted(set(fb) - set(fa))[:4]}"}
+    if not fa:
+        return {"pass": False, "checked": 0, "detail": f"no zero/ files in {theirs}"}
+    checked = 0
+    for f in fa:
+        d = _first_difference(_fields(torch.load(os.path.join(ours, f), weights_only=False)),
+                              _fields(torch.load(os.path.join(theirs, f), weights_only=False)), f)
+        if d:
+            return {"pass": False, "checked": checked, "detail": d}
+        checked += 1
+    ms = "mp_rank_00_model_states.pt"
+    info = [torch.load(os.path.join(r, ms), weights_only=False).get("universal_checkpoint_info") for r in (ours, theirs)]
+    d = _first_difference(_fields(info[0]), _fields(info[1]), f"{ms}['universal_checkpoint_info']")
+    if d:
+        return {"pass": False, "checked": checked, "detail": d}
+    version = (info[1] or {}).get("universal_checkpoint_version")
+    return {"pass": True, "checked": checked + 1,
+            "detail": f"{checked} zero/ files and universal_checkpoint_info (version {version}) equal field by field"}

@@ -21,11 +21,17 @@ from families import Built, common_args
 
 SPLITS = [
     (r"\.(q|k|v|gate|up)_proj\.weight$", 0),
-    (r"\.(o|down)_proj\.weight$", 1),
+    (r"\.down_proj\.weight$", 1),
+    # o_proj: by columns in the Llama, whole in the Phi-3 (whose attention is not cut, below).
+    (r"\.o_proj\.weight$", (1, None)),
+    # Phi-3's fused gate_up_proj: each tp rank holds a piece of the gate and one of
+    # the up projection, side by side, in AutoTP's widths (layers.py SubParamLinearLayer).
+    (r"\.gate_up_proj\.weight$", ("sub", 0, 2)),
+    (r"\.qkv_proj\.weight$", None),
     # lm_head by vocabulary rows; DeepSpeed 0.19.5 cuts one whose vocabulary tp
     # does not divide by columns (auto_tp.py _create_column_parallel_layer falls
     # back to LmHeadLinearAllreduce), master by rows in uneven widths.
-    (r"^lm_head\.weight$", (0, 1)),
+    (r"^lm_head\.weight$", (0, 1, None)),  # None: whole (the Phi-3 partition_config leaves it)
     (r".", None),  # embed_tokens, the RMSNorms, rotary buffers
 ]
 
@@ -36,17 +42,40 @@ def add_args(ap):
     ap.add_argument("--kv_heads", type=int, default=0, help="key-value heads (default: --heads)")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--wd", type=float, default=0.0)
+    ap.add_argument("--arch", default="llama", choices=("llama", "phi3"),
+                    help="phi3: a Phi3ForCausalLM whose fused MLP gate_up_proj AutoTP cuts per sub-param "
+                         "(tensor_parallel.partition_config, below)")
 
 
 def ds_config(cfg, topo):
     """Merged into the job's DeepSpeed config."""
     if topo["tp"] > 1:
-        return {"tensor_parallel": {"autotp_size": topo["tp"]}}
+        tp = {"autotp_size": topo["tp"]}
+        if cfg.arch == "phi3":
+            # The MLP only: gate_up_proj as 2 sub-params of a -1 dim (DeepSpeed's
+            # own example and its phi3 preset), down_proj by columns. The attention
+            # stays whole: transformers 5.12's Phi-3 slices its fused qkv by the
+            # config's head counts, which a tp cut of qkv_proj breaks (the phi3
+            # preset fails in forward: mat1 and mat2 shapes cannot be multiplied).
+            tp["partition_config"] = {"use_default_specs": False, "layer_specs": [
+                {"patterns": [r".*\.mlp\.gate_up_proj\.weight$"], "partition_type": "column", "shape": [2, -1],
+                 "partition_dim": 0},
+                {"patterns": [r".*\.mlp\.down_proj\.weight$"], "partition_type": "row"}]}
+        return {"tensor_parallel": tp}
     return {}
 
 
 def llama(cfg):
     import transformers
+    if cfg.arch == "phi3":
+        import transformers.models.phi3.modeling_phi3  # noqa: F401 (lazy modules)
+        conf = transformers.Phi3Config(vocab_size=cfg.vocab, hidden_size=cfg.hidden, intermediate_size=cfg.inter,
+                                       num_hidden_layers=cfg.layers, num_attention_heads=cfg.heads,
+                                       num_key_value_heads=cfg.kv_heads or cfg.heads, max_position_embeddings=64,
+                                       original_max_position_embeddings=64, tie_word_embeddings=False,
+                                       pad_token_id=0, bos_token_id=1, eos_token_id=2)
+        torch.manual_seed(cfg.seed)
+        return transformers.Phi3ForCausalLM(conf)
     import transformers.models.llama.modeling_llama  # noqa: F401 (lazy modules)
     conf = transformers.LlamaConfig(vocab_size=cfg.vocab, hidden_size=cfg.hidden, intermediate_size=cfg.inter,
                                     num_hidden_layers=cfg.layers, num_attention_heads=cfg.heads,
@@ -72,7 +101,21 @@ def build(cfg, topo):
         groups._init_tp_mesh_device(tensor_model_parallel_size=tp)
         mpu = groups
 
+    # AutoTP's update_mp_params divides the head counts and sizes of every module
+    # it does not replace (Phi3Attention.num_key_value_heads, ...), also where
+    # partition_config leaves the attention whole: the Phi-3 model gets them back
+    # after initialize, as a user whose attention is not cut must do.
+    kept = {}
+    if tp > 1 and cfg.arch == "phi3":
+        kept = {n: {a: getattr(m, a) for a in ("num_key_value_heads", "num_heads", "num_attention_heads",
+                                                "hidden_size", "head_dim") if isinstance(getattr(m, a, None), int)}
+                for n, m in model.named_modules()}
+
     def loss(engine, x, y):
+        if kept:
+            for n, m in engine.module.named_modules():
+                for a, v in kept.get(n, {}).items():
+                    setattr(m, a, v)
         if tp > 1:
             from deepspeed.utils import groups
             got = (groups.get_tensor_model_parallel_rank(), groups.get_data_parallel_rank())

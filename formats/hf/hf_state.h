@@ -67,14 +67,25 @@ class HfState : public state::SlicedState {
 
   const std::string& architecture() const { return architecture_; }
   const std::string& preset() const { return preset_; }
+  // The args the imported checkpoint has (rules::HfImportPlan::args): for
+  // the preset's argument-conditional rules (ResolveOptions::args).
+  const pickle::Value* import_args() const { return args_.get(); }
   // The safetensors files read, in the folder's order.
   std::vector<std::string> Files() const;
 
  private:
-  struct Entry {
+  struct Part {
     std::string hf_name;
     const safetensors::SafetensorsFile* file = nullptr;
+    int64_t groups = 1, start = 0, length = 0;  // rules::HfImportPart
   };
+  // A checkpoint param: one HF tensor (a rename), or the parts of a fused
+  // one, by start.
+  struct Entry {
+    std::vector<Part> parts;
+    bool fused = false;
+  };
+  absl::StatusOr<torch::Tensor> Read(const Part& part, bool fp32) const;
   HfState() = default;
   absl::Status OpenFiles();
   absl::Status BuildInfo(const std::string& preset);
@@ -86,6 +97,7 @@ class HfState : public state::SlicedState {
   std::map<std::string, Entry> entries_;  // by checkpoint name
   state::ModelInfo info_;
   state::FileValue step_;
+  pickle::ValuePtr args_;
 };
 
 }  // namespace ucp::hf

@@ -132,7 +132,8 @@ absl::StatusOr<const HfArchitecture*> ArchitectureOf(const json::Value& config, 
 // tensor only a fused entry without an import_name names.
 absl::StatusOr<std::string> ImportName(const HfArchitecture& arch, const std::vector<std::vector<Inverse>>& inverses,
                                        const std::string& hf, int num_layers, const std::string& preset,
-                                       int* entry, int* part, bool* fused) {
+                                       int* entry, int* part, bool* fused,
+                                       std::map<std::string, std::string>* placeholders) {
   for (int e = 0; e < arch.tensor_size(); ++e) {
     const HfTensorMap& t = arch.tensor(e);
     const bool is_fused = t.split() == HF_SPLIT_QKV || t.split() == HF_SPLIT_GATE_UP;
@@ -154,6 +155,7 @@ absl::StatusOr<std::string> ImportName(const HfArchitecture& arch, const std::ve
       if (!std::regex_match(name, pm, std::regex(t.pattern(), std::regex::ECMAScript))) continue;
       *entry = e;
       *part = is_fused ? n : -1;
+      *placeholders = std::move(matched);
       return name;
     }
   }
@@ -304,11 +306,13 @@ absl::StatusOr<HfImportPlan> PlanHfImport(const std::vector<HfImportInput>& tens
   std::vector<std::string> unmatched, fused;
   std::vector<std::tuple<int, int, int>> keys;  // layer, entry, plan index
   std::map<std::string, size_t> by_name;        // checkpoint name -> plan index
+  std::map<size_t, std::vector<std::string>> fused_names;  // plan index -> the HF names a fused tensor needs
   for (size_t i = 0; i < tensors.size(); ++i) {
     int entry = -1, part = -1;
     bool is_fused = false;
+    std::map<std::string, std::string> placeholders;
     UCP_ASSIGN_OR_RETURN(std::string name, ImportName(*arch, inverses, tensors[i].name, num_hf_layers, plan.preset,
-                                                      &entry, &part, &is_fused));
+                                                      &entry, &part, &is_fused, &placeholders));
     if (name.empty()) {
       (is_fused ? fused : unmatched).push_back(tensors[i].name);
       continue;
@@ -327,7 +331,13 @@ absl::StatusOr<HfImportPlan> PlanHfImport(const std::vector<HfImportInput>& tens
     t.input = static_cast<int>(i);
     t.name = name;
     t.shape = tensors[i].shape;
-    if (part >= 0) t.parts.push_back(HfImportPart{static_cast<int>(i)});
+    if (part >= 0) {
+      t.parts.push_back(HfImportPart{static_cast<int>(i)});
+      for (const std::string& tmpl : arch->tensor(entry).name()) {
+        UCP_ASSIGN_OR_RETURN(std::string n, Fill(tmpl, placeholders, num_hf_layers, plan.preset));
+        fused_names[plan.tensors.size()].push_back(n);
+      }
+    }
     const size_t dot = name.find('.');
     if (dot == std::string::npos || !absl::SimpleAtoi(name.substr(0, dot), &t.layer)) {
       return absl::InternalError(absl::StrCat("preset '", plan.preset, "': import name '", name, "' of '",
@@ -337,8 +347,19 @@ absl::StatusOr<HfImportPlan> PlanHfImport(const std::vector<HfImportInput>& tens
     keys.emplace_back(t.layer, entry, static_cast<int>(plan.tensors.size()));
     plan.tensors.push_back(std::move(t));
   }
-  for (HfImportTensor& t : plan.tensors) {
-    if (!t.parts.empty()) UCP_RETURN_IF_ERROR(FusedShape(tensors, &t));
+  for (auto& [index, want] : fused_names) {
+    HfImportTensor& t = plan.tensors[index];
+    std::vector<std::string> missing;
+    for (const std::string& n : want) {
+      bool found = false;
+      for (const HfImportPart& p : t.parts) found = found || tensors[static_cast<size_t>(p.input)].name == n;
+      if (!found) missing.push_back(n);
+    }
+    if (!missing.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("'", t.name, "' is fused from ", absl::StrJoin(want, ", "),
+                                                     ": the folder has no ", absl::StrJoin(missing, ", ")));
+    }
+    UCP_RETURN_IF_ERROR(FusedShape(tensors, &t));
   }
   if (!fused.empty() || !unmatched.empty()) {
     auto list = [](std::vector<std::string> v) {

@@ -6,7 +6,9 @@
 #include <set>
 #include <tuple>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
@@ -20,6 +22,8 @@ namespace {
 
 // An HF name template ("gpt_neox.layers.{layer}.{2}.{3}") as a regex over
 // HF names, and the placeholder each of its groups captures.
+constexpr char kTiedPrefix[] = "tied_modules.";
+
 struct Inverse {
   std::regex re;
   std::vector<std::string> keys;
@@ -131,7 +135,7 @@ absl::StatusOr<const HfArchitecture*> ArchitectureOf(const json::Value& config, 
 // (q, k, v or gate, up), -1 for a rename. Returns "" (and sets *fused) for a
 // tensor only a fused entry without an import_name names.
 absl::StatusOr<std::string> ImportName(const HfArchitecture& arch, const std::vector<std::vector<Inverse>>& inverses,
-                                       const std::string& hf, int num_layers, const std::string& preset,
+                                       const std::string& hf, int num_layers, const std::string& preset, bool tied,
                                        int* entry, int* part, bool* fused,
                                        std::map<std::string, std::string>* placeholders) {
   for (int e = 0; e < arch.tensor_size(); ++e) {
@@ -147,9 +151,13 @@ absl::StatusOr<std::string> ImportName(const HfArchitecture& arch, const std::ve
         continue;
       }
       if (n > 0 && !is_fused) continue;
+      // A tied module's name is taken only when the embeddings are tied (the
+      // preset lists it before the untied name of the same tensor).
+      if (absl::StartsWith(t.import_name(), kTiedPrefix) && !tied) continue;
       std::map<std::string, std::string> matched;
       for (size_t g = 0; g < inv.keys.size(); ++g) matched[inv.keys[g]] = m[g + 1].str();
-      UCP_ASSIGN_OR_RETURN(std::string name, Fill(t.import_name(), matched, num_layers, preset));
+      const std::string tmpl = t.import_name().substr(0, t.import_name().find(" @"));
+      UCP_ASSIGN_OR_RETURN(std::string name, Fill(tmpl, matched, num_layers, preset));
       // The entry's own pattern decides: a name it does not match is not its.
       std::smatch pm;
       if (!std::regex_match(name, pm, std::regex(t.pattern(), std::regex::ECMAScript))) continue;
@@ -266,6 +274,32 @@ pickle::ValuePtr RequiredArgs(const HfArchitecture& arch) {
   return args;
 }
 
+// A tied module's key, local name and layers, from an import_name
+// "tied_modules.<key>.<local> @L1,L2" (each L a layer template).
+absl::Status TiedLayers(const std::string& import_name, const std::map<std::string, std::string>& placeholders,
+                        int num_layers, const std::string& preset, HfImportTensor* t) {
+  const size_t at = import_name.find(" @");
+  const std::string rest = t->name.substr(std::string(kTiedPrefix).size());
+  const size_t dot = rest.find('.');
+  if (at == std::string::npos || dot == std::string::npos) {
+    return absl::InternalError(absl::StrCat("preset '", preset, "': tied import_name '", import_name,
+                                            "' needs tied_modules.<key>.<name> @<layers>"));
+  }
+  t->tied_key = rest.substr(0, dot);
+  t->local_name = rest.substr(dot + 1);
+  for (absl::string_view l : absl::StrSplit(import_name.substr(at + 2), ',')) {
+    UCP_ASSIGN_OR_RETURN(std::string v, Fill(std::string(l), placeholders, num_layers, preset));
+    int layer = 0;
+    if (!absl::SimpleAtoi(v, &layer)) {
+      return absl::InternalError(absl::StrCat("preset '", preset, "': tied layer '", l, "' of '", import_name, "'"));
+    }
+    t->tied_layers.push_back(layer);
+  }
+  std::sort(t->tied_layers.begin(), t->tied_layers.end());
+  t->layer = t->tied_layers.front();
+  return absl::OkStatus();
+}
+
 // A fused tensor's shape: its parts' rows stacked (every other dim equal).
 absl::Status FusedShape(const std::vector<HfImportInput>& tensors, HfImportTensor* t) {
   t->shape = tensors[static_cast<size_t>(t->parts[0].input)].shape;
@@ -290,12 +324,8 @@ absl::StatusOr<HfImportPlan> PlanHfImport(const std::vector<HfImportInput>& tens
                                           const std::string& preset) {
   HfImportPlan plan;
   UCP_ASSIGN_OR_RETURN(const HfArchitecture* arch, ArchitectureOf(config, preset, &plan));
-  if (const json::Value* tied = config.Get("tie_word_embeddings");
-      tied != nullptr && tied->type() == json::Value::Type::kBool && tied->bool_value()) {
-    return absl::UnimplementedError(
-        "config.json: tie_word_embeddings is true: an output layer tied to the input embedding is not imported yet "
-        "(the checkpoint would need the preset's tied module names)");
-  }
+  const json::Value* tie = config.Get("tie_word_embeddings");
+  const bool tied = tie != nullptr && tie->type() == json::Value::Type::kBool && tie->bool_value();
   std::vector<std::vector<Inverse>> inverses;
   for (const HfTensorMap& t : arch->tensor()) {
     inverses.emplace_back();
@@ -312,7 +342,7 @@ absl::StatusOr<HfImportPlan> PlanHfImport(const std::vector<HfImportInput>& tens
     bool is_fused = false;
     std::map<std::string, std::string> placeholders;
     UCP_ASSIGN_OR_RETURN(std::string name, ImportName(*arch, inverses, tensors[i].name, num_hf_layers, plan.preset,
-                                                      &entry, &part, &is_fused, &placeholders));
+                                                      tied, &entry, &part, &is_fused, &placeholders));
     if (name.empty()) {
       (is_fused ? fused : unmatched).push_back(tensors[i].name);
       continue;
@@ -337,6 +367,12 @@ absl::StatusOr<HfImportPlan> PlanHfImport(const std::vector<HfImportInput>& tens
         UCP_ASSIGN_OR_RETURN(std::string n, Fill(tmpl, placeholders, num_hf_layers, plan.preset));
         fused_names[plan.tensors.size()].push_back(n);
       }
+    }
+    if (absl::StartsWith(name, kTiedPrefix)) {
+      UCP_RETURN_IF_ERROR(TiedLayers(arch->tensor(entry).import_name(), placeholders, num_hf_layers, plan.preset, &t));
+      keys.emplace_back(t.layer, entry, static_cast<int>(plan.tensors.size()));
+      plan.tensors.push_back(std::move(t));
+      continue;
     }
     const size_t dot = name.find('.');
     if (dot == std::string::npos || !absl::SimpleAtoi(name.substr(0, dot), &t.layer)) {
@@ -381,6 +417,17 @@ absl::StatusOr<HfImportPlan> PlanHfImport(const std::vector<HfImportInput>& tens
   plan.tensors = std::move(sorted);
   plan.module_layers.assign(layers.begin(), layers.end());
   plan.num_layers = plan.module_layers.empty() ? 0 : plan.module_layers.back() + 1;
+  bool any_tied = false;
+  for (const HfImportTensor& t : plan.tensors) {
+    for (int l : t.tied_layers) plan.num_layers = std::max(plan.num_layers, l + 1);
+    any_tied = any_tied || !t.tied_key.empty();
+  }
+  if (tied && !any_tied) {
+    return absl::UnimplementedError(absl::StrCat(
+        "config.json: tie_word_embeddings is true (the output layer is the input embedding), but preset '",
+        plan.preset, "' names no tied module for ", plan.architecture,
+        ": its trainer's output layer would be a separate weight; not imported"));
+  }
   plan.partition_method = arch->import_partition_method();
   UCP_RETURN_IF_ERROR(CheckForwards(&plan, tensors, *arch, config));
   // The export's sum_tp_if: a model that adds each tp rank's copy before the

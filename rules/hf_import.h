@@ -6,6 +6,10 @@
 // forwards through it, and each must give back its HF tensor (name, shape,
 // rows) or the import is refused.
 //
+// Tied embeddings (config.json tie_word_embeddings true: save_pretrained
+// leaves the output layer out) are imported where the preset names a tied
+// module (see HfImportTensor::tied_key); a preset without one refuses them.
+//
 // Fused params (HF_SPLIT_QKV, HF_SPLIT_GATE_UP with an import_name: q/k/v or
 // gate/up rebuilt into one, e.g. Megatron-DeepSpeed's query_key_value and
 // swiglu dense_h_to_4h) are assembled from their HF parts by the export's
@@ -51,8 +55,15 @@ struct HfImportTensor {
   // A fused tensor's parts, ordered by start; empty for a rename.
   std::vector<HfImportPart> parts;
   std::string name;        // checkpoint name, e.g. "2.attention.dense.weight"
-  int layer = -1;          // pipeline layer index (the name's leading number)
-  std::string local_name;  // the name after the layer index
+  int layer = -1;          // pipeline layer index (the name's leading number; a tied module's first layer)
+  std::string local_name;  // the name after the layer index (after "tied_modules.<key>.")
+  // A tied module (import_name "tied_modules.<key>.<local> @L1,L2,..." with
+  // layer templates: the TiedLayerSpec's layers, e.g. Megatron-DeepSpeed's
+  // embedding at 0 and its tied LM head at {layers+4}); taken only when
+  // config.json's tie_word_embeddings is true, and the untied entries then
+  // are not.
+  std::string tied_key;
+  std::vector<int> tied_layers;
 };
 
 struct HfImportPlan {

@@ -175,6 +175,8 @@ absl::Status HfState::BuildInfo(const std::string& preset) {
     p.lp_dtype = dtype;
     p.layer = t.layer;
     p.local_name = t.local_name;
+    p.tied_key = t.tied_key;
+    p.tied_layers = t.tied_layers;
     p.tp_shapes = {p.full_shape};
     p.stages = {0};
     info_.module_order.push_back({t.layer, t.name});

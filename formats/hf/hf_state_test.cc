@@ -246,6 +246,32 @@ TEST(HfStateTest, LlamaUnderMegatronDeepSpeedNamesFusesQkvAndGateUp) {
   EXPECT_TRUE(swiglu->is(pickle::Kind::kBool) && swiglu->int_value() != 0);
 }
 
+// Tied embeddings (save_pretrained leaves lm_head out): Megatron-DeepSpeed's
+// TiedLayerSpec 'embed', at layer 0 and at the LM head's layer 6 (no file
+// of its own there).
+TEST(HfStateTest, TiedLlamaEmbeddingsAreMegatronDeepSpeedsTiedModule) {
+  std::string config = testfolder::kLlamaConfig;
+  config.replace(config.find("\"tie_word_embeddings\": false"), 28, "\"tie_word_embeddings\": true");
+  Tensors t = testfolder::Llama();
+  t.pop_back();  // lm_head.weight
+  absl::StatusOr<std::unique_ptr<HfState>> s = HfState::Open(Folder("hf_llama_tied", t, config), {"megatron-deepspeed"});
+  ASSERT_TRUE(s.ok()) << s.status();
+  const state::ModelInfo& info = (*s)->info();
+  EXPECT_EQ(info.params.size(), 14u);
+  EXPECT_EQ(info.Find("0.word_embeddings.weight"), nullptr);
+  const state::ParamState* e = info.Find("tied_modules.embed.word_embeddings.weight");
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->tied_key, "embed");
+  EXPECT_EQ(e->local_name, "word_embeddings.weight");
+  EXPECT_EQ(e->layer, 0);
+  EXPECT_EQ(e->tied_layers, (std::vector<int>{0, 6}));
+  EXPECT_EQ(info.num_layers, 7);
+  EXPECT_EQ(info.module_layers, (std::vector<int>{0, 2, 3, 5}));
+  absl::StatusOr<std::vector<tp::TensorPlan>> sl = (*s)->Slices(*e, 0, "lp");
+  ASSERT_TRUE(sl.ok()) << sl.status();
+  EXPECT_TRUE(Same((*sl)[0], Hf(t, "model.embed_tokens.weight")));
+}
+
 TEST(HfStateTest, RefusesALlamaWithAFusedPartMissing) {
   Tensors t = testfolder::Llama();
   t.erase(t.begin() + 3);  // model.layers.0.self_attn.v_proj.weight
@@ -266,7 +292,7 @@ TEST(HfStateTest, RefusesTiedEmbeddings) {
   config.replace(config.find("\"tie_word_embeddings\": false"), 28, "\"tie_word_embeddings\": true");
   Tensors t = NeoX();
   t.pop_back();  // save_pretrained leaves the tied output out
-  ExpectRefused(Folder("hf_tied", t, config), {"config.json", "tie_word_embeddings", "not imported yet"});
+  ExpectRefused(Folder("hf_tied", t, config), {"config.json", "tie_word_embeddings", "names no tied module"});
 }
 
 TEST(HfStateTest, RefusesANameThePresetDoesNotImport) {

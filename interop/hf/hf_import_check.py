@@ -46,6 +46,7 @@ SPLITS = [
 
 
 FAMILY = "neox"
+TIED = False  # --tied (llama): tie_word_embeddings, GPTModelPipe's TiedLayerSpec 'embed' at 0 and at the head
 # Megatron-DeepSpeed's GPTModelPipe trained as Llama, as the megatron-deepspeed preset names it.
 LLAMA_SPLITS = [
     (r"word_embeddings\.weight$", 0), (r"lm_head\.weight$", 0),
@@ -60,7 +61,7 @@ def config():
         from transformers import LlamaConfig
         return LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=160, num_hidden_layers=3,
                            num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
-                           rms_norm_eps=1e-5, tie_word_embeddings=False, hidden_act="silu", attention_bias=False,
+                           rms_norm_eps=1e-5, tie_word_embeddings=TIED, hidden_act="silu", attention_bias=False,
                            mlp_bias=False, attn_implementation="eager")
     from transformers import GPTNeoXConfig
     return GPTNeoXConfig(vocab_size=96, hidden_size=64, intermediate_size=160, num_hidden_layers=3,
@@ -78,6 +79,8 @@ def llama_full(name, hf, cfg):
     """The full tensor of a megatron-deepspeed checkpoint name, from the HF tensors (the mapping written
     out for the check): query_key_value grouped per kv head [nkv, q heads per kv head + 2, d];
     dense_h_to_4h [gate; up]."""
+    if name == "tied_modules.embed.word_embeddings.weight":
+        return hf["model.embed_tokens.weight"]
     i, rest = name.split(".", 1)
     L = cfg.num_hidden_layers
     if rest == "word_embeddings.weight":
@@ -217,7 +220,7 @@ def build_llama(cfg, tp, pp):
     transformer layers, a lambda, the final RMSNorm whose own param is `weight`, the LM head), Megatron tp,
     with transformers' Llama functions for the norms, rotary and attention (GQA: repeat_kv)."""
     import mpu
-    from deepspeed.pipe import LayerSpec, PipelineModule
+    from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
     from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
     from transformers.models.llama import modeling_llama as hfm
     m = mpu.setup(tp, pp)
@@ -288,9 +291,15 @@ def build_llama(cfg, tp, pp):
     def identity(x):
         return x
 
-    specs = [LayerSpec(EmbeddingPipe), identity]
+    def tied_logits(embed, x):  # the tied head: logits of the vocab-split embedding, gathered
+        return mpu.parallel_logits(x, embed.word_embeddings.weight)
+
+    first = TiedLayerSpec("embed", EmbeddingPipe, tied_weight_attr="word_embeddings.weight") if TIED else LayerSpec(EmbeddingPipe)
+    specs = [first, identity]
     specs += [LayerSpec(ParallelTransformerLayerPipe) for _ in range(cfg.num_hidden_layers)]
-    specs += [identity, LayerSpec(hfm.LlamaRMSNorm, h, eps=cfg.rms_norm_eps), LayerSpec(LMHeadPipe)]
+    specs += [identity, LayerSpec(hfm.LlamaRMSNorm, h, eps=cfg.rms_norm_eps)]
+    specs += [TiedLayerSpec("embed", EmbeddingPipe, forward_fn=tied_logits, tied_weight_attr="word_embeddings.weight")
+              if TIED else LayerSpec(LMHeadPipe)]
     module = PipelineModule(layers=specs, loss_fn=mpu.cross_entropy,
                             topology=PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=m.dp),
                             partition_method="type:transformer")
@@ -315,8 +324,8 @@ def expected(name, hf, m, layers, cfg=None):
 
 
 def run_load(rank, a, port):
-    global FAMILY
-    FAMILY = a.family  # spawned processes import the module afresh
+    global FAMILY, TIED
+    FAMILY, TIED = a.family, a.tied  # spawned processes import the module afresh
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(a.world), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     store = dist.TCPStore("127.0.0.1", port, a.world, rank == 0, use_libuv=False, timeout=timedelta(seconds=600))
@@ -410,9 +419,10 @@ def main():
     ap.add_argument("--full_load", action="store_true", help="a plain load_checkpoint (optimizer state too)")
     ap.add_argument("--file_hp", action="store_true", help="the job's hyper-parameters = the file's (lr 1e-3, wd 0.01)")
     ap.add_argument("--family", choices=["neox", "llama"], default="neox")
+    ap.add_argument("--tied", action="store_true", help="llama: tie_word_embeddings")
     a = ap.parse_args()
-    global FAMILY
-    FAMILY = a.family
+    global FAMILY, TIED
+    FAMILY, TIED = a.family, a.tied
     if a.cmd == "save":
         return run_save(a)
     a.world = a.tp * a.pp

@@ -16,7 +16,9 @@
 # The same for a LlamaForCausalLM from a LlamaConfig (GQA 4 query / 2 kv heads, SwiGLU, RMSNorm),
 # imported with --preset=megatron-deepspeed into Megatron-DeepSpeed's GPTModelPipe layout
 # (query_key_value fused grouped per kv head, dense_h_to_4h [gate; up] as 2 sub-params): tp 1 pp 1
-# (logits bitwise), tp 1 pp 2, tp 2 pp 1, tp 2 pp 2 (and from the shards), the step at tp 2 pp 2.
+# (logits bitwise), tp 1 pp 2, tp 2 pp 1, tp 2 pp 2 (and from the shards), the step at tp 2 pp 2; and
+# with tie_word_embeddings (GPTModelPipe's TiedLayerSpec 'embed' at the embedding and the head) at tp 1
+# pp 1 and tp 2 pp 2.
 # Args: UCP CHECKER MPU
 set -u
 UCP=$(pwd)/$1
@@ -27,7 +29,7 @@ cp "$2" "$W/hf_import_check.py"
 cp "$3" "$W/mpu.py"
 fail=0
 run() {  # hf_import_check.py ARGS... (FAMILY=llama: --family llama): its JSON line on stdout, the rest in $W/log
-  "$ENV" run --root=sid --deepspeed=0.19.5 --bind="$W" --cwd="$W" -- python3 "$W/hf_import_check.py" "$@" --family "${FAMILY:-neox}" > "$W/out" 2>> "$W/log"
+  "$ENV" run --root=sid --deepspeed=0.19.5 --bind="$W" --cwd="$W" -- python3 "$W/hf_import_check.py" "$@" --family "${FAMILY:-neox}" ${TIED:+--tied} > "$W/out" 2>> "$W/log"
   local rc=$?
   grep '^{' "$W/out" | tail -1
   [[ $rc == 0 ]] || { echo "  (exit $rc; last lines:)"; grep -v -e gloo -e Warning "$W/out" "$W/log" | tail -5; }
@@ -94,6 +96,19 @@ if FAMILY=llama run save --out "$L" > /dev/null; then
   fi
 else
   echo "FAIL llama save"; fail=1
+fi
+# Tied Llama embeddings, in $W/llama_tied.
+T=$W/llama_tied
+mkdir -p "$T"
+if FAMILY=llama TIED=1 run save --out "$T" > /dev/null; then
+  for t in "1 1 0" "2 2 1e-5"; do
+    set -- $t
+    ucp reshard --input_folder="$T/hf" --output_folder="$T/tp$1-pp$2/global_step0" --tp=$1 --pp=$2 --dp=1 --preset=megatron-deepspeed || continue
+    line=$(FAMILY=llama TIED=1 run load --ckpt "$T/tp$1-pp$2" --tp $1 --pp $2 --ref "$T/ref.pt" --out "$T/tp$1-pp$2.after") || { echo "FAIL load tied llama tp $1 pp $2"; fail=1; continue; }
+    judge "tied llama -> ucp tp $1 pp $2 -> DeepSpeed" "$line" "$3" || fail=1
+  done
+else
+  echo "FAIL tied llama save"; fail=1
 fi
 # Negative control: one element of one weight changed in the HF folder; the load must report it.
 "$ENV" run --root=sid --deepspeed=0.19.5 --bind="$W" -- python3 - "$W" <<'PY' >> "$W/log" 2>&1

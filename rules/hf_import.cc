@@ -318,6 +318,27 @@ absl::Status FusedShape(const std::vector<HfImportInput>& tensors, HfImportTenso
   return absl::OkStatus();
 }
 
+// Each fused tensor's parts are all there (the HF names its entry needs),
+// and its shape is theirs stacked.
+absl::Status CompleteFused(const std::map<size_t, std::vector<std::string>>& fused_names,
+                           const std::vector<HfImportInput>& tensors, HfImportPlan* plan) {
+  for (const auto& [index, want] : fused_names) {
+    HfImportTensor& t = plan->tensors[index];
+    std::vector<std::string> missing;
+    for (const std::string& n : want) {
+      bool found = false;
+      for (const HfImportPart& p : t.parts) found = found || tensors[static_cast<size_t>(p.input)].name == n;
+      if (!found) missing.push_back(n);
+    }
+    if (!missing.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("'", t.name, "' is fused from ", absl::StrJoin(want, ", "),
+                                                     ": the folder has no ", absl::StrJoin(missing, ", ")));
+    }
+    UCP_RETURN_IF_ERROR(FusedShape(tensors, &t));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<HfImportPlan> PlanHfImport(const std::vector<HfImportInput>& tensors, const json::Value& config,
@@ -383,20 +404,7 @@ absl::StatusOr<HfImportPlan> PlanHfImport(const std::vector<HfImportInput>& tens
     keys.emplace_back(t.layer, entry, static_cast<int>(plan.tensors.size()));
     plan.tensors.push_back(std::move(t));
   }
-  for (auto& [index, want] : fused_names) {
-    HfImportTensor& t = plan.tensors[index];
-    std::vector<std::string> missing;
-    for (const std::string& n : want) {
-      bool found = false;
-      for (const HfImportPart& p : t.parts) found = found || tensors[static_cast<size_t>(p.input)].name == n;
-      if (!found) missing.push_back(n);
-    }
-    if (!missing.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("'", t.name, "' is fused from ", absl::StrJoin(want, ", "),
-                                                     ": the folder has no ", absl::StrJoin(missing, ", ")));
-    }
-    UCP_RETURN_IF_ERROR(FusedShape(tensors, &t));
-  }
+  UCP_RETURN_IF_ERROR(CompleteFused(fused_names, tensors, &plan));
   if (!fused.empty() || !unmatched.empty()) {
     auto list = [](std::vector<std::string> v) {
       if (v.size() > 12) v.resize(12), v.push_back("...");

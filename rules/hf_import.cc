@@ -6,7 +6,9 @@
 #include <set>
 #include <tuple>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
@@ -20,6 +22,8 @@ namespace {
 
 // An HF name template ("gpt_neox.layers.{layer}.{2}.{3}") as a regex over
 // HF names, and the placeholder each of its groups captures.
+constexpr char kTiedPrefix[] = "tied_modules.";
+
 struct Inverse {
   std::regex re;
   std::vector<std::string> keys;
@@ -126,30 +130,40 @@ absl::StatusOr<const HfArchitecture*> ArchitectureOf(const json::Value& config, 
       "' does not import (presets that import: ", absl::StrJoin(importable, ", "), ")"));
 }
 
-// One HF tensor's checkpoint name, from the first entry whose name it has.
-// Returns "" (and sets *fused) for a tensor only a fused entry names.
-absl::StatusOr<std::string> ImportName(const HfArchitecture& arch, const std::vector<Inverse>& inverses,
-                                       const std::string& hf, int num_layers, const std::string& preset,
-                                       int* entry, bool* fused) {
+// One HF tensor's checkpoint name, from the first entry with an import_name
+// whose names include it; *part is the index of that name in a fused entry
+// (q, k, v or gate, up), -1 for a rename. Returns "" (and sets *fused) for a
+// tensor only a fused entry without an import_name names.
+absl::StatusOr<std::string> ImportName(const HfArchitecture& arch, const std::vector<std::vector<Inverse>>& inverses,
+                                       const std::string& hf, int num_layers, const std::string& preset, bool tied,
+                                       int* entry, int* part, bool* fused,
+                                       std::map<std::string, std::string>* placeholders) {
   for (int e = 0; e < arch.tensor_size(); ++e) {
     const HfTensorMap& t = arch.tensor(e);
+    const bool is_fused = t.split() == HF_SPLIT_QKV || t.split() == HF_SPLIT_GATE_UP;
     for (int n = 0; n < t.name_size(); ++n) {
-      const Inverse& inv = inverses[static_cast<size_t>(e)];
+      const Inverse& inv = inverses[static_cast<size_t>(e)][static_cast<size_t>(n)];
       std::smatch m;
-      if (n > 0 || t.import_name().empty()) {
-        // Fused parts (and entries without an import name) only say what the name is.
-        Inverse other = InverseOf(t.name(n));
-        if (std::regex_match(hf, m, other.re) && t.import_name().empty()) *fused = *fused || t.split() != HF_SPLIT_NONE;
+      if (!std::regex_match(hf, m, inv.re)) continue;
+      if (t.import_name().empty()) {
+        // Entries without an import name only say what the name is.
+        *fused = *fused || t.split() != HF_SPLIT_NONE;
         continue;
       }
-      if (!std::regex_match(hf, m, inv.re)) continue;
+      if (n > 0 && !is_fused) continue;
+      // A tied module's name is taken only when the embeddings are tied (the
+      // preset lists it before the untied name of the same tensor).
+      if (absl::StartsWith(t.import_name(), kTiedPrefix) && !tied) continue;
       std::map<std::string, std::string> matched;
       for (size_t g = 0; g < inv.keys.size(); ++g) matched[inv.keys[g]] = m[g + 1].str();
-      UCP_ASSIGN_OR_RETURN(std::string name, Fill(t.import_name(), matched, num_layers, preset));
+      const std::string tmpl = t.import_name().substr(0, t.import_name().find(" @"));
+      UCP_ASSIGN_OR_RETURN(std::string name, Fill(tmpl, matched, num_layers, preset));
       // The entry's own pattern decides: a name it does not match is not its.
       std::smatch pm;
       if (!std::regex_match(name, pm, std::regex(t.pattern(), std::regex::ECMAScript))) continue;
       *entry = e;
+      *part = is_fused ? n : -1;
+      *placeholders = std::move(matched);
       return name;
     }
   }
@@ -158,33 +172,35 @@ absl::StatusOr<std::string> ImportName(const HfArchitecture& arch, const std::ve
 
 // The number of transformer layers: one more than the largest {layer} any
 // entry's name matches.
-int CountLayers(const HfArchitecture& arch, const std::vector<Inverse>& inverses,
-                const std::vector<HfImportInput>& tensors) {
+int CountLayers(const std::vector<std::vector<Inverse>>& inverses, const std::vector<HfImportInput>& tensors) {
   int n = 0;
   for (const HfImportInput& in : tensors) {
-    for (const Inverse& inv : inverses) {
-      std::smatch m;
-      if (!std::regex_match(in.name, m, inv.re)) continue;
-      for (size_t g = 0; g < inv.keys.size(); ++g) {
-        int v = 0;
-        if (inv.keys[g] == "layer" && absl::SimpleAtoi(m[g + 1].str(), &v)) n = std::max(n, v + 1);
+    for (const std::vector<Inverse>& names : inverses) {
+      for (const Inverse& inv : names) {
+        std::smatch m;
+        if (!std::regex_match(in.name, m, inv.re)) continue;
+        for (size_t g = 0; g < inv.keys.size(); ++g) {
+          int v = 0;
+          if (inv.keys[g] == "layer" && absl::SimpleAtoi(m[g + 1].str(), &v)) n = std::max(n, v + 1);
+        }
       }
-      break;
     }
   }
   return n;
 }
 
 // The export's mapping run over the checkpoint names found: each must give
-// back its HF tensor, whole, under the same name and shape.
-absl::Status CheckForwards(const HfImportPlan& plan, const std::vector<HfImportInput>& tensors,
-                           const HfArchitecture& arch, const json::Value& config) {
+// back its HF tensor(s) under the same names and shapes: a rename whole, a
+// fused tensor's parts as rows of equal groups that tile every group exactly
+// once (which is where each part's rows in the fused tensor come from).
+absl::Status CheckForwards(HfImportPlan* plan, const std::vector<HfImportInput>& tensors, const HfArchitecture& arch,
+                           const json::Value& config) {
   state::ModelInfo info;
   std::vector<int> order;
-  for (const HfImportTensor& t : plan.tensors) {
+  for (const HfImportTensor& t : plan->tensors) {
     state::ParamState p;
     p.name = t.name;
-    p.full_shape = tensors[static_cast<size_t>(t.input)].shape;
+    p.full_shape = t.shape;
     p.rule.set_kind(REPLICATED);
     order.push_back(static_cast<int>(info.params.size()));
     info.params.push_back(std::move(p));
@@ -192,30 +208,133 @@ absl::Status CheckForwards(const HfImportPlan& plan, const std::vector<HfImportI
   info.source_topology = state::Topology{1, 1, 1};
   info.Reindex();
   HfOptions o;
-  o.preset = plan.preset;
+  o.preset = plan->preset;
   for (const HfConfigField& f : arch.config()) {
     if (const json::Value* v = config.Get(f.key())) o.config.emplace_back(f.key(), json::DumpCompact(*v));
   }
-  UCP_ASSIGN_OR_RETURN(HfNamePlan forward, PlanHfNames(info, order, nullptr, o),
-                       _.Prepend(absl::StrCat("preset '", plan.preset, "' run forwards over the imported names: ")));
-  std::vector<int> seen(plan.tensors.size(), 0);
+  UCP_ASSIGN_OR_RETURN(HfNamePlan forward, PlanHfNames(info, order, plan->args.get(), o),
+                       _.Prepend(absl::StrCat("preset '", plan->preset, "' run forwards over the imported names: ")));
+  std::vector<size_t> seen(plan->tensors.size(), 0);
   for (const HfTensor& t : forward.tensors) {
-    const HfImportTensor& it = plan.tensors[static_cast<size_t>(t.param)];
-    const HfImportInput& in = tensors[static_cast<size_t>(it.input)];
-    if (t.name != in.name || t.shape != in.shape || t.groups != 1 || t.start != 0 || t.scale != 1 ||
-        (!in.shape.empty() && t.length != in.shape[0])) {
-      return absl::InternalError(absl::StrCat("preset '", plan.preset, "': '", in.name, "' imported as '", it.name,
+    HfImportTensor& it = plan->tensors[static_cast<size_t>(t.param)];
+    HfImportPart* part = nullptr;
+    for (HfImportPart& p : it.parts) {
+      if (tensors[static_cast<size_t>(p.input)].name == t.name) part = &p;
+    }
+    const HfImportInput& in = tensors[static_cast<size_t>(part != nullptr ? part->input : it.input)];
+    const bool whole = t.groups == 1 && t.start == 0 && (in.shape.empty() || t.length == in.shape[0]);
+    const bool rows = part != nullptr && !t.shape.empty() && t.groups >= 1 && t.groups * t.length == t.shape[0];
+    if (t.name != in.name || t.shape != in.shape || t.scale != 1 || !(it.parts.empty() ? whole : rows)) {
+      return absl::InternalError(absl::StrCat("preset '", plan->preset, "': '", in.name, "' imported as '", it.name,
                                               "', which the export names '", t.name, "' (rows ", t.start, "+",
                                               t.length, " of ", t.groups, " groups, x", t.scale, ")"));
     }
+    if (part != nullptr) *part = HfImportPart{part->input, t.groups, t.start, t.length};
     ++seen[static_cast<size_t>(t.param)];
   }
   for (size_t i = 0; i < seen.size(); ++i) {
-    if (seen[i] != 1) {
-      return absl::InternalError(absl::StrCat("preset '", plan.preset, "': '", plan.tensors[i].name, "' (from '",
-                                              tensors[static_cast<size_t>(plan.tensors[i].input)].name,
-                                              "') is exported ", seen[i], " times"));
+    HfImportTensor& it = plan->tensors[i];
+    const std::string from = tensors[static_cast<size_t>(it.input)].name;
+    if (seen[i] != std::max<size_t>(1, it.parts.size())) {
+      return absl::InternalError(absl::StrCat("preset '", plan->preset, "': '", it.name, "' (from '", from,
+                                              "') is exported as ", seen[i], " tensors, imported from ",
+                                              std::max<size_t>(1, it.parts.size())));
     }
+    if (it.parts.empty()) continue;
+    std::sort(it.parts.begin(), it.parts.end(),
+              [](const HfImportPart& a, const HfImportPart& b) { return a.start < b.start; });
+    int64_t next = 0;
+    for (const HfImportPart& p : it.parts) {
+      if (p.groups != it.parts[0].groups || p.start != next) {
+        return absl::InternalError(absl::StrCat("preset '", plan->preset, "': the parts of '", it.name,
+                                                "' do not tile its rows (", tensors[static_cast<size_t>(p.input)].name,
+                                                ": rows ", p.start, "+", p.length, " of ", p.groups, " groups)"));
+      }
+      next += p.length;
+    }
+    if (next * it.parts[0].groups != it.shape[0]) {
+      return absl::InternalError(absl::StrCat("preset '", plan->preset, "': the parts of '", it.name, "' give ",
+                                              next * it.parts[0].groups, " rows of ", it.shape[0]));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The args the export requires of the architecture's checkpoints (its
+// conditions on args that may not be absent): true, or the value it equals.
+pickle::ValuePtr RequiredArgs(const HfArchitecture& arch) {
+  pickle::ValuePtr args = pickle::Value::MakeDict();
+  for (const HfCondition& c : arch.require()) {
+    if (c.arg().empty() || c.absent_ok()) continue;
+    args->DictSet(pickle::Value::Str(c.arg()),
+                  c.equals().empty() || c.equals() == "True" ? pickle::Value::Bool(true)
+                  : c.equals() == "False"                    ? pickle::Value::Bool(false)
+                                                             : pickle::Value::Str(c.equals()));
+  }
+  return args;
+}
+
+// A tied module's key, local name and layers, from an import_name
+// "tied_modules.<key>.<local> @L1,L2" (each L a layer template).
+absl::Status TiedLayers(const std::string& import_name, const std::map<std::string, std::string>& placeholders,
+                        int num_layers, const std::string& preset, HfImportTensor* t) {
+  const size_t at = import_name.find(" @");
+  const std::string rest = t->name.substr(std::string(kTiedPrefix).size());
+  const size_t dot = rest.find('.');
+  if (at == std::string::npos || dot == std::string::npos) {
+    return absl::InternalError(absl::StrCat("preset '", preset, "': tied import_name '", import_name,
+                                            "' needs tied_modules.<key>.<name> @<layers>"));
+  }
+  t->tied_key = rest.substr(0, dot);
+  t->local_name = rest.substr(dot + 1);
+  for (absl::string_view l : absl::StrSplit(import_name.substr(at + 2), ',')) {
+    UCP_ASSIGN_OR_RETURN(std::string v, Fill(std::string(l), placeholders, num_layers, preset));
+    int layer = 0;
+    if (!absl::SimpleAtoi(v, &layer)) {
+      return absl::InternalError(absl::StrCat("preset '", preset, "': tied layer '", l, "' of '", import_name, "'"));
+    }
+    t->tied_layers.push_back(layer);
+  }
+  std::sort(t->tied_layers.begin(), t->tied_layers.end());
+  t->layer = t->tied_layers.front();
+  return absl::OkStatus();
+}
+
+// A fused tensor's shape: its parts' rows stacked (every other dim equal).
+absl::Status FusedShape(const std::vector<HfImportInput>& tensors, HfImportTensor* t) {
+  t->shape = tensors[static_cast<size_t>(t->parts[0].input)].shape;
+  if (t->shape.empty()) return absl::InvalidArgumentError(absl::StrCat("'", tensors[static_cast<size_t>(t->parts[0].input)].name, "' is a scalar"));
+  for (size_t k = 1; k < t->parts.size(); ++k) {
+    const HfImportInput& in = tensors[static_cast<size_t>(t->parts[k].input)];
+    if (in.shape.size() != t->shape.size() ||
+        !std::equal(in.shape.begin() + 1, in.shape.end(), t->shape.begin() + 1)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "'", in.name, "' [", absl::StrJoin(in.shape, ", "), "] and '",
+          tensors[static_cast<size_t>(t->parts[0].input)].name, "' [", absl::StrJoin(t->shape, ", "),
+          "] are fused into '", t->name, "': expected the same size in every dim but the first"));
+    }
+    t->shape[0] += in.shape[0];
+  }
+  return absl::OkStatus();
+}
+
+// Each fused tensor's parts are all there (the HF names its entry needs),
+// and its shape is theirs stacked.
+absl::Status CompleteFused(const std::map<size_t, std::vector<std::string>>& fused_names,
+                           const std::vector<HfImportInput>& tensors, HfImportPlan* plan) {
+  for (const auto& [index, want] : fused_names) {
+    HfImportTensor& t = plan->tensors[index];
+    std::vector<std::string> missing;
+    for (const std::string& n : want) {
+      bool found = false;
+      for (const HfImportPart& p : t.parts) found = found || tensors[static_cast<size_t>(p.input)].name == n;
+      if (!found) missing.push_back(n);
+    }
+    if (!missing.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("'", t.name, "' is fused from ", absl::StrJoin(want, ", "),
+                                                     ": the folder has no ", absl::StrJoin(missing, ", ")));
+    }
+    UCP_RETURN_IF_ERROR(FusedShape(tensors, &t));
   }
   return absl::OkStatus();
 }
@@ -226,43 +345,66 @@ absl::StatusOr<HfImportPlan> PlanHfImport(const std::vector<HfImportInput>& tens
                                           const std::string& preset) {
   HfImportPlan plan;
   UCP_ASSIGN_OR_RETURN(const HfArchitecture* arch, ArchitectureOf(config, preset, &plan));
-  if (const json::Value* tied = config.Get("tie_word_embeddings");
-      tied != nullptr && tied->type() == json::Value::Type::kBool && tied->bool_value()) {
-    return absl::UnimplementedError(
-        "config.json: tie_word_embeddings is true: an output layer tied to the input embedding is not imported yet "
-        "(the checkpoint would need the preset's tied module names)");
+  const json::Value* tie = config.Get("tie_word_embeddings");
+  const bool tied = tie != nullptr && tie->type() == json::Value::Type::kBool && tie->bool_value();
+  std::vector<std::vector<Inverse>> inverses;
+  for (const HfTensorMap& t : arch->tensor()) {
+    inverses.emplace_back();
+    for (const std::string& n : t.name()) inverses.back().push_back(InverseOf(n));
   }
-  std::vector<Inverse> inverses;
-  for (const HfTensorMap& t : arch->tensor()) inverses.push_back(InverseOf(t.name_size() ? t.name(0) : "\x01"));
-  const int num_hf_layers = CountLayers(*arch, inverses, tensors);
+  const int num_hf_layers = CountLayers(inverses, tensors);
+  plan.args = RequiredArgs(*arch);
   std::vector<std::string> unmatched, fused;
-  std::vector<std::tuple<int, int, int>> keys;  // layer, entry, input
-  std::set<std::string> names;
+  std::vector<std::tuple<int, int, int>> keys;  // layer, entry, plan index
+  std::map<std::string, size_t> by_name;        // checkpoint name -> plan index
+  std::map<size_t, std::vector<std::string>> fused_names;  // plan index -> the HF names a fused tensor needs
   for (size_t i = 0; i < tensors.size(); ++i) {
-    int entry = -1;
+    int entry = -1, part = -1;
     bool is_fused = false;
-    UCP_ASSIGN_OR_RETURN(std::string name,
-                         ImportName(*arch, inverses, tensors[i].name, num_hf_layers, preset, &entry, &is_fused));
+    std::map<std::string, std::string> placeholders;
+    UCP_ASSIGN_OR_RETURN(std::string name, ImportName(*arch, inverses, tensors[i].name, num_hf_layers, plan.preset,
+                                                      tied, &entry, &part, &is_fused, &placeholders));
     if (name.empty()) {
       (is_fused ? fused : unmatched).push_back(tensors[i].name);
+      continue;
+    }
+    auto [it, added] = by_name.emplace(name, plan.tensors.size());
+    if (!added) {
+      HfImportTensor& t = plan.tensors[it->second];
+      if (part < 0 || t.parts.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat("two Hugging Face tensors import as '", name,
+                                                       "' (the second is '", tensors[i].name, "')"));
+      }
+      t.parts.push_back(HfImportPart{static_cast<int>(i)});
       continue;
     }
     HfImportTensor t;
     t.input = static_cast<int>(i);
     t.name = name;
+    t.shape = tensors[i].shape;
+    if (part >= 0) {
+      t.parts.push_back(HfImportPart{static_cast<int>(i)});
+      for (const std::string& tmpl : arch->tensor(entry).name()) {
+        UCP_ASSIGN_OR_RETURN(std::string n, Fill(tmpl, placeholders, num_hf_layers, plan.preset));
+        fused_names[plan.tensors.size()].push_back(n);
+      }
+    }
+    if (absl::StartsWith(name, kTiedPrefix)) {
+      UCP_RETURN_IF_ERROR(TiedLayers(arch->tensor(entry).import_name(), placeholders, num_hf_layers, plan.preset, &t));
+      keys.emplace_back(t.layer, entry, static_cast<int>(plan.tensors.size()));
+      plan.tensors.push_back(std::move(t));
+      continue;
+    }
     const size_t dot = name.find('.');
     if (dot == std::string::npos || !absl::SimpleAtoi(name.substr(0, dot), &t.layer)) {
-      return absl::InternalError(absl::StrCat("preset '", preset, "': import name '", name, "' of '", tensors[i].name,
-                                              "' does not start with a pipeline layer index"));
+      return absl::InternalError(absl::StrCat("preset '", plan.preset, "': import name '", name, "' of '",
+                                              tensors[i].name, "' does not start with a pipeline layer index"));
     }
     t.local_name = name.substr(dot + 1);
-    if (!names.insert(name).second) {
-      return absl::InvalidArgumentError(absl::StrCat("two Hugging Face tensors import as '", name, "' (the second is '",
-                                                     tensors[i].name, "')"));
-    }
     keys.emplace_back(t.layer, entry, static_cast<int>(plan.tensors.size()));
     plan.tensors.push_back(std::move(t));
   }
+  UCP_RETURN_IF_ERROR(CompleteFused(fused_names, tensors, &plan));
   if (!fused.empty() || !unmatched.empty()) {
     auto list = [](std::vector<std::string> v) {
       if (v.size() > 12) v.resize(12), v.push_back("...");
@@ -283,8 +425,19 @@ absl::StatusOr<HfImportPlan> PlanHfImport(const std::vector<HfImportInput>& tens
   plan.tensors = std::move(sorted);
   plan.module_layers.assign(layers.begin(), layers.end());
   plan.num_layers = plan.module_layers.empty() ? 0 : plan.module_layers.back() + 1;
+  bool any_tied = false;
+  for (const HfImportTensor& t : plan.tensors) {
+    for (int l : t.tied_layers) plan.num_layers = std::max(plan.num_layers, l + 1);
+    any_tied = any_tied || !t.tied_key.empty();
+  }
+  if (tied && !any_tied) {
+    return absl::UnimplementedError(absl::StrCat(
+        "config.json: tie_word_embeddings is true (the output layer is the input embedding), but preset '",
+        plan.preset, "' names no tied module for ", plan.architecture,
+        ": its trainer's output layer would be a separate weight; not imported"));
+  }
   plan.partition_method = arch->import_partition_method();
-  UCP_RETURN_IF_ERROR(CheckForwards(plan, tensors, *arch, config));
+  UCP_RETURN_IF_ERROR(CheckForwards(&plan, tensors, *arch, config));
   // The export's sum_tp_if: a model that adds each tp rank's copy before the
   // all-reduce (GPT-NeoX's gpt_j_residual) holds 1/tp of the HF value per
   // rank; the import writes the HF value on every rank.

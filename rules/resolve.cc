@@ -307,6 +307,12 @@ absl::Status SetFullShapes(const std::string& dir, int tp_degree, state::ModelIn
   return absl::OkStatus();
 }
 
+// The source's args (its DeepSpeed facet's), else the options'.
+const pickle::Value* ArgsOf(const state::SlicedState& src, const ResolveOptions& options) {
+  const pickle::Value* args = deepspeed::ArgsOf(src);
+  return args != nullptr ? args : options.args;
+}
+
 }  // namespace
 
 absl::Status ResolvedState::Resolve(const ResolveOptions& options) {
@@ -317,7 +323,7 @@ absl::Status ResolvedState::Resolve(const ResolveOptions& options) {
 
   std::vector<std::string> names;
   for (const auto& p : info_.params) names.push_back(p.name);
-  UCP_ASSIGN_OR_RETURN(resolver_, RuleResolver::Make(options.rules, deepspeed::CheckpointInfoOf(src), names, deepspeed::ArgsOf(src)));
+  UCP_ASSIGN_OR_RETURN(resolver_, RuleResolver::Make(options.rules, deepspeed::CheckpointInfoOf(src), names, ArgsOf(src, options)));
   info_.original_vocab_size = resolver_.original_vocab_size();
   UCP_ASSIGN_OR_RETURN(Gathered g, Gather(src, info_, resolver_, options.num_threads, options.tp1_whole_tensors));
   // Equal tp copies settle a param as replicated only if no param of its
@@ -365,7 +371,7 @@ absl::StatusOr<SuggestReport> SuggestRules(std::shared_ptr<const state::SlicedSt
   std::vector<std::string> names;
   for (const auto& p : info.params) names.push_back(p.name);
   UCP_ASSIGN_OR_RETURN(RuleResolver resolver,
-                       RuleResolver::Make(options.rules, deepspeed::CheckpointInfoOf(src), names, deepspeed::ArgsOf(src)));
+                       RuleResolver::Make(options.rules, deepspeed::CheckpointInfoOf(src), names, ArgsOf(src, options)));
   UCP_ASSIGN_OR_RETURN(Gathered g, Gather(src, info, resolver, options.num_threads, options.tp1_whole_tensors));
   // What convert would leave open: no rule, and not settled by the fallbacks
   // (DeepSpeed's default for declared patterns, --default_kind); equal

@@ -50,6 +50,10 @@ struct ResolveOptions {
   // error; no data is read to decide it. Writers refuse to split such a
   // param over tp > 1.
   bool tp1_whole_tensors = false;
+  // The training's args when the source has none of its own (no DeepSpeed
+  // facet): a Hugging Face import's (rules/hf_import.h HfImportPlan::args),
+  // for the preset's argument-conditional rules. Not owned; null = none.
+  const pickle::Value* args = nullptr;
 };
 
 

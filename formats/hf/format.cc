@@ -37,6 +37,25 @@ class Source : public formats::SlicedStateSource<HfState> {
     return config && weights;
   }
 
+  // The import's args (HfState::import_args) decide the preset's
+  // argument-conditional rules (megatron-deepspeed: swiglu's gate/up as 2
+  // sub-params).
+  absl::StatusOr<formats::OpenedSource> Open(const formats::CheckpointFolder& folder,
+                                             const formats::SourceOptions& options,
+                                             JobDescription* description) const override {
+    UCP_ASSIGN_OR_RETURN(std::unique_ptr<HfState> s, OpenState(folder, options));
+    rules::ResolveOptions r = ResolveOf(options);
+    r.args = s->import_args();
+    return formats::ResolveSliced(this, std::move(s), r);
+  }
+  absl::StatusOr<formats::SlicedSource> OpenSliced(const formats::CheckpointFolder& folder,
+                                                   const formats::SourceOptions& options) const override {
+    UCP_ASSIGN_OR_RETURN(std::unique_ptr<HfState> s, OpenState(folder, options));
+    rules::ResolveOptions r = ResolveOf(options);
+    r.args = s->import_args();
+    return formats::SlicedSource{std::move(s), r};
+  }
+
  protected:
   absl::StatusOr<std::unique_ptr<HfState>> OpenState(const formats::CheckpointFolder& folder,
                                                      const formats::SourceOptions& options) const override {

@@ -155,21 +155,33 @@ absl::Status HfState::BuildInfo(const std::string& preset) {
   architecture_ = plan.architecture;
   preset_ = plan.preset;
   const torch::DType dtype = *dtypes.begin();
+  args_ = plan.args;
   for (const rules::HfImportTensor& t : plan.tensors) {
-    const auto& [hf_name, file] = tensors_[static_cast<size_t>(t.input)];
+    Entry entry;
+    entry.fused = !t.parts.empty();
+    for (const rules::HfImportPart& part : t.parts) {
+      const auto& [hf_name, file] = tensors_[static_cast<size_t>(part.input)];
+      entry.parts.push_back(Part{hf_name, file, part.groups, part.start, part.length});
+    }
+    if (!entry.fused) {
+      const auto& [hf_name, file] = tensors_[static_cast<size_t>(t.input)];
+      entry.parts.push_back(Part{hf_name, file});
+    }
     state::ParamState p;
     p.name = t.name;
-    p.full_shape = inputs[static_cast<size_t>(t.input)].shape;
+    p.full_shape = t.shape;
     p.group = 0;
     p.role = state::TensorRole::kTrainable;
     p.lp_dtype = dtype;
     p.layer = t.layer;
     p.local_name = t.local_name;
+    p.tied_key = t.tied_key;
+    p.tied_layers = t.tied_layers;
     p.tp_shapes = {p.full_shape};
     p.stages = {0};
     info_.module_order.push_back({t.layer, t.name});
     info_.params.push_back(std::move(p));
-    entries_[t.name] = Entry{hf_name, file};
+    entries_[t.name] = std::move(entry);
   }
   info_.num_groups = 1;
   info_.state_keys = {"exp_avg", "exp_avg_sq"};
@@ -203,12 +215,39 @@ absl::StatusOr<std::vector<TensorPlan>> HfState::Slices(const state::ParamState&
                                             " is a Hugging Face folder: the optimizer state is fresh)"));
   }
   if (zero) return std::vector<TensorPlan>{TensorPlan::Zeros(torch::DType::kFloat32, param.full_shape)};
-  UCP_ASSIGN_OR_RETURN(torch::Tensor t, e.file->GetTensor(e.hf_name), _.Prepend(absl::StrCat(e.file->path(), ": ")));
-  if (state == state::kFp32State && t.dtype() != torch::DType::kFloat32) {
-    UCP_ASSIGN_OR_RETURN(torch::Tensor c, torch::Cast(t, torch::DType::kFloat32));
-    return std::vector<TensorPlan>{TensorPlan::FromTensor(c)};
+  const bool fp32 = state == state::kFp32State;
+  if (!e.fused) {
+    UCP_ASSIGN_OR_RETURN(torch::Tensor t, Read(e.parts[0], fp32));
+    return std::vector<TensorPlan>{TensorPlan::FromTensor(t)};
   }
-  return std::vector<TensorPlan>{TensorPlan::FromTensor(t)};
+  // A fused param: group by group, each part's rows of that group (parts by start).
+  std::vector<TensorPlan> parts, rows;
+  for (const Part& part : e.parts) {
+    UCP_ASSIGN_OR_RETURN(torch::Tensor t, Read(part, fp32));
+    parts.push_back(TensorPlan::FromTensor(t));
+  }
+  const int64_t groups = e.parts[0].groups;
+  for (int64_t g = 0; g < groups; ++g) {
+    for (size_t k = 0; k < parts.size(); ++k) {
+      UCP_ASSIGN_OR_RETURN(TensorPlan r, parts[k].Narrow(0, g * e.parts[k].length, e.parts[k].length));
+      rows.push_back(std::move(r));
+    }
+  }
+  UCP_ASSIGN_OR_RETURN(TensorPlan full, TensorPlan::Cat(rows, 0));
+  if (full.shape() != param.full_shape) {
+    return absl::InternalError(absl::StrCat(dir_, ": fused '", param.name, "' assembled as [",
+                                            absl::StrJoin(full.shape(), ", "), "], expected [",
+                                            absl::StrJoin(param.full_shape, ", "), "]"));
+  }
+  return std::vector<TensorPlan>{std::move(full)};
+}
+
+// One HF tensor, cast to float32 for the fp32 masters.
+absl::StatusOr<torch::Tensor> HfState::Read(const Part& part, bool fp32) const {
+  UCP_ASSIGN_OR_RETURN(torch::Tensor t, part.file->GetTensor(part.hf_name),
+                       _.Prepend(absl::StrCat(part.file->path(), ": ")));
+  if (fp32 && t.dtype() != torch::DType::kFloat32) return torch::Cast(t, torch::DType::kFloat32);
+  return t;
 }
 
 absl::StatusOr<state::FileValue> HfState::GroupScalar(int group, const std::string& key) const {

@@ -9,6 +9,11 @@
 // -> 5.attention.dense.weight, pipeline layer 5), each checked by running the
 // export's mapping forwards. The tp split is then the preset's rules', the pp
 // split the writers' (the preset's import_partition_method).
+// Fused params (megatron-deepspeed: q/k/v -> query_key_value grouped per kv
+// head, gate/up -> dense_h_to_4h [gate; up]) are assembled lazily from their
+// HF parts, group by group of rows (rules::HfImportPart); the import's args
+// (import_args: swiglu) make the preset split dense_h_to_4h as 2 sub-params.
+// Tied embeddings become the preset's tied module (tied_key, tied_layers).
 //
 // The optimizer state is fresh: every tensor is a trainable param of one
 // group, its fp32 master the weight (cast to float32 when the folder holds
@@ -24,7 +29,9 @@
 // object, no safetensors, an index whose weight_map names a file outside the
 // folder or missing, a tensor the index and its file disagree on (listed in
 // one and not the other, or in two files), a tensor that is not floating
-// point, tensors of several dtypes, names the preset does not import.
+// point, tensors of several dtypes, names the preset does not import, a fused
+// param with a part missing or of another width, tied embeddings a preset has
+// no tied module for.
 //
 // Example:
 //   UCP_ASSIGN_OR_RETURN(auto s, HfState::Open("/models/tiny-neox", {"gpt-neox"}));
@@ -67,14 +74,25 @@ class HfState : public state::SlicedState {
 
   const std::string& architecture() const { return architecture_; }
   const std::string& preset() const { return preset_; }
+  // The args the imported checkpoint has (rules::HfImportPlan::args): for
+  // the preset's argument-conditional rules (ResolveOptions::args).
+  const pickle::Value* import_args() const { return args_.get(); }
   // The safetensors files read, in the folder's order.
   std::vector<std::string> Files() const;
 
  private:
-  struct Entry {
+  struct Part {
     std::string hf_name;
     const safetensors::SafetensorsFile* file = nullptr;
+    int64_t groups = 1, start = 0, length = 0;  // rules::HfImportPart
   };
+  // A checkpoint param: one HF tensor (a rename), or the parts of a fused
+  // one, by start.
+  struct Entry {
+    std::vector<Part> parts;
+    bool fused = false;
+  };
+  absl::StatusOr<torch::Tensor> Read(const Part& part, bool fp32) const;
   HfState() = default;
   absl::Status OpenFiles();
   absl::Status BuildInfo(const std::string& preset);
@@ -86,6 +104,7 @@ class HfState : public state::SlicedState {
   std::map<std::string, Entry> entries_;  // by checkpoint name
   state::ModelInfo info_;
   state::FileValue step_;
+  pickle::ValuePtr args_;
 };
 
 }  // namespace ucp::hf

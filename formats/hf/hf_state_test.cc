@@ -11,6 +11,7 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -161,8 +162,10 @@ TEST(HfStateTest, WithoutAPresetTheOneThatImportsTheArchitecture) {
 
 TEST(HfStateTest, RefusesWithoutAPresetWhenNoneImportsTheArchitecture) {
   std::string config = kConfig;
-  config.replace(config.find("GPTNeoXForCausalLM"), 18, "LlamaForCausalLM");
-  ExpectRefused(Folder("hf_nopreset_llama", NeoX(), config), {"--preset", "gpt-neox (GPTNeoXForCausalLM)", "'LlamaForCausalLM'"}, "");
+  config.replace(config.find("GPTNeoXForCausalLM"), 18, "Qwen2ForCausalLM");
+  ExpectRefused(Folder("hf_nopreset_qwen", NeoX(), config),
+                {"--preset", "gpt-neox (GPTNeoXForCausalLM)", "megatron-deepspeed (LlamaForCausalLM)", "'Qwen2ForCausalLM'"},
+                "");
 }
 
 TEST(HfStateTest, RefusesAnotherArchitecture) {
@@ -171,12 +174,125 @@ TEST(HfStateTest, RefusesAnotherArchitecture) {
   ExpectRefused(Folder("hf_arch", NeoX(), config), {"config.json", "LlamaForCausalLM", "gpt-neox"});
 }
 
+const Tensor& Hf(const Tensors& t, const std::string& name) {
+  for (const auto& [n, v] : t) {
+    if (n == name) return v;
+  }
+  static const Tensor none;
+  ADD_FAILURE() << "no " << name;
+  return none;
+}
+
+// Rows [start, start + n) of a 2-D float32 tensor's bytes.
+std::string Rows(const Tensor& t, int64_t start, int64_t n) {
+  const std::string b = t.ContiguousBytes();
+  const size_t row = static_cast<size_t>(t.sizes()[1]) * sizeof(float);
+  return b.substr(static_cast<size_t>(start) * row, static_cast<size_t>(n) * row);
+}
+
+// Megatron-DeepSpeed's names of LlamaForCausalLM (megatron-deepspeed preset):
+// query_key_value grouped per kv head ([q of the 2 query heads of kv head 0;
+// k0; v0; q of kv head 1; k1; v1], each head 2 rows, written out here), and
+// dense_h_to_4h [gate; up]; layer l at l + 2, the final norm "5.weight", the
+// output "6.lm_head.weight".
+TEST(HfStateTest, LlamaUnderMegatronDeepSpeedNamesFusesQkvAndGateUp) {
+  const Tensors t = testfolder::Llama();
+  absl::StatusOr<std::unique_ptr<HfState>> s =
+      HfState::Open(Folder("hf_llama", t, testfolder::kLlamaConfig), {""});
+  ASSERT_TRUE(s.ok()) << s.status();
+  const state::ModelInfo& info = (*s)->info();
+  EXPECT_EQ((*s)->preset(), "megatron-deepspeed");
+  EXPECT_EQ(info.params.size(), 15u);  // 21 HF tensors, q/k/v and gate/up fused: 6 per layer + 3
+  EXPECT_EQ(info.num_layers, 7);
+  EXPECT_EQ(info.module_layers, (std::vector<int>{0, 2, 3, 5, 6}));
+  EXPECT_EQ(info.partition_method, "type:transformer");
+  for (int l = 0; l < 2; ++l) {
+    SCOPED_TRACE(l);
+    const std::string p = absl::StrCat("model.layers.", l, ".");
+    const Tensor &q = Hf(t, p + "self_attn.q_proj.weight"), &k = Hf(t, p + "self_attn.k_proj.weight"),
+                 &v = Hf(t, p + "self_attn.v_proj.weight");
+    std::string qkv;
+    for (int kv = 0; kv < 2; ++kv) qkv += Rows(q, kv * 4, 4) + Rows(k, kv * 2, 2) + Rows(v, kv * 2, 2);
+    const std::string gate_up = Hf(t, p + "mlp.gate_proj.weight").ContiguousBytes() +
+                                Hf(t, p + "mlp.up_proj.weight").ContiguousBytes();
+    for (const auto& [name, rows, bytes] :
+         std::vector<std::tuple<std::string, int64_t, std::string>>{
+             {absl::StrCat(l + 2, ".self_attention.query_key_value.weight"), 16, qkv},
+             {absl::StrCat(l + 2, ".mlp.dense_h_to_4h.weight"), 12, gate_up},
+             {absl::StrCat(l + 2, ".self_attention.dense.weight"), 8, Hf(t, p + "self_attn.o_proj.weight").ContiguousBytes()},
+             {absl::StrCat(l + 2, ".mlp.dense_4h_to_h.weight"), 8, Hf(t, p + "mlp.down_proj.weight").ContiguousBytes()}}) {
+      SCOPED_TRACE(name);
+      const state::ParamState* param = info.Find(name);
+      ASSERT_NE(param, nullptr);
+      EXPECT_EQ(param->full_shape[0], rows);
+      for (const char* st : {"lp", "fp32"}) {
+        absl::StatusOr<std::vector<tp::TensorPlan>> sl = (*s)->Slices(*param, 0, st);
+        ASSERT_TRUE(sl.ok()) << sl.status();
+        absl::StatusOr<Tensor> got = (*sl)[0].Materialize();
+        ASSERT_TRUE(got.ok()) << got.status();
+        EXPECT_EQ(got->ContiguousBytes(), bytes) << st;
+      }
+    }
+  }
+  for (const char* n : {"0.word_embeddings.weight", "2.input_layernorm.weight", "3.post_attention_layernorm.weight",
+                        "5.weight", "6.lm_head.weight"}) {
+    EXPECT_NE(info.Find(n), nullptr) << n;
+  }
+  // The import's args: swiglu (the export's requirement), for the preset's 2 sub-params of dense_h_to_4h.
+  const pickle::Value* args = (*s)->import_args();
+  ASSERT_NE(args, nullptr);
+  const pickle::Value* swiglu = args->DictGet("swiglu");
+  ASSERT_NE(swiglu, nullptr);
+  EXPECT_TRUE(swiglu->is(pickle::Kind::kBool) && swiglu->int_value() != 0);
+}
+
+// Tied embeddings (save_pretrained leaves lm_head out): Megatron-DeepSpeed's
+// TiedLayerSpec 'embed', at layer 0 and at the LM head's layer 6 (no file
+// of its own there).
+TEST(HfStateTest, TiedLlamaEmbeddingsAreMegatronDeepSpeedsTiedModule) {
+  std::string config = testfolder::kLlamaConfig;
+  config.replace(config.find("\"tie_word_embeddings\": false"), 28, "\"tie_word_embeddings\": true");
+  Tensors t = testfolder::Llama();
+  t.pop_back();  // lm_head.weight
+  absl::StatusOr<std::unique_ptr<HfState>> s = HfState::Open(Folder("hf_llama_tied", t, config), {"megatron-deepspeed"});
+  ASSERT_TRUE(s.ok()) << s.status();
+  const state::ModelInfo& info = (*s)->info();
+  EXPECT_EQ(info.params.size(), 14u);
+  EXPECT_EQ(info.Find("0.word_embeddings.weight"), nullptr);
+  const state::ParamState* e = info.Find("tied_modules.embed.word_embeddings.weight");
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->tied_key, "embed");
+  EXPECT_EQ(e->local_name, "word_embeddings.weight");
+  EXPECT_EQ(e->layer, 0);
+  EXPECT_EQ(e->tied_layers, (std::vector<int>{0, 6}));
+  EXPECT_EQ(info.num_layers, 7);
+  EXPECT_EQ(info.module_layers, (std::vector<int>{0, 2, 3, 5}));
+  absl::StatusOr<std::vector<tp::TensorPlan>> sl = (*s)->Slices(*e, 0, "lp");
+  ASSERT_TRUE(sl.ok()) << sl.status();
+  EXPECT_TRUE(Same((*sl)[0], Hf(t, "model.embed_tokens.weight")));
+}
+
+TEST(HfStateTest, RefusesALlamaWithAFusedPartMissing) {
+  Tensors t = testfolder::Llama();
+  t.erase(t.begin() + 3);  // model.layers.0.self_attn.v_proj.weight
+  ExpectRefused(Folder("hf_llama_nov", t, testfolder::kLlamaConfig),
+                {"2.self_attention.query_key_value.weight", "model.layers.0.self_attn.v_proj.weight"}, "megatron-deepspeed");
+}
+
+TEST(HfStateTest, RefusesALlamaWithPartsOfOtherWidths) {
+  Tensors t = testfolder::Llama();
+  t[2].second = Filled({4, 6}, 77);  // model.layers.0.self_attn.k_proj.weight
+  ExpectRefused(Folder("hf_llama_k", t, testfolder::kLlamaConfig),
+                {"model.layers.0.self_attn.k_proj.weight", "2.self_attention.query_key_value.weight", "every dim but the first"},
+                "megatron-deepspeed");
+}
+
 TEST(HfStateTest, RefusesTiedEmbeddings) {
   std::string config = kConfig;
   config.replace(config.find("\"tie_word_embeddings\": false"), 28, "\"tie_word_embeddings\": true");
   Tensors t = NeoX();
   t.pop_back();  // save_pretrained leaves the tied output out
-  ExpectRefused(Folder("hf_tied", t, config), {"config.json", "tie_word_embeddings", "not imported yet"});
+  ExpectRefused(Folder("hf_tied", t, config), {"config.json", "tie_word_embeddings", "names no tied module"});
 }
 
 TEST(HfStateTest, RefusesANameThePresetDoesNotImport) {

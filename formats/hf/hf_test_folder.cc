@@ -20,6 +20,11 @@ const char kConfig[] = R"({"architectures": ["GPTNeoXForCausalLM"], "model_type"
   "vocab_size": 12, "max_position_embeddings": 32, "use_parallel_residual": true, "layer_norm_eps": 1e-05,
   "tie_word_embeddings": false})";
 
+const char kLlamaConfig[] = R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+  "hidden_size": 8, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 2, "num_hidden_layers": 2,
+  "intermediate_size": 6, "vocab_size": 12, "max_position_embeddings": 32, "rms_norm_eps": 1e-05,
+  "hidden_act": "silu", "tie_word_embeddings": false})";
+
 // A tensor whose elements are distinct per tensor (salt) and per position.
 Tensor Filled(const std::vector<int64_t>& shape, int salt, DType dtype) {
   int64_t n = 1;
@@ -67,6 +72,29 @@ Tensors NeoX(DType dtype) {
   add("gpt_neox.final_layer_norm.weight", {8});
   add("gpt_neox.final_layer_norm.bias", {8});
   add("embed_out.weight", {12, 8});
+  return t;
+}
+
+// LlamaForCausalLM's names, in save_pretrained's order.
+Tensors Llama() {
+  Tensors t;
+  int salt = 1;
+  auto add = [&](const std::string& n, std::vector<int64_t> s) { t.emplace_back(n, Filled(s, salt++)); };
+  add("model.embed_tokens.weight", {12, 8});
+  for (int l = 0; l < 2; ++l) {
+    const std::string p = absl::StrCat("model.layers.", l, ".");
+    add(p + "self_attn.q_proj.weight", {8, 8});
+    add(p + "self_attn.k_proj.weight", {4, 8});
+    add(p + "self_attn.v_proj.weight", {4, 8});
+    add(p + "self_attn.o_proj.weight", {8, 8});
+    add(p + "mlp.gate_proj.weight", {6, 8});
+    add(p + "mlp.up_proj.weight", {6, 8});
+    add(p + "mlp.down_proj.weight", {8, 6});
+    add(p + "input_layernorm.weight", {8});
+    add(p + "post_attention_layernorm.weight", {8});
+  }
+  add("model.norm.weight", {8});
+  add("lm_head.weight", {12, 8});
   return t;
 }
 

@@ -14,11 +14,15 @@
 namespace ucp::hf::testfolder {
 
 extern const char kConfig[];
+// LlamaForCausalLM: 2 layers, hidden 8, 4 query heads and 2 kv heads of 2
+// (GQA), intermediate 6, vocab 12, untied output.
+extern const char kLlamaConfig[];
 using Tensors = std::vector<std::pair<std::string, torch::Tensor>>;
 
 // Elements distinct per tensor (salt) and position; float32 or int64.
 torch::Tensor Filled(const std::vector<int64_t>& shape, int salt, torch::DType dtype = torch::DType::kFloat32);
 Tensors NeoX(torch::DType dtype = torch::DType::kFloat32);
+Tensors Llama();
 void WriteSafetensors(const std::string& path, const Tensors& tensors);
 // A fresh folder `name` (testing::FreshTempDir) with `config` and the tensors.
 std::string Folder(const std::string& name, const Tensors& tensors, const std::string& config = kConfig);

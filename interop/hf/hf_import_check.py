@@ -1,18 +1,22 @@
 """A Hugging Face folder imported into DeepSpeed by ucp, loaded by real DeepSpeed (run in the Debian
 unstable root: torch 2.14, transformers 5.12, DeepSpeed 0.19.5 on PYTHONPATH; CPU, gloo; fp32).
 
-  python3 hf_import_check.py save --out DIR
+  python3 hf_import_check.py save --out DIR [--family neox|llama]
       transformers builds a tiny GPTNeoXForCausalLM from a GPTNeoXConfig (random init, seeded; partial
-      rotary 0.25, parallel residual, exact GELU, LayerNorm, untied output, eager attention) and
+      rotary 0.25, parallel residual, exact GELU, LayerNorm, untied output, eager attention) or, with
+      --family llama, a LlamaForCausalLM from a LlamaConfig (GQA: 4 query heads, 2 kv heads; RMSNorm,
+      SwiGLU, rotary, untied output, eager attention), and
       save_pretrained's it to DIR/hf (one model.safetensors) and DIR/hf_sharded (shards + index);
       DIR/ref.pt holds its state dict and its logits for fixed input ids.
-  python3 hf_import_check.py load --ckpt CKPT --tp T --pp P --ref REF --out PT [--init ckpt|hf]
-      T x P processes build a GPT-NeoX PipelineModule with Megatron-style tp (mpu.py) whose math is
-      transformers' (the same functions for rotary and attention), named as the gpt-neox preset names
-      it, from another seed; DeepSpeed (ZeRO-1, torch Adam) initializes it. --init ckpt:
+  python3 hf_import_check.py load --ckpt CKPT --tp T --pp P --ref REF --out PT [--init ckpt|hf] [--family F]
+      T x P processes build a GPT-NeoX PipelineModule (--family llama: Megatron-DeepSpeed's GPTModelPipe
+      layout, fused query_key_value grouped per kv head and swiglu dense_h_to_4h) with Megatron-style
+      tp (mpu.py) whose math is transformers' (the same functions for rotary, attention and norms),
+      named as the gpt-neox (megatron-deepspeed) preset names it, from another seed; DeepSpeed (ZeRO-1, torch Adam) initializes it. --init ckpt:
       engine.load_checkpoint(CKPT, load_module_only=True). --init hf: the HF weights copied into the
       module before deepspeed.initialize (a fresh optimizer over them: the reference for the step).
-      Then: every param against its slice of the HF tensor (bitwise), the logits of the fixed ids
+      Then: every param against its slice of the HF tensor (bitwise; a fused tensor is rebuilt here
+      from the HF parts in Megatron-DeepSpeed's layout, as hf2megads_weight_converter.py fuses them), the logits of the fixed ids
       (stage by stage over the pipeline, gathered over tp) against transformers' (max |diff|), one
       train_batch, and every param after it saved to PT (per rank, for the step's comparison).
 Prints one JSON line (rank 0); exits 1 when a weight differs.
@@ -41,7 +45,24 @@ SPLITS = [
 ]
 
 
+FAMILY = "neox"
+TIED = False  # --tied (llama): tie_word_embeddings, GPTModelPipe's TiedLayerSpec 'embed' at 0 and at the head
+# Megatron-DeepSpeed's GPTModelPipe trained as Llama, as the megatron-deepspeed preset names it.
+LLAMA_SPLITS = [
+    (r"word_embeddings\.weight$", 0), (r"lm_head\.weight$", 0),
+    (r"self_attention\.query_key_value\.weight$", 0), (r"mlp\.dense_h_to_4h\.weight$", "gate_up"),
+    (r"self_attention\.dense\.weight$", 1), (r"mlp\.dense_4h_to_h\.weight$", 1),
+    (r"(layernorm\.weight|^\d+\.weight)$", None),
+]
+
+
 def config():
+    if FAMILY == "llama":
+        from transformers import LlamaConfig
+        return LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=160, num_hidden_layers=3,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
+                           rms_norm_eps=1e-5, tie_word_embeddings=TIED, hidden_act="silu", attention_bias=False,
+                           mlp_bias=False, attn_implementation="eager")
     from transformers import GPTNeoXConfig
     return GPTNeoXConfig(vocab_size=96, hidden_size=64, intermediate_size=160, num_hidden_layers=3,
                          num_attention_heads=4, max_position_embeddings=64, rotary_pct=0.25,
@@ -52,6 +73,32 @@ def config():
 def ids():
     g = torch.Generator().manual_seed(99)
     return torch.randint(0, 96, (2, SEQ), generator=g)
+
+
+def llama_full(name, hf, cfg):
+    """The full tensor of a megatron-deepspeed checkpoint name, from the HF tensors (the mapping written
+    out for the check): query_key_value grouped per kv head [nkv, q heads per kv head + 2, d];
+    dense_h_to_4h [gate; up]."""
+    if name == "tied_modules.embed.word_embeddings.weight":
+        return hf["model.embed_tokens.weight"]
+    i, rest = name.split(".", 1)
+    L = cfg.num_hidden_layers
+    if rest == "word_embeddings.weight":
+        return hf["model.embed_tokens.weight"]
+    if int(i) == L + 3 and rest == "weight":
+        return hf["model.norm.weight"]
+    if rest == "lm_head.weight":
+        return hf["lm_head.weight"]
+    p = f"model.layers.{int(i) - 2}."
+    if rest == "self_attention.query_key_value.weight":
+        nq, nkv, d, h = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_size
+        g = nq // nkv
+        q, k, v = (hf[p + f"self_attn.{n}_proj.weight"] for n in "qkv")
+        return torch.cat([q.view(nkv, g * d, h), k.view(nkv, d, h), v.view(nkv, d, h)], dim=1).reshape(-1, h)
+    if rest == "mlp.dense_h_to_4h.weight":
+        return torch.cat([hf[p + "mlp.gate_proj.weight"], hf[p + "mlp.up_proj.weight"]])
+    return hf[p + {"self_attention.dense.weight": "self_attn.o_proj.weight",
+                   "mlp.dense_4h_to_h.weight": "mlp.down_proj.weight"}.get(rest, rest)]
 
 
 def hf_name(name, layers):
@@ -68,9 +115,9 @@ def hf_name(name, layers):
 
 
 def run_save(a):
-    from transformers import GPTNeoXForCausalLM
+    from transformers import GPTNeoXForCausalLM, LlamaForCausalLM
     torch.manual_seed(SEED)
-    m = GPTNeoXForCausalLM(config()).float().eval()
+    m = (LlamaForCausalLM if FAMILY == "llama" else GPTNeoXForCausalLM)(config()).float().eval()
     m.save_pretrained(os.path.join(a.out, "hf"))
     m.save_pretrained(os.path.join(a.out, "hf_sharded"), max_shard_size="100KB")
     with torch.no_grad():
@@ -168,22 +215,117 @@ def build(cfg, tp, pp):
     return module, m
 
 
+def build_llama(cfg, tp, pp):
+    """Megatron-DeepSpeed's GPTModelPipe as Llama (its layer list and names: embedding, a lambda, the
+    transformer layers, a lambda, the final RMSNorm whose own param is `weight`, the LM head), Megatron tp,
+    with transformers' Llama functions for the norms, rotary and attention (GQA: repeat_kv)."""
+    import mpu
+    from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
+    from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+    from transformers.models.llama import modeling_llama as hfm
+    m = mpu.setup(tp, pp)
+    gen = torch.Generator().manual_seed(SEED + 7)  # another init than the HF model's: the load must replace it
+    h, nq, nkv, d = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    g = nq // nkv
+
+    class EmbeddingPipe(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.word_embeddings = mpu.VocabParallelEmbedding(gen, cfg.vocab_size, h)
+
+        def forward(self, x):
+            return self.word_embeddings(x)
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            # rows grouped per kv head: [nkv, g + 2, d]; each tp rank holds whole kv groups
+            self.query_key_value = mpu.ColumnParallelLinear(gen, h, (nq + 2 * nkv) * d)
+            self.dense = mpu.RowParallelLinear(gen, nq * d, h, bias=False)
+            self.rotary = hfm.LlamaRotaryEmbedding(cfg)
+            self.num_key_value_groups = g
+            self.training = False
+
+        def forward(self, x):
+            b, s, _ = x.shape
+            qkv = self.query_key_value(x).view(b, s, -1, g + 2, d)
+            q = qkv[:, :, :, :g].reshape(b, s, -1, d).transpose(1, 2)
+            k = qkv[:, :, :, g].transpose(1, 2)
+            v = qkv[:, :, :, g + 1].transpose(1, 2)
+            cos, sin = self.rotary(x, torch.arange(s).unsqueeze(0))
+            q, k = hfm.apply_rotary_pos_emb(q, k, cos, sin)
+            mask = torch.full((s, s), torch.finfo(x.dtype).min).triu(1)[None, None]
+            z, _ = hfm.eager_attention_forward(self, q, k, v, mask, scaling=d ** -0.5, dropout=0.0)
+            return self.dense(z.reshape(b, s, -1).contiguous())
+
+    class MLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.dense_h_to_4h = mpu.ColumnParallelLinear(gen, h, 2 * cfg.intermediate_size)
+            self.dense_4h_to_h = mpu.RowParallelLinear(gen, cfg.intermediate_size, h, bias=False)
+
+        def forward(self, x):  # swiglu: this rank's [gate_r; up_r]
+            gate, up = self.dense_h_to_4h(x).chunk(2, dim=-1)
+            return self.dense_4h_to_h(F.silu(gate) * up)
+
+    class ParallelTransformerLayerPipe(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.input_layernorm = hfm.LlamaRMSNorm(h, eps=cfg.rms_norm_eps)
+            self.self_attention = Attention()
+            self.post_attention_layernorm = hfm.LlamaRMSNorm(h, eps=cfg.rms_norm_eps)
+            self.mlp = MLP()
+
+        def forward(self, x):  # transformers' order of the residual sums
+            x = x + self.self_attention(self.input_layernorm(x))
+            return x + self.mlp(self.post_attention_layernorm(x))
+
+    class LMHeadPipe(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lm_head = mpu.ColumnParallelLinear(gen, h, cfg.vocab_size)
+
+        def forward(self, x):
+            return mpu.gather_from_tp(self.lm_head(x))
+
+    def identity(x):
+        return x
+
+    def tied_logits(embed, x):  # the tied head: logits of the vocab-split embedding, gathered
+        return mpu.parallel_logits(x, embed.word_embeddings.weight)
+
+    first = TiedLayerSpec("embed", EmbeddingPipe, tied_weight_attr="word_embeddings.weight") if TIED else LayerSpec(EmbeddingPipe)
+    specs = [first, identity]
+    specs += [LayerSpec(ParallelTransformerLayerPipe) for _ in range(cfg.num_hidden_layers)]
+    specs += [identity, LayerSpec(hfm.LlamaRMSNorm, h, eps=cfg.rms_norm_eps)]
+    specs += [TiedLayerSpec("embed", EmbeddingPipe, forward_fn=tied_logits, tied_weight_attr="word_embeddings.weight")
+              if TIED else LayerSpec(LMHeadPipe)]
+    module = PipelineModule(layers=specs, loss_fn=mpu.cross_entropy,
+                            topology=PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=m.dp),
+                            partition_method="type:transformer")
+    return module, m
+
+
 def split_of(name):
     import re
-    for pat, dim in SPLITS:
+    for pat, dim in (LLAMA_SPLITS if FAMILY == "llama" else SPLITS):
         if re.search(pat, name):
             return dim
     raise KeyError(name)
 
 
-def expected(name, hf, m, layers):
+def expected(name, hf, m, layers, cfg=None):
     """This rank's slice of the HF tensor the checkpoint name `name` holds."""
-    full = hf[hf_name(name, layers)]
+    full = llama_full(name, hf, cfg) if FAMILY == "llama" else hf[hf_name(name, layers)]
     dim = split_of(name)
+    if dim == "gate_up":  # swiglu: this rank's rows of the gate and of the up projection
+        return torch.cat([half.chunk(m.tp, 0)[m.tp_rank] for half in full.chunk(2, 0)])
     return full if dim is None else full.chunk(m.tp, dim)[m.tp_rank]
 
 
 def run_load(rank, a, port):
+    global FAMILY, TIED
+    FAMILY, TIED = a.family, a.tied  # spawned processes import the module afresh
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(a.world), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     store = dist.TCPStore("127.0.0.1", port, a.world, rank == 0, use_libuv=False, timeout=timedelta(seconds=600))
@@ -194,12 +336,12 @@ def run_load(rank, a, port):
     cfg = config()
     ref = torch.load(a.ref, weights_only=False)
     hf = ref["state"]
-    module, m = build(cfg, a.tp, a.pp)
+    module, m = (build_llama if FAMILY == "llama" else build)(cfg, a.tp, a.pp)
     layers = cfg.num_hidden_layers
     if a.init == "hf":
         with torch.no_grad():
             for n, p in module.named_parameters():
-                p.copy_(expected(n, hf, m, layers))
+                p.copy_(expected(n, hf, m, layers, cfg))
     ds = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "train_batch_size": 1,
           "zero_optimization": {"stage": 1},
           "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "betas": [0.9, 0.95], "eps": 1e-8,
@@ -221,7 +363,7 @@ def run_load(rank, a, port):
     # 1. every loaded weight: its slice of the HF tensor, bitwise.
     bad, n = [], 0
     for name, p in engine.module.named_parameters():
-        want = expected(name, hf, m, layers)
+        want = expected(name, hf, m, layers, cfg)
         n += 1
         if p.shape != want.shape or not torch.equal(p.detach().view(-1).view(torch.int32), want.reshape(-1).view(torch.int32)):
             bad.append(name)
@@ -276,7 +418,11 @@ def main():
     ap.add_argument("--init", choices=["ckpt", "hf"], default="ckpt")
     ap.add_argument("--full_load", action="store_true", help="a plain load_checkpoint (optimizer state too)")
     ap.add_argument("--file_hp", action="store_true", help="the job's hyper-parameters = the file's (lr 1e-3, wd 0.01)")
+    ap.add_argument("--family", choices=["neox", "llama"], default="neox")
+    ap.add_argument("--tied", action="store_true", help="llama: tie_word_embeddings")
     a = ap.parse_args()
+    global FAMILY, TIED
+    FAMILY, TIED = a.family, a.tied
     if a.cmd == "save":
         return run_save(a)
     a.world = a.tp * a.pp

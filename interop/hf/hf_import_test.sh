@@ -13,6 +13,12 @@
 #   4. the next step equals bitwise the step of a fresh engine given the HF weights directly (same
 #      topology, every param after the step);
 #   5. negative control: a folder with one weight changed is reported as differing.
+# The same for a LlamaForCausalLM from a LlamaConfig (GQA 4 query / 2 kv heads, SwiGLU, RMSNorm),
+# imported with --preset=megatron-deepspeed into Megatron-DeepSpeed's GPTModelPipe layout
+# (query_key_value fused grouped per kv head, dense_h_to_4h [gate; up] as 2 sub-params): tp 1 pp 1
+# (logits bitwise), tp 1 pp 2, tp 2 pp 1, tp 2 pp 2 (and from the shards), the step at tp 2 pp 2; and
+# with tie_word_embeddings (GPTModelPipe's TiedLayerSpec 'embed' at the embedding and the head) at tp 1
+# pp 1 and tp 2 pp 2.
 # Args: UCP CHECKER MPU
 set -u
 UCP=$(pwd)/$1
@@ -22,8 +28,8 @@ W=$TEST_TMPDIR
 cp "$2" "$W/hf_import_check.py"
 cp "$3" "$W/mpu.py"
 fail=0
-run() {  # hf_import_check.py ARGS...: its JSON line on stdout, the rest in $W/log
-  "$ENV" run --root=sid --deepspeed=0.19.5 --bind="$W" --cwd="$W" -- python3 "$W/hf_import_check.py" "$@" > "$W/out" 2>> "$W/log"
+run() {  # hf_import_check.py ARGS... (FAMILY=llama: --family llama): its JSON line on stdout, the rest in $W/log
+  "$ENV" run --root=sid --deepspeed=0.19.5 --bind="$W" --cwd="$W" -- python3 "$W/hf_import_check.py" "$@" --family "${FAMILY:-neox}" ${TIED:+--tied} > "$W/out" 2>> "$W/log"
   local rc=$?
   grep '^{' "$W/out" | tail -1
   [[ $rc == 0 ]] || { echo "  (exit $rc; last lines:)"; grep -v -e gloo -e Warning "$W/out" "$W/log" | tail -5; }
@@ -72,6 +78,38 @@ for t in "1 1" "2 2"; do
   line=$(run load --init hf --tp $1 --pp $2 --ref "$W/ref.pt" --out "$W/fresh-tp$1-pp$2.after") || { echo "FAIL fresh tp $1 pp $2"; fail=1; continue; }
   same_step "tp $1 pp $2: the step after the import = a fresh optimizer's step" "$W/hf-tp$1-pp$2.after" "$W/fresh-tp$1-pp$2.after" $(($1 * $2)) || fail=1
 done
+# Llama (Megatron-DeepSpeed's layout), in $W/llama.
+L=$W/llama
+mkdir -p "$L"
+if FAMILY=llama run save --out "$L" > /dev/null; then
+  for t in "1 1 hf 0" "1 2 hf 0" "2 1 hf 1e-5" "2 2 hf 1e-5" "2 2 hf_sharded 1e-5"; do
+    set -- $t
+    tag=$3-tp$1-pp$2
+    ucp reshard --input_folder="$L/$3" --output_folder="$L/$tag/global_step0" --tp=$1 --pp=$2 --dp=1 --preset=megatron-deepspeed || continue
+    line=$(FAMILY=llama run load --ckpt "$L/$tag" --tp $1 --pp $2 --ref "$L/ref.pt" --out "$L/$tag.after") || { echo "FAIL load llama $tag"; fail=1; continue; }
+    judge "llama $3 -> ucp tp $1 pp $2 -> DeepSpeed" "$line" "$4" || fail=1
+  done
+  if line=$(FAMILY=llama run load --init hf --tp 2 --pp 2 --ref "$L/ref.pt" --out "$L/fresh-tp2-pp2.after"); then
+    same_step "llama tp 2 pp 2: the step after the import = a fresh optimizer's step" "$L/hf-tp2-pp2.after" "$L/fresh-tp2-pp2.after" 4 || fail=1
+  else
+    echo "FAIL llama fresh tp 2 pp 2"; fail=1
+  fi
+else
+  echo "FAIL llama save"; fail=1
+fi
+# Tied Llama embeddings, in $W/llama_tied.
+T=$W/llama_tied
+mkdir -p "$T"
+if FAMILY=llama TIED=1 run save --out "$T" > /dev/null; then
+  for t in "1 1 0" "2 2 1e-5"; do
+    set -- $t
+    ucp reshard --input_folder="$T/hf" --output_folder="$T/tp$1-pp$2/global_step0" --tp=$1 --pp=$2 --dp=1 --preset=megatron-deepspeed || continue
+    line=$(FAMILY=llama TIED=1 run load --ckpt "$T/tp$1-pp$2" --tp $1 --pp $2 --ref "$T/ref.pt" --out "$T/tp$1-pp$2.after") || { echo "FAIL load tied llama tp $1 pp $2"; fail=1; continue; }
+    judge "tied llama -> ucp tp $1 pp $2 -> DeepSpeed" "$line" "$3" || fail=1
+  done
+else
+  echo "FAIL tied llama save"; fail=1
+fi
 # Negative control: one element of one weight changed in the HF folder; the load must report it.
 "$ENV" run --root=sid --deepspeed=0.19.5 --bind="$W" -- python3 - "$W" <<'PY' >> "$W/log" 2>&1
 import sys, shutil

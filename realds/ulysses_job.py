@@ -5,7 +5,8 @@
 # the mpu ALST / Arctic training passes), ZeRO-1 or 2, fp32, ranks forked here.
 #
 #   ulysses_job.py save DIR SP STAGE     train 2 steps at world SP (dp 1, sp SP), save DIR/t, dump
-#   ulysses_job.py load DIR WORLD SP STAGE   load DIR/t at world WORLD with sp SP (1: no sp), dump
+#   ulysses_job.py load DIR WORLD SP STAGE [universal]   load DIR/t at world WORLD with sp SP (1: no sp)
+#                                       (universal: DIR/t is a universal checkpoint, load_universal), dump
 #   ulysses_job.py compare A.pt B.pt    every param's fp32 master, exp_avg, exp_avg_sq and lp bitwise
 #
 # Each rank of sp group r trains on the r-th chunk of every sample's sequence
@@ -60,7 +61,7 @@ class Model(nn.Module):
         return self.head(h + self.attn(self.ln(h)))
 
 
-def engine(world, sp, stage):
+def engine(world, sp, stage, universal=False):
     import deepspeed
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # no compiler in the roots
     deepspeed.init_distributed("gloo")
@@ -75,6 +76,8 @@ def engine(world, sp, stage):
            "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True, "adam_w_mode": True}}}
     if sp > 1:
         cfg["sequence_parallel_size"] = sp
+    if universal:
+        cfg["checkpoint"] = {"load_universal": True}
     eng, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg, mpu=mpu)
     return eng, sp_rank
 
@@ -137,7 +140,7 @@ def rank_main(r, world, argv):
         eng.save_checkpoint(d, tag="t")
     else:
         sp, stage = int(argv[3]), int(argv[4])
-        eng, sp_rank = engine(world, sp, stage)
+        eng, sp_rank = engine(world, sp, stage, universal=argv[5:] == ["universal"])
         path, _ = eng.load_checkpoint(d, tag="t")
         if path is None:
             raise SystemExit(f"nothing loaded from {d}")

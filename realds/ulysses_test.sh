@@ -5,7 +5,11 @@
 # every file mp_rank_00, 0.19.5 the optimizer files by sp rank; both record the sp
 # degree as checkpoint_parallel_dimensions.tp_degree), reshards it to dp 1 and to
 # dp 2, and DeepSpeed loads those without sequence parallelism (dp 1) and with it
-# (sp 2); every param's lp, fp32 master, exp_avg and exp_avg_sq after each load
+# (sp 2), and (master ZeRO-1) converts it, which master's load_universal loads at dp 2
+# without sp (under the sp mpu master's load_universal fails: base_optimizer.py
+# load_hp_checkpoint_state_from_checkpoint_dir asks it for
+# get_tensor_model_parallel_world_size, which parallel_state_sp does not have); every
+# param's lp, fp32 master, exp_avg and exp_avg_sq after each load
 # must equal the saving job's bitwise.
 set -euo pipefail
 for d in external/shared ../shared; do
@@ -49,6 +53,13 @@ for v in master 0.19.5; do
       run master load "$out" "$1" "$2" "$stage" || { echo "FAIL $v z$stage load at dp $1 sp $2"; fail=1; continue; }
       check "$v ZeRO-$stage sp 2 -> ucp reshard --dp=$1 -> master at world $1 sp $2" "$c/src/dump.pt" "$out/dump.pt"
     done
+    if [[ $v == master && $stage == 1 ]]; then  # the universal route, once
+      out=$c/universal
+      "$UCP" convert --input_folder="$c/src/t" --output_folder="$out/t" >"$W/last.log" 2>&1 ||
+        { echo "FAIL $v z$stage convert: $(tail -1 "$W/last.log")"; fail=1; continue; }
+      run master load "$out" 2 1 "$stage" universal || { echo "FAIL $v z$stage load_universal at dp 2"; fail=1; continue; }
+      check "$v ZeRO-$stage sp 2 -> ucp convert -> master load_universal at dp 2 (no sp)" "$c/src/dump.pt" "$out/dump.pt"
+    fi
   done
 done
 rm -rf "$W"

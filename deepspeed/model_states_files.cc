@@ -270,6 +270,26 @@ absl::Status CheckSavedTogether(const ModelStateFileList& files) {
   return absl::OkStatus();
 }
 
+// The sequence_parallel_size of a model states file's ds_config (DeepSpeed's
+// Ulysses); 1 when it records none.
+int SequenceParallelSize(const Value& root) {
+  const Value* config = root.is(Kind::kDict) ? root.DictGet("ds_config") : nullptr;
+  const Value* sp = config != nullptr && config->is(Kind::kDict) ? config->DictGet("sequence_parallel_size") : nullptr;
+  return sp != nullptr && sp->is(Kind::kInt) && sp->int_value() > 1 ? static_cast<int>(sp->int_value()) : 1;
+}
+
+// Under Ulysses sequence parallelism (ds_config sequence_parallel_size sp > 1,
+// the mpu DeepSpeed's parallel_state_sp, which aliases model parallelism to
+// sequence parallelism) DeepSpeed 0.19.5 and master record tp_degree = sp in
+// checkpoint_parallel_dimensions (bwc_tensor_model_parallel_world_size asks the
+// mpu's get_model_parallel_world_size) beside mp_world_size 1 and one
+// mp_rank_00 file: the sp ranks are data-parallel ranks for the checkpoint (ZeRO
+// partitions over dp x sp), so tp is 1.
+bool IsUlyssesTpDegree(const Value& root, const Value& tpv, const Value& ppv, int mp) {
+  const int sp = SequenceParallelSize(root);
+  return mp == 1 && sp > 1 && tpv.int_value() == sp && ppv.int_value() == 1;
+}
+
 // The tp degree the files record in checkpoint_parallel_dimensions
 // ({pp_degree, tp_degree}, DeepSpeed >= 0.19.5), checked to be the same in
 // every file and to multiply with pp_degree to the number of files; 0 when
@@ -290,6 +310,11 @@ absl::StatusOr<int> ReadRecordedTp(const ModelStateFileList& files) {
     }
     const Value* tpv = dims->is(Kind::kDict) ? dims->DictGet("tp_degree") : nullptr;
     const Value* ppv = dims->is(Kind::kDict) ? dims->DictGet("pp_degree") : nullptr;
+    if (tpv != nullptr && ppv != nullptr && tpv->is(Kind::kInt) && ppv->is(Kind::kInt) &&
+        IsUlyssesTpDegree(root, *tpv, *ppv, mp)) {
+      recorded_tp = 1;
+      continue;
+    }
     if (tpv == nullptr || ppv == nullptr || !tpv->is(Kind::kInt) || !ppv->is(Kind::kInt) || tpv->int_value() < 1 ||
         ppv->int_value() < 1 || tpv->int_value() * ppv->int_value() != mp) {
       return FileError(files[r]->path(), absl::StatusCode::kInvalidArgument,

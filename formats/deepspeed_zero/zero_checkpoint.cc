@@ -167,6 +167,31 @@ absl::Status CheckOptimFilesComplete(const std::string& dir, const state::Topolo
   return absl::OkStatus();
 }
 
+// DeepSpeed 0.19.5 under Ulysses sequence parallelism (ds_config
+// sequence_parallel_size sp > 1, one mp_rank_00 file) names the optimizer file of
+// ZeRO rank d (of dp x sp) zero_pp_rank_d_mp_rank_{d % sp} (its sp rank, what the
+// sequence-parallel mpu answers for get_model_parallel_rank); master (b39e07a71,
+// #8226) names them all mp_rank_00. Returns sp and files `optim_dp` under mp rank
+// 0 when every file is named so, else 1 (and `optim_dp` unchanged).
+int UlyssesOptimNaming(const deepspeed::ModelStatesFiles& ms, const state::Topology& topo,
+                       std::map<int, std::set<int>>& optim_dp) {
+  if (topo.mp_world_size() != 1 || optim_dp.size() < 2) return 1;
+  const Value& root = *ms.file(0, 0).root();
+  const Value* config = root.is(Kind::kDict) ? root.DictGet("ds_config") : nullptr;
+  const Value* spv = config != nullptr && config->is(Kind::kDict) ? config->DictGet("sequence_parallel_size") : nullptr;
+  if (spv == nullptr || !spv->is(Kind::kInt) || spv->int_value() < 2) return 1;
+  const int sp = static_cast<int>(spv->int_value());
+  std::set<int> all;
+  for (const auto& [r, dps] : optim_dp) {
+    for (int d : dps) {
+      if (d % sp != r) return 1;
+      all.insert(d);
+    }
+  }
+  optim_dp = {{0, all}};
+  return sp;
+}
+
 using StageLayouts = std::vector<std::vector<std::vector<deepspeed::ZeroGroupLayout>>>;  // [pp][tp][group]
 
 // The partition layout of every (stage, tp rank, group), from param_shapes,
@@ -329,6 +354,7 @@ absl::Status ZeroCheckpoint::Load(const std::vector<ModuleEntry>* module_entries
     return absl::NotFoundError(absl::StrCat(dir_, ": layer files exist for tp ranks ", absl::StrJoin(layer_tp, ","),
                                             " only"));
   }
+  ulysses_sp_ = UlyssesOptimNaming(*ms_, topo_, scan.optim_dp);
   UCP_RETURN_IF_ERROR(CheckOptimFilesComplete(dir_, topo_, scan.optim_dp, bf16_prefix_));
 
   // Partition layouts.
@@ -967,7 +993,8 @@ const deepspeed::ZeroGroupLayout& ZeroCheckpoint::Layout(int pp, int tp, int gro
 
 std::string ZeroCheckpoint::MpRankPath(int pp, int tp) const { return ms_->path(pp, tp); }
 std::string ZeroCheckpoint::OptimPath(int pp, int tp, int dp) const {
-  return JoinPath(dir_, deepspeed::OptimFileName(dp, topo_.mp_rank(pp, tp), bf16_prefix_));
+  const int mp_rank = ulysses_sp_ > 1 ? dp % ulysses_sp_ : topo_.mp_rank(pp, tp);
+  return JoinPath(dir_, deepspeed::OptimFileName(dp, mp_rank, bf16_prefix_));
 }
 std::string ZeroCheckpoint::LayerPath(int layer, int tp) const {
   auto it = layer_paths_.find({layer, tp});
@@ -1041,7 +1068,8 @@ absl::Status ZeroCheckpoint::VerifyFile(const std::string& path) const {
   }
   switch (parsed->type) {
     case deepspeed::CheckpointFileName::Type::kOptim: {
-      const int pp = parsed->mp_rank / topo_.tp, tp = parsed->mp_rank % topo_.tp;
+      const int mp_rank = ulysses_sp_ > 1 ? 0 : parsed->mp_rank;  // 0.19.5 Ulysses: mp_rank_{d % sp}, one stage
+      const int pp = mp_rank / topo_.tp, tp = mp_rank % topo_.tp;
       UCP_ASSIGN_OR_RETURN(const OptimFile* f, Optim(pp, tp, parsed->dp_rank));
       for (const auto& t : f->fp32) UCP_RETURN_IF_ERROR(f->VerifyPartition(t));
       for (const auto& group : f->states) {

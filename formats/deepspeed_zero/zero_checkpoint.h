@@ -179,6 +179,8 @@ class ZeroCheckpoint {
   int zero_stage_ = 1;
   state::OptimizerKind kind_ = state::OptimizerKind::kZero;
   bool bf16_prefix_ = false;
+  // > 1: DeepSpeed 0.19.5's Ulysses naming, rank d's optimizer file is mp_rank_{d % sp}.
+  int ulysses_sp_ = 1;
   bool pipeline_ = true;
   int num_groups_ = 0;
   std::string ds_version_;

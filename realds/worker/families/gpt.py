@@ -40,6 +40,10 @@ def add_args(ap):
                     help="emb: freeze wte and wpe; lora: freeze all but adapters beside each qkv")
     ap.add_argument("--lora_rank", type=int, default=2)
     ap.add_argument("--tie", action="store_true", help="head.weight is wte.weight")
+    ap.add_argument("--empty", default="", choices=["", "first", "last", "middle"],
+                    help="a trained param of zero elements [0, hidden] (DeepSpeed master edaa72212, #8280): first: "
+                         "`empty`, offset 0 of group 0; last: `tail.empty`, the end of group 0; middle: `h.0.empty`, "
+                         "inside a ZeRO partition (DeepSpeed's link_hp_params asserts at initialize)")
 
 
 class Block(nn.Module):
@@ -90,12 +94,21 @@ class GPT(nn.Module):
     def __init__(self, cfg, ep):
         super().__init__()
         moe = {int(i) for i in cfg.moe_layers.split(",") if i != ""}
+        if cfg.empty == "first":
+            self.empty = nn.Parameter(torch.zeros(0, cfg.hidden))
         self.wte = nn.Embedding(cfg.vocab, cfg.hidden)
         self.wpe = nn.Embedding(cfg.seq, cfg.hidden)
         self.h = nn.ModuleList([Block(cfg, i in moe, ep) for i in range(cfg.layers)])
         self.ln_f = nn.LayerNorm(cfg.hidden)
         self.head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
         self.odd = nn.Parameter(torch.randn(cfg.odd) * 0.02) if cfg.odd else None
+        if cfg.empty == "middle":
+            self.h[0].empty = nn.Parameter(torch.zeros(0, cfg.hidden))
+        if cfg.empty == "last":  # a module's own params come before its children's
+            self.tail = nn.Module()
+            self.tail.empty = nn.Parameter(torch.zeros(0, cfg.hidden))
+        self.empty_param = {"first": lambda: self.empty, "middle": lambda: self.h[0].empty,
+                            "last": lambda: self.tail.empty}.get(cfg.empty)
         if cfg.tie:
             self.head.weight = self.wte.weight
         for n, p in self.named_parameters():
@@ -106,6 +119,8 @@ class GPT(nn.Module):
         x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
         if self.odd is not None:
             x = x * (1 + self.odd.mean())
+        if self.empty_param is not None:  # an empty gradient flows to it
+            x = x + self.empty_param().sum()
         for blk in self.h:
             x = blk(x)
         logits = self.head(self.ln_f(x)).float()

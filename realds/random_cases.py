@@ -126,12 +126,25 @@ def draw_one(pb, rng, name, versions):
     # from one init, 0.17.6 dp 2: ZeRO-1 and 3 equal, ZeRO-2 4e-3 apart after one
     # step): 1.9e-4 to 2.6e-3 on the second resumed step, 16 cases of gpt and MoE,
     # every (a) bitwise (random seed 730369945 drew one at 4.8e-4 > 1e-4).
+    # DeepSpeed 0.16 and 0.17's pipeline engine does not divide the loss by the
+    # gradient accumulation steps (PipelineEngine turns enable_backward_allreduce
+    # off, and engine.backward scales only when it is on; 0.14, 0.15 and 0.18 on
+    # scale): the gradient is GAS times the mean, so a dp change (the global batch
+    # stays, GAS = batch / dp) meets Adam's moments with gradients of another
+    # scale, unless clipping hides it. Measured, neox tp 1-2 fp32, every state and
+    # (a) bitwise, first step bitwise: 2.2e-4 to 7.4e-4 on the second resumed step
+    # for a change to or from GAS 1 on 0.16.4 and 0.17.6, equal on 0.14.4, 0.15.4,
+    # 0.18.9 and 0.19.5 (random seed 969955956 drew one at 4.8e-4 > 1e-4).
+    dp_change = any(a[2] != b[2] for a, b in zip(stages, stages[1:]))
+    unscaled_pipeline = family != "gpt" and not plain and (0, 16, 0) <= v < (0, 18, 0)
     pp_change = any(a[1] != b[1] for a, b in zip(stages, stages[1:]))
     ep_change = any(a[3] != b[3] for a, b in zip(stages, stages[1:]))
     z2_change = any(a[4] != b[4] and 2 in (a[4], b[4]) for a, b in zip(stages, stages[1:]))
     tied = (family == "neox" and "--tied" in c.model.args) or (family == "savanna" and "--untied" not in c.model.args)
     if dtype == "fp32" and pp_change:
         c.tolerance = 1e-2 if tied else 2e-3
+    elif dtype == "fp32" and unscaled_pipeline and dp_change:
+        c.tolerance = 2e-3
     elif dtype == "fp32" and z2_change:
         c.tolerance = 5e-3
     elif dtype == "fp32" and moe and ep_change and v < (0, 15, 0):

@@ -1,5 +1,6 @@
 #include "deepspeed/engine_defaults.h"
 
+#include <string_view>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -121,7 +122,52 @@ class DefaultFacet : public DeepSpeedFacet {
   FileValue root_;
 };
 
+// A pattern that re.match-es `name` alone.
+std::string ExactNamePattern(const std::string& name) {
+  std::string out;
+  for (char c : name) {
+    if (std::string_view(".^$*+?()[]{}|\\").find(c) != std::string_view::npos) out += '\\';
+    out += c;
+  }
+  return out + "$";
+}
+
 }  // namespace
+
+ValuePtr DeclaredMergePatterns(const state::ModelInfo& info) {
+  std::vector<std::string> replicated, average, two_sub, vocab, row;
+  int64_t vocab_size = 0;
+  for (const auto& p : info.params) {
+    if (p.role == TensorRole::kBuffer || p.role == TensorRole::kTied) continue;
+    const MergeRule& r = p.rule;
+    if (r.ndim() != 0 || r.dim_size_size() != 0 || r.autotp_widths()) return nullptr;
+    const std::string pattern = ExactNamePattern(p.name);
+    switch (r.kind()) {
+      case REPLICATED: replicated.push_back(pattern); break;
+      case AVERAGE: average.push_back(pattern); break;
+      case COLUMN: break;  // DeepSpeed's default: cat on dim 0
+      case ROW: row.push_back(pattern); break;
+      case VOCAB:
+        if (r.original_vocab_size() <= 0 || (vocab_size != 0 && vocab_size != r.original_vocab_size())) return nullptr;
+        vocab_size = r.original_vocab_size();
+        vocab.push_back(pattern);
+        break;
+      case SUB_PARAMS:
+        if (r.has_sub_param_shape() || r.num_sub_params() != 2 || r.cat_dim() != 0) return nullptr;
+        two_sub.push_back(pattern);
+        break;
+      default: return nullptr;  // undecided: nothing is declared
+    }
+  }
+  ValuePtr uc = Value::MakeDict();
+  uc->DictSet(Value::Str("tp_replicated_parameter_patterns"), StrList(replicated));
+  uc->DictSet(Value::Str("parameter_to_average_patterns"), StrList(average));
+  uc->DictSet(Value::Str("parameter_with_row_parallelism_patterns"), StrList(row));
+  uc->DictSet(Value::Str("vocabulary_parameter_patterns"), StrList(vocab));
+  uc->DictSet(Value::Str("parameter_with_2_sub_params_cat_dim_0"), StrList(two_sub));
+  if (vocab_size > 0) uc->DictSet(Value::Str("original_vocab_size"), Value::Int(vocab_size));
+  return uc;
+}
 
 ValuePtr AdamBetas() { return Value::List({Value::Float(0.9), Value::Float(0.95)}); }
 
@@ -239,6 +285,9 @@ absl::StatusOr<FileValue> DefaultModelStatesRoot(const state::ModelInfo& info, c
   }
   r->DictSet(Value::Str("ds_config"), DefaultDsConfig(info, d));
   r->DictSet(Value::Str("ds_version"), Value::Str(d.ds_version));
+  if (d.declare_merge_patterns) {
+    if (ValuePtr uc = DeclaredMergePatterns(info)) r->DictSet(Value::Str("universal_checkpoint_info"), uc);
+  }
   if (d.client_state) UCP_RETURN_IF_ERROR(d.client_state(w, *r));
   return BakeTree(w, *r, "mp_rank_00_model_states");
 }
@@ -256,6 +305,7 @@ absl::StatusOr<const DeepSpeedFacet*> FacetOrDefaults(const state::CheckpointSta
   if (const DeepSpeedFacet* ds = FacetOf(state)) return ds;
   EngineDefaults d;
   if (!ds_version.empty()) d.ds_version = ds_version;
+  d.declare_merge_patterns = true;
   UCP_ASSIGN_OR_RETURN(*owned, MakeDefaultFacet(state.info(), d),
                        _.Prepend("DeepSpeed's defaults for a source without DeepSpeed's engine state: "));
   return owned->get();

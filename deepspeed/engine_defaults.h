@@ -56,7 +56,21 @@ struct EngineDefaults {
   // Client state after the engine's keys (iteration, args, rng states, ...):
   // adds to `root`, tensors through `writer`. Null: none.
   std::function<absl::Status(torch::TorchWriter& writer, pickle::Value& root)> client_state;
+  // Client state `universal_checkpoint_info`: DeclaredMergePatterns(info).
+  bool declare_merge_patterns = false;
 };
+
+// How each param of `info` merges over tp (its resolved rule), declared as
+// Megatron-DeepSpeed declares its own in `universal_checkpoint_info`:
+// DeepSpeed's pattern lists, one exact pattern per param whose merge is not
+// DeepSpeed's default (cat on dim 0), and `original_vocab_size`. A checkpoint
+// written from a source without DeepSpeed's engine state (a Hugging Face
+// folder, a DCP checkpoint) then says how it was split, so that ucp and
+// DeepSpeed's ds_to_universal merge it back without a preset's guess about
+// args it does not record (swiglu's fused gate/up). Null when some param's
+// merge has no such pattern (undecided, uneven sub-params, AutoTP widths,
+// shape conditions): then nothing is declared, as before.
+pickle::ValuePtr DeclaredMergePatterns(const state::ModelInfo& info);
 
 // torch AdamW's param_groups as DeepSpeed's ZeRO optimizers hold them (one
 // flat param per group; group 0 weight_decay 0.01, the others 0.0; torch 2's

@@ -21,6 +21,7 @@ namespace {
 
 using internal::DictPath;
 using internal::FileError;
+using internal::ForEachSliceMapping;
 using internal::Numel;
 using internal::ShapeStr;
 using internal::StringList;
@@ -113,17 +114,10 @@ absl::StatusOr<FileGroupShapes> ShapesFromSliceMappings(const std::string& dir, 
       seen.resize(maps->size());
     }
     for (size_t g = 0; g < maps->size(); ++g) {
-      const Value& m = *maps->items()[g];
-      if (!m.is(Kind::kDict)) {
-        return FileError(path, absl::StatusCode::kInvalidArgument, absl::StrCat("param_slice_mappings[", g, "] is not a dict"));
-      }
-      for (const auto& [k, v] : m.dict_items()) {
-        if (!k->is(Kind::kStr)) {
-          return FileError(path, absl::StatusCode::kInvalidArgument,
-                           absl::StrCat("param_slice_mappings[", g, "] has a non-string key"));
-        }
-        if (seen[g].insert(k->str()).second) out.groups[g].emplace_back(k->str(), std::vector<int64_t>{});
-      }
+      UCP_RETURN_IF_ERROR(ForEachSliceMapping(path, *maps->items()[g], g, [&](const std::string& name, const Value&) -> absl::Status {
+        if (seen[g].insert(name).second) out.groups[g].emplace_back(name, std::vector<int64_t>{});
+        return absl::OkStatus();
+      }));
     }
   }
   std::map<int, std::unique_ptr<torch::TorchFile>> layers;

@@ -136,6 +136,26 @@ inline bool SameStateNames(std::vector<std::string> a, std::vector<std::string> 
   return a == b;
 }
 
+// Visits the entries of param_slice_mappings[g] (a dict of param name ->
+// fragment address, as DeepSpeed's ZeRO-1/2 optimizer saves it) in order;
+// an error naming the file when the entry is not a dict or a key not a string.
+inline absl::Status ForEachSliceMapping(const std::string& path, const pickle::Value& mapping, size_t g,
+                                        const std::function<absl::Status(const std::string& name,
+                                                                         const pickle::Value& address)>& visit) {
+  if (!mapping.is(pickle::Kind::kDict)) {
+    return FileError(path, absl::StatusCode::kInvalidArgument, absl::StrCat("param_slice_mappings[", g, "] is not a dict"));
+  }
+  for (const auto& [k, v] : mapping.dict_items()) {
+    if (!k->is(pickle::Kind::kStr)) {
+      return FileError(path, absl::StatusCode::kInvalidArgument,
+                       absl::StrCat("param_slice_mappings[", g, "] has a non-string key"));
+    }
+    absl::Status s = visit(k->str(), *v);
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace ucp::deepspeed::internal
 
 #endif  // UCP_DEEPSPEED_VALUE_UTIL_H_

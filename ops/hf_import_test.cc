@@ -6,6 +6,7 @@
 #include <map>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "base/fs.h"
 #include "formats/hf/hf_test_folder.h"
 #include "gtest/gtest.h"
@@ -90,6 +91,50 @@ TEST(HfImportTest, AFolderWithLatestBesideTheWeightsIsTheDeepSpeedCheckpoint) {
   absl::StatusOr<ReshardResult> r2 = Reshard(again);
   ASSERT_TRUE(r2.ok()) << r2.status();
   EXPECT_EQ(r2->source_kind, "zero");
+}
+
+// A Llama folder imported at tp 2 under Megatron-DeepSpeed's names holds
+// swiglu's fused dense_h_to_4h as [gate_r; up_r] per tp rank, which only the
+// args (swiglu) say; the import records none (Megatron-DeepSpeed checks the args
+// it finds against its own), so it declares each param's merge in
+// universal_checkpoint_info, as Megatron-DeepSpeed does. Opened again with no
+// flags, every param merges back to the tensor the tp 1 import holds whole;
+// before the declaration, the preset (swiglu unknown: false) merged
+// dense_h_to_4h as [gate_0; up_0; gate_1; up_1].
+TEST(HfImportTest, ALlamaImportAtTp2MergesBackWithNoFlags) {
+  const hf::testfolder::Tensors t = hf::testfolder::Llama();
+  const std::string in = hf::testfolder::Folder("hf_import_llama_src", t, hf::testfolder::kLlamaConfig);
+  std::map<int, std::unique_ptr<state::ModelState>> back;
+  for (int tp : {1, 2}) {
+    const std::string root = testing::FreshTempDir(absl::StrCat("hf_import_llama_tp", tp));
+    ReshardOptions o;
+    o.input_folder = in;
+    o.output_folder = JoinPath(root, "global_step0");
+    o.write.target = state::Topology{tp, 1, 1};
+    absl::StatusOr<ReshardResult> r = Reshard(o);
+    ASSERT_TRUE(r.ok()) << r.status();
+    absl::StatusOr<std::unique_ptr<state::ModelState>> opened = OpenModelState(root, SourceOptions());
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    back[tp] = *std::move(opened);
+  }
+  const state::ModelInfo& whole = back[1]->info();
+  ASSERT_EQ(back[2]->info().params.size(), whole.params.size());
+  for (const state::ParamState& p : whole.params) {
+    SCOPED_TRACE(p.name);
+    const state::ParamState* q = back[2]->info().Find(p.name);
+    ASSERT_NE(q, nullptr);
+    // Declared, except DeepSpeed's default (cat on dim 0), which the preset
+    // then decides alike (the vocabulary: its unpadded size is unknown).
+    if (q->rule.kind() != COLUMN) EXPECT_EQ(q->source, CHECKPOINT_INFO) << q->origin;
+    if (p.name.find("dense_h_to_4h") != std::string::npos) EXPECT_EQ(q->rule.kind(), SUB_PARAMS) << q->origin;
+    for (const char* st : {"lp", "fp32"}) {
+      absl::StatusOr<tp::TensorPlan> a = back[1]->Full(p, st);
+      absl::StatusOr<tp::TensorPlan> b = back[2]->Full(*q, st);
+      ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+      absl::StatusOr<bool> same = tp::TensorPlan::BitwiseEqual(*a, *b);
+      EXPECT_TRUE(same.ok() && *same) << st;
+    }
+  }
 }
 
 }  // namespace

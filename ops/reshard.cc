@@ -108,21 +108,21 @@ absl::StatusOr<ReshardResult> ReshardImpl(const ReshardOptions& options) {
   result.source_kind = std::string(src.format->kind());
   result.source = state->info().source_topology;
   result.notes = state->info().notes;
-  for (std::string& n : TpSummedNotes(*state, options.zero_source.rules.preset, options.write.target.tp)) {
+  // The model's preset: the one named, else detected from the names once for
+  // the notes and the layer class names below ("" when none matches).
+  std::string preset = options.zero_source.rules.preset == "none" ? "" : options.zero_source.rules.preset;
+  if (preset.empty()) {
+    std::vector<std::string> names;
+    for (const auto& p : state->info().params) names.push_back(p.name);
+    preset = rules::DetectPreset(names).value_or("none");
+  }
+  for (std::string& n : TpSummedNotes(*state, preset, options.write.target.tp)) {
     result.notes.push_back(std::move(n));
   }
   writers::ZeroWriteOptions write = options.write;
   write.inputs = {src.dir};
-  if (!write.layer_type_name) {
-    // The class names the model's preset gives its pipeline layers.
-    std::string preset = options.zero_source.rules.preset == "none" ? "" : options.zero_source.rules.preset;
-    if (preset.empty()) {
-      std::vector<std::string> names;
-      for (const auto& p : state->info().params) names.push_back(p.name);
-      preset = rules::DetectPreset(names).value_or("");
-    }
-    write.layer_type_name = rules::LayerTypeNamerFor(preset);
-  }
+  // The class names the model's preset gives its pipeline layers.
+  if (!write.layer_type_name) write.layer_type_name = rules::LayerTypeNamerFor(preset == "none" ? "" : preset);
   // The target format: the one named, else the registry's pick for the
   // model (ZeRO 1/2, ZeRO-3, native MoE).
   absl::StatusOr<TrainingStatePlan> planned = PlanTrainingState(*state, write, options.format);

@@ -623,7 +623,8 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> TpSummedParams(
                                                                                 const Value* args,
                                                                                 const std::string& preset) {
   std::vector<std::pair<std::string, std::string>> out;
-  std::string name = preset == "none" ? "" : preset;
+  if (preset == "none") return out;
+  std::string name = preset;
   if (name.empty()) {
     std::vector<std::string> names;
     for (const auto& p : info.params) names.push_back(p.name);

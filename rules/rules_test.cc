@@ -5,6 +5,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "deepspeed/engine_defaults.h"
 #include "format/pickle/value.h"
 #include "rules/presets.h"
 #include "rules/rules.h"
@@ -108,6 +109,67 @@ TEST(RuleResolverTest, AutoTpUnsupportedPatternsAreRefusedNamingPatternAndReason
   auto r2 = RuleResolver::Make(o, *empty, {"model.norm.weight"});
   ASSERT_TRUE(r2.ok());
   EXPECT_TRUE(r2->CheckSupported("model.layers.0.mlp.experts.w").ok());
+}
+
+// deepspeed::DeclaredMergePatterns (what a ZeRO checkpoint written from a
+// Hugging Face or DCP source declares): read back as the checkpoint's
+// patterns, each param is decided to the rule it was written with, names
+// with regex characters included; a param no DeepSpeed list can say declares
+// nothing at all.
+TEST(DeclaredMergePatternsTest, ReadBackEveryParamDecidesItsOwnRule) {
+  state::ModelInfo info;
+  auto add = [&](const std::string& name, MergeRule rule) {
+    state::ParamState p;
+    p.name = name;
+    p.full_shape = {12, 8};
+    p.rule = rule;
+    info.params.push_back(p);
+  };
+  auto kind = [](MergeKind k) {
+    MergeRule r;
+    r.set_kind(k);
+    return r;
+  };
+  MergeRule vocab = kind(VOCAB);
+  vocab.set_original_vocab_size(11);
+  MergeRule swiglu = kind(SUB_PARAMS);
+  swiglu.set_num_sub_params(2);
+  swiglu.set_cat_dim(0);
+  add("0.word_embeddings.weight", vocab);
+  add("2.input_layernorm.weight", kind(REPLICATED));
+  add("2.self_attention.query_key_value.weight", kind(COLUMN));
+  add("2.self_attention.dense.weight", kind(ROW));
+  add("2.mlp.dense_h_to_4h.weight", swiglu);
+  add("2.mlp.router.weight", kind(AVERAGE));
+  add("tied_modules.embed[0].weight", kind(ROW));  // '[' and '.' are regex characters
+  pickle::ValuePtr uc = deepspeed::DeclaredMergePatterns(info);
+  ASSERT_NE(uc, nullptr);
+  std::vector<std::string> names;
+  for (const auto& p : info.params) names.push_back(p.name);
+  RuleResolver::Options o;
+  o.preset = "none";
+  auto r = RuleResolver::Make(o, *uc, names);
+  ASSERT_TRUE(r.ok()) << r.status();
+  for (const auto& p : info.params) {
+    SCOPED_TRACE(p.name);
+    RuleDecision d = r->Decide(p.name, p.full_shape);
+    if (!d.rule) d = r->DecideWithoutRules(p.name, std::nullopt);
+    ASSERT_TRUE(d.rule.has_value());
+    EXPECT_EQ(d.source, CHECKPOINT_INFO);
+    EXPECT_EQ(d.rule->kind(), p.rule.kind());
+    EXPECT_EQ(d.rule->num_sub_params(), p.rule.num_sub_params());
+    if (p.rule.kind() == VOCAB) EXPECT_EQ(d.rule->original_vocab_size(), 11);
+  }
+  // The pattern of one name matches no other (re.match: a prefix would).
+  EXPECT_FALSE(r->Decide("2.self_attention.dense.weight_extra", {8, 8}).rule.has_value());
+  // Undecided, or uneven sub-params: nothing declared.
+  add("3.mlp.w", MergeRule());
+  EXPECT_EQ(deepspeed::DeclaredMergePatterns(info), nullptr);
+  info.params.pop_back();
+  MergeRule gqa = kind(SUB_PARAMS);
+  gqa.mutable_sub_param_shape()->add_dim()->add_size(8);
+  add("3.qkv", gqa);
+  EXPECT_EQ(deepspeed::DeclaredMergePatterns(info), nullptr);
 }
 
 TEST(GeneralizedPatternTest, LayerIndicesBecomeDigitRuns) {

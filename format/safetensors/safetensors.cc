@@ -6,6 +6,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -161,6 +164,12 @@ absl::Status PWriteAll(int fd, const std::string& path, const uint8_t* p, size_t
   return absl::OkStatus();
 }
 
+// The mutex whose holder writes into `path` (striped by the path's hash).
+std::mutex& FileWriteTurn(const std::string& path) {
+  static std::mutex* turns = new std::mutex[64];
+  return turns[std::hash<std::string>{}(path) % 64];
+}
+
 // Starts writing [offset, offset + len) of `fd` back to disk without waiting
 // (an error shows at the fsync before the commit).
 void StartWriteback(int fd, uint64_t offset, uint64_t len) {
@@ -190,18 +199,26 @@ absl::Status WriteTensor(const std::string& path, const FileLayout& layout, size
   chunk_bytes = std::max(isz, chunk_bytes / isz * isz);
   const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
   if (fd < 0) return Errno(path, "open");
-  std::vector<uint8_t> buf(static_cast<size_t>(std::min<uint64_t>(chunk_bytes, t.end - t.begin)));
+  // Scratch for producers that gather (a tp merge): left uninitialized, the
+  // producer fills what it returns.
+  const size_t buf_size = static_cast<size_t>(std::min<uint64_t>(chunk_bytes, t.end - t.begin));
+  std::unique_ptr<uint8_t[]> buf(new uint8_t[std::max<size_t>(1, buf_size)]);
   absl::Status st;
   const uint64_t base = layout.data_start() + t.begin;
   uint64_t written_back = 0;  // bytes of the tensor whose writeback was started
-  for (uint64_t off = 0; st.ok() && off < t.end - t.begin; off += buf.size()) {
-    const size_t n = static_cast<size_t>(std::min<uint64_t>(buf.size(), t.end - t.begin - off));
-    auto view = bytes(off, n, buf.data());
+  for (uint64_t off = 0; st.ok() && off < t.end - t.begin; off += buf_size) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(buf_size, t.end - t.begin - off));
+    auto view = bytes(off, n, buf.get());
     if (!view.ok()) {
       st = view.status();
     } else if (view->size() != n) {
       st = absl::InternalError(absl::StrCat("a producer returned ", view->size(), " bytes for ", n));
     } else {
+      // Buffered writes to one file hold its inode lock (ext4, xfs): threads
+      // writing tensors of the same file take turns here, sleeping, instead of
+      // spinning on the lock in the kernel (measured: 14% of an export's
+      // samples in rwsem_spin_on_owner), while their producers run in parallel.
+      std::lock_guard<std::mutex> turn(FileWriteTurn(path));
       st = PWriteAll(fd, path, view->data(), n, base + off);
       if (st.ok() && writeback && off + n >= written_back + kWritebackBytes) {
         StartWriteback(fd, base + written_back, off + n - written_back);

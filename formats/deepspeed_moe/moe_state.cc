@@ -24,6 +24,7 @@ namespace {
 
 using internal::CheckDense;
 using internal::FileError;
+using internal::ForEachSliceMapping;
 using internal::ShapeStr;
 using internal::StringList;
 using pickle::AsInt;
@@ -699,18 +700,11 @@ absl::StatusOr<MoeState::RankMappings> MoeState::ReadRankMappings() {
       }
     }
     for (size_t g = 0; g < n; ++g) {
-      const Value& m = *mappings->items()[g];
-      if (!m.is(Kind::kDict)) {
-        return FileError(path, absl::StatusCode::kInvalidArgument, absl::StrCat("param_slice_mappings[", g, "] is not a dict"));
-      }
-      for (const auto& [k, v] : m.dict_items()) {
-        if (!k->is(Kind::kStr)) {
-          return FileError(path, absl::StatusCode::kInvalidArgument,
-                           absl::StrCat("param_slice_mappings[", g, "] has a non-string key"));
-        }
-        UCP_ASSIGN_OR_RETURN(pickle::FragmentAddress a, pickle::AsFragmentAddress(*v, k->str()), _.Prepend(path + ": "));
-        ranks[d][g].push_back({k->str(), a.numel});
-      }
+      UCP_RETURN_IF_ERROR(ForEachSliceMapping(path, *mappings->items()[g], g, [&](const std::string& name, const Value& v) -> absl::Status {
+        UCP_ASSIGN_OR_RETURN(pickle::FragmentAddress a, pickle::AsFragmentAddress(v, name), _.Prepend(path + ": "));
+        ranks[d][g].push_back({name, a.numel});
+        return absl::OkStatus();
+      }));
     }
   }
   return ranks;

@@ -137,5 +137,22 @@ TEST(HfImportTest, ALlamaImportAtTp2MergesBackWithNoFlags) {
   }
 }
 
+// Megatron gives each tp rank whole kv groups: the Llama folder's 2 kv heads
+// do not split over tp 4 (its 4 query heads and the fused rows would).
+TEST(HfImportTest, ATpThatDoesNotDivideTheKvHeadsIsRefused) {
+  const std::string in = hf::testfolder::Folder("hf_import_llama_kv", hf::testfolder::Llama(), hf::testfolder::kLlamaConfig);
+  ReshardOptions o;
+  o.input_folder = in;
+  o.output_folder = JoinPath(testing::FreshTempDir("hf_import_llama_kv_out"), "global_step0");
+  o.write.target = state::Topology{4, 1, 1};
+  absl::StatusOr<ReshardResult> r = Reshard(o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("--tp=4 does not divide the model's num_key_value_heads = 2"), std::string::npos)
+      << r.status();
+  EXPECT_NE(r.status().message().find("config.json"), std::string::npos) << r.status();
+  EXPECT_FALSE(PathExists(o.output_folder));
+}
+
 }  // namespace
 }  // namespace ucp::ops

@@ -56,6 +56,14 @@ absl::Status ValidateTargetAgainstModel(const state::ModelState& state, const Re
       }
     }
   }
+  for (const state::ModelInfo::TpDivisor& d : state.info().tp_divisors) {
+    if (d.count % tp != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--tp=", tp, " does not divide the model's ", d.name, " = ", d.count, " (", d.from, ")",
+          d.count == 1 ? ": a single attention head cannot be split over tensor-parallel ranks"
+                       : ": each tensor-parallel rank holds whole heads"));
+    }
+  }
   // Layer specs: at least the layers that hold tensors, at most a bounded
   // number of trailing layers without any.
   const state::ModelInfo& info = state.info();

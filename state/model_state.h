@@ -138,6 +138,15 @@ struct ModelInfo {
   int expert_parallel = 0;
   std::vector<MoeLayer> moe_layers;
   std::vector<bool> expert_groups;
+  // Counts a tensor-parallel degree must divide (attention heads, kv heads)
+  // that the source knows without DeepSpeed args (a Hugging Face folder's
+  // config.json), each named as its source names it, and where from.
+  struct TpDivisor {
+    std::string name;  // e.g. "num_key_value_heads"
+    int64_t count = 0;
+    std::string from;  // e.g. "/models/llama/config.json"
+  };
+  std::vector<TpDivisor> tp_divisors;
   // Assumptions the reader made that the user should see (printed by the CLI).
   std::vector<std::string> notes;
   Topology source_topology;

@@ -194,6 +194,15 @@ absl::Status HfState::BuildInfo(const std::string& preset) {
   info_.optimizer_kind = state::OptimizerKind::kZero;
   info_.zero_stage = 1;
   info_.source_topology = state::Topology{1, 1, 1};
+  // The heads tp splits (Megatron and GPT-NeoX give each tp rank whole heads,
+  // and with GQA whole kv groups): a reshard to a tp that does not divide
+  // them is refused (ops/reshard.cc).
+  for (const char* key : {"num_attention_heads", "n_head", "num_key_value_heads"}) {
+    const json::Value* v = config_.Get(key);
+    if (v != nullptr && v->type() == json::Value::Type::kInt && v->int_value() > 0) {
+      info_.tp_divisors.push_back({key, v->int_value(), JoinPath(dir_, kConfigFile)});
+    }
+  }
   info_.notes = plan.notes;
   info_.notes.push_back(absl::StrCat(
       "Hugging Face source: no optimizer state; written fresh (fp32 masters = the ", std::string(torch::DTypeName(dtype)),

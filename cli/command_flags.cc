@@ -7,12 +7,25 @@
 #include "absl/strings/str_split.h"
 #include "base/digest.h"
 #include "base/fs.h"
+#include "base/status_macros.h"
 #include "format/torch/torch_file.h"
 #include "format/torch/zip.h"
 #include "tp/merge.h"
 
 namespace ucp::cli {
 namespace {
+
+// --hf_config=KEY=JSON;KEY=JSON into `hf`.
+absl::Status ParseHfConfig(const std::string& flag, rules::HfOptions* hf) {
+  for (absl::string_view item : absl::StrSplit(flag, ';', absl::SkipEmpty())) {
+    const size_t eq = item.find('=');
+    if (eq == absl::string_view::npos || eq == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--hf_config: expected KEY=JSON, got '", item, "'"));
+    }
+    hf->config.emplace_back(std::string(item.substr(0, eq)), std::string(item.substr(eq + 1)));
+  }
+  return absl::OkStatus();
+}
 
 absl::Status ParseMismatch(const std::string& s, rules::ReplicatedMismatch* out) {
   if (s == "error") *out = rules::ReplicatedMismatch::kError;
@@ -154,6 +167,12 @@ void ConvertFlags::Register(FlagSet& f) {
            "what to write: universal (DeepSpeed's universal checkpoint, the default) or dcp (PyTorch Distributed "
            "Checkpoint: model and Adam state as an FSDP2 model's get_model_state_dict / get_optimizer_state_dict "
            "give them, for torch.distributed.checkpoint.load at any world size)");
+  f.String("names", &o.names,
+           "--to=dcp: the entries' names: checkpoint (the checkpoint's own) or hf (Hugging Face transformers names, "
+           "as `ucp export --names=hf` gives the weights: fused tensors split, each optimizer state alike)");
+  f.String("qkv_layout", &o.hf.qkv_layout,
+           "--names=hf: Megatron-DeepSpeed's fused query_key_value rows (grouped, block, auto), as for ucp export");
+  f.String("hf_config", &hf_config_, "--names=hf: config.json values KEY=JSON;KEY=JSON, as for ucp export");
   f.Bool("explain", &explain, "print every param's merge kind, the source of that rule and why");
   RegisterProgressFlag(f, &progress);
   RegisterThreadsFlag(f, "threads converting params in parallel (0 = all cores)");
@@ -205,6 +224,7 @@ absl::Status ConvertFlags::Finish() {
     return absl::InvalidArgumentError(absl::StrCat("--digest=", digest_, ": expected xxh3 or sha256"));
   }
   o.write.digest = *digest_kind;
+  UCP_RETURN_IF_ERROR(ParseHfConfig(hf_config_, &o.hf));
   return absl::OkStatus();
 }
 
@@ -343,13 +363,7 @@ absl::Status ExportFlags::Finish() {
   auto size = writers::ParseShardSize(max_shard_);
   if (!size.ok()) return size.status();
   o.write.max_shard_size = *size;
-  for (absl::string_view item : absl::StrSplit(hf_config_, ';', absl::SkipEmpty())) {
-    const size_t eq = item.find('=');
-    if (eq == absl::string_view::npos || eq == 0) {
-      return absl::InvalidArgumentError(absl::StrCat("--hf_config: expected KEY=JSON, got '", item, "'"));
-    }
-    o.hf.config.emplace_back(std::string(item.substr(0, eq)), std::string(item.substr(eq + 1)));
-  }
+  UCP_RETURN_IF_ERROR(ParseHfConfig(hf_config_, &o.hf));
   auto state = SourceOptions(threads_, 0);
   if (!state.ok()) return state.status();
   o.state = *state;

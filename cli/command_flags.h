@@ -100,6 +100,7 @@ struct ConvertFlags : CommandFlags {
   int extract_workers_ = 0;
   int64_t divisible_by_ = 0;
   std::string digest_ = "xxh3";
+  std::string hf_config_;
 };
 
 struct ReshardFlags : CommandFlags {

@@ -13,6 +13,9 @@
 //     originals bitwise (testdata/python/check_hf_llama.py), config.json from
 //     the args.
 #include <algorithm>
+#include <cstring>
+#include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -20,7 +23,11 @@
 #include "absl/strings/str_join.h"
 #include "base/fs.h"
 #include "gtest/gtest.h"
+#include "format/safetensors/safetensors.h"
+#include "ops/convert.h"
 #include "ops/export.h"
+#include "ops/open.h"
+#include "tp/tensor_plan.h"
 #include "testing/fixtures.h"
 
 namespace ucp {
@@ -196,6 +203,104 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(HfCase{"grouped_tp2", "", "grouped", 2}, HfCase{"grouped_tp1", "--tp 1", "grouped", 1},
                       HfCase{"block_tp1", "--tp 1 --set args.ds_sequence_parallel_fpdt=false", "block", 1}),
     [](const ::testing::TestParamInfo<HfCase>& i) { return i.param.name; });
+
+// `ucp convert --to=dcp --names=hf` of a Megatron-DeepSpeed Llama at tp 2:
+// the DCP entries are LlamaForCausalLM's (q/k/v and gate/up split out of the
+// fused params). Checked without ucp's name plan: every model entry equals
+// `ucp export --names=hf`'s tensor of that name bitwise (which
+// check_hf_llama.py above proves against the fused tensors), and every
+// element of each optimizer state sits where its weight element does: the
+// weights' values locate each element in the checkpoint's own params (values
+// that occur more than once are skipped), whose exp_avg / exp_avg_sq there
+// must equal the entry's. Read back by ucp's DCP reader (which
+// interop/dcp:dcp_load_test checks against torch's own).
+TEST(HfLlamaDcpTest, OptimizerStatesAreSplitAsTheWeights) {
+  const std::string root = Generate("llama_megatron_pipe.json", "dcp_hf_llama", "");
+  const std::string tmp = Dirname(root);
+  auto convert = [&](const std::string& names, const std::string& out) {
+    ops::ConvertOptions c;
+    c.input_folder = root;
+    c.output_folder = JoinPath(tmp, out);
+    c.to = "dcp";
+    c.names = names;
+    c.state.rules.original_vocab_size = 40;
+    c.write.fsync = false;
+    return ops::Convert(c);
+  };
+  auto hf = convert("hf", "dcp_hf");
+  ASSERT_TRUE(hf.ok()) << hf.status();
+  auto own = convert("checkpoint", "dcp_own");
+  ASSERT_TRUE(own.ok()) << own.status();
+  ops::ExportOptions e;
+  e.input_folder = root;
+  e.output_folder = JoinPath(tmp, "dcp_hf_export");
+  e.names = "hf";
+  e.state.rules.original_vocab_size = 40;
+  e.write.fsync = false;
+  auto exported = ops::Export(e);
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  auto st = safetensors::SafetensorsFile::Open(JoinPath(e.output_folder, "model.safetensors"));
+  ASSERT_TRUE(st.ok()) << st.status();
+
+  auto open = [](const std::string& dir) { return ops::OpenModelState(dir, ops::SourceOptions()); };
+  auto h = open(JoinPath(tmp, "dcp_hf"));
+  ASSERT_TRUE(h.ok()) << h.status();
+  auto o = open(JoinPath(tmp, "dcp_own"));
+  ASSERT_TRUE(o.ok()) << o.status();
+  auto values = [](const std::unique_ptr<state::ModelState>& s, const state::ParamState& p,
+                   const std::string& k) -> std::vector<uint32_t> {
+    auto full = s->Full(p, k);
+    if (!full.ok()) return {};
+    auto t = full->Materialize();
+    if (!t.ok()) return {};
+    const std::string b = t->ContiguousBytes();
+    std::vector<uint32_t> v(b.size() / 4);
+    std::memcpy(v.data(), b.data(), v.size() * 4);
+    return v;
+  };
+  // Where each weight value sits in the checkpoint's own params.
+  std::map<uint32_t, std::pair<int, size_t>> where;
+  std::set<uint32_t> repeated;
+  const auto& own_params = (*o)->info().params;
+  std::vector<std::map<std::string, std::vector<uint32_t>>> own_states(own_params.size());
+  for (size_t i = 0; i < own_params.size(); ++i) {
+    if (!own_params[i].trainable()) continue;
+    for (const char* k : {"fp32", "exp_avg", "exp_avg_sq"}) own_states[i][k] = values(*o, own_params[i], k);
+    const std::vector<uint32_t>& w = own_states[i]["fp32"];
+    for (size_t j = 0; j < w.size(); ++j) {
+      if (!where.emplace(w[j], std::make_pair(static_cast<int>(i), j)).second) repeated.insert(w[j]);
+    }
+  }
+  int64_t checked = 0, skipped = 0;
+  int tensors = 0;
+  for (const state::ParamState& p : (*h)->info().params) {
+    SCOPED_TRACE(p.name);
+    auto full = (*h)->Full(p, "fp32");
+    ASSERT_TRUE(full.ok()) << full.status();
+    auto view = (*st)->GetTensor(p.name);
+    ASSERT_TRUE(view.ok()) << view.status() << " (not in the export)";
+    absl::StatusOr<bool> same = tp::TensorPlan::BitwiseEqual(*full, tp::TensorPlan::FromTensor(*view));
+    EXPECT_TRUE(same.ok() && *same) << "model entry differs from the export's tensor";
+    ++tensors;
+    const std::vector<uint32_t> w = values(*h, p, "fp32");
+    const std::vector<uint32_t> m = values(*h, p, "exp_avg"), v = values(*h, p, "exp_avg_sq");
+    ASSERT_EQ(m.size(), w.size());
+    ASSERT_EQ(v.size(), w.size());
+    for (size_t j = 0; j < w.size(); ++j) {
+      auto it = where.find(w[j]);
+      if (it == where.end() || repeated.count(w[j])) {
+        ++skipped;
+        continue;
+      }
+      const auto& [param, pos] = it->second;
+      ASSERT_EQ(m[j], own_states[param]["exp_avg"][pos]) << "element " << j;
+      ASSERT_EQ(v[j], own_states[param]["exp_avg_sq"][pos]) << "element " << j;
+      ++checked;
+    }
+  }
+  EXPECT_EQ(tensors, static_cast<int>((*st)->tensors().size()));
+  EXPECT_GT(checked, 20 * skipped) << checked << " elements checked, " << skipped << " skipped";
+}
 
 TEST(HfLlamaRefusalTest, LayerNormModelIsNotLlama) {
   const std::string root = Generate("llama_megatron_pipe.json", "hf_refuse", "--set args.normalization=\\\"layernorm\\\"");

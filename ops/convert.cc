@@ -1,6 +1,7 @@
 #include "ops/convert.h"
 
 #include <map>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -11,6 +12,7 @@
 #include "deepspeed/layout_math.h"
 #include "format/torch/mapped_file.h"
 #include "formats/builtin/builtin.h"
+#include "formats/format.h"
 #include "ops/trainer_folder.h"
 #include "tp/merge.h"
 
@@ -70,6 +72,56 @@ absl::StatusOr<const formats::TargetFormat*> UniversalTarget(const std::string& 
 }
 
 absl::StatusOr<ConvertResult> ConvertImpl(const ConvertOptions& options);
+
+// --to=dcp --names=hf: each DCP entry a Hugging Face tensor, rows of one
+// param (rules::PlanHfNames, the plan `ucp export --names=hf` writes), whose
+// optimizer states are the same rows of the param's. A tensor the model holds
+// scaled (GPT-NeoX's gpt_j_residual biases, tp x the stored value) has no
+// such optimizer state: refused.
+absl::StatusOr<std::vector<writers::UniversalWriteOptions::RenamedTensor>> HfRenamed(
+    const state::ModelState& state, const std::string& dir, const ConvertOptions& options,
+    std::vector<std::string>* notes) {
+  const state::ModelInfo& info = state.info();
+  rules::HfOptions hf = options.hf;
+  if (hf.preset.empty()) hf.preset = options.state.rules.preset;
+  UCP_ASSIGN_OR_RETURN(formats::HfFolder folder, formats::HfFolderOf(dir));
+  if (!folder.config_json.empty()) {
+    hf.checkpoint_config_json = folder.config_json;
+    hf.checkpoint_model_type = folder.model_type;
+    hf.checkpoint_architecture = folder.architecture;
+  }
+  std::vector<int> order;
+  for (size_t i = 0; i < info.params.size(); ++i) {
+    if (info.params[i].role != state::TensorRole::kTied) order.push_back(static_cast<int>(i));
+  }
+  UCP_ASSIGN_OR_RETURN(rules::HfNamePlan plan, rules::PlanHfNames(info, order, deepspeed::ArgsOf(state), hf));
+  std::vector<writers::UniversalWriteOptions::RenamedTensor> out;
+  std::set<int> covered;
+  for (const rules::HfTensor& t : plan.tensors) {
+    const state::ParamState& p = info.params[static_cast<size_t>(t.param)];
+    if (t.scale != 1) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--names=hf: ", plan.architecture, "'s '", t.name, "' is ", t.scale, " x the checkpoint's '", p.name,
+          "' (its tp copies are added in the model), so the optimizer state of the Hugging Face tensor is not the "
+          "checkpoint's: write the checkpoint's names (--names=checkpoint), or export the weights with `ucp export "
+          "--names=hf`"));
+    }
+    covered.insert(t.param);
+    const int64_t rows = p.full_shape.empty() ? 0 : p.full_shape[0];
+    const bool whole = t.groups == 1 && t.start == 0 && t.length == rows;
+    out.push_back({t.name, t.param, t.groups, t.start, whole ? 0 : t.length, t.shape});
+  }
+  for (size_t i = 0; i < info.params.size(); ++i) {
+    const state::ParamState& p = info.params[i];
+    if (p.trainable() && !covered.count(static_cast<int>(i))) {
+      notes->push_back(absl::StrCat("--names=hf: trained param '", p.name, "' has no ", plan.architecture,
+                                    " counterpart: not written, nor its optimizer state"));
+    }
+  }
+  notes->push_back(absl::StrCat("--names=hf: ", out.size(), " tensors under ", plan.architecture,
+                                "'s names (preset ", plan.preset, ")"));
+  return out;
+}
 
 }  // namespace
 
@@ -157,6 +209,16 @@ absl::StatusOr<ConvertResult> ConvertImpl(const ConvertOptions& options) {
   write.inputs = {src.dir};
   write.rules = src.effective_rules;
   UCP_ASSIGN_OR_RETURN(const formats::TargetFormat* universal, UniversalTarget(options.to));
+  if (options.names == "hf") {
+    if (universal->name() != "dcp") {
+      return absl::InvalidArgumentError(
+          "--names=hf: only with --to=dcp (DeepSpeed's universal checkpoint keeps the checkpoint's names; `ucp "
+          "export --names=hf` writes the weights under Hugging Face names)");
+    }
+    UCP_ASSIGN_OR_RETURN(write.renamed, HfRenamed(*state, src.dir, options, &result.warnings));
+  } else if (options.names != "checkpoint") {
+    return absl::InvalidArgumentError(absl::StrCat("--names must be checkpoint or hf, not '", options.names, "'"));
+  }
   absl::StatusOr<std::unique_ptr<writers::Plan>> plan = universal->PlanUniversal(*state, write);
   if (options.cluster != nullptr) UCP_RETURN_IF_ERROR(AgreeOnStatus(*options.cluster, plan.status()));
   UCP_RETURN_IF_ERROR(plan.status());

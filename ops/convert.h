@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "state/model_state.h"
 #include "ops/open.h"
+#include "rules/hf_names.h"
 #include "writers/target_options.h"
 
 namespace ucp::ops {
@@ -24,6 +25,11 @@ struct ConvertOptions {
   // "universal" for DeepSpeed's universal checkpoint, "dcp" for PyTorch
   // Distributed Checkpoint (formats/dcp).
   std::string to;
+  // --to=dcp: the entries' names, "checkpoint" (the checkpoint's own) or
+  // "hf" (Hugging Face transformers names, as `ucp export --names=hf`
+  // writes the weights; every optimizer state split and named alike).
+  std::string names = "checkpoint";
+  rules::HfOptions hf;  // --names=hf (preset "" = state.rules.preset or detected)
   SourceOptions state;
   writers::UniversalWriteOptions write;
   // Unused patterns of a --rules file are an error (ds_to_universal's strict

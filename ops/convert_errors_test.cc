@@ -347,5 +347,29 @@ TEST(ConvertErrorsTest, UnknownTargetIsRefusedWithTheKnownOnes) {
   ExpectNothingWritten(c);
 }
 
+// --names=hf names DCP entries; a universal checkpoint keeps the
+// checkpoint's names. And a model with no Hugging Face equivalent (RMSNorm
+// NeoX) is refused with the reason, before anything is written.
+TEST(ConvertErrorsTest, HfNamesOnlyForDcpAndOnlyForAFaithfulModel) {
+  Case c = Prepare("names_hf", "neox-tp2-pp1-dp1");
+  ConvertOptions o;
+  o.input_folder = c.source;
+  o.output_folder = c.output;
+  o.names = "hf";
+  absl::Status s = Convert(o).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("only with --to=dcp"), std::string::npos) << s;
+  o.names = "huggingface";
+  o.to = "dcp";
+  s = Convert(o).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("--names must be checkpoint or hf"), std::string::npos) << s;
+  o.names = "hf";
+  s = Convert(o).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("RMSNorm"), std::string::npos) << s;
+  ExpectNothingWritten(c);
+}
+
 }  // namespace
 }  // namespace ucp::ops

@@ -50,24 +50,6 @@ absl::StatusOr<DType> ParseTargetDType(const std::string& s) {
   return absl::InvalidArgumentError(absl::StrCat("--dtype must be source, fp32, bf16 or fp16, not '", s, "'"));
 }
 
-// Rows [start, start + length) of each of `groups` equal groups of dim 0.
-absl::StatusOr<tp::TensorPlan> GroupRows(const tp::TensorPlan& full, int64_t groups, int64_t start, int64_t length) {
-  if (full.dim() == 0) return absl::InvalidArgumentError("a scalar has no rows");
-  const int64_t rows = full.shape()[0];
-  if (groups == 1 && start == 0 && length == rows) return full;
-  if (groups <= 0 || rows % groups != 0 || start < 0 || start + length > rows / groups) {
-    return absl::InvalidArgumentError(absl::StrCat("rows [", start, ", +", length, ") of ", groups, " groups of a ",
-                                                   torch::ShapeString(full.shape()), " tensor"));
-  }
-  std::vector<int64_t> grouped = {groups, rows / groups};
-  grouped.insert(grouped.end(), full.shape().begin() + 1, full.shape().end());
-  UCP_ASSIGN_OR_RETURN(tp::TensorPlan g, full.Reshape(grouped));
-  UCP_ASSIGN_OR_RETURN(tp::TensorPlan n, g.Narrow(1, start, length));
-  std::vector<int64_t> out = {groups * length};
-  out.insert(out.end(), full.shape().begin() + 1, full.shape().end());
-  return n.Reshape(out);
-}
-
 // `plan` x `factor`, in float32 (GPT-NeoX's sum of identical tp copies).
 absl::StatusOr<tp::TensorPlan> Scale(const tp::TensorPlan& plan, int64_t factor) {
   if (factor == 1) return plan;
@@ -243,7 +225,7 @@ class Builder {
       const Builder* self = this;
       t.source = [self, index, spec]() -> absl::StatusOr<tp::TensorPlan> {
         UCP_ASSIGN_OR_RETURN(tp::TensorPlan full, self->Value(self->info_.params[static_cast<size_t>(index)]));
-        UCP_ASSIGN_OR_RETURN(tp::TensorPlan rows, GroupRows(full, spec.groups, spec.start, spec.length));
+        UCP_ASSIGN_OR_RETURN(tp::TensorPlan rows, tp::GroupRows(full, spec.groups, spec.start, spec.length));
         return Scale(rows, spec.scale);
       };
       if (p.trainable() && !have_weights_dtype) {

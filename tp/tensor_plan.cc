@@ -443,4 +443,22 @@ const torch::Tensor* TensorPlan::source_tensor() const {
   return &(*sources_)[runs_[0].source].tensor;
 }
 
+// Rows [start, start + length) of each of `groups` equal groups of dim 0.
+absl::StatusOr<TensorPlan> GroupRows(const TensorPlan& full, int64_t groups, int64_t start, int64_t length) {
+  if (full.dim() == 0) return absl::InvalidArgumentError("a scalar has no rows");
+  const int64_t rows = full.shape()[0];
+  if (groups == 1 && start == 0 && length == rows) return full;
+  if (groups <= 0 || rows % groups != 0 || start < 0 || start + length > rows / groups) {
+    return absl::InvalidArgumentError(absl::StrCat("rows [", start, ", +", length, ") of ", groups, " groups of a ",
+                                                   torch::ShapeString(full.shape()), " tensor"));
+  }
+  std::vector<int64_t> grouped = {groups, rows / groups};
+  grouped.insert(grouped.end(), full.shape().begin() + 1, full.shape().end());
+  UCP_ASSIGN_OR_RETURN(TensorPlan g, full.Reshape(grouped));
+  UCP_ASSIGN_OR_RETURN(TensorPlan n, g.Narrow(1, start, length));
+  std::vector<int64_t> out = {groups * length};
+  out.insert(out.end(), full.shape().begin() + 1, full.shape().end());
+  return n.Reshape(out);
+}
+
 }  // namespace ucp::tp

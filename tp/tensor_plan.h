@@ -129,6 +129,11 @@ class TensorPlan {
   std::vector<int64_t> run_starts_;  // flat start of each run
 };
 
+// Rows [start, start + length) of each of `groups` equal groups of dim 0,
+// concatenated (a Hugging Face tensor fused into a checkpoint param:
+// rules::HfTensor).
+absl::StatusOr<TensorPlan> GroupRows(const TensorPlan& full, int64_t groups, int64_t start, int64_t length);
+
 }  // namespace ucp::tp
 
 #endif  // UCP_TP_TENSOR_PLAN_H_

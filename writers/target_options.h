@@ -114,6 +114,19 @@ struct UniversalWriteOptions {
   // the copies load only at the source's tp or larger; the one file loads at
   // any tp. The other tp ranks' client state (rng states) is not kept.
   bool single_mp_rank_file = true;
+  // --to=dcp: the entries' names. Empty: the checkpoint's own, one per param.
+  // Else one entry per RenamedTensor (Hugging Face names: ops::Convert with
+  // --names=hf, from rules::PlanHfNames), its model value and every
+  // per-element optimizer state taken alike from its param.
+  struct RenamedTensor {
+    std::string name;
+    int param = -1;  // index into ModelInfo::params
+    // The param's full tensor viewed as `groups` equal groups of dim-0 rows:
+    // rows [start, start + length) of each, concatenated (length 0: all).
+    int64_t groups = 1, start = 0, length = 0;
+    std::vector<int64_t> shape;
+  };
+  std::vector<RenamedTensor> renamed;
 };
 
 RunOptions UniversalRunOptions(const UniversalWriteOptions& options);

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -195,7 +196,7 @@ class DcpPlan : public writers::Plan {
   absl::Status Execute(size_t i, const std::string& staging, UnitResult* result) const override {
     if (i == groups_unit_) return WriteParamGroups(staging, result);
     if (unit_params_[i] < 0) return writers::ExecuteVerifyUnit(state_, units_[i]);
-    return WriteParam(info_.params[unit_params_[i]], unit_entries_[i], staging, result);
+    return WriteParam(outputs_[static_cast<size_t>(unit_params_[i])], unit_entries_[i], staging, result);
   }
 
   absl::StatusOr<WriteStats> Finish(const std::vector<UnitResult>& results, const std::string& staging) const override {
@@ -209,7 +210,7 @@ class DcpPlan : public writers::Plan {
     writers::AddUnitResults(results, &stats);
     stats.files += 1;
     stats.bytes += static_cast<int64_t>(metadata.size());
-    stats.params = static_cast<int64_t>(info_.params.size());
+    stats.params = static_cast<int64_t>(outputs_.size());
     return stats;
   }
 
@@ -217,14 +218,42 @@ class DcpPlan : public writers::Plan {
   const state::CheckpointState* source() const override { return &state_; }
 
  private:
+  // The entries' tensors: the checkpoint's params under their own names, or
+  // options_.renamed (each rows of one param).
+  struct Output {
+    std::string name;
+    int param = -1;
+    int64_t groups = 1, start = 0, length = 0;  // length 0: every row
+    std::vector<int64_t> shape;
+  };
+  absl::Status PlanOutputs() {
+    if (options_.renamed.empty()) {
+      for (size_t i = 0; i < info_.params.size(); ++i) {
+        outputs_.push_back({info_.params[i].name, static_cast<int>(i), 1, 0, 0, info_.params[i].full_shape});
+      }
+      return absl::OkStatus();
+    }
+    std::set<std::string> seen;
+    for (const auto& r : options_.renamed) {
+      if (r.param < 0 || static_cast<size_t>(r.param) >= info_.params.size()) {
+        return absl::InternalError(absl::StrCat("tensor '", r.name, "' names no param"));
+      }
+      if (!seen.insert(r.name).second) return absl::InternalError(absl::StrCat("tensor '", r.name, "' twice"));
+      outputs_.push_back({r.name, r.param, r.groups, r.start, r.length, r.shape});
+    }
+    return absl::OkStatus();
+  }
+
   // One unit per tensor of the model: its model entry and, when trained,
   // its optimizer states and step.
   absl::Status PlanParams() {
-    for (size_t i = 0; i < info_.params.size(); ++i) {
-      const ParamState& p = info_.params[i];
-      UCP_RETURN_IF_ERROR(CheckName(p.name));
+    UCP_RETURN_IF_ERROR(PlanOutputs());
+    for (size_t o = 0; o < outputs_.size(); ++o) {
+      const Output& out = outputs_[o];
+      const ParamState& p = info_.params[static_cast<size_t>(out.param)];
+      UCP_RETURN_IF_ERROR(CheckName(out.name));
       Unit u;
-      u.name = absl::StrCat("param ", p.name);
+      u.name = absl::StrCat("param ", out.name);
       std::vector<size_t> mine;
       auto add = [&](std::string key, std::vector<ValuePtr> path, std::string file, torch::DType dtype,
                      std::vector<int64_t> size) {
@@ -236,23 +265,23 @@ class DcpPlan : public writers::Plan {
       };
       const torch::DType model_dtype =
           p.trainable() || p.role == state::TensorRole::kTied ? torch::DType::kFloat32 : p.lp_dtype;
-      add(absl::StrCat("model.", p.name), {Value::Str("model"), Value::Str(p.name)},
-          JoinPath(kModelDir, p.name + ".distcp"), model_dtype, p.full_shape);
+      add(absl::StrCat("model.", out.name), {Value::Str("model"), Value::Str(out.name)},
+          JoinPath(kModelDir, out.name + ".distcp"), model_dtype, out.shape);
       if (p.trainable()) {
         for (const std::string& s : info_.state_keys) {
-          add(absl::StrCat("optim.state.", p.name, ".", s),
-              {Value::Str("optim"), Value::Str("state"), Value::Str(p.name), Value::Str(s)},
-              JoinPath(kOptimDir, absl::StrCat(p.name, ".", s, ".distcp")), torch::DType::kFloat32, p.full_shape);
+          add(absl::StrCat("optim.state.", out.name, ".", s),
+              {Value::Str("optim"), Value::Str("state"), Value::Str(out.name), Value::Str(s)},
+              JoinPath(kOptimDir, absl::StrCat(out.name, ".", s, ".distcp")), torch::DType::kFloat32, out.shape);
         }
         if (HasStep()) {
-          add(absl::StrCat("optim.state.", p.name, ".step"),
-              {Value::Str("optim"), Value::Str("state"), Value::Str(p.name), Value::Str("step")},
-              JoinPath(kOptimDir, absl::StrCat(p.name, ".step.distcp")), torch::DType::kFloat32, {});
+          add(absl::StrCat("optim.state.", out.name, ".step"),
+              {Value::Str("optim"), Value::Str("state"), Value::Str(out.name), Value::Str("step")},
+              JoinPath(kOptimDir, absl::StrCat(out.name, ".step.distcp")), torch::DType::kFloat32, {});
         }
       }
       for (const auto& r : state_.Inputs(p)) u.inputs.push_back(r);
       units_.push_back(std::move(u));
-      unit_params_.push_back(static_cast<int>(i));
+      unit_params_.push_back(static_cast<int>(o));
       unit_entries_.push_back(std::move(mine));
     }
     return absl::OkStatus();
@@ -285,8 +314,9 @@ class DcpPlan : public writers::Plan {
         AddGroupEntry(g, k->str(), &u);
       }
       std::vector<ValuePtr> names;
-      for (const ParamState& p : info_.params) {
-        if (p.trainable() && p.group == g) names.push_back(Value::Str(p.name));
+      for (const Output& out : outputs_) {
+        const ParamState& p = info_.params[static_cast<size_t>(out.param)];
+        if (p.trainable() && p.group == g) names.push_back(Value::Str(out.name));
       }
       group_values_.push_back(Value::List(std::move(names)));
       AddGroupEntry(g, "params", &u);
@@ -338,20 +368,29 @@ class DcpPlan : public writers::Plan {
     return state_.Full(p, state::kLpState);
   }
 
-  absl::Status WriteParam(const ParamState& p, const std::vector<size_t>& mine, const std::string& staging,
+  // Rows `out` takes of a full tensor of its param.
+  static absl::StatusOr<tp::TensorPlan> Rows(const Output& out, const tp::TensorPlan& full) {
+    if (out.length == 0) return full;
+    return tp::GroupRows(full, out.groups, out.start, out.length);
+  }
+
+  absl::Status WriteParam(const Output& out, const std::vector<size_t>& mine, const std::string& staging,
                           UnitResult* result) const {
+    const ParamState& p = info_.params[static_cast<size_t>(out.param)];
     size_t k = 0;
     {
-      UCP_ASSIGN_OR_RETURN(tp::TensorPlan plan, ModelTensor(p));
-      UCP_RETURN_IF_ERROR(CheckPlan(p, "model", plan, entries_[mine[k]]));
+      UCP_ASSIGN_OR_RETURN(tp::TensorPlan full, ModelTensor(p));
+      UCP_ASSIGN_OR_RETURN(tp::TensorPlan plan, Rows(out, full));
+      UCP_RETURN_IF_ERROR(CheckPlan(out.name, "model", plan, entries_[mine[k]]));
       torch::TorchWriter w(WriteOptions());
       ValuePtr t = tp::AddPlan(w, plan);
       UCP_RETURN_IF_ERROR(WriteOne(staging, entries_[mine[k++]], w, *t, result));
     }
     if (!p.trainable()) return absl::OkStatus();
     for (const std::string& s : info_.state_keys) {
-      UCP_ASSIGN_OR_RETURN(tp::TensorPlan plan, state_.Full(p, s));
-      UCP_RETURN_IF_ERROR(CheckPlan(p, s, plan, entries_[mine[k]]));
+      UCP_ASSIGN_OR_RETURN(tp::TensorPlan full, state_.Full(p, s));
+      UCP_ASSIGN_OR_RETURN(tp::TensorPlan plan, Rows(out, full));
+      UCP_RETURN_IF_ERROR(CheckPlan(out.name, s, plan, entries_[mine[k]]));
       torch::TorchWriter w(WriteOptions());
       ValuePtr t = tp::AddPlan(w, plan);
       UCP_RETURN_IF_ERROR(WriteOne(staging, entries_[mine[k++]], w, *t, result));
@@ -369,10 +408,10 @@ class DcpPlan : public writers::Plan {
     return absl::OkStatus();
   }
 
-  static absl::Status CheckPlan(const ParamState& p, const std::string& what, const tp::TensorPlan& plan,
+  static absl::Status CheckPlan(const std::string& name, const std::string& what, const tp::TensorPlan& plan,
                                 const Entry& e) {
     if (plan.shape() != e.size || plan.dtype() != e.dtype) {
-      return absl::InternalError(absl::StrCat("param '", p.name, "' ", what, ": ", std::string(torch::DTypeName(plan.dtype())),
+      return absl::InternalError(absl::StrCat("tensor '", name, "' ", what, ": ", std::string(torch::DTypeName(plan.dtype())),
                                               torch::ShapeString(plan.shape()), ", planned ", std::string(torch::DTypeName(e.dtype)),
                                               torch::ShapeString(e.size)));
     }
@@ -395,7 +434,8 @@ class DcpPlan : public writers::Plan {
   const deepspeed::DeepSpeedFacet* ds_ = nullptr;
   state::FileValue common_;
   std::vector<Entry> entries_;
-  std::vector<int> unit_params_;                 // param index; -1 verify unit; -2 param groups
+  std::vector<Output> outputs_;
+  std::vector<int> unit_params_;                 // output index; -1 verify unit; -2 param groups
   std::vector<std::vector<size_t>> unit_entries_;  // entries each param unit writes, in order
   size_t groups_unit_ = static_cast<size_t>(-1);
   std::vector<size_t> group_entries_;  // entries of the param-groups unit

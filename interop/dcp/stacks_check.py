@@ -174,6 +174,10 @@ def run_ds_save(rank, a, port):
     for s in range(STEPS):
         step(loss_of(engine, s, rank))
     engine.save_checkpoint(os.path.join(a.out, "ds"))
+    if rank == 0:  # the model's config.json beside the tags, as the Trainer's checkpoint-N holds it
+        cfg = engine.module.config
+        cfg.architectures = [type(engine.module).__name__]  # as save_pretrained sets it
+        cfg.to_json_file(os.path.join(a.out, "ds", "config.json"))
     ref = ds_full_state(engine)
     cont = continuation(engine, step, rank)
     finish(rank, a, cont, ref=ref)

@@ -8,7 +8,8 @@
 #   3. ucp reshard DCP -> ZeRO-3 dp 3: DeepSpeed at 3 resumes as FSDP2 at 3 does from the same DCP;
 #   4. ucp convert DCP -> universal: DeepSpeed's load_universal at dp 2, as in 2;
 #   5. DeepSpeed ZeRO-1 at 2 saves and continues; ucp convert --to=dcp; FSDP2 at 2 loads it: state
-#      bitwise equal to DeepSpeed's, losses equal to DeepSpeed's continuation (within 1e-6);
+#      bitwise equal to DeepSpeed's, losses equal to DeepSpeed's continuation (within 1e-6); and
+#      again with --names=hf;
 #   6. negative control: a reference with one element changed is reported as differing.
 # Args: UCP CHECKER
 set -u
@@ -63,6 +64,11 @@ run ds-save --out "$W/d" --world 2 --stage 1 &&
   ucp convert --input_folder="$W/d/ds" --output_folder="$W/d/dcp" --to=dcp &&
   run fsdp2-resume --ckpt "$W/d/dcp" --world 2 --ref "$W/d/ref.pt" --out "$W/d.json" &&
   step same_losses "DeepSpeed ZeRO-1 -> DCP, FSDP2 resumes" "$W/d.json" "$W/d/cont.json" || fail=1
+# 5b. The same with Hugging Face names (--names=hf: the hf-llama preset, the model's own names here,
+#     its config.json beside the tags), which the FSDP2 LlamaForCausalLM loads the same way.
+ucp convert --input_folder="$W/d/ds" --output_folder="$W/d/dcp_hf" --to=dcp --names=hf &&
+  run fsdp2-resume --ckpt "$W/d/dcp_hf" --world 2 --ref "$W/d/ref.pt" --out "$W/d_hf.json" &&
+  step same_losses "DeepSpeed ZeRO-1 -> DCP --names=hf, FSDP2 resumes" "$W/d_hf.json" "$W/d/cont.json" || fail=1
 # 6. Negative control: one exp_avg element of the reference changed.
 "$ENV" run --root=sid --bind="$W" -- python3 -c "
 import torch, sys

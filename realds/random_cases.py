@@ -135,8 +135,16 @@ def draw_one(pb, rng, name, versions):
     # (a) bitwise, first step bitwise: 2.2e-4 to 7.4e-4 on the second resumed step
     # for a change to or from GAS 1 on 0.16.4 and 0.17.6, equal on 0.14.4, 0.15.4,
     # 0.18.9 and 0.19.5 (random seed 969955956 drew one at 4.8e-4 > 1e-4).
+    # 0.18 scales by GAS in a hook on every pipeline stage's output, so with pp >= 2
+    # the earlier stages' gradients are divided twice (DeepSpeed #8152, fixed by
+    # #8154: 0.19.5 scales on the last stage only): a dp change moves later losses
+    # there too. Measured: savanna tp 2 pp 2 fp32 (tied), dp 1 -> 2 alone, 2.4e-3 on
+    # the second resumed step on 0.18.9, equal on 0.19.5 (CI seed 34107513); pp 1
+    # on 0.18.9 is equal.
     dp_change = any(a[2] != b[2] for a, b in zip(stages, stages[1:]))
-    unscaled_pipeline = family != "gpt" and not plain and (0, 16, 0) <= v < (0, 18, 0)
+    pipeline = family != "gpt" and not plain
+    twice_scaled = pipeline and (0, 18, 0) <= v < (0, 19, 0) and any(s[1] > 1 for s in stages)
+    unscaled_pipeline = pipeline and ((0, 16, 0) <= v < (0, 18, 0) or twice_scaled)
     pp_change = any(a[1] != b[1] for a, b in zip(stages, stages[1:]))
     ep_change = any(a[3] != b[3] for a, b in zip(stages, stages[1:]))
     z2_change = any(a[4] != b[4] and 2 in (a[4], b[4]) for a, b in zip(stages, stages[1:]))
@@ -144,7 +152,7 @@ def draw_one(pb, rng, name, versions):
     if dtype == "fp32" and pp_change:
         c.tolerance = 1e-2 if tied else 2e-3
     elif dtype == "fp32" and unscaled_pipeline and dp_change:
-        c.tolerance = 2e-3
+        c.tolerance = 1e-2 if tied or twice_scaled else 2e-3
     elif dtype == "fp32" and z2_change:
         c.tolerance = 5e-3
     elif dtype == "fp32" and moe and ep_change and v < (0, 15, 0):

@@ -1,9 +1,9 @@
 #include "deepspeed/engine_defaults.h"
 
-#include <string_view>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/regex.h"
 #include "base/status_macros.h"
 #include "deepspeed/layout_math.h"
 
@@ -122,16 +122,6 @@ class DefaultFacet : public DeepSpeedFacet {
   FileValue root_;
 };
 
-// A pattern that re.match-es `name` alone.
-std::string ExactNamePattern(const std::string& name) {
-  std::string out;
-  for (char c : name) {
-    if (std::string_view(".^$*+?()[]{}|\\").find(c) != std::string_view::npos) out += '\\';
-    out += c;
-  }
-  return out + "$";
-}
-
 }  // namespace
 
 ValuePtr DeclaredMergePatterns(const state::ModelInfo& info) {
@@ -141,7 +131,7 @@ ValuePtr DeclaredMergePatterns(const state::ModelInfo& info) {
     if (p.role == TensorRole::kBuffer || p.role == TensorRole::kTied) continue;
     const MergeRule& r = p.rule;
     if (r.ndim() != 0 || r.dim_size_size() != 0 || r.autotp_widths()) return nullptr;
-    const std::string pattern = ExactNamePattern(p.name);
+    const std::string pattern = EscapeRegex(p.name) + "$";  // re.match: this name alone
     switch (r.kind()) {
       case REPLICATED: replicated.push_back(pattern); break;
       case AVERAGE: average.push_back(pattern); break;

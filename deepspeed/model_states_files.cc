@@ -23,6 +23,7 @@ using internal::DictPath;
 using internal::FileError;
 using internal::ForEachSliceMapping;
 using internal::Numel;
+using internal::SequenceParallelSize;
 using internal::ShapeStr;
 using internal::StringList;
 using internal::Truthy;
@@ -262,14 +263,6 @@ absl::Status CheckSavedTogether(const ModelStateFileList& files) {
     }
   }
   return absl::OkStatus();
-}
-
-// The sequence_parallel_size of a model states file's ds_config (DeepSpeed's
-// Ulysses); 1 when it records none.
-int SequenceParallelSize(const Value& root) {
-  const Value* config = root.is(Kind::kDict) ? root.DictGet("ds_config") : nullptr;
-  const Value* sp = config != nullptr && config->is(Kind::kDict) ? config->DictGet("sequence_parallel_size") : nullptr;
-  return sp != nullptr && sp->is(Kind::kInt) && sp->int_value() > 1 ? static_cast<int>(sp->int_value()) : 1;
 }
 
 // Under Ulysses sequence parallelism (ds_config sequence_parallel_size sp > 1,

@@ -156,6 +156,14 @@ inline absl::Status ForEachSliceMapping(const std::string& path, const pickle::V
   return absl::OkStatus();
 }
 
+// The sequence_parallel_size of a model states file's ds_config (DeepSpeed's
+// Ulysses); 1 when it records none (or one below 2).
+inline int SequenceParallelSize(const pickle::Value& root) {
+  const pickle::Value* config = DictPath(&root, {"ds_config"});
+  const pickle::Value* sp = config != nullptr && config->is(pickle::Kind::kDict) ? config->DictGet("sequence_parallel_size") : nullptr;
+  return sp != nullptr && sp->is(pickle::Kind::kInt) && sp->int_value() > 1 ? static_cast<int>(sp->int_value()) : 1;
+}
+
 }  // namespace ucp::deepspeed::internal
 
 #endif  // UCP_DEEPSPEED_VALUE_UTIL_H_

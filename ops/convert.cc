@@ -13,6 +13,7 @@
 #include "format/torch/mapped_file.h"
 #include "formats/builtin/builtin.h"
 #include "formats/format.h"
+#include "ops/export.h"
 #include "ops/trainer_folder.h"
 #include "tp/merge.h"
 
@@ -82,14 +83,9 @@ absl::StatusOr<std::vector<writers::UniversalWriteOptions::RenamedTensor>> HfRen
     const state::ModelState& state, const std::string& dir, const ConvertOptions& options,
     std::vector<std::string>* notes) {
   const state::ModelInfo& info = state.info();
-  rules::HfOptions hf = options.hf;
-  if (hf.preset.empty()) hf.preset = options.state.rules.preset;
   UCP_ASSIGN_OR_RETURN(formats::HfFolder folder, formats::HfFolderOf(dir));
-  if (!folder.config_json.empty()) {
-    hf.checkpoint_config_json = folder.config_json;
-    hf.checkpoint_model_type = folder.model_type;
-    hf.checkpoint_architecture = folder.architecture;
-  }
+  rules::HfOptions hf = WithCheckpointConfig(options.hf, folder);
+  if (hf.preset.empty()) hf.preset = options.state.rules.preset;
   std::vector<int> order;
   for (size_t i = 0; i < info.params.size(); ++i) {
     if (info.params[i].role != state::TensorRole::kTied) order.push_back(static_cast<int>(i));
@@ -107,9 +103,7 @@ absl::StatusOr<std::vector<writers::UniversalWriteOptions::RenamedTensor>> HfRen
           "--names=hf`"));
     }
     covered.insert(t.param);
-    const int64_t rows = p.full_shape.empty() ? 0 : p.full_shape[0];
-    const bool whole = t.groups == 1 && t.start == 0 && t.length == rows;
-    out.push_back({t.name, t.param, t.groups, t.start, whole ? 0 : t.length, t.shape});
+    out.push_back({t.name, t.param, t.groups, t.start, t.length, t.shape});
   }
   for (size_t i = 0; i < info.params.size(); ++i) {
     const state::ParamState& p = info.params[i];
@@ -162,6 +156,14 @@ absl::StatusOr<ConvertResult> ConvertImpl(const ConvertOptions& options) {
   }
   if (options.dry_run_ranks < 0) return absl::InvalidArgumentError("--dry_run: expected >= 0");
   UCP_ASSIGN_OR_RETURN(const formats::TargetFormat* target, UniversalTarget(options.to));
+  if (options.names != "checkpoint" && options.names != "hf") {
+    return absl::InvalidArgumentError(absl::StrCat("--names must be checkpoint or hf, not '", options.names, "'"));
+  }
+  if (options.names == "hf" && target->name() != "dcp") {
+    return absl::InvalidArgumentError(
+        "--names=hf: only with --to=dcp (DeepSpeed's universal checkpoint keeps the checkpoint's names; `ucp "
+        "export --names=hf` writes the weights under Hugging Face names)");
+  }
   OpenRequest request;
   request.refuse_format = std::string(target->name());
   // A universal checkpoint keeps the params of a tp=1 source whole: params
@@ -208,18 +210,10 @@ absl::StatusOr<ConvertResult> ConvertImpl(const ConvertOptions& options) {
   write.source_folder = src.dir;
   write.inputs = {src.dir};
   write.rules = src.effective_rules;
-  UCP_ASSIGN_OR_RETURN(const formats::TargetFormat* universal, UniversalTarget(options.to));
   if (options.names == "hf") {
-    if (universal->name() != "dcp") {
-      return absl::InvalidArgumentError(
-          "--names=hf: only with --to=dcp (DeepSpeed's universal checkpoint keeps the checkpoint's names; `ucp "
-          "export --names=hf` writes the weights under Hugging Face names)");
-    }
     UCP_ASSIGN_OR_RETURN(write.renamed, HfRenamed(*state, src.dir, options, &result.warnings));
-  } else if (options.names != "checkpoint") {
-    return absl::InvalidArgumentError(absl::StrCat("--names must be checkpoint or hf, not '", options.names, "'"));
   }
-  absl::StatusOr<std::unique_ptr<writers::Plan>> plan = universal->PlanUniversal(*state, write);
+  absl::StatusOr<std::unique_ptr<writers::Plan>> plan = target->PlanUniversal(*state, write);
   if (options.cluster != nullptr) UCP_RETURN_IF_ERROR(AgreeOnStatus(*options.cluster, plan.status()));
   UCP_RETURN_IF_ERROR(plan.status());
   if (options.dry_run_ranks > 0) {
@@ -230,7 +224,7 @@ absl::StatusOr<ConvertResult> ConvertImpl(const ConvertOptions& options) {
   }
   writers::RunOptions run = writers::UniversalRunOptions(write);
   UCP_ASSIGN_OR_RETURN(std::string trainer_dir, TrainerFolderInput(options.input_folder, src.dir));
-  if (!trainer_dir.empty() && universal->name() != "deepspeed_universal") {
+  if (!trainer_dir.empty() && target->name() != "deepspeed_universal") {
     return absl::InvalidArgumentError(absl::StrCat(
         options.input_folder, " is a Hugging Face Trainer checkpoint folder, which --to=", options.to,
         " does not write: convert its ", Basename(src.dir), " folder"));
@@ -264,7 +258,7 @@ absl::StatusOr<ConvertResult> ConvertImpl(const ConvertOptions& options) {
   if (std::string note = UndecidedNote(state->info()); !note.empty()) result.warnings.push_back(std::move(note));
   for (const auto& note : state->info().notes) result.warnings.push_back(note);
   for (const auto& note : result.stats.notes) result.warnings.push_back(note);
-  for (std::string& note : universal->UniversalNotes(*state, write)) result.warnings.push_back(std::move(note));
+  for (std::string& note : target->UniversalNotes(*state, write)) result.warnings.push_back(std::move(note));
   for (std::string& note : TpSummedNotes(*state, src.preset, /*target_tp=*/0)) result.warnings.push_back(std::move(note));
   return result;
 }

@@ -268,6 +268,15 @@ class Builder {
 
 }  // namespace
 
+rules::HfOptions WithCheckpointConfig(rules::HfOptions hf, const formats::HfFolder& folder) {
+  if (!folder.config_json.empty()) {
+    hf.checkpoint_config_json = folder.config_json;
+    hf.checkpoint_model_type = folder.model_type;
+    hf.checkpoint_architecture = folder.architecture;
+  }
+  return hf;
+}
+
 absl::StatusOr<ExportContents> PlanExportContents(const state::ModelState& state, const ExportOptions& options) {
   // The tensors' sources refer to the builder's copy of the state and
   // options through `state` only.
@@ -353,11 +362,7 @@ absl::StatusOr<ExportResult> ExportImpl(const ExportOptions& options) {
   // written as is, with the other files from_pretrained reads beside it.
   ExportOptions o = options;
   UCP_ASSIGN_OR_RETURN(formats::HfFolder hf_folder, formats::HfFolderOf(source_dir));
-  if (o.names == "hf" && !hf_folder.config_json.empty()) {
-    o.hf.checkpoint_config_json = hf_folder.config_json;
-    o.hf.checkpoint_model_type = hf_folder.model_type;
-    o.hf.checkpoint_architecture = hf_folder.architecture;
-  }
+  if (o.names == "hf") o.hf = WithCheckpointConfig(o.hf, hf_folder);
   UCP_ASSIGN_OR_RETURN(ExportContents c, PlanExportContents(*state, o));
   writers::ExportWriteOptions w = options.write;
   w.inputs = {source_dir};

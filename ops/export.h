@@ -51,6 +51,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "formats/format.h"
 #include "state/model_state.h"
 #include "ops/open.h"
 #include "rules/hf_names.h"
@@ -87,6 +88,12 @@ struct ExportContents {
   std::vector<std::string> notes;
 };
 absl::StatusOr<ExportContents> PlanExportContents(const state::ModelState& state, const ExportOptions& options);
+
+// `hf` for a checkpoint inside a Hugging Face model folder (`folder`,
+// formats::HfFolderOf: a Trainer's checkpoint-N): its config.json, model_type
+// and architectures[0], which decide the architecture; `hf` as is when the
+// folder has no config.json.
+rules::HfOptions WithCheckpointConfig(rules::HfOptions hf, const formats::HfFolder& folder);
 
 // Opens the input, plans, writes.
 absl::StatusOr<ExportResult> Export(const ExportOptions& options);

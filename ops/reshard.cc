@@ -1,5 +1,8 @@
 #include "ops/reshard.h"
 
+#include <string>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #include "base/fs.h"
 #include "base/status_macros.h"
@@ -39,7 +42,10 @@ absl::Status ValidateReshardFlags(const ReshardOptions& o) {
 absl::Status ValidateTargetAgainstModel(const state::ModelState& state, const ReshardOptions& o) {
   const int tp = o.write.target.tp;
   // Attention heads split over tp ranks (Megatron, GPT-NeoX): a tp that does
-  // not divide them gives a checkpoint no training can load.
+  // not divide them gives a checkpoint no training can load. The counts: the
+  // checkpoint's args, then those the source knows otherwise (a Hugging Face
+  // folder's config.json).
+  std::vector<state::ModelInfo::TpDivisor> divisors;
   if (const pickle::Value* args = deepspeed::ArgsOf(state)) {
     for (const char* key : {"num_attention_heads", "num_heads", "n_head", "num_key_value_heads", "num_query_groups"}) {
       const pickle::Value* v = args->DictGet(key);
@@ -49,19 +55,15 @@ absl::Status ValidateTargetAgainstModel(const state::ModelState& state, const Re
         const pickle::Value* gqa = args->DictGet("group_query_attention");
         if (gqa == nullptr || !gqa->bool_value()) continue;
       }
-      if (v->int_value() % tp != 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--tp=", tp, " does not divide the model's ", key, " = ", v->int_value(), " (from the checkpoint's args)",
-            v->int_value() == 1 ? ": a single attention head cannot be split over tensor-parallel ranks" : ""));
-      }
+      divisors.push_back({key, v->int_value(), "from the checkpoint's args"});
     }
   }
-  for (const state::ModelInfo::TpDivisor& d : state.info().tp_divisors) {
+  divisors.insert(divisors.end(), state.info().tp_divisors.begin(), state.info().tp_divisors.end());
+  for (const state::ModelInfo::TpDivisor& d : divisors) {
     if (d.count % tp != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--tp=", tp, " does not divide the model's ", d.name, " = ", d.count, " (", d.from, ")",
-          d.count == 1 ? ": a single attention head cannot be split over tensor-parallel ranks"
-                       : ": each tensor-parallel rank holds whole heads"));
+          d.count == 1 ? ": a single attention head cannot be split over tensor-parallel ranks" : ""));
     }
   }
   // Layer specs: at least the layers that hold tensors, at most a bounded
@@ -117,7 +119,7 @@ absl::StatusOr<ReshardResult> ReshardImpl(const ReshardOptions& options) {
   result.source = state->info().source_topology;
   result.notes = state->info().notes;
   // The model's preset: the one named, else detected from the names once for
-  // the notes and the layer class names below ("" when none matches).
+  // the notes and the layer class names below ("none" when none matches).
   std::string preset = options.zero_source.rules.preset == "none" ? "" : options.zero_source.rules.preset;
   if (preset.empty()) {
     std::vector<std::string> names;

@@ -5,10 +5,10 @@
 #include <map>
 #include <sstream>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/regex.h"
 #include "base/status_macros.h"
 #include "deepspeed/universal_metadata.h"
 #include "format/pickle/accessors.h"
@@ -132,19 +132,6 @@ std::string DescribeShapeConditions(const MergeRule& rule) {
   for (const MergeRule::DimSize& d : rule.dim_size()) parts.push_back(absl::StrCat("dim ", d.dim(), " = ", d.size()));
   return absl::StrJoin(parts, ", ");
 }
-
-namespace {
-
-std::string EscapeRegex(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '_') out += '\\';
-    out += c;
-  }
-  return out;
-}
-
-}  // namespace
 
 std::string ExactPattern(const std::string& name) { return EscapeRegex(name) + "$"; }
 

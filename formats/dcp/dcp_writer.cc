@@ -218,14 +218,9 @@ class DcpPlan : public writers::Plan {
   const state::CheckpointState* source() const override { return &state_; }
 
  private:
-  // The entries' tensors: the checkpoint's params under their own names, or
-  // options_.renamed (each rows of one param).
-  struct Output {
-    std::string name;
-    int param = -1;
-    int64_t groups = 1, start = 0, length = 0;  // length 0: every row
-    std::vector<int64_t> shape;
-  };
+  // The entries' tensors: the checkpoint's params under their own names
+  // (length 0: every row), or options_.renamed (each rows of one param).
+  using Output = writers::UniversalWriteOptions::RenamedTensor;
   absl::Status PlanOutputs() {
     if (options_.renamed.empty()) {
       for (size_t i = 0; i < info_.params.size(); ++i) {
@@ -239,7 +234,7 @@ class DcpPlan : public writers::Plan {
         return absl::InternalError(absl::StrCat("tensor '", r.name, "' names no param"));
       }
       if (!seen.insert(r.name).second) return absl::InternalError(absl::StrCat("tensor '", r.name, "' twice"));
-      outputs_.push_back({r.name, r.param, r.groups, r.start, r.length, r.shape});
+      outputs_.push_back(r);
     }
     return absl::OkStatus();
   }

@@ -176,11 +176,8 @@ absl::Status CheckOptimFilesComplete(const std::string& dir, const state::Topolo
 int UlyssesOptimNaming(const deepspeed::ModelStatesFiles& ms, const state::Topology& topo,
                        std::map<int, std::set<int>>& optim_dp) {
   if (topo.mp_world_size() != 1 || optim_dp.size() < 2) return 1;
-  const Value& root = *ms.file(0, 0).root();
-  const Value* config = root.is(Kind::kDict) ? root.DictGet("ds_config") : nullptr;
-  const Value* spv = config != nullptr && config->is(Kind::kDict) ? config->DictGet("sequence_parallel_size") : nullptr;
-  if (spv == nullptr || !spv->is(Kind::kInt) || spv->int_value() < 2) return 1;
-  const int sp = static_cast<int>(spv->int_value());
+  const int sp = internal::SequenceParallelSize(*ms.file(0, 0).root());
+  if (sp < 2) return 1;
   std::set<int> all;
   for (const auto& [r, dps] : optim_dp) {
     for (int d : dps) {

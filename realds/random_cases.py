@@ -140,7 +140,11 @@ def draw_one(pb, rng, name, versions):
     # #8154: 0.19.5 scales on the last stage only): a dp change moves later losses
     # there too. Measured: savanna tp 2 pp 2 fp32 (tied), dp 1 -> 2 alone, 2.4e-3 on
     # the second resumed step on 0.18.9, equal on 0.19.5 (CI seed 34107513); pp 1
-    # on 0.18.9 is equal.
+    # on 0.18.9 is equal. A pp change there moves which stages are "earlier", so
+    # it scales other gradients than the uninterrupted run did: neox tp 2 pp 2 ->
+    # tp 1 pp 1 (untied) 9.2e-3 on 0.18.9, 4.8e-7 on 0.19.5, the tp change alone
+    # equal (CI seed 766624722); over 32 drawn 0.18.9 cases (seeds 101, 102) the fp32
+    # ones with a pp or dp change and pp >= 2 gave up to 6.7e-3: 3e-2 for them.
     dp_change = any(a[2] != b[2] for a, b in zip(stages, stages[1:]))
     pipeline = family != "gpt" and not plain
     twice_scaled = pipeline and (0, 18, 0) <= v < (0, 19, 0) and any(s[1] > 1 for s in stages)
@@ -149,10 +153,12 @@ def draw_one(pb, rng, name, versions):
     ep_change = any(a[3] != b[3] for a, b in zip(stages, stages[1:]))
     z2_change = any(a[4] != b[4] and 2 in (a[4], b[4]) for a, b in zip(stages, stages[1:]))
     tied = (family == "neox" and "--tied" in c.model.args) or (family == "savanna" and "--untied" not in c.model.args)
-    if dtype == "fp32" and pp_change:
+    if dtype == "fp32" and twice_scaled and (pp_change or dp_change):
+        c.tolerance = 3e-2
+    elif dtype == "fp32" and pp_change:
         c.tolerance = 1e-2 if tied else 2e-3
     elif dtype == "fp32" and gas_misscaled and dp_change:
-        c.tolerance = 1e-2 if tied or twice_scaled else 2e-3
+        c.tolerance = 1e-2 if tied else 2e-3
     elif dtype == "fp32" and z2_change:
         c.tolerance = 5e-3
     elif dtype == "fp32" and moe and ep_change and v < (0, 15, 0):

@@ -125,7 +125,9 @@ def draw_one(pb, rng, name, versions):
     # computes other gradients than ZeRO-1 and 3 do (DeepSpeed issues #1488, #1945;
     # from one init, 0.17.6 dp 2: ZeRO-1 and 3 equal, ZeRO-2 4e-3 apart after one
     # step): 1.9e-4 to 2.6e-3 on the second resumed step, 16 cases of gpt and MoE,
-    # every (a) bitwise (random seed 730369945 drew one at 4.8e-4 > 1e-4).
+    # every (a) bitwise (random seed 730369945 drew one at 4.8e-4 > 1e-4); with
+    # more accumulation more: savanna fp32 ZeRO-1 dp 4 -> ZeRO-2 dp 2 (GAS 1 -> 2)
+    # 1.15e-2, while ZeRO-2 at dp 4 and ZeRO-1 at dp 2 are equal (seed 5252 case 14).
     # DeepSpeed 0.16 and 0.17's pipeline engine does not divide the loss by the
     # gradient accumulation steps (PipelineEngine turns enable_backward_allreduce
     # off, and engine.backward scales only when it is on; 0.14, 0.15 and 0.18 on
@@ -160,7 +162,7 @@ def draw_one(pb, rng, name, versions):
     elif dtype == "fp32" and gas_misscaled and dp_change:
         c.tolerance = 1e-2 if tied else 2e-3
     elif dtype == "fp32" and z2_change:
-        c.tolerance = 5e-3
+        c.tolerance = 3e-2
     elif dtype == "fp32" and moe and ep_change and v < (0, 15, 0):
         c.tolerance = 1e-3
     c.export = rng.random() < 0.3 and not moe and stages[0][4] != 3

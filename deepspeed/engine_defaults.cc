@@ -6,6 +6,8 @@
 #include "base/regex.h"
 #include "base/status_macros.h"
 #include "deepspeed/layout_math.h"
+#include "tp/plan_io.h"
+#include "tp/tensor_plan.h"
 
 namespace ucp::deepspeed {
 namespace {
@@ -197,6 +199,14 @@ absl::StatusOr<FileValue> BakeTree(torch::TorchWriter& w, const Value& root, con
   UCP_ASSIGN_OR_RETURN(std::unique_ptr<torch::TorchFile> f, torch::TorchFile::FromBytes(std::move(bytes), stem));
   std::shared_ptr<const torch::TorchFile> shared(std::move(f));
   return FileValue{shared->root(), shared};
+}
+
+absl::StatusOr<FileValue> FreshAdamStep() {
+  torch::TorchWriter w;
+  ValuePtr root = Value::MakeDict();
+  root->DictSet(Value::Str("step"), tp::AddPlan(w, tp::TensorPlan::Zeros(torch::DType::kFloat32, {})));
+  UCP_ASSIGN_OR_RETURN(FileValue baked, BakeTree(w, *root, "step"));
+  return FileValue{baked.value->DictGetPtr("step"), baked.file};
 }
 
 absl::StatusOr<FileValue> DefaultOptimizerCommon(const state::ModelInfo& info, const EngineDefaults& d) {

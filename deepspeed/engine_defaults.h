@@ -84,6 +84,11 @@ pickle::ValuePtr DefaultLossScaler(bool fp16, int64_t iterations);
 absl::StatusOr<state::FileValue> BakeTree(torch::TorchWriter& writer, const pickle::Value& root,
                                           const std::string& stem);
 
+// torch Adam's step before its first step (a 0-d float32 tensor 0), baked:
+// the step of a fresh optimizer state (Hugging Face and weights-only DCP
+// sources).
+absl::StatusOr<state::FileValue> FreshAdamStep();
+
 absl::StatusOr<state::FileValue> DefaultOptimizerCommon(const state::ModelInfo& info, const EngineDefaults& d);
 absl::StatusOr<state::FileValue> DefaultModelStatesRoot(const state::ModelInfo& info, const EngineDefaults& d);
 

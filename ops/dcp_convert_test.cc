@@ -1,7 +1,8 @@
 // A DCP folder real torch 2.14 saved (testdata/dcp/mlp_w3: FSDP2 at world
 // 3) through the registry: detected as "dcp", converted to DeepSpeed's
 // universal checkpoint, which holds the saving job's fp32 masters, exp_avg
-// and exp_avg_sq (`mlp_w3.ref.pt`, torch's full state) bitwise. And real
+// and exp_avg_sq (`mlp_w3.ref.pt`, torch's full state) bitwise; a weights-only
+// one (weights_bf16_w3) with a fresh optimizer state. And real
 // DeepSpeed 0.19.5 checkpoints (ZeRO-3 dp 2, NeoX tp 2) through
 // `convert --to=dcp` and back: the DCP folder exports the same bytes as the
 // checkpoint itself.
@@ -69,6 +70,42 @@ TEST(DcpConvertTest, ConvertsToUniversalHoldingTheReference) {
     }
   }
   EXPECT_EQ(compared, 21);
+}
+
+// A weights-only DCP (bf16, FSDP2 at world 3): the universal checkpoint holds
+// the weights as fp32 masters (cast), exp_avg and exp_avg_sq zero, step 0.
+TEST(DcpConvertTest, WeightsOnlyConvertsWithAFreshOptimizerState) {
+  ops::ConvertOptions c;
+  c.input_folder = Case("weights_bf16_w3");
+  c.output_folder = JoinPath(testing::FreshTempDir("dcp_weights"), "u");
+  c.write.fsync = false;
+  auto converted = ops::Convert(c);
+  ASSERT_TRUE(converted.ok()) << converted.status();
+  const formats::Registry& r = formats::builtin::Formats();
+  auto u = formats::DetectFolder(r, c.output_folder);
+  ASSERT_TRUE(u.ok()) << u.status();
+  auto back = u->format->Open(u->folder, formats::SourceOptions(), nullptr);
+  ASSERT_TRUE(back.ok()) << back.status();
+  auto ref = torch::TorchFile::Open(Case("weights_bf16_w3.ref.pt"));
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  int compared = 0;
+  for (const state::ParamState& p : back->state->info().params) {
+    SCOPED_TRACE(p.name);
+    auto t = (*ref)->GetTensor(*(*ref)->root()->DictGet("model." + p.name));
+    ASSERT_TRUE(t.ok());
+    auto t32 = torch::Cast(*t, torch::DType::kFloat32);
+    ASSERT_TRUE(t32.ok());
+    auto fp32 = back->state->Full(p, "fp32");
+    ASSERT_TRUE(fp32.ok()) << fp32.status();
+    EXPECT_TRUE(Equal(*fp32, *t32));
+    for (const char* st : {"exp_avg", "exp_avg_sq"}) {
+      auto z = back->state->Full(p, st);
+      ASSERT_TRUE(z.ok()) << z.status();
+      EXPECT_TRUE(Equal(*z, torch::Tensor::Zeros(torch::DType::kFloat32, t->sizes()))) << st;
+    }
+    ++compared;
+  }
+  EXPECT_EQ(compared, 7);
 }
 
 TEST(DcpConvertTest, DeepSpeedThroughDcpExportsTheSameBytes) {

@@ -133,12 +133,7 @@ absl::Status DcpState::FindPrefixes(std::vector<std::string>* fqns) {
     const size_t i = ComponentAt(e.key, kGroupsPart);
     if (i != std::string::npos) prefixes.insert(e.key.substr(0, i));
   }
-  if (prefixes.empty()) {
-    return absl::UnimplementedError(absl::StrCat(
-        path, ": no optimizer state (no '<prefix>param_groups.*' entry): a weights-only DCP checkpoint; ucp reads "
-              "DCP training states (model and torch optimizer, as get_model_state_dict / "
-              "get_optimizer_state_dict give them)"));
-  }
+  if (prefixes.empty()) return FindWeights(fqns);
   if (prefixes.size() > 1) {
     return absl::UnimplementedError(absl::StrCat(path, ": the param groups of several optimizers (prefixes '",
                                                  absl::StrJoin(prefixes, "', '"), "'): ucp reads one"));
@@ -190,8 +185,38 @@ absl::Status DcpState::FindPrefixes(std::vector<std::string>* fqns) {
                                                  "' or another prefix of it)"));
 }
 
+// A weights-only DCP: every tensor entry a param, M = "model." when every
+// entry is under it (dcp.save({"model": sd})), else "" (dcp.save(sd)).
+absl::Status DcpState::FindWeights(std::vector<std::string>* fqns) {
+  weights_only_ = true;
+  bool all_model = true, any = false;
+  for (const DcpEntry& e : metadata_.entries) {
+    if (!e.tensor) continue;
+    any = true;
+    all_model = all_model && absl::StartsWith(e.key, "model.") && e.key.size() > 6;
+  }
+  if (!any) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(metadata_.path, ": no tensor entry and no optimizer state: nothing to read"));
+  }
+  model_prefix_ = all_model ? "model." : "";
+  for (const DcpEntry& e : metadata_.entries) {
+    if (!e.tensor) continue;
+    const std::string fqn = e.key.substr(model_prefix_.size());
+    params_[fqn].model_key = e.key;
+    fqns->push_back(fqn);
+  }
+  layout_ = absl::StrCat("model entries '", model_prefix_, "<fqn>', no optimizer state (weights only)");
+  return absl::OkStatus();
+}
+
 absl::Status DcpState::ReadGroups(const std::vector<std::string>& fqns) {
   const std::string& path = metadata_.path;
+  if (weights_only_) {  // one group of every param, DeepSpeed's default hyper-parameters (BuildFacet)
+    groups_ = {fqns};
+    hyper_ = {Value::MakeDict()};
+    return absl::OkStatus();
+  }
   const std::string gp = optim_prefix_ + kGroupsPart;
   // The hyper-parameters under `prefix` (<prefix><hp>, hp without a dot).
   auto hyper_under = [&](const std::string& prefix) -> absl::StatusOr<ValuePtr> {
@@ -293,6 +318,10 @@ absl::Status DcpState::BuildInfo(const std::vector<std::string>& fqns) {
                                                      "' is neither the size of each param nor one value per param"));
     }
   }
+  if (weights_only_) {  // the fresh state
+    state_keys_ = {"exp_avg", "exp_avg_sq"};
+    scalar_keys_ = {"step"};
+  }
   // "exp_avg" before "exp_avg_sq" and the like: torch's order, then the rest.
   std::stable_sort(state_keys_.begin(), state_keys_.end(), [](const std::string& a, const std::string& b) {
     auto rank = [](const std::string& s) { return s == "exp_avg" ? 0 : s == "exp_avg_sq" ? 1 : 2; };
@@ -305,6 +334,27 @@ absl::Status DcpState::BuildInfo(const std::vector<std::string>& fqns) {
   info_.zero_stage = 1;
   info_.optimizer_kind = state::OptimizerKind::kZero;
   info_.lp_dtype = torch::DType::kFloat32;
+  if (weights_only_) {
+    // One floating dtype for every weight (DeepSpeed keeps one for a model's weights).
+    const DcpEntry* first = nullptr;
+    for (const std::string& f : fqns) {
+      const DcpEntry& m = *metadata_.Find(params_[f].model_key);
+      if (m.dtype != torch::DType::kFloat32 && m.dtype != torch::DType::kBFloat16 &&
+          m.dtype != torch::DType::kFloat16) {
+        return absl::UnimplementedError(absl::StrCat(path, ": '", m.key, "' is ", Shape(m.dtype, m.size),
+                                                     ": a weights-only DCP is read as trainable weights, every "
+                                                     "one floating point (float32, bfloat16 or float16)"));
+      }
+      if (first == nullptr) first = &m;
+      if (m.dtype != first->dtype) {
+        return absl::UnimplementedError(absl::StrCat(path, ": weights of two dtypes ('", first->key, "' is ",
+                                                     Shape(first->dtype, first->size), ", '", m.key, "' ",
+                                                     Shape(m.dtype, m.size),
+                                                     "); DeepSpeed keeps one dtype for a model's weights"));
+      }
+    }
+    info_.lp_dtype = first->dtype;
+  }
   int ranks = 1;
   for (const std::string& f : metadata_.Files()) {
     int r = 0;
@@ -318,7 +368,7 @@ absl::Status DcpState::BuildInfo(const std::vector<std::string>& fqns) {
   for (int g = 0; g < info_.num_groups; ++g) {
     for (const std::string& f : groups_[g]) {
       const DcpEntry& m = *metadata_.Find(params_[f].model_key);
-      if (m.dtype != torch::DType::kFloat32) {
+      if (m.dtype != info_.lp_dtype) {
         return absl::UnimplementedError(absl::StrCat(
             path, ": trainable param '", f, "' is ", Shape(m.dtype, m.size),
             ": ucp reads DCP training states whose trainable params are float32 (their own fp32 masters)"));
@@ -358,6 +408,14 @@ absl::Status DcpState::BuildInfo(const std::vector<std::string>& fqns) {
     }
     info_.params.push_back(std::move(p));
   }
+  if (weights_only_) {
+    info_.notes.push_back(absl::StrCat(
+        "DCP source: no optimizer state (weights only); written fresh (fp32 masters = the ",
+        std::string(torch::DTypeName(info_.lp_dtype)),
+        " weights, exp_avg and exp_avg_sq 0, step 0, DeepSpeed's default param group): load it in DeepSpeed with "
+        "load_checkpoint(..., load_module_only=True) so that the job's own optimizer starts from the weights; "
+        "FSDP2 loads a DCP written from it as a fresh AdamW"));
+  }
   info_.notes.push_back(absl::StrCat(
       "DCP source: a DeepSpeed target records clip_grad ", options_.clip_grad,
       " (DCP keeps no gradient clipping; DeepSpeed's ZeRO optimizers restore clip_grad from the checkpoint over "
@@ -372,6 +430,11 @@ absl::Status DcpState::BuildInfo(const std::vector<std::string>& fqns) {
 // Every group's scalars (step) agree: DeepSpeed keeps one per group. Keeps
 // group 0's step (global_steps of the facet) in `group0_step_`.
 absl::Status DcpState::CheckScalars() {
+  if (weights_only_) {
+    group0_step_ = 0;
+    UCP_ASSIGN_OR_RETURN(fresh_step_, deepspeed::FreshAdamStep());
+    return absl::OkStatus();
+  }
   for (int g = 0; g < info_.num_groups; ++g) {
     for (const std::string& key : scalar_keys_) {
       std::string first_bytes;
@@ -421,13 +484,13 @@ absl::Status DcpState::BuildFacet() {
   ValuePtr c = Value::MakeDict();
   for (const auto& [k, v] : defaults.value->dict_items()) c->DictSet(k, v);
   std::vector<ValuePtr> groups;
-  for (int g = 0; g < info_.num_groups; ++g) {
+  for (int g = 0; g < info_.num_groups && !weights_only_; ++g) {
     ValuePtr group = Value::MakeDict();
     for (const auto& [k, v] : hyper_[g]->dict_items()) group->DictSet(k, v);
     group->DictSet(Value::Str("params"), Value::List({Value::Int(g)}));
     groups.push_back(group);
   }
-  c->DictSet(Value::Str("param_groups"), Value::List(std::move(groups)));
+  if (!weights_only_) c->DictSet(Value::Str("param_groups"), Value::List(std::move(groups)));
   c->DictSet(Value::Str("clip_grad"), Value::Float(options_.clip_grad));
   common_ = state::FileValue{c, defaults.file};
   UCP_ASSIGN_OR_RETURN(state::FileValue root, deepspeed::DefaultModelStatesRoot(info_, d));
@@ -517,7 +580,11 @@ const DcpEntry& DcpState::EntryOf(const state::ParamState& param, const std::str
 bool DcpState::HasState(const state::ParamState& p, const std::string& state) const {
   if (state == state::kLpState) return true;
   if (!p.trainable()) return false;
-  return state == state::kFp32State || params_.at(p.name).states.count(state) != 0;
+  return state == state::kFp32State || FreshState(state) || params_.at(p.name).states.count(state) != 0;
+}
+
+bool DcpState::FreshState(const std::string& state) const {
+  return weights_only_ && std::find(state_keys_.begin(), state_keys_.end(), state) != state_keys_.end();
 }
 
 absl::StatusOr<std::vector<TensorPlan>> DcpState::Slices(const state::ParamState& param, int stage,
@@ -529,12 +596,19 @@ absl::StatusOr<std::vector<TensorPlan>> DcpState::Slices(const state::ParamState
     return absl::NotFoundError(absl::StrCat("param '", param.name, "' (", state::TensorRoleName(p.role),
                                             ") has no state '", state, "' in ", metadata_.path));
   }
+  if (FreshState(state)) return std::vector<TensorPlan>{TensorPlan::Zeros(torch::DType::kFloat32, p.tp_shapes[0])};
   UCP_ASSIGN_OR_RETURN(TensorPlan t, Assemble(EntryOf(p, state)));
+  if (state == state::kFp32State && t.dtype() != torch::DType::kFloat32) {  // weights only: bf16/fp16 weights
+    UCP_ASSIGN_OR_RETURN(torch::Tensor m, t.Materialize());
+    UCP_ASSIGN_OR_RETURN(torch::Tensor f, torch::Cast(m, torch::DType::kFloat32));
+    return std::vector<TensorPlan>{TensorPlan::FromTensor(f)};
+  }
   return std::vector<TensorPlan>{std::move(t)};
 }
 
 absl::StatusOr<state::FileValue> DcpState::GroupScalar(int group, const std::string& key) const {
   if (group < 0 || group >= info_.num_groups) return state::FileValue{nullptr, nullptr};
+  if (weights_only_) return key == "step" ? fresh_step_ : state::FileValue{nullptr, nullptr};
   const Param& p = params_.at(groups_[group][0]);
   auto it = p.states.find(key);
   if (it == p.states.end()) return state::FileValue{nullptr, nullptr};
@@ -552,7 +626,7 @@ std::vector<state::InputRange> DcpState::StateInputs(const state::ParamState& pa
   std::vector<state::InputRange> out;
   if (info_.IndexOf(param.name) < 0) return out;
   const state::ParamState& p = info_.params[info_.IndexOf(param.name)];
-  if (!HasState(p, state)) return out;
+  if (!HasState(p, state) || FreshState(state)) return out;
   std::set<std::string> files;
   for (const DcpChunk& c : EntryOf(p, state).chunks) files.insert(JoinPath(dir_, c.storage.file));
   for (const std::string& f : files) out.push_back(state::InputRange{f, "", 0, -1});

@@ -21,10 +21,21 @@
 // trainable one when their values are the same (bitwise). The other entries
 // (lr_scheduler, dataloader, train_state, ...) are not read.
 //
-// Refused, each with the keys in question: no optimizer state (a weights-only
-// DCP), trainable params that are not float32, params of one group whose
-// scalar states (step) differ, a param in a group with no state, states of an
-// fqn that is no model key, per-element states of another size than the param.
+// A weights-only DCP (no '<P>param_groups' entry: dcp.save(model.state_dict())
+// as torchtitan's weights-only export writes it, at the top or under
+// "model."): every tensor entry is a trainable param of one group (M =
+// "model." when every entry is under it, else ""), its fp32 master the weight
+// (cast to float32 when the weights are bf16/fp16), the optimizer state fresh
+// as a Hugging Face source's: exp_avg and exp_avg_sq 0, step 0 (a 0-d float32
+// tensor), DeepSpeed's default param group. DeepSpeed loads it with
+// load_module_only=True. Tied names stay two params (equal values cannot
+// tell a tie from two equal tensors: LayerNorm weights of ones).
+//
+// Refused, each with the keys in question: trainable params that are not
+// float32 (weights of several dtypes or not floating point in a weights-only
+// DCP), params of one group whose scalar states (step) differ, a param in a
+// group with no state, states of an fqn that is no model key, per-element
+// states of another size than the param.
 //
 // It offers the DeepSpeed facet a DeepSpeed target needs: DeepSpeed's engine
 // defaults for the model (deepspeed/engine_defaults.h) with the source's
@@ -103,10 +114,14 @@ class DcpState : public state::SlicedState, public deepspeed::DeepSpeedFacet {
   DcpState() = default;
   absl::Status Load();
   absl::Status FindPrefixes(std::vector<std::string>* fqns);
+  absl::Status FindWeights(std::vector<std::string>* fqns);
   absl::Status ReadGroups(const std::vector<std::string>& fqns);
   absl::Status BuildInfo(const std::vector<std::string>& fqns);
   absl::Status CheckScalars();
   bool HasState(const state::ParamState& p, const std::string& state) const;
+  // A weights-only source's fresh per-element state (exp_avg, exp_avg_sq):
+  // zeros, read from no file.
+  bool FreshState(const std::string& state) const;
   absl::Status BuildFacet();
   absl::StatusOr<std::shared_ptr<const torch::TorchFile>> OpenItem(const DcpStorage& storage,
                                                                  const std::string& key) const;
@@ -121,6 +136,8 @@ class DcpState : public state::SlicedState, public deepspeed::DeepSpeedFacet {
   std::vector<pickle::ValuePtr> hyper_;                 // per group: {hp: value}
   std::vector<std::string> state_keys_, scalar_keys_;
   std::optional<int64_t> group0_step_;  // CheckScalars: group 0's step, when a number
+  bool weights_only_ = false;           // no optimizer state: FindWeights
+  state::FileValue fresh_step_;         // weights only: step 0, a 0-d float32 tensor
   state::ModelInfo info_;
   state::FileValue common_, root_;
   mutable std::mutex mu_;

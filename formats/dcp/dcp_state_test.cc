@@ -176,6 +176,75 @@ TEST(DcpStateTest, TiedFrozenAndTwoGroups) {
   EXPECT_EQ(n, 6 + 9 + 22);
 }
 
+// A weights-only DCP (no optimizer state): every model tensor of the
+// reference is a trainable param of one group, its weights as saved, its
+// fp32 master the weights cast to float32, exp_avg and exp_avg_sq zeros read
+// from no file, step 0 (a 0-d float32 tensor), DeepSpeed's default group.
+void CheckWeightsOnly(const std::string& name, const std::string& prefix, torch::DType dtype) {
+  auto s = DcpState::Open(Case(name), {});
+  ASSERT_TRUE(s.ok()) << s.status();
+  const state::ModelInfo& info = (*s)->info();
+  EXPECT_EQ(info.num_groups, 1);
+  EXPECT_EQ(info.lp_dtype, dtype);
+  EXPECT_EQ(info.state_keys, (std::vector<std::string>{"exp_avg", "exp_avg_sq"}));
+  EXPECT_EQ(info.scalar_keys, (std::vector<std::string>{"step"}));
+  EXPECT_TRUE(absl::StrContains((*s)->layout(), "weights only")) << (*s)->layout();
+  auto ref = Ref(name);
+  ASSERT_NE(ref, nullptr);
+  int compared = 0;
+  for (const auto& [k, v] : ref->root()->dict_items()) {
+    SCOPED_TRACE(k->str());
+    ASSERT_TRUE(absl::StartsWith(k->str(), prefix));
+    const state::ParamState* p = info.Find(k->str().substr(prefix.size()));
+    ASSERT_NE(p, nullptr);
+    EXPECT_TRUE(p->trainable());
+    EXPECT_EQ(p->group, 0);
+    absl::StatusOr<torch::Tensor> t = ref->GetTensor(*v);
+    ASSERT_TRUE(t.ok());
+    ASSERT_EQ(t->dtype(), dtype);
+    auto lp = (*s)->Slices(*p, 0, state::kLpState);
+    ASSERT_TRUE(lp.ok()) << lp.status();
+    EXPECT_TRUE(Equal((*lp)[0], *t));
+    absl::StatusOr<torch::Tensor> t32 = torch::Cast(*t, torch::DType::kFloat32);
+    ASSERT_TRUE(t32.ok());
+    auto fp32 = (*s)->Slices(*p, 0, state::kFp32State);
+    ASSERT_TRUE(fp32.ok()) << fp32.status();
+    EXPECT_EQ((*fp32)[0].dtype(), torch::DType::kFloat32);
+    EXPECT_TRUE(Equal((*fp32)[0], *t32));
+    for (const std::string st : {"exp_avg", "exp_avg_sq"}) {
+      auto z = (*s)->Slices(*p, 0, st);
+      ASSERT_TRUE(z.ok()) << z.status();
+      EXPECT_TRUE(Equal((*z)[0], torch::Tensor::Zeros(torch::DType::kFloat32, t->sizes()))) << st;
+      EXPECT_TRUE((*s)->StateInputs(*p, st).empty()) << st;
+    }
+    EXPECT_FALSE((*s)->Inputs(*p).empty());
+    ++compared;
+  }
+  EXPECT_EQ(compared, 7);
+  EXPECT_EQ(info.params.size(), 7u);
+  absl::StatusOr<state::FileValue> step = (*s)->GroupScalar(0, "step");
+  ASSERT_TRUE(step.ok()) << step.status();
+  ASSERT_NE(step->value, nullptr);
+  absl::StatusOr<torch::Tensor> st = step->file->GetTensor(*step->value);
+  ASSERT_TRUE(st.ok());
+  EXPECT_TRUE(st->BitwiseEqual(torch::Tensor::Zeros(torch::DType::kFloat32, {})));
+  absl::StatusOr<state::FileValue> common = deepspeed::FacetOf(**s)->OptimizerCommon();
+  ASSERT_TRUE(common.ok());
+  const Value* groups = common->value->DictGet("param_groups");
+  ASSERT_NE(groups, nullptr);
+  ASSERT_EQ(groups->items().size(), 1u);
+  EXPECT_NE(groups->items()[0]->DictGet("lr"), nullptr);
+  bool noted = false;
+  for (const std::string& n : info.notes) noted = noted || absl::StrContains(n, "load_module_only=True");
+  EXPECT_TRUE(noted);
+}
+
+TEST(DcpStateTest, WeightsOnlyAtTheTopFloat32) { CheckWeightsOnly("weights_w2", "", torch::DType::kFloat32); }
+
+TEST(DcpStateTest, WeightsOnlyUnderModelBfloat16AtWorld3) {
+  CheckWeightsOnly("weights_bf16_w3", "model.", torch::DType::kBFloat16);
+}
+
 // ---- damaged copies ----
 
 // A copy of a case whose .metadata `edit` changed (on the unpickled tree).
@@ -246,6 +315,28 @@ TEST(DcpStateDamageTest, DtypeThatTheItemDoesNotHave) {
   ASSERT_FALSE(slices.ok());
   EXPECT_TRUE(absl::StrContains(slices.status().message(), "optim.state.fc2.weight.exp_avg")) << slices.status();
   EXPECT_TRUE(absl::StrContains(slices.status().message(), "bfloat16")) << slices.status();
+}
+
+// A weights-only DCP whose weights are of two dtypes, or not floating point.
+void RetypeWeight(const std::string& dtype, const std::vector<std::string>& words) {
+  const std::string dir = EditedCopy("weights_w2", [&](Value& root) {
+    Value& st = EntryState(root, "fc2.weight");
+    ValuePtr props = st.DictGetPtr("properties");
+    std::vector<ValuePtr> items = props->object().state->items();
+    items[0] = Value::Global("torch", dtype);
+    pickle::Object o = props->object();
+    o.state = Value::Tuple(items);
+    st.DictSet(Value::Str("properties"), Value::MakeObject(std::move(o)));
+  });
+  ExpectRefused(dir, absl::StatusCode::kUnimplemented, words);
+}
+
+TEST(DcpStateDamageTest, WeightsOnlyOfTwoDtypes) {
+  RetypeWeight("bfloat16", {"weights of two dtypes", "fc2.weight", "bfloat16", "float32"});
+}
+
+TEST(DcpStateDamageTest, WeightsOnlyNotFloatingPoint) {
+  RetypeWeight("int64", {"'fc2.weight' is int64", "floating point"});
 }
 
 TEST(DcpStateDamageTest, StorageOutsideTheFolderOrTheFile) {

@@ -12,7 +12,6 @@
 #include "deepspeed/engine_defaults.h"
 #include "format/torch/torch_file.h"
 #include "rules/hf_import.h"
-#include "tp/plan_io.h"
 
 namespace ucp::hf {
 namespace {
@@ -54,12 +53,7 @@ absl::StatusOr<std::unique_ptr<HfState>> HfState::Open(const std::string& dir, c
   UCP_ASSIGN_OR_RETURN(s->config_, ReadJsonObject(JoinPath(dir, kConfigFile)));
   UCP_RETURN_IF_ERROR(s->OpenFiles());
   UCP_RETURN_IF_ERROR(s->BuildInfo(options.preset));
-  // step: 0, a 0-d float32 tensor (torch's Adam), baked into a file tree.
-  torch::TorchWriter w;
-  ValuePtr root = Value::MakeDict();
-  root->DictSet(Value::Str("step"), tp::AddPlan(w, TensorPlan::FromTensor(torch::Tensor::Zeros(torch::DType::kFloat32, {}))));
-  UCP_ASSIGN_OR_RETURN(state::FileValue baked, deepspeed::BakeTree(w, *root, "step"));
-  s->step_ = state::FileValue{baked.value->DictGetPtr("step"), baked.file};
+  UCP_ASSIGN_OR_RETURN(s->step_, deepspeed::FreshAdamStep());
   return s;
 }
 

@@ -6,19 +6,26 @@ shard is uneven), trained with torch's AdamW on per-(step, rank) batches; fp32 e
 
   python3 stacks_check.py fsdp2-save  --out DIR --world W
       FSDP2 (fully_shard per layer and the root) trains 2 steps and dcp.saves {"model", "optim"} as
-      get_model_state_dict / get_optimizer_state_dict give them to DIR/dcp; DIR/ref.pt is its full
+      get_model_state_dict / get_optimizer_state_dict give them to DIR/dcp, and its weights alone
+      (dcp.save(get_model_state_dict(m)), the entries at the top) to DIR/dcp_weights; DIR/ref.pt is its full
       state under the DCP keys; DIR/cont.json its continuation: per rank the loss of batch 2 (next)
       and, after one more step, of batch 3 (after).
   python3 stacks_check.py ds-save     --out DIR --world W --stage S
       DeepSpeed ZeRO-S (torch AdamW, the same hyper-parameters) trains 2 steps, save_checkpoint to
       DIR/ds; DIR/ref.pt its full state under the DCP keys (safe_get_full_*), DIR/cont.json likewise.
-  python3 stacks_check.py fsdp2-resume --ckpt DCP --world W --ref REF --out JSON
+  python3 stacks_check.py plain-fresh  --world W --ref REF --out JSON
+      One process, no parallelism: REF's weights, a fresh torch AdamW stepping on the mean of the W
+      ranks' losses; the continuation of each rank's batches (the reference of a weights-only load).
+  python3 stacks_check.py fsdp2-resume --ckpt DCP --world W --ref REF --out JSON [--weights_only]
   python3 stacks_check.py ds-resume    --ckpt DIR --world W --stage S --ref REF --out JSON [--universal]
+                                       [--weights_only]
       A model of another seed (so that whatever the load misses shows) is built, sharded and given
       its optimizer; the checkpoint is loaded the client's own way (dcp.load + set_*_state_dict;
       engine.load_checkpoint, with checkpoint.load_universal for --universal); the full state is
       compared with REF bitwise (every model tensor, exp_avg, exp_avg_sq, step, lr/betas/eps/
-      weight_decay); then the continuation losses are written to JSON.
+      weight_decay); then the continuation losses are written to JSON. --weights_only: the weights
+      alone are loaded (dcp.load of the model state dict; load_checkpoint(load_module_only=True)),
+      the optimizer stays fresh, and only the weights are compared.
 Every command prints one JSON line; a state difference is listed and makes it exit 1.
 """
 import argparse
@@ -106,13 +113,16 @@ def fsdp2_full_state(m, opt):
     return {k: (v.clone() if torch.is_tensor(v) else v) for k, v in flat.items()}
 
 
-def ds_full_state(engine):
+def ds_full_state(engine, weights_only=False):
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
     inner = engine.optimizer.optimizer if hasattr(engine.optimizer, "optimizer") else engine.optimizer
     state = {}
     named = list(engine.module.named_parameters())
     for n, p in named:
         state[f"model.{n}"] = safe_get_full_fp32_param(p).detach().clone().cpu()
+    if weights_only:  # a fresh optimizer: no state before its first step
+        return state
+    for n, p in named:
         for k in ("exp_avg", "exp_avg_sq"):
             state[f"optim.state.{n}.{k}"] = safe_get_full_optimizer_state(p, k).detach().clone().cpu()
     steps = [v["step"] for v in inner.state.values() if "step" in v]
@@ -159,6 +169,7 @@ def run_fsdp2_save(rank, a, port):
         step(loss_of(m, s, rank))
     dcp.save({"model": get_model_state_dict(m), "optim": get_optimizer_state_dict(m, opt)},
              checkpoint_id=os.path.join(a.out, "dcp"))
+    dcp.save(get_model_state_dict(m), checkpoint_id=os.path.join(a.out, "dcp_weights"))
     ref = fsdp2_full_state(m, opt)
     cont = continuation(m, step, rank)
     finish(rank, a, cont, ref=ref)
@@ -189,10 +200,15 @@ def run_fsdp2_resume(rank, a, port):
                                                          set_model_state_dict, set_optimizer_state_dict)
     init(rank, a.world, port)
     m, opt = fsdp2(a.world, SEED + 99)
-    state = {"model": get_model_state_dict(m), "optim": get_optimizer_state_dict(m, opt)}
-    dcp.load(state, checkpoint_id=a.ckpt)
-    set_model_state_dict(m, state["model"])
-    set_optimizer_state_dict(m, opt, state["optim"])
+    if a.weights_only:
+        state = get_model_state_dict(m)
+        dcp.load(state, checkpoint_id=a.ckpt)
+        set_model_state_dict(m, state)
+    else:
+        state = {"model": get_model_state_dict(m), "optim": get_optimizer_state_dict(m, opt)}
+        dcp.load(state, checkpoint_id=a.ckpt)
+        set_model_state_dict(m, state["model"])
+        set_optimizer_state_dict(m, opt, state["optim"])
     got = fsdp2_full_state(m, opt)
 
     def step(loss):
@@ -206,21 +222,40 @@ def run_ds_resume(rank, a, port):
     init(rank, a.world, port)
     extra = {"checkpoint": {"load_universal": True}} if a.universal else None
     engine = ds_engine(a.world, a.stage, SEED + 99, extra)
-    path, _ = engine.load_checkpoint(a.ckpt)
+    path, _ = engine.load_checkpoint(a.ckpt, load_module_only=a.weights_only)
     if path is None:
         raise SystemExit(f"DeepSpeed loaded nothing from {a.ckpt}")
     # ZeRO-1/2 map each param to its optimizer-state fragment in its first
     # step (_lazy_init_hp_params_optimizer_state); after a load the state
     # exists already: map it now, as that step would, so that
     # safe_get_full_optimizer_state reads it.
-    if hasattr(engine.optimizer, "_lazy_init_hp_params_optimizer_state"):
+    if hasattr(engine.optimizer, "_lazy_init_hp_params_optimizer_state") and not a.weights_only:
         engine.optimizer._lazy_init_hp_params_optimizer_state()
-    got = ds_full_state(engine)
+    got = ds_full_state(engine, a.weights_only)
 
     def step(loss):
         engine.backward(loss)
         engine.step()
     finish(rank, a, continuation(engine, step, rank), got=got)
+
+
+def run_plain_fresh(a):
+    """One process, no parallelism: REF's weights, a fresh torch AdamW stepping on the mean of the
+    W ranks' losses (what data parallelism averages), the continuation of every rank's batches."""
+    ref = torch.load(a.ref, weights_only=False)
+    m = build_model(SEED + 99)
+    m.load_state_dict({k[len("model."):]: v for k, v in ref.items() if k.startswith("model.")}, strict=True)
+    opt = torch.optim.AdamW(m.parameters(), **HP)
+    with torch.no_grad():
+        nxt = [loss_of(m, STEPS, r).item() for r in range(a.world)]
+    (sum(loss_of(m, STEPS, r) for r in range(a.world)) / a.world).backward()
+    opt.step()
+    with torch.no_grad():
+        after = [loss_of(m, STEPS + 1, r).item() for r in range(a.world)]
+    out = dict(cmd=a.cmd, world=a.world, next=nxt, after=after)
+    with open(a.out, "w") as f:
+        json.dump(out, f)
+    print(json.dumps(out), flush=True)
 
 
 def finish(rank, a, cont, ref=None, got=None):
@@ -237,7 +272,10 @@ def finish(rank, a, cont, ref=None, got=None):
             # Right after load_universal, DeepSpeed 0.19.5's safe_get_full_fp32_param returns values
             # that are not the masters, for a universal folder of DeepSpeed's own checkpoint as well
             # (measured): there the masters are proven by the losses (the one after a step equal).
-            n, bad = compare(got, torch.load(a.ref, weights_only=False), skip_masters=getattr(a, "universal", False))
+            ref = torch.load(a.ref, weights_only=False)
+            if getattr(a, "weights_only", False):
+                ref = {k: v for k, v in ref.items() if k.startswith("model.")}
+            n, bad = compare(got, ref, skip_masters=getattr(a, "universal", False))
             out.update(compared=n, differ=bad)
             with open(a.out, "w") as f:
                 json.dump(out, f)
@@ -251,14 +289,17 @@ def finish(rank, a, cont, ref=None, got=None):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("cmd", choices=["fsdp2-save", "ds-save", "fsdp2-resume", "ds-resume"])
+    ap.add_argument("cmd", choices=["fsdp2-save", "ds-save", "fsdp2-resume", "ds-resume", "plain-fresh"])
     ap.add_argument("--out", required=True)
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--stage", type=int, default=1)
     ap.add_argument("--ckpt", default="")
     ap.add_argument("--ref", default="")
     ap.add_argument("--universal", action="store_true")
+    ap.add_argument("--weights_only", action="store_true")
     a = ap.parse_args()
+    if a.cmd == "plain-fresh":
+        return run_plain_fresh(a)
     fn = {"fsdp2-save": run_fsdp2_save, "ds-save": run_ds_save, "fsdp2-resume": run_fsdp2_resume,
           "ds-resume": run_ds_resume}[a.cmd]
     s = socket.socket()

@@ -16,6 +16,11 @@ flatten_state_dict, so its keys are the DCP keys. A reader is right when it give
              lr_scheduler / train_state entries beside
   tied_w2    world 2, tied embeddings (both names in the model state dict, one param), a frozen
              param (requires_grad False: in no group), two param groups (decay / no decay)
+  weights_w2       world 2, weights only: dcp.save(get_model_state_dict(model)), the entries at the
+                   top (torchtitan's weights-only export), no optimizer state
+  weights_bf16_w3  world 3, weights only under "model." (dcp.save({"model": ...})), cast to bfloat16
+
+  python3 testdata/dcp/make_fixtures.py OUT [CASE ...]   (default: every case)
 """
 import os
 import shutil
@@ -58,6 +63,8 @@ CASES = {
     "mlp_w3": dict(world=3, model="mlp", layout="nested"),
     "titan_w2": dict(world=2, model="mlp", layout="torchtitan"),
     "tied_w2": dict(world=2, model="tied", layout="nested"),
+    "weights_w2": dict(world=2, model="mlp", layout="weights"),
+    "weights_bf16_w3": dict(world=3, model="mlp", layout="weights", dtype=torch.bfloat16),
 }
 
 
@@ -98,13 +105,24 @@ def run(rank, name, case, out, port):
     opts = StateDictOptions(flatten_optimizer_state_dict=titan)
     msd, osd = get_model_state_dict(model, options=opts), get_optimizer_state_dict(model, opt, options=opts)
     extra = {"lr_scheduler": {"lr_scheduler_0": {"last_epoch": 2, "base_lrs": [0.01]}}, "train_state": {"step": 2}}
-    state = dict(msd, optimizer=osd, **extra) if titan else {"model": msd, "optim": osd}
+    weights, dtype = case["layout"] == "weights", case.get("dtype")
+    if weights and dtype is not None:
+        msd = {k: v.to(dtype) for k, v in msd.items()}
+    if weights:
+        state = {"model": msd} if dtype is not None else msd
+    else:
+        state = dict(msd, optimizer=osd, **extra) if titan else {"model": msd, "optim": osd}
     folder = os.path.join(out, name)
     dcp.save(state, checkpoint_id=folder)
     full = StateDictOptions(full_state_dict=True, cpu_offload=True, flatten_optimizer_state_dict=titan)
     fm, fo = get_model_state_dict(model, options=full), get_optimizer_state_dict(model, opt, options=full)
+    if weights and dtype is not None:
+        fm = {k: v.to(dtype) for k, v in fm.items()}
     if rank == 0:
-        ref = dict(fm, optimizer=fo, **extra) if titan else {"model": fm, "optim": fo}
+        if weights:
+            ref = {"model": fm} if dtype is not None else fm
+        else:
+            ref = dict(fm, optimizer=fo, **extra) if titan else {"model": fm, "optim": fo}
         flat, _ = flatten_state_dict(ref)
         flat = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in flat.items()}
         torch.save(flat, os.path.join(out, name + ".ref.pt"))
@@ -115,7 +133,10 @@ def run(rank, name, case, out, port):
 def main():
     out = sys.argv[1]
     os.makedirs(out, exist_ok=True)
+    only = sys.argv[2:]
     for name, case in CASES.items():
+        if only and name not in only:
+            continue
         shutil.rmtree(os.path.join(out, name), ignore_errors=True)
         s = socket.socket()
         s.bind(("127.0.0.1", 0))

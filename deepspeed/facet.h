@@ -43,9 +43,9 @@ class DeepSpeedFacet : public state::Facet {
   // The path of that mp_rank file, for byte-identical copies ("" when the
   // state has no such file: writers then serialize ModelStatesRoot()).
   virtual std::string ModelStatesPath(int pp, int tp) const = 0;
-  // ZeRO-3 sources: the model-state file of dp rank `dp`
-  // (zero_pp_rank_D_mp_rank_00_model_states.pt); "" for other sources.
-  virtual std::string DpModelStatesPath(int dp) const { return ""; }
+  // ZeRO-3 sources: the model-state file of dp rank `dp` and tp rank `tp`
+  // (zero_pp_rank_D_mp_rank_TT_model_states.pt); "" for other sources.
+  virtual std::string DpModelStatesPath(int dp, int tp) const { return ""; }
   // The training's DeepSpeed config as the source saved it (`ds_config`):
   // its model states' by default (ModelStatesRoot(0, 0)); value null when
   // absent. Native MoE checkpoints before DeepSpeed 0.19.3 keep it in the

@@ -289,6 +289,29 @@ absl::Status DcpState::ReadGroups(const std::vector<std::string>& fqns) {
   return absl::OkStatus();
 }
 
+// A weights-only DCP: the one floating dtype of every weight (DeepSpeed
+// keeps one for a model's weights).
+absl::StatusOr<torch::DType> DcpState::WeightsDtype(const std::vector<std::string>& fqns) {
+  const std::string& path = metadata_.path;
+  const DcpEntry* first = nullptr;
+  for (const std::string& f : fqns) {
+    const DcpEntry& m = *metadata_.Find(params_[f].model_key);
+    if (m.dtype != torch::DType::kFloat32 && m.dtype != torch::DType::kBFloat16 && m.dtype != torch::DType::kFloat16) {
+      return absl::UnimplementedError(absl::StrCat(path, ": '", m.key, "' is ", Shape(m.dtype, m.size),
+                                                   ": a weights-only DCP is read as trainable weights, every "
+                                                   "one floating point (float32, bfloat16 or float16)"));
+    }
+    if (first == nullptr) first = &m;
+    if (m.dtype != first->dtype) {
+      return absl::UnimplementedError(absl::StrCat(path, ": weights of two dtypes ('", first->key, "' is ",
+                                                   Shape(first->dtype, first->size), ", '", m.key, "' ",
+                                                   Shape(m.dtype, m.size),
+                                                   "); DeepSpeed keeps one dtype for a model's weights"));
+    }
+  }
+  return first != nullptr ? first->dtype : torch::DType::kFloat32;
+}
+
 absl::Status DcpState::BuildInfo(const std::vector<std::string>& fqns) {
   const std::string& path = metadata_.path;
   // Which state names are per-element and which per group (step).
@@ -335,25 +358,7 @@ absl::Status DcpState::BuildInfo(const std::vector<std::string>& fqns) {
   info_.optimizer_kind = state::OptimizerKind::kZero;
   info_.lp_dtype = torch::DType::kFloat32;
   if (weights_only_) {
-    // One floating dtype for every weight (DeepSpeed keeps one for a model's weights).
-    const DcpEntry* first = nullptr;
-    for (const std::string& f : fqns) {
-      const DcpEntry& m = *metadata_.Find(params_[f].model_key);
-      if (m.dtype != torch::DType::kFloat32 && m.dtype != torch::DType::kBFloat16 &&
-          m.dtype != torch::DType::kFloat16) {
-        return absl::UnimplementedError(absl::StrCat(path, ": '", m.key, "' is ", Shape(m.dtype, m.size),
-                                                     ": a weights-only DCP is read as trainable weights, every "
-                                                     "one floating point (float32, bfloat16 or float16)"));
-      }
-      if (first == nullptr) first = &m;
-      if (m.dtype != first->dtype) {
-        return absl::UnimplementedError(absl::StrCat(path, ": weights of two dtypes ('", first->key, "' is ",
-                                                     Shape(first->dtype, first->size), ", '", m.key, "' ",
-                                                     Shape(m.dtype, m.size),
-                                                     "); DeepSpeed keeps one dtype for a model's weights"));
-      }
-    }
-    info_.lp_dtype = first->dtype;
+    UCP_ASSIGN_OR_RETURN(info_.lp_dtype, WeightsDtype(fqns));
   }
   int ranks = 1;
   for (const std::string& f : metadata_.Files()) {

@@ -117,6 +117,7 @@ class DcpState : public state::SlicedState, public deepspeed::DeepSpeedFacet {
   absl::Status FindWeights(std::vector<std::string>* fqns);
   absl::Status ReadGroups(const std::vector<std::string>& fqns);
   absl::Status BuildInfo(const std::vector<std::string>& fqns);
+  absl::StatusOr<torch::DType> WeightsDtype(const std::vector<std::string>& fqns);
   absl::Status CheckScalars();
   bool HasState(const state::ParamState& p, const std::string& state) const;
   // A weights-only source's fresh per-element state (exp_avg, exp_avg_sq):

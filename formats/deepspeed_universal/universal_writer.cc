@@ -108,22 +108,25 @@ class UniversalPlan : public Plan {
     }
     const state::Topology& src = info_.source_topology;
     if (zero3()) {
-      // ds_to_universal.py copies every dp rank's ZeRO-3 model-state file.
-      for (int d = 0; d < src.dp; ++d) {
-        const std::string from = ds_->DpModelStatesPath(d);
-        if (from.empty()) {
-          return absl::FailedPreconditionError(
-              "a ZeRO stage 3 universal checkpoint needs the source's zero_pp_rank_*_model_states.pt files");
+      // ds_to_universal.py copies every ZeRO-3 model-state file (every dp
+      // rank of every tp rank).
+      for (int t = 0; t < src.tp; ++t) {
+        for (int d = 0; d < src.dp; ++d) {
+          const std::string from = ds_->DpModelStatesPath(d, t);
+          if (from.empty()) {
+            return absl::FailedPreconditionError(
+                "a ZeRO stage 3 universal checkpoint needs the source's zero_pp_rank_*_model_states.pt files");
+          }
+          Unit u;
+          u.outputs.push_back(deepspeed::Zero3ModelFileName(d, t));
+          u.name = absl::StrCat("model states ", u.outputs[0]);
+          u.inputs.push_back({from, "", 0, -1});
+          auto size = FileSize(from);
+          u.bytes = size.ok() ? *size : 0;
+          kinds_.push_back(kModelStates);
+          index_.push_back(-1 - (t * src.dp + d));
+          units_.push_back(std::move(u));
         }
-        Unit u;
-        u.outputs.push_back(deepspeed::Zero3ModelFileName(d, 0));
-        u.name = absl::StrCat("model states ", u.outputs[0]);
-        u.inputs.push_back({from, "", 0, -1});
-        auto size = FileSize(from);
-        u.bytes = size.ok() ? *size : 0;
-        kinds_.push_back(kModelStates);
-        index_.push_back(-1 - d);
-        units_.push_back(std::move(u));
       }
     }
     // A plain (non-pipeline) module saved at tp > 1: one mp_rank_00 file
@@ -183,7 +186,10 @@ class UniversalPlan : public Plan {
       case kModelStates: {
         const int pp = index_[i] / info_.source_topology.tp, t = index_[i] % info_.source_topology.tp;
         const std::string& rel = units_[i].outputs[0];
-        const std::string from = index_[i] < 0 ? ds_->DpModelStatesPath(-1 - index_[i]) : ds_->ModelStatesPath(pp, t);
+        const int z3 = -1 - index_[i];  // a ZeRO-3 file: t * dp + d
+        const int dp = info_.source_topology.dp;
+        const std::string from =
+            index_[i] < 0 ? ds_->DpModelStatesPath(z3 % dp, z3 / dp) : ds_->ModelStatesPath(pp, t);
         if (!from.empty()) {
           // The model-state files, byte for byte.
           std::string sha;
@@ -273,6 +279,15 @@ class UniversalPlan : public Plan {
   // Whether the target version's stage-3 universal loader reads what ucp
   // writes (stage3.py load_hp_checkpoint_state_from_checkpoint_dir_stage3).
   absl::Status CheckZero3Loader() const {
+    if (info_.source_topology.tp > 1) {
+      // DeepSpeed's own converter merges such a checkpoint over tp into the
+      // stage 1/2 layout, which its stage-3 loader reads for AutoTP models
+      // only; ucp writes the stage-3 layout at tp=1.
+      return absl::UnimplementedError(absl::StrCat(
+          "a ZeRO stage 3 checkpoint at tp=", info_.source_topology.tp,
+          ": ucp writes DeepSpeed's stage-3 universal layout at tp=1 only; reshard it instead (`ucp reshard "
+          "--tp=N --zero_stage=1` or 2 at any tp, or `--tp=1 --zero_stage=3`)"));
+    }
     const std::string version = UniversalLoaderVersion(state_, options_);
     auto v = deepspeed::ParseDsVersion(version);
     if (!v.ok()) {

@@ -70,14 +70,74 @@ absl::StatusOr<std::unique_ptr<Zero3State>> Zero3State::Open(const std::string& 
   s->dir_ = TagFolder(path);
   if (!IsDirectory(s->dir_)) return absl::NotFoundError(absl::StrCat(path, ": no such checkpoint folder"));
   UCP_RETURN_IF_ERROR(s->Load());
-  return s;
+  if (s->mp_world_ == 1) return s;
+  // Tensor parallelism: each mp rank's files are a ZeRO-3 checkpoint of its
+  // tp slice of every param; one state per rank, this one their union.
+  std::unique_ptr<Zero3State> all(new Zero3State());
+  all->read_ = read;
+  all->dir_ = s->dir_;
+  all->mp_world_ = s->mp_world_;
+  all->tp_ranks_.push_back(std::move(s));
+  for (int r = 1; r < all->mp_world_; ++r) {
+    std::unique_ptr<Zero3State> rank(new Zero3State());
+    rank->read_ = read;
+    rank->dir_ = all->dir_;
+    rank->mp_rank_ = r;
+    UCP_RETURN_IF_ERROR(rank->Load());
+    all->tp_ranks_.push_back(std::move(rank));
+  }
+  UCP_RETURN_IF_ERROR(all->BuildTpInfo());
+  return all;
 }
 
 std::string Zero3State::OptimPath(int dp) const {
-  return JoinPath(dir_, deepspeed::OptimFileName(dp, 0, bf16_prefix_));
+  return JoinPath(dir_, deepspeed::OptimFileName(dp, mp_rank_, bf16_prefix_));
 }
 
-std::string Zero3State::ModelPath(int dp) const { return JoinPath(dir_, deepspeed::Zero3ModelFileName(dp, 0)); }
+std::string Zero3State::ModelPath(int dp) const {
+  return JoinPath(dir_, deepspeed::Zero3ModelFileName(dp, mp_rank_));
+}
+
+// The union of the mp ranks' states: rank 0's model with each param's tp
+// slices; every rank must hold the same params (names, roles, groups, dtypes)
+// and the same optimizer states.
+absl::Status Zero3State::BuildTpInfo() {
+  const Zero3State& first = *tp_ranks_[0];
+  info_ = first.info_;
+  info_.source_topology.tp = mp_world_;
+  for (int r = 1; r < mp_world_; ++r) {
+    const Zero3State& rank = *tp_ranks_[static_cast<size_t>(r)];
+    const state::ModelInfo& ri = rank.info_;
+    const std::string where = absl::StrCat(rank.ModelPath(0), " (mp rank ", r, ") and ", first.ModelPath(0));
+    if (ri.params.size() != info_.params.size() || ri.num_groups != info_.num_groups ||
+        ri.state_keys != info_.state_keys || ri.source_topology.dp != info_.source_topology.dp) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, " disagree: ", ri.params.size(), " vs ", info_.params.size(), " tensors, ", ri.num_groups, " vs ",
+          info_.num_groups, " param groups, dp ", ri.source_topology.dp, " vs ", info_.source_topology.dp,
+          ", optimizer states [", absl::StrJoin(ri.state_keys, ", "), "] vs [", absl::StrJoin(info_.state_keys, ", "),
+          "]"));
+    }
+    for (state::ParamState& p : info_.params) {
+      const state::ParamState* q = ri.Find(p.name);
+      if (q == nullptr || q->role != p.role || q->group != p.group || q->lp_dtype != p.lp_dtype ||
+          q->tp_shapes.size() != 1) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, " disagree on '", p.name, "': ",
+            q == nullptr ? "missing in the first"
+                         : absl::StrCat(state::TensorRoleName(q->role), " of group ", q->group, " vs ",
+                                        state::TensorRoleName(p.role), " of group ", p.group)));
+      }
+      p.tp_shapes.push_back(q->tp_shapes[0]);
+    }
+  }
+  info_.Reindex();
+  return absl::OkStatus();
+}
+
+Zero3State::TpRank Zero3State::RankParam(int r, const state::ParamState& param) const {
+  const Zero3State& rank = *tp_ranks_[static_cast<size_t>(r)];
+  return TpRank{&rank, rank.info_.Find(param.name)};
+}
 
 absl::Status Zero3State::Load() {
   UCP_ASSIGN_OR_RETURN(FolderFiles files, ListFiles());
@@ -108,13 +168,14 @@ absl::StatusOr<Zero3State::FolderFiles> Zero3State::ListFiles() {
   for (const auto& n : names) {
     auto parsed = deepspeed::ParseCheckpointFileName(n);
     if (!parsed) continue;
+    const bool mine = parsed->mp_rank == mp_rank_;
     switch (parsed->type) {
       case deepspeed::CheckpointFileName::Type::kZero3Model:
-        files.model_dp.insert(parsed->dp_rank);
+        if (mine) files.model_dp.insert(parsed->dp_rank);
         mp_ranks.insert(parsed->mp_rank);
         break;
       case deepspeed::CheckpointFileName::Type::kOptim:
-        files.optim_dp.insert(parsed->dp_rank);
+        if (mine) files.optim_dp.insert(parsed->dp_rank);
         mp_ranks.insert(parsed->mp_rank);
         bf16_values.insert(parsed->bf16_prefix ? 1 : 0);
         break;
@@ -124,11 +185,12 @@ absl::StatusOr<Zero3State::FolderFiles> Zero3State::ListFiles() {
             "' (a stage 1/2 or pipeline file): mixed layouts"));
     }
   }
-  if (mp_ranks.size() != 1 || *mp_ranks.begin() != 0) {
-    return absl::UnimplementedError(absl::StrCat(
-        dir_, ": ZeRO stage 3 with model parallelism (mp ranks ", absl::StrJoin(mp_ranks, ","),
-        ") is not supported: ucp reads ZeRO-3 checkpoints of DeepSpeed 0.12 to 0.19.5 at tp=pp=1"));
+  // mp ranks 0 .. N-1 (tensor parallelism), each with files of every dp rank.
+  if (mp_ranks.empty() || *mp_ranks.begin() != 0 || *mp_ranks.rbegin() + 1 != static_cast<int>(mp_ranks.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(dir_, ": ZeRO stage 3 files of mp ranks ",
+                                                   absl::StrJoin(mp_ranks, ","), ": expected 0 to N-1"));
   }
+  mp_world_ = static_cast<int>(mp_ranks.size());
   if (bf16_values.size() > 1) {
     return absl::InvalidArgumentError(absl::StrCat(dir_, ": mixes bf16_zero_pp_rank_* and zero_pp_rank_* files"));
   }
@@ -153,10 +215,10 @@ absl::Status Zero3State::OpenModelFiles(const FolderFiles& files) {
     if (dp < 1) return FileError(first_model, absl::StatusCode::kInvalidArgument, "dp_world_size < 1");
     dp_ = static_cast<int>(dp);
     const Value* mpw = root0.DictGet("mp_world_size");
-    if (mpw != nullptr && mpw->is(Kind::kInt) && mpw->int_value() != 1) {
-      return FileError(first_model, absl::StatusCode::kUnimplemented,
-                       absl::StrCat("ZeRO stage 3 with mp_world_size ", mpw->int_value(),
-                                    " (tensor or pipeline parallelism) is not supported"));
+    if (mpw != nullptr && mpw->is(Kind::kInt) && mpw->int_value() != mp_world_) {
+      return FileError(first_model, absl::StatusCode::kInvalidArgument,
+                       absl::StrCat("mp_world_size is ", mpw->int_value(), ", but the folder holds ZeRO stage 3 "
+                                    "files of ", mp_world_, " mp rank(s)"));
     }
   }
   if (files.optim_dp.empty()) {
@@ -170,7 +232,7 @@ absl::Status Zero3State::OpenModelFiles(const FolderFiles& files) {
   for (int d = 0; d < dp_; ++d) {
     if (!files.model_dp.count(d)) {
       return absl::NotFoundError(absl::StrCat(ModelPath(d), ": missing (dp_world_size ", dp_, " in ",
-                                              deepspeed::Zero3ModelFileName(0, 0), ")"));
+                                              deepspeed::Zero3ModelFileName(0, mp_rank_), ")"));
     }
     if (!files.optim_dp.count(d)) {
       return absl::NotFoundError(absl::StrCat(OptimPath(d), ": missing (dp_world_size ", dp_, ")"));
@@ -194,7 +256,7 @@ absl::Status Zero3State::OpenModelFiles(const FolderFiles& files) {
     if (dw == nullptr || !dw->is(Kind::kInt) || dw->int_value() != dp_) {
       return FileError(p, absl::StatusCode::kInvalidArgument,
                        absl::StrCat("dp_world_size is ", dw ? dw->DebugString() : "missing", ", expected ", dp_,
-                                    " as in ", deepspeed::Zero3ModelFileName(0, 0)));
+                                    " as in ", deepspeed::Zero3ModelFileName(0, mp_rank_)));
     }
     model_files_.push_back(std::move(f));
   }
@@ -271,7 +333,7 @@ absl::Status Zero3State::CheckParamShapesAgree(const std::vector<ValuePtr>& shap
     }
     if (!same) {
       return FileError(model_files_[d]->path(), absl::StatusCode::kInvalidArgument,
-                       absl::StrCat("param_shapes differ from ", deepspeed::Zero3ModelFileName(0, 0), " (found ", what,
+                       absl::StrCat("param_shapes differ from ", deepspeed::Zero3ModelFileName(0, mp_rank_), " (found ", what,
                                     ")"));
     }
   }
@@ -342,19 +404,19 @@ absl::Status Zero3State::CheckFrozenFragments(int d) {
       return err(absl::StrCat("frozen_param_shapes lists ",
                               shapes != nullptr && shapes->is(Kind::kDict) ? absl::StrCat(shapes->dict_items().size())
                                                                             : std::string("no"),
-                              " params, ", deepspeed::Zero3ModelFileName(0, 0), " lists ", frozen_.size()));
+                              " params, ", deepspeed::Zero3ModelFileName(0, mp_rank_), " lists ", frozen_.size()));
     }
     for (size_t i = 0; i < frozen_.size(); ++i) {
       const auto& [k, v] = shapes->dict_items()[i];
       const FrozenParam& f = frozen_[i];
       if (!k->is(Kind::kStr) || k->str() != f.name) {
         return err(absl::StrCat("frozen_param_shapes[", i, "] is ", k->DebugString(60), ", ",
-                                deepspeed::Zero3ModelFileName(0, 0), " has '", f.name, "' there"));
+                                deepspeed::Zero3ModelFileName(0, mp_rank_), " has '", f.name, "' there"));
       }
       auto shape = AsTorchSize(*v, "frozen_param_shapes");
       if (!shape.ok() || *shape != f.shape) {
         return err(absl::StrCat("frozen param '", f.name, "' has shape ", v->DebugString(60), ", ",
-                                deepspeed::Zero3ModelFileName(0, 0), " says ", ShapeStr(f.shape)));
+                                deepspeed::Zero3ModelFileName(0, mp_rank_), " says ", ShapeStr(f.shape)));
       }
     }
   }
@@ -508,6 +570,15 @@ absl::Status Zero3State::BuildInfo(const OptimFile& first) {
   if (const Value* a = args(); a != nullptr && a->is(Kind::kDict)) {
     const Value* v = a->DictGet("make_vocab_size_divisible_by");
     if (v != nullptr && v->is(Kind::kInt) && v->fits_int64()) info_.make_vocab_size_divisible_by = v->int_value();
+  }
+  // DeepSpeed's AutoTP training (as the ZeRO-1/2 reader reads it): its tp
+  // splits are AutoTP's (no vocabulary padding, uneven widths).
+  {
+    const Value* a = DictPath(&root0, {"ds_config", "tensor_parallel", "autotp_size"});
+    const Value* info = root0.DictGet("universal_checkpoint_info");
+    info_.autotp = (a != nullptr && a->is(Kind::kInt) && a->int_value() > 1) ||
+                   (info != nullptr && info->is(Kind::kDict) &&
+                    info->DictGet("autotp_unsupported_parameter_patterns") != nullptr);
   }
   const Value* module = root0.DictGet("module");
   if (module == nullptr || !module->is(Kind::kDict)) {
@@ -670,7 +741,7 @@ absl::StatusOr<std::unique_ptr<Zero3State::OptimFile>> Zero3State::ParseOptim(in
   if (state == nullptr || !state->is(Kind::kDict)) return err("optimizer_state_dict.optimizer_state_dict.state is not a dict");
   const size_t n = sub_groups_.size();
   if (flats->size() != n || state->dict_items().size() != n) {
-    return err(absl::StrCat("expected ", n, " sub-groups (param_shapes of ", deepspeed::Zero3ModelFileName(0, 0),
+    return err(absl::StrCat("expected ", n, " sub-groups (param_shapes of ", deepspeed::Zero3ModelFileName(0, mp_rank_),
                             "), found ", flats->size(), " fp32_flat_groups and ", state->dict_items().size(),
                             " optimizer states"));
   }
@@ -726,6 +797,16 @@ absl::StatusOr<const Zero3State::OptimFile*> Zero3State::Optim(int dp) const {
 
 absl::StatusOr<std::vector<tp::TensorPlan>> Zero3State::Slices(const state::ParamState& param, int stage,
                                                               const std::string& state) const {
+  if (!tp_ranks_.empty()) {
+    std::vector<tp::TensorPlan> out;
+    for (int r = 0; r < mp_world_; ++r) {
+      const TpRank rank = RankParam(r, param);
+      if (rank.param == nullptr) return absl::NotFoundError(absl::StrCat("no param '", param.name, "'"));
+      UCP_ASSIGN_OR_RETURN(std::vector<tp::TensorPlan> one, rank.state->Slices(*rank.param, stage, state));
+      out.push_back(std::move(one[0]));
+    }
+    return out;
+  }
   const int i = info_.IndexOf(param.name);
   if (i < 0) return absl::NotFoundError(absl::StrCat("no param '", param.name, "'"));
   if (info_param_[i] < 0) {
@@ -824,6 +905,7 @@ std::vector<state::InputRange> Zero3State::FrozenInputs(const FrozenParam& f) co
 }
 
 absl::StatusOr<state::FileValue> Zero3State::GroupScalar(int group, const std::string& key) const {
+  if (!tp_ranks_.empty()) return tp_ranks_[0]->GroupScalar(group, key);
   if (group < 0 || group >= static_cast<int>(group_sub_groups_.size())) {
     return absl::InvalidArgumentError(absl::StrCat("no param group ", group));
   }
@@ -833,6 +915,14 @@ absl::StatusOr<state::FileValue> Zero3State::GroupScalar(int group, const std::s
 
 std::vector<state::InputRange> Zero3State::Inputs(const state::ParamState& param) const {
   std::vector<state::InputRange> out;
+  if (!tp_ranks_.empty()) {
+    for (int r = 0; r < mp_world_; ++r) {
+      const TpRank rank = RankParam(r, param);
+      if (rank.param == nullptr) continue;
+      for (state::InputRange& in : rank.state->Inputs(*rank.param)) out.push_back(std::move(in));
+    }
+    return out;
+  }
   const int i = info_.IndexOf(param.name);
   if (i < 0) return out;
   if (info_param_[i] < 0) {
@@ -862,6 +952,10 @@ std::vector<state::InputRange> Zero3State::Inputs(const state::ParamState& param
 
 std::vector<std::string> Zero3State::InputFiles() const {
   std::vector<std::string> out;
+  for (const auto& rank : tp_ranks_) {
+    for (std::string& f : rank->InputFiles()) out.push_back(std::move(f));
+  }
+  if (!tp_ranks_.empty()) return out;
   for (int d = 0; d < dp_; ++d) {
     out.push_back(model_files_[d]->path());
     out.push_back(OptimPath(d));
@@ -870,6 +964,11 @@ std::vector<std::string> Zero3State::InputFiles() const {
 }
 
 absl::Status Zero3State::VerifyInput(const std::string& path) const {
+  for (const auto& rank : tp_ranks_) {
+    for (const std::string& f : rank->InputFiles()) {
+      if (f == path) return rank->VerifyInput(path);
+    }
+  }
   for (int d = 0; d < dp_; ++d) {
     if (path == OptimPath(d)) return Optim(d).status();  // parsed with every CRC checked
     if (path == model_files_[d]->path()) return absl::OkStatus();  // checked at Open
@@ -878,6 +977,7 @@ absl::Status Zero3State::VerifyInput(const std::string& path) const {
 }
 
 absl::StatusOr<state::FileValue> Zero3State::OptimizerCommon() const {
+  if (!tp_ranks_.empty()) return tp_ranks_[0]->OptimizerCommon();
   UCP_ASSIGN_OR_RETURN(const OptimFile* f, Optim(0));
   ValuePtr out = Value::MakeDict();
   for (const auto& [k, v] : f->osd->dict_items()) out->DictSet(k, v);
@@ -887,21 +987,28 @@ absl::StatusOr<state::FileValue> Zero3State::OptimizerCommon() const {
 }
 
 state::FileValue Zero3State::ModelStatesRoot(int pp, int tp) const {
+  if (!tp_ranks_.empty()) return tp_ranks_[static_cast<size_t>(tp >= 0 && tp < mp_world_ ? tp : 0)]->ModelStatesRoot(pp, 0);
   return state::FileValue{model_files_[0]->root(), state::Unowned(model_files_[0].get())};
 }
 
-std::string Zero3State::ModelStatesPath(int pp, int tp) const { return model_files_[0]->path(); }
+std::string Zero3State::ModelStatesPath(int pp, int tp) const {
+  if (!tp_ranks_.empty()) return tp_ranks_[static_cast<size_t>(tp >= 0 && tp < mp_world_ ? tp : 0)]->ModelStatesPath(pp, 0);
+  return model_files_[0]->path();
+}
 
-std::string Zero3State::DpModelStatesPath(int dp) const {
-  return dp >= 0 && dp < dp_ ? model_files_[dp]->path() : "";
+std::string Zero3State::DpModelStatesPath(int dp, int tp) const {
+  if (!tp_ranks_.empty()) return tp >= 0 && tp < mp_world_ ? tp_ranks_[static_cast<size_t>(tp)]->DpModelStatesPath(dp, 0) : "";
+  return dp >= 0 && dp < dp_ && tp == 0 ? model_files_[dp]->path() : "";
 }
 
 const pickle::Value& Zero3State::checkpoint_info() const {
+  if (!tp_ranks_.empty()) return tp_ranks_[0]->checkpoint_info();
   const Value* v = model_files_[0]->root()->DictGet("universal_checkpoint_info");
   return v != nullptr ? *v : *empty_dict_;
 }
 
 const pickle::Value* Zero3State::args() const {
+  if (!tp_ranks_.empty()) return tp_ranks_[0]->args();
   const Value* v = model_files_[0]->root()->DictGet("args");
   if (v == nullptr || v->is_none()) return nullptr;
   if (v->is(Kind::kDict)) return v;

@@ -28,9 +28,12 @@
 // reads it the same way). Sub-groups are cut from each param group by
 // `sub_group_size` over the partition sizes, so they depend on dp.
 //
-// Topology: tp = pp = 1 (model parallelism with ZeRO-3 is refused: its
-// files would carry mp ranks > 0); dp = dp_world_size = the number of
-// files of each kind = partition_count. Files are checked against each other
+// Topology: pp = 1; tp = the number of mp ranks (Megatron-style tensor
+// parallelism under ZeRO-3: `zero_pp_rank_D_mp_rank_TT_*`, each mp rank's
+// files a ZeRO-3 checkpoint of its tp slice of every param, read as one state
+// per rank whose params are the tp slices of the union; mp_world_size must
+// be their number); dp = dp_world_size = the number of files of each kind
+// per mp rank = partition_count. Files are checked against each other
 // and against param_shapes when opened (optimizer files on first use); every
 // error names the file, the sub-group or param, expected vs found.
 //
@@ -86,16 +89,16 @@ class Zero3State : public state::SlicedState, public deepspeed::DeepSpeedFacet {
   absl::StatusOr<state::FileValue> OptimizerCommon() const override;
   state::FileValue ModelStatesRoot(int pp, int tp) const override;
   std::string ModelStatesPath(int pp, int tp) const override;
-  std::string DpModelStatesPath(int dp) const override;
+  std::string DpModelStatesPath(int dp, int tp) const override;
   const pickle::Value& checkpoint_info() const override;
   const pickle::Value* args() const override;
   const std::string& dir() const override { return dir_; }
 
-  int num_sub_groups() const { return static_cast<int>(sub_groups_.size()); }
+  int num_sub_groups() const { return tp_ranks_.empty() ? static_cast<int>(sub_groups_.size()) : tp_ranks_[0]->num_sub_groups(); }
   // `sub_group_size` of the saving job's ds_config (DeepSpeed's default 1e9
   // when it records none).
-  int64_t sub_group_size() const { return sub_group_size_; }
-  const std::string& ds_version() const { return ds_version_; }
+  int64_t sub_group_size() const { return tp_ranks_.empty() ? sub_group_size_ : tp_ranks_[0]->sub_group_size(); }
+  const std::string& ds_version() const { return tp_ranks_.empty() ? ds_version_ : tp_ranks_[0]->ds_version(); }
 
  private:
   struct Param {
@@ -124,7 +127,15 @@ class Zero3State : public state::SlicedState, public deepspeed::DeepSpeedFacet {
     std::set<int> model_dp, optim_dp;
   };
 
+  // A param of one mp rank's state (null when it has none).
+  struct TpRank {
+    const Zero3State* state;
+    const state::ParamState* param;
+  };
+
   Zero3State() = default;
+  absl::Status BuildTpInfo();
+  TpRank RankParam(int r, const state::ParamState& param) const;
   // Open's phases, in order; each checks what it reads and names the file.
   absl::Status Load();
   absl::StatusOr<FolderFiles> ListFiles();
@@ -153,6 +164,10 @@ class Zero3State : public state::SlicedState, public deepspeed::DeepSpeedFacet {
 
   std::string dir_;
   deepspeed::ReadOptions read_;
+  int mp_rank_ = 0;   // whose files this state reads (ModelPath, OptimPath)
+  int mp_world_ = 1;  // the folder's mp ranks (ListFiles)
+  // tp > 1: one state per mp rank (this one holds no files of its own).
+  std::vector<std::unique_ptr<Zero3State>> tp_ranks_;
   int dp_ = 1;
   bool bf16_prefix_ = false;
   int64_t sub_group_size_ = 1000000000;

@@ -52,6 +52,8 @@ def draw_one(pb, rng, name, versions):
     for _ in range(1 + rng.choice([1, 1, 2])):
         if family == "gpt":
             zero = rng.choice([1, 2]) if moe else rng.choice([1, 2, 3])
+        elif family == "neox" and plain:
+            zero = rng.choice([1, 2, 3])  # ZeRO-3 at tp 1 or 2 (one ZeRO-3 checkpoint per tp rank)
         else:
             zero = rng.choice([1, 2]) if plain else 1  # the pipeline engine takes ZeRO-1 only
         tp, pp, dp, ep = _topologies(rng, family, plain, zero)
@@ -100,9 +102,11 @@ def draw_one(pb, rng, name, versions):
         prev = stages[i]
         routes = [pb.Hop.RESHARD]
         # a universal load: not for MoE (ucp refuses to convert it), a ZeRO-3 source only
-        # for a ZeRO-3 target of 0.15 - 0.19.5 with one group, no stage change through it
+        # for a ZeRO-3 target of 0.15 - 0.19.5 with one group, no stage change through it,
+        # at tp 1 (ucp writes the stage-3 universal layout at tp 1), gpt only (neox has
+        # two groups of their own weight decay, which the stage-3 loader shares)
         if not moe and (prev[4] == 3) == (t[4] == 3):
-            if t[4] != 3 or ((0, 15, 0) <= v <= (0, 19, 5) and "--lr1" not in c.model.args):
+            if t[4] != 3 or ((0, 15, 0) <= v <= (0, 19, 5) and "--lr1" not in c.model.args and family == "gpt"):
                 routes += [pb.Hop.CONVERT, pb.Hop.CONVERT_RESHARD]
         h.route = rng.choice(routes)
         if h.route == pb.Hop.CONVERT and t[4] == 3:

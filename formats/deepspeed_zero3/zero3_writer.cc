@@ -12,6 +12,7 @@
 #include "deepspeed/layout_math.h"
 #include "deepspeed/tree_copy.h"
 #include "deepspeed/zero_target_parts.h"
+#include "formats/deepspeed_zero/zero_writer.h"
 #include "format/pickle/accessors.h"
 #include "tp/merge.h"
 #include "tp/plan_io.h"
@@ -56,11 +57,12 @@ struct SubGroup {
 class Zero3Plan : public Plan {
  public:
   Zero3Plan(const state::ModelState& state, const ZeroWriteOptions& options)
-      : state_(state), info_(state.info()), options_(options), dp_(options.target.dp) {}
+      : state_(state), info_(state.info()), options_(options), dp_(options.target.dp), tp_(options.target.tp) {}
 
   absl::Status Build() {
     UCP_RETURN_IF_ERROR(CheckTarget());
     UCP_RETURN_IF_ERROR(CheckSourceFits());
+    UCP_RETURN_IF_ERROR(PlanTpSlices());
     UCP_RETURN_IF_ERROR(ReadSourceOptimizer());
     ChooseSubGroupSize();
     NumberParams();
@@ -74,15 +76,16 @@ class Zero3Plan : public Plan {
   absl::Status Execute(size_t i, const std::string& staging, UnitResult* result) const override {
     const Job& job = jobs_[i];
     if (job.dp < 0) return ExecuteVerifyUnit(state_, units_[i]);
+    const int t = job.tp;
     torch::TorchWriteOptions wo;
     wo.record_threads = 1;
     wo.writeback = options_.fsync;
     torch::TorchWriter w(wo);
     ValuePtr root;
     if (job.optim) {
-      UCP_ASSIGN_OR_RETURN(root, OptimRoot(w, job.dp));
+      UCP_ASSIGN_OR_RETURN(root, OptimRoot(w, job.dp, t));
     } else {
-      UCP_ASSIGN_OR_RETURN(root, ModelStatesRoot(w, job.dp));
+      UCP_ASSIGN_OR_RETURN(root, ModelStatesRoot(w, job.dp, t));
     }
     return WriteUnitFile(w, staging, units_[i].outputs[0], *root, result);
   }
@@ -100,9 +103,11 @@ class Zero3Plan : public Plan {
   struct Job {
     bool optim = false;
     int dp = 0;  // -1: the verify unit
+    int tp = 0;
   };
 
-  // The target: tp = pp = 1; the source's DeepSpeed facet (ds_); whether
+  // The target: pp = 1 (each tp rank's files a ZeRO-3 checkpoint of its tp
+  // slices); the source's DeepSpeed facet (ds_); whether
   // the target version's model states record the degrees (0.19.5 on).
   absl::Status CheckTarget() {
     UCP_RETURN_IF_ERROR(options_.target.Validate());
@@ -111,9 +116,9 @@ class Zero3Plan : public Plan {
       auto v = deepspeed::ParseDsVersion(deepspeed::TargetDsVersion(state_, options_.target_ds_version));
       parallel_dims_ = v.ok() && *v >= deepspeed::DsVersion{0, 19, 5};
     }
-    if (options_.target.tp != 1 || options_.target.pp != 1) {
+    if (options_.target.pp != 1) {
       return absl::InvalidArgumentError(absl::StrCat("ZeRO stage 3 target ", options_.target.ToString(),
-                                                     ": ucp writes ZeRO-3 checkpoints at tp=1 pp=1"));
+                                                     ": DeepSpeed runs no pipeline under ZeRO-3 (pp=1)"));
     }
     return absl::OkStatus();
   }
@@ -136,13 +141,41 @@ class Zero3Plan : public Plan {
       if (p.rule.kind() != VOCAB || p.full_shape.empty()) continue;
       const int64_t divisible_by = options_.make_vocab_size_divisible_by > 0 ? options_.make_vocab_size_divisible_by
                                                                              : info_.make_vocab_size_divisible_by;
-      if (divisible_by <= 0 || tp::PaddedVocabSize(p.full_shape[0], divisible_by, 1) != p.full_shape[0]) {
+      if (divisible_by <= 0 || tp::PaddedVocabSize(p.full_shape[0], divisible_by, tp_) != p.full_shape[0]) {
         return absl::UnimplementedError(absl::StrCat(
             "ZeRO stage 3 target: vocabulary param '", p.name, "' (", p.full_shape[0],
             " rows) would need Megatron's vocab padding, which ucp does not write for ZeRO-3"));
       }
     }
     return absl::OkStatus();
+  }
+
+  // At tp > 1 each param's tp slices as the ZeRO-1/2 writer cuts them
+  // (layout_: the rule's split, Megatron's or AutoTP's widths).
+  absl::Status PlanTpSlices() {
+    if (tp_ == 1) return absl::OkStatus();
+    ZeroWriteOptions o = options_;
+    o.zero_stage = 1;  // only the slices are taken from it
+    UCP_ASSIGN_OR_RETURN(layout_, deepspeed_zero::PlanTarget(info_, o, deepspeed::TargetDsVersion(state_, "")));
+    return absl::OkStatus();
+  }
+
+  // Param `i`'s shape on tp rank `t` (its full shape at tp 1).
+  const std::vector<int64_t>& Shape(int i, int t) const {
+    return tp_ == 1 ? info_.params[i].full_shape : layout_.SliceShape(i, t);
+  }
+
+  // Param `i`'s state `key` on tp rank `t`, checked against its shape.
+  absl::StatusOr<TensorPlan> Slice(int i, const std::string& key, int t) const {
+    const ParamState& p = info_.params[i];
+    if (tp_ > 1) return deepspeed_zero::TargetSlice(state_, layout_, i, key, t);
+    UCP_ASSIGN_OR_RETURN(TensorPlan full, state_.Full(p, key));
+    if (full.shape() != p.full_shape) {
+      return absl::InvalidArgumentError(absl::StrCat("param '", p.name, "' ", key, ": full shape ",
+                                                     torch::ShapeString(full.shape()), " differs from ",
+                                                     torch::ShapeString(p.full_shape)));
+    }
+    return full;
   }
 
   // The source's optimizer state (common_): a dict with one param group per
@@ -204,28 +237,33 @@ class Zero3Plan : public Plan {
 
   // Sub-groups of every group at the target dp (sub_groups_), cut by
   // sub_group_size_ over the partition sizes (Zero3SubGroups).
+  // Each tp rank's (of its slice sizes: AutoTP's uneven widths may cut them
+  // otherwise than rank 0's).
   absl::Status CutSubGroups() {
-    for (int g = 0; g < info_.num_groups; ++g) {
-      std::vector<int> members;
-      std::vector<int64_t> numels;
-      for (size_t i = 0; i < info_.params.size(); ++i) {
-        if (info_.params[i].trainable() && info_.params[i].group == g) {
-          members.push_back(static_cast<int>(i));
-          numels.push_back(Numel(info_.params[i].full_shape));
+    sub_groups_.resize(static_cast<size_t>(tp_));
+    for (int t = 0; t < tp_; ++t) {
+      for (int g = 0; g < info_.num_groups; ++g) {
+        std::vector<int> members;
+        std::vector<int64_t> numels;
+        for (size_t i = 0; i < info_.params.size(); ++i) {
+          if (info_.params[i].trainable() && info_.params[i].group == g) {
+            members.push_back(static_cast<int>(i));
+            numels.push_back(Numel(Shape(static_cast<int>(i), t)));
+          }
         }
-      }
-      if (members.empty()) {
-        return absl::FailedPreconditionError(absl::StrCat("param group ", g, " holds no params"));
-      }
-      size_t k = 0;
-      for (int count : Zero3SubGroups(numels, dp_, sub_group_size_)) {
-        SubGroup sg;
-        sg.group = g;
-        for (int c = 0; c < count; ++c, ++k) {
-          sg.params.push_back(members[k]);
-          sg.flat_numel += Zero3PartitionNumel(numels[k], dp_);
+        if (members.empty()) {
+          return absl::FailedPreconditionError(absl::StrCat("param group ", g, " holds no params"));
         }
-        sub_groups_.push_back(std::move(sg));
+        size_t k = 0;
+        for (int count : Zero3SubGroups(numels, dp_, sub_group_size_)) {
+          SubGroup sg;
+          sg.group = g;
+          for (int c = 0; c < count; ++c, ++k) {
+            sg.params.push_back(members[k]);
+            sg.flat_numel += Zero3PartitionNumel(numels[k], dp_);
+          }
+          sub_groups_[t].push_back(std::move(sg));
+        }
       }
     }
     return absl::OkStatus();
@@ -236,29 +274,31 @@ class Zero3Plan : public Plan {
   void AddUnits() {
     const std::vector<InputRange> all_inputs = deepspeed::EveryParamInput(state_);
     const int64_t per_element = 4 * (1 + static_cast<int64_t>(info_.state_keys.size()));
-    int64_t flat_total = 0;
-    for (const auto& sg : sub_groups_) flat_total += sg.flat_numel;
-    for (int d = 0; d < dp_; ++d) {
-      Unit m;
-      m.outputs.push_back(deepspeed::Zero3ModelFileName(d, 0));
-      m.name = absl::StrCat("file ", m.outputs[0]);
-      m.bytes = 4096;
-      const std::string from = ds_->ModelStatesPath(0, 0);
-      if (!from.empty()) m.inputs.push_back({from, "", 0, -1});
-      for (int i : frozen_) {
-        for (const InputRange& r : state_.Inputs(info_.params[i])) m.inputs.push_back(r);
-        m.bytes += Zero3PartitionNumel(Numel(info_.params[i].full_shape), dp_) *
-                   static_cast<int64_t>(torch::ItemSize(info_.params[i].lp_dtype));
+    for (int t = 0; t < tp_; ++t) {
+      int64_t flat_total = 0;
+      for (const auto& sg : sub_groups_[t]) flat_total += sg.flat_numel;
+      for (int d = 0; d < dp_; ++d) {
+        Unit m;
+        m.outputs.push_back(deepspeed::Zero3ModelFileName(d, t));
+        m.name = absl::StrCat("file ", m.outputs[0]);
+        m.bytes = 4096;
+        const std::string from = ds_->ModelStatesPath(0, t);
+        if (!from.empty()) m.inputs.push_back({from, "", 0, -1});
+        for (int i : frozen_) {
+          for (const InputRange& r : state_.Inputs(info_.params[i])) m.inputs.push_back(r);
+          m.bytes += Zero3PartitionNumel(Numel(Shape(i, t)), dp_) *
+                     static_cast<int64_t>(torch::ItemSize(info_.params[i].lp_dtype));
+        }
+        jobs_.push_back({false, d, t});
+        units_.push_back(std::move(m));
+        Unit o;
+        o.outputs.push_back(deepspeed::OptimFileName(d, t, info_.bf16_file_prefix));
+        o.name = absl::StrCat("file ", o.outputs[0]);
+        o.bytes = flat_total * per_element;
+        o.inputs = all_inputs;
+        jobs_.push_back({true, d, t});
+        units_.push_back(std::move(o));
       }
-      jobs_.push_back({false, d});
-      units_.push_back(std::move(m));
-      Unit o;
-      o.outputs.push_back(deepspeed::OptimFileName(d, 0, info_.bf16_file_prefix));
-      o.name = absl::StrCat("file ", o.outputs[0]);
-      o.bytes = flat_total * per_element;
-      o.inputs = all_inputs;
-      jobs_.push_back({true, d});
-      units_.push_back(std::move(o));
     }
     if (AddVerifyUnit(state_, &units_)) jobs_.push_back({false, -1});
   }
@@ -274,8 +314,8 @@ class Zero3Plan : public Plan {
     return deepspeed::RetargetDsConfig(src, w, /*stage=*/3, options_.sub_group_size);
   }
 
-  absl::StatusOr<ValuePtr> ModelStatesRoot(torch::TorchWriter& w, int dp) const {
-    state::FileValue src = ds_->ModelStatesRoot(0, 0);
+  absl::StatusOr<ValuePtr> ModelStatesRoot(torch::TorchWriter& w, int dp, int t) const {
+    state::FileValue src = ds_->ModelStatesRoot(0, t);
     if (!src.value || !src.value->is(Kind::kDict)) {
       return absl::FailedPreconditionError("the source has no model states to carry over");
     }
@@ -283,22 +323,22 @@ class Zero3Plan : public Plan {
     for (const auto& [k, v] : src.value->dict_items()) {
       const std::string key = k->is(Kind::kStr) ? k->str() : "";
       if (key == "module") {
-        UCP_ASSIGN_OR_RETURN(ValuePtr m, Module(w));
+        UCP_ASSIGN_OR_RETURN(ValuePtr m, Module(w, t));
         out->DictSet(k, m);
       } else if (key == "param_shapes") {
         std::vector<ValuePtr> groups;
-        for (const SubGroup& sg : sub_groups_) {
+        for (const SubGroup& sg : sub_groups_[t]) {
           ValuePtr d = Value::MakeDict(/*ordered_dict=*/true);
           for (int i : sg.params) {
-            d->DictSet(Value::Str(info_.params[i].name), pickle::MakeTorchSize(info_.params[i].full_shape));
+            d->DictSet(Value::Str(info_.params[i].name), pickle::MakeTorchSize(Shape(i, t)));
           }
           groups.push_back(d);
         }
         out->DictSet(k, Value::List(std::move(groups)));
       } else if (key == "frozen_param_shapes") {
-        out->DictSet(k, FrozenShapes());
+        out->DictSet(k, FrozenShapes(t));
       } else if (key == "frozen_param_fragments") {
-        UCP_ASSIGN_OR_RETURN(ValuePtr f, FrozenFragments(w, dp));
+        UCP_ASSIGN_OR_RETURN(ValuePtr f, FrozenFragments(w, dp, t));
         out->DictSet(k, f);
       } else if (key == "shared_params" && dp != 0) {
         // engine._get_shared_params runs on global rank 0 only: every other
@@ -313,16 +353,18 @@ class Zero3Plan : public Plan {
       } else if (key == "dp_world_size") {
         out->DictSet(k, Value::Int(dp_));
       } else if (key == "mp_world_size") {
-        out->DictSet(k, Value::Int(1));
+        out->DictSet(k, Value::Int(tp_));
         if (parallel_dims_ && src.value->DictGet("checkpoint_parallel_dimensions") == nullptr) {
-          out->DictSet(Value::Str("checkpoint_parallel_dimensions"), deepspeed::SingleRankParallelDimensions());
+          ValuePtr dims = deepspeed::SingleRankParallelDimensions();
+          dims->DictSet(Value::Str("tp_degree"), Value::Int(tp_));
+          out->DictSet(Value::Str("checkpoint_parallel_dimensions"), dims);
         }
       } else if (key == "checkpoint_parallel_dimensions" && !parallel_dims_) {
         continue;  // a target before 0.19.5 records none
       } else if (key == "checkpoint_parallel_dimensions" && v->is(Kind::kDict)) {
         UCP_ASSIGN_OR_RETURN(ValuePtr dims, deepspeed::CopyTreeForWrite(state::FileValue{v, src.file}, w));
         if (dims->DictGet("pp_degree")) dims->DictSet(Value::Str("pp_degree"), Value::Int(1));
-        if (dims->DictGet("tp_degree")) dims->DictSet(Value::Str("tp_degree"), Value::Int(1));
+        if (dims->DictGet("tp_degree")) dims->DictSet(Value::Str("tp_degree"), Value::Int(tp_));
         out->DictSet(k, dims);
       } else if (key == "ds_config") {
         UCP_ASSIGN_OR_RETURN(ValuePtr c, DsConfig(state::FileValue{v, src.file}, w));
@@ -336,19 +378,17 @@ class Zero3Plan : public Plan {
     }
     // A source that records no frozen params' keys (but has frozen params).
     if (!frozen_.empty() && out->DictGet("frozen_param_shapes") == nullptr) {
-      out->DictSet(Value::Str("frozen_param_shapes"), FrozenShapes());
-      UCP_ASSIGN_OR_RETURN(ValuePtr f, FrozenFragments(w, dp));
+      out->DictSet(Value::Str("frozen_param_shapes"), FrozenShapes(t));
+      UCP_ASSIGN_OR_RETURN(ValuePtr f, FrozenFragments(w, dp, t));
       out->DictSet(Value::Str("frozen_param_fragments"), f);
     }
     return out;
   }
 
-  // frozen_param_shapes: name -> full shape, in module order.
-  ValuePtr FrozenShapes() const {
+  // frozen_param_shapes: name -> (tp rank t's) shape, in module order.
+  ValuePtr FrozenShapes(int t) const {
     ValuePtr d = Value::MakeDict(/*ordered_dict=*/true);
-    for (int i : frozen_) {
-      d->DictSet(Value::Str(info_.params[i].name), pickle::MakeTorchSize(info_.params[i].full_shape));
-    }
+    for (int i : frozen_) d->DictSet(Value::Str(info_.params[i].name), pickle::MakeTorchSize(Shape(i, t)));
     return d;
   }
 
@@ -356,22 +396,17 @@ class Zero3Plan : public Plan {
   // partition (its `ds_tensor`: elements [dp * part, (dp + 1) * part) of the
   // flattened lp weight, part = ceil(numel / dp), zeros past the end), 1-D,
   // in its lp dtype.
-  absl::StatusOr<ValuePtr> FrozenFragments(torch::TorchWriter& w, int dp) const {
+  absl::StatusOr<ValuePtr> FrozenFragments(torch::TorchWriter& w, int dp, int t) const {
     ValuePtr d = Value::MakeDict(/*ordered_dict=*/true);
     for (int i : frozen_) {
       const ParamState& p = info_.params[i];
-      const int64_t numel = Numel(p.full_shape);
+      const int64_t numel = Numel(Shape(i, t));
       const int64_t part = Zero3PartitionNumel(numel, dp_);
       const int64_t begin = static_cast<int64_t>(dp) * part;
       const int64_t len = std::max<int64_t>(0, std::min(part, numel - begin));
       std::vector<TensorPlan> pieces;
       if (len > 0) {
-        UCP_ASSIGN_OR_RETURN(TensorPlan full, state_.Full(p, state::kLpState));
-        if (full.shape() != p.full_shape) {
-          return absl::InvalidArgumentError(absl::StrCat("frozen param '", p.name, "': full shape ",
-                                                         torch::ShapeString(full.shape()), " differs from ",
-                                                         torch::ShapeString(p.full_shape)));
-        }
+        UCP_ASSIGN_OR_RETURN(TensorPlan full, Slice(i, state::kLpState, t));
         UCP_ASSIGN_OR_RETURN(TensorPlan flat, full.Reshape({numel}));
         UCP_ASSIGN_OR_RETURN(TensorPlan piece, flat.FlatRange(begin, len));
         pieces.push_back(std::move(piece));
@@ -388,7 +423,7 @@ class Zero3Plan : public Plan {
   }
 
   // The module state dict: params as empty tensors, buffers whole.
-  absl::StatusOr<ValuePtr> Module(torch::TorchWriter& w) const {
+  absl::StatusOr<ValuePtr> Module(torch::TorchWriter& w, int t) const {
     ValuePtr sd = Value::MakeDict(/*ordered_dict=*/true);
     const std::vector<int> order = info_.ModuleOrderIndices();
     for (int i : order) {
@@ -400,7 +435,7 @@ class Zero3Plan : public Plan {
         sd->DictSet(Value::Str(p.name), tp::AddPlan(w, lp));
       }
     }
-    state::FileValue src = ds_->ModelStatesRoot(0, 0);
+    state::FileValue src = ds_->ModelStatesRoot(0, t);
     const Value* module = src.value ? src.value->DictGet("module") : nullptr;
     if (module != nullptr && module->is(Kind::kDict) && module->dict_state()) {
       UCP_ASSIGN_OR_RETURN(ValuePtr metadata,
@@ -411,21 +446,16 @@ class Zero3Plan : public Plan {
   }
 
   // Sub-group `s`'s flat partition on dp rank `dp` for one state.
-  absl::StatusOr<TensorPlan> Flat(int s, int dp, const std::string& key) const {
+  absl::StatusOr<TensorPlan> Flat(int s, int dp, const std::string& key, int t) const {
     std::vector<TensorPlan> pieces;
-    for (int i : sub_groups_[s].params) {
+    for (int i : sub_groups_[t][s].params) {
       const ParamState& p = info_.params[i];
-      const int64_t numel = Numel(p.full_shape);
+      const int64_t numel = Numel(Shape(i, t));
       const int64_t part = Zero3PartitionNumel(numel, dp_);
       const int64_t begin = static_cast<int64_t>(dp) * part;
       const int64_t len = std::max<int64_t>(0, std::min(part, numel - begin));
       if (len > 0) {
-        UCP_ASSIGN_OR_RETURN(TensorPlan full, state_.Full(p, key));
-        if (full.shape() != p.full_shape) {
-          return absl::InvalidArgumentError(absl::StrCat("param '", p.name, "' ", key, ": full shape ",
-                                                         torch::ShapeString(full.shape()), " differs from ",
-                                                         torch::ShapeString(p.full_shape)));
-        }
+        UCP_ASSIGN_OR_RETURN(TensorPlan full, Slice(i, key, t));
         UCP_ASSIGN_OR_RETURN(TensorPlan flat, full.Reshape({numel}));
         UCP_ASSIGN_OR_RETURN(TensorPlan piece, flat.FlatRange(begin, len));
         if (piece.dtype() != torch::DType::kFloat32) {
@@ -452,7 +482,7 @@ class Zero3Plan : public Plan {
     return deepspeed::CopyTreeForWrite(v, w);
   }
 
-  absl::StatusOr<ValuePtr> OptimRoot(torch::TorchWriter& w, int dp) const {
+  absl::StatusOr<ValuePtr> OptimRoot(torch::TorchWriter& w, int dp, int t) const {
     ValuePtr osd = Value::MakeDict();
     // Pickled as the source's Python pickled its own stage.
     const Value* source_stage = common_.value ? common_.value->DictGet("zero_stage") : nullptr;
@@ -472,21 +502,22 @@ class Zero3Plan : public Plan {
     ValuePtr from_type = Value::Global("torch._tensor", "_rebuild_from_type_v2");
     ValuePtr rebuild = Value::Global("torch._utils", "_rebuild_tensor_v2");
     ValuePtr tensor_type = Value::Global("torch", "Tensor");
-    for (size_t s = 0; s < sub_groups_.size(); ++s) {
-      const SubGroup& sg = sub_groups_[s];
+    const std::vector<SubGroup>& sub_groups = sub_groups_[t];
+    for (size_t s = 0; s < sub_groups.size(); ++s) {
+      const SubGroup& sg = sub_groups[s];
       ValuePtr st = Value::MakeDict();
       for (const std::string& key : info_.scalar_keys) {
         UCP_ASSIGN_OR_RETURN(ValuePtr v, OwnScalar(w, sg.group, key));
         if (v) st->DictSet(Value::Str(key), v);
       }
       for (const std::string& key : info_.state_keys) {
-        UCP_ASSIGN_OR_RETURN(TensorPlan plan, Flat(static_cast<int>(s), dp, key));
+        UCP_ASSIGN_OR_RETURN(TensorPlan plan, Flat(static_cast<int>(s), dp, key, t));
         st->DictSet(Value::Str(key), tp::AddPlan(w, plan));
       }
       states->DictSet(Value::Int(static_cast<int64_t>(s)), st);
       // fp32_flat_groups[s]: requires_grad, and DeepSpeed's `ds_id`
       // "<first param's id>_<last param's id>" as a tensor attribute.
-      UCP_ASSIGN_OR_RETURN(TensorPlan fp32, Flat(static_cast<int>(s), dp, state::kFp32State));
+      UCP_ASSIGN_OR_RETURN(TensorPlan fp32, Flat(static_cast<int>(s), dp, state::kFp32State, t));
       ValuePtr t = tp::AddPlan(w, fp32);
       UCP_RETURN_IF_ERROR(tp::SetRequiresGrad(*t, true));
       ValuePtr attrs = Value::MakeDict();
@@ -500,8 +531,8 @@ class Zero3Plan : public Plan {
     UCP_ASSIGN_OR_RETURN(ValuePtr groups, CopyCommon(w, "param_groups"));
     for (int g = 0; g < info_.num_groups; ++g) {
       std::vector<ValuePtr> ids;
-      for (size_t s = 0; s < sub_groups_.size(); ++s) {
-        if (sub_groups_[s].group == g) ids.push_back(Value::Int(static_cast<int64_t>(s)));
+      for (size_t s = 0; s < sub_groups.size(); ++s) {
+        if (sub_groups[s].group == g) ids.push_back(Value::Int(static_cast<int64_t>(s)));
       }
       ValuePtr group = groups->items()[g];
       if (!group->is(Kind::kDict)) return absl::InvalidArgumentError(absl::StrCat("param_groups[", g, "] is not a dict"));
@@ -515,7 +546,7 @@ class Zero3Plan : public Plan {
 
     ValuePtr root = Value::MakeDict();
     root->DictSet(Value::Str("optimizer_state_dict"), osd);
-    state::FileValue src = ds_->ModelStatesRoot(0, 0);
+    state::FileValue src = ds_->ModelStatesRoot(0, t);
     ValuePtr config = src.value ? src.value->DictGetPtr("ds_config") : nullptr;
     if (config) {
       UCP_ASSIGN_OR_RETURN(ValuePtr c, DsConfig(state::FileValue{config, src.file}, w));
@@ -539,13 +570,14 @@ class Zero3Plan : public Plan {
   ZeroWriteOptions options_;
   std::unique_ptr<deepspeed::DeepSpeedFacet> owned_facet_;
   const deepspeed::DeepSpeedFacet* ds_ = nullptr;
-  const int dp_;
+  const int dp_, tp_;
+  deepspeed_zero::TargetLayout layout_;  // tp > 1: the slices (PlanTpSlices)
   int64_t sub_group_size_ = 0;
   bool parallel_dims_ = false;  // the target writes checkpoint_parallel_dimensions
   state::FileValue common_;
   std::map<std::string, int> ds_id_;
   std::vector<int> frozen_;  // frozen params (ModelInfo::params indices), module order
-  std::vector<SubGroup> sub_groups_;
+  std::vector<std::vector<SubGroup>> sub_groups_;  // per tp rank
   std::vector<Job> jobs_;
 };
 

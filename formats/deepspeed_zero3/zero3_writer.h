@@ -20,6 +20,13 @@
 // sub-group's `step` is a tensor of its own (DeepSpeed 0.18-0.19.5's
 // universal load shares one across sub-groups, and Adam then counts it once
 // per sub-group), and every group keeps its own hyper-parameters.
+//
+// At tp > 1 (pp = 1) every tp rank T gets the same files named mp_rank_TT,
+// each a ZeRO-3 checkpoint of its tp slices (cut as the ZeRO-1/2 writer cuts
+// them: deepspeed_zero::PlanTarget / TargetSlice, Megatron's split or AutoTP's
+// widths), its sub-groups cut over its slice sizes, mp_world_size and
+// checkpoint_parallel_dimensions' tp_degree tp, rank T's model states of the
+// source carried over.
 #ifndef UCP_FORMATS_DEEPSPEED_ZERO3_ZERO3_WRITER_H_
 #define UCP_FORMATS_DEEPSPEED_ZERO3_ZERO3_WRITER_H_
 

@@ -610,19 +610,11 @@ absl::Status ExportIsTheModel(CaseRunner& r, const std::string& zero, const std:
 
 absl::Status ReshardMatchesSave(CaseRunner& r) {
   const Property p = Property::kReshardMatchesSave;
-  std::string resharded;
-  if (SourceZeroStage(r.c()) == 3) {
-    // ucp writes DeepSpeed's stage-3 universal layout for a ZeRO-3 source
-    // and does not read it back (docs/FORMATS.md): the ZeRO-3 folder itself
-    // is resharded.
-    UCP_ASSIGN_OR_RETURN(std::string zero1, r.SaveT1(), _.Prepend("save at T1: "));
-    UCP_ASSIGN_OR_RETURN(resharded, r.Reshard(zero1, "zero_t1_to_t2", r.c().target(), r.V2()),
-                         _.Prepend("reshard to T2: "));
-  } else {
-    UCP_ASSIGN_OR_RETURN(std::string universal, r.ConvertT1(), _.Prepend("convert from T1: "));
-    UCP_ASSIGN_OR_RETURN(resharded, r.Reshard(universal, "universal_t1_to_t2", r.c().target(), r.V2()),
-                         _.Prepend("reshard to T2: "));
-  }
+  // (A ZeRO-3 source converts to DeepSpeed's stage-3 universal layout,
+  // which ucp reads back.)
+  UCP_ASSIGN_OR_RETURN(std::string universal, r.ConvertT1(), _.Prepend("convert from T1: "));
+  UCP_ASSIGN_OR_RETURN(std::string resharded, r.Reshard(universal, "universal_t1_to_t2", r.c().target(), r.V2()),
+                       _.Prepend("reshard to T2: "));
   UCP_ASSIGN_OR_RETURN(std::string zero2, r.SaveT2(), _.Prepend("save at T2: "));
   UCP_ASSIGN_OR_RETURN(std::vector<std::string> diffs, FolderByteDiffs(resharded, zero2));
   if (!diffs.empty()) {
@@ -639,18 +631,9 @@ absl::Status DirectReshardMatchesTwoStep(CaseRunner& r) {
   UCP_ASSIGN_OR_RETURN(std::string zero1, r.SaveT1(), _.Prepend("save at T1: "));
   UCP_ASSIGN_OR_RETURN(std::string direct, r.Reshard(zero1, "zero_t1_to_t2", r.c().target(), r.V2()),
                        _.Prepend("reshard the ZeRO folder to T2: "));
-  std::string two_step;
-  if (SourceZeroStage(r.c()) == 3) {
-    // No universal route from ZeRO-3 (see (b)): through ZeRO-1 at T1 instead.
-    UCP_ASSIGN_OR_RETURN(std::string mid, r.Reshard(zero1, "zero_t1_stage1", r.c().source(), r.V1(), 1),
-                         _.Prepend("reshard the ZeRO-3 folder to ZeRO-1 at T1: "));
-    UCP_ASSIGN_OR_RETURN(two_step, r.Reshard(mid, "zero_t1_stage1_to_t2", r.c().target(), r.V2()),
-                         _.Prepend("reshard the ZeRO-1 folder to T2: "));
-  } else {
-    UCP_ASSIGN_OR_RETURN(std::string universal, r.ConvertT1(), _.Prepend("convert from T1: "));
-    UCP_ASSIGN_OR_RETURN(two_step, r.Reshard(universal, "universal_t1_to_t2", r.c().target(), r.V2()),
-                         _.Prepend("reshard the universal folder to T2: "));
-  }
+  UCP_ASSIGN_OR_RETURN(std::string universal, r.ConvertT1(), _.Prepend("convert from T1: "));
+  UCP_ASSIGN_OR_RETURN(std::string two_step, r.Reshard(universal, "universal_t1_to_t2", r.c().target(), r.V2()),
+                       _.Prepend("reshard the universal folder to T2: "));
   UCP_ASSIGN_OR_RETURN(std::vector<std::string> diffs, FolderByteDiffs(direct, two_step));
   if (!diffs.empty()) {
     return Violation(p, absl::StrCat("ZeRO -> ZeRO reshard differs from ZeRO -> universal -> ZeRO:\n  ", Joined(diffs)));

@@ -50,9 +50,8 @@
 //       Trainer's config.json the same tensors under the same names (buffers
 //       the preset drops and a tied lm_head aside) and that config.json, a
 //       peft-named model refused saying so.
-//   (b), (c) from a ZeRO-3 source: ucp does not read the stage-3 universal
-//       layout, so (b) reshards the ZeRO-3 folder itself and (c) compares it
-//       with the route through ZeRO-1 at T1.
+//   (b), (c) from a ZeRO-3 source go through DeepSpeed's stage-3 universal
+//       layout, which convert writes and reshard reads back.
 //   (d) a ZeRO-0 source has no optimizer files: its model-states file is
 //       removed instead (an unrecognized folder, named).
 //   (e) ZeRO-3 and ZeRO-0 saves against formulas of their own

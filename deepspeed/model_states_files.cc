@@ -180,8 +180,8 @@ absl::StatusOr<int> CountMpRankFiles(const std::string& dir, const ReadOptions& 
       }
       return absl::UnimplementedError(absl::StrCat(
           dir, ": a DeepSpeed ", version, " ZeRO stage 3 universal checkpoint (", n,
-          " beside zero/): ucp does not read the stage-3 universal layout; reshard the ZeRO-3 checkpoint it was "
-          "converted from (`ucp reshard --input_folder=<its global_stepN> --dp=N`)"));
+          " beside zero/): the stage-3 universal layout, read as a ZeRO-3 source (formats/deepspeed_zero3), "
+          "not as a stage 1/2 universal folder"));
     }
     return absl::InvalidArgumentError(absl::StrCat(
         dir, ": unrecognized checkpoint layout: expected mp_rank_XX_model_states.pt files, found ",

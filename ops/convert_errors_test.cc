@@ -319,20 +319,6 @@ TEST(ConvertErrorsTest, Zero3SubGroupsNeedTheLoaderOf018) {
   EXPECT_TRUE(PathExists(JoinPath(o.output_folder, "zero/optimizer_state.pt")));
 }
 
-// DeepSpeed's ZeRO-3 universal folder as a reshard source: refused, naming
-// the version and the layout, and pointing to the ZeRO-3 folder.
-TEST(ConvertErrorsTest, Zero3UniversalFolderIsRefusedAsInput) {
-  const std::string root = FreshTempDir("zero3_universal_input");
-  ReshardOptions r;
-  r.input_folder = ucp::testing::VersionFixturePath("0.19.5", "gpt-zero3-dp2/global_step4_universal_deepspeed");
-  r.output_folder = JoinPath(root, "z/global_step4");
-  r.write.target = state::Topology{1, 1, 1};
-  absl::Status s = Reshard(r).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
-  EXPECT_NE(s.message().find("a DeepSpeed 0.19.5 ZeRO stage 3 universal checkpoint"), std::string::npos) << s;
-  EXPECT_FALSE(PathExists(JoinPath(root, "z")));
-}
-
 // --to names a registered target of the universal family; anything else is
 // refused with the names it takes, and nothing is written.
 TEST(ConvertErrorsTest, UnknownTargetIsRefusedWithTheKnownOnes) {

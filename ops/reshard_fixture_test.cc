@@ -201,6 +201,43 @@ INSTANTIATE_TEST_SUITE_P(
 // Every sub-group's `step` is a tensor of its own in what ucp writes (DeepSpeed
 // 0.18 - 0.19.5's universal load gives all of them one tensor, which Adam then
 // increments once per sub-group).
+// The stage-3 universal layout read back: ucp convert of a ZeRO-3
+// checkpoint, then ucp reshard of that folder to dp 1, gives what DeepSpeed
+// itself saved at dp 1 (as the direct reshard does).
+TEST(Zero3ReshardTest, ThroughTheStage3UniversalLayoutMatchesWhatDeepSpeedSaved) {
+  for (const auto& [fixture, expected] : std::vector<std::pair<std::string, std::string>>{
+           {"gpt-zero3-subgroups-dp2", "resaved-dp1-stepfix/global_step4"},
+           {"gpt-zero3-bf16-dp2", "resaved-dp1/global_step4"}}) {
+    SCOPED_TRACE(fixture);
+    const std::string root = FreshTempDir(absl::StrCat("reshard_z3_universal_", fixture));
+    ConvertOptions c;
+    c.input_folder = VersionFixturePath("0.19.5", JoinPath(fixture, "global_step4"));
+    c.output_folder = JoinPath(root, "global_step4_universal");
+    c.write.fsync = false;
+    auto converted = Convert(c);
+    ASSERT_TRUE(converted.ok()) << converted.status();
+    const std::string out = JoinPath(root, "out/global_step4");
+    auto result = DoReshard(c.output_folder, out, {1, 1, 1});
+    ASSERT_TRUE(result.ok()) << result.status();
+    const std::vector<std::string> diffs =
+        CompareCheckpoints(out, VersionFixturePath("0.19.5", JoinPath(fixture, expected)));
+    EXPECT_THAT(diffs, IsEmpty()) << absl::StrJoin(diffs, "\n");
+  }
+}
+
+// DeepSpeed 0.19.5's own ds_to_universal.py output of a ZeRO-3 checkpoint
+// (the stage-3 layout, no ucp manifest) as a reshard source: to dp 1, what
+// DeepSpeed saved at dp 1.
+TEST(Zero3ReshardTest, DeepSpeedsOwnStage3UniversalFolderIsASource) {
+  const std::string root = FreshTempDir("reshard_z3_ds_universal");
+  const std::string out = JoinPath(root, "global_step4");
+  auto result = DoReshard(VersionFixturePath("0.19.5", "gpt-zero3-dp2/global_step4_universal_deepspeed"), out, {1, 1, 1});
+  ASSERT_TRUE(result.ok()) << result.status();
+  const std::vector<std::string> diffs =
+      CompareCheckpoints(out, VersionFixturePath("0.19.5", "gpt-zero3-dp2/resaved-dp1-stepfix/global_step4"));
+  EXPECT_THAT(diffs, IsEmpty()) << absl::StrJoin(diffs, "\n");
+}
+
 TEST(Zero3ReshardTest, EverySubGroupHasItsOwnStep) {
   const std::string root = FreshTempDir("reshard_zero3_steps");
   const std::string out = JoinPath(root, "global_step4");

@@ -101,15 +101,21 @@ def draw_one(pb, rng, name, versions):
         h.target.tp, h.target.pp, h.target.dp, h.target.ep, h.target.zero_stage = t
         prev = stages[i]
         routes = [pb.Hop.RESHARD]
-        # a universal load: not for MoE (ucp refuses to convert it), a ZeRO-3 source only
-        # for a ZeRO-3 target of 0.15 - 0.19.5 with one group, no stage change through it,
-        # at tp 1 (ucp writes the stage-3 universal layout at tp 1), gpt only (neox has
-        # two groups of their own weight decay, which the stage-3 loader shares)
-        if not moe and (prev[4] == 3) == (t[4] == 3):
-            if t[4] != 3 or ((0, 15, 0) <= v <= (0, 19, 5) and "--lr1" not in c.model.args and family == "gpt"):
-                routes += [pb.Hop.CONVERT, pb.Hop.CONVERT_RESHARD]
+        # through a universal folder: not for MoE (ucp refuses to convert it); a ZeRO-3
+        # source converts to the stage-3 layout (at tp 1, for 0.15 - 0.19.5; before 0.18
+        # its loader reads one param group: gpt --groups 1), which ucp reshard reads back
+        # (CONVERT_RESHARD); DeepSpeed's own load of it (CONVERT) only into ZeRO-3 with one
+        # group (gpt, no --lr1: the stage-3 loader shares group 0's hyper-parameters), and
+        # of the stage 1/2 layout only into stage 1/2
+        z3_convert = prev[0] == 1 and (0, 15, 0) <= v <= (0, 19, 5) and (family == "gpt" or v >= (0, 18, 0))
+        if not moe and (prev[4] != 3 or z3_convert):
+            routes += [pb.Hop.CONVERT_RESHARD]
+            if (prev[4] == 3) == (t[4] == 3) and (t[4] != 3 or ("--lr1" not in c.model.args and family == "gpt")):
+                routes += [pb.Hop.CONVERT]
         h.route = rng.choice(routes)
-        if h.route == pb.Hop.CONVERT and t[4] == 3:
+        one_group = (h.route == pb.Hop.CONVERT and t[4] == 3) or \
+            (h.route == pb.Hop.CONVERT_RESHARD and prev[4] == 3 and v < (0, 18, 0))
+        if family == "gpt" and one_group:
             c.model.args += " --groups 1" if "--groups 1" not in c.model.args else ""
         # (a tp=1 source converts with no flags: params nothing decides are
         # kept whole, undecided; DeepSpeed loads them at tp=1)

@@ -9,8 +9,8 @@
 //                                                    float32 tensor of its numel (no step.pt)
 //   <dir>/ucp_manifest.textproto                     ucp's output only: every file's digest
 //
-// ucp checks and describes such a folder (`ucp verify`, `ucp inspect`); it
-// does not read it as a source (reshard the ZeRO-3 checkpoint it came from).
+// ucp checks and describes such a folder here (`ucp verify`, `ucp inspect`);
+// it reads it as a source through deepspeed_zero3::Zero3State::OpenUniversal.
 //
 // Example:
 //   UCP_ASSIGN_OR_RETURN(auto f, Zero3UniversalFolder::Open(dir, read));

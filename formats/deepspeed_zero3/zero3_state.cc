@@ -90,8 +90,52 @@ absl::StatusOr<std::unique_ptr<Zero3State>> Zero3State::Open(const std::string& 
   return all;
 }
 
+absl::StatusOr<std::unique_ptr<Zero3State>> Zero3State::OpenUniversal(const std::string& path,
+                                                                      const deepspeed::ReadOptions& read) {
+  std::unique_ptr<Zero3State> s(new Zero3State());
+  s->read_ = read;
+  s->dir_ = path;
+  s->universal_ = true;
+  if (!IsDirectory(s->dir_)) return absl::NotFoundError(absl::StrCat(path, ": no such checkpoint folder"));
+  UCP_RETURN_IF_ERROR(s->Load());
+  if (s->mp_world_ != 1) {
+    return absl::UnimplementedError(absl::StrCat(
+        path, ": a stage-3 universal folder with the model states of ", s->mp_world_,
+        " mp ranks: DeepSpeed's converter writes a ZeRO-3 checkpoint at tp > 1 in the stage 1/2 layout, ucp the "
+        "stage-3 layout at tp 1 only"));
+  }
+  return s;
+}
+
 std::string Zero3State::OptimPath(int dp) const {
+  if (universal_) {
+    return JoinPath(JoinPath(dir_, deepspeed::kUniversalZeroDir), deepspeed::kUniversalOptimizerStateFile);
+  }
   return JoinPath(dir_, deepspeed::OptimFileName(dp, mp_rank_, bf16_prefix_));
+}
+
+std::string Zero3State::ParamStatePath(const Param& p, const std::string& state) const {
+  return JoinPath(JoinPath(JoinPath(dir_, deepspeed::kUniversalZeroDir), p.name), state + ".pt");
+}
+
+// A stage-3 universal folder's param state: the raw 1-D float32 tensor of
+// its numel, as its shape.
+absl::StatusOr<tp::TensorPlan> Zero3State::UniversalParamState(const Param& p, const std::string& state) const {
+  const std::string path = ParamStatePath(p, state);
+  UCP_ASSIGN_OR_RETURN(std::unique_ptr<torch::TorchFile> f, torch::TorchFile::Open(path, read_.Files()));
+  const Value& root = *f->root();
+  if (!torch::TorchFile::IsTensor(root)) {
+    return FileError(path, absl::StatusCode::kInvalidArgument,
+                     absl::StrCat("expected a tensor (the stage-3 universal layout), found ", root.DebugString(60)));
+  }
+  UCP_ASSIGN_OR_RETURN(torch::Tensor t, f->GetTensor(root));
+  if (t.dtype() != torch::DType::kFloat32 || t.dim() != 1 || t.numel() != p.numel) {
+    return FileError(path, absl::StatusCode::kInvalidArgument,
+                     absl::StrCat("a ", std::string(torch::DTypeName(t.dtype())), ShapeStr(t.sizes()),
+                                  " tensor, expected float32[", p.numel, "] (param '", p.name, "' of shape ",
+                                  ShapeStr(p.shape), " in param_shapes)"));
+  }
+  return tp::TensorPlan::FromTensor(t).Reshape(p.shape);
 }
 
 std::string Zero3State::ModelPath(int dp) const {
@@ -149,7 +193,7 @@ absl::Status Zero3State::Load() {
   ParseSharedParams();
   // Optimizer files: rank 0 now (its structure is every file's), the
   // others on first use.
-  optim_files_.Reset(dp_);
+  optim_files_.Reset(universal_ ? 1 : dp_);
   UCP_ASSIGN_OR_RETURN(const OptimFile* first, Optim(0));
   UCP_RETURN_IF_ERROR(ParseParamGroups(*first));
   UCP_RETURN_IF_ERROR(CheckScalarsAgree(*first));
@@ -234,7 +278,7 @@ absl::Status Zero3State::OpenModelFiles(const FolderFiles& files) {
       return absl::NotFoundError(absl::StrCat(ModelPath(d), ": missing (dp_world_size ", dp_, " in ",
                                               deepspeed::Zero3ModelFileName(0, mp_rank_), ")"));
     }
-    if (!files.optim_dp.count(d)) {
+    if (!files.optim_dp.count(d) && !universal_) {
       return absl::NotFoundError(absl::StrCat(OptimPath(d), ": missing (dp_world_size ", dp_, ")"));
     }
   }
@@ -706,8 +750,12 @@ absl::StatusOr<std::unique_ptr<Zero3State::OptimFile>> Zero3State::ParseOptim(in
   auto err = [&](absl::string_view what) { return FileError(path, absl::StatusCode::kInvalidArgument, what); };
   const Value& root = *out->file->root();
   if (!root.is(Kind::kDict)) return err(absl::StrCat("expected a dict, found ", root.DebugString(60)));
-  UCP_ASSIGN_OR_RETURN(const Value* osd, GetField(root, "optimizer_state_dict", "optimizer states"),
-                       _.Prepend(path + ": "));
+  // A stage-3 universal folder's zero/optimizer_state.pt is rank 0's
+  // optimizer_state_dict itself (with param_groups added).
+  const Value* osd = &root;
+  if (!universal_) {
+    UCP_ASSIGN_OR_RETURN(osd, GetField(root, "optimizer_state_dict", "optimizer states"), _.Prepend(path + ": "));
+  }
   if (!osd->is(Kind::kDict)) return err("optimizer_state_dict is not a dict");
   out->osd = osd;
   UCP_ASSIGN_OR_RETURN(const Value* zs, GetField(*osd, "zero_stage", "optimizer_state_dict"), _.Prepend(path + ": "));
@@ -833,6 +881,10 @@ absl::StatusOr<std::vector<tp::TensorPlan>> Zero3State::Slices(const state::Para
         "param '", param.name, "': a ZeRO stage 3 checkpoint saves no module weights (module holds empty "
         "tensors); use the fp32 masters"));
   }
+  if (universal_) {
+    UCP_ASSIGN_OR_RETURN(tp::TensorPlan plan, UniversalParamState(zp, state));
+    return std::vector<tp::TensorPlan>{std::move(plan)};
+  }
   std::vector<torch::Tensor> pieces;
   for (int r = 0; r < dp_; ++r) {
     const int64_t begin = static_cast<int64_t>(r) * zp.partition;
@@ -881,7 +933,7 @@ absl::StatusOr<tp::TensorPlan> Zero3State::TiedFull(const state::ParamState& ali
   src.dtype = alias.lp_dtype;
   src.shape = fp32[0].shape();
   src.label = absl::StrCat("tied param '", alias.name, "' (the lp weight of '", owner->name, "')");
-  for (int r = 0; r < dp_; ++r) src.files.push_back(OptimPath(r));
+  for (const state::InputRange& in : Inputs(*owner)) src.files.push_back(in.path);
   const tp::TensorPlan master = fp32[0];
   const torch::DType dtype = alias.lp_dtype;
   src.open = [master, dtype]() -> absl::StatusOr<tp::TensorPlan> {
@@ -937,6 +989,11 @@ std::vector<state::InputRange> Zero3State::Inputs(const state::ParamState& param
     return out;
   }
   const Param& zp = params_[info_param_[i]];
+  if (universal_) {
+    out.push_back({ParamStatePath(zp, state::kFp32State), "", 0, -1});
+    for (const std::string& key : info_.state_keys) out.push_back({ParamStatePath(zp, key), "", 0, -1});
+    return out;
+  }
   for (int r = 0; r < dp_; ++r) {
     const int64_t begin = static_cast<int64_t>(r) * zp.partition;
     const int64_t len = std::min(zp.partition, zp.numel - begin);
@@ -958,7 +1015,14 @@ std::vector<std::string> Zero3State::InputFiles() const {
   if (!tp_ranks_.empty()) return out;
   for (int d = 0; d < dp_; ++d) {
     out.push_back(model_files_[d]->path());
-    out.push_back(OptimPath(d));
+    if (!universal_) out.push_back(OptimPath(d));
+  }
+  if (universal_) {
+    out.push_back(OptimPath(0));
+    for (const Param& p : params_) {
+      out.push_back(ParamStatePath(p, state::kFp32State));
+      for (const std::string& key : info_.state_keys) out.push_back(ParamStatePath(p, key));
+    }
   }
   return out;
 }
@@ -970,8 +1034,15 @@ absl::Status Zero3State::VerifyInput(const std::string& path) const {
     }
   }
   for (int d = 0; d < dp_; ++d) {
-    if (path == OptimPath(d)) return Optim(d).status();  // parsed with every CRC checked
+    if (path == OptimPath(d)) return Optim(universal_ ? 0 : d).status();  // parsed with every CRC checked
     if (path == model_files_[d]->path()) return absl::OkStatus();  // checked at Open
+  }
+  for (const Param& p : params_) {
+    if (!universal_) break;
+    if (path == ParamStatePath(p, state::kFp32State)) return UniversalParamState(p, state::kFp32State).status();
+    for (const std::string& key : info_.state_keys) {
+      if (path == ParamStatePath(p, key)) return UniversalParamState(p, key).status();
+    }
   }
   return absl::InvalidArgumentError(absl::StrCat(path, ": not a file of the checkpoint ", dir_));
 }

@@ -72,6 +72,15 @@ class Zero3State : public state::SlicedState, public deepspeed::DeepSpeedFacet {
  public:
   static absl::StatusOr<std::unique_ptr<Zero3State>> Open(const std::string& path,
                                                           const deepspeed::ReadOptions& read = {});
+  // DeepSpeed's stage-3 universal layout (ds_to_universal.py 0.15 to 0.19.5
+  // of a ZeRO-3 checkpoint at tp 1, and `ucp convert` of one): the model
+  // states copied from the ZeRO-3 checkpoint (everything but the trainable
+  // params read as above), zero/optimizer_state.pt (rank 0's
+  // optimizer_state_dict with param_groups: the groups, sub-groups and
+  // scalars) and each trainable param's states as zero/<name>/<state>.pt, a
+  // raw 1-D float32 tensor of its numel.
+  static absl::StatusOr<std::unique_ptr<Zero3State>> OpenUniversal(const std::string& dir,
+                                                                   const deepspeed::ReadOptions& read = {});
 
   const state::ModelInfo& info() const override { return info_; }
   absl::StatusOr<std::vector<tp::TensorPlan>> Slices(const state::ParamState& param, int stage,
@@ -154,6 +163,9 @@ class Zero3State : public state::SlicedState, public deepspeed::DeepSpeedFacet {
   absl::StatusOr<std::unique_ptr<OptimFile>> ParseOptim(int dp) const;
   absl::StatusOr<const OptimFile*> Optim(int dp) const;
   std::string OptimPath(int dp) const;
+  // The stage-3 universal layout: a param's state file and its tensor.
+  std::string ParamStatePath(const Param& p, const std::string& state) const;
+  absl::StatusOr<tp::TensorPlan> UniversalParamState(const Param& p, const std::string& state) const;
   std::string ModelPath(int dp) const;
   // The frozen param's lp weight: every rank's fragment, cut to numel.
   absl::StatusOr<tp::TensorPlan> FrozenFull(const FrozenParam& f) const;
@@ -164,6 +176,7 @@ class Zero3State : public state::SlicedState, public deepspeed::DeepSpeedFacet {
 
   std::string dir_;
   deepspeed::ReadOptions read_;
+  bool universal_ = false;  // the stage-3 universal layout (OpenUniversal)
   int mp_rank_ = 0;   // whose files this state reads (ModelPath, OptimPath)
   int mp_world_ = 1;  // the folder's mp ranks (ListFiles)
   // tp > 1: one state per mp rank (this one holds no files of its own).

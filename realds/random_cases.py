@@ -110,7 +110,10 @@ def draw_one(pb, rng, name, versions):
         z3_convert = prev[0] == 1 and (0, 15, 0) <= v <= (0, 19, 5) and (family == "gpt" or v >= (0, 18, 0))
         if not moe and (prev[4] != 3 or z3_convert):
             routes += [pb.Hop.CONVERT_RESHARD]
-            if (prev[4] == 3) == (t[4] == 3) and (t[4] != 3 or ("--lr1" not in c.model.args and family == "gpt")):
+            # (0.15 - 0.17's stage-3 universal load reads each loading rank's
+            # zero_pp_rank_D model states: no more dp ranks than the source had)
+            z3_load = "--lr1" not in c.model.args and family == "gpt" and (v >= (0, 18, 0) or t[2] <= prev[2])
+            if (prev[4] == 3) == (t[4] == 3) and (t[4] != 3 or z3_load):
                 routes += [pb.Hop.CONVERT]
         h.route = rng.choice(routes)
         one_group = (h.route == pb.Hop.CONVERT and t[4] == 3) or \

@@ -63,6 +63,14 @@ src=$V195/gpt-zero3-dp2/global_step4
 "$UCP" convert --input_folder="$src" --output_folder="$W/v0195-zero3-convert/one/u" --progress=never >/dev/null
 mpi 2 convert --input_folder="$src" --output_folder="$W/v0195-zero3-convert/np2/u" >/dev/null
 same "$W/v0195-zero3-convert/one/u" "$W/v0195-zero3-convert/np2/u"
+# ... and that stage-3 universal folder read back: resharded to dp 3 by 2 and
+#     3 ranks.
+u3=$W/v0195-zero3-convert/one/u
+"$UCP" reshard --input_folder="$u3" --output_folder="$W/v0195-zero3-u/one/z/global_step4" --dp=3 --progress=never >/dev/null
+for n in 2 3; do
+  mpi "$n" reshard --input_folder="$u3" --output_folder="$W/v0195-zero3-u/np$n/z/global_step4" --dp=3 >/dev/null
+  same "$W/v0195-zero3-u/one/z" "$W/v0195-zero3-u/np$n/z"
+done
 
 # 1c. Optimizer files written in pieces (--piece_bytes: several units, on
 #     different ranks, each writing a byte range of one file, rank 0 writing

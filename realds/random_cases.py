@@ -110,9 +110,10 @@ def draw_one(pb, rng, name, versions):
         z3_convert = prev[0] == 1 and (0, 15, 0) <= v <= (0, 19, 5) and (family == "gpt" or v >= (0, 18, 0))
         if not moe and (prev[4] != 3 or z3_convert):
             routes += [pb.Hop.CONVERT_RESHARD]
-            # (0.15 - 0.17's stage-3 universal load reads each loading rank's
-            # zero_pp_rank_D model states: no more dp ranks than the source had)
-            z3_load = "--lr1" not in c.model.args and family == "gpt" and (v >= (0, 18, 0) or t[2] <= prev[2])
+            # (0.15 - 0.17: a job with load_universal names its ZeRO-3 files by rank 0
+            # on every rank, so loading at dp > 1 stops on a rank whose file is not
+            # there, and its own next save at dp > 1 is unreadable: dp 1 only)
+            z3_load = "--lr1" not in c.model.args and family == "gpt" and (v >= (0, 18, 0) or t[2] == 1)
             if (prev[4] == 3) == (t[4] == 3) and (t[4] != 3 or z3_load):
                 routes += [pb.Hop.CONVERT]
         h.route = rng.choice(routes)

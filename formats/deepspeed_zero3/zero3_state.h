@@ -103,7 +103,10 @@ class Zero3State : public state::SlicedState, public deepspeed::DeepSpeedFacet {
   const pickle::Value* args() const override;
   const std::string& dir() const override { return dir_; }
 
-  int num_sub_groups() const { return tp_ranks_.empty() ? static_cast<int>(sub_groups_.size()) : tp_ranks_[0]->num_sub_groups(); }
+  // (At tp > 1: mp rank 0's.)
+  int num_sub_groups() const {
+    return tp_ranks_.empty() ? static_cast<int>(sub_groups_.size()) : tp_ranks_[0]->num_sub_groups();
+  }
   // `sub_group_size` of the saving job's ds_config (DeepSpeed's default 1e9
   // when it records none).
   int64_t sub_group_size() const { return tp_ranks_.empty() ? sub_group_size_ : tp_ranks_[0]->sub_group_size(); }

@@ -5,6 +5,7 @@ import gc
 import json
 import os
 import shutil
+import struct
 import threading
 import time
 import unittest
@@ -523,16 +524,43 @@ class ErrorTest(unittest.TestCase):
         self.assertTrue(torch.equal(half, torch_param(NEOX_TP2_EXPECTED, "2.attention.dense.weight",
                                                       "fp32").to(torch.bfloat16)))
 
-    def test_zero3_universal_input_is_unimplemented(self):
-        # (native MoE export, the example here before, is supported now)
-        out = testutil.fresh_dir("zero3_universal_input")
+    def test_unimplemented_is_not_implemented_error(self):
+        # A Hugging Face folder whose weights are of two dtypes (DeepSpeed keeps one).
+        out = testutil.fresh_dir("hf_two_dtypes")
+        hf = os.path.join(out, "hf")
+        os.makedirs(hf)
+        with open(os.path.join(hf, "config.json"), "w") as f:
+            json.dump({"architectures": ["LlamaForCausalLM"]}, f)
+        header = json.dumps({"a.weight": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                             "b.weight": {"dtype": "BF16", "shape": [2], "data_offsets": [8, 12]}}).encode()
+        header += b" " * (-len(header) % 8)
+        with open(os.path.join(hf, "model.safetensors"), "wb") as f:
+            f.write(struct.pack("<Q", len(header)) + header + bytes(12))
         with self.assertRaises(ucp.UnimplementedError) as e:
-            ucp.reshard(input_folder=os.path.join(testutil.V19, "gpt-zero3-dp2", "global_step4_universal_deepspeed"),
-                        output_folder=os.path.join(out, "r", "global_step4"), dp=1)
+            ucp.reshard(input_folder=hf, output_folder=os.path.join(out, "r", "global_step0"), dp=1,
+                        preset="megatron-deepspeed")
         self.assertIsInstance(e.exception, NotImplementedError)
         self.assertEqual(e.exception.code_name, "UNIMPLEMENTED")
-        self.assertIn("ZeRO stage 3 universal checkpoint", e.exception.message)
+        self.assertIn("several dtypes", e.exception.message)
         self.assertFalse(os.path.exists(os.path.join(out, "r")))
+
+    def test_deepspeeds_zero3_universal_folder_reshards_as_its_source(self):
+        # DeepSpeed's own ds_to_universal.py output of a ZeRO-3 checkpoint (the
+        # stage-3 layout): resharded to dp 1, the same files as the checkpoint
+        # it came from resharded to dp 1.
+        out = testutil.fresh_dir("zero3_universal_input")
+        src = os.path.join(testutil.V19, "gpt-zero3-dp2")
+        ucp.reshard(input_folder=os.path.join(src, "global_step4_universal_deepspeed"),
+                    output_folder=os.path.join(out, "u", "global_step4"), dp=1)
+        ucp.reshard(input_folder=os.path.join(src, "global_step4"), output_folder=os.path.join(out, "z", "global_step4"),
+                    dp=1)
+        names = sorted(os.listdir(os.path.join(out, "z", "global_step4")))
+        self.assertIn("zero_pp_rank_0_mp_rank_00_optim_states.pt", names)
+        self.assertEqual(sorted(os.listdir(os.path.join(out, "u", "global_step4"))), names)
+        for n in names:
+            with open(os.path.join(out, "u", "global_step4", n), "rb") as a, \
+                    open(os.path.join(out, "z", "global_step4", n), "rb") as b:
+                self.assertEqual(a.read(), b.read(), n)
 
     def test_zero3_opens(self):
         ckpt = ucp.open(os.path.join(testutil.V19, "gpt-zero3-dp2", "global_step4"))

@@ -31,6 +31,14 @@ inline deepspeed::ReadOptions DeepSpeedReadOptions(const SourceOptions& options)
   return r;
 }
 
+// The resolve options of a source that exists at tp = pp = 1: a param no rule
+// covers is a whole tensor.
+inline rules::ResolveOptions WholeTensorResolve(const SourceOptions& options) {
+  rules::ResolveOptions r = options.resolve();
+  r.tp1_whole_tensors = true;
+  return r;
+}
+
 template <typename S, typename = void>
 struct OpensWithReadOptions : std::false_type {};
 template <typename S>
@@ -104,11 +112,7 @@ class SlicedStateSource : public SourceFormat {
   virtual void Describe(const State& s, InspectReport* report) const { report->set_kind_detail(KindDetail(*report)); }
 
   // The state exists at tp = pp = 1: a param no rule covers is a whole tensor.
-  static rules::ResolveOptions ResolveOf(const SourceOptions& options) {
-    rules::ResolveOptions r = options.resolve();
-    r.tp1_whole_tensors = true;
-    return r;
-  }
+  static rules::ResolveOptions ResolveOf(const SourceOptions& options) { return WholeTensorResolve(options); }
 };
 
 }  // namespace ucp::formats

@@ -22,7 +22,6 @@
 #include "formats/deepspeed_universal/zero3_universal.h"
 #include "formats/deepspeed_source.h"
 #include "formats/deepspeed_zero3/zero3_state.h"
-#include "google/protobuf/text_format.h"
 #include "rules/resolve.h"
 
 namespace ucp::deepspeed_universal {
@@ -187,10 +186,12 @@ class Source : public formats::SourceFormat {
                                              const formats::SourceOptions& options,
                                              JobDescription* description) const override {
     if (IsZero3UniversalLayout(folder.names)) {
-      UCP_RETURN_IF_ERROR(CheckZero3Checksums(folder.dir, options));
+      // (verify_checksums: every file against ucp's manifest first, as for
+      // the stage 1/2 layout; a folder without one is refused.)
+      if (options.verify_checksums) UCP_RETURN_IF_ERROR(VerifyManifestChecksums(folder.dir));
       UCP_ASSIGN_OR_RETURN(auto z3, deepspeed_zero3::Zero3State::OpenUniversal(
                                         folder.dir, formats::DeepSpeedReadOptions(options)));
-      return formats::ResolveSliced(this, std::move(z3), Zero3Resolve(options));
+      return formats::ResolveSliced(this, std::move(z3), formats::WholeTensorResolve(options));
     }
     UniversalCheckpoint::Options o;
     o.verify_checksums = options.verify_checksums;
@@ -225,7 +226,7 @@ class Source : public formats::SourceFormat {
       UCP_ASSIGN_OR_RETURN(auto z3, deepspeed_zero3::Zero3State::OpenUniversal(
                                         folder.dir, formats::DeepSpeedReadOptions(options)));
       UCP_ASSIGN_OR_RETURN(state::ModelInfo decided, formats::DecidedModel(description));
-      return formats::ResolveSliced(this, std::move(z3), Zero3Resolve(options), &decided);
+      return formats::ResolveSliced(this, std::move(z3), formats::WholeTensorResolve(options), &decided);
     }
     UniversalCheckpoint::Options o;
     o.given_manifest = description.reader();
@@ -245,31 +246,6 @@ class Source : public formats::SourceFormat {
       out.state = std::move(reader);
     }
     return out;
-  }
-
-  // A stage-3 folder opened with verify_checksums: every file against ucp's
-  // manifest first (as for the stage 1/2 layout), none for DeepSpeed's own.
-  static absl::Status CheckZero3Checksums(const std::string& dir, const formats::SourceOptions& options) {
-    if (!options.verify_checksums) return absl::OkStatus();
-    const std::string path = JoinPath(dir, deepspeed::kManifestFile);
-    if (!PathExists(path)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(dir, ": no ", deepspeed::kManifestFile, " to verify checksums against (not written by ucp)"));
-    }
-    UCP_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
-    Manifest m;
-    if (!google::protobuf::TextFormat::ParseFromString(text, &m)) {
-      return absl::DataLossError(absl::StrCat(path, ": not a valid ucp manifest"));
-    }
-    return VerifyManifestDigests(dir, m);
-  }
-
-  // The stage-3 layout (read by deepspeed_zero3::Zero3State::OpenUniversal)
-  // is of a tp=1 checkpoint: a param no rule covers is a whole tensor.
-  static rules::ResolveOptions Zero3Resolve(const formats::SourceOptions& options) {
-    rules::ResolveOptions r = options.resolve();
-    r.tp1_whole_tensors = true;
-    return r;
   }
 
   absl::StatusOr<InspectReport> Inspect(const formats::CheckpointFolder& folder,

@@ -224,6 +224,12 @@ absl::Status CheckParamsAgree(const std::string& zero, const deepspeed::ModelSta
 
 }  // namespace
 
+absl::Status VerifyManifestChecksums(const std::string& dir) {
+  UniversalCheckpoint::Options o;
+  o.verify_checksums = true;
+  return ReadManifest(dir, o).status();
+}
+
 
 absl::StatusOr<std::unique_ptr<UniversalCheckpoint>> UniversalCheckpoint::Open(const std::string& path_in,
                                                                                const Options& options) {

@@ -50,6 +50,11 @@ bool LooksLikeUniversalFolder(const std::string& path);
 // Compares every file `manifest` lists (paths relative to `dir`) with its
 // size and digest (XXH3-128 or SHA-256); kDataLoss naming the first that differs.
 absl::Status VerifyManifestDigests(const std::string& dir, const Manifest& manifest);
+// The folder's ucp manifest read and every file it lists verified
+// (VerifyManifestDigests), as UniversalCheckpoint::Open does with
+// verify_checksums; kFailedPrecondition for a folder without one (not written
+// by ucp).
+absl::Status VerifyManifestChecksums(const std::string& dir);
 
 class UniversalCheckpoint {
  public:

@@ -11,6 +11,7 @@
 #include "deepspeed/manifest.h"
 #include "formats/builtin/builtin.h"
 #include "rules/hf_names.h"
+#include "rules/presets.h"
 
 namespace ucp::ops {
 namespace {
@@ -156,8 +157,14 @@ std::vector<std::string> TpSummedNotes(const state::ModelState& state, const std
   const state::ModelInfo& info = state.info();
   const int source_tp = std::max(1, info.source_topology.tp);
   if (target_tp == source_tp) return {};
+  std::string family = preset == rules::kNoPreset ? "" : preset;
+  if (family.empty()) {  // the note is about the model, whatever decides its merges
+    std::vector<std::string> names;
+    for (const auto& p : info.params) names.push_back(p.name);
+    family = rules::DetectPreset(names).value_or("");
+  }
   absl::StatusOr<std::vector<std::pair<std::string, std::string>>> summed =
-      rules::TpSummedParams(info, deepspeed::ArgsOf(state), preset);
+      rules::TpSummedParams(info, deepspeed::ArgsOf(state), family);
   if (!summed.ok()) return {absl::StrCat("could not check for params added once per tp rank: ", summed.status().message())};
   if (summed->empty()) return {};
   std::vector<std::string> names;

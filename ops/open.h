@@ -65,8 +65,9 @@ absl::StatusOr<OpenedSource> OpenSource(const std::string& path, const SourceOpt
 // gpt_j_residual: the row-parallel biases) are stored once per rank, the
 // model using tp x that; ucp writes the stored value unchanged (as
 // DeepSpeed's converter does), so the model's value changes with tp. Empty
-// when the preset knows of no such param or the flag is off. `preset`: ""
-// detects it from the names.
+// when the preset knows of no such param or the flag is off. `preset`: the
+// one the rules use; "" or rules::kNoPreset (--preset=none) detects the
+// model's family from the names, since the note is about the model.
 std::vector<std::string> TpSummedNotes(const state::ModelState& state, const std::string& preset, int target_tp);
 
 }  // namespace ucp::ops

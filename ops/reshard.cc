@@ -118,13 +118,15 @@ absl::StatusOr<ReshardResult> ReshardImpl(const ReshardOptions& options) {
   result.source_kind = std::string(src.format->kind());
   result.source = state->info().source_topology;
   result.notes = state->info().notes;
-  // The model's preset: the one named, else detected from the names once for
-  // the notes and the layer class names below ("none" when none matches).
-  std::string preset = options.zero_source.rules.preset == "none" ? "" : options.zero_source.rules.preset;
-  if (preset.empty()) {
+  // The model's family for the notes and the layer class names below: the
+  // preset named, else detected from the names once ("" when none matches).
+  // --preset=none only keeps a preset's merge rules out: the notes and class
+  // names describe the model whatever decides its merges.
+  std::string preset = options.zero_source.rules.preset;
+  if (preset.empty() || preset == rules::kNoPreset) {
     std::vector<std::string> names;
     for (const auto& p : state->info().params) names.push_back(p.name);
-    preset = rules::DetectPreset(names).value_or("none");
+    preset = rules::DetectPreset(names).value_or("");
   }
   for (std::string& n : TpSummedNotes(*state, preset, options.write.target.tp)) {
     result.notes.push_back(std::move(n));
@@ -132,7 +134,7 @@ absl::StatusOr<ReshardResult> ReshardImpl(const ReshardOptions& options) {
   writers::ZeroWriteOptions write = options.write;
   write.inputs = {src.dir};
   // The class names the model's preset gives its pipeline layers.
-  if (!write.layer_type_name) write.layer_type_name = rules::LayerTypeNamerFor(preset == "none" ? "" : preset);
+  if (!write.layer_type_name) write.layer_type_name = rules::LayerTypeNamerFor(preset);
   // The target format: the one named, else the registry's pick for the
   // model (ZeRO 1/2, ZeRO-3, native MoE).
   absl::StatusOr<TrainingStatePlan> planned = PlanTrainingState(*state, write, options.format);

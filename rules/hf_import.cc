@@ -105,7 +105,7 @@ absl::StatusOr<const HfArchitecture*> ArchitectureOf(const json::Value& config, 
     }
   }
   std::string name = preset_name;
-  if (name.empty() || name == "none") {
+  if (name.empty() || name == kNoPreset) {
     if (of_arch.size() != 1) {
       return absl::InvalidArgumentError(absl::StrCat(
           "a Hugging Face folder is imported by a preset's names: pass --preset=NAME (presets that import: ",

@@ -155,7 +155,7 @@ int64_t ConfigInt(const json::Value& config, const std::string& key, bool* ok) {
 absl::StatusOr<const HfArchitecture*> ChooseArchitecture(const state::ModelInfo& info, const Value* args,
                                                          const HfOptions& options, HfNamePlan* plan) {
   plan->preset = options.preset;
-  if (plan->preset.empty() || plan->preset == "none") {
+  if (plan->preset.empty() || plan->preset == kNoPreset) {
     std::vector<std::string> names;
     for (const auto& p : info.params) names.push_back(p.name);
     std::optional<std::string> detected = DetectPreset(names, options.checkpoint_model_type);
@@ -623,15 +623,8 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> TpSummedParams(
                                                                                 const Value* args,
                                                                                 const std::string& preset) {
   std::vector<std::pair<std::string, std::string>> out;
-  if (preset == "none") return out;
-  std::string name = preset;
-  if (name.empty()) {
-    std::vector<std::string> names;
-    for (const auto& p : info.params) names.push_back(p.name);
-    name = DetectPreset(names).value_or("");
-    if (name.empty()) return out;
-  }
-  UCP_ASSIGN_OR_RETURN(const Preset* found, FindPreset(name));
+  if (preset.empty()) return out;
+  UCP_ASSIGN_OR_RETURN(const Preset* found, FindPreset(preset));
   std::set<std::string> seen;
   for (const HfArchitecture& a : found->hf()) {
     for (const HfTensorMap& t : a.tensor()) {

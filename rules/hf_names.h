@@ -83,8 +83,9 @@ absl::StatusOr<HfNamePlan> PlanHfNames(const state::ModelInfo& info, const std::
 // entry of the preset's Hugging Face mapping marks sum_tp_if, where the
 // config flag it names is true from the checkpoint's args (or its default).
 // Independent of whether the rest of the model has a Hugging Face
-// equivalent. Each as (param name, where the flag came from). `preset`: "" detects it
-// from the names, "none" is no preset (none); a model no preset knows has none.
+// equivalent. Each as (param name, where the flag came from). `preset`: the
+// model's preset, as the caller resolved it (named by the user or detected);
+// "" is no preset, and then there are none.
 absl::StatusOr<std::vector<std::pair<std::string, std::string>>> TpSummedParams(const state::ModelInfo& info,
                                                                                 const pickle::Value* args,
                                                                                 const std::string& preset);

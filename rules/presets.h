@@ -23,6 +23,9 @@
 
 namespace ucp::rules {
 
+// `--preset=none`: use no preset and detect none.
+inline constexpr char kNoPreset[] = "none";
+
 // Every built-in preset, by name.
 std::vector<std::string> PresetNames();
 absl::StatusOr<const Preset*> FindPreset(absl::string_view name);

@@ -296,7 +296,7 @@ absl::StatusOr<RuleResolver> RuleResolver::Make(const Options& options, const Va
                          RuleSet::Compile(info.rules, CHECKPOINT_INFO, "universal_checkpoint_info"));
     r.sets_.push_back(std::move(set));
   }
-  if (options.preset != "none") {
+  if (options.preset != kNoPreset) {
     std::string preset = options.preset;
     if (preset.empty()) {
       if (auto detected = DetectPreset(names, options.hf_model_type)) {

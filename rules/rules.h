@@ -105,7 +105,7 @@ class RuleResolver {
  public:
   struct Options {
     std::string rules_file;  // --rules
-    std::string preset;      // --preset ("" = detect, "none" = no preset)
+    std::string preset;      // --preset ("" = detect, kNoPreset = no preset)
     // Used when nothing else decides (--default_kind); UNSPECIFIED = error.
     MergeKind default_kind = MERGE_KIND_UNSPECIFIED;
     int64_t original_vocab_size = 0;  // 0 = from the checkpoint info if any

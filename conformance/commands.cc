@@ -65,6 +65,9 @@ std::string SourceFlags(const ops::SourceOptions& o) {
   if (!o.rules.rules_file.empty()) absl::StrAppend(&flags, " --rules=", o.rules.rules_file);
   if (!o.rules.preset.empty()) absl::StrAppend(&flags, " --preset=", o.rules.preset);
   if (o.rules.original_vocab_size > 0) absl::StrAppend(&flags, " --original_vocab_size=", o.rules.original_vocab_size);
+  std::vector<std::string> options;
+  for (const auto& [k, v] : o.format_options) options.push_back(absl::StrCat(k, "=", v));
+  if (!options.empty()) absl::StrAppend(&flags, " --source_option=", absl::StrJoin(options, ","));
   return flags;
 }
 

@@ -647,12 +647,21 @@ struct HfTensor {
   bool norm = false;       // a norm module's param (the Trainer's no-decay group)
 };
 
+// A learned per-channel scale of a block's output (DINOv2's / CaiT's
+// LayerScale, layer_scale*.lambda1): a 1-D param the Hugging Face Trainer
+// decays (its name has no bias / norm part) beside 1-D norms it does not. In
+// a ZeRO stage 0 checkpoint, where no name map is saved, shapes then cannot
+// tell which of the [h] params is in the decay group: only the Trainer's rule
+// (--source_option=zero0_order=hf_trainer) settles the order. No Hugging
+// Face architecture of the presets has it (export --names=hf refuses it).
+constexpr char kLayerScale[] = "layer_scale.lambda1";
+
 // The names and shapes of one transformers model (tp = 1), in module order.
 // `lora`: peft LoRA on the attention projections (and, for Llama, on the
 // MLP's down_proj): <proj>.base_layer.<weight|bias>, lora_A / lora_B.
 std::vector<HfTensor> HfTensors(const std::string& style, int layers, int64_t h, int64_t f, int64_t vocab,
                                 int64_t positions, int64_t q, int64_t kv, int64_t rank, bool lora, bool qkv_bias,
-                                bool buffers, bool head) {
+                                bool buffers, bool head, bool layer_scale) {
   std::vector<HfTensor> t;
   const std::string root = lora ? "base_model.model." : "";
   auto add = [&](const std::string& name, std::vector<int64_t> shape) { t.push_back({root + name, std::move(shape)}); };
@@ -667,6 +676,9 @@ std::vector<HfTensor> HfTensors(const std::string& style, int layers, int64_t h,
       add(m + ".lora_B.default.weight", {out, rank});
       t.back().adapter = true;
     }
+  };
+  auto scale = [&](const std::string& l) {
+    if (layer_scale) add(l + kLayerScale, {h});
   };
   auto norm = [&](const std::string& m, bool bias) {
     add(m + ".weight", {h});
@@ -686,6 +698,7 @@ std::vector<HfTensor> HfTensors(const std::string& style, int layers, int64_t h,
       linear(l + "self_attn.k_proj", kv, h, qkv_bias, false, false);
       linear(l + "self_attn.v_proj", kv, h, qkv_bias, lora, false);
       linear(l + "self_attn.o_proj", h, q, false, false, false);
+      scale(l);
       if (buffers) {
         add(l + "self_attn.rotary_emb.inv_freq", {2});
         t.back().buffer = true;
@@ -704,6 +717,7 @@ std::vector<HfTensor> HfTensors(const std::string& style, int layers, int64_t h,
       const std::string l = absl::StrCat("gpt_neox.layers.", i, ".");
       norm(l + "input_layernorm", true);
       norm(l + "post_attention_layernorm", true);
+      scale(l);
       linear(l + "attention.query_key_value", 3 * h, h, true, lora, false);
       if (buffers) {
         add(l + "attention.rotary_emb.inv_freq", {2});
@@ -729,6 +743,7 @@ std::vector<HfTensor> HfTensors(const std::string& style, int layers, int64_t h,
       }
       linear(l + "attn.c_attn", 3 * h, h, true, lora, true);
       linear(l + "attn.c_proj", h, h, true, lora, true);
+      scale(l);
       norm(l + "ln_2", true);
       linear(l + "mlp.c_fc", f, h, true, false, true);
       linear(l + "mlp.c_proj", h, f, true, false, true);
@@ -791,8 +806,9 @@ rc::Gen<GoldenCase> GenHfCase(const CaseGenOptions& options) {
     // none, LoRA's (base frozen: with peft names), frozen embeddings, random.
     const int freeze = lora ? 1 : *Pick<int>({0, 2, 3});
     const bool trainer_groups = *Maybe(1, 1);
-    std::vector<HfTensor> tensors =
-        HfTensors(style, layers, h, f, vocab, positions, q, kv, rank, lora, qkv_bias, buffers, /*head=*/true);
+    const bool layer_scale = *Maybe(1, 2);
+    std::vector<HfTensor> tensors = HfTensors(style, layers, h, f, vocab, positions, q, kv, rank, lora, qkv_bias,
+                                              buffers, /*head=*/true, layer_scale);
     auto preset = rules::PresetRules(style);
     RC_ASSERT(preset.ok());
     spec.set_hidden_size(h);
@@ -864,6 +880,14 @@ rc::Gen<GoldenCase> GenHfCase(const CaseGenOptions& options) {
       }
     }
     AddParamsWithDenseGroups(params, spec);
+    // The Trainer's order rule, as its user would pass it: needed for a
+    // stage 0 fp32 model whose decay and no-decay groups share a shape
+    // (LayerScale beside the norms), and harmless elsewhere (it narrows only
+    // what shapes and masters leave open). Only with both of the Trainer's
+    // groups (group 0 decays: engine_defaults' AdamParamGroups).
+    if (trainer_groups && spec.num_groups() == 2 && (layer_scale || *Maybe(1, 2))) {
+      (*spec.mutable_source_options())["zero0_order"] = "hf_trainer";
+    }
     c.set_zero_stage(c.source_zero_stage() == 1 || c.source_zero_stage() == 2 ? c.source_zero_stage() : 0);
 
     // tp = pp = 1; dp at each end.
@@ -911,6 +935,12 @@ std::vector<std::string> CaseFeatures(const GoldenCase& c) {
     if (p.equal_slices()) f.insert("equal_slices");
     if (p.shape_size() >= 3) f.insert(absl::StrCat("rank", p.shape_size()));
     if (p.shape_size() >= 3 && tp::PartitionDim(r) == 1) f.insert("split_dim1_rank3+");
+    if (absl::EndsWith(p.name(), kLayerScale)) f.insert("layer_scale");
+  }
+  if (spec.source_options().count("zero0_order")) {
+    const bool stage0 = (c.has_source_zero_stage() && c.source_zero_stage() == 0) ||
+                        (c.has_target_zero_stage() && c.target_zero_stage() == 0);
+    f.insert(stage0 ? "zero0_order_hf_trainer_stage0" : "zero0_order_hf_trainer");
   }
   // Names that clash but for their rank (savanna's filter.p / filter.R of
   // the implicit_modal and implicit_real_modal filters): rules must test ranks.

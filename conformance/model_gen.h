@@ -80,7 +80,12 @@ rc::Gen<GoldenCase> GenCase(const CaseGenOptions& options);
 // params as users freeze them: none, LoRA (base frozen, adapters trained),
 // frozen embeddings, or any param one time in five; lm_head tied to the
 // embedding (a tied alias, role "tied") or not; groups as DeepSpeed's
-// default (one) or the Trainer's decay / no-decay split; the source and the
+// default (one) or the Trainer's decay / no-decay split; LayerScale params
+// (a 1-D weight the Trainer decays beside the 1-D norms it does not: at ZeRO
+// stage 0 in fp32 only the Trainer's rule settles the param order), with
+// --source_option=zero0_order=hf_trainer passed as such a user passes it
+// (ModelSpec.source_options; also drawn where it is not needed, where it
+// must change nothing); the source and the
 // target at ZeRO stage 0, 1, 2 or 3 (source_zero_stage, target_zero_stage)
 // at dp <= max_dp, lp fp32 / fp16 (any stage) or bf16 (BF16_Optimizer at
 // stage 1, and stage 0: 1 -> 1, 1 -> 0, 0 -> 0; ucp writes no ZeRO-3 from
@@ -94,7 +99,8 @@ const std::vector<std::string>& DsVersionsDrawn();
 
 // The merge kinds a case exercises, by name: replicated, average, column,
 // row, vocab (padded when padding is needed at T1 or T2), sub_params_2,
-// sub_params_gqa; and its other features: frozen, buffer, tied,
+// sub_params_gqa; and its other features: frozen, buffer, tied, layer_scale,
+// zero0_order_hf_trainer[_stage0],
 // equal_slices, rank3, rank4, split_dim1_rank3+, rank_conditioned. For the distribution `ucp_conformance fuzz` prints.
 std::vector<std::string> CaseFeatures(const GoldenCase& c);
 

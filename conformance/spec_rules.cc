@@ -161,6 +161,7 @@ absl::StatusOr<ops::SourceOptions> ZeroSourceOptionsFor(const ModelSpec& spec, c
     return absl::InvalidArgumentError(absl::StrCat("unknown rules_source '", spec.rules_source(),
                                                    "' (rules_file, checkpoint_info, preset, detect, no_flags)"));
   }
+  for (const auto& [k, v] : spec.source_options()) o.format_options[k] = v;
   return o;
 }
 

@@ -28,10 +28,14 @@ using tp::TensorPlan;
 std::string Shape(const std::vector<int64_t>& s) { return torch::ShapeString(s); }
 
 // transformers' Trainer.get_decay_parameter_names, by name: no param whose
-// lower-cased name matches one of these (the nn.LayerNorm type test cannot be
-// made from a checkpoint).
+// lower-cased name matches one of its patterns. Its other test, the module
+// being an nn.LayerNorm, cannot be made from a checkpoint: the LayerNorms of
+// transformers' models whose names have no norm part are named ln_* (GPT-2,
+// GPT-J, CodeGen: ln_1, ln_2, ln_f; Falcon: ln_attn, ln_mlp), so a module
+// named ln_* counts as one.
 bool HfDecays(const std::string& name) {
-  static const std::regex* patterns = new std::regex(R"(bias|layernorm|rmsnorm|(?:^|\.)norm(?:$|\.)|_norm(?:$|\.))");
+  static const std::regex* patterns =
+      new std::regex(R"(bias|layernorm|rmsnorm|(?:^|\.)norm(?:$|\.)|_norm(?:$|\.)|(?:^|\.)ln_[^.]*\.)");
   return !std::regex_search(absl::AsciiStrToLower(name), *patterns);
 }
 

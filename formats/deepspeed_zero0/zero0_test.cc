@@ -347,6 +347,28 @@ TEST(Zero0Test, HfTrainerRuleSettlesDecayGroups) {
   EXPECT_TRUE(absl::StrContains((*z)->evidence(), "Hugging Face")) << (*z)->evidence();
 }
 
+TEST(Zero0Test, HfTrainerRuleKnowsGpt2sLayerNormNames) {
+  // GPT-2's LayerNorms are named ln_1 / ln_2 / ln_f: the Trainer leaves
+  // them undecayed by their type (nn.LayerNorm), which names must stand for;
+  // beside them a 1-D weight it decays (LayerScale).
+  Model m;
+  m.module = {{"transformer.h.0.ln_1.weight", {4}},
+              {"transformer.h.0.layer_scale.lambda1", {4}},
+              {"transformer.h.0.ln_2.weight", {4}},
+              {"transformer.ln_f.weight", {4}}};
+  m.groups = {{1}, {0, 2, 3}};
+  m.weight_decay = {0.01, 0.0};
+  const std::string dir = JoinPath(testing::FreshTempDir("z0_hf_gpt2"), "global_step3");
+  WriteZero0(m, dir);
+  ASSERT_FALSE(OpenDir(dir).ok());
+  auto z = OpenDir(dir, kOrderHfTrainer);
+  ASSERT_TRUE(z.ok()) << z.status();
+  EXPECT_EQ((*z)->info().Find("transformer.h.0.layer_scale.lambda1")->group, 0);
+  EXPECT_EQ((*z)->info().Find("transformer.h.0.ln_1.weight")->group, 1);
+  EXPECT_EQ((*z)->info().Find("transformer.h.0.ln_2.weight")->group, 1);
+  EXPECT_EQ((*z)->info().Find("transformer.ln_f.weight")->group, 1);
+}
+
 TEST(Zero0Test, HostileOptimizerStatesAreRefusedNamingTheFile) {
   const Model m = Llama(DType::kFloat32);
   struct Case {

@@ -80,12 +80,25 @@ void ZeroSourceFlags::Register(FlagSet& f) {
            "pipeline layers using each tied module, as KEY:L1,L2;... (e.g. embed:0,12). Layers with files are "
            "read from the checkpoint; a tied layer without a file (a TiedLayerSpec with forward_fn, like "
            "Megatron-DeepSpeed's and GPT-NeoX's output head) is otherwise assumed to be the last layer");
-  f.String("source_option", &source_options,
-           "options of the source's format as KEY=VALUE,...: zero0_order=hf_trainer (a ZeRO stage 0 source whose "
-           "optimizer order the files leave ambiguous: groups as the Hugging Face Trainer builds them)");
+  f.String("source_option", &source_options, kSourceOptionHelp);
   f.Int("original_vocab_size", &original_vocab_size,
         "unpadded vocabulary size, to strip vocab padding from vocabulary-parallel params (0 = from the "
         "checkpoint's universal_checkpoint_info, else the padding is kept)");
+}
+
+const char kSourceOptionHelp[] =
+    "options of the source's format as KEY=VALUE,...: zero0_order=hf_trainer (a ZeRO stage 0 source whose "
+    "optimizer order the files leave ambiguous: groups as the Hugging Face Trainer builds them)";
+
+absl::Status ParseSourceOptions(absl::string_view text, std::map<std::string, std::string>* out) {
+  for (absl::string_view item : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    std::pair<std::string, std::string> kv = absl::StrSplit(item, absl::MaxSplits('=', 1));
+    if (kv.first.empty() || kv.second.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("--source_option: expected KEY=VALUE, got '", item, "'"));
+    }
+    (*out)[kv.first] = kv.second;
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<ops::SourceOptions> ZeroSourceFlags::Options(int threads, int64_t divisible_by) const {
@@ -115,13 +128,7 @@ absl::StatusOr<ops::SourceOptions> ZeroSourceFlags::Options(int threads, int64_t
     }
     o.tied_layers[kv.first] = layers;
   }
-  for (absl::string_view item : absl::StrSplit(source_options, ',', absl::SkipEmpty())) {
-    std::pair<std::string, std::string> kv = absl::StrSplit(item, absl::MaxSplits('=', 1));
-    if (kv.first.empty() || kv.second.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("--source_option: expected KEY=VALUE, got '", item, "'"));
-    }
-    o.format_options[kv.first] = kv.second;
-  }
+  UCP_RETURN_IF_ERROR(ParseSourceOptions(source_options, &o.format_options));
   o.num_threads = threads;
   o.make_vocab_size_divisible_by = divisible_by;
   return o;

@@ -16,10 +16,12 @@
 #define UCP_CLI_COMMAND_FLAGS_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "ops/convert.h"
 #include "ops/export.h"
 #include "ops/open.h"
@@ -42,6 +44,11 @@ void RegisterFsyncFlag(FlagSet& f, bool* fsync);
 
 // Flags shared by convert, reshard, export (and the Python module's open) for
 // reading a ZeRO checkpoint.
+// --source_option: options of the source's format as KEY=VALUE,... (its help
+// text, and its parse into formats::SourceOptions::format_options).
+extern const char kSourceOptionHelp[];
+absl::Status ParseSourceOptions(absl::string_view text, std::map<std::string, std::string>* out);
+
 struct ZeroSourceFlags {
   std::string rules, preset, mismatch = "error", default_kind, tied_layers, source_options;
   int64_t original_vocab_size = 0;

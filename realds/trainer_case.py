@@ -40,6 +40,11 @@ def dp_of(stage):
     return stage.dp or 1
 
 
+def zero_of(stage):
+    """The Trainer's ZeRO stage: 0 (no_zero), else zero_stage (0 means 2, the Trainer cases' default)."""
+    return 0 if stage.no_zero else (stage.zero_stage or 2)
+
+
 RNG_GIVEN = re.compile(r"^\s+(rng_state(?:_\d+)?\.pth): the source's (rng_state(?:_\d+)?\.pth)\b")
 
 
@@ -71,7 +76,7 @@ class TrainerCase(driver.Case):
 
     def tjob(self, stage, name, world, **spec):
         full = {"runner": "trainer", "model_args": self.c.model.args, "seed": self.c.model.seed or 1,
-                "zero_stage": stage.zero_stage or 2, "global_batch": self.gb, "max_steps": self.total,
+                "zero_stage": zero_of(stage), "global_batch": self.gb, "max_steps": self.total,
                 "save_steps": SAVE_STEPS, "universal": False}
         full.update(spec)
         w = self.worker(stage)
@@ -117,9 +122,9 @@ class TrainerCase(driver.Case):
         c, d, pb = self.c, self.dir, self.ctx.pb
         T = hop.target
         route = pb.Hop.Route.Name(hop.route)
-        label = f"hop {i + 1} {route.lower()} dp{dp_of(prev)} -> dp{dp_of(T)} z{T.zero_stage or 2} (Trainer)"
+        label = f"hop {i + 1} {route.lower()} dp{dp_of(prev)} -> dp{dp_of(T)} z{zero_of(T)} (Trainer)"
         print(f"  {label}", flush=True)
-        if (T.zero_stage or 2) != (prev.zero_stage or 2) or (T.tp or 1) != 1 or (T.pp or 1) != 1:
+        if zero_of(T) != zero_of(prev) or (T.tp or 1) != 1 or (T.pp or 1) != 1:
             raise SystemExit(f"case {c.name}: Trainer hops change dp only")
         flags = hop.ucp_flags.split()
         # ucp writes the whole checkpoint-N the Trainer resumes from (DeepSpeed's
@@ -140,7 +145,8 @@ class TrainerCase(driver.Case):
         if not self.ucp_step(i, hop, what, args + flags, f"{what}{i}"):
             return self.passed_negative
         rng_given = rng_files_given(os.path.join(d, f"{what}{i}.log"))
-        ok, last = self.ucp(["verify", ck], f"verify{i}")
+        # verify reads the source's format as the command did (--source_option)
+        ok, last = self.ucp(["verify", ck] + [f for f in flags if f.startswith("--source_option")], f"verify{i}")
         self.row(f"hop {i + 1} ucp verify", ok, last)
         if not ok:
             return False

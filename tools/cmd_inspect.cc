@@ -14,12 +14,16 @@ int RunInspect(int argc, char** argv) {
   FlagSet f("inspect", "what a checkpoint folder (ZeRO or universal) or a single .pt file holds. Usage: ucp inspect PATH");
   std::string format = "text";
   f.String("format", &format, "text or textproto (an InspectReport message, proto/ucp.proto)");
+  std::string source_options;
+  f.String("source_option", &source_options, cli::kSourceOptionHelp);
   std::vector<std::string> positional;
   if (std::optional<int> done = ParseOrExit(f, argc, argv, &positional)) return *done;
   if (positional.size() != 1) {
     return Fail(absl::InvalidArgumentError("usage: ucp inspect PATH [--format=text|textproto]"));
   }
-  auto report = ops::Inspect(positional[0]);
+  formats::SourceOptions options;
+  if (absl::Status s = cli::ParseSourceOptions(source_options, &options.format_options); !s.ok()) return Fail(s);
+  auto report = ops::Inspect(positional[0], options);
   if (!report.ok()) return Fail(report.status());
   if (format == "textproto") {
     std::string text;

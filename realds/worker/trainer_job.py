@@ -1,7 +1,9 @@
 # One rank of a Hugging Face Trainer run with DeepSpeed (runs in the sid root,
 # forked by zygote.py; see realds/README.md, "Hugging Face Trainer"): a tiny
-# random-init LlamaForCausalLM built from LlamaConfig (nothing downloaded),
-# trained by transformers' Trainer with a DeepSpeed config, fp32, ZeRO-2 or 3,
+# random-init LlamaForCausalLM built from LlamaConfig, or GPT2LMHeadModel from
+# GPT2Config (--arch gpt2; nothing downloaded), optionally with a LayerScale per
+# block (--layer_scale), trained by transformers' Trainer with a DeepSpeed
+# config, fp32, ZeRO-0, 2 or 3,
 # full or LoRA-like (a peft look-alike: peft is not packaged in Debian), saved
 # as the Trainer saves (`checkpoint-N/` with `global_stepN/`), and resumed with
 # `trainer.train(resume_from_checkpoint=...)`. Nothing of transformers,
@@ -56,6 +58,13 @@ SEQ = 16
 
 def add_args(ap):
     ap.add_argument("--mode", default="full", choices=["full", "lora"])
+    # llama: LlamaForCausalLM; gpt2: GPT2LMHeadModel (LayerNorms named ln_*,
+    # Conv1D weights, lm_head tied to wte; --inter is n_inner, --kv_heads unused)
+    ap.add_argument("--arch", default="llama", choices=["llama", "gpt2"])
+    # A LayerScale (DINOv2's layer_scale.lambda1, a 1-D weight) on every block's
+    # MLP output: a param the Trainer decays of the shape of the norms it does not
+    # (ZeRO-0: only the Trainer's rule settles the param order).
+    ap.add_argument("--layer_scale", action="store_true")
     ap.add_argument("--vocab", type=int, default=128)
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--inter", type=int, default=128)
@@ -119,11 +128,39 @@ def llama_config(m):
                                     tie_word_embeddings=False)
 
 
+def gpt2_config(m):
+    return transformers.GPT2Config(vocab_size=m.vocab, n_embd=m.hidden, n_inner=m.inter, n_layer=m.layers,
+                                   n_head=m.heads, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
+                                   attn_pdrop=0.0)
+
+
+class LayerScale(nn.Module):
+    def __init__(self, h):
+        super().__init__()
+        self.lambda1 = nn.Parameter(torch.ones(h))
+
+
+def add_layer_scale(model, blocks, h):
+    """block.layer_scale.lambda1 scales block.mlp's output (a forward hook: the
+    model's own names and code are kept)."""
+    for b in blocks:
+        b.layer_scale = LayerScale(h)
+        b.mlp.register_forward_hook(lambda mod, inp, out, s=b.layer_scale: out * s.lambda1)
+    return model
+
+
 def build_model(m, seed):
     """The same weights at every dp and in every run (the init is a function of
     the seed); the resumed runs overwrite them with the checkpoint's."""
     torch.manual_seed(seed)
+    if m.arch == "gpt2":
+        if m.mode == "lora":
+            raise SystemExit("--arch gpt2: full mode only")
+        model = transformers.GPT2LMHeadModel(gpt2_config(m))
+        return add_layer_scale(model, model.transformer.h, m.hidden) if m.layer_scale else model
     model = transformers.LlamaForCausalLM(llama_config(m))
+    if m.layer_scale:
+        add_layer_scale(model, model.model.layers, m.hidden)
     if m.mode == "lora":
         for _, mod in list(model.named_modules()):
             for t in ("q_proj", "v_proj"):

@@ -295,6 +295,21 @@ class Target : public formats::TargetFormat {
           info.source_topology.tp, " (for a smaller tp its loader merges them by Megatron's key names and asserts "
           "they exist); for a smaller tp, convert without --single_mp_rank_file=false or `ucp reshard` to the target"));
     }
+    if (info.zero_stage == 3 && info.source_topology.tp > 1) {
+      // Measured on 0.19.5 and master (realds/README.md): their stage-3
+      // loader cuts a param's tp slice from the merged tensor for AutoTP
+      // params only, and their ZeRO-1/2 engines glob mp_rank_*_model_states.pt.
+      const int tp = info.source_topology.tp;
+      notes.push_back(absl::StrCat(
+          "ZeRO stage 3 at tp=", tp, ": every param merged over tp (as DeepSpeed's converter writes it), ",
+          options.single_mp_rank_file
+              ? "mp rank 0's model states as a tp=1 job's (one file per dp rank): DeepSpeed's load_universal "
+                "(0.19.5 and later) reads it with ZeRO-3 at tp 1, and at any tp for an AutoTP model"
+              : absl::StrCat("every mp rank's model states copied: DeepSpeed's load_universal (0.19.5 and later) "
+                             "reads it with ZeRO-3 at tp=", tp, " only, for an AutoTP model"),
+          "; a Megatron-style module (no AutoTP) only at tp 1, since the loader takes the whole tensor as its tp "
+          "slice; not with ZeRO-1/2 (no mp_rank_*_model_states.pt); `ucp reshard` writes any of those"));
+    }
     if (info.zero_stage == 3) {
       // The files are DeepSpeed's own layout (ds_to_universal.py writes the
       // same); the drift comes from DeepSpeed's stage-3 universal loader, seen

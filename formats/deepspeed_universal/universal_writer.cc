@@ -109,8 +109,10 @@ class UniversalPlan : public Plan {
     const state::Topology& src = info_.source_topology;
     if (zero3()) {
       // ds_to_universal.py copies every ZeRO-3 model-state file (every dp
-      // rank of every tp rank).
-      for (int t = 0; t < src.tp; ++t) {
+      // rank of every tp rank); at tp > 1 with single_mp_rank_file, mp rank
+      // 0's of every dp rank as a tp=1 job's (kOneZero3ModelStates).
+      const bool one = zero3_tp() && options_.single_mp_rank_file;
+      for (int t = 0; t < (one ? 1 : src.tp); ++t) {
         for (int d = 0; d < src.dp; ++d) {
           const std::string from = ds_->DpModelStatesPath(d, t);
           if (from.empty()) {
@@ -119,11 +121,11 @@ class UniversalPlan : public Plan {
           }
           Unit u;
           u.outputs.push_back(deepspeed::Zero3ModelFileName(d, t));
-          u.name = absl::StrCat("model states ", u.outputs[0]);
+          u.name = absl::StrCat("model states ", u.outputs[0], one ? " (for any tp)" : "");
           u.inputs.push_back({from, "", 0, -1});
           auto size = FileSize(from);
           u.bytes = size.ok() ? *size : 0;
-          kinds_.push_back(kModelStates);
+          kinds_.push_back(one ? kOneZero3ModelStates : kModelStates);
           index_.push_back(-1 - (t * src.dp + d));
           units_.push_back(std::move(u));
         }
@@ -206,6 +208,8 @@ class UniversalPlan : public Plan {
         UCP_ASSIGN_OR_RETURN(ValuePtr v, deepspeed::CopyTreeForWrite(root, w));
         return WriteFiles(staging, {rel}, {&w}, {v.get()}, result);
       }
+      case kOneZero3ModelStates:
+        return WriteOneZero3ModelStates(-1 - index_[i], units_[i].outputs[0], staging, result);
       case kOneModelStates: {
         // tp rank 0's file as a tp=1 job's: mp_world_size 1 (checked
         // against the number of files), tp_degree 1 (0.19.5+), and no module
@@ -271,28 +275,70 @@ class UniversalPlan : public Plan {
   const state::CheckpointState* source() const override { return &state_; }
 
  private:
-  enum Kind { kParam, kOptimizerState, kModelStates, kOneModelStates, kVerify };
+  enum Kind { kParam, kOptimizerState, kModelStates, kOneModelStates, kOneZero3ModelStates, kVerify };
 
   // A ZeRO stage 3 source: DeepSpeed's stage-3 universal layout.
   bool zero3() const { return info_.zero_stage == 3; }
+  // A ZeRO stage 3 source saved at tp > 1 (AutoTP, Megatron-style modules):
+  // ds_to_universal.py (0.19.5 and later) merges its states over tp into the
+  // stage 1/2 files (a dict with the full tensor and its merge keys, no
+  // step.pt) beside the stage-3 model-state files and optimizer_state.pt.
+  bool zero3_tp() const { return zero3() && info_.source_topology.tp > 1; }
+
+  // dp rank d's model states of mp rank 0 as a tp=1 job's: mp_world_size 1
+  // (checked against the number of files DeepSpeed's loader globs) and
+  // checkpoint_parallel_dimensions' tp_degree 1, the rest as saved (`module`
+  // holds ZeRO-3's empty placeholders). DeepSpeed's loader then reads it at
+  // any tp instead of merging the tp ranks' files by Megatron's key names.
+  absl::Status WriteOneZero3ModelStates(int d, const std::string& rel, const std::string& staging,
+                                        UnitResult* result) const {
+    UCP_ASSIGN_OR_RETURN(std::unique_ptr<torch::TorchFile> opened, torch::TorchFile::Open(ds_->DpModelStatesPath(d, 0)));
+    std::shared_ptr<const torch::TorchFile> f(std::move(opened));
+    const Value& root = *f->root();
+    if (!root.is(pickle::Kind::kDict)) {
+      return absl::InvalidArgumentError(absl::StrCat(ds_->DpModelStatesPath(d, 0), ": expected a dict of model states"));
+    }
+    torch::TorchWriter w(HashedWrites(options_));
+    ValuePtr out = Value::MakeDict();
+    for (const auto& [k, v] : root.dict_items()) {
+      const std::string key = k->is(pickle::Kind::kStr) ? k->str() : "";
+      if (key == "mp_world_size") {
+        out->DictSet(k, Value::Int(1));
+        continue;
+      }
+      UCP_ASSIGN_OR_RETURN(ValuePtr c, deepspeed::CopyTreeForWrite(state::FileValue{v, f}, w));
+      if (key == "checkpoint_parallel_dimensions" && c->is(pickle::Kind::kDict) && c->DictGet("tp_degree")) {
+        c->DictSet(Value::Str("tp_degree"), Value::Int(1));
+      }
+      out->DictSet(k, c);
+    }
+    return WriteFiles(staging, {rel}, {&w}, {out.get()}, result);
+  }
 
   // Whether the target version's stage-3 universal loader reads what ucp
   // writes (stage3.py load_hp_checkpoint_state_from_checkpoint_dir_stage3).
   absl::Status CheckZero3Loader() const {
-    if (info_.source_topology.tp > 1) {
-      // DeepSpeed's own converter merges such a checkpoint over tp into the
-      // stage 1/2 layout, which its stage-3 loader reads for AutoTP models
-      // only; ucp writes the stage-3 layout at tp=1.
-      return absl::UnimplementedError(absl::StrCat(
-          "a ZeRO stage 3 checkpoint at tp=", info_.source_topology.tp,
-          ": ucp writes DeepSpeed's stage-3 universal layout at tp=1 only; reshard it instead (`ucp reshard "
-          "--tp=N --zero_stage=1` or 2 at any tp, or `--tp=1 --zero_stage=3`)"));
-    }
     const std::string version = UniversalLoaderVersion(state_, options_);
     auto v = deepspeed::ParseDsVersion(version);
+    const int tp = info_.source_topology.tp;
     if (!v.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "ZeRO stage 3 source with ds_version '", version, "': pass --target_ds_version (0.15.0 to 0.19.5)"));
+      return absl::InvalidArgumentError(absl::StrCat("ZeRO stage 3 source with ds_version '", version,
+                                                     "': pass --target_ds_version (",
+                                                     tp > 1 ? "0.19.5 or later" : "0.15.0 or later", ")"));
+    }
+    if (tp > 1) {
+      // ds_to_universal.py (0.19.5 and later) merges such a checkpoint over
+      // tp into the stage 1/2 files; only the stage-3 loaders of 0.19.5 and
+      // later read those (a dict's 'param'; before, a raw tensor).
+      if (*v < deepspeed::DsVersion{0, 19, 5}) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "a ZeRO stage 3 checkpoint at tp=", tp, " for DeepSpeed ", version,
+            ": the universal folder of a ZeRO-3 checkpoint saved at tp > 1 holds each param merged over tp, which "
+            "the stage-3 universal loader reads from DeepSpeed 0.19.5 on (before, it reads one raw tensor per param "
+            "and has no tp); pass --target_ds_version=0.19.5 or later, or use `ucp reshard` (--tp=N --zero_stage=1, "
+            "2 or 3 at any tp) for that version"));
+      }
+      return absl::OkStatus();
     }
     if (*v < deepspeed::DsVersion{0, 15, 0}) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -383,15 +429,16 @@ class UniversalPlan : public Plan {
                                                 torch::ShapeString(p.full_shape)));
       }
       torch::TorchWriter& w = add_file(JoinPath(rel_dir, s + ".pt"));
-      if (zero3()) {
-        // ZeRO-3 (ds_to_universal.py _save_zero3_universal): the raw flat
-        // tensor, which the stage-3 loader views as 1-D and partitions.
+      const bool raw = zero3() && !zero3_tp();
+      if (raw) {
+        // ZeRO-3 at tp 1 (ds_to_universal.py merge_zero3_slices): the raw
+        // flat tensor, which the stage-3 loader views as 1-D and partitions.
         UCP_ASSIGN_OR_RETURN(plan, plan.Reshape({plan.numel()}));
       }
       ValuePtr t = tp::AddPlan(w, plan);  // the writer keeps a copy of the plan
       // DeepSpeed's fp32 masters keep requires_grad=True through the merge.
       if (s == state::kFp32State) UCP_RETURN_IF_ERROR(tp::SetRequiresGrad(*t, true));
-      roots.push_back(zero3() ? t : deepspeed::UniversalParamDict(p.rule, t));
+      roots.push_back(raw ? t : deepspeed::UniversalParamDict(p.rule, t));
     }
     std::vector<const Value*> root_ptrs;
     for (const ValuePtr& r : roots) root_ptrs.push_back(r.get());

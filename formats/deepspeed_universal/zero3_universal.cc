@@ -125,8 +125,29 @@ void Zero3UniversalFolder::VerifyParam(const Param& p, const std::vector<std::st
       continue;
     }
     const Value& root = *(*f)->root();
+    // A ZeRO-3 checkpoint saved at tp > 1 (ds_to_universal.py 0.19.5 on,
+    // `ucp convert`): the stage 1/2 dict, 'param' the state merged over tp,
+    // so at least the tp slice param_shapes lists in every dim.
+    const Value* merged = root.is(Kind::kDict) ? root.DictGet("param") : nullptr;
+    if (merged != nullptr && torch::TorchFile::IsTensor(*merged)) {
+      absl::StatusOr<torch::Tensor> t = (*f)->GetTensor(*merged);
+      if (!t.ok()) {
+        result->problems.push_back(Message(t.status()));
+        continue;
+      }
+      bool covers = t->dtype() == torch::DType::kFloat32 && t->dim() == static_cast<int64_t>(p.shape.size());
+      for (size_t k = 0; covers && k < p.shape.size(); ++k) covers = t->sizes()[k] >= p.shape[k];
+      if (!covers) {
+        result->problems.push_back(absl::StrCat(path, ": 'param' is a ", std::string(torch::DTypeName(t->dtype())),
+                                                torch::ShapeString(t->sizes()), " tensor, expected float32 of at least ",
+                                                torch::ShapeString(p.shape), " (param '", p.name,
+                                                "': its tp slice in param_shapes, merged over tp)"));
+      }
+      continue;
+    }
     if (!torch::TorchFile::IsTensor(root)) {
-      result->problems.push_back(absl::StrCat(path, ": expected a tensor (the stage-3 universal layout), found ",
+      result->problems.push_back(absl::StrCat(path, ": expected a tensor (the stage-3 universal layout) or a dict "
+                                              "with 'param' (a checkpoint saved at tp > 1), found ",
                                               root.DebugString(60)));
       continue;
     }

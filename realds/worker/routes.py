@@ -226,10 +226,28 @@ def compare_universal_folders(ours, theirs):
             return {"pass": False, "checked": checked, "detail": d}
         checked += 1
     ms = "mp_rank_00_model_states.pt"
+    if not os.path.exists(os.path.join(theirs, ms)):
+        # The stage-3 layout: zero_pp_rank_D_mp_rank_TT files. At tp > 1 ucp writes
+        # mp rank 0's as a tp=1 job's (mp_world_size 1, tp_degree 1): every other
+        # field of each dp rank's file equal to DeepSpeed's copy.
+        ms = "zero_pp_rank_0_mp_rank_00_model_states.pt"
+        d = 0
+        while os.path.exists(os.path.join(theirs, f"zero_pp_rank_{d}_mp_rank_00_model_states.pt")):
+            name = f"zero_pp_rank_{d}_mp_rank_00_model_states.pt"
+            sd = [torch.load(os.path.join(r, name), weights_only=False) for r in (ours, theirs)]
+            for x in sd:
+                x.pop("mp_world_size", None)
+                (x.get("checkpoint_parallel_dimensions") or {}).pop("tp_degree", None)
+            diff = _first_difference(_fields(sd[0]), _fields(sd[1]), name)
+            if diff:
+                return {"pass": False, "checked": checked, "detail": diff}
+            checked += 1
+            d += 1
     info = [torch.load(os.path.join(r, ms), weights_only=False).get("universal_checkpoint_info") for r in (ours, theirs)]
     d = _first_difference(_fields(info[0]), _fields(info[1]), f"{ms}['universal_checkpoint_info']")
     if d:
         return {"pass": False, "checked": checked, "detail": d}
     version = (info[1] or {}).get("universal_checkpoint_version")
     return {"pass": True, "checked": checked + 1,
-            "detail": f"{checked} zero/ files and universal_checkpoint_info (version {version}) equal field by field"}
+            "detail": f"{checked} files (zero/, stage-3 model states) and universal_checkpoint_info (version {version}) "
+                      "equal field by field"}

@@ -60,6 +60,8 @@ def add_args(ap):
     ap.add_argument("--plain", action="store_true", help="one nn.Sequential instead of a PipelineModule")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--wd", type=float, default=0.01)
+    ap.add_argument("--groups", type=int, default=2, choices=(1, 2),
+                    help="2: weights / no-decay params as GPT-NeoX; 1: one group (DeepSpeed's stage-3 universal loader)")
     ap.add_argument("--declare_patterns", action="store_true",
                     help="save universal_checkpoint_info with the tp patterns of these names")
 
@@ -198,6 +200,8 @@ class Sequential(nn.Module):
 
 
 def weight_decay_groups(module, cfg):
+    if cfg.groups == 1:
+        return [{"params": list(module.parameters()), "weight_decay": cfg.wd}]
     decay = [p for n, p in module.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in module.named_parameters() if p.dim() < 2]
     return [{"params": decay, "weight_decay": cfg.wd}, {"params": no_decay, "weight_decay": 0.0}]

@@ -98,11 +98,20 @@ absl::StatusOr<std::unique_ptr<Zero3State>> Zero3State::OpenUniversal(const std:
   s->universal_ = true;
   if (!IsDirectory(s->dir_)) return absl::NotFoundError(absl::StrCat(path, ": no such checkpoint folder"));
   UCP_RETURN_IF_ERROR(s->Load());
-  if (s->mp_world_ != 1) {
+  // A ZeRO-3 checkpoint saved at tp > 1 (ds_to_universal.py 0.19.5 on, and
+  // `ucp convert`): every mp rank's model states, or mp rank 0's alone, and
+  // each param's states merged over tp in the stage 1/2 dict.
+  bool merged = s->mp_world_ != 1;
+  if (!merged && !s->params_.empty()) {
+    auto f = torch::TorchFile::Open(s->ParamStatePath(s->params_[0], "fp32"), read.Files());
+    merged = f.ok() && (*f)->root()->is(Kind::kDict);
+  }
+  if (merged) {
     return absl::UnimplementedError(absl::StrCat(
-        path, ": a stage-3 universal folder with the model states of ", s->mp_world_,
-        " mp ranks: DeepSpeed's converter writes a ZeRO-3 checkpoint at tp > 1 in the stage 1/2 layout, ucp the "
-        "stage-3 layout at tp 1 only"));
+        path, ": the stage-3 universal folder of a ZeRO-3 checkpoint saved at tp > 1 (each param merged over tp "
+        "in a dict, as DeepSpeed's converter 0.19.5 and later and `ucp convert` write it): ucp does not read it as "
+        "a source yet; reshard the ZeRO-3 checkpoint it was converted from (`ucp reshard`), or load it with "
+        "DeepSpeed's load_universal"));
   }
   return s;
 }

@@ -42,6 +42,9 @@ def add_args(ap):
     ap.add_argument("--kv_heads", type=int, default=0, help="key-value heads (default: --heads)")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--wd", type=float, default=0.0)
+    ap.add_argument("--zero_init", action="store_true",
+                    help="build the model under deepspeed.zero.Init over the dp group (ZeRO-3): AutoTP then cuts "
+                         "params ZeRO-3 has already partitioned (their shape from ds_shape: master #8270)")
     ap.add_argument("--arch", default="llama", choices=("llama", "phi3"),
                     help="phi3: a Phi3ForCausalLM whose fused MLP gate_up_proj AutoTP cuts per sub-param "
                          "(tensor_parallel.partition_config, below)")
@@ -90,7 +93,6 @@ def build(cfg, topo):
         raise SystemExit("family autotp: pp must be 1")
     tp = topo["tp"]
     rank = dist.get_rank()
-    model = llama(cfg)
     tp_rank, dp_rank = rank % tp, rank // tp
     mpu = None
     if tp > 1:
@@ -100,6 +102,17 @@ def build(cfg, topo):
         from deepspeed.utils import groups
         groups._init_tp_mesh_device(tensor_model_parallel_size=tp)
         mpu = groups
+    if cfg.zero_init:
+        import deepspeed
+        from deepspeed.utils import groups
+        dp_group = groups.get_data_parallel_group() if tp > 1 else None
+        # (fp32 from a config: Init's dtype=torch.float32 is lost on a CPU without fp16,
+        # `dtype or torch.float16 if ... else torch.bfloat16 if ...` giving bf16.)
+        conf = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}}
+        with deepspeed.zero.Init(data_parallel_group=dp_group, config_dict_or_path=conf):
+            model = llama(cfg)
+    else:
+        model = llama(cfg)
 
     # AutoTP's update_mp_params divides the head counts and sizes of every module
     # it does not replace (Phi3Attention.num_key_value_heads, ...), also where

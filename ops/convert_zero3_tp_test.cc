@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "ops/convert.h"
 #include "ops/reshard.h"
+#include "state/topology.h"
 #include "testing/compare.h"
 #include "testing/fixtures.h"
 
@@ -93,20 +94,40 @@ TEST_P(ConvertZero3Tp, CopiesEqualDeepSpeedsFolder) {
   }
 }
 
-// Such a folder (DeepSpeed's or ucp's) as a source: not read yet, said so.
-TEST_P(ConvertZero3Tp, UniversalFolderAsSourceRefused) {
+// Such a folder (ucp's, and DeepSpeed's with every mp rank's model states) as
+// a source: read at tp 1, it reshards to the same files as the ZeRO-3
+// checkpoint it was converted from (ZeRO-3 at tp 1 and, in AutoTP's widths, 2;
+// ZeRO-1 at tp 1).
+TEST_P(ConvertZero3Tp, UniversalFolderReshardsAsItsSource) {
   const std::string root = FreshTempDir(absl::StrCat("convert_z3_tp_reread_", GetParam()));
   const std::string out = JoinPath(root, "global_step3_universal");
   ASSERT_TRUE(Convert(Options(Fixture(GetParam(), "source"), out)).ok());
-  for (const std::string& folder : {out, Fixture(GetParam(), "ds_universal")}) {
-    ReshardOptions r;
-    r.input_folder = folder;
-    r.output_folder = JoinPath(root, "again/global_step3");
-    auto again = Reshard(r);
-    ASSERT_FALSE(again.ok()) << folder;
-    EXPECT_EQ(again.status().code(), absl::StatusCode::kUnimplemented) << again.status();
-    EXPECT_THAT(again.status().message(), HasSubstr("ZeRO-3 checkpoint saved at tp > 1"));
-    EXPECT_THAT(again.status().message(), HasSubstr("reshard the ZeRO-3 checkpoint it was converted from"));
+  struct Target {
+    std::string name;
+    int tp, zero_stage;
+    std::string ds_version;  // ucp writes master's ZeRO-3 layout, not yet its ZeRO-1/2 one
+  };
+  for (const Target& t :
+       {Target{"z3tp1", 1, 3, "0.19.6"}, Target{"z3tp2", 2, 3, "0.19.6"}, Target{"z1tp1", 1, 1, "0.19.5"}}) {
+    auto reshard = [&](const std::string& in, const std::string& name) {
+      ReshardOptions r;
+      r.input_folder = in;
+      r.output_folder = JoinPath(root, absl::StrCat(name, "_", t.name, "/global_step3"));
+      r.write.target = state::Topology{t.tp, 1, 1};
+      r.write.zero_stage = t.zero_stage;
+      r.write.target_ds_version = t.ds_version;
+      auto result = Reshard(r);
+      EXPECT_TRUE(result.ok()) << name << " " << t.name << ": " << result.status();
+      return r.output_folder;
+    };
+    const std::string want = reshard(Fixture(GetParam(), "source"), "direct");
+    for (const auto& [name, folder] : std::vector<std::pair<std::string, std::string>>{
+             {"ucp", out}, {"deepspeed", Fixture(GetParam(), "ds_universal")}}) {
+      const std::string got = reshard(folder, name);
+      auto diffs = testing::CompareFolders(got, want, {"ucp_manifest.textproto"});
+      ASSERT_TRUE(diffs.ok()) << diffs.status();
+      EXPECT_THAT(*diffs, IsEmpty()) << name << " " << t.name << ":\n" << absl::StrJoin(*diffs, "\n");
+    }
   }
 }
 

@@ -98,21 +98,6 @@ absl::StatusOr<std::unique_ptr<Zero3State>> Zero3State::OpenUniversal(const std:
   s->universal_ = true;
   if (!IsDirectory(s->dir_)) return absl::NotFoundError(absl::StrCat(path, ": no such checkpoint folder"));
   UCP_RETURN_IF_ERROR(s->Load());
-  // A ZeRO-3 checkpoint saved at tp > 1 (ds_to_universal.py 0.19.5 on, and
-  // `ucp convert`): every mp rank's model states, or mp rank 0's alone, and
-  // each param's states merged over tp in the stage 1/2 dict.
-  bool merged = s->mp_world_ != 1;
-  if (!merged && !s->params_.empty()) {
-    auto f = torch::TorchFile::Open(s->ParamStatePath(s->params_[0], "fp32"), read.Files());
-    merged = f.ok() && (*f)->root()->is(Kind::kDict);
-  }
-  if (merged) {
-    return absl::UnimplementedError(absl::StrCat(
-        path, ": the stage-3 universal folder of a ZeRO-3 checkpoint saved at tp > 1 (each param merged over tp "
-        "in a dict, as DeepSpeed's converter 0.19.5 and later and `ucp convert` write it): ucp does not read it as "
-        "a source yet; reshard the ZeRO-3 checkpoint it was converted from (`ucp reshard`), or load it with "
-        "DeepSpeed's load_universal"));
-  }
   return s;
 }
 
@@ -127,11 +112,70 @@ std::string Zero3State::ParamStatePath(const Param& p, const std::string& state)
   return JoinPath(JoinPath(JoinPath(dir_, deepspeed::kUniversalZeroDir), p.name), state + ".pt");
 }
 
+// A ZeRO-3 checkpoint saved at tp > 1 in the stage-3 universal layout
+// (ds_to_universal.py 0.19.5 on, `ucp convert`): each param's states merged
+// over tp in the stage 1/2 dict, beside mp rank 0's model states (or every mp
+// rank's), whose param_shapes are tp slices. Read at tp 1: each trainable
+// param's shape is its fp32.pt 'param' tensor's (merged_). Frozen params
+// there are mp rank 0's fragments of its slices: refused.
+absl::Status Zero3State::ReadMergedShapes() {
+  merged_ = mp_world_ != 1;
+  if (!params_.empty()) {
+    UCP_ASSIGN_OR_RETURN(std::unique_ptr<torch::TorchFile> f,
+                         torch::TorchFile::Open(ParamStatePath(params_[0], state::kFp32State), read_.Files()));
+    merged_ = merged_ || f->root()->is(Kind::kDict);
+  }
+  if (!merged_) return absl::OkStatus();
+  if (!frozen_.empty()) {
+    return absl::UnimplementedError(absl::StrCat(
+        dir_, ": the stage-3 universal folder of a ZeRO-3 checkpoint saved at tp > 1 with frozen params ('",
+        frozen_[0].name, "', ...): it holds mp rank 0's fragments of their tp slices only; reshard the ZeRO-3 "
+        "checkpoint it was converted from (`ucp reshard`)"));
+  }
+  for (Param& p : params_) {
+    const std::string path = ParamStatePath(p, state::kFp32State);
+    UCP_ASSIGN_OR_RETURN(std::unique_ptr<torch::TorchFile> f, torch::TorchFile::Open(path, read_.Files()));
+    const Value* t = f->root()->is(Kind::kDict) ? f->root()->DictGet("param") : nullptr;
+    if (t == nullptr || !torch::TorchFile::IsTensor(*t)) {
+      return FileError(path, absl::StatusCode::kInvalidArgument,
+                       absl::StrCat("expected a dict with a 'param' tensor (param '", p.name,
+                                    "' of a checkpoint saved at tp > 1: merged over tp), found ",
+                                    f->root()->DebugString(60)));
+    }
+    UCP_ASSIGN_OR_RETURN(torch::Tensor full, f->GetTensor(*t));
+    if (full.dim() != static_cast<int64_t>(p.shape.size())) {
+      return FileError(path, absl::StatusCode::kInvalidArgument,
+                       absl::StrCat("'param' has shape ", ShapeStr(full.sizes()), ", and param '", p.name,
+                                    "' has tp slices of shape ", ShapeStr(p.shape), " in param_shapes"));
+    }
+    p.shape = full.sizes();
+    p.numel = internal::Numel(p.shape);
+    p.partition = Zero3PartitionNumel(p.numel, dp_);
+  }
+  return absl::OkStatus();
+}
+
 // A stage-3 universal folder's param state: the raw 1-D float32 tensor of
-// its numel, as its shape.
+// its numel, as its shape; merged_: the dict's 'param' tensor of its shape.
 absl::StatusOr<tp::TensorPlan> Zero3State::UniversalParamState(const Param& p, const std::string& state) const {
   const std::string path = ParamStatePath(p, state);
   UCP_ASSIGN_OR_RETURN(std::unique_ptr<torch::TorchFile> f, torch::TorchFile::Open(path, read_.Files()));
+  if (merged_) {
+    const Value* t = f->root()->is(Kind::kDict) ? f->root()->DictGet("param") : nullptr;
+    if (t == nullptr || !torch::TorchFile::IsTensor(*t)) {
+      return FileError(path, absl::StatusCode::kInvalidArgument,
+                       absl::StrCat("expected a dict with a 'param' tensor (the stage 1/2 dict of a checkpoint saved "
+                                    "at tp > 1), found ", f->root()->DebugString(60)));
+    }
+    UCP_ASSIGN_OR_RETURN(torch::Tensor full, f->GetTensor(*t));
+    if (full.dtype() != torch::DType::kFloat32 || full.sizes() != p.shape) {
+      return FileError(path, absl::StatusCode::kInvalidArgument,
+                       absl::StrCat("'param' is a ", std::string(torch::DTypeName(full.dtype())),
+                                    ShapeStr(full.sizes()), " tensor, expected float32", ShapeStr(p.shape),
+                                    " (param '", p.name, "', as its fp32.pt)"));
+    }
+    return tp::TensorPlan::FromTensor(full);
+  }
   const Value& root = *f->root();
   if (!torch::TorchFile::IsTensor(root)) {
     return FileError(path, absl::StatusCode::kInvalidArgument,
@@ -199,6 +243,7 @@ absl::Status Zero3State::Load() {
   UCP_ASSIGN_OR_RETURN(const std::vector<ValuePtr>* shape_list, ParseParamShapes());
   UCP_RETURN_IF_ERROR(CheckParamShapesAgree(*shape_list));
   UCP_RETURN_IF_ERROR(ParseFrozenParams());
+  if (universal_) UCP_RETURN_IF_ERROR(ReadMergedShapes());
   ParseSharedParams();
   // Optimizer files: rank 0 now (its structure is every file's), the
   // others on first use.

@@ -78,7 +78,11 @@ class Zero3State : public state::SlicedState, public deepspeed::DeepSpeedFacet {
   // params read as above), zero/optimizer_state.pt (rank 0's
   // optimizer_state_dict with param_groups: the groups, sub-groups and
   // scalars) and each trainable param's states as zero/<name>/<state>.pt, a
-  // raw 1-D float32 tensor of its numel.
+  // raw 1-D float32 tensor of its numel. A ZeRO-3 checkpoint saved at tp > 1
+  // (ds_to_universal.py 0.19.5 on, `ucp convert`): the model states of mp
+  // rank 0 (its tp slices in param_shapes; every mp rank's copied, or mp rank
+  // 0's alone) and each param's states merged over tp in the stage 1/2 dict
+  // ('param' of the full shape), read at tp 1.
   static absl::StatusOr<std::unique_ptr<Zero3State>> OpenUniversal(const std::string& dir,
                                                                    const deepspeed::ReadOptions& read = {});
 
@@ -170,6 +174,9 @@ class Zero3State : public state::SlicedState, public deepspeed::DeepSpeedFacet {
   std::string ParamStatePath(const Param& p, const std::string& state) const;
   absl::StatusOr<tp::TensorPlan> UniversalParamState(const Param& p, const std::string& state) const;
   std::string ModelPath(int dp) const;
+  // The stage-3 universal folder of a checkpoint saved at tp > 1: its
+  // params' shapes from their merged fp32.pt (sets merged_).
+  absl::Status ReadMergedShapes();
   // The frozen param's lp weight: every rank's fragment, cut to numel.
   absl::StatusOr<tp::TensorPlan> FrozenFull(const FrozenParam& f) const;
   // A tied alias's lp weight: its owner's (a trainable owner's fp32 master
@@ -180,6 +187,7 @@ class Zero3State : public state::SlicedState, public deepspeed::DeepSpeedFacet {
   std::string dir_;
   deepspeed::ReadOptions read_;
   bool universal_ = false;  // the stage-3 universal layout (OpenUniversal)
+  bool merged_ = false;     // ... of a checkpoint saved at tp > 1 (ReadMergedShapes)
   int mp_rank_ = 0;   // whose files this state reads (ModelPath, OptimPath)
   int mp_world_ = 1;  // the folder's mp ranks (ListFiles)
   // tp > 1: one state per mp rank (this one holds no files of its own).

@@ -136,11 +136,13 @@ class Zero3Plan : public Plan {
     }
     // Megatron pads the vocabulary per tp rank; at tp=1 a model whose rows
     // are not a multiple of make_vocab_size_divisible_by has padded rows in
-    // its embedding, which ucp does not add for ZeRO-3.
+    // its embedding, which ucp does not add for ZeRO-3. AutoTP pads nothing
+    // (as the ZeRO-1/2 writer's PlanSliceShapes takes it).
     for (const ParamState& p : info_.params) {
       if (p.rule.kind() != VOCAB || p.full_shape.empty()) continue;
       const int64_t divisible_by = options_.make_vocab_size_divisible_by > 0 ? options_.make_vocab_size_divisible_by
                                                                              : info_.make_vocab_size_divisible_by;
+      if (info_.autotp && divisible_by <= 0) continue;
       if (divisible_by <= 0 || tp::PaddedVocabSize(p.full_shape[0], divisible_by, tp_) != p.full_shape[0]) {
         return absl::UnimplementedError(absl::StrCat(
             "ZeRO stage 3 target: vocabulary param '", p.name, "' (", p.full_shape[0],

@@ -113,6 +113,11 @@ struct UniversalWriteOptions {
   // a job of smaller tp by Megatron's key names and asserts they exist, so
   // the copies load only at the source's tp or larger; the one file loads at
   // any tp. The other tp ranks' client state (rng states) is not kept.
+  // A ZeRO-3 source saved at tp > 1 likewise: mp rank 0's
+  // zero_pp_rank_D_mp_rank_00 file of every dp rank with mp_world_size 1 and
+  // tp_degree 1, the rest as saved (DeepSpeed 0.19.5 / master load it at
+  // ZeRO-3 tp 1, and AutoTP models at any tp; the copies only at the
+  // source's tp).
   bool single_mp_rank_file = true;
   // --to=dcp: the entries' names. Empty: the checkpoint's own, one per param.
   // Else one entry per RenamedTensor (Hugging Face names: ops::Convert with

@@ -13,6 +13,13 @@
 //   <output>/zero_pp_rank_D_mp_rank_00_model_states.pt   byte-identical copies
 //   <output>/zero/optimizer_state.pt         rank 0's optimizer_state_dict + param_groups
 //   <output>/zero/<param>/{fp32,exp_avg,exp_avg_sq}.pt   raw flat tensors (no step.pt)
+// and for a ZeRO-3 source saved at tp > 1 (AutoTP, Megatron-style modules), as
+// ds_to_universal.py 0.19.5 and later write it (stage-3 loaders of 0.19.5 on):
+//   <output>/zero_pp_rank_D_mp_rank_00_model_states.pt   mp rank 0's, mp_world_size 1, tp_degree 1
+//                                            (single_mp_rank_file; else every mp rank's copied)
+//   <output>/zero/optimizer_state.pt         mp rank 0's, as above
+//   <output>/zero/<param>/{fp32,exp_avg,exp_avg_sq}.pt   the stage 1/2 dict: the state merged
+//                                            over tp, its merge keys (no step.pt)
 // plus ucp's own additions, which stock DeepSpeed ignores:
 //   <output>/ucp_module/<name>.pt            frozen params and buffers (full lp tensors)
 //   <output>/ucp_manifest.textproto          source topology, each param's rule and its

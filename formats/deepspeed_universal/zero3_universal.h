@@ -9,6 +9,11 @@
 //                                                    float32 tensor of its numel (no step.pt)
 //   <dir>/ucp_manifest.textproto                     ucp's output only: every file's digest
 //
+// Of a source saved at tp > 1 (0.19.5 and later; universal_writer.h): the
+// model states of every mp rank, or of mp rank 0 alone, and each state file
+// the stage 1/2 dict whose 'param' is the state merged over tp (at least the
+// tp slice param_shapes lists, in every dim).
+//
 // ucp checks and describes such a folder here (`ucp verify`, `ucp inspect`);
 // it reads it as a source through deepspeed_zero3::Zero3State::OpenUniversal.
 //

@@ -13,6 +13,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "ops/convert.h"
+#include "ops/inspect.h"
 #include "ops/reshard.h"
 #include "state/topology.h"
 #include "testing/compare.h"
@@ -66,6 +67,21 @@ TEST_P(ConvertZero3Tp, EqualsDeepSpeedsConverter) {
   ASSERT_EQ(model->size(), 2u) << absl::StrJoin(*model, "\n");
   EXPECT_THAT((*model)[0], HasSubstr("mp_world_size"));
   EXPECT_THAT((*model)[1], HasSubstr("tp_degree"));
+  // `ucp inspect` of the folder: every param with its merged shape (as in
+  // DeepSpeed's folder; the source's report gives tp rank 0's slices).
+  auto theirs_report = Inspect(ds);
+  auto report = Inspect(out);
+  ASSERT_TRUE(theirs_report.ok() && report.ok()) << theirs_report.status() << report.status();
+  EXPECT_THAT(report->kind_detail(), HasSubstr("saved at tp > 1"));
+  ASSERT_EQ(report->param_size(), theirs_report->param_size());
+  for (int i = 0; i < report->param_size(); ++i) {
+    EXPECT_EQ(report->param(i).name(), theirs_report->param(i).name());
+    EXPECT_THAT(report->param(i).shape(), ::testing::ElementsAreArray(theirs_report->param(i).shape()))
+        << report->param(i).name();
+    if (report->param(i).name() == "model.layers.0.self_attn.q_proj.weight") {
+      EXPECT_THAT(report->param(i).shape(), ElementsAre(16, 16));  // hidden 16; tp 2 slices of 8 rows
+    }
+  }
   formats::VerifyResult mine = formats::VerifyFolder(formats::builtin::Formats(), out);
   EXPECT_THAT(mine.problems, IsEmpty()) << absl::StrJoin(mine.problems, "\n");
   // DeepSpeed's own folder verifies too.

@@ -102,6 +102,24 @@ absl::StatusOr<std::unique_ptr<Zero3UniversalFolder>> Zero3UniversalFolder::Open
       if (id->is(Kind::kInt)) group_of[id->int_value()] = static_cast<int>(g);
     }
   }
+  // A source saved at tp > 1: each param's shape is its merged fp32.pt's.
+  if (!f->params_.empty()) {
+    auto first_state = torch::TorchFile::Open(
+        JoinPath(JoinPath(zero, f->params_[0].name), "fp32.pt"), read.Files());
+    f->merged_ = first_state.ok() && (*first_state)->root()->is(Kind::kDict);
+  }
+  for (Param& p : f->params_) {
+    if (!f->merged_) break;
+    const std::string path = JoinPath(JoinPath(zero, p.name), "fp32.pt");
+    UCP_ASSIGN_OR_RETURN(std::unique_ptr<torch::TorchFile> state, torch::TorchFile::Open(path, read.Files()));
+    const Value* t = state->root()->is(Kind::kDict) ? state->root()->DictGet("param") : nullptr;
+    if (t == nullptr || !torch::TorchFile::IsTensor(*t)) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": expected a dict with a 'param' tensor (param '", p.name,
+                                                     "' of a checkpoint saved at tp > 1)"));
+    }
+    UCP_ASSIGN_OR_RETURN(torch::Tensor full, state->GetTensor(*t));
+    p.shape = full.sizes();
+  }
   for (Param& p : f->params_) {
     auto it = group_of.find(p.sub_group);
     if (it == group_of.end()) {
@@ -234,7 +252,10 @@ InspectReport Zero3UniversalFolder::Report() const {
   InspectReport report;
   report.set_path(dir_);
   report.set_kind("universal");
-  report.set_kind_detail("DeepSpeed's stage-3 universal layout: raw flat tensors per param, rank 0's optimizer state");
+  report.set_kind_detail(merged_ ? "DeepSpeed's stage-3 universal layout of a checkpoint saved at tp > 1: each param "
+                                   "merged over tp in a dict, rank 0's optimizer state"
+                                 : "DeepSpeed's stage-3 universal layout: raw flat tensors per param, rank 0's "
+                                   "optimizer state");
   report.set_tag(Basename(dir_));
   *report.mutable_topology() = state::Topology{1, 1, dp_}.ToProto();
   report.set_zero_stage(3);

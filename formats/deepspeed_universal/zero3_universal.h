@@ -77,6 +77,7 @@ class Zero3UniversalFolder {
   std::vector<Param> params_;             // in param_shapes order
   std::string ds_version_;
   int dp_ = 1;
+  bool merged_ = false;  // a checkpoint saved at tp > 1: params_' shapes are the merged ones
 };
 
 }  // namespace ucp::deepspeed_universal

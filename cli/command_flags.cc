@@ -197,7 +197,7 @@ void ConvertFlags::Register(FlagSet& f) {
          "the other tp ranks' client state (rng states) is not kept. =false: copy every tp rank's file, as "
          "ds_to_universal.py does (DeepSpeed then loads the folder only at the source's tp or larger). A ZeRO-3 "
          "checkpoint saved at tp > 1 likewise: mp rank 0's zero_pp_rank_D_mp_rank_00_model_states.pt of every dp "
-         "rank as a tp=1 job's (loads at ZeRO-3 tp 1, and at any tp for AutoTP), or =false every mp rank's "
+         "rank as a tp=1 job's (loads at ZeRO-3 tp 1, and at tp > 1 for AutoTP), or =false every mp rank's "
          "(loads at the source's tp only)");
   f.Int32("dry_run", &o.dry_run_ranks,
           "write nothing; print the plan split over this many ranks (under mpirun: the job's ranks): units, bytes "

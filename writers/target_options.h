@@ -116,7 +116,7 @@ struct UniversalWriteOptions {
   // A ZeRO-3 source saved at tp > 1 likewise: mp rank 0's
   // zero_pp_rank_D_mp_rank_00 file of every dp rank with mp_world_size 1 and
   // tp_degree 1, the rest as saved (DeepSpeed 0.19.5 / master load it at
-  // ZeRO-3 tp 1, and AutoTP models at any tp; the copies only at the
+  // ZeRO-3 tp 1, and AutoTP models at tp > 1, seen at 2; the copies only at the
   // source's tp).
   bool single_mp_rank_file = true;
   // --to=dcp: the entries' names. Empty: the checkpoint's own, one per param.

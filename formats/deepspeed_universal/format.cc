@@ -304,11 +304,13 @@ class Target : public formats::TargetFormat {
           "ZeRO stage 3 at tp=", tp, ": every param merged over tp (as DeepSpeed's converter writes it), ",
           options.single_mp_rank_file
               ? "mp rank 0's model states as a tp=1 job's (one file per dp rank): DeepSpeed's load_universal "
-                "(0.19.5 and later) reads it with ZeRO-3 at tp 1, and at any tp for an AutoTP model"
+                "(0.19.5 and later) reads it with ZeRO-3 at tp 1 and, for an AutoTP model, at tp > 1 (its loader cuts "
+                "each rank's slice; seen at tp 2); a Megatron-style module (no AutoTP) only at tp 1, since the loader "
+                "takes the whole tensor as its tp slice"
               : absl::StrCat("every mp rank's model states copied: DeepSpeed's load_universal (0.19.5 and later) "
-                             "reads it with ZeRO-3 at tp=", tp, " only, for an AutoTP model"),
-          "; a Megatron-style module (no AutoTP) only at tp 1, since the loader takes the whole tensor as its tp "
-          "slice; not with ZeRO-1/2 (no mp_rank_*_model_states.pt); `ucp reshard` writes any of those"));
+                             "reads it with ZeRO-3 at tp=", tp, " only, and for an AutoTP model only (at another tp "
+                             "it merges or splits the model-state files by Megatron's key names)"),
+          "; not with ZeRO-1/2 (no mp_rank_*_model_states.pt); `ucp reshard` writes any of those"));
     }
     if (info.zero_stage == 3) {
       // The files are DeepSpeed's own layout (ds_to_universal.py writes the

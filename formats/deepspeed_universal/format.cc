@@ -320,7 +320,7 @@ class Target : public formats::TargetFormat {
       auto v = deepspeed::ParseDsVersion(version);
       if (v.ok() && !(*v < deepspeed::DsVersion{0, 18, 0})) {
         notes.push_back(absl::StrCat(
-            "ZeRO stage 3: DeepSpeed ", version, "'s stage-3 universal loader (0.18.0 to 0.19.5) gives every sub-group "
+            "ZeRO stage 3: DeepSpeed ", version, "'s stage-3 universal loader (0.18.0 to 0.19.6) gives every sub-group "
             "of the loading job one shared `step` tensor",
             info.num_groups > 1 ? absl::StrCat(" and all ", info.num_groups,
                                                " param groups group 0's hyper-parameters (lr, weight_decay, ...)")

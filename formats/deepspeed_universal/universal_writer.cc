@@ -345,9 +345,11 @@ class UniversalPlan : public Plan {
           "DeepSpeed ", version, " has no ZeRO stage 3 universal checkpoint loader (it came in 0.15.0): use "
           "`ucp reshard` to write a ZeRO-3 checkpoint at the new dp instead"));
     }
-    if (deepspeed::DsVersion{0, 19, 5} < *v) {
-      return absl::FailedPreconditionError(absl::StrCat("DeepSpeed ", version,
-                                                        ": ucp writes the ZeRO-3 universal layout of 0.15 to 0.19.5"));
+    // Master edaa72212 (0.19.6) reads the stage-3 layout as 0.19.5 does
+    // (_load_universal_checkpoint and load_hp_checkpoint_state unchanged).
+    if (deepspeed::DsVersion{0, 19, 6} < *v) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "DeepSpeed ", version, ": ucp writes the ZeRO-3 universal layout of 0.15 to 0.19.6 (master edaa72212)"));
     }
     if (*v < deepspeed::DsVersion{0, 18, 0} && info_.num_groups > 1) {
       return absl::FailedPreconditionError(absl::StrCat(

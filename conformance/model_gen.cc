@@ -353,6 +353,7 @@ const std::vector<std::string>& DsVersionsDrawn() {
 
 rc::Gen<GoldenCase> GenCase(const CaseGenOptions& options) {
   return rc::gen::exec([options]() {
+    if (options.autotp_only) return *GenAutoTpCase(options);
     if (options.hf_only || (options.hf_one_in > 0 && *Maybe(1, options.hf_one_in - 1))) {
       return *GenHfCase(options);
     }
@@ -758,6 +759,9 @@ std::vector<HfTensor> HfTensors(const std::string& style, int layers, int64_t h,
 
 rc::Gen<GoldenCase> GenHfCase(const CaseGenOptions& options) {
   return rc::gen::exec([options]() {
+    if (options.autotp_only || (options.autotp_one_in > 0 && *Maybe(1, options.autotp_one_in - 1))) {
+      return *GenAutoTpCase(options);
+    }
     GoldenCase c;
     ModelSpec& spec = *c.mutable_model();
     const std::string style = *Pick<std::string>({"hf-llama", "hf-gpt-neox", "hf-gpt2"});
@@ -908,6 +912,198 @@ rc::Gen<GoldenCase> GenHfCase(const CaseGenOptions& options) {
   });
 }
 
+namespace {
+
+// The tensors of one AutoTP-trained transformers model and the split AutoTP
+// gives each (module_inject: LinearLayer column-parallel q/k/v/gate/up by
+// rows, LinearAllreduce o/down by columns, the lm_head by vocabulary rows,
+// embeddings and norms whole; with a partition_config, Phi-3's fused
+// gate_up_proj per sub-param and everything but the MLP whole).
+struct AutoTpTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  MergeRule rule;
+};
+
+MergeRule AutoTpRule(MergeKind kind) {
+  MergeRule r = Rule(kind);
+  r.set_autotp_widths(true);
+  return r;
+}
+
+// arch "llama": LlamaForCausalLM under AutoTP's tp plan (0.18.9 to master);
+// "phi3": Phi3ForCausalLM with a partition_config cutting only the MLP
+// (gate_up_proj as 2 sub-params of a -1 dim, down_proj by columns: realds
+// family autotp --arch phi3). `vocab_rows`: the lm_head is cut by
+// vocabulary rows and declared a vocabulary param (0.19.5 and later; 0.18.9
+// leaves it whole).
+std::vector<AutoTpTensor> AutoTpTensors(const std::string& arch, int layers, int64_t h, int64_t q, int64_t kv,
+                                        int64_t f, int64_t vocab, bool qkv_bias, bool vocab_rows) {
+  std::vector<AutoTpTensor> t;
+  const bool phi3 = arch == "phi3";
+  auto add = [&](std::string name, std::vector<int64_t> shape, MergeKind kind) {
+    t.push_back({std::move(name), std::move(shape), AutoTpRule(kind)});
+  };
+  const MergeKind column = phi3 ? REPLICATED : COLUMN;  // the attention, whole under Phi-3's partition_config
+  // Module order as transformers registers it (the decoder layer's
+  // self_attn and mlp before its norms; Phi3Attention's o_proj before
+  // qkv_proj), as the real checkpoints list them.
+  add("model.embed_tokens.weight", {vocab, h}, REPLICATED);
+  for (int i = 0; i < layers; ++i) {
+    const std::string l = absl::StrCat("model.layers.", i, ".");
+    if (phi3) {
+      add(l + "self_attn.o_proj.weight", {h, q}, REPLICATED);
+      add(l + "self_attn.qkv_proj.weight", {q + 2 * kv, h}, REPLICATED);
+    } else {
+      for (const auto& [proj, rows] : {std::make_pair("q_proj", q), std::make_pair("k_proj", kv),
+                                       std::make_pair("v_proj", kv)}) {
+        add(l + "self_attn." + proj + ".weight", {rows, h}, column);
+        if (qkv_bias) add(l + "self_attn." + proj + ".bias", {rows}, column);
+      }
+      add(l + "self_attn.o_proj.weight", {h, q}, ROW);
+    }
+    if (phi3) {
+      AutoTpTensor gate_up{l + "mlp.gate_up_proj.weight", {2 * f, h}, AutoTpRule(SUB_PARAMS)};
+      SubParamShape* s = gate_up.rule.mutable_sub_param_shape();
+      s->set_partition_dim(0);
+      s->add_dim()->add_size(f);
+      s->mutable_dim(0)->add_size(f);
+      s->add_dim()->add_size(-1);  // as AutoTP publishes it: (2, -1) with the sizes
+      t.push_back(std::move(gate_up));
+    } else {
+      add(l + "mlp.gate_proj.weight", {f, h}, COLUMN);
+      add(l + "mlp.up_proj.weight", {f, h}, COLUMN);
+    }
+    add(l + "mlp.down_proj.weight", {h, f}, ROW);
+    add(l + "input_layernorm.weight", {h}, REPLICATED);
+    add(l + "post_attention_layernorm.weight", {h}, REPLICATED);
+  }
+  add("model.norm.weight", {h}, REPLICATED);
+  // 0.18.9 leaves the lm_head whole (replace_module.py set_lm_head returns in
+  // AutoTP training; a real 0.18.9 tp 2 save holds [vocab, hidden] on each rank).
+  add("lm_head.weight", {vocab, h}, phi3 || !vocab_rows ? REPLICATED : VOCAB);
+  return t;
+}
+
+}  // namespace
+
+rc::Gen<GoldenCase> GenAutoTpCase(const CaseGenOptions& options) {
+  return rc::gen::exec([options]() {
+    GoldenCase c;
+    ModelSpec& spec = *c.mutable_model();
+    spec.set_style("hf-llama");
+    spec.set_pipeline(false);
+    spec.set_preset("hf-llama");
+    spec.set_rules_source(kNoFlagsSource);
+    spec.set_autotp(true);
+    // Topologies: tp 1-4 at both ends (AutoTP is a plain module: pp 1).
+    for (Topology* t : {c.mutable_source(), c.mutable_target()}) {
+      t->set_tp(*Uniform(1, std::min(options.max_tp, 4) + 1));
+      t->set_pp(1);
+      t->set_dp(*Uniform(1, std::min(options.max_dp, 4) + 1));
+    }
+    const int s_tp = c.source().tp(), t_tp = c.target().tp();
+    const int64_t unit = Lcm(s_tp, t_tp);
+    const int max_tp = std::max(s_tp, t_tp);
+    // The fused gate_up_proj (format 0.4's sub_param_shard_widths) is
+    // written by master only.
+    const std::string arch = *Maybe(1, 3) ? "phi3" : "llama";
+    // Sizes: AutoTP cuts the attention in whole key-value heads (ucp refuses
+    // a tp the heads do not divide), so head counts are multiples of every tp
+    // of the case; the intermediate size and the vocabulary are any size
+    // every rank holds a row of (a rank of zero rows does not train:
+    // README), uneven where tp does not divide them. `even`: every dim a
+    // multiple of both tps (the AutoTP / Megatron-style comparison).
+    const int64_t head_dim = *Uniform<int64_t>(1, 3);
+    const int64_t kv = unit * *Uniform<int64_t>(1, 3) * head_dim;
+    const int64_t q = kv * *Uniform<int64_t>(1, 3);
+    const int64_t h = 2 * *Uniform<int64_t>(1, 5);
+    int64_t f = *Uniform<int64_t>(max_tp, max_tp + 9);
+    int64_t vocab = *Uniform<int64_t>(std::max<int64_t>(3, max_tp), 41);
+    // Half the vocabularies even (0.18.9 and 0.19.5 write only those).
+    if (options.autotp_even || *Maybe(1, 1)) vocab = unit * *Uniform<int64_t>(1, 9);
+    if (options.autotp_even) f = unit * *Uniform<int64_t>(1, 4);
+    const int layers = *Uniform(1, 3);
+    const bool qkv_bias = arch == "llama" && *Maybe(1, 2);
+    // Versions: 0.18.9 (no AutoTP metadata), 0.19.5 (format 0.3), master
+    // 0.19.6 (0.4). A vocabulary tp does not divide is cut by rows on
+    // master only (0.19.5 cuts such an lm_head by columns and trains it
+    // wrong; ucp refuses to write that): such a case is master's at both ends.
+    // 0.18.9 keeps the lm_head whole, 0.19.5 and master cut it: ucp carries
+    // the source's split, so a version change is drawn between 0.19.5 and
+    // master only (README: a change across 0.19.5 is not written).
+    c.set_ds_version(*Pick<std::string>({"0.19.6", "0.19.5", "0.18.9"}));
+    c.set_target_ds_version(c.ds_version() != "0.18.9" && *Maybe(1, 1) ? *Pick<std::string>({"0.19.6", "0.19.5"})
+                                                                        : c.ds_version());
+    const bool uneven_vocab =
+        arch == "llama" && c.ds_version() != "0.18.9" && (vocab % s_tp != 0 || vocab % t_tp != 0);
+    if (arch == "phi3" || uneven_vocab) {
+      c.set_ds_version("0.19.6");
+      c.set_target_ds_version("0.19.6");
+    }
+    const bool vocab_rows = !(c.ds_version() == "0.18.9");
+    // lp dtype, optimizer and ZeRO stage (1 or 2, as the formats write them).
+    const std::string lp = *Pick<std::string>({"fp32", "bf16", "fp16"});
+    spec.set_lp_dtype(lp);
+    const bool bf16_optimizer = lp == "bf16" && *Maybe(1, 1);
+    c.set_optimizer_layout(bf16_optimizer ? "bf16" : "zero");
+    c.set_zero_stage(bf16_optimizer ? 1 : lp == "bf16" ? 2 : *Pick<int>({1, 2}));
+    const bool trainer_groups = *Maybe(1, 1);
+    const bool freeze = *Maybe(1, 2);
+    std::vector<ModelParam> params;
+    for (const AutoTpTensor& t : AutoTpTensors(arch, layers, h, q, kv, f, vocab, qkv_bias, vocab_rows)) {
+      ModelParam p;
+      p.set_name(t.name);
+      p.set_local_name(t.name);
+      p.set_layer(-1);
+      for (int64_t x : t.shape) p.add_shape(x);
+      *p.mutable_rule() = t.rule;
+      p.set_role(freeze && *Maybe(1, 4) ? "frozen" : "trainable");
+      const bool no_decay = t.shape.size() == 1;
+      p.set_group(p.role() == "trainable" ? (trainer_groups && no_decay ? 1 : 0) : -1);
+      params.push_back(std::move(p));
+    }
+    bool any_trainable = false;
+    for (const ModelParam& p : params) any_trainable |= p.role() == "trainable";
+    if (!any_trainable) {
+      params.back().set_role("trainable");
+      params.back().set_group(0);
+    }
+    AddParamsWithDenseGroups(params, spec);
+    spec.set_hidden_size(h);
+    spec.set_num_attention_heads(kv);
+    spec.set_original_vocab_size(vocab);
+    spec.set_make_vocab_size_divisible_by(0);  // AutoTP pads no vocabulary
+    spec.set_autotp_size(s_tp);
+    spec.set_train_batch_size(0);
+    c.set_numpy2(*Maybe(1, 1));
+    c.set_seed(*Uniform<uint64_t>(0, uint64_t{1} << 40));
+    c.set_name("fuzz_autotp");
+    return c;
+  });
+}
+
+GoldenCase MegatronTwin(const GoldenCase& c) {
+  GoldenCase m = c;
+  ModelSpec& spec = *m.mutable_model();
+  spec.set_autotp(false);
+  spec.set_autotp_size(0);
+  spec.set_rules_source(kRulesFileSource);
+  spec.set_preset("none");
+  spec.set_make_vocab_size_divisible_by(1);
+  for (ModelParam& p : *spec.mutable_param()) {
+    MergeRule& r = *p.mutable_rule();
+    r.clear_autotp_widths();
+    // Megatron's fused [gate; up] (swiglu's 2 chunks on dim 0).
+    if (r.kind() == SUB_PARAMS) r = TwoSubParams();
+    // A vocabulary Megatron would pad: kept unpadded as a column split (the
+    // twin's sizes are multiples of both tps).
+    if (r.kind() == VOCAB) r = Rule(COLUMN);
+  }
+  m.set_name(c.name() + "_megatron");
+  return m;
+}
+
 std::vector<std::string> CaseFeatures(const GoldenCase& c) {
   std::set<std::string> f;
   const ModelSpec& spec = c.model();
@@ -917,6 +1113,7 @@ std::vector<std::string> CaseFeatures(const GoldenCase& c) {
       case SUB_PARAMS: f.insert(r.sub_param_shape().dim_size() > 0 ? "sub_params_gqa" : "sub_params_2"); break;
       case VOCAB: {
         f.insert("vocab");
+        if (spec.autotp()) break;  // not padded
         for (const Topology& t : {c.source(), c.target()}) {
           if (tp::PaddedVocabSize(spec.original_vocab_size(), spec.make_vocab_size_divisible_by(), t.tp()) !=
               spec.original_vocab_size()) {
@@ -926,6 +1123,19 @@ std::vector<std::string> CaseFeatures(const GoldenCase& c) {
         break;
       }
       default: f.insert(tp::MergeKindName(r.kind()));
+    }
+    // AutoTP's uneven widths: a split dim (or a fused sub-param) tp does not divide.
+    if (spec.autotp() && r.kind() != REPLICATED) {
+      std::vector<int64_t> sizes = {p.shape(r.kind() == ROW ? 1 : 0)};
+      if (r.kind() == SUB_PARAMS && r.sub_param_shape().dim_size() > 0) {
+        sizes.assign(r.sub_param_shape().dim(0).size().begin(), r.sub_param_shape().dim(0).size().end());
+        f.insert("sub_param_shard_widths");
+      }
+      for (int64_t n : sizes) {
+        for (const Topology& t : {c.source(), c.target()}) {
+          if (n % t.tp() != 0) f.insert(absl::StrCat("autotp_uneven_", tp::MergeKindName(r.kind())));
+        }
+      }
     }
     if (p.role() == "frozen") f.insert("frozen");
     if (p.role() == "tied") f.insert("tied_alias");
@@ -963,6 +1173,7 @@ std::vector<std::string> CaseFeatures(const GoldenCase& c) {
   }
   if (c.numpy2()) f.insert("numpy2");
   if (absl::StartsWith(spec.style(), "hf-")) f.insert("hf_names");
+  if (spec.autotp()) f.insert("autotp");
   if (SourceZeroStage(c) != TargetZeroStage(c)) f.insert("zero_stage_change");
   // A group whose padding spans more than one dp partition: there the two
   // conventions write different group_paddings (and fp32 partition sizes).

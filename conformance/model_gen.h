@@ -65,6 +65,12 @@ struct CaseGenOptions {
   // draws (0 = none); hf_only: every case.
   int hf_one_in = 5;
   bool hf_only = false;
+  // AutoTP cases (GenAutoTpCase): one in `autotp_one_in` of the Hugging Face
+  // cases (0 = none); autotp_only: every case GenCase draws; autotp_even:
+  // sizes both tps divide (MegatronTwin's comparison).
+  int autotp_one_in = 3;
+  bool autotp_only = false;
+  bool autotp_even = false;
 };
 
 rc::Gen<GoldenCase> GenCase(const CaseGenOptions& options);
@@ -92,6 +98,46 @@ rc::Gen<GoldenCase> GenCase(const CaseGenOptions& options);
 // a BF16_Optimizer state), DeepSpeed 0.18.9 to 0.19.5,
 // converted with no flags at all (rules_source "no_flags").
 rc::Gen<GoldenCase> GenHfCase(const CaseGenOptions& options);
+
+// A model trained with DeepSpeed's AutoTP (`tensor_parallel.autotp_size`,
+// spec.autotp): a plain transformers module with Hugging Face names (the
+// hf-llama preset, whose tp_split_by_autotp is set) saved at tp 1-4 and
+// resharded to tp 1-4 (dp 1-4, pp 1), converted with no flags:
+//   - arch "llama" (LlamaForCausalLM under AutoTP's tp plan): q/k/v (and
+//     optional Qwen2-style biases) and gate/up cut by rows, o/down by
+//     columns, the lm_head by vocabulary rows, embeddings and norms whole;
+//     arch "phi3" (a partition_config as realds family autotp --arch phi3):
+//     the fused mlp.gate_up_proj per sub-param (each rank its AutoTP widths
+//     of the gate and of the up rows), down_proj by columns, all else whole;
+//   - uneven widths: the intermediate size and the vocabulary are any size
+//     (>= the tps), cut as AutoTP cuts them (rank r of n holds n // tp, the
+//     first n % tp ranks one more); attention heads are multiples of both
+//     tps (AutoTP cuts them in whole key-value heads, which ucp refuses to
+//     cut unevenly);
+//   - the DeepSpeed version at each end: 0.18.9 (no universal_checkpoint_info),
+//     0.19.5 (format 0.3), master 0.19.6 (0.4: autotp_unsupported_parameter_patterns,
+//     sub_param_shard_widths); a fused param or a vocabulary tp does not
+//     divide makes both ends master's (0.19.5 cuts such an lm_head by columns
+//     and trains it wrong; fused sub-param metadata is master's);
+//   - the job's metadata as DeepSpeed writes it (synthetic_state.h, spec_rules.h
+//     AutoTpCheckpointInfo): ds_config.tensor_parallel.autotp_size, the
+//     version's universal_checkpoint_info after the engine's keys;
+//   - ZeRO stage 1 or 2, lp fp32 / fp16 / bf16 (BF16_Optimizer at stage 1 or
+//     the ZeRO optimizer at stage 2), frozen params (one in four, half the
+//     models), the Trainer's decay / no-decay groups or one.
+// Not drawn: ZeRO-3 (ucp converts a ZeRO-3 checkpoint at tp > 1 to no
+// universal layout), ZeRO-0, tied embeddings, LoRA, ranks holding no row.
+rc::Gen<GoldenCase> GenAutoTpCase(const CaseGenOptions& options);
+
+// The same model as the AutoTP case `c` (same names, shapes, values, groups,
+// frozen params, optimizer, ZeRO stage, topologies, versions), trained the
+// Megatron way: no AutoTP metadata (no tensor_parallel in its ds_config, no
+// universal_checkpoint_info), its splits given as a --rules file of
+// Megatron's even splits (column, row, replicated; the fused gate_up as
+// Megatron's 2 chunks; the lm_head a column split, unpadded). Where both
+// tps divide every dim (GenAutoTpCase with autotp_even) AutoTP's widths and
+// Megatron's coincide, so both save the same tensors.
+GoldenCase MegatronTwin(const GoldenCase& c);
 
 // The DeepSpeed versions GenCase draws (ds_version, target_ds_version), the
 // first the one a shrunk case falls back to.

@@ -358,6 +358,11 @@ absl::StatusOr<std::vector<std::string>> UniversalDiffs(const std::string& a, co
     }
     m->clear_source_folder();
     m->clear_source_topology();
+    // The source tp's sub_param_shard_widths (AutoTP's fused params, format
+    // 0.4): recorded as the source holds them, as DeepSpeed's converter
+    // copies them.
+    for (auto& p : *m->mutable_param()) p.mutable_merge_rule()->mutable_sub_param_shape()->clear_shard_widths();
+    for (auto& r : *m->mutable_rules()->mutable_rule()) r.mutable_sub_param_shape()->clear_shard_widths();
     if (stages_differ) {  // the source's optimizer (BF16_Optimizer at stage 1, none at stage 0)
       m->clear_zero_stage();
       m->clear_optimizer_layout();
@@ -847,15 +852,31 @@ int64_t OraclePaddedVocab(int64_t vocab, int64_t divisible_by, int tp) {
   return (vocab + multiple - 1) / multiple * multiple;
 }
 
+// DeepSpeed AutoTP's cut of n rows over tp (module_inject/tp_shard.py
+// get_shard_size with tp_grain_size 1): the first offset of rank `rank` and
+// its width (n // tp, plus one on the first n % tp ranks).
+std::pair<int64_t, int64_t> OracleAutoTpRange(int64_t n, int tp, int rank) {
+  int64_t start = 0;
+  for (int r = 0; r < rank; ++r) start += n / tp + (r < n % tp ? 1 : 0);
+  return {start, n / tp + (rank < n % tp ? 1 : 0)};
+}
+
 // The tp slice `rank` of a full tensor as Megatron lays it out and
-// universal_checkpoint.py:load_hp_checkpoint_state cuts it.
+// universal_checkpoint.py:load_hp_checkpoint_state cuts it; for an AutoTP
+// model (`autotp`) as AutoTP cuts it: column, row and vocabulary params
+// (unpadded) and each fused sub-param in AutoTP's widths.
 absl::StatusOr<torch::Tensor> OracleSlice(const ModelParam& p, const torch::Tensor& full, int tp, int rank,
-                                          int64_t divisible_by) {
+                                          int64_t divisible_by, bool autotp = false) {
   const MergeRule& r = p.rule();
   auto narrow_even = [&](const torch::Tensor& t, int64_t dim) -> absl::StatusOr<torch::Tensor> {
+    if (autotp) {
+      const auto [start, width] = OracleAutoTpRange(t.sizes()[dim], tp, rank);
+      return t.Narrow(dim, start, width);
+    }
     const int64_t n = t.sizes()[dim] / tp;
     return t.Narrow(dim, rank * n, n);
   };
+  if (autotp && r.kind() == VOCAB) return narrow_even(full, 0);
   switch (r.kind()) {
     case REPLICATED:
     case AVERAGE:
@@ -881,7 +902,9 @@ absl::StatusOr<torch::Tensor> OracleSlice(const ModelParam& p, const torch::Tens
         int64_t offset = 0;
         for (int64_t sub : r.sub_param_shape().dim(static_cast<int>(dim)).size()) {
           const int64_t part = sub / tp;
-          UCP_ASSIGN_OR_RETURN(torch::Tensor piece, full.Narrow(dim, offset + rank * part, part));
+          const auto [start, width] =
+              autotp ? OracleAutoTpRange(sub, tp, rank) : std::make_pair(rank * part, part);
+          UCP_ASSIGN_OR_RETURN(torch::Tensor piece, full.Narrow(dim, offset + start, width));
           pieces.push_back(piece);
           offset += sub;
         }
@@ -922,6 +945,50 @@ std::tuple<int, int, int> OracleVersion(const std::string& v) {
   return {a, b, c};
 }
 
+// An AutoTP model's metadata in a model-states file at `t` (and, for any
+// model, no AutoTP metadata where the model has none):
+// ds_config.tensor_parallel.autotp_size is t.tp (the job that loads it),
+// universal_checkpoint_info is AutoTP's (spec_rules.h AutoTpCheckpointInfo)
+// for the source's DeepSpeed (V1: ucp carries the source's declaration, so a
+// save for another V2 holds V1's) with sub_param_shard_widths for t.tp, last
+// of the engine's keys. At tp 1 DeepSpeed's tp plan route writes none (a
+// partition_config job writes it at tp 1 too): none is accepted there.
+absl::Status CheckAutoTpMetadata(const CaseRunner& r, const torch::TorchFile& f, const Topology& t,
+                                 const std::string& name, std::vector<std::string>& diffs) {
+  const ModelSpec& spec = r.c().model();
+  const Value& root = *f.root();
+  auto diff = [&](const std::string& what) {
+    if (diffs.size() < 20) diffs.push_back(absl::StrCat(name, ": ", what));
+  };
+  const Value* config = root.DictGet("ds_config");
+  const Value* tpc = config != nullptr && config->is(Kind::kDict) ? config->DictGet("tensor_parallel") : nullptr;
+  const Value* size = tpc != nullptr && tpc->is(Kind::kDict) ? tpc->DictGet("autotp_size") : nullptr;
+  const Value* uc = root.DictGet("universal_checkpoint_info");
+  if (!spec.autotp()) {
+    if (tpc != nullptr) diff("ds_config has tensor_parallel, the model is not AutoTP's");
+    return absl::OkStatus();
+  }
+  if (size == nullptr || !size->is(Kind::kInt) || size->int_value() != t.tp()) {
+    diff(absl::StrCat("ds_config.tensor_parallel.autotp_size is ", size ? size->DebugString(20) : "missing",
+                      ", the job's tp is ", t.tp()));
+  }
+  UCP_ASSIGN_OR_RETURN(ValuePtr want, AutoTpCheckpointInfo(spec, r.V1(), t.tp()));
+  if (want == nullptr || (uc == nullptr && t.tp() == 1)) {
+    if (uc != nullptr) diff(absl::StrCat("has a universal_checkpoint_info, DeepSpeed ", r.V1(), " writes none"));
+    return absl::OkStatus();
+  }
+  if (uc == nullptr) {
+    diff(absl::StrCat("no universal_checkpoint_info (AutoTP of DeepSpeed ", r.V1(), " writes one)"));
+    return absl::OkStatus();
+  }
+  const std::vector<std::string> keys = DictKeys(root);
+  if (keys.back() != "universal_checkpoint_info") diff("universal_checkpoint_info is not after the engine's keys");
+  if (const std::string got = PyRepr(*uc), expected = PyRepr(*want); got != expected) {
+    diff(absl::StrCat("universal_checkpoint_info is ", got, ", DeepSpeed's is ", expected));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckLayout(const CaseRunner& r, const std::string& dir, const Topology& t, const std::string& version,
                          std::vector<std::string>& diffs) {
   const SyntheticModelState& m = r.model();
@@ -940,7 +1007,7 @@ absl::Status CheckLayout(const CaseRunner& r, const std::string& dir, const Topo
   for (size_t i = 0; i < info.params.size(); ++i) flatten_index[info.params[i].name] = static_cast<int>(i);
   auto slice_of = [&](const ModelParam& p, const std::string& state, int rank) -> absl::StatusOr<torch::Tensor> {
     UCP_ASSIGN_OR_RETURN(torch::Tensor full, m.Tensor(p.name(), state));
-    return OracleSlice(p, full, t.tp(), rank, divisible_by);
+    return OracleSlice(p, full, t.tp(), rank, divisible_by, spec.autotp());
   };
   auto diff = [&](const std::string& file, const std::string& what) {
     if (diffs.size() < 20) diffs.push_back(absl::StrCat(file, ": ", what));
@@ -962,6 +1029,7 @@ absl::Status CheckLayout(const CaseRunner& r, const std::string& dir, const Topo
       if (ds_version == nullptr || !ds_version->is(Kind::kStr) || ds_version->str() != version) {
         diff(mp_name, absl::StrCat("ds_version is not '", version, "'"));
       }
+      UCP_RETURN_IF_ERROR(CheckAutoTpMetadata(r, *mp, t, mp_name, diffs));
       {
         const std::vector<std::string> keys = DictKeys(root);
         auto at = std::find(keys.begin(), keys.end(), "checkpoint_parallel_dimensions");
@@ -1046,6 +1114,15 @@ absl::Status CheckLayout(const CaseRunner& r, const std::string& dir, const Topo
         const Value& root = *f->root();
         if (DictKeys(root) != std::vector<std::string>{"optimizer_state_dict", "ds_config", "ds_version"}) {
           diff(name, "top-level keys are not optimizer_state_dict, ds_config, ds_version");
+        }
+        if (spec.autotp()) {
+          const Value* size = root.DictGet("ds_config");
+          for (const char* key : {"tensor_parallel", "autotp_size"}) {
+            size = size != nullptr && size->is(Kind::kDict) ? size->DictGet(key) : nullptr;
+          }
+          if (size == nullptr || !size->is(Kind::kInt) || size->int_value() != t.tp()) {
+            diff(name, absl::StrCat("ds_config.tensor_parallel.autotp_size is not the job's tp ", t.tp()));
+          }
         }
         for (const Value* holder : {&root, root.DictGet("optimizer_state_dict")}) {
           const Value* v = holder != nullptr ? holder->DictGet("ds_version") : nullptr;
@@ -1520,6 +1597,67 @@ absl::Status CheckProperties(const std::vector<Property>& properties, const Gold
       s = Violation(p, absl::StrCat("ucp failed on a valid checkpoint: ", s.ToString()));
     }
     if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// Two checkpoint folders of the same model saved with and without AutoTP:
+// the same files, every .pt tree equal (tensors bitwise, keys in order) but
+// for the AutoTP metadata (universal_checkpoint_info, ds_config's
+// tensor_parallel); other files byte for byte.
+absl::StatusOr<std::vector<std::string>> DiffsButAutoTpMetadata(const std::string& a, const std::string& b) {
+  UCP_ASSIGN_OR_RETURN(std::vector<std::string> fa, testing::ListFilesRecursive(a));
+  UCP_ASSIGN_OR_RETURN(std::vector<std::string> fb, testing::ListFilesRecursive(b));
+  if (fa != fb) {
+    return std::vector<std::string>{absl::StrCat("files differ: [", Joined(fa), "] vs [", Joined(fb), "]")};
+  }
+  auto strip = [](const Value& root) {
+    ValuePtr out = Without(root, {"universal_checkpoint_info"});
+    if (const Value* c = root.DictGet("ds_config"); c != nullptr && c->is(Kind::kDict)) {
+      out->DictSet(Value::Str("ds_config"), Without(*c, {"tensor_parallel"}));
+    }
+    return out;
+  };
+  std::vector<std::string> diffs;
+  for (const std::string& rel : fa) {
+    if (!absl::EndsWith(rel, ".pt")) {
+      UCP_ASSIGN_OR_RETURN(std::string x, ReadFileToString(JoinPath(a, rel)));
+      UCP_ASSIGN_OR_RETURN(std::string y, ReadFileToString(JoinPath(b, rel)));
+      if (x != y) diffs.push_back(absl::StrCat(rel, ": bytes differ"));
+      continue;
+    }
+    UCP_ASSIGN_OR_RETURN(auto x, torch::TorchFile::Open(JoinPath(a, rel)));
+    UCP_ASSIGN_OR_RETURN(auto y, torch::TorchFile::Open(JoinPath(b, rel)));
+    for (const std::string& d : testing::CompareTrees(*x, *strip(*x->root()), *y, *strip(*y->root()))) {
+      diffs.push_back(absl::StrCat(rel, ": ", d));
+    }
+  }
+  return diffs;
+}
+
+}  // namespace
+
+absl::Status CheckAutoTpMatchesMegatron(const GoldenCase& c, const std::string& work) {
+  if (!c.model().autotp()) return absl::InvalidArgumentError("not an AutoTP case (model_gen.h GenAutoTpCase)");
+  Scratch scratch(work);
+  UCP_ASSIGN_OR_RETURN(std::unique_ptr<CaseRunner> a, CaseRunner::Make(c, scratch.Path("autotp")),
+                       _.Prepend("building the AutoTP model: "));
+  UCP_ASSIGN_OR_RETURN(std::unique_ptr<CaseRunner> m, CaseRunner::Make(MegatronTwin(c), scratch.Path("megatron")),
+                       _.Prepend("building its Megatron-style twin: "));
+  const char* kWhat = "property (f) AutoTpMatchesMegatron violated: ";
+  for (auto [from, to, from_name, to_name] : {std::make_tuple(a.get(), m.get(), "AutoTP", "Megatron-style"),
+                                              std::make_tuple(m.get(), a.get(), "Megatron-style", "AutoTP")}) {
+    UCP_ASSIGN_OR_RETURN(std::string t1, from->SaveT1(), _.Prepend(absl::StrCat(from_name, " save at T1: ")));
+    UCP_ASSIGN_OR_RETURN(std::string resharded, from->Reshard(t1, "direct_t1_to_t2", c.target(), from->V2()),
+                         _.Prepend(absl::StrCat("reshard of the ", from_name, " save to T2: ")));
+    UCP_ASSIGN_OR_RETURN(std::string t2, to->SaveT2(), _.Prepend(absl::StrCat(to_name, " save at T2: ")));
+    UCP_ASSIGN_OR_RETURN(std::vector<std::string> diffs, DiffsButAutoTpMetadata(resharded, t2));
+    if (!diffs.empty()) {
+      return absl::InternalError(absl::StrCat(kWhat, "reshard(save(", from_name, " M, T1), T2) differs from save(",
+                                              to_name, " M, T2) but for the AutoTP metadata:\n  ", Joined(diffs)));
+    }
   }
   return absl::OkStatus();
 }

@@ -101,7 +101,22 @@ absl::Status CheckProperty(Property p, const GoldenCase& c, const std::string& w
 // Several properties on one case, sharing the checkpoints they have in common.
 absl::Status CheckProperties(const std::vector<Property>& properties, const GoldenCase& c, const std::string& work);
 
-// Differences between two folders, every file byte for byte (with a
+// (f) AutoTpMatchesMegatron, for an AutoTP case whose sizes both tps divide
+// (model_gen.h GenAutoTpCase with autotp_even): "the same model" is the
+// AutoTP model A of the case and its Megatron-style twin B
+// (model_gen.h MegatronTwin): the same param names, shapes, values, Adam
+// states, steps, groups, frozen params, optimizer, ZeRO stage and DeepSpeed
+// versions; A saved as DeepSpeed's AutoTP saves it (ds_config
+// tensor_parallel.autotp_size, AutoTP's universal_checkpoint_info, AutoTP's
+// widths), B as a Megatron-style job (none of that metadata, Megatron's even
+// splits given as a --rules file). Then reshard(save(A, T1), T2) equals
+// save(B, T2), and reshard(save(B, T1), T2) equals save(A, T2): the same
+// files, every tensor bitwise and every other value equal, but for the
+// AutoTP metadata (universal_checkpoint_info, ds_config.tensor_parallel).
+// kInternal naming the files that differ.
+absl::Status CheckAutoTpMatchesMegatron(const GoldenCase& c, const std::string& work);
+
+// Differences between two folders, every file byte for byte// Differences between two folders, every file byte for byte (with a
 // structural diff of .pt files that differ); `ignore` lists relative paths.
 absl::StatusOr<std::vector<std::string>> FolderByteDiffs(const std::string& a, const std::string& b,
                                                         const std::vector<std::string>& ignore = {});

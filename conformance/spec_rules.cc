@@ -1,11 +1,15 @@
 #include "conformance/spec_rules.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <map>
+#include <tuple>
 #include <regex>
 #include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/fs.h"
 #include "base/status_macros.h"
 #include "deepspeed/universal_metadata.h"
@@ -67,6 +71,135 @@ MergeRules SpecMergeRules(const ModelSpec& spec) {
   }
   rules.set_original_vocab_size(spec.original_vocab_size());
   return rules;
+}
+
+namespace {
+
+// Python's rf"^{re.escape(name)}$" for a param name (letters, digits, '_', '.').
+std::string EscapedExact(const std::string& name) {
+  std::string out = "^";
+  for (char c : name) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '_') out += '\\';
+    out += c;
+  }
+  return out + "$";
+}
+
+// AutoTP's split of n over tp (tp_shard.py get_shard_size, grain 1).
+int64_t Width(int64_t n, int tp, int r) { return n / tp + (r < n % tp ? 1 : 0); }
+
+ValuePtr SortedList(std::vector<std::string> v) {
+  std::sort(v.begin(), v.end());
+  std::vector<ValuePtr> items;
+  for (const std::string& s : v) items.push_back(Value::Str(s));
+  return Value::List(std::move(items));
+}
+
+}  // namespace
+
+absl::StatusOr<ValuePtr> AutoTpCheckpointInfo(const ModelSpec& spec, const std::string& version, int tp) {
+  int major = 0, minor = 0, patch = 0;
+  if (sscanf(version.c_str(), "%d.%d.%d", &major, &minor, &patch) != 3) {
+    return absl::InvalidArgumentError(absl::StrCat("AutoTP metadata: version '", version, "'"));
+  }
+  const auto v = std::make_tuple(major, minor, patch);
+  if (v < std::make_tuple(0, 19, 5)) return ValuePtr();
+  const bool master = v >= std::make_tuple(0, 19, 6);
+  std::vector<std::string> row, replicated, vocabulary;
+  std::vector<ValuePtr> sub_params;
+  ValuePtr widths = Value::MakeDict();
+  int64_t original_vocab = 0;
+  for (const ModelParam& p : spec.param()) {
+    if (p.role() == "buffer" || p.role() == "tied") continue;  // not named_parameters / an alias
+    const std::string pattern = EscapedExact(p.name());
+    const MergeRule& r = p.rule();
+    switch (r.kind()) {
+      case REPLICATED: replicated.push_back(pattern); break;
+      case ROW: row.push_back(pattern); break;
+      case VOCAB:
+        vocabulary.push_back(pattern);
+        if (original_vocab == 0) original_vocab = p.shape(0);
+        break;
+      case COLUMN: break;  // DeepSpeed's default: cat on dim 0
+      case SUB_PARAMS: {
+        if (!master || r.sub_param_shape().dim_size() == 0) {
+          return absl::InvalidArgumentError(absl::StrCat("AutoTP metadata: '", p.name(), "' fused sub-params need ",
+                                                         "master (0.19.6) and a sub_param_shape"));
+        }
+        const SubParamShape& s = r.sub_param_shape();
+        std::vector<ValuePtr> shape, sizes, per_sub;
+        for (int d = 0; d < s.dim_size(); ++d) {
+          if (d != s.partition_dim()) {
+            shape.push_back(Value::Int(-1));
+            continue;
+          }
+          for (int64_t n : s.dim(d).size()) {
+            sizes.push_back(Value::Int(n));
+            std::vector<ValuePtr> w;
+            for (int k = 0; k < tp; ++k) w.push_back(Value::Int(Width(n, tp, k)));
+            per_sub.push_back(Value::List(std::move(w)));
+          }
+          shape.push_back(Value::Tuple(sizes));
+        }
+        ValuePtr entry = Value::MakeDict();
+        entry->DictSet(Value::Str("patterns"), Value::List({Value::Str(pattern)}));
+        entry->DictSet(Value::Str("shape"), Value::List(std::move(shape)));
+        entry->DictSet(Value::Str("partition_dim"), Value::Int(s.partition_dim()));
+        sub_params.push_back(entry);
+        widths->DictSet(Value::Str(pattern), Value::List(std::move(per_sub)));
+        break;
+      }
+      default:
+        return absl::InvalidArgumentError(absl::StrCat("AutoTP metadata: '", p.name(), "' has a split AutoTP has not"));
+    }
+  }
+  ValuePtr uc = Value::MakeDict();
+  uc->DictSet(Value::Str("universal_checkpoint_version"), Value::Float(master ? 0.4 : 0.3));
+  uc->DictSet(Value::Str("parameter_with_row_parallelism_patterns"), SortedList(row));
+  uc->DictSet(Value::Str("tp_replicated_parameter_patterns"), SortedList(replicated));
+  uc->DictSet(Value::Str("vocabulary_parameter_patterns"), SortedList(vocabulary));
+  uc->DictSet(Value::Str("parameter_with_sub_params"), Value::List(std::move(sub_params)));
+  if (master) {
+    uc->DictSet(Value::Str("autotp_unsupported_parameter_patterns"), Value::MakeDict());
+    if (!widths->dict_items().empty()) uc->DictSet(Value::Str("sub_param_shard_widths"), widths);
+  }
+  if (original_vocab > 0) uc->DictSet(Value::Str("original_vocab_size"), Value::Int(original_vocab));
+  return uc;
+}
+
+std::string PyRepr(const Value& v) {
+  using pickle::Kind;
+  auto join = [](const Value& seq) {
+    std::vector<std::string> parts;
+    for (const auto& item : seq.items()) parts.push_back(PyRepr(*item));
+    return absl::StrJoin(parts, ", ");
+  };
+  switch (v.kind()) {
+    case Kind::kNone: return "None";
+    case Kind::kBool: return v.bool_value() ? "True" : "False";
+    case Kind::kInt: return absl::StrCat(v.int_value());
+    case Kind::kFloat: {
+      std::string s = absl::StrCat(v.float_value());
+      if (s.find_first_of(".eni") == std::string::npos) s += ".0";
+      return s;
+    }
+    case Kind::kStr: {
+      std::string out = "'";
+      for (char c : v.str()) {
+        if (c == '\\' || c == '\'') out += '\\';
+        out += c;
+      }
+      return out + "'";
+    }
+    case Kind::kList: return absl::StrCat("[", join(v), "]");
+    case Kind::kTuple: return absl::StrCat("(", join(v), v.items().size() == 1 ? ",)" : ")");
+    case Kind::kDict: {
+      std::vector<std::string> parts;
+      for (const auto& [k, x] : v.dict_items()) parts.push_back(absl::StrCat(PyRepr(*k), ": ", PyRepr(*x)));
+      return absl::StrCat("{", absl::StrJoin(parts, ", "), "}");
+    }
+    default: return absl::StrCat("<", v.DebugString(60), ">");
+  }
 }
 
 absl::StatusOr<ValuePtr> SpecCheckpointInfo(const ModelSpec& spec) {

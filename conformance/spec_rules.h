@@ -54,6 +54,28 @@ MergeRules SpecMergeRules(const ModelSpec& spec);
 // other than 2 on dim 0 without a sub-param shape).
 absl::StatusOr<pickle::ValuePtr> SpecCheckpointInfo(const ModelSpec& spec);
 
+// AutoTP's `universal_checkpoint_info` as DeepSpeed `version` records it
+// for an AutoTP model (spec.autotp) saved at `tp` (module_inject/layers.py
+// collect_autotp_universal_checkpoint_info, re-derived here from the true
+// splits, not from ucp's rules; checked against real checkpoints of 0.18.9,
+// 0.19.5 and master, realds family autotp):
+//   - before 0.19.5: none at all (null);
+//   - 0.19.5: universal_checkpoint_version 0.3, the sorted exact patterns
+//     (`^name$`, dots escaped) of row-parallel weights, of params AutoTP left
+//     whole (replicated), of vocabulary params (the lm_head cut by rows;
+//     then original_vocab_size), parameter_with_sub_params [];
+//   - 0.19.6 (master): 0.4, the same lists, parameter_with_sub_params of
+//     fused params ({patterns, shape [(sizes...), -1], partition_dim}),
+//     autotp_unsupported_parameter_patterns {}, sub_param_shard_widths (each
+//     sub-param's AutoTP widths at `tp`) when there are fused params, then
+//     original_vocab_size.
+absl::StatusOr<pickle::ValuePtr> AutoTpCheckpointInfo(const ModelSpec& spec, const std::string& version, int tp);
+
+// Python's repr() of a value tree of dicts, lists, tuples, strings, ints,
+// floats, bools and None (what `print(torch.load(f)[key])` shows), in full:
+// for comparing metadata with what a real DeepSpeed run printed.
+std::string PyRepr(const pickle::Value& v);
+
 // The ZeroStateOptions a user would give for a checkpoint of `spec`; for a
 // rules file, the file is written to `dir`/rules.textproto.
 absl::StatusOr<ops::SourceOptions> ZeroSourceOptionsFor(const ModelSpec& spec, const std::string& dir);

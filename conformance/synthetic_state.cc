@@ -169,7 +169,10 @@ absl::Status ValidateModelSpec(const ModelSpec& spec) {
     const int64_t padded = p.rule().kind() == VOCAB ? shape[0] : 0;
     UCP_RETURN_IF_ERROR(tp::SliceShapeFromFull(p.rule(), shape, 1, padded, n).status());
     if (p.rule().kind() == VOCAB) {
-      if (spec.make_vocab_size_divisible_by() <= 0) return err("vocab params need make_vocab_size_divisible_by > 0");
+      // AutoTP pads no vocabulary (its lm_head is cut in AutoTP's widths).
+      if (spec.make_vocab_size_divisible_by() <= 0 && !spec.autotp()) {
+        return err("vocab params need make_vocab_size_divisible_by > 0");
+      }
       if (shape[0] != spec.original_vocab_size()) {
         return err(absl::StrCat("vocab param '", n, "' has ", shape[0], " rows, original_vocab_size is ",
                                 spec.original_vocab_size()));
@@ -218,9 +221,11 @@ absl::StatusOr<std::unique_ptr<SyntheticModelState>> SyntheticModelState::Make(c
                                                                                const SyntheticVersion& version) {
   UCP_ASSIGN_OR_RETURN(deepspeed::DsVersion v, deepspeed::ParseDsVersion(version.ds_version),
                        _.Prepend("synthetic model: "));
-  if (v < deepspeed::DsVersion{0, 12, 0} || deepspeed::DsVersion{0, 19, 5} < v) {
+  // 0.19.6 is master edaa72212, whose ZeRO 1/2 files are 0.19.5's (its
+  // AutoTP metadata differs: AutoTpCheckpointInfo).
+  if (v < deepspeed::DsVersion{0, 12, 0} || deepspeed::DsVersion{0, 19, 6} < v) {
     return absl::InvalidArgumentError(
-        absl::StrCat("synthetic model: DeepSpeed ", version.ds_version, " (the layouts of 0.12 to 0.19.5 only)"));
+        absl::StrCat("synthetic model: DeepSpeed ", version.ds_version, " (the layouts of 0.12 to 0.19.6 only)"));
   }
   std::unique_ptr<SyntheticModelState> s(new SyntheticModelState());
   s->spec_ = spec;
@@ -313,6 +318,7 @@ absl::StatusOr<state::ModelInfo> ModelInfoFromSpec(const ModelSpec& spec, int ze
   info.original_vocab_size = spec.original_vocab_size();
   info.make_vocab_size_divisible_by = spec.make_vocab_size_divisible_by();
   info.partition_method = spec.partition_method();
+  info.autotp = spec.autotp();
   info.source_topology = state::Topology{1, 1, 1};
 
   // Trainable params in flatten order (group by group, module order within),
@@ -422,6 +428,20 @@ absl::Status SyntheticModelState::AddClientState(torch::TorchWriter& w, Value& r
       if (p.role() == "tied") shared->DictSet(Value::Str(p.name()), Value::Str(p.tied_key()));
     }
     r->DictSet(Value::Str("shared_params"), shared);
+  }
+  // AutoTP training: the job's ds_config says so, and engine.py's
+  // _save_checkpoint puts AutoTP's universal_checkpoint_info after the
+  // engine's keys (before any client state).
+  if (spec.autotp()) {
+    ValuePtr config = r->DictGetPtr("ds_config");
+    if (config == nullptr || !config->is(pickle::Kind::kDict)) {
+      return absl::InternalError("synthetic model: no ds_config dict");
+    }
+    ValuePtr tp = Value::MakeDict();
+    tp->DictSet(Value::Str("autotp_size"), Value::Int(std::max(1, spec.autotp_size())));
+    config->DictSet(Value::Str("tensor_parallel"), tp);
+    UCP_ASSIGN_OR_RETURN(ValuePtr uc, AutoTpCheckpointInfo(spec, version_.ds_version, spec.autotp_size()));
+    if (uc != nullptr) r->DictSet(Value::Str("universal_checkpoint_info"), uc);
   }
   // The Hugging Face Trainer saves no client state (engine.save_checkpoint
   // without client_state).

@@ -18,7 +18,7 @@ std::string TargetDsVersion(const state::CheckpointState& state, const std::stri
 }
 
 absl::StatusOr<ValuePtr> RetargetDsConfig(const state::FileValue& config, torch::TorchWriter& writer, int stage,
-                                          int64_t sub_group_size) {
+                                          int64_t sub_group_size, int tp) {
   UCP_ASSIGN_OR_RETURN(ValuePtr c, CopyTreeForWrite(config, writer));
   if (!c->is(Kind::kDict)) return c;
   if (ValuePtr z = c->DictGetPtr("zero_optimization"); z && z->is(Kind::kDict)) {
@@ -27,6 +27,9 @@ absl::StatusOr<ValuePtr> RetargetDsConfig(const state::FileValue& config, torch:
   }
   if (ValuePtr ck = c->DictGetPtr("checkpoint"); ck && ck->is(Kind::kDict) && ck->DictGet("load_universal")) {
     ck->DictSet(Value::Str("load_universal"), Value::Bool(false));
+  }
+  if (ValuePtr t = c->DictGetPtr("tensor_parallel"); tp > 0 && t && t->is(Kind::kDict) && t->DictGet("autotp_size")) {
+    t->DictSet(Value::Str("autotp_size"), Value::Int(tp));
   }
   return c;
 }

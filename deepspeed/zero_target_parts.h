@@ -27,9 +27,10 @@ std::string TargetDsVersion(const state::CheckpointState& state, const std::stri
 // A copy of the saving job's ds_config for the target: zero_optimization's
 // `stage` (when it has one) set to `stage`, its `sub_group_size` set when
 // `sub_group_size` > 0, and checkpoint.load_universal (when present) false:
-// the target is a plain checkpoint.
+// the target is a plain checkpoint; with `tp` > 0, an AutoTP job's
+// tensor_parallel.autotp_size (when present) set to `tp`.
 absl::StatusOr<pickle::ValuePtr> RetargetDsConfig(const state::FileValue& config, torch::TorchWriter& writer, int stage,
-                                                  int64_t sub_group_size = 0);
+                                                  int64_t sub_group_size = 0, int tp = 0);
 
 // engine.py _checkpoint_parallel_metadata (0.19.5+) at tp = pp = 1:
 // {'pp_degree': 1, 'tp_degree': 1}.

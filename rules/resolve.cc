@@ -79,11 +79,28 @@ absl::StatusOr<Gathered> Gather(const state::SlicedState& src, const state::Mode
   std::vector<RuleDecision>& decisions = g.decisions;
   decisions.resize(info.params.size());
   std::vector<char> needs_data(info.params.size(), 0);
+  // AutoTP training before 0.19.5 (no universal_checkpoint_info: 0.16.4 to
+  // 0.18.9) leaves the lm_head whole on every tp rank (replace_module.py
+  // set_lm_head returns in training mode; a real 0.18.9 tp 2 checkpoint holds
+  // lm_head [vocab, hidden] on both ranks): a preset's column split of it
+  // would double its rows. It is replicated there (its copies checked equal).
+  const Value& uc = deepspeed::CheckpointInfoOf(src);
+  const bool whole_lm_head =
+      info.autotp && (!uc.is(Kind::kDict) || uc.DictGet("universal_checkpoint_version") == nullptr);
   for (size_t i = 0; i < info.params.size(); ++i) {
     if (absl::Status s = resolver.CheckSupported(info.params[i].name); !s.ok()) {
       return absl::Status(s.code(), absl::StrCat(src.dir(), ": ", s.message()));
     }
     decisions[i] = resolver.Decide(info.params[i].name, info.params[i].tp_shapes[0]);
+    if (whole_lm_head && decisions[i].rule && decisions[i].source == PRESET &&
+        tp::AutoTpIsLmHead(info.params[i].name) &&
+        (decisions[i].rule->kind() == COLUMN || decisions[i].rule->kind() == VOCAB)) {
+      MergeRule r = *decisions[i].rule;
+      r.set_kind(REPLICATED);
+      r.clear_original_vocab_size();
+      decisions[i].rule = r;
+      decisions[i].origin += " (replicated: AutoTP before 0.19.5 leaves the lm_head whole)";
+    }
     const bool replicated = decisions[i].rule && (decisions[i].rule->kind() == REPLICATED);
     const bool multi_stage = info.params[i].trainable() && info.params[i].stages.size() > 1;
     needs_data[i] = !decisions[i].rule || (replicated && tp_degree > 1) || multi_stage;

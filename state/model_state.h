@@ -124,7 +124,8 @@ struct ModelInfo {
   int64_t original_vocab_size = 0;          // 0 when unknown
   int64_t make_vocab_size_divisible_by = 0; // 0 when unknown
   // Saved by DeepSpeed's AutoTP training (ds_config tensor_parallel.autotp_size,
-  // or AutoTP's universal_checkpoint_info): its vocabulary is not padded.
+  // any value: the writers rewrite it to the tp they write, 1 included; or
+  // AutoTP's universal_checkpoint_info): its vocabulary is not padded.
   bool autotp = false;
   std::string partition_method;             // recorded pipe partition method, "" if none
   // Native mixture of experts (formats/deepspeed_moe/moe_state.h): the source's expert

@@ -235,7 +235,7 @@ void ReadVocabAndPipeline(const UniversalCheckpoint& u, const Recorded& rec, sta
       manifest && layout.make_vocab_size_divisible_by > 0 ? layout.make_vocab_size_divisible_by
                                                            : ms.ArgInt({"make_vocab_size_divisible_by"});
   // Saved by AutoTP (ucp's output keeps the source's model states): no vocabulary padding.
-  info->autotp = ms.autotp_size() > 1 ||
+  info->autotp = ms.autotp_size() >= 1 ||
                  ms.universal_checkpoint_info().DictGet("autotp_unsupported_parameter_patterns") != nullptr;
   info->partition_method = manifest ? layout.partition_method : "";
   if (info->partition_method.empty()) {

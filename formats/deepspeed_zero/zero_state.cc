@@ -53,7 +53,7 @@ absl::Status ZeroSlicedState::Build(const ZeroReadOptions& options) {
                                            ? options.make_vocab_size_divisible_by
                                            : ms.ArgInt({"make_vocab_size_divisible_by"});
   info_.partition_method = ms.RecordedPartitionMethod();
-  info_.autotp = ms.autotp_size() > 1 ||
+  info_.autotp = ms.autotp_size() >= 1 ||
                  ms.universal_checkpoint_info().DictGet("autotp_unsupported_parameter_patterns") != nullptr;
   info_.module_layers = c.layer_files();
 

@@ -927,6 +927,11 @@ class Writer {
       ValuePtr zc = c->DictGetPtr("zero_optimization");
       if (zc->DictGet("stage") != nullptr) zc->DictSet(Value::Str("stage"), Value::Int(layout_.zero_stage));
     }
+    // An AutoTP job's tp is the topology's (engine.py cuts the model over
+    // tensor_parallel.autotp_size ranks): the job that loads this checkpoint.
+    if (ValuePtr tpc = c->DictGetPtr("tensor_parallel"); tpc && tpc->is(Kind::kDict) && tpc->DictGet("autotp_size")) {
+      tpc->DictSet(Value::Str("autotp_size"), Value::Int(layout_.topo.tp));
+    }
     if (ValuePtr ck = c->DictGetPtr("checkpoint"); ck && ck->is(Kind::kDict) && ck->DictGet("load_universal")) {
       ck->DictSet(Value::Str("load_universal"), Value::Bool(false));
     }

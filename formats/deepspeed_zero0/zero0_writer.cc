@@ -285,7 +285,8 @@ class Zero0Plan : public writers::Plan {
       } else if (key == "checkpoint_parallel_dimensions") {
         if (parallel_dims_) out->DictSet(k, ParallelDimensions());
       } else if (key == "ds_config") {
-        UCP_ASSIGN_OR_RETURN(ValuePtr c, deepspeed::RetargetDsConfig(state::FileValue{v, src.file}, w, /*stage=*/0));
+        UCP_ASSIGN_OR_RETURN(ValuePtr c, deepspeed::RetargetDsConfig(state::FileValue{v, src.file}, w, /*stage=*/0, /*sub_group_size=*/0,
+                                                                           /*tp=*/1));
         out->DictSet(k, c);
       } else if (key == "ds_version" && !options_.target_ds_version.empty()) {
         out->DictSet(k, Value::Str(options_.target_ds_version));

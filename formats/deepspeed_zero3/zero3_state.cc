@@ -670,11 +670,12 @@ absl::Status Zero3State::BuildInfo(const OptimFile& first) {
     if (v != nullptr && v->is(Kind::kInt) && v->fits_int64()) info_.make_vocab_size_divisible_by = v->int_value();
   }
   // DeepSpeed's AutoTP training (as the ZeRO-1/2 reader reads it): its tp
-  // splits are AutoTP's (no vocabulary padding, uneven widths).
+  // splits are AutoTP's (no vocabulary padding, uneven widths); a job of
+  // autotp_size 1 (ucp's tp 1 reshard of one) is AutoTP's too.
   {
     const Value* a = DictPath(&root0, {"ds_config", "tensor_parallel", "autotp_size"});
     const Value* info = root0.DictGet("universal_checkpoint_info");
-    info_.autotp = (a != nullptr && a->is(Kind::kInt) && a->int_value() > 1) ||
+    info_.autotp = (a != nullptr && a->is(Kind::kInt) && a->int_value() >= 1) ||
                    (info != nullptr && info->is(Kind::kDict) &&
                     info->DictGet("autotp_unsupported_parameter_patterns") != nullptr);
   }

@@ -313,7 +313,7 @@ class Zero3Plan : public Plan {
 
   // ds_config with stage 3 (and the sub_group_size given).
   absl::StatusOr<ValuePtr> DsConfig(const state::FileValue& src, torch::TorchWriter& w) const {
-    return deepspeed::RetargetDsConfig(src, w, /*stage=*/3, options_.sub_group_size);
+    return deepspeed::RetargetDsConfig(src, w, /*stage=*/3, options_.sub_group_size, tp_);
   }
 
   absl::StatusOr<ValuePtr> ModelStatesRoot(torch::TorchWriter& w, int dp, int t) const {

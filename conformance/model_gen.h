@@ -32,7 +32,10 @@
 //     divisible by lcm(T1.tp, T2.tp) (and sub-params by it per sub-param);
 //   - one case in CaseGenOptions::hf_one_in: a Hugging Face case
 //     (GenHfCase below: tp = 1, transformers / peft names, frozen params,
-//     tied embeddings, ZeRO stages 0-3 at both ends).
+//     tied embeddings, ZeRO stages 0-3 at both ends), of which one in
+//     autotp_one_in is an AutoTP case (GenAutoTpCase below: hf-llama names
+//     at tp 1-4, AutoTP's uneven widths, fused sub-params with
+//     sub_param_shard_widths, DeepSpeed 0.18.9 / 0.19.5 / master).
 // Everything is drawn with shrinkable generators, so a failing case shrinks
 // towards fewer layers, fewer kinds, tp = pp = dp = 1 and small sizes.
 //
@@ -105,7 +108,10 @@ rc::Gen<GoldenCase> GenHfCase(const CaseGenOptions& options);
 // resharded to tp 1-4 (dp 1-4, pp 1), converted with no flags:
 //   - arch "llama" (LlamaForCausalLM under AutoTP's tp plan): q/k/v (and
 //     optional Qwen2-style biases) and gate/up cut by rows, o/down by
-//     columns, the lm_head by vocabulary rows, embeddings and norms whole;
+//     columns, the lm_head by vocabulary rows (0.19.5 and later; 0.18.9
+//     leaves it whole on every rank, as a real 0.18.9 run does), embeddings
+//     and norms whole; params in transformers' module order (a layer's
+//     self_attn and mlp before its norms);
 //     arch "phi3" (a partition_config as realds family autotp --arch phi3):
 //     the fused mlp.gate_up_proj per sub-param (each rank its AutoTP widths
 //     of the gate and of the up rows), down_proj by columns, all else whole;
@@ -116,9 +122,11 @@ rc::Gen<GoldenCase> GenHfCase(const CaseGenOptions& options);
 //     cut unevenly);
 //   - the DeepSpeed version at each end: 0.18.9 (no universal_checkpoint_info),
 //     0.19.5 (format 0.3), master 0.19.6 (0.4: autotp_unsupported_parameter_patterns,
-//     sub_param_shard_widths); a fused param or a vocabulary tp does not
+//     sub_param_shard_widths); a fused param or a cut vocabulary tp does not
 //     divide makes both ends master's (0.19.5 cuts such an lm_head by columns
-//     and trains it wrong; fused sub-param metadata is master's);
+//     and trains it wrong; fused sub-param metadata is master's); a change
+//     of version between 0.19.5 and master only (ucp keeps the source's
+//     lm_head split and metadata, which 0.18.9 and 0.19.5 do not share);
 //   - the job's metadata as DeepSpeed writes it (synthetic_state.h, spec_rules.h
 //     AutoTpCheckpointInfo): ds_config.tensor_parallel.autotp_size, the
 //     version's universal_checkpoint_info after the engine's keys;
@@ -126,7 +134,9 @@ rc::Gen<GoldenCase> GenHfCase(const CaseGenOptions& options);
 //     the ZeRO optimizer at stage 2), frozen params (one in four, half the
 //     models), the Trainer's decay / no-decay groups or one.
 // Not drawn: ZeRO-3 (ucp converts a ZeRO-3 checkpoint at tp > 1 to no
-// universal layout), ZeRO-0, tied embeddings, LoRA, ranks holding no row.
+// universal layout), ZeRO-0, tied embeddings, LoRA, attention heads a tp
+// does not divide (ucp refuses them), ranks holding no row (DeepSpeed does
+// not train them), a version change across 0.19.5.
 rc::Gen<GoldenCase> GenAutoTpCase(const CaseGenOptions& options);
 
 // The same model as the AutoTP case `c` (same names, shapes, values, groups,

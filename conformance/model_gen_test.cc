@@ -165,6 +165,7 @@ TEST(ModelGenTest, CoversEveryKindStyleAndDegree) {
 RC_GTEST_PROP(ModelGenTest, HfCasesAreTp1PlainModelsOfTheirPreset, ()) {
   CaseGenOptions o;
   o.hf_only = true;
+  o.autotp_one_in = 0;  // AutoTP cases: below
   const GoldenCase c = *GenCase(o);
   const ModelSpec& spec = c.model();
   RC_ASSERT(ValidateModelSpec(spec).ok());
@@ -180,6 +181,51 @@ RC_GTEST_PROP(ModelGenTest, HfCasesAreTp1PlainModelsOfTheirPreset, ()) {
   std::vector<std::string> names;
   for (const ModelParam& p : spec.param()) names.push_back(p.name());
   RC_ASSERT(rules::DetectPreset(names) == std::optional<std::string>(spec.style()));
+}
+
+// AutoTP cases (GenAutoTpCase): valid models of the hf-llama preset at tp
+// 1-4 whose attention every tp of the case divides, uneven only where AutoTP
+// cuts unevenly, each version's constraints kept.
+RC_GTEST_PROP(ModelGenTest, AutoTpCasesAreHfModelsSplitAsAutoTpSplitsThem, ()) {
+  CaseGenOptions o;
+  o.autotp_only = true;
+  const GoldenCase c = *GenCase(o);
+  const ModelSpec& spec = c.model();
+  RC_ASSERT(spec.autotp());
+  RC_ASSERT(ValidateModelSpec(spec).ok());
+  RC_ASSERT(SyntheticModelState::FromCase(c).ok());
+  RC_ASSERT(!spec.pipeline() && spec.make_vocab_size_divisible_by() == 0);
+  RC_ASSERT(spec.autotp_size() == c.source().tp());
+  for (const Topology& t : {c.source(), c.target()}) {
+    RC_ASSERT(t.tp() >= 1 && t.tp() <= 4 && t.pp() == 1 && t.dp() >= 1 && t.dp() <= 4);
+  }
+  RC_ASSERT(c.zero_stage() == 1 || c.zero_stage() == 2);
+  std::vector<std::string> names;
+  bool fused = false, uneven_vocab = false;
+  for (const ModelParam& p : spec.param()) {
+    names.push_back(p.name());
+    RC_ASSERT(p.rule().autotp_widths());
+    fused |= p.rule().kind() == SUB_PARAMS;
+    for (int tp : {c.source().tp(), c.target().tp()}) {
+      // AutoTP cuts attention projections in whole heads: even.
+      if (absl::StrContains(p.name(), "self_attn") && p.rule().kind() != REPLICATED) {
+        RC_ASSERT(p.shape(p.rule().kind() == ROW ? 1 : 0) % tp == 0);
+      }
+      // Every rank holds a row of every split dim.
+      if (p.rule().kind() != REPLICATED) RC_ASSERT(p.shape(p.rule().kind() == ROW ? 1 : 0) >= tp);
+      uneven_vocab |= p.rule().kind() == VOCAB && p.shape(0) % tp != 0;
+    }
+    // 0.18.9 leaves the lm_head whole.
+    if (p.name() == "lm_head.weight" && c.ds_version() == "0.18.9") RC_ASSERT(p.rule().kind() == REPLICATED);
+  }
+  if (fused || uneven_vocab) RC_ASSERT(c.ds_version() == "0.19.6" && c.target_ds_version() == "0.19.6");
+  // No version change across 0.19.5 (0.18.9's whole lm_head).
+  RC_ASSERT((c.ds_version() == "0.18.9") == (c.target_ds_version() == "0.18.9"));
+  RC_ASSERT(rules::DetectPreset(names) == std::optional<std::string>("hf-llama"));
+  // The Megatron-style twin is the same model without the AutoTP metadata.
+  const GoldenCase twin = MegatronTwin(c);
+  RC_ASSERT(!twin.model().autotp() && twin.model().param_size() == spec.param_size());
+  RC_ASSERT(ValidateModelSpec(twin.model()).ok());
 }
 
 TEST(ModelGenTest, HfCasesCoverStagesStylesAndFreezing) {

@@ -56,6 +56,23 @@ TEST(RetargetDsConfigTest, KeepsSubGroupSizeWithoutOneAndAddsNoStage) {
   EXPECT_EQ((*c)->DictGet("zero_optimization")->DictGet("sub_group_size")->int_value(), 5);
 }
 
+// An AutoTP job's tensor_parallel.autotp_size becomes the target's tp (the
+// job that loads it); a config without one gets none.
+TEST(RetargetDsConfigTest, SetsAnAutoTpJobsSizeToTheTargetTp) {
+  ValuePtr saved = SavedConfig();
+  ValuePtr t = Value::MakeDict();
+  t->DictSet(Value::Str("autotp_size"), Value::Int(2));
+  saved->DictSet(Value::Str("tensor_parallel"), t);
+  torch::TorchWriter w;
+  auto c = RetargetDsConfig(state::FileValue{saved, nullptr}, w, /*stage=*/3, /*sub_group_size=*/0, /*tp=*/3);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ((*c)->DictGet("tensor_parallel")->DictGet("autotp_size")->int_value(), 3);
+  EXPECT_EQ(saved->DictGet("tensor_parallel")->DictGet("autotp_size")->int_value(), 2);
+  auto plain = RetargetDsConfig(state::FileValue{SavedConfig(), nullptr}, w, /*stage=*/3, 0, /*tp=*/3);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ((*plain)->DictGet("tensor_parallel"), nullptr);
+}
+
 TEST(SingleRankParallelDimensionsTest, PpThenTpDegreeOne) {
   const ValuePtr dims = SingleRankParallelDimensions();
   ASSERT_EQ(dims->dict_items().size(), 2u);

@@ -14,6 +14,7 @@
 #include "formats/builtin/builtin.h"
 #include "formats/format.h"
 #include "ops/export.h"
+#include "ops/model_folder.h"
 #include "ops/trainer_folder.h"
 #include "tp/merge.h"
 
@@ -245,9 +246,14 @@ absl::StatusOr<ConvertResult> ConvertImpl(const ConvertOptions& options) {
                                             source.allow_unsafe_pickles, &result.trainer_files));
     result.trainer_folder = options.output_folder;
   } else {
-    UCP_ASSIGN_OR_RETURN(result.stats, options.cluster != nullptr
-                                           ? writers::RunPlanOnCluster(**plan, options.output_folder, run, *options.cluster)
-                                           : writers::RunPlan(**plan, options.output_folder, run));
+    // A universal folder gets the model's config.json beside it, as reshard
+    // does (ops/model_folder.h).
+    std::string model_dir;
+    if (target->name() == "deepspeed_universal") {
+      UCP_ASSIGN_OR_RETURN(model_dir, ModelFilesSource(std::string(src.format->kind()), src.dir));
+    }
+    UCP_ASSIGN_OR_RETURN(result.stats,
+                         RunPlanWithModelFiles(**plan, options.output_folder, run, options.cluster, model_dir));
   }
   result.summary = RuleSummary(state->info());
   if (!src.preset.empty()) {

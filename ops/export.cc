@@ -16,6 +16,7 @@
 #include "format/pickle/accessors.h"
 #include "formats/builtin/builtin.h"
 #include "formats/format.h"
+#include "ops/model_folder.h"
 
 namespace ucp::ops {
 namespace {
@@ -307,17 +308,13 @@ absl::StatusOr<ExportResult> ExportImpl(const ExportOptions& options);
 
 // The files of a Hugging Face model folder, besides config.json and the
 // weights, that from_pretrained (generation_config.json) and
-// AutoTokenizer.from_pretrained read: copied as they are when present.
-constexpr const char* kModelFolderFiles[] = {
-    "generation_config.json", "tokenizer.json",    "tokenizer_config.json", "special_tokens_map.json",
-    "tokenizer.model",        "vocab.json",        "merges.txt",            "added_tokens.json",
-    "chat_template.jinja",    "chat_template.json", "preprocessor_config.json",
-};
-
+// AutoTokenizer.from_pretrained read (ops/model_folder.h): copied as they
+// are when present.
 absl::Status AddModelFolderFiles(const std::string& dir, writers::ExportWriteOptions* w,
                                  std::vector<std::string>* notes) {
   std::vector<std::string> copied;
-  for (const char* name : kModelFolderFiles) {
+  for (const std::string& name : ModelFolderFileNames()) {
+    if (name == "config.json") continue;  // the plan's (PlanExportContents)
     const std::string path = JoinPath(dir, name);
     if (!PathExists(path) || IsDirectory(path)) continue;
     UCP_ASSIGN_OR_RETURN(std::string bytes, ReadFileToString(path, int64_t{1} << 30));

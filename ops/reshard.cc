@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/fs.h"
 #include "base/status_macros.h"
+#include "ops/model_folder.h"
 #include "ops/trainer_folder.h"
 #include "ops/training_state.h"
 #include "deepspeed/facet.h"
@@ -166,10 +167,12 @@ absl::StatusOr<ReshardResult> ReshardImpl(const ReshardOptions& options) {
     result.write.bytes = stats.bytes;
     return result;
   }
+  // The model's config.json (and what from_pretrained reads beside it) goes
+  // beside the new tags: from the Hugging Face folder imported, or from
+  // beside the source's tags (ops/model_folder.h).
+  UCP_ASSIGN_OR_RETURN(std::string model_dir, ModelFilesSource(result.source_kind, src.dir));
   UCP_ASSIGN_OR_RETURN(writers::WriteStats stats,
-                       options.cluster != nullptr
-                           ? writers::RunPlanOnCluster(plan, options.output_folder, run, *options.cluster)
-                           : writers::RunPlan(plan, options.output_folder, run));
+                       RunPlanWithModelFiles(plan, options.output_folder, run, options.cluster, model_dir));
   result.notes.insert(result.notes.end(), stats.notes.begin(), stats.notes.end());
   result.write.files = stats.files;
   result.write.bytes = stats.bytes;

@@ -85,6 +85,32 @@ absl::StatusOr<std::string> Fill(const std::string& tmpl, const std::map<std::st
   return out;
 }
 
+// Whether entry `a` imports config architecture `arch`: it has import
+// names, and `arch` is its architecture or one of its config_architectures.
+bool Imports(const HfArchitecture& a, const std::string& arch) {
+  bool any = false;
+  for (const HfTensorMap& t : a.tensor()) any = any || !t.import_name().empty();
+  if (!any) return false;
+  if (a.architecture() == arch) return true;
+  return std::find(a.config_architectures().begin(), a.config_architectures().end(), arch) !=
+         a.config_architectures().end();
+}
+
+// Why a preset's trainer cannot hold `arch` (HfArchitecture.import_refused
+// of any preset), or "".
+std::string RefusedBecause(const std::string& arch) {
+  for (const std::string& n : PresetNames()) {
+    absl::StatusOr<const Preset*> p = FindPreset(n);
+    if (!p.ok()) continue;
+    for (const HfArchitecture& a : (*p)->hf()) {
+      for (const HfRefusedArchitecture& r : a.import_refused()) {
+        if (r.architecture() == arch) return absl::StrCat(" ", arch, " is not imported by preset '", n, "': ", r.reason());
+      }
+    }
+  }
+  return "";
+}
+
 absl::StatusOr<const HfArchitecture*> ArchitectureOf(const json::Value& config, const std::string& preset_name,
                                                      HfImportPlan* plan) {
   const json::Value* archs = config.Get("architectures");
@@ -98,10 +124,13 @@ absl::StatusOr<const HfArchitecture*> ArchitectureOf(const json::Value& config, 
     absl::StatusOr<const Preset*> p = FindPreset(n);
     if (!p.ok()) continue;
     for (const HfArchitecture& a : (*p)->hf()) {
-      bool any = false;
-      for (const HfTensorMap& t : a.tensor()) any = any || !t.import_name().empty();
-      if (any) importable.push_back(absl::StrCat(n, " (", a.architecture(), ")"));
-      if (any && a.architecture() == arch) of_arch.push_back(n);
+      if (!Imports(a, a.architecture())) continue;
+      std::vector<std::string> archs_of = {a.architecture()};
+      for (const std::string& c : a.config_architectures()) {
+        if (c != a.architecture()) archs_of.push_back(c);
+      }
+      importable.push_back(absl::StrCat(n, " (", absl::StrJoin(archs_of, ", "), ")"));
+      if (Imports(a, arch)) of_arch.push_back(n);
     }
   }
   std::string name = preset_name;
@@ -109,7 +138,7 @@ absl::StatusOr<const HfArchitecture*> ArchitectureOf(const json::Value& config, 
     if (of_arch.size() != 1) {
       return absl::InvalidArgumentError(absl::StrCat(
           "a Hugging Face folder is imported by a preset's names: pass --preset=NAME (presets that import: ",
-          absl::StrJoin(importable, ", "), "; config.json's architecture: '", arch, "')"));
+          absl::StrJoin(importable, "; "), "; config.json's architecture: '", arch, "').", RefusedBecause(arch)));
     }
     name = of_arch[0];
     plan->notes.push_back(absl::StrCat("preset '", name, "': the one preset that imports ", arch,
@@ -117,9 +146,7 @@ absl::StatusOr<const HfArchitecture*> ArchitectureOf(const json::Value& config, 
   }
   UCP_ASSIGN_OR_RETURN(const Preset* preset, FindPreset(name));
   for (const HfArchitecture& a : preset->hf()) {
-    bool any = false;
-    for (const HfTensorMap& t : a.tensor()) any = any || !t.import_name().empty();
-    if (any && a.architecture() == arch) {
+    if (Imports(a, arch)) {
       plan->preset = name;
       plan->architecture = arch;
       return &a;
@@ -127,7 +154,63 @@ absl::StatusOr<const HfArchitecture*> ArchitectureOf(const json::Value& config, 
   }
   return absl::FailedPreconditionError(absl::StrCat(
       "config.json: architectures[0] is '", arch, "', which preset '", name,
-      "' does not import (presets that import: ", absl::StrJoin(importable, ", "), ")"));
+      "' does not import (presets that import: ", absl::StrJoin(importable, "; "), ").", RefusedBecause(arch)));
+}
+
+// config.json's value at a dotted key ("rope_parameters.rope_type"), or null.
+const json::Value* ConfigAt(const json::Value& config, const std::string& key) {
+  const json::Value* v = &config;
+  for (const std::string& part : std::vector<std::string>(absl::StrSplit(key, '.'))) {
+    if (v->type() != json::Value::Type::kObject) return nullptr;
+    v = v->Get(part);
+    if (v == nullptr) return nullptr;
+  }
+  return v;
+}
+
+// A JSON literal in compact form ("" stays "").
+std::string Compact(const std::string& literal) {
+  if (literal.empty()) return "";
+  absl::StatusOr<json::Value> parsed = json::Parse(literal);
+  return parsed.ok() ? json::DumpCompact(*parsed) : literal;
+}
+
+// The value of `key` as compact JSON, `absent` when the key is not there
+// ("" when neither).
+std::string ConfigText(const json::Value& config, const std::string& key, const std::string& absent) {
+  if (const json::Value* v = ConfigAt(config, key)) return json::DumpCompact(*v);
+  return Compact(absent);
+}
+
+// The architecture's import_require: each config.json value the trainer
+// cannot represent is refused, naming the key, its value and why.
+absl::Status CheckImportConditions(const HfArchitecture& a, const json::Value& config, const std::string& arch) {
+  for (const HfImportCondition& c : a.import_require()) {
+    if (!c.architecture().empty() && c.architecture() != arch) continue;
+    const std::string value = ConfigText(config, c.key(), c.absent());
+    if (value.empty()) continue;
+    bool ok = false;
+    std::string other;
+    for (const std::string& allowed : c.one_of()) ok = ok || value == Compact(allowed);
+    if (!c.equals_key().empty()) {
+      const std::string v = ConfigText(config, c.equals_key(), c.absent());
+      ok = ok || v == value;
+      other = absl::StrCat(", ", c.equals_key(), " = ", v);
+    }
+    if (!c.at_least_key().empty()) {
+      const json::Value* v = ConfigAt(config, c.key());
+      const json::Value* bound = ConfigAt(config, c.at_least_key());
+      const bool ints = v != nullptr && bound != nullptr && v->type() == json::Value::Type::kInt &&
+                        bound->type() == json::Value::Type::kInt;
+      ok = ok || value == "null" || (ints && v->int_value() >= bound->int_value());
+      other = absl::StrCat(", ", c.at_least_key(), " = ", ConfigText(config, c.at_least_key(), "null"));
+    }
+    if (ok) continue;
+    return absl::UnimplementedError(absl::StrCat("config.json: ", c.key(), " = ", value,
+                                                 ConfigAt(config, c.key()) == nullptr ? " (absent: the default)" : "",
+                                                 other, ": ", c.reason(), "; not imported"));
+  }
+  return absl::OkStatus();
 }
 
 // One HF tensor's checkpoint name, from the first entry with an import_name
@@ -345,6 +428,7 @@ absl::StatusOr<HfImportPlan> PlanHfImport(const std::vector<HfImportInput>& tens
                                           const std::string& preset) {
   HfImportPlan plan;
   UCP_ASSIGN_OR_RETURN(const HfArchitecture* arch, ArchitectureOf(config, preset, &plan));
+  UCP_RETURN_IF_ERROR(CheckImportConditions(*arch, config, plan.architecture));
   const json::Value* tie = config.Get("tie_word_embeddings");
   const bool tied = tie != nullptr && tie->type() == json::Value::Type::kBool && tie->bool_value();
   std::vector<std::vector<Inverse>> inverses;

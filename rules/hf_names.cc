@@ -176,18 +176,29 @@ absl::StatusOr<const HfArchitecture*> ChooseArchitecture(const state::ModelInfo&
     return absl::FailedPreconditionError(absl::StrCat("--names=hf: preset '", plan->preset,
                                                       "' has no Hugging Face architecture; export with --names=checkpoint"));
   }
-  // The checkpoint's own config.json names its architecture: the entry that
-  // lists it keeps the names and writes that config as is; its conditions
-  // that exclude names (no_param) still hold.
+  // The checkpoint's own config.json names its architecture (a Trainer's
+  // checkpoint-N, or the Hugging Face folder `ucp reshard` imported, whose
+  // config.json the import keeps beside the tags): the entry that lists it
+  // maps the names and writes that config as is; its conditions on the
+  // names still hold, and those on args hold for the args the checkpoint
+  // has.
   if (!options.checkpoint_architecture.empty()) {
     std::vector<std::string> known;
     for (const HfArchitecture& a : preset->hf()) {
       for (const std::string& c : a.config_architectures()) {
         known.push_back(c);
         if (c != options.checkpoint_architecture) continue;
+        // The names must fit the entry (no_param), and args the checkpoint
+        // has must agree (a Megatron-DeepSpeed training's swiglu); args it
+        // does not have (an import records none) pass.
         HfArchitecture only_names;
         for (const HfCondition& cond : a.require()) {
           if (!cond.no_param().empty()) *only_names.add_require() = cond;
+          if (!cond.arg().empty()) {
+            HfCondition* kept = only_names.add_require();
+            *kept = cond;
+            kept->set_absent_ok(true);
+          }
         }
         only_names.set_architecture(c);
         UCP_ASSIGN_OR_RETURN(std::string failed, FailedCondition(only_names, info, args));
@@ -204,7 +215,7 @@ absl::StatusOr<const HfArchitecture*> ChooseArchitecture(const state::ModelInfo&
       return absl::FailedPreconditionError(absl::StrCat(
           "--names=hf: the checkpoint's config.json names ", options.checkpoint_architecture, ", which preset '",
           plan->preset, "' does not know (", absl::StrJoin(known, ", "),
-          "); the names are the checkpoint's own: export with --names=checkpoint"));
+          "): export with --names=checkpoint"));
     }
   }
   std::vector<std::string> refusals;

@@ -164,8 +164,77 @@ TEST(HfStateTest, RefusesWithoutAPresetWhenNoneImportsTheArchitecture) {
   std::string config = kConfig;
   config.replace(config.find("GPTNeoXForCausalLM"), 18, "Qwen2ForCausalLM");
   ExpectRefused(Folder("hf_nopreset_qwen", NeoX(), config),
-                {"--preset", "gpt-neox (GPTNeoXForCausalLM)", "megatron-deepspeed (LlamaForCausalLM)", "'Qwen2ForCausalLM'"},
+                {"--preset", "gpt-neox (GPTNeoXForCausalLM)", "megatron-deepspeed (LlamaForCausalLM, MistralForCausalLM)",
+                 "'Qwen2ForCausalLM'", "Qwen2ForCausalLM is not imported by preset 'megatron-deepspeed'",
+                 "q/k/v projections have biases", "args.add_bias_linear"},
                 "");
+}
+
+// Llama's config with `from` replaced by `to`.
+std::string LlamaConfigWith(const std::string& from, const std::string& to) {
+  std::string config = testfolder::kLlamaConfig;
+  const size_t at = config.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  if (at != std::string::npos) config.replace(at, from.size(), to);
+  return config;
+}
+
+// MistralForCausalLM holds Llama's tensors: the same import, its
+// architecture kept (sliding_window 32 = max_position_embeddings: a window
+// no sequence of the model exceeds).
+TEST(HfStateTest, MistralImportsAsLlamaDoes) {
+  const Tensors t = testfolder::Llama();
+  const std::string config = LlamaConfigWith(
+      "\"LlamaForCausalLM\"], \"model_type\": \"llama\"",
+      "\"MistralForCausalLM\"], \"model_type\": \"mistral\", \"sliding_window\": 32");
+  absl::StatusOr<std::unique_ptr<HfState>> s = HfState::Open(Folder("hf_mistral", t, config), {""});
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ((*s)->preset(), "megatron-deepspeed");
+  EXPECT_EQ((*s)->architecture(), "MistralForCausalLM");
+  absl::StatusOr<std::unique_ptr<HfState>> llama =
+      HfState::Open(Folder("hf_mistral_llama", t, testfolder::kLlamaConfig), {""});
+  ASSERT_TRUE(llama.ok()) << llama.status();
+  ASSERT_EQ((*s)->info().params.size(), (*llama)->info().params.size());
+  for (const state::ParamState& p : (*llama)->info().params) {
+    SCOPED_TRACE(p.name);
+    const state::ParamState* q = (*s)->info().Find(p.name);
+    ASSERT_NE(q, nullptr);
+    absl::StatusOr<std::vector<tp::TensorPlan>> a = (*llama)->Slices(p, 0, "lp");
+    absl::StatusOr<std::vector<tp::TensorPlan>> b = (*s)->Slices(*q, 0, "lp");
+    ASSERT_TRUE(a.ok() && b.ok());
+    absl::StatusOr<bool> same = tp::TensorPlan::BitwiseEqual((*a)[0], (*b)[0]);
+    EXPECT_TRUE(same.ok() && *same);
+  }
+}
+
+// What Megatron-DeepSpeed's GPTModelPipe cannot represent is refused, naming
+// the config.json key and its value.
+TEST(HfStateTest, RefusesConfigValuesMegatronDeepSpeedCannotRepresent) {
+  const Tensors t = testfolder::Llama();
+  const std::string mistral = "\"MistralForCausalLM\"], \"model_type\": \"mistral\"";
+  const std::string llama = "\"LlamaForCausalLM\"], \"model_type\": \"llama\"";
+  struct Case {
+    std::string from, to;
+    std::vector<std::string> want;
+  };
+  for (const Case& c : std::vector<Case>{
+           {llama, mistral + ", \"sliding_window\": 16",
+            {"config.json: sliding_window = 16, max_position_embeddings = 32", "no sliding window"}},
+           {llama, mistral, {"sliding_window = 4096 (absent: the default)", "no sliding window"}},
+           {"\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\"", {"config.json: hidden_act = \"gelu\"", "SiLU"}},
+           {"\"hidden_act\": \"silu\"", "\"hidden_act\": \"silu\", \"attention_bias\": true",
+            {"config.json: mlp_bias = false (absent: the default), attention_bias = true", "args.add_bias_linear"}},
+           {"\"hidden_act\": \"silu\"",
+            "\"hidden_act\": \"silu\", \"rope_parameters\": {\"rope_type\": \"llama3\", \"rope_theta\": 500000.0}",
+            {"config.json: rope_parameters.rope_type = \"llama3\"", "no scaling"}},
+           {"\"hidden_act\": \"silu\"", "\"hidden_act\": \"silu\", \"rope_scaling\": {\"type\": \"linear\", \"factor\": 2.0}",
+            {"config.json: rope_scaling = {", "no scaling"}},
+       }) {
+    SCOPED_TRACE(c.to);
+    std::vector<std::string> want = c.want;
+    want.push_back("not imported");
+    ExpectRefused(Folder("hf_llama_refused", t, LlamaConfigWith(c.from, c.to)), want, "megatron-deepspeed");
+  }
 }
 
 TEST(HfStateTest, RefusesAnotherArchitecture) {

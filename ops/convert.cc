@@ -75,6 +75,30 @@ absl::StatusOr<const formats::TargetFormat*> UniversalTarget(const std::string& 
 
 absl::StatusOr<ConvertResult> ConvertImpl(const ConvertOptions& options);
 
+// Rules of a --rules file that settle nothing are likely typos: an error
+// under --strict, else a warning.
+absl::Status CheckRulesFileUsed(const ConvertOptions& options, const state::ModelInfo& info,
+                                std::vector<std::string>* warnings) {
+  if (options.state.rules.rules_file.empty()) return absl::OkStatus();
+  UCP_ASSIGN_OR_RETURN(MergeRules file_rules, rules::ReadRulesFile(options.state.rules.rules_file));
+  UCP_ASSIGN_OR_RETURN(rules::RuleSet set, rules::RuleSet::Compile(file_rules, RULE_FILE, options.state.rules.rules_file));
+  std::vector<bool> used(file_rules.rule_size(), false);
+  for (const auto& p : info.params) {
+    const int i = set.MatchIndex(p.name, p.tp_shapes.empty() ? p.full_shape : p.tp_shapes[0]);
+    if (i >= 0) used[i] = true;
+  }
+  std::vector<std::string> unused;
+  for (int i = 0; i < file_rules.rule_size(); ++i) {
+    if (!used[i]) unused.push_back(absl::StrCat("'", file_rules.rule(i).pattern(), "'"));
+  }
+  if (unused.empty()) return absl::OkStatus();
+  const std::string msg = absl::StrCat(options.state.rules.rules_file, ": rules matching no param: ",
+                                       absl::StrJoin(unused, ", "));
+  if (options.strict) return absl::InvalidArgumentError(absl::StrCat(msg, " (--no_strict to accept)"));
+  warnings->push_back(msg);
+  return absl::OkStatus();
+}
+
 // --to=dcp --names=hf: each DCP entry a Hugging Face tensor, rows of one
 // param (rules::PlanHfNames, the plan `ucp export --names=hf` writes), whose
 // optimizer states are the same rows of the param's. A tensor the model holds
@@ -187,26 +211,7 @@ absl::StatusOr<ConvertResult> ConvertImpl(const ConvertOptions& options) {
         "new job directly"));
   }
   ConvertResult result;
-  // Rules of a --rules file that settle nothing are likely typos.
-  if (!options.state.rules.rules_file.empty()) {
-    UCP_ASSIGN_OR_RETURN(MergeRules file_rules, rules::ReadRulesFile(options.state.rules.rules_file));
-    UCP_ASSIGN_OR_RETURN(rules::RuleSet set, rules::RuleSet::Compile(file_rules, RULE_FILE, options.state.rules.rules_file));
-    std::vector<bool> used(file_rules.rule_size(), false);
-    for (const auto& p : state->info().params) {
-      const int i = set.MatchIndex(p.name, p.tp_shapes.empty() ? p.full_shape : p.tp_shapes[0]);
-      if (i >= 0) used[i] = true;
-    }
-    std::vector<std::string> unused;
-    for (int i = 0; i < file_rules.rule_size(); ++i) {
-      if (!used[i]) unused.push_back(absl::StrCat("'", file_rules.rule(i).pattern(), "'"));
-    }
-    if (!unused.empty()) {
-      const std::string msg = absl::StrCat(options.state.rules.rules_file, ": rules matching no param: ",
-                                           absl::StrJoin(unused, ", "));
-      if (options.strict) return absl::InvalidArgumentError(absl::StrCat(msg, " (--no_strict to accept)"));
-      result.warnings.push_back(msg);
-    }
-  }
+  UCP_RETURN_IF_ERROR(CheckRulesFileUsed(options, state->info(), &result.warnings));
   writers::UniversalWriteOptions write = options.write;
   write.source_folder = src.dir;
   write.inputs = {src.dir};

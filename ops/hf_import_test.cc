@@ -263,6 +263,30 @@ TEST(HfImportTest, ALlamaImportExportsBackToTheHfTensorsBitwise) {
   }
 }
 
+// A MistralForCausalLM (Llama's tensors) imported at tp 2 exports back as
+// itself: its config.json as is, every tensor bitwise.
+TEST(HfImportTest, AMistralImportExportsBackAsMistral) {
+  const hf::testfolder::Tensors t = hf::testfolder::Llama();
+  std::string config = hf::testfolder::kLlamaConfig;
+  const std::string from = "\"LlamaForCausalLM\"], \"model_type\": \"llama\"";
+  config.replace(config.find(from), from.size(), "\"MistralForCausalLM\"], \"model_type\": \"mistral\", \"sliding_window\": null");
+  const std::string in = hf::testfolder::Folder("hf_rt_mistral_src", t, config);
+  const std::string root = Import(in, state::Topology{2, 1, 1}, "hf_rt_mistral");
+  const std::string out = JoinPath(testing::FreshTempDir("hf_rt_mistral_export"), "hf");
+  absl::StatusOr<ExportResult> r = ExportHf(root, out);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->architecture, "MistralForCausalLM");
+  EXPECT_EQ(ReadFileToString(JoinPath(out, "config.json")).value_or("?"), config);
+  std::unique_ptr<safetensors::SafetensorsFile> keep;
+  const std::map<std::string, torch::Tensor> got = ReadExport(out, &keep);
+  EXPECT_EQ(got.size(), t.size());
+  for (const auto& [name, want] : t) {
+    auto it = got.find(name);
+    ASSERT_NE(it, got.end()) << name;
+    EXPECT_TRUE(Scaled(it->second, want, 1.0f)) << name;
+  }
+}
+
 // A Llama with attention_bias and mlp_bias (Megatron-DeepSpeed's
 // add_bias_linear: a bias on every linear layer): the q/k/v biases are fused
 // into query_key_value.bias as the weights' rows are, gate/up into

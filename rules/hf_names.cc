@@ -602,7 +602,9 @@ absl::StatusOr<HfNamePlan> PlanHfNames(const state::ModelInfo& info, const std::
                                        const pickle::Value* args, const HfOptions& options) {
   HfNamePlan plan;
   UCP_ASSIGN_OR_RETURN(const HfArchitecture* arch, ChooseArchitecture(info, args, options, &plan));
-  plan.architecture = arch->architecture();
+  // The checkpoint's own config.json names the model (MistralForCausalLM
+  // under the Llama entry's names).
+  plan.architecture = plan.config_verbatim ? options.checkpoint_architecture : arch->architecture();
   UCP_ASSIGN_OR_RETURN(NameMatches names, MatchNames(*arch, info, order, &plan));
   const int64_t source_tp = std::max(1, info.source_topology.tp);
   UCP_ASSIGN_OR_RETURN(NamedTensors tensors, NameTensors(*arch, info, names, source_tp, plan.preset));

@@ -7,7 +7,10 @@ unstable root: torch 2.14, transformers 5.12, DeepSpeed 0.19.5 on PYTHONPATH; CP
       --family llama, a LlamaForCausalLM from a LlamaConfig (GQA: 4 query heads, 2 kv heads; RMSNorm,
       SwiGLU, rotary, untied output, eager attention), and
       save_pretrained's it to DIR/hf (one model.safetensors) and DIR/hf_sharded (shards + index);
-      DIR/ref.pt holds its state dict and its logits for fixed input ids.
+      DIR/ref.pt holds its state dict and its logits for fixed input ids. --family mistral: a
+      MistralForCausalLM from a MistralConfig of the same sizes (Llama's tensors; its default
+      sliding_window 4096 is wider than max_position_embeddings 64, so the window never applies);
+      --family qwen2: a Qwen2ForCausalLM (saved only: its import is refused).
   python3 hf_import_check.py load --ckpt CKPT --tp T --pp P --ref REF --out PT [--init ckpt|hf] [--family F]
       T x P processes build a GPT-NeoX PipelineModule (--family llama: Megatron-DeepSpeed's GPTModelPipe
       layout, fused query_key_value grouped per kv head and swiglu dense_h_to_4h) with Megatron-style
@@ -19,6 +22,10 @@ unstable root: torch 2.14, transformers 5.12, DeepSpeed 0.19.5 on PYTHONPATH; CP
       from the HF parts in Megatron-DeepSpeed's layout, as hf2megads_weight_converter.py fuses them), the logits of the fixed ids
       (stage by stage over the pipeline, gathered over tp) against transformers' (max |diff|), one
       train_batch, and every param after it saved to PT (per rank, for the step's comparison).
+  python3 hf_import_check.py reload --hf DIR --ref REF [--family F]
+      transformers' AutoModelForCausalLM.from_pretrained(DIR) (a folder `ucp export --names=hf` wrote):
+      every tensor of its state dict against REF's (bitwise, the same names), and its logits of the fixed
+      ids against REF's.
 Prints one JSON line (rank 0); exits 1 when a weight differs.
 """
 import argparse
@@ -45,7 +52,7 @@ SPLITS = [
 ]
 
 
-FAMILY = "neox"
+FAMILY = "neox"  # neox, llama or mistral (Llama's tensors and, here, its math)
 TIED = False  # --tied (llama): tie_word_embeddings, GPTModelPipe's TiedLayerSpec 'embed' at 0 and at the head
 # Megatron-DeepSpeed's GPTModelPipe trained as Llama, as the megatron-deepspeed preset names it.
 LLAMA_SPLITS = [
@@ -56,7 +63,22 @@ LLAMA_SPLITS = [
 ]
 
 
+def llama_like():
+    return FAMILY in ("llama", "mistral")
+
+
 def config():
+    if FAMILY == "qwen2":  # saved only: its import is refused (q/k/v biases alone)
+        from transformers import Qwen2Config
+        return Qwen2Config(vocab_size=96, hidden_size=64, intermediate_size=160, num_hidden_layers=3,
+                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                           rms_norm_eps=1e-5, tie_word_embeddings=TIED, attn_implementation="eager")
+    if FAMILY == "mistral":
+        from transformers import MistralConfig
+        return MistralConfig(vocab_size=96, hidden_size=64, intermediate_size=160, num_hidden_layers=3,
+                             num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
+                             rms_norm_eps=1e-5, tie_word_embeddings=TIED, hidden_act="silu",
+                             attn_implementation="eager")
     if FAMILY == "llama":
         from transformers import LlamaConfig
         return LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=160, num_hidden_layers=3,
@@ -115,9 +137,10 @@ def hf_name(name, layers):
 
 
 def run_save(a):
-    from transformers import GPTNeoXForCausalLM, LlamaForCausalLM
+    from transformers import GPTNeoXForCausalLM, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM
     torch.manual_seed(SEED)
-    m = (LlamaForCausalLM if FAMILY == "llama" else GPTNeoXForCausalLM)(config()).float().eval()
+    cls = {"llama": LlamaForCausalLM, "mistral": MistralForCausalLM, "qwen2": Qwen2ForCausalLM}.get(FAMILY, GPTNeoXForCausalLM)
+    m = cls(config()).float().eval()
     m.save_pretrained(os.path.join(a.out, "hf"))
     m.save_pretrained(os.path.join(a.out, "hf_sharded"), max_shard_size="100KB")
     with torch.no_grad():
@@ -127,24 +150,66 @@ def run_save(a):
                       "files": sorted(os.listdir(os.path.join(a.out, "hf_sharded")))}))
 
 
-# ---- the DeepSpeed model: GPT-NeoX's math, Megatron tp, named as the gpt-neox preset ----
+def run_reload(a):
+    """transformers loads a folder ucp exported: the state dict and the logits against the saved model's."""
+    from transformers import AutoModelForCausalLM
+    ref = torch.load(a.ref, weights_only=False)
+    m = AutoModelForCausalLM.from_pretrained(a.hf, attn_implementation="eager").float().eval()
+    got, want = m.state_dict(), ref["state"]
+    bad = sorted(set(got) ^ set(want))
+    bad += [k for k in sorted(set(got) & set(want)) if got[k].shape != want[k].shape or
+            not torch.equal(got[k].reshape(-1).view(torch.int32), want[k].reshape(-1).view(torch.int32))]
+    with torch.no_grad():
+        logits = m(input_ids=ids()).logits
+    out = dict(cmd="reload", architecture=type(m).__name__, compared=len(want), differ=bad,
+               logits_max_diff=(logits - ref["logits"]).abs().max().item(),
+               logits_bitwise=torch.equal(logits, ref["logits"]))
+    print(json.dumps(out), flush=True)
+    return 1 if bad else 0
 
-def build(cfg, tp, pp):
+
+# ---- the run setup both families share ----
+
+def pipeline(tp, pp, cfg, layers):
+    """Megatron tp groups (mpu.py), a generator seeded otherwise than the HF model (the load must replace its
+    init), the vocab-parallel EmbeddingPipe, and a PipelineModule over the specs `layers(gen, EmbeddingPipe)`
+    returns with its partition method."""
     import mpu
-    from deepspeed.pipe import LayerSpec, PipelineModule
+    from deepspeed.pipe import PipelineModule
     from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
-    from transformers.models.gpt_neox import modeling_gpt_neox as hfm
     m = mpu.setup(tp, pp)
-    gen = torch.Generator().manual_seed(SEED + 7)  # another init than the HF model's: the load must replace it
-    h, heads, hn = cfg.hidden_size, cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads
+    gen = torch.Generator().manual_seed(SEED + 7)
 
     class EmbeddingPipe(nn.Module):
         def __init__(self):
             super().__init__()
-            self.word_embeddings = mpu.VocabParallelEmbedding(gen, cfg.vocab_size, h)
+            self.word_embeddings = mpu.VocabParallelEmbedding(gen, cfg.vocab_size, cfg.hidden_size)
 
         def forward(self, x):
             return self.word_embeddings(x)
+
+    specs, method = layers(gen, EmbeddingPipe)
+    module = PipelineModule(layers=specs, loss_fn=mpu.cross_entropy,
+                            topology=PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=m.dp),
+                            partition_method=method)
+    return module, m
+
+
+def identity(x):
+    return x
+
+
+# ---- the DeepSpeed model: GPT-NeoX's math, Megatron tp, named as the gpt-neox preset ----
+
+def build(cfg, tp, pp):
+    return pipeline(tp, pp, cfg, lambda gen, EmbeddingPipe: neox_layers(cfg, tp, gen, EmbeddingPipe))
+
+
+def neox_layers(cfg, tp, gen, EmbeddingPipe):
+    import mpu
+    from deepspeed.pipe import LayerSpec
+    from transformers.models.gpt_neox import modeling_gpt_neox as hfm
+    h, heads, hn = cfg.hidden_size, cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads
 
     class Attention(nn.Module):
         def __init__(self):
@@ -203,38 +268,25 @@ def build(cfg, tp, pp):
         def forward(self, x):
             return mpu.gather_from_tp(self.final_linear(x))
 
-    def identity(x):
-        return x
-
     specs = [LayerSpec(EmbeddingPipe), identity]
     specs += [LayerSpec(ParallelTransformerLayerPipe) for _ in range(cfg.num_hidden_layers)]
     specs += [identity, LayerSpec(NormPipe), LayerSpec(ParallelLinearPipe)]
-    module = PipelineModule(layers=specs, loss_fn=mpu.cross_entropy,
-                            topology=PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=m.dp),
-                            partition_method="type:transformer|mlp")
-    return module, m
+    return specs, "type:transformer|mlp"
 
 
 def build_llama(cfg, tp, pp):
     """Megatron-DeepSpeed's GPTModelPipe as Llama (its layer list and names: embedding, a lambda, the
     transformer layers, a lambda, the final RMSNorm whose own param is `weight`, the LM head), Megatron tp,
     with transformers' Llama functions for the norms, rotary and attention (GQA: repeat_kv)."""
+    return pipeline(tp, pp, cfg, lambda gen, EmbeddingPipe: llama_layers(cfg, gen, EmbeddingPipe))
+
+
+def llama_layers(cfg, gen, EmbeddingPipe):
     import mpu
-    from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
-    from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+    from deepspeed.pipe import LayerSpec, TiedLayerSpec
     from transformers.models.llama import modeling_llama as hfm
-    m = mpu.setup(tp, pp)
-    gen = torch.Generator().manual_seed(SEED + 7)  # another init than the HF model's: the load must replace it
     h, nq, nkv, d = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     g = nq // nkv
-
-    class EmbeddingPipe(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.word_embeddings = mpu.VocabParallelEmbedding(gen, cfg.vocab_size, h)
-
-        def forward(self, x):
-            return self.word_embeddings(x)
 
     class Attention(nn.Module):
         def __init__(self):
@@ -288,9 +340,6 @@ def build_llama(cfg, tp, pp):
         def forward(self, x):
             return mpu.gather_from_tp(self.lm_head(x))
 
-    def identity(x):
-        return x
-
     def tied_logits(embed, x):  # the tied head: logits of the vocab-split embedding, gathered
         return mpu.parallel_logits(x, embed.word_embeddings.weight)
 
@@ -300,15 +349,12 @@ def build_llama(cfg, tp, pp):
     specs += [identity, LayerSpec(hfm.LlamaRMSNorm, h, eps=cfg.rms_norm_eps)]
     specs += [TiedLayerSpec("embed", EmbeddingPipe, forward_fn=tied_logits, tied_weight_attr="word_embeddings.weight")
               if TIED else LayerSpec(LMHeadPipe)]
-    module = PipelineModule(layers=specs, loss_fn=mpu.cross_entropy,
-                            topology=PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=m.dp),
-                            partition_method="type:transformer")
-    return module, m
+    return specs, "type:transformer"
 
 
 def split_of(name):
     import re
-    for pat, dim in (LLAMA_SPLITS if FAMILY == "llama" else SPLITS):
+    for pat, dim in (LLAMA_SPLITS if llama_like() else SPLITS):
         if re.search(pat, name):
             return dim
     raise KeyError(name)
@@ -316,7 +362,7 @@ def split_of(name):
 
 def expected(name, hf, m, layers, cfg=None):
     """This rank's slice of the HF tensor the checkpoint name `name` holds."""
-    full = llama_full(name, hf, cfg) if FAMILY == "llama" else hf[hf_name(name, layers)]
+    full = llama_full(name, hf, cfg) if llama_like() else hf[hf_name(name, layers)]
     dim = split_of(name)
     if dim == "gate_up":  # swiglu: this rank's rows of the gate and of the up projection
         return torch.cat([half.chunk(m.tp, 0)[m.tp_rank] for half in full.chunk(2, 0)])
@@ -336,7 +382,7 @@ def run_load(rank, a, port):
     cfg = config()
     ref = torch.load(a.ref, weights_only=False)
     hf = ref["state"]
-    module, m = (build_llama if FAMILY == "llama" else build)(cfg, a.tp, a.pp)
+    module, m = (build_llama if llama_like() else build)(cfg, a.tp, a.pp)
     layers = cfg.num_hidden_layers
     if a.init == "hf":
         with torch.no_grad():
@@ -409,8 +455,9 @@ def run_load(rank, a, port):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("cmd", choices=["save", "load"])
-    ap.add_argument("--out", required=True)
+    ap.add_argument("cmd", choices=["save", "load", "reload"])
+    ap.add_argument("--out", default="")
+    ap.add_argument("--hf", default="", help="reload: the folder ucp exported")
     ap.add_argument("--ckpt", default="")
     ap.add_argument("--ref", default="")
     ap.add_argument("--tp", type=int, default=1)
@@ -418,13 +465,15 @@ def main():
     ap.add_argument("--init", choices=["ckpt", "hf"], default="ckpt")
     ap.add_argument("--full_load", action="store_true", help="a plain load_checkpoint (optimizer state too)")
     ap.add_argument("--file_hp", action="store_true", help="the job's hyper-parameters = the file's (lr 1e-3, wd 0.01)")
-    ap.add_argument("--family", choices=["neox", "llama"], default="neox")
-    ap.add_argument("--tied", action="store_true", help="llama: tie_word_embeddings")
+    ap.add_argument("--family", choices=["neox", "llama", "mistral", "qwen2"], default="neox")
+    ap.add_argument("--tied", action="store_true", help="llama, mistral: tie_word_embeddings")
     a = ap.parse_args()
     global FAMILY, TIED
     FAMILY, TIED = a.family, a.tied
     if a.cmd == "save":
         return run_save(a)
+    if a.cmd == "reload":
+        sys.exit(run_reload(a))
     a.world = a.tp * a.pp
     s = socket.socket()
     s.bind(("127.0.0.1", 0))

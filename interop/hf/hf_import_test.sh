@@ -18,7 +18,11 @@
 # (query_key_value fused grouped per kv head, dense_h_to_4h [gate; up] as 2 sub-params): tp 1 pp 1
 # (logits bitwise), tp 1 pp 2, tp 2 pp 1, tp 2 pp 2 (and from the shards), the step at tp 2 pp 2; and
 # with tie_word_embeddings (GPTModelPipe's TiedLayerSpec 'embed' at the embedding and the head) at tp 1
-# pp 1 and tp 2 pp 2.
+# pp 1 and tp 2 pp 2. A MistralForCausalLM likewise (tp 1 pp 1, tp 2 pp 2). The way back: `ucp export
+# --names=hf` of imports (GPT-NeoX tp 1 pp 2 and tp 2 pp 2, Llama tp 2 pp 1 and tp 2 pp 2, tied Llama and
+# Mistral tp 2 pp 2) loaded by transformers' from_pretrained, every tensor and the logits bitwise (GPT-NeoX's
+# parallel-residual row-parallel biases at tp 2: doubled, as that DeepSpeed model uses them). A
+# Qwen2ForCausalLM is refused, naming why.
 # Args: UCP CHECKER MPU
 set -u
 UCP=$(pwd)/$1
@@ -109,6 +113,61 @@ if FAMILY=llama TIED=1 run save --out "$T" > /dev/null; then
   done
 else
   echo "FAIL tied llama save"; fail=1
+fi
+# The way back: `ucp export --names=hf` of an import (its config.json is kept beside the tags), loaded by
+# transformers' from_pretrained: every tensor and the logits bitwise. GPT-NeoX with use_parallel_residual at
+# tp 2: the import holds the row-parallel biases whole on each rank, which that model adds per rank, and the
+# export writes what that model is: those 6 biases doubled, every other tensor bitwise.
+back() {  # NAME CKPT-ROOT REF [EXPECTED-DIFFER-REGEX]: FAMILY / TIED from the environment
+  ucp export --input_folder="$2" --output_folder="$2.hf" --names=hf || return 1
+  local line
+  line=$(run reload --hf "$2.hf" --ref "$3")
+  if [[ -z ${4:-} ]]; then
+    judge "$1" "$line" 0
+    return
+  fi
+  /usr/bin/python3 - "$1" "$line" "$4" <<'PY'
+import json, re, sys
+name, r, pat = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+ok = r["compared"] > 0 and len(r["differ"]) == 6 and all(re.search(pat, k) for k in r["differ"])
+print(f"{'PASS' if ok else 'FAIL'} {name}: {r['compared']} tensors, differing {r['differ']} (expected 6 matching {pat})")
+sys.exit(0 if ok else 1)
+PY
+}
+back "neox tp 1 pp 2 -> ucp export --names=hf -> transformers" "$W/hf-tp1-pp2" "$W/ref.pt" || fail=1
+back "neox (parallel residual) tp 2 pp 2 -> ucp export --names=hf -> transformers" "$W/hf-tp2-pp2" "$W/ref.pt" \
+  'layers\.[0-2]\.(attention\.dense|mlp\.dense_4h_to_h)\.bias$' || fail=1
+FAMILY=llama back "llama tp 2 pp 2 -> ucp export --names=hf -> transformers" "$L/hf-tp2-pp2" "$L/ref.pt" || fail=1
+FAMILY=llama back "llama tp 2 pp 1 -> ucp export --names=hf -> transformers" "$L/hf-tp2-pp1" "$L/ref.pt" || fail=1
+FAMILY=llama TIED=1 back "tied llama tp 2 pp 2 -> ucp export --names=hf -> transformers" "$T/tp2-pp2" "$T/ref.pt" || fail=1
+# MistralForCausalLM (Llama's tensors; the preset found from config.json), in $W/mistral: DeepSpeed loads the
+# import, and the export gives transformers back the Mistral.
+M=$W/mistral
+mkdir -p "$M"
+if FAMILY=mistral run save --out "$M" > /dev/null; then
+  for t in "1 1 0" "2 2 1e-5"; do
+    set -- $t
+    ucp reshard --input_folder="$M/hf" --output_folder="$M/tp$1-pp$2/global_step0" --tp=$1 --pp=$2 --dp=1 || continue
+    line=$(FAMILY=mistral run load --ckpt "$M/tp$1-pp$2" --tp $1 --pp $2 --ref "$M/ref.pt" --out "$M/tp$1-pp$2.after") || { echo "FAIL load mistral tp $1 pp $2"; fail=1; continue; }
+    judge "mistral -> ucp tp $1 pp $2 -> DeepSpeed" "$line" "$3" || fail=1
+  done
+  FAMILY=mistral back "mistral tp 2 pp 2 -> ucp export --names=hf -> transformers" "$M/tp2-pp2" "$M/ref.pt" || fail=1
+else
+  echo "FAIL mistral save"; fail=1
+fi
+# Qwen2ForCausalLM (q/k/v biases, no o_proj / MLP biases): refused, saying why, nothing written.
+Q=$W/qwen2
+mkdir -p "$Q"
+if FAMILY=qwen2 run save --out "$Q" > /dev/null; then
+  if "$UCP" reshard --input_folder="$Q/hf" --output_folder="$Q/out/global_step0" --tp=2 --dp=1 > "$Q/ucp.log" 2>&1; then
+    echo "FAIL qwen2: imported"; fail=1
+  elif grep -q "add_bias_linear" "$Q/ucp.log" && [[ ! -e $Q/out ]]; then
+    echo "PASS qwen2 refused: $(grep -o 'Qwen2ForCausalLM is not imported[^;]*' "$Q/ucp.log" | head -1)"
+  else
+    echo "FAIL qwen2: refused without the reason, or wrote output:"; tail -2 "$Q/ucp.log"; fail=1
+  fi
+else
+  echo "FAIL qwen2 save"; fail=1
 fi
 # Negative control: one element of one weight changed in the HF folder; the load must report it.
 "$ENV" run --root=sid --deepspeed=0.19.5 --bind="$W" -- python3 - "$W" <<'PY' >> "$W/log" 2>&1

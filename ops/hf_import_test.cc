@@ -418,5 +418,23 @@ TEST(HfImportTest, ARootWithAnotherModelsConfigIsRefused) {
   EXPECT_EQ(ReadFileToString(JoinPath(root, "config.json")).value_or(""), hf::testfolder::kConfig);
 }
 
+// A checkpoint whose root holds a config.json that is not JSON reshards as
+// ever: no model is named, nothing is carried.
+TEST(HfImportTest, ABrokenConfigBesideTheTagsIsNotCarried) {
+  const std::string in = hf::testfolder::Folder("hf_broken_cfg_src", hf::testfolder::NeoX());
+  const std::string root = Import(in, state::Topology{1, 1, 1}, "hf_broken_cfg");
+  ASSERT_TRUE(WriteFileAtomic(JoinPath(root, "config.json"), "not json").ok());
+  const std::string out = testing::FreshTempDir("hf_broken_cfg_out");
+  ReshardOptions o;
+  o.input_folder = root;
+  o.output_folder = JoinPath(out, "global_step0");
+  o.write.target = state::Topology{1, 1, 2};
+  o.write.fsync = false;
+  absl::StatusOr<ReshardResult> r = Reshard(o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(PathExists(JoinPath(out, "latest")));
+  EXPECT_FALSE(PathExists(JoinPath(out, "config.json")));
+}
+
 }  // namespace
 }  // namespace ucp::ops

@@ -24,9 +24,11 @@ const std::vector<std::string>& ModelFolderFileNames() {
 
 absl::StatusOr<std::string> ModelFilesSource(const std::string& source_kind, const std::string& source_dir) {
   if (source_kind == "hf") return source_dir;
-  UCP_ASSIGN_OR_RETURN(formats::HfFolder folder, formats::HfFolderOf(source_dir));
-  if (folder.trainer || folder.config_json.empty()) return std::string();
-  return folder.dir;
+  // A config.json that is not a JSON object names no model: nothing is
+  // carried (the checkpoint itself is read as ever).
+  absl::StatusOr<formats::HfFolder> folder = formats::HfFolderOf(source_dir);
+  if (!folder.ok() || folder->trainer || folder->config_json.empty()) return std::string();
+  return folder->dir;
 }
 
 std::string OutputRoot(const std::string& output_folder) {

@@ -37,8 +37,8 @@ const std::vector<std::string>& ModelFolderFileNames();
 // The folder whose model files go with a command's output, for a source of
 // kind `source_kind` opened at `source_dir`: the folder itself for a Hugging
 // Face folder ("hf"); else the folder holding the checkpoint when it has a
-// config.json and is not a Trainer's checkpoint-N (whose files the
-// Trainer-folder outputs carry, ops/trainer_folder.h); else "".
+// config.json (a JSON object) and is not a Trainer's checkpoint-N (whose
+// files the Trainer-folder outputs carry, ops/trainer_folder.h); else "".
 absl::StatusOr<std::string> ModelFilesSource(const std::string& source_kind, const std::string& source_dir);
 
 // The folder a checkpoint folder's `latest` file goes to (its parent).

@@ -6,6 +6,14 @@
 // forwards through it, and each must give back its HF tensor (name, shape,
 // rows) or the import is refused.
 //
+// An entry imports config.json's architectures[0] when it is the entry's
+// `architecture` or one of its `config_architectures` (megatron-deepspeed's
+// Llama entry: LlamaForCausalLM and MistralForCausalLM). Its
+// `import_require` conditions refuse config.json values the preset's
+// trainer cannot represent, naming the key, its value and why (e.g. a
+// Mistral sliding_window below max_position_embeddings); an architecture a
+// preset lists in `import_refused` is refused with that preset's reason.
+//
 // Tied embeddings (config.json tie_word_embeddings true: save_pretrained
 // leaves the output layer out) are imported where the preset names a tied
 // module (see HfImportTensor::tied_key); a preset without one refuses them.

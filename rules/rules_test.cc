@@ -7,6 +7,7 @@
 #include "gtest/gtest.h"
 #include "deepspeed/engine_defaults.h"
 #include "format/pickle/value.h"
+#include "rules/hf_names.h"
 #include "rules/presets.h"
 #include "rules/rules.h"
 #include "rules/suggest.h"
@@ -545,6 +546,62 @@ TEST(SuggestFamiliesTest, RanksSplitAFamilyAndDecidedNamesAreNotCaught) {
   EXPECT_EQ(s[2].rule.pattern(), "g\\.0\\.w$");  // the generalized one would catch g.1.w
   const std::string text = SuggestionText(s[1]);
   EXPECT_THAT(text, HasSubstr("rule { pattern: \"f\\\\.\\\\d+\\\\.p$\" ndim: 3 kind: COLUMN }"));
+}
+
+// A Megatron-DeepSpeed Llama checkpoint with a config.json beside its tags
+// (a Hugging Face import keeps its own there; it records no args): the
+// megatron-deepspeed entry that lists the config's architecture maps the
+// names, the config is written as is, and the architecture is the config's.
+// Args the checkpoint has must still agree (swiglu false is refused).
+TEST(HfNamesTest, TheCheckpointsOwnConfigNamesAMegatronDeepSpeedLlama) {
+  state::ModelInfo info;
+  auto add = [&](const std::string& name, std::vector<int64_t> shape, MergeKind kind, int sub = 0) {
+    state::ParamState p;
+    p.name = name;
+    p.full_shape = std::move(shape);
+    p.rule.set_kind(kind);
+    if (sub > 0) {
+      p.rule.set_num_sub_params(sub);
+      p.rule.set_cat_dim(0);
+    }
+    info.params.push_back(std::move(p));
+  };
+  add("0.word_embeddings.weight", {12, 8}, VOCAB);
+  add("2.input_layernorm.weight", {8}, REPLICATED);
+  add("2.self_attention.query_key_value.weight", {16, 8}, COLUMN);
+  add("2.self_attention.dense.weight", {8, 8}, ROW);
+  add("2.post_attention_layernorm.weight", {8}, REPLICATED);
+  add("2.mlp.dense_h_to_4h.weight", {12, 8}, SUB_PARAMS, 2);
+  add("2.mlp.dense_4h_to_h.weight", {8, 6}, ROW);
+  add("4.weight", {8}, REPLICATED);
+  add("5.lm_head.weight", {12, 8}, VOCAB);
+  info.source_topology = state::Topology{2, 1, 1};
+  info.Reindex();
+  std::vector<int> order;
+  for (size_t i = 0; i < info.params.size(); ++i) order.push_back(static_cast<int>(i));
+  for (const std::string arch : {"LlamaForCausalLM", "MistralForCausalLM"}) {
+    SCOPED_TRACE(arch);
+    HfOptions o;
+    o.preset = "megatron-deepspeed";
+    o.checkpoint_config_json = "{\"architectures\": [\"" + arch +
+                               "\"], \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"hidden_size\": 8}";
+    o.checkpoint_architecture = arch;
+    absl::StatusOr<HfNamePlan> plan = PlanHfNames(info, order, nullptr, o);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_TRUE(plan->config_verbatim);
+    EXPECT_EQ(plan->architecture, arch);
+    ASSERT_EQ(plan->tensors.size(), 12u);  // q, k, v and gate, up split
+    EXPECT_EQ(plan->tensors[2].name, "model.layers.0.self_attn.q_proj.weight");
+    EXPECT_EQ(plan->tensors[2].groups, 2);  // grouped per kv head
+    EXPECT_EQ(plan->tensors[2].length, 4);
+    pickle::ValuePtr args = pickle::Value::MakeDict();
+    args->DictSet(pickle::Value::Str("swiglu"), pickle::Value::Bool(false));
+    absl::StatusOr<HfNamePlan> refused = PlanHfNames(info, order, args.get(), o);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_THAT(std::string(refused.status().message()), ::testing::HasSubstr("args.swiglu = False"));
+    args->DictSet(pickle::Value::Str("swiglu"), pickle::Value::Bool(true));
+    EXPECT_TRUE(PlanHfNames(info, order, args.get(), o).ok());
+  }
 }
 
 }  // namespace

@@ -6,7 +6,8 @@ unstable root: torch 2.14, transformers 5.12, DeepSpeed 0.19.5 on PYTHONPATH; CP
       rotary 0.25, parallel residual, exact GELU, LayerNorm, untied output, eager attention) or, with
       --family llama, a LlamaForCausalLM from a LlamaConfig (GQA: 4 query heads, 2 kv heads; RMSNorm,
       SwiGLU, rotary, untied output, eager attention), and
-      save_pretrained's it to DIR/hf (one model.safetensors) and DIR/hf_sharded (shards + index);
+      save_pretrained's it (every bias, zero at transformers' init, given random values) to DIR/hf (one
+      model.safetensors) and DIR/hf_sharded (shards + index);
       DIR/ref.pt holds its state dict and its logits for fixed input ids. --family mistral: a
       MistralForCausalLM from a MistralConfig of the same sizes (Llama's tensors; its default
       sliding_window 4096 is wider than max_position_embeddings 64, so the window never applies);
@@ -141,6 +142,11 @@ def run_save(a):
     torch.manual_seed(SEED)
     cls = {"llama": LlamaForCausalLM, "mistral": MistralForCausalLM, "qwen2": Qwen2ForCausalLM}.get(FAMILY, GPTNeoXForCausalLM)
     m = cls(config()).float().eval()
+    with torch.no_grad():  # transformers zeroes biases at init: give them values, so that each is seen
+        g = torch.Generator().manual_seed(SEED + 1)
+        for n, p in m.named_parameters():
+            if n.endswith(".bias"):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.02)
     m.save_pretrained(os.path.join(a.out, "hf"))
     m.save_pretrained(os.path.join(a.out, "hf_sharded"), max_shard_size="100KB")
     with torch.no_grad():

@@ -120,8 +120,8 @@ fi
 # export writes what that model is: those 6 biases doubled, every other tensor bitwise.
 back() {  # NAME CKPT-ROOT REF [EXPECTED-DIFFER-REGEX]: FAMILY / TIED from the environment
   ucp export --input_folder="$2" --output_folder="$2.hf" --names=hf || return 1
-  local line
-  line=$(run reload --hf "$2.hf" --ref "$3")
+  local line  # the JSON line (run adds the last log lines when reload exits 1: some tensor differs)
+  line=$(run reload --hf "$2.hf" --ref "$3" | head -1)
   if [[ -z ${4:-} ]]; then
     judge "$1" "$line" 0
     return

@@ -10,6 +10,8 @@ set -euo pipefail
 UCP=$(readlink -f "$1")
 FX=$(readlink -f "$2")   # the deepspeed-0.14.4 fixtures folder
 CONFORMANCE=$(readlink -f "$3")   # ucp_conformance (its `fuzz` writes the random sources)
+AUTOTP_Z3=$(readlink -f "$4")     # testdata/autotp_z3: real AutoTP ZeRO-3 tp 2 saves (master)
+DCP=$(readlink -f "$5")           # testdata/dcp: real FSDP2 DCP saves (torch 2.14)
 W=${TEST_TMPDIR:-/tmp}/mpi_test
 rm -rf "$W"; mkdir -p "$W"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1  # CI runs as root
@@ -72,7 +74,24 @@ for n in 2 3; do
   same "$W/v0195-zero3-u/one/z" "$W/v0195-zero3-u/np$n/z"
 done
 
-# 1c. Optimizer files written in pieces (--piece_bytes: several units, on
+# 1c. Other formats, by 2 and 3 ranks: a ZeRO-3 checkpoint saved at tp 2
+#     (AutoTP, uneven widths) converted; a DCP saved by FSDP2 (torchtitan
+#     style) resharded to ZeRO-1 dp 2; a DeepSpeed checkpoint written as DCP.
+one=$W/other/one
+"$UCP" convert --input_folder="$AUTOTP_Z3/master_z3_tp2_uneven/source" --output_folder="$one/z3tp" --progress=never >/dev/null 2>&1
+"$UCP" reshard --input_folder="$DCP/titan_w2" --output_folder="$one/fromdcp/global_step1" --dp=2 --progress=never >/dev/null 2>&1
+"$UCP" convert --input_folder="$FX/neox-tp2-pp1-dp2/global_step4" --output_folder="$one/todcp" --to=dcp --progress=never >/dev/null
+for n in 2 3; do
+  many=$W/other/np$n
+  mpi "$n" convert --input_folder="$AUTOTP_Z3/master_z3_tp2_uneven/source" --output_folder="$many/z3tp" >/dev/null 2>&1
+  same "$one/z3tp" "$many/z3tp"
+  mpi "$n" reshard --input_folder="$DCP/titan_w2" --output_folder="$many/fromdcp/global_step1" --dp=2 >/dev/null 2>&1
+  same "$one/fromdcp" "$many/fromdcp"
+  mpi "$n" convert --input_folder="$FX/neox-tp2-pp1-dp2/global_step4" --output_folder="$many/todcp" --to=dcp >/dev/null
+  same "$one/todcp" "$many/todcp"
+done
+
+# 1d. Optimizer files written in pieces (--piece_bytes: several units, on
 #     different ranks, each writing a byte range of one file, rank 0 writing
 #     the headers with the combined CRCs): the same bytes as one unit per
 #     file in one process, from a universal and a ZeRO source, 2 and 3 ranks.

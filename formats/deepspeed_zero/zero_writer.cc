@@ -148,6 +148,17 @@ absl::Status PlanSliceShapes(const ModelInfo& info, int tp, int64_t divisible_by
   std::vector<std::vector<std::vector<int64_t>>> uneven(n);  // AutoTP's per-rank shapes
   for (size_t i = 0; i < n; ++i) {
     const ParamState& p = info.params[i];
+    if (tp > 1 && AutoTpLayout(info, p) && tp::AutoTpIsLmHead(p.name) &&
+        (p.rule.kind() == COLUMN || p.rule.kind() == VOCAB) && out->version < deepspeed::DsVersion{0, 19, 5}) {
+      // AutoTP training before 0.19.5 (0.16.4 - 0.18.9) keeps the lm_head
+      // whole on every tp rank (a real 0.18.9 tp 2 save: [vocab, hidden] on
+      // both ranks; its loader refuses a cut one).
+      out->whole.resize(n, 0);
+      out->whole[i] = 1;
+      out->slice_shapes[i] = p.full_shape;
+      out->padded_rows[i] = p.full_shape.empty() ? 0 : p.full_shape[0];
+      continue;
+    }
     if (p.rule.kind() == VOCAB && info.autotp && divisible_by <= 0) {
       // AutoTP does not pad the vocabulary (its lm_head is cut in its own widths).
       out->padded_rows[i] = p.full_shape.empty() ? 0 : p.full_shape[0];
@@ -398,6 +409,7 @@ absl::StatusOr<TensorPlan> TargetSlice(const state::ModelState& state, const Tar
                                                    torch::ShapeString(full.shape()), " differs from ",
                                                    torch::ShapeString(p.full_shape)));
   }
+  if (layout.Whole(param_index)) return full.Reshape(layout.SliceShape(param_index, rank));
   UCP_ASSIGN_OR_RETURN(TensorPlan slice,
                        tp::SplitFull(p.rule, full, layout.topo.tp, rank,
                                      layout.padded_rows[param_index], p.name,
@@ -507,6 +519,10 @@ class Writer {
       } else if (key == "ds_config") {
         UCP_ASSIGN_OR_RETURN(ValuePtr c, DsConfig(state::FileValue{v, src.file}, w));
         out->DictSet(k, c);
+      } else if (key == "universal_checkpoint_info" && !layout_.whole.empty()) {
+        // An AutoTP job before 0.19.5 saves none; the reader takes the lm_head
+        // whole by that (rules/resolve.cc).
+        continue;
       } else if (key == "universal_checkpoint_info" && v->is(Kind::kDict) &&
                  v->DictGet("sub_param_shard_widths") != nullptr) {
         UCP_ASSIGN_OR_RETURN(ValuePtr c, deepspeed::CopyTreeForWrite(state::FileValue{v, src.file}, w));

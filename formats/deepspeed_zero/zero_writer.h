@@ -61,6 +61,12 @@ struct TargetLayout {
   // Per param: its tp slice shape and, for vocab params, the padded rows.
   std::vector<std::vector<int64_t>> slice_shapes;
   std::vector<int64_t> padded_rows;
+  // Per param: written whole on every tp rank although its rule splits it
+  // (AutoTP training before 0.19.5 leaves the lm_head whole: replace_module.py
+  // set_lm_head returns in training mode, and such a job saves no
+  // universal_checkpoint_info). Empty when none is.
+  std::vector<char> whole;
+  bool Whole(int param) const { return !whole.empty() && whole[param] != 0; }
   // AutoTP's uneven widths (tp::AutoTpWidth: the first size % tp ranks hold
   // one more row or column): per tp rank, each param's slice shape and the
   // stage groups' layouts. Empty when every tp rank has the shapes and

@@ -149,8 +149,9 @@ absl::Status PlanSliceShapes(const ModelInfo& info, int tp, int64_t divisible_by
   for (size_t i = 0; i < n; ++i) {
     const ParamState& p = info.params[i];
     if (tp > 1 && AutoTpLayout(info, p) && tp::AutoTpIsLmHead(p.name) &&
-        (p.rule.kind() == COLUMN || p.rule.kind() == VOCAB) && out->version < deepspeed::DsVersion{0, 19, 5}) {
-      // AutoTP training before 0.19.5 (0.16.4 - 0.18.9) keeps the lm_head
+        (p.rule.kind() == COLUMN || p.rule.kind() == VOCAB) && !(out->version < deepspeed::DsVersion{0, 16, 4}) &&
+        out->version < deepspeed::DsVersion{0, 19, 5}) {
+      // AutoTP training (0.16.4 on) before 0.19.5 (0.16.4 - 0.18.9) keeps the lm_head
       // whole on every tp rank (a real 0.18.9 tp 2 save: [vocab, hidden] on
       // both ranks; its loader refuses a cut one).
       out->whole.resize(n, 0);

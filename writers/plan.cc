@@ -308,6 +308,7 @@ absl::StatusOr<WriteStats> RunPlanOnCluster(const Plan& plan, const std::string&
       u->set_unit(static_cast<int>(i));
       for (const FileDigest& f : results[i].files) *u->add_file() = f;
       for (const RecordPiece& p : results[i].pieces) *u->add_piece() = p;
+      for (const FileItem& item : results[i].items) *u->add_item() = item;
     }
   }
   // 3. Rank 0 collects, commits or not, and says how it went.
@@ -334,6 +335,7 @@ absl::StatusOr<WriteStats> RunPlanOnCluster(const Plan& plan, const std::string&
         }
         all[u.unit()].files.assign(u.file().begin(), u.file().end());
         all[u.unit()].pieces.assign(u.piece().begin(), u.piece().end());
+        all[u.unit()].items.assign(u.item().begin(), u.item().end());
       }
     }
     if (failed.ok()) {
@@ -367,6 +369,27 @@ absl::Status WriteUnitFile(torch::TorchWriter& w, const std::string& staging, co
   FileDigest digest;
   digest.set_path(rel);
   digest.set_size(f.size);
+  result->files.push_back(std::move(digest));
+  return absl::OkStatus();
+}
+
+absl::Status WriteUnitItems(absl::Span<torch::TorchWriter* const> writers, const std::string& staging,
+                            const std::string& rel, const std::string& stem,
+                            absl::Span<const pickle::Value* const> roots, UnitResult* result) {
+  std::vector<uint64_t> lengths;
+  UCP_RETURN_IF_ERROR(torch::TorchWriter::WriteBackToBack(writers, JoinPath(staging, rel), stem, roots, &lengths));
+  uint64_t offset = 0;
+  for (uint64_t length : lengths) {
+    FileItem item;
+    item.set_path(rel);
+    item.set_offset(offset);
+    item.set_length(length);
+    result->items.push_back(std::move(item));
+    offset += length;
+  }
+  FileDigest digest;
+  digest.set_path(rel);
+  digest.set_size(static_cast<int64_t>(offset));
   result->files.push_back(std::move(digest));
   return absl::OkStatus();
 }

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "base/cluster.h"
 #include "base/fs.h"
 #include "base/progress.h"
@@ -60,6 +61,9 @@ struct UnitResult {
   // parts it wrote, and the plan's Finish completes the file from every
   // piece's parts and counts it.
   std::vector<RecordPiece> pieces;
+  // A unit that writes several items back to back into one file (see
+  // WriteUnitItems) lists the file and each item's place in it, in order.
+  std::vector<FileItem> items;
 };
 
 struct WriteStats {
@@ -175,6 +179,14 @@ void AddUnitResults(const std::vector<UnitResult>& results, WriteStats* stats);
 // size) in `result`: the last step of a unit that writes one torch file.
 absl::Status WriteUnitFile(torch::TorchWriter& w, const std::string& staging, const std::string& rel,
                            const pickle::Value& root, UnitResult* result);
+
+// Writes the archive of writers[i] (root roots[i]) for every i back to back
+// into `staging`/`rel`, each as torch.save writes one to a stream (records
+// named `stem`/...; torch::TorchWriter::WriteBackToBack), and records the
+// file and each archive's offset and length in `result`.
+absl::Status WriteUnitItems(absl::Span<torch::TorchWriter* const> writers, const std::string& staging,
+                            const std::string& rel, const std::string& stem,
+                            absl::Span<const pickle::Value* const> roots, UnitResult* result);
 
 // A large output file written by several units, each a piece of it (so that
 // threads and ranks share one large file; torch::TorchWriter::WritePiece):

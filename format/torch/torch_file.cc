@@ -1082,6 +1082,34 @@ absl::Status TorchWriter::WriteFile(const std::string& path, const pickle::Value
   return file->Close(std::move(s), impl_->options.sync);
 }
 
+absl::Status TorchWriter::WriteBackToBack(absl::Span<TorchWriter* const> writers, const std::string& path,
+                                          const std::string& stem, absl::Span<const pickle::Value* const> roots,
+                                          std::vector<uint64_t>* lengths) {
+  if (writers.empty() || writers.size() != roots.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("WriteBackToBack: ", writers.size(), " writers and ", roots.size(), " roots"));
+  }
+  for (size_t i = 0; i < writers.size(); ++i) {
+    if (writers[i] == nullptr || roots[i] == nullptr) {
+      return absl::InvalidArgumentError("WriteBackToBack: each archive needs a writer and a root");
+    }
+  }
+  const TorchWriteOptions& options = writers[0]->impl_->options;
+  UCP_ASSIGN_OR_RETURN(std::unique_ptr<OutputFile> file,
+                       OutputFile::Create(path, DigestKind::kNone, options.writeback));
+  absl::Status s;
+  uint64_t start = 0;
+  for (size_t i = 0; i < writers.size() && s.ok(); ++i) {
+    s = writers[i]->impl_->WriteArchive(file->sink(), path, stem, *roots[i]);
+    const uint64_t end = file->bytes_written();
+    writers[i]->impl_->last_bytes = end - start;
+    writers[i]->impl_->last_digest.clear();
+    if (s.ok()) lengths->push_back(end - start);
+    start = end;
+  }
+  return file->Close(std::move(s), options.sync);
+}
+
 absl::Status TorchWriter::WriteFiles(absl::Span<TorchWriter* const> writers, absl::Span<const std::string> paths,
                                      absl::Span<const pickle::Value* const> roots) {
   if (writers.size() != paths.size() || writers.size() != roots.size()) {

@@ -229,6 +229,16 @@ class TorchWriter {
   // describe its file. On failure no file of the call is left.
   static absl::Status WriteFiles(absl::Span<TorchWriter* const> writers, absl::Span<const std::string> paths,
                                  absl::Span<const pickle::Value* const> roots);
+  // Writes the archives of writers[i] (with roots[i]) back to back into one
+  // new file at `path`, each as torch.save writes one to a stream: records
+  // named `stem`/..., every zip offset relative to the archive's own start.
+  // That is a torch.distributed.checkpoint `.distcp` file: FileSystemWriter
+  // appends one torch.save stream per item. `lengths` receives each
+  // archive's size, in order. Writeback and sync are writers[0]'s options;
+  // nothing is digested. On failure the file is removed.
+  static absl::Status WriteBackToBack(absl::Span<TorchWriter* const> writers, const std::string& path,
+                                      const std::string& stem, absl::Span<const pickle::Value* const> roots,
+                                      std::vector<uint64_t>* lengths);
   // Piece `piece` of `pieces` of the archive of `root` at `path` (see
   // RecordPieceCrc), appending the CRC-32 of each record part written to
   // `crcs`. kInvalidArgument with a digest (the bytes are not written in

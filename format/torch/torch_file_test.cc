@@ -12,6 +12,7 @@
 #include "base/sha256.h"
 #include "format/pickle/writer.h"
 #include "format/torch/dump.h"
+#include "format/torch/mapped_file.h"
 #include "format/torch/test_util.h"
 #include "format/torch/torch_test_util.h"
 #include "format/torch/tree_copy.h"
@@ -320,6 +321,49 @@ TEST(TorchWriterTest, WritesSharedStoragesAndStreams) {
   int32_t first;
   std::memcpy(&first, s.data(), 4);
   EXPECT_EQ(first, 0x07070707);
+}
+
+// A DCP `.distcp` file: archives back to back, each the bytes torch.save
+// writes to a stream (WriteToString with the same stem), read back at its
+// offset (TorchFile::OpenRange, as the DCP reader does).
+TEST(TorchWriterTest, WritesArchivesBackToBack) {
+  const std::string path = TempPath("back_to_back.distcp");
+  std::vector<Tensor> tensors = {FloatTensor({1, 2, 3, 4, 5, 6}, {2, 3}), FloatTensor({7}, {}),
+                                 FloatTensor(std::vector<float>(3000, 0.5f), {3000})};
+  std::vector<std::unique_ptr<TorchWriter>> owned;
+  std::vector<TorchWriter*> writers;
+  std::vector<ValuePtr> roots;
+  std::vector<const Value*> root_ptrs;
+  for (const Tensor& t : tensors) {
+    owned.push_back(std::make_unique<TorchWriter>());
+    writers.push_back(owned.back().get());
+    roots.push_back(owned.back()->AddTensor(t));
+    root_ptrs.push_back(roots.back().get());
+  }
+  std::vector<uint64_t> lengths;
+  ASSERT_TRUE(TorchWriter::WriteBackToBack(writers, path, "archive", root_ptrs, &lengths).ok());
+  ASSERT_EQ(lengths.size(), tensors.size());
+  auto read = ReadFileToString(path);
+  ASSERT_TRUE(read.ok()) << read.status();
+  const std::string& bytes = *read;
+  uint64_t offset = 0;
+  auto mapped = MappedFile::Open(path);
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    TorchWriter alone;
+    auto expected = alone.WriteToString("archive", *alone.AddTensor(tensors[i]));
+    ASSERT_TRUE(expected.ok()) << expected.status();
+    EXPECT_EQ(lengths[i], expected->size()) << i;
+    EXPECT_EQ(bytes.substr(offset, lengths[i]), *expected) << "archive " << i;
+    auto item = TorchFile::OpenRange(*mapped, offset, lengths[i], absl::StrCat(path, " item ", i));
+    ASSERT_TRUE(item.ok()) << item.status();
+    auto t = (*item)->GetTensor(*(*item)->root());
+    ASSERT_TRUE(t.ok()) << t.status();
+    EXPECT_TRUE(t->BitwiseEqual(tensors[i])) << i;
+    offset += lengths[i];
+  }
+  EXPECT_EQ(offset, bytes.size());
+  std::filesystem::remove(path);
 }
 
 TEST(TorchWriterTest, KeysFollowPickleOrderNotAddOrder) {

@@ -30,12 +30,20 @@ using writers::Unit;
 using writers::UnitResult;
 using writers::WriteStats;
 
-constexpr char kModelDir[] = "model";
-constexpr char kOptimDir[] = "optim";
 constexpr char kCheckpointModule[] = "torch.distributed.checkpoint.metadata";
 
+// The record stem of each item: torch.save names an archive written to a
+// stream "archive", as every item of a FileSystemWriter file is.
+constexpr char kItemStem[] = "archive";
+
+// The file of unit `unit`: FileSystemWriter's name for file `unit` of rank 0
+// (`__{rank}_{file}.distcp`; it writes one file per rank and thread, ucp one
+// per unit, each holding that unit's entries back to back).
+std::string UnitFile(size_t unit) { return absl::StrCat("__0_", unit, ".distcp"); }
+
 // One DCP entry: a key of the flattened state dict, the file holding it
-// (one torch.save archive) and, for tensors, dtype and global size.
+// (one torch.save archive among the file's items) and, for tensors, dtype
+// and global size.
 struct Entry {
   std::string key;                      // "model.fc1.weight", "optim.param_groups.0.lr"
   std::vector<ValuePtr> planner_path;   // planner_data: the key's nesting
@@ -44,15 +52,6 @@ struct Entry {
   torch::DType dtype = torch::DType::kFloat32;
   std::vector<int64_t> size;
 };
-
-// Names that would escape the output folder or cannot be file names.
-absl::Status CheckName(const std::string& name) {
-  if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos ||
-      name.find('\0') != std::string::npos || name.size() > 200) {
-    return absl::InvalidArgumentError(absl::StrCat("param name '", name, "' cannot be a file name in a DCP folder"));
-  }
-  return absl::OkStatus();
-}
 
 ValuePtr Global(const char* module, const std::string& name) { return Value::Global(module, name); }
 
@@ -86,9 +85,14 @@ ValuePtr StrDict(std::vector<std::pair<const char*, ValuePtr>> items) {
   return d;
 }
 
-// The `.metadata` pickle of `entries` whose files have the sizes `sizes`.
-absl::StatusOr<std::string> MetadataPickle(const std::vector<Entry>& entries,
-                                           const std::map<std::string, int64_t>& sizes) {
+// Where an entry's archive sits in its file.
+struct Place {
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
+// The `.metadata` pickle of `entries`, entry i at places[i] of its file.
+absl::StatusOr<std::string> MetadataPickle(const std::vector<Entry>& entries, const std::vector<Place>& places) {
   const ValuePtr tensor_md = Global(kCheckpointModule, "TensorStorageMetadata");
   const ValuePtr bytes_md = Global(kCheckpointModule, "BytesStorageMetadata");
   const ValuePtr properties = Global(kCheckpointModule, "TensorProperties");
@@ -100,9 +104,11 @@ absl::StatusOr<std::string> MetadataPickle(const std::vector<Entry>& entries,
   ValuePtr state_dict_md = Value::MakeDict();
   ValuePtr planner_data = Value::MakeDict();
   ValuePtr storage_data = Value::MakeDict();
-  for (const Entry& e : entries) {
-    auto size = sizes.find(e.file);
-    if (size == sizes.end()) return absl::InternalError(absl::StrCat("no unit wrote ", e.file));
+  if (places.size() != entries.size()) {
+    return absl::InternalError(absl::StrCat(entries.size(), " DCP entries, ", places.size(), " written"));
+  }
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const Entry& e = entries[i];
     ValuePtr index_state = StrDict({{"fqn", Value::Str(e.key)}, {"index", e.tensor ? Value::Int(0) : Value::None()}});
     if (e.tensor) {
       const std::vector<int64_t> zeros(e.size.size(), 0);
@@ -126,8 +132,8 @@ absl::StatusOr<std::string> MetadataPickle(const std::vector<Entry>& entries,
     planner_data->DictSet(Value::Str(e.key), Value::Tuple(e.planner_path));
     storage_data->DictSet(NewObject(index_cls, index_state),
                           NewObject(storage_info, StrDict({{"relative_path", Value::Str(e.file)},
-                                                           {"offset", Value::Int(0)},
-                                                           {"length", Value::Int(size->second)}})));
+                                                           {"offset", Value::Int(static_cast<int64_t>(places[i].offset))},
+                                                           {"length", Value::Int(static_cast<int64_t>(places[i].length))}})));
   }
   ValuePtr root = NewObject(Global(kCheckpointModule, "Metadata"),
                             StrDict({{"state_dict_metadata", state_dict_md},
@@ -188,10 +194,7 @@ class DcpPlan : public writers::Plan {
     return absl::OkStatus();
   }
 
-  absl::Status Prepare(const std::string& staging) const override {
-    UCP_RETURN_IF_ERROR(MakeDirs(JoinPath(staging, kModelDir)));
-    return MakeDirs(JoinPath(staging, kOptimDir));
-  }
+  absl::Status Prepare(const std::string&) const override { return absl::OkStatus(); }
 
   absl::Status Execute(size_t i, const std::string& staging, UnitResult* result) const override {
     if (i == groups_unit_) return WriteParamGroups(staging, result);
@@ -200,11 +203,8 @@ class DcpPlan : public writers::Plan {
   }
 
   absl::StatusOr<WriteStats> Finish(const std::vector<UnitResult>& results, const std::string& staging) const override {
-    std::map<std::string, int64_t> sizes;
-    for (const UnitResult& r : results) {
-      for (const FileDigest& f : r.files) sizes[f.path()] = f.size();
-    }
-    UCP_ASSIGN_OR_RETURN(std::string metadata, MetadataPickle(entries_, sizes));
+    UCP_ASSIGN_OR_RETURN(std::vector<Place> places, Places(results));
+    UCP_ASSIGN_OR_RETURN(std::string metadata, MetadataPickle(entries_, places));
     UCP_RETURN_IF_ERROR(WriteFileAtomic(JoinPath(staging, kMetadataFile), metadata));
     WriteStats stats;
     writers::AddUnitResults(results, &stats);
@@ -218,6 +218,33 @@ class DcpPlan : public writers::Plan {
   const state::CheckpointState* source() const override { return &state_; }
 
  private:
+  // Where each entry landed: unit i wrote its entries (unit_entries_[i], or
+  // group_entries_ for the param groups) as its items, in that order.
+  absl::StatusOr<std::vector<Place>> Places(const std::vector<UnitResult>& results) const {
+    std::vector<Place> places(entries_.size());
+    std::vector<bool> seen(entries_.size(), false);
+    for (size_t u = 0; u < results.size() && u < units_.size(); ++u) {
+      const std::vector<size_t>& mine = u == groups_unit_ ? group_entries_ : unit_entries_[u];
+      if (results[u].items.size() != mine.size()) {
+        return absl::InternalError(absl::StrCat("unit '", units_[u].name, "' wrote ", results[u].items.size(),
+                                                " DCP items, planned ", mine.size()));
+      }
+      for (size_t k = 0; k < mine.size(); ++k) {
+        const FileItem& item = results[u].items[k];
+        if (item.path() != entries_[mine[k]].file) {
+          return absl::InternalError(absl::StrCat("DCP entry '", entries_[mine[k]].key, "' went to ", item.path(),
+                                                  ", planned ", entries_[mine[k]].file));
+        }
+        places[mine[k]] = {item.offset(), item.length()};
+        seen[mine[k]] = true;
+      }
+    }
+    for (size_t i = 0; i < entries_.size(); ++i) {
+      if (!seen[i]) return absl::InternalError(absl::StrCat("no unit wrote DCP entry '", entries_[i].key, "'"));
+    }
+    return places;
+  }
+
   // The entries' tensors: the checkpoint's params under their own names
   // (length 0: every row), or options_.renamed (each rows of one param).
   using Output = writers::UniversalWriteOptions::RenamedTensor;
@@ -246,32 +273,29 @@ class DcpPlan : public writers::Plan {
     for (size_t o = 0; o < outputs_.size(); ++o) {
       const Output& out = outputs_[o];
       const ParamState& p = info_.params[static_cast<size_t>(out.param)];
-      UCP_RETURN_IF_ERROR(CheckName(out.name));
       Unit u;
       u.name = absl::StrCat("param ", out.name);
+      u.outputs.push_back(UnitFile(units_.size()));
       std::vector<size_t> mine;
-      auto add = [&](std::string key, std::vector<ValuePtr> path, std::string file, torch::DType dtype,
-                     std::vector<int64_t> size) {
-        Entry e{std::move(key), std::move(path), std::move(file), true, dtype, std::move(size)};
-        u.outputs.push_back(e.file);
+      auto add = [&](std::string key, std::vector<ValuePtr> path, torch::DType dtype, std::vector<int64_t> size) {
+        Entry e{std::move(key), std::move(path), u.outputs[0], true, dtype, std::move(size)};
         u.bytes += torch::ItemSize(e.dtype) * deepspeed::internal::Numel(e.size);
         mine.push_back(entries_.size());
         entries_.push_back(std::move(e));
       };
       const torch::DType model_dtype =
           p.trainable() || p.role == state::TensorRole::kTied ? torch::DType::kFloat32 : p.lp_dtype;
-      add(absl::StrCat("model.", out.name), {Value::Str("model"), Value::Str(out.name)},
-          JoinPath(kModelDir, out.name + ".distcp"), model_dtype, out.shape);
+      add(absl::StrCat("model.", out.name), {Value::Str("model"), Value::Str(out.name)}, model_dtype, out.shape);
       if (p.trainable()) {
         for (const std::string& s : info_.state_keys) {
           add(absl::StrCat("optim.state.", out.name, ".", s),
-              {Value::Str("optim"), Value::Str("state"), Value::Str(out.name), Value::Str(s)},
-              JoinPath(kOptimDir, absl::StrCat(out.name, ".", s, ".distcp")), torch::DType::kFloat32, out.shape);
+              {Value::Str("optim"), Value::Str("state"), Value::Str(out.name), Value::Str(s)}, torch::DType::kFloat32,
+              out.shape);
         }
         if (HasStep()) {
           add(absl::StrCat("optim.state.", out.name, ".step"),
               {Value::Str("optim"), Value::Str("state"), Value::Str(out.name), Value::Str("step")},
-              JoinPath(kOptimDir, absl::StrCat(out.name, ".step.distcp")), torch::DType::kFloat32, {});
+              torch::DType::kFloat32, {});
         }
       }
       for (const auto& r : state_.Inputs(p)) u.inputs.push_back(r);
@@ -298,6 +322,7 @@ class DcpPlan : public writers::Plan {
     Unit u;
     u.name = "param groups";
     u.bytes = 4096;
+    u.outputs.push_back(UnitFile(units_.size()));
     for (int g = 0; g < info_.num_groups; ++g) {
       const Value& group = *groups->items()[g];
       if (!group.is(pickle::Kind::kDict)) {
@@ -316,6 +341,7 @@ class DcpPlan : public writers::Plan {
       group_values_.push_back(Value::List(std::move(names)));
       AddGroupEntry(g, "params", &u);
     }
+    if (group_entries_.empty()) u.outputs.clear();  // no group: no file
     groups_unit_ = units_.size();
     units_.push_back(std::move(u));
     unit_params_.push_back(-2);
@@ -327,8 +353,7 @@ class DcpPlan : public writers::Plan {
     Entry e;
     e.key = absl::StrCat("optim.param_groups.", g, ".", hp);
     e.planner_path = {Value::Str("optim"), Value::Str("param_groups"), Value::Int(g), Value::Str(hp)};
-    e.file = JoinPath(kOptimDir, absl::StrCat("param_groups.", g, ".", hp, ".distcp"));
-    u->outputs.push_back(e.file);
+    e.file = u->outputs[0];
     group_entries_.push_back(entries_.size());
     entries_.push_back(std::move(e));
   }
@@ -346,10 +371,29 @@ class DcpPlan : public writers::Plan {
     return o;
   }
 
-  absl::Status WriteOne(const std::string& staging, const Entry& e, torch::TorchWriter& w, const Value& root,
-                        UnitResult* result) const {
-    return writers::WriteUnitFile(w, staging, e.file, root, result);
-  }
+  // A unit's items, built before its file is written: one torch.save
+  // archive (a writer and its root) per entry, in the unit's entry order.
+  class Items {
+   public:
+    explicit Items(torch::TorchWriteOptions options) : options_(options) {}
+    torch::TorchWriter& Next() {
+      writers_.push_back(std::make_unique<torch::TorchWriter>(options_));
+      return *writers_.back();
+    }
+    void SetRoot(ValuePtr root) { roots_.push_back(std::move(root)); }
+    absl::Status Write(const std::string& staging, const std::string& file, UnitResult* result) const {
+      std::vector<torch::TorchWriter*> w;
+      std::vector<const Value*> r;
+      for (const auto& x : writers_) w.push_back(x.get());
+      for (const auto& x : roots_) r.push_back(x.get());
+      return writers::WriteUnitItems(w, staging, file, kItemStem, r, result);
+    }
+
+   private:
+    torch::TorchWriteOptions options_;
+    std::vector<std::unique_ptr<torch::TorchWriter>> writers_;
+    std::vector<ValuePtr> roots_;
+  };
 
   // The tensor a model entry holds: the fp32 master of a trained param (of
   // the param it aliases, for a tied name), else the module's tensor.
@@ -372,23 +416,28 @@ class DcpPlan : public writers::Plan {
   absl::Status WriteParam(const Output& out, const std::vector<size_t>& mine, const std::string& staging,
                           UnitResult* result) const {
     const ParamState& p = info_.params[static_cast<size_t>(out.param)];
+    Items items(WriteOptions());
     size_t k = 0;
     {
       UCP_ASSIGN_OR_RETURN(tp::TensorPlan full, ModelTensor(p));
       UCP_ASSIGN_OR_RETURN(tp::TensorPlan plan, Rows(out, full));
-      UCP_RETURN_IF_ERROR(CheckPlan(out.name, "model", plan, entries_[mine[k]]));
-      torch::TorchWriter w(WriteOptions());
-      ValuePtr t = tp::AddPlan(w, plan);
-      UCP_RETURN_IF_ERROR(WriteOne(staging, entries_[mine[k++]], w, *t, result));
+      UCP_RETURN_IF_ERROR(CheckPlan(out.name, "model", plan, entries_[mine[k++]]));
+      torch::TorchWriter& w = items.Next();
+      items.SetRoot(tp::AddPlan(w, plan));
     }
-    if (!p.trainable()) return absl::OkStatus();
+    if (p.trainable()) UCP_RETURN_IF_ERROR(AddStates(out, p, mine, &k, &items));
+    return items.Write(staging, entries_[mine[0]].file, result);
+  }
+
+  // The optimizer entries of a trained param: each state, then the step.
+  absl::Status AddStates(const Output& out, const ParamState& p, const std::vector<size_t>& mine, size_t* k,
+                         Items* items) const {
     for (const std::string& s : info_.state_keys) {
       UCP_ASSIGN_OR_RETURN(tp::TensorPlan full, state_.Full(p, s));
       UCP_ASSIGN_OR_RETURN(tp::TensorPlan plan, Rows(out, full));
-      UCP_RETURN_IF_ERROR(CheckPlan(out.name, s, plan, entries_[mine[k]]));
-      torch::TorchWriter w(WriteOptions());
-      ValuePtr t = tp::AddPlan(w, plan);
-      UCP_RETURN_IF_ERROR(WriteOne(staging, entries_[mine[k++]], w, *t, result));
+      UCP_RETURN_IF_ERROR(CheckPlan(out.name, s, plan, entries_[mine[(*k)++]]));
+      torch::TorchWriter& w = items->Next();
+      items->SetRoot(tp::AddPlan(w, plan));
     }
     if (HasStep()) {
       UCP_ASSIGN_OR_RETURN(state::FileValue step, state_.GroupScalar(p.group, "step"));
@@ -396,9 +445,9 @@ class DcpPlan : public writers::Plan {
         return absl::FailedPreconditionError(absl::StrCat("param '", p.name, "': group ", p.group, " has no step"));
       }
       UCP_ASSIGN_OR_RETURN(torch::Tensor t, StepTensor(step, p.name));
-      torch::TorchWriter w(WriteOptions());
-      ValuePtr v = w.AddTensor(t);
-      UCP_RETURN_IF_ERROR(WriteOne(staging, entries_[mine[k++]], w, *v, result));
+      torch::TorchWriter& w = items->Next();
+      items->SetRoot(w.AddTensor(t));
+      ++*k;
     }
     return absl::OkStatus();
   }
@@ -414,12 +463,14 @@ class DcpPlan : public writers::Plan {
   }
 
   absl::Status WriteParamGroups(const std::string& staging, UnitResult* result) const {
+    if (group_entries_.empty()) return absl::OkStatus();
+    Items items(WriteOptions());
     for (size_t j = 0; j < group_entries_.size(); ++j) {
-      torch::TorchWriter w(WriteOptions());
+      torch::TorchWriter& w = items.Next();
       UCP_ASSIGN_OR_RETURN(ValuePtr v, deepspeed::CopyTreeForWrite(state::FileValue{group_values_[j], common_.file}, w));
-      UCP_RETURN_IF_ERROR(WriteOne(staging, entries_[group_entries_[j]], w, *v, result));
+      items.SetRoot(std::move(v));
     }
-    return absl::OkStatus();
+    return items.Write(staging, units_[groups_unit_].outputs[0], result);
   }
 
   const state::ModelState& state_;

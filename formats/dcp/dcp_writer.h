@@ -13,15 +13,18 @@
 //   optim.param_groups.<g>.params         the group's param names, in order
 //
 // (get_model_state_dict / get_optimizer_state_dict's default keys, flattened
-// by dcp.save.) Every entry is one chunk covering the whole tensor, in a file
-// of its own (`model/<name>.distcp`, `optim/<name>.<state>.distcp`,
-// `optim/param_groups.<g>.<hp>.distcp`): each file is one torch.save archive,
-// as DCP's items are; `.metadata` (a pickle of
+// by dcp.save.) Every entry is one chunk covering the whole tensor. Files are
+// named as FileSystemWriter names them (`__{rank}_{n}.distcp`): one file per
+// unit, `__0_<unit>.distcp`, holding the unit's entries back to back, each a
+// torch.save archive as written to a stream (records `archive/...`, zip
+// offsets relative to the item), as DCP's own items are: a param's file holds
+// its model entry, then its optimizer states and step; the last file every
+// group's hyper-parameters and param names. `.metadata` (a pickle of
 // torch.distributed.checkpoint.metadata.Metadata, protocol 2, torch.Size as
-// plain tuples, no storage_meta) indexes them. Nothing in it executes code
-// beyond DCP's own dataclasses, torch dtypes and the layout/memory-format
-// constructors torch's own metadata names. One unit per param: threads and
-// MPI ranks share the work as for every ucp writer.
+// plain tuples, no storage_meta) gives each entry's file, offset and length.
+// Nothing in it executes code beyond DCP's own dataclasses, torch dtypes and
+// the layout/memory-format constructors torch's own metadata names. One unit
+// per param: threads and MPI ranks share the work as for every ucp writer.
 //
 // Example:
 //   UCP_ASSIGN_OR_RETURN(auto plan, dcp::PlanDcp(state, options));

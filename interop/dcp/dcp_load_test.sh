@@ -33,18 +33,20 @@ for fx in "$@"; do
     if check "$out/dcp" "$out/u" "$world"; then echo "PASS $name world $world"; else echo "FAIL $name world $world"; fail=1; fi
   done
 done
-# Negative control: flip one bit of the first model entry's storage (the last byte of its data record).
+# Negative control: flip one bit of the first model entry's storage: the first
+# item of the first param's file (__0_0.distcp holds that param's entries back
+# to back, each a torch.save archive; the model entry is the first), the first
+# byte of its storage record "archive/data/0".
 fx=$1; name=$(basename "$fx")
 bad=$TEST_TMPDIR/bad
 cp -r "$TEST_TMPDIR/$name/dcp" "$bad"
-victim=$(ls "$bad"/model/*.distcp | head -1)
+victim=$bad/__0_0.distcp
 /usr/bin/python3 - "$victim" <<'PY'
-import struct, sys, zipfile
+import struct, sys
 path = sys.argv[1]
-with zipfile.ZipFile(path) as z:
-    info = [i for i in z.infolist() if "/data/" in i.filename][0]
 data = bytearray(open(path, "rb").read())
-off = info.header_offset  # the local header's own name and extra lengths give the data's start
+off = data.index(b"archive/data/0") - 30  # the first item's local header of its storage record
+assert data[off:off + 4] == b"PK\x03\x04", "no local header before archive/data/0"
 n, m = struct.unpack("<HH", data[off + 26:off + 30])
 data[off + 30 + n + m] ^= 1
 open(path, "wb").write(bytes(data))

@@ -108,13 +108,18 @@ def draw_one(pb, rng, name, versions):
         # group (gpt, no --lr1: the stage-3 loader shares group 0's hyper-parameters), and
         # of the stage 1/2 layout only into stage 1/2
         z3_convert = prev[0] == 1 and (0, 15, 0) <= v <= (0, 19, 5) and (family == "gpt" or v >= (0, 18, 0))
-        if not moe and (prev[4] != 3 or z3_convert):
+        # at tp > 1 (0.19.5 and later: ucp writes what their ds_to_universal.py writes, every
+        # param merged over tp into the stage 1/2 layout); DeepSpeed's stage-3 loader cuts tp
+        # slices of AutoTP params only, so its own load of these Megatron-style modules is
+        # at tp 1
+        z3_tp_convert = prev[0] > 1 and v >= (0, 19, 5)
+        if not moe and (prev[4] != 3 or z3_convert or z3_tp_convert):
             routes += [pb.Hop.CONVERT_RESHARD]
             # (0.15 - 0.17: a job with load_universal names its ZeRO-3 files by rank 0
             # on every rank, so loading at dp > 1 stops on a rank whose file is not
             # there, and its own next save at dp > 1 is unreadable: dp 1 only)
             z3_load = "--lr1" not in c.model.args and family == "gpt" and (v >= (0, 18, 0) or t[2] == 1)
-            if (prev[4] == 3) == (t[4] == 3) and (t[4] != 3 or z3_load):
+            if (prev[4] == 3) == (t[4] == 3) and (t[4] != 3 or z3_load) and not (z3_tp_convert and t[0] > 1):
                 routes += [pb.Hop.CONVERT]
         h.route = rng.choice(routes)
         one_group = (h.route == pb.Hop.CONVERT and t[4] == 3) or \

@@ -198,8 +198,9 @@ absl::StatusOr<ConvertResult> ConvertImpl(const ConvertOptions& options) {
   source.tp1_whole_tensors = true;
   UCP_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(options.input_folder, source, options.cluster, request));
   const state::ModelState* state = src.state.get();
-  if (state->info().expert_parallel > 0) {
-    // DeepSpeed's universal loaders partition every param over dp; none
+  if (state->info().expert_parallel > 0 && target->name() != "dcp") {
+    // A DCP folder holds every expert under its global name, as a model with
+    // all experts local names them. DeepSpeed's universal loaders partition every param over dp; none
     // places experts by expert parallel rank (and ds_to_universal.py 0.19.5
     // fails on these checkpoints).
     return absl::FailedPreconditionError(absl::StrCat(
@@ -208,7 +209,7 @@ absl::StatusOr<ConvertResult> ConvertImpl(const ConvertOptions& options) {
         state->info().expert_parallel, "): no DeepSpeed universal loader places native MoE experts by expert "
         "parallel rank (every ep rank would read its local expert ids; 0.19.5's EP slicing is for AutoEP's fused "
         "expert tensors), so ucp does not write one; use `ucp reshard --dp=N [--expert_parallel=E]` to write the ZeRO checkpoint of the "
-        "new job directly"));
+        "new job directly (`--to=dcp` writes a PyTorch Distributed Checkpoint of it)"));
   }
   ConvertResult result;
   UCP_RETURN_IF_ERROR(CheckRulesFileUsed(options, state->info(), &result.warnings));

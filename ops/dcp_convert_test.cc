@@ -5,7 +5,8 @@
 // one (weights_bf16_w3) with a fresh optimizer state. And real
 // DeepSpeed 0.19.5 checkpoints (ZeRO-3 dp 2, NeoX tp 2) through
 // `convert --to=dcp` and back: the DCP folder exports the same bytes as the
-// checkpoint itself.
+// checkpoint itself; a native MoE one (ep 2, ZeRO-2) keeps every expert's
+// fp32 master, exp_avg and exp_avg_sq under its global name.
 #include <string>
 #include <utility>
 #include <vector>
@@ -135,6 +136,50 @@ TEST(DcpConvertTest, DeepSpeedThroughDcpExportsTheSameBytes) {
     EXPECT_GT(outputs[0].size(), 1000u);
     EXPECT_TRUE(outputs[0] == outputs[1]);
   }
+}
+
+// A native MoE checkpoint (no universal target takes it): every param, the
+// experts under their global names, holds in the DCP folder, read back by
+// ucp's DCP reader, the states the MoE reader gives it, bitwise.
+TEST(DcpConvertTest, MoeThroughDcpKeepsEveryState) {
+  const std::string src = testing::VersionFixturePath("0.19.5", "gpt-moe-ep2-zero2-dp2");
+  ops::ConvertOptions c;
+  c.input_folder = src;
+  c.output_folder = JoinPath(testing::FreshTempDir("dcp_moe"), "dcp");
+  c.to = "dcp";
+  c.write.fsync = false;
+  auto converted = ops::Convert(c);
+  ASSERT_TRUE(converted.ok()) << converted.status();
+  const formats::Registry& r = formats::builtin::Formats();
+  auto opened = [&](const std::string& dir) {
+    auto d = formats::DetectFolder(r, dir);
+    EXPECT_TRUE(d.ok()) << d.status();
+    return d->format->Open(d->folder, formats::SourceOptions(), nullptr);
+  };
+  auto moe = opened(src);
+  ASSERT_TRUE(moe.ok()) << moe.status();
+  ASSERT_GT(moe->state->info().expert_parallel, 1);
+  auto dcp = opened(c.output_folder);
+  ASSERT_TRUE(dcp.ok()) << dcp.status();
+  int compared = 0, experts = 0;
+  for (const state::ParamState& p : moe->state->info().params) {
+    SCOPED_TRACE(p.name);
+    const state::ParamState* q = dcp->state->info().Find(p.name);
+    ASSERT_NE(q, nullptr);
+    for (const char* st : {"fp32", "exp_avg", "exp_avg_sq"}) {
+      auto a = moe->state->Full(p, st);
+      ASSERT_TRUE(a.ok()) << a.status();
+      auto b = dcp->state->Full(*q, st);
+      ASSERT_TRUE(b.ok()) << b.status();
+      auto same = tp::TensorPlan::BitwiseEqual(*a, *b);
+      ASSERT_TRUE(same.ok()) << same.status();
+      EXPECT_TRUE(*same) << st;
+    }
+    ++compared;
+    experts += p.name.find(".deepspeed_experts.") != std::string::npos ? 1 : 0;
+  }
+  EXPECT_EQ(compared, static_cast<int>(dcp->state->info().params.size()));
+  EXPECT_GT(experts, 0);
 }
 
 }  // namespace

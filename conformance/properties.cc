@@ -190,6 +190,22 @@ bool SameRule(const MergeRule& got, const MergeRule& want) {
   return got.num_sub_params() == want.num_sub_params() && got.cat_dim() == want.cat_dim();
 }
 
+// The rule a checkpoint of DeepSpeed `version` holds a param in: AutoTP
+// training before 0.19.5 (0.16.4 - 0.18.9) keeps the lm_head whole on every
+// tp rank (replace_module.py set_lm_head returns in training mode) where
+// 0.19.5 and later cut its vocabulary rows.
+MergeRule RuleSavedBy(bool autotp, const std::string& name, const MergeRule& rule, const std::string& version) {
+  if (!autotp || name != "lm_head.weight" || (rule.kind() != VOCAB && rule.kind() != COLUMN)) return rule;
+  int a = 0, b = 0, c = 0;
+  (void)sscanf(version.c_str(), "%d.%d.%d", &a, &b, &c);
+  const auto v = std::make_tuple(a, b, c);
+  if (v < std::make_tuple(0, 16, 4) || v >= std::make_tuple(0, 19, 5)) return rule;
+  MergeRule whole = rule;
+  whole.set_kind(REPLICATED);
+  whole.clear_original_vocab_size();
+  return whole;
+}
+
 // The universal checkpoint `dir` holds M's tensors, steps and optimizer state.
 // `ds_version`: the source's, which the universal optimizer state keeps.
 // `other_stage`: the source was saved at a ZeRO stage other than the
@@ -207,7 +223,8 @@ absl::StatusOr<std::vector<std::string>> UniversalVsModel(const std::string& dir
   } else {
     diffs.push_back("no ucp manifest");
   }
-  for (const state::ParamState& p : m.info().params) {
+  for (state::ParamState p : m.info().params) {
+    p.rule = RuleSavedBy(m.info().autotp, p.name, p.rule, ds_version);
     auto rec = recorded.find(p.name);
     if (rec == recorded.end()) {
       diffs.push_back(absl::StrCat(p.name, ": not in the manifest"));
@@ -1007,7 +1024,9 @@ absl::Status CheckLayout(const CaseRunner& r, const std::string& dir, const Topo
   for (size_t i = 0; i < info.params.size(); ++i) flatten_index[info.params[i].name] = static_cast<int>(i);
   auto slice_of = [&](const ModelParam& p, const std::string& state, int rank) -> absl::StatusOr<torch::Tensor> {
     UCP_ASSIGN_OR_RETURN(torch::Tensor full, m.Tensor(p.name(), state));
-    return OracleSlice(p, full, t.tp(), rank, divisible_by, spec.autotp());
+    ModelParam saved = p;
+    *saved.mutable_rule() = RuleSavedBy(spec.autotp(), p.name(), p.rule(), version);
+    return OracleSlice(saved, full, t.tp(), rank, divisible_by, spec.autotp());
   };
   auto diff = [&](const std::string& file, const std::string& what) {
     if (diffs.size() < 20) diffs.push_back(absl::StrCat(file, ": ", what));

@@ -90,6 +90,11 @@ struct ParamState {
   // pipeline stages holding it (several for params tied across stages).
   std::vector<std::vector<int64_t>> tp_shapes;
   std::vector<int> stages;
+  // An AutoTP lm_head the source holds whole on every tp rank (DeepSpeed
+  // 0.16.4 - 0.18.9, whose `rule` is then REPLICATED: the copies merge as
+  // one): how AutoTP of 0.19.5 on cuts it (the rule that decided it before),
+  // for the writers of those versions. Kind MERGE_KIND_UNSPECIFIED when none.
+  MergeRule autotp_cut;
 
   bool trainable() const { return role == TensorRole::kTrainable; }
 };

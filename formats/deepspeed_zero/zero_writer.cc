@@ -147,7 +147,14 @@ absl::Status PlanSliceShapes(const ModelInfo& info, int tp, int64_t divisible_by
   out->padded_rows.assign(n, 0);
   std::vector<std::vector<std::vector<int64_t>>> uneven(n);  // AutoTP's per-rank shapes
   for (size_t i = 0; i < n; ++i) {
-    const ParamState& p = info.params[i];
+    ParamState p = info.params[i];
+    if (tp > 1 && p.autotp_cut.kind() != MERGE_KIND_UNSPECIFIED) {
+      // Held whole by the source (AutoTP before 0.19.5): the target's AutoTP
+      // cuts it as from 0.19.5 on, or keeps it whole (below) before.
+      p.rule = p.autotp_cut;
+      out->rules.resize(n);
+      out->rules[i] = p.rule;
+    }
     if (tp > 1 && AutoTpLayout(info, p) && tp::AutoTpIsLmHead(p.name) &&
         (p.rule.kind() == COLUMN || p.rule.kind() == VOCAB) && !(out->version < deepspeed::DsVersion{0, 16, 4}) &&
         out->version < deepspeed::DsVersion{0, 19, 5}) {
@@ -412,7 +419,7 @@ absl::StatusOr<TensorPlan> TargetSlice(const state::ModelState& state, const Tar
   }
   if (layout.Whole(param_index)) return full.Reshape(layout.SliceShape(param_index, rank));
   UCP_ASSIGN_OR_RETURN(TensorPlan slice,
-                       tp::SplitFull(p.rule, full, layout.topo.tp, rank,
+                       tp::SplitFull(layout.RuleOf(param_index, p.rule), full, layout.topo.tp, rank,
                                      layout.padded_rows[param_index], p.name,
                                      /*autotp_widths=*/!layout.rank_slice_shapes.empty()));
   return slice.Reshape(layout.SliceShape(param_index, rank));

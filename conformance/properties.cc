@@ -870,9 +870,16 @@ int64_t OraclePaddedVocab(int64_t vocab, int64_t divisible_by, int tp) {
 }
 
 // DeepSpeed AutoTP's cut of n rows over tp (module_inject/tp_shard.py
-// get_shard_size with tp_grain_size 1): the first offset of rank `rank` and
-// its width (n // tp, plus one on the first n % tp ranks).
-std::pair<int64_t, int64_t> OracleAutoTpRange(int64_t n, int tp, int rank) {
+// get_shard_size with tp_grain_size 1, master): the first offset of rank
+// `rank` and its width (n // tp, plus one on the first n % tp ranks). With
+// `chunk`, as DeepSpeed before 0.19.6 trains (layers.py _tp_partition:
+// torch.chunk, pieces of ceil(n / tp) and what is left on the last).
+std::pair<int64_t, int64_t> OracleAutoTpRange(int64_t n, int tp, int rank, bool chunk = false) {
+  if (chunk) {
+    const int64_t c = (n + tp - 1) / tp;
+    const int64_t start = std::min<int64_t>(n, rank * c);
+    return {start, std::min<int64_t>(c, n - start)};
+  }
   int64_t start = 0;
   for (int r = 0; r < rank; ++r) start += n / tp + (r < n % tp ? 1 : 0);
   return {start, n / tp + (rank < n % tp ? 1 : 0)};
@@ -883,11 +890,11 @@ std::pair<int64_t, int64_t> OracleAutoTpRange(int64_t n, int tp, int rank) {
 // model (`autotp`) as AutoTP cuts it: column, row and vocabulary params
 // (unpadded) and each fused sub-param in AutoTP's widths.
 absl::StatusOr<torch::Tensor> OracleSlice(const ModelParam& p, const torch::Tensor& full, int tp, int rank,
-                                          int64_t divisible_by, bool autotp = false) {
+                                          int64_t divisible_by, bool autotp = false, bool chunk = false) {
   const MergeRule& r = p.rule();
   auto narrow_even = [&](const torch::Tensor& t, int64_t dim) -> absl::StatusOr<torch::Tensor> {
     if (autotp) {
-      const auto [start, width] = OracleAutoTpRange(t.sizes()[dim], tp, rank);
+      const auto [start, width] = OracleAutoTpRange(t.sizes()[dim], tp, rank, chunk);
       return t.Narrow(dim, start, width);
     }
     const int64_t n = t.sizes()[dim] / tp;
@@ -1026,7 +1033,8 @@ absl::Status CheckLayout(const CaseRunner& r, const std::string& dir, const Topo
     UCP_ASSIGN_OR_RETURN(torch::Tensor full, m.Tensor(p.name(), state));
     ModelParam saved = p;
     *saved.mutable_rule() = RuleSavedBy(spec.autotp(), p.name(), p.rule(), version);
-    return OracleSlice(saved, full, t.tp(), rank, divisible_by, spec.autotp());
+    return OracleSlice(saved, full, t.tp(), rank, divisible_by, spec.autotp(),
+                       /*chunk=*/OracleVersion(version) < std::make_tuple(0, 19, 6));
   };
   auto diff = [&](const std::string& file, const std::string& what) {
     if (diffs.size() < 20) diffs.push_back(absl::StrCat(file, ": ", what));

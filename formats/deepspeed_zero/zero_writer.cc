@@ -93,6 +93,7 @@ absl::Status ChooseTargetVersion(const ModelInfo& info, const ZeroWriteOptions& 
   }
   out->ds_version = options.target_ds_version;
   out->version = v;
+  out->autotp_cut = v < deepspeed::DsVersion{0, 19, 6} ? tp::AutoTpCut::kChunk : tp::AutoTpCut::kNearEven;
   out->padding_convention = deepspeed::PaddingConventionOf(v, info.optimizer_kind == state::OptimizerKind::kBf16);
   return absl::OkStatus();
 }
@@ -197,7 +198,8 @@ absl::Status PlanSliceShapes(const ModelInfo& info, int tp, int64_t divisible_by
     absl::StatusOr<std::vector<int64_t>> shape =
         tp::SliceShapeFromFull(rule, p.full_shape, tp, out->padded_rows[i], p.name);
     if (!shape.ok() && tp > 1 && AutoTpLayout(info, p)) {
-      UCP_ASSIGN_OR_RETURN(uneven[i], tp::AutoTpSliceShapes(rule, p.full_shape, tp, out->padded_rows[i], p.name),
+      UCP_ASSIGN_OR_RETURN(uneven[i], tp::AutoTpSliceShapes(rule, p.full_shape, tp, out->padded_rows[i], p.name,
+                                                                 out->autotp_cut),
                            _.Prepend(absl::StrCat("target tp=", tp, ": ")));
       shape = uneven[i][0];
     }
@@ -421,7 +423,7 @@ absl::StatusOr<TensorPlan> TargetSlice(const state::ModelState& state, const Tar
   UCP_ASSIGN_OR_RETURN(TensorPlan slice,
                        tp::SplitFull(layout.RuleOf(param_index, p.rule), full, layout.topo.tp, rank,
                                      layout.padded_rows[param_index], p.name,
-                                     /*autotp_widths=*/!layout.rank_slice_shapes.empty()));
+                                     /*autotp_widths=*/!layout.rank_slice_shapes.empty(), layout.autotp_cut));
   return slice.Reshape(layout.SliceShape(param_index, rank));
 }
 

@@ -35,6 +35,7 @@
 #include "deepspeed/layout_math.h"
 #include "state/model_state.h"
 #include "state/topology.h"
+#include "tp/merge.h"
 #include "tp/tensor_plan.h"
 #include "writers/plan.h"
 #include "writers/target_options.h"
@@ -72,6 +73,9 @@ struct TargetLayout {
   // target tp > 1; whole again for a target before 0.19.5). Empty when none
   // is; kind unspecified: the param's own.
   std::vector<MergeRule> rules;
+  // How the target version's AutoTP cuts a dim tp does not divide (master by
+  // get_shard_size, earlier versions by torch.chunk: tp::AutoTpCut).
+  tp::AutoTpCut autotp_cut = tp::AutoTpCut::kNearEven;
   const MergeRule& RuleOf(int param, const MergeRule& own) const {
     return rules.empty() || rules[param].kind() == MERGE_KIND_UNSPECIFIED ? own : rules[param];
   }

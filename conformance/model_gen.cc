@@ -1036,6 +1036,10 @@ rc::Gen<GoldenCase> GenAutoTpCase(const CaseGenOptions& options) {
     // across 0.19.5 reads it whole and writes it cut, or the reverse.
     c.set_ds_version(*Pick<std::string>({"0.19.6", "0.19.5", "0.18.9"}));
     c.set_target_ds_version(*Maybe(1, 1) ? *Pick<std::string>({"0.19.6", "0.19.5", "0.18.9"}) : c.ds_version());
+    // (f)'s Megatron-style twin holds one lm_head layout at both ends.
+    if (options.autotp_even && (c.ds_version() == "0.18.9") != (c.target_ds_version() == "0.18.9")) {
+      c.set_target_ds_version(c.ds_version());
+    }
     const bool uneven_vocab = arch == "llama" && (vocab % s_tp != 0 || vocab % t_tp != 0);
     if (arch == "phi3") {
       c.set_ds_version("0.19.6");
@@ -1105,6 +1109,9 @@ GoldenCase MegatronTwin(const GoldenCase& c) {
     // A vocabulary Megatron would pad: kept unpadded as a column split (the
     // twin's sizes are multiples of both tps).
     if (r.kind() == VOCAB) r = Rule(COLUMN);
+    // 0.18.9's AutoTP saves hold the lm_head whole (no version change across
+    // 0.19.5 here: GenAutoTpCase with autotp_even): so does the twin.
+    if (p.name() == "lm_head.weight" && c.ds_version() == "0.18.9") r = Rule(REPLICATED);
   }
   m.set_name(c.name() + "_megatron");
   return m;

@@ -223,8 +223,7 @@ absl::StatusOr<std::vector<std::string>> UniversalVsModel(const std::string& dir
   } else {
     diffs.push_back("no ucp manifest");
   }
-  for (state::ParamState p : m.info().params) {
-    p.rule = RuleSavedBy(m.info().autotp, p.name, p.rule, ds_version);
+  for (const state::ParamState& p : m.info().params) {
     auto rec = recorded.find(p.name);
     if (rec == recorded.end()) {
       diffs.push_back(absl::StrCat(p.name, ": not in the manifest"));
@@ -348,8 +347,28 @@ ValuePtr WithoutSourceLayout(const Value& root, bool stages_differ) {
   return out;
 }
 
+std::tuple<int, int, int> OracleVersion(const std::string& v);
+
+// `rules_differ`: one folder's source declares AutoTP's patterns
+// (universal_checkpoint_info, 0.19.5 on) and the other's does not (0.18.9):
+// the params' rules come from the checkpoint or from the preset, the same
+// kinds with other patterns and origins (and the effective rule lists differ).
+void ClearRuleOrigins(Manifest* m) {
+  for (auto& p : *m->mutable_param()) {
+    p.clear_source();
+    p.clear_rule();
+    MergeRule& r = *p.mutable_merge_rule();
+    r.clear_pattern();
+    r.clear_comment();
+    r.clear_autotp_widths();
+    r.clear_original_vocab_size();  // AutoTP pads none: the full rows either way
+  }
+  m->clear_rules();
+  m->clear_original_vocab_size();  // declared by universal_checkpoint_info only
+}
+
 absl::StatusOr<std::vector<std::string>> UniversalDiffs(const std::string& a, const std::string& b,
-                                                        bool stages_differ = false) {
+                                                        bool stages_differ = false, bool rules_differ = false) {
   std::vector<std::string> ignore = {deepspeed::kManifestFile, "zero/optimizer_state.pt"};
   UCP_ASSIGN_OR_RETURN(std::vector<std::string> fa, testing::ListFilesRecursive(a));
   UCP_ASSIGN_OR_RETURN(std::vector<std::string> fb, testing::ListFilesRecursive(b));
@@ -380,6 +399,7 @@ absl::StatusOr<std::vector<std::string>> UniversalDiffs(const std::string& a, co
     // copies them.
     for (auto& p : *m->mutable_param()) p.mutable_merge_rule()->mutable_sub_param_shape()->clear_shard_widths();
     for (auto& r : *m->mutable_rules()->mutable_rule()) r.mutable_sub_param_shape()->clear_shard_widths();
+    if (rules_differ) ClearRuleOrigins(m);
     if (stages_differ) {  // the source's optimizer (BF16_Optimizer at stage 1, none at stage 0)
       m->clear_zero_stage();
       m->clear_optimizer_layout();
@@ -469,8 +489,11 @@ absl::Status ConvertIsTopologyFree(CaseRunner& r) {
     UCP_ASSIGN_OR_RETURN(diffs, Zero3UniversalVsModel(universal[1], r.model()));
     if (!diffs.empty()) return Violation(p, absl::StrCat("convert(save(M, T2)) is not M:\n  ", Joined(diffs)));
   } else {
+    const bool declared1 = OracleVersion(r.V1()) >= std::make_tuple(0, 19, 5);
+    const bool declared2 = OracleVersion(r.V2()) >= std::make_tuple(0, 19, 5);
     UCP_ASSIGN_OR_RETURN(diffs, UniversalDiffs(universal[0], universal[1],
-                                               !t2_as_t1 && SourceZeroStage(r.c()) != TargetZeroStage(r.c())));
+                                               !t2_as_t1 && SourceZeroStage(r.c()) != TargetZeroStage(r.c()),
+                                               r.c().model().autotp() && declared1 != declared2));
   }
   if (!diffs.empty()) {
     return Violation(p, absl::StrCat("convert(save(M, T1)) and convert(save(M, T2)) differ:\n  ", Joined(diffs)));
@@ -978,7 +1001,8 @@ std::tuple<int, int, int> OracleVersion(const std::string& v) {
 // of the engine's keys. At tp 1 DeepSpeed's tp plan route writes none (a
 // partition_config job writes it at tp 1 too): none is accepted there.
 absl::Status CheckAutoTpMetadata(const CaseRunner& r, const torch::TorchFile& f, const Topology& t,
-                                 const std::string& name, std::vector<std::string>& diffs) {
+                                 const std::string& version, const std::string& name,
+                                 std::vector<std::string>& diffs) {
   const ModelSpec& spec = r.c().model();
   const Value& root = *f.root();
   auto diff = [&](const std::string& what) {
@@ -997,8 +1021,12 @@ absl::Status CheckAutoTpMetadata(const CaseRunner& r, const torch::TorchFile& f,
                       ", the job's tp is ", t.tp()));
   }
   UCP_ASSIGN_OR_RETURN(ValuePtr want, AutoTpCheckpointInfo(spec, r.V1(), t.tp()));
+  // A save for 0.16.4 - 0.18.9 at tp > 1 holds the lm_head whole and, as those
+  // versions' AutoTP, no universal_checkpoint_info, whatever V1 declared.
+  const auto v = OracleVersion(version);
+  if (t.tp() > 1 && v >= std::make_tuple(0, 16, 4) && v < std::make_tuple(0, 19, 5)) want = nullptr;
   if (want == nullptr || (uc == nullptr && t.tp() == 1)) {
-    if (uc != nullptr) diff(absl::StrCat("has a universal_checkpoint_info, DeepSpeed ", r.V1(), " writes none"));
+    if (uc != nullptr) diff(absl::StrCat("has a universal_checkpoint_info, DeepSpeed ", version, " writes none"));
     return absl::OkStatus();
   }
   if (uc == nullptr) {
@@ -1056,7 +1084,7 @@ absl::Status CheckLayout(const CaseRunner& r, const std::string& dir, const Topo
       if (ds_version == nullptr || !ds_version->is(Kind::kStr) || ds_version->str() != version) {
         diff(mp_name, absl::StrCat("ds_version is not '", version, "'"));
       }
-      UCP_RETURN_IF_ERROR(CheckAutoTpMetadata(r, *mp, t, mp_name, diffs));
+      UCP_RETURN_IF_ERROR(CheckAutoTpMetadata(r, *mp, t, version, mp_name, diffs));
       {
         const std::vector<std::string> keys = DictKeys(root);
         auto at = std::find(keys.begin(), keys.end(), "checkpoint_parallel_dimensions");

@@ -107,6 +107,14 @@ absl::StatusOr<Gathered> Gather(const state::SlicedState& src, const state::Mode
       return absl::Status(s.code(), absl::StrCat(src.dir(), ": ", s.message()));
     }
     decisions[i] = resolver.Decide(info.params[i].name, info.params[i].tp_shapes[0]);
+    if (info.autotp && decisions[i].rule && decisions[i].source == PRESET &&
+        tp::AutoTpIsLmHead(info.params[i].name) && decisions[i].rule->kind() == COLUMN) {
+      // AutoTP (0.19.5 on) declares its lm_head a vocabulary param
+      // (universal_checkpoint_info vocabulary_parameter_patterns; it pads none):
+      // a checkpoint that records none reads as one that does.
+      decisions[i].rule->set_kind(VOCAB);
+      decisions[i].origin += " (a vocabulary param, as AutoTP declares it)";
+    }
     if (whole_lm_head && decisions[i].rule && decisions[i].source == PRESET &&
         tp::AutoTpIsLmHead(info.params[i].name) &&
         (decisions[i].rule->kind() == COLUMN || decisions[i].rule->kind() == VOCAB)) {
@@ -115,7 +123,7 @@ absl::StatusOr<Gathered> Gather(const state::SlicedState& src, const state::Mode
       r.set_kind(REPLICATED);
       r.clear_original_vocab_size();
       decisions[i].rule = r;
-      decisions[i].origin += " (replicated: AutoTP before 0.19.5 leaves the lm_head whole)";
+      decisions[i].origin += state::kAutoTpWholeLmHeadNote;
     }
     const bool replicated = decisions[i].rule && (decisions[i].rule->kind() == REPLICATED);
     const bool multi_stage = info.params[i].trainable() && info.params[i].stages.size() > 1;

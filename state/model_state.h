@@ -72,6 +72,9 @@ inline constexpr char kFp32State[] = "fp32";
 // (rules/resolve.h, ResolveOptions::tp1_whole_tensors).
 inline constexpr char kTp1WholeOrigin[] = "tp=1 source: a whole tensor, no tp split known";
 
+// Appended to the origin of an AutoTP lm_head read whole (ParamState::autotp_cut).
+inline constexpr char kAutoTpWholeLmHeadNote[] = " (replicated: AutoTP before 0.19.5 leaves the lm_head whole)";
+
 struct ParamState {
   std::string name;                 // optimizer / module state name
   std::vector<int64_t> full_shape;  // universal shape (vocab padding stripped)

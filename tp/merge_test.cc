@@ -125,7 +125,9 @@ TEST(MergeTest, UnevenSlicesOutsideAutoTpsSplitAreRefused) {
   auto last = MergeSlices(Rule(COLUMN), {Iota({1, 2}, 0), Iota({2, 2}, 10)}, 0, "up_proj.weight");
   ASSERT_FALSE(last.ok());
   EXPECT_NE(last.status().message().find("up_proj.weight"), std::string::npos);
-  EXPECT_NE(last.status().message().find("AutoTP's split of 3 over tp 2 (2, 1 on dim 0; DeepSpeed before 0.19.6, torch.chunk's: 2, 1)"), std::string::npos)
+  EXPECT_NE(last.status().message().find(
+                "AutoTP's split of 3 over tp 2 (2, 1 on dim 0; DeepSpeed before 0.19.6, torch.chunk's: 2, 1)"),
+            std::string::npos)
       << last.status();
   // Slices that differ off the partition dim, or of a replicated param.
   EXPECT_FALSE(MergeSlices(Rule(COLUMN), {Iota({2, 2}, 0), Iota({1, 3}, 10)}, 0, "w").ok());

@@ -934,11 +934,11 @@ MergeRule AutoTpRule(MergeKind kind) {
 // arch "llama": LlamaForCausalLM under AutoTP's tp plan (0.18.9 to master);
 // "phi3": Phi3ForCausalLM with a partition_config cutting only the MLP
 // (gate_up_proj as 2 sub-params of a -1 dim, down_proj by columns: realds
-// family autotp --arch phi3). `vocab_rows`: the lm_head is cut by
-// vocabulary rows and declared a vocabulary param (0.19.5 and later; 0.18.9
-// leaves it whole).
+// family autotp --arch phi3). The Llama's lm_head is cut by vocabulary rows
+// and declared a vocabulary param (0.19.5 and later; 0.18.9 leaves it whole:
+// a save's layout, the writer's).
 std::vector<AutoTpTensor> AutoTpTensors(const std::string& arch, int layers, int64_t h, int64_t q, int64_t kv,
-                                        int64_t f, int64_t vocab, bool qkv_bias, bool vocab_rows) {
+                                        int64_t f, int64_t vocab, bool qkv_bias) {
   std::vector<AutoTpTensor> t;
   const bool phi3 = arch == "phi3";
   auto add = [&](std::string name, std::vector<int64_t> shape, MergeKind kind) {
@@ -980,8 +980,9 @@ std::vector<AutoTpTensor> AutoTpTensors(const std::string& arch, int layers, int
   }
   add("model.norm.weight", {h}, REPLICATED);
   // 0.18.9 leaves the lm_head whole (replace_module.py set_lm_head returns in
-  // AutoTP training; a real 0.18.9 tp 2 save holds [vocab, hidden] on each rank).
-  add("lm_head.weight", {vocab, h}, phi3 || !vocab_rows ? REPLICATED : VOCAB);
+  // AutoTP training; a real 0.18.9 tp 2 save holds [vocab, hidden] on each
+  // rank): its saves hold this rule's tensor whole (properties.cc RuleSavedBy).
+  add("lm_head.weight", {vocab, h}, phi3 ? REPLICATED : VOCAB);
   return t;
 }
 
@@ -1026,22 +1027,31 @@ rc::Gen<GoldenCase> GenAutoTpCase(const CaseGenOptions& options) {
     const int layers = *Uniform(1, 3);
     const bool qkv_bias = arch == "llama" && *Maybe(1, 2);
     // Versions: 0.18.9 (no AutoTP metadata), 0.19.5 (format 0.3), master
-    // 0.19.6 (0.4). A vocabulary tp does not divide is cut by rows on
-    // master only (0.19.5 cuts such an lm_head by columns and trains it
-    // wrong; ucp refuses to write that): such a case is master's at both ends.
-    // 0.18.9 keeps the lm_head whole, 0.19.5 and master cut it: ucp carries
-    // the source's split, so a version change is drawn between 0.19.5 and
-    // master only (README: a change across 0.19.5 is not written).
+    // 0.19.6 (0.4), at each end. A vocabulary tp does not divide is cut by
+    // rows on master only (0.19.5 cuts such an lm_head by columns and trains
+    // it wrong; ucp refuses to write that): such a case has no 0.19.5. The
+    // lm_head's rule is AutoTP's cut of the vocabulary rows in every version:
+    // 0.18.9 keeps it whole on every tp rank (the synthetic save, ucp's
+    // writer, does so for a 0.16.4 - 0.18.9 target), so a version change
+    // across 0.19.5 reads it whole and writes it cut, or the reverse.
     c.set_ds_version(*Pick<std::string>({"0.19.6", "0.19.5", "0.18.9"}));
-    c.set_target_ds_version(c.ds_version() != "0.18.9" && *Maybe(1, 1) ? *Pick<std::string>({"0.19.6", "0.19.5"})
-                                                                        : c.ds_version());
-    const bool uneven_vocab =
-        arch == "llama" && c.ds_version() != "0.18.9" && (vocab % s_tp != 0 || vocab % t_tp != 0);
-    if (arch == "phi3" || uneven_vocab) {
+    c.set_target_ds_version(*Maybe(1, 1) ? *Pick<std::string>({"0.19.6", "0.19.5", "0.18.9"}) : c.ds_version());
+    // (f)'s Megatron-style twin holds one lm_head layout at both ends.
+    if (options.autotp_even && (c.ds_version() == "0.18.9") != (c.target_ds_version() == "0.18.9")) {
+      c.set_target_ds_version(c.ds_version());
+    }
+    const bool uneven_vocab = arch == "llama" && (vocab % s_tp != 0 || vocab % t_tp != 0);
+    if (arch == "phi3") {
       c.set_ds_version("0.19.6");
       c.set_target_ds_version("0.19.6");
     }
-    const bool vocab_rows = !(c.ds_version() == "0.18.9");
+    if (uneven_vocab && c.ds_version() == "0.19.5") c.set_ds_version("0.19.6");
+    if (uneven_vocab && c.target_ds_version() == "0.19.5") c.set_target_ds_version("0.19.6");
+    // Before 0.19.6 AutoTP cuts by torch.chunk (pieces of ceil(f / tp)), which
+    // leaves the last rank nothing for some sizes (5 over 4: 2, 2, 1): master there.
+    auto chunk_fits = [f](int tp) { return (tp - 1) * ((f + tp - 1) / tp) < f; };
+    if (!chunk_fits(s_tp)) c.set_ds_version("0.19.6");
+    if (!chunk_fits(t_tp)) c.set_target_ds_version("0.19.6");
     // lp dtype, optimizer and ZeRO stage (1 or 2, as the formats write them).
     const std::string lp = *Pick<std::string>({"fp32", "bf16", "fp16"});
     spec.set_lp_dtype(lp);
@@ -1051,7 +1061,7 @@ rc::Gen<GoldenCase> GenAutoTpCase(const CaseGenOptions& options) {
     const bool trainer_groups = *Maybe(1, 1);
     const bool freeze = *Maybe(1, 2);
     std::vector<ModelParam> params;
-    for (const AutoTpTensor& t : AutoTpTensors(arch, layers, h, q, kv, f, vocab, qkv_bias, vocab_rows)) {
+    for (const AutoTpTensor& t : AutoTpTensors(arch, layers, h, q, kv, f, vocab, qkv_bias)) {
       ModelParam p;
       p.set_name(t.name);
       p.set_local_name(t.name);
@@ -1099,6 +1109,9 @@ GoldenCase MegatronTwin(const GoldenCase& c) {
     // A vocabulary Megatron would pad: kept unpadded as a column split (the
     // twin's sizes are multiples of both tps).
     if (r.kind() == VOCAB) r = Rule(COLUMN);
+    // 0.18.9's AutoTP saves hold the lm_head whole (no version change across
+    // 0.19.5 here: GenAutoTpCase with autotp_even): so does the twin.
+    if (p.name() == "lm_head.weight" && c.ds_version() == "0.18.9") r = Rule(REPLICATED);
   }
   m.set_name(c.name() + "_megatron");
   return m;

@@ -108,25 +108,30 @@ rc::Gen<GoldenCase> GenHfCase(const CaseGenOptions& options);
 // resharded to tp 1-4 (dp 1-4, pp 1), converted with no flags:
 //   - arch "llama" (LlamaForCausalLM under AutoTP's tp plan): q/k/v (and
 //     optional Qwen2-style biases) and gate/up cut by rows, o/down by
-//     columns, the lm_head by vocabulary rows (0.19.5 and later; 0.18.9
-//     leaves it whole on every rank, as a real 0.18.9 run does), embeddings
+//     columns, the lm_head by vocabulary rows (its rule in every version:
+//     0.18.9's saves hold it whole on every rank, as a real 0.18.9 run
+//     does, and the oracle expects that layout of them), embeddings
 //     and norms whole; params in transformers' module order (a layer's
 //     self_attn and mlp before its norms);
 //     arch "phi3" (a partition_config as realds family autotp --arch phi3):
 //     the fused mlp.gate_up_proj per sub-param (each rank its AutoTP widths
 //     of the gate and of the up rows), down_proj by columns, all else whole;
 //   - uneven widths: the intermediate size and the vocabulary are any size
-//     (>= the tps), cut as AutoTP cuts them (rank r of n holds n // tp, the
-//     first n % tp ranks one more); attention heads are multiples of both
+//     (>= the tps), cut as AutoTP cuts them (master: rank r of n holds
+//     n // tp, the first n % tp ranks one more; 0.18.9 and 0.19.5 by
+//     torch.chunk, pieces of ceil(n / tp), an intermediate size that leaves
+//     a rank nothing there making that end master's); attention heads are multiples of both
 //     tps (AutoTP cuts them in whole key-value heads, which ucp refuses to
 //     cut unevenly);
 //   - the DeepSpeed version at each end: 0.18.9 (no universal_checkpoint_info),
 //     0.19.5 (format 0.3), master 0.19.6 (0.4: autotp_unsupported_parameter_patterns,
 //     sub_param_shard_widths); a fused param or a cut vocabulary tp does not
 //     divide makes both ends master's (0.19.5 cuts such an lm_head by columns
-//     and trains it wrong; fused sub-param metadata is master's); a change
-//     of version between 0.19.5 and master only (ucp keeps the source's
-//     lm_head split and metadata, which 0.18.9 and 0.19.5 do not share);
+//     and trains it wrong; fused sub-param metadata is master's), else a
+//     vocabulary tp does not divide no 0.19.5 at either end; a change of
+//     version between any two (across 0.19.5 the lm_head is read whole and
+//     written cut, or the reverse), none across 0.19.5 with autotp_even (the
+//     Megatron-style twin of (f) holds one lm_head layout);
 //   - the job's metadata as DeepSpeed writes it (synthetic_state.h, spec_rules.h
 //     AutoTpCheckpointInfo): ds_config.tensor_parallel.autotp_size, the
 //     version's universal_checkpoint_info after the engine's keys;
@@ -136,7 +141,7 @@ rc::Gen<GoldenCase> GenHfCase(const CaseGenOptions& options);
 // Not drawn: ZeRO-3 (ucp converts a ZeRO-3 checkpoint at tp > 1 to no
 // universal layout), ZeRO-0, tied embeddings, LoRA, attention heads a tp
 // does not divide (ucp refuses them), ranks holding no row (DeepSpeed does
-// not train them), a version change across 0.19.5.
+// not train them).
 rc::Gen<GoldenCase> GenAutoTpCase(const CaseGenOptions& options);
 
 // The same model as the AutoTP case `c` (same names, shapes, values, groups,

@@ -190,6 +190,22 @@ bool SameRule(const MergeRule& got, const MergeRule& want) {
   return got.num_sub_params() == want.num_sub_params() && got.cat_dim() == want.cat_dim();
 }
 
+// The rule a checkpoint of DeepSpeed `version` holds a param in: AutoTP
+// training before 0.19.5 (0.16.4 - 0.18.9) keeps the lm_head whole on every
+// tp rank (replace_module.py set_lm_head returns in training mode) where
+// 0.19.5 and later cut its vocabulary rows.
+MergeRule RuleSavedBy(bool autotp, const std::string& name, const MergeRule& rule, const std::string& version) {
+  if (!autotp || name != "lm_head.weight" || (rule.kind() != VOCAB && rule.kind() != COLUMN)) return rule;
+  int a = 0, b = 0, c = 0;
+  (void)sscanf(version.c_str(), "%d.%d.%d", &a, &b, &c);
+  const auto v = std::make_tuple(a, b, c);
+  if (v < std::make_tuple(0, 16, 4) || v >= std::make_tuple(0, 19, 5)) return rule;
+  MergeRule whole = rule;
+  whole.set_kind(REPLICATED);
+  whole.clear_original_vocab_size();
+  return whole;
+}
+
 // The universal checkpoint `dir` holds M's tensors, steps and optimizer state.
 // `ds_version`: the source's, which the universal optimizer state keeps.
 // `other_stage`: the source was saved at a ZeRO stage other than the
@@ -331,8 +347,28 @@ ValuePtr WithoutSourceLayout(const Value& root, bool stages_differ) {
   return out;
 }
 
+std::tuple<int, int, int> OracleVersion(const std::string& v);
+
+// `rules_differ`: one folder's source declares AutoTP's patterns
+// (universal_checkpoint_info, 0.19.5 on) and the other's does not (0.18.9):
+// the params' rules come from the checkpoint or from the preset, the same
+// kinds with other patterns and origins (and the effective rule lists differ).
+void ClearRuleOrigins(Manifest* m) {
+  for (auto& p : *m->mutable_param()) {
+    p.clear_source();
+    p.clear_rule();
+    MergeRule& r = *p.mutable_merge_rule();
+    r.clear_pattern();
+    r.clear_comment();
+    r.clear_autotp_widths();
+    r.clear_original_vocab_size();  // AutoTP pads none: the full rows either way
+  }
+  m->clear_rules();
+  m->clear_original_vocab_size();  // declared by universal_checkpoint_info only
+}
+
 absl::StatusOr<std::vector<std::string>> UniversalDiffs(const std::string& a, const std::string& b,
-                                                        bool stages_differ = false) {
+                                                        bool stages_differ = false, bool rules_differ = false) {
   std::vector<std::string> ignore = {deepspeed::kManifestFile, "zero/optimizer_state.pt"};
   UCP_ASSIGN_OR_RETURN(std::vector<std::string> fa, testing::ListFilesRecursive(a));
   UCP_ASSIGN_OR_RETURN(std::vector<std::string> fb, testing::ListFilesRecursive(b));
@@ -363,6 +399,7 @@ absl::StatusOr<std::vector<std::string>> UniversalDiffs(const std::string& a, co
     // copies them.
     for (auto& p : *m->mutable_param()) p.mutable_merge_rule()->mutable_sub_param_shape()->clear_shard_widths();
     for (auto& r : *m->mutable_rules()->mutable_rule()) r.mutable_sub_param_shape()->clear_shard_widths();
+    if (rules_differ) ClearRuleOrigins(m);
     if (stages_differ) {  // the source's optimizer (BF16_Optimizer at stage 1, none at stage 0)
       m->clear_zero_stage();
       m->clear_optimizer_layout();
@@ -452,8 +489,11 @@ absl::Status ConvertIsTopologyFree(CaseRunner& r) {
     UCP_ASSIGN_OR_RETURN(diffs, Zero3UniversalVsModel(universal[1], r.model()));
     if (!diffs.empty()) return Violation(p, absl::StrCat("convert(save(M, T2)) is not M:\n  ", Joined(diffs)));
   } else {
+    const bool declared1 = OracleVersion(r.V1()) >= std::make_tuple(0, 19, 5);
+    const bool declared2 = OracleVersion(r.V2()) >= std::make_tuple(0, 19, 5);
     UCP_ASSIGN_OR_RETURN(diffs, UniversalDiffs(universal[0], universal[1],
-                                               !t2_as_t1 && SourceZeroStage(r.c()) != TargetZeroStage(r.c())));
+                                               !t2_as_t1 && SourceZeroStage(r.c()) != TargetZeroStage(r.c()),
+                                               r.c().model().autotp() && declared1 != declared2));
   }
   if (!diffs.empty()) {
     return Violation(p, absl::StrCat("convert(save(M, T1)) and convert(save(M, T2)) differ:\n  ", Joined(diffs)));
@@ -853,9 +893,16 @@ int64_t OraclePaddedVocab(int64_t vocab, int64_t divisible_by, int tp) {
 }
 
 // DeepSpeed AutoTP's cut of n rows over tp (module_inject/tp_shard.py
-// get_shard_size with tp_grain_size 1): the first offset of rank `rank` and
-// its width (n // tp, plus one on the first n % tp ranks).
-std::pair<int64_t, int64_t> OracleAutoTpRange(int64_t n, int tp, int rank) {
+// get_shard_size with tp_grain_size 1, master): the first offset of rank
+// `rank` and its width (n // tp, plus one on the first n % tp ranks). With
+// `chunk`, as DeepSpeed before 0.19.6 trains (layers.py _tp_partition:
+// torch.chunk, pieces of ceil(n / tp) and what is left on the last).
+std::pair<int64_t, int64_t> OracleAutoTpRange(int64_t n, int tp, int rank, bool chunk = false) {
+  if (chunk) {
+    const int64_t c = (n + tp - 1) / tp;
+    const int64_t start = std::min<int64_t>(n, rank * c);
+    return {start, std::min<int64_t>(c, n - start)};
+  }
   int64_t start = 0;
   for (int r = 0; r < rank; ++r) start += n / tp + (r < n % tp ? 1 : 0);
   return {start, n / tp + (rank < n % tp ? 1 : 0)};
@@ -866,11 +913,11 @@ std::pair<int64_t, int64_t> OracleAutoTpRange(int64_t n, int tp, int rank) {
 // model (`autotp`) as AutoTP cuts it: column, row and vocabulary params
 // (unpadded) and each fused sub-param in AutoTP's widths.
 absl::StatusOr<torch::Tensor> OracleSlice(const ModelParam& p, const torch::Tensor& full, int tp, int rank,
-                                          int64_t divisible_by, bool autotp = false) {
+                                          int64_t divisible_by, bool autotp = false, bool chunk = false) {
   const MergeRule& r = p.rule();
   auto narrow_even = [&](const torch::Tensor& t, int64_t dim) -> absl::StatusOr<torch::Tensor> {
     if (autotp) {
-      const auto [start, width] = OracleAutoTpRange(t.sizes()[dim], tp, rank);
+      const auto [start, width] = OracleAutoTpRange(t.sizes()[dim], tp, rank, chunk);
       return t.Narrow(dim, start, width);
     }
     const int64_t n = t.sizes()[dim] / tp;
@@ -954,7 +1001,8 @@ std::tuple<int, int, int> OracleVersion(const std::string& v) {
 // of the engine's keys. At tp 1 DeepSpeed's tp plan route writes none (a
 // partition_config job writes it at tp 1 too): none is accepted there.
 absl::Status CheckAutoTpMetadata(const CaseRunner& r, const torch::TorchFile& f, const Topology& t,
-                                 const std::string& name, std::vector<std::string>& diffs) {
+                                 const std::string& version, const std::string& name,
+                                 std::vector<std::string>& diffs) {
   const ModelSpec& spec = r.c().model();
   const Value& root = *f.root();
   auto diff = [&](const std::string& what) {
@@ -973,8 +1021,12 @@ absl::Status CheckAutoTpMetadata(const CaseRunner& r, const torch::TorchFile& f,
                       ", the job's tp is ", t.tp()));
   }
   UCP_ASSIGN_OR_RETURN(ValuePtr want, AutoTpCheckpointInfo(spec, r.V1(), t.tp()));
+  // A save for 0.16.4 - 0.18.9 at tp > 1 holds the lm_head whole and, as those
+  // versions' AutoTP, no universal_checkpoint_info, whatever V1 declared.
+  const auto v = OracleVersion(version);
+  if (t.tp() > 1 && v >= std::make_tuple(0, 16, 4) && v < std::make_tuple(0, 19, 5)) want = nullptr;
   if (want == nullptr || (uc == nullptr && t.tp() == 1)) {
-    if (uc != nullptr) diff(absl::StrCat("has a universal_checkpoint_info, DeepSpeed ", r.V1(), " writes none"));
+    if (uc != nullptr) diff(absl::StrCat("has a universal_checkpoint_info, DeepSpeed ", version, " writes none"));
     return absl::OkStatus();
   }
   if (uc == nullptr) {
@@ -1007,7 +1059,10 @@ absl::Status CheckLayout(const CaseRunner& r, const std::string& dir, const Topo
   for (size_t i = 0; i < info.params.size(); ++i) flatten_index[info.params[i].name] = static_cast<int>(i);
   auto slice_of = [&](const ModelParam& p, const std::string& state, int rank) -> absl::StatusOr<torch::Tensor> {
     UCP_ASSIGN_OR_RETURN(torch::Tensor full, m.Tensor(p.name(), state));
-    return OracleSlice(p, full, t.tp(), rank, divisible_by, spec.autotp());
+    ModelParam saved = p;
+    *saved.mutable_rule() = RuleSavedBy(spec.autotp(), p.name(), p.rule(), version);
+    return OracleSlice(saved, full, t.tp(), rank, divisible_by, spec.autotp(),
+                       /*chunk=*/OracleVersion(version) < std::make_tuple(0, 19, 6));
   };
   auto diff = [&](const std::string& file, const std::string& what) {
     if (diffs.size() < 20) diffs.push_back(absl::StrCat(file, ": ", what));
@@ -1029,7 +1084,7 @@ absl::Status CheckLayout(const CaseRunner& r, const std::string& dir, const Topo
       if (ds_version == nullptr || !ds_version->is(Kind::kStr) || ds_version->str() != version) {
         diff(mp_name, absl::StrCat("ds_version is not '", version, "'"));
       }
-      UCP_RETURN_IF_ERROR(CheckAutoTpMetadata(r, *mp, t, mp_name, diffs));
+      UCP_RETURN_IF_ERROR(CheckAutoTpMetadata(r, *mp, t, version, mp_name, diffs));
       {
         const std::vector<std::string> keys = DictKeys(root);
         auto at = std::find(keys.begin(), keys.end(), "checkpoint_parallel_dimensions");

@@ -69,19 +69,22 @@ TEST(AutoTpConformanceTest, ReshardBetweenAutoTpAndMegatronIsBitwise) {
 }
 
 // The generator draws what the header says: uneven widths, tp up to 4 at
-// both ends, every version, fused sub-params with their widths.
+// both ends, every version, version changes across 0.19.5 (the lm_head whole
+// in 0.18.9, cut after), fused sub-params with their widths.
 TEST(AutoTpGeneratorTest, DrawsUnevenWidthsFusedSubParamsAndEveryVersion) {
   FuzzOptions o;
   o.seed = 7;
   o.cases = 150;
   o.properties = {};
   o.gen.autotp_only = true;
-  int uneven = 0, fused = 0, tp4 = 0, autotp = 0;
+  int uneven = 0, fused = 0, tp4 = 0, autotp = 0, across = 0;
   std::set<std::string> versions;
   o.case_check = [&](const GoldenCase& c) {
     autotp += c.model().autotp();
     versions.insert(c.ds_version());
     versions.insert(c.target_ds_version());
+    // 0.18.9's whole lm_head read and written cut (0.19.5, master), or back.
+    across += (c.ds_version() == "0.18.9") != (c.target_ds_version() == "0.18.9");
     tp4 += c.source().tp() == 4 || c.target().tp() == 4;
     bool u = false, f = false;
     for (const ModelParam& p : c.model().param()) {
@@ -101,6 +104,7 @@ TEST(AutoTpGeneratorTest, DrawsUnevenWidthsFusedSubParamsAndEveryVersion) {
   EXPECT_GT(uneven, 20);
   EXPECT_GT(fused, 10);
   EXPECT_GT(tp4, 10);
+  EXPECT_GT(across, 10);
   EXPECT_EQ(versions, (std::set<std::string>{"0.18.9", "0.19.5", "0.19.6"}));
 }
 

@@ -43,6 +43,7 @@ void EncodeParam(const ParamState& p, Manifest::Param* mp) {
   mp->set_lp_dtype(std::string(torch::DTypeName(p.lp_dtype)));
   mp->set_tied_key(p.tied_key);
   *mp->mutable_merge_rule() = p.rule;
+  if (p.autotp_cut.kind() != MERGE_KIND_UNSPECIFIED) *mp->mutable_autotp_cut() = p.autotp_cut;
 }
 
 void EncodeLayout(const ModelInfo& info, Manifest* m) {
@@ -99,6 +100,7 @@ absl::StatusOr<ParamState> DecodeParam(const Manifest::Param& m) {
     p.rule.set_pattern(m.name());
   }
   p.rule.set_kind(m.kind());
+  if (m.has_autotp_cut()) p.autotp_cut = m.autotp_cut();
   p.source = m.source();
   p.origin = m.rule();
   p.group = m.group();

@@ -9,6 +9,7 @@
 #include "base/parallel.h"
 #include "base/status_macros.h"
 #include "deepspeed/facet.h"
+#include "deepspeed/layout_math.h"
 #include "rules/suggest.h"
 #include "tp/merge.h"
 
@@ -46,6 +47,7 @@ absl::Status ApplyDecisions(const state::ModelInfo& decided, const std::string& 
     p.source = d.source;
     p.origin = d.origin;
     p.full_shape = d.full_shape;
+    p.autotp_cut = d.autotp_cut;
   }
   info->original_vocab_size = decided.original_vocab_size;
   return absl::OkStatus();
@@ -57,7 +59,21 @@ struct Gathered {
   std::vector<RuleDecision> decisions;
   std::vector<Evidence> evidence;
   std::vector<ParamFacts> facts;
+  // ParamState::autotp_cut of each param (kind unspecified for most).
+  std::vector<MergeRule> autotp_cut;
 };
+
+// Whether an AutoTP source holds its lm_head whole on every tp rank: saved
+// with no universal_checkpoint_info (AutoTP training before 0.19.5: 0.16.4 to
+// 0.18.9) by a DeepSpeed before 0.19.5 (or of no recorded version). A
+// checkpoint ucp wrote for 0.19.5 on from such a source holds none either,
+// but its lm_head cut by vocabulary rows and its ds_version the target's.
+bool AutoTpLmHeadWhole(const state::SlicedState& src) {
+  const Value& uc = deepspeed::CheckpointInfoOf(src);
+  if (uc.is(Kind::kDict) && uc.DictGet("universal_checkpoint_version") != nullptr) return false;
+  absl::StatusOr<deepspeed::DsVersion> v = deepspeed::ParseDsVersion(deepspeed::SourceDsVersion(src));
+  return !v.ok() || *v < deepspeed::DsVersion{0, 19, 5};
+}
 
 SuggestContext ContextOf(const state::SlicedState& src, int tp) {
   SuggestContext c;
@@ -84,22 +100,30 @@ absl::StatusOr<Gathered> Gather(const state::SlicedState& src, const state::Mode
   // set_lm_head returns in training mode; a real 0.18.9 tp 2 checkpoint holds
   // lm_head [vocab, hidden] on both ranks): a preset's column split of it
   // would double its rows. It is replicated there (its copies checked equal).
-  const Value& uc = deepspeed::CheckpointInfoOf(src);
-  const bool whole_lm_head =
-      info.autotp && (!uc.is(Kind::kDict) || uc.DictGet("universal_checkpoint_version") == nullptr);
+  const bool whole_lm_head = info.autotp && AutoTpLmHeadWhole(src);
+  g.autotp_cut.resize(info.params.size());
   for (size_t i = 0; i < info.params.size(); ++i) {
     if (absl::Status s = resolver.CheckSupported(info.params[i].name); !s.ok()) {
       return absl::Status(s.code(), absl::StrCat(src.dir(), ": ", s.message()));
     }
     decisions[i] = resolver.Decide(info.params[i].name, info.params[i].tp_shapes[0]);
+    if (info.autotp && decisions[i].rule && decisions[i].source == PRESET &&
+        tp::AutoTpIsLmHead(info.params[i].name) && decisions[i].rule->kind() == COLUMN) {
+      // AutoTP (0.19.5 on) declares its lm_head a vocabulary param
+      // (universal_checkpoint_info vocabulary_parameter_patterns; it pads none):
+      // a checkpoint that records none reads as one that does.
+      decisions[i].rule->set_kind(VOCAB);
+      decisions[i].origin += " (a vocabulary param, as AutoTP declares it)";
+    }
     if (whole_lm_head && decisions[i].rule && decisions[i].source == PRESET &&
         tp::AutoTpIsLmHead(info.params[i].name) &&
         (decisions[i].rule->kind() == COLUMN || decisions[i].rule->kind() == VOCAB)) {
+      g.autotp_cut[i] = *decisions[i].rule;
       MergeRule r = *decisions[i].rule;
       r.set_kind(REPLICATED);
       r.clear_original_vocab_size();
       decisions[i].rule = r;
-      decisions[i].origin += " (replicated: AutoTP before 0.19.5 leaves the lm_head whole)";
+      decisions[i].origin += state::kAutoTpWholeLmHeadNote;
     }
     const bool replicated = decisions[i].rule && (decisions[i].rule->kind() == REPLICATED);
     const bool multi_stage = info.params[i].trainable() && info.params[i].stages.size() > 1;
@@ -363,6 +387,7 @@ absl::Status ResolvedState::Resolve(const ResolveOptions& options) {
     p.rule = *d.rule;
     p.source = d.source;
     p.origin = d.origin;
+    p.autotp_cut = g.autotp_cut[i];
   }
   UCP_RETURN_IF_ERROR(TieAliases(src.dir(), problems.is_ambiguous, &info_));
   if (!problems.tied_mismatch.empty()) {

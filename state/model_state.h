@@ -72,6 +72,9 @@ inline constexpr char kFp32State[] = "fp32";
 // (rules/resolve.h, ResolveOptions::tp1_whole_tensors).
 inline constexpr char kTp1WholeOrigin[] = "tp=1 source: a whole tensor, no tp split known";
 
+// Appended to the origin of an AutoTP lm_head read whole (ParamState::autotp_cut).
+inline constexpr char kAutoTpWholeLmHeadNote[] = " (replicated: AutoTP before 0.19.5 leaves the lm_head whole)";
+
 struct ParamState {
   std::string name;                 // optimizer / module state name
   std::vector<int64_t> full_shape;  // universal shape (vocab padding stripped)
@@ -90,6 +93,11 @@ struct ParamState {
   // pipeline stages holding it (several for params tied across stages).
   std::vector<std::vector<int64_t>> tp_shapes;
   std::vector<int> stages;
+  // An AutoTP lm_head the source holds whole on every tp rank (DeepSpeed
+  // 0.16.4 - 0.18.9, whose `rule` is then REPLICATED: the copies merge as
+  // one): how AutoTP of 0.19.5 on cuts it (the rule that decided it before),
+  // for the writers of those versions. Kind MERGE_KIND_UNSPECIFIED when none.
+  MergeRule autotp_cut;
 
   bool trainable() const { return role == TensorRole::kTrainable; }
 };

@@ -1,5 +1,7 @@
 #include "tp/merge.h"
 
+#include <algorithm>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
@@ -146,6 +148,25 @@ absl::Status UnequalSlices(absl::string_view name, size_t t, const std::string& 
 
 int64_t AutoTpWidth(int64_t size, int tp, int rank) { return size / tp + (rank < size % tp ? 1 : 0); }
 
+int64_t AutoTpChunkWidth(int64_t size, int tp, int rank) {
+  const int64_t c = (size + tp - 1) / tp;
+  return std::clamp<int64_t>(size - rank * c, 0, c);
+}
+
+namespace {
+
+// Whether every slice's width on `dim` is `width(sum, tp, t)`.
+bool WidthsFollow(const std::vector<std::vector<int64_t>>& slices, int64_t dim, int64_t sum,
+                  int64_t (*width)(int64_t, int, int)) {
+  const int tp = static_cast<int>(slices.size());
+  for (int t = 0; t < tp; ++t) {
+    if (slices[t][dim] != width(sum, tp, t)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<int64_t>> FullShapeFromSlices(const MergeRule& rule,
                                                          const std::vector<std::vector<int64_t>>& slices,
                                                          absl::string_view name) {
@@ -190,14 +211,20 @@ absl::StatusOr<std::vector<int64_t>> FullShapeFromSlices(const MergeRule& rule,
     }
     sum += slices[t][dim];
   }
-  for (int t = 0; t < tp; ++t) {
-    if (slices[t][dim] != AutoTpWidth(sum, tp, t)) {
-      std::vector<std::string> want;
-      for (int r = 0; r < tp; ++r) want.push_back(absl::StrCat(AutoTpWidth(sum, tp, r)));
-      return UnequalSlices(name, t, torch::ShapeString(slices[t]), torch::ShapeString(slices[0]),
-                           absl::StrCat(": uneven slices must follow AutoTP's split of ", sum, " over tp ", tp, " (",
-                                        absl::StrJoin(want, ", "), " on dim ", dim, ")"));
+  if (!WidthsFollow(slices, dim, sum, AutoTpWidth) && !WidthsFollow(slices, dim, sum, AutoTpChunkWidth)) {
+    std::vector<std::string> want, chunk;
+    size_t t = 0;
+    for (int r = tp - 1; r >= 0; --r) {
+      if (slices[r][dim] != AutoTpWidth(sum, tp, r)) t = r;
     }
+    for (int r = 0; r < tp; ++r) {
+      want.push_back(absl::StrCat(AutoTpWidth(sum, tp, r)));
+      chunk.push_back(absl::StrCat(AutoTpChunkWidth(sum, tp, r)));
+    }
+    return UnequalSlices(name, t, torch::ShapeString(slices[t]), torch::ShapeString(slices[0]),
+                         absl::StrCat(": uneven slices must follow AutoTP's split of ", sum, " over tp ", tp, " (",
+                                      absl::StrJoin(want, ", "), " on dim ", dim,
+                                      "; DeepSpeed before 0.19.6, torch.chunk's: ", absl::StrJoin(chunk, ", "), ")"));
   }
   std::vector<int64_t> full = slices[0];
   full[dim] = sum;
@@ -223,7 +250,8 @@ bool AutoTpCutsByHeads(absl::string_view name) {
 
 absl::StatusOr<std::vector<std::vector<int64_t>>> AutoTpSliceShapes(const MergeRule& given,
                                                                     const std::vector<int64_t>& full, int tp,
-                                                                    int64_t padded_rows, absl::string_view name) {
+                                                                    int64_t padded_rows, absl::string_view name,
+                                                                    AutoTpCut cut) {
   const MergeRule rule = AsSubParamShape(given, full);
   const bool sub = rule.kind() == SUB_PARAMS && rule.sub_param_shape().dim_size() > 0;
   const bool cat = sub || rule.kind() == COLUMN || rule.kind() == ROW ||
@@ -256,7 +284,15 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> AutoTpSliceShapes(const MergeR
     for (int r = 0; r < tp; ++r) out[r] = SubParamRankShape(s, widths, r);
     return out;
   }
-  for (int r = 0; r < tp; ++r) out[r][dim] = AutoTpWidth(full[dim], tp, r);
+  for (int r = 0; r < tp; ++r) {
+    out[r][dim] = cut == AutoTpCut::kChunk ? AutoTpChunkWidth(full[dim], tp, r) : AutoTpWidth(full[dim], tp, r);
+  }
+  if (out[tp - 1][dim] <= 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "param '", name, "': DeepSpeed before 0.19.6 cuts dim ", dim, " of ", torch::ShapeString(full),
+        " with torch.chunk, which leaves tp rank ", tp - 1, " of ", tp, " nothing (its AutoTP fails there): choose "
+        "another tp or DeepSpeed master (--target_ds_version=0.19.6)"));
+  }
   return out;
 }
 
@@ -506,7 +542,8 @@ absl::StatusOr<TensorPlan> MergeSlices(const MergeRule& rule, const std::vector<
 }
 
 absl::StatusOr<TensorPlan> SplitFull(const MergeRule& given, const TensorPlan& full, int tp, int rank,
-                                     int64_t padded_rows, absl::string_view name, bool autotp_widths) {
+                                     int64_t padded_rows, absl::string_view name, bool autotp_widths,
+                                     AutoTpCut cut) {
   const MergeRule rule = autotp_widths ? AsSubParamShape(given, full.shape()) : given;
   UCP_RETURN_IF_ERROR(ValidateRule(rule, name));
   if (rank < 0 || rank >= tp) return Err(name, absl::StrCat("tp rank ", rank, " outside tp ", tp));
@@ -537,7 +574,7 @@ absl::StatusOr<TensorPlan> SplitFull(const MergeRule& given, const TensorPlan& f
   }
   if (autotp_widths && (rule.kind() == COLUMN || rule.kind() == ROW || rule.kind() == VOCAB) &&
       pdim < full.dim() && full.shape()[pdim] % tp != 0) {
-    UCP_ASSIGN_OR_RETURN(auto shapes, AutoTpSliceShapes(rule, full.shape(), tp, padded_rows, name));
+    UCP_ASSIGN_OR_RETURN(auto shapes, AutoTpSliceShapes(rule, full.shape(), tp, padded_rows, name, cut));
     int64_t start = 0;
     for (int r = 0; r < rank; ++r) start += shapes[r][pdim];
     return full.Narrow(pdim, start, shapes[rank][pdim]);

@@ -53,10 +53,20 @@ absl::StatusOr<std::vector<int64_t>> SliceShapeFromFull(const MergeRule& rule, c
 // training uses it): rank r holds size / tp rows or columns, and the first
 // size % tp ranks one more.
 int64_t AutoTpWidth(int64_t size, int tp, int rank);
+// How a DeepSpeed version's AutoTP training cuts a COLUMN / ROW dim that tp
+// does not divide: master (0.19.6) by get_shard_size (AutoTpWidth);
+// 0.16.4 - 0.19.5 by torch.chunk (layers.py LinearLayer / LinearAllreduce
+// _tp_partition in training mode, and their load_universal alike): every rank
+// ceil(size / tp) but the last ones (AutoTpChunkWidth). The two agree at tp 2.
+enum class AutoTpCut { kNearEven, kChunk };
+// torch.chunk(size, tp)'s piece `rank`: ceil(size / tp), the rest on the last
+// piece, 0 past the pieces torch.chunk makes (fewer than tp when the ceiling
+// covers size sooner, e.g. 5 over 4: 2, 2, 1).
+int64_t AutoTpChunkWidth(int64_t size, int tp, int rank);
 // The full shape from every tp rank's slice shape: FullShapeFromSlice when
 // they agree; slices of a COLUMN, ROW or VOCAB param that differ on its
-// partition dim only, in AutoTP's widths (AutoTpWidth of their sum), give
-// their sum there. Other unequal slices: kInvalidArgument naming them.
+// partition dim only, in AutoTP's widths (AutoTpWidth or AutoTpChunkWidth of
+// their sum: master's or an earlier version's cut), give their sum there. Other unequal slices: kInvalidArgument naming them.
 absl::StatusOr<std::vector<int64_t>> FullShapeFromSlices(const MergeRule& rule,
                                                          const std::vector<std::vector<int64_t>>& slices,
                                                          absl::string_view name);
@@ -72,9 +82,13 @@ bool AutoTpIsLmHead(absl::string_view name);
 // VOCAB param (padded_rows == full rows) whose partition dim tp does not
 // divide: AutoTpWidth per rank. Refused (kFailedPrecondition) for other kinds
 // and for params AutoTP cuts by heads (the head count is not known here).
+// `cut`: the version's widths of a COLUMN / ROW / VOCAB dim (sub-params:
+// AutoTpWidth, master's SubParamLinearLayer). A torch.chunk cut that leaves
+// a rank nothing is refused (DeepSpeed fails there).
 absl::StatusOr<std::vector<std::vector<int64_t>>> AutoTpSliceShapes(const MergeRule& rule,
                                                                     const std::vector<int64_t>& full, int tp,
-                                                                    int64_t padded_rows, absl::string_view name);
+                                                                    int64_t padded_rows, absl::string_view name,
+                                                                    AutoTpCut cut = AutoTpCut::kNearEven);
 
 // Merges tp slices (in tp rank order) into the full tensor. COLUMN, ROW and
 // VOCAB slices may be uneven in AutoTP's widths (FullShapeFromSlices). REPLICATED returns
@@ -88,7 +102,8 @@ absl::StatusOr<TensorPlan> MergeSlices(const MergeRule& rule, const std::vector<
 // With `autotp_widths`, a COLUMN, ROW or unpadded VOCAB dim that tp does not
 // divide is cut in AutoTP's widths (AutoTpSliceShapes).
 absl::StatusOr<TensorPlan> SplitFull(const MergeRule& rule, const TensorPlan& full, int tp, int rank,
-                                     int64_t padded_rows, absl::string_view name, bool autotp_widths = false);
+                                     int64_t padded_rows, absl::string_view name, bool autotp_widths = false,
+                                     AutoTpCut cut = AutoTpCut::kNearEven);
 
 // Megatron's padded vocabulary: the smallest multiple of
 // divisible_by * tp that is >= vocab.

@@ -79,12 +79,55 @@ TEST(MergeTest, UnevenAutoTpSlicesConcatenate) {
   EXPECT_EQ(*full, (std::vector<int64_t>{65, 32}));
 }
 
+// DeepSpeed before 0.19.6 trains AutoTP with torch.chunk (layers.py
+// _tp_partition): 66 over tp 4 is 17, 17, 17, 15 there (a real 0.19.5 tp 4
+// save), 17, 17, 16, 16 on master; both read, each written for its version.
+TEST(MergeTest, AutoTpTorchChunkWidthsOfDeepSpeedBefore0196) {
+  EXPECT_EQ(AutoTpChunkWidth(66, 4, 0), 17);
+  EXPECT_EQ(AutoTpChunkWidth(66, 4, 2), 17);
+  EXPECT_EQ(AutoTpChunkWidth(66, 4, 3), 15);
+  EXPECT_EQ(AutoTpChunkWidth(65, 2, 1), 32);  // tp 2: the two cuts agree
+  EXPECT_EQ(AutoTpChunkWidth(5, 4, 3), 0);    // torch.chunk makes 3 pieces
+  auto full = FullShapeFromSlices(Rule(COLUMN), {{17, 48}, {17, 48}, {17, 48}, {15, 48}},
+                                  "model.layers.0.mlp.gate_proj.weight");
+  ASSERT_TRUE(full.ok()) << full.status();
+  EXPECT_EQ(*full, (std::vector<int64_t>{66, 48}));
+  auto master = FullShapeFromSlices(Rule(ROW), {{48, 17}, {48, 17}, {48, 16}, {48, 16}}, "mlp.down_proj.weight");
+  ASSERT_TRUE(master.ok()) << master.status();
+  EXPECT_EQ(*master, (std::vector<int64_t>{48, 66}));
+  // Neither cut: refused, naming both.
+  auto neither = FullShapeFromSlices(Rule(COLUMN), {{16, 2}, {17, 2}, {17, 2}, {16, 2}}, "up_proj.weight");
+  ASSERT_FALSE(neither.ok());
+  EXPECT_NE(neither.status().message().find("(17, 17, 16, 16 on dim 0; DeepSpeed before 0.19.6, torch.chunk's: 17, "
+                                            "17, 17, 15)"),
+            std::string::npos)
+      << neither.status();
+  const std::string gate = "model.layers.0.mlp.gate_proj.weight";
+  auto chunk = AutoTpSliceShapes(Rule(COLUMN), {66, 2}, 4, 0, gate, AutoTpCut::kChunk);
+  ASSERT_TRUE(chunk.ok()) << chunk.status();
+  EXPECT_EQ(*chunk, (std::vector<std::vector<int64_t>>{{17, 2}, {17, 2}, {17, 2}, {15, 2}}));
+  TensorPlan t = Iota({66, 2}, 0);
+  auto last = SplitFull(Rule(COLUMN), t, 4, 3, 0, gate, /*autotp_widths=*/true, AutoTpCut::kChunk);
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_EQ(last->shape(), (std::vector<int64_t>{15, 2}));
+  EXPECT_EQ(Values(*last)[0], 102);  // row 51
+  auto near = SplitFull(Rule(COLUMN), t, 4, 3, 0, gate, /*autotp_widths=*/true);
+  ASSERT_TRUE(near.ok());
+  EXPECT_EQ(near->shape(), (std::vector<int64_t>{16, 2}));
+  // A cut torch.chunk leaves a rank nothing of: refused, naming the param.
+  auto empty = AutoTpSliceShapes(Rule(COLUMN), {5, 2}, 4, 0, gate, AutoTpCut::kChunk);
+  ASSERT_FALSE(empty.ok());
+  EXPECT_NE(empty.status().message().find("gate_proj"), std::string::npos);
+}
+
 TEST(MergeTest, UnevenSlicesOutsideAutoTpsSplitAreRefused) {
   // The larger slice last: not AutoTP's split (the first ranks hold more).
   auto last = MergeSlices(Rule(COLUMN), {Iota({1, 2}, 0), Iota({2, 2}, 10)}, 0, "up_proj.weight");
   ASSERT_FALSE(last.ok());
   EXPECT_NE(last.status().message().find("up_proj.weight"), std::string::npos);
-  EXPECT_NE(last.status().message().find("AutoTP's split of 3 over tp 2 (2, 1 on dim 0)"), std::string::npos)
+  EXPECT_NE(last.status().message().find(
+                "AutoTP's split of 3 over tp 2 (2, 1 on dim 0; DeepSpeed before 0.19.6, torch.chunk's: 2, 1)"),
+            std::string::npos)
       << last.status();
   // Slices that differ off the partition dim, or of a replicated param.
   EXPECT_FALSE(MergeSlices(Rule(COLUMN), {Iota({2, 2}, 0), Iota({1, 3}, 10)}, 0, "w").ok());

@@ -79,6 +79,7 @@ absl::Status ApplyRecorded(const UniversalCheckpoint& u, const Recorded& rec, bo
   if (r.rule.kind() == AVERAGE && p.rule.kind() == REPLICATED) p.rule.set_kind(AVERAGE);
   p.source = r.source;
   p.origin = r.origin;
+  p.autotp_cut = r.autotp_cut;
   p.layer = r.layer;
   p.local_name = r.local_name;
   p.tied_key = r.tied_key;

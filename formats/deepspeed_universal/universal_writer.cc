@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "base/fs.h"
 #include "base/status_macros.h"
 #include "deepspeed/checkpoint_files.h"
@@ -65,6 +66,25 @@ FileDigest Digest(const std::string& rel, int64_t size, const std::string& hex, 
   if (kind == DigestKind::kSha256) d.set_sha256(hex);
   if (kind == DigestKind::kXxh3_128) d.set_xxh3_128(hex);
   return d;
+}
+
+// A universal checkpoint holds every param whole, in no version's tp layout:
+// an AutoTP lm_head that a 0.16.4 - 0.18.9 source held whole on every tp rank
+// is recorded with the cut AutoTP makes from 0.19.5 on (ParamState::autotp_cut),
+// as a later version's save of the same model records it.
+const MergeRule& UniversalRule(const ParamState& p) {
+  return p.autotp_cut.kind() != MERGE_KIND_UNSPECIFIED ? p.autotp_cut : p.rule;
+}
+
+state::ModelInfo UniversalInfo(const state::ModelInfo& info) {
+  state::ModelInfo out = info;
+  for (ParamState& p : out.params) {
+    if (p.autotp_cut.kind() == MERGE_KIND_UNSPECIFIED) continue;
+    p.rule = p.autotp_cut;
+    p.autotp_cut = MergeRule();
+    p.origin = std::string(absl::StripSuffix(p.origin, state::kAutoTpWholeLmHeadNote));
+  }
+  return out;
 }
 
 class UniversalPlan : public Plan {
@@ -254,7 +274,7 @@ class UniversalPlan : public Plan {
     deepspeed::ManifestHeader header;
     header.source_folder = options_.source_folder;
     header.source_kind = "zero";
-    Manifest manifest = deepspeed::ToManifest(info_, header);
+    Manifest manifest = deepspeed::ToManifest(UniversalInfo(info_), header);
     std::vector<FileDigest> files;
     for (const UnitResult& r : results) files.insert(files.end(), r.files.begin(), r.files.end());
     std::sort(files.begin(), files.end(), [](const FileDigest& a, const FileDigest& b) { return a.path() < b.path(); });
@@ -400,7 +420,7 @@ class UniversalPlan : public Plan {
       UCP_ASSIGN_OR_RETURN(tp::TensorPlan plan, state_.Full(p, state::kLpState));
       torch::TorchWriter w(HashedWrites(options_));
       ValuePtr t = tp::AddPlan(w, plan);
-      ValuePtr root = deepspeed::UniversalParamDict(p.rule, t);
+      ValuePtr root = deepspeed::UniversalParamDict(UniversalRule(p), t);
       return WriteFiles(staging, {JoinPath(deepspeed::kUniversalModuleDir, p.name + ".pt")}, {&w}, {root.get()},
                         result);
     }
@@ -440,7 +460,7 @@ class UniversalPlan : public Plan {
       ValuePtr t = tp::AddPlan(w, plan);  // the writer keeps a copy of the plan
       // DeepSpeed's fp32 masters keep requires_grad=True through the merge.
       if (s == state::kFp32State) UCP_RETURN_IF_ERROR(tp::SetRequiresGrad(*t, true));
-      roots.push_back(raw ? t : deepspeed::UniversalParamDict(p.rule, t));
+      roots.push_back(raw ? t : deepspeed::UniversalParamDict(UniversalRule(p), t));
     }
     std::vector<const Value*> root_ptrs;
     for (const ValuePtr& r : roots) root_ptrs.push_back(r.get());

@@ -93,6 +93,7 @@ absl::Status ChooseTargetVersion(const ModelInfo& info, const ZeroWriteOptions& 
   }
   out->ds_version = options.target_ds_version;
   out->version = v;
+  out->autotp_cut = v < deepspeed::DsVersion{0, 19, 6} ? tp::AutoTpCut::kChunk : tp::AutoTpCut::kNearEven;
   out->padding_convention = deepspeed::PaddingConventionOf(v, info.optimizer_kind == state::OptimizerKind::kBf16);
   return absl::OkStatus();
 }
@@ -147,7 +148,14 @@ absl::Status PlanSliceShapes(const ModelInfo& info, int tp, int64_t divisible_by
   out->padded_rows.assign(n, 0);
   std::vector<std::vector<std::vector<int64_t>>> uneven(n);  // AutoTP's per-rank shapes
   for (size_t i = 0; i < n; ++i) {
-    const ParamState& p = info.params[i];
+    ParamState p = info.params[i];
+    if (tp > 1 && p.autotp_cut.kind() != MERGE_KIND_UNSPECIFIED) {
+      // Held whole by the source (AutoTP before 0.19.5): the target's AutoTP
+      // cuts it as from 0.19.5 on, or keeps it whole (below) before.
+      p.rule = p.autotp_cut;
+      out->rules.resize(n);
+      out->rules[i] = p.rule;
+    }
     if (tp > 1 && AutoTpLayout(info, p) && tp::AutoTpIsLmHead(p.name) &&
         (p.rule.kind() == COLUMN || p.rule.kind() == VOCAB) && !(out->version < deepspeed::DsVersion{0, 16, 4}) &&
         out->version < deepspeed::DsVersion{0, 19, 5}) {
@@ -190,7 +198,8 @@ absl::Status PlanSliceShapes(const ModelInfo& info, int tp, int64_t divisible_by
     absl::StatusOr<std::vector<int64_t>> shape =
         tp::SliceShapeFromFull(rule, p.full_shape, tp, out->padded_rows[i], p.name);
     if (!shape.ok() && tp > 1 && AutoTpLayout(info, p)) {
-      UCP_ASSIGN_OR_RETURN(uneven[i], tp::AutoTpSliceShapes(rule, p.full_shape, tp, out->padded_rows[i], p.name),
+      UCP_ASSIGN_OR_RETURN(uneven[i], tp::AutoTpSliceShapes(rule, p.full_shape, tp, out->padded_rows[i], p.name,
+                                                                 out->autotp_cut),
                            _.Prepend(absl::StrCat("target tp=", tp, ": ")));
       shape = uneven[i][0];
     }
@@ -412,9 +421,9 @@ absl::StatusOr<TensorPlan> TargetSlice(const state::ModelState& state, const Tar
   }
   if (layout.Whole(param_index)) return full.Reshape(layout.SliceShape(param_index, rank));
   UCP_ASSIGN_OR_RETURN(TensorPlan slice,
-                       tp::SplitFull(p.rule, full, layout.topo.tp, rank,
+                       tp::SplitFull(layout.RuleOf(param_index, p.rule), full, layout.topo.tp, rank,
                                      layout.padded_rows[param_index], p.name,
-                                     /*autotp_widths=*/!layout.rank_slice_shapes.empty()));
+                                     /*autotp_widths=*/!layout.rank_slice_shapes.empty(), layout.autotp_cut));
   return slice.Reshape(layout.SliceShape(param_index, rank));
 }
 

@@ -35,6 +35,7 @@
 #include "deepspeed/layout_math.h"
 #include "state/model_state.h"
 #include "state/topology.h"
+#include "tp/merge.h"
 #include "tp/tensor_plan.h"
 #include "writers/plan.h"
 #include "writers/target_options.h"
@@ -67,6 +68,17 @@ struct TargetLayout {
   // universal_checkpoint_info). Empty when none is.
   std::vector<char> whole;
   bool Whole(int param) const { return !whole.empty() && whole[param] != 0; }
+  // Per param: the rule written when it is not the param's own (an AutoTP
+  // lm_head the source held whole, ParamState::autotp_cut, cut again at a
+  // target tp > 1; whole again for a target before 0.19.5). Empty when none
+  // is; kind unspecified: the param's own.
+  std::vector<MergeRule> rules;
+  // How the target version's AutoTP cuts a dim tp does not divide (master by
+  // get_shard_size, earlier versions by torch.chunk: tp::AutoTpCut).
+  tp::AutoTpCut autotp_cut = tp::AutoTpCut::kNearEven;
+  const MergeRule& RuleOf(int param, const MergeRule& own) const {
+    return rules.empty() || rules[param].kind() == MERGE_KIND_UNSPECIFIED ? own : rules[param];
+  }
   // AutoTP's uneven widths (tp::AutoTpWidth: the first size % tp ranks hold
   // one more row or column): per tp rank, each param's slice shape and the
   // stage groups' layouts. Empty when every tp rank has the shapes and

@@ -187,10 +187,47 @@ std::string MoeState::VersionForMessages() const {
   return version;
 }
 
+// A save at tp > 1 (files of an mp rank > 0), refused. DeepSpeed (0.19.5,
+// realds/README.md "Native MoE at tp > 1") builds the expert groups over
+// global ranks, across tp, and writes mp_rank_XX_model_states.pt on expert
+// data parallel rank 0 only: at ep < tp some tp ranks have no model states
+// (their dense slices are in no model-states file; DeepSpeed's own load
+// refuses the folder), which is said apart from the complete saves.
+absl::Status MoeState::RefuseModelParallel(const std::vector<std::string>& names, const std::string& what) const {
+  std::set<int> optim_mp, model_mp;
+  std::string first;  // the first file of an mp rank > 0
+  for (const auto& n : names) {
+    int l, e, m;
+    const bool expert = ParseExpertFileName(n, &l, &e, &m);
+    const auto parsed = expert ? std::nullopt : deepspeed::ParseCheckpointFileName(n);
+    if (!expert && !parsed) continue;
+    using Type = deepspeed::CheckpointFileName::Type;
+    if (parsed && (parsed->type == Type::kLayer || parsed->type == Type::kZero3Model)) {
+      return absl::OkStatus();  // not the layout of a plain module under ZeRO 1/2: ListFiles says which
+    }
+    const int mp = expert ? m : parsed->mp_rank;
+    if (parsed && parsed->type == Type::kOptim) optim_mp.insert(mp);
+    if (parsed && parsed->type == Type::kMpRank) model_mp.insert(mp);
+    if (mp > 0 && first.empty()) first = n;
+  }
+  if (first.empty()) return absl::OkStatus();
+  const int tp = std::max(optim_mp.empty() ? 1 : *optim_mp.rbegin() + 1, model_mp.empty() ? 1 : *model_mp.rbegin() + 1);
+  for (int t = 0; t < tp; ++t) {
+    if (model_mp.count(t)) continue;
+    return absl::FailedPreconditionError(absl::StrCat(
+        dir_, ": ", what, " at tp ", tp, " without ", deepspeed::MpRankFileName(t),
+        " (DeepSpeed writes a tp rank's model states on expert data parallel rank 0 only, so at ep < tp tp rank ", t,
+        "'s dense slices are in no model-states file; DeepSpeed's own load refuses this folder too): ", kSupported));
+  }
+  return absl::UnimplementedError(absl::StrCat(dir_, ": ", what, " at tp ", tp, " (", first, "; DeepSpeed's expert "
+                                               "groups span the tp ranks): ", kSupported));
+}
+
 // The folder's checkpoint files: expert files (expert_files_) and optimizer
 // files of mp rank 0 and mp_rank_00's model states only. Returns the
 // optimizer files' dp ranks.
 absl::StatusOr<std::set<int>> MoeState::ListFiles(const std::vector<std::string>& names, const std::string& what) {
+  UCP_RETURN_IF_ERROR(RefuseModelParallel(names, what));
   std::set<int> optim_dp;
   for (const auto& n : names) {
     int l, e, m;

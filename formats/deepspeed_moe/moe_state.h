@@ -37,6 +37,11 @@
 // Params are listed under GLOBAL names (".deepspeed_experts.<global id>."),
 // so every expert has one name whatever the expert parallelism.
 //
+// At tp > 1 (files of mp rank > 0) refused (RefuseModelParallel): DeepSpeed
+// 0.19.5 builds the expert groups over global ranks, across tp, and a save at
+// ep < tp lacks the model states of tp ranks >= ep (realds/README.md,
+// "Native MoE at tp > 1").
+//
 // ds_to_universal.py (0.19.5) cannot convert these (it merges every ep
 // rank's local experts as if they were dp shards); ucp reshards them
 // (formats/deepspeed_moe/moe_writer.h).
@@ -142,6 +147,7 @@ class MoeState : public state::SlicedState, public deepspeed::DeepSpeedFacet {
   absl::Status Load();
   absl::Status FindOptimPrefix(const std::vector<std::string>& names);
   std::string VersionForMessages() const;
+  absl::Status RefuseModelParallel(const std::vector<std::string>& names, const std::string& what) const;
   absl::StatusOr<std::set<int>> ListFiles(const std::vector<std::string>& names, const std::string& what);
   absl::Status CheckExpertOptimizerFiles(const std::vector<std::string>& names, const std::set<int>& optim_dp,
                                          const std::string& what) const;

@@ -64,5 +64,35 @@ TEST(MoeStateTest, GroupWithOtherStatesIsRefused) {
                          ": group 2 has optimizer states [exp_avg, exp_avg_sq_x], group 0 has [exp_avg, exp_avg_sq]"));
 }
 
+// Real DeepSpeed 0.19.5 saves at tp 2 dp 2 (testdata/moe_tp): refused, and
+// the one DeepSpeed itself cannot load (ep 1: no mp_rank_01 model states) is
+// told apart from the complete one (ep 2).
+constexpr char kSupportedTail[] = "ucp reads native MoE checkpoints of ZeRO stage 1/2 (DeepSpeedZeroOptimizer) at tp=pp=1";
+
+TEST(MoeStateTest, TensorParallelSaveIsRefusedNamingItsFile) {
+  const std::string dir = ucp::testing::RunfilePath("testdata/moe_tp/ds0195_tp2_ep2_zero1_dp2/global_step3");
+  auto s = MoeState::Open(dir);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kUnimplemented) << s.status();
+  EXPECT_EQ(s.status().message(),
+            absl::StrCat(dir, ": DeepSpeed 0.19.5 native mixture-of-experts checkpoint at tp 2 "
+                              "(layer_0_expert_1_mp_rank_01_model_states.pt; DeepSpeed's expert groups span the tp "
+                              "ranks): ",
+                         kSupportedTail));
+}
+
+TEST(MoeStateTest, TensorParallelSaveWithoutModelStatesOfATpRankIsRefused) {
+  const std::string dir = ucp::testing::RunfilePath("testdata/moe_tp/ds0195_tp2_ep1_zero2_dp2/global_step3");
+  auto s = MoeState::Open(dir);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition) << s.status();
+  EXPECT_EQ(s.status().message(),
+            absl::StrCat(dir, ": DeepSpeed 0.19.5 native mixture-of-experts checkpoint at tp 2 without "
+                              "mp_rank_01_model_states.pt (DeepSpeed writes a tp rank's model states on expert data "
+                              "parallel rank 0 only, so at ep < tp tp rank 1's dense slices are in no model-states "
+                              "file; DeepSpeed's own load refuses this folder too): ",
+                         kSupportedTail));
+}
+
 }  // namespace
 }  // namespace ucp::deepspeed_moe

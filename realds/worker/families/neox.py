@@ -23,6 +23,12 @@
 # --declare_patterns saves `universal_checkpoint_info` with the patterns
 # ds_to_universal.py needs for these names (as Megatron-DeepSpeed does); by
 # default it is `{}`, as GPT-NeoX's fork of the bug report saved it.
+# --moe_layers (with --plain) makes those blocks' MLP DeepSpeed's native MoE
+# (`mlp.deepspeed_moe.experts.deepspeed_experts.E.{0,2}.*`, `mlp.deepspeed_moe.gate.wg.weight`):
+# plain experts and gate, replicated over tp (enable_expert_tensor_parallelism
+# False), experts over the topology's `ep`.
+import re
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -40,6 +46,7 @@ SPLITS = [
     (r"\.attention\.dense\.bias$", None),
     (r"\.mlp\.dense_4h_to_h\.bias$", None),
     (r"(layernorm|norm)\.scale$", None),
+    (r"\.mlp\.deepspeed_moe\.", None),
 ]
 
 # What a Megatron-DeepSpeed-style client would declare for these names
@@ -64,6 +71,8 @@ def add_args(ap):
                     help="2: weights / no-decay params as GPT-NeoX; 1: one group (DeepSpeed's stage-3 universal loader)")
     ap.add_argument("--declare_patterns", action="store_true",
                     help="save universal_checkpoint_info with the tp patterns of these names")
+    ap.add_argument("--moe_layers", default="", help="comma list of blocks whose MLP is a native MoE layer (--plain)")
+    ap.add_argument("--experts", type=int, default=4)
 
 
 def _gen(cfg, salt):
@@ -122,18 +131,51 @@ class MLP(nn.Module):
         return self.dense_4h_to_h(F.gelu(self.dense_h_to_4h(x)))
 
 
+def gloo_gather_tokens():
+    """DeepSpeed's MoE gathers tokens over tp (moe/mappings.py _gather_tokens) into
+    a flat buffer, which gloo's all_gather_into_tensor refuses ("invalid tensor
+    size"); the same memory viewed as [tp x rows, ...] is accepted. Wrapped once."""
+    import deepspeed.comm as dcomm
+    inner = dcomm.all_gather_into_tensor
+    if getattr(inner, "ucp_flat_ok", False):
+        return
+
+    def gather(output_tensor, input_tensor, *args, **kwargs):
+        if output_tensor.dim() == 1 and input_tensor.dim() > 1:
+            n = output_tensor.numel() // input_tensor.numel()
+            output_tensor = output_tensor.view(n * input_tensor.shape[0], *input_tensor.shape[1:])
+        return inner(output_tensor, input_tensor, *args, **kwargs)
+
+    gather.ucp_flat_ok = True
+    dcomm.all_gather_into_tensor = gather
+
+
+def moe_mlp(cfg, layer, ep):
+    """DeepSpeed's MoE over plain experts (the same on every tp rank: built from
+    a generator of the seed and layer); top-1, no random token selection, no
+    dropped tokens."""
+    from deepspeed.moe.layer import MoE
+    gloo_gather_tokens()
+    h = cfg.hidden
+    torch.manual_seed(cfg.seed * 1000 + 500 + layer)
+    expert = nn.Sequential(nn.Linear(h, 4 * h), nn.GELU(), nn.Linear(4 * h, h))
+    return MoE(h, expert, num_experts=cfg.experts, ep_size=ep, k=1, use_rts=False, drop_tokens=False)
+
+
 class ParallelTransformerLayerPipe(nn.Module):
-    def __init__(self, cfg, layer):
+    def __init__(self, cfg, layer, ep=1):
         super().__init__()
         gen = _gen(cfg, layer)
         self.input_layernorm = mpu.RMSNorm(gen, cfg.hidden)
         self.attention = Attention(gen, cfg)
         self.post_attention_layernorm = mpu.RMSNorm(gen, cfg.hidden)
-        self.mlp = MLP(gen, cfg)
+        self.moe = str(layer) in cfg.moe_layers.split(",")
+        self.mlp = moe_mlp(cfg, layer, ep) if self.moe else MLP(gen, cfg)
 
     def forward(self, x):
         x = x + self.attention(self.input_layernorm(x))
-        return x + self.mlp(self.post_attention_layernorm(x))
+        m = self.mlp(self.post_attention_layernorm(x))
+        return x + (m[0] if self.moe else m)
 
 
 class NormPipe(nn.Module):
@@ -183,10 +225,10 @@ class Sequential(nn.Module):
     """The same layers as one module (names sequential.N.*), for pp = 1 runs
     without a PipelineModule."""
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, ep=1):
         super().__init__()
         emb = EmbeddingPipe(cfg)
-        layers = [emb, PreTransformerBlock()] + [ParallelTransformerLayerPipe(cfg, i) for i in range(cfg.layers)]
+        layers = [emb, PreTransformerBlock()] + [ParallelTransformerLayerPipe(cfg, i, ep) for i in range(cfg.layers)]
         layers += [Lambda(post_transformer_block), NormPipe(cfg)]
         if cfg.tied:
             import functools
@@ -204,18 +246,47 @@ def weight_decay_groups(module, cfg):
         return [{"params": list(module.parameters()), "weight_decay": cfg.wd}]
     decay = [p for n, p in module.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in module.named_parameters() if p.dim() < 2]
-    return [{"params": decay, "weight_decay": cfg.wd}, {"params": no_decay, "weight_decay": 0.0}]
+    groups = [{"params": decay, "weight_decay": cfg.wd}, {"params": no_decay, "weight_decay": 0.0}]
+    if cfg.moe_layers:
+        from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+        for i, g in enumerate(groups):  # the MoE splitter keys groups by name
+            g["name"] = f"group{i}"
+        groups = split_params_into_different_moe_groups_for_optimizer(groups)
+    return groups
+
+
+def moe_built(built, cfg, ep):
+    """Experts under their global ids (ep rank x local experts + local id)."""
+    nloc = cfg.experts // ep
+
+    def ep_rank():  # the expert groups exist once deepspeed.initialize has run
+        from deepspeed.utils import groups as ds_groups
+        return ds_groups._get_expert_parallel_rank(f"ep_size_{ep}")
+
+    def global_name(n):
+        m = re.search(r"deepspeed_experts\.(\d+)\.", n)
+        if not m:
+            return n
+        return n[:m.start(1)] + str(ep_rank() * nloc + int(m.group(1))) + n[m.end(1):]
+
+    built.global_name = global_name
+    built.ep_rank_fn = ep_rank
+    return built
 
 
 def build(cfg, topo):
     m = mpu.setup(topo["tp"], topo["pp"])
+    ep = topo.get("ep", 1)
+    if cfg.moe_layers and not cfg.plain:
+        raise SystemExit("family neox --moe_layers: only with --plain")
     if cfg.plain:
         if topo["pp"] != 1:
             raise SystemExit("family neox --plain: pp must be 1")
-        module = Sequential(cfg)
-        return Built(module=module, param_groups=weight_decay_groups(module, cfg), pipeline=False, mpu=m,
-                     loss=lambda engine, x, y: mpu.cross_entropy(engine(x), y), tp_rank=m.tp_rank,
-                     dp_rank=m.dp_rank, records_losses=m.tp_rank == 0)
+        module = Sequential(cfg, ep)
+        built = Built(module=module, param_groups=weight_decay_groups(module, cfg), pipeline=False, mpu=m,
+                      loss=lambda engine, x, y: mpu.cross_entropy(engine(x), y), tp_rank=m.tp_rank,
+                      dp_rank=m.dp_rank, records_losses=m.tp_rank == 0)
+        return moe_built(built, cfg, ep) if cfg.moe_layers else built
     from deepspeed.pipe import PipelineModule
     from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
     module = PipelineModule(layers=specs(cfg), loss_fn=mpu.cross_entropy,
@@ -227,7 +298,9 @@ def build(cfg, topo):
 
 def client_state(cfg, topo, iteration):
     info = dict(DECLARED) if cfg.declare_patterns else {}
-    return {"iteration": iteration, "universal_checkpoint_info": info,
+    # DeepSpeed's MoE save refuses a client_state with universal_checkpoint_info (a reserved key there)
+    uci = {} if cfg.moe_layers else {"universal_checkpoint_info": info}
+    return {"iteration": iteration, **uci,
             "args": {"num_layers": cfg.layers, "hidden_size": cfg.hidden, "num_attention_heads": cfg.heads,
                      "padded_vocab_size": cfg.vocab, "model_parallel_size": topo["tp"],
                      "pipe_parallel_size": topo["pp"], "seq_length": cfg.seq}}

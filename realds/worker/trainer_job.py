@@ -54,13 +54,20 @@ import transformers.integrations.deepspeed  # noqa: E402,F401
 import transformers.models.llama.modeling_llama  # noqa: E402,F401
 
 SEQ = 16
+# --arch values built by other_config: their config classes
+OTHER_ARCHS = {"qwen2": "Qwen2Config", "mistral": "MistralConfig", "gemma": "GemmaConfig",
+               "phi3": "Phi3Config", "gpt_neox": "GPTNeoXConfig"}
 
 
 def add_args(ap):
     ap.add_argument("--mode", default="full", choices=["full", "lora"])
     # llama: LlamaForCausalLM; gpt2: GPT2LMHeadModel (LayerNorms named ln_*,
-    # Conv1D weights, lm_head tied to wte; --inter is n_inner, --kv_heads unused)
-    ap.add_argument("--arch", default="llama", choices=["llama", "gpt2"])
+    # Conv1D weights, lm_head tied to wte; --inter is n_inner, --kv_heads unused);
+    # the other decoder families by their own config classes (full mode): qwen2
+    # (q/k/v biases), mistral, gemma (tied embeddings, head_dim), phi3 (fused
+    # qkv_proj and gate_up_proj), gpt_neox (fused query_key_value, parallel
+    # residual; --kv_heads unused)
+    ap.add_argument("--arch", default="llama", choices=["llama", "gpt2"] + sorted(OTHER_ARCHS))
     # A LayerScale (DINOv2's layer_scale.lambda1, a 1-D weight) on every block's
     # MLP output: a param the Trainer decays of the shape of the norms it does not
     # (ZeRO-0: only the Trainer's rule settles the param order).
@@ -128,6 +135,21 @@ def llama_config(m):
                                     tie_word_embeddings=False)
 
 
+def other_config(m):
+    """The config of --arch qwen2 / mistral / gemma / phi3 / gpt_neox."""
+    common = dict(vocab_size=m.vocab, hidden_size=m.hidden, intermediate_size=m.inter,
+                  num_hidden_layers=m.layers, num_attention_heads=m.heads, max_position_embeddings=64)
+    if m.arch == "gpt_neox":
+        return transformers.GPTNeoXConfig(**common, hidden_dropout=0.0, attention_dropout=0.0,
+                                          tie_word_embeddings=False)
+    common["num_key_value_heads"] = m.kv_heads
+    if m.arch == "gemma":
+        return transformers.GemmaConfig(**common, head_dim=m.hidden // m.heads)
+    if m.arch == "phi3":
+        common["pad_token_id"] = 0  # Phi3Config's default (32000) is past a tiny vocabulary
+    return getattr(transformers, OTHER_ARCHS[m.arch])(**common, tie_word_embeddings=False)
+
+
 def gpt2_config(m):
     return transformers.GPT2Config(vocab_size=m.vocab, n_embd=m.hidden, n_inner=m.inter, n_layer=m.layers,
                                    n_head=m.heads, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
@@ -158,6 +180,10 @@ def build_model(m, seed):
             raise SystemExit("--arch gpt2: full mode only")
         model = transformers.GPT2LMHeadModel(gpt2_config(m))
         return add_layer_scale(model, model.transformer.h, m.hidden) if m.layer_scale else model
+    if m.arch in OTHER_ARCHS:
+        if m.mode == "lora" or m.layer_scale:
+            raise SystemExit(f"--arch {m.arch}: full mode only, no --layer_scale")
+        return transformers.AutoModelForCausalLM.from_config(other_config(m))
     model = transformers.LlamaForCausalLM(llama_config(m))
     if m.layer_scale:
         add_layer_scale(model, model.model.layers, m.hidden)

@@ -64,9 +64,12 @@ class TrainerCase(driver.Case):
     def __init__(self, c, ctx):
         super().__init__(c, ctx)
         self.dtype = c.model.dtype or "fp32"
-        if self.dtype != "fp32":
-            # sid's gloo has no bf16/fp16 collectives ("Invalid scalar type"): no such run here
-            raise SystemExit(f"case {c.name}: the Trainer cases run in sid, fp32 only")
+        if self.dtype not in ("fp32", "bf16") or (self.dtype == "bf16" and (c.root or "sid") == "sid"):
+            # sid's gloo has no bf16/fp16 collectives ("Invalid scalar type"); bf16 runs
+            # in trixie-hf: trixie (torch 2.6, whose gloo has them) with sid's
+            # transformers, accelerate, huggingface-hub and tokenizers unpacked
+            # (tools/deepspeed_env.sh OVERLAY_PACKAGES)
+            raise SystemExit(f"case {c.name}: the Trainer cases run fp32 in sid, bf16 in trixie-hf")
         dps = [dp_of(c.source)] + [dp_of(h.target) for h in c.hop]
         import math
         m = math.lcm(*dps)
@@ -77,7 +80,7 @@ class TrainerCase(driver.Case):
     def tjob(self, stage, name, world, **spec):
         full = {"runner": "trainer", "model_args": self.c.model.args, "seed": self.c.model.seed or 1,
                 "zero_stage": zero_of(stage), "global_batch": self.gb, "max_steps": self.total,
-                "save_steps": SAVE_STEPS, "universal": False}
+                "save_steps": SAVE_STEPS, "universal": False, "dtype": self.dtype}
         full.update(spec)
         w = self.worker(stage)
         r = self.ctx.workers.job(w.root, w.deepspeed, world, full, os.path.join(self.dir, name))

@@ -2,7 +2,7 @@
 # The real-DeepSpeed runtime: Debian roots made with debootstrap, cached outside
 # the clone, and unmodified DeepSpeed sources from ../shared/deepspeed-src.
 #
-#   tools/deepspeed_env.sh create [SUITE...|all]          build the roots (trixie, sid, bullseye;
+#   tools/deepspeed_env.sh create [SUITE...|all]          build the roots (trixie, sid, bullseye, trixie-hf;
 #                                                         idempotent, at once; default all)
 #   tools/deepspeed_env.sh root SUITE                     print a root's folder (fails if not built)
 #   tools/deepspeed_env.sh deepspeed VERSION|DIR          print the DeepSpeed source folder to use
@@ -18,6 +18,10 @@
 #   sid     Debian unstable: Python 3.14, torch 2.14, transformers, accelerate
 #           (DeepSpeed 0.18.9, 0.19.5, master; Hugging Face Trainer, FSDP2 / DCP)
 #   both    also safetensors, python3-dev, -venv, -pip, pybind11-dev (wheels of the ucp package)
+#   trixie-hf trixie with sid's transformers, accelerate, huggingface-hub and tokenizers
+#           unpacked into it (pure Python; tokenizers an abi3 extension) and their
+#           dependencies from trixie: the Hugging Face Trainer in bf16 (trixie's gloo has
+#           the bf16 collectives sid's lacks)
 #   bullseye Debian 11, the oldest release the archive still serves: glibc 2.31 and
 #           libc6-dev only, no Python. The portable `ucp` binary and the wheels' extensions
 #           are linked against its glibc (third_party/debian_roots.bzl) and run in it
@@ -61,6 +65,25 @@ BASE_PACKAGES=python3,python3-torch,python3-numpy,python3-psutil,python3-pydanti
 declare -A EXTRA_PACKAGES=(
   [trixie]=""
   [sid]=",python3-transformers,python3-accelerate"
+  [trixie-hf]=",python3-regex,python3-httpx,python3-filelock,python3-fsspec,python3-requests,python3-typing-extensions,libonig5"
+)
+# Roots whose Debian suite is another name's (debootstrap's suite argument).
+declare -A DEBIAN_SUITE=(
+  [trixie-hf]="trixie"
+)
+# Packages of another suite unpacked into a root (dpkg -x, no maintainer scripts)
+# after debootstrap. trixie-hf: trixie packages no transformers, accelerate,
+# huggingface-hub or tokenizers, and its torch 2.6's gloo has the bf16
+# collectives sid's lacks, so the Hugging Face Trainer runs in bf16 only in
+# trixie with sid's (pure Python; tokenizers is an abi3 extension). Their
+# dependencies are trixie's own (EXTRA_PACKAGES). Each .deb is checked against
+# the suite's Packages index (SHA256). realds/cases/trainer_bf16.textproto runs
+# there (realds/README.md, "Hugging Face Trainer").
+declare -A OVERLAY_SUITE=(
+  [trixie-hf]="sid"
+)
+declare -A OVERLAY_PACKAGES=(
+  [trixie-hf]="python3-transformers python3-accelerate python3-huggingface-hub python3-tokenizers"
 )
 # Suites with a package list of their own instead of BASE_PACKAGES + EXTRA_PACKAGES.
 declare -A OWN_PACKAGES=(
@@ -69,10 +92,11 @@ declare -A OWN_PACKAGES=(
 # What a new root must do before it is renamed into place.
 declare -A ROOT_CHECK=(
   [trixie]='python3 -c "import torch, numpy, pydantic; print(\"torch\", torch.__version__, \"numpy\", numpy.__version__)"'
+  [trixie-hf]='python3 -c "import torch, numpy, pydantic, transformers, accelerate, tokenizers; print(\"torch\", torch.__version__, \"numpy\", numpy.__version__, \"transformers\", transformers.__version__)"'
   [sid]='python3 -c "import torch, numpy, pydantic; print(\"torch\", torch.__version__, \"numpy\", numpy.__version__)"'
   [bullseye]='ldd --version | head -n 1'
 )
-SUITES=(trixie sid bullseye)
+SUITES=(trixie sid bullseye trixie-hf)
 
 die() { echo "deepspeed_env: $*" >&2; exit 1; }
 
@@ -101,7 +125,34 @@ packages() {  # the --include list of a suite
 }
 
 recipe() {  # what a root is made of; a root built from another recipe is rebuilt
-  echo "suite=$1 variant=minbase include=$(packages "$1")"
+  local overlay=""
+  [[ -n ${OVERLAY_PACKAGES[$1]+x} ]] && overlay=" overlay=${OVERLAY_SUITE[$1]}:${OVERLAY_PACKAGES[$1]// /,}"
+  echo "suite=$1 variant=minbase include=$(packages "$1")$overlay"
+}
+
+# Unpacks OVERLAY_PACKAGES[suite] of OVERLAY_SUITE[suite] into root folder $2,
+# each .deb checked against that suite's Packages index; the versions go to the log.
+overlay() {
+  local suite=$1 root=$2 url=$3 log=$4 from index pkg meta file sum deb
+  [[ -n ${OVERLAY_PACKAGES[$suite]+x} ]] || return 0
+  from=${OVERLAY_SUITE[$suite]}
+  index=$(mktemp)
+  curl -fsS "$url/dists/$from/main/binary-amd64/Packages.xz" | xz -dc >"$index" ||
+    die "cannot read $from's Packages index from $url"
+  for pkg in ${OVERLAY_PACKAGES[$suite]}; do
+    meta=$(awk -v p="$pkg" '$1 == "Package:" { cur = $2 } cur == p && /^(Version|Filename|SHA256):/ { print $2 } cur == p && /^$/ { exit }' "$index")
+    file=$(sed -n 2p <<<"$meta"); sum=$(sed -n 3p <<<"$meta")
+    [[ -n $file && -n $sum ]] || die "$pkg is not in $from's Packages index"
+    deb="$CACHE/debs/$suite/$(basename "$file")"
+    if [[ ! -f $deb ]] || ! sha256sum --status -c <<<"$sum  $deb"; then
+      curl -fsS -o "$deb.part" "$url/$file" || die "cannot download $url/$file"
+      sha256sum --status -c <<<"$sum  $deb.part" || die "$url/$file: SHA256 differs from $from's index"
+      mv "$deb.part" "$deb"
+    fi
+    dpkg-deb -x "$deb" "$root"
+    echo "overlay: $pkg $(sed -n 1p <<<"$meta") from $from" >>"$log"
+  done
+  rm -f "$index"
 }
 
 need_root_user() {
@@ -133,11 +184,12 @@ create_one() {
   # The sid script serves the testing release too (Debian 12's debootstrap has
   # none named after it). --cache-dir keeps the .debs for the next rebuild.
   if ! debootstrap --variant=minbase --cache-dir="$CACHE/debs/$suite" \
-       --include="$(packages "$suite")" "$suite" "$tmp" "$url" >"$log" 2>&1; then
+       --include="$(packages "$suite")" "${DEBIAN_SUITE[$suite]:-$suite}" "$tmp" "$url" >"$log" 2>&1; then
     tail -n 20 "$log" >&2
     die "debootstrap of $suite failed (log: $log)"
   fi
   rm -rf "$tmp/var/cache/apt/archives/"*.deb
+  overlay "$suite" "$tmp" "$url" "$log"
   mkdir -p "$tmp/ucp"
   chroot "$tmp" /bin/sh -c "${ROOT_CHECK[$suite]}" >>"$log" 2>&1 ||
     die "the $suite root fails its check '${ROOT_CHECK[$suite]}' (log: $log)"

@@ -24,7 +24,7 @@ PACKAGES=(
   pybind11-dev python3-dev python3-venv python3-pip   # `import ucp` (python/): extension, wheel, venv test
   clang libclang-rt-14-dev                 # libFuzzer + ASan/UBSan (tools/fuzz.sh)
   time unzip                               # /usr/bin/time -v for bench/, unzip for tests
-  debootstrap util-linux xz-utils          # Debian roots for the real-DeepSpeed tests (tools/deepspeed_env.sh)
+  debootstrap util-linux xz-utils curl     # Debian roots for the real-DeepSpeed tests (tools/deepspeed_env.sh)
   openmpi-bin libopenmpi-dev               # mpirun -np N ucp ... (exec/, exec:mpi_test)
   libxxhash-dev                            # XXH3-128 manifest digests (base:digest)
   pybind11-dev python3-dev python3-venv python3-pip  # import ucp (python/), wheel test in a venv

@@ -233,7 +233,7 @@ def ds_config(spec):
         z["stage3_gather_16bit_weights_on_model_save"] = True
     cfg = {"train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto",
            "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
-           "zero_optimization": z, "bf16": {"enabled": False}, "fp16": {"enabled": False},
+           "zero_optimization": z, "bf16": {"enabled": spec.get("dtype") == "bf16"}, "fp16": {"enabled": False},
            "steps_per_print": 10 ** 9, "wall_clock_breakdown": False}
     if spec.get("universal"):
         cfg["checkpoint"] = {"load_universal": True}
@@ -340,7 +340,9 @@ def run(spec, rank, world):
         learning_rate=1e-3, weight_decay=0.01, warmup_steps=2, lr_scheduler_type="linear", max_grad_norm=1.0,
         logging_steps=1, report_to=[], seed=seed, optim="adamw_torch", deepspeed=ds_config(spec),
         remove_unused_columns=False, dataloader_num_workers=0, save_only_model=False, disable_tqdm=True,
-        train_sampling_strategy="sequential", accelerator_config={"use_configured_state": True})
+        train_sampling_strategy="sequential", accelerator_config={"use_configured_state": True},
+        # bf16 on CPU: TrainingArguments asks for use_cpu (else it wants a GPU)
+        bf16=spec.get("dtype") == "bf16", use_cpu=spec.get("dtype") == "bf16")
     model = build_model(m, seed)
     # one epoch of max_steps steps: no epoch boundary, the same samples at every dp
     trainer = RecordingTrainer(model=model, args=args, train_dataset=Tokens(m, seed, gb * spec["max_steps"]),

@@ -43,7 +43,7 @@ void EncodeParam(const ParamState& p, Manifest::Param* mp) {
   mp->set_lp_dtype(std::string(torch::DTypeName(p.lp_dtype)));
   mp->set_tied_key(p.tied_key);
   *mp->mutable_merge_rule() = p.rule;
-  if (p.autotp_cut.kind() != MERGE_KIND_UNSPECIFIED) *mp->mutable_autotp_cut() = p.autotp_cut;
+  if (p.has_autotp_cut()) *mp->mutable_autotp_cut() = p.autotp_cut;
 }
 
 void EncodeLayout(const ModelInfo& info, Manifest* m) {

@@ -100,6 +100,7 @@ struct ParamState {
   MergeRule autotp_cut;
 
   bool trainable() const { return role == TensorRole::kTrainable; }
+  bool has_autotp_cut() const { return autotp_cut.kind() != MERGE_KIND_UNSPECIFIED; }
 };
 
 struct ModelInfo {

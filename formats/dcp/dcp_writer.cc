@@ -1,7 +1,6 @@
 #include "formats/dcp/dcp_writer.h"
 
 #include <cstring>
-#include <map>
 #include <memory>
 #include <set>
 #include <string>

@@ -73,13 +73,13 @@ FileDigest Digest(const std::string& rel, int64_t size, const std::string& hex, 
 // is recorded with the cut AutoTP makes from 0.19.5 on (ParamState::autotp_cut),
 // as a later version's save of the same model records it.
 const MergeRule& UniversalRule(const ParamState& p) {
-  return p.autotp_cut.kind() != MERGE_KIND_UNSPECIFIED ? p.autotp_cut : p.rule;
+  return p.has_autotp_cut() ? p.autotp_cut : p.rule;
 }
 
 state::ModelInfo UniversalInfo(const state::ModelInfo& info) {
   state::ModelInfo out = info;
   for (ParamState& p : out.params) {
-    if (p.autotp_cut.kind() == MERGE_KIND_UNSPECIFIED) continue;
+    if (!p.has_autotp_cut()) continue;
     p.rule = p.autotp_cut;
     p.autotp_cut = MergeRule();
     p.origin = std::string(absl::StripSuffix(p.origin, state::kAutoTpWholeLmHeadNote));

@@ -149,7 +149,7 @@ absl::Status PlanSliceShapes(const ModelInfo& info, int tp, int64_t divisible_by
   std::vector<std::vector<std::vector<int64_t>>> uneven(n);  // AutoTP's per-rank shapes
   for (size_t i = 0; i < n; ++i) {
     ParamState p = info.params[i];
-    if (tp > 1 && p.autotp_cut.kind() != MERGE_KIND_UNSPECIFIED) {
+    if (tp > 1 && p.has_autotp_cut()) {
       // Held whole by the source (AutoTP before 0.19.5): the target's AutoTP
       // cuts it as from 0.19.5 on, or keeps it whole (below) before.
       p.rule = p.autotp_cut;

@@ -242,6 +242,21 @@ TEST(MoeTpReshardTest, ToTp1IsTheDumpsJoined) {
   }
 }
 
+// ucp writes native MoE at tp 1 only: --tp=2 is refused as such, not as
+// experts whose tp split is unknown.
+TEST(MoeTpReshardTest, ToTp2IsRefused) {
+  ReshardOptions o;
+  o.input_folder = RunfilePath(absl::StrCat(kSave, "/global_step3"));
+  o.output_folder = JoinPath(FreshTempDir("moe_tp_reshard_tp2"), "global_step3");
+  o.write.target = state::Topology{2, 1, 1};
+  auto r = Reshard(o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_EQ(r.status().message(), absl::StrCat(o.input_folder, ": mixture-of-experts target tp=2 pp=1 dp=1: ucp "
+                                                               "writes native MoE checkpoints at tp=1 pp=1"));
+  EXPECT_FALSE(PathExists(o.output_folder));
+}
+
 TEST(MoeTpExportTest, EveryTensorIsTheDumpsJoined) {
   const std::vector<Dump> dumps = ReadDumps();
   ASSERT_EQ(dumps.size(), static_cast<size_t>(kRanks));

@@ -1,5 +1,5 @@
 // MoeState: a DeepSpeed native mixture-of-experts ZeRO 1/2 checkpoint
-// (deepspeed.moe.layer.MoE, expert parallelism) as a SlicedState at tp=1:
+// (deepspeed.moe.layer.MoE, expert parallelism) as a SlicedState; at tp=1:
 //
 //   mp_rank_00_model_states.pt                 dp rank 0's: `module` without the experts,
 //        param_shapes of its optimizer groups (expert groups under LOCAL expert ids),

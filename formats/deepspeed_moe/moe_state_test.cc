@@ -121,6 +121,20 @@ TEST(MoeStateTest, ExpertFileUnderTheWrongTpRankIsRefused) {
                          "mp rank 0"));
 }
 
+// A tp rank's optimizer file missing (global rank 3: dp rank 1, tp rank 1):
+// refused naming it.
+TEST(MoeStateTest, MissingOptimizerFileOfATpRankIsRefused) {
+  const std::string src = ucp::testing::RunfilePath("testdata/moe_tp/ds0195_tp2_ep2_zero1_dp2/global_step3");
+  const std::string dir = JoinPath(FreshTempDir("moe_tp_missing_optim"), "global_step3");
+  ASSERT_TRUE(CopyTree(src, dir).ok());
+  ASSERT_EQ(std::remove(JoinPath(dir, "zero_pp_rank_1_mp_rank_01_optim_states.pt").c_str()), 0);
+  auto s = MoeState::Open(dir);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kNotFound) << s.status();
+  EXPECT_EQ(s.status().message(), absl::StrCat(JoinPath(dir, "zero_pp_rank_1_mp_rank_01_optim_states.pt"),
+                                               ": missing (dp_world_size 2, tp 2)"));
+}
+
 TEST(MoeStateTest, TensorParallelSaveWithoutModelStatesOfATpRankIsRefused) {
   const std::string dir = ucp::testing::RunfilePath("testdata/moe_tp/ds0195_tp2_ep1_zero2_dp2/global_step3");
   auto s = MoeState::Open(dir);

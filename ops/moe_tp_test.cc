@@ -242,6 +242,18 @@ TEST(MoeTpReshardTest, ToTp1IsTheDumpsJoined) {
   }
 }
 
+// `ucp rules --suggest`: the gate's equal tp copies are listed as replicated;
+// the whole experts need no rule and are not listed.
+TEST(MoeTpRulesTest, SuggestionsLeaveTheWholeExpertsOut) {
+  auto r = SuggestRules(RunfilePath(absl::StrCat(kSave, "/global_step3")), SourceOptions());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->undecided_params, 0);
+  EXPECT_EQ(r->replicated_by_evidence, 1);
+  ASSERT_EQ(r->suggestions.size(), 1u) << r->text;
+  EXPECT_NE(r->text.find(R"(deepspeed_moe\\.gate\\.wg\\.weight$" kind: REPLICATED)"), std::string::npos) << r->text;
+  EXPECT_EQ(r->text.find("deepspeed_experts"), std::string::npos) << r->text;
+}
+
 // ucp writes native MoE at tp 1 only: --tp=2 is refused as such, not as
 // experts whose tp split is unknown.
 TEST(MoeTpReshardTest, ToTp2IsRefused) {

@@ -424,10 +424,11 @@ absl::StatusOr<SuggestReport> SuggestRules(std::shared_ptr<const state::SlicedSt
   std::vector<ParamFacts> facts = g.facts;
   int undecided = 0, by_evidence = 0;
   for (size_t i = 0; i < facts.size(); ++i) {
+    // A whole tensor of a tp > 1 source (a MoE expert) is read as it is: no rule to suggest.
+    if (info.params[i].tp_whole) facts[i].decided = true;
     if (facts[i].decided) continue;
     RuleDecision d = resolver.DecideWithoutRules(
-        info.params[i].name,
-        tp_degree > 1 && !info.params[i].tp_whole ? std::optional<bool>(family_equal[i]) : std::nullopt);
+        info.params[i].name, tp_degree > 1 ? std::optional<bool>(family_equal[i]) : std::nullopt);
     if (d.rule && d.source != EVIDENCE) {
       facts[i].decided = true;
     } else {

@@ -128,7 +128,7 @@ absl::StatusOr<Gathered> Gather(const state::SlicedState& src, const state::Mode
     const bool replicated = decisions[i].rule && (decisions[i].rule->kind() == REPLICATED);
     const bool multi_stage = info.params[i].trainable() && info.params[i].stages.size() > 1;
     needs_data[i] = !decisions[i].rule || (replicated && tp_degree > 1) || multi_stage;
-    if (tp1_whole_tensors && tp_degree == 1 && !multi_stage) needs_data[i] = false;
+    if (((tp1_whole_tensors && tp_degree == 1) || info.params[i].tp_whole) && !multi_stage) needs_data[i] = false;
   }
 
   // Evidence, in parallel over the params that need it.
@@ -188,7 +188,7 @@ absl::StatusOr<Gathered> Gather(const state::SlicedState& src, const state::Mode
     f.name = info.params[i].name;
     f.slice_shape = info.params[i].tp_shapes[0];
     f.decided = decisions[i].rule.has_value();
-    if (!f.decided && tp_degree > 1) {
+    if (!f.decided && tp_degree > 1 && !info.params[i].tp_whole) {
       f.tp_equal = evidence[i].tp_equal;
       f.diff_state = evidence[i].tp_diff_state;
       f.max_diff = evidence[i].tp_max_diff;
@@ -255,7 +255,7 @@ bool DecideParam(const ParamState& p, RuleDecision d, const Evidence& ev, bool f
   if (!d.rule) {
     d = resolver.DecideWithoutRules(p.name, tp_degree > 1 ? std::optional<bool>(family_equal) : std::nullopt);
     if (d.rule && d.source == EVIDENCE && !ev.tp_equal) d.rule.reset();  // never: family_equal implies tp_equal
-    if (!d.rule && options.tp1_whole_tensors && tp_degree == 1) d = Undecided(p.name);
+    if (!d.rule && (options.tp1_whole_tensors || p.tp_whole) && tp_degree == 1) d = Undecided(p.name);
     if (!d.rule) {
       problems->is_ambiguous[i] = true;
       problems->ambiguous.push_back(p.name);
@@ -332,9 +332,10 @@ absl::Status AmbiguousError(const state::SlicedState& src, const Gathered& g, co
 // Every param's full (merged) shape, the vocabulary padding stripped.
 absl::Status SetFullShapes(const std::string& dir, int tp_degree, state::ModelInfo* info) {
   for (ParamState& p : info->params) {
-    UCP_ASSIGN_OR_RETURN(p.full_shape, p.tp_shapes.size() == static_cast<size_t>(tp_degree)
+    const int tp = p.tp_whole ? 1 : tp_degree;
+    UCP_ASSIGN_OR_RETURN(p.full_shape, p.tp_shapes.size() == static_cast<size_t>(tp)
                                            ? tp::FullShapeFromSlices(p.rule, p.tp_shapes, p.name)
-                                           : tp::FullShapeFromSlice(p.rule, p.tp_shapes[0], tp_degree, p.name),
+                                           : tp::FullShapeFromSlice(p.rule, p.tp_shapes[0], tp, p.name),
                          _.Prepend(absl::StrCat(dir, ": ")));
     if (p.rule.kind() == VOCAB && p.rule.original_vocab_size() > 0) {
       if (p.rule.original_vocab_size() > p.full_shape[0]) {
@@ -380,8 +381,9 @@ absl::Status ResolvedState::Resolve(const ResolveOptions& options) {
     // A tied alias takes its owner's rule (TieAliases).
     if (p.role == state::TensorRole::kTied && info_.IndexOf(p.alias_of) >= 0) continue;
     RuleDecision d;
-    if (!DecideParam(p, g.decisions[i], g.evidence[i], family_equal[i], tp_degree, options, resolver_, i, &problems,
-                     &d)) {
+    // A whole tensor of a tp > 1 source is decided as a tp=1 source's.
+    if (!DecideParam(p, g.decisions[i], g.evidence[i], family_equal[i], p.tp_whole ? 1 : tp_degree, options,
+                     resolver_, i, &problems, &d)) {
       continue;
     }
     p.rule = *d.rule;
@@ -422,6 +424,8 @@ absl::StatusOr<SuggestReport> SuggestRules(std::shared_ptr<const state::SlicedSt
   std::vector<ParamFacts> facts = g.facts;
   int undecided = 0, by_evidence = 0;
   for (size_t i = 0; i < facts.size(); ++i) {
+    // A whole tensor of a tp > 1 source (a MoE expert) is read as it is: no rule to suggest.
+    if (info.params[i].tp_whole) facts[i].decided = true;
     if (facts[i].decided) continue;
     RuleDecision d = resolver.DecideWithoutRules(
         info.params[i].name, tp_degree > 1 ? std::optional<bool>(family_equal[i]) : std::nullopt);

@@ -64,7 +64,9 @@ std::string TagFolderOf(const std::string& path_in) {
   return path;
 }
 
-constexpr char kSupported[] = "ucp reads native MoE checkpoints of ZeRO stage 1/2 (DeepSpeedZeroOptimizer) at tp=pp=1";
+constexpr char kSupported[] =
+    "ucp reads native MoE checkpoints of ZeRO stage 1/2 (DeepSpeedZeroOptimizer) at pp=1, at tp > 1 when every tp rank "
+    "has model states (ep >= tp) and the layout has param_shapes (DeepSpeed 0.19.3 and later)";
 
 absl::Status InvalidIn(const std::string& path, absl::string_view message) {
   return FileError(path, absl::StatusCode::kInvalidArgument, message);
@@ -115,7 +117,9 @@ absl::StatusOr<std::unique_ptr<MoeState>> MoeState::Open(const std::string& path
   return s;
 }
 
-std::string MoeState::OptimPath(int dp) const { return JoinPath(dir_, deepspeed::OptimFileName(dp, 0, bf16_prefix_)); }
+std::string MoeState::OptimPath(int rank) const {
+  return JoinPath(dir_, deepspeed::OptimFileName(rank / tp_, rank % tp_, bf16_prefix_));
+}
 
 std::string MoeState::ExpertPath(int layer, int expert) const {
   auto it = expert_files_.find({layer, expert});
@@ -136,14 +140,17 @@ absl::Status MoeState::Load() {
   UCP_ASSIGN_OR_RETURN(std::set<int> optim_dp, ListFiles(names, what));
   UCP_RETURN_IF_ERROR(CheckExpertOptimizerFiles(names, optim_dp, what));
   UCP_RETURN_IF_ERROR(OpenModelStates(optim_dp, version));
+  UCP_RETURN_IF_ERROR(OpenTpModelStates(version));
   // Rank 0's optimizer file: the groups, which of them hold experts, ep.
   UCP_ASSIGN_OR_RETURN(Rank0Groups rank0, ReadRank0Groups(what));
   UCP_RETURN_IF_ERROR(ReadGroupMembers(rank0));
-  optim_files_.Reset(dp_);
+  UCP_RETURN_IF_ERROR(ReadTpParamShapes());
+  optim_files_.Reset(world());
   UCP_RETURN_IF_ERROR(FindExpertGroups(rank0));
   window_mappings_ = legacy_ && ep_ > 1 && deepspeed::ExpertMappingsSizedByWorld(legacy_parsed_);
   if (legacy_) UCP_RETURN_IF_ERROR(GroupNamesFromMappings());
   UCP_RETURN_IF_ERROR(FindMoeLayers());
+  UCP_RETURN_IF_ERROR(CheckExpertFilePlaces());
   if (legacy_) UCP_RETURN_IF_ERROR(GroupShapesFromTensors());
   UCP_RETURN_IF_ERROR(MakeLayouts());
   UCP_ASSIGN_OR_RETURN(const OptimFile* first, Optim(0));
@@ -187,13 +194,12 @@ std::string MoeState::VersionForMessages() const {
   return version;
 }
 
-// A save at tp > 1 (files of an mp rank > 0), refused. DeepSpeed (0.19.5,
-// realds/README.md "Native MoE at tp > 1") builds the expert groups over
-// global ranks, across tp, and writes mp_rank_XX_model_states.pt on expert
-// data parallel rank 0 only: at ep < tp some tp ranks have no model states
-// (their dense slices are in no model-states file; DeepSpeed's own load
-// refuses the folder), which is said apart from the complete saves.
-absl::Status MoeState::RefuseModelParallel(const std::vector<std::string>& names, const std::string& what) const {
+// A save at tp > 1 (files of an mp rank > 0) without the model states of
+// some tp rank, refused. DeepSpeed (0.19.5, realds/README.md "Native MoE at
+// tp > 1") writes mp_rank_XX_model_states.pt on expert data parallel rank 0
+// only: at ep < tp the tp ranks >= ep have none (their dense slices are in no
+// model-states file; DeepSpeed's own load refuses the folder).
+absl::Status MoeState::RefuseIncompleteModelParallel(const std::vector<std::string>& names, const std::string& what) const {
   std::set<int> optim_mp, model_mp;
   std::string first;  // the first file of an mp rank > 0
   for (const auto& n : names) {
@@ -219,37 +225,54 @@ absl::Status MoeState::RefuseModelParallel(const std::vector<std::string>& names
         " (DeepSpeed writes a tp rank's model states on expert data parallel rank 0 only, so at ep < tp tp rank ", t,
         "'s dense slices are in no model-states file; DeepSpeed's own load refuses this folder too): ", kSupported));
   }
-  return absl::UnimplementedError(absl::StrCat(dir_, ": ", what, " at tp ", tp, " (", first, "; DeepSpeed's expert "
-                                               "groups span the tp ranks): ", kSupported));
+  return absl::OkStatus();
 }
 
-// The folder's checkpoint files: expert files (expert_files_) and optimizer
-// files of mp rank 0 and mp_rank_00's model states only. Returns the
-// optimizer files' dp ranks.
+// The folder's checkpoint files: expert files (expert_files_, the mp rank
+// of each in expert_file_mp_), optimizer files zero_pp_rank_D_mp_rank_T and
+// model states mp_rank_T (tp_: their count). Returns the optimizer files' dp
+// ranks.
 absl::StatusOr<std::set<int>> MoeState::ListFiles(const std::vector<std::string>& names, const std::string& what) {
-  UCP_RETURN_IF_ERROR(RefuseModelParallel(names, what));
-  std::set<int> optim_dp;
+  UCP_RETURN_IF_ERROR(RefuseIncompleteModelParallel(names, what));
+  std::set<int> optim_dp, model_mp;
+  std::set<std::pair<int, int>> optim;  // (dp, mp)
   for (const auto& n : names) {
     int l, e, m;
     if (ParseExpertFileName(n, &l, &e, &m)) {
-      if (m != 0) {
-        return absl::UnimplementedError(
-            absl::StrCat(dir_, ": ", what, " with model parallelism (", n, "): ", kSupported));
+      if (expert_files_.count({l, e})) {
+        return absl::InvalidArgumentError(absl::StrCat(dir_, ": two files of MoE layer ", l, " expert ", e, ": ",
+                                                       Basename(expert_files_[{l, e}]), " and ", n));
       }
       expert_files_[{l, e}] = JoinPath(dir_, n);
+      expert_file_mp_[{l, e}] = m;
       continue;
     }
     auto parsed = deepspeed::ParseCheckpointFileName(n);
     if (!parsed) continue;
     if (parsed->type == deepspeed::CheckpointFileName::Type::kOptim) {
-      if (parsed->mp_rank != 0) {
-        return absl::UnimplementedError(absl::StrCat(dir_, ": ", what, " with ", n, ": ", kSupported));
-      }
       optim_dp.insert(parsed->dp_rank);
-    } else if (parsed->type != deepspeed::CheckpointFileName::Type::kMpRank || parsed->mp_rank != 0) {
+      optim.insert({parsed->dp_rank, parsed->mp_rank});
+    } else if (parsed->type == deepspeed::CheckpointFileName::Type::kMpRank) {
+      model_mp.insert(parsed->mp_rank);
+    } else {
       return absl::UnimplementedError(absl::StrCat(dir_, ": ", what, " with ", n, ": ", kSupported));
     }
   }
+  tp_ = model_mp.empty() ? 1 : *model_mp.rbegin() + 1;
+  for (const auto& [d, m] : optim) {
+    if (m >= tp_) {
+      return absl::InvalidArgumentError(absl::StrCat(JoinPath(dir_, deepspeed::OptimFileName(d, m, bf16_prefix_)),
+                                                     ": mp rank ", m, " but the model states are of ", tp_,
+                                                     " tp rank(s)"));
+    }
+  }
+  for (const auto& [key, m] : expert_file_mp_) {
+    if (m >= tp_) {
+      return absl::InvalidArgumentError(absl::StrCat(expert_files_[key], ": mp rank ", m, " but the model states are of ",
+                                                     tp_, " tp rank(s)"));
+    }
+  }
+  optim_tp_files_ = std::move(optim);
   return optim_dp;
 }
 
@@ -291,10 +314,10 @@ absl::Status MoeState::OpenModelStates(const std::set<int>& optim_dp, const std:
     if (dp < 1) return InvalidIn(mp_path, "dp_world_size < 1");
     dp_ = static_cast<int>(dp);
     const Value* m = root.DictGet("mp_world_size");
-    if (m != nullptr && m->is(Kind::kInt) && m->int_value() != 1) {
+    if (m != nullptr && m->is(Kind::kInt) && m->int_value() != tp_) {
       return FileError(mp_path, absl::StatusCode::kUnimplemented,
                        absl::StrCat("DeepSpeed ", version, " mixture-of-experts checkpoint with mp_world_size ",
-                                    m->int_value(), ": ucp reads native MoE checkpoints at tp=pp=1"));
+                                    m->int_value(), " beside the model states of ", tp_, " tp rank(s): ", kSupported));
     }
     const Value* module = root.DictGet("module");
     if (module == nullptr || !module->is(Kind::kDict)) {
@@ -302,12 +325,7 @@ absl::Status MoeState::OpenModelStates(const std::set<int>& optim_dp, const std:
                        "mixture-of-experts checkpoint of a PipelineModule (no module dict): not supported");
     }
   }
-  for (int d = 0; d < dp_; ++d) {
-    if (!optim_dp.count(d)) return absl::NotFoundError(absl::StrCat(OptimPath(d), ": missing (dp_world_size ", dp_, ")"));
-  }
-  for (int d : optim_dp) {
-    if (d >= dp_) return absl::InvalidArgumentError(absl::StrCat(OptimPath(d), ": dp rank ", d, " but dp_world_size is ", dp_));
-  }
+  UCP_RETURN_IF_ERROR(CheckOptimFiles());
   for (const char* key : {"frozen_param_shapes", "frozen_param_fragments"}) {
     const Value* f = root.DictGet(key);
     if (f != nullptr && f->is(Kind::kDict) && !f->dict_items().empty()) {
@@ -322,6 +340,51 @@ absl::Status MoeState::OpenModelStates(const std::set<int>& optim_dp, const std:
   for (const auto& v : ne->items()) {
     UCP_ASSIGN_OR_RETURN(int64_t n, AsInt(*v, "num_experts"), _.Prepend(mp_path + ": "));
     num_experts_.push_back(static_cast<int>(n));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MoeState::CheckOptimFiles() const {
+  for (int r = 0; r < world(); ++r) {
+    if (!optim_tp_files_.count({r / tp_, r % tp_})) {
+      return absl::NotFoundError(absl::StrCat(OptimPath(r), ": missing (dp_world_size ", dp_, ", tp ", tp_, ")"));
+    }
+  }
+  for (const auto& [d, m] : optim_tp_files_) {
+    if (d >= dp_) {
+      return absl::InvalidArgumentError(absl::StrCat(OptimPath(d * tp_ + m), ": dp rank ", d, " but dp_world_size is ", dp_));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The model states of tp ranks 1 .. tp - 1 (mp_more_): as mp_rank_00's, the
+// same dp_world_size, mp_world_size, num_experts, a module dict, no frozen
+// params.
+absl::Status MoeState::OpenTpModelStates(const std::string& version) {
+  for (int t = 1; t < tp_; ++t) {
+    const std::string path = JoinPath(dir_, deepspeed::MpRankFileName(t));
+    UCP_ASSIGN_OR_RETURN(std::unique_ptr<torch::TorchFile> f, torch::TorchFile::Open(path, read_.Files()));
+    const Value& root = *f->root();
+    if (!root.is(Kind::kDict)) return InvalidIn(path, "expected a dict of model states");
+    for (const char* key : {"dp_world_size", "mp_world_size", "num_experts"}) {
+      const Value* a = mp_->root()->DictGet(key);
+      const Value* b = root.DictGet(key);
+      if (a == nullptr || b == nullptr || a->DebugString() != b->DebugString()) {
+        return InvalidIn(path, absl::StrCat(key, " is ", b ? b->DebugString() : "absent", ", ", mp_->path(), "'s ",
+                                            a ? a->DebugString() : "absent"));
+      }
+    }
+    const Value* module = root.DictGet("module");
+    if (module == nullptr || !module->is(Kind::kDict)) return InvalidIn(path, "no module dict");
+    for (const char* key : {"frozen_param_shapes", "frozen_param_fragments"}) {
+      const Value* fr = root.DictGet(key);
+      if (fr != nullptr && fr->is(Kind::kDict) && !fr->dict_items().empty()) {
+        return FileError(path, absl::StatusCode::kUnimplemented,
+                         absl::StrCat("mixture-of-experts checkpoint with frozen params (", key, "): not supported"));
+      }
+    }
+    mp_more_.push_back(std::move(f));
   }
   return absl::OkStatus();
 }
@@ -386,24 +449,62 @@ absl::Status MoeState::ReadGroupMembers(const Rank0Groups& rank0) {
     groups_.resize(rank0.num_groups);
     return absl::OkStatus();
   }
-  UCP_ASSIGN_OR_RETURN(const Value* shapes_v, GetField(root, "param_shapes", "model states"), _.Prepend(mp_path + ": "));
-  UCP_ASSIGN_OR_RETURN(auto* shape_list, AsSequence(*shapes_v, "param_shapes"), _.Prepend(mp_path + ": "));
-  for (size_t g = 0; g < shape_list->size(); ++g) {
-    const Value& d = *(*shape_list)[g];
-    if (!d.is(Kind::kDict)) return InvalidIn(mp_path, absl::StrCat("param_shapes[", g, "] is not a dict"));
-    Group group;
-    for (const auto& [k, v] : d.dict_items()) {
-      if (!k->is(Kind::kStr)) return InvalidIn(mp_path, absl::StrCat("param_shapes[", g, "] has a non-string key"));
-      UCP_ASSIGN_OR_RETURN(std::vector<int64_t> shape, AsTorchSize(*v, absl::StrCat("param_shapes[", g, "]")),
-                           _.Prepend(mp_path + ": "));
-      group.names.push_back(k->str());
-      group.shapes.push_back(std::move(shape));
-    }
-    groups_.push_back(std::move(group));
-  }
+  UCP_RETURN_IF_ERROR(ReadParamShapes(*mp_, &groups_));
   if (groups_.size() != rank0.num_groups) {
     return InvalidIn(OptimPath(0), absl::StrCat("expected ", groups_.size(),
                                                 " base_optimizer_state.param_groups (param_shapes of mp_rank_00)"));
+  }
+  return absl::OkStatus();
+}
+
+// The groups of `f`'s param_shapes: each one's names and shapes.
+absl::Status MoeState::ReadParamShapes(const torch::TorchFile& f, std::vector<Group>* out) const {
+  const std::string& path = f.path();
+  UCP_ASSIGN_OR_RETURN(const Value* shapes_v, GetField(*f.root(), "param_shapes", "model states"), _.Prepend(path + ": "));
+  UCP_ASSIGN_OR_RETURN(auto* shape_list, AsSequence(*shapes_v, "param_shapes"), _.Prepend(path + ": "));
+  for (size_t g = 0; g < shape_list->size(); ++g) {
+    const Value& d = *(*shape_list)[g];
+    if (!d.is(Kind::kDict)) return InvalidIn(path, absl::StrCat("param_shapes[", g, "] is not a dict"));
+    Group group;
+    for (const auto& [k, v] : d.dict_items()) {
+      if (!k->is(Kind::kStr)) return InvalidIn(path, absl::StrCat("param_shapes[", g, "] has a non-string key"));
+      UCP_ASSIGN_OR_RETURN(std::vector<int64_t> shape, AsTorchSize(*v, absl::StrCat("param_shapes[", g, "]")),
+                           _.Prepend(path + ": "));
+      group.names.push_back(k->str());
+      group.shapes.push_back(std::move(shape));
+    }
+    out->push_back(std::move(group));
+  }
+  return absl::OkStatus();
+}
+
+// At tp > 1 (0.19.3+ layout only): every tp rank's param_shapes lists the
+// same groups and names as mp_rank_00's, a dense param's tp slice shape its
+// own (Group::tp_shapes), an expert group's shapes those of mp_rank_00 (its
+// experts are whole). Whether a group holds experts is known later
+// (FindExpertGroups), so both are recorded here and checked in MakeLayouts.
+absl::Status MoeState::ReadTpParamShapes() {
+  if (tp_ > 1 && legacy_) {
+    return FileError(mp_->path(), absl::StatusCode::kUnimplemented,
+                     absl::StrCat("DeepSpeed ", legacy_version_, " mixture-of-experts checkpoint at tp ", tp_,
+                                  " without param_shapes: ", kSupported));
+  }
+  for (Group& g : groups_) g.tp_shapes = {g.shapes};
+  for (int t = 1; t < tp_; ++t) {
+    std::vector<Group> other;
+    UCP_RETURN_IF_ERROR(ReadParamShapes(Mp(t), &other));
+    if (other.size() != groups_.size()) {
+      return InvalidIn(Mp(t).path(), absl::StrCat("param_shapes lists ", other.size(), " groups, ", mp_->path(),
+                                                  "'s ", groups_.size()));
+    }
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      if (other[g].names != groups_[g].names) {
+        return InvalidIn(Mp(t).path(), absl::StrCat("param_shapes[", g, "] lists [", absl::StrJoin(other[g].names, ", "),
+                                                    "], ", mp_->path(), "'s [", absl::StrJoin(groups_[g].names, ", "),
+                                                    "]"));
+      }
+      groups_[g].tp_shapes.push_back(std::move(other[g].shapes));
+    }
   }
   return absl::OkStatus();
 }
@@ -425,17 +526,18 @@ absl::Status MoeState::FindExpertGroups(const Rank0Groups& rank0) {
       }
       continue;
     }
-    if (count < 1 || dp_ % count != 0 || (edp != 0 && count != edp)) {
+    if (count < 1 || world() % count != 0 || (edp != 0 && count != edp)) {
       return InvalidIn(OptimPath(0), absl::StrCat("partition_count[", g, "] is ", count, " for an expert group: expected ",
-                                                  "the same divisor of dp_world_size ", dp_, " for every expert group"));
+                                                  "the same divisor of dp_world_size ", dp_,
+                                                  tp_ > 1 ? absl::StrCat(" x tp ", tp_) : "", " for every expert group"));
     }
     edp = static_cast<int>(count);
     const Value* name = pg.DictGet("name");
-    ep_ = dp_ / edp;
+    ep_ = world() / edp;
     if (name != nullptr && name->is(Kind::kStr) && name->str() != absl::StrCat("ep_size_", ep_)) {
       return InvalidIn(OptimPath(0), absl::StrCat("expert param group ", g, " is named '", name->str(),
-                                                  "', expected 'ep_size_", ep_, "' (dp ", dp_, " / partition_count ",
-                                                  count, ")"));
+                                                  "', expected 'ep_size_", ep_, "' (dp x tp ", world(),
+                                                  " / partition_count ", count, ")"));
     }
   }
   if (edp == 0) return InvalidIn(OptimPath(0), "no expert param group ('moe': True) in a checkpoint with expert files");
@@ -486,14 +588,39 @@ absl::Status MoeState::FindMoeLayers() {
   return absl::OkStatus();
 }
 
+// Each expert file under the mp rank DeepSpeed writes it from: ep rank e's
+// experts by global rank e (expert data parallel rank 0), tp rank e % tp.
+absl::Status MoeState::CheckExpertFilePlaces() const {
+  for (const auto& [key, m] : expert_file_mp_) {
+    const int e = key.second / (num_experts_[key.first] / ep_);
+    if (m != e % tp_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          expert_files_.at(key), ": expert ", key.second, " of MoE layer ", key.first, " is ep rank ", e, "'s (ep ",
+          ep_, "), written under mp_rank_", absl::Dec(e % tp_, absl::kZeroPad2), " at tp ", tp_, ", found mp rank ", m));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Each group's ZeRO layout (non-expert groups over dp, expert groups over
 // dp / ep); every expert param's local id below its layer's experts per ep
 // rank.
 absl::Status MoeState::MakeLayouts() {
-  for (Group& g : groups_) {
-    std::vector<int64_t> numels;
-    for (const auto& s : g.shapes) numels.push_back(internal::Numel(s));
-    g.layout = deepspeed::ZeroGroupLayout::Make(std::move(numels), g.expert ? dp_ / ep_ : dp_);
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    Group& g = groups_[gi];
+    if (g.tp_shapes.empty() || legacy_) g.tp_shapes = {g.shapes};  // legacy: shapes known only now
+    g.tp_layouts.clear();
+    for (size_t t = 0; t < g.tp_shapes.size(); ++t) {
+      if (g.expert && g.tp_shapes[t] != g.shapes) {
+        return InvalidIn(Mp(static_cast<int>(t)).path(),
+                         absl::StrCat("param_shapes[", gi, "] (an expert group) differs from ", mp_->path(),
+                                      "'s: experts are whole on every tp rank"));
+      }
+      std::vector<int64_t> numels;
+      for (const auto& s : g.tp_shapes[t]) numels.push_back(internal::Numel(s));
+      g.tp_layouts.push_back(deepspeed::ZeroGroupLayout::Make(std::move(numels), g.expert ? world() / ep_ : dp_));
+    }
+    g.layout = g.tp_layouts[0];
     if (!g.expert) continue;
     for (const std::string& n : g.names) {
       std::string prefix, suffix;
@@ -514,7 +641,7 @@ absl::Status MoeState::MakeLayouts() {
 // module's other tensors), module order (the module's tensors, then each
 // expert file's keys) and notes.
 absl::Status MoeState::BuildInfo(const OptimFile& first) {
-  info_.source_topology = {1, 1, dp_};
+  info_.source_topology = {tp_, 1, dp_};
   info_.pipeline = false;
   info_.optimizer_kind = state::OptimizerKind::kZero;
   info_.bf16_file_prefix = bf16_prefix_;
@@ -550,7 +677,6 @@ absl::Status MoeState::BuildInfo(const OptimFile& first) {
 // their shapes.
 absl::Status MoeState::AddTrainableParams(torch::DType lp, TrainableShapes* trainable) {
   const std::string mp_path = mp_->path();
-  const Value* module = mp_->root()->DictGet("module");
   for (size_t g = 0; g < groups_.size(); ++g) {
     const Group& grp = groups_[g];
     for (int e = 0; e < (grp.expert ? ep_ : 1); ++e) {
@@ -563,14 +689,22 @@ absl::Status MoeState::AddTrainableParams(torch::DType lp, TrainableShapes* trai
           SplitExpertName(grp.names[i], &prefix, &id, &suffix);
           const int layer = LayerIndex(prefix);
           p.name = ExpertName(prefix, e * (num_experts_[layer] / ep_) + id, suffix);
-        } else if (!module->DictGet(p.name)) {
-          return InvalidIn(mp_path, absl::StrCat("param '", p.name, "' of param_shapes is not in module"));
+        } else {
+          for (int t = 0; t < tp_; ++t) {
+            if (!Mp(t).root()->DictGet("module")->DictGet(p.name)) {
+              return InvalidIn(Mp(t).path(), absl::StrCat("param '", p.name, "' of param_shapes is not in module"));
+            }
+          }
         }
         p.local_name = p.name;
         p.group = static_cast<int>(g);
         p.role = state::TensorRole::kTrainable;
         p.lp_dtype = lp;
         p.tp_shapes = {grp.shapes[i]};
+        if (!grp.expert) {
+          for (int t = 1; t < tp_; ++t) p.tp_shapes.push_back(grp.tp_shapes[t][i]);
+        }
+        p.tp_whole = grp.expert && tp_ > 1;
         p.stages = {0};
         if (!trainable->insert({p.name, grp.shapes[i]}).second) return InvalidIn(mp_path, absl::StrCat("param '", p.name, "' is in param_shapes twice"));
         info_.params.push_back(std::move(p));
@@ -596,13 +730,17 @@ absl::Status MoeState::AddModuleBuffers(const TrainableShapes& trainable) {
       }
       untold_.push_back(k->str());
     }
-    UCP_ASSIGN_OR_RETURN(torch::Tensor t, mp_->GetTensor(*v));
     state::ParamState p;
+    for (int r = 0; r < tp_; ++r) {
+      const Value* b = Mp(r).root()->DictGet("module")->DictGet(k->str());
+      if (b == nullptr) return InvalidIn(Mp(r).path(), absl::StrCat("module has no '", k->str(), "' (", mp_->path(), " has)"));
+      UCP_ASSIGN_OR_RETURN(torch::Tensor t, Mp(r).GetTensor(*b), _.Prepend(Mp(r).path() + ": "));
+      p.lp_dtype = t.dtype();
+      p.tp_shapes.push_back(t.sizes());
+    }
     p.name = k->str();
     p.local_name = p.name;
     p.role = state::TensorRole::kBuffer;
-    p.lp_dtype = t.dtype();
-    p.tp_shapes = {t.sizes()};
     p.stages = {0};
     info_.params.push_back(std::move(p));
     where_.push_back({});
@@ -662,9 +800,17 @@ void MoeState::AddNotes() {
           "DeepSpeed before 0.19.3 do not say whether they are buffers or frozen params"));
     }
   }
-  info_.notes.push_back(absl::StrCat("mixture of experts: ", num_experts_.size(), " MoE layers, ep=", ep_,
-                                     ", experts named by global id; dp rank d taken as ep rank d % ", ep_,
-                                     " (DeepSpeed's default E + D rank order)"));
+  if (tp_ == 1) {
+    info_.notes.push_back(absl::StrCat("mixture of experts: ", num_experts_.size(), " MoE layers, ep=", ep_,
+                                       ", experts named by global id; dp rank d taken as ep rank d % ", ep_,
+                                       " (DeepSpeed's default E + D rank order)"));
+    return;
+  }
+  info_.notes.push_back(absl::StrCat(
+      "mixture of experts at tp ", tp_, ": ", num_experts_.size(), " MoE layers, ep=", ep_,
+      ", experts named by global id and whole (no tp split); global rank r = dp rank x ", tp_,
+      " + tp rank taken as ep rank r % ", ep_, " and expert data parallel rank r / ", ep_,
+      " (DeepSpeed's expert groups over global ranks, as 0.19.5 builds them)"));
 }
 
 absl::Status MoeState::GroupNamesFromMappings() {
@@ -1016,11 +1162,11 @@ absl::StatusOr<std::unique_ptr<MoeState::OptimFile>> MoeState::ParseOptim(int dp
     return err(absl::StrCat("expected group_paddings, single_partition_of_fp32_groups, param_slice_mappings and "
                             "base_optimizer_state.state for ", n, " param groups"));
   }
-  const int ep_rank = dp % ep_, edp_rank = dp / ep_;
+  const int ep_rank = dp % ep_, edp_rank = dp / ep_;  // dp: the global rank
   for (size_t g = 0; g < n; ++g) {
     const Group& grp = groups_[g];
-    const int rank = grp.expert ? edp_rank : dp;
-    const deepspeed::ZeroGroupLayout& layout = grp.layout;
+    const int rank = grp.expert ? edp_rank : dp / tp_;
+    const deepspeed::ZeroGroupLayout& layout = grp.expert ? grp.layout : grp.tp_layouts[dp % tp_];
     const int64_t p = layout.partition_numel();
     UCP_ASSIGN_OR_RETURN(int64_t padding, AsInt(*gp->items()[g], "group_paddings"), _.Prepend(path + ": "));
     const int64_t last = layout.PaddingAs(rank, deepspeed::PaddingConvention::kLastRank);
@@ -1112,18 +1258,36 @@ absl::StatusOr<std::vector<tp::TensorPlan>> MoeState::Slices(const state::ParamS
       UCP_ASSIGN_OR_RETURN(torch::Tensor t, f->GetTensor(*v));
       return std::vector<tp::TensorPlan>{tp::TensorPlan::FromTensor(t)};
     }
-    const Value* v = mp_->root()->DictGet("module")->DictGet(param.name);
-    if (v == nullptr) return absl::NotFoundError(absl::StrCat(mp_->path(), ": module has no '", param.name, "'"));
-    UCP_ASSIGN_OR_RETURN(torch::Tensor t, mp_->GetTensor(*v));
-    return std::vector<tp::TensorPlan>{tp::TensorPlan::FromTensor(t)};
+    std::vector<tp::TensorPlan> out;
+    for (int t = 0; t < tp_; ++t) {
+      const Value* v = Mp(t).root()->DictGet("module")->DictGet(param.name);
+      if (v == nullptr) return absl::NotFoundError(absl::StrCat(Mp(t).path(), ": module has no '", param.name, "'"));
+      UCP_ASSIGN_OR_RETURN(torch::Tensor tensor, Mp(t).GetTensor(*v));
+      out.push_back(tp::TensorPlan::FromTensor(tensor));
+    }
+    return out;
   }
   if (w.group < 0) {
     return absl::NotFoundError(absl::StrCat("'", param.name, "' has no optimizer state '", state, "'"));
   }
   const Group& grp = groups_[w.group];
+  std::vector<tp::TensorPlan> out;
+  for (int t = 0; t < (grp.expert ? 1 : tp_); ++t) {
+    UCP_ASSIGN_OR_RETURN(tp::TensorPlan plan, OptimSlice(param, w, t, state));
+    out.push_back(std::move(plan));
+  }
+  return out;
+}
+
+// A trainable param's `state` from the optimizer files: a dense param's tp
+// slice `t` (the partitions of tp rank t's dp group), an expert whole (the
+// partitions of its ep rank's expert data parallel group).
+absl::StatusOr<tp::TensorPlan> MoeState::OptimSlice(const state::ParamState& param, const Where& w, int t,
+                                                    const std::string& state) const {
+  const Group& grp = groups_[w.group];
   std::vector<torch::Tensor> pieces;
-  for (const auto& [rank, frag] : grp.layout.FragmentsOfParam(w.index)) {
-    const int d = grp.expert ? DpRank(w.ep_rank, rank) : rank;
+  for (const auto& [rank, frag] : grp.tp_layouts[t].FragmentsOfParam(w.index)) {
+    const int d = grp.expert ? DpRank(w.ep_rank, rank) : rank * tp_ + t;
     UCP_ASSIGN_OR_RETURN(const OptimFile* f, Optim(d));
     const torch::Tensor* flat = f->Flat(w.group, state);
     if (flat == nullptr) {
@@ -1133,10 +1297,7 @@ absl::StatusOr<std::vector<tp::TensorPlan>> MoeState::Slices(const state::ParamS
                          _.Prepend(absl::StrCat(OptimPath(d), ": param '", param.name, "' ", state, ": ")));
     pieces.push_back(std::move(piece));
   }
-  UCP_ASSIGN_OR_RETURN(tp::TensorPlan plan,
-                       tp::TensorPlan::FromPieces(torch::DType::kFloat32, grp.shapes[w.index], pieces),
-                       _.Prepend(absl::StrCat("param '", param.name, "' ", state, ": ")));
-  return std::vector<tp::TensorPlan>{std::move(plan)};
+  return tp::TensorPlan::FromPieces(torch::DType::kFloat32, grp.tp_shapes[t][w.index], pieces);
 }
 
 absl::StatusOr<state::FileValue> MoeState::GroupScalar(int group, const std::string& key) const {
@@ -1153,34 +1314,39 @@ std::vector<state::InputRange> MoeState::Inputs(const state::ParamState& param) 
   if (i < 0) return out;
   const Where& w = where_[i];
   if (w.group < 0) {
-    out.push_back({mp_->path(), absl::StrCat("module.", param.name), 0, -1});
+    for (int t = 0; t < tp_; ++t) out.push_back({Mp(t).path(), absl::StrCat("module.", param.name), 0, -1});
     return out;
   }
   const Group& grp = groups_[w.group];
-  for (const auto& [rank, frag] : grp.layout.FragmentsOfParam(w.index)) {
-    const int d = grp.expert ? DpRank(w.ep_rank, rank) : rank;
-    out.push_back({OptimPath(d), absl::StrCat("single_partition_of_fp32_groups[", w.group, "]"),
-                   frag.partition_offset * 4, frag.numel * 4});
-    for (const std::string& key : info_.state_keys) {
-      out.push_back({OptimPath(d), absl::StrCat("base_optimizer_state.state[", w.group, "].", key),
+  for (int t = 0; t < (grp.expert ? 1 : tp_); ++t) {
+    for (const auto& [rank, frag] : grp.tp_layouts[t].FragmentsOfParam(w.index)) {
+      const int d = grp.expert ? DpRank(w.ep_rank, rank) : rank * tp_ + t;
+      out.push_back({OptimPath(d), absl::StrCat("single_partition_of_fp32_groups[", w.group, "]"),
                      frag.partition_offset * 4, frag.numel * 4});
+      for (const std::string& key : info_.state_keys) {
+        out.push_back({OptimPath(d), absl::StrCat("base_optimizer_state.state[", w.group, "].", key),
+                       frag.partition_offset * 4, frag.numel * 4});
+      }
     }
   }
   return out;
 }
 
 std::vector<std::string> MoeState::InputFiles() const {
-  std::vector<std::string> out = {mp_->path()};
-  for (int d = 0; d < dp_; ++d) out.push_back(OptimPath(d));
+  std::vector<std::string> out;
+  for (int t = 0; t < tp_; ++t) out.push_back(Mp(t).path());
+  for (int r = 0; r < world(); ++r) out.push_back(OptimPath(r));
   for (const auto& [key, path] : expert_files_) out.push_back(path);
   return out;
 }
 
 absl::Status MoeState::VerifyInput(const std::string& path) const {
-  for (int d = 0; d < dp_; ++d) {
-    if (path == OptimPath(d)) return Optim(d).status();
+  for (int r = 0; r < world(); ++r) {
+    if (path == OptimPath(r)) return Optim(r).status();
   }
-  if (path == mp_->path()) return absl::OkStatus();
+  for (int t = 0; t < tp_; ++t) {
+    if (path == Mp(t).path()) return absl::OkStatus();
+  }
   for (const auto& [key, p] : expert_files_) {
     if (p == path) return torch::TorchFile::Open(path, read_.Files()).status();  // every CRC
   }
@@ -1205,10 +1371,11 @@ absl::StatusOr<state::FileValue> MoeState::OptimizerCommon() const {
 }
 
 state::FileValue MoeState::ModelStatesRoot(int pp, int tp) const {
-  return state::FileValue{mp_->root(), state::Unowned(mp_.get())};
+  const torch::TorchFile& f = Mp(std::max(0, std::min(tp, tp_ - 1)));
+  return state::FileValue{f.root(), state::Unowned(&f)};
 }
 
-std::string MoeState::ModelStatesPath(int pp, int tp) const { return mp_->path(); }
+std::string MoeState::ModelStatesPath(int pp, int tp) const { return Mp(std::max(0, std::min(tp, tp_ - 1))).path(); }
 
 state::FileValue MoeState::SavedDsConfig() const {
   if (ValuePtr c = mp_->root()->DictGetPtr("ds_config")) return state::FileValue{c, state::Unowned(mp_.get())};

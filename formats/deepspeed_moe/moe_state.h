@@ -1,5 +1,5 @@
 // MoeState: a DeepSpeed native mixture-of-experts ZeRO 1/2 checkpoint
-// (deepspeed.moe.layer.MoE, expert parallelism) as a SlicedState at tp=1:
+// (deepspeed.moe.layer.MoE, expert parallelism) as a SlicedState; at tp=1:
 //
 //   mp_rank_00_model_states.pt                 dp rank 0's: `module` without the experts,
 //        param_shapes of its optimizer groups (expert groups under LOCAL expert ids),
@@ -37,10 +37,20 @@
 // Params are listed under GLOBAL names (".deepspeed_experts.<global id>."),
 // so every expert has one name whatever the expert parallelism.
 //
-// At tp > 1 (files of mp rank > 0) refused (RefuseModelParallel): DeepSpeed
-// 0.19.5 builds the expert groups over global ranks, across tp, and a save at
-// ep < tp lacks the model states of tp ranks >= ep (realds/README.md,
-// "Native MoE at tp > 1").
+// At tp > 1 (realds/README.md, "Native MoE at tp > 1", measured on DeepSpeed
+// 0.19.5; the layout with param_shapes, 0.19.3 and later, only): global rank
+// r = dp rank x tp + tp rank writes zero_pp_rank_{r / tp}_mp_rank_{r % tp}.
+// DeepSpeed builds the expert groups over global ranks, across tp: r is ep
+// rank r % ep and expert data parallel rank r / ep, so an expert group of ep
+// rank e is the partitions of the global ranks e, e + ep, ... in that order;
+// expert files are written by the ranks r < ep under mp_rank_{r % tp}, model
+// states by the ranks r < min(ep, tp). The dense groups are ordinary ZeRO
+// partitions of each tp rank over its dp group, each mp_rank_T's module its tp
+// slices: those params are listed with one shape per tp rank (the rules merge
+// them), the experts whole (ParamState::tp_whole). A save at ep < tp lacks the
+// model states of tp ranks >= ep (their dense slices are in no model-states
+// file; DeepSpeed's own load refuses it) and is refused
+// (RefuseIncompleteModelParallel).
 //
 // ds_to_universal.py (0.19.5) cannot convert these (it merges every ep
 // rank's local experts as if they were dp shards); ucp reshards them
@@ -109,8 +119,12 @@ class MoeState : public state::SlicedState, public deepspeed::DeepSpeedFacet {
   struct Group {
     bool expert = false;
     std::vector<std::string> names;  // local names (param_shapes order)
-    std::vector<std::vector<int64_t>> shapes;
-    deepspeed::ZeroGroupLayout layout;  // over dp (experts: over dp / ep)
+    std::vector<std::vector<int64_t>> shapes;  // tp rank 0's
+    deepspeed::ZeroGroupLayout layout;  // tp rank 0's: over dp (experts: over dp x tp / ep)
+    // Per tp rank (index 0 = shapes, layout): a dense group's tp slices; an
+    // expert group's are all alike (experts are whole).
+    std::vector<std::vector<std::vector<int64_t>>> tp_shapes;
+    std::vector<deepspeed::ZeroGroupLayout> tp_layouts;
   };
   struct Where {  // a trainable param in the optimizer files
     int group = -1;
@@ -147,7 +161,13 @@ class MoeState : public state::SlicedState, public deepspeed::DeepSpeedFacet {
   absl::Status Load();
   absl::Status FindOptimPrefix(const std::vector<std::string>& names);
   std::string VersionForMessages() const;
-  absl::Status RefuseModelParallel(const std::vector<std::string>& names, const std::string& what) const;
+  absl::Status RefuseIncompleteModelParallel(const std::vector<std::string>& names, const std::string& what) const;
+  // Every zero_pp_rank_D_mp_rank_T for D < dp, T < tp (dp_ and tp_ known).
+  absl::Status CheckOptimFiles() const;
+  absl::Status OpenTpModelStates(const std::string& version);
+  absl::Status ReadParamShapes(const torch::TorchFile& f, std::vector<Group>* out) const;
+  absl::Status ReadTpParamShapes();
+  absl::Status CheckExpertFilePlaces() const;
   absl::StatusOr<std::set<int>> ListFiles(const std::vector<std::string>& names, const std::string& what);
   absl::Status CheckExpertOptimizerFiles(const std::vector<std::string>& names, const std::set<int>& optim_dp,
                                          const std::string& what) const;
@@ -190,11 +210,17 @@ class MoeState : public state::SlicedState, public deepspeed::DeepSpeedFacet {
                                           std::vector<std::vector<std::string>>* names,
                                           std::vector<std::vector<int64_t>>* numels) const;
   absl::StatusOr<std::unique_ptr<OptimFile>> ParseOptim(int dp) const;
-  absl::StatusOr<const OptimFile*> Optim(int dp) const;
-  std::string OptimPath(int dp) const;
+  absl::StatusOr<tp::TensorPlan> OptimSlice(const state::ParamState& param, const Where& w, int t,
+                                            const std::string& state) const;
+  // By global rank (dp rank x tp + tp rank; at tp 1 the dp rank).
+  absl::StatusOr<const OptimFile*> Optim(int rank) const;
+  std::string OptimPath(int rank) const;
+  // Model states of tp rank `t`.
+  const torch::TorchFile& Mp(int t) const { return t == 0 ? *mp_ : *mp_more_[t - 1]; }
+  int world() const { return dp_ * tp_; }
   // The index of the MoE layer of module prefix `prefix` in moe_prefixes_.
   int LayerIndex(const std::string& prefix) const;
-  // The dp rank holding expert data parallel rank `k` of ep rank `e`.
+  // The global rank holding expert data parallel rank `k` of ep rank `e`.
   int DpRank(int e, int k) const { return e + k * ep_; }
 
   std::string dir_;
@@ -206,16 +232,19 @@ class MoeState : public state::SlicedState, public deepspeed::DeepSpeedFacet {
   std::vector<std::vector<int64_t>> legacy_numels_;  // per group: each param's numel in the mappings
   std::vector<std::vector<int64_t>> fp32_numels_;  // legacy: [dp rank][group] saved fp32 partition numel
   std::vector<std::string> untold_;  // legacy: module tensors in no group (buffer or frozen: not said)
-  int dp_ = 1, ep_ = 1;
+  int dp_ = 1, ep_ = 1, tp_ = 1;
   bool bf16_prefix_ = false;  // optimizer files named bf16_zero_pp_rank_* (bf16 lp weights)
-  std::unique_ptr<torch::TorchFile> mp_;
+  std::unique_ptr<torch::TorchFile> mp_;  // mp_rank_00's model states
+  std::vector<std::unique_ptr<torch::TorchFile>> mp_more_;  // tp ranks 1 .. tp - 1
   std::vector<Group> groups_;
   std::vector<std::string> moe_prefixes_;  // MoE layer id -> module prefix
   std::vector<int> num_experts_;           // per MoE layer
   std::map<std::pair<int, int>, std::string> expert_files_;
+  std::map<std::pair<int, int>, int> expert_file_mp_;  // (layer, expert) -> its file's mp rank
+  std::set<std::pair<int, int>> optim_tp_files_;      // (dp, mp) of every optimizer file
   mutable std::mutex mu_;
   mutable std::map<std::pair<int, int>, std::unique_ptr<torch::TorchFile>> expert_cache_;
-  deepspeed::LazyOptimFiles optim_files_;  // per dp rank
+  deepspeed::LazyOptimFiles optim_files_;  // per global rank
   std::vector<Where> where_;  // per info param
   state::ModelInfo info_;
   pickle::ValuePtr empty_dict_;

@@ -3,7 +3,9 @@
 // state, instead of reading past their storage or mixing states up.
 #include "formats/deepspeed_moe/moe_state.h"
 
+#include <cstdio>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "base/fs.h"
@@ -64,21 +66,73 @@ TEST(MoeStateTest, GroupWithOtherStatesIsRefused) {
                          ": group 2 has optimizer states [exp_avg, exp_avg_sq_x], group 0 has [exp_avg, exp_avg_sq]"));
 }
 
-// Real DeepSpeed 0.19.5 saves at tp 2 dp 2 (testdata/moe_tp): refused, and
-// the one DeepSpeed itself cannot load (ep 1: no mp_rank_01 model states) is
-// told apart from the complete one (ep 2).
-constexpr char kSupportedTail[] = "ucp reads native MoE checkpoints of ZeRO stage 1/2 (DeepSpeedZeroOptimizer) at tp=pp=1";
+// Real DeepSpeed 0.19.5 saves at tp 2 dp 2 (testdata/moe_tp): the one whose
+// every tp rank has model states (ep 2) is read (its tensors against the saving
+// job's dumps: //ops:moe_tp_test), the one DeepSpeed itself cannot load (ep 1:
+// no mp_rank_01 model states) refused.
+constexpr char kSupportedTail[] =
+    "ucp reads native MoE checkpoints of ZeRO stage 1/2 (DeepSpeedZeroOptimizer) at pp=1, at tp > 1 when every tp "
+    "rank has model states (ep >= tp) and the layout has param_shapes (DeepSpeed 0.19.3 and later)";
 
-TEST(MoeStateTest, TensorParallelSaveIsRefusedNamingItsFile) {
+TEST(MoeStateTest, TensorParallelSaveOpensWithWholeExperts) {
   const std::string dir = ucp::testing::RunfilePath("testdata/moe_tp/ds0195_tp2_ep2_zero1_dp2/global_step3");
   auto s = MoeState::Open(dir);
+  ASSERT_TRUE(s.ok()) << s.status();
+  const state::ModelInfo& info = (*s)->info();
+  EXPECT_EQ(info.source_topology.tp, 2);
+  EXPECT_EQ(info.source_topology.dp, 2);
+  EXPECT_EQ(info.expert_parallel, 2);
+  int experts = 0, dense = 0;
+  for (const state::ParamState& p : info.params) {
+    std::string prefix, suffix;
+    int id = 0;
+    if (SplitExpertName(p.name, &prefix, &id, &suffix)) {
+      ++experts;
+      EXPECT_TRUE(p.tp_whole) << p.name;
+      EXPECT_EQ(p.tp_shapes.size(), 1u) << p.name;
+    } else {
+      ++dense;
+      EXPECT_FALSE(p.tp_whole) << p.name;
+      EXPECT_EQ(p.tp_shapes.size(), 2u) << p.name;
+    }
+  }
+  EXPECT_EQ(experts, 8);
+  EXPECT_EQ(dense, 10);
+  EXPECT_EQ(info.Find("sequential.0.word_embeddings.weight")->tp_shapes,
+            (std::vector<std::vector<int64_t>>{{8, 8}, {8, 8}}));
+  EXPECT_EQ((*s)->ExpertPath(0, 1), JoinPath(dir, "layer_0_expert_1_mp_rank_01_model_states.pt"));
+}
+
+// An expert file under another mp rank than the one its ep rank writes from
+// (ep rank 1 is global rank 1, tp rank 1): refused, not read as placed.
+TEST(MoeStateTest, ExpertFileUnderTheWrongTpRankIsRefused) {
+  const std::string src = ucp::testing::RunfilePath("testdata/moe_tp/ds0195_tp2_ep2_zero1_dp2/global_step3");
+  const std::string dir = JoinPath(FreshTempDir("moe_tp_misplaced"), "global_step3");
+  ASSERT_TRUE(CopyTree(src, dir).ok());
+  ASSERT_EQ(std::rename(JoinPath(dir, "layer_0_expert_1_mp_rank_01_model_states.pt").c_str(),
+                        JoinPath(dir, "layer_0_expert_1_mp_rank_00_model_states.pt").c_str()),
+            0);
+  auto s = MoeState::Open(dir);
   ASSERT_FALSE(s.ok());
-  EXPECT_EQ(s.status().code(), absl::StatusCode::kUnimplemented) << s.status();
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << s.status();
   EXPECT_EQ(s.status().message(),
-            absl::StrCat(dir, ": DeepSpeed 0.19.5 native mixture-of-experts checkpoint at tp 2 "
-                              "(layer_0_expert_1_mp_rank_01_model_states.pt; DeepSpeed's expert groups span the tp "
-                              "ranks): ",
-                         kSupportedTail));
+            absl::StrCat(JoinPath(dir, "layer_0_expert_1_mp_rank_00_model_states.pt"),
+                         ": expert 1 of MoE layer 0 is ep rank 1's (ep 2), written under mp_rank_01 at tp 2, found "
+                         "mp rank 0"));
+}
+
+// A tp rank's optimizer file missing (global rank 3: dp rank 1, tp rank 1):
+// refused naming it.
+TEST(MoeStateTest, MissingOptimizerFileOfATpRankIsRefused) {
+  const std::string src = ucp::testing::RunfilePath("testdata/moe_tp/ds0195_tp2_ep2_zero1_dp2/global_step3");
+  const std::string dir = JoinPath(FreshTempDir("moe_tp_missing_optim"), "global_step3");
+  ASSERT_TRUE(CopyTree(src, dir).ok());
+  ASSERT_EQ(std::remove(JoinPath(dir, "zero_pp_rank_1_mp_rank_01_optim_states.pt").c_str()), 0);
+  auto s = MoeState::Open(dir);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kNotFound) << s.status();
+  EXPECT_EQ(s.status().message(), absl::StrCat(JoinPath(dir, "zero_pp_rank_1_mp_rank_01_optim_states.pt"),
+                                               ": missing (dp_world_size 2, tp 2)"));
 }
 
 TEST(MoeStateTest, TensorParallelSaveWithoutModelStatesOfATpRankIsRefused) {

@@ -30,6 +30,12 @@ import families
 
 STATES = ("lp", "fp32", "exp_avg", "exp_avg_sq")
 
+# A native MoE expert's param (global expert id): whole on every rank holding
+# it. DeepSpeed builds the expert groups over global ranks, across tp (README,
+# "Native MoE at tp > 1"), so at tp > 1 each tp rank holds other experts: they
+# are gathered from every rank, not merged over tp.
+EXPERT = re.compile(r"\.deepspeed_moe\.experts\.deepspeed_experts\.\d+\.")
+
 
 def load_dumps(d):
     files = sorted(glob.glob(os.path.join(d, "rank*.pt")))
@@ -57,11 +63,23 @@ class Merged:
         tp = self.meta["tp"]
         per_tp = [dict() for _ in range(tp)]
         per_tp_buf = [dict() for _ in range(tp)]
+        experts, order = {}, []  # order: first seen (tp rank 0's params and the experts), as before experts
         for du in dumps:
             t = du["meta"]["tp_rank"]
             for p in du.get("anomalies", []):
                 self.problems.append(f"{d}: rank dump anomaly: {p}")
             for name, e in du["params"].items():
+                if EXPERT.search(name):  # whole: every rank holding it must agree
+                    if name in experts:
+                        for s in _states(e):
+                            if not _same(experts[name][s], e[s]):
+                                self.problems.append(f"expert {name} {s} differs between the ranks holding it in {d}")
+                    else:
+                        experts[name] = e
+                        order.append(name)
+                    continue
+                if t == 0 and name not in per_tp[0]:
+                    order.append(name)
                 if name in per_tp[t]:  # held by several dp ranks or pipeline stages (tied): must agree
                     for s in _states(e):
                         if not _same(per_tp[t][name][s], e[s]):
@@ -71,7 +89,13 @@ class Merged:
             for name, b in du["buffers"].items():
                 per_tp_buf[t].setdefault(name, b)
         self.params, self.buffers = {}, {}
-        for name in per_tp[0]:
+        for name in order:
+            if name in experts:
+                e = experts[name]
+                self.params[name] = {"frozen": True} if e.get("frozen") else {}
+                for s in _states(e):
+                    self.params[name][s] = e[s]
+                continue
             dim = split_of(fam.SPLITS, name, self.problems)
             marked = per_tp[0][name].get("split")
             sub = None

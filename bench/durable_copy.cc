@@ -8,8 +8,8 @@
 //
 //   durable_copy SRC_FOLDER OUT_FOLDER READ_BYTES WRITE_BYTES
 //
-// copies min(READ, WRITE) bytes of SRC's files, largest file first, into files
-// of the same names under OUT (copy_file_range, as cp does), reads the rest of
+// copies min(READ, WRITE) bytes of the files under SRC, largest file first,
+// into files of the same paths under OUT (copy_file_range, as cp does), reads the rest of
 // READ from where the copy stopped when READ > WRITE, writes the rest of WRITE
 // into one more file when WRITE > READ (copied again from the start of the
 // largest file), then sync(2), as `cp -r SRC OUT && sync` does. Exits 1 when
@@ -40,19 +40,37 @@ struct Input {
   std::exit(1);
 }
 
-std::vector<Input> ListFiles(const std::string& folder) {
-  std::vector<Input> files;
-  DIR* d = opendir(folder.c_str());
-  if (d == nullptr) Die(folder);
+// Every regular file under `folder` (paths relative to it), largest first.
+void ListInto(const std::string& folder, const std::string& rel, std::vector<Input>* files) {
+  const std::string dir = rel.empty() ? folder : folder + "/" + rel;
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) Die(dir);
   while (dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    if (name == "." || name == "..") continue;
+    const std::string sub = rel.empty() ? name : rel + "/" + name;
     struct stat st;
-    const std::string path = folder + "/" + e->d_name;
-    if (stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode)) files.push_back({e->d_name, uint64_t(st.st_size)});
+    if (lstat((folder + "/" + sub).c_str(), &st) != 0) continue;
+    if (S_ISDIR(st.st_mode)) ListInto(folder, sub, files);
+    if (S_ISREG(st.st_mode)) files->push_back({sub, uint64_t(st.st_size)});
   }
   closedir(d);
+}
+
+std::vector<Input> ListFiles(const std::string& folder) {
+  std::vector<Input> files;
+  ListInto(folder, "", &files);
   std::sort(files.begin(), files.end(),
             [](const Input& a, const Input& b) { return a.size != b.size ? a.size > b.size : a.name < b.name; });
   return files;
+}
+
+// Creates the folders of `rel` under `out` (as cp -r does for a tree).
+void MakeParents(const std::string& out, const std::string& rel) {
+  for (size_t at = rel.find('/'); at != std::string::npos; at = rel.find('/', at + 1)) {
+    const std::string dir = out + "/" + rel.substr(0, at);
+    if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) Die(dir);
+  }
 }
 
 // Copies `len` bytes of `src` from `offset` to the end of `dst`.
@@ -109,6 +127,7 @@ int main(int argc, char** argv) {
     const uint64_t n = std::min(copy, f.size);
     if (n > 0) {
       const std::string dst_path = out + "/" + f.name;
+      MakeParents(out, f.name);
       const int dst = open(dst_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
       if (dst < 0) Die(dst_path);
       CopyRange(in, dst, 0, n, dst_path);

@@ -119,7 +119,7 @@ if ! "$UCP" convert --input_folder="$SRC" --output_folder="$UNI" >"$WORK/convert
 fi
 sync
 
-bytes_of() { du -sb "$1" | cut -f1; }
+bytes_of() { find "$1" -type f -printf '%s\n' | awk '{s += $1} END {printf "%.0f\n", s}'; }  # the files' bytes
 IN_BYTES=$(bytes_of "$SRC")
 LARGEST=$(find "$SRC" -type f -printf '%s\n' | sort -n | tail -1)
 MANIFEST_BYTES=0
@@ -188,7 +188,7 @@ fi
 # Bytes each one reads (convert and reshard-z need the optimizer and mp_rank
 # files; the layer files hold lp weights the fp32 masters determine) and writes.
 ZERO_READ=$(find "$SRC" -type f \( -name '*optim_states.pt' -o -name 'mp_rank_*' \) -printf '%s\n' |
-  awk '{s+=$1} END {printf "%d\n", s}')
+  awk '{s+=$1} END {printf "%.0f\n", s}')
 CONVERT_WRITE=0 RU_READ=0 RU_WRITE=0
 if ((UNIVERSAL)); then
   CONVERT_WRITE=$(bytes_of "$UNI")
@@ -199,7 +199,7 @@ RZ_WRITE=$(bytes_of "$WORK/tp1_from_zero/global_step1")
 # export reads the fp32 partitions (as many bytes as it writes; the optimizer
 # states are not read) and the mp_rank files.
 EXPORT_WRITE=$(bytes_of "$WORK/export_out")
-EXPORT_READ=$((EXPORT_WRITE + $(find "$SRC" -type f -name 'mp_rank_*' -printf '%s\n' | awk '{s+=$1} END {printf "%d\n", s}')))
+EXPORT_READ=$((EXPORT_WRITE + $(find "$SRC" -type f -name 'mp_rank_*' -printf '%s\n' | awk '{s+=$1} END {printf "%.0f\n", s}')))
 
 
 # prepare PROTOCOL INPUT: the page-cache state a run starts from.

@@ -28,6 +28,7 @@ const char* PhaseName(Phase p) {
     case Phase::kDigest: return "digest";
     case Phase::kWrite: return "write";
     case Phase::kWriteback: return "writeback";
+    case Phase::kFlush: return "background flush";
     case Phase::kFsync: return "fsync";
     case Phase::kCommit: return "commit";
     case Phase::kCount: break;

@@ -27,6 +27,7 @@ enum class Phase {
   kDigest,     // the output files' digests (manifest)
   kWrite,      // write / pwrite system calls
   kWriteback,  // starting the writeback of written files (sync_file_range)
+  kFlush,      // flushing written output to disk while the units run (BackgroundFlusher)
   kFsync,      // fsync of the output before the commit
   kCommit,     // renaming the output into place, syncing its parent folder
   kCount

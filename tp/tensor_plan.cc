@@ -6,6 +6,7 @@
 #include <optional>
 #include <unordered_map>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "format/torch/mapped_file.h"
@@ -355,6 +356,7 @@ absl::Status TensorPlan::CopyFlat(int64_t start, int64_t count, uint8_t* out) co
   size_t i = static_cast<size_t>(it - run_starts_.begin()) - 1;
   int64_t pos = start;
   const int64_t end = start + count;
+  PopulateSourceRanges(i, start, end);
   int64_t deferred = 0;  // elements copied by opened plans (which count them)
   while (pos < end) {
     const Run& r = runs_[i];
@@ -384,6 +386,36 @@ absl::Status TensorPlan::CopyFlat(int64_t start, int64_t count, uint8_t* out) co
   return absl::OkStatus();
 }
 
+void TensorPlan::PopulateSourceRanges(size_t first_run, int64_t start, int64_t end) const {
+  // Per contiguous source, the span of its bytes that runs first_run... read
+  // for [start, end): a handful of sources, each read in one span.
+  struct Span {
+    int source;
+    int64_t lo, hi;  // elements
+  };
+  absl::InlinedVector<Span, 8> spans;
+  for (size_t i = first_run; i < runs_.size() && run_starts_[i] < end; ++i) {
+    const Run& r = runs_[i];
+    if (r.source < 0) continue;
+    const Source& s = (*sources_)[r.source];
+    if (s.deferred || !s.tensor.is_contiguous()) continue;
+    const int64_t lo = r.offset + std::max<int64_t>(start - run_starts_[i], 0);
+    const int64_t hi = r.offset + std::min(r.length, end - run_starts_[i]);
+    auto it = std::find_if(spans.begin(), spans.end(), [&](const Span& x) { return x.source == r.source; });
+    if (it == spans.end()) {
+      spans.push_back({r.source, lo, hi});
+    } else {
+      it->lo = std::min(it->lo, lo);
+      it->hi = std::max(it->hi, hi);
+    }
+  }
+  const size_t isz = torch::ItemSize(dtype_);
+  for (const Span& x : spans) {
+    const torch::Tensor& src = (*sources_)[x.source].tensor;
+    torch::MappedFile::Populate(src.data() + static_cast<size_t>(x.lo) * isz, static_cast<size_t>(x.hi - x.lo) * isz);
+  }
+}
+
 absl::StatusOr<absl::Span<const uint8_t>> TensorPlan::ViewFlat(int64_t start, int64_t count, uint8_t* scratch) const {
   const size_t isz = torch::ItemSize(dtype_);
   if (count > 0 && start >= 0 && start + count <= numel_) {
@@ -400,6 +432,8 @@ absl::StatusOr<absl::Span<const uint8_t>> TensorPlan::ViewFlat(int64_t start, in
       const torch::Tensor& src = s.tensor;
       if (src.is_contiguous()) {
         torch::MappedFile::NoteBytesConsumed(static_cast<size_t>(count) * isz);
+        torch::MappedFile::Populate(src.data() + static_cast<size_t>(r.offset + within) * isz,
+                                    static_cast<size_t>(count) * isz);
         return absl::MakeConstSpan(src.data() + static_cast<size_t>(r.offset + within) * isz,
                                    static_cast<size_t>(count) * isz);
       }

@@ -117,6 +117,9 @@ class TensorPlan {
     int64_t length = 0;  // elements
   };
   void AppendRun(const Run& r);
+  // MappedFile::Populate of the source bytes that runs first_run... read for
+  // elements [start, end) (before CopyFlat reads them).
+  void PopulateSourceRanges(size_t first_run, int64_t start, int64_t end) const;
   void AppendRange(const TensorPlan& from, int64_t start, int64_t count, int source_base);
   void FinishRuns();
   std::vector<int64_t> ComputeStarts() const;

@@ -12,6 +12,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "base/flusher.h"
 #include "base/fs.h"
 #include "base/parallel.h"
 #include "base/phases.h"
@@ -27,6 +28,11 @@ int64_t Plan::total_bytes() const {
   for (const Unit& u : units_) n += u.bytes;
   return n;
 }
+
+// How many bytes of written output between two background flushes: large
+// enough that the flushes stay few (each commits the journal), small enough
+// that the last one leaves the commit's sync little to do.
+constexpr int64_t kFlushEveryBytes = int64_t{256} << 20;
 
 absl::Status ExecuteUnits(const Plan& plan, const std::vector<size_t>& subset, const std::string& staging,
                           int threads, const ProgressFn& progress, bool writeback,
@@ -53,6 +59,10 @@ absl::Status ExecuteUnits(const Plan& plan, const std::vector<size_t>& subset, c
   PhaseTimes* const times = PhaseTimes::Current();  // --timings: bound on the threads that run units
   PhaseTimer wait(Phase::kUnits);
   torch::DeferredCrcChecks checks;
+  // With writeback (--fsync), the units' files are written back and flushed
+  // to disk in steps while the units run (base/flusher.h): the commit's sync
+  // then has little left to do.
+  BackgroundFlusher flusher(writeback ? kFlushEveryBytes : 0);
   absl::Status ran_all = ParallelFor(order.size(), threads, [&](size_t k) -> absl::Status {
     const size_t i = order[k];
     PhaseScope bound(times);
@@ -67,16 +77,10 @@ absl::Status ExecuteUnits(const Plan& plan, const std::vector<size_t>& subset, c
     // what it caused, is the error.
     if (!ran.ok() || torch::MappedFile::AnyFault()) UCP_RETURN_IF_ERROR(torch::MappedFile::CheckAllIntact());
     UCP_RETURN_IF_ERROR(ran);
-    // Start writing the unit's files back to disk now, so that the fsync
-    // before the commit (StagingDir::Commit) has little left to wait for.
-    for (const FileDigest& f : (*results)[i].files) {
-      if (!writeback) break;
-      PhaseTimer timer(Phase::kWriteback);
-      const int fd = open(JoinPath(staging, f.path()).c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0) continue;
-      (void)sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE);
-      close(fd);
-    }
+    // Start writing the unit's files back to disk now (on the flusher's
+    // thread), so that the fsync before the commit (StagingDir::Commit) has
+    // little left to wait for.
+    for (const FileDigest& f : (*results)[i].files) flusher.Written(JoinPath(staging, f.path()), f.size());
     // Counted and reported under one lock: the events come in order, the
     // last one complete (two threads finishing together cannot report 87
     // of 87 before 86 of 87).
@@ -93,7 +97,8 @@ absl::Status ExecuteUnits(const Plan& plan, const std::vector<size_t>& subset, c
   });
   // A damaged input explains whatever else went wrong: it comes first.
   UCP_RETURN_IF_ERROR(checks.Wait());
-  return ran_all;
+  UCP_RETURN_IF_ERROR(ran_all);
+  return flusher.Finish();
 }
 
 bool AddVerifyUnit(const state::CheckpointState& state, std::vector<Unit>* units) {

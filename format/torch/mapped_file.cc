@@ -222,6 +222,20 @@ void MappedFile::NoteBytesConsumed(size_t n) {
 }
 
 
+void MappedFile::Populate(const void* p, size_t len) {
+#ifndef MADV_POPULATE_READ
+  constexpr int MADV_POPULATE_READ = 22;
+#endif
+  static std::atomic<bool> unsupported{false};
+  if (len == 0 || p == nullptr || unsupported.load(std::memory_order_relaxed)) return;
+  const uintptr_t page = PageSize();
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(p) / page * page;
+  const uintptr_t end = reinterpret_cast<uintptr_t>(p) + len;
+  if (::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_READ) != 0 && errno == EINVAL) {
+    unsupported.store(true, std::memory_order_relaxed);
+  }
+}
+
 bool MappedFile::IsMappedByThisProcess(const std::string& path) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) return false;

@@ -75,6 +75,14 @@ class MappedFile {
   // that memory-mapped sources add, however large the checkpoint.
   static constexpr size_t kReleaseBudget = size_t{256} << 20;
   static void NoteBytesConsumed(size_t n);
+  // Maps the pages of [p, p + len) of any mapping of this process in one
+  // call (MADV_POPULATE_READ, Linux 5.14; earlier kernels: nothing), before
+  // a bulk read of them: one page fault per page costs far more on a VM,
+  // and a write(2) straight from a mapping takes its faults on a slow path
+  // (measured here: a 961 MB write from a mapping 1.1-5.4 s unpopulated,
+  // 0.19-0.22 s populated). A hint: pages that cannot be read (a file
+  // truncated under us) are left to fault, as before.
+  static void Populate(const void* p, size_t len);
 
   // True when `path` names a file (same device and inode) that a live
   // MappedFile of this process maps. Writers use it to refuse truncating a

@@ -170,5 +170,33 @@ TEST(MappedFileRssTest, ReleaseAllGivesBackTouchedPages) {
   EXPECT_LT(testing::RssKiB() - before, 8 * 1024);
 }
 
+// Populate maps the pages of a range without touching them one by one: the
+// RSS grows by the range, not by the rest of the file, and the bytes are the
+// file's.
+TEST(MappedFileRssTest, PopulateMapsExactlyTheRange) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string path = std::string(tmp != nullptr ? tmp : "/tmp") + "/populate_probe.bin";
+  {
+    std::string data(64 << 20, '\x3c');
+    FILE* f = std::fopen(path.c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    ASSERT_EQ(std::fwrite(data.data(), 1, data.size(), f), data.size());
+    std::fclose(f);
+  }
+  auto mapped = MappedFile::Open(path);
+  ASSERT_TRUE(mapped.ok());
+  MappedFile::ReleaseAll();
+  const int64_t before = testing::RssKiB();
+  MappedFile::Populate((*mapped)->data() + (8 << 20), 32 << 20);
+  const int64_t populated = testing::RssKiB();
+  EXPECT_GT(populated - before, 28 * 1024) << "populating 32 MiB should add them to RSS";
+  EXPECT_LT(populated - before, 44 * 1024) << "only the range is populated";
+  EXPECT_EQ((*mapped)->data()[(8 << 20) + 4321], 0x3c);
+  // Nothing to do, or not a mapping: no effect, no crash.
+  MappedFile::Populate(nullptr, 4096);
+  MappedFile::Populate((*mapped)->data(), 0);
+  MappedFile::ReleaseAll();
+}
+
 }  // namespace
 }  // namespace ucp::torch

@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "base/phases.h"
 #include "format/torch/crc32.h"
+#include "format/torch/mapped_file.h"
 
 namespace ucp::torch {
 namespace {
@@ -509,6 +510,7 @@ absl::Status CheckRecordCrc(absl::Span<const uint8_t> data, uint64_t data_offset
   constexpr size_t kPiece = size_t{16} << 20;
   for (size_t pos = 0; pos < data.size(); pos += kPiece) {
     const size_t len = std::min(kPiece, data.size() - pos);
+    MappedFile::Populate(data.data() + pos, len);
     crc = Crc32(crc, data.data() + pos, len);
     if (on_verified) on_verified(data_offset + pos, len);
   }
@@ -637,7 +639,7 @@ void StartWriteback(int fd, uint64_t offset, uint64_t len) {
 }
 
 FdSink::FdSink(int fd, std::string path_for_messages, size_t buffer_size, bool writeback)
-    : fd_(fd), path_(std::move(path_for_messages)), buffer_(buffer_size), writeback_(writeback) {}
+    : fd_(fd), path_(std::move(path_for_messages)), capacity_(std::max<size_t>(buffer_size, 1)), writeback_(writeback) {}
 
 absl::Status FdSink::WriteAll(const uint8_t* p, size_t n) {
   PhaseTimer timer(Phase::kWrite, static_cast<int64_t>(n));
@@ -660,16 +662,17 @@ absl::Status FdSink::WriteAll(const uint8_t* p, size_t n) {
 
 absl::Status FdSink::Write(absl::Span<const uint8_t> bytes) {
   // Pieces of a quarter of the buffer or more are not worth a copy.
-  const bool large = bytes.size() >= buffer_.size() / 4 && !bytes.empty();
-  if (!large && used_ + bytes.size() <= buffer_.size()) {
-    std::memcpy(buffer_.data() + used_, bytes.data(), bytes.size());
+  const bool large = bytes.size() >= capacity_ / 4 && !bytes.empty();
+  if (!large && buffer_ == nullptr) buffer_.reset(new uint8_t[capacity_]);  // uninitialized
+  if (!large && used_ + bytes.size() <= capacity_) {
+    std::memcpy(buffer_.get() + used_, bytes.data(), bytes.size());
     used_ += bytes.size();
     return absl::OkStatus();
   }
   absl::Status s = Flush();
   if (!s.ok()) return s;
   if (!large) {
-    std::memcpy(buffer_.data(), bytes.data(), bytes.size());
+    std::memcpy(buffer_.get(), bytes.data(), bytes.size());
     used_ = bytes.size();
     return absl::OkStatus();
   }
@@ -688,7 +691,8 @@ absl::Status FdSink::Skip(uint64_t n) {
 }
 
 absl::Status FdSink::Flush() {
-  absl::Status s = WriteAll(buffer_.data(), used_);
+  if (used_ == 0) return absl::OkStatus();
+  absl::Status s = WriteAll(buffer_.get(), used_);
   used_ = 0;
   return s;
 }

@@ -229,7 +229,10 @@ class FdSink : public ZipSink {
   absl::Status WriteAll(const uint8_t* p, size_t n);
   int fd_;
   std::string path_;
-  std::vector<uint8_t> buffer_;
+  // Allocated at the first buffered write, never zeroed (a file written in
+  // large pieces only, the common case for tensor data, needs none).
+  std::unique_ptr<uint8_t[]> buffer_;
+  size_t capacity_;
   size_t used_ = 0;
   uint64_t pos_ = 0;          // file offset of the next byte
   uint64_t written_back_ = 0; // bytes before it whose writeback was started

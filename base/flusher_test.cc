@@ -1,0 +1,72 @@
+#include "base/flusher.h"
+
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "base/fs.h"
+#include "gtest/gtest.h"
+
+namespace ucp {
+namespace {
+
+std::string TestFile(const std::string& name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  const std::string path = JoinPath(dir != nullptr ? dir : "/tmp", name);
+  EXPECT_TRUE(WriteFileAtomic(path, std::string(1024, 'x')).ok());
+  return path;
+}
+
+// Waits (up to a minute: machines here are shared) for `n` flushes.
+bool WaitForFlushes(const BackgroundFlusher& f, int n) {
+  for (int i = 0; i < 6000 && f.flushes() < n; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  return f.flushes() >= n;
+}
+
+TEST(BackgroundFlusherTest, FlushesOnceEnoughBytesAreWritten) {
+  BackgroundFlusher flusher(2048);
+  flusher.Written(TestFile("a"), 1024);
+  flusher.Written(TestFile("b"), 1024);
+  ASSERT_TRUE(WaitForFlushes(flusher, 1));
+  EXPECT_TRUE(flusher.Finish().ok());
+  EXPECT_EQ(flusher.flushes(), 1);
+}
+
+TEST(BackgroundFlusherTest, NoFlushBelowTheThreshold) {
+  BackgroundFlusher flusher(4096);
+  flusher.Written(TestFile("c"), 1024);
+  flusher.Written(TestFile("d"), 1024);
+  EXPECT_TRUE(flusher.Finish().ok());
+  EXPECT_EQ(flusher.flushes(), 0);
+}
+
+TEST(BackgroundFlusherTest, DisabledDoesNothing) {
+  BackgroundFlusher flusher(0);
+  flusher.Written("/nonexistent/ucp-flusher-test", int64_t{1} << 40);
+  EXPECT_TRUE(flusher.Finish().ok());
+  EXPECT_EQ(flusher.flushes(), 0);
+}
+
+TEST(BackgroundFlusherTest, AFailedFlushIsTheJobsErrorNamingTheFile) {
+  BackgroundFlusher flusher(100);
+  flusher.Written("/nonexistent/ucp-flusher-test", 1000);
+  ASSERT_TRUE(WaitForFlushes(flusher, 1));
+  absl::Status s = flusher.Finish();
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_NE(s.message().find("/nonexistent/ucp-flusher-test"), std::string::npos) << s;
+  // Reported again, not consumed.
+  EXPECT_EQ(flusher.Finish().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(BackgroundFlusherTest, NothingIsTakenAfterFinish) {
+  BackgroundFlusher flusher(100);
+  EXPECT_TRUE(flusher.Finish().ok());
+  flusher.Written("/nonexistent/ucp-flusher-test", 1000);
+  EXPECT_TRUE(flusher.Finish().ok());
+  EXPECT_EQ(flusher.flushes(), 0);
+}
+
+}  // namespace
+}  // namespace ucp

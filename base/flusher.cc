@@ -13,72 +13,134 @@ namespace ucp {
 
 namespace {
 
-absl::Status FlushFile(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    return absl::ErrnoToStatus(errno, absl::StrCat(path, ": cannot open to flush (was the output folder changed "
-                                                         "while ucp wrote it?)"));
-  }
-  absl::Status s;
-  if (::fdatasync(fd) != 0) {
-    s = absl::ErrnoToStatus(errno, absl::StrCat(path, ": fdatasync failed: the output may not be on disk"));
-  }
-  ::close(fd);
-  return s;
-}
+thread_local BackgroundFlusher* current_flusher = nullptr;
 
-// A hint: a file that cannot be opened here is reported by the flush.
-void StartFileWriteback(const std::string& path) {
-  PhaseTimer timer(Phase::kWriteback);
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return;
-  (void)::sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE);
-  ::close(fd);
+absl::Status OpenError(const std::string& path) {
+  return absl::ErrnoToStatus(
+      errno, absl::StrCat(path, ": cannot open to flush (was the output folder changed while ucp wrote it?)"));
 }
 
 }  // namespace
 
-BackgroundFlusher::BackgroundFlusher(int64_t every_bytes) : every_(every_bytes) {
-  if (every_ > 0) {
-    thread_ = std::thread([this, times = PhaseTimes::Current()] {
-      PhaseScope bound(times);  // --timings: the creator's table
-      Run();
-    });
+void StartWriteback(int fd, const std::string& path, uint64_t offset, uint64_t len) {
+  if (fd < 0 || len == 0) return;
+  if (BackgroundFlusher* f = BackgroundFlusher::Current()) {
+    f->WrittenRange(fd, path, offset, len);
+    return;
   }
+  PhaseTimer timer(Phase::kWriteback, static_cast<int64_t>(len));
+  (void)::sync_file_range(fd, static_cast<off64_t>(offset), static_cast<off64_t>(len), SYNC_FILE_RANGE_WRITE);
+}
+
+BackgroundFlusher* BackgroundFlusher::Current() { return current_flusher; }
+
+FlusherScope::FlusherScope(BackgroundFlusher* flusher) : previous_(current_flusher) { current_flusher = flusher; }
+FlusherScope::~FlusherScope() { current_flusher = previous_; }
+
+BackgroundFlusher::BackgroundFlusher(int64_t every_bytes) : every_(every_bytes) {
+  if (every_ <= 0) return;
+  PhaseTimes* const times = PhaseTimes::Current();  // --timings: the creator's table
+  writeback_thread_ = std::thread([this, times] {
+    PhaseScope bound(times);
+    RunWriteback();
+  });
+  flush_thread_ = std::thread([this, times] {
+    PhaseScope bound(times);
+    RunFlush();
+  });
 }
 
 BackgroundFlusher::~BackgroundFlusher() { (void)Finish(); }
 
-void BackgroundFlusher::Written(const std::string& path, int64_t bytes) {
-  if (every_ <= 0) return;
+void BackgroundFlusher::Push(Item item) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (stop_) return;
-    queue_.emplace_back(path, bytes);
+    if (!stop_) {
+      queue_.push_back(std::move(item));
+      item.fd = -1;
+    }
   }
-  cv_.notify_one();
+  if (item.fd >= 0) ::close(item.fd);
+  cv_.notify_all();
 }
 
-void BackgroundFlusher::Run() {
-  int64_t pending = 0;  // bytes written back since the last flush
+void BackgroundFlusher::Written(const std::string& path, int64_t bytes) {
+  if (every_ <= 0) return;
+  Item item;
+  item.path = path;
+  item.bytes = bytes;
+  Push(std::move(item));
+}
+
+void BackgroundFlusher::WrittenRange(int fd, const std::string& path, uint64_t offset, uint64_t len) {
+  if (every_ <= 0 || len == 0) return;
+  Item item;
+  item.path = path;
+  item.fd = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (item.fd < 0) return;  // a hint: the commit's sync covers it
+  item.offset = offset;
+  item.len = len;
+  item.bytes = static_cast<int64_t>(len);
+  Push(std::move(item));
+}
+
+void BackgroundFlusher::RunWriteback() {
+  int64_t pending = 0;  // bytes written back since the last flush was asked for
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
     cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
     if (stop_) return;
-    const auto [path, bytes] = std::move(queue_.front());
+    Item item = std::move(queue_.front());
     queue_.pop_front();
     lock.unlock();
-    StartFileWriteback(path);
-    pending += bytes;
     absl::Status s;
-    const bool flush = pending >= every_;
-    if (flush) {
-      PhaseTimer timer(Phase::kFlush);
-      s = FlushFile(path);
-      pending = 0;
+    if (item.fd < 0) {
+      item.fd = ::open(item.path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (item.fd < 0) s = OpenError(item.path);
     }
+    if (item.fd >= 0) {
+      PhaseTimer timer(Phase::kWriteback, item.bytes);
+      (void)::sync_file_range(item.fd, static_cast<off64_t>(item.offset), static_cast<off64_t>(item.len),
+                              SYNC_FILE_RANGE_WRITE);
+    }
+    pending += item.bytes;
     lock.lock();
-    if (flush) ++flushes_;
+    handled_ += item.bytes;
+    if (error_.ok()) error_ = s;
+    if (item.fd >= 0 && pending >= every_) {
+      // The newest file written back is the one to flush (any would do: the
+      // journal commit's cache flush covers every completed write).
+      if (flush_fd_ >= 0) ::close(flush_fd_);
+      flush_fd_ = item.fd;
+      flush_path_ = item.path;
+      item.fd = -1;
+      pending = 0;
+      cv_.notify_all();
+    }
+    if (item.fd >= 0) ::close(item.fd);
+  }
+}
+
+void BackgroundFlusher::RunFlush() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    cv_.wait(lock, [this] { return stop_ || flush_fd_ >= 0; });
+    if (stop_) return;
+    const int fd = flush_fd_;
+    const std::string path = flush_path_;
+    flush_fd_ = -1;
+    lock.unlock();
+    absl::Status s;
+    {
+      PhaseTimer timer(Phase::kFlush);
+      if (::fdatasync(fd) != 0) {
+        s = absl::ErrnoToStatus(
+            errno, absl::StrCat(path, ": fdatasync failed: the output may not be on disk"));
+      }
+    }
+    ::close(fd);
+    lock.lock();
+    ++flushes_;
     if (error_.ok()) error_ = s;
   }
 }
@@ -88,10 +150,22 @@ absl::Status BackgroundFlusher::Finish() {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
   }
-  cv_.notify_one();
-  if (thread_.joinable()) thread_.join();
+  cv_.notify_all();
+  if (writeback_thread_.joinable()) writeback_thread_.join();
+  if (flush_thread_.joinable()) flush_thread_.join();
   std::lock_guard<std::mutex> lock(mu_);
+  for (Item& item : queue_) {
+    if (item.fd >= 0) ::close(item.fd);
+  }
+  queue_.clear();
+  if (flush_fd_ >= 0) ::close(flush_fd_);
+  flush_fd_ = -1;
   return error_;
+}
+
+int64_t BackgroundFlusher::handled_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return handled_;
 }
 
 int BackgroundFlusher::flushes() const {

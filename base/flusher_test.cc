@@ -1,5 +1,8 @@
 #include "base/flusher.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdlib>
 #include <string>
@@ -49,10 +52,13 @@ TEST(BackgroundFlusherTest, DisabledDoesNothing) {
   EXPECT_EQ(flusher.flushes(), 0);
 }
 
-TEST(BackgroundFlusherTest, AFailedFlushIsTheJobsErrorNamingTheFile) {
+TEST(BackgroundFlusherTest, AFileThatCannotBeOpenedIsTheJobsErrorNamingIt) {
   BackgroundFlusher flusher(100);
   flusher.Written("/nonexistent/ucp-flusher-test", 1000);
-  ASSERT_TRUE(WaitForFlushes(flusher, 1));
+  for (int i = 0; i < 6000 && flusher.handled_bytes() < 1000; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(flusher.handled_bytes(), 1000);
   absl::Status s = flusher.Finish();
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
   EXPECT_NE(s.message().find("/nonexistent/ucp-flusher-test"), std::string::npos) << s;
@@ -64,6 +70,34 @@ TEST(BackgroundFlusherTest, NothingIsTakenAfterFinish) {
   BackgroundFlusher flusher(100);
   EXPECT_TRUE(flusher.Finish().ok());
   flusher.Written("/nonexistent/ucp-flusher-test", 1000);
+  EXPECT_TRUE(flusher.Finish().ok());
+  EXPECT_EQ(flusher.flushes(), 0);
+}
+
+TEST(BackgroundFlusherTest, RangesOfOpenFilesCountAndFlush) {
+  const std::string path = TestFile("e");
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  BackgroundFlusher flusher(1000);
+  {
+    FlusherScope bound(&flusher);
+    EXPECT_EQ(BackgroundFlusher::Current(), &flusher);
+    StartWriteback(fd, path, 0, 512);
+    StartWriteback(fd, path, 512, 512);
+  }
+  EXPECT_EQ(BackgroundFlusher::Current(), nullptr);
+  ::close(fd);  // the flusher holds its own descriptor
+  ASSERT_TRUE(WaitForFlushes(flusher, 1));
+  EXPECT_TRUE(flusher.Finish().ok());
+}
+
+TEST(BackgroundFlusherTest, UnboundWritebackNeedsNoFlusher) {
+  const std::string path = TestFile("f");
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  BackgroundFlusher flusher(1);
+  StartWriteback(fd, path, 0, 1024);  // not bound: straight to sync_file_range
+  ::close(fd);
   EXPECT_TRUE(flusher.Finish().ok());
   EXPECT_EQ(flusher.flushes(), 0);
 }

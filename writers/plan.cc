@@ -66,6 +66,7 @@ absl::Status ExecuteUnits(const Plan& plan, const std::vector<size_t>& subset, c
   absl::Status ran_all = ParallelFor(order.size(), threads, [&](size_t k) -> absl::Status {
     const size_t i = order[k];
     PhaseScope bound(times);
+    FlusherScope flushing(&flusher);
     absl::Status ran;
     {
       torch::DeferredCrcChecks::Scope scope(&checks);

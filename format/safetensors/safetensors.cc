@@ -12,6 +12,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "base/flusher.h"
 #include "base/phases.h"
 #include "format/json/json.h"
 
@@ -170,13 +171,6 @@ std::mutex& FileWriteTurn(const std::string& path) {
   return turns[std::hash<std::string>{}(path) % 64];
 }
 
-// Starts writing [offset, offset + len) of `fd` back to disk without waiting
-// (an error shows at the fsync before the commit).
-void StartWriteback(int fd, uint64_t offset, uint64_t len) {
-  PhaseTimer timer(Phase::kWriteback, static_cast<int64_t>(len));
-  (void)::sync_file_range(fd, static_cast<off64_t>(offset), static_cast<off64_t>(len), SYNC_FILE_RANGE_WRITE);
-}
-
 }  // namespace
 
 absl::Status CreateFile(const std::string& path, const FileLayout& layout) {
@@ -221,13 +215,13 @@ absl::Status WriteTensor(const std::string& path, const FileLayout& layout, size
       std::lock_guard<std::mutex> turn(FileWriteTurn(path));
       st = PWriteAll(fd, path, view->data(), n, base + off);
       if (st.ok() && writeback && off + n >= written_back + kWritebackBytes) {
-        StartWriteback(fd, base + written_back, off + n - written_back);
+        StartWriteback(fd, path, base + written_back, off + n - written_back);
         written_back = off + n;
       }
     }
   }
   if (st.ok() && writeback && written_back < t.end - t.begin) {
-    StartWriteback(fd, base + written_back, t.end - t.begin - written_back);
+    StartWriteback(fd, path, base + written_back, t.end - t.begin - written_back);
   }
   if (::close(fd) != 0 && st.ok()) st = Errno(path, "close");
   if (!st.ok()) return absl::Status(st.code(), absl::StrCat(path, ": tensor \"", t.spec.name, "\": ", st.message()));

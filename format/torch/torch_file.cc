@@ -20,6 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "base/parallel.h"
 #include "base/digest.h"
+#include "base/flusher.h"
 #include "base/phases.h"
 #include "base/status_macros.h"
 #include "format/pickle/reader.h"
@@ -902,11 +903,11 @@ struct TorchWriter::Impl {
       UCP_RETURN_IF_ERROR(PwriteAll(fd, name, piece.data(), piece.size(), at));
       at += piece.size();
       if (options.writeback && at >= written_back + kWritebackBytes) {
-        StartWriteback(fd, written_back, at - written_back);
+        StartWriteback(fd, name, written_back, at - written_back);
         written_back = at;
       }
     }
-    if (options.writeback) StartWriteback(fd, written_back, at - written_back);
+    if (options.writeback) StartWriteback(fd, name, written_back, at - written_back);
     return crc;
   }
 
@@ -917,7 +918,11 @@ struct TorchWriter::Impl {
                                     const std::string& pkl, const std::vector<size_t>& order) {
     UCP_ASSIGN_OR_RETURN(std::vector<uint64_t> data_offset, LayOut(name, stem, pkl, order));
     std::vector<uint32_t> crc(order.size(), 0);
+    BackgroundFlusher* const flusher = BackgroundFlusher::Current();
+    PhaseTimes* const times = PhaseTimes::Current();
     absl::Status s = ParallelFor(order.size(), options.record_threads, [&](size_t i) -> absl::Status {
+      FlusherScope flushing(flusher);
+      PhaseScope timing(times);
       UCP_ASSIGN_OR_RETURN(crc[i], FillRecord(fd, name, entries[order[i]], data_offset[i], 0, UINT64_MAX));
       return absl::OkStatus();
     });

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/flusher.h"
 #include "base/phases.h"
 #include "format/torch/crc32.h"
 #include "format/torch/mapped_file.h"
@@ -632,11 +633,6 @@ absl::Status ZipReader::VerifyAllCrcs() const {
 // ---------------------------------------------------------------------------
 // Sinks
 
-void StartWriteback(int fd, uint64_t offset, uint64_t len) {
-  if (fd < 0 || len == 0) return;
-  PhaseTimer timer(Phase::kWriteback, static_cast<int64_t>(len));
-  (void)::sync_file_range(fd, static_cast<off64_t>(offset), static_cast<off64_t>(len), SYNC_FILE_RANGE_WRITE);
-}
 
 FdSink::FdSink(int fd, std::string path_for_messages, size_t buffer_size, bool writeback)
     : fd_(fd), path_(std::move(path_for_messages)), capacity_(std::max<size_t>(buffer_size, 1)), writeback_(writeback) {}
@@ -654,7 +650,7 @@ absl::Status FdSink::WriteAll(const uint8_t* p, size_t n) {
     pos_ += static_cast<uint64_t>(w);
   }
   if (writeback_ && pos_ >= written_back_ + kWritebackBytes) {
-    StartWriteback(fd_, written_back_, pos_ - written_back_);
+    StartWriteback(fd_, path_, written_back_, pos_ - written_back_);
     written_back_ = pos_;
   }
   return absl::OkStatus();

@@ -240,13 +240,11 @@ class FdSink : public ZipSink {
 };
 
 inline constexpr uint64_t kWritebackBytes = uint64_t{32} << 20;
-// Starts the writeback of bytes [offset, offset + len) of `fd`
-// (sync_file_range SYNC_FILE_RANGE_WRITE: no wait for it to finish). A hint:
-// failures are ignored, the fsync before the commit is what makes the bytes
-// durable. Writers call it only when their output is fsynced
-// (TorchWriteOptions::writeback, FdSink's `writeback`): without --fsync the
-// bytes may stay in the page cache, as cp's do.
-void StartWriteback(int fd, uint64_t offset, uint64_t len);
+// Writers start the writeback of every kWritebackBytes they write
+// (ucp::StartWriteback, base/flusher.h: through the unit's background
+// flusher) only when their output is fsynced (TorchWriteOptions::writeback,
+// FdSink's `writeback`): without --fsync the bytes may stay in the page
+// cache, as cp's do.
 
 // StringSink: appends to a string (tests, small archives).
 class StringSink : public ZipSink {

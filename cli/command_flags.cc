@@ -266,8 +266,9 @@ void ReshardFlags::Register(FlagSet& f) {
   f.Int("sub_group_size", &o.write.sub_group_size,
         "ZeRO-3 output: the target job's zero_optimization.sub_group_size (0 = the source's, else 1e9)");
   f.Int32("expert_parallel", &o.write.expert_parallel,
-          "mixture-of-experts output: expert parallel degree (0 = the source's if it divides --dp, else the largest "
-          "that divides --dp and every layer's expert count)");
+          "mixture-of-experts output: expert parallel degree, >= --tp (0 = the source's if it divides --tp x --dp, "
+          "else the largest below it that divides --tp x --dp and every layer's expert count, else the smallest "
+          "from --tp up)");
   f.String("target_ds_version", &o.write.target_ds_version,
            "the DeepSpeed version (0.12 to 0.19.6, master) whose layout to write: group_paddings per rank from 0.16.4 "
            "(\"\" = the source's ds_version)");

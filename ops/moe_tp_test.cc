@@ -12,6 +12,10 @@
 //   - negative controls: the same comparison with the tp ranks or the ep
 //     ranks of the dumps swapped finds every split param / expert differing,
 //     so a reader that swapped them would fail the first test.
+//   - `ucp reshard --tp=2` (the writer): to the save's own topology and
+//     through tp 1 and back, the save itself file for file; at dp 1 every
+//     slice the dumps'; the same checks with the tp or ep ranks swapped fail;
+//     ep < tp, pp > 1 and targets before 0.19.5 refused, saying why.
 #include <map>
 #include <memory>
 #include <set>
@@ -30,6 +34,7 @@
 #include "ops/export.h"
 #include "ops/open.h"
 #include "ops/reshard.h"
+#include "testing/compare.h"
 #include "testing/fixtures.h"
 
 namespace ucp::ops {
@@ -254,19 +259,153 @@ TEST(MoeTpRulesTest, SuggestionsLeaveTheWholeExpertsOut) {
   EXPECT_EQ(r->text.find("deepspeed_experts"), std::string::npos) << r->text;
 }
 
-// ucp writes native MoE at tp 1 only: --tp=2 is refused as such, not as
-// experts whose tp split is unknown.
-TEST(MoeTpReshardTest, ToTp2IsRefused) {
+// `ucp reshard` of the save to tp 2 at `dp` and `ep` into `root`/NAME/global_step3.
+std::string ReshardToTp2(const std::string& input, const std::string& root, const std::string& name, int dp, int ep,
+                         const std::string& rules_file = "") {
   ReshardOptions o;
-  o.input_folder = RunfilePath(absl::StrCat(kSave, "/global_step3"));
-  o.output_folder = JoinPath(FreshTempDir("moe_tp_reshard_tp2"), "global_step3");
-  o.write.target = state::Topology{2, 1, 1};
+  o.input_folder = input;
+  o.output_folder = JoinPath(root, absl::StrCat(name, "/global_step3"));
+  o.write.target = state::Topology{2, 1, dp};
+  o.write.expert_parallel = ep;
+  o.write.num_threads = 2;
+  o.zero_source.rules.rules_file = rules_file;
   auto r = Reshard(o);
-  ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
-  EXPECT_EQ(r.status().message(), absl::StrCat(o.input_folder, ": mixture-of-experts target tp=2 pp=1 dp=1: ucp "
-                                                               "writes native MoE checkpoints at tp=1 pp=1"));
-  EXPECT_FALSE(PathExists(o.output_folder));
+  EXPECT_TRUE(r.ok()) << name << ": " << r.status();
+  return o.output_folder;
+}
+
+// The tp 2 output `dir` read back: every tp slice and expert bitwise what the
+// saving job's ranks held (the dumps), as the reader test checks the save.
+void ExpectTheDumps(const std::string& dir, const std::vector<Dump>& dumps, int dp) {
+  auto s = deepspeed_moe::MoeState::Open(dir);
+  ASSERT_TRUE(s.ok()) << dir << ": " << s.status();
+  EXPECT_EQ((*s)->info().source_topology.tp, 2) << dir;
+  EXPECT_EQ((*s)->info().source_topology.dp, dp) << dir;
+  EXPECT_EQ((*s)->info().expert_parallel, 2) << dir;
+  int compared = 0;
+  const std::vector<std::string> bad = SliceMismatches(**s, dumps, false, false, &compared);
+  EXPECT_TRUE(bad.empty()) << dir << ":\n" << absl::StrJoin(bad, "\n");
+  EXPECT_EQ(compared, (10 * 2 + 2 * 4) * 4) << dir;
+}
+
+// ucp writes native MoE at tp 2 as DeepSpeed 0.19.5 does: resharded to its
+// own topology (tp 2 dp 2 ep 2) the save comes back file for file (keys in
+// order, values, tensors bitwise); at dp 1 every slice is still the dumps'.
+TEST(MoeTpWriterTest, ToTp2IsTheSaveItself) {
+  const std::vector<Dump> dumps = ReadDumps();
+  ASSERT_EQ(dumps.size(), static_cast<size_t>(kRanks));
+  const std::string input = RunfilePath(absl::StrCat(kSave, "/global_step3"));
+  const std::string root = FreshTempDir("moe_tp_to_tp2");
+  const std::string same = ReshardToTp2(input, root, "dp2", 2, 2);
+  auto diff = ucp::testing::CompareFolders(input, same);
+  ASSERT_TRUE(diff.ok()) << diff.status();
+  EXPECT_TRUE(diff->empty()) << absl::StrJoin(*diff, "\n");
+  ExpectTheDumps(same, dumps, 2);
+  const std::string dp1 = ReshardToTp2(input, root, "dp1", 1, 2);
+  ExpectTheDumps(dp1, dumps, 1);
+  auto files = ucp::testing::ListFilesRecursive(dp1);
+  ASSERT_TRUE(files.ok()) << files.status();
+  EXPECT_EQ(absl::StrJoin(*files, " "),
+            "layer_0_expert_0_mp_rank_00_model_states.pt layer_0_expert_1_mp_rank_01_model_states.pt "
+            "mp_rank_00_model_states.pt mp_rank_01_model_states.pt zero_pp_rank_0_mp_rank_00_optim_states.pt "
+            "zero_pp_rank_0_mp_rank_01_optim_states.pt");
+}
+
+// tp 2 -> tp 1 -> tp 2: the save again, file for file. A tp 1 checkpoint
+// cannot say how the gate splits (one copy): without a rule the reshard to
+// tp 2 stops naming it, with the rule (replicated) it succeeds.
+TEST(MoeTpWriterTest, Tp1ToTp2RoundTripIsTheSave) {
+  const std::vector<Dump> dumps = ReadDumps();
+  ASSERT_EQ(dumps.size(), static_cast<size_t>(kRanks));
+  const std::string input = RunfilePath(absl::StrCat(kSave, "/global_step3"));
+  const std::string root = FreshTempDir("moe_tp_round_trip");
+  ReshardOptions o;
+  o.input_folder = input;
+  o.output_folder = JoinPath(root, "tp1/global_step3");
+  o.write.target = state::Topology{1, 1, 2};
+  ASSERT_TRUE(Reshard(o).ok());
+  ReshardOptions norule;
+  norule.input_folder = o.output_folder;
+  norule.output_folder = JoinPath(root, "norule/global_step3");
+  norule.write.target = state::Topology{2, 1, 2};
+  auto refused = Reshard(norule);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_NE(refused.status().message().find("sequential.2.mlp.deepspeed_moe.gate.wg.weight"), std::string::npos)
+      << refused.status();
+  EXPECT_FALSE(PathExists(norule.output_folder));
+  const std::string rules = JoinPath(root, "gate.textproto");
+  ASSERT_TRUE(
+      WriteFileAtomic(rules, R"(rule { pattern: ".*\\.deepspeed_moe\\.gate\\.wg\\.weight$" kind: REPLICATED })").ok());
+  const std::string back = ReshardToTp2(o.output_folder, root, "back", 2, 2, rules);
+  auto diff = ucp::testing::CompareFolders(input, back);
+  ASSERT_TRUE(diff.ok()) << diff.status();
+  EXPECT_TRUE(diff->empty()) << absl::StrJoin(*diff, "\n");
+  ExpectTheDumps(back, dumps, 2);
+}
+
+// Negative controls of the two tests above: the same comparisons fail for
+// a writer that swapped the tp ranks or the ep ranks (every split param /
+// every expert differs; tp rank 1's model states are not tp rank 0's).
+TEST(MoeTpWriterTest, SwappedTpOrEpRanksOfTheOutputAreDetected) {
+  const std::vector<Dump> dumps = ReadDumps();
+  ASSERT_EQ(dumps.size(), static_cast<size_t>(kRanks));
+  const std::string input = RunfilePath(absl::StrCat(kSave, "/global_step3"));
+  const std::string out = ReshardToTp2(input, FreshTempDir("moe_tp_to_tp2_swapped"), "dp1", 1, 2);
+  auto s = deepspeed_moe::MoeState::Open(out);
+  ASSERT_TRUE(s.ok()) << s.status();
+  int compared = 0;
+  std::vector<std::string> bad = SliceMismatches(**s, dumps, false, true, &compared);
+  int experts = 0;
+  for (const std::string& b : bad) experts += IsExpert(b) ? 1 : 0;
+  EXPECT_EQ(experts, 2 * 4 * 4) << absl::StrJoin(bad, "\n");
+  EXPECT_EQ(bad.size(), static_cast<size_t>(experts));
+  bad = SliceMismatches(**s, dumps, true, false, &compared);
+  int split = 0;
+  for (const auto& [name, dim] : dumps[0].split) split += dim >= 0 && !IsExpert(name) ? 1 : 0;
+  EXPECT_GE(split, 5);
+  EXPECT_EQ(bad.size(), static_cast<size_t>(split * 2 * 4)) << absl::StrJoin(bad, "\n");
+  auto diff = ucp::testing::CompareFiles(JoinPath(input, "mp_rank_01_model_states.pt"),
+                                         JoinPath(out, "mp_rank_00_model_states.pt"));
+  ASSERT_TRUE(diff.ok()) << diff.status();
+  EXPECT_FALSE(diff->empty());
+}
+
+// What ucp does not write stays refused, saying what it expects and what it
+// found, before anything is written: ep < tp (tp ranks >= ep would have no
+// model states), pp > 1, a tp > 1 target before DeepSpeed 0.19.5.
+TEST(MoeTpWriterTest, WhatCannotBeWrittenIsRefused) {
+  const std::string root = FreshTempDir("moe_tp_refused");
+  struct Refused {
+    state::Topology target;
+    int ep;
+    std::string version;
+    std::string message;
+  };
+  const std::vector<Refused> cases = {
+      {state::Topology{2, 1, 2}, 1, "",
+       "--expert_parallel=1 at tp=2: expected an expert parallel degree >= tp (found 1 < 2): DeepSpeed writes a tp "
+       "rank's model states on expert data parallel rank 0 only, so tp ranks >= ep would have none and DeepSpeed "
+       "could not load the checkpoint"},
+      {state::Topology{2, 2, 1}, 2, "",
+       "mixture-of-experts target tp=2 pp=2 dp=1: ucp writes native MoE checkpoints at pp=1 (found pp=2)"},
+      {state::Topology{2, 1, 1}, 2, "0.19.4",
+       "mixture-of-experts target tp=2 pp=1 dp=1: ucp writes native MoE checkpoints at tp > 1 in the layout of "
+       "DeepSpeed 0.19.5 or later (expected --target_ds_version >= 0.19.5, found 0.19.4)"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    ReshardOptions o;
+    o.input_folder = RunfilePath(absl::StrCat(kSave, "/global_step3"));
+    o.output_folder = JoinPath(root, absl::StrCat(i, "/global_step3"));
+    o.write.target = cases[i].target;
+    o.write.expert_parallel = cases[i].ep;
+    o.write.target_ds_version = cases[i].version;
+    auto r = Reshard(o);
+    ASSERT_FALSE(r.ok()) << i;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+    EXPECT_EQ(r.status().message(), cases[i].message);
+    EXPECT_FALSE(PathExists(o.output_folder)) << i;
+  }
 }
 
 TEST(MoeTpExportTest, EveryTensorIsTheDumpsJoined) {

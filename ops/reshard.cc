@@ -107,12 +107,6 @@ absl::StatusOr<ReshardResult> ReshardImpl(const ReshardOptions& options) {
   if (options.write.target.tp == 1) source.tp1_whole_tensors = true;
   source.verify_checksums = source.verify_checksums || options.verify_checksums;
   UCP_ASSIGN_OR_RETURN(OpenedSource src, OpenSource(options.input_folder, source, options.cluster));
-  if (options.format.empty() && src.state->info().expert_parallel > 0 && options.write.target.tp > 1) {
-    // Said before the experts' tp split is asked for (the MoE writer refuses the same).
-    return absl::InvalidArgumentError(absl::StrCat(src.dir, ": mixture-of-experts target ",
-                                                   options.write.target.ToString(),
-                                                   ": ucp writes native MoE checkpoints at tp=1 pp=1"));
-  }
   if (options.write.target.tp > 1) {
     // Whole tensors of a tp=1 source that nothing decided: the rules given
     // now say how they split, or the reshard stops here.

@@ -706,8 +706,10 @@ absl::Status WholeDecidedState::Decide(const RuleResolver::Options& options, con
     ParamFacts f;
     f.name = p.name;
     f.slice_shape = p.full_shape;
-    f.decided = p.source != UNDECIDED;
-    if (p.source == UNDECIDED) {
+    // A whole tensor no tp rank splits (a MoE expert, ParamState::tp_whole)
+    // stays whole at any tp: nothing to decide.
+    f.decided = p.source != UNDECIDED || p.tp_whole;
+    if (!f.decided) {
       RuleDecision d = resolver.Decide(p.name, p.full_shape);
       if (!d.rule) d = resolver.DecideWithoutRules(p.name, std::nullopt);
       if (!d.rule) {
@@ -753,7 +755,7 @@ absl::StatusOr<std::unique_ptr<state::ModelState>> DecideUndecided(std::unique_p
                                                                    const RuleResolver::Options& options,
                                                                    const std::string& dir, int target_tp) {
   bool any = false;
-  for (const auto& p : state->info().params) any |= p.source == UNDECIDED;
+  for (const auto& p : state->info().params) any |= p.source == UNDECIDED && !p.tp_whole;
   if (!any) return state;
   auto s = std::make_unique<WholeDecidedState>(std::move(state));
   UCP_RETURN_IF_ERROR(s->Decide(options, dir, target_tp));

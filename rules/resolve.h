@@ -122,8 +122,9 @@ absl::StatusOr<std::unique_ptr<state::ModelState>> ReinterpretDeepSpeedUniversal
 // universal checkpoint converted from one) take the rule that `options`
 // (--rules, --preset, --default_kind) gives them, as if the whole tensor were
 // the one tp slice of a tp=1 checkpoint. While any stays undecided: an error
-// naming them, with one rule per family to fill in (rules/suggest.h). A state
-// with no undecided param is returned as it is.
+// naming them, with one rule per family to fill in (rules/suggest.h). A param
+// no tp rank splits (ParamState::tp_whole: a MoE expert) stays whole and
+// undecided. A state with no undecided param is returned as it is.
 absl::StatusOr<std::unique_ptr<state::ModelState>> DecideUndecided(std::unique_ptr<state::ModelState> state,
                                                                    const RuleResolver::Options& options,
                                                                    const std::string& dir, int target_tp);

@@ -93,10 +93,11 @@ struct ParamState {
   // pipeline stages holding it (several for params tied across stages).
   std::vector<std::vector<int64_t>> tp_shapes;
   std::vector<int> stages;
-  // A tensor that a source of tp > 1 holds once and whole, sliced by no tp
-  // rank (a native MoE expert: DeepSpeed places experts by expert parallel
-  // rank across tp): one tp_shapes entry, one slice, decided as a tp=1
-  // source's param would be (rules/resolve.h).
+  // A tensor no tp rank slices, held once and whole (a native MoE expert, at
+  // any source tp: DeepSpeed places experts by expert parallel rank across
+  // tp): one tp_shapes entry, one slice, decided as a tp=1 source's param
+  // would be (rules/resolve.h); a reshard to tp > 1 leaves it whole
+  // (rules::DecideUndecided asks no rule for it).
   bool tp_whole = false;
   // An AutoTP lm_head the source holds whole on every tp rank (DeepSpeed
   // 0.16.4 - 0.18.9, whose `rule` is then REPLICATED: the copies merge as

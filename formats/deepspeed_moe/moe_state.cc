@@ -704,7 +704,7 @@ absl::Status MoeState::AddTrainableParams(torch::DType lp, TrainableShapes* trai
         if (!grp.expert) {
           for (int t = 1; t < tp_; ++t) p.tp_shapes.push_back(grp.tp_shapes[t][i]);
         }
-        p.tp_whole = grp.expert && tp_ > 1;
+        p.tp_whole = grp.expert;
         p.stages = {0};
         if (!trainable->insert({p.name, grp.shapes[i]}).second) return InvalidIn(mp_path, absl::StrCat("param '", p.name, "' is in param_shapes twice"));
         info_.params.push_back(std::move(p));

@@ -52,9 +52,12 @@
 // file; DeepSpeed's own load refuses it) and is refused
 // (RefuseIncompleteModelParallel).
 //
+// Experts are whole at any source tp (ParamState::tp_whole, tp 1 too): no tp
+// rank splits them, so a reshard to tp > 1 asks no rule for them.
+//
 // ds_to_universal.py (0.19.5) cannot convert these (it merges every ep
-// rank's local experts as if they were dp shards); ucp reshards them
-// (formats/deepspeed_moe/moe_writer.h).
+// rank's local experts as if they were dp shards); ucp reshards them to any
+// tp (ep >= tp), dp and ep (formats/deepspeed_moe/moe_writer.h).
 #ifndef UCP_FORMATS_DEEPSPEED_MOE_MOE_STATE_H_
 #define UCP_FORMATS_DEEPSPEED_MOE_MOE_STATE_H_
 

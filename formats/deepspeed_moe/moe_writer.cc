@@ -17,6 +17,7 @@
 #include "deepspeed/zero_target_parts.h"
 #include "formats/deepspeed_moe/moe_state.h"
 #include "format/pickle/accessors.h"
+#include "tp/merge.h"
 #include "tp/plan_io.h"
 
 namespace ucp::deepspeed_moe {
@@ -65,6 +66,8 @@ class MoePlan : public Plan {
   absl::Status Build() {
     UCP_RETURN_IF_ERROR(CheckTarget());
     UCP_RETURN_IF_ERROR(ReadTargetVersion());
+    UCP_RETURN_IF_ERROR(CheckTpTarget());
+    UCP_RETURN_IF_ERROR(PlanSlices());
     if (common_layout_) UCP_RETURN_IF_ERROR(CheckBuffersTold());
     UCP_ASSIGN_OR_RETURN(common_, ds_->OptimizerCommon());
     if (!common_.value || !common_.value->is(Kind::kDict)) return absl::InvalidArgumentError("no optimizer state");
@@ -84,7 +87,7 @@ class MoePlan : public Plan {
     ValuePtr root;
     switch (job.kind) {
       case JobKind::kModel: {
-        UCP_ASSIGN_OR_RETURN(root, ModelStates(w));
+        UCP_ASSIGN_OR_RETURN(root, ModelStates(w, job.tp));
         break;
       }
       case JobKind::kExpert: {
@@ -98,7 +101,7 @@ class MoePlan : public Plan {
         break;
       }
       case JobKind::kOptim: {
-        UCP_ASSIGN_OR_RETURN(root, OptimFile(w, job.dp));
+        UCP_ASSIGN_OR_RETURN(root, OptimFile(w, job.dp * tp_ + job.tp));
         break;
       }
       case JobKind::kVerify:
@@ -116,37 +119,101 @@ class MoePlan : public Plan {
   const state::CheckpointState* source() const override { return &state_; }
 
  private:
-  // What a unit writes: the module file, an expert's file (layer, expert),
-  // a dp rank's optimizer file (dp), an expert-parallel rank's placeholder
-  // optimizer file (expert = its ep rank), or the check of the inputs no
-  // unit reads (AddVerifyUnit).
+  // What a unit writes: tp rank `tp`'s module file, an expert's file (layer,
+  // expert), the optimizer file of dp rank `dp` and tp rank `tp`, an
+  // expert-parallel rank's placeholder optimizer file (expert = its ep rank),
+  // or the check of the inputs no unit reads (AddVerifyUnit).
   enum class JobKind { kModel, kExpert, kExpp, kOptim, kVerify };
   struct Job {
     JobKind kind;
     int layer = -1;
     int expert = -1;
     int dp = -1;
+    int tp = 0;
   };
 
-  // The target: tp = pp = 1 (dp_), ZeRO stage 1 or 2 (stage_), its expert
-  // parallelism (ep_, edp_); the source's DeepSpeed facet (ds_).
+  // The target: pp = 1, tp_ x dp_ ranks (global rank r = dp rank x tp + tp
+  // rank), ZeRO stage 1 or 2 (stage_), its expert parallelism (ep_ >= tp_,
+  // edp_ = ranks / ep_); the source's DeepSpeed facet (ds_).
   absl::Status CheckTarget() {
     const state::Topology& t = options_.target;
     UCP_RETURN_IF_ERROR(t.Validate());
     UCP_ASSIGN_OR_RETURN(ds_, deepspeed::FacetOrDefaults(state_, options_.target_ds_version, &owned_facet_));
-    if (t.tp != 1 || t.pp != 1) {
+    if (t.pp != 1) {
       return absl::InvalidArgumentError(absl::StrCat("mixture-of-experts target ", t.ToString(),
-                                                     ": ucp writes native MoE checkpoints at tp=1 pp=1"));
+                                                     ": ucp writes native MoE checkpoints at pp=1 (found pp=", t.pp,
+                                                     ")"));
     }
     dp_ = t.dp;
+    tp_ = t.tp;
     stage_ = options_.zero_stage > 0 ? options_.zero_stage : info_.zero_stage;
     if (stage_ != 1 && stage_ != 2) {
       return absl::InvalidArgumentError(absl::StrCat("mixture-of-experts target: ZeRO stage ", stage_,
                                                      ": ucp writes native MoE checkpoints at stage 1 or 2"));
     }
     UCP_ASSIGN_OR_RETURN(ep_, TargetExpertParallel(info_, options_));
-    edp_ = dp_ / ep_;
+    edp_ = dp_ * tp_ / ep_;
     return absl::OkStatus();
+  }
+
+  // At tp > 1 the layout written is DeepSpeed 0.19.5's (realds/README.md,
+  // "Native MoE at tp > 1", measured there): an older target is refused.
+  absl::Status CheckTpTarget() const {
+    if (tp_ == 1 || parallel_dims_) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "mixture-of-experts target ", options_.target.ToString(), ": ucp writes native MoE checkpoints at tp > 1 ",
+        "in the layout of DeepSpeed 0.19.5 or later (expected --target_ds_version >= 0.19.5, found ", version_, ")"));
+  }
+
+  // Each param's shape on a target tp rank (slice_shapes_): an expert whole
+  // (DeepSpeed does not split experts over tp: enable_expert_tensor_parallelism
+  // False), any other tensor cut by its rule as the ZeRO writer cuts it (a
+  // vocabulary padded to a multiple of make_vocab_size_divisible_by x tp).
+  absl::Status PlanSlices() {
+    const size_t n = info_.params.size();
+    slice_shapes_.resize(n);
+    padded_rows_.assign(n, 0);
+    std::vector<std::string> unknown;
+    for (size_t i = 0; i < n; ++i) {
+      const ParamState& p = info_.params[i];
+      slice_shapes_[i] = p.full_shape;
+      if (tp_ == 1 || IsExpert(p.name)) continue;
+      if (p.origin == state::kTp1WholeOrigin || p.source == UNDECIDED) {
+        unknown.push_back(p.name);
+        continue;
+      }
+      if (p.rule.kind() == VOCAB) {
+        const int64_t by = options_.make_vocab_size_divisible_by > 0 ? options_.make_vocab_size_divisible_by
+                                                                     : info_.make_vocab_size_divisible_by;
+        if (by <= 0) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "param '", p.name, "' is a vocabulary tensor whose padding depends on tp: pass ",
+              "--make_vocab_size_divisible_by (Megatron's default is 128)"));
+        }
+        padded_rows_[i] = tp::PaddedVocabSize(p.full_shape[0], by, tp_);
+      }
+      UCP_ASSIGN_OR_RETURN(slice_shapes_[i], tp::SliceShapeFromFull(p.rule, p.full_shape, tp_, padded_rows_[i], p.name),
+                           _.Prepend(absl::StrCat("target tp=", tp_, ": ")));
+    }
+    if (unknown.empty()) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "target tp=", tp_, ": ", unknown.size(), " param(s) outside the experts have no tp merge rule (e.g. '",
+        unknown.front(), "'): give --rules=FILE or --preset to say how each splits"));
+  }
+
+  // Param `i`'s `key` state on target tp rank `t`: the whole tensor at tp 1
+  // and for an expert, else its tp slice.
+  absl::StatusOr<TensorPlan> Slice(int i, const std::string& key, int t) const {
+    const ParamState& p = info_.params[i];
+    UCP_ASSIGN_OR_RETURN(TensorPlan full, state_.Full(p, key));
+    if (tp_ == 1 || IsExpert(p.name)) return full;
+    if (full.shape() != p.full_shape) {
+      return absl::InvalidArgumentError(absl::StrCat("param '", p.name, "' ", key, ": full shape ",
+                                                     torch::ShapeString(full.shape()), " differs from ",
+                                                     torch::ShapeString(p.full_shape)));
+    }
+    UCP_ASSIGN_OR_RETURN(TensorPlan slice, tp::SplitFull(p.rule, full, tp_, t, padded_rows_[i], p.name));
+    return slice.Reshape(slice_shapes_[i]);
   }
 
   // The DeepSpeed version written (version_) and what its files hold: its
@@ -215,7 +282,7 @@ class MoePlan : public Plan {
       if (!p.trainable() || p.group != g) continue;
       tg.params[0].push_back(static_cast<int>(i));
       tg.names[0].push_back(p.name);
-      numels.push_back(Numel(p.full_shape));
+      numels.push_back(Numel(slice_shapes_[i]));
     }
     tg.layout = deepspeed::ZeroGroupLayout::Make(std::move(numels), dp_, convention_);
     return tg;
@@ -273,8 +340,10 @@ class MoePlan : public Plan {
     return tg;
   }
 
-  // The units: the model states, every expert file, every optimizer file,
-  // the placeholders, the check of the inputs no unit reads.
+  // The units: every tp rank's model states (written by global ranks r <
+  // tp: ep >= tp), every expert file (by the ranks r < ep: expert E's ep rank
+  // e under mp_rank_{e % tp}), every optimizer file, the placeholders, the
+  // check of the inputs no unit reads.
   void AddUnits() {
     const std::vector<InputRange> all = deepspeed::EveryParamInput(state_);
     auto add = [&](Job job, std::string file, int64_t bytes) {
@@ -286,28 +355,34 @@ class MoePlan : public Plan {
       jobs_.push_back(job);
       units_.push_back(std::move(u));
     };
-    add(Job{JobKind::kModel}, deepspeed::MpRankFileName(0), 4096);
+    for (int t = 0; t < tp_; ++t) add(Job{JobKind::kModel, -1, -1, -1, t}, deepspeed::MpRankFileName(t), 4096);
     for (size_t l = 0; l < info_.moe_layers.size(); ++l) {
+      const int local = info_.moe_layers[l].num_experts / ep_;
       for (int e = 0; e < info_.moe_layers[l].num_experts; ++e) {
-        add(Job{JobKind::kExpert, static_cast<int>(l), e}, absl::StrCat("layer_", l, "_expert_", e, "_mp_rank_00_model_states.pt"),
-            4096);
+        add(Job{JobKind::kExpert, static_cast<int>(l), e},
+            absl::StrCat("layer_", l, "_expert_", e, "_", deepspeed::MpRankFileName((e / local) % tp_)), 4096);
       }
     }
-    for (int d = 0; d < dp_; ++d) add(Job{JobKind::kOptim, -1, -1, d}, deepspeed::OptimFileName(d, 0, info_.bf16_file_prefix), 4096);
+    for (int d = 0; d < dp_; ++d) {
+      for (int t = 0; t < tp_; ++t) {
+        add(Job{JobKind::kOptim, -1, -1, d, t}, deepspeed::OptimFileName(d, t, info_.bf16_file_prefix), 4096);
+      }
+    }
     if (expp_files_) {
       for (int e = 0; e < ep_; ++e) add(Job{JobKind::kExpp, -1, e}, absl::StrCat("expp_rank_", e, "_mp_rank_00_optim_states.pt"), 1024);
     }
     if (AddVerifyUnit(state_, &units_)) jobs_.push_back(Job{JobKind::kVerify});
   }
 
-  // The module weight of a param: trainable ones are their masters cast.
-  absl::StatusOr<ValuePtr> Lp(torch::TorchWriter& w, int i) const {
+  // The module weight of a param on tp rank `t`: trainable ones are their
+  // masters cast.
+  absl::StatusOr<ValuePtr> Lp(torch::TorchWriter& w, int i, int t) const {
     const ParamState& p = info_.params[i];
     if (p.trainable()) {
-      UCP_ASSIGN_OR_RETURN(TensorPlan fp32, state_.Full(p, state::kFp32State));
+      UCP_ASSIGN_OR_RETURN(TensorPlan fp32, Slice(i, state::kFp32State, t));
       return tp::AddPlanAs(w, fp32, p.lp_dtype);
     }
-    UCP_ASSIGN_OR_RETURN(TensorPlan lp, state_.Full(p, state::kLpState));
+    UCP_ASSIGN_OR_RETURN(TensorPlan lp, Slice(i, state::kLpState, t));
     return tp::AddPlan(w, lp);
   }
 
@@ -323,11 +398,11 @@ class MoePlan : public Plan {
     return deepspeed::RetargetDsConfig(src, w, stage_);
   }
 
-  // The model states DeepSpeed's engine.py _save_moe_checkpoint writes at
-  // the target version, in its key order; the source's client state (keys
-  // neither layout has) after them.
-  absl::StatusOr<ValuePtr> ModelStates(torch::TorchWriter& w) const {
-    state::FileValue src = ds_->ModelStatesRoot(0, 0);
+  // The model states of tp rank `t` DeepSpeed's engine.py
+  // _save_moe_checkpoint writes at the target version, in its key order; the
+  // source's client state (keys neither layout has) after them.
+  absl::StatusOr<ValuePtr> ModelStates(torch::TorchWriter& w, int t) const {
+    state::FileValue src = ds_->ModelStatesRoot(0, t);
     if (!src.value || !src.value->is(Kind::kDict)) return absl::FailedPreconditionError("no source model states");
     const Value& s = *src.value;
     auto copy = [&](const char* key, ValuePtr absent) -> absl::StatusOr<ValuePtr> {
@@ -337,7 +412,7 @@ class MoePlan : public Plan {
     };
     ValuePtr out = Value::MakeDict();
     auto set = [&](const char* key, ValuePtr v) { out->DictSet(Value::Str(key), std::move(v)); };
-    UCP_ASSIGN_OR_RETURN(ValuePtr module, Module(src, w));
+    UCP_ASSIGN_OR_RETURN(ValuePtr module, Module(src, w, t));
     set("module", module);
     if (common_layout_) {
       UCP_ASSIGN_OR_RETURN(ValuePtr buffers, copy("buffer_names", Value::List({})));
@@ -355,11 +430,13 @@ class MoePlan : public Plan {
       set(key, v);
     }
     set("dp_world_size", Value::Int(dp_));
-    set("mp_world_size", Value::Int(1));
+    set("mp_world_size", Value::Int(tp_));
     if (common_layout_) {
       if (parallel_dims_) {
         // engine.py:_checkpoint_parallel_metadata (0.19.5), after mp_world_size.
-        set("checkpoint_parallel_dimensions", deepspeed::SingleRankParallelDimensions());
+        ValuePtr dims = deepspeed::SingleRankParallelDimensions();
+        dims->DictSet(Value::Str("tp_degree"), Value::Int(tp_));
+        set("checkpoint_parallel_dimensions", dims);
       }
       state::FileValue config = ds_->SavedDsConfig();
       if (!config.value) {
@@ -385,16 +462,17 @@ class MoePlan : public Plan {
     return out;
   }
 
-  // The module state dict: the non-expert tensors in module order (trainable
-  // ones their masters cast to the lp dtype), the source's module metadata.
-  absl::StatusOr<ValuePtr> Module(const state::FileValue& src, torch::TorchWriter& w) const {
+  // The module state dict of tp rank `t`: the non-expert tensors' slices in
+  // module order (trainable ones their masters cast to the lp dtype), the
+  // source's module metadata.
+  absl::StatusOr<ValuePtr> Module(const state::FileValue& src, torch::TorchWriter& w, int t) const {
     ValuePtr sd = Value::MakeDict(/*ordered_dict=*/true);
     for (const auto& mk : info_.module_order) {
       if (IsExpert(mk.name)) continue;
       const int i = info_.IndexOf(mk.name);
       if (i < 0) continue;
-      UCP_ASSIGN_OR_RETURN(ValuePtr t, Lp(w, i));
-      sd->DictSet(Value::Str(mk.name), t);
+      UCP_ASSIGN_OR_RETURN(ValuePtr lp, Lp(w, i, t));
+      sd->DictSet(Value::Str(mk.name), lp);
     }
     if (const Value* v = src.value->DictGet("module"); v != nullptr && v->is(Kind::kDict) && v->dict_state()) {
       UCP_ASSIGN_OR_RETURN(ValuePtr md, Copy(v->dict_state(), src.file, w));
@@ -403,9 +481,10 @@ class MoePlan : public Plan {
     return sd;
   }
 
-  // param_shapes: per group, ep rank 0's params under local names, their
-  // shapes as the source `s` wrote them (0.19.5 MoE: plain tuples; a source
-  // without param_shapes: tuples too).
+  // param_shapes: per group, ep rank 0's params under local names (every ep
+  // rank lists the same local names), their shapes on a tp rank (every tp
+  // rank's alike), as the source `s` wrote them (0.19.5 MoE: plain tuples; a
+  // source without param_shapes: tuples too).
   ValuePtr ParamShapes(const Value& s) const {
     bool tuples = true;
     if (const Value* ps = s.DictGet("param_shapes"); ps && ps->is(Kind::kList) && !ps->items().empty()) {
@@ -416,7 +495,7 @@ class MoePlan : public Plan {
     for (const TargetGroup& tg : groups_) {
       ValuePtr d = Value::MakeDict(/*ordered_dict=*/true);
       for (size_t j = 0; j < tg.params[0].size(); ++j) {
-        const std::vector<int64_t>& shape = info_.params[tg.params[0][j]].full_shape;
+        const std::vector<int64_t>& shape = slice_shapes_[tg.params[0][j]];
         ValuePtr sh;
         if (tuples) {
           std::vector<ValuePtr> dims;
@@ -457,7 +536,7 @@ class MoePlan : public Plan {
       if (mk.name.rfind(head, 0) != 0) continue;
       const int i = info_.IndexOf(mk.name);
       if (i < 0) return absl::InvalidArgumentError(absl::StrCat("expert weight '", mk.name, "' is not a param"));
-      UCP_ASSIGN_OR_RETURN(ValuePtr t, Lp(w, i));
+      UCP_ASSIGN_OR_RETURN(ValuePtr t, Lp(w, i, 0));
       d->DictSet(Value::Str(mk.name), t);
     }
     if (d->dict_items().empty()) {
@@ -466,15 +545,27 @@ class MoePlan : public Plan {
     return d;
   }
 
-  // Group `g`'s flat partition on dp rank `d` for one state.
-  absl::StatusOr<TensorPlan> Partition(const TargetGroup& tg, int d, const std::string& key) const {
-    const int e = tg.expert ? d % ep_ : 0;
-    const int rank = tg.expert ? d / ep_ : d;
+  // Where global rank `r` holds a group: an expert group as ep rank r % ep,
+  // expert data parallel rank r / ep (DeepSpeed's expert groups run over
+  // global ranks, across tp); any other group as dp rank r / tp of its tp
+  // rank's slices.
+  struct Place {
+    int e = 0;     // ep rank (index into TargetGroup::params)
+    int rank = 0;  // partition index in the group's layout
+    int t = 0;     // tp rank whose slices the group holds
+  };
+  Place PlaceOf(const TargetGroup& tg, int r) const {
+    if (tg.expert) return Place{r % ep_, r / ep_, 0};
+    return Place{0, r / tp_, r % tp_};
+  }
+
+  // Group `g`'s flat partition on global rank `r` for one state.
+  absl::StatusOr<TensorPlan> Partition(const TargetGroup& tg, int r, const std::string& key) const {
+    const Place at = PlaceOf(tg, r);
     std::vector<TensorPlan> pieces;
     int64_t covered = 0;
-    for (const auto& f : tg.layout.Fragments(rank)) {
-      const ParamState& p = info_.params[tg.params[e][f.param_index]];
-      UCP_ASSIGN_OR_RETURN(TensorPlan full, state_.Full(p, key));
+    for (const auto& f : tg.layout.Fragments(at.rank)) {
+      UCP_ASSIGN_OR_RETURN(TensorPlan full, Slice(tg.params[at.e][f.param_index], key, at.t));
       UCP_ASSIGN_OR_RETURN(TensorPlan flat, full.Reshape({full.numel()}));
       UCP_ASSIGN_OR_RETURN(TensorPlan piece, flat.FlatRange(f.param_offset, f.numel));
       pieces.push_back(std::move(piece));
@@ -487,35 +578,36 @@ class MoePlan : public Plan {
     return TensorPlan::Cat(pieces, 0);
   }
 
-  // What dp rank `d`'s optimizer file holds of each group, in the order
+  // What global rank `r`'s optimizer file holds of each group, in the order
   // DeepSpeed writes them.
   struct RankPartitions {
     std::vector<ValuePtr> fp32s, paddings, counts, mappings;  // per group
     ValuePtr states = Value::MakeDict();                      // group -> its states
   };
 
-  // Rank `d`'s partition of every group: param_slice_mappings (a window of
-  // the expert groups for targets before 0.14.5), padding, partition count,
-  // fp32 master (without padding), scalars and per-element states.
-  absl::Status AddRankPartitions(torch::TorchWriter& w, int d, RankPartitions* out) const {
+  // Global rank `r`'s partition of every group: param_slice_mappings (a
+  // window of the expert groups for targets before 0.14.5), padding,
+  // partition count, fp32 master (without padding), scalars and per-element
+  // states.
+  absl::Status AddRankPartitions(torch::TorchWriter& w, int r, RankPartitions* out) const {
     for (size_t g = 0; g < groups_.size(); ++g) {
       const TargetGroup& tg = groups_[g];
-      const int e = tg.expert ? d % ep_ : 0;
-      const int rank = tg.expert ? d / ep_ : d;
+      const Place at = PlaceOf(tg, r);
       ValuePtr mapping = Value::MakeDict(/*ordered_dict=*/true);
-      std::vector<deepspeed::ZeroFragment> listed = tg.layout.Fragments(rank);
+      std::vector<deepspeed::ZeroFragment> listed = tg.layout.Fragments(at.rank);
       if (tg.expert && window_mappings_ && ep_ > 1) {
-        const auto [start, size] = deepspeed::ExpertMappingWindow(tg.layout, rank, dp_);
+        const auto [start, size] = deepspeed::ExpertMappingWindow(tg.layout, at.rank, dp_);
         listed = tg.layout.FragmentsOfWindow(start, size);
       }
       for (const auto& f : listed) {
-        mapping->DictSet(Value::Str(tg.names[e][f.param_index]), pickle::MakeFragmentAddress(f.numel, f.partition_offset));
+        mapping->DictSet(Value::Str(tg.names[at.e][f.param_index]),
+                         pickle::MakeFragmentAddress(f.numel, f.partition_offset));
       }
       out->mappings.push_back(mapping);
-      out->paddings.push_back(Value::Int(tg.layout.padding(rank)));
+      out->paddings.push_back(Value::Int(tg.layout.padding(at.rank)));
       out->counts.push_back(Value::Int(tg.expert ? edp_ : dp_));
-      UCP_ASSIGN_OR_RETURN(TensorPlan fp32, Partition(tg, d, state::kFp32State));
-      UCP_ASSIGN_OR_RETURN(ValuePtr fv, tp::AddPlanView(w, fp32, tg.layout.lean_partition_numel(rank), true));
+      UCP_ASSIGN_OR_RETURN(TensorPlan fp32, Partition(tg, r, state::kFp32State));
+      UCP_ASSIGN_OR_RETURN(ValuePtr fv, tp::AddPlanView(w, fp32, tg.layout.lean_partition_numel(at.rank), true));
       out->fp32s.push_back(fv);
       ValuePtr st = Value::MakeDict();
       for (const std::string& key : info_.scalar_keys) {
@@ -525,7 +617,7 @@ class MoePlan : public Plan {
         st->DictSet(Value::Str(key), c);
       }
       for (const std::string& key : info_.state_keys) {
-        UCP_ASSIGN_OR_RETURN(TensorPlan plan, Partition(tg, d, key));
+        UCP_ASSIGN_OR_RETURN(TensorPlan plan, Partition(tg, r, key));
         st->DictSet(Value::Str(key), tp::AddPlan(w, plan));
       }
       out->states->DictSet(Value::Int(static_cast<int64_t>(g)), st);
@@ -533,7 +625,8 @@ class MoePlan : public Plan {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<ValuePtr> OptimFile(torch::TorchWriter& w, int d) const {
+  // The optimizer file of global rank `r` (zero_pp_rank_{r / tp}_mp_rank_{r % tp}).
+  absl::StatusOr<ValuePtr> OptimFile(torch::TorchWriter& w, int r) const {
     const Value& common = *common_.value;
     auto copy_common = [&](const char* key) -> absl::StatusOr<ValuePtr> {
       ValuePtr v = common.DictGetPtr(key);
@@ -541,7 +634,7 @@ class MoePlan : public Plan {
       return deepspeed::CopyTreeForWrite(state::FileValue{v, common_.file}, w);
     };
     RankPartitions parts;
-    UCP_RETURN_IF_ERROR(AddRankPartitions(w, d, &parts));
+    UCP_RETURN_IF_ERROR(AddRankPartitions(w, r, &parts));
     UCP_ASSIGN_OR_RETURN(ValuePtr groups, copy_common("param_groups"));
     if (!groups->is(Kind::kList) || groups->items().size() != groups_.size()) {
       return absl::InvalidArgumentError("the source's param_groups do not match its groups");
@@ -588,7 +681,10 @@ class MoePlan : public Plan {
   ZeroWriteOptions options_;
   std::unique_ptr<deepspeed::DeepSpeedFacet> owned_facet_;
   const deepspeed::DeepSpeedFacet* ds_ = nullptr;
-  int dp_ = 1, ep_ = 1, edp_ = 1, stage_ = 2;
+  int dp_ = 1, tp_ = 1, ep_ = 1, edp_ = 1, stage_ = 2;
+  // Per param: its shape on a target tp rank; a vocabulary's padded rows.
+  std::vector<std::vector<int64_t>> slice_shapes_;
+  std::vector<int64_t> padded_rows_;
   std::string version_;
   deepspeed::PaddingConvention convention_ = deepspeed::PaddingConvention::kLastRank;
   bool parallel_dims_ = false;  // the target writes checkpoint_parallel_dimensions
@@ -603,26 +699,50 @@ class MoePlan : public Plan {
 
 }  // namespace
 
+namespace {
+
+// ep < tp: DeepSpeed writes tp rank t's model states on expert data parallel
+// rank 0 only (global ranks r < ep), so tp ranks >= ep would have none; its
+// own load of such a save fails (realds/README.md, "Native MoE at tp > 1").
+absl::Status EpBelowTp(int ep, int tp) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--expert_parallel=", ep, " at tp=", tp, ": expected an expert parallel degree >= tp (found ", ep, " < ", tp,
+      "): DeepSpeed writes a tp rank's model states on expert data parallel rank 0 only, so tp ranks >= ep would "
+      "have none and DeepSpeed could not load the checkpoint"));
+}
+
+}  // namespace
+
 absl::StatusOr<int> TargetExpertParallel(const ModelInfo& info, const ZeroWriteOptions& options) {
-  const int dp = options.target.dp;
+  const int tp = options.target.tp;
+  const int world = options.target.dp * tp;
   auto fits = [&](int ep) {
-    if (ep < 1 || dp % ep != 0) return false;
+    if (ep < 1 || world % ep != 0) return false;
     for (const auto& l : info.moe_layers) {
       if (l.num_experts % ep != 0) return false;
     }
     return true;
   };
+  const std::string ranks = tp > 1 ? absl::StrCat("the ", world, " ranks (tp=", tp, " x dp=", options.target.dp, ")")
+                                   : absl::StrCat("--dp=", world);
   if (options.expert_parallel > 0) {
     if (!fits(options.expert_parallel)) {
-      return absl::InvalidArgumentError(absl::StrCat("--expert_parallel=", options.expert_parallel,
-                                                     " must divide --dp=", dp, " and every MoE layer's expert count"));
+      return absl::InvalidArgumentError(absl::StrCat("--expert_parallel=", options.expert_parallel, " must divide ",
+                                                     ranks, " and every MoE layer's expert count"));
     }
+    if (options.expert_parallel < tp) return EpBelowTp(options.expert_parallel, tp);
     return options.expert_parallel;
   }
-  for (int ep = std::min(info.expert_parallel, dp); ep > 1; --ep) {
+  for (int ep = std::min(info.expert_parallel, world); ep > 1 && ep >= tp; --ep) {
     if (fits(ep)) return ep;
   }
-  return 1;
+  if (tp == 1) return 1;
+  for (int ep = std::max(tp, info.expert_parallel); ep <= world; ++ep) {
+    if (fits(ep)) return ep;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "mixture-of-experts target ", options.target.ToString(), ": no expert parallel degree >= tp=", tp,
+      " divides ", ranks, " and every MoE layer's expert count"));
 }
 
 absl::StatusOr<std::unique_ptr<Plan>> PlanMoe(const state::ModelState& state, const ZeroWriteOptions& options) {

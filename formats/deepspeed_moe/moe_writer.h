@@ -1,7 +1,8 @@
 // Writes a native mixture-of-experts ModelState (formats/deepspeed_moe/moe_state.h) as the
-// DeepSpeed ZeRO 1/2 checkpoint of a job at another dp and expert parallel
-// degree (tp = pp = 1), what that job saves (engine.py _save_moe_checkpoint,
-// stage_1_and_2.py state_dict), so that its plain load_checkpoint loads it:
+// DeepSpeed ZeRO 1/2 checkpoint of a job at another tp, dp and expert
+// parallel degree (pp = 1), what that job saves (engine.py
+// _save_moe_checkpoint, stage_1_and_2.py state_dict), so that its plain
+// load_checkpoint loads it. At tp = 1:
 //
 //   mp_rank_00_model_states.pt            module without the experts, dp rank 0's
 //                                         param_shapes (expert groups under local ids)
@@ -13,6 +14,22 @@
 //   expp_rank_E_mp_rank_00_optim_states.pt        {'optimizer': None} per ep rank,
 //        for targets up to 0.19.4
 //   latest
+//
+// At tp > 1 (ep >= tp, targets 0.19.5 and later: the layout DeepSpeed 0.19.5
+// writes, realds/README.md "Native MoE at tp > 1"), global rank r = dp rank x
+// tp + tp rank is ep rank r % ep and expert data parallel rank r / ep:
+//   mp_rank_TT_model_states.pt     per tp rank T (written by global rank T):
+//        its tp slices of the non-expert tensors, cut by their rules as the
+//        ZeRO writer cuts them; param_shapes with those slice shapes;
+//        mp_world_size tp, checkpoint_parallel_dimensions tp_degree tp
+//   layer_L_expert_E_mp_rank_TT    expert E whole, under the mp_rank of its
+//        ep rank e (written by global rank e): TT = e % tp
+//   zero_pp_rank_D_mp_rank_TT      global rank D x tp + T: the non-expert
+//        groups' partition D of tp rank T's slices over dp (partition_count
+//        dp), the expert groups' partition r / ep of ep rank r % ep's experts
+//        over the ep-strided expert data parallel group (partition_count tp x dp / ep)
+// ep < tp (tp ranks >= ep would have no model states; DeepSpeed cannot load
+// such a save), pp > 1 and tp > 1 targets before 0.19.5 are refused.
 //
 // The model states are the target version's (--target_ds_version, default
 // the source's): from 0.19.3 the common checkpoint state (param_shapes,
@@ -37,7 +54,10 @@
 
 namespace ucp::deepspeed_moe {
 
-// The expert parallel degree the target gets (ZeroWriteOptions::expert_parallel).
+// The expert parallel degree the target gets: ZeroWriteOptions::expert_parallel
+// (refused unless it divides tp x dp and every layer's expert count, and is
+// >= tp), else the source's if it fits, else the largest that fits below it,
+// else (tp > 1) the smallest that fits from tp up.
 absl::StatusOr<int> TargetExpertParallel(const state::ModelInfo& info, const writers::ZeroWriteOptions& options);
 
 absl::StatusOr<std::unique_ptr<writers::Plan>> PlanMoe(const state::ModelState& state, const writers::ZeroWriteOptions& options);

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <functional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -171,6 +172,11 @@ int64_t BackgroundFlusher::handled_bytes() const {
 int BackgroundFlusher::flushes() const {
   std::lock_guard<std::mutex> lock(mu_);
   return flushes_;
+}
+
+std::mutex& FileWriteTurn(const std::string& path) {
+  static std::mutex* const turns = new std::mutex[64];
+  return turns[std::hash<std::string>{}(path) % 64];
 }
 
 }  // namespace ucp

@@ -111,6 +111,14 @@ class FlusherScope {
 // A hint: failures are ignored (the commit's sync reports them).
 void StartWriteback(int fd, const std::string& path, uint64_t offset, uint64_t len);
 
+// The mutex a thread holds while it writes (pwrite) into the file at `path`
+// (striped by the path's hash): buffered writes to one file take its inode
+// lock for writing (ext4, xfs), and threads filling pieces of one file at once
+// otherwise spin on that lock in the kernel (measured: 12% of a reshard's
+// samples in rwsem_spin_on_owner, 14% of an export's). Taking turns here,
+// they sleep instead while the others compute their next piece.
+std::mutex& FileWriteTurn(const std::string& path);
+
 }  // namespace ucp
 
 #endif  // UCP_BASE_FLUSHER_H_

@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "base/alloc.h"
 #include "base/fs.h"
 #include "exec/mpi_cluster.h"
 #include "tools/build_info.h"
@@ -39,6 +40,9 @@ int main(int argc, char** argv) {
               << ucp::tools::kMinimumGlibcBound << ")\n";
     return 0;
   }
+  // Buffers of a few MiB come and go in every unit: reuse their pages
+  // (base/alloc.h; about 3x fewer page faults on a real reshard).
+  ucp::KeepFreedMemory();
   // Ctrl-C, kill, a closed terminal: no staging folder left behind. Before
   // any thread starts, so that every thread blocks these signals.
   ucp::InstallStagingCleanupOnSignals();

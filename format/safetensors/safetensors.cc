@@ -165,12 +165,6 @@ absl::Status PWriteAll(int fd, const std::string& path, const uint8_t* p, size_t
   return absl::OkStatus();
 }
 
-// The mutex whose holder writes into `path` (striped by the path's hash).
-std::mutex& FileWriteTurn(const std::string& path) {
-  static std::mutex* turns = new std::mutex[64];
-  return turns[std::hash<std::string>{}(path) % 64];
-}
-
 }  // namespace
 
 absl::Status CreateFile(const std::string& path, const FileLayout& layout) {
@@ -208,10 +202,8 @@ absl::Status WriteTensor(const std::string& path, const FileLayout& layout, size
     } else if (view->size() != n) {
       st = absl::InternalError(absl::StrCat("a producer returned ", view->size(), " bytes for ", n));
     } else {
-      // Buffered writes to one file hold its inode lock (ext4, xfs): threads
-      // writing tensors of the same file take turns here, sleeping, instead of
-      // spinning on the lock in the kernel (measured: 14% of an export's
-      // samples in rwsem_spin_on_owner), while their producers run in parallel.
+      // Threads writing tensors of one file take turns (see FileWriteTurn)
+      // while their producers run in parallel.
       std::lock_guard<std::mutex> turn(FileWriteTurn(path));
       st = PWriteAll(fd, path, view->data(), n, base + off);
       if (st.ok() && writeback && off + n >= written_back + kWritebackBytes) {

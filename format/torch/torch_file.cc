@@ -12,6 +12,7 @@
 #include <vector>
 #include <deque>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <utility>
 
@@ -900,7 +901,11 @@ struct TorchWriter::Impl {
       UCP_ASSIGN_OR_RETURN(absl::Span<const uint8_t> piece, cursor.Next());
       if (piece.empty()) break;
       crc = Crc32(crc, piece.data(), piece.size());
-      UCP_RETURN_IF_ERROR(PwriteAll(fd, name, piece.data(), piece.size(), at));
+      {
+        // Units and record threads filling pieces of one file take turns.
+        std::lock_guard<std::mutex> turn(FileWriteTurn(name));
+        UCP_RETURN_IF_ERROR(PwriteAll(fd, name, piece.data(), piece.size(), at));
+      }
       at += piece.size();
       if (options.writeback && at >= written_back + kWritebackBytes) {
         StartWriteback(fd, name, written_back, at - written_back);

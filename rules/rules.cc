@@ -188,6 +188,20 @@ absl::StatusOr<MergeRules> ParseRulesText(const std::string& text, const std::st
   return rules;
 }
 
+const MergeRules& DeepSpeedModuleRules() {
+  static const MergeRules* const rules = [] {
+    auto* r = new MergeRules();
+    MergeRule* gate = r->add_rule();
+    // deepspeed/moe/sharded_moe.py TopKGate: self.wg = torch.nn.Linear(model_dim, num_experts,
+    // bias=False); no DeepSpeed version splits it over tp.
+    gate->set_pattern(".*\\.deepspeed_moe\\.gate\\.wg\\.weight$");
+    gate->set_kind(REPLICATED);
+    gate->set_comment("DeepSpeed's MoE router (TopKGate.wg): every tp rank holds it whole");
+    return r;
+  }();
+  return *rules;
+}
+
 absl::StatusOr<MergeRules> ReadRulesFile(const std::string& path) {
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot read rules file"));
@@ -319,6 +333,13 @@ absl::StatusOr<RuleResolver> RuleResolver::Make(const Options& options, const Va
       UCP_ASSIGN_OR_RETURN(r.overrides_, RuleSet::Compile(override_rules, PRESET,
                                                           absl::StrCat("preset ", preset, " (args)")));
     }
+  }
+  // After the preset (a rules file, the checkpoint's patterns or a preset
+  // may still say otherwise), and only when the model has such a module:
+  // other checkpoints' effective rules are unchanged.
+  UCP_ASSIGN_OR_RETURN(RuleSet builtin, RuleSet::Compile(DeepSpeedModuleRules(), PRESET, kDeepSpeedModulesLabel));
+  if (std::any_of(names.begin(), names.end(), [&](const std::string& n) { return builtin.MatchNameIndex(n) >= 0; })) {
+    r.sets_.push_back(std::move(builtin));
   }
   if (options.original_vocab_size > 0) r.original_vocab_size_ = options.original_vocab_size;
   MergeRules unsupported;

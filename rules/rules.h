@@ -158,6 +158,14 @@ class RuleResolver {
 
 std::string RuleSourceName(RuleSource source);
 
+// How the tp slices of modules DeepSpeed itself adds to any model merge (the
+// router of a native MoE layer, deepspeed.moe.layer.MoE's
+// deepspeed_moe.gate.wg): after the preset's rules (source PRESET, labelled
+// kDeepSpeedModulesLabel) when some param is such a module. A tp=1 MoE
+// checkpoint then reshards to tp > 1 with no rules file for its router.
+inline constexpr char kDeepSpeedModulesLabel[] = "DeepSpeed's own modules";
+const MergeRules& DeepSpeedModuleRules();
+
 }  // namespace ucp::rules
 
 #endif  // UCP_RULES_RULES_H_

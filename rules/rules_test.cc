@@ -112,6 +112,43 @@ TEST(RuleResolverTest, AutoTpUnsupportedPatternsAreRefusedNamingPatternAndReason
   EXPECT_TRUE(r2->CheckSupported("model.layers.0.mlp.experts.w").ok());
 }
 
+// DeepSpeed's MoE router is replicated whatever the model (no preset, no
+// rules file); a rules file still says otherwise; a model with no router has
+// the same effective rules as before.
+TEST(RuleResolverTest, DeepSpeedsMoeRouterIsReplicatedWithoutRules) {
+  RuleResolver::Options o;
+  o.preset = "none";
+  const std::string gate = "h.0.mlp.deepspeed_moe.gate.wg.weight";
+  const std::string expert = "h.0.mlp.deepspeed_moe.experts.deepspeed_experts.0.w1.weight";
+  auto r = RuleResolver::Make(o, *pickle::Value::MakeDict(), {gate, expert});
+  ASSERT_TRUE(r.ok()) << r.status();
+  RuleDecision d = r->Decide(gate, {4, 16});
+  ASSERT_TRUE(d.rule.has_value());
+  EXPECT_EQ(d.rule->kind(), REPLICATED);
+  EXPECT_EQ(d.source, PRESET);
+  EXPECT_THAT(d.origin, HasSubstr(kDeepSpeedModulesLabel));
+  EXPECT_FALSE(r->Decide(expert, {8, 4}).rule.has_value());
+  EXPECT_FALSE(r->Decide("h.0.mlp.deepspeed_moe.gate.wg.bias", {4}).rule.has_value());
+  EXPECT_EQ(r->EffectiveRules().rule_size(), 1);
+
+  auto plain = RuleResolver::Make(o, *pickle::Value::MakeDict(), {"h.0.mlp.dense_4h_to_h.weight"});
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->EffectiveRules().rule_size(), 0);
+
+  const std::string path = ::testing::TempDir() + "/gate_rules.textproto";
+  FILE* f = fopen(path.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  fputs("rule { pattern: \".*gate\\\\.wg\\\\.weight$\" kind: COLUMN }\n", f);
+  fclose(f);
+  o.rules_file = path;
+  auto told = RuleResolver::Make(o, *pickle::Value::MakeDict(), {gate});
+  ASSERT_TRUE(told.ok()) << told.status();
+  RuleDecision t = told->Decide(gate, {4, 16});
+  ASSERT_TRUE(t.rule.has_value());
+  EXPECT_EQ(t.rule->kind(), COLUMN);
+  EXPECT_EQ(t.source, RULE_FILE);
+}
+
 // deepspeed::DeclaredMergePatterns (what a ZeRO checkpoint written from a
 // Hugging Face or DCP source declares): read back as the checkpoint's
 // patterns, each param is decided to the rule it was written with, names

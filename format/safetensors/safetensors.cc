@@ -205,7 +205,9 @@ absl::Status WriteTensor(const std::string& path, const FileLayout& layout, size
       // Threads writing tensors of one file take turns (see FileWriteTurn)
       // while their producers run in parallel.
       std::lock_guard<std::mutex> turn(FileWriteTurn(path));
-      st = PWriteAll(fd, path, view->data(), n, base + off);
+      if (!torch::MappedFile::CopyToFile(view->data(), n, fd, base + off)) {
+        st = PWriteAll(fd, path, view->data(), n, base + off);
+      }
       if (st.ok() && writeback && off + n >= written_back + kWritebackBytes) {
         StartWriteback(fd, path, base + written_back, off + n - written_back);
         written_back = off + n;

@@ -236,6 +236,56 @@ void MappedFile::Populate(const void* p, size_t len) {
   }
 }
 
+namespace {
+
+// The descriptor of the live mapping holding [p, p + len) and the bytes'
+// offset in its file; -1 when no single mapping holds them. The caller holds
+// a reference to that mapping, so the descriptor stays open.
+int FindMapped(const void* p, size_t len, loff_t* offset) {
+  const uint8_t* b = static_cast<const uint8_t*>(p);
+  std::lock_guard<std::mutex> lock(Registry().mu);
+  for (const MappedFile* f : Registry().live) {
+    if (f->data() == nullptr || b < f->data() || b + len > f->data() + f->size()) continue;
+    *offset = static_cast<loff_t>(b - f->data());
+    return f->fd();
+  }
+  return -1;
+}
+
+}  // namespace
+
+bool MappedFile::ReadMapped(const void* p, size_t len, uint8_t* dst) {
+  if (len == 0) return true;
+  loff_t off = 0;
+  const int fd = FindMapped(p, len, &off);
+  if (fd < 0) return false;
+  size_t done = 0;
+  while (done < len) {
+    const ssize_t r = ::pread(fd, dst + done, len - done, off + static_cast<loff_t>(done));
+    if (r <= 0) {
+      if (r < 0 && errno == EINTR) continue;
+      return false;
+    }
+    done += static_cast<size_t>(r);
+  }
+  return true;
+}
+
+bool MappedFile::CopyToFile(const void* p, size_t len, int out_fd, uint64_t out_offset) {
+  if (len == 0) return true;
+  loff_t in_off = 0;
+  const int in_fd = FindMapped(p, len, &in_off);
+  if (in_fd < 0) return false;
+  loff_t out_off = static_cast<loff_t>(out_offset);
+  size_t left = len;
+  while (left > 0) {
+    const ssize_t r = ::copy_file_range(in_fd, &in_off, out_fd, &out_off, left, 0);
+    if (r <= 0) return false;
+    left -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
 bool MappedFile::IsMappedByThisProcess(const std::string& path) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) return false;

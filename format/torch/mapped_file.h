@@ -44,6 +44,7 @@ class MappedFile {
 
   const std::string& path() const { return path_; }
   const uint8_t* data() const { return data_; }
+  int fd() const { return fd_; }  // open while this MappedFile lives
   size_t size() const { return size_; }
   absl::Span<const uint8_t> bytes() const { return {data_, size_}; }
 
@@ -83,6 +84,22 @@ class MappedFile {
   // 0.19-0.22 s populated). A hint: pages that cannot be read (a file
   // truncated under us) are left to fault, as before.
   static void Populate(const void* p, size_t len);
+
+  // When [p, p + len) lies in one live mapping, copies those bytes of the
+  // mapped file to `out_fd` at `out_offset` file to file (copy_file_range:
+  // page cache to page cache, never through this process's page tables) and
+  // returns true; false, having written nothing the caller must keep, when
+  // they are not mapped bytes or the kernel cannot copy them (another file
+  // system, a file that shrank): the caller then writes them itself. Measured
+  // on a VM here: an export of 672 MB took 0.66 s (median of 6) copied so,
+  // 0.94 s written from the mapping.
+  static bool CopyToFile(const void* p, size_t len, int out_fd, uint64_t out_offset);
+  // When [p, p + len) lies in one live mapping, reads those bytes of the
+  // mapped file into `dst` (pread: the kernel copies them from the page cache
+  // into a buffer the caller reuses, without faulting in the mapping's pages)
+  // and returns true; false when they are not mapped bytes or the read fails
+  // or stops short (the caller then reads the mapping).
+  static bool ReadMapped(const void* p, size_t len, uint8_t* dst);
 
   // True when `path` names a file (same device and inode) that a live
   // MappedFile of this process maps. Writers use it to refuse truncating a

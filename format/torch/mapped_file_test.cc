@@ -7,6 +7,7 @@
 #include <chrono>
 #include <future>
 
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -196,6 +197,44 @@ TEST(MappedFileRssTest, PopulateMapsExactlyTheRange) {
   MappedFile::Populate(nullptr, 4096);
   MappedFile::Populate((*mapped)->data(), 0);
   MappedFile::ReleaseAll();
+}
+
+// CopyToFile and ReadMapped take the bytes from the mapped file itself:
+// exactly [p, p + len) of it, at the asked offset of the output; bytes no
+// single mapping holds are left to the caller (false, nothing written).
+TEST(MappedFileCopyTest, CopiesAndReadsExactlyTheMappedRange) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = std::string(tmp != nullptr ? tmp : "/tmp");
+  std::string content(3 << 20, '\0');
+  for (size_t i = 0; i < content.size(); ++i) content[i] = static_cast<char>((i * 131 + i / 4099) & 0xff);
+  WriteFile(dir + "/copy_source.bin", content);
+  auto mapped = MappedFile::Open(dir + "/copy_source.bin");
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  const uint8_t* data = (*mapped)->data();
+
+  const std::string out = dir + "/copy_out.bin";
+  const int fd = ::open(out.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0644);
+  ASSERT_GE(fd, 0);
+  const size_t from = 12345, len = (2 << 20) + 777, at = 1001;
+  ASSERT_TRUE(MappedFile::CopyToFile(data + from, len, fd, at));
+  std::string got(at + len, '\0');
+  ASSERT_EQ(::pread(fd, got.data(), got.size(), 0), static_cast<ssize_t>(got.size()));
+  EXPECT_EQ(got.substr(0, at), std::string(at, '\0'));
+  EXPECT_TRUE(got.substr(at) == content.substr(from, len)) << "the copy is not the mapped range";
+
+  std::vector<uint8_t> buf(len);
+  ASSERT_TRUE(MappedFile::ReadMapped(data + from, len, buf.data()));
+  EXPECT_EQ(std::memcmp(buf.data(), content.data() + from, len), 0);
+
+  // Past the mapping's end, or memory no mapping holds: false, nothing done.
+  EXPECT_FALSE(MappedFile::CopyToFile(data + content.size() - 10, 20, fd, 0));
+  std::vector<uint8_t> heap(64, 7);
+  EXPECT_FALSE(MappedFile::CopyToFile(heap.data(), heap.size(), fd, 0));
+  EXPECT_FALSE(MappedFile::ReadMapped(heap.data(), heap.size(), buf.data()));
+  struct stat st;
+  ASSERT_EQ(::fstat(fd, &st), 0);
+  EXPECT_EQ(static_cast<size_t>(st.st_size), at + len);
+  ::close(fd);
 }
 
 }  // namespace

@@ -509,10 +509,25 @@ absl::Status CheckRecordCrc(absl::Span<const uint8_t> data, uint64_t data_offset
   uint32_t crc = 0;
   // In pieces, so that a caller can release what was read as it goes.
   constexpr size_t kPiece = size_t{16} << 20;
+  // Mapped bytes are read into a buffer this thread reuses (MappedFile::
+  // ReadMapped) rather than through the mapping: on a VM each page of a
+  // mapping touched for the first time costs a fault.
+  constexpr size_t kRead = size_t{1} << 20;
+  thread_local std::unique_ptr<uint8_t[]> buffer;
   for (size_t pos = 0; pos < data.size(); pos += kPiece) {
     const size_t len = std::min(kPiece, data.size() - pos);
-    MappedFile::Populate(data.data() + pos, len);
-    crc = Crc32(crc, data.data() + pos, len);
+    bool read = true;
+    for (size_t at = 0; at < len && read; at += kRead) {
+      const size_t n = std::min(kRead, len - at);
+      if (!buffer) buffer.reset(new uint8_t[kRead]);
+      read = MappedFile::ReadMapped(data.data() + pos + at, n, buffer.get());
+      if (read) {
+        crc = Crc32(crc, buffer.get(), n);
+      } else {
+        MappedFile::Populate(data.data() + pos + at, len - at);
+        crc = Crc32(crc, data.data() + pos + at, len - at);
+      }
+    }
     if (on_verified) on_verified(data_offset + pos, len);
   }
   if (crc != stored) {

@@ -82,6 +82,9 @@ class PhaseTimer {
   ~PhaseTimer();
   PhaseTimer(const PhaseTimer&) = delete;
   PhaseTimer& operator=(const PhaseTimer&) = delete;
+  // The bytes to count, when known only at the end (e.g. an attempt that may
+  // hand its bytes to another timed path).
+  void set_bytes(int64_t bytes) { bytes_ = bytes; }
 
  private:
   PhaseTimes* times_;

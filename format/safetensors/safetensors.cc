@@ -205,9 +205,13 @@ absl::Status WriteTensor(const std::string& path, const FileLayout& layout, size
       // Threads writing tensors of one file take turns (see FileWriteTurn)
       // while their producers run in parallel.
       std::lock_guard<std::mutex> turn(FileWriteTurn(path));
-      if (!torch::MappedFile::CopyToFile(view->data(), n, fd, base + off)) {
-        st = PWriteAll(fd, path, view->data(), n, base + off);
+      bool copied = false;
+      {
+        PhaseTimer timer(Phase::kWrite);
+        copied = torch::MappedFile::CopyToFile(view->data(), n, fd, base + off);
+        if (copied) timer.set_bytes(static_cast<int64_t>(n));
       }
+      if (!copied) st = PWriteAll(fd, path, view->data(), n, base + off);
       if (st.ok() && writeback && off + n >= written_back + kWritebackBytes) {
         StartWriteback(fd, path, base + written_back, off + n - written_back);
         written_back = off + n;

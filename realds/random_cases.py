@@ -8,6 +8,11 @@ import random
 
 # where each version runs and what it can do (../shared/docs/REAL-CLIENTS.md)
 VERSIONS = ["0.14.4", "0.15.4", "0.16.4", "0.17.6", "0.18.9", "0.19.5", "master"]
+# native MoE at tp > 1 (README.md "Native MoE at tp > 1"): the neox family's plain
+# module with DeepSpeed MoE blocks, saved and resumed by these versions at pp 1,
+# ep >= tp (an ep < tp save has no mp_rank_01 model states: DeepSpeed and ucp
+# refuse it); ucp reads and writes that layout for 0.19.5 and master
+MOE_TP_VERSIONS = {"0.19.5", "master"}
 # the partition_method of each family's PipelineModule (worker/families/*.py)
 PARTITION = {"neox": "type:transformer|mlp", "savanna": "type:ParallelBlockPipe"}
 
@@ -40,24 +45,32 @@ def draw_one(pb, rng, name, versions):
     c = pb.Case(name=name, deepspeed=version)
     family = rng.choice(["neox", "savanna", "gpt", "gpt_moe"])
     moe = family == "gpt_moe"
+    # MoE: the gpt family's (tp 1) or, where DeepSpeed saves it at tp > 1, the neox
+    # plain module's MoE blocks at tp 1 or 2
+    neox_moe = moe and version in MOE_TP_VERSIONS and rng.random() < 0.5
     if moe:
-        family = "gpt"
+        family = "neox" if neox_moe else "gpt"
     # bf16 over gloo needs trixie's torch 2.6 (sid's gloo has no bf16 broadcast)
     dtype = rng.choice(["fp32", "fp32", "bf16"]) if not sid else "fp32"
     if family == "gpt" and not moe and not sid and rng.random() < 0.15:
         dtype = "fp16"
     c.model.family, c.model.dtype, c.model.seed = family, dtype, rng.randint(1, 10 ** 6)
-    plain = family != "gpt" and rng.random() < 0.4
+    plain = family != "gpt" and rng.random() < 0.4 or neox_moe
     stages = []
     for _ in range(1 + rng.choice([1, 1, 2])):
-        if family == "gpt":
-            zero = rng.choice([1, 2]) if moe else rng.choice([1, 2, 3])
+        if moe:
+            zero = rng.choice([1, 2])
+        elif family == "gpt":
+            zero = rng.choice([1, 2, 3])
         elif family == "neox" and plain:
             zero = rng.choice([1, 2, 3])  # ZeRO-3 at tp 1 or 2 (one ZeRO-3 checkpoint per tp rank)
         else:
             zero = rng.choice([1, 2]) if plain else 1  # the pipeline engine takes ZeRO-1 only
         tp, pp, dp, ep = _topologies(rng, family, plain, zero)
-        if moe:
+        if neox_moe:
+            # expert parallel groups are runs of ep global ranks (tp x dp of them)
+            ep = rng.choice([e for e in _divisors_of(tp * dp, [1, 2, 4]) if e >= tp])
+        elif moe:
             ep = rng.choice(_divisors_of(dp, [1, 2, 4]))
         stages.append((tp, pp, dp, ep, zero))
     tps = {s[0] for s in stages}
@@ -72,6 +85,9 @@ def draw_one(pb, rng, name, versions):
         c.model.args = f"--hidden {hidden} --heads {heads} --layers {layers} --vocab {vocab} --seq {rng.choice([6, 8, 12])}"
         if rng.random() < 0.4:
             c.model.args += " --tied"
+        if neox_moe:
+            moe_layers = sorted(rng.sample(range(layers), rng.randint(1, layers)))
+            c.model.args += f" --moe_layers {','.join(map(str, moe_layers))} --experts 4"
     elif family == "savanna":
         hidden = rng.choice([32, 48, 64])
         heads = rng.choice(_divisors_of(hidden, [2, 4, 8]))
@@ -186,7 +202,7 @@ def draw_one(pb, rng, name, versions):
         c.tolerance = 3e-2
     elif dtype == "fp32" and moe and ep_change and v < (0, 15, 0):
         c.tolerance = 1e-3
-    c.export = rng.random() < 0.3 and not moe and stages[0][4] != 3
+    c.export = rng.random() < 0.3 and (neox_moe or not moe) and stages[0][4] != 3
     c.proves = "a random case"
     return c
 

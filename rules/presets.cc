@@ -105,7 +105,20 @@ absl::StatusOr<MergeRules> PresetRules(absl::string_view name) {
   return rules;
 }
 
-std::optional<std::string> DetectPreset(const std::vector<std::string>& names, const std::string& hf_model_type) {
+// A param of DeepSpeed's MoE layer (deepspeed.moe.layer.MoE: its router
+// `deepspeed_moe.gate.wg` and the experts under `deepspeed_moe.experts`),
+// which any model family can hold: its names speak neither for nor against a
+// preset. A model whose every block is MoE, or with many experts, has more of
+// them than of its own.
+static bool IsDeepSpeedMoeName(const std::string& name) {
+  return name.find(".deepspeed_moe.") != std::string::npos || name.rfind("deepspeed_moe.", 0) == 0;
+}
+
+std::optional<std::string> DetectPreset(const std::vector<std::string>& all_names, const std::string& hf_model_type) {
+  std::vector<std::string> names;
+  for (const std::string& n : all_names) {
+    if (!IsDeepSpeedMoeName(n)) names.push_back(n);
+  }
   if (names.empty()) return std::nullopt;
   std::map<std::string, size_t> score;
   std::map<std::string, bool> required_met;

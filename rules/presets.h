@@ -34,7 +34,8 @@ absl::StatusOr<MergeRules> PresetRules(absl::string_view name);
 
 // The preset whose rules match the most of `names` (at least half of them
 // and more than any other; Preset.detect_requires narrows the candidates),
-// or nullopt. Names only: rules' shape conditions are not tested.
+// or nullopt. Names only: rules' shape conditions are not tested. Names of
+// DeepSpeed's MoE layer (`.deepspeed_moe.`: router and experts) are not counted.
 // `hf_model_type`: the `model_type` of the checkpoint's config.json ("" =
 // none): presets that list model types (Preset.hf_model_type) but not this
 // one are no candidates, and one that lists it wins if its rules match at

@@ -327,6 +327,23 @@ TEST(SavannaPresetTest, DetectedFromEitherNaming) {
   }
   neox.push_back("5.norm.scale");
   EXPECT_EQ(DetectPreset(neox), "gpt-neox");
+  // Every block's MLP a DeepSpeed MoE layer (router and 8 experts): those names,
+  // more than the model's own, are not counted.
+  std::vector<std::string> moe;
+  for (const std::string& n : neox) {
+    if (n.find(".mlp.") == std::string::npos) moe.push_back("sequential." + n);
+  }
+  for (int l = 2; l < 4; ++l) {
+    const std::string block = "sequential." + std::to_string(l) + ".mlp.deepspeed_moe.";
+    moe.push_back(block + "gate.wg.weight");
+    for (int e = 0; e < 8; ++e) {
+      for (const char* s : {"0.weight", "0.bias", "2.weight", "2.bias"}) {
+        moe.push_back(block + "experts.deepspeed_experts." + std::to_string(e) + "." + s);
+      }
+    }
+  }
+  EXPECT_EQ(DetectPreset(moe), "gpt-neox");
+  EXPECT_EQ(DetectPreset({"sequential.2.mlp.deepspeed_moe.gate.wg.weight"}), std::nullopt);
   // The pipeline layer classes savanna's backbone.py builds.
   LayerTypeNamer namer = LayerTypeNamerFor("savanna");
   EXPECT_EQ(namer({"input_layernorm.scale", "mixer.dense_projection.weight", "mlp.w1.weight"}), "ParallelBlockPipe");

@@ -16,6 +16,8 @@
 //     through tp 1 and back, the save itself file for file; at dp 1 every
 //     slice the dumps'; the same checks with the tp or ep ranks swapped fail;
 //     ep < tp, pp > 1 and targets before 0.19.5 refused, saying why.
+// The reader, reshard and export checks run again on the same model saved by
+// DeepSpeed 0.18.9 (testdata/moe_tp/ds0189_tp2_ep2_zero1_dp2, no param_shapes).
 #include <map>
 #include <memory>
 #include <set>
@@ -46,6 +48,10 @@ using ucp::testing::FreshTempDir;
 using ucp::testing::RunfilePath;
 
 constexpr char kSave[] = "testdata/moe_tp/ds0195_tp2_ep2_zero1_dp2";
+// The same model saved by 0.18.9 (before param_shapes: each tp rank's params
+// from its dp group's param_slice_mappings, shapes from its module): the
+// reader, reshard and export tests run on both saves.
+constexpr char kSave0189[] = "testdata/moe_tp/ds0189_tp2_ep2_zero1_dp2";
 constexpr int kTp = 2, kEp = 2, kRanks = 4;
 const std::vector<std::string> kStates = {"lp", "fp32", "exp_avg", "exp_avg_sq"};
 
@@ -56,10 +62,10 @@ struct Dump {
   std::map<std::string, int> split;  // -1: None
 };
 
-std::vector<Dump> ReadDumps() {
+std::vector<Dump> ReadDumps(const std::string& save = kSave) {
   std::vector<Dump> out(kRanks);
   for (int r = 0; r < kRanks; ++r) {
-    const std::string path = RunfilePath(absl::StrCat(kSave, "/ref/rank", r, ".pt"));
+    const std::string path = RunfilePath(absl::StrCat(save, "/ref/rank", r, ".pt"));
     auto f = torch::TorchFile::Open(path);
     EXPECT_TRUE(f.ok()) << path << ": " << f.status();
     if (!f.ok()) return {};
@@ -129,10 +135,12 @@ std::vector<std::string> SliceMismatches(const deepspeed_moe::MoeState& s, const
   return bad;
 }
 
-TEST(MoeTpReaderTest, EverySliceIsWhatTheSavingRanksHeld) {
-  const std::vector<Dump> dumps = ReadDumps();
+class MoeTpSaveTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(MoeTpSaveTest, EverySliceIsWhatTheSavingRanksHeld) {
+  const std::vector<Dump> dumps = ReadDumps(GetParam());
   ASSERT_EQ(dumps.size(), static_cast<size_t>(kRanks));
-  auto s = deepspeed_moe::MoeState::Open(RunfilePath(absl::StrCat(kSave, "/global_step3")));
+  auto s = deepspeed_moe::MoeState::Open(RunfilePath(absl::StrCat(GetParam(), "/global_step3")));
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ((*s)->info().source_topology.tp, 2);
   EXPECT_EQ((*s)->info().source_topology.dp, 2);
@@ -149,10 +157,10 @@ TEST(MoeTpReaderTest, EverySliceIsWhatTheSavingRanksHeld) {
 // Swapping the tp ranks or the ep ranks of the dumps makes the comparison
 // fail for every tp-split param / every expert: the check above would catch
 // a reader that placed them so.
-TEST(MoeTpReaderTest, SwappedTpOrEpRanksAreDetected) {
-  const std::vector<Dump> dumps = ReadDumps();
+TEST_P(MoeTpSaveTest, SwappedTpOrEpRanksAreDetected) {
+  const std::vector<Dump> dumps = ReadDumps(GetParam());
   ASSERT_EQ(dumps.size(), static_cast<size_t>(kRanks));
-  auto s = deepspeed_moe::MoeState::Open(RunfilePath(absl::StrCat(kSave, "/global_step3")));
+  auto s = deepspeed_moe::MoeState::Open(RunfilePath(absl::StrCat(GetParam(), "/global_step3")));
   ASSERT_TRUE(s.ok()) << s.status();
   int compared = 0;
   std::vector<std::string> bad = SliceMismatches(**s, dumps, false, true, &compared);
@@ -226,13 +234,13 @@ int CompareFull(const std::string& dir, const std::vector<Dump>& dumps) {
   return n;
 }
 
-TEST(MoeTpReshardTest, ToTp1IsTheDumpsJoined) {
-  const std::vector<Dump> dumps = ReadDumps();
+TEST_P(MoeTpSaveTest, ToTp1IsTheDumpsJoined) {
+  const std::vector<Dump> dumps = ReadDumps(GetParam());
   ASSERT_EQ(dumps.size(), static_cast<size_t>(kRanks));
   const std::string root = FreshTempDir("moe_tp_reshard");
   for (int dp : {2, 1}) {
     ReshardOptions o;
-    o.input_folder = RunfilePath(absl::StrCat(kSave, "/global_step3"));
+    o.input_folder = RunfilePath(absl::StrCat(GetParam(), "/global_step3"));
     o.output_folder = JoinPath(root, absl::StrCat("dp", dp, "/global_step3"));
     o.write.target = state::Topology{1, 1, dp};
     o.write.num_threads = 2;
@@ -407,11 +415,11 @@ TEST(MoeTpWriterTest, WhatCannotBeWrittenIsRefused) {
   }
 }
 
-TEST(MoeTpExportTest, EveryTensorIsTheDumpsJoined) {
-  const std::vector<Dump> dumps = ReadDumps();
+TEST_P(MoeTpSaveTest, ExportIsTheDumpsJoined) {
+  const std::vector<Dump> dumps = ReadDumps(GetParam());
   ASSERT_EQ(dumps.size(), static_cast<size_t>(kRanks));
   ExportOptions o;
-  o.input_folder = RunfilePath(absl::StrCat(kSave, "/global_step3"));
+  o.input_folder = RunfilePath(absl::StrCat(GetParam(), "/global_step3"));
   o.output_folder = JoinPath(FreshTempDir("moe_tp_export"), "out");
   auto r = Export(o);
   ASSERT_TRUE(r.ok()) << r.status();
@@ -432,6 +440,11 @@ TEST(MoeTpExportTest, EveryTensorIsTheDumpsJoined) {
   }
   EXPECT_EQ(equal, 10 + 2 * 4);
 }
+
+INSTANTIATE_TEST_SUITE_P(Saves, MoeTpSaveTest, ::testing::Values(kSave, kSave0189),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           return std::string(info.param).find("0189") != std::string::npos ? "ds0189" : "ds0195";
+                         });
 
 }  // namespace
 }  // namespace ucp::ops

@@ -66,7 +66,8 @@ std::string TagFolderOf(const std::string& path_in) {
 
 constexpr char kSupported[] =
     "ucp reads native MoE checkpoints of ZeRO stage 1/2 (DeepSpeedZeroOptimizer) at pp=1, at tp > 1 when every tp rank "
-    "has model states (ep >= tp) and the layout has param_shapes (DeepSpeed 0.19.3 and later)";
+    "has model states (ep >= tp), and at tp > 1 with ep > 1 from DeepSpeed 0.14.5 on (earlier versions list only a "
+    "window of each expert group in param_slice_mappings)";
 
 absl::Status InvalidIn(const std::string& path, absl::string_view message) {
   return FileError(path, absl::StatusCode::kInvalidArgument, message);
@@ -148,6 +149,11 @@ absl::Status MoeState::Load() {
   optim_files_.Reset(world());
   UCP_RETURN_IF_ERROR(FindExpertGroups(rank0));
   window_mappings_ = legacy_ && ep_ > 1 && deepspeed::ExpertMappingsSizedByWorld(legacy_parsed_);
+  if (window_mappings_ && tp_ > 1) {
+    return FileError(mp_->path(), absl::StatusCode::kUnimplemented,
+                     absl::StrCat("DeepSpeed ", legacy_version_, " mixture-of-experts checkpoint at tp ", tp_, " and ep ",
+                                  ep_, ": ", kSupported));
+  }
   if (legacy_) UCP_RETURN_IF_ERROR(GroupNamesFromMappings());
   UCP_RETURN_IF_ERROR(FindMoeLayers());
   UCP_RETURN_IF_ERROR(CheckExpertFilePlaces());
@@ -484,11 +490,7 @@ absl::Status MoeState::ReadParamShapes(const torch::TorchFile& f, std::vector<Gr
 // experts are whole). Whether a group holds experts is known later
 // (FindExpertGroups), so both are recorded here and checked in MakeLayouts.
 absl::Status MoeState::ReadTpParamShapes() {
-  if (tp_ > 1 && legacy_) {
-    return FileError(mp_->path(), absl::StatusCode::kUnimplemented,
-                     absl::StrCat("DeepSpeed ", legacy_version_, " mixture-of-experts checkpoint at tp ", tp_,
-                                  " without param_shapes: ", kSupported));
-  }
+  if (legacy_) return absl::OkStatus();  // every tp rank's shapes come from its module (GroupShapesFromTensors)
   for (Group& g : groups_) g.tp_shapes = {g.shapes};
   for (int t = 1; t < tp_; ++t) {
     std::vector<Group> other;
@@ -608,7 +610,7 @@ absl::Status MoeState::CheckExpertFilePlaces() const {
 absl::Status MoeState::MakeLayouts() {
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
     Group& g = groups_[gi];
-    if (g.tp_shapes.empty() || legacy_) g.tp_shapes = {g.shapes};  // legacy: shapes known only now
+    if (g.tp_shapes.empty()) g.tp_shapes = {g.shapes};
     g.tp_layouts.clear();
     for (size_t t = 0; t < g.tp_shapes.size(); ++t) {
       if (g.expert && g.tp_shapes[t] != g.shapes) {
@@ -817,15 +819,32 @@ absl::Status MoeState::GroupNamesFromMappings() {
   UCP_ASSIGN_OR_RETURN(RankMappings ranks, ReadRankMappings());
   const size_t n = groups_.size();
   legacy_numels_.assign(n, {});
-  const int edp = dp_ / ep_;
+  legacy_tp_numels_.assign(n, {});
+  const int edp = world() / ep_;
   if (window_mappings_) UCP_RETURN_IF_ERROR(ExpertGroupsFromExpertFiles(ranks));
   for (size_t g = 0; g < n; ++g) {
     Group& grp = groups_[g];
     if (grp.expert && window_mappings_) continue;
     if (!grp.expert) {
-      std::vector<int> all;
-      for (int d = 0; d < dp_; ++d) all.push_back(d);
-      UCP_RETURN_IF_ERROR(MergeMappings(ranks, g, all, &grp.names, &legacy_numels_[g]));
+      // Each tp rank's slices over its dp group (global ranks d x tp + t): the
+      // same params, in the same order, with that rank's numels.
+      for (int t = 0; t < tp_; ++t) {
+        std::vector<int> ranks_of_t;
+        for (int d = 0; d < dp_; ++d) ranks_of_t.push_back(d * tp_ + t);
+        std::vector<std::string> names;
+        std::vector<int64_t> numels;
+        UCP_RETURN_IF_ERROR(MergeMappings(ranks, g, ranks_of_t, &names, &numels));
+        if (t == 0) {
+          grp.names = std::move(names);
+          legacy_numels_[g] = numels;
+        } else if (names != grp.names) {
+          return FileError(OptimPath(t), absl::StatusCode::kInvalidArgument,
+                           absl::StrCat("param_slice_mappings[", g, "] of tp rank ", t, " list [",
+                                        absl::StrJoin(names, ", "), "], tp rank 0's [", absl::StrJoin(grp.names, ", "),
+                                        "]: every tp rank holds a slice of the same params"));
+        }
+        legacy_tp_numels_[g].push_back(std::move(numels));
+      }
     } else {
       // Every ep rank holds the same local experts (local ids): its expert
       // data parallel ranks e, e + ep, ... list them all.
@@ -859,8 +878,8 @@ absl::Status MoeState::GroupNamesFromMappings() {
 // each rank's saved fp32 partition sizes (fp32_numels_, -1 when unreadable).
 absl::StatusOr<MoeState::RankMappings> MoeState::ReadRankMappings() {
   const size_t n = groups_.size();
-  RankMappings ranks(dp_);
-  for (int d = 0; d < dp_; ++d) {
+  RankMappings ranks(world());
+  for (int d = 0; d < world(); ++d) {  // d: the global rank (dp rank x tp + tp rank)
     const std::string path = OptimPath(d);
     const torch::OpenOptions lazy = read_.Files(/*verify_crc=*/false);  // checked when the file is read for its tensors
     UCP_ASSIGN_OR_RETURN(auto f, torch::TorchFile::Open(path, lazy));
@@ -872,7 +891,7 @@ absl::StatusOr<MoeState::RankMappings> MoeState::ReadRankMappings() {
                                     " names its params only there (its model states have no param_shapes)"));
     }
     ranks[d].resize(n);
-    fp32_numels_.resize(dp_);
+    fp32_numels_.resize(world());
     fp32_numels_[d].assign(n, -1);
     if (const Value* fp32s = internal::DictPath(f->root().get(), {"optimizer_state_dict", "single_partition_of_fp32_groups"});
         fp32s != nullptr && fp32s->is(Kind::kList) && fp32s->items().size() == n) {
@@ -1138,6 +1157,39 @@ absl::Status MoeState::GroupShapesFromTensors() {
                                       legacy_numels_[g][i], " elements of it"));
       }
       grp.shapes.push_back(std::move(shape));
+    }
+    // Each tp rank's shapes: an expert group's whole on every tp rank, a dense
+    // param's slice from that rank's module.
+    grp.tp_shapes = {grp.shapes};
+    for (int t = 1; t < tp_; ++t) {
+      if (grp.expert) {
+        grp.tp_shapes.push_back(grp.shapes);
+        continue;
+      }
+      const std::string& path = Mp(t).path();
+      const Value* tmodule = Mp(t).root()->DictGet("module");
+      std::vector<std::vector<int64_t>> shapes;
+      for (size_t i = 0; i < grp.names.size(); ++i) {
+        const std::string& name = grp.names[i];
+        const Value* v = tmodule->DictGet(name);
+        if (v == nullptr || !torch::TorchFile::IsTensor(*v)) {
+          return FileError(path, absl::StatusCode::kInvalidArgument,
+                           absl::StrCat("module has no tensor '", name, "', a param of group ", g,
+                                        " in tp rank ", t, "'s param_slice_mappings: its shape is unknown (DeepSpeed ",
+                                        legacy_version_, " saves no param_shapes for mixture-of-experts models)"));
+        }
+        UCP_ASSIGN_OR_RETURN(torch::Tensor t_slice, Mp(t).GetTensor(*v), _.Prepend(path + ": "));
+        std::vector<int64_t> shape(t_slice.sizes().begin(), t_slice.sizes().end());
+        const int64_t listed = legacy_tp_numels_[g][t][i];
+        if (listed >= 0 && internal::Numel(shape) != listed) {
+          return FileError(path, absl::StatusCode::kInvalidArgument,
+                           absl::StrCat("'", name, "' has shape ", ShapeStr(shape), " (", internal::Numel(shape),
+                                        " elements), but tp rank ", t, "'s param_slice_mappings[", g, "] hold ",
+                                        listed, " elements of it"));
+        }
+        shapes.push_back(std::move(shape));
+      }
+      grp.tp_shapes.push_back(std::move(shapes));
     }
   }
   return absl::OkStatus();

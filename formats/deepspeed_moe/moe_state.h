@@ -233,7 +233,9 @@ class MoeState : public state::SlicedState, public deepspeed::DeepSpeedFacet {
   deepspeed::DsVersion legacy_parsed_;
   bool window_mappings_ = false;  // expert mappings of a window (before 0.14.5, ep > 1)
   std::vector<std::vector<int64_t>> legacy_numels_;  // per group: each param's numel in the mappings
-  std::vector<std::vector<int64_t>> fp32_numels_;  // legacy: [dp rank][group] saved fp32 partition numel
+  // legacy, groups without experts: [group][tp rank] each param's numel in that tp rank's mappings
+  std::vector<std::vector<std::vector<int64_t>>> legacy_tp_numels_;
+  std::vector<std::vector<int64_t>> fp32_numels_;  // legacy: [global rank][group] saved fp32 partition numel
   std::vector<std::string> untold_;  // legacy: module tensors in no group (buffer or frozen: not said)
   int dp_ = 1, ep_ = 1, tp_ = 1;
   bool bf16_prefix_ = false;  // optimizer files named bf16_zero_pp_rank_* (bf16 lp weights)

@@ -72,7 +72,8 @@ TEST(MoeStateTest, GroupWithOtherStatesIsRefused) {
 // no mp_rank_01 model states) refused.
 constexpr char kSupportedTail[] =
     "ucp reads native MoE checkpoints of ZeRO stage 1/2 (DeepSpeedZeroOptimizer) at pp=1, at tp > 1 when every tp "
-    "rank has model states (ep >= tp) and the layout has param_shapes (DeepSpeed 0.19.3 and later)";
+    "rank has model states (ep >= tp), and at tp > 1 with ep > 1 from DeepSpeed 0.14.5 on (earlier versions list only "
+    "a window of each expert group in param_slice_mappings)";
 
 TEST(MoeStateTest, TensorParallelSaveOpensWithWholeExperts) {
   const std::string dir = ucp::testing::RunfilePath("testdata/moe_tp/ds0195_tp2_ep2_zero1_dp2/global_step3");

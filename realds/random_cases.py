@@ -10,10 +10,9 @@ import random
 VERSIONS = ["0.14.4", "0.15.4", "0.16.4", "0.17.6", "0.18.9", "0.19.5", "master"]
 # native MoE at tp > 1 (README.md "Native MoE at tp > 1"): the neox family's plain
 # module with DeepSpeed MoE blocks, saved and resumed at pp 1, ep >= tp (an ep < tp
-# save has no mp_rank_01 model states: DeepSpeed and ucp refuse it). ucp reads it
-# from 0.14.5 on (0.14.4 lists only a window of each expert group) and writes it
-# at tp > 1 for 0.19.5 and later: before, only the source is at tp 2.
-MOE_TP_READ, MOE_TP_WRITE = (0, 15, 0), (0, 19, 5)
+# save has no mp_rank_01 model states: DeepSpeed and ucp refuse it). ucp reads and
+# writes it from 0.14.5 on (0.14.4 lists only a window of each expert group).
+MOE_TP_FROM = (0, 15, 0)
 # the partition_method of each family's PipelineModule (worker/families/*.py)
 PARTITION = {"neox": "type:transformer|mlp", "savanna": "type:ParallelBlockPipe"}
 
@@ -48,7 +47,7 @@ def draw_one(pb, rng, name, versions):
     moe = family == "gpt_moe"
     # MoE: the gpt family's (tp 1) or, where DeepSpeed saves it at tp > 1, the neox
     # plain module's MoE blocks at tp 1 or 2
-    neox_moe = moe and v >= MOE_TP_READ and rng.random() < 0.5
+    neox_moe = moe and v >= MOE_TP_FROM and rng.random() < 0.5
     if moe:
         family = "neox" if neox_moe else "gpt"
     # bf16 over gloo needs trixie's torch 2.6 (sid's gloo has no bf16 broadcast)
@@ -68,8 +67,6 @@ def draw_one(pb, rng, name, versions):
         else:
             zero = rng.choice([1, 2]) if plain else 1  # the pipeline engine takes ZeRO-1 only
         tp, pp, dp, ep = _topologies(rng, family, plain, zero)
-        if neox_moe and stages and v < MOE_TP_WRITE:
-            tp = 1
         if neox_moe:
             # expert parallel groups are runs of ep global ranks (tp x dp of them)
             ep = rng.choice([e for e in _divisors_of(tp * dp, [1, 2, 4]) if e >= tp])

@@ -7,6 +7,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/fs.h"
 #include "base/status_macros.h"
@@ -156,13 +157,15 @@ class MoePlan : public Plan {
     return absl::OkStatus();
   }
 
-  // At tp > 1 the layout written is DeepSpeed 0.19.5's (realds/README.md,
-  // "Native MoE at tp > 1", measured there): an older target is refused.
+  // At tp > 1 the placement written is the one DeepSpeed 0.15.4 to 0.19.5
+  // save (realds/README.md, "Native MoE at tp > 1", measured there), in the
+  // target version's files. Before 0.14.5 the optimizer files map a window of
+  // each expert group, which was never measured at tp > 1: refused.
   absl::Status CheckTpTarget() const {
-    if (tp_ == 1 || parallel_dims_) return absl::OkStatus();
+    if (tp_ == 1 || !window_mappings_) return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrCat(
         "mixture-of-experts target ", options_.target.ToString(), ": ucp writes native MoE checkpoints at tp > 1 ",
-        "in the layout of DeepSpeed 0.19.5 or later (expected --target_ds_version >= 0.19.5, found ", version_, ")"));
+        "for DeepSpeed 0.14.5 or later (expected --target_ds_version >= 0.14.5, found ", version_, ")"));
   }
 
   // Each param's shape on a target tp rank (slice_shapes_): an expert whole
@@ -369,7 +372,10 @@ class MoePlan : public Plan {
       }
     }
     if (expp_files_) {
-      for (int e = 0; e < ep_; ++e) add(Job{JobKind::kExpp, -1, e}, absl::StrCat("expp_rank_", e, "_mp_rank_00_optim_states.pt"), 1024);
+      // written by global rank e (expert data parallel rank 0) under its tp rank
+      for (int e = 0; e < ep_; ++e) {
+        add(Job{JobKind::kExpp, -1, e}, absl::StrFormat("expp_rank_%d_mp_rank_%02d_optim_states.pt", e, e % tp_), 1024);
+      }
     }
     if (AddVerifyUnit(state_, &units_)) jobs_.push_back(Job{JobKind::kVerify});
   }

@@ -15,13 +15,16 @@
 //        for targets up to 0.19.4
 //   latest
 //
-// At tp > 1 (ep >= tp, targets 0.19.5 and later: the layout DeepSpeed 0.19.5
-// writes, realds/README.md "Native MoE at tp > 1"), global rank r = dp rank x
+// At tp > 1 (ep >= tp, targets 0.14.5 and later: the placement DeepSpeed
+// 0.15.4 to 0.19.5 write, realds/README.md "Native MoE at tp > 1", in the
+// target version's files: before 0.19.3 no param_shapes, before 0.19.5
+// expp_rank_E_mp_rank_{E % tp} placeholders and no
+// checkpoint_parallel_dimensions), global rank r = dp rank x
 // tp + tp rank is ep rank r % ep and expert data parallel rank r / ep:
 //   mp_rank_TT_model_states.pt     per tp rank T (written by global rank T):
 //        its tp slices of the non-expert tensors, cut by their rules as the
-//        ZeRO writer cuts them; param_shapes with those slice shapes;
-//        mp_world_size tp, checkpoint_parallel_dimensions tp_degree tp
+//        ZeRO writer cuts them; param_shapes with those slice shapes (0.19.3+);
+//        mp_world_size tp, checkpoint_parallel_dimensions tp_degree tp (0.19.5+)
 //   layer_L_expert_E_mp_rank_TT    expert E whole, under the mp_rank of its
 //        ep rank e (written by global rank e): TT = e % tp
 //   zero_pp_rank_D_mp_rank_TT      global rank D x tp + T: the non-expert
@@ -29,7 +32,7 @@
 //        dp), the expert groups' partition r / ep of ep rank r % ep's experts
 //        over the ep-strided expert data parallel group (partition_count tp x dp / ep)
 // ep < tp (tp ranks >= ep would have no model states; DeepSpeed cannot load
-// such a save), pp > 1 and tp > 1 targets before 0.19.5 are refused.
+// such a save), pp > 1 and tp > 1 targets before 0.14.5 are refused.
 //
 // The model states are the target version's (--target_ds_version, default
 // the source's): from 0.19.3 the common checkpoint state (param_shapes,

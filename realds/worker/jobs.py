@@ -191,4 +191,5 @@ def main(spec, rank, world, store_path):
     deepspeed.init_distributed(dist_backend="gloo")  # adopts the process group above
     Job(spec).run()
     dist.barrier()
-    dist.destroy_process_group()
+    # no destroy_process_group(): the rank exits right after (os._exit), and
+    # gloo's teardown can hang (trainer_job.py main)

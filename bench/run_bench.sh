@@ -402,8 +402,8 @@ for protocol in protocols.split():
         ok &= rate >= target and rss_ok and once and size_ok
     ex = rows["export"]
     print(f"  export vs zero_to_fp32.py's design: zero_to_fp32 builds the whole fp32 state dict in memory before "
-          f"writing (RAM >= {ex['write']/2**20:.0f} MiB here, the model's fp32 size, single-threaded, and it cannot "
-          f"read this tp=2 checkpoint); ucp export streams mapped inputs into the shards: peak RSS "
+          f"writing (RAM >= {ex['write']/2**20:.0f} MiB here, the model's fp32 size, single-threaded, and it does not "
+          f"merge the slices of a tp > 1 checkpoint); ucp export streams mapped inputs into the shards: peak RSS "
           f"{ex['rss']/2**20:.0f} MiB, all cores")
 print(f"\nreshard universal->tp1 and ZeRO->tp1 outputs: {same}")
 print("all targets met" if ok else "SOME TARGETS MISSED")

@@ -150,21 +150,6 @@ absl::Status Errno(const std::string& path, const char* what) {
   return absl::Status(absl::ErrnoToStatusCode(e), absl::StrCat(path, ": ", what, ": ", std::strerror(e)));
 }
 
-absl::Status PWriteAll(int fd, const std::string& path, const uint8_t* p, size_t n, uint64_t off) {
-  PhaseTimer timer(Phase::kWrite, static_cast<int64_t>(n));
-  while (n > 0) {
-    const ssize_t w = ::pwrite(fd, p, n, static_cast<off_t>(off));
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return Errno(path, "write");
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-    off += static_cast<uint64_t>(w);
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 absl::Status CreateFile(const std::string& path, const FileLayout& layout) {
@@ -173,7 +158,8 @@ absl::Status CreateFile(const std::string& path, const FileLayout& layout) {
   }
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return Errno(path, "open");
-  absl::Status st = PWriteAll(fd, path, reinterpret_cast<const uint8_t*>(layout.header.data()), layout.header.size(), 0);
+  absl::Status st = torch::MappedFile::PWriteAll(
+      fd, path, {reinterpret_cast<const uint8_t*>(layout.header.data()), layout.header.size()}, 0);
   if (st.ok() && ::ftruncate(fd, static_cast<off_t>(layout.file_size)) != 0) st = Errno(path, "ftruncate");
   if (::close(fd) != 0 && st.ok()) st = Errno(path, "close");
   return st;
@@ -205,13 +191,7 @@ absl::Status WriteTensor(const std::string& path, const FileLayout& layout, size
       // Threads writing tensors of one file take turns (see FileWriteTurn)
       // while their producers run in parallel.
       std::lock_guard<std::mutex> turn(FileWriteTurn(path));
-      bool copied = false;
-      {
-        PhaseTimer timer(Phase::kWrite);
-        copied = torch::MappedFile::CopyToFile(view->data(), n, fd, base + off);
-        if (copied) timer.set_bytes(static_cast<int64_t>(n));
-      }
-      if (!copied) st = PWriteAll(fd, path, view->data(), n, base + off);
+      st = torch::MappedFile::WriteAt(fd, path, *view, base + off);
       if (st.ok() && writeback && off + n >= written_back + kWritebackBytes) {
         StartWriteback(fd, path, base + written_back, off + n - written_back);
         written_back = off + n;

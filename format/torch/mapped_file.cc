@@ -18,6 +18,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "base/phases.h"
 
 namespace ucp::torch {
 namespace {
@@ -284,6 +285,42 @@ bool MappedFile::CopyToFile(const void* p, size_t len, int out_fd, uint64_t out_
     left -= static_cast<size_t>(r);
   }
   return true;
+}
+
+absl::Span<const uint8_t> MappedFile::ReadThrough(absl::Span<const uint8_t> bytes) {
+  if (bytes.empty() || bytes.size() > kReadThroughBytes) return bytes;
+  thread_local std::unique_ptr<uint8_t[]> buffer;
+  if (!buffer) buffer.reset(new uint8_t[kReadThroughBytes]);
+  if (!ReadMapped(bytes.data(), bytes.size(), buffer.get())) return bytes;
+  return {buffer.get(), bytes.size()};
+}
+
+absl::Status MappedFile::PWriteAll(int out_fd, const std::string& path, absl::Span<const uint8_t> bytes,
+                                   uint64_t offset) {
+  PhaseTimer timer(Phase::kWrite, static_cast<int64_t>(bytes.size()));
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t w =
+        ::pwrite(out_fd, bytes.data() + done, bytes.size() - done, static_cast<off_t>(offset + done));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoError(errno, path, "write");
+    }
+    done += static_cast<size_t>(w);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MappedFile::WriteAt(int out_fd, const std::string& path, absl::Span<const uint8_t> bytes,
+                                 uint64_t offset, absl::Span<const uint8_t> same) {
+  {
+    PhaseTimer timer(Phase::kWrite);
+    if (CopyToFile(bytes.data(), bytes.size(), out_fd, offset)) {
+      timer.set_bytes(static_cast<int64_t>(bytes.size()));
+      return absl::OkStatus();
+    }
+  }
+  return PWriteAll(out_fd, path, same.empty() ? bytes : same, offset);
 }
 
 bool MappedFile::IsMappedByThisProcess(const std::string& path) {

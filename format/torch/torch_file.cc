@@ -100,22 +100,6 @@ std::string ArchiveStem(const std::string& path) {
   return path.substr(start, end - start);
 }
 
-// Writes all n bytes at file offset `offset` (pwrite, retried on EINTR and
-// short writes).
-absl::Status PwriteAll(int fd, const std::string& name, const uint8_t* p, size_t n, uint64_t offset) {
-  PhaseTimer timer(Phase::kWrite, static_cast<int64_t>(n));
-  size_t done = 0;
-  while (done < n) {
-    const ssize_t w = ::pwrite(fd, p + done, n - done, static_cast<off_t>(offset + done));
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return absl::ErrnoToStatus(errno, absl::StrCat(name, ": write failed"));
-    }
-    done += static_cast<size_t>(w);
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -900,31 +884,14 @@ struct TorchWriter::Impl {
     while (true) {
       UCP_ASSIGN_OR_RETURN(absl::Span<const uint8_t> piece, cursor.Next());
       if (piece.empty()) break;
-      // Bytes of a mapped input are read into a buffer this thread reuses
-      // (MappedFile::ReadMapped: no fault per page of the mapping, costly on a
-      // VM), hashed and written from there.
-      absl::Span<const uint8_t> bytes = piece;
-      thread_local std::unique_ptr<uint8_t[]> copy;
-      constexpr size_t kCopy = size_t{1} << 20;
-      if (piece.size() <= kCopy) {
-        if (!copy) copy.reset(new uint8_t[kCopy]);
-        if (MappedFile::ReadMapped(piece.data(), piece.size(), copy.get())) bytes = {copy.get(), piece.size()};
-      }
+      // Bytes of a mapped input are hashed from a buffer this thread reuses
+      // (MappedFile::ReadThrough) and copied file to file (WriteAt).
+      const absl::Span<const uint8_t> bytes = MappedFile::ReadThrough(piece);
       crc = Crc32(crc, bytes.data(), bytes.size());
       {
         // Units and record threads filling pieces of one file take turns.
         std::lock_guard<std::mutex> turn(FileWriteTurn(name));
-        // Mapped bytes go file to file (MappedFile::CopyToFile): a write from
-        // user memory into the page cache is the slow path here (measured on
-        // a 2.7 GB reshard from a universal folder: 5.4 s of system time
-        // written from the buffer, 1.6 s copied file to file).
-        bool copied = false;
-        {
-          PhaseTimer timer(Phase::kWrite);
-          copied = MappedFile::CopyToFile(piece.data(), piece.size(), fd, at);
-          if (copied) timer.set_bytes(static_cast<int64_t>(piece.size()));
-        }
-        if (!copied) UCP_RETURN_IF_ERROR(PwriteAll(fd, name, bytes.data(), bytes.size(), at));
+        UCP_RETURN_IF_ERROR(MappedFile::WriteAt(fd, name, piece, at, bytes));
       }
       at += piece.size();
       if (options.writeback && at >= written_back + kWritebackBytes) {
@@ -1251,7 +1218,7 @@ class PwriteSink : public ZipSink {
  public:
   PwriteSink(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
   absl::Status Write(absl::Span<const uint8_t> bytes) override {
-    UCP_RETURN_IF_ERROR(PwriteAll(fd_, path_, bytes.data(), bytes.size(), pos_));
+    UCP_RETURN_IF_ERROR(MappedFile::PWriteAll(fd_, path_, bytes, pos_));
     pos_ += bytes.size();
     return absl::OkStatus();
   }

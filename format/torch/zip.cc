@@ -507,26 +507,17 @@ absl::Status CheckRecordCrc(absl::Span<const uint8_t> data, uint64_t data_offset
                             const std::function<void(uint64_t, uint64_t)>& on_verified) {
   PhaseTimer timer(Phase::kInputCrc, static_cast<int64_t>(data.size()));
   uint32_t crc = 0;
-  // In pieces, so that a caller can release what was read as it goes.
+  // In pieces, so that a caller can release what was read as it goes; each
+  // piece read through a buffer (MappedFile::ReadThrough) rather than through
+  // the mapping: on a VM each page of a mapping touched for the first time
+  // costs a fault.
   constexpr size_t kPiece = size_t{16} << 20;
-  // Mapped bytes are read into a buffer this thread reuses (MappedFile::
-  // ReadMapped) rather than through the mapping: on a VM each page of a
-  // mapping touched for the first time costs a fault.
-  constexpr size_t kRead = size_t{1} << 20;
-  thread_local std::unique_ptr<uint8_t[]> buffer;
   for (size_t pos = 0; pos < data.size(); pos += kPiece) {
     const size_t len = std::min(kPiece, data.size() - pos);
-    bool read = true;
-    for (size_t at = 0; at < len && read; at += kRead) {
-      const size_t n = std::min(kRead, len - at);
-      if (!buffer) buffer.reset(new uint8_t[kRead]);
-      read = MappedFile::ReadMapped(data.data() + pos + at, n, buffer.get());
-      if (read) {
-        crc = Crc32(crc, buffer.get(), n);
-      } else {
-        MappedFile::Populate(data.data() + pos + at, len - at);
-        crc = Crc32(crc, data.data() + pos + at, len - at);
-      }
+    for (size_t at = 0; at < len; at += MappedFile::kReadThroughBytes) {
+      const size_t n = std::min(MappedFile::kReadThroughBytes, len - at);
+      const absl::Span<const uint8_t> bytes = MappedFile::ReadThrough(data.subspan(pos + at, n));
+      crc = Crc32(crc, bytes.data(), bytes.size());
     }
     if (on_verified) on_verified(data_offset + pos, len);
   }

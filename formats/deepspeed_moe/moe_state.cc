@@ -819,7 +819,6 @@ absl::Status MoeState::GroupNamesFromMappings() {
   UCP_ASSIGN_OR_RETURN(RankMappings ranks, ReadRankMappings());
   const size_t n = groups_.size();
   legacy_numels_.assign(n, {});
-  legacy_tp_numels_.assign(n, {});
   const int edp = world() / ep_;
   if (window_mappings_) UCP_RETURN_IF_ERROR(ExpertGroupsFromExpertFiles(ranks));
   for (size_t g = 0; g < n; ++g) {
@@ -836,14 +835,13 @@ absl::Status MoeState::GroupNamesFromMappings() {
         UCP_RETURN_IF_ERROR(MergeMappings(ranks, g, ranks_of_t, &names, &numels));
         if (t == 0) {
           grp.names = std::move(names);
-          legacy_numels_[g] = numels;
         } else if (names != grp.names) {
           return FileError(OptimPath(t), absl::StatusCode::kInvalidArgument,
                            absl::StrCat("param_slice_mappings[", g, "] of tp rank ", t, " list [",
                                         absl::StrJoin(names, ", "), "], tp rank 0's [", absl::StrJoin(grp.names, ", "),
                                         "]: every tp rank holds a slice of the same params"));
         }
-        legacy_tp_numels_[g].push_back(std::move(numels));
+        legacy_numels_[g].push_back(std::move(numels));
       }
     } else {
       // Every ep rank holds the same local experts (local ids): its expert
@@ -856,8 +854,8 @@ absl::Status MoeState::GroupNamesFromMappings() {
         UCP_RETURN_IF_ERROR(MergeMappings(ranks, g, ranks_of_e, &names, &numels));
         if (e == 0) {
           grp.names = std::move(names);
-          legacy_numels_[g] = std::move(numels);
-        } else if (names != grp.names || numels != legacy_numels_[g]) {
+          legacy_numels_[g] = {std::move(numels)};
+        } else if (names != grp.names || numels != legacy_numels_[g][0]) {
           return FileError(OptimPath(DpRank(e, 0)), absl::StatusCode::kInvalidArgument,
                            absl::StrCat("param_slice_mappings[", g, "] of ep rank ", e, " (dp ranks ", e, ", ", e + ep_,
                                         ", ...) list [", absl::StrJoin(names, ", "), "], ep rank 0's [",
@@ -952,7 +950,7 @@ absl::Status MoeState::ExpertGroupsFromExpertFiles(const RankMappings& ranks) {
   }
   for (int g : expert_groups) {
     groups_[g].names = names[g];
-    legacy_numels_[g] = numels[g];
+    legacy_numels_[g] = {numels[g]};
   }
   return absl::OkStatus();
 }
@@ -1109,88 +1107,68 @@ absl::Status MoeState::AssignUnlistedExpertParams(const RankMappings& ranks, con
 }
 
 absl::Status MoeState::GroupShapesFromTensors() {
-  const std::string mp_path = mp_->path();
-  const Value* module = mp_->root()->DictGet("module");
   std::map<std::pair<int, int>, std::unique_ptr<torch::TorchFile>> experts;
   for (size_t g = 0; g < groups_.size(); ++g) {
     Group& grp = groups_[g];
-    grp.shapes.clear();
-    for (size_t i = 0; i < grp.names.size(); ++i) {
-      const std::string& name = grp.names[i];
-      std::string from;
-      torch::Tensor t;
-      if (!grp.expert) {
-        const Value* v = module->DictGet(name);
-        if (v == nullptr || !torch::TorchFile::IsTensor(*v)) {
-          return FileError(mp_path, absl::StatusCode::kInvalidArgument,
-                           absl::StrCat("module has no tensor '", name, "', a param of group ", g,
-                                        " in the optimizer files' param_slice_mappings: its shape is unknown (DeepSpeed ",
-                                        legacy_version_, " saves no param_shapes for mixture-of-experts models)"));
-        }
-        UCP_ASSIGN_OR_RETURN(t, mp_->GetTensor(*v), _.Prepend(mp_path + ": "));
-        from = mp_path;
-      } else {
-        // Local expert `id` of ep rank 0 is global expert `id`.
-        std::string prefix, suffix;
-        int id = 0;
-        SplitExpertName(name, &prefix, &id, &suffix);
-        const int layer = LayerIndex(prefix);
-        from = ExpertPath(layer, id);
-        auto& f = experts[{layer, id}];
-        if (f == nullptr) {
-          const torch::OpenOptions lazy = read_.Files(/*verify_crc=*/false);  // checked when the weights are read
-          UCP_ASSIGN_OR_RETURN(f, torch::TorchFile::Open(from, lazy));
-        }
-        const Value* v = f->root()->is(Kind::kDict) ? f->root()->DictGet(name) : nullptr;
-        if (v == nullptr || !torch::TorchFile::IsTensor(*v)) {
-          return FileError(from, absl::StatusCode::kInvalidArgument,
-                           absl::StrCat("no tensor '", name, "' (expert param of group ", g,
-                                        " in the optimizer files): its shape is unknown"));
-        }
-        UCP_ASSIGN_OR_RETURN(t, f->GetTensor(*v), _.Prepend(from + ": "));
-      }
-      std::vector<int64_t> shape(t.sizes().begin(), t.sizes().end());
-      if (legacy_numels_[g][i] >= 0 && internal::Numel(shape) != legacy_numels_[g][i]) {
-        return FileError(from, absl::StatusCode::kInvalidArgument,
-                         absl::StrCat("'", name, "' has shape ", ShapeStr(shape), " (", internal::Numel(shape),
-                                      " elements), but the optimizer files' param_slice_mappings[", g, "] hold ",
-                                      legacy_numels_[g][i], " elements of it"));
-      }
-      grp.shapes.push_back(std::move(shape));
-    }
-    // Each tp rank's shapes: an expert group's whole on every tp rank, a dense
-    // param's slice from that rank's module.
-    grp.tp_shapes = {grp.shapes};
-    for (int t = 1; t < tp_; ++t) {
-      if (grp.expert) {
-        grp.tp_shapes.push_back(grp.shapes);
+    grp.tp_shapes.clear();
+    // Each tp rank's shapes: a dense param's slice from that rank's module,
+    // an expert group's whole (the same on every tp rank) from the expert files.
+    for (int t = 0; t < tp_; ++t) {
+      if (grp.expert && t > 0) {
+        grp.tp_shapes.push_back(grp.tp_shapes[0]);
         continue;
       }
-      const std::string& path = Mp(t).path();
-      const Value* tmodule = Mp(t).root()->DictGet("module");
+      const std::vector<int64_t>& listed = legacy_numels_[g][grp.expert ? 0 : t];
+      const std::string mappings =
+          tp_ == 1 || grp.expert ? "the optimizer files' param_slice_mappings"
+                                 : absl::StrCat("tp rank ", t, "'s param_slice_mappings");
       std::vector<std::vector<int64_t>> shapes;
       for (size_t i = 0; i < grp.names.size(); ++i) {
         const std::string& name = grp.names[i];
-        const Value* v = tmodule->DictGet(name);
-        if (v == nullptr || !torch::TorchFile::IsTensor(*v)) {
-          return FileError(path, absl::StatusCode::kInvalidArgument,
-                           absl::StrCat("module has no tensor '", name, "', a param of group ", g,
-                                        " in tp rank ", t, "'s param_slice_mappings: its shape is unknown (DeepSpeed ",
-                                        legacy_version_, " saves no param_shapes for mixture-of-experts models)"));
+        std::string from;
+        torch::Tensor tensor;
+        if (!grp.expert) {
+          from = Mp(t).path();
+          const Value* v = Mp(t).root()->DictGet("module")->DictGet(name);
+          if (v == nullptr || !torch::TorchFile::IsTensor(*v)) {
+            return FileError(from, absl::StatusCode::kInvalidArgument,
+                             absl::StrCat("module has no tensor '", name, "', a param of group ", g, " in ", mappings,
+                                          ": its shape is unknown (DeepSpeed ", legacy_version_,
+                                          " saves no param_shapes for mixture-of-experts models)"));
+          }
+          UCP_ASSIGN_OR_RETURN(tensor, Mp(t).GetTensor(*v), _.Prepend(from + ": "));
+        } else {
+          // Local expert `id` of ep rank 0 is global expert `id`.
+          std::string prefix, suffix;
+          int id = 0;
+          SplitExpertName(name, &prefix, &id, &suffix);
+          const int layer = LayerIndex(prefix);
+          from = ExpertPath(layer, id);
+          auto& f = experts[{layer, id}];
+          if (f == nullptr) {
+            const torch::OpenOptions lazy = read_.Files(/*verify_crc=*/false);  // checked when the weights are read
+            UCP_ASSIGN_OR_RETURN(f, torch::TorchFile::Open(from, lazy));
+          }
+          const Value* v = f->root()->is(Kind::kDict) ? f->root()->DictGet(name) : nullptr;
+          if (v == nullptr || !torch::TorchFile::IsTensor(*v)) {
+            return FileError(from, absl::StatusCode::kInvalidArgument,
+                             absl::StrCat("no tensor '", name, "' (expert param of group ", g,
+                                          " in the optimizer files): its shape is unknown"));
+          }
+          UCP_ASSIGN_OR_RETURN(tensor, f->GetTensor(*v), _.Prepend(from + ": "));
         }
-        UCP_ASSIGN_OR_RETURN(torch::Tensor t_slice, Mp(t).GetTensor(*v), _.Prepend(path + ": "));
-        std::vector<int64_t> shape(t_slice.sizes().begin(), t_slice.sizes().end());
-        const int64_t listed = legacy_tp_numels_[g][t][i];
-        if (listed >= 0 && internal::Numel(shape) != listed) {
-          return FileError(path, absl::StatusCode::kInvalidArgument,
+        std::vector<int64_t> shape(tensor.sizes().begin(), tensor.sizes().end());
+        if (listed[i] >= 0 && internal::Numel(shape) != listed[i]) {
+          return FileError(from, absl::StatusCode::kInvalidArgument,
                            absl::StrCat("'", name, "' has shape ", ShapeStr(shape), " (", internal::Numel(shape),
-                                        " elements), but tp rank ", t, "'s param_slice_mappings[", g, "] hold ",
-                                        listed, " elements of it"));
+                                        " elements), but ", mappings, "[", g, "] hold ", listed[i],
+                                        " elements of it"));
         }
         shapes.push_back(std::move(shape));
       }
       grp.tp_shapes.push_back(std::move(shapes));
     }
+    grp.shapes = grp.tp_shapes[0];
   }
   return absl::OkStatus();
 }

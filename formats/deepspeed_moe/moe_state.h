@@ -232,9 +232,9 @@ class MoeState : public state::SlicedState, public deepspeed::DeepSpeedFacet {
   std::string legacy_version_;  // the optimizer files' ds_version then
   deepspeed::DsVersion legacy_parsed_;
   bool window_mappings_ = false;  // expert mappings of a window (before 0.14.5, ep > 1)
-  std::vector<std::vector<int64_t>> legacy_numels_;  // per group: each param's numel in the mappings
-  // legacy, groups without experts: [group][tp rank] each param's numel in that tp rank's mappings
-  std::vector<std::vector<std::vector<int64_t>>> legacy_tp_numels_;
+  // legacy: [group][tp rank][param] each param's numel in that tp rank's
+  // mappings (-1: not listed); an expert group has one entry, for every tp rank
+  std::vector<std::vector<std::vector<int64_t>>> legacy_numels_;
   std::vector<std::vector<int64_t>> fp32_numels_;  // legacy: [global rank][group] saved fp32 partition numel
   std::vector<std::string> untold_;  // legacy: module tensors in no group (buffer or frozen: not said)
   int dp_ = 1, ep_ = 1, tp_ = 1;

@@ -48,8 +48,9 @@
 # targets: throughput >= 90% of cp+sync (every row); peak RSS <= largest input
 # file + 256 MiB (per process: with R ranks, of mpirun and the ranks together);
 # every byte written once (the bytes the process wrote, getrusage's block
-# outputs, equal its final output: no temporary files), and for convert and the
-# ZeRO -> ZeRO reshard an output no larger than the input plus the manifest.
+# outputs, equal its final output: no temporary files), and for convert, the
+# ZeRO -> ZeRO reshard and export no more tensor bytes out than in
+# (bench/payload_bytes.py; frames are per file and reported beside).
 #
 # Page-cache state decides these numbers on a VM (reclaim can add seconds to
 # any run), so every run starts from a known state, in two protocols:
@@ -200,6 +201,12 @@ RZ_WRITE=$(bytes_of "$WORK/tp1_from_zero/global_step1")
 # states are not read) and the mp_rank files.
 EXPORT_WRITE=$(bytes_of "$WORK/export_out")
 EXPORT_READ=$((EXPORT_WRITE + $(find "$SRC" -type f -name 'mp_rank_*' -printf '%s\n' | awk '{s+=$1} END {printf "%.0f\n", s}')))
+# Tensor bytes (bench/payload_bytes.py: PAYLOAD FILES FRAMES) of the input and
+# of each output the size check applies to.
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+payload() { /usr/bin/python3 "$HERE/payload_bytes.py" "$1" | tr ' ' ':'; }
+PAYLOADS="input=$(payload "$SRC"),reshard-z=$(payload "$WORK/tp1_from_zero/global_step1"),export=$(payload "$WORK/export_out")"
+if ((UNIVERSAL)); then PAYLOADS+=",convert=$(payload "$UNI")"; fi
 
 
 # prepare PROTOCOL INPUT: the page-cache state a run starts from.
@@ -331,11 +338,13 @@ if [[ -n "$BASE" ]]; then
     "export~b:$EXPORT_READ:$EXPORT_WRITE")
 fi
 keep_wanted
-/usr/bin/python3 - "$WORK" "$RUNS" "$WHAT" "$LARGEST" "$IN_BYTES" "$MANIFEST_BYTES" "$SAME" "$PROTOCOLS" \
+/usr/bin/python3 - "$WORK" "$RUNS" "$WHAT" "$LARGEST" "$IN_BYTES" "$PAYLOADS" "$SAME" "$PROTOCOLS" \
   "${OP_ARGS[@]}" <<'EOF' | tee "$WORK/report.txt"
 import statistics, sys
-work, runs, what, largest, in_bytes, manifest, same, protocols = sys.argv[1:9]
-runs, largest, in_bytes, manifest = int(runs), int(largest), int(in_bytes), int(manifest)
+work, runs, what, largest, in_bytes, payloads, same, protocols = sys.argv[1:9]
+runs, largest, in_bytes = int(runs), int(largest), int(in_bytes)
+# name -> (tensor bytes, files, frame bytes)
+payloads = {k: tuple(int(x) for x in v.split(":")) for k, v in (p.split("=") for p in payloads.split(","))}
 ops = [a.split(":") for a in sys.argv[9:]]
 budget = largest + 256 * 2**20
 ok = same != "DIFFERENT"
@@ -392,13 +401,22 @@ for protocol in protocols.split():
         # /usr/bin/time reports the largest RSS of mpirun or one rank.
         rss_ok = r["rss"] <= budget
         once = r["wrote"] <= r["write"] * 1.01 + 2**20 or protocol == "as-is"
-        size_ok = name.startswith("reshard-u") or r["write"] <= in_bytes + manifest
+        # The output holds no more tensor bytes than the input (room for one
+        # 8-byte scalar per file, e.g. each param's step); its frames grow
+        # with its file count (a universal checkpoint: one file per state).
+        kind = name.split("@")[0]
+        size_ok, size_note = True, ""
+        if kind in payloads:
+            (t_in, _, _), (t_out, files, frames) = payloads["input"], payloads[kind]
+            size_ok = t_out <= t_in + 8 * files
+            size_note = (f"; tensor bytes {t_out/1e6:.1f} MB out <= {t_in/1e6:.1f} MB in "
+                         f"{'OK' if size_ok else 'MISSED'} (frames {frames/1e3:.0f} kB in {files} files)")
         label = f"{name.split('@')[0]} ({ranks(name)} rank{'s' if ranks(name) > 1 else ''})"
         print(f"  {label:22} throughput {rate:4.0%} of the durable copy of its bytes (target {target:.0%}) "
               f"{'OK' if rate >= target else 'MISSED'} ({whole:.0%} of cp+sync of the checkpoint); "
               f"peak RSS {r['rss']/2**20:.0f} MiB {'OK' if rss_ok else 'MISSED'}; "
               f"wrote {r['wrote']/1e6:.0f} MB for a {r['write']/1e6:.0f} MB output {'OK' if once else 'MISSED'}"
-              + ("" if name.startswith("reshard-u") else f"; output <= input + manifest {'OK' if size_ok else 'MISSED'}"))
+              + size_note)
         ok &= rate >= target and rss_ok and once and size_ok
     ex = rows["export"]
     print(f"  export vs zero_to_fp32.py's design: zero_to_fp32 builds the whole fp32 state dict in memory before "

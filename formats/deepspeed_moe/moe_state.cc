@@ -65,7 +65,8 @@ std::string TagFolderOf(const std::string& path_in) {
 }
 
 constexpr char kSupported[] =
-    "ucp reads native MoE checkpoints of ZeRO stage 1/2 (DeepSpeedZeroOptimizer) at pp=1, at tp > 1 when every tp rank "
+    "ucp reads native MoE checkpoints of ZeRO stage 1/2 (DeepSpeedZeroOptimizer) at pp=1 or at pp > 1 with tp=1, at "
+    "tp > 1 when every tp rank "
     "has model states (ep >= tp), and at tp > 1 with ep > 1 from DeepSpeed 0.14.5 on (earlier versions list only a "
     "window of each expert group in param_slice_mappings)";
 
@@ -114,19 +115,166 @@ absl::StatusOr<std::unique_ptr<MoeState>> MoeState::Open(const std::string& path
   s->read_ = read;
   s->dir_ = TagFolderOf(path);
   if (!IsDirectory(s->dir_)) return absl::NotFoundError(absl::StrCat(path, ": no such checkpoint folder"));
-  UCP_RETURN_IF_ERROR(s->Load());
+  UCP_ASSIGN_OR_RETURN(const int pp, PipelineStages(s->dir_, read));
+  if (pp == 1) {
+    UCP_RETURN_IF_ERROR(s->Load());
+    return s;
+  }
+  s->pp_ = pp;
+  for (int stage = 0; stage < pp; ++stage) {
+    std::unique_ptr<MoeState> st(new MoeState());
+    st->read_ = read;
+    st->dir_ = s->dir_;
+    st->pp_ = pp;
+    st->mp_base_ = stage;
+    UCP_RETURN_IF_ERROR(st->Load());
+    s->stages_.push_back(std::move(st));
+  }
+  UCP_RETURN_IF_ERROR(s->JoinStages());
   return s;
 }
 
+absl::StatusOr<int> MoeState::PipelineStages(const std::string& dir, const deepspeed::ReadOptions& read) {
+  UCP_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirectory(dir));
+  std::set<int> model_mp;
+  for (const auto& n : names) {
+    auto parsed = deepspeed::ParseCheckpointFileName(n);
+    if (parsed && parsed->type == deepspeed::CheckpointFileName::Type::kMpRank) model_mp.insert(parsed->mp_rank);
+  }
+  if (model_mp.size() < 2 || *model_mp.begin() != 0) return 1;
+  const torch::OpenOptions lazy = read.Files(/*verify_crc=*/false);  // checked when read
+  const std::string path0 = JoinPath(dir, deepspeed::MpRankFileName(0));
+  UCP_ASSIGN_OR_RETURN(auto f0, torch::TorchFile::Open(path0, lazy));
+  const Value* root0 = f0->root().get();
+  if (!root0->is(Kind::kDict)) return 1;  // Load says what is wrong
+  const int mp = static_cast<int>(model_mp.size());
+  // 0.19.3 and later: engine.py _checkpoint_parallel_metadata.
+  if (const Value* dims = root0->DictGet("checkpoint_parallel_dimensions"); dims != nullptr && dims->is(Kind::kDict)) {
+    const Value* pp = dims->DictGet("pp_degree");
+    const Value* tp = dims->DictGet("tp_degree");
+    const int64_t p = pp != nullptr && pp->is(Kind::kInt) ? pp->int_value() : 1;
+    const int64_t t = tp != nullptr && tp->is(Kind::kInt) ? tp->int_value() : 1;
+    if (p > 1 && t > 1) {
+      return FileError(path0, absl::StatusCode::kUnimplemented,
+                       absl::StrCat("mixture-of-experts checkpoint at pp ", p, " and tp ", t, ": ", kSupported));
+    }
+    if (p > 1 && p != mp) {
+      return FileError(path0, absl::StatusCode::kInvalidArgument,
+                       absl::StrCat("checkpoint_parallel_dimensions.pp_degree is ", p, ", but the folder holds the model "
+                                    "states of ", mp, " mp ranks"));
+    }
+    return p > 1 ? static_cast<int>(p) : 1;
+  }
+  // Before: pipeline stages hold disjoint params, tp ranks the same names.
+  const std::string path1 = JoinPath(dir, deepspeed::MpRankFileName(1));
+  UCP_ASSIGN_OR_RETURN(auto f1, torch::TorchFile::Open(path1, lazy));
+  const Value* m0 = root0->DictGet("module");
+  const Value* m1 = f1->root()->is(Kind::kDict) ? f1->root()->DictGet("module") : nullptr;
+  if (m0 == nullptr || m1 == nullptr || !m0->is(Kind::kDict) || !m1->is(Kind::kDict)) return 1;
+  std::set<std::string> k0, k1;
+  for (const auto& [k, v] : m0->dict_items()) {
+    if (k->is(Kind::kStr)) k0.insert(k->str());
+  }
+  for (const auto& [k, v] : m1->dict_items()) {
+    if (k->is(Kind::kStr)) k1.insert(k->str());
+  }
+  size_t shared = 0;
+  for (const auto& k : k1) shared += k0.count(k);
+  if (k0.empty() || k1.empty() || shared == k1.size()) return 1;
+  if (shared > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        dir, ": ", deepspeed::MpRankFileName(0), " and ", deepspeed::MpRankFileName(1), " share ", shared, " of ",
+        k1.size(), " module names: neither tp ranks (the same names) nor pipeline stages (disjoint names)"));
+  }
+  return mp;
+}
+
+// The stages' model info joined in DeepSpeed's global order: each group's
+// trainable params stage by stage, then the module tensors in no group;
+// module order, MoE layers (the ids a pp 1 save gives them) and notes in
+// stage order.
+absl::Status MoeState::JoinStages() {
+  const MoeState& first = *stages_[0];
+  const state::ModelInfo& i0 = first.info_;
+  info_ = i0;
+  info_.params.clear();
+  info_.module_order.clear();
+  info_.moe_layers.clear();
+  info_.notes.clear();
+  info_.source_topology = {1, pp_, first.dp_};
+  dp_ = first.dp_;
+  ep_ = first.ep_;
+  for (size_t s = 0; s < stages_.size(); ++s) {
+    const MoeState& st = *stages_[s];
+    const state::ModelInfo& i = st.info_;
+    const std::string path = st.mp_->path();
+    if (i.num_groups != i0.num_groups || i.expert_groups != i0.expert_groups || st.ep_ != first.ep_ ||
+        st.dp_ != first.dp_ || i.zero_stage != i0.zero_stage || i.state_keys != i0.state_keys ||
+        i.bf16_file_prefix != i0.bf16_file_prefix) {
+      return InvalidIn(path, absl::StrCat(
+          "pipeline stage ", s, " has ", i.num_groups, " param groups (", st.ep_, " ep, dp ", st.dp_, ", ZeRO ",
+          i.zero_stage, "), stage 0 ", i0.num_groups, " (", first.ep_, " ep, dp ", first.dp_, ", ZeRO ", i0.zero_stage,
+          "), or other expert groups or optimizer states: every stage holds the same groups"));
+    }
+    for (const auto& k : i.module_order) info_.module_order.push_back(k);
+    for (const auto& l : i.moe_layers) info_.moe_layers.push_back(l);
+  }
+  if (info_.moe_layers.empty()) return InvalidIn(first.mp_->path(), "no MoE layer in any pipeline stage");
+  auto add = [&](int s, const state::ParamState& p) -> absl::Status {
+    if (!stage_of_.insert({p.name, s}).second) {
+      return InvalidIn(stages_[s]->mp_->path(), absl::StrCat("'", p.name, "' is also in pipeline stage ",
+                                                             stage_of_[p.name], "'s files"));
+    }
+    state::ParamState q = p;
+    q.stages = {s};
+    info_.params.push_back(std::move(q));
+    return absl::OkStatus();
+  };
+  for (int g = 0; g < i0.num_groups; ++g) {
+    for (size_t s = 0; s < stages_.size(); ++s) {
+      for (const auto& p : stages_[s]->info_.params) {
+        if (p.group == g) UCP_RETURN_IF_ERROR(add(static_cast<int>(s), p));
+      }
+    }
+  }
+  for (size_t s = 0; s < stages_.size(); ++s) {
+    for (const auto& p : stages_[s]->info_.params) {
+      if (p.group < 0 || p.group >= i0.num_groups) UCP_RETURN_IF_ERROR(add(static_cast<int>(s), p));
+    }
+  }
+  info_.notes = i0.notes;
+  info_.notes.push_back(absl::StrCat(
+      "pipeline of ", pp_, " stages, each a tp 1 mixture-of-experts save of its own under mp_rank_<stage> (its module, "
+      "optimizer groups and expert files; expert file layer ids restart in every stage): ", info_.moe_layers.size(),
+      " MoE layers in stage order"));
+  info_.Reindex();
+  empty_dict_ = Value::MakeDict();
+  return absl::OkStatus();
+}
+
+const MoeState& MoeState::StageOf(const state::ParamState& param) const {
+  auto it = stage_of_.find(param.name);
+  return *stages_[it == stage_of_.end() ? 0 : it->second];
+}
+
 std::string MoeState::OptimPath(int rank) const {
-  return JoinPath(dir_, deepspeed::OptimFileName(rank / tp_, rank % tp_, bf16_prefix_));
+  return JoinPath(dir_, deepspeed::OptimFileName(rank / tp_, mp_base_ + rank % tp_, bf16_prefix_));
 }
 
 std::string MoeState::ExpertPath(int layer, int expert) const {
+  if (!stages_.empty()) {
+    for (const auto& s : stages_) {
+      const int n = static_cast<int>(s->moe_prefixes_.size());
+      if (layer < n) return s->ExpertPath(layer, expert);
+      layer -= n;
+    }
+    return "";
+  }
   auto it = expert_files_.find({layer, expert});
   return it != expert_files_.end()
              ? it->second
-             : JoinPath(dir_, absl::StrCat("layer_", layer, "_expert_", expert, "_mp_rank_00_model_states.pt"));
+             : JoinPath(dir_, absl::StrCat("layer_", layer, "_expert_", expert, "_mp_rank_",
+                                           absl::Dec(mp_base_, absl::kZeroPad2), "_model_states.pt"));
 }
 
 int MoeState::LayerIndex(const std::string& prefix) const {
@@ -186,7 +334,7 @@ absl::Status MoeState::FindOptimPrefix(const std::vector<std::string>& names) {
 // name it) optimizer file 0's, else "(no ds_version)".
 std::string MoeState::VersionForMessages() const {
   std::string version = "(no ds_version)";
-  if (auto f = torch::TorchFile::Open(JoinPath(dir_, deepspeed::MpRankFileName(0)), read_.Files()); f.ok()) {
+  if (auto f = torch::TorchFile::Open(JoinPath(dir_, deepspeed::MpRankFileName(mp_base_)), read_.Files()); f.ok()) {
     const Value* v = (*f)->root()->is(Kind::kDict) ? (*f)->root()->DictGet("ds_version") : nullptr;
     if (v != nullptr && v->is(Kind::kStr)) version = v->str();
   }
@@ -239,12 +387,14 @@ absl::Status MoeState::RefuseIncompleteModelParallel(const std::vector<std::stri
 // model states mp_rank_T (tp_: their count). Returns the optimizer files' dp
 // ranks.
 absl::StatusOr<std::set<int>> MoeState::ListFiles(const std::vector<std::string>& names, const std::string& what) {
-  UCP_RETURN_IF_ERROR(RefuseIncompleteModelParallel(names, what));
+  if (pp_ == 1) UCP_RETURN_IF_ERROR(RefuseIncompleteModelParallel(names, what));
   std::set<int> optim_dp, model_mp;
-  std::set<std::pair<int, int>> optim;  // (dp, mp)
+  std::set<std::pair<int, int>> optim;  // (dp, mp - mp_base_)
   for (const auto& n : names) {
     int l, e, m;
     if (ParseExpertFileName(n, &l, &e, &m)) {
+      if (pp_ > 1 && m != mp_base_) continue;  // another pipeline stage's
+      m -= mp_base_;
       if (expert_files_.count({l, e})) {
         return absl::InvalidArgumentError(absl::StrCat(dir_, ": two files of MoE layer ", l, " expert ", e, ": ",
                                                        Basename(expert_files_[{l, e}]), " and ", n));
@@ -255,11 +405,16 @@ absl::StatusOr<std::set<int>> MoeState::ListFiles(const std::vector<std::string>
     }
     auto parsed = deepspeed::ParseCheckpointFileName(n);
     if (!parsed) continue;
+    if (pp_ > 1 && parsed->mp_rank != mp_base_ &&
+        (parsed->type == deepspeed::CheckpointFileName::Type::kOptim ||
+         parsed->type == deepspeed::CheckpointFileName::Type::kMpRank)) {
+      continue;  // another pipeline stage's
+    }
     if (parsed->type == deepspeed::CheckpointFileName::Type::kOptim) {
       optim_dp.insert(parsed->dp_rank);
-      optim.insert({parsed->dp_rank, parsed->mp_rank});
+      optim.insert({parsed->dp_rank, parsed->mp_rank - mp_base_});
     } else if (parsed->type == deepspeed::CheckpointFileName::Type::kMpRank) {
-      model_mp.insert(parsed->mp_rank);
+      model_mp.insert(parsed->mp_rank - mp_base_);
     } else {
       return absl::UnimplementedError(absl::StrCat(dir_, ": ", what, " with ", n, ": ", kSupported));
     }
@@ -267,7 +422,7 @@ absl::StatusOr<std::set<int>> MoeState::ListFiles(const std::vector<std::string>
   tp_ = model_mp.empty() ? 1 : *model_mp.rbegin() + 1;
   for (const auto& [d, m] : optim) {
     if (m >= tp_) {
-      return absl::InvalidArgumentError(absl::StrCat(JoinPath(dir_, deepspeed::OptimFileName(d, m, bf16_prefix_)),
+      return absl::InvalidArgumentError(absl::StrCat(JoinPath(dir_, deepspeed::OptimFileName(d, m + mp_base_, bf16_prefix_)),
                                                      ": mp rank ", m, " but the model states are of ", tp_,
                                                      " tp rank(s)"));
     }
@@ -310,7 +465,7 @@ absl::Status MoeState::CheckExpertOptimizerFiles(const std::vector<std::string>&
 // files present, no model parallelism, a plain module, no frozen params, and
 // num_experts per MoE layer (num_experts_).
 absl::Status MoeState::OpenModelStates(const std::set<int>& optim_dp, const std::string& version) {
-  const std::string mp_path = JoinPath(dir_, deepspeed::MpRankFileName(0));
+  const std::string mp_path = JoinPath(dir_, deepspeed::MpRankFileName(mp_base_));
   UCP_ASSIGN_OR_RETURN(mp_, torch::TorchFile::Open(mp_path, read_.Files()));
   const Value& root = *mp_->root();
   if (!root.is(Kind::kDict)) return InvalidIn(mp_path, "expected a dict of model states");
@@ -320,10 +475,11 @@ absl::Status MoeState::OpenModelStates(const std::set<int>& optim_dp, const std:
     if (dp < 1) return InvalidIn(mp_path, "dp_world_size < 1");
     dp_ = static_cast<int>(dp);
     const Value* m = root.DictGet("mp_world_size");
-    if (m != nullptr && m->is(Kind::kInt) && m->int_value() != tp_) {
+    if (m != nullptr && m->is(Kind::kInt) && m->int_value() != tp_ * pp_) {
       return FileError(mp_path, absl::StatusCode::kUnimplemented,
                        absl::StrCat("DeepSpeed ", version, " mixture-of-experts checkpoint with mp_world_size ",
-                                    m->int_value(), " beside the model states of ", tp_, " tp rank(s): ", kSupported));
+                                    m->int_value(), " beside the model states of ", tp_, " tp rank(s)",
+                                    pp_ > 1 ? absl::StrCat(" and ", pp_, " pipeline stages") : "", ": ", kSupported));
     }
     const Value* module = root.DictGet("module");
     if (module == nullptr || !module->is(Kind::kDict)) {
@@ -369,7 +525,7 @@ absl::Status MoeState::CheckOptimFiles() const {
 // params.
 absl::Status MoeState::OpenTpModelStates(const std::string& version) {
   for (int t = 1; t < tp_; ++t) {
-    const std::string path = JoinPath(dir_, deepspeed::MpRankFileName(t));
+    const std::string path = JoinPath(dir_, deepspeed::MpRankFileName(mp_base_ + t));
     UCP_ASSIGN_OR_RETURN(std::unique_ptr<torch::TorchFile> f, torch::TorchFile::Open(path, read_.Files()));
     const Value& root = *f->root();
     if (!root.is(Kind::kDict)) return InvalidIn(path, "expected a dict of model states");
@@ -598,7 +754,8 @@ absl::Status MoeState::CheckExpertFilePlaces() const {
     if (m != e % tp_) {
       return absl::InvalidArgumentError(absl::StrCat(
           expert_files_.at(key), ": expert ", key.second, " of MoE layer ", key.first, " is ep rank ", e, "'s (ep ",
-          ep_, "), written under mp_rank_", absl::Dec(e % tp_, absl::kZeroPad2), " at tp ", tp_, ", found mp rank ", m));
+          ep_, "), written under mp_rank_", absl::Dec(mp_base_ + e % tp_, absl::kZeroPad2), " at tp ", tp_,
+          ", found mp rank ", mp_base_ + m));
     }
   }
   return absl::OkStatus();
@@ -1265,6 +1422,7 @@ absl::StatusOr<const MoeState::OptimFile*> MoeState::Optim(int dp) const {
 
 absl::StatusOr<std::vector<tp::TensorPlan>> MoeState::Slices(const state::ParamState& param, int stage,
                                                             const std::string& state) const {
+  if (!stages_.empty()) return StageOf(param).Slices(param, 0, state);
   const int i = info_.IndexOf(param.name);
   if (i < 0) return absl::NotFoundError(absl::StrCat("no param '", param.name, "'"));
   const Where& w = where_[i];
@@ -1331,6 +1489,8 @@ absl::StatusOr<tp::TensorPlan> MoeState::OptimSlice(const state::ParamState& par
 }
 
 absl::StatusOr<state::FileValue> MoeState::GroupScalar(int group, const std::string& key) const {
+  // Pipeline stages step together: stage 0's scalars are every stage's.
+  if (!stages_.empty()) return stages_[0]->GroupScalar(group, key);
   UCP_ASSIGN_OR_RETURN(const OptimFile* f, Optim(0));
   if (group < 0 || group >= static_cast<int>(f->scalars.size())) {
     return absl::InvalidArgumentError(absl::StrCat("no param group ", group));
@@ -1339,6 +1499,7 @@ absl::StatusOr<state::FileValue> MoeState::GroupScalar(int group, const std::str
 }
 
 std::vector<state::InputRange> MoeState::Inputs(const state::ParamState& param) const {
+  if (!stages_.empty()) return StageOf(param).Inputs(param);
   std::vector<state::InputRange> out;
   const int i = info_.IndexOf(param.name);
   if (i < 0) return out;
@@ -1364,6 +1525,12 @@ std::vector<state::InputRange> MoeState::Inputs(const state::ParamState& param) 
 
 std::vector<std::string> MoeState::InputFiles() const {
   std::vector<std::string> out;
+  if (!stages_.empty()) {
+    for (const auto& s : stages_) {
+      for (auto& f : s->InputFiles()) out.push_back(std::move(f));
+    }
+    return out;
+  }
   for (int t = 0; t < tp_; ++t) out.push_back(Mp(t).path());
   for (int r = 0; r < world(); ++r) out.push_back(OptimPath(r));
   for (const auto& [key, path] : expert_files_) out.push_back(path);
@@ -1371,6 +1538,13 @@ std::vector<std::string> MoeState::InputFiles() const {
 }
 
 absl::Status MoeState::VerifyInput(const std::string& path) const {
+  if (!stages_.empty()) {
+    for (const auto& s : stages_) {
+      const std::vector<std::string> files = s->InputFiles();
+      if (std::find(files.begin(), files.end(), path) != files.end()) return s->VerifyInput(path);
+    }
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a file of the checkpoint ", dir_));
+  }
   for (int r = 0; r < world(); ++r) {
     if (path == OptimPath(r)) return Optim(r).status();
   }
@@ -1384,6 +1558,7 @@ absl::Status MoeState::VerifyInput(const std::string& path) const {
 }
 
 absl::StatusOr<state::FileValue> MoeState::OptimizerCommon() const {
+  if (!stages_.empty()) return stages_[0]->OptimizerCommon();
   UCP_ASSIGN_OR_RETURN(const OptimFile* f, Optim(0));
   ValuePtr out = Value::MakeDict();
   for (const auto& [k, v] : f->osd->dict_items()) {
@@ -1401,13 +1576,18 @@ absl::StatusOr<state::FileValue> MoeState::OptimizerCommon() const {
 }
 
 state::FileValue MoeState::ModelStatesRoot(int pp, int tp) const {
+  if (!stages_.empty()) return stages_[std::max(0, std::min(pp, pp_ - 1))]->ModelStatesRoot(0, tp);
   const torch::TorchFile& f = Mp(std::max(0, std::min(tp, tp_ - 1)));
   return state::FileValue{f.root(), state::Unowned(&f)};
 }
 
-std::string MoeState::ModelStatesPath(int pp, int tp) const { return Mp(std::max(0, std::min(tp, tp_ - 1))).path(); }
+std::string MoeState::ModelStatesPath(int pp, int tp) const {
+  if (!stages_.empty()) return stages_[std::max(0, std::min(pp, pp_ - 1))]->ModelStatesPath(0, tp);
+  return Mp(std::max(0, std::min(tp, tp_ - 1))).path();
+}
 
 state::FileValue MoeState::SavedDsConfig() const {
+  if (!stages_.empty()) return stages_[0]->SavedDsConfig();
   if (ValuePtr c = mp_->root()->DictGetPtr("ds_config")) return state::FileValue{c, state::Unowned(mp_.get())};
   auto f = Optim(0);
   if (!f.ok() || !(*f)->file->root()->is(Kind::kDict)) return state::FileValue{};
@@ -1415,11 +1595,13 @@ state::FileValue MoeState::SavedDsConfig() const {
 }
 
 const pickle::Value& MoeState::checkpoint_info() const {
+  if (!stages_.empty()) return stages_[0]->checkpoint_info();
   const Value* v = mp_->root()->DictGet("universal_checkpoint_info");
   return v != nullptr ? *v : *empty_dict_;
 }
 
 const pickle::Value* MoeState::args() const {
+  if (!stages_.empty()) return stages_[0]->args();
   const Value* v = mp_->root()->DictGet("args");
   if (v == nullptr || v->is_none()) return nullptr;
   if (v->is(Kind::kDict)) return v;

@@ -52,6 +52,19 @@
 // file; DeepSpeed's own load refuses it) and is refused
 // (RefuseIncompleteModelParallel).
 //
+// At pp > 1 (tp 1; realds/README.md "Native MoE at pp > 1", measured on
+// DeepSpeed 0.14.4, 0.18.9 and 0.19.5): a PipelineModule's MoE save. Each
+// pipeline stage s writes the files above under mp_rank_{s} (the pipe grid's
+// model parallel rank is the stage): its own module (the stage's layers,
+// under their global layer indices, through DeepSpeedEngine.module_state_dict:
+// no layer_XX files), its own optimizer groups over its dp ranks, and expert
+// files whose layer ids restart at 0 in every stage. Each stage is read as a
+// tp 1 save of its own (stages_), and the model info is theirs joined:
+// trainable params by group then stage, MoE layers in stage order (the ids a
+// pp 1 save gives them). The stages are told apart from tp ranks by
+// checkpoint_parallel_dimensions (0.19.3+), else by their modules holding
+// disjoint names; pp > 1 with tp > 1 is refused.
+//
 // Experts are whole at any source tp (ParamState::tp_whole, tp 1 too): no tp
 // rank splits them, so a reshard to tp > 1 asks no rule for them.
 //
@@ -160,6 +173,13 @@ class MoeState : public state::SlicedState, public deepspeed::DeepSpeedFacet {
   };
 
   MoeState() = default;
+  // The number of pipeline stages of the save in `dir` (1 when its mp ranks
+  // are tp ranks, or it has one).
+  static absl::StatusOr<int> PipelineStages(const std::string& dir, const deepspeed::ReadOptions& read);
+  // pp > 1: the model info of the stages joined (stages_ read).
+  absl::Status JoinStages();
+  // pp > 1: the stage reading `param`.
+  const MoeState& StageOf(const state::ParamState& param) const;
   // Open's phases, in order; each checks what it reads and names the file.
   absl::Status Load();
   absl::Status FindOptimPrefix(const std::vector<std::string>& names);
@@ -228,6 +248,12 @@ class MoeState : public state::SlicedState, public deepspeed::DeepSpeedFacet {
 
   std::string dir_;
   deepspeed::ReadOptions read_;
+  // pp > 1: this object joins stages_ (each a tp 1 save of the files of
+  // mp_rank_{s}); a stage reads the files of mp rank mp_base_ (its stage).
+  int pp_ = 1;
+  int mp_base_ = 0;
+  std::vector<std::unique_ptr<MoeState>> stages_;
+  std::map<std::string, int> stage_of_;  // joined: param name -> stage
   bool legacy_ = false;         // model states without param_shapes (DeepSpeed < 0.19.3)
   std::string legacy_version_;  // the optimizer files' ds_version then
   deepspeed::DsVersion legacy_parsed_;

@@ -455,6 +455,13 @@ class MoePlan : public Plan {
       set("ds_version", Value::Str(version_));
     }
     UCP_ASSIGN_OR_RETURN(ValuePtr ne, copy("num_experts", Value::None()));
+    if (!ne->is(Kind::kList) || ne->items().size() != info_.moe_layers.size()) {
+      // The source's model states hold another count (one pipeline stage's
+      // MoE layers): the experts of every MoE layer, in order.
+      std::vector<ValuePtr> counts;
+      for (const auto& l : info_.moe_layers) counts.push_back(Value::Int(l.num_experts));
+      ne = Value::List(std::move(counts));
+    }
     set("num_experts", ne);
     if (autoep_key_) {
       UCP_ASSIGN_OR_RETURN(ValuePtr v, copy("ds_autoep_layers", Value::None()));

@@ -70,6 +70,13 @@ constexpr char kSupported[] =
     "has model states (ep >= tp), and at tp > 1 with ep > 1 from DeepSpeed 0.14.5 on (earlier versions list only a "
     "window of each expert group in param_slice_mappings)";
 
+// How Inputs names a flat partition of group `g` (state::kFp32State or a
+// per-element state's key).
+std::string PartitionName(int g, const std::string& state) {
+  return state == state::kFp32State ? absl::StrCat("single_partition_of_fp32_groups[", g, "]")
+                                    : absl::StrCat("base_optimizer_state.state[", g, "].", state);
+}
+
 absl::Status InvalidIn(const std::string& path, absl::string_view message) {
   return FileError(path, absl::StatusCode::kInvalidArgument, message);
 }
@@ -334,12 +341,12 @@ absl::Status MoeState::FindOptimPrefix(const std::vector<std::string>& names) {
 // name it) optimizer file 0's, else "(no ds_version)".
 std::string MoeState::VersionForMessages() const {
   std::string version = "(no ds_version)";
-  if (auto f = torch::TorchFile::Open(JoinPath(dir_, deepspeed::MpRankFileName(mp_base_)), read_.Files()); f.ok()) {
+  const torch::OpenOptions lazy = read_.Files(/*verify_crc=*/false);  // its pickle only
+  if (auto f = torch::TorchFile::Open(JoinPath(dir_, deepspeed::MpRankFileName(mp_base_)), lazy); f.ok()) {
     const Value* v = (*f)->root()->is(Kind::kDict) ? (*f)->root()->DictGet("ds_version") : nullptr;
     if (v != nullptr && v->is(Kind::kStr)) version = v->str();
   }
   if (version == "(no ds_version)") {
-    const torch::OpenOptions lazy = read_.Files(/*verify_crc=*/false);
     if (auto f = torch::TorchFile::Open(OptimPath(0), lazy); f.ok() && (*f)->root()->is(Kind::kDict)) {
       const Value* v = (*f)->root()->DictGet("ds_version");
       if (v != nullptr && v->is(Kind::kStr)) version = v->str();
@@ -555,7 +562,8 @@ absl::Status MoeState::OpenTpModelStates(const std::string& version) {
 // per group); a BF16_Optimizer's file refused.
 absl::StatusOr<MoeState::Rank0Groups> MoeState::ReadRank0Groups(const std::string& what) const {
   Rank0Groups out;
-  UCP_ASSIGN_OR_RETURN(out.file, torch::TorchFile::Open(OptimPath(0), read_.Files()));
+  // Its pickle only: the partitions are checked when read (ParseOptim).
+  UCP_ASSIGN_OR_RETURN(out.file, torch::TorchFile::Open(OptimPath(0), read_.Files(/*verify_crc=*/false)));
   const Value* root = out.file->root().get();
   out.param_groups = internal::DictPath(root, {"optimizer_state_dict", "base_optimizer_state", "param_groups"});
   out.partition_count = internal::DictPath(root, {"optimizer_state_dict", "partition_count"});
@@ -1333,7 +1341,9 @@ absl::Status MoeState::GroupShapesFromTensors() {
 absl::StatusOr<std::unique_ptr<MoeState::OptimFile>> MoeState::ParseOptim(int dp) const {
   const std::string path = OptimPath(dp);
   auto out = std::make_unique<OptimFile>();
-  UCP_ASSIGN_OR_RETURN(out->file, torch::TorchFile::Open(path, read_.Files()));
+  out->path = path;
+  // The flat partitions are CRC-checked when used (OptimSlice), the rest below.
+  UCP_ASSIGN_OR_RETURN(out->file, torch::TorchFile::Open(path, read_.Files(/*verify_crc=*/false)));
   auto err = [&](absl::string_view what) { return FileError(path, absl::StatusCode::kInvalidArgument, what); };
   const Value& root = *out->file->root();
   UCP_ASSIGN_OR_RETURN(const Value* osd, GetField(root, "optimizer_state_dict", "optimizer states"), _.Prepend(path + ": "));
@@ -1410,6 +1420,15 @@ absl::StatusOr<std::unique_ptr<MoeState::OptimFile>> MoeState::ParseOptim(int dp
       }
     }
   }
+  // Every storage but the flat partitions, checked now.
+  std::set<const torch::Storage*> partitions;
+  for (const auto& t : out->fp32) partitions.insert(t.storage().get());
+  for (const auto& group : out->states) {
+    for (const auto& [k, t] : group) partitions.insert(t.storage().get());
+  }
+  for (const auto& storage : out->file->Storages()) {
+    if (!partitions.count(storage.get())) UCP_RETURN_IF_ERROR(out->file->VerifyStorageCrc(*storage));
+  }
   return out;
 }
 
@@ -1481,6 +1500,14 @@ absl::StatusOr<tp::TensorPlan> MoeState::OptimSlice(const state::ParamState& par
     if (flat == nullptr) {
       return absl::NotFoundError(absl::StrCat(OptimPath(d), ": group ", w.group, " has no optimizer state '", state, "'"));
     }
+    std::shared_ptr<const std::set<std::string>> checked;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      checked = checked_inputs_;
+    }
+    if (checked == nullptr || checked->count(state::InputKey(OptimPath(d), PartitionName(w.group, state)))) {
+      UCP_RETURN_IF_ERROR(f->VerifyPartition(*flat));
+    }
     UCP_ASSIGN_OR_RETURN(torch::Tensor piece, flat->Narrow(0, frag.partition_offset, frag.numel),
                          _.Prepend(absl::StrCat(OptimPath(d), ": param '", param.name, "' ", state, ": ")));
     pieces.push_back(std::move(piece));
@@ -1512,11 +1539,10 @@ std::vector<state::InputRange> MoeState::Inputs(const state::ParamState& param) 
   for (int t = 0; t < (grp.expert ? 1 : tp_); ++t) {
     for (const auto& [rank, frag] : grp.tp_layouts[t].FragmentsOfParam(w.index)) {
       const int d = grp.expert ? DpRank(w.ep_rank, rank) : rank * tp_ + t;
-      out.push_back({OptimPath(d), absl::StrCat("single_partition_of_fp32_groups[", w.group, "]"),
-                     frag.partition_offset * 4, frag.numel * 4});
+      out.push_back({OptimPath(d), PartitionName(w.group, state::kFp32State), frag.partition_offset * 4,
+                     frag.numel * 4});
       for (const std::string& key : info_.state_keys) {
-        out.push_back({OptimPath(d), absl::StrCat("base_optimizer_state.state[", w.group, "].", key),
-                       frag.partition_offset * 4, frag.numel * 4});
+        out.push_back({OptimPath(d), PartitionName(w.group, key), frag.partition_offset * 4, frag.numel * 4});
       }
     }
   }
@@ -1546,7 +1572,13 @@ absl::Status MoeState::VerifyInput(const std::string& path) const {
     return absl::InvalidArgumentError(absl::StrCat(path, ": not a file of the checkpoint ", dir_));
   }
   for (int r = 0; r < world(); ++r) {
-    if (path == OptimPath(r)) return Optim(r).status();
+    if (path != OptimPath(r)) continue;
+    UCP_ASSIGN_OR_RETURN(const OptimFile* f, Optim(r));
+    for (const auto& t : f->fp32) UCP_RETURN_IF_ERROR(f->VerifyPartition(t));
+    for (const auto& group : f->states) {
+      for (const auto& [key, t] : group) UCP_RETURN_IF_ERROR(f->VerifyPartition(t));
+    }
+    return absl::OkStatus();
   }
   for (int t = 0; t < tp_; ++t) {
     if (path == Mp(t).path()) return absl::OkStatus();
@@ -1555,6 +1587,12 @@ absl::Status MoeState::VerifyInput(const std::string& path) const {
     if (p == path) return torch::TorchFile::Open(path, read_.Files()).status();  // every CRC
   }
   return absl::InvalidArgumentError(absl::StrCat(path, ": not a file of the checkpoint ", dir_));
+}
+
+void MoeState::SetCheckedInputs(std::shared_ptr<const std::set<std::string>> keys) const {
+  for (const auto& s : stages_) s->SetCheckedInputs(keys);
+  std::lock_guard<std::mutex> lock(mu_);
+  checked_inputs_ = std::move(keys);
 }
 
 absl::StatusOr<state::FileValue> MoeState::OptimizerCommon() const {

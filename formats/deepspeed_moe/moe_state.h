@@ -117,6 +117,7 @@ class MoeState : public state::SlicedState, public deepspeed::DeepSpeedFacet {
   std::vector<state::InputRange> Inputs(const state::ParamState& param) const override;
   std::vector<std::string> InputFiles() const override;
   absl::Status VerifyInput(const std::string& path) const override;
+  void SetCheckedInputs(std::shared_ptr<const std::set<std::string>> keys) const override;
   const state::Facet* GetFacet(state::FacetKey key) const override { return deepspeed::OfferFacet(this, key); }
   // DeepSpeedFacet.
   absl::StatusOr<state::FileValue> OptimizerCommon() const override;
@@ -274,6 +275,9 @@ class MoeState : public state::SlicedState, public deepspeed::DeepSpeedFacet {
   std::map<std::pair<int, int>, int> expert_file_mp_;  // (layer, expert) -> its file's mp rank
   std::set<std::pair<int, int>> optim_tp_files_;      // (dp, mp) of every optimizer file
   mutable std::mutex mu_;
+  // The partitions this process CRC-checks (SetCheckedInputs); null: every
+  // one it reads. Guarded by mu_.
+  mutable std::shared_ptr<const std::set<std::string>> checked_inputs_;
   mutable std::map<std::pair<int, int>, std::unique_ptr<torch::TorchFile>> expert_cache_;
   deepspeed::LazyOptimFiles optim_files_;  // per global rank
   std::vector<Where> where_;  // per info param

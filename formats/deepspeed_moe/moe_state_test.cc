@@ -3,12 +3,17 @@
 // state, instead of reading past their storage or mixing states up.
 #include "formats/deepspeed_moe/moe_state.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "base/fs.h"
+#include "format/torch/mapped_file.h"
+#include "format/torch/torch_file.h"
 #include "gtest/gtest.h"
 #include "testing/fixtures.h"
 
@@ -147,6 +152,57 @@ TEST(MoeStateTest, TensorParallelSaveWithoutModelStatesOfATpRankIsRefused) {
                               "parallel rank 0 only, so at ep < tp tp rank 1's dense slices are in no model-states "
                               "file; DeepSpeed's own load refuses this folder too): ",
                          kSupportedTail));
+}
+
+// The optimizer files' flat partitions are CRC-checked when read (not at
+// open: a command checks only the records it uses): a byte flipped in rank
+// 1's fp32 partition of group 0 opens, and is reported, naming the file, by
+// the first read of it and by VerifyInput; the other records still read.
+TEST(MoeStateTest, DamagedPartitionIsCaughtWhenRead) {
+  const std::string src = ucp::testing::RunfilePath("testdata/moe_tp/ds0195_tp2_ep2_zero1_dp2/global_step3");
+  const std::string dir = JoinPath(FreshTempDir("moe_damaged_partition"), "global_step3");
+  ASSERT_TRUE(CopyTree(src, dir).ok());
+  const std::string f = JoinPath(dir, "zero_pp_rank_0_mp_rank_01_optim_states.pt");  // global rank 1
+  {
+    int64_t offset = -1;
+    {
+      torch::OpenOptions lazy;
+      lazy.verify_crc = false;
+      auto file = torch::TorchFile::Open(f, lazy);
+      ASSERT_TRUE(file.ok()) << file.status();
+      const pickle::Value* fp32s = (*file)->root()->DictGet("optimizer_state_dict")->DictGet(
+          "single_partition_of_fp32_groups");
+      ASSERT_NE(fp32s, nullptr);
+      auto t = (*file)->GetTensor(*fp32s->items()[0]);
+      ASSERT_TRUE(t.ok()) << t.status();
+      offset = (t->storage()->data() - (*file)->mapped_file()->data()) +
+               static_cast<int64_t>(t->storage()->nbytes() / 2);
+    }
+    const int fd = open(f.c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    uint8_t byte = 0;
+    ASSERT_EQ(pread(fd, &byte, 1, offset), 1);
+    byte ^= 0x40;
+    ASSERT_EQ(pwrite(fd, &byte, 1, offset), 1);
+    close(fd);
+  }
+  auto s = MoeState::Open(dir);
+  ASSERT_TRUE(s.ok()) << s.status();
+  int damaged = 0;
+  for (const auto& p : (*s)->info().params) {
+    if (p.group != 0) continue;
+    auto fp32 = (*s)->Slices(p, 0, "fp32");
+    if (fp32.ok()) continue;
+    ++damaged;
+    EXPECT_EQ(fp32.status().code(), absl::StatusCode::kDataLoss) << fp32.status();
+    EXPECT_NE(fp32.status().message().find(f), std::string::npos) << fp32.status();
+  }
+  EXPECT_GT(damaged, 0);
+  auto exp_avg = (*s)->Slices((*s)->info().params[0], 0, "exp_avg");
+  EXPECT_TRUE(exp_avg.ok()) << exp_avg.status();
+  const absl::Status v = (*s)->VerifyInput(f);
+  EXPECT_EQ(v.code(), absl::StatusCode::kDataLoss) << v;
+  EXPECT_TRUE((*s)->VerifyInput(JoinPath(dir, "zero_pp_rank_0_mp_rank_00_optim_states.pt")).ok());
 }
 
 }  // namespace

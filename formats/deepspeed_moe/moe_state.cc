@@ -65,8 +65,8 @@ std::string TagFolderOf(const std::string& path_in) {
 }
 
 constexpr char kSupported[] =
-    "ucp reads native MoE checkpoints of ZeRO stage 1/2 (DeepSpeedZeroOptimizer) at pp=1 or at pp > 1 with tp=1, at "
-    "tp > 1 when every tp rank "
+    "ucp reads native MoE checkpoints of ZeRO stage 1/2 (DeepSpeedZeroOptimizer) at any pp, at tp > 1 when every tp "
+    "rank "
     "has model states (ep >= tp), and at tp > 1 with ep > 1 from DeepSpeed 0.14.5 on (earlier versions list only a "
     "window of each expert group in param_slice_mappings)";
 
@@ -122,7 +122,8 @@ absl::StatusOr<std::unique_ptr<MoeState>> MoeState::Open(const std::string& path
   s->read_ = read;
   s->dir_ = TagFolderOf(path);
   if (!IsDirectory(s->dir_)) return absl::NotFoundError(absl::StrCat(path, ": no such checkpoint folder"));
-  UCP_ASSIGN_OR_RETURN(const int pp, PipelineStages(s->dir_, read));
+  UCP_ASSIGN_OR_RETURN(const StageShape shape, PipelineStages(s->dir_, read));
+  const int pp = shape.pp;
   if (pp == 1) {
     UCP_RETURN_IF_ERROR(s->Load());
     return s;
@@ -133,7 +134,8 @@ absl::StatusOr<std::unique_ptr<MoeState>> MoeState::Open(const std::string& path
     st->read_ = read;
     st->dir_ = s->dir_;
     st->pp_ = pp;
-    st->mp_base_ = stage;
+    st->stage_tp_ = shape.tp;
+    st->mp_base_ = stage * shape.tp;
     UCP_RETURN_IF_ERROR(st->Load());
     s->stages_.push_back(std::move(st));
   }
@@ -141,59 +143,66 @@ absl::StatusOr<std::unique_ptr<MoeState>> MoeState::Open(const std::string& path
   return s;
 }
 
-absl::StatusOr<int> MoeState::PipelineStages(const std::string& dir, const deepspeed::ReadOptions& read) {
+absl::StatusOr<MoeState::StageShape> MoeState::PipelineStages(const std::string& dir,
+                                                              const deepspeed::ReadOptions& read) {
   UCP_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirectory(dir));
   std::set<int> model_mp;
   for (const auto& n : names) {
     auto parsed = deepspeed::ParseCheckpointFileName(n);
     if (parsed && parsed->type == deepspeed::CheckpointFileName::Type::kMpRank) model_mp.insert(parsed->mp_rank);
   }
-  if (model_mp.size() < 2 || *model_mp.begin() != 0) return 1;
-  const torch::OpenOptions lazy = read.Files(/*verify_crc=*/false);  // checked when read
-  const std::string path0 = JoinPath(dir, deepspeed::MpRankFileName(0));
-  UCP_ASSIGN_OR_RETURN(auto f0, torch::TorchFile::Open(path0, lazy));
-  const Value* root0 = f0->root().get();
-  if (!root0->is(Kind::kDict)) return 1;  // Load says what is wrong
   const int mp = static_cast<int>(model_mp.size());
+  if (mp < 2 || *model_mp.begin() != 0 || *model_mp.rbegin() != mp - 1) return StageShape{};  // Load says what is wrong
+  const torch::OpenOptions lazy = read.Files(/*verify_crc=*/false);  // their pickles only; checked when read
+  std::vector<std::unique_ptr<torch::TorchFile>> files;
+  for (int m = 0; m < mp; ++m) {
+    UCP_ASSIGN_OR_RETURN(auto f, torch::TorchFile::Open(JoinPath(dir, deepspeed::MpRankFileName(m)), lazy));
+    if (!f->root()->is(Kind::kDict)) return StageShape{};
+    files.push_back(std::move(f));
+  }
+  const std::string path0 = files[0]->path();
   // 0.19.3 and later: engine.py _checkpoint_parallel_metadata.
-  if (const Value* dims = root0->DictGet("checkpoint_parallel_dimensions"); dims != nullptr && dims->is(Kind::kDict)) {
+  if (const Value* dims = files[0]->root()->DictGet("checkpoint_parallel_dimensions");
+      dims != nullptr && dims->is(Kind::kDict)) {
     const Value* pp = dims->DictGet("pp_degree");
     const Value* tp = dims->DictGet("tp_degree");
     const int64_t p = pp != nullptr && pp->is(Kind::kInt) ? pp->int_value() : 1;
     const int64_t t = tp != nullptr && tp->is(Kind::kInt) ? tp->int_value() : 1;
-    if (p > 1 && t > 1) {
-      return FileError(path0, absl::StatusCode::kUnimplemented,
-                       absl::StrCat("mixture-of-experts checkpoint at pp ", p, " and tp ", t, ": ", kSupported));
-    }
-    if (p > 1 && p != mp) {
+    if (p <= 1) return StageShape{};
+    if (t < 1 || p * t != mp) {
       return FileError(path0, absl::StatusCode::kInvalidArgument,
-                       absl::StrCat("checkpoint_parallel_dimensions.pp_degree is ", p, ", but the folder holds the model "
-                                    "states of ", mp, " mp ranks"));
+                       absl::StrCat("checkpoint_parallel_dimensions says pp ", p, " x tp ", t, ", but the folder holds "
+                                    "the model states of ", mp, " mp ranks"));
     }
-    return p > 1 ? static_cast<int>(p) : 1;
+    return StageShape{static_cast<int>(p), static_cast<int>(t)};
   }
-  // Before: pipeline stages hold disjoint params, tp ranks the same names.
-  const std::string path1 = JoinPath(dir, deepspeed::MpRankFileName(1));
-  UCP_ASSIGN_OR_RETURN(auto f1, torch::TorchFile::Open(path1, lazy));
-  const Value* m0 = root0->DictGet("module");
-  const Value* m1 = f1->root()->is(Kind::kDict) ? f1->root()->DictGet("module") : nullptr;
-  if (m0 == nullptr || m1 == nullptr || !m0->is(Kind::kDict) || !m1->is(Kind::kDict)) return 1;
-  std::set<std::string> k0, k1;
-  for (const auto& [k, v] : m0->dict_items()) {
-    if (k->is(Kind::kStr)) k0.insert(k->str());
+  // Before: the tp ranks of a stage hold the same names, stages disjoint ones.
+  std::vector<std::set<std::string>> keys(mp);
+  for (int m = 0; m < mp; ++m) {
+    const Value* module = files[m]->root()->DictGet("module");
+    if (module == nullptr || !module->is(Kind::kDict)) return StageShape{};
+    for (const auto& [k, v] : module->dict_items()) {
+      if (k->is(Kind::kStr)) keys[m].insert(k->str());
+    }
   }
-  for (const auto& [k, v] : m1->dict_items()) {
-    if (k->is(Kind::kStr)) k1.insert(k->str());
+  int tp = 1;
+  while (tp < mp && keys[tp] == keys[0]) ++tp;
+  if (tp == mp) return StageShape{};
+  const int pp = mp / tp;
+  for (int m = 0; m < mp; ++m) {
+    const int stage = m / tp;
+    bool ok = mp % tp == 0 && keys[m] == keys[stage * tp];
+    for (int s = 0; ok && s < stage; ++s) {
+      for (const auto& k : keys[m]) ok = ok && !keys[s * tp].count(k);
+    }
+    if (!ok) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          dir, ": the modules of the ", mp, " mp ranks are neither tp ranks (the same names) nor pipeline stages of ",
+          tp, " tp rank(s) each (disjoint names from stage to stage): ", deepspeed::MpRankFileName(m),
+          " is not the stage of its place"));
+    }
   }
-  size_t shared = 0;
-  for (const auto& k : k1) shared += k0.count(k);
-  if (k0.empty() || k1.empty() || shared == k1.size()) return 1;
-  if (shared > 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        dir, ": ", deepspeed::MpRankFileName(0), " and ", deepspeed::MpRankFileName(1), " share ", shared, " of ",
-        k1.size(), " module names: neither tp ranks (the same names) nor pipeline stages (disjoint names)"));
-  }
-  return mp;
+  return StageShape{pp, tp};
 }
 
 // The stages' model info joined in DeepSpeed's global order: each group's
@@ -208,13 +217,17 @@ absl::Status MoeState::JoinStages() {
   info_.module_order.clear();
   info_.moe_layers.clear();
   info_.notes.clear();
-  info_.source_topology = {1, pp_, first.dp_};
+  info_.source_topology = {first.tp_, pp_, first.dp_};
   dp_ = first.dp_;
   ep_ = first.ep_;
   for (size_t s = 0; s < stages_.size(); ++s) {
     const MoeState& st = *stages_[s];
     const state::ModelInfo& i = st.info_;
     const std::string path = st.mp_->path();
+    if (st.tp_ != first.tp_) {
+      return InvalidIn(path, absl::StrCat("pipeline stage ", s, " has model states of ", st.tp_,
+                                          " tp rank(s), stage 0 of ", first.tp_));
+    }
     if (i.num_groups != i0.num_groups || i.expert_groups != i0.expert_groups || st.ep_ != first.ep_ ||
         st.dp_ != first.dp_ || i.zero_stage != i0.zero_stage || i.state_keys != i0.state_keys ||
         i.bf16_file_prefix != i0.bf16_file_prefix) {
@@ -251,9 +264,9 @@ absl::Status MoeState::JoinStages() {
   }
   info_.notes = i0.notes;
   info_.notes.push_back(absl::StrCat(
-      "pipeline of ", pp_, " stages, each a tp 1 mixture-of-experts save of its own under mp_rank_<stage> (its module, "
-      "optimizer groups and expert files; expert file layer ids restart in every stage): ", info_.moe_layers.size(),
-      " MoE layers in stage order"));
+      "pipeline of ", pp_, " stages, each a mixture-of-experts save of its own at tp ", first.tp_,
+      " under mp_rank_<stage x tp + tp rank> (its module, optimizer groups and expert files; expert file layer ids "
+      "restart in every stage): ", info_.moe_layers.size(), " MoE layers in stage order"));
   info_.Reindex();
   empty_dict_ = Value::MakeDict();
   return absl::OkStatus();
@@ -400,7 +413,7 @@ absl::StatusOr<std::set<int>> MoeState::ListFiles(const std::vector<std::string>
   for (const auto& n : names) {
     int l, e, m;
     if (ParseExpertFileName(n, &l, &e, &m)) {
-      if (pp_ > 1 && m != mp_base_) continue;  // another pipeline stage's
+      if (pp_ > 1 && (m < mp_base_ || m >= mp_base_ + stage_tp_)) continue;  // another pipeline stage's
       m -= mp_base_;
       if (expert_files_.count({l, e})) {
         return absl::InvalidArgumentError(absl::StrCat(dir_, ": two files of MoE layer ", l, " expert ", e, ": ",
@@ -412,7 +425,7 @@ absl::StatusOr<std::set<int>> MoeState::ListFiles(const std::vector<std::string>
     }
     auto parsed = deepspeed::ParseCheckpointFileName(n);
     if (!parsed) continue;
-    if (pp_ > 1 && parsed->mp_rank != mp_base_ &&
+    if (pp_ > 1 && (parsed->mp_rank < mp_base_ || parsed->mp_rank >= mp_base_ + stage_tp_) &&
         (parsed->type == deepspeed::CheckpointFileName::Type::kOptim ||
          parsed->type == deepspeed::CheckpointFileName::Type::kMpRank)) {
       continue;  // another pipeline stage's

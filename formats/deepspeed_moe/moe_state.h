@@ -52,7 +52,7 @@
 // file; DeepSpeed's own load refuses it) and is refused
 // (RefuseIncompleteModelParallel).
 //
-// At pp > 1 (tp 1; realds/README.md "Native MoE at pp > 1", measured on
+// At pp > 1 (tp 1 or more; realds/README.md "Native MoE at pp > 1", measured on
 // DeepSpeed 0.14.4, 0.18.9 and 0.19.5): a PipelineModule's MoE save. Each
 // pipeline stage s writes the files above under mp_rank_{s} (the pipe grid's
 // model parallel rank is the stage): its own module (the stage's layers,
@@ -62,8 +62,10 @@
 // tp 1 save of its own (stages_), and the model info is theirs joined:
 // trainable params by group then stage, MoE layers in stage order (the ids a
 // pp 1 save gives them). The stages are told apart from tp ranks by
-// checkpoint_parallel_dimensions (0.19.3+), else by their modules holding
-// disjoint names; pp > 1 with tp > 1 is refused.
+// checkpoint_parallel_dimensions (0.19.3+), else by their modules: the tp
+// ranks of a stage hold the same names, stages disjoint ones. At tp > 1 the
+// mp rank is stage x tp + tp rank, and each stage is laid out as a pp 1 save
+// at tp > 1 over its own ranks (measured on 0.19.5, tp 2 pp 2 dp 1 ep 2).
 //
 // Experts are whole at any source tp (ParamState::tp_whole, tp 1 too): no tp
 // rank splits them, so a reshard to tp > 1 asks no rule for them.
@@ -174,9 +176,12 @@ class MoeState : public state::SlicedState, public deepspeed::DeepSpeedFacet {
   };
 
   MoeState() = default;
-  // The number of pipeline stages of the save in `dir` (1 when its mp ranks
-  // are tp ranks, or it has one).
-  static absl::StatusOr<int> PipelineStages(const std::string& dir, const deepspeed::ReadOptions& read);
+  // The pipeline stages of the save in `dir` and the tp ranks of each (pp 1
+  // when its mp ranks are all tp ranks, or it has one).
+  struct StageShape {
+    int pp = 1, tp = 1;
+  };
+  static absl::StatusOr<StageShape> PipelineStages(const std::string& dir, const deepspeed::ReadOptions& read);
   // pp > 1: the model info of the stages joined (stages_ read).
   absl::Status JoinStages();
   // pp > 1: the stage reading `param`.
@@ -252,7 +257,8 @@ class MoeState : public state::SlicedState, public deepspeed::DeepSpeedFacet {
   // pp > 1: this object joins stages_ (each a tp 1 save of the files of
   // mp_rank_{s}); a stage reads the files of mp rank mp_base_ (its stage).
   int pp_ = 1;
-  int mp_base_ = 0;
+  int mp_base_ = 0;   // stage x its tp ranks
+  int stage_tp_ = 1;  // pp > 1: the tp ranks of a stage (mp ranks mp_base_ .. mp_base_ + stage_tp_ - 1)
   std::vector<std::unique_ptr<MoeState>> stages_;
   std::map<std::string, int> stage_of_;  // joined: param name -> stage
   bool legacy_ = false;         // model states without param_shapes (DeepSpeed < 0.19.3)

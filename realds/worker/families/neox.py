@@ -23,10 +23,12 @@
 # --declare_patterns saves `universal_checkpoint_info` with the patterns
 # ds_to_universal.py needs for these names (as Megatron-DeepSpeed does); by
 # default it is `{}`, as GPT-NeoX's fork of the bug report saved it.
-# --moe_layers (with --plain) makes those blocks' MLP DeepSpeed's native MoE
+# --moe_layers makes those blocks' MLP DeepSpeed's native MoE
 # (`mlp.deepspeed_moe.experts.deepspeed_experts.E.{0,2}.*`, `mlp.deepspeed_moe.gate.wg.weight`):
 # plain experts and gate, replicated over tp (enable_expert_tensor_parallelism
-# False), experts over the topology's `ep`.
+# False), experts over the topology's `ep`; in the plain module or in the
+# PipelineModule, where every stage must hold a MoE block (README, "Native MoE
+# at pp > 1": with MoE in one stage only, DeepSpeed 0.19.5 hangs).
 import re
 
 import torch
@@ -71,7 +73,7 @@ def add_args(ap):
                     help="2: weights / no-decay params as GPT-NeoX; 1: one group (DeepSpeed's stage-3 universal loader)")
     ap.add_argument("--declare_patterns", action="store_true",
                     help="save universal_checkpoint_info with the tp patterns of these names")
-    ap.add_argument("--moe_layers", default="", help="comma list of blocks whose MLP is a native MoE layer (--plain)")
+    ap.add_argument("--moe_layers", default="", help="comma list of blocks whose MLP is a native MoE layer")
     ap.add_argument("--experts", type=int, default=4)
 
 
@@ -201,11 +203,11 @@ def tied_logits(embedding, x):
     return mpu.parallel_logits(x, embedding.word_embeddings_weight)
 
 
-def specs(cfg):
+def specs(cfg, ep=1):
     from deepspeed.pipe import LayerSpec, TiedLayerSpec
     out = [TiedLayerSpec("embed", EmbeddingPipe, cfg, tied_weight_attr="word_embeddings_weight") if cfg.tied
            else LayerSpec(EmbeddingPipe, cfg), LayerSpec(PreTransformerBlock)]
-    out += [LayerSpec(ParallelTransformerLayerPipe, cfg, i) for i in range(cfg.layers)]
+    out += [LayerSpec(ParallelTransformerLayerPipe, cfg, i, ep) for i in range(cfg.layers)]
     out += [post_transformer_block, LayerSpec(NormPipe, cfg)]
     out.append(TiedLayerSpec("embed", EmbeddingPipe, cfg, forward_fn=tied_logits,
                              tied_weight_attr="word_embeddings_weight") if cfg.tied else LayerSpec(ParallelLinearPipe, cfg))
@@ -277,8 +279,6 @@ def moe_built(built, cfg, ep):
 def build(cfg, topo):
     m = mpu.setup(topo["tp"], topo["pp"])
     ep = topo.get("ep", 1)
-    if cfg.moe_layers and not cfg.plain:
-        raise SystemExit("family neox --moe_layers: only with --plain")
     if cfg.plain:
         if topo["pp"] != 1:
             raise SystemExit("family neox --plain: pp must be 1")
@@ -289,11 +289,29 @@ def build(cfg, topo):
         return moe_built(built, cfg, ep) if cfg.moe_layers else built
     from deepspeed.pipe import PipelineModule
     from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
-    module = PipelineModule(layers=specs(cfg), loss_fn=mpu.cross_entropy,
+    module = PipelineModule(layers=specs(cfg, ep), loss_fn=mpu.cross_entropy,
                             topology=PipeModelDataParallelTopology(num_pp=topo["pp"], num_mp=topo["tp"], num_dp=m.dp),
                             partition_method=PARTITION_METHOD)
-    return Built(module=module, param_groups=weight_decay_groups(module, cfg), pipeline=True, tp_rank=m.tp_rank,
-                 pp_rank=m.pp_rank, dp_rank=m.dp_rank, records_losses=m.tp_rank == 0 and m.pp_rank == topo["pp"] - 1)
+    if cfg.moe_layers:
+        moe_in_every_stage(module)
+    built = Built(module=module, param_groups=weight_decay_groups(module, cfg), pipeline=True, tp_rank=m.tp_rank,
+                  pp_rank=m.pp_rank, dp_rank=m.dp_rank, records_losses=m.tp_rank == 0 and m.pp_rank == topo["pp"] - 1)
+    return moe_built(built, cfg, ep) if cfg.moe_layers else built
+
+
+def moe_in_every_stage(module):
+    """A PipelineModule whose stages do not all hold a MoE layer: DeepSpeed 0.19.5
+    hangs in its first step (the stages' per-param-group collectives differ; README,
+    "Native MoE at pp > 1"), so every rank stops here instead, having agreed by an
+    all-reduce (stage ids counted from 1, 0 for a stage with MoE)."""
+    import torch.distributed as dist
+    from deepspeed.moe.layer import MoE
+    has = any(isinstance(x, MoE) for x in module.modules())
+    flag = torch.tensor([0 if has else module.stage_id + 1], dtype=torch.int64)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if int(flag):
+        raise SystemExit(f"family neox --moe_layers: pipeline stage {int(flag) - 1} holds no MoE block "
+                         "(DeepSpeed hangs unless every stage has one; choose --moe_layers by the stage partition)")
 
 
 def client_state(cfg, topo, iteration):

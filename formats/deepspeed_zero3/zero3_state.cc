@@ -19,6 +19,13 @@ namespace internal = ::ucp::deepspeed::internal;
 
 namespace {
 
+// How Inputs names a flat partition of sub-group `s` (state::kFp32State or a
+// per-element state's key).
+std::string PartitionName(int s, const std::string& state) {
+  return state == state::kFp32State ? absl::StrCat("fp32_flat_groups[", s, "]")
+                                    : absl::StrCat("optimizer_state_dict.state[", s, "].", state);
+}
+
 using internal::CheckDense;
 using internal::DictPath;
 using internal::FileError;
@@ -801,7 +808,9 @@ absl::Status Zero3State::AddModuleTensors(const Value& module, const std::map<st
 absl::StatusOr<std::unique_ptr<Zero3State::OptimFile>> Zero3State::ParseOptim(int dp) const {
   const std::string path = OptimPath(dp);
   auto out = std::make_unique<OptimFile>();
-  UCP_ASSIGN_OR_RETURN(out->file, torch::TorchFile::Open(path, read_.Files()));  // every CRC checked
+  out->path = path;
+  // The flat partitions are CRC-checked when used (Slices), the rest below.
+  UCP_ASSIGN_OR_RETURN(out->file, torch::TorchFile::Open(path, read_.Files(/*verify_crc=*/false)));
   auto err = [&](absl::string_view what) { return FileError(path, absl::StatusCode::kInvalidArgument, what); };
   const Value& root = *out->file->root();
   if (!root.is(Kind::kDict)) return err(absl::StrCat("expected a dict, found ", root.DebugString(60)));
@@ -875,6 +884,14 @@ absl::StatusOr<std::unique_ptr<Zero3State::OptimFile>> Zero3State::ParseOptim(in
     }
     out->states.push_back(std::move(split.per_element));
     out->scalars.push_back(std::move(split.scalars));
+  }
+  std::set<const torch::Storage*> partitions;
+  for (const auto& t : out->fp32) partitions.insert(t.storage().get());
+  for (const auto& group : out->states) {
+    for (const auto& [k, t] : group) partitions.insert(t.storage().get());
+  }
+  for (const auto& storage : out->file->Storages()) {
+    if (!partitions.count(storage.get())) UCP_RETURN_IF_ERROR(out->file->VerifyStorageCrc(*storage));
   }
   return out;
 }
@@ -950,6 +967,14 @@ absl::StatusOr<std::vector<tp::TensorPlan>> Zero3State::Slices(const state::Para
     if (flat == nullptr) {
       return absl::NotFoundError(
           absl::StrCat(OptimPath(r), ": sub-group ", zp.sub_group, " has no optimizer state '", state, "'"));
+    }
+    std::shared_ptr<const std::set<std::string>> checked;
+    {
+      std::lock_guard<std::mutex> lock(checked_mu_);
+      checked = checked_inputs_;
+    }
+    if (checked == nullptr || checked->count(state::InputKey(OptimPath(r), PartitionName(zp.sub_group, state)))) {
+      UCP_RETURN_IF_ERROR(f->VerifyPartition(*flat));
     }
     UCP_ASSIGN_OR_RETURN(torch::Tensor piece, flat->Narrow(0, zp.offset, len),
                          _.Prepend(absl::StrCat(OptimPath(r), ": param '", zp.name, "' ", state, ": ")));
@@ -1053,10 +1078,9 @@ std::vector<state::InputRange> Zero3State::Inputs(const state::ParamState& param
     const int64_t begin = static_cast<int64_t>(r) * zp.partition;
     const int64_t len = std::min(zp.partition, zp.numel - begin);
     if (len <= 0) break;
-    out.push_back({OptimPath(r), absl::StrCat("fp32_flat_groups[", zp.sub_group, "]"), zp.offset * 4, len * 4});
+    out.push_back({OptimPath(r), PartitionName(zp.sub_group, state::kFp32State), zp.offset * 4, len * 4});
     for (const std::string& key : info_.state_keys) {
-      out.push_back({OptimPath(r), absl::StrCat("optimizer_state_dict.state[", zp.sub_group, "].", key), zp.offset * 4,
-                     len * 4});
+      out.push_back({OptimPath(r), PartitionName(zp.sub_group, key), zp.offset * 4, len * 4});
     }
   }
   return out;
@@ -1082,6 +1106,12 @@ std::vector<std::string> Zero3State::InputFiles() const {
   return out;
 }
 
+void Zero3State::SetCheckedInputs(std::shared_ptr<const std::set<std::string>> keys) const {
+  for (const auto& rank : tp_ranks_) rank->SetCheckedInputs(keys);
+  std::lock_guard<std::mutex> lock(checked_mu_);
+  checked_inputs_ = std::move(keys);
+}
+
 absl::Status Zero3State::VerifyInput(const std::string& path) const {
   for (const auto& rank : tp_ranks_) {
     for (const std::string& f : rank->InputFiles()) {
@@ -1089,7 +1119,14 @@ absl::Status Zero3State::VerifyInput(const std::string& path) const {
     }
   }
   for (int d = 0; d < dp_; ++d) {
-    if (path == OptimPath(d)) return Optim(universal_ ? 0 : d).status();  // parsed with every CRC checked
+    if (path == OptimPath(d)) {
+      UCP_ASSIGN_OR_RETURN(const OptimFile* f, Optim(universal_ ? 0 : d));
+      for (const auto& t : f->fp32) UCP_RETURN_IF_ERROR(f->VerifyPartition(t));
+      for (const auto& group : f->states) {
+        for (const auto& [key, t] : group) UCP_RETURN_IF_ERROR(f->VerifyPartition(t));
+      }
+      return absl::OkStatus();
+    }
     if (path == model_files_[d]->path()) return absl::OkStatus();  // checked at Open
   }
   for (const Param& p : params_) {

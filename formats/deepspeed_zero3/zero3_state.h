@@ -46,6 +46,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
@@ -95,6 +96,7 @@ class Zero3State : public state::SlicedState, public deepspeed::DeepSpeedFacet {
   std::vector<state::InputRange> Inputs(const state::ParamState& param) const override;
   std::vector<std::string> InputFiles() const override;
   absl::Status VerifyInput(const std::string& path) const override;
+  void SetCheckedInputs(std::shared_ptr<const std::set<std::string>> keys) const override;
   const state::Facet* GetFacet(state::FacetKey key) const override { return deepspeed::OfferFacet(this, key); }
   // DeepSpeedFacet. What DeepSpeed's ds_to_universal.py writes as zero/optimizer_state.pt for
   // ZeRO-3: rank 0's optimizer_state_dict with `param_groups` added (the
@@ -205,6 +207,10 @@ class Zero3State : public state::SlicedState, public deepspeed::DeepSpeedFacet {
   std::map<std::string, int> frozen_index_;         // name -> frozen_ index
   std::map<std::string, std::string> aliases_;      // rank 0's shared_params: alias -> owner
   deepspeed::LazyOptimFiles optim_files_;           // per dp rank
+  // The partitions this process CRC-checks (SetCheckedInputs); null: every
+  // one it reads.
+  mutable std::mutex checked_mu_;
+  mutable std::shared_ptr<const std::set<std::string>> checked_inputs_;
   state::ModelInfo info_;
   pickle::ValuePtr empty_dict_;
 };

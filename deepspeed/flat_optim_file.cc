@@ -36,6 +36,42 @@ std::vector<std::string> FlatOptimFile::ScalarNames(int g) const {
   return out;
 }
 
+absl::Status FlatOptimFile::VerifyPartitionIfChecked(const torch::Tensor& flat, const CheckedInputs& checked,
+                                                    const std::string& tensor) const {
+  if (!checked.Checks(state::InputKey(path, tensor))) return absl::OkStatus();
+  return VerifyPartition(flat);
+}
+
+absl::Status FlatOptimFile::VerifyPartitions() const {
+  for (const auto& t : fp32) UCP_RETURN_IF_ERROR(VerifyPartition(t));
+  for (const auto& group : states) {
+    for (const auto& [key, t] : group) UCP_RETURN_IF_ERROR(VerifyPartition(t));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FlatOptimFile::VerifyStoragesButPartitions() const {
+  std::set<const torch::Storage*> partitions;
+  for (const auto& t : fp32) partitions.insert(t.storage().get());
+  for (const auto& group : states) {
+    for (const auto& [k, t] : group) partitions.insert(t.storage().get());
+  }
+  for (const auto& storage : file->Storages()) {
+    if (!partitions.count(storage.get())) UCP_RETURN_IF_ERROR(file->VerifyStorageCrc(*storage));
+  }
+  return absl::OkStatus();
+}
+
+void CheckedInputs::Set(std::shared_ptr<const std::set<std::string>> keys) {
+  std::lock_guard<std::mutex> lock(mu_);
+  keys_ = std::move(keys);
+}
+
+bool CheckedInputs::Checks(const std::string& key) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return keys_ == nullptr || keys_->count(key) > 0;
+}
+
 absl::StatusOr<internal::GroupStates> SplitFlatStates(const torch::TorchFile& file, const std::string& path,
                                                       const pickle::Value& states, size_t index,
                                                       const FlatStatesSpec& spec) {

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -33,6 +34,8 @@
 #include "state/model_state.h"
 
 namespace ucp::deepspeed {
+
+class CheckedInputs;
 
 // One optimizer file's flat groups, in the file's group order.
 struct FlatOptimFile {
@@ -59,6 +62,31 @@ struct FlatOptimFile {
   // (for a file opened without CRC checks, which checks its flat partitions
   // when first used: a command reads only the bytes it needs).
   absl::Status VerifyPartition(const torch::Tensor& flat) const { return file->VerifyStorageCrc(*flat.storage()); }
+  // VerifyPartition when `checked` says this process checks the record
+  // `tensor` of this file (state::InputKey(path, tensor)), else nothing.
+  absl::Status VerifyPartitionIfChecked(const torch::Tensor& flat, const CheckedInputs& checked,
+                                        const std::string& tensor) const;
+  // Every flat partition (fp32 and per-element states) CRC-checked: the
+  // whole file, as a rank checking it reads it.
+  absl::Status VerifyPartitions() const;
+  // Every storage but the flat partitions CRC-checked (what a parse of a
+  // file opened without CRC checks checks at once; the partitions are
+  // checked when used).
+  absl::Status VerifyStoragesButPartitions() const;
+};
+
+// Which input records this process CRC-checks when it reads them
+// (state::CheckpointState::SetCheckedInputs): null keys, the default, all.
+// Thread-safe.
+class CheckedInputs {
+ public:
+  void Set(std::shared_ptr<const std::set<std::string>> keys);
+  // Whether the record of `key` (state::InputKey) is checked here.
+  bool Checks(const std::string& key) const;
+
+ private:
+  mutable std::mutex mu_;
+  std::shared_ptr<const std::set<std::string>> keys_;  // guarded by mu_
 };
 
 // How one flat group's state dict is split (SplitFlatStates): a 0-dim

@@ -11,9 +11,9 @@
 #include "ops/convert.h"
 #include "ops/reshard.h"
 #include "formats/deepspeed_zero/zero_checkpoint.h"
-#include "format/torch/mapped_file.h"
 #include "format/torch/torch_file.h"
 #include "gtest/gtest.h"
+#include "testing/damage.h"
 #include "testing/fixtures.h"
 
 namespace ucp::ops {
@@ -145,28 +145,9 @@ TEST(ConvertErrorsTest, DamagedLayerRecordIsCaughtWhenRead) {
   Case c = Prepare("damaged_layer_record", "neox-tp2-pp1-dp1");
   const std::string f = JoinPath(c.source, "layer_02-model_01-model_states.pt");
   // Flip one byte in the middle of the record behind 'attention.dense.weight'.
-  {
-    int64_t offset = -1;
-    {
-      torch::OpenOptions lazy;
-      lazy.verify_crc = false;
-      auto file = torch::TorchFile::Open(f, lazy);
-      ASSERT_TRUE(file.ok()) << file.status();
-      const pickle::Value* v = (*file)->root()->DictGet("attention.dense.weight");
-      ASSERT_NE(v, nullptr);
-      auto t = (*file)->GetTensor(*v);
-      ASSERT_TRUE(t.ok()) << t.status();
-      offset = (t->storage()->data() - (*file)->mapped_file()->data()) +
-               static_cast<int64_t>(t->storage()->nbytes() / 2);
-    }
-    const int fd = open(f.c_str(), O_RDWR);
-    ASSERT_GE(fd, 0);
-    uint8_t byte = 0;
-    ASSERT_EQ(pread(fd, &byte, 1, offset), 1);
-    byte ^= 0x40;
-    ASSERT_EQ(pwrite(fd, &byte, 1, offset), 1);
-    close(fd);
-  }
+  ASSERT_TRUE(ucp::testing::FlipByteInTensor(f, [](const pickle::Value& root) {
+                return root.DictGet("attention.dense.weight");
+              }).ok());
   auto ckpt = deepspeed_zero::ZeroCheckpoint::Open(c.source);
   ASSERT_TRUE(ckpt.ok()) << ckpt.status();
   const deepspeed_zero::ModuleEntry* entry = nullptr;

@@ -155,11 +155,13 @@ absl::StatusOr<MoeState::StageShape> MoeState::PipelineStages(const std::string&
   if (mp < 2 || *model_mp.begin() != 0 || *model_mp.rbegin() != mp - 1) return StageShape{};  // Load says what is wrong
   const torch::OpenOptions lazy = read.Files(/*verify_crc=*/false);  // their pickles only; checked when read
   std::vector<std::unique_ptr<torch::TorchFile>> files;
-  for (int m = 0; m < mp; ++m) {
+  auto open = [&](int m) -> absl::Status {
     UCP_ASSIGN_OR_RETURN(auto f, torch::TorchFile::Open(JoinPath(dir, deepspeed::MpRankFileName(m)), lazy));
-    if (!f->root()->is(Kind::kDict)) return StageShape{};
     files.push_back(std::move(f));
-  }
+    return absl::OkStatus();
+  };
+  UCP_RETURN_IF_ERROR(open(0));
+  if (!files[0]->root()->is(Kind::kDict)) return StageShape{};
   const std::string path0 = files[0]->path();
   // 0.19.3 and later: engine.py _checkpoint_parallel_metadata.
   if (const Value* dims = files[0]->root()->DictGet("checkpoint_parallel_dimensions");
@@ -177,6 +179,10 @@ absl::StatusOr<MoeState::StageShape> MoeState::PipelineStages(const std::string&
     return StageShape{static_cast<int>(p), static_cast<int>(t)};
   }
   // Before: the tp ranks of a stage hold the same names, stages disjoint ones.
+  for (int m = 1; m < mp; ++m) {
+    UCP_RETURN_IF_ERROR(open(m));
+    if (!files[m]->root()->is(Kind::kDict)) return StageShape{};
+  }
   std::vector<std::set<std::string>> keys(mp);
   for (int m = 0; m < mp; ++m) {
     const Value* module = files[m]->root()->DictGet("module");
@@ -413,7 +419,7 @@ absl::StatusOr<std::set<int>> MoeState::ListFiles(const std::vector<std::string>
   for (const auto& n : names) {
     int l, e, m;
     if (ParseExpertFileName(n, &l, &e, &m)) {
-      if (pp_ > 1 && (m < mp_base_ || m >= mp_base_ + stage_tp_)) continue;  // another pipeline stage's
+      if (InOtherStage(m)) continue;
       m -= mp_base_;
       if (expert_files_.count({l, e})) {
         return absl::InvalidArgumentError(absl::StrCat(dir_, ": two files of MoE layer ", l, " expert ", e, ": ",
@@ -425,10 +431,10 @@ absl::StatusOr<std::set<int>> MoeState::ListFiles(const std::vector<std::string>
     }
     auto parsed = deepspeed::ParseCheckpointFileName(n);
     if (!parsed) continue;
-    if (pp_ > 1 && (parsed->mp_rank < mp_base_ || parsed->mp_rank >= mp_base_ + stage_tp_) &&
-        (parsed->type == deepspeed::CheckpointFileName::Type::kOptim ||
-         parsed->type == deepspeed::CheckpointFileName::Type::kMpRank)) {
-      continue;  // another pipeline stage's
+    if ((parsed->type == deepspeed::CheckpointFileName::Type::kOptim ||
+         parsed->type == deepspeed::CheckpointFileName::Type::kMpRank) &&
+        InOtherStage(parsed->mp_rank)) {
+      continue;
     }
     if (parsed->type == deepspeed::CheckpointFileName::Type::kOptim) {
       optim_dp.insert(parsed->dp_rank);
@@ -1433,15 +1439,7 @@ absl::StatusOr<std::unique_ptr<MoeState::OptimFile>> MoeState::ParseOptim(int dp
       }
     }
   }
-  // Every storage but the flat partitions, checked now.
-  std::set<const torch::Storage*> partitions;
-  for (const auto& t : out->fp32) partitions.insert(t.storage().get());
-  for (const auto& group : out->states) {
-    for (const auto& [k, t] : group) partitions.insert(t.storage().get());
-  }
-  for (const auto& storage : out->file->Storages()) {
-    if (!partitions.count(storage.get())) UCP_RETURN_IF_ERROR(out->file->VerifyStorageCrc(*storage));
-  }
+  UCP_RETURN_IF_ERROR(out->VerifyStoragesButPartitions());
   return out;
 }
 
@@ -1513,14 +1511,7 @@ absl::StatusOr<tp::TensorPlan> MoeState::OptimSlice(const state::ParamState& par
     if (flat == nullptr) {
       return absl::NotFoundError(absl::StrCat(OptimPath(d), ": group ", w.group, " has no optimizer state '", state, "'"));
     }
-    std::shared_ptr<const std::set<std::string>> checked;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      checked = checked_inputs_;
-    }
-    if (checked == nullptr || checked->count(state::InputKey(OptimPath(d), PartitionName(w.group, state)))) {
-      UCP_RETURN_IF_ERROR(f->VerifyPartition(*flat));
-    }
+    UCP_RETURN_IF_ERROR(f->VerifyPartitionIfChecked(*flat, checked_inputs_, PartitionName(w.group, state)));
     UCP_ASSIGN_OR_RETURN(torch::Tensor piece, flat->Narrow(0, frag.partition_offset, frag.numel),
                          _.Prepend(absl::StrCat(OptimPath(d), ": param '", param.name, "' ", state, ": ")));
     pieces.push_back(std::move(piece));
@@ -1587,11 +1578,7 @@ absl::Status MoeState::VerifyInput(const std::string& path) const {
   for (int r = 0; r < world(); ++r) {
     if (path != OptimPath(r)) continue;
     UCP_ASSIGN_OR_RETURN(const OptimFile* f, Optim(r));
-    for (const auto& t : f->fp32) UCP_RETURN_IF_ERROR(f->VerifyPartition(t));
-    for (const auto& group : f->states) {
-      for (const auto& [key, t] : group) UCP_RETURN_IF_ERROR(f->VerifyPartition(t));
-    }
-    return absl::OkStatus();
+    return f->VerifyPartitions();
   }
   for (int t = 0; t < tp_; ++t) {
     if (path == Mp(t).path()) return absl::OkStatus();
@@ -1604,8 +1591,7 @@ absl::Status MoeState::VerifyInput(const std::string& path) const {
 
 void MoeState::SetCheckedInputs(std::shared_ptr<const std::set<std::string>> keys) const {
   for (const auto& s : stages_) s->SetCheckedInputs(keys);
-  std::lock_guard<std::mutex> lock(mu_);
-  checked_inputs_ = std::move(keys);
+  checked_inputs_.Set(std::move(keys));
 }
 
 absl::StatusOr<state::FileValue> MoeState::OptimizerCommon() const {

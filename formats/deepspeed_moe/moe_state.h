@@ -247,6 +247,8 @@ class MoeState : public state::SlicedState, public deepspeed::DeepSpeedFacet {
   // Model states of tp rank `t`.
   const torch::TorchFile& Mp(int t) const { return t == 0 ? *mp_ : *mp_more_[t - 1]; }
   int world() const { return dp_ * tp_; }
+  // A stage of a pp > 1 save: whether mp rank `mp`'s files are another stage's.
+  bool InOtherStage(int mp) const { return pp_ > 1 && (mp < mp_base_ || mp >= mp_base_ + stage_tp_); }
   // The index of the MoE layer of module prefix `prefix` in moe_prefixes_.
   int LayerIndex(const std::string& prefix) const;
   // The global rank holding expert data parallel rank `k` of ep rank `e`.
@@ -281,9 +283,7 @@ class MoeState : public state::SlicedState, public deepspeed::DeepSpeedFacet {
   std::map<std::pair<int, int>, int> expert_file_mp_;  // (layer, expert) -> its file's mp rank
   std::set<std::pair<int, int>> optim_tp_files_;      // (dp, mp) of every optimizer file
   mutable std::mutex mu_;
-  // The partitions this process CRC-checks (SetCheckedInputs); null: every
-  // one it reads. Guarded by mu_.
-  mutable std::shared_ptr<const std::set<std::string>> checked_inputs_;
+  mutable deepspeed::CheckedInputs checked_inputs_;  // SetCheckedInputs
   mutable std::map<std::pair<int, int>, std::unique_ptr<torch::TorchFile>> expert_cache_;
   deepspeed::LazyOptimFiles optim_files_;  // per global rank
   std::vector<Where> where_;  // per info param

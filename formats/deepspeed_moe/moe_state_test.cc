@@ -3,18 +3,15 @@
 // state, instead of reading past their storage or mixing states up.
 #include "formats/deepspeed_moe/moe_state.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "base/fs.h"
-#include "format/torch/mapped_file.h"
-#include "format/torch/torch_file.h"
+#include "format/pickle/value.h"
 #include "gtest/gtest.h"
+#include "testing/damage.h"
 #include "testing/fixtures.h"
 
 namespace ucp::deepspeed_moe {
@@ -163,29 +160,11 @@ TEST(MoeStateTest, DamagedPartitionIsCaughtWhenRead) {
   const std::string dir = JoinPath(FreshTempDir("moe_damaged_partition"), "global_step3");
   ASSERT_TRUE(CopyTree(src, dir).ok());
   const std::string f = JoinPath(dir, "zero_pp_rank_0_mp_rank_01_optim_states.pt");  // global rank 1
-  {
-    int64_t offset = -1;
-    {
-      torch::OpenOptions lazy;
-      lazy.verify_crc = false;
-      auto file = torch::TorchFile::Open(f, lazy);
-      ASSERT_TRUE(file.ok()) << file.status();
-      const pickle::Value* fp32s = (*file)->root()->DictGet("optimizer_state_dict")->DictGet(
-          "single_partition_of_fp32_groups");
-      ASSERT_NE(fp32s, nullptr);
-      auto t = (*file)->GetTensor(*fp32s->items()[0]);
-      ASSERT_TRUE(t.ok()) << t.status();
-      offset = (t->storage()->data() - (*file)->mapped_file()->data()) +
-               static_cast<int64_t>(t->storage()->nbytes() / 2);
-    }
-    const int fd = open(f.c_str(), O_RDWR);
-    ASSERT_GE(fd, 0);
-    uint8_t byte = 0;
-    ASSERT_EQ(pread(fd, &byte, 1, offset), 1);
-    byte ^= 0x40;
-    ASSERT_EQ(pwrite(fd, &byte, 1, offset), 1);
-    close(fd);
-  }
+  ASSERT_TRUE(ucp::testing::FlipByteInTensor(f, [](const pickle::Value& root) -> const pickle::Value* {
+                const pickle::Value* fp32s =
+                    root.DictGet("optimizer_state_dict")->DictGet("single_partition_of_fp32_groups");
+                return fp32s == nullptr ? nullptr : fp32s->items()[0].get();
+              }).ok());
   auto s = MoeState::Open(dir);
   ASSERT_TRUE(s.ok()) << s.status();
   int damaged = 0;

@@ -926,20 +926,6 @@ absl::Status CheckSliceMappings(const Value& m, const deepspeed::ZeroGroupLayout
   return absl::OkStatus();
 }
 
-// CRC-checks every storage of the file but the flat partitions (fp32 masters
-// and per-element states), which are checked when used (VerifyPartition).
-absl::Status VerifyStoragesButPartitions(const OptimFile& out) {
-  std::set<const torch::Storage*> partitions;
-  for (const auto& t : out.fp32) partitions.insert(t.storage().get());
-  for (const auto& group : out.states) {
-    for (const auto& [k, t] : group) partitions.insert(t.storage().get());
-  }
-  for (const auto& storage : out.file->Storages()) {
-    if (!partitions.count(storage.get())) UCP_RETURN_IF_ERROR(out.file->VerifyStorageCrc(*storage));
-  }
-  return absl::OkStatus();
-}
-
 // Checks that all groups hold the same optimizer state keys as group 0.
 absl::Status CheckSameStateKeys(const OptimFile& out, int num_groups) {
   for (int g = 1; g < num_groups; ++g) {
@@ -981,7 +967,7 @@ absl::StatusOr<std::unique_ptr<OptimFile>> ZeroCheckpoint::ParseOptim(int pp, in
     UCP_RETURN_IF_ERROR(
         CheckSliceMappings(*(*lists.mappings)[g], layout, ms_->StageGroup(pp, g), g, dp, topo_.dp, path));
   }
-  UCP_RETURN_IF_ERROR(VerifyStoragesButPartitions(*out));
+  UCP_RETURN_IF_ERROR(out->VerifyStoragesButPartitions());
   UCP_RETURN_IF_ERROR(CheckSameStateKeys(*out, num_groups_));
   return out;
 }
@@ -1068,11 +1054,7 @@ absl::Status ZeroCheckpoint::VerifyFile(const std::string& path) const {
       const int mp_rank = ulysses_sp_ > 1 ? 0 : parsed->mp_rank;  // 0.19.5 Ulysses: mp_rank_{d % sp}, one stage
       const int pp = mp_rank / topo_.tp, tp = mp_rank % topo_.tp;
       UCP_ASSIGN_OR_RETURN(const OptimFile* f, Optim(pp, tp, parsed->dp_rank));
-      for (const auto& t : f->fp32) UCP_RETURN_IF_ERROR(f->VerifyPartition(t));
-      for (const auto& group : f->states) {
-        for (const auto& [key, t] : group) UCP_RETURN_IF_ERROR(f->VerifyPartition(t));
-      }
-      return absl::OkStatus();
+      return f->VerifyPartitions();
     }
     case deepspeed::CheckpointFileName::Type::kLayer:
       // Its structure (opened at Open); the lp weights of trainable params
@@ -1120,14 +1102,7 @@ absl::StatusOr<std::vector<torch::Tensor>> ZeroCheckpoint::SlicePieces(const Zer
       return absl::NotFoundError(absl::StrCat(f->path, ": group ", param.group, " has no optimizer state '", state,
                                               "'"));
     }
-    std::shared_ptr<const std::set<std::string>> checked;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      checked = checked_inputs_;
-    }
-    if (checked == nullptr || checked->count(state::InputKey(f->path, tensor_name))) {
-      UCP_RETURN_IF_ERROR(f->VerifyPartition(*flat));
-    }
+    UCP_RETURN_IF_ERROR(f->VerifyPartitionIfChecked(*flat, checked_inputs_, tensor_name));
     UCP_ASSIGN_OR_RETURN(torch::Tensor piece, flat->Narrow(0, frag.partition_offset, frag.numel),
                          _.Prepend(absl::StrCat(f->path, ": param '", param.name, "' ", state, ": ")));
     pieces.push_back(std::move(piece));

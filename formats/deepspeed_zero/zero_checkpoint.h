@@ -138,8 +138,7 @@ class ZeroCheckpoint {
   // The flat partitions this process CRC-checks when it reads them
   // (state::CheckpointState::SetCheckedInputs); null: all.
   void SetCheckedInputs(std::shared_ptr<const std::set<std::string>> keys) const {
-    std::lock_guard<std::mutex> lock(mu_);
-    checked_inputs_ = std::move(keys);
+    checked_inputs_.Set(std::move(keys));
   }
   // Checks one file of the checkpoint (a path under dir()) as reading it
   // would: an optimizer file is opened (Optim); layer and mp_rank files were
@@ -209,7 +208,7 @@ class ZeroCheckpoint {
   std::map<std::string, size_t> lp_entry_;  // trainable param -> first entry in module_entries_
   std::map<std::tuple<int, int, int>, std::unique_ptr<OptimSlot>> optim_slots_;
   mutable std::mutex mu_;
-  mutable std::shared_ptr<const std::set<std::string>> checked_inputs_;  // guarded by mu_
+  mutable deepspeed::CheckedInputs checked_inputs_;
   mutable std::map<std::pair<int, int>, std::unique_ptr<torch::TorchFile>> layer_cache_;
 };
 

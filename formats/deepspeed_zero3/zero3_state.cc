@@ -885,14 +885,7 @@ absl::StatusOr<std::unique_ptr<Zero3State::OptimFile>> Zero3State::ParseOptim(in
     out->states.push_back(std::move(split.per_element));
     out->scalars.push_back(std::move(split.scalars));
   }
-  std::set<const torch::Storage*> partitions;
-  for (const auto& t : out->fp32) partitions.insert(t.storage().get());
-  for (const auto& group : out->states) {
-    for (const auto& [k, t] : group) partitions.insert(t.storage().get());
-  }
-  for (const auto& storage : out->file->Storages()) {
-    if (!partitions.count(storage.get())) UCP_RETURN_IF_ERROR(out->file->VerifyStorageCrc(*storage));
-  }
+  UCP_RETURN_IF_ERROR(out->VerifyStoragesButPartitions());
   return out;
 }
 
@@ -968,14 +961,7 @@ absl::StatusOr<std::vector<tp::TensorPlan>> Zero3State::Slices(const state::Para
       return absl::NotFoundError(
           absl::StrCat(OptimPath(r), ": sub-group ", zp.sub_group, " has no optimizer state '", state, "'"));
     }
-    std::shared_ptr<const std::set<std::string>> checked;
-    {
-      std::lock_guard<std::mutex> lock(checked_mu_);
-      checked = checked_inputs_;
-    }
-    if (checked == nullptr || checked->count(state::InputKey(OptimPath(r), PartitionName(zp.sub_group, state)))) {
-      UCP_RETURN_IF_ERROR(f->VerifyPartition(*flat));
-    }
+    UCP_RETURN_IF_ERROR(f->VerifyPartitionIfChecked(*flat, checked_inputs_, PartitionName(zp.sub_group, state)));
     UCP_ASSIGN_OR_RETURN(torch::Tensor piece, flat->Narrow(0, zp.offset, len),
                          _.Prepend(absl::StrCat(OptimPath(r), ": param '", zp.name, "' ", state, ": ")));
     pieces.push_back(std::move(piece));
@@ -1108,8 +1094,7 @@ std::vector<std::string> Zero3State::InputFiles() const {
 
 void Zero3State::SetCheckedInputs(std::shared_ptr<const std::set<std::string>> keys) const {
   for (const auto& rank : tp_ranks_) rank->SetCheckedInputs(keys);
-  std::lock_guard<std::mutex> lock(checked_mu_);
-  checked_inputs_ = std::move(keys);
+  checked_inputs_.Set(std::move(keys));
 }
 
 absl::Status Zero3State::VerifyInput(const std::string& path) const {
@@ -1121,11 +1106,7 @@ absl::Status Zero3State::VerifyInput(const std::string& path) const {
   for (int d = 0; d < dp_; ++d) {
     if (path == OptimPath(d)) {
       UCP_ASSIGN_OR_RETURN(const OptimFile* f, Optim(universal_ ? 0 : d));
-      for (const auto& t : f->fp32) UCP_RETURN_IF_ERROR(f->VerifyPartition(t));
-      for (const auto& group : f->states) {
-        for (const auto& [key, t] : group) UCP_RETURN_IF_ERROR(f->VerifyPartition(t));
-      }
-      return absl::OkStatus();
+      return f->VerifyPartitions();
     }
     if (path == model_files_[d]->path()) return absl::OkStatus();  // checked at Open
   }

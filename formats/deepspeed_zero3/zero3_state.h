@@ -46,7 +46,6 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
@@ -207,10 +206,7 @@ class Zero3State : public state::SlicedState, public deepspeed::DeepSpeedFacet {
   std::map<std::string, int> frozen_index_;         // name -> frozen_ index
   std::map<std::string, std::string> aliases_;      // rank 0's shared_params: alias -> owner
   deepspeed::LazyOptimFiles optim_files_;           // per dp rank
-  // The partitions this process CRC-checks (SetCheckedInputs); null: every
-  // one it reads.
-  mutable std::mutex checked_mu_;
-  mutable std::shared_ptr<const std::set<std::string>> checked_inputs_;
+  mutable deepspeed::CheckedInputs checked_inputs_;  // SetCheckedInputs
   state::ModelInfo info_;
   pickle::ValuePtr empty_dict_;
 };

@@ -1,9 +1,6 @@
 // Zero3State on the real DeepSpeed 0.19.5 / 0.16.4 ZeRO-3 fixtures.
 #include "formats/deepspeed_zero3/zero3_state.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -13,8 +10,8 @@
 #include "base/fs.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "testing/damage.h"
 #include "testing/fixtures.h"
-#include "format/torch/mapped_file.h"
 #include "format/torch/torch_file.h"
 #include "format/torch/tree_copy.h"
 
@@ -202,29 +199,11 @@ TEST(Zero3StateTest, DamagedPartitionIsCaughtWhenRead) {
   const std::string dir = JoinPath(FreshTempDir("zero3_damaged_partition"), "global_step4");
   ASSERT_TRUE(CopyTree(VersionFixturePath("0.19.5", "gpt-zero3-dp2/global_step4"), dir).ok());
   const std::string f = JoinPath(dir, "zero_pp_rank_1_mp_rank_00_optim_states.pt");
-  {
-    int64_t offset = -1;
-    {
-      torch::OpenOptions lazy;
-      lazy.verify_crc = false;
-      auto file = torch::TorchFile::Open(f, lazy);
-      ASSERT_TRUE(file.ok()) << file.status();
-      const pickle::Value* st = (*file)->root()->DictGet("optimizer_state_dict")->DictGet("optimizer_state_dict")
-                                    ->DictGet("state")->DictGet(pickle::Value::Int(0));
-      ASSERT_NE(st, nullptr);
-      auto t = (*file)->GetTensor(*st->DictGet("exp_avg"));
-      ASSERT_TRUE(t.ok()) << t.status();
-      offset = (t->storage()->data() - (*file)->mapped_file()->data()) +
-               static_cast<int64_t>(t->storage()->nbytes() / 2);
-    }
-    const int fd = open(f.c_str(), O_RDWR);
-    ASSERT_GE(fd, 0);
-    uint8_t byte = 0;
-    ASSERT_EQ(pread(fd, &byte, 1, offset), 1);
-    byte ^= 0x40;
-    ASSERT_EQ(pwrite(fd, &byte, 1, offset), 1);
-    close(fd);
-  }
+  ASSERT_TRUE(ucp::testing::FlipByteInTensor(f, [](const pickle::Value& root) -> const pickle::Value* {
+                const pickle::Value* st = root.DictGet("optimizer_state_dict")->DictGet("optimizer_state_dict")
+                                              ->DictGet("state")->DictGet(pickle::Value::Int(0));
+                return st == nullptr ? nullptr : st->DictGet("exp_avg");
+              }).ok());
   auto s = Zero3State::Open(dir);
   ASSERT_TRUE(s.ok()) << s.status();
   int fp32 = 0, damaged = 0;

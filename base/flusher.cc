@@ -90,7 +90,7 @@ void BackgroundFlusher::RunWriteback() {
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
     cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
-    if (stop_) return;
+    if (queue_.empty()) return;  // stopped, and every reported range was started
     Item item = std::move(queue_.front());
     queue_.pop_front();
     lock.unlock();
@@ -108,7 +108,7 @@ void BackgroundFlusher::RunWriteback() {
     lock.lock();
     handled_ += item.bytes;
     if (error_.ok()) error_ = s;
-    if (item.fd >= 0 && pending >= every_) {
+    if (item.fd >= 0 && pending >= every_ && !stop_) {
       // The newest file written back is the one to flush (any would do: the
       // journal commit's cache flush covers every completed write).
       if (flush_fd_ >= 0) ::close(flush_fd_);

@@ -50,7 +50,7 @@ class BackgroundFlusher {
   explicit BackgroundFlusher(int64_t every_bytes);
   BackgroundFlusher(const BackgroundFlusher&) = delete;
   BackgroundFlusher& operator=(const BackgroundFlusher&) = delete;
-  ~BackgroundFlusher();  // stops the threads (after their current call)
+  ~BackgroundFlusher();  // Finish
 
   // A file of `bytes` was written whole: its writeback is started, and its
   // bytes count towards the next flush.
@@ -59,9 +59,10 @@ class BackgroundFlusher {
   // messages) were written: a large file, while it is being written. The
   // descriptor is duplicated.
   void WrittenRange(int fd, const std::string& path, uint64_t offset, uint64_t len);
-  // Waits for the current writeback and flush (nothing new is started: the
-  // commit's sync covers what is left) and returns the first error of any
-  // flush.
+  // Starts the writeback of every range reported before it (a writeback row
+  // of --timings then counts every byte written), waits for the current
+  // flush (no new one is started: the commit's sync covers what is left),
+  // and returns the first error of any flush.
   absl::Status Finish();
   // Flushes done so far, and bytes whose writeback the thread started (or
   // tried to: a file it could not open counts) (tests).

@@ -11,6 +11,12 @@
 //     pp 1 save whose every param is the snapshots' (its optimizer states the
 //     source's), with one expert file per (MoE layer, expert) numbered over
 //     the whole model and num_experts for every MoE layer;
+//   - `ucp reshard --pp=2` at the save's dp and ep, from the save itself and
+//     from its pp 1 reshard, writes DeepSpeed's own files: every file name,
+//     key, scalar and tensor of the save (the stages cut as the training's
+//     PipelineModule cut them: partition_method type:Block);
+//   - a pp target whose stage would hold no MoE layer is refused, and the
+//     `parameters` cut weighs a MoE block by one ep rank's local experts;
 //   - `ucp export` holds every param, equal to the snapshots;
 //   - a stage's missing optimizer file is refused, naming it.
 #include <map>
@@ -28,6 +34,7 @@
 #include "gtest/gtest.h"
 #include "ops/export.h"
 #include "ops/reshard.h"
+#include "testing/compare.h"
 #include "testing/fixtures.h"
 
 namespace ucp::ops {
@@ -196,6 +203,98 @@ TEST_P(MoePpTest, ToPp1IsTheSnapshots) {
     ASSERT_TRUE(ne != nullptr && ne->is(Kind::kList));
     ASSERT_EQ(ne->items().size(), static_cast<size_t>(save.moe_layers));
     for (const auto& v : ne->items()) EXPECT_EQ(v->int_value(), kExperts);
+  }
+}
+
+// The pipeline cut of the saves' training (testdata/moe_pp/gen/moepp.py):
+// layer 0 Embed, layers 1-4 Block, layer 5 Head; partition_method type:Block.
+void CutAsTheTraining(ReshardOptions* o) {
+  o->write.partition_method = "type:Block";
+  o->write.layer_types = {{0, "Embed"}, {1, "Block"}, {2, "Block"}, {3, "Block"}, {4, "Block"}, {5, "Head"}};
+}
+
+// `from` resharded to pp 2 at the save's dp and ep, in `out`.
+absl::Status ReshardToPp2(const Save& save, const std::string& from, const std::string& out) {
+  ReshardOptions o;
+  o.input_folder = from;
+  o.output_folder = out;
+  o.write.target = state::Topology{1, kPp, save.dp};
+  o.write.expert_parallel = save.ep;
+  o.write.num_threads = 2;
+  CutAsTheTraining(&o);
+  return Reshard(o).status();
+}
+
+TEST_P(MoePpTest, ToPp2IsDeepSpeedsOwnFiles) {
+  const Save& save = GetParam();
+  const std::string src = RunfilePath(absl::StrCat(save.dir, "/global_step3"));
+  const std::string root = FreshTempDir("moe_pp_to_pp2");
+  // From the save itself.
+  const std::string direct = JoinPath(root, "direct/global_step3");
+  ASSERT_TRUE(ReshardToPp2(save, src, direct).ok());
+  auto diff = testing::CompareFolders(src, direct);
+  ASSERT_TRUE(diff.ok()) << diff.status();
+  EXPECT_TRUE(diff->empty()) << diff->size() << " differences, first: " << (*diff)[0];
+  // Through pp 1: one module, the MoE layers numbered over the model, cut
+  // into stages again.
+  ReshardOptions o;
+  o.input_folder = src;
+  o.output_folder = JoinPath(root, "pp1/global_step3");
+  o.write.target = state::Topology{1, 1, save.dp};
+  o.write.expert_parallel = save.ep;
+  o.write.num_threads = 2;
+  ASSERT_TRUE(Reshard(o).ok());
+  ASSERT_FALSE(PathExists(JoinPath(o.output_folder, "mp_rank_01_model_states.pt")));
+  const std::string back = JoinPath(root, "back/global_step3");
+  absl::Status st = ReshardToPp2(save, o.output_folder, back);
+  ASSERT_TRUE(st.ok()) << st;
+  diff = testing::CompareFolders(src, back);
+  ASSERT_TRUE(diff.ok()) << diff.status();
+  EXPECT_TRUE(diff->empty()) << diff->size() << " differences, first: " << (*diff)[0];
+}
+
+// Uniform partitioning of the six layers into three stages puts layers 0 and
+// 1 (Embed and a dense block) in stage 0: no MoE layer there, which
+// DeepSpeed cannot train (it hangs in the first step). Refused before
+// anything is written.
+TEST(MoePpTargetTest, StageWithoutMoeIsRefused) {
+  ReshardOptions o;
+  o.input_folder = RunfilePath("testdata/moe_pp/ds0189_pp2_ep1_zero1_dp2/global_step3");
+  o.output_folder = JoinPath(FreshTempDir("moe_pp_refused"), "global_step3");
+  o.write.target = state::Topology{1, 3, 1};
+  o.write.partition_method = "uniform";
+  auto r = Reshard(o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
+  EXPECT_NE(r.status().message().find("pipeline stage 0 (layers 0 to 1, uniform partitioning) holds none of the 2 "
+                                      "MoE layers"),
+            std::string::npos)
+      << r.status();
+  EXPECT_FALSE(PathExists(o.output_folder));
+}
+
+// `parameters` partitioning weighs a layer as one rank builds it
+// (PipelineModule._count_layer_params): a MoE block holds num_experts / ep
+// local experts. The 0.18.9 save's six layers (Embed, dense block, MoE
+// block, MoE block, dense block, Head) weigh, per target ep:
+//   ep 1 (4 local experts): 512, 1104, 4384, 4384, 1104, 544 -> pp 3 cuts
+//        [0, 3) [3, 4) [4, 6): stage 2 holds no MoE block;
+//   ep 4 (1 local expert):  512, 1104, 1168, 1168, 1104, 544 -> pp 3 cuts
+//        [0, 2) [2, 4) [4, 6): stage 0 holds no MoE block.
+// Either is refused, naming the stage the cut leaves without MoE.
+TEST(MoePpTargetTest, ParametersPartitioningWeighsOneRanksExperts) {
+  const std::string root = FreshTempDir("moe_pp_parameters");
+  for (const auto& [ep, message] : std::vector<std::pair<int, std::string>>{
+           {1, "pipeline stage 2 (layers 4 to 5, parameters partitioning) holds none of the 2 MoE layers"},
+           {4, "pipeline stage 0 (layers 0 to 1, parameters partitioning) holds none of the 2 MoE layers"}}) {
+    ReshardOptions o;
+    o.input_folder = RunfilePath("testdata/moe_pp/ds0189_pp2_ep1_zero1_dp2/global_step3");
+    o.output_folder = JoinPath(root, absl::StrCat("ep", ep, "/global_step3"));
+    o.write.target = state::Topology{1, 3, 4};
+    o.write.expert_parallel = ep;
+    auto r = Reshard(o);
+    ASSERT_FALSE(r.ok()) << "ep " << ep;
+    EXPECT_NE(r.status().message().find(message), std::string::npos) << "ep " << ep << ": " << r.status();
   }
 }
 

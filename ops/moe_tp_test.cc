@@ -15,7 +15,7 @@
 //   - `ucp reshard --tp=2` (the writer): to the save's own topology and
 //     through tp 1 and back, the save itself file for file; at dp 1 every
 //     slice the dumps'; the same checks with the tp or ep ranks swapped fail;
-//     ep < tp, pp > 1 and targets before 0.19.5 refused, saying why.
+//     ep < tp, pp > 1 of a plain module and targets before 0.19.5 refused, saying why.
 // The reader, reshard and export checks run again on the same model saved by
 // DeepSpeed 0.18.9 (testdata/moe_tp/ds0189_tp2_ep2_zero1_dp2, no param_shapes).
 #include <map>
@@ -384,7 +384,9 @@ TEST(MoeTpWriterTest, SwappedTpOrEpRanksOfTheOutputAreDetected) {
 
 // What ucp does not write stays refused, saying what it expects and what it
 // found, before anything is written: ep < tp (tp ranks >= ep would have no
-// model states), pp > 1, a tp > 1 target before DeepSpeed 0.14.5.
+// model states), pp > 1 of a module that is not a PipelineModule (its names
+// carry no layer index to cut stages by), a tp > 1 target before DeepSpeed
+// 0.14.5.
 TEST(MoeTpWriterTest, WhatCannotBeWrittenIsRefused) {
   const std::string root = FreshTempDir("moe_tp_refused");
   struct Refused {
@@ -399,7 +401,9 @@ TEST(MoeTpWriterTest, WhatCannotBeWrittenIsRefused) {
        "rank's model states on expert data parallel rank 0 only, so tp ranks >= ep would have none and DeepSpeed "
        "could not load the checkpoint"},
       {state::Topology{2, 2, 1}, 2, "",
-       "mixture-of-experts target tp=2 pp=2 dp=1: ucp writes native MoE checkpoints at pp=1 (found pp=2)"},
+       "mixture-of-experts target tp=2 pp=2 dp=1: param 'sequential.0.word_embeddings.weight' has no pipeline layer "
+       "index (expected '<layer>.<name>', the names of a DeepSpeed PipelineModule): only a PipelineModule's "
+       "checkpoint can be cut into pipeline stages"},
       {state::Topology{2, 1, 1}, 2, "0.14.4",
        "mixture-of-experts target tp=2 pp=1 dp=1: ucp writes native MoE checkpoints at tp > 1 for DeepSpeed 0.14.5 "
        "or later (expected --target_ds_version >= 0.14.5, found 0.14.4)"},

@@ -47,7 +47,7 @@ class Target : public formats::TargetFormat {
   absl::StatusOr<std::unique_ptr<writers::Plan>> PlanTrainingState(const state::ModelState& state,
                                                                    const writers::ZeroWriteOptions& options,
                                                                    writers::TargetSummary* summary) const override {
-    return PlanMoe(state, options);
+    return PlanMoe(state, options, summary);
   }
 };
 

@@ -69,12 +69,21 @@ class MoePlan : public Plan {
     UCP_RETURN_IF_ERROR(ReadTargetVersion());
     UCP_RETURN_IF_ERROR(CheckTpTarget());
     UCP_RETURN_IF_ERROR(PlanSlices());
+    UCP_RETURN_IF_ERROR(PlanStages());
     if (common_layout_) UCP_RETURN_IF_ERROR(CheckBuffersTold());
     UCP_ASSIGN_OR_RETURN(common_, ds_->OptimizerCommon());
     if (!common_.value || !common_.value->is(Kind::kDict)) return absl::InvalidArgumentError("no optimizer state");
     UCP_RETURN_IF_ERROR(PlanGroups());
     AddUnits();
     return absl::OkStatus();
+  }
+
+  // What the target is, for the command's report.
+  void Summarize(writers::TargetSummary* summary) const {
+    summary->topo = options_.target;
+    summary->zero_stage = stage_;
+    summary->partition_method = partition_method_;
+    summary->parts = parts_;
   }
 
   absl::Status Prepare(const std::string& staging) const override { return absl::OkStatus(); }
@@ -88,7 +97,7 @@ class MoePlan : public Plan {
     ValuePtr root;
     switch (job.kind) {
       case JobKind::kModel: {
-        UCP_ASSIGN_OR_RETURN(root, ModelStates(w, job.tp));
+        UCP_ASSIGN_OR_RETURN(root, ModelStates(w, job.stage, job.tp));
         break;
       }
       case JobKind::kExpert: {
@@ -102,7 +111,7 @@ class MoePlan : public Plan {
         break;
       }
       case JobKind::kOptim: {
-        UCP_ASSIGN_OR_RETURN(root, OptimFile(w, job.dp * tp_ + job.tp));
+        UCP_ASSIGN_OR_RETURN(root, OptimFile(w, job.stage, job.dp * tp_ + job.tp));
         break;
       }
       case JobKind::kVerify:
@@ -120,10 +129,11 @@ class MoePlan : public Plan {
   const state::CheckpointState* source() const override { return &state_; }
 
  private:
-  // What a unit writes: tp rank `tp`'s module file, an expert's file (layer,
-  // expert), the optimizer file of dp rank `dp` and tp rank `tp`, an
-  // expert-parallel rank's placeholder optimizer file (expert = its ep rank),
-  // or the check of the inputs no unit reads (AddVerifyUnit).
+  // What a unit writes: the module file of pipeline stage `stage` and tp rank
+  // `tp`, an expert's file (global MoE layer index, expert), the optimizer
+  // file of stage `stage`, dp rank `dp` and tp rank `tp`, an expert-parallel
+  // rank's placeholder optimizer file in stage `stage` (expert = its ep
+  // rank), or the check of the inputs no unit reads (AddVerifyUnit).
   enum class JobKind { kModel, kExpert, kExpp, kOptim, kVerify };
   struct Job {
     JobKind kind;
@@ -131,20 +141,18 @@ class MoePlan : public Plan {
     int expert = -1;
     int dp = -1;
     int tp = 0;
+    int stage = 0;
   };
 
-  // The target: pp = 1, tp_ x dp_ ranks (global rank r = dp rank x tp + tp
-  // rank), ZeRO stage 1 or 2 (stage_), its expert parallelism (ep_ >= tp_,
-  // edp_ = ranks / ep_); the source's DeepSpeed facet (ds_).
+  // The target: pp_ stages of tp_ x dp_ ranks each (a stage's rank r = dp
+  // rank x tp + tp rank, its files under mp rank stage x tp + tp rank), ZeRO
+  // stage 1 or 2 (stage_), its expert parallelism inside each stage (ep_ >=
+  // tp_, edp_ = a stage's ranks / ep_); the source's DeepSpeed facet (ds_).
   absl::Status CheckTarget() {
     const state::Topology& t = options_.target;
     UCP_RETURN_IF_ERROR(t.Validate());
     UCP_ASSIGN_OR_RETURN(ds_, deepspeed::FacetOrDefaults(state_, options_.target_ds_version, &owned_facet_));
-    if (t.pp != 1) {
-      return absl::InvalidArgumentError(absl::StrCat("mixture-of-experts target ", t.ToString(),
-                                                     ": ucp writes native MoE checkpoints at pp=1 (found pp=", t.pp,
-                                                     ")"));
-    }
+    pp_ = t.pp;
     dp_ = t.dp;
     tp_ = t.tp;
     stage_ = options_.zero_stage > 0 ? options_.zero_stage : info_.zero_stage;
@@ -204,6 +212,108 @@ class MoePlan : public Plan {
         unknown.front(), "'): give --rules=FILE or --preset to say how each splits"));
   }
 
+  // Each param's pipeline stage (stage_of_) and each stage's MoE layers
+  // (stage_layers_, indices into ModelInfo::moe_layers in model order). At
+  // pp 1 everything is stage 0. At pp > 1 every name must start with its
+  // PipelineModule layer index ('4.mlp...'), and the layers are split as
+  // PipelineModule._partition_layers splits them (the option's method, else
+  // the source's, else "parameters"): "parameters" weighs a layer by the
+  // trainable numel of the layer as one rank builds it, its tp slices and
+  // the experts of one ep rank (MoE builds num_experts / ep local experts).
+  // Every stage must hold a MoE layer (DeepSpeed hangs in its first step
+  // otherwise: realds/README.md, "Native MoE at pp > 1").
+  absl::Status PlanStages() {
+    const size_t n = info_.params.size();
+    stage_of_.assign(n, 0);
+    stage_layers_.assign(pp_, {});
+    if (pp_ == 1) {
+      for (size_t l = 0; l < info_.moe_layers.size(); ++l) stage_layers_[0].push_back(static_cast<int>(l));
+      return absl::OkStatus();
+    }
+    std::vector<int> layer_of(n, -1);
+    int max_layer = -1;
+    for (size_t i = 0; i < n; ++i) {
+      const std::string& name = info_.params[i].name;
+      const size_t dot = name.find('.');
+      int layer = -1;
+      if (dot == std::string::npos || !absl::SimpleAtoi(name.substr(0, dot), &layer) || layer < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "mixture-of-experts target ", options_.target.ToString(), ": param '", name,
+            "' has no pipeline layer index (expected '<layer>.<name>', the names of a DeepSpeed PipelineModule): ",
+            "only a PipelineModule's checkpoint can be cut into pipeline stages"));
+      }
+      layer_of[i] = layer;
+      max_layer = std::max(max_layer, layer);
+    }
+    const int num_layers = std::max(options_.num_layers, max_layer + 1);
+    const std::vector<deepspeed::PipelineLayerInfo> layers = PipelineLayers(layer_of, num_layers);
+    partition_method_ = !options_.partition_method.empty() ? options_.partition_method
+                        : !info_.partition_method.empty()  ? info_.partition_method
+                                                           : "parameters";
+    UCP_ASSIGN_OR_RETURN(parts_, deepspeed::PartitionLayers(layers, pp_, partition_method_));
+    const std::vector<int>& parts = parts_;
+    stage_of_layer_.assign(num_layers, 0);
+    std::vector<int>& stage_of_layer = stage_of_layer_;
+    for (int s = 0; s < pp_; ++s) {
+      for (int l = parts[s]; l < parts[s + 1]; ++l) stage_of_layer[l] = s;
+    }
+    for (size_t i = 0; i < n; ++i) stage_of_[i] = stage_of_layer[layer_of[i]];
+    for (size_t l = 0; l < info_.moe_layers.size(); ++l) {
+      const std::string& prefix = info_.moe_layers[l].prefix;
+      int layer = -1;
+      if (!absl::SimpleAtoi(prefix.substr(0, prefix.find('.')), &layer) || layer < 0 || layer >= num_layers) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("MoE layer '", prefix, "' has no pipeline layer index (expected '<layer>.<name>')"));
+      }
+      stage_layers_[stage_of_layer[layer]].push_back(static_cast<int>(l));
+    }
+    for (int s = 0; s < pp_; ++s) {
+      if (!stage_layers_[s].empty()) continue;
+      return absl::FailedPreconditionError(absl::StrCat(
+          "mixture-of-experts target ", options_.target.ToString(), ": pipeline stage ", s, " (layers ", parts[s],
+          " to ", parts[s + 1] - 1, ", ", partition_method_, " partitioning) holds none of the ",
+          info_.moe_layers.size(), " MoE layers: DeepSpeed hangs in the first step of such a pipeline (its stages' ",
+          "per-group collectives differ); choose another pp or --partition_method"));
+    }
+    return absl::OkStatus();
+  }
+
+  // The pipeline layers as PipelineModule._partition_layers weighs them
+  // (`layer_of`: each param's layer): the trainable numel of the layer one
+  // target rank builds (its tp slices, its ep rank's num_experts / ep local
+  // experts) and its type name (the option's, the caller's guess from its
+  // tensor names, else "Layer", or "function" for a layer without tensors).
+  std::vector<deepspeed::PipelineLayerInfo> PipelineLayers(const std::vector<int>& layer_of, int num_layers) const {
+    std::map<std::string, int> moe_layer_of;  // MoE layer prefix -> index
+    for (size_t l = 0; l < info_.moe_layers.size(); ++l) moe_layer_of[info_.moe_layers[l].prefix] = l;
+    std::vector<deepspeed::PipelineLayerInfo> layers(num_layers);
+    std::vector<std::vector<std::string>> local_names(num_layers);
+    for (size_t i = 0; i < info_.params.size(); ++i) {
+      const ParamState& p = info_.params[i];
+      const int l = layer_of[i];
+      local_names[l].push_back(p.name.substr(p.name.find('.') + 1));
+      if (!p.trainable()) continue;
+      std::string prefix, suffix;
+      int id = 0;
+      if (SplitExpertName(p.name, &prefix, &id, &suffix) && moe_layer_of.count(prefix) &&
+          id >= info_.moe_layers[moe_layer_of.at(prefix)].num_experts / ep_) {
+        continue;  // another ep rank's expert
+      }
+      layers[l].trainable_numel += Numel(slice_shapes_[i]);
+    }
+    for (int l = 0; l < num_layers; ++l) {
+      auto it = options_.layer_types.find(l);
+      if (it != options_.layer_types.end()) {
+        layers[l].type_name = it->second;
+      } else if (options_.layer_type_name) {
+        layers[l].type_name = options_.layer_type_name(local_names[l]);
+      } else {
+        layers[l].type_name = local_names[l].empty() ? "function" : "Layer";
+      }
+    }
+    return layers;
+  }
+
   // Param `i`'s `key` state on target tp rank `t`: the whole tensor at tp 1
   // and for an expert, else its tp slice.
   absl::StatusOr<TensorPlan> Slice(int i, const std::string& key, int t) const {
@@ -258,31 +368,45 @@ class MoePlan : public Plan {
         "--target_ds_version before 0.19.3"));
   }
 
-  // Every group at the target (groups_), in the source's group order.
+  // Every group of every stage at the target (groups_[stage]), in the
+  // source's group order. DeepSpeed drops a param group with no params on a
+  // stage (engine._configure_optimizer), so a stage's files would number its
+  // groups apart from the others': refused.
   absl::Status PlanGroups() {
-    std::map<std::string, int> layer_of;  // MoE layer prefix -> index
-    for (size_t l = 0; l < info_.moe_layers.size(); ++l) layer_of[info_.moe_layers[l].prefix] = static_cast<int>(l);
-    for (int g = 0; g < info_.num_groups; ++g) {
-      const bool expert = g < static_cast<int>(info_.expert_groups.size()) && info_.expert_groups[g];
-      if (!expert) {
-        groups_.push_back(DenseGroup(g));
-        continue;
+    groups_.assign(pp_, {});
+    for (int s = 0; s < pp_; ++s) {
+      std::map<std::string, int> layer_of;  // the stage's MoE layer prefix -> index
+      for (int l : stage_layers_[s]) layer_of[info_.moe_layers[l].prefix] = l;
+      for (int g = 0; g < info_.num_groups; ++g) {
+        const bool expert = g < static_cast<int>(info_.expert_groups.size()) && info_.expert_groups[g];
+        TargetGroup tg;
+        if (expert) {
+          UCP_ASSIGN_OR_RETURN(tg, ExpertGroup(g, s, layer_of));
+        } else {
+          tg = DenseGroup(g, s);
+        }
+        if (pp_ > 1 && tg.params[0].empty()) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "mixture-of-experts target ", options_.target.ToString(), ": pipeline stage ", s, " (",
+              partition_method_, " partitioning) holds no params of optimizer group ", g, " of ", info_.num_groups,
+              ": DeepSpeed would drop that group on this stage only; choose another pp or --partition_method"));
+        }
+        groups_[s].push_back(std::move(tg));
       }
-      UCP_ASSIGN_OR_RETURN(TargetGroup tg, ExpertGroup(g, layer_of));
-      groups_.push_back(std::move(tg));
     }
     return absl::OkStatus();
   }
 
-  // Group `g` without experts: its trainable params, partitioned over dp.
-  TargetGroup DenseGroup(int g) const {
+  // Group `g` without experts in stage `s`: its trainable params there,
+  // partitioned over dp.
+  TargetGroup DenseGroup(int g, int s) const {
     TargetGroup tg;
     std::vector<int64_t> numels;
     tg.params.emplace_back();
     tg.names.emplace_back();
     for (size_t i = 0; i < info_.params.size(); ++i) {
       const ParamState& p = info_.params[i];
-      if (!p.trainable() || p.group != g) continue;
+      if (!p.trainable() || p.group != g || stage_of_[i] != s) continue;
       tg.params[0].push_back(static_cast<int>(i));
       tg.names[0].push_back(p.name);
       numels.push_back(Numel(slice_shapes_[i]));
@@ -291,17 +415,19 @@ class MoePlan : public Plan {
     return tg;
   }
 
-  // Expert group `g`: per target ep rank its experts' params (MoE layers,
-  // local experts, each expert's params in global expert 0's order) under
-  // local ids, partitioned over the expert data parallel ranks.
-  absl::StatusOr<TargetGroup> ExpertGroup(int g, const std::map<std::string, int>& layer_of) const {
+  // Expert group `g` in stage `s` (`layer_of`: the stage's MoE layers): per
+  // target ep rank its experts' params (MoE layers, local experts, each
+  // expert's params in global expert 0's order) under local ids, partitioned
+  // over the expert data parallel ranks.
+  absl::StatusOr<TargetGroup> ExpertGroup(int g, int s, const std::map<std::string, int>& layer_of) const {
     TargetGroup tg;
     tg.expert = true;
     // The (layer, suffix) sequence of one expert, from global expert 0.
     std::vector<std::vector<std::string>> suffixes(info_.moe_layers.size());
     int members = 0;
-    for (const ParamState& p : info_.params) {
-      if (!p.trainable() || p.group != g) continue;
+    for (size_t i = 0; i < info_.params.size(); ++i) {
+      const ParamState& p = info_.params[i];
+      if (!p.trainable() || p.group != g || stage_of_[i] != s) continue;
       ++members;
       std::string prefix, suffix;
       int id = 0;
@@ -343,10 +469,12 @@ class MoePlan : public Plan {
     return tg;
   }
 
-  // The units: every tp rank's model states (written by global ranks r <
-  // tp: ep >= tp), every expert file (by the ranks r < ep: expert E's ep rank
-  // e under mp_rank_{e % tp}), every optimizer file, the placeholders, the
-  // check of the inputs no unit reads.
+  // The units, stage by stage (mp rank m = stage x tp + tp rank): every tp
+  // rank's model states (written by a stage's ranks r < tp: ep >= tp), every
+  // expert file of the stage's MoE layers, numbered from 0 in each stage
+  // (by the ranks r < ep: expert E's ep rank e under mp rank stage x tp +
+  // e % tp), every optimizer file, the placeholders, the check of the inputs
+  // no unit reads.
   void AddUnits() {
     const std::vector<InputRange> all = deepspeed::EveryParamInput(state_);
     auto add = [&](Job job, std::string file, int64_t bytes) {
@@ -358,23 +486,30 @@ class MoePlan : public Plan {
       jobs_.push_back(job);
       units_.push_back(std::move(u));
     };
-    for (int t = 0; t < tp_; ++t) add(Job{JobKind::kModel, -1, -1, -1, t}, deepspeed::MpRankFileName(t), 4096);
-    for (size_t l = 0; l < info_.moe_layers.size(); ++l) {
-      const int local = info_.moe_layers[l].num_experts / ep_;
-      for (int e = 0; e < info_.moe_layers[l].num_experts; ++e) {
-        add(Job{JobKind::kExpert, static_cast<int>(l), e},
-            absl::StrCat("layer_", l, "_expert_", e, "_", deepspeed::MpRankFileName((e / local) % tp_)), 4096);
-      }
-    }
-    for (int d = 0; d < dp_; ++d) {
+    for (int s = 0; s < pp_; ++s) {
+      const int mp = s * tp_;
       for (int t = 0; t < tp_; ++t) {
-        add(Job{JobKind::kOptim, -1, -1, d, t}, deepspeed::OptimFileName(d, t, info_.bf16_file_prefix), 4096);
+        add(Job{JobKind::kModel, -1, -1, -1, t, s}, deepspeed::MpRankFileName(mp + t), 4096);
       }
-    }
-    if (expp_files_) {
-      // written by global rank e (expert data parallel rank 0) under its tp rank
-      for (int e = 0; e < ep_; ++e) {
-        add(Job{JobKind::kExpp, -1, e}, absl::StrFormat("expp_rank_%d_mp_rank_%02d_optim_states.pt", e, e % tp_), 1024);
+      for (size_t k = 0; k < stage_layers_[s].size(); ++k) {
+        const int l = stage_layers_[s][k];
+        const int local = info_.moe_layers[l].num_experts / ep_;
+        for (int e = 0; e < info_.moe_layers[l].num_experts; ++e) {
+          add(Job{JobKind::kExpert, l, e, -1, 0, s},
+              absl::StrCat("layer_", k, "_expert_", e, "_", deepspeed::MpRankFileName(mp + (e / local) % tp_)), 4096);
+        }
+      }
+      for (int d = 0; d < dp_; ++d) {
+        for (int t = 0; t < tp_; ++t) {
+          add(Job{JobKind::kOptim, -1, -1, d, t, s}, deepspeed::OptimFileName(d, mp + t, info_.bf16_file_prefix), 4096);
+        }
+      }
+      if (expp_files_) {
+        // written by the stage's rank e (expert data parallel rank 0) under its mp rank
+        for (int e = 0; e < ep_; ++e) {
+          add(Job{JobKind::kExpp, -1, e, -1, 0, s},
+              absl::StrFormat("expp_rank_%d_mp_rank_%02d_optim_states.pt", e, mp + e % tp_), 1024);
+        }
       }
     }
     if (AddVerifyUnit(state_, &units_)) jobs_.push_back(Job{JobKind::kVerify});
@@ -404,11 +539,11 @@ class MoePlan : public Plan {
     return deepspeed::RetargetDsConfig(src, w, stage_);
   }
 
-  // The model states of tp rank `t` DeepSpeed's engine.py
+  // The model states of stage `stage`'s tp rank `t` DeepSpeed's engine.py
   // _save_moe_checkpoint writes at the target version, in its key order; the
   // source's client state (keys neither layout has) after them.
-  absl::StatusOr<ValuePtr> ModelStates(torch::TorchWriter& w, int t) const {
-    state::FileValue src = ds_->ModelStatesRoot(0, t);
+  absl::StatusOr<ValuePtr> ModelStates(torch::TorchWriter& w, int stage, int t) const {
+    state::FileValue src = ds_->ModelStatesRoot(stage, t);
     if (!src.value || !src.value->is(Kind::kDict)) return absl::FailedPreconditionError("no source model states");
     const Value& s = *src.value;
     auto copy = [&](const char* key, ValuePtr absent) -> absl::StatusOr<ValuePtr> {
@@ -418,13 +553,13 @@ class MoePlan : public Plan {
     };
     ValuePtr out = Value::MakeDict();
     auto set = [&](const char* key, ValuePtr v) { out->DictSet(Value::Str(key), std::move(v)); };
-    UCP_ASSIGN_OR_RETURN(ValuePtr module, Module(src, w, t));
+    UCP_ASSIGN_OR_RETURN(ValuePtr module, Module(src, w, stage, t));
     set("module", module);
     if (common_layout_) {
       UCP_ASSIGN_OR_RETURN(ValuePtr buffers, copy("buffer_names", Value::List({})));
       set("buffer_names", buffers);
       set("optimizer", Value::None());
-      set("param_shapes", ParamShapes(s));
+      set("param_shapes", ParamShapes(s, stage));
       set("frozen_param_shapes", stage_ >= 2 ? Value::MakeDict(/*ordered_dict=*/true) : Value::None());
       UCP_ASSIGN_OR_RETURN(ValuePtr shared, copy("shared_params", Value::MakeDict()));
       set("shared_params", shared);
@@ -436,11 +571,13 @@ class MoePlan : public Plan {
       set(key, v);
     }
     set("dp_world_size", Value::Int(dp_));
-    set("mp_world_size", Value::Int(tp_));
+    // the grid's model parallel world: every stage and tp rank of a dp rank
+    set("mp_world_size", Value::Int(pp_ * tp_));
     if (common_layout_) {
       if (parallel_dims_) {
         // engine.py:_checkpoint_parallel_metadata (0.19.5), after mp_world_size.
         ValuePtr dims = deepspeed::SingleRankParallelDimensions();
+        dims->DictSet(Value::Str("pp_degree"), Value::Int(pp_));
         dims->DictSet(Value::Str("tp_degree"), Value::Int(tp_));
         set("checkpoint_parallel_dimensions", dims);
       }
@@ -455,11 +592,12 @@ class MoePlan : public Plan {
       set("ds_version", Value::Str(version_));
     }
     UCP_ASSIGN_OR_RETURN(ValuePtr ne, copy("num_experts", Value::None()));
-    if (!ne->is(Kind::kList) || ne->items().size() != info_.moe_layers.size()) {
+    if (pp_ > 1 || !ne->is(Kind::kList) || ne->items().size() != info_.moe_layers.size()) {
       // The source's model states hold another count (one pipeline stage's
-      // MoE layers): the experts of every MoE layer, in order.
+      // MoE layers), or the target is a pipeline: the experts of each of the
+      // stage's MoE layers, in order.
       std::vector<ValuePtr> counts;
-      for (const auto& l : info_.moe_layers) counts.push_back(Value::Int(l.num_experts));
+      for (int l : stage_layers_[stage]) counts.push_back(Value::Int(info_.moe_layers[l].num_experts));
       ne = Value::List(std::move(counts));
     }
     set("num_experts", ne);
@@ -475,37 +613,69 @@ class MoePlan : public Plan {
     return out;
   }
 
-  // The module state dict of tp rank `t`: the non-expert tensors' slices in
-  // module order (trainable ones their masters cast to the lp dtype), the
-  // source's module metadata.
-  absl::StatusOr<ValuePtr> Module(const state::FileValue& src, torch::TorchWriter& w, int t) const {
+  // The module state dict of stage `stage`'s tp rank `t`: the stage's
+  // non-expert tensors' slices in module order (trainable ones their masters
+  // cast to the lp dtype), the source's module metadata.
+  absl::StatusOr<ValuePtr> Module(const state::FileValue& src, torch::TorchWriter& w, int stage, int t) const {
     ValuePtr sd = Value::MakeDict(/*ordered_dict=*/true);
     for (const auto& mk : info_.module_order) {
       if (IsExpert(mk.name)) continue;
       const int i = info_.IndexOf(mk.name);
-      if (i < 0) continue;
+      if (i < 0 || stage_of_[i] != stage) continue;
       UCP_ASSIGN_OR_RETURN(ValuePtr lp, Lp(w, i, t));
       sd->DictSet(Value::Str(mk.name), lp);
     }
     if (const Value* v = src.value->DictGet("module"); v != nullptr && v->is(Kind::kDict) && v->dict_state()) {
       UCP_ASSIGN_OR_RETURN(ValuePtr md, Copy(v->dict_state(), src.file, w));
+      if (md->is(Kind::kDict) && md->DictGet("_metadata") != nullptr) {
+        UCP_ASSIGN_OR_RETURN(ValuePtr meta, StageMetadata(w, stage, t));
+        md->DictSet(Value::Str("_metadata"), meta);
+      }
       sd->set_dict_state(std::move(md));
     }
     return sd;
+  }
+
+  // The module's `_metadata` (torch's per-submodule versions) of stage
+  // `stage`'s tp rank `t`: every source stage's entries joined in stage order
+  // (the first of a repeated key kept), then at pp > 1 the entries of the
+  // stage's layers only, and those not under a layer ('', 'tied_modules').
+  absl::StatusOr<ValuePtr> StageMetadata(torch::TorchWriter& w, int stage, int t) const {
+    ValuePtr out = Value::MakeDict(/*ordered_dict=*/true);
+    std::set<std::string> seen;
+    for (int from = 0; from < std::max(1, info_.source_topology.pp); ++from) {
+      state::FileValue root = ds_->ModelStatesRoot(from, t);
+      const Value* module = root.value && root.value->is(Kind::kDict) ? root.value->DictGet("module") : nullptr;
+      if (module == nullptr || !module->dict_state() || !module->dict_state()->is(Kind::kDict)) continue;
+      const Value* meta = module->dict_state()->DictGet("_metadata");
+      if (meta == nullptr || !meta->is(Kind::kDict)) continue;
+      for (const auto& [k, v] : meta->dict_items()) {
+        if (!k->is(Kind::kStr) || !seen.insert(k->str()).second) continue;
+        const std::string& key = k->str();
+        int layer = -1;
+        if (pp_ > 1 && absl::SimpleAtoi(key.substr(0, key.find('.')), &layer) &&
+            (layer < 0 || layer >= static_cast<int>(stage_of_layer_.size()) || stage_of_layer_[layer] != stage)) {
+          continue;
+        }
+        UCP_ASSIGN_OR_RETURN(ValuePtr c, Copy(v, root.file, w));
+        out->DictSet(k, c);
+      }
+    }
+    return out;
   }
 
   // param_shapes: per group, ep rank 0's params under local names (every ep
   // rank lists the same local names), their shapes on a tp rank (every tp
   // rank's alike), as the source `s` wrote them (0.19.5 MoE: plain tuples; a
   // source without param_shapes: tuples too).
-  ValuePtr ParamShapes(const Value& s) const {
+  ValuePtr ParamShapes(const Value& s, int stage) const {
     bool tuples = true;
     if (const Value* ps = s.DictGet("param_shapes"); ps && ps->is(Kind::kList) && !ps->items().empty()) {
       const Value& g0 = *ps->items()[0];
       tuples = g0.is(Kind::kDict) && !g0.dict_items().empty() && g0.dict_items()[0].second->is(Kind::kTuple);
     }
     std::vector<ValuePtr> gs;
-    for (const TargetGroup& tg : groups_) {
+    for (const TargetGroup& tg : groups_[stage]) {
       ValuePtr d = Value::MakeDict(/*ordered_dict=*/true);
       for (size_t j = 0; j < tg.params[0].size(); ++j) {
         const std::vector<int64_t>& shape = slice_shapes_[tg.params[0][j]];
@@ -602,9 +772,10 @@ class MoePlan : public Plan {
   // window of the expert groups for targets before 0.14.5), padding,
   // partition count, fp32 master (without padding), scalars and per-element
   // states.
-  absl::Status AddRankPartitions(torch::TorchWriter& w, int r, RankPartitions* out) const {
-    for (size_t g = 0; g < groups_.size(); ++g) {
-      const TargetGroup& tg = groups_[g];
+  absl::Status AddRankPartitions(torch::TorchWriter& w, int stage, int r, RankPartitions* out) const {
+    const std::vector<TargetGroup>& groups = groups_[stage];
+    for (size_t g = 0; g < groups.size(); ++g) {
+      const TargetGroup& tg = groups[g];
       const Place at = PlaceOf(tg, r);
       ValuePtr mapping = Value::MakeDict(/*ordered_dict=*/true);
       std::vector<deepspeed::ZeroFragment> listed = tg.layout.Fragments(at.rank);
@@ -638,8 +809,10 @@ class MoePlan : public Plan {
     return absl::OkStatus();
   }
 
-  // The optimizer file of global rank `r` (zero_pp_rank_{r / tp}_mp_rank_{r % tp}).
-  absl::StatusOr<ValuePtr> OptimFile(torch::TorchWriter& w, int r) const {
+  // The optimizer file of stage `stage`'s rank `r`
+  // (zero_pp_rank_{r / tp}_mp_rank_{stage x tp + r % tp}).
+  absl::StatusOr<ValuePtr> OptimFile(torch::TorchWriter& w, int stage, int r) const {
+    const std::vector<TargetGroup>& stage_groups = groups_[stage];
     const Value& common = *common_.value;
     auto copy_common = [&](const char* key) -> absl::StatusOr<ValuePtr> {
       ValuePtr v = common.DictGetPtr(key);
@@ -647,13 +820,13 @@ class MoePlan : public Plan {
       return deepspeed::CopyTreeForWrite(state::FileValue{v, common_.file}, w);
     };
     RankPartitions parts;
-    UCP_RETURN_IF_ERROR(AddRankPartitions(w, r, &parts));
+    UCP_RETURN_IF_ERROR(AddRankPartitions(w, stage, r, &parts));
     UCP_ASSIGN_OR_RETURN(ValuePtr groups, copy_common("param_groups"));
-    if (!groups->is(Kind::kList) || groups->items().size() != groups_.size()) {
+    if (!groups->is(Kind::kList) || groups->items().size() != stage_groups.size()) {
       return absl::InvalidArgumentError("the source's param_groups do not match its groups");
     }
-    for (size_t g = 0; g < groups_.size(); ++g) {
-      if (groups_[g].expert && groups->items()[g]->is(Kind::kDict) && groups->items()[g]->DictGet("name")) {
+    for (size_t g = 0; g < stage_groups.size(); ++g) {
+      if (stage_groups[g].expert && groups->items()[g]->is(Kind::kDict) && groups->items()[g]->DictGet("name")) {
         groups->items()[g]->DictSet(Value::Str("name"), Value::Str(absl::StrCat("ep_size_", ep_)));
       }
     }
@@ -694,7 +867,7 @@ class MoePlan : public Plan {
   ZeroWriteOptions options_;
   std::unique_ptr<deepspeed::DeepSpeedFacet> owned_facet_;
   const deepspeed::DeepSpeedFacet* ds_ = nullptr;
-  int dp_ = 1, tp_ = 1, ep_ = 1, edp_ = 1, stage_ = 2;
+  int pp_ = 1, dp_ = 1, tp_ = 1, ep_ = 1, edp_ = 1, stage_ = 2;
   // Per param: its shape on a target tp rank; a vocabulary's padded rows.
   std::vector<std::vector<int64_t>> slice_shapes_;
   std::vector<int64_t> padded_rows_;
@@ -706,7 +879,14 @@ class MoePlan : public Plan {
   bool expp_files_ = false;     // up to 0.19.4: expp_rank_R placeholders
   bool window_mappings_ = false;  // before 0.14.5: expert groups' mappings of a window
   state::FileValue common_;
-  std::vector<TargetGroup> groups_;
+  std::vector<std::vector<TargetGroup>> groups_;  // per stage
+  // Per param its target pipeline stage; per stage its MoE layers (indices
+  // into ModelInfo::moe_layers); the partition method used at pp > 1.
+  std::vector<int> stage_of_;
+  std::vector<int> stage_of_layer_;  // pp > 1: each pipeline layer's stage
+  std::vector<std::vector<int>> stage_layers_;
+  std::string partition_method_;
+  std::vector<int> parts_;  // pp > 1: the pp + 1 layer boundaries
   std::vector<Job> jobs_;
 };
 
@@ -758,9 +938,11 @@ absl::StatusOr<int> TargetExpertParallel(const ModelInfo& info, const ZeroWriteO
       " divides ", ranks, " and every MoE layer's expert count"));
 }
 
-absl::StatusOr<std::unique_ptr<Plan>> PlanMoe(const state::ModelState& state, const ZeroWriteOptions& options) {
+absl::StatusOr<std::unique_ptr<Plan>> PlanMoe(const state::ModelState& state, const ZeroWriteOptions& options,
+                                              writers::TargetSummary* summary) {
   auto plan = std::make_unique<MoePlan>(state, options);
   UCP_RETURN_IF_ERROR(plan->Build());
+  if (summary != nullptr) plan->Summarize(summary);
   return std::unique_ptr<Plan>(std::move(plan));
 }
 

@@ -1,6 +1,6 @@
 // Writes a native mixture-of-experts ModelState (formats/deepspeed_moe/moe_state.h) as the
-// DeepSpeed ZeRO 1/2 checkpoint of a job at another tp, dp and expert
-// parallel degree (pp = 1), what that job saves (engine.py
+// DeepSpeed ZeRO 1/2 checkpoint of a job at another tp, pp, dp and expert
+// parallel degree, what that job saves (engine.py
 // _save_moe_checkpoint, stage_1_and_2.py state_dict), so that its plain
 // load_checkpoint loads it. At tp = 1:
 //
@@ -31,8 +31,24 @@
 //        groups' partition D of tp rank T's slices over dp (partition_count
 //        dp), the expert groups' partition r / ep of ep rank r % ep's experts
 //        over the ep-strided expert data parallel group (partition_count tp x dp / ep)
+//
+// At pp > 1 (a PipelineModule's checkpoint: every name '<layer>.<name>'),
+// the layers are cut into stages as PipelineModule._partition_layers cuts
+// them (--partition_method, else "parameters": a layer weighs the trainable
+// numel one rank builds, its tp slices and num_experts / ep local experts),
+// and each stage is written as the pp 1 save above of its own layers over
+// its own tp x dp ranks, under mp rank stage x tp + tp rank (the pipeline
+// grid's model parallel rank; realds/README.md "Native MoE at pp > 1"):
+// the stage's module, param_shapes and num_experts, mp_world_size pp x tp,
+// checkpoint_parallel_dimensions {pp, tp}; its expert files numbered from
+// layer 0 (layer_L_expert_E_mp_rank_{stage x tp + e % tp}); its optimizer
+// files zero_pp_rank_D_mp_rank_{stage x tp + T} with the stage's groups;
+// the module's _metadata the stage's layers'. A stage without a MoE layer
+// (DeepSpeed hangs) or without params of some group is refused.
+//
 // ep < tp (tp ranks >= ep would have no model states; DeepSpeed cannot load
-// such a save), pp > 1 and tp > 1 targets before 0.14.5 are refused.
+// such a save), pp > 1 for a module that is not a PipelineModule, and tp > 1
+// targets before 0.14.5 are refused.
 //
 // The model states are the target version's (--target_ds_version, default
 // the source's): from 0.19.3 the common checkpoint state (param_shapes,
@@ -63,7 +79,11 @@ namespace ucp::deepspeed_moe {
 // else (tp > 1) the smallest that fits from tp up.
 absl::StatusOr<int> TargetExpertParallel(const state::ModelInfo& info, const writers::ZeroWriteOptions& options);
 
-absl::StatusOr<std::unique_ptr<writers::Plan>> PlanMoe(const state::ModelState& state, const writers::ZeroWriteOptions& options);
+// `summary` (may be null) gets the target's topology, ZeRO stage and, at
+// pp > 1, its partition method and stage boundaries.
+absl::StatusOr<std::unique_ptr<writers::Plan>> PlanMoe(const state::ModelState& state,
+                                                       const writers::ZeroWriteOptions& options,
+                                                       writers::TargetSummary* summary = nullptr);
 
 }  // namespace ucp::deepspeed_moe
 

@@ -15,7 +15,10 @@
 //   - `ucp reshard --tp=2` (the writer): to the save's own topology and
 //     through tp 1 and back, the save itself file for file; at dp 1 every
 //     slice the dumps'; the same checks with the tp or ep ranks swapped fail;
-//     ep < tp, pp > 1 of a plain module and targets before 0.19.5 refused, saying why.
+//     ep < tp and pp > 1 of a plain module refused, saying why;
+//   - a real 0.14.4 save at tp 2 dp 2 ep 4 (expert mappings of a window of
+//     each expert group) resharded to its own topology, directly and through
+//     tp 1, is that save file for file.
 // The reader, reshard and export checks run again on the same model saved by
 // DeepSpeed 0.18.9 (testdata/moe_tp/ds0189_tp2_ep2_zero1_dp2, no param_shapes).
 #include <map>
@@ -355,6 +358,32 @@ TEST_P(MoeTpSaveTest, Tp1ToTp2RoundTripIsTheSave) {
   EXPECT_TRUE(names_router) << absl::StrJoin(*differs, "\n");
 }
 
+// DeepSpeed 0.14.4 at tp 2 dp 2 ep 4 (testdata/moe_tp/ds0144_tp2_ep4_zero1_dp2):
+// before 0.14.5 each rank's param_slice_mappings of an expert group list a
+// window of padded numel / dp (here half the group) at its expert data
+// parallel index, not its partition. Read (the groups rebuilt from the
+// expert files and every rank's window) and written at tp 2 in that
+// version's files, directly and through tp 1 dp 4 ep 2, it is DeepSpeed's
+// own save file for file.
+TEST(MoeTpWriterTest, WindowsOf0144AtTp2AreTheSave) {
+  const std::string input = RunfilePath("testdata/moe_tp/ds0144_tp2_ep4_zero1_dp2/global_step3");
+  const std::string root = FreshTempDir("moe_tp_0144");
+  const std::string same = ReshardToTp2(input, root, "same", 2, 4);
+  auto diff = ucp::testing::CompareFolders(input, same);
+  ASSERT_TRUE(diff.ok()) << diff.status();
+  EXPECT_TRUE(diff->empty()) << absl::StrJoin(*diff, "\n");
+  ReshardOptions o;
+  o.input_folder = input;
+  o.output_folder = JoinPath(root, "tp1/global_step3");
+  o.write.target = state::Topology{1, 1, 4};
+  o.write.expert_parallel = 2;
+  ASSERT_TRUE(Reshard(o).ok());
+  const std::string back = ReshardToTp2(o.output_folder, root, "back", 2, 4);
+  diff = ucp::testing::CompareFolders(input, back);
+  ASSERT_TRUE(diff.ok()) << diff.status();
+  EXPECT_TRUE(diff->empty()) << absl::StrJoin(*diff, "\n");
+}
+
 // Negative controls of the two tests above: the same comparisons fail for
 // a writer that swapped the tp ranks or the ep ranks (every split param /
 // every expert differs; tp rank 1's model states are not tp rank 0's).
@@ -385,8 +414,7 @@ TEST(MoeTpWriterTest, SwappedTpOrEpRanksOfTheOutputAreDetected) {
 // What ucp does not write stays refused, saying what it expects and what it
 // found, before anything is written: ep < tp (tp ranks >= ep would have no
 // model states), pp > 1 of a module that is not a PipelineModule (its names
-// carry no layer index to cut stages by), a tp > 1 target before DeepSpeed
-// 0.14.5.
+// carry no layer index to cut stages by).
 TEST(MoeTpWriterTest, WhatCannotBeWrittenIsRefused) {
   const std::string root = FreshTempDir("moe_tp_refused");
   struct Refused {
@@ -404,9 +432,6 @@ TEST(MoeTpWriterTest, WhatCannotBeWrittenIsRefused) {
        "mixture-of-experts target tp=2 pp=2 dp=1: param 'sequential.0.word_embeddings.weight' has no pipeline layer "
        "index (expected '<layer>.<name>', the names of a DeepSpeed PipelineModule): only a PipelineModule's "
        "checkpoint can be cut into pipeline stages"},
-      {state::Topology{2, 1, 1}, 2, "0.14.4",
-       "mixture-of-experts target tp=2 pp=1 dp=1: ucp writes native MoE checkpoints at tp > 1 for DeepSpeed 0.14.5 "
-       "or later (expected --target_ds_version >= 0.14.5, found 0.14.4)"},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     ReshardOptions o;

@@ -11,8 +11,8 @@ VERSIONS = ["0.14.4", "0.15.4", "0.16.4", "0.17.6", "0.18.9", "0.19.5", "master"
 # native MoE at tp > 1 (README.md "Native MoE at tp > 1"): the neox family's plain
 # module with DeepSpeed MoE blocks, saved and resumed at pp 1, ep >= tp (an ep < tp
 # save has no mp_rank_01 model states: DeepSpeed and ucp refuse it). ucp reads and
-# writes it from 0.14.5 on (0.14.4 lists only a window of each expert group).
-MOE_TP_FROM = (0, 15, 0)
+# writes it in every version (0.14.4's expert mappings of a window too).
+MOE_TP_FROM = (0, 14, 0)
 # the partition_method of each family's PipelineModule (worker/families/*.py)
 PARTITION = {"neox": "type:transformer|mlp", "savanna": "type:ParallelBlockPipe"}
 

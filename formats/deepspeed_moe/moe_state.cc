@@ -65,10 +65,8 @@ std::string TagFolderOf(const std::string& path_in) {
 }
 
 constexpr char kSupported[] =
-    "ucp reads native MoE checkpoints of ZeRO stage 1/2 (DeepSpeedZeroOptimizer) at any pp, at tp > 1 when every tp "
-    "rank "
-    "has model states (ep >= tp), and at tp > 1 with ep > 1 from DeepSpeed 0.14.5 on (earlier versions list only a "
-    "window of each expert group in param_slice_mappings)";
+    "ucp reads native MoE checkpoints of ZeRO stage 1/2 (DeepSpeedZeroOptimizer) at any pp, and at tp > 1 when every "
+    "tp rank has model states (ep >= tp)";
 
 // How Inputs names a flat partition of group `g` (state::kFp32State or a
 // per-element state's key).
@@ -323,11 +321,6 @@ absl::Status MoeState::Load() {
   optim_files_.Reset(world());
   UCP_RETURN_IF_ERROR(FindExpertGroups(rank0));
   window_mappings_ = legacy_ && ep_ > 1 && deepspeed::ExpertMappingsSizedByWorld(legacy_parsed_);
-  if (window_mappings_ && tp_ > 1) {
-    return FileError(mp_->path(), absl::StatusCode::kUnimplemented,
-                     absl::StrCat("DeepSpeed ", legacy_version_, " mixture-of-experts checkpoint at tp ", tp_, " and ep ",
-                                  ep_, ": ", kSupported));
-  }
   if (legacy_) UCP_RETURN_IF_ERROR(GroupNamesFromMappings());
   UCP_RETURN_IF_ERROR(FindMoeLayers());
   UCP_RETURN_IF_ERROR(CheckExpertFilePlaces());
@@ -1143,7 +1136,7 @@ absl::Status MoeState::ExpertGroupsFromExpertFiles(const RankMappings& ranks) {
 // any rank's mappings show it (they list only a window of each group).
 absl::StatusOr<MoeState::ExpertGroupOf> MoeState::ExpertGroupsInWindows(const RankMappings& ranks) const {
   ExpertGroupOf group_of;
-  for (int d = 0; d < dp_; ++d) {
+  for (int d = 0; d < world(); ++d) {
     for (size_t g = 0; g < groups_.size(); ++g) {
       if (!groups_[g].expert) continue;
       for (const auto& [name, numel] : ranks[d][g]) {
@@ -1225,7 +1218,7 @@ void MoeState::ExpertGroupMembers(const ExpertTemplate& tmpl, const ExpertGroupO
 bool MoeState::WindowsFit(const RankMappings& ranks, const std::vector<int>& expert_groups,
                           const std::vector<std::vector<std::string>>& names,
                           const std::vector<std::vector<int64_t>>& numels) const {
-  const int edp = dp_ / ep_;
+  const int edp = world() / ep_;
   for (int g : expert_groups) {
     const auto layout = deepspeed::ZeroGroupLayout::Make(numels[g], edp);
     int64_t total = 0;

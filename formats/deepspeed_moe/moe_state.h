@@ -225,7 +225,10 @@ class MoeState : public state::SlicedState, public deepspeed::DeepSpeedFacet {
   // mappings show them in, every local expert alike; params no window lists
   // go to the only assignment to the expert groups that reproduces every
   // rank's window and fp32 partition size (refused if none or several);
-  // ParseOptim checks each rank's window again.
+  // ParseOptim checks each rank's window again. At tp > 1 every global
+  // rank's window is read: 0.14.4's _link_all_hp_params sizes it by the
+  // data parallel degree (padded numel / dp) and places it at the rank's
+  // expert data parallel index (realds case moe_tp2_dp2_ep4_0144).
   absl::Status ExpertGroupsFromExpertFiles(const RankMappings& ranks);
   absl::StatusOr<ExpertGroupOf> ExpertGroupsInWindows(const RankMappings& ranks) const;
   absl::StatusOr<ExpertTemplate> ReadExpertTemplate(const ExpertGroupOf& group_of) const;

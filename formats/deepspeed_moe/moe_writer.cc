@@ -67,7 +67,6 @@ class MoePlan : public Plan {
   absl::Status Build() {
     UCP_RETURN_IF_ERROR(CheckTarget());
     UCP_RETURN_IF_ERROR(ReadTargetVersion());
-    UCP_RETURN_IF_ERROR(CheckTpTarget());
     UCP_RETURN_IF_ERROR(PlanSlices());
     UCP_RETURN_IF_ERROR(PlanStages());
     if (common_layout_) UCP_RETURN_IF_ERROR(CheckBuffersTold());
@@ -163,17 +162,6 @@ class MoePlan : public Plan {
     UCP_ASSIGN_OR_RETURN(ep_, TargetExpertParallel(info_, options_));
     edp_ = dp_ * tp_ / ep_;
     return absl::OkStatus();
-  }
-
-  // At tp > 1 the placement written is the one DeepSpeed 0.15.4 to 0.19.5
-  // save (realds/README.md, "Native MoE at tp > 1", measured there), in the
-  // target version's files. Before 0.14.5 the optimizer files map a window of
-  // each expert group, which was never measured at tp > 1: refused.
-  absl::Status CheckTpTarget() const {
-    if (tp_ == 1 || !window_mappings_) return absl::OkStatus();
-    return absl::InvalidArgumentError(absl::StrCat(
-        "mixture-of-experts target ", options_.target.ToString(), ": ucp writes native MoE checkpoints at tp > 1 ",
-        "for DeepSpeed 0.14.5 or later (expected --target_ds_version >= 0.14.5, found ", version_, ")"));
   }
 
   // Each param's shape on a target tp rank (slice_shapes_): an expert whole

@@ -15,12 +15,12 @@
 //        for targets up to 0.19.4
 //   latest
 //
-// At tp > 1 (ep >= tp, targets 0.14.5 and later: the placement DeepSpeed
-// 0.15.4 to 0.19.5 write, realds/README.md "Native MoE at tp > 1", in the
-// target version's files: before 0.19.3 no param_shapes, before 0.19.5
-// expp_rank_E_mp_rank_{E % tp} placeholders and no
-// checkpoint_parallel_dimensions), global rank r = dp rank x
-// tp + tp rank is ep rank r % ep and expert data parallel rank r / ep:
+// At tp > 1 (ep >= tp: the placement DeepSpeed 0.14.4 to 0.19.5 write,
+// realds/README.md "Native MoE at tp > 1", in the target version's files:
+// before 0.14.5 the expert groups' mappings of a window, before 0.19.3 no
+// param_shapes, before 0.19.5 expp_rank_E_mp_rank_{E % tp} placeholders and
+// no checkpoint_parallel_dimensions), global rank r = dp rank x tp + tp
+// rank is ep rank r % ep and expert data parallel rank r / ep:
 //   mp_rank_TT_model_states.pt     per tp rank T (written by global rank T):
 //        its tp slices of the non-expert tensors, cut by their rules as the
 //        ZeRO writer cuts them; param_shapes with those slice shapes (0.19.3+);
@@ -47,8 +47,8 @@
 // (DeepSpeed hangs) or without params of some group is refused.
 //
 // ep < tp (tp ranks >= ep would have no model states; DeepSpeed cannot load
-// such a save), pp > 1 for a module that is not a PipelineModule, and tp > 1
-// targets before 0.14.5 are refused.
+// such a save) and pp > 1 for a module that is not a PipelineModule are
+// refused.
 //
 // The model states are the target version's (--target_ds_version, default
 // the source's): from 0.19.3 the common checkpoint state (param_shapes,

@@ -17,6 +17,10 @@
 //     PipelineModule cut them: partition_method type:Block);
 //   - a pp target whose stage would hold no MoE layer is refused, and the
 //     `parameters` cut weighs a MoE block by one ep rank's local experts;
+//   - a tied embedding (TiedLayerSpec at the first and last layers, saved by
+//     both stages: testdata/moe_pp/ds0195_tp2_pp2_tied_bf16, tp 2 pp 2 bf16)
+//     is read once and written in both stages: the save resharded to its own
+//     topology, directly and through tp 1 pp 1, is DeepSpeed's own folder;
 //   - `ucp export` holds every param, equal to the snapshots;
 //   - a stage's missing optimizer file is refused, naming it.
 #include <map>
@@ -295,6 +299,39 @@ TEST(MoePpTargetTest, ParametersPartitioningWeighsOneRanksExperts) {
     auto r = Reshard(o);
     ASSERT_FALSE(r.ok()) << "ep " << ep;
     EXPECT_NE(r.status().message().find(message), std::string::npos) << "ep " << ep << ": " << r.status();
+  }
+}
+
+// A PipelineModule with a tied embedding (the neox family: TiedLayerSpec
+// 'embed' at layer 0 and the last layer), tp 2 pp 2 ep 2, bf16: both stages
+// save tied_modules.embed.*. Read once (one param, both stages holding it),
+// written at pp 2 in the first and last stages, directly and through tp 1
+// pp 1 it is DeepSpeed's own folder file for file.
+TEST(MoePpTargetTest, TiedEmbeddingIsInTheFirstAndLastStages) {
+  const std::string src = RunfilePath("testdata/moe_pp/ds0195_tp2_pp2_tied_bf16/global_step2");
+  auto s = deepspeed_moe::MoeState::Open(src);
+  ASSERT_TRUE(s.ok()) << s.status();
+  const state::ParamState* tied = (*s)->info().Find("tied_modules.embed.word_embeddings.weight");
+  ASSERT_NE(tied, nullptr);
+  EXPECT_EQ(tied->stages, (std::vector<int>{0, 1}));
+  const std::string root = FreshTempDir("moe_pp_tied");
+  auto reshard = [&](const std::string& from, const std::string& name, state::Topology t) {
+    ReshardOptions o;
+    o.input_folder = from;
+    o.output_folder = JoinPath(root, name + "/global_step2");
+    o.write.target = t;
+    o.write.expert_parallel = 2;
+    o.write.num_threads = 2;
+    o.write.partition_method = "type:transformer|mlp";  // the neox family's
+    absl::Status st = Reshard(o).status();
+    EXPECT_TRUE(st.ok()) << name << ": " << st;
+    return o.output_folder;
+  };
+  for (const std::string& out :
+       {reshard(src, "same", {2, 2, 1}), reshard(reshard(src, "pp1", {1, 1, 2}), "back", {2, 2, 1})}) {
+    auto diff = testing::CompareFolders(src, out);
+    ASSERT_TRUE(diff.ok()) << diff.status();
+    EXPECT_TRUE(diff->empty()) << out << ": " << diff->size() << " differences, first: " << (*diff)[0];
   }
 }
 

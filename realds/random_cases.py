@@ -11,7 +11,10 @@ VERSIONS = ["0.14.4", "0.15.4", "0.16.4", "0.17.6", "0.18.9", "0.19.5", "master"
 # native MoE at tp > 1 (README.md "Native MoE at tp > 1"): the neox family's plain
 # module with DeepSpeed MoE blocks, saved and resumed at pp 1, ep >= tp (an ep < tp
 # save has no mp_rank_01 model states: DeepSpeed and ucp refuse it). ucp reads and
-# writes it in every version (0.14.4's expert mappings of a window too).
+# writes it in every version (0.14.4's expert mappings of a window too). The same
+# blocks in the family's PipelineModule (pp 1 or 2, ZeRO-1: realds/README.md "Native
+# MoE at pp > 1"): every block MoE when a stage is drawn at pp 2, since DeepSpeed
+# cannot train a pipeline with a stage without MoE and ucp refuses to write one.
 MOE_TP_FROM = (0, 14, 0)
 # the partition_method of each family's PipelineModule (worker/families/*.py)
 PARTITION = {"neox": "type:transformer|mlp", "savanna": "type:ParallelBlockPipe"}
@@ -55,11 +58,13 @@ def draw_one(pb, rng, name, versions):
     if family == "gpt" and not moe and not sid and rng.random() < 0.15:
         dtype = "fp16"
     c.model.family, c.model.dtype, c.model.seed = family, dtype, rng.randint(1, 10 ** 6)
-    plain = family != "gpt" and rng.random() < 0.4 or neox_moe
+    plain = family != "gpt" and rng.random() < 0.4
+    if neox_moe:
+        plain = rng.random() < 0.5
     stages = []
     for _ in range(1 + rng.choice([1, 1, 2])):
         if moe:
-            zero = rng.choice([1, 2])
+            zero = rng.choice([1, 2]) if plain else 1  # the pipeline engine takes ZeRO-1 only
         elif family == "gpt":
             zero = rng.choice([1, 2, 3])
         elif family == "neox" and plain:
@@ -87,6 +92,8 @@ def draw_one(pb, rng, name, versions):
             c.model.args += " --tied"
         if neox_moe:
             moe_layers = sorted(rng.sample(range(layers), rng.randint(1, layers)))
+            if any(s[1] > 1 for s in stages):
+                moe_layers = list(range(layers))
             c.model.args += f" --moe_layers {','.join(map(str, moe_layers))} --experts 4"
     elif family == "savanna":
         hidden = rng.choice([32, 48, 64])

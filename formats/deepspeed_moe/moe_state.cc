@@ -176,7 +176,9 @@ absl::StatusOr<MoeState::StageShape> MoeState::PipelineStages(const std::string&
     }
     return StageShape{static_cast<int>(p), static_cast<int>(t)};
   }
-  // Before: the tp ranks of a stage hold the same names, stages disjoint ones.
+  // Before: the tp ranks of a stage hold the same names, stages disjoint ones
+  // but for the tied modules (PipelineModule's tied_modules.<key>: every stage
+  // holding a layer of that key has a copy).
   for (int m = 1; m < mp; ++m) {
     UCP_RETURN_IF_ERROR(open(m));
     if (!files[m]->root()->is(Kind::kDict)) return StageShape{};
@@ -186,7 +188,7 @@ absl::StatusOr<MoeState::StageShape> MoeState::PipelineStages(const std::string&
     const Value* module = files[m]->root()->DictGet("module");
     if (module == nullptr || !module->is(Kind::kDict)) return StageShape{};
     for (const auto& [k, v] : module->dict_items()) {
-      if (k->is(Kind::kStr)) keys[m].insert(k->str());
+      if (k->is(Kind::kStr) && !IsTiedName(k->str())) keys[m].insert(k->str());
     }
   }
   int tp = 1;
@@ -224,6 +226,7 @@ absl::Status MoeState::JoinStages() {
   info_.source_topology = {first.tp_, pp_, first.dp_};
   dp_ = first.dp_;
   ep_ = first.ep_;
+  std::set<std::string> in_module;
   for (size_t s = 0; s < stages_.size(); ++s) {
     const MoeState& st = *stages_[s];
     const state::ModelInfo& i = st.info_;
@@ -240,17 +243,30 @@ absl::Status MoeState::JoinStages() {
           i.zero_stage, "), stage 0 ", i0.num_groups, " (", first.ep_, " ep, dp ", first.dp_, ", ZeRO ", i0.zero_stage,
           "), or other expert groups or optimizer states: every stage holds the same groups"));
     }
-    for (const auto& k : i.module_order) info_.module_order.push_back(k);
+    for (const auto& k : i.module_order) {
+      if (in_module.insert(k.name).second) info_.module_order.push_back(k);  // a tied module once
+    }
     for (const auto& l : i.moe_layers) info_.moe_layers.push_back(l);
   }
   if (info_.moe_layers.empty()) return InvalidIn(first.mp_->path(), "no MoE layer in any pipeline stage");
+  std::map<std::string, size_t> index;  // name -> info_.params
   auto add = [&](int s, const state::ParamState& p) -> absl::Status {
     if (!stage_of_.insert({p.name, s}).second) {
-      return InvalidIn(stages_[s]->mp_->path(), absl::StrCat("'", p.name, "' is also in pipeline stage ",
-                                                             stage_of_[p.name], "'s files"));
+      // A tied module's copy: one param held by several stages, read from the
+      // first (DeepSpeed all-reduces the copies' gradients, so every stage
+      // steps them alike: ucp verify compares the copies).
+      state::ParamState* q = IsTiedName(p.name) ? &info_.params[index.at(p.name)] : nullptr;
+      if (q == nullptr || q->group != p.group || q->full_shape != p.full_shape || q->role != p.role) {
+        return InvalidIn(stages_[s]->mp_->path(), absl::StrCat("'", p.name, "' is also in pipeline stage ",
+                                                               stage_of_[p.name], "'s files",
+                                                               q == nullptr ? "" : " with another group or shape"));
+      }
+      q->stages.push_back(s);
+      return absl::OkStatus();
     }
     state::ParamState q = p;
     q.stages = {s};
+    index[p.name] = info_.params.size();
     info_.params.push_back(std::move(q));
     return absl::OkStatus();
   };

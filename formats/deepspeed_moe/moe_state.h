@@ -105,6 +105,9 @@ inline constexpr char kExpertInfix[] = ".deepspeed_moe.experts.deepspeed_experts
 // "<prefix>.deepspeed_moe.experts.deepspeed_experts.<id>.<suffix>" split;
 // false for other names.
 bool SplitExpertName(const std::string& name, std::string* prefix, int* id, std::string* suffix);
+// A PipelineModule's tied module weight ('tied_modules.<key>.<name>'): every
+// pipeline stage holding a layer of that key saves a copy.
+inline bool IsTiedName(const std::string& name) { return name.rfind("tied_modules.", 0) == 0; }
 std::string ExpertName(const std::string& prefix, int id, const std::string& suffix);
 
 class MoeState : public state::SlicedState, public deepspeed::DeepSpeedFacet {

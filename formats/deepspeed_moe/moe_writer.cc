@@ -1,6 +1,7 @@
 #include "formats/deepspeed_moe/moe_writer.h"
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <set>
 #include <tuple>
@@ -209,7 +210,13 @@ class MoePlan : public Plan {
   // trainable numel of the layer as one rank builds it, its tp slices and
   // the experts of one ep rank (MoE builds num_experts / ep local experts).
   // Every stage must hold a MoE layer (DeepSpeed hangs in its first step
-  // otherwise: realds/README.md, "Native MoE at pp > 1").
+  // otherwise: realds/README.md, "Native MoE at pp > 1"). A tied module's
+  // params ('tied_modules.<key>.<name>': a TiedLayerSpec, built by every
+  // stage holding one of its layers) carry no layer index: they are taken as
+  // the tie of GPT-NeoX and Megatron-DeepSpeed, the first layer (0, which
+  // must then hold no other tensor) and a last layer after every named one,
+  // and written in the stages of those two layers; a source at pp > 1 must
+  // hold them in its first and last stages, else they are refused.
   absl::Status PlanStages() {
     const size_t n = info_.params.size();
     stage_of_.assign(n, 0);
@@ -220,8 +227,13 @@ class MoePlan : public Plan {
     }
     std::vector<int> layer_of(n, -1);
     int max_layer = -1;
+    std::vector<int> tied;  // params of tied modules
     for (size_t i = 0; i < n; ++i) {
       const std::string& name = info_.params[i].name;
+      if (IsTiedName(name)) {
+        tied.push_back(static_cast<int>(i));
+        continue;
+      }
       const size_t dot = name.find('.');
       int layer = -1;
       if (dot == std::string::npos || !absl::SimpleAtoi(name.substr(0, dot), &layer) || layer < 0) {
@@ -233,7 +245,11 @@ class MoePlan : public Plan {
       layer_of[i] = layer;
       max_layer = std::max(max_layer, layer);
     }
-    const int num_layers = std::max(options_.num_layers, max_layer + 1);
+    const int num_layers = std::max(options_.num_layers, max_layer + 1 + (tied.empty() ? 0 : 1));
+    if (!tied.empty()) {
+      UCP_RETURN_IF_ERROR(CheckTiedLayers(tied, layer_of));
+      tied_layers_ = {0, num_layers - 1};
+    }
     const std::vector<deepspeed::PipelineLayerInfo> layers = PipelineLayers(layer_of, num_layers);
     partition_method_ = !options_.partition_method.empty() ? options_.partition_method
                         : !info_.partition_method.empty()  ? info_.partition_method
@@ -245,7 +261,15 @@ class MoePlan : public Plan {
     for (int s = 0; s < pp_; ++s) {
       for (int l = parts[s]; l < parts[s + 1]; ++l) stage_of_layer[l] = s;
     }
-    for (size_t i = 0; i < n; ++i) stage_of_[i] = stage_of_layer[layer_of[i]];
+    for (size_t i = 0; i < n; ++i) {
+      if (layer_of[i] >= 0) stage_of_[i] = stage_of_layer[layer_of[i]];
+    }
+    for (int i : tied) {
+      std::set<int> at;
+      for (int l : tied_layers_) at.insert(stage_of_layer[l]);
+      tied_stages_[i] = std::vector<int>(at.begin(), at.end());
+      stage_of_[i] = tied_stages_[i].front();
+    }
     for (size_t l = 0; l < info_.moe_layers.size(); ++l) {
       const std::string& prefix = info_.moe_layers[l].prefix;
       int layer = -1;
@@ -266,6 +290,51 @@ class MoePlan : public Plan {
     return absl::OkStatus();
   }
 
+  // Tied params are taken as layers 0 and last (PlanStages): layer 0 must
+  // hold no other tensor, and a pipeline source must hold them in its first
+  // and last stages only.
+  absl::Status CheckTiedLayers(const std::vector<int>& tied, const std::vector<int>& layer_of) const {
+    const std::string& name = info_.params[tied[0]].name;
+    for (size_t i = 0; i < layer_of.size(); ++i) {
+      if (layer_of[i] != 0) continue;
+      return absl::FailedPreconditionError(absl::StrCat(
+          "mixture-of-experts target ", options_.target.ToString(), ": the tied module of '", name,
+          "' is taken as the first and last pipeline layers' (an embedding tied to the output layer), but layer 0 ",
+          "holds '", info_.params[i].name, "': ucp cannot tell which layers share the tied module"));
+    }
+    const int source_pp = info_.source_topology.pp;
+    for (int i : tied) {
+      const ParamState& p = info_.params[i];
+      if (source_pp <= 1 || p.stages.empty()) continue;
+      std::vector<int> want = {0, source_pp - 1};
+      if (p.stages == want) continue;
+      return absl::FailedPreconditionError(absl::StrCat(
+          "mixture-of-experts target ", options_.target.ToString(), ": tied param '", p.name,
+          "' is held by source pipeline stages ", absl::StrJoin(p.stages, ", "), " of ", source_pp,
+          ", expected the first and last (an embedding tied to the output layer): ucp cannot tell which layers ",
+          "share the tied module"));
+    }
+    return absl::OkStatus();
+  }
+
+  // Whether stage `s` holds the tied module of `name` ('tied_modules.<key>...').
+  bool HoldsTied(const std::string& name, int s) const {
+    const size_t end = name.find('.', std::strlen("tied_modules."));
+    const std::string head = name.substr(0, end) + ".";
+    for (const auto& [i, stages] : tied_stages_) {
+      if (info_.params[i].name.rfind(head, 0) == 0 && InStage(i, s)) return true;
+    }
+    return false;
+  }
+
+  // Whether param `i` is written in pipeline stage `s` (a tied one in
+  // several).
+  bool InStage(int i, int s) const {
+    auto it = tied_stages_.find(i);
+    if (it == tied_stages_.end()) return stage_of_[i] == s;
+    return std::find(it->second.begin(), it->second.end(), s) != it->second.end();
+  }
+
   // The pipeline layers as PipelineModule._partition_layers weighs them
   // (`layer_of`: each param's layer): the trainable numel of the layer one
   // target rank builds (its tp slices, its ep rank's num_experts / ep local
@@ -278,8 +347,9 @@ class MoePlan : public Plan {
     std::vector<std::vector<std::string>> local_names(num_layers);
     for (size_t i = 0; i < info_.params.size(); ++i) {
       const ParamState& p = info_.params[i];
-      const int l = layer_of[i];
-      local_names[l].push_back(p.name.substr(p.name.find('.') + 1));
+      // a tied module's param: each of its layers builds it
+      const std::vector<int> at = layer_of[i] >= 0 ? std::vector<int>{layer_of[i]} : tied_layers_;
+      for (int l : at) local_names[l].push_back(p.name.substr(p.name.find('.') + 1));
       if (!p.trainable()) continue;
       std::string prefix, suffix;
       int id = 0;
@@ -287,7 +357,7 @@ class MoePlan : public Plan {
           id >= info_.moe_layers[moe_layer_of.at(prefix)].num_experts / ep_) {
         continue;  // another ep rank's expert
       }
-      layers[l].trainable_numel += Numel(slice_shapes_[i]);
+      for (int l : at) layers[l].trainable_numel += Numel(slice_shapes_[i]);
     }
     for (int l = 0; l < num_layers; ++l) {
       auto it = options_.layer_types.find(l);
@@ -394,7 +464,7 @@ class MoePlan : public Plan {
     tg.names.emplace_back();
     for (size_t i = 0; i < info_.params.size(); ++i) {
       const ParamState& p = info_.params[i];
-      if (!p.trainable() || p.group != g || stage_of_[i] != s) continue;
+      if (!p.trainable() || p.group != g || !InStage(static_cast<int>(i), s)) continue;
       tg.params[0].push_back(static_cast<int>(i));
       tg.names[0].push_back(p.name);
       numels.push_back(Numel(slice_shapes_[i]));
@@ -415,7 +485,7 @@ class MoePlan : public Plan {
     int members = 0;
     for (size_t i = 0; i < info_.params.size(); ++i) {
       const ParamState& p = info_.params[i];
-      if (!p.trainable() || p.group != g || stage_of_[i] != s) continue;
+      if (!p.trainable() || p.group != g || !InStage(static_cast<int>(i), s)) continue;
       ++members;
       std::string prefix, suffix;
       int id = 0;
@@ -609,7 +679,7 @@ class MoePlan : public Plan {
     for (const auto& mk : info_.module_order) {
       if (IsExpert(mk.name)) continue;
       const int i = info_.IndexOf(mk.name);
-      if (i < 0 || stage_of_[i] != stage) continue;
+      if (i < 0 || !InStage(i, stage)) continue;
       UCP_ASSIGN_OR_RETURN(ValuePtr lp, Lp(w, i, t));
       sd->DictSet(Value::Str(mk.name), lp);
     }
@@ -645,6 +715,7 @@ class MoePlan : public Plan {
             (layer < 0 || layer >= static_cast<int>(stage_of_layer_.size()) || stage_of_layer_[layer] != stage)) {
           continue;
         }
+        if (pp_ > 1 && IsTiedName(key) && !HoldsTied(key, stage)) continue;
         UCP_ASSIGN_OR_RETURN(ValuePtr c, Copy(v, root.file, w));
         out->DictSet(k, c);
       }
@@ -872,6 +943,8 @@ class MoePlan : public Plan {
   // into ModelInfo::moe_layers); the partition method used at pp > 1.
   std::vector<int> stage_of_;
   std::vector<int> stage_of_layer_;  // pp > 1: each pipeline layer's stage
+  std::vector<int> tied_layers_;     // pp > 1: the layers of the tied modules (0, last)
+  std::map<int, std::vector<int>> tied_stages_;  // tied param -> its stages
   std::vector<std::vector<int>> stage_layers_;
   std::string partition_method_;
   std::vector<int> parts_;  // pp > 1: the pp + 1 layer boundaries

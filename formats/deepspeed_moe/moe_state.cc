@@ -254,7 +254,8 @@ absl::Status MoeState::JoinStages() {
     if (!stage_of_.insert({p.name, s}).second) {
       // A tied module's copy: one param held by several stages, read from the
       // first (DeepSpeed all-reduces the copies' gradients, so every stage
-      // steps them alike: ucp verify compares the copies).
+      // steps them alike; the copies are not compared, as the ZeRO reader's
+      // tied layers are not).
       state::ParamState* q = IsTiedName(p.name) ? &info_.params[index.at(p.name)] : nullptr;
       if (q == nullptr || q->group != p.group || q->full_shape != p.full_shape || q->role != p.role) {
         return InvalidIn(stages_[s]->mp_->path(), absl::StrCat("'", p.name, "' is also in pipeline stage ",

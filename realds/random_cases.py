@@ -211,7 +211,12 @@ def draw_one(pb, rng, name, versions):
         # ZeRO-1, 3.9e-2 on the second resumed step, states and (a) bitwise
         # (seed 3008 case 0, drawn with --versions=0.15.4,0.16.4,0.17.6,0.18.9)
         c.tolerance = 1e-1 if neox_moe else 3e-2
-    elif dtype == "fp32" and moe and ep_change and v < (0, 15, 0):
+    elif dtype == "fp32" and moe and ep_change:
+        # an ep change regroups the experts' gradient sums (all-to-all dispatch and
+        # the expert data parallel all-reduce): random_3_325, 0.18.9 neox MoE tp 2 dp 2
+        # ep 4 -> ep 2, 2.1e-4 on the second resumed step at ZeRO-1 and ZeRO-2 alike,
+        # states and (a) bitwise; the same case without the ep change equal. On 0.14
+        # more: it scales expert gradients by the expert data parallel size
         c.tolerance = 1e-3
     c.export = rng.random() < 0.3 and (neox_moe or not moe) and stages[0][4] != 3
     c.proves = "a random case"

@@ -3,7 +3,9 @@ torch.distributed.checkpoint at a world size, and compares every entry with
 the same checkpoint's universal folder (written by `ucp convert`, whose
 tensors DeepSpeed's own loader reads bitwise: realds/), bitwise.
 
-usage: dcp_load_check.py DCP_DIR UNIVERSAL_DIR WORLD
+usage: dcp_load_check.py DCP_DIR UNIVERSAL_DIR WORLD[,WORLD...]
+  Each world size in turn, in one interpreter (one import of torch): the forked
+  ones first, world 1 last (OpenMP's threads, once started, do not survive a fork).
   WORLD 1: dcp.load into plain tensors, no process group.
   WORLD > 1: WORLD processes (gloo, FileStore), every tensor entry of two or
   more dims or of more than WORLD elements loaded as a DTensor sharded on dim
@@ -117,8 +119,7 @@ def worker(rank, world, store_path, dcp_dir, udir, out):
     dist.destroy_process_group()
 
 
-def main(argv):
-    dcp_dir, udir, world = argv[1], argv[2], int(argv[3])
+def check_world(dcp_dir, udir, world):
     if world == 1:
         n, bad = check(dcp_dir, udir, 1, 0, None)
         results = [(n, bad)]
@@ -134,7 +135,17 @@ def main(argv):
             results.append((int(lines[0]), [l for l in lines[1:] if l]))
     ok = all(not bad for _, bad in results)
     print("world %d: %d entries, %s" % (world, results[0][0],
-                                       "all bitwise equal" if ok else "DIFFER: " + "; ".join(sum((b for _, b in results), []))))
+                                       "all bitwise equal" if ok else "DIFFER: " + "; ".join(sum((b for _, b in results), []))),
+          flush=True)
+    return ok
+
+
+def main(argv):
+    dcp_dir, udir = argv[1], argv[2]
+    worlds = sorted((int(w) for w in argv[3].split(",")), key=lambda w: (w == 1, w))
+    ok = True
+    for world in worlds:
+        ok = check_world(dcp_dir, udir, world) and ok
     return 0 if ok else 1
 
 

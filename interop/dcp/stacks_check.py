@@ -306,7 +306,11 @@ def main():
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()
-    mp.spawn(fn, args=(a, port), nprocs=a.world, join=True)
+    # Imported once, then the ranks forked: spawned ranks would each import torch, DeepSpeed and transformers
+    # again (seconds per rank on two cores).
+    import deepspeed  # noqa: F401
+    import transformers  # noqa: F401
+    mp.start_processes(fn, args=(a, port), nprocs=a.world, join=True, start_method="fork")
 
 
 if __name__ == "__main__":

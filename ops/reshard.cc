@@ -142,6 +142,7 @@ absl::StatusOr<ReshardResult> ReshardImpl(const ReshardOptions& options) {
   if (options.cluster != nullptr) UCP_RETURN_IF_ERROR(AgreeOnStatus(*options.cluster, planned.status()));
   UCP_RETURN_IF_ERROR(planned.status());
   result.write.layout = planned->layout;
+  result.notes.insert(result.notes.end(), planned->layout.notes.begin(), planned->layout.notes.end());
   writers::Plan& plan = *planned->plan;
   if (options.dry_run_ranks > 0) {
     result.plan = writers::DescribePlan(plan, options.cluster ? options.cluster->size() : options.dry_run_ranks,

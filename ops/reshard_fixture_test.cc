@@ -34,9 +34,12 @@ using ucp::testing::FreshTempDir;
 
 // What differs between two checkpoints of the same model state at the same
 // topology written by different jobs: the loading job's config and random
-// states, which ucp carries over from the source instead.
-const std::vector<std::string> kJobState = {"ds_config",     "args",           "random_rng_state",
-                                            "np_rng_state",  "torch_rng_state", "rng_tracker_states"};
+// states, which ucp carries over from the source instead. The client's 'args'
+// are compared: GPT-NeoX records its model_parallel_size and pipe_parallel_size
+// there and refuses a checkpoint whose values are not its job's
+// (deepspeed/client_args.h).
+const std::vector<std::string> kJobState = {"ds_config", "random_rng_state", "np_rng_state", "torch_rng_state",
+                                            "rng_tracker_states"};
 
 // DeepSpeed's Adam state dicts list `step` first when saved by a training run
 // (ucp writes that order) and last when resaved right after a universal load

@@ -21,6 +21,18 @@ RunOptions ZeroRunOptions(const ZeroWriteOptions& options) {
   return run;
 }
 
+std::string LayerTypeName(const ZeroWriteOptions& options, int layer, const std::vector<std::string>& local_names) {
+  auto it = options.layer_types.find(layer);
+  if (it != options.layer_types.end()) return it->second;
+  if (options.layer_type_name) return options.layer_type_name(local_names);
+  return local_names.empty() ? "function" : "Layer";
+}
+
+std::string PartitionMethod(const ZeroWriteOptions& options, const std::string& recorded) {
+  if (!options.partition_method.empty()) return options.partition_method;
+  return recorded.empty() ? "parameters" : recorded;
+}
+
 RunOptions UniversalRunOptions(const UniversalWriteOptions& options) {
   RunOptions run;
   run.num_threads = options.num_threads;

@@ -76,12 +76,25 @@ inline constexpr int64_t kOptimPieceBytes = int64_t{128} << 20;
 // The RunOptions the write options imply.
 RunOptions ZeroRunOptions(const ZeroWriteOptions& options);
 
+// The class name of pipeline layer `layer` for type:REGEX partitioning:
+// options.layer_types's, else options.layer_type_name of the layer's param
+// names (local names, without the layer index), else "Layer" ("function" for a
+// layer without tensors).
+std::string LayerTypeName(const ZeroWriteOptions& options, int layer, const std::vector<std::string>& local_names);
+
+// How a pipeline target's layers are cut: the option's method, else the one
+// the source recorded, else DeepSpeed's default "parameters".
+std::string PartitionMethod(const ZeroWriteOptions& options, const std::string& recorded);
+
 // What a training-state target chose, for the command's report.
 struct TargetSummary {
   state::Topology topo;
   int zero_stage = 1;
   std::string partition_method;  // pipeline targets
   std::vector<int> parts;        // pp + 1 layer boundaries (pipeline targets)
+  // What the target assumed where the source does not say (the command prints
+  // them with the source's notes).
+  std::vector<std::string> notes;
 };
 
 struct UniversalWriteOptions {

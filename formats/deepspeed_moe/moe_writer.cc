@@ -13,6 +13,7 @@
 #include "base/fs.h"
 #include "base/status_macros.h"
 #include "deepspeed/checkpoint_files.h"
+#include "deepspeed/client_args.h"
 #include "deepspeed/engine_defaults.h"
 #include "deepspeed/layout_math.h"
 #include "deepspeed/tree_copy.h"
@@ -70,6 +71,11 @@ class MoePlan : public Plan {
     UCP_RETURN_IF_ERROR(ReadTargetVersion());
     UCP_RETURN_IF_ERROR(PlanSlices());
     UCP_RETURN_IF_ERROR(PlanStages());
+    const state::Topology& from = info_.source_topology;
+    args_changes_ = deepspeed::ArgsChangesFor(
+        deepspeed::ArgsOf(state_), {from.tp, from.pp, from.dp, deepspeed::SourcePaddedVocab(info_)},
+        {tp_, pp_, options_.target.dp, deepspeed::TargetPaddedVocab(info_, padded_rows_)});
+    if (!args_changes_.empty()) notes_.push_back(deepspeed::DescribeArgsChanges(args_changes_));
     if (common_layout_) UCP_RETURN_IF_ERROR(CheckBuffersTold());
     UCP_ASSIGN_OR_RETURN(common_, ds_->OptimizerCommon());
     if (!common_.value || !common_.value->is(Kind::kDict)) return absl::InvalidArgumentError("no optimizer state");
@@ -84,6 +90,7 @@ class MoePlan : public Plan {
     summary->zero_stage = stage_;
     summary->partition_method = partition_method_;
     summary->parts = parts_;
+    summary->notes = notes_;
   }
 
   absl::Status Prepare(const std::string& staging) const override { return absl::OkStatus(); }
@@ -251,24 +258,28 @@ class MoePlan : public Plan {
       tied_layers_ = {0, num_layers - 1};
     }
     const std::vector<deepspeed::PipelineLayerInfo> layers = PipelineLayers(layer_of, num_layers);
-    partition_method_ = !options_.partition_method.empty() ? options_.partition_method
-                        : !info_.partition_method.empty()  ? info_.partition_method
-                                                           : "parameters";
+    partition_method_ = writers::PartitionMethod(options_, info_.partition_method);
     UCP_ASSIGN_OR_RETURN(parts_, deepspeed::PartitionLayers(layers, pp_, partition_method_));
-    const std::vector<int>& parts = parts_;
     stage_of_layer_.assign(num_layers, 0);
-    std::vector<int>& stage_of_layer = stage_of_layer_;
     for (int s = 0; s < pp_; ++s) {
-      for (int l = parts[s]; l < parts[s + 1]; ++l) stage_of_layer[l] = s;
+      for (int l = parts_[s]; l < parts_[s + 1]; ++l) stage_of_layer_[l] = s;
     }
     for (size_t i = 0; i < n; ++i) {
-      if (layer_of[i] >= 0) stage_of_[i] = stage_of_layer[layer_of[i]];
+      if (layer_of[i] >= 0) stage_of_[i] = stage_of_layer_[layer_of[i]];
     }
-    for (int i : tied) {
-      std::set<int> at;
-      for (int l : tied_layers_) at.insert(stage_of_layer[l]);
-      tied_stages_[i] = std::vector<int>(at.begin(), at.end());
-      stage_of_[i] = tied_stages_[i].front();
+    if (!tied.empty()) {
+      tied_stages_ = {stage_of_layer_[0]};
+      if (stage_of_layer_[num_layers - 1] != tied_stages_[0]) tied_stages_.push_back(stage_of_layer_[num_layers - 1]);
+      std::set<std::string> modules;  // 'tied_modules.<key>'
+      for (int i : tied) {
+        const std::string& name = info_.params[i].name;
+        modules.insert(name.substr(0, name.find('.', std::strlen("tied_modules."))));
+      }
+      notes_.push_back(absl::StrCat(
+          "tied module(s) ", absl::StrJoin(modules, ", "), " taken as pipeline layers 0 and ", num_layers - 1,
+          " (an embedding tied to the output layer, as GPT-NeoX and Megatron-DeepSpeed tie it; a MoE checkpoint ",
+          "does not record which layers share a tied module): written in pipeline stage(s) ",
+          absl::StrJoin(tied_stages_, " and ")));
     }
     for (size_t l = 0; l < info_.moe_layers.size(); ++l) {
       const std::string& prefix = info_.moe_layers[l].prefix;
@@ -277,13 +288,13 @@ class MoePlan : public Plan {
         return absl::InvalidArgumentError(
             absl::StrCat("MoE layer '", prefix, "' has no pipeline layer index (expected '<layer>.<name>')"));
       }
-      stage_layers_[stage_of_layer[layer]].push_back(static_cast<int>(l));
+      stage_layers_[stage_of_layer_[layer]].push_back(static_cast<int>(l));
     }
     for (int s = 0; s < pp_; ++s) {
       if (!stage_layers_[s].empty()) continue;
       return absl::FailedPreconditionError(absl::StrCat(
-          "mixture-of-experts target ", options_.target.ToString(), ": pipeline stage ", s, " (layers ", parts[s],
-          " to ", parts[s + 1] - 1, ", ", partition_method_, " partitioning) holds none of the ",
+          "mixture-of-experts target ", options_.target.ToString(), ": pipeline stage ", s, " (layers ", parts_[s],
+          " to ", parts_[s + 1] - 1, ", ", partition_method_, " partitioning) holds none of the ",
           info_.moe_layers.size(), " MoE layers: DeepSpeed hangs in the first step of such a pipeline (its stages' ",
           "per-group collectives differ); choose another pp or --partition_method"));
     }
@@ -317,22 +328,14 @@ class MoePlan : public Plan {
     return absl::OkStatus();
   }
 
-  // Whether stage `s` holds the tied module of `name` ('tied_modules.<key>...').
-  bool HoldsTied(const std::string& name, int s) const {
-    const size_t end = name.find('.', std::strlen("tied_modules."));
-    const std::string head = name.substr(0, end) + ".";
-    for (const auto& [i, stages] : tied_stages_) {
-      if (info_.params[i].name.rfind(head, 0) == 0 && InStage(i, s)) return true;
-    }
-    return false;
-  }
+  // Whether pipeline stage `s` holds the tied modules (pp > 1).
+  bool HoldsTied(int s) const { return std::find(tied_stages_.begin(), tied_stages_.end(), s) != tied_stages_.end(); }
 
-  // Whether param `i` is written in pipeline stage `s` (a tied one in
-  // several).
+  // Whether param `i` is written in pipeline stage `s` (a tied one in those
+  // of its layers).
   bool InStage(int i, int s) const {
-    auto it = tied_stages_.find(i);
-    if (it == tied_stages_.end()) return stage_of_[i] == s;
-    return std::find(it->second.begin(), it->second.end(), s) != it->second.end();
+    if (pp_ > 1 && IsTiedName(info_.params[i].name)) return HoldsTied(s);
+    return stage_of_[i] == s;
   }
 
   // The pipeline layers as PipelineModule._partition_layers weighs them
@@ -359,16 +362,7 @@ class MoePlan : public Plan {
       }
       for (int l : at) layers[l].trainable_numel += Numel(slice_shapes_[i]);
     }
-    for (int l = 0; l < num_layers; ++l) {
-      auto it = options_.layer_types.find(l);
-      if (it != options_.layer_types.end()) {
-        layers[l].type_name = it->second;
-      } else if (options_.layer_type_name) {
-        layers[l].type_name = options_.layer_type_name(local_names[l]);
-      } else {
-        layers[l].type_name = local_names[l].empty() ? "function" : "Layer";
-      }
-    }
+    for (int l = 0; l < num_layers; ++l) layers[l].type_name = writers::LayerTypeName(options_, l, local_names[l]);
     return layers;
   }
 
@@ -715,7 +709,7 @@ class MoePlan : public Plan {
             (layer < 0 || layer >= static_cast<int>(stage_of_layer_.size()) || stage_of_layer_[layer] != stage)) {
           continue;
         }
-        if (pp_ > 1 && IsTiedName(key) && !HoldsTied(key, stage)) continue;
+        if (pp_ > 1 && IsTiedName(key) && !HoldsTied(stage)) continue;
         UCP_ASSIGN_OR_RETURN(ValuePtr c, Copy(v, root.file, w));
         out->DictSet(k, c);
       }
@@ -765,6 +759,7 @@ class MoePlan : public Plan {
     for (const auto& [k, v] : src.value->dict_items()) {
       if (k->is(Kind::kStr) && kEngineKeys.count(k->str())) continue;
       UCP_ASSIGN_OR_RETURN(ValuePtr c, Copy(v, src.file, w));
+      if (k->is(Kind::kStr) && k->str() == "args") UCP_RETURN_IF_ERROR(deepspeed::ApplyArgsChanges(*c, args_changes_));
       out->DictSet(k, c);
     }
     return absl::OkStatus();
@@ -944,7 +939,9 @@ class MoePlan : public Plan {
   std::vector<int> stage_of_;
   std::vector<int> stage_of_layer_;  // pp > 1: each pipeline layer's stage
   std::vector<int> tied_layers_;     // pp > 1: the layers of the tied modules (0, last)
-  std::map<int, std::vector<int>> tied_stages_;  // tied param -> its stages
+  std::vector<int> tied_stages_;     // pp > 1: the stages of tied_layers_, ascending
+  std::vector<std::string> notes_;   // what the target assumed (TargetSummary::notes)
+  std::vector<deepspeed::ArgsChange> args_changes_;  // the client state 'args' at the target
   std::vector<std::vector<int>> stage_layers_;
   std::string partition_method_;
   std::vector<int> parts_;  // pp > 1: the pp + 1 layer boundaries

@@ -256,6 +256,7 @@ class ZeroTarget : public formats::TargetFormat {
       summary->zero_stage = layout.zero_stage;
       summary->partition_method = layout.partition_method;
       summary->parts = layout.parts;
+      if (!layout.args_changes.empty()) summary->notes.push_back(deepspeed::DescribeArgsChanges(layout.args_changes));
     }
     return plan;
   }

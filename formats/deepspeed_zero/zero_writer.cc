@@ -251,14 +251,7 @@ absl::StatusOr<std::vector<deepspeed::PipelineLayerInfo>> PipelineLayers(const M
     }
   }
   for (int l = 0; l < num_layers; ++l) {
-    auto it = options.layer_types.find(l);
-    if (it != options.layer_types.end()) {
-      layers[l].type_name = it->second;
-    } else if (options.layer_type_name) {
-      layers[l].type_name = options.layer_type_name(local_names[l]);
-    } else {
-      layers[l].type_name = local_names[l].empty() ? "function" : "Layer";
-    }
+    layers[l].type_name = writers::LayerTypeName(options, l, local_names[l]);
   }
   return layers;
 }
@@ -268,9 +261,7 @@ absl::StatusOr<std::vector<deepspeed::PipelineLayerInfo>> PipelineLayers(const M
 absl::StatusOr<std::vector<int>> PartitionStages(const ModelInfo& info, const ZeroWriteOptions& options, int pp,
                                                  TargetLayout* out) {
   UCP_ASSIGN_OR_RETURN(std::vector<deepspeed::PipelineLayerInfo> layers, PipelineLayers(info, options, *out));
-  out->partition_method = !options.partition_method.empty()      ? options.partition_method
-                          : !info.partition_method.empty() ? info.partition_method
-                                                            : "parameters";
+  out->partition_method = writers::PartitionMethod(options, info.partition_method);
   UCP_ASSIGN_OR_RETURN(out->parts, deepspeed::PartitionLayers(layers, pp, out->partition_method));
   std::vector<int> stage_of_layer(layers.size(), 0);
   for (int s = 0; s < pp; ++s) {
@@ -528,6 +519,10 @@ class Writer {
         }
       } else if (key == "ds_config") {
         UCP_ASSIGN_OR_RETURN(ValuePtr c, DsConfig(state::FileValue{v, src.file}, w));
+        out->DictSet(k, c);
+      } else if (key == "args" && !layout_.args_changes.empty()) {
+        UCP_ASSIGN_OR_RETURN(ValuePtr c, deepspeed::CopyTreeForWrite(state::FileValue{v, src.file}, w));
+        UCP_RETURN_IF_ERROR(deepspeed::ApplyArgsChanges(*c, layout_.args_changes));
         out->DictSet(k, c);
       } else if (key == "universal_checkpoint_info" && !layout_.whole.empty()) {
         // An AutoTP job before 0.19.5 saves none; the reader takes the lm_head
@@ -1207,6 +1202,10 @@ absl::StatusOr<std::unique_ptr<Plan>> PlanZero(const state::ModelState& state, c
     }
   }
   UCP_ASSIGN_OR_RETURN(TargetLayout target, PlanTarget(state.info(), options, source_version));
+  const state::Topology& from = state.info().source_topology;
+  target.args_changes = deepspeed::ArgsChangesFor(
+      deepspeed::ArgsOf(state), {from.tp, from.pp, from.dp, deepspeed::SourcePaddedVocab(state.info())},
+      {target.topo.tp, target.topo.pp, target.topo.dp, deepspeed::TargetPaddedVocab(state.info(), target.padded_rows)});
   if (layout != nullptr) *layout = target;
   const std::string target_version = target.ds_version;
   auto plan = std::make_unique<ZeroPlan>(state, std::move(target), options);

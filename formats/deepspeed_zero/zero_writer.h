@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "deepspeed/client_args.h"
 #include "deepspeed/layout_math.h"
 #include "state/model_state.h"
 #include "state/topology.h"
@@ -76,6 +77,9 @@ struct TargetLayout {
   // How the target version's AutoTP cuts a dim tp does not divide (master by
   // get_shard_size, earlier versions by torch.chunk: tp::AutoTpCut).
   tp::AutoTpCut autotp_cut = tp::AutoTpCut::kNearEven;
+  // The client state 'args' keys that record the source's topology, with the
+  // target's values (deepspeed/client_args.h).
+  std::vector<deepspeed::ArgsChange> args_changes;
   const MergeRule& RuleOf(int param, const MergeRule& own) const {
     return rules.empty() || rules[param].kind() == MERGE_KIND_UNSPECIFIED ? own : rules[param];
   }

@@ -95,11 +95,7 @@ class Target : public formats::TargetFormat {
   absl::StatusOr<std::unique_ptr<writers::Plan>> PlanTrainingState(const state::ModelState& state,
                                                                    const writers::ZeroWriteOptions& options,
                                                                    writers::TargetSummary* summary) const override {
-    if (summary != nullptr) {
-      summary->topo = options.target;
-      summary->zero_stage = 0;
-    }
-    return PlanZero0(state, options);
+    return PlanZero0(state, options, summary);
   }
 };
 

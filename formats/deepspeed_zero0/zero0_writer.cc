@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "deepspeed/checkpoint_files.h"
+#include "deepspeed/client_args.h"
 #include "deepspeed/engine_defaults.h"
 #include "deepspeed/facet.h"
 #include "deepspeed/layout_math.h"
@@ -33,6 +34,8 @@ class Zero0Plan : public writers::Plan {
  public:
   Zero0Plan(const state::ModelState& state, const writers::ZeroWriteOptions& options)
       : state_(state), info_(state.info()), options_(options) {}
+
+  std::string ArgsNote() const { return deepspeed::DescribeArgsChanges(args_changes_); }
 
   absl::Status Build() {
     UCP_RETURN_IF_ERROR(options_.target.Validate());
@@ -75,6 +78,11 @@ class Zero0Plan : public writers::Plan {
       o.zero_stage = 1;
       UCP_ASSIGN_OR_RETURN(layout_, deepspeed_zero::PlanTarget(info_, o, ds_version_of_source()));
     }
+    // The padded vocabulary rows are compared at tp > 1 only (layout_ plans them).
+    const state::Topology& from = info_.source_topology;
+    args_changes_ = deepspeed::ArgsChangesFor(
+        deepspeed::ArgsOf(state_), {from.tp, from.pp, from.dp, tp_ > 1 ? deepspeed::SourcePaddedVocab(info_) : 0},
+        {tp_, 1, options_.target.dp, tp_ > 1 ? deepspeed::TargetPaddedVocab(info_, layout_.padded_rows) : 0});
     for (int t = 0; t < tp_; ++t) {
       writers::Unit u;
       u.outputs.push_back(deepspeed::MpRankFileName(t));
@@ -292,6 +300,7 @@ class Zero0Plan : public writers::Plan {
         out->DictSet(k, Value::Str(options_.target_ds_version));
       } else {
         UCP_ASSIGN_OR_RETURN(ValuePtr c, deepspeed::CopyTreeForWrite(state::FileValue{v, src.file}, w));
+        if (key == "args") UCP_RETURN_IF_ERROR(deepspeed::ApplyArgsChanges(*c, args_changes_));
         out->DictSet(k, c);
       }
     }
@@ -315,6 +324,7 @@ class Zero0Plan : public writers::Plan {
   const state::ModelInfo& info_;
   writers::ZeroWriteOptions options_;
   int tp_ = 1;
+  std::vector<deepspeed::ArgsChange> args_changes_;  // the client state 'args' at the target
   deepspeed_zero::TargetLayout layout_;  // tp > 1: the tp slices
   std::unique_ptr<deepspeed::DeepSpeedFacet> owned_facet_;
   const deepspeed::DeepSpeedFacet* ds_ = nullptr;
@@ -326,9 +336,16 @@ class Zero0Plan : public writers::Plan {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<writers::Plan>> PlanZero0(const state::ModelState& state,
-                                                         const writers::ZeroWriteOptions& options) {
+                                                         const writers::ZeroWriteOptions& options,
+                                                         writers::TargetSummary* summary) {
   auto plan = std::make_unique<Zero0Plan>(state, options);
   UCP_RETURN_IF_ERROR(plan->Build());
+  if (summary != nullptr) {
+    summary->topo = options.target;
+    summary->zero_stage = 0;
+    const std::string note = plan->ArgsNote();
+    if (!note.empty()) summary->notes.push_back(note);
+  }
   return plan;
 }
 

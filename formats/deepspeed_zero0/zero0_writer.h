@@ -28,8 +28,10 @@
 
 namespace ucp::deepspeed_zero0 {
 
+// `summary` (may be null) gets the target's topology, stage and notes.
 absl::StatusOr<std::unique_ptr<writers::Plan>> PlanZero0(const state::ModelState& state,
-                                                         const writers::ZeroWriteOptions& options);
+                                                         const writers::ZeroWriteOptions& options,
+                                                         writers::TargetSummary* summary = nullptr);
 
 }  // namespace ucp::deepspeed_zero0
 

@@ -49,7 +49,7 @@ class Target : public formats::TargetFormat {
   absl::StatusOr<std::unique_ptr<writers::Plan>> PlanTrainingState(const state::ModelState& state,
                                                                    const writers::ZeroWriteOptions& options,
                                                                    writers::TargetSummary* summary) const override {
-    return PlanZero3(state, options);
+    return PlanZero3(state, options, summary);
   }
 };
 

@@ -8,6 +8,7 @@
 #include "base/fs.h"
 #include "base/status_macros.h"
 #include "deepspeed/checkpoint_files.h"
+#include "deepspeed/client_args.h"
 #include "deepspeed/engine_defaults.h"
 #include "deepspeed/layout_math.h"
 #include "deepspeed/tree_copy.h"
@@ -63,6 +64,9 @@ class Zero3Plan : public Plan {
     UCP_RETURN_IF_ERROR(CheckTarget());
     UCP_RETURN_IF_ERROR(CheckSourceFits());
     UCP_RETURN_IF_ERROR(PlanTpSlices());
+    // The vocabulary is not padded here (CheckSourceFits): its rows stay.
+    const state::Topology& from = info_.source_topology;
+    args_changes_ = deepspeed::ArgsChangesFor(deepspeed::ArgsOf(state_), {from.tp, from.pp, from.dp, 0}, {tp_, 1, dp_, 0});
     UCP_RETURN_IF_ERROR(ReadSourceOptimizer());
     ChooseSubGroupSize();
     NumberParams();
@@ -98,6 +102,13 @@ class Zero3Plan : public Plan {
 
   std::string latest_file() const override { return deepspeed::kLatestFile; }
   const state::CheckpointState* source() const override { return &state_; }
+
+  // What the target is, for the command's report.
+  void Summarize(writers::TargetSummary* summary) const {
+    summary->topo = options_.target;
+    summary->zero_stage = 3;
+    if (!args_changes_.empty()) summary->notes.push_back(deepspeed::DescribeArgsChanges(args_changes_));
+  }
 
  private:
   struct Job {
@@ -375,6 +386,7 @@ class Zero3Plan : public Plan {
         out->DictSet(k, Value::Str(options_.target_ds_version));
       } else {
         UCP_ASSIGN_OR_RETURN(ValuePtr c, deepspeed::CopyTreeForWrite(state::FileValue{v, src.file}, w));
+        if (key == "args") UCP_RETURN_IF_ERROR(deepspeed::ApplyArgsChanges(*c, args_changes_));
         out->DictSet(k, c);
       }
     }
@@ -581,13 +593,16 @@ class Zero3Plan : public Plan {
   std::vector<int> frozen_;  // frozen params (ModelInfo::params indices), module order
   std::vector<std::vector<SubGroup>> sub_groups_;  // per tp rank
   std::vector<Job> jobs_;
+  std::vector<deepspeed::ArgsChange> args_changes_;  // the client state 'args' at the target
 };
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Plan>> PlanZero3(const state::ModelState& state, const ZeroWriteOptions& options) {
+absl::StatusOr<std::unique_ptr<Plan>> PlanZero3(const state::ModelState& state, const ZeroWriteOptions& options,
+                                                writers::TargetSummary* summary) {
   auto plan = std::make_unique<Zero3Plan>(state, options);
   UCP_RETURN_IF_ERROR(plan->Build());
+  if (summary != nullptr) plan->Summarize(summary);
   return std::unique_ptr<Plan>(std::move(plan));
 }
 

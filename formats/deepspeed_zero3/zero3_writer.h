@@ -42,7 +42,9 @@ namespace ucp::deepspeed_zero3 {
 // The plan of the ZeRO-3 checkpoint of `state` at options.target (tp = pp = 1),
 // with options.sub_group_size (0: the source's ds_config, else DeepSpeed's
 // default 1e9). `state` must outlive it.
-absl::StatusOr<std::unique_ptr<writers::Plan>> PlanZero3(const state::ModelState& state, const writers::ZeroWriteOptions& options);
+// `summary` (may be null) gets the target's topology, stage and notes.
+absl::StatusOr<std::unique_ptr<writers::Plan>> PlanZero3(const state::ModelState& state, const writers::ZeroWriteOptions& options,
+                                                        writers::TargetSummary* summary = nullptr);
 
 }  // namespace ucp::deepspeed_zero3
 

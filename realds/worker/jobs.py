@@ -6,7 +6,8 @@
 #                                             recording every sample's loss under R
 #   {"do": "save", "dir": D, "tag": T}        engine.save_checkpoint with the family's client state
 #   {"do": "load", "dir": D, "tag": T}        engine.load_checkpoint (plain, or universal when
-#                                             the job has "universal": true); "scramble_frozen":
+#                                             the job has "universal": true; a plain load checks
+#                                             the client state 'args' as GPT-NeoX does); "scramble_frozen":
 #                                             frozen params overwritten first (a plain load
 #                                             must restore them; a universal one never does)
 #   {"do": "dump", "dir": D}                  dumps.dump_state -> D/rank{R}.pt
@@ -156,6 +157,22 @@ class Job:
         path, cs = self.engine.load_checkpoint(d, tag=tag)
         if path is None:
             raise SystemExit(f"load_checkpoint found nothing to load in {d} (tag {tag})")
+        if not self.spec.get("universal"):
+            self.check_client_args(cs, d)
+
+    def check_client_args(self, cs, d):
+        """As GPT-NeoX's and savanna's load_checkpoint (megatron/checkpointing.py
+        check_checkpoint_args): every key of the checkpoint's client state 'args'
+        equals this job's own value (model_parallel_size, pipe_parallel_size, ...).
+        A universal checkpoint is not checked: it holds the source job's args."""
+        args = cs.get("args") if isinstance(cs, dict) else None
+        if not isinstance(args, dict):
+            return
+        mine = self.family.client_state(self.cfg, self.topo, 0).get("args", {})
+        bad = [f"{k}: checkpoint {v!r}, job {mine.get(k, '(none)')!r}" for k, v in args.items() if mine.get(k) != v]
+        if bad:
+            raise SystemExit(f"the client state 'args' of {d} is not this job's (GPT-NeoX's check_checkpoint_args "
+                             "would refuse it): " + "; ".join(bad))
 
     def dump(self, d):
         b = self.built

@@ -1,9 +1,11 @@
 #include "deepspeed/client_args.h"
 
+#include <functional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "deepspeed/facet.h"
 #include "format/pickle/accessors.h"
 
 namespace ucp::deepspeed {
@@ -25,22 +27,22 @@ bool IntOf(const Value* args, const char* key, int64_t* out) {
 std::vector<ArgsChange> ArgsChangesFor(const Value* args, const ArgsTopology& from, const ArgsTopology& to) {
   std::vector<ArgsChange> out;
   if (args == nullptr || !args->is(Kind::kDict)) return out;
-  auto set = [&](const char* key, bool when, int64_t want) {
+  // `key` becomes `want` when its int value differs and `when` holds for it.
+  auto set = [&](const char* key, int64_t want, const std::function<bool(int64_t)>& when) {
     int64_t v = 0;
-    if (want > 0 && IntOf(args, key, &v) && v != want && when) out.push_back({key, v, want});
+    if (want > 0 && IntOf(args, key, &v) && v != want && when(v)) out.push_back({key, v, want});
   };
-  int64_t v = 0;
-  for (const char* key : {"model_parallel_size", "tensor_model_parallel_size"}) set(key, true, to.tp);
-  for (const char* key : {"pipe_parallel_size", "pipeline_model_parallel_size"}) {
-    const bool no_pipeline = std::string(key) == "pipe_parallel_size" && IntOf(args, key, &v) && v == 0 && to.pp == 1;
-    set(key, !no_pipeline, to.pp);
-  }
-  set("data_parallel_size", from.dp > 0 && IntOf(args, "data_parallel_size", &v) && v == from.dp, to.dp);
-  const int64_t world_from = int64_t{from.tp} * from.pp * from.dp;
-  set("world_size", world_from > 0 && IntOf(args, "world_size", &v) && v == world_from,
-      int64_t{to.tp} * to.pp * to.dp);
-  set("padded_vocab_size",
-      from.padded_vocab > 0 && IntOf(args, "padded_vocab_size", &v) && v == from.padded_vocab, to.padded_vocab);
+  auto any = [](int64_t) { return true; };
+  // The source's value, when it is known.
+  auto is = [](int64_t source) { return [source](int64_t v) { return source > 0 && v == source; }; };
+  set("model_parallel_size", to.tp, any);
+  set("tensor_model_parallel_size", to.tp, any);
+  // GPT-NeoX's 0: no PipelineModule, kept at pp 1.
+  set("pipe_parallel_size", to.pp, [&](int64_t v) { return !(v == 0 && to.pp == 1); });
+  set("pipeline_model_parallel_size", to.pp, any);
+  set("data_parallel_size", to.dp, is(from.dp));
+  set("world_size", int64_t{to.tp} * to.pp * to.dp, is(int64_t{from.tp} * from.pp * from.dp));
+  set("padded_vocab_size", to.padded_vocab, is(from.padded_vocab));
   return out;
 }
 
@@ -71,9 +73,12 @@ int64_t SourcePaddedVocab(const state::ModelInfo& info) {
   std::set<int64_t> rows;
   for (const auto& p : info.params) {
     if (p.rule.kind() != VOCAB || p.tp_shapes.empty()) continue;
-    int64_t sum = 0;
-    for (const auto& s : p.tp_shapes) sum += s.empty() ? 0 : s[0];
-    rows.insert(p.tp_whole || p.tp_shapes.size() == 1 ? (p.tp_shapes[0].empty() ? 0 : p.tp_shapes[0][0]) : sum);
+    int64_t sum = 0;  // rows over the tp slices; a tensor held whole is one slice
+    for (const auto& s : p.tp_shapes) {
+      sum += s.empty() ? 0 : s[0];
+      if (p.tp_whole) break;
+    }
+    rows.insert(sum);
   }
   return rows.size() == 1 ? *rows.begin() : 0;
 }
@@ -84,6 +89,15 @@ int64_t TargetPaddedVocab(const state::ModelInfo& info, const std::vector<int64_
     if (info.params[i].rule.kind() == VOCAB) rows.insert(padded_rows[i]);
   }
   return rows.size() == 1 ? *rows.begin() : 0;
+}
+
+std::vector<ArgsChange> TargetArgsChanges(const state::ModelState& state, const state::Topology& target,
+                                          const std::vector<int64_t>* target_padded_rows) {
+  const state::ModelInfo& info = state.info();
+  const state::Topology& from = info.source_topology;
+  const bool vocab = target_padded_rows != nullptr;
+  return ArgsChangesFor(ArgsOf(state), {from.tp, from.pp, from.dp, vocab ? SourcePaddedVocab(info) : 0},
+                        {target.tp, target.pp, target.dp, vocab ? TargetPaddedVocab(info, *target_padded_rows) : 0});
 }
 
 }  // namespace ucp::deepspeed

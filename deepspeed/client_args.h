@@ -59,6 +59,13 @@ int64_t SourcePaddedVocab(const state::ModelInfo& info);
 // plan), when the vocabulary params all agree; else 0.
 int64_t TargetPaddedVocab(const state::ModelInfo& info, const std::vector<int64_t>& padded_rows);
 
+// ArgsChangesFor the 'args' of `state` (ArgsOf), from its source topology to
+// `target`; the padded vocabulary rows are compared when the writer plans
+// them (`target_padded_rows`: per param, as TargetPaddedVocab takes them;
+// null: the vocabulary is not compared).
+std::vector<ArgsChange> TargetArgsChanges(const state::ModelState& state, const state::Topology& target,
+                                          const std::vector<int64_t>* target_padded_rows);
+
 }  // namespace ucp::deepspeed
 
 #endif  // UCP_DEEPSPEED_CLIENT_ARGS_H_

@@ -71,10 +71,7 @@ class MoePlan : public Plan {
     UCP_RETURN_IF_ERROR(ReadTargetVersion());
     UCP_RETURN_IF_ERROR(PlanSlices());
     UCP_RETURN_IF_ERROR(PlanStages());
-    const state::Topology& from = info_.source_topology;
-    args_changes_ = deepspeed::ArgsChangesFor(
-        deepspeed::ArgsOf(state_), {from.tp, from.pp, from.dp, deepspeed::SourcePaddedVocab(info_)},
-        {tp_, pp_, options_.target.dp, deepspeed::TargetPaddedVocab(info_, padded_rows_)});
+    args_changes_ = deepspeed::TargetArgsChanges(state_, options_.target, &padded_rows_);
     if (!args_changes_.empty()) notes_.push_back(deepspeed::DescribeArgsChanges(args_changes_));
     if (common_layout_) UCP_RETURN_IF_ERROR(CheckBuffersTold());
     UCP_ASSIGN_OR_RETURN(common_, ds_->OptimizerCommon());

@@ -520,7 +520,7 @@ class Writer {
       } else if (key == "ds_config") {
         UCP_ASSIGN_OR_RETURN(ValuePtr c, DsConfig(state::FileValue{v, src.file}, w));
         out->DictSet(k, c);
-      } else if (key == "args" && !layout_.args_changes.empty()) {
+      } else if (key == "args") {
         UCP_ASSIGN_OR_RETURN(ValuePtr c, deepspeed::CopyTreeForWrite(state::FileValue{v, src.file}, w));
         UCP_RETURN_IF_ERROR(deepspeed::ApplyArgsChanges(*c, layout_.args_changes));
         out->DictSet(k, c);
@@ -1202,10 +1202,7 @@ absl::StatusOr<std::unique_ptr<Plan>> PlanZero(const state::ModelState& state, c
     }
   }
   UCP_ASSIGN_OR_RETURN(TargetLayout target, PlanTarget(state.info(), options, source_version));
-  const state::Topology& from = state.info().source_topology;
-  target.args_changes = deepspeed::ArgsChangesFor(
-      deepspeed::ArgsOf(state), {from.tp, from.pp, from.dp, deepspeed::SourcePaddedVocab(state.info())},
-      {target.topo.tp, target.topo.pp, target.topo.dp, deepspeed::TargetPaddedVocab(state.info(), target.padded_rows)});
+  target.args_changes = deepspeed::TargetArgsChanges(state, target.topo, &target.padded_rows);
   if (layout != nullptr) *layout = target;
   const std::string target_version = target.ds_version;
   auto plan = std::make_unique<ZeroPlan>(state, std::move(target), options);

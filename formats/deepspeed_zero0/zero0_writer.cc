@@ -79,10 +79,7 @@ class Zero0Plan : public writers::Plan {
       UCP_ASSIGN_OR_RETURN(layout_, deepspeed_zero::PlanTarget(info_, o, ds_version_of_source()));
     }
     // The padded vocabulary rows are compared at tp > 1 only (layout_ plans them).
-    const state::Topology& from = info_.source_topology;
-    args_changes_ = deepspeed::ArgsChangesFor(
-        deepspeed::ArgsOf(state_), {from.tp, from.pp, from.dp, tp_ > 1 ? deepspeed::SourcePaddedVocab(info_) : 0},
-        {tp_, 1, options_.target.dp, tp_ > 1 ? deepspeed::TargetPaddedVocab(info_, layout_.padded_rows) : 0});
+    args_changes_ = deepspeed::TargetArgsChanges(state_, options_.target, tp_ > 1 ? &layout_.padded_rows : nullptr);
     for (int t = 0; t < tp_; ++t) {
       writers::Unit u;
       u.outputs.push_back(deepspeed::MpRankFileName(t));

@@ -65,8 +65,7 @@ class Zero3Plan : public Plan {
     UCP_RETURN_IF_ERROR(CheckSourceFits());
     UCP_RETURN_IF_ERROR(PlanTpSlices());
     // The vocabulary is not padded here (CheckSourceFits): its rows stay.
-    const state::Topology& from = info_.source_topology;
-    args_changes_ = deepspeed::ArgsChangesFor(deepspeed::ArgsOf(state_), {from.tp, from.pp, from.dp, 0}, {tp_, 1, dp_, 0});
+    args_changes_ = deepspeed::TargetArgsChanges(state_, options_.target, nullptr);
     UCP_RETURN_IF_ERROR(ReadSourceOptimizer());
     ChooseSubGroupSize();
     NumberParams();

@@ -31,6 +31,7 @@ const char* PhaseName(Phase p) {
     case Phase::kFlush: return "background flush";
     case Phase::kFsync: return "fsync";
     case Phase::kCommit: return "commit";
+    case Phase::kRanks: return "waiting for other ranks";
     case Phase::kCount: break;
   }
   return "?";

@@ -1,6 +1,7 @@
 // Where a command's time goes, by phase (`--timings`; bench/run_bench.sh
 // prints it per operation): open and plan, the units' reading and merging,
-// input CRC checks, output CRC, digest, write, writeback, fsync, commit.
+// input CRC checks, output CRC, digest, write, writeback, fsync, commit, and
+// (MPI jobs) the waits for the other ranks.
 //
 // A PhaseTimes is bound to a thread by a PhaseScope (the command binds it on
 // its own thread; ExecuteUnits and the deferred CRC checks bind the creator's
@@ -30,6 +31,7 @@ enum class Phase {
   kFlush,      // flushing written output to disk while the units run (BackgroundFlusher)
   kFsync,      // fsync of the output before the commit
   kCommit,     // renaming the output into place, syncing its parent folder
+  kRanks,      // waiting for the other ranks of an MPI job (broadcast, gather)
   kCount
 };
 

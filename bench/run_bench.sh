@@ -14,7 +14,8 @@
 # --timings=1 (default): after the timed runs, each operation once more with
 # --timings (warm, not timed), its table of where the time went by phase (open
 # and plan, read and merge, input CRC, output CRC, digest, write, writeback,
-# fsync, commit) printed under the figures, so a regression names its phase.
+# fsync, commit, waiting for other ranks) printed under the figures, so a
+# regression names its phase.
 #
 # The work folder (the checkpoint and every output: about 5.5 x --gb GB) is
 # removed when the script ends, its report kept as WORKDIR.report.txt;
@@ -438,7 +439,7 @@ EOF
 if ((TIMINGS)); then
   {
     echo
-    echo "== where the time goes (one more warm run of each, ucp --timings; seconds summed over threads)"
+    echo "== where the time goes (one more warm run of each, with every rank count, ucp --timings; seconds summed over threads)"
     timed() {
       local name="$1" input="$2" out="$3"
       shift 3
@@ -447,14 +448,20 @@ if ((TIMINGS)); then
       prepare warm "$input"
       "$@" --timings --progress=never 2>&1 >/dev/null | grep -v '^ucp: note' || true
     }
-    timed convert "$SRC" "$WORK/u/global_step1_universal" \
-      "$UCP" convert --input_folder="$SRC" --output_folder="$WORK/u/global_step1_universal" --num_threads="$THREADS"
-    timed reshard-u "$UNI" "$WORK/tp1_from_universal/global_step1" \
-      "$UCP" reshard --input_folder="$UNI" --output_folder="$WORK/tp1_from_universal/global_step1" --tp=1 --pp=1 \
-      --dp=1 --num_threads="$THREADS"
-    timed reshard-z "$SRC" "$WORK/tp1_from_zero/global_step1" \
-      "$UCP" reshard --input_folder="$SRC" --output_folder="$WORK/tp1_from_zero/global_step1" --tp=1 --pp=1 \
-      --dp=1 --num_threads="$THREADS"
+    # Every rank count of --ranks: under mpirun each rank prints its own
+    # table, with its waits for the others as a phase.
+    for r in $RANKS; do
+      launch=()
+      if ((r > 1)); then launch=(mpirun -np "$r" --oversubscribe); fi
+      timed convert "$SRC" "$WORK/u/global_step1_universal" "${launch[@]}" \
+        "$UCP" convert --input_folder="$SRC" --output_folder="$WORK/u/global_step1_universal" --num_threads="$THREADS"
+      timed reshard-u "$UNI" "$WORK/tp1_from_universal/global_step1" "${launch[@]}" \
+        "$UCP" reshard --input_folder="$UNI" --output_folder="$WORK/tp1_from_universal/global_step1" --tp=1 --pp=1 \
+        --dp=1 --num_threads="$THREADS"
+      timed reshard-z "$SRC" "$WORK/tp1_from_zero/global_step1" "${launch[@]}" \
+        "$UCP" reshard --input_folder="$SRC" --output_folder="$WORK/tp1_from_zero/global_step1" --tp=1 --pp=1 \
+        --dp=1 --num_threads="$THREADS"
+    done
     timed export "$SRC" "$WORK/export_out" \
       "$UCP" export --input_folder="$SRC" --output_folder="$WORK/export_out" --num_threads="$THREADS"
   } | tee -a "$WORK/report.txt"

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/phases.h"
 
 namespace ucp::exec {
 namespace {
@@ -135,6 +136,7 @@ absl::Status MpiError(int code, const char* what) {
 // MPI's busy wait, which would take a core from the ranks still working
 // on the same node (and, with several ranks per node, from their threads).
 int PoliteWait(MPI_Request* request) {
+  PhaseTimer timer(Phase::kRanks);
   int done = 0;
   int64_t sleep_us = 20;
   while (true) {

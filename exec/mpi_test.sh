@@ -187,4 +187,18 @@ grep -q "$victim.*CRC-32 mismatch" <<<"$out" || { echo "$out"; fail "the error d
 [[ ! -e "$W/failure/flip_out/u" ]] || fail "an output was committed from a damaged input"
 checks=$((checks + 1))
 
+# --timings under mpirun: every rank prints its table, with the time it spent
+# waiting for the other ranks (the plan's broadcast, the results' gather) as
+# a phase of its own; one process has no such phase.
+src=$FX/neox-tp2-pp1-dp1/global_step4
+out=$(mpi 2 convert --input_folder="$src" --output_folder="$W/timings/np2/u" --timings 2>&1 >/dev/null)
+for r in 0 1; do
+  grep -q "timings (rank $r of 2)" <<<"$out" || { echo "$out"; fail "no --timings table of rank $r"; }
+done
+[[ $(grep -c "waiting for other ranks" <<<"$out") == 2 ]] || { echo "$out"; fail "not two 'waiting for other ranks' rows"; }
+out=$("$UCP" convert --input_folder="$src" --output_folder="$W/timings/one/u" --timings --progress=never 2>&1 >/dev/null)
+grep -q "open, parse and plan" <<<"$out" || { echo "$out"; fail "no --timings table of one process"; }
+! grep -q "waiting for other ranks" <<<"$out" || { echo "$out"; fail "one process waited for other ranks"; }
+checks=$((checks + 1))
+
 echo "PASS: $checks checks (fixtures x ranks 1-3, random models x ranks 2-3, a failing rank)"

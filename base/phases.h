@@ -30,7 +30,7 @@ enum class Phase {
   kWriteback,  // starting the writeback of written files (sync_file_range)
   kFlush,      // flushing written output to disk while the units run (BackgroundFlusher)
   kFsync,      // fsync of the output before the commit
-  kCommit,     // renaming the output into place, syncing its parent folder
+  kCommit,     // completing the output (its manifest, written and fsynced), renaming it into place
   kRanks,      // waiting for the other ranks of an MPI job (broadcast, gather)
   kCount
 };

@@ -61,6 +61,21 @@ for fixture in gpt-zero3-subgroups-dp2 gpt-moe-ep2-zero2-dp2 gpt-zero1-padding-d
     same "$one/z" "$many/z"
   done
 done
+# The native MoE target's plan says what each file holds (the bytes its units
+# are split by over ranks, and the plan's total): each within 25% of the file
+# written above (frames and padding are not estimated). A constant per unit
+# left every file on one rank.
+moe_one=$W/v0195-gpt-moe-ep2-zero2-dp2/one/z/global_step4
+plan=$("$UCP" reshard --input_folder="$V195/gpt-moe-ep2-zero2-dp2/global_step4" \
+  --output_folder="$W/v0195-moe-plan/global_step4" --dp=1 --dry_run=2 --dry_run_units)
+estimates=$(awk '/^  unit [0-9]+ file /{sub(":", "", $4); print $4, $5}' <<<"$plan")
+[[ $(wc -l <<<"$estimates") -ge 3 ]] || { echo "$plan"; fail "MoE plan: fewer than 3 file units"; }
+while read -r file bytes; do
+  real=$(stat -c %s "$moe_one/$file")
+  ((bytes * 4 >= real * 3 && bytes * 4 <= real * 5)) ||
+    fail "MoE plan: $file estimated at $bytes bytes, written $real"
+done <<<"$estimates"
+checks=$((checks + 1))
 src=$V195/gpt-zero3-dp2/global_step4
 "$UCP" convert --input_folder="$src" --output_folder="$W/v0195-zero3-convert/one/u" --progress=never >/dev/null
 mpi 2 convert --input_folder="$src" --output_folder="$W/v0195-zero3-convert/np2/u" >/dev/null

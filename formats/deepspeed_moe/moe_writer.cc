@@ -6,6 +6,7 @@
 #include <set>
 #include <tuple>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -526,6 +527,33 @@ class MoePlan : public Plan {
   // no unit reads.
   void AddUnits() {
     const std::vector<InputRange> all = deepspeed::EveryParamInput(state_);
+    // What each file holds, roughly: the bytes AssignUnits splits the units
+    // by over ranks (and the plan and the progress report). Module weights at
+    // their lp dtype, optimizer partitions as fp32 masters and states;
+    // frames and padding left out.
+    int64_t dense_lp = 0, dense_opt = 0, expert_opt = 0;
+    std::vector<int64_t> expert_lp(info_.moe_layers.size(), 0);  // one expert's weights, per MoE layer
+    const int64_t per_element = 4 * (1 + static_cast<int64_t>(info_.state_keys.size()));
+    for (const ParamState& p : info_.params) {
+      const int64_t n = Numel(p.full_shape);
+      if (IsExpert(p.name)) {
+        if (p.trainable()) expert_opt += n * per_element;
+        continue;
+      }
+      dense_lp += n * static_cast<int64_t>(torch::ItemSize(p.lp_dtype));
+      if (p.trainable()) dense_opt += n * per_element;
+    }
+    for (size_t l = 0; l < info_.moe_layers.size(); ++l) {
+      int64_t total = 0;
+      for (const ParamState& p : info_.params) {
+        if (IsExpert(p.name) && absl::StartsWith(p.name, info_.moe_layers[l].prefix)) {
+          total += Numel(p.full_shape) * static_cast<int64_t>(torch::ItemSize(p.lp_dtype));
+        }
+      }
+      expert_lp[l] = total / std::max(1, info_.moe_layers[l].num_experts);
+    }
+    const int64_t model_bytes = std::max<int64_t>(4096, dense_lp / (tp_ * pp_));
+    const int64_t optim_bytes = std::max<int64_t>(4096, dense_opt / (tp_ * pp_ * dp_) + expert_opt / (pp_ * dp_));
     auto add = [&](Job job, std::string file, int64_t bytes) {
       Unit u;
       u.name = absl::StrCat("file ", file);
@@ -538,19 +566,21 @@ class MoePlan : public Plan {
     for (int s = 0; s < pp_; ++s) {
       const int mp = s * tp_;
       for (int t = 0; t < tp_; ++t) {
-        add(Job{JobKind::kModel, -1, -1, -1, t, s}, deepspeed::MpRankFileName(mp + t), 4096);
+        add(Job{JobKind::kModel, -1, -1, -1, t, s}, deepspeed::MpRankFileName(mp + t), model_bytes);
       }
       for (size_t k = 0; k < stage_layers_[s].size(); ++k) {
         const int l = stage_layers_[s][k];
         const int local = info_.moe_layers[l].num_experts / ep_;
         for (int e = 0; e < info_.moe_layers[l].num_experts; ++e) {
           add(Job{JobKind::kExpert, l, e, -1, 0, s},
-              absl::StrCat("layer_", k, "_expert_", e, "_", deepspeed::MpRankFileName(mp + (e / local) % tp_)), 4096);
+              absl::StrCat("layer_", k, "_expert_", e, "_", deepspeed::MpRankFileName(mp + (e / local) % tp_)),
+              std::max<int64_t>(4096, expert_lp[l]));
         }
       }
       for (int d = 0; d < dp_; ++d) {
         for (int t = 0; t < tp_; ++t) {
-          add(Job{JobKind::kOptim, -1, -1, d, t, s}, deepspeed::OptimFileName(d, mp + t, info_.bf16_file_prefix), 4096);
+          add(Job{JobKind::kOptim, -1, -1, d, t, s}, deepspeed::OptimFileName(d, mp + t, info_.bf16_file_prefix),
+              optim_bytes);
         }
       }
       if (expp_files_) {

@@ -63,6 +63,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# `launch`: the command prefix that runs ucp with $1 ranks (none for 1).
+launcher() {
+  launch=()
+  if (($1 > 1)); then launch=(mpirun -np "$1" --oversubscribe); fi
+}
+
 GB=3
 RUNS=3
 WORK=/tmp/ucp_bench
@@ -166,8 +172,7 @@ PY
   trace cp -r "$SRC" "$WORK/trace_out"
   trace sh -c 'sync'
   for r in $RANKS; do
-    launch=()
-    if ((r > 1)); then launch=(mpirun -np "$r" --oversubscribe); fi
+    launcher "$r"
     trace "${launch[@]}" "$UCP" reshard --input_folder="$SRC" --output_folder="$WORK/trace_out/global_step1" --tp=1 --pp=1 \
       --dp=1 --fsync=false --progress=never
   done
@@ -270,8 +275,7 @@ for protocol in $PROTOCOLS; do
     run "$protocol" same-export "$SRC" "$WORK/same_out" "$COPY" "$SRC" "$WORK/same_out" "$EXPORT_READ" "$EXPORT_WRITE"
     for r in $RANKS; do
       x=$(suffix "$r")
-      launch=()
-      if ((r > 1)); then launch=(mpirun -np "$r" --oversubscribe); fi
+      launcher "$r"
       run "$protocol" "convert$x" "$SRC" "$WORK/u/global_step1_universal" "${launch[@]}" \
         "$UCP" convert --input_folder="$SRC" --output_folder="$WORK/u/global_step1_universal" --num_threads="$THREADS" \
         --progress=never
@@ -451,8 +455,7 @@ if ((TIMINGS)); then
     # Every rank count of --ranks: under mpirun each rank prints its own
     # table, with its waits for the others as a phase.
     for r in $RANKS; do
-      launch=()
-      if ((r > 1)); then launch=(mpirun -np "$r" --oversubscribe); fi
+      launcher "$r"
       timed convert "$SRC" "$WORK/u/global_step1_universal" "${launch[@]}" \
         "$UCP" convert --input_folder="$SRC" --output_folder="$WORK/u/global_step1_universal" --num_threads="$THREADS"
       timed reshard-u "$UNI" "$WORK/tp1_from_universal/global_step1" "${launch[@]}" \

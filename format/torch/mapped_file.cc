@@ -272,21 +272,6 @@ bool MappedFile::ReadMapped(const void* p, size_t len, uint8_t* dst) {
   return true;
 }
 
-bool MappedFile::CopyToFile(const void* p, size_t len, int out_fd, uint64_t out_offset) {
-  if (len == 0) return true;
-  loff_t in_off = 0;
-  const int in_fd = FindMapped(p, len, &in_off);
-  if (in_fd < 0) return false;
-  loff_t out_off = static_cast<loff_t>(out_offset);
-  size_t left = len;
-  while (left > 0) {
-    const ssize_t r = ::copy_file_range(in_fd, &in_off, out_fd, &out_off, left, 0);
-    if (r <= 0) return false;
-    left -= static_cast<size_t>(r);
-  }
-  return true;
-}
-
 absl::Span<const uint8_t> MappedFile::ReadThrough(absl::Span<const uint8_t> bytes) {
   if (bytes.empty() || bytes.size() > kReadThroughBytes) return bytes;
   thread_local std::unique_ptr<uint8_t[]> buffer;
@@ -313,14 +298,12 @@ absl::Status MappedFile::PWriteAll(int out_fd, const std::string& path, absl::Sp
 
 absl::Status MappedFile::WriteAt(int out_fd, const std::string& path, absl::Span<const uint8_t> bytes,
                                  uint64_t offset, absl::Span<const uint8_t> same) {
-  {
-    PhaseTimer timer(Phase::kWrite);
-    if (CopyToFile(bytes.data(), bytes.size(), out_fd, offset)) {
-      timer.set_bytes(static_cast<int64_t>(bytes.size()));
-      return absl::OkStatus();
-    }
+  if (!same.empty() && same.data() != bytes.data()) return PWriteAll(out_fd, path, same, offset);
+  for (size_t at = 0; at < bytes.size(); at += kReadThroughBytes) {
+    const absl::Span<const uint8_t> chunk = ReadThrough(bytes.subspan(at, kReadThroughBytes));
+    if (absl::Status s = PWriteAll(out_fd, path, chunk, offset + at); !s.ok()) return s;
   }
-  return PWriteAll(out_fd, path, same.empty() ? bytes : same, offset);
+  return absl::OkStatus();
 }
 
 bool MappedFile::IsMappedByThisProcess(const std::string& path) {

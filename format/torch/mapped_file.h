@@ -85,15 +85,6 @@ class MappedFile {
   // truncated under us) are left to fault, as before.
   static void Populate(const void* p, size_t len);
 
-  // When [p, p + len) lies in one live mapping, copies those bytes of the
-  // mapped file to `out_fd` at `out_offset` file to file (copy_file_range:
-  // page cache to page cache, never through this process's page tables) and
-  // returns true; false, having written nothing the caller must keep, when
-  // they are not mapped bytes or the kernel cannot copy them (another file
-  // system, a file that shrank): the caller then writes them itself. Measured
-  // on a VM here: an export of 672 MB took 0.66 s (median of 6) copied so,
-  // 0.94 s written from the mapping.
-  static bool CopyToFile(const void* p, size_t len, int out_fd, uint64_t out_offset);
   // When [p, p + len) lies in one live mapping, reads those bytes of the
   // mapped file into `dst` (pread: the kernel copies them from the page cache
   // into a buffer the caller reuses, without faulting in the mapping's pages)
@@ -110,12 +101,15 @@ class MappedFile {
   static constexpr size_t kReadThroughBytes = size_t{1} << 20;
   static absl::Span<const uint8_t> ReadThrough(absl::Span<const uint8_t> bytes);
 
-  // Writes `bytes` at `offset` of `out_fd`: file to file when they are mapped
-  // bytes (CopyToFile), else by pwrite from `same` (the same bytes already
-  // read into memory, e.g. by ReadThrough; `bytes` when empty). The write is
-  // timed as Phase::kWrite; errors name `path`. Measured on a 2.7 GB reshard
-  // from a universal folder here: 5.4 s of system time written from a buffer,
-  // 1.6 s copied file to file.
+  // Writes `bytes` at `offset` of `out_fd` by pwrite: from `same` when given
+  // (the same bytes already read into memory, e.g. by ReadThrough), else
+  // from `bytes` read through in pieces of kReadThroughBytes (mapped bytes
+  // are read into this thread's buffer first: no fault per page of the
+  // mapping). The write is timed as Phase::kWrite; errors name `path`.
+  // copy_file_range (page cache to page cache) was the path before: on a VM
+  // here, alternating the two builds on real checkpoints, it was the slower
+  // one, e.g. a reshard of 2.7 GB to ZeRO tp 1 took 2.26-2.73 s copied file
+  // to file and 2.14-2.60 s written from the buffer.
   static absl::Status WriteAt(int out_fd, const std::string& path, absl::Span<const uint8_t> bytes, uint64_t offset,
                               absl::Span<const uint8_t> same = {});
   // pwrite of every byte of `bytes` at `offset` (retried on EINTR and short

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/types/span.h"
 #include "format/torch/test_util.h"
 #include "gtest/gtest.h"
 
@@ -199,10 +200,11 @@ TEST(MappedFileRssTest, PopulateMapsExactlyTheRange) {
   MappedFile::ReleaseAll();
 }
 
-// CopyToFile and ReadMapped take the bytes from the mapped file itself:
-// exactly [p, p + len) of it, at the asked offset of the output; bytes no
-// single mapping holds are left to the caller (false, nothing written).
-TEST(MappedFileCopyTest, CopiesAndReadsExactlyTheMappedRange) {
+// WriteAt and ReadMapped take the bytes from the mapped file itself:
+// exactly [p, p + len) of it, at the asked offset of the output (WriteAt in
+// pieces of kReadThroughBytes through this thread's buffer); ReadMapped
+// leaves bytes no single mapping holds to the caller (false).
+TEST(MappedFileCopyTest, WritesAndReadsExactlyTheMappedRange) {
   const char* tmp = std::getenv("TEST_TMPDIR");
   const std::string dir = std::string(tmp != nullptr ? tmp : "/tmp");
   std::string content(3 << 20, '\0');
@@ -216,21 +218,28 @@ TEST(MappedFileCopyTest, CopiesAndReadsExactlyTheMappedRange) {
   const int fd = ::open(out.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0644);
   ASSERT_GE(fd, 0);
   const size_t from = 12345, len = (2 << 20) + 777, at = 1001;
-  ASSERT_TRUE(MappedFile::CopyToFile(data + from, len, fd, at));
+  ASSERT_TRUE(MappedFile::WriteAt(fd, out, absl::MakeConstSpan(data + from, len), at).ok());
   std::string got(at + len, '\0');
   ASSERT_EQ(::pread(fd, got.data(), got.size(), 0), static_cast<ssize_t>(got.size()));
   EXPECT_EQ(got.substr(0, at), std::string(at, '\0'));
-  EXPECT_TRUE(got.substr(at) == content.substr(from, len)) << "the copy is not the mapped range";
+  EXPECT_TRUE(got.substr(at) == content.substr(from, len)) << "the write is not the mapped range";
 
   std::vector<uint8_t> buf(len);
   ASSERT_TRUE(MappedFile::ReadMapped(data + from, len, buf.data()));
   EXPECT_EQ(std::memcmp(buf.data(), content.data() + from, len), 0);
 
-  // Past the mapping's end, or memory no mapping holds: false, nothing done.
-  EXPECT_FALSE(MappedFile::CopyToFile(data + content.size() - 10, 20, fd, 0));
+  // Past the mapping's end, or memory no mapping holds: ReadMapped false;
+  // WriteAt writes heap bytes as they are, and `same` (the bytes already
+  // read) instead of `bytes` when given.
+  EXPECT_FALSE(MappedFile::ReadMapped(data + content.size() - 10, 20, buf.data()));
   std::vector<uint8_t> heap(64, 7);
-  EXPECT_FALSE(MappedFile::CopyToFile(heap.data(), heap.size(), fd, 0));
   EXPECT_FALSE(MappedFile::ReadMapped(heap.data(), heap.size(), buf.data()));
+  ASSERT_TRUE(MappedFile::WriteAt(fd, out, heap, 0).ok());
+  std::vector<uint8_t> other(64, 9);
+  ASSERT_TRUE(MappedFile::WriteAt(fd, out, absl::MakeConstSpan(data, 64), 64, other).ok());
+  std::string head(128, '\0');
+  ASSERT_EQ(::pread(fd, head.data(), head.size(), 0), 128);
+  EXPECT_EQ(head, std::string(64, '\7') + std::string(64, '\t'));
   struct stat st;
   ASSERT_EQ(::fstat(fd, &st), 0);
   EXPECT_EQ(static_cast<size_t>(st.st_size), at + len);

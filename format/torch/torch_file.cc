@@ -885,7 +885,7 @@ struct TorchWriter::Impl {
       UCP_ASSIGN_OR_RETURN(absl::Span<const uint8_t> piece, cursor.Next());
       if (piece.empty()) break;
       // Bytes of a mapped input are hashed from a buffer this thread reuses
-      // (MappedFile::ReadThrough) and copied file to file (WriteAt).
+      // (MappedFile::ReadThrough) and written from there (WriteAt).
       const absl::Span<const uint8_t> bytes = MappedFile::ReadThrough(piece);
       crc = Crc32(crc, bytes.data(), bytes.size());
       {

@@ -30,6 +30,7 @@
 #include "testing/fixtures.h"
 #include "tp/tensor_plan.h"
 #include "formats/deepspeed_zero/zero_writer.h"
+#include "writers/target_options.h"
 
 namespace ucp::conformance {
 namespace {
@@ -157,6 +158,16 @@ void SaveReadReshardConvert() {
   o.zero_stage = 3;
   o.sub_group_size = s1;
   o.num_threads = 1;
+  // Some writes cut their optimizer files into pieces of 16 to 512 bytes,
+  // written by separate units (writers::OptimPieces): they must read back
+  // as exactly the model's tensors, their record CRCs intact.
+  o.piece_bytes = *rc::gen::element<int64_t>(-1, 16, 64, 512);
+  {
+    // Whether rank 0's optimizer file (fp32 and 2 Adam states) is cut.
+    int64_t numel = 0;
+    for (const ModelParam& p : spec.param()) numel += Numel(std::vector<int64_t>(p.shape().begin(), p.shape().end()));
+    ++g_dist["optimizer file at T1"][writers::OptimPieces(numel / dp1 * 12, o.piece_bytes) > 1 ? "in pieces" : "whole"];
+  }
   const std::string a = JoinPath(root, "a/global_step1");
   auto written = ops::WriteTrainingState(**m, a, o);
   RC_ASSERT(written.ok());
@@ -168,7 +179,8 @@ void SaveReadReshardConvert() {
   r.write.target = state::Topology{1, 1, dp2};
   r.write.sub_group_size = s2;
   r.write.target_ds_version = v2;
-  r.write.num_threads = 1;
+  r.write.num_threads = *rc::gen::inRange(1, 4);
+  r.write.piece_bytes = *rc::gen::element<int64_t>(-1, 16, 64, 512);
   auto resharded = ops::Reshard(r);
   RC_ASSERT(resharded.ok());
   CheckReadsBack(**m, r.output_folder, dp2, s2);

@@ -131,6 +131,25 @@ for fixture in neox-tp2-pp1-dp2 neox-bf16-tp2-pp1-dp2 gpt-zero2-nopipe-tp2-dp2; 
   done
 done
 
+# ... and the ZeRO-3 target's optimizer files (a ZeRO-3 source with several
+#     sub-groups to dp 1; a ZeRO-2 tp-2 source to ZeRO-3 at tp 2).
+z3pieces() {  # name input tp
+  local ref=$W/zero3-pieces/$1-ref dry
+  "$UCP" reshard --input_folder="$2" --output_folder="$ref/global_step4" --tp="$3" --dp=1 --zero_stage=3 \
+    --piece_bytes=-1 --progress=never >/dev/null 2>&1
+  dry=$("$UCP" reshard --input_folder="$2" --output_folder="$W/zero3-pieces/$1-dry" --tp="$3" --dp=1 --zero_stage=3 \
+    --piece_bytes=65536 --dry_run=2 --dry_run_units 2>/dev/null)
+  grep -q "optim_states.pt piece 2 of" <<<"$dry" || fail "$1: --piece_bytes=65536 cuts no ZeRO-3 optimizer file"
+  grep -q " piece " <<<"$(awk '/^rank 1:/{r=1} r' <<<"$dry")" || fail "$1: rank 1 of 2 writes no ZeRO-3 piece"
+  for n in 2 3; do
+    mpi "$n" reshard --input_folder="$2" --output_folder="$W/zero3-pieces/$1-np$n/global_step4" --tp="$3" --dp=1 \
+      --zero_stage=3 --piece_bytes=65536 >/dev/null 2>&1
+    same "$ref" "$W/zero3-pieces/$1-np$n"
+  done
+}
+z3pieces subgroups "$V195/gpt-zero3-subgroups-dp2/global_step4" 1
+z3pieces nopipe-tp2 "$FX/gpt-zero2-nopipe-tp2-dp2/global_step4" 2
+
 # 2. Random conformance models (any tp/pp/dp, every merge kind, ZeRO 1/2,
 #    bf16/fp16, pipelines and plain modules, tied, frozen, buffers).
 "$CONFORMANCE" fuzz --write_sources="$W/random" --cases=6 --seed=11 >/dev/null

@@ -24,6 +24,7 @@
 #include "format/torch/tensor.h"
 #include "writers/plan.h"
 #include "formats/deepspeed_zero/zero_writer.h"
+#include "formats/deepspeed_zero3/zero3_writer.h"
 
 namespace ucp::ops {
 namespace {
@@ -33,11 +34,13 @@ namespace fs = std::filesystem;
 constexpr char kFixture[] = "neox-tp2-pp1-dp2/global_step4";
 constexpr char kOptim[] = "zero_pp_rank_0_mp_rank_00_optim_states.pt";
 
-ReshardOptions ToTp1(const std::string& in, const std::string& out, int64_t piece_bytes, int threads) {
+ReshardOptions ToTp1(const std::string& in, const std::string& out, int64_t piece_bytes, int threads,
+                     int zero_stage = 0, int tp = 1) {
   ReshardOptions o;
   o.input_folder = in;
   o.output_folder = out;
-  o.write.target = state::Topology{1, 1, 1};
+  o.write.target = state::Topology{tp, 1, 1};
+  o.write.zero_stage = zero_stage;  // 0: the source's
   o.write.piece_bytes = piece_bytes;
   o.write.num_threads = threads;
   o.zero_source.num_threads = threads;
@@ -60,17 +63,17 @@ void ExpectSameTree(const std::string& a, const std::string& b) {
 }
 
 // The fixture's universal checkpoint, converted into ROOT/u.
-absl::StatusOr<std::string> ConvertFixture(const std::string& root) {
+absl::StatusOr<std::string> ConvertFixture(const std::string& root, const std::string& fixture = kFixture) {
   ConvertOptions c;
-  c.input_folder = testing::FixturePath(kFixture);
+  c.input_folder = testing::FixturePath(fixture);
   c.output_folder = JoinPath(root, "u");
   UCP_RETURN_IF_ERROR(Convert(c).status());
   return c.output_folder;
 }
 
 // How many pieces the plan cuts the optimizer file into (from --dry_run).
-int PiecesOf(const std::string& in, int64_t piece_bytes) {
-  ReshardOptions o = ToTp1(in, "/nonexistent/x", piece_bytes, 1);
+int PiecesOf(const std::string& in, int64_t piece_bytes, int zero_stage = 0, int tp = 1) {
+  ReshardOptions o = ToTp1(in, "/nonexistent/x", piece_bytes, 1, zero_stage, tp);
   o.dry_run_ranks = 1;
   o.dry_run_units = true;
   auto r = Reshard(o);
@@ -109,6 +112,83 @@ TEST(SplitWriteTest, PiecesWriteTheSameBytesAsOneUnit) {
       }
     }
   }
+}
+
+// The ZeRO-3 target's optimizer files (formats/deepspeed_zero3) are cut the
+// same way: the same bytes for any piece size and thread count, from a
+// ZeRO-3 source with several sub-groups (tp 1) and from a ZeRO-2 tp-2 one
+// and its universal checkpoint (tp 1 and 2: the pieces' tp slices), and
+// the record CRCs combined from the pieces hold (`ucp verify`).
+TEST(SplitWriteTest, Zero3PiecesWriteTheSameBytesAsOneUnit) {
+  const std::string root = testing::FreshTempDir("split_zero3");
+  struct Source {
+    std::string in;
+    int tp;
+  };
+  std::vector<Source> sources = {{testing::VersionFixturePath("0.19.5", "gpt-zero3-subgroups-dp2/global_step4"), 1}};
+  const std::string nopipe = "gpt-zero2-nopipe-tp2-dp2/global_step4";
+  const absl::StatusOr<std::string> converted = ConvertFixture(root, nopipe);
+  ASSERT_TRUE(converted.ok()) << converted.status();
+  for (int tp : {1, 2}) {
+    sources.push_back({testing::FixturePath(nopipe), tp});
+    sources.push_back({*converted, tp});
+  }
+  int n = 0;
+  for (const Source& src : sources) {
+    SCOPED_TRACE(absl::StrCat(src.in, " to ZeRO-3 tp ", src.tp));
+    const std::string ref = JoinPath(root, absl::StrCat(n, "_ref/global_step4"));
+    auto whole = Reshard(ToTp1(src.in, ref, /*piece_bytes=*/-1, 2, /*zero_stage=*/3, src.tp));
+    ASSERT_TRUE(whole.ok()) << whole.status();
+    EXPECT_EQ(whole->write.files, 2 * src.tp);  // model and optimizer file per tp rank
+    EXPECT_EQ(PiecesOf(src.in, -1, 3, src.tp), 1);
+    for (int64_t piece_bytes : {int64_t{4096}, int64_t{65536}}) {
+      ASSERT_GT(PiecesOf(src.in, piece_bytes, 3, src.tp), 4) << piece_bytes;
+      for (int threads : {1, 3}) {
+        const std::string out = JoinPath(root, absl::StrCat(n, "_", piece_bytes, "_", threads, "/global_step4"));
+        auto split = Reshard(ToTp1(src.in, out, piece_bytes, threads, 3, src.tp));
+        ASSERT_TRUE(split.ok()) << split.status();
+        EXPECT_EQ(split->write.files, whole->write.files);
+        EXPECT_EQ(split->write.bytes, whole->write.bytes);
+        ExpectSameTree(ref, out);
+        const formats::VerifyResult v = ops::Verify(out);
+        EXPECT_TRUE(v.problems.empty()) << absl::StrJoin(v.problems, "\n");
+      }
+    }
+    ++n;
+  }
+}
+
+// From a universal source, a piece of a ZeRO-3 optimizer file lists only
+// the state files of its own bytes, each with the bytes it reads of it.
+TEST(SplitWriteTest, AZero3PieceListsOnlyTheInputsOfItsBytes) {
+  const std::string root = testing::FreshTempDir("split_zero3_inputs");
+  const absl::StatusOr<std::string> converted = ConvertFixture(root, "gpt-zero2-nopipe-tp2-dp2/global_step4");
+  ASSERT_TRUE(converted.ok()) << converted.status();
+  SourceOptions so;
+  so.tp1_whole_tensors = true;
+  auto src = OpenSource(*converted, so, nullptr);
+  ASSERT_TRUE(src.ok()) << src.status();
+  writers::ZeroWriteOptions w = ToTp1(*converted, "/unused", /*piece_bytes=*/65536, 1, 3).write;
+  auto plan = deepspeed_zero3::PlanZero3(*src->state, w, nullptr);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  std::set<std::string> all_files;
+  size_t pieces = 0, listed = 0;
+  for (const writers::Unit& u : (*plan)->units()) {
+    if (!absl::StrContains(u.name, " piece ")) continue;
+    ++pieces;
+    for (const auto& in : u.inputs) {
+      EXPECT_GT(in.length, 0) << u.name << " " << in.path;
+      all_files.insert(in.path);
+    }
+    listed += u.inputs.size();
+  }
+  ASSERT_GE(pieces, 10u);
+  // Every trainable param's fp32.pt and state files, each listed by the
+  // pieces its bytes fall in: not every file by every piece.
+  size_t trainable = 0;
+  for (const auto& p : src->state->info().params) trainable += p.trainable() ? 1 : 0;
+  EXPECT_GE(all_files.size(), trainable * (1 + src->state->info().state_keys.size()));
+  EXPECT_LE(listed, 2 * all_files.size() + 2 * pieces);
 }
 
 // `ucp verify` (formats::VerifyFolder) finds a byte flipped in any piece of

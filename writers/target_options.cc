@@ -1,5 +1,6 @@
 #include "writers/target_options.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/ascii.h"
@@ -19,6 +20,13 @@ RunOptions ZeroRunOptions(const ZeroWriteOptions& options) {
   run.progress = options.progress;
   run.fsync = options.fsync;
   return run;
+}
+
+int OptimPieces(int64_t bytes, int64_t piece_bytes) {
+  if (piece_bytes == 0) piece_bytes = kOptimPieceBytes;
+  constexpr int64_t kMaxPieces = 4096;
+  if (piece_bytes < 0 || bytes < 2 * piece_bytes) return 1;
+  return static_cast<int>(std::min(kMaxPieces, (bytes + piece_bytes - 1) / piece_bytes));
 }
 
 std::string LayerTypeName(const ZeroWriteOptions& options, int layer, const std::vector<std::string>& local_names) {

@@ -73,6 +73,14 @@ struct ZeroWriteOptions {
 
 inline constexpr int64_t kOptimPieceBytes = int64_t{128} << 20;
 
+// How many pieces a file of `bytes` is written in, for
+// ZeroWriteOptions::piece_bytes `piece_bytes`: 1 (one unit) unless the file
+// holds at least two pieces' worth; at most 4096 (a tiny piece_bytes must not
+// make millions of units, each building the file's tree). It depends on the
+// plan only, so one process, any thread count and any number of ranks write
+// the same bytes.
+int OptimPieces(int64_t bytes, int64_t piece_bytes);
+
 // The RunOptions the write options imply.
 RunOptions ZeroRunOptions(const ZeroWriteOptions& options);
 

@@ -6,7 +6,6 @@
 #include <set>
 #include <tuple>
 
-#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -68,6 +67,7 @@ class MoePlan : public Plan {
       : state_(state), info_(state.info()), options_(options) {}
 
   absl::Status Build() {
+    for (size_t l = 0; l < info_.moe_layers.size(); ++l) moe_layer_of_[info_.moe_layers[l].prefix] = static_cast<int>(l);
     UCP_RETURN_IF_ERROR(CheckTarget());
     UCP_RETURN_IF_ERROR(ReadTargetVersion());
     UCP_RETURN_IF_ERROR(PlanSlices());
@@ -342,8 +342,6 @@ class MoePlan : public Plan {
   // experts) and its type name (the option's, the caller's guess from its
   // tensor names, else "Layer", or "function" for a layer without tensors).
   std::vector<deepspeed::PipelineLayerInfo> PipelineLayers(const std::vector<int>& layer_of, int num_layers) const {
-    std::map<std::string, int> moe_layer_of;  // MoE layer prefix -> index
-    for (size_t l = 0; l < info_.moe_layers.size(); ++l) moe_layer_of[info_.moe_layers[l].prefix] = l;
     std::vector<deepspeed::PipelineLayerInfo> layers(num_layers);
     std::vector<std::vector<std::string>> local_names(num_layers);
     for (size_t i = 0; i < info_.params.size(); ++i) {
@@ -352,12 +350,9 @@ class MoePlan : public Plan {
       const std::vector<int> at = layer_of[i] >= 0 ? std::vector<int>{layer_of[i]} : tied_layers_;
       for (int l : at) local_names[l].push_back(p.name.substr(p.name.find('.') + 1));
       if (!p.trainable()) continue;
-      std::string prefix, suffix;
       int id = 0;
-      if (SplitExpertName(p.name, &prefix, &id, &suffix) && moe_layer_of.count(prefix) &&
-          id >= info_.moe_layers[moe_layer_of.at(prefix)].num_experts / ep_) {
-        continue;  // another ep rank's expert
-      }
+      const int moe = MoeLayerOf(p.name, &id);
+      if (moe >= 0 && id >= info_.moe_layers[moe].num_experts / ep_) continue;  // another ep rank's expert
       for (int l : at) layers[l].trainable_numel += Numel(slice_shapes_[i]);
     }
     for (int l = 0; l < num_layers; ++l) layers[l].type_name = writers::LayerTypeName(options_, l, local_names[l]);
@@ -532,25 +527,19 @@ class MoePlan : public Plan {
     // their lp dtype, optimizer partitions as fp32 masters and states;
     // frames and padding left out.
     int64_t dense_lp = 0, dense_opt = 0, expert_opt = 0;
-    std::vector<int64_t> expert_lp(info_.moe_layers.size(), 0);  // one expert's weights, per MoE layer
+    std::vector<int64_t> expert_lp(info_.moe_layers.size(), 0);  // expert 0's weights, per MoE layer
     const int64_t per_element = 4 * (1 + static_cast<int64_t>(info_.state_keys.size()));
     for (const ParamState& p : info_.params) {
       const int64_t n = Numel(p.full_shape);
       if (IsExpert(p.name)) {
         if (p.trainable()) expert_opt += n * per_element;
+        int id = 0;
+        const int moe = MoeLayerOf(p.name, &id);
+        if (moe >= 0 && id == 0) expert_lp[moe] += n * static_cast<int64_t>(torch::ItemSize(p.lp_dtype));
         continue;
       }
       dense_lp += n * static_cast<int64_t>(torch::ItemSize(p.lp_dtype));
       if (p.trainable()) dense_opt += n * per_element;
-    }
-    for (size_t l = 0; l < info_.moe_layers.size(); ++l) {
-      int64_t total = 0;
-      for (const ParamState& p : info_.params) {
-        if (IsExpert(p.name) && absl::StartsWith(p.name, info_.moe_layers[l].prefix)) {
-          total += Numel(p.full_shape) * static_cast<int64_t>(torch::ItemSize(p.lp_dtype));
-        }
-      }
-      expert_lp[l] = total / std::max(1, info_.moe_layers[l].num_experts);
     }
     const int64_t model_bytes = std::max<int64_t>(4096, dense_lp / (tp_ * pp_));
     const int64_t optim_bytes = std::max<int64_t>(4096, dense_opt / (tp_ * pp_ * dp_) + expert_opt / (pp_ * dp_));
@@ -607,6 +596,16 @@ class MoePlan : public Plan {
   }
 
   bool IsExpert(const std::string& name) const { return name.find(kExpertInfix) != std::string::npos; }
+
+  // The MoE layer (index into info_.moe_layers) whose expert param `name`
+  // is, with the expert's id in `id`; -1 when it is no expert of a known
+  // MoE layer.
+  int MoeLayerOf(const std::string& name, int* id) const {
+    std::string prefix, suffix;
+    if (!SplitExpertName(name, &prefix, id, &suffix)) return -1;
+    auto it = moe_layer_of_.find(prefix);
+    return it == moe_layer_of_.end() ? -1 : it->second;
+  }
 
   absl::StatusOr<ValuePtr> Copy(const ValuePtr& v, const std::shared_ptr<const torch::TorchFile>& file,
                                 torch::TorchWriter& w) const {
@@ -945,6 +944,7 @@ class MoePlan : public Plan {
 
   const state::ModelState& state_;
   const ModelInfo& info_;
+  std::map<std::string, int> moe_layer_of_;  // MoE layer prefix -> index into info_.moe_layers
   ZeroWriteOptions options_;
   std::unique_ptr<deepspeed::DeepSpeedFacet> owned_facet_;
   const deepspeed::DeepSpeedFacet* ds_ = nullptr;

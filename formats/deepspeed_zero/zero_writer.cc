@@ -38,7 +38,6 @@ using writers::WriteUnitPiece;
 using writers::FinishUnitPieces;
 using writers::ZeroWriteOptions;
 using writers::ZeroRunOptions;
-using writers::kOptimPieceBytes;
 
 namespace {
 
@@ -418,6 +417,39 @@ absl::StatusOr<TensorPlan> TargetSlice(const state::ModelState& state, const Tar
   return slice.Reshape(layout.SliceShape(param_index, rank));
 }
 
+absl::StatusOr<std::vector<std::vector<writers::InputRange>>> PieceInputsOf(
+    torch::TorchWriter& w, const std::string& name, const pickle::Value& root, int pieces,
+    const std::vector<std::pair<size_t, TensorPlan>>& records) {
+  std::map<size_t, const TensorPlan*> by_storage;
+  for (const auto& [storage, plan] : records) by_storage[storage] = &plan;
+  UCP_ASSIGN_OR_RETURN(std::vector<std::vector<torch::TorchWriter::StoragePart>> all_parts,
+                       w.PieceParts(name, root, pieces));
+  std::vector<std::vector<writers::InputRange>> out(pieces);
+  for (int k = 0; k < pieces; ++k) {
+    std::map<std::string, int64_t> bytes;  // input file -> bytes the piece reads of it
+    std::vector<std::string> order;
+    for (const auto& part : all_parts[k]) {
+      auto it = by_storage.find(part.storage);
+      if (it == by_storage.end()) continue;  // copied from the common state: opened by every piece
+      const TensorPlan& plan = *it->second;
+      const int64_t isz = static_cast<int64_t>(torch::ItemSize(plan.dtype()));
+      const int64_t first = static_cast<int64_t>(part.offset) / isz;
+      const int64_t last = (static_cast<int64_t>(part.offset + part.length) + isz - 1) / isz;
+      for (const TensorPlan::DeferredUse& use : plan.DeferredIn(first, last - first)) {
+        for (const std::string& f : use.source->files) {
+          auto [b, inserted] = bytes.emplace(f, 0);
+          if (inserted) order.push_back(f);
+          b->second += use.count * static_cast<int64_t>(torch::ItemSize(use.source->dtype));
+        }
+      }
+    }
+    // Whole files (tensor ""), with the bytes read as the length: the
+    // rank that reads most of a file checks it (AssignCheckers).
+    for (const std::string& f : order) out[k].push_back({f, "", 0, bytes[f]});
+  }
+  return out;
+}
+
 namespace {
 
 // Writes one target checkpoint; each Write* method is one output file.
@@ -629,35 +661,7 @@ class Writer {
     torch::TorchWriter w(write_options_);
     std::vector<std::pair<size_t, TensorPlan>> records;
     UCP_ASSIGN_OR_RETURN(ValuePtr root, OptimRoot(w, stage, rank, dp_rank, /*deferred=*/true, &records));
-    std::map<size_t, const TensorPlan*> by_storage;
-    for (const auto& [storage, plan] : records) by_storage[storage] = &plan;
-    const std::string name = OptimName(stage, rank, dp_rank);
-    UCP_ASSIGN_OR_RETURN(std::vector<std::vector<torch::TorchWriter::StoragePart>> all_parts,
-                         w.PieceParts(name, *root, pieces));
-    std::vector<std::vector<InputRange>> out(pieces);
-    for (int k = 0; k < pieces; ++k) {
-      const std::vector<torch::TorchWriter::StoragePart>& parts = all_parts[k];
-      std::map<std::string, int64_t> bytes;  // input file -> bytes the piece reads of it
-      std::vector<std::string> order;
-      for (const auto& part : parts) {
-        auto it = by_storage.find(part.storage);
-        if (it == by_storage.end()) continue;  // copied from the common state: opened by every piece
-        const TensorPlan& plan = *it->second;
-        const int64_t isz = static_cast<int64_t>(torch::ItemSize(plan.dtype()));
-        const int64_t first = static_cast<int64_t>(part.offset) / isz;
-        const int64_t last = (static_cast<int64_t>(part.offset + part.length) + isz - 1) / isz;
-        for (const TensorPlan::DeferredUse& use : plan.DeferredIn(first, last - first)) {
-          for (const std::string& f : use.source->files) {
-            auto [b, inserted] = bytes.emplace(f, 0);
-            if (inserted) order.push_back(f);
-            b->second += use.count * static_cast<int64_t>(torch::ItemSize(use.source->dtype));
-          }
-        }
-      }
-      // Whole files (tensor ""), with the bytes read as the length: the
-      // rank that reads most of a file checks it (AssignCheckers).
-      for (const std::string& f : order) out[k].push_back({f, "", 0, bytes[f]});
-    }
+    UCP_ASSIGN_OR_RETURN(auto out, PieceInputsOf(w, OptimName(stage, rank, dp_rank), *root, pieces, records));
     return std::optional<std::vector<std::vector<InputRange>>>(std::move(out));
   }
 
@@ -987,7 +991,7 @@ class ZeroPlan : public Plan {
         layout_(std::move(layout)),
         writer_(state, layout_, options.num_threads, options.fsync),
         info_(state.info()),
-        piece_bytes_(options.piece_bytes == 0 ? kOptimPieceBytes : options.piece_bytes) {}
+        piece_bytes_(options.piece_bytes) {}
 
   absl::Status Build(const std::string& ds_version) {
     UCP_ASSIGN_OR_RETURN(ds_, deepspeed::FacetOrDefaults(state_, ds_version, &owned_facet_));
@@ -1071,17 +1075,11 @@ class ZeroPlan : public Plan {
     }
     const std::vector<InputRange> in = params_inputs(params);
     // A large file is cut into pieces of about piece_bytes_ (at least
-    // two), each a unit: the cut depends on the plan only, so one
-    // process, any thread count and any number of ranks write the same
-    // bytes. Each piece lists the inputs of its bytes (PieceInputs lays
-    // the file out without opening them), or, from a source that cannot
-    // defer its tensors, all of the file's inputs.
-    // At most kMaxPieces (a tiny --piece_bytes must not make millions
-    // of units, each building the file's tree).
-    constexpr int64_t kMaxPieces = 4096;
-    const int pieces = piece_bytes_ > 0 && bytes >= 2 * piece_bytes_
-                           ? static_cast<int>(std::min(kMaxPieces, (bytes + piece_bytes_ - 1) / piece_bytes_))
-                           : 1;
+    // two), each a unit (writers::OptimPieces). Each piece lists the inputs
+    // of its bytes (PieceInputs lays the file out without opening them),
+    // or, from a source that cannot defer its tensors, all of the file's
+    // inputs.
+    const int pieces = writers::OptimPieces(bytes, piece_bytes_);
     const std::string file = deepspeed::OptimFileName(d, t.mp_rank(s, r), info_.bf16_file_prefix);
     if (pieces == 1) {
       Add(OptimJob{s, r, d}, file, bytes, in);

@@ -113,6 +113,17 @@ absl::StatusOr<tp::TensorPlan> TargetSlice(const state::ModelState& state, const
                                            int param_index, const std::string& state_name, int rank,
                                            bool deferred = false);
 
+// Which inputs each of `pieces` pieces of the file `name` (tree `root`, made
+// in `w`) reads (writers::WriteUnitPiece), from the plans of its storages
+// (`records`: TorchWriter storage number -> deferred plan, as the writer
+// made them), without writing or reading anything: per piece, each input
+// file whole (tensor ""), with the bytes it reads of it as the length.
+// Storages not in `records` (copied from the source's common state) are
+// left out: every piece opens those.
+absl::StatusOr<std::vector<std::vector<writers::InputRange>>> PieceInputsOf(
+    torch::TorchWriter& w, const std::string& name, const pickle::Value& root, int pieces,
+    const std::vector<std::pair<size_t, tp::TensorPlan>>& records);
+
 struct ZeroWriteResult {
   TargetLayout layout;
   int64_t files = 0;

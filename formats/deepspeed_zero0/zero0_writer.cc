@@ -241,7 +241,7 @@ class Zero0Plan : public writers::Plan {
     out->DictSet(Value::Str("cur_iter"), Value::Int(global_steps));
     if (dynamic && scaler_state != nullptr) {
       for (const char* key : {"last_overflow_iter", "scale_factor", "scale_window"}) {
-        if (const Value* v = scaler_state->DictGet(key)) {
+        if (scaler_state->DictGet(key) != nullptr) {
           UCP_ASSIGN_OR_RETURN(ValuePtr c, CopyCommon(w, scaler_state->DictGetPtr(key)));
           out->DictSet(Value::Str(key), c);
         }

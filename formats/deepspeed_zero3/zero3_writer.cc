@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
@@ -29,6 +30,8 @@ using writers::AddVerifyUnit;
 using writers::ExecuteVerifyUnit;
 using writers::AddUnitResults;
 using writers::WriteUnitFile;
+using writers::WriteUnitPiece;
+using writers::FinishUnitPieces;
 using writers::ZeroWriteOptions;
 
 namespace {
@@ -70,8 +73,7 @@ class Zero3Plan : public Plan {
     ChooseSubGroupSize();
     NumberParams();
     UCP_RETURN_IF_ERROR(CutSubGroups());
-    AddUnits();
-    return absl::OkStatus();
+    return AddUnits();
   }
 
   absl::Status Prepare(const std::string& staging) const override { return absl::OkStatus(); }
@@ -80,11 +82,15 @@ class Zero3Plan : public Plan {
     const Job& job = jobs_[i];
     if (job.dp < 0) return ExecuteVerifyUnit(state_, units_[i]);
     const int t = job.tp;
-    torch::TorchWriteOptions wo;
-    wo.record_threads = 1;
-    wo.writeback = options_.fsync;
-    torch::TorchWriter w(wo);
+    torch::TorchWriter w(WriteOptions());
     ValuePtr root;
+    if (job.pieces > 1) {
+      // Piece `job.piece` of the optimizer file: the file's whole tree (only
+      // metadata; the source's tensors opened as the piece's bytes are read),
+      // its share of the storage bytes.
+      UCP_ASSIGN_OR_RETURN(root, OptimRoot(w, job.dp, t, /*deferred=*/true));
+      return WriteUnitPiece(w, staging, units_[i].outputs[0], *root, job.piece, job.pieces, result);
+    }
     if (job.optim) {
       UCP_ASSIGN_OR_RETURN(root, OptimRoot(w, job.dp, t));
     } else {
@@ -96,6 +102,16 @@ class Zero3Plan : public Plan {
   absl::StatusOr<WriteStats> Finish(const std::vector<UnitResult>& results, const std::string& staging) const override {
     WriteStats stats;
     AddUnitResults(results, &stats);
+    // The optimizer files written in pieces: everything around the pieces' bytes.
+    for (const Job& f : split_) {
+      torch::TorchWriter w(WriteOptions());
+      UCP_ASSIGN_OR_RETURN(ValuePtr root, OptimRoot(w, f.dp, f.tp, /*deferred=*/true));
+      UCP_ASSIGN_OR_RETURN(int64_t size,
+                           FinishUnitPieces(w, staging, deepspeed::OptimFileName(f.dp, f.tp, info_.bf16_file_prefix),
+                                            *root, results));
+      stats.files += 1;
+      stats.bytes += size;
+    }
     return stats;
   }
 
@@ -110,11 +126,24 @@ class Zero3Plan : public Plan {
   }
 
  private:
+  // What a unit writes: a model states file, an optimizer file, a piece
+  // of an optimizer file (pieces > 1), or the check of the source's inputs
+  // no unit reads (dp = -1; AddVerifyUnit).
   struct Job {
     bool optim = false;
-    int dp = 0;  // -1: the verify unit
+    int dp = 0;
     int tp = 0;
+    int piece = 0, pieces = 1;
   };
+
+  // One thread a unit: the units (files, pieces of a large file) are the
+  // parallelism.
+  torch::TorchWriteOptions WriteOptions() const {
+    torch::TorchWriteOptions wo;
+    wo.record_threads = 1;
+    wo.writeback = options_.fsync;
+    return wo;
+  }
 
   // The target: pp = 1 (each tp rank's files a ZeRO-3 checkpoint of its tp
   // slices); the source's DeepSpeed facet (ds_); whether
@@ -177,11 +206,14 @@ class Zero3Plan : public Plan {
     return tp_ == 1 ? info_.params[i].full_shape : layout_.SliceShape(i, t);
   }
 
-  // Param `i`'s state `key` on tp rank `t`, checked against its shape.
-  absl::StatusOr<TensorPlan> Slice(int i, const std::string& key, int t) const {
+  // Param `i`'s state `key` on tp rank `t`, checked against its shape. With
+  // `deferred`, over the state's FullDeferred when it has one (nothing is
+  // opened until the bytes are read).
+  absl::StatusOr<TensorPlan> Slice(int i, const std::string& key, int t, bool deferred = false) const {
     const ParamState& p = info_.params[i];
-    if (tp_ > 1) return deepspeed_zero::TargetSlice(state_, layout_, i, key, t);
-    UCP_ASSIGN_OR_RETURN(TensorPlan full, state_.Full(p, key));
+    if (tp_ > 1) return deepspeed_zero::TargetSlice(state_, layout_, i, key, t, deferred);
+    std::optional<TensorPlan> later = deferred ? state_.FullDeferred(p, key) : std::nullopt;
+    UCP_ASSIGN_OR_RETURN(TensorPlan full, later ? *std::move(later) : state_.Full(p, key));
     if (full.shape() != p.full_shape) {
       return absl::InvalidArgumentError(absl::StrCat("param '", p.name, "' ", key, ": full shape ",
                                                      torch::ShapeString(full.shape()), " differs from ",
@@ -283,36 +315,83 @@ class Zero3Plan : public Plan {
 
   // The units: per dp rank, its model-state file and its optimizer file;
   // the check of the inputs no unit reads.
-  void AddUnits() {
+  absl::Status AddUnits() {
     const std::vector<InputRange> all_inputs = deepspeed::EveryParamInput(state_);
     const int64_t per_element = 4 * (1 + static_cast<int64_t>(info_.state_keys.size()));
     for (int t = 0; t < tp_; ++t) {
       int64_t flat_total = 0;
       for (const auto& sg : sub_groups_[t]) flat_total += sg.flat_numel;
       for (int d = 0; d < dp_; ++d) {
-        Unit m;
-        m.outputs.push_back(deepspeed::Zero3ModelFileName(d, t));
-        m.name = absl::StrCat("file ", m.outputs[0]);
-        m.bytes = 4096;
+        const std::string model = deepspeed::Zero3ModelFileName(d, t);
+        int64_t bytes = 4096;
+        std::vector<InputRange> in;
         const std::string from = ds_->ModelStatesPath(0, t);
-        if (!from.empty()) m.inputs.push_back({from, "", 0, -1});
+        if (!from.empty()) in.push_back({from, "", 0, -1});
         for (int i : frozen_) {
-          for (const InputRange& r : state_.Inputs(info_.params[i])) m.inputs.push_back(r);
-          m.bytes += Zero3PartitionNumel(Numel(Shape(i, t)), dp_) *
-                     static_cast<int64_t>(torch::ItemSize(info_.params[i].lp_dtype));
+          for (const InputRange& r : state_.Inputs(info_.params[i])) in.push_back(r);
+          bytes += Zero3PartitionNumel(Numel(Shape(i, t)), dp_) *
+                   static_cast<int64_t>(torch::ItemSize(info_.params[i].lp_dtype));
         }
-        jobs_.push_back({false, d, t});
-        units_.push_back(std::move(m));
-        Unit o;
-        o.outputs.push_back(deepspeed::OptimFileName(d, t, info_.bf16_file_prefix));
-        o.name = absl::StrCat("file ", o.outputs[0]);
-        o.bytes = flat_total * per_element;
-        o.inputs = all_inputs;
-        jobs_.push_back({true, d, t});
-        units_.push_back(std::move(o));
+        AddUnit({false, d, t}, model, absl::StrCat("file ", model), bytes, std::move(in));
+        UCP_RETURN_IF_ERROR(AddOptimUnits(d, t, flat_total * per_element, all_inputs));
       }
     }
     if (AddVerifyUnit(state_, &units_)) jobs_.push_back({false, -1});
+    return absl::OkStatus();
+  }
+
+  // The units of the optimizer file of dp rank `d`, tp rank `t` (`bytes`
+  // large): one, or a large file's pieces (writers::OptimPieces), each a unit
+  // that lists the inputs of its bytes (PieceInputs), or, from a source that
+  // cannot defer its tensors, all of the file's inputs.
+  absl::Status AddOptimUnits(int d, int t, int64_t bytes, const std::vector<InputRange>& all_inputs) {
+    const std::string file = deepspeed::OptimFileName(d, t, info_.bf16_file_prefix);
+    const int pieces = writers::OptimPieces(bytes, options_.piece_bytes);
+    if (pieces == 1) {
+      AddUnit({true, d, t}, file, absl::StrCat("file ", file), bytes, all_inputs);
+      return absl::OkStatus();
+    }
+    split_.push_back({true, d, t});
+    UCP_ASSIGN_OR_RETURN(auto piece_inputs, PieceInputs(d, t, pieces));
+    for (int k = 0; k < pieces; ++k) {
+      AddUnit({true, d, t, k, pieces}, file, absl::StrCat("file ", file, " piece ", k + 1, " of ", pieces),
+              bytes / pieces, piece_inputs ? (*piece_inputs)[k] : all_inputs);
+    }
+    return absl::OkStatus();
+  }
+
+  void AddUnit(Job job, const std::string& file, std::string name, int64_t bytes, std::vector<InputRange> inputs) {
+    Unit u;
+    u.outputs.push_back(file);
+    u.name = std::move(name);
+    u.bytes = bytes;
+    u.inputs = std::move(inputs);
+    jobs_.push_back(job);
+    units_.push_back(std::move(u));
+  }
+
+  // Which inputs each of the `pieces` pieces of the optimizer file of dp
+  // rank `d`, tp rank `t` reads, by laying the file out from shapes alone;
+  // nullopt when the source cannot defer every tensor of it (building the
+  // tree would open, and CRC-check outside any unit, its inputs while
+  // planning).
+  absl::StatusOr<std::optional<std::vector<std::vector<InputRange>>>> PieceInputs(int d, int t, int pieces) const {
+    using Lists = std::vector<std::vector<InputRange>>;
+    for (const SubGroup& sg : sub_groups_[t]) {
+      for (int i : sg.params) {
+        const ParamState& p = info_.params[i];
+        if (!state_.FullDeferred(p, state::kFp32State)) return std::optional<Lists>();
+        for (const std::string& key : info_.state_keys) {
+          if (!state_.FullDeferred(p, key)) return std::optional<Lists>();
+        }
+      }
+    }
+    torch::TorchWriter w(WriteOptions());
+    std::vector<std::pair<size_t, TensorPlan>> records;
+    UCP_ASSIGN_OR_RETURN(ValuePtr root, OptimRoot(w, d, t, /*deferred=*/true, &records));
+    UCP_ASSIGN_OR_RETURN(Lists out, deepspeed_zero::PieceInputsOf(
+                                        w, deepspeed::OptimFileName(d, t, info_.bf16_file_prefix), *root, pieces, records));
+    return std::optional<Lists>(std::move(out));
   }
 
   absl::StatusOr<ValuePtr> CopyCommon(torch::TorchWriter& w, const char* key) const {
@@ -459,7 +538,7 @@ class Zero3Plan : public Plan {
   }
 
   // Sub-group `s`'s flat partition on dp rank `dp` for one state.
-  absl::StatusOr<TensorPlan> Flat(int s, int dp, const std::string& key, int t) const {
+  absl::StatusOr<TensorPlan> Flat(int s, int dp, const std::string& key, int t, bool deferred = false) const {
     std::vector<TensorPlan> pieces;
     for (int i : sub_groups_[t][s].params) {
       const ParamState& p = info_.params[i];
@@ -468,7 +547,7 @@ class Zero3Plan : public Plan {
       const int64_t begin = static_cast<int64_t>(dp) * part;
       const int64_t len = std::max<int64_t>(0, std::min(part, numel - begin));
       if (len > 0) {
-        UCP_ASSIGN_OR_RETURN(TensorPlan full, Slice(i, key, t));
+        UCP_ASSIGN_OR_RETURN(TensorPlan full, Slice(i, key, t, deferred));
         UCP_ASSIGN_OR_RETURN(TensorPlan flat, full.Reshape({numel}));
         UCP_ASSIGN_OR_RETURN(TensorPlan piece, flat.FlatRange(begin, len));
         if (piece.dtype() != torch::DType::kFloat32) {
@@ -495,7 +574,12 @@ class Zero3Plan : public Plan {
     return deepspeed::CopyTreeForWrite(v, w);
   }
 
-  absl::StatusOr<ValuePtr> OptimRoot(torch::TorchWriter& w, int dp, int t) const {
+  // The optimizer file of dp rank `dp`, tp rank `t`. With `deferred`, the
+  // source's tensors are opened when their bytes are read (Slice);
+  // `records` (if given) receives each storage of a state or fp32 partition
+  // (TorchWriter storage number, plan).
+  absl::StatusOr<ValuePtr> OptimRoot(torch::TorchWriter& w, int dp, int t, bool deferred = false,
+                                     std::vector<std::pair<size_t, TensorPlan>>* records = nullptr) const {
     ValuePtr osd = Value::MakeDict();
     // Pickled as the source's Python pickled its own stage.
     const Value* source_stage = common_.value ? common_.value->DictGet("zero_stage") : nullptr;
@@ -524,13 +608,15 @@ class Zero3Plan : public Plan {
         if (v) st->DictSet(Value::Str(key), v);
       }
       for (const std::string& key : info_.state_keys) {
-        UCP_ASSIGN_OR_RETURN(TensorPlan plan, Flat(static_cast<int>(s), dp, key, t));
+        UCP_ASSIGN_OR_RETURN(TensorPlan plan, Flat(static_cast<int>(s), dp, key, t, deferred));
+        if (records != nullptr) records->emplace_back(w.num_storages(), plan);
         st->DictSet(Value::Str(key), tp::AddPlan(w, plan));
       }
       states->DictSet(Value::Int(static_cast<int64_t>(s)), st);
       // fp32_flat_groups[s]: requires_grad, and DeepSpeed's `ds_id`
       // "<first param's id>_<last param's id>" as a tensor attribute.
-      UCP_ASSIGN_OR_RETURN(TensorPlan fp32, Flat(static_cast<int>(s), dp, state::kFp32State, t));
+      UCP_ASSIGN_OR_RETURN(TensorPlan fp32, Flat(static_cast<int>(s), dp, state::kFp32State, t, deferred));
+      if (records != nullptr) records->emplace_back(w.num_storages(), fp32);
       ValuePtr t = tp::AddPlan(w, fp32);
       UCP_RETURN_IF_ERROR(tp::SetRequiresGrad(*t, true));
       ValuePtr attrs = Value::MakeDict();
@@ -592,6 +678,7 @@ class Zero3Plan : public Plan {
   std::vector<int> frozen_;  // frozen params (ModelInfo::params indices), module order
   std::vector<std::vector<SubGroup>> sub_groups_;  // per tp rank
   std::vector<Job> jobs_;
+  std::vector<Job> split_;  // the optimizer files written in pieces, finished by Finish
   std::vector<deepspeed::ArgsChange> args_changes_;  // the client state 'args' at the target
 };
 

@@ -62,6 +62,15 @@ void ExpectSameTree(const std::string& a, const std::string& b) {
   }
 }
 
+// `in` converted into the universal checkpoint `out`.
+absl::StatusOr<std::string> ConvertFolder(const std::string& in, const std::string& out) {
+  ConvertOptions c;
+  c.input_folder = in;
+  c.output_folder = out;
+  UCP_RETURN_IF_ERROR(Convert(c).status());
+  return out;
+}
+
 // The fixture's universal checkpoint, converted into ROOT/u.
 absl::StatusOr<std::string> ConvertFixture(const std::string& root, const std::string& fixture = kFixture) {
   ConvertOptions c;
@@ -116,16 +125,20 @@ TEST(SplitWriteTest, PiecesWriteTheSameBytesAsOneUnit) {
 
 // The ZeRO-3 target's optimizer files (formats/deepspeed_zero3) are cut the
 // same way: the same bytes for any piece size and thread count, from a
-// ZeRO-3 source with several sub-groups (tp 1) and from a ZeRO-2 tp-2 one
-// and its universal checkpoint (tp 1 and 2: the pieces' tp slices), and
-// the record CRCs combined from the pieces hold (`ucp verify`).
+// ZeRO-3 source with several sub-groups (tp 1) and its stage-3 universal
+// folder, and from a ZeRO-2 tp-2 source and its universal checkpoint (tp 1
+// and 2: the pieces' tp slices), and the record CRCs combined from the
+// pieces hold (`ucp verify`).
 TEST(SplitWriteTest, Zero3PiecesWriteTheSameBytesAsOneUnit) {
   const std::string root = testing::FreshTempDir("split_zero3");
   struct Source {
     std::string in;
     int tp;
   };
-  std::vector<Source> sources = {{testing::VersionFixturePath("0.19.5", "gpt-zero3-subgroups-dp2/global_step4"), 1}};
+  const std::string zero3 = testing::VersionFixturePath("0.19.5", "gpt-zero3-subgroups-dp2/global_step4");
+  const absl::StatusOr<std::string> zero3_universal = ConvertFolder(zero3, JoinPath(root, "u3"));
+  ASSERT_TRUE(zero3_universal.ok()) << zero3_universal.status();
+  std::vector<Source> sources = {{zero3, 1}, {*zero3_universal, 1}};
   const std::string nopipe = "gpt-zero2-nopipe-tp2-dp2/global_step4";
   const absl::StatusOr<std::string> converted = ConvertFixture(root, nopipe);
   ASSERT_TRUE(converted.ok()) << converted.status();
@@ -158,17 +171,15 @@ TEST(SplitWriteTest, Zero3PiecesWriteTheSameBytesAsOneUnit) {
   }
 }
 
-// From a universal source, a piece of a ZeRO-3 optimizer file lists only
-// the state files of its own bytes, each with the bytes it reads of it.
-TEST(SplitWriteTest, AZero3PieceListsOnlyTheInputsOfItsBytes) {
-  const std::string root = testing::FreshTempDir("split_zero3_inputs");
-  const absl::StatusOr<std::string> converted = ConvertFixture(root, "gpt-zero2-nopipe-tp2-dp2/global_step4");
-  ASSERT_TRUE(converted.ok()) << converted.status();
+// The ZeRO-3 plan of `universal` to dp 1 in pieces of 64 KiB: each piece
+// lists only the state files of its own bytes, each with the bytes it reads
+// of it, and every state file is listed by some piece.
+void ExpectPiecesListOnlyTheirInputs(const std::string& universal) {
   SourceOptions so;
   so.tp1_whole_tensors = true;
-  auto src = OpenSource(*converted, so, nullptr);
+  auto src = OpenSource(universal, so, nullptr);
   ASSERT_TRUE(src.ok()) << src.status();
-  writers::ZeroWriteOptions w = ToTp1(*converted, "/unused", /*piece_bytes=*/65536, 1, 3).write;
+  writers::ZeroWriteOptions w = ToTp1(universal, "/unused", /*piece_bytes=*/65536, 1, 3).write;
   auto plan = deepspeed_zero3::PlanZero3(*src->state, w, nullptr);
   ASSERT_TRUE(plan.ok()) << plan.status();
   std::set<std::string> all_files;
@@ -189,6 +200,23 @@ TEST(SplitWriteTest, AZero3PieceListsOnlyTheInputsOfItsBytes) {
   for (const auto& p : src->state->info().params) trainable += p.trainable() ? 1 : 0;
   EXPECT_GE(all_files.size(), trainable * (1 + src->state->info().state_keys.size()));
   EXPECT_LE(listed, 2 * all_files.size() + 2 * pieces);
+}
+
+// From a universal source, a piece of a ZeRO-3 optimizer file lists only
+// the inputs of its bytes: a universal folder of a ZeRO-2 checkpoint, and
+// DeepSpeed's stage-3 universal layout (read through the rules'
+// ResolvedState, which defers a param's state when its source holds it whole
+// in one file).
+TEST(SplitWriteTest, AZero3PieceListsOnlyTheInputsOfItsBytes) {
+  const std::string root = testing::FreshTempDir("split_zero3_inputs");
+  int n = 0;
+  for (const std::string& fixture : {testing::FixturePath("gpt-zero2-nopipe-tp2-dp2/global_step4"),
+                                     testing::VersionFixturePath("0.19.5", "gpt-zero3-subgroups-dp2/global_step4")}) {
+    SCOPED_TRACE(fixture);
+    const absl::StatusOr<std::string> converted = ConvertFolder(fixture, JoinPath(root, absl::StrCat("u", n++)));
+    ASSERT_TRUE(converted.ok()) << converted.status();
+    ExpectPiecesListOnlyTheirInputs(*converted);
+  }
 }
 
 // `ucp verify` (formats::VerifyFolder) finds a byte flipped in any piece of

@@ -464,6 +464,20 @@ absl::StatusOr<TensorPlan> ResolvedState::Full(const ParamState& param, const st
   return tp::MergeSlices(p.rule, slices, info_.original_vocab_size, param.name);
 }
 
+std::optional<TensorPlan> ResolvedState::FullDeferred(const ParamState& param, const std::string& state) const {
+  const int i = info_.IndexOf(param.name);
+  if (i < 0) return std::nullopt;
+  std::optional<state::SlicedState::WholeFile> file = source_->WholeStateFile(source_->info().params[i], state);
+  if (!file) return std::nullopt;
+  TensorPlan::DeferredSource s;
+  s.dtype = file->dtype;
+  s.shape = info_.params[i].full_shape;
+  s.label = file->path;
+  s.files.push_back(file->path);
+  s.open = [this, param, state]() { return Full(param, state); };
+  return TensorPlan::Deferred(std::move(s));
+}
+
 namespace {
 
 // Rules equal but for their pattern, shape conditions, comment and vocab
@@ -506,6 +520,27 @@ class RuleOverlayState : public state::ModelState {
   const state::Facet* GetFacet(state::FacetKey key) const override { return base_->GetFacet(key); }
 
  protected:
+  // FullDeferred of a param this state merges anew (its Full): deferred
+  // like the base's tensor (its dtype, label and the files it touches), of
+  // this state's full shape, opened by this state's Full, so the merge, its
+  // checks and errors are those of Full, only later. nullopt when the
+  // base's tensor is not deferred.
+  std::optional<TensorPlan> MergedDeferred(const ParamState& param, const std::string& state) const {
+    std::optional<TensorPlan> base = base_->FullDeferred(BaseParam(param), state);
+    if (!base) return std::nullopt;
+    TensorPlan::DeferredSource s;
+    s.dtype = base->dtype();
+    s.shape = param.full_shape;
+    for (const TensorPlan::DeferredUse& use : base->DeferredIn(0, base->numel())) {
+      if (s.label.empty()) s.label = use.source->label;
+      for (const std::string& f : use.source->files) {
+        if (std::find(s.files.begin(), s.files.end(), f) == s.files.end()) s.files.push_back(f);
+      }
+    }
+    s.open = [this, param, state]() { return Full(param, state); };
+    return TensorPlan::Deferred(std::move(s));
+  }
+
   // The base's ParamState of `param` (by name), or `param` when it has none.
   const ParamState& BaseParam(const ParamState& param) const {
     const int i = info_.IndexOf(param.name);
@@ -551,7 +586,7 @@ class ReinterpretedState : public RuleOverlayState {
   std::optional<TensorPlan> FullDeferred(const ParamState& param, const std::string& state) const override {
     const int i = info_.IndexOf(param.name);
     if (i < 0 || !stored_rule_[i]) return base_->FullDeferred(BaseParam(param), state);
-    return std::nullopt;  // re-merged: Full opens the stored tensor
+    return MergedDeferred(param, state);  // re-merged: Full opens the stored tensor
   }
 
  private:
@@ -686,7 +721,7 @@ class WholeDecidedState : public RuleOverlayState {
   std::optional<TensorPlan> FullDeferred(const ParamState& param, const std::string& state) const override {
     const int i = info_.IndexOf(param.name);
     if (i < 0 || !decided_[i]) return base_->FullDeferred(BaseParam(param), state);
-    return std::nullopt;  // merged by its new rule: Full opens it
+    return MergedDeferred(param, state);  // merged by its new rule: Full opens it
   }
 
  private:

@@ -62,6 +62,9 @@ class ResolvedState : public state::ModelState {
  public:
   const state::ModelInfo& info() const override { return info_; }
   absl::StatusOr<tp::TensorPlan> Full(const state::ParamState& param, const std::string& state) const override;
+  // Full, opened on its first read, when the source holds the param's state
+  // whole in one file (SlicedState::WholeStateFile).
+  std::optional<tp::TensorPlan> FullDeferred(const state::ParamState& param, const std::string& state) const override;
   absl::StatusOr<state::FileValue> GroupScalar(int group, const std::string& key) const override {
     return source_->GroupScalar(group, key);
   }

@@ -274,6 +274,18 @@ class SlicedState : public CheckpointState {
   // `stage` holds them.
   virtual absl::StatusOr<std::vector<tp::TensorPlan>> Slices(const ParamState& param, int stage,
                                                              const std::string& state) const = 0;
+  // When this state holds `param`'s `state` whole (one slice) in one file it
+  // knows the dtype and shape of without opening it: that file's path and
+  // the dtype; nullopt otherwise (the default). A state that merges the
+  // slices can then defer the tensor (ModelState::FullDeferred), so that a
+  // piece of a file opens only the inputs of its bytes.
+  struct WholeFile {
+    std::string path;
+    torch::DType dtype = torch::DType::kFloat32;
+  };
+  virtual std::optional<WholeFile> WholeStateFile(const ParamState& param, const std::string& state) const {
+    return std::nullopt;
+  }
   // The checkpoint folder, for messages.
   virtual const std::string& dir() const = 0;
 };

@@ -908,6 +908,14 @@ absl::StatusOr<const Zero3State::OptimFile*> Zero3State::Optim(int dp) const {
   });
 }
 
+std::optional<state::SlicedState::WholeFile> Zero3State::WholeStateFile(const state::ParamState& param,
+                                                                        const std::string& state) const {
+  if (!universal_ || !tp_ranks_.empty() || state == state::kLpState) return std::nullopt;
+  const int i = info_.IndexOf(param.name);
+  if (i < 0 || info_param_[i] < 0) return std::nullopt;
+  return WholeFile{ParamStatePath(params_[info_param_[i]], state), torch::DType::kFloat32};
+}
+
 absl::StatusOr<std::vector<tp::TensorPlan>> Zero3State::Slices(const state::ParamState& param, int stage,
                                                               const std::string& state) const {
   if (!tp_ranks_.empty()) {

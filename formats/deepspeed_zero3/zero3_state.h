@@ -46,6 +46,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -89,6 +90,9 @@ class Zero3State : public state::SlicedState, public deepspeed::DeepSpeedFacet {
   const state::ModelInfo& info() const override { return info_; }
   absl::StatusOr<std::vector<tp::TensorPlan>> Slices(const state::ParamState& param, int stage,
                                                      const std::string& state) const override;
+  // Of a stage-3 universal folder: each param's state file (a float32
+  // tensor of the param's numel, or of its full shape when saved at tp > 1).
+  std::optional<WholeFile> WholeStateFile(const state::ParamState& param, const std::string& state) const override;
   // The scalar (step) of the group's first sub-group: every sub-group of a
   // group holds the same one (checked at Open).
   absl::StatusOr<state::FileValue> GroupScalar(int group, const std::string& key) const override;

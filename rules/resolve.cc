@@ -464,18 +464,30 @@ absl::StatusOr<TensorPlan> ResolvedState::Full(const ParamState& param, const st
   return tp::MergeSlices(p.rule, slices, info_.original_vocab_size, param.name);
 }
 
+namespace {
+
+// `model`'s Full(param, state) as a plan opened on its first read: of
+// `dtype` and the param's full shape, reading `files` (label: the first),
+// so that the merge, its checks and errors are Full's, only later.
+TensorPlan DeferredFull(const state::ModelState& model, const ParamState& param, const std::string& state,
+                        torch::DType dtype, std::vector<std::string> files) {
+  TensorPlan::DeferredSource s;
+  s.dtype = dtype;
+  s.shape = param.full_shape;
+  if (!files.empty()) s.label = files[0];
+  s.files = std::move(files);
+  s.open = [&model, param, state]() { return model.Full(param, state); };
+  return TensorPlan::Deferred(std::move(s));
+}
+
+}  // namespace
+
 std::optional<TensorPlan> ResolvedState::FullDeferred(const ParamState& param, const std::string& state) const {
   const int i = info_.IndexOf(param.name);
   if (i < 0) return std::nullopt;
   std::optional<state::SlicedState::WholeFile> file = source_->WholeStateFile(source_->info().params[i], state);
   if (!file) return std::nullopt;
-  TensorPlan::DeferredSource s;
-  s.dtype = file->dtype;
-  s.shape = info_.params[i].full_shape;
-  s.label = file->path;
-  s.files.push_back(file->path);
-  s.open = [this, param, state]() { return Full(param, state); };
-  return TensorPlan::Deferred(std::move(s));
+  return DeferredFull(*this, info_.params[i], state, file->dtype, {file->path});
 }
 
 namespace {
@@ -520,25 +532,19 @@ class RuleOverlayState : public state::ModelState {
   const state::Facet* GetFacet(state::FacetKey key) const override { return base_->GetFacet(key); }
 
  protected:
-  // FullDeferred of a param this state merges anew (its Full): deferred
-  // like the base's tensor (its dtype, label and the files it touches), of
-  // this state's full shape, opened by this state's Full, so the merge, its
-  // checks and errors are those of Full, only later. nullopt when the
-  // base's tensor is not deferred.
+  // FullDeferred of a param this state merges anew (its Full, deferred:
+  // DeferredFull) when the base's tensor is deferred: its dtype and the
+  // files it touches; nullopt otherwise.
   std::optional<TensorPlan> MergedDeferred(const ParamState& param, const std::string& state) const {
     std::optional<TensorPlan> base = base_->FullDeferred(BaseParam(param), state);
     if (!base) return std::nullopt;
-    TensorPlan::DeferredSource s;
-    s.dtype = base->dtype();
-    s.shape = param.full_shape;
+    std::vector<std::string> files;
     for (const TensorPlan::DeferredUse& use : base->DeferredIn(0, base->numel())) {
-      if (s.label.empty()) s.label = use.source->label;
       for (const std::string& f : use.source->files) {
-        if (std::find(s.files.begin(), s.files.end(), f) == s.files.end()) s.files.push_back(f);
+        if (std::find(files.begin(), files.end(), f) == files.end()) files.push_back(f);
       }
     }
-    s.open = [this, param, state]() { return Full(param, state); };
-    return TensorPlan::Deferred(std::move(s));
+    return DeferredFull(*this, param, state, base->dtype(), std::move(files));
   }
 
   // The base's ParamState of `param` (by name), or `param` when it has none.

@@ -417,6 +417,18 @@ absl::StatusOr<TensorPlan> TargetSlice(const state::ModelState& state, const Tar
   return slice.Reshape(layout.SliceShape(param_index, rank));
 }
 
+bool AllStatesDeferred(const state::ModelState& state, const std::vector<int>& params) {
+  const state::ModelInfo& info = state.info();
+  for (int i : params) {
+    const ParamState& p = info.params[i];
+    if (!state.FullDeferred(p, state::kFp32State)) return false;
+    for (const std::string& key : info.state_keys) {
+      if (!state.FullDeferred(p, key)) return false;
+    }
+  }
+  return true;
+}
+
 absl::StatusOr<std::vector<std::vector<writers::InputRange>>> PieceInputsOf(
     torch::TorchWriter& w, const std::string& name, const pickle::Value& root, int pieces,
     const std::vector<std::pair<size_t, TensorPlan>>& records) {
@@ -646,18 +658,13 @@ class Writer {
   // input of the file to build its tree, and lists them all).
   absl::StatusOr<std::optional<std::vector<std::vector<InputRange>>>> PieceInputs(int stage, int rank, int dp_rank,
                                                                                   int pieces) const {
-    // Only a source that defers every tensor of the file: building the tree
-    // of another would open (and CRC-check, outside any unit) its inputs
-    // while planning.
+    std::vector<int> params;
     for (int g = 0; g < info_.num_groups; ++g) {
       for (const auto& f : layout_.Layout(stage, g, rank).Fragments(dp_rank)) {
-        const ParamState& p = info_.params[layout_.stage_groups[stage][g][f.param_index]];
-        if (!state_.FullDeferred(p, state::kFp32State)) return std::optional<std::vector<std::vector<InputRange>>>();
-        for (const std::string& key : info_.state_keys) {
-          if (!state_.FullDeferred(p, key)) return std::optional<std::vector<std::vector<InputRange>>>();
-        }
+        params.push_back(layout_.stage_groups[stage][g][f.param_index]);
       }
     }
+    if (!AllStatesDeferred(state_, params)) return std::optional<std::vector<std::vector<InputRange>>>();
     torch::TorchWriter w(write_options_);
     std::vector<std::pair<size_t, TensorPlan>> records;
     UCP_ASSIGN_OR_RETURN(ValuePtr root, OptimRoot(w, stage, rank, dp_rank, /*deferred=*/true, &records));

@@ -124,6 +124,12 @@ absl::StatusOr<std::vector<std::vector<writers::InputRange>>> PieceInputsOf(
     torch::TorchWriter& w, const std::string& name, const pickle::Value& root, int pieces,
     const std::vector<std::pair<size_t, tp::TensorPlan>>& records);
 
+// Whether `state` defers (state::ModelState::FullDeferred) the fp32 master
+// and every optimizer state of each of `params` (indices into its params):
+// only then can PieceInputsOf lay a file of theirs out without opening (and
+// CRC-checking, outside any unit) its inputs while planning.
+bool AllStatesDeferred(const state::ModelState& state, const std::vector<int>& params);
+
 struct ZeroWriteResult {
   TargetLayout layout;
   int64_t files = 0;

@@ -377,15 +377,9 @@ class Zero3Plan : public Plan {
   // planning).
   absl::StatusOr<std::optional<std::vector<std::vector<InputRange>>>> PieceInputs(int d, int t, int pieces) const {
     using Lists = std::vector<std::vector<InputRange>>;
-    for (const SubGroup& sg : sub_groups_[t]) {
-      for (int i : sg.params) {
-        const ParamState& p = info_.params[i];
-        if (!state_.FullDeferred(p, state::kFp32State)) return std::optional<Lists>();
-        for (const std::string& key : info_.state_keys) {
-          if (!state_.FullDeferred(p, key)) return std::optional<Lists>();
-        }
-      }
-    }
+    std::vector<int> params;
+    for (const SubGroup& sg : sub_groups_[t]) params.insert(params.end(), sg.params.begin(), sg.params.end());
+    if (!deepspeed_zero::AllStatesDeferred(state_, params)) return std::optional<Lists>();
     torch::TorchWriter w(WriteOptions());
     std::vector<std::pair<size_t, TensorPlan>> records;
     UCP_ASSIGN_OR_RETURN(ValuePtr root, OptimRoot(w, d, t, /*deferred=*/true, &records));

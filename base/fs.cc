@@ -273,7 +273,8 @@ absl::StatusOr<int64_t> FileDigestOf(const std::string& path, DigestKind digest,
   return total;
 }
 
-absl::Status CopyFile(const std::string& from, const std::string& to, std::string* hex, DigestKind digest) {
+absl::Status CopyFile(const std::string& from, const std::string& to, std::string* hex, DigestKind digest,
+                      const std::function<void(int fd, uint64_t offset, uint64_t len)>& written) {
   absl::StatusOr<int> opened = OpenRegularFile(from);
   if (!opened.ok()) return opened.status();
   const int in = *opened;
@@ -286,6 +287,7 @@ absl::Status CopyFile(const std::string& from, const std::string& to, std::strin
   StreamDigest hash(digest);
   std::vector<char> buf(size_t{4} << 20);
   absl::Status status;
+  uint64_t pos = 0, reported = 0;  // bytes written, and reported to `written`
   while (true) {
     const ssize_t n = read(in, buf.data(), buf.size());
     if (n < 0) {
@@ -306,7 +308,13 @@ absl::Status CopyFile(const std::string& from, const std::string& to, std::strin
       done += static_cast<size_t>(w);
     }
     if (!status.ok()) break;
+    pos += static_cast<uint64_t>(n);
+    if (written && pos >= reported + kCopyStepBytes) {
+      written(out, reported, pos - reported);
+      reported = pos;
+    }
   }
+  if (status.ok() && written && pos > reported) written(out, reported, pos - reported);
   close(in);
   if (close(out) != 0 && status.ok()) status = ErrnoError(to, "cannot close");
   if (!status.ok()) {

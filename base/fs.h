@@ -11,6 +11,7 @@
 #define UCP_BASE_FS_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -42,9 +43,14 @@ absl::StatusOr<int64_t> FileSize(const std::string& path);
 // it into place and fsyncs the folder.
 absl::Status WriteFileAtomic(const std::string& path, const std::string& contents);
 // Copies a file (byte-identical); returns the hex digest of its bytes of the
-// kind `digest` says in `*hex` when it is not null.
+// kind `digest` says in `*hex` when it is not null. `written`, when given, is
+// called after every kCopyStepBytes written (and after the last bytes) with
+// the descriptor of `to` and the range just written, e.g. to start writing
+// them back (flusher.h StartWriteback) while the copy goes on.
+inline constexpr uint64_t kCopyStepBytes = uint64_t{32} << 20;
 absl::Status CopyFile(const std::string& from, const std::string& to, std::string* hex = nullptr,
-                      DigestKind digest = DigestKind::kSha256);
+                      DigestKind digest = DigestKind::kSha256,
+                      const std::function<void(int fd, uint64_t offset, uint64_t len)>& written = nullptr);
 // Reads a file once, in pieces: its size, and its digest in `*hex`.
 absl::StatusOr<int64_t> FileDigestOf(const std::string& path, DigestKind digest, std::string* hex);
 // Copies a folder tree (cp -r).

@@ -217,5 +217,31 @@ TEST(FsTest, CopyFileHashesWhatItCopies) {
   EXPECT_EQ(CopyFile(JoinPath(TempDir(), "missing"), to).code(), absl::StatusCode::kNotFound);
 }
 
+TEST(FsTest, CopyFileReportsEveryWrittenRangeInSteps) {
+  const std::string from = JoinPath(TempDir(), "copy_steps_from");
+  const std::string to = JoinPath(TempDir(), "copy_steps_to");
+  // Two whole steps and a part of a third.
+  const size_t size = 2 * kCopyStepBytes + 3 * 1000 * 1000 + 7;
+  std::string data(size, 'x');
+  for (size_t i = 0; i < size; i += 4093) data[i] = static_cast<char>('a' + i % 26);
+  ASSERT_TRUE(WriteFileAtomic(from, data).ok());
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  std::string digest;
+  ASSERT_TRUE(CopyFile(from, to, &digest, DigestKind::kSha256, [&](int fd, uint64_t offset, uint64_t len) {
+                EXPECT_GE(fd, 0);
+                // Reported once written: the file holds them already.
+                struct stat st;
+                ASSERT_EQ(fstat(fd, &st), 0);
+                EXPECT_GE(static_cast<uint64_t>(st.st_size), offset + len);
+                ranges.push_back({offset, len});
+              }).ok());
+  EXPECT_EQ(*ReadFileToString(to, size), data);
+  EXPECT_EQ(digest, Sha256Hex(data));
+  ASSERT_EQ(ranges.size(), 3u);
+  EXPECT_EQ(ranges[0], std::make_pair(uint64_t{0}, kCopyStepBytes));
+  EXPECT_EQ(ranges[1], std::make_pair(kCopyStepBytes, kCopyStepBytes));
+  EXPECT_EQ(ranges[2], std::make_pair(2 * kCopyStepBytes, uint64_t{size} - 2 * kCopyStepBytes));
+}
+
 }  // namespace
 }  // namespace ucp

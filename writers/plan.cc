@@ -182,10 +182,33 @@ std::vector<std::set<std::string>> AssignCheckers(const std::vector<Unit>& units
       }
     }
   }
-  std::vector<std::set<std::string>> out(assignment.size());
+  // Largest first (the bytes all ranks read of it stand for its size), each
+  // to the least loaded of the ranks that read at least half as much of it
+  // as the rank reading most: with only the top reader, one rank could get
+  // every record of a file that all ranks read evenly (a flat optimizer
+  // partition read by every param's unit) and check them alone while the
+  // others wait.
+  std::vector<std::pair<int64_t, const std::string*>> order;
   for (const auto& [key, by_rank] : read) {
-    const size_t r = static_cast<size_t>(std::max_element(by_rank.begin(), by_rank.end()) - by_rank.begin());
-    out[r].insert(key);
+    int64_t total = 0;
+    for (int64_t b : by_rank) total += b;
+    order.push_back({total, &key});
+  }
+  std::stable_sort(order.begin(), order.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<std::set<std::string>> out(assignment.size());
+  std::vector<int64_t> load(assignment.size(), 0);
+  for (const auto& [total, key] : order) {
+    const std::vector<int64_t>& by_rank = read[*key];
+    const int64_t most = *std::max_element(by_rank.begin(), by_rank.end());
+    size_t best = assignment.size();
+    for (size_t r = 0; r < by_rank.size(); ++r) {
+      if (2 * by_rank[r] < most) continue;
+      if (best == assignment.size() || load[r] < load[best] || (load[r] == load[best] && by_rank[r] > by_rank[best])) {
+        best = r;
+      }
+    }
+    out[best].insert(*key);
+    load[best] += total;
   }
   return out;
 }

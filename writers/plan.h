@@ -116,9 +116,12 @@ absl::Status ExecuteVerifyUnit(const state::CheckpointState& state, const Unit& 
 
 // For units split over ranks as `assignment` says: the input records
 // (state::InputKey) each rank CRC-checks. Each record any unit reads is
-// checked by one rank: the one whose units read most of its bytes (ties: the
-// lowest rank), so that no record is read whole by every rank that needs a
-// piece of it.
+// checked by one rank, so that no record is read whole by every rank that
+// needs a piece of it: records largest first (by the bytes all ranks read of
+// them), each to the rank with the fewest bytes to check so far among those
+// that read at least half as much of it as the rank reading most (ties: the
+// one reading more of it, then the lowest rank). So the checks are spread
+// over the ranks that read a record, not all given to one of them.
 std::vector<std::set<std::string>> AssignCheckers(const std::vector<Unit>& units,
                                                   const std::vector<std::vector<size_t>>& assignment);
 

@@ -46,15 +46,46 @@ TEST(PlanTest, EachRecordIsCheckedByTheRankReadingMostOfIt) {
   const std::string k0 = state::InputKey(part0.path, part0.tensor);
   const std::string k1 = state::InputKey(part1.path, part1.tensor);
   const std::string kw = state::InputKey(whole.path, whole.tensor);
-  // part 0: rank 0 reads 100 bytes, rank 1 300: rank 1 checks it.
+  // part 0 (400 bytes read, first): rank 0 reads 100, less than half of rank
+  // 1's 300: rank 1 checks it.
   EXPECT_EQ(checkers[1], (std::set<std::string>{k0}));
-  // part 1: ranks 0 and 2 read 50 each: the lower rank. The whole file: a tie too.
-  EXPECT_EQ(checkers[0], (std::set<std::string>{k1, kw}));
-  EXPECT_TRUE(checkers[2].empty());
+  // part 1 (100): ranks 0 and 2 read 50 each, neither has checks yet: the
+  // lower rank. The whole file (unknown size, 1 per reader): ranks 0 and 2
+  // read it, rank 2 has fewer bytes to check.
+  EXPECT_EQ(checkers[0], (std::set<std::string>{k1}));
+  EXPECT_EQ(checkers[2], (std::set<std::string>{kw}));
   // Every record read is checked by exactly one rank.
   std::multiset<std::string> all;
   for (const auto& c : checkers) all.insert(c.begin(), c.end());
   EXPECT_EQ(all, (std::multiset<std::string>{k0, k1, kw}));
+}
+
+TEST(PlanTest, ChecksOfRecordsEveryRankReadsAreSpreadOverTheRanks) {
+  // Two files of three flat partitions each (fp32, exp_avg, exp_avg_sq), as a
+  // ZeRO-1 checkpoint at tp 2 has; every param's unit reads its slice of all
+  // six, and rank 0's units read slightly more of each. Before, rank 0, the
+  // top reader of every record, checked all six while rank 1 waited.
+  std::vector<InputRange> inputs0, inputs1;
+  for (const char* file : {"/ckpt/zero_pp_rank_0_mp_rank_00.pt", "/ckpt/zero_pp_rank_0_mp_rank_01.pt"}) {
+    for (const char* record : {"fp32", "exp_avg", "exp_avg_sq"}) {
+      inputs0.push_back({file, record, 0, 510});
+      inputs1.push_back({file, record, 510, 490});
+    }
+  }
+  std::vector<Unit> units = {MakeUnit("p0", 10, inputs0), MakeUnit("p1", 10, inputs1)};
+  const auto checkers = AssignCheckers(units, {{0}, {1}});
+  ASSERT_EQ(checkers.size(), 2u);
+  EXPECT_EQ(checkers[0].size(), 3u);
+  EXPECT_EQ(checkers[1].size(), 3u);
+  std::set<std::string> all;
+  for (const auto& c : checkers) all.insert(c.begin(), c.end());
+  EXPECT_EQ(all.size(), 6u);
+  // A record one rank reads almost alone stays with it, however loaded.
+  units.push_back(MakeUnit("p2", 10, {{"/ckpt/big.pt", "x", 0, 100000}}));
+  units.push_back(MakeUnit("p3", 10, {{"/ckpt/big.pt", "x", 100000, 10}}));
+  const auto again = AssignCheckers(units, {{0, 2}, {1, 3}});
+  EXPECT_TRUE(again[0].count(state::InputKey("/ckpt/big.pt", "x")));
+  EXPECT_EQ(again[0].size() + again[1].size(), 7u);
 }
 
 }  // namespace

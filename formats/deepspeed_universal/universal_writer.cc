@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "base/flusher.h"
 #include "base/fs.h"
 #include "base/status_macros.h"
 #include "deepspeed/checkpoint_files.h"
@@ -215,7 +216,12 @@ class UniversalPlan : public Plan {
         if (!from.empty()) {
           // The model-state files, byte for byte.
           std::string sha;
-          UCP_RETURN_IF_ERROR(CopyFile(from, JoinPath(staging, rel), &sha, options_.digest));
+          // With --fsync, written back in steps as it is copied (as every
+          // writer does), not left to the commit's sync whole.
+          const std::string to = JoinPath(staging, rel);
+          std::function<void(int, uint64_t, uint64_t)> written;
+          if (options_.fsync) written = [&to](int fd, uint64_t offset, uint64_t len) { StartWriteback(fd, to, offset, len); };
+          UCP_RETURN_IF_ERROR(CopyFile(from, to, &sha, options_.digest, written));
           UCP_ASSIGN_OR_RETURN(int64_t size, FileSize(JoinPath(staging, rel)));
           result->files.push_back(Digest(rel, size, sha, options_.digest));
           return absl::OkStatus();

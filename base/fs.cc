@@ -364,8 +364,8 @@ std::string ResolvePath(const std::string& path_in) {
 namespace {
 
 struct DevIno {
-  dev_t dev;
-  ino_t ino;
+  dev_t dev = 0;
+  ino_t ino = 0;
   bool operator==(const DevIno& o) const { return dev == o.dev && ino == o.ino; }
 };
 

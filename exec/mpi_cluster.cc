@@ -4,6 +4,10 @@
 #include <time.h>
 
 #include <algorithm>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <thread>
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
@@ -12,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/phases.h"
+#include "base/status_macros.h"
 
 namespace ucp::exec {
 namespace {
@@ -152,74 +157,196 @@ int PoliteWait(MPI_Request* request) {
 // messages go in pieces.
 constexpr int64_t kMaxPiece = int64_t{1} << 30;
 
+// The rank and the size of the job from the launcher's environment (Open
+// MPI's mpirun sets both), or -1 when it does not say.
+int EnvInt(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return -1;
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  return (end != nullptr && *end == '\0' && n >= 0 && n <= std::numeric_limits<int>::max()) ? static_cast<int>(n) : -1;
+}
+
+// MPI_COMM_WORLD. MPI_Init_thread takes a tenth of a second even for two
+// ranks on one node (more on many nodes), and ucp's first collective comes
+// only once rank 0 has opened the source: so MPI starts on a thread of its
+// own while the command opens the checkpoint, and every MPI call is made on
+// that thread (MPI_THREAD_FUNNELED: the thread that initialized MPI makes
+// all the calls, MPI_Finalize included). A call from the command's thread
+// waits for the initialization, then for its turn.
 class MpiCluster : public Cluster {
  public:
-  MpiCluster() {
-    mpi->Comm_rank(mpi->comm_world, &rank_);
-    mpi->Comm_size(mpi->comm_world, &size_);
-    // Errors come back as codes, not as the default abort.
-    mpi->Comm_set_errhandler(mpi->comm_world, mpi->errors_return);
+  MpiCluster() : env_rank_(EnvInt("OMPI_COMM_WORLD_RANK")), env_size_(EnvInt("OMPI_COMM_WORLD_SIZE")) {
+    thread_ = std::thread([this] { Run(); });
   }
-  ~MpiCluster() override { mpi->Finalize(); }
+  ~MpiCluster() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();  // MPI_Finalize, on the thread that initialized MPI
+  }
 
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
+  // From the launcher's environment when it says (what MPI says is checked
+  // against it once MPI has started: Started), else once MPI has started.
+  int rank() const override {
+    if (env_rank_ >= 0 && env_size_ > 0) return env_rank_;
+    (void)Started();
+    return rank_;
+  }
+  int size() const override {
+    if (env_rank_ >= 0 && env_size_ > 0) return env_size_;
+    (void)Started();
+    return size_;
+  }
 
   absl::Status Broadcast(std::string* bytes, int root) override {
-    int64_t n = static_cast<int64_t>(bytes->size());
-    MPI_Request req;
-    int rc = mpi->Ibcast(&n, 1, mpi->int64, root, mpi->comm_world, &req);
-    if (rc == MPI_SUCCESS) rc = PoliteWait(&req);
-    if (rc != MPI_SUCCESS) return MpiError(rc, "Bcast");
-    bytes->resize(static_cast<size_t>(n));
-    for (int64_t off = 0; off < n; off += kMaxPiece) {
-      const int piece = static_cast<int>(std::min(kMaxPiece, n - off));
-      rc = mpi->Ibcast(bytes->data() + off, piece, mpi->byte, root, mpi->comm_world, &req);
+    return Call([&]() -> absl::Status {
+      int64_t n = static_cast<int64_t>(bytes->size());
+      MPI_Request req;
+      int rc = mpi->Ibcast(&n, 1, mpi->int64, root, mpi->comm_world, &req);
       if (rc == MPI_SUCCESS) rc = PoliteWait(&req);
       if (rc != MPI_SUCCESS) return MpiError(rc, "Bcast");
-    }
-    return absl::OkStatus();
+      bytes->resize(static_cast<size_t>(n));
+      for (int64_t off = 0; off < n; off += kMaxPiece) {
+        const int piece = static_cast<int>(std::min(kMaxPiece, n - off));
+        rc = mpi->Ibcast(bytes->data() + off, piece, mpi->byte, root, mpi->comm_world, &req);
+        if (rc == MPI_SUCCESS) rc = PoliteWait(&req);
+        if (rc != MPI_SUCCESS) return MpiError(rc, "Bcast");
+      }
+      return absl::OkStatus();
+    });
   }
 
   absl::StatusOr<std::vector<std::string>> Gather(const std::string& mine, int root) override {
-    const int64_t n = static_cast<int64_t>(mine.size());
-    std::vector<int64_t> sizes(rank_ == root ? size_ : 0);
-    MPI_Request req;
-    int rc = mpi->Igather(&n, 1, mpi->int64, sizes.data(), 1, mpi->int64, root, mpi->comm_world, &req);
-    if (rc == MPI_SUCCESS) rc = PoliteWait(&req);
-    if (rc != MPI_SUCCESS) return MpiError(rc, "Gather");
     std::vector<std::string> out;
-    if (rank_ == root) {
-      out.resize(size_);
-      for (int r = 0; r < size_; ++r) {
-        if (r == root) {
-          out[r] = mine;
-          continue;
+    absl::Status s = Call([&]() -> absl::Status {
+      const int64_t n = static_cast<int64_t>(mine.size());
+      std::vector<int64_t> sizes(rank_ == root ? size_ : 0);
+      MPI_Request req;
+      int rc = mpi->Igather(&n, 1, mpi->int64, sizes.data(), 1, mpi->int64, root, mpi->comm_world, &req);
+      if (rc == MPI_SUCCESS) rc = PoliteWait(&req);
+      if (rc != MPI_SUCCESS) return MpiError(rc, "Gather");
+      if (rank_ == root) {
+        out.resize(size_);
+        for (int r = 0; r < size_; ++r) {
+          if (r == root) {
+            out[r] = mine;
+            continue;
+          }
+          out[r].resize(static_cast<size_t>(sizes[r]));
+          for (int64_t off = 0; off < sizes[r]; off += kMaxPiece) {
+            const int piece = static_cast<int>(std::min(kMaxPiece, sizes[r] - off));
+            rc = mpi->Irecv(out[r].data() + off, piece, mpi->byte, r, /*tag=*/7, mpi->comm_world, &req);
+            if (rc == MPI_SUCCESS) rc = PoliteWait(&req);
+            if (rc != MPI_SUCCESS) return MpiError(rc, "Recv");
+          }
         }
-        out[r].resize(static_cast<size_t>(sizes[r]));
-        for (int64_t off = 0; off < sizes[r]; off += kMaxPiece) {
-          const int piece = static_cast<int>(std::min(kMaxPiece, sizes[r] - off));
-          rc = mpi->Irecv(out[r].data() + off, piece, mpi->byte, r, /*tag=*/7, mpi->comm_world, &req);
+      } else {
+        for (int64_t off = 0; off < n; off += kMaxPiece) {
+          const int piece = static_cast<int>(std::min(kMaxPiece, n - off));
+          rc = mpi->Isend(mine.data() + off, piece, mpi->byte, root, /*tag=*/7, mpi->comm_world, &req);
           if (rc == MPI_SUCCESS) rc = PoliteWait(&req);
-          if (rc != MPI_SUCCESS) return MpiError(rc, "Recv");
+          if (rc != MPI_SUCCESS) return MpiError(rc, "Send");
         }
       }
-    } else {
-      for (int64_t off = 0; off < n; off += kMaxPiece) {
-        const int piece = static_cast<int>(std::min(kMaxPiece, n - off));
-        rc = mpi->Isend(mine.data() + off, piece, mpi->byte, root, /*tag=*/7, mpi->comm_world, &req);
-        if (rc == MPI_SUCCESS) rc = PoliteWait(&req);
-        if (rc != MPI_SUCCESS) return MpiError(rc, "Send");
-      }
-    }
+      return absl::OkStatus();
+    });
+    if (!s.ok()) return s;
     return out;
   }
 
-  void Abort(int code) override { mpi->Abort(mpi->comm_world, code); }
+  void Abort(int code) override {
+    (void)Call([&]() -> absl::Status {
+      mpi->Abort(mpi->comm_world, code);
+      return absl::OkStatus();
+    });
+  }
 
  private:
-  int rank_ = 0;
+  // Runs `f` on the MPI thread once MPI has started (its error otherwise),
+  // counting the caller's --timings phases there.
+  absl::Status Call(const std::function<absl::Status()>& f) {
+    UCP_RETURN_IF_ERROR(Started());
+    std::lock_guard<std::mutex> one_at_a_time(call_mu_);
+    PhaseTimes* const times = PhaseTimes::Current();
+    absl::Status result;
+    bool done = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      task_ = [&] {
+        PhaseScope bound(times);
+        result = f();
+      };
+      done_ = &done;
+    }
+    cv_.notify_all();
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return done; });
+    return result;
+  }
+
+  // Waits for MPI_Init_thread on the MPI thread; its error, if it failed.
+  absl::Status Started() const {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return started_; });
+    return start_status_;
+  }
+
+  void Run() {
+    absl::Status s;
+    int provided = 0;
+    // Only this thread calls MPI; the command's threads hand it their calls.
+    if (int rc = mpi->Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided); rc != MPI_SUCCESS) {
+      s = absl::FailedPreconditionError(absl::StrCat("MPI_Init_thread failed with code ", rc));
+    }
+    const bool initialized = s.ok();
+    if (s.ok()) {
+      mpi->Comm_rank(mpi->comm_world, &rank_);
+      mpi->Comm_size(mpi->comm_world, &size_);
+      // Errors come back as codes, not as the default abort.
+      mpi->Comm_set_errhandler(mpi->comm_world, mpi->errors_return);
+      if (env_rank_ >= 0 && env_size_ > 0 && (env_rank_ != rank_ || env_size_ != size_)) {
+        s = absl::FailedPreconditionError(absl::StrCat(
+            "the launcher's environment says rank ", env_rank_, " of ", env_size_, " (OMPI_COMM_WORLD_RANK, "
+            "OMPI_COMM_WORLD_SIZE), MPI says rank ", rank_, " of ", size_));
+      }
+    }
+    std::unique_lock<std::mutex> lock(mu_);
+    started_ = true;
+    start_status_ = s;
+    cv_.notify_all();
+    while (true) {
+      cv_.wait(lock, [&] { return stop_ || task_ != nullptr; });
+      if (task_ != nullptr) {
+        std::function<void()> task = std::move(task_);
+        task_ = nullptr;
+        lock.unlock();
+        task();
+        lock.lock();
+        *done_ = true;
+        cv_.notify_all();
+        continue;
+      }
+      break;  // stop_, nothing left to run
+    }
+    lock.unlock();
+    if (initialized) mpi->Finalize();
+  }
+
+  const int env_rank_, env_size_;
+  int rank_ = 0;  // written by the MPI thread before started_
   int size_ = 1;
+  std::mutex call_mu_;  // one Call at a time
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  bool started_ = false;          // guarded by mu_
+  absl::Status start_status_;     // guarded by mu_
+  std::function<void()> task_;    // guarded by mu_
+  bool* done_ = nullptr;          // guarded by mu_
+  bool stop_ = false;             // guarded by mu_
+  std::thread thread_;
 };
 
 }  // namespace
@@ -234,17 +361,17 @@ std::string MpiLauncherVariable() {
 bool LaunchedByMpi() { return !MpiLauncherVariable().empty(); }
 
 absl::StatusOr<std::unique_ptr<Cluster>> JoinMpiJobIfLaunched(int* argc, char*** argv) {
+  (void)argc;  // Open MPI needs neither (MPI_Init_thread(NULL, NULL, ...))
+  (void)argv;
   if (!LaunchedByMpi()) return nullptr;
   if (mpi == nullptr) {
     absl::StatusOr<const OpenMpi*> loaded = LoadOpenMpi();
     if (!loaded.ok()) return loaded.status();
     mpi = *loaded;
   }
-  int provided = 0;
-  // Only the main thread calls MPI; the worker threads write files.
-  if (int rc = mpi->Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided); rc != MPI_SUCCESS) {
-    return absl::FailedPreconditionError(absl::StrCat("MPI_Init_thread failed with code ", rc));
-  }
+  // MPI starts on the cluster's own thread (see MpiCluster): its first
+  // collective, or rank() and size() when the launcher's environment does
+  // not give them, waits for it and reports its failure.
   return std::unique_ptr<Cluster>(std::make_unique<MpiCluster>());
 }
 

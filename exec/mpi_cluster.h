@@ -33,9 +33,12 @@ bool LaunchedByMpi();
 // The name of the launcher variable that LaunchedByMpi() found, or "".
 std::string MpiLauncherVariable();
 
-// When LaunchedByMpi(): loads Open MPI, MPI_Init_thread and a Cluster over
-// MPI_COMM_WORLD (destroying it calls MPI_Finalize); FailedPrecondition when
-// Open MPI cannot be loaded. Alone: null, and MPI is never loaded.
+// When LaunchedByMpi(): loads Open MPI and returns a Cluster over
+// MPI_COMM_WORLD, whose own thread starts MPI (MPI_Init_thread) while the
+// caller goes on, makes every MPI call, and calls MPI_Finalize when the
+// Cluster is destroyed; FailedPrecondition when Open MPI cannot be loaded
+// (a failed MPI_Init_thread is the error of the first collective). Alone:
+// null, and MPI is never loaded.
 absl::StatusOr<std::unique_ptr<Cluster>> JoinMpiJobIfLaunched(int* argc, char*** argv);
 
 }  // namespace ucp::exec

@@ -450,15 +450,18 @@ std::vector<std::string> ReadBackDiffs(const SyntheticMoeState& m, const std::st
   return diffs;
 }
 
+// `piece_bytes`: ZeroWriteOptions::piece_bytes (-1: each optimizer file one
+// unit; small: in many pieces, written by `threads` threads).
 absl::StatusOr<std::string> Reshard(const std::string& in, const std::string& out, int dp, int ep,
-                                    const std::string& version) {
+                                    const std::string& version, int64_t piece_bytes = -1, int threads = 1) {
   ops::ReshardOptions o;
   o.input_folder = in;
   o.output_folder = out;
   o.write.target = state::Topology{1, 1, dp};
   o.write.expert_parallel = ep;
   o.write.target_ds_version = version;
-  o.write.num_threads = 1;
+  o.write.num_threads = threads;
+  o.write.piece_bytes = piece_bytes;
   UCP_RETURN_IF_ERROR(ops::Reshard(o).status());
   return out;
 }
@@ -518,7 +521,13 @@ TEST(MoeConformanceTest, Properties) {
     // ucp reads M back.
     if (auto d = ReadBackDiffs(**m, s1); !d.empty()) RC_FAIL(absl::StrCat("read back:\n  ", absl::StrJoin(d, "\n  ")));
     // reshard(save(M, T1), T2) == save(M, T2).
-    auto r = Reshard(s1, JoinPath(scratch, "t1_to_t2/" + Tag(**m)), c.dp2, c.ep2, c.target_ds_version);
+    // Its optimizer files whole or in pieces of 16-512 bytes, by 1-3 threads:
+    // the same bytes either way.
+    const int64_t piece_bytes = *rc::gen::element<int64_t>(-1, -1, 16, 64, 512);
+    const int threads = *rc::gen::inRange(1, 4);
+    ++dist["T2 optimizer files"][piece_bytes < 0 ? "whole" : absl::StrCat("pieces of ", piece_bytes, " bytes")];
+    auto r = Reshard(s1, JoinPath(scratch, "t1_to_t2/" + Tag(**m)), c.dp2, c.ep2, c.target_ds_version, piece_bytes,
+                     threads);
     if (!r.ok()) RC_FAIL(absl::StrCat("reshard to T2: ", r.status().ToString()));
     auto diffs = FolderByteDiffs(*r, s2);
     RC_ASSERT(diffs.ok());

@@ -10,6 +10,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "base/fs.h"
 #include "base/status_macros.h"
 #include "format/torch/torch_file.h"
@@ -168,6 +169,48 @@ TEST(SplitWriteTest, Zero3PiecesWriteTheSameBytesAsOneUnit) {
       }
     }
     ++n;
+  }
+}
+
+// The native MoE target (formats/deepspeed_moe) cuts its optimizer files the
+// same way: a 0.19.5 MoE checkpoint (ep 2, ZeRO-2, dp 2) to dp 1 and to dp 2,
+// the same bytes for any piece size and thread count as one unit, and the
+// record CRCs combined from the pieces hold (`ucp verify`).
+TEST(SplitWriteTest, MoePiecesWriteTheSameBytesAsOneUnit) {
+  const std::string root = testing::FreshTempDir("split_moe");
+  const std::string moe = testing::VersionFixturePath("0.19.5", "gpt-moe-ep2-zero2-dp2/global_step4");
+  for (int dp : {1, 2}) {
+    SCOPED_TRACE(absl::StrCat("MoE to dp ", dp));
+    auto to = [&](const std::string& out, int64_t piece_bytes, int threads) {
+      ReshardOptions o = ToTp1(moe, out, piece_bytes, threads);
+      o.write.target = state::Topology{1, 1, dp};
+      return o;
+    };
+    const std::string ref = JoinPath(root, absl::StrCat(dp, "_ref/global_step4"));
+    auto whole = Reshard(to(ref, /*piece_bytes=*/-1, 2));
+    ASSERT_TRUE(whole.ok()) << whole.status();
+    for (int64_t piece_bytes : {int64_t{4096}, int64_t{65536}}) {
+      ReshardOptions dry = to("/nonexistent/x", piece_bytes, 1);
+      dry.dry_run_ranks = 1;
+      dry.dry_run_units = true;
+      auto planned = Reshard(dry);
+      ASSERT_TRUE(planned.ok()) << planned.status();
+      // Every optimizer file of the target is cut.
+      for (int d = 0; d < dp; ++d) {
+        EXPECT_TRUE(absl::StrContains(planned->plan, absl::StrFormat("zero_pp_rank_%d_mp_rank_00_optim_states.pt piece 2 of ", d)))
+            << piece_bytes;
+      }
+      for (int threads : {1, 3}) {
+        const std::string out = JoinPath(root, absl::StrCat(dp, "_", piece_bytes, "_", threads, "/global_step4"));
+        auto split = Reshard(to(out, piece_bytes, threads));
+        ASSERT_TRUE(split.ok()) << split.status();
+        EXPECT_EQ(split->write.files, whole->write.files);
+        EXPECT_EQ(split->write.bytes, whole->write.bytes);
+        ExpectSameTree(ref, out);
+        const formats::VerifyResult v = ops::Verify(out);
+        EXPECT_TRUE(v.problems.empty()) << absl::StrJoin(v.problems, "\n");
+      }
+    }
   }
 }
 

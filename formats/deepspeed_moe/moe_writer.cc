@@ -34,6 +34,8 @@ using writers::AddVerifyUnit;
 using writers::ExecuteVerifyUnit;
 using writers::AddUnitResults;
 using writers::WriteUnitFile;
+using writers::WriteUnitPiece;
+using writers::FinishUnitPieces;
 using writers::ZeroWriteOptions;
 
 namespace {
@@ -117,6 +119,11 @@ class MoePlan : public Plan {
       }
       case JobKind::kOptim: {
         UCP_ASSIGN_OR_RETURN(root, OptimFile(w, job.stage, job.dp * tp_ + job.tp));
+        if (job.pieces > 1) {
+          // Piece `job.piece` of the file: the whole tree, its share of the
+          // storage bytes; Finish writes what lies around the pieces.
+          return WriteUnitPiece(w, staging, units_[i].outputs[0], *root, job.piece, job.pieces, result);
+        }
         break;
       }
       case JobKind::kVerify:
@@ -128,6 +135,17 @@ class MoePlan : public Plan {
   absl::StatusOr<WriteStats> Finish(const std::vector<UnitResult>& results, const std::string& staging) const override {
     WriteStats stats;
     AddUnitResults(results, &stats);
+    // The optimizer files written in pieces: everything around the pieces' bytes.
+    for (size_t i : split_) {
+      const Job& job = jobs_[i];
+      torch::TorchWriteOptions wo;
+      wo.writeback = options_.fsync;
+      torch::TorchWriter w(wo);
+      UCP_ASSIGN_OR_RETURN(ValuePtr root, OptimFile(w, job.stage, job.dp * tp_ + job.tp));
+      UCP_ASSIGN_OR_RETURN(int64_t size, FinishUnitPieces(w, staging, units_[i].outputs[0], *root, results));
+      stats.files += 1;
+      stats.bytes += size;
+    }
     return stats;
   }
   std::string latest_file() const override { return deepspeed::kLatestFile; }
@@ -147,6 +165,7 @@ class MoePlan : public Plan {
     int dp = -1;
     int tp = 0;
     int stage = 0;
+    int piece = 0, pieces = 1;  // kOptim: piece `piece` of `pieces` (pieces > 1), or the whole file
   };
 
   // The target: pp_ stages of tp_ x dp_ ranks each (a stage's rank r = dp
@@ -568,8 +587,21 @@ class MoePlan : public Plan {
       }
       for (int d = 0; d < dp_; ++d) {
         for (int t = 0; t < tp_; ++t) {
-          add(Job{JobKind::kOptim, -1, -1, d, t, s}, deepspeed::OptimFileName(d, mp + t, info_.bf16_file_prefix),
-              optim_bytes);
+          // A large file in pieces (writers::OptimPieces), each a unit any
+          // thread or rank writes in place, as the ZeRO-1/2 and ZeRO-3
+          // targets do. Every piece builds the file's tree, so it lists the
+          // inputs of the whole file.
+          const std::string file = deepspeed::OptimFileName(d, mp + t, info_.bf16_file_prefix);
+          const int pieces = writers::OptimPieces(optim_bytes, options_.piece_bytes);
+          if (pieces == 1) {
+            add(Job{JobKind::kOptim, -1, -1, d, t, s}, file, optim_bytes);
+            continue;
+          }
+          split_.push_back(jobs_.size());
+          for (int k = 0; k < pieces; ++k) {
+            add(Job{JobKind::kOptim, -1, -1, d, t, s, k, pieces}, file, optim_bytes / pieces);
+            units_.back().name = absl::StrCat("file ", file, " piece ", k + 1, " of ", pieces);
+          }
         }
       }
       if (expp_files_) {
@@ -973,6 +1005,7 @@ class MoePlan : public Plan {
   std::string partition_method_;
   std::vector<int> parts_;  // pp > 1: the pp + 1 layer boundaries
   std::vector<Job> jobs_;
+  std::vector<size_t> split_;  // the first piece's unit of each optimizer file written in pieces
 };
 
 }  // namespace

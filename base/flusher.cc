@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <functional>
 #include <utility>
@@ -70,6 +71,18 @@ void BackgroundFlusher::Written(const std::string& path, int64_t bytes) {
   Item item;
   item.path = path;
   item.bytes = bytes;
+  {
+    // A file whose writer reported ranges of it while writing (WrittenRange):
+    // its writeback is started again whole (cheap for pages already written
+    // back, and it covers any byte not reported), but only the bytes not
+    // reported before count towards the next flush.
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = ranged_.find(path);
+    if (it != ranged_.end()) {
+      item.bytes = std::max<int64_t>(0, bytes - it->second);
+      ranged_.erase(it);
+    }
+  }
   Push(std::move(item));
 }
 
@@ -82,6 +95,10 @@ void BackgroundFlusher::WrittenRange(int fd, const std::string& path, uint64_t o
   item.offset = offset;
   item.len = len;
   item.bytes = static_cast<int64_t>(len);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!stop_) ranged_[path] += static_cast<int64_t>(len);
+  }
   Push(std::move(item));
 }
 
@@ -159,6 +176,7 @@ absl::Status BackgroundFlusher::Finish() {
     if (item.fd >= 0) ::close(item.fd);
   }
   queue_.clear();
+  ranged_.clear();
   if (flush_fd_ >= 0) ::close(flush_fd_);
   flush_fd_ = -1;
   return error_;

@@ -36,6 +36,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -53,7 +54,8 @@ class BackgroundFlusher {
   ~BackgroundFlusher();  // Finish
 
   // A file of `bytes` was written whole: its writeback is started, and its
-  // bytes count towards the next flush.
+  // bytes count towards the next flush (less those reported by WrittenRange
+  // while it was written: each byte counts once).
   void Written(const std::string& path, int64_t bytes);
   // Bytes [offset, offset + len) of the open file `fd` (named `path`, for
   // messages) were written: a large file, while it is being written. The
@@ -91,6 +93,8 @@ class BackgroundFlusher {
   bool stop_ = false;          // guarded by mu_
   int flushes_ = 0;            // guarded by mu_
   int64_t handled_ = 0;        // guarded by mu_
+  // Bytes reported by WrittenRange per file not yet reported whole (Written).
+  std::map<std::string, int64_t> ranged_;  // guarded by mu_
   absl::Status error_;         // guarded by mu_
   std::thread writeback_thread_, flush_thread_;
 };

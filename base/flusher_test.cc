@@ -81,6 +81,23 @@ TEST(BackgroundFlusherTest, EveryRangeReportedBeforeFinishIsStarted) {
   ::close(fd);
 }
 
+// A file reported in ranges while written, then whole when its unit ends
+// (ExecuteUnits), counts each byte once: before, its bytes counted twice and
+// a job asked for about twice the flushes it needed.
+TEST(BackgroundFlusherTest, AFileReportedInRangesThenWholeCountsOnce) {
+  const std::string path = TestFile("ranged");
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  BackgroundFlusher flusher(int64_t{1} << 40);
+  flusher.WrittenRange(fd, path, 0, 3000);
+  flusher.WrittenRange(fd, path, 3000, 1000);
+  flusher.Written(path, 4096);  // 96 bytes more than the ranges
+  flusher.Written(TestFile("other"), 500);
+  EXPECT_TRUE(flusher.Finish().ok());
+  EXPECT_EQ(flusher.handled_bytes(), 4096 + 500);
+  ::close(fd);
+}
+
 TEST(BackgroundFlusherTest, NothingIsTakenAfterFinish) {
   BackgroundFlusher flusher(100);
   EXPECT_TRUE(flusher.Finish().ok());

@@ -63,6 +63,20 @@ void ExpectSameTree(const std::string& a, const std::string& b) {
   }
 }
 
+// Reshards with `split` (its optimizer files in pieces) and expects what the
+// one-unit run `whole` wrote into `ref`: as many files and bytes, every file
+// byte for byte, and `ucp verify` clean (each record's CRC combined from its
+// pieces holds).
+void ExpectSplitLikeWhole(const ReshardOptions& split, const ReshardResult& whole, const std::string& ref) {
+  auto r = Reshard(split);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->write.files, whole.write.files);
+  EXPECT_EQ(r->write.bytes, whole.write.bytes);
+  ExpectSameTree(ref, split.output_folder);
+  const formats::VerifyResult v = ops::Verify(split.output_folder);
+  EXPECT_TRUE(v.problems.empty()) << absl::StrJoin(v.problems, "\n");
+}
+
 // `in` converted into the universal checkpoint `out`.
 absl::StatusOr<std::string> ConvertFolder(const std::string& in, const std::string& out) {
   ConvertOptions c;
@@ -159,13 +173,7 @@ TEST(SplitWriteTest, Zero3PiecesWriteTheSameBytesAsOneUnit) {
       ASSERT_GT(PiecesOf(src.in, piece_bytes, 3, src.tp), 4) << piece_bytes;
       for (int threads : {1, 3}) {
         const std::string out = JoinPath(root, absl::StrCat(n, "_", piece_bytes, "_", threads, "/global_step4"));
-        auto split = Reshard(ToTp1(src.in, out, piece_bytes, threads, 3, src.tp));
-        ASSERT_TRUE(split.ok()) << split.status();
-        EXPECT_EQ(split->write.files, whole->write.files);
-        EXPECT_EQ(split->write.bytes, whole->write.bytes);
-        ExpectSameTree(ref, out);
-        const formats::VerifyResult v = ops::Verify(out);
-        EXPECT_TRUE(v.problems.empty()) << absl::StrJoin(v.problems, "\n");
+        ExpectSplitLikeWhole(ToTp1(src.in, out, piece_bytes, threads, 3, src.tp), *whole, ref);
       }
     }
     ++n;
@@ -202,13 +210,7 @@ TEST(SplitWriteTest, MoePiecesWriteTheSameBytesAsOneUnit) {
       }
       for (int threads : {1, 3}) {
         const std::string out = JoinPath(root, absl::StrCat(dp, "_", piece_bytes, "_", threads, "/global_step4"));
-        auto split = Reshard(to(out, piece_bytes, threads));
-        ASSERT_TRUE(split.ok()) << split.status();
-        EXPECT_EQ(split->write.files, whole->write.files);
-        EXPECT_EQ(split->write.bytes, whole->write.bytes);
-        ExpectSameTree(ref, out);
-        const formats::VerifyResult v = ops::Verify(out);
-        EXPECT_TRUE(v.problems.empty()) << absl::StrJoin(v.problems, "\n");
+        ExpectSplitLikeWhole(to(out, piece_bytes, threads), *whole, ref);
       }
     }
   }

@@ -39,7 +39,7 @@ std::vector<std::string> FlatOptimFile::ScalarNames(int g) const {
 absl::Status FlatOptimFile::VerifyPartitionIfChecked(const torch::Tensor& flat, const CheckedInputs& checked,
                                                     const std::string& tensor) const {
   if (!checked.Checks(state::InputKey(path, tensor))) return absl::OkStatus();
-  return VerifyPartition(flat);
+  return VerifyPartition(flat, /*reading=*/checked.ChecksAll());
 }
 
 absl::Status FlatOptimFile::VerifyPartitions() const {
@@ -70,6 +70,11 @@ void CheckedInputs::Set(std::shared_ptr<const std::set<std::string>> keys) {
 bool CheckedInputs::Checks(const std::string& key) const {
   std::lock_guard<std::mutex> lock(mu_);
   return keys_ == nullptr || keys_->count(key) > 0;
+}
+
+bool CheckedInputs::ChecksAll() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return keys_ == nullptr;
 }
 
 absl::StatusOr<internal::GroupStates> SplitFlatStates(const torch::TorchFile& file, const std::string& path,

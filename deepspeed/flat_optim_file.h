@@ -61,9 +61,16 @@ struct FlatOptimFile {
   // CRC-checks the storage of a flat tensor of the file, once per record
   // (for a file opened without CRC checks, which checks its flat partitions
   // when first used: a command reads only the bytes it needs).
-  absl::Status VerifyPartition(const torch::Tensor& flat) const { return file->VerifyStorageCrc(*flat.storage()); }
+  absl::Status VerifyPartition(const torch::Tensor& flat, bool reading = false) const {
+    return file->VerifyStorageCrc(*flat.storage(), reading);
+  }
   // VerifyPartition when `checked` says this process checks the record
   // `tensor` of this file (state::InputKey(path, tensor)), else nothing.
+  // The caller goes on to read a slice of it: when this process checks
+  // every input (one process runs every unit, so the units read about all
+  // of each partition), the check is made from the bytes the units read
+  // (torch::DeferredCrcChecks); with the inputs split over ranks, each rank
+  // reads part of a record it checks, and checks it whole.
   absl::Status VerifyPartitionIfChecked(const torch::Tensor& flat, const CheckedInputs& checked,
                                         const std::string& tensor) const;
   // Every flat partition (fp32 and per-element states) CRC-checked: the
@@ -83,6 +90,8 @@ class CheckedInputs {
   void Set(std::shared_ptr<const std::set<std::string>> keys);
   // Whether the record of `key` (state::InputKey) is checked here.
   bool Checks(const std::string& key) const;
+  // Whether every record is checked here (no Set, or Set(nullptr)).
+  bool ChecksAll() const;
 
  private:
   mutable std::mutex mu_;

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "format/torch/mapped_file.h"
+#include "format/torch/read_coverage.h"
 
 namespace ucp::tp {
 namespace {
@@ -372,7 +373,12 @@ absl::Status TensorPlan::CopyFlat(int64_t start, int64_t count, uint8_t* out) co
     } else {
       const torch::Tensor& src = s.tensor;
       if (src.is_contiguous()) {
-        std::memcpy(dst, src.data() + static_cast<size_t>(r.offset + within) * isz, static_cast<size_t>(take) * isz);
+        const uint8_t* from = src.data() + static_cast<size_t>(r.offset + within) * isz;
+        std::memcpy(dst, from, static_cast<size_t>(take) * isz);
+        // The check of an input record read whole (DeferredCrcChecks)
+        // takes the CRC-32 of these bytes, as copied, rather than reading
+        // them once more.
+        torch::ReadCoverage::NoteCopy(from, dst, static_cast<size_t>(take) * isz);
       } else {
         UCP_RETURN_IF_ERROR(src.CopyFlatRange(r.offset + within, take, dst));
       }

@@ -58,7 +58,7 @@ absl::Status ExecuteUnits(const Plan& plan, const std::vector<size_t>& subset, c
   // follow each other instead of overlapping.
   PhaseTimes* const times = PhaseTimes::Current();  // --timings: bound on the threads that run units
   PhaseTimer wait(Phase::kUnits);
-  torch::DeferredCrcChecks checks;
+  torch::DeferredCrcChecks checks(threads);
   // With writeback (--fsync), the units' files are written back and flushed
   // to disk in steps while the units run (base/flusher.h): the commit's sync
   // then has little left to do.

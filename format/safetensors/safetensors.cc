@@ -15,6 +15,8 @@
 #include "base/flusher.h"
 #include "base/phases.h"
 #include "format/json/json.h"
+#include "format/torch/crc32.h"
+#include "format/torch/read_coverage.h"
 
 namespace ucp::safetensors {
 namespace {
@@ -190,6 +192,12 @@ absl::Status WriteTensor(const std::string& path, const FileLayout& layout, size
     } else {
       // Threads writing tensors of one file take turns (see FileWriteTurn)
       // while their producers run in parallel.
+      // The bytes of an input record checked from what is read
+      // (torch::DeferredCrcChecks): their CRC-32 is its check.
+      if (torch::ReadCoverage::Tracks(view->data(), n)) {
+        PhaseTimer timer(Phase::kInputCrc, static_cast<int64_t>(n));
+        torch::ReadCoverage::NoteRead(view->data(), n, torch::Crc32(0, view->data(), n));
+      }
       std::lock_guard<std::mutex> turn(FileWriteTurn(path));
       st = torch::MappedFile::WriteAt(fd, path, *view, base + off);
       if (st.ok() && writeback && off + n >= written_back + kWritebackBytes) {

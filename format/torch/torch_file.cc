@@ -523,12 +523,12 @@ absl::StatusOr<std::shared_ptr<const Storage>> TorchFile::GetStorage(const pickl
 
 absl::Status TorchFile::VerifyAllCrcs() const { return impl_->zip->VerifyAllCrcs(); }
 
-absl::Status TorchFile::VerifyStorageCrc(const Storage& storage) const {
+absl::Status TorchFile::VerifyStorageCrc(const Storage& storage, bool reading) const {
   auto it = impl_->record_by_storage.find(&storage);
   if (it == impl_->record_by_storage.end()) {
     return absl::InvalidArgumentError(absl::StrCat(path_, ": storage does not belong to this file"));
   }
-  return impl_->zip->VerifyCrc(*it->second);
+  return impl_->zip->VerifyCrc(*it->second, reading);
 }
 
 const std::shared_ptr<const MappedFile>& TorchFile::mapped_file() const { return impl_->mapped; }

@@ -106,7 +106,10 @@ class TorchFile {
   // Verifies the CRC-32 of the record behind one storage of this file (for
   // OpenOptions::verify_crc = false: check each storage when it is used).
   // kInvalidArgument for a storage of another file, kDataLoss on mismatch.
-  absl::Status VerifyStorageCrc(const Storage& storage) const;
+  // `reading`: the caller goes on to read most of the storage's bytes
+  // (ZipReader::VerifyCrc: under a DeferredCrcChecks scope, checked from the
+  // bytes read).
+  absl::Status VerifyStorageCrc(const Storage& storage, bool reading = false) const;
   // The mapping behind Open (null for FromBytes), e.g. to Release() pages
   // of storages already consumed.
   const std::shared_ptr<const MappedFile>& mapped_file() const;

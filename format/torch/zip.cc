@@ -501,10 +501,9 @@ absl::StatusOr<absl::Span<const uint8_t>> ZipReader::Read(std::string_view recor
 
 namespace {
 
-// The CRC-32 of a record's bytes against the one the archive stores.
-absl::Status CheckRecordCrc(absl::Span<const uint8_t> data, uint64_t data_offset, uint32_t stored,
-                            const std::string& archive, const std::string& record,
-                            const std::function<void(uint64_t, uint64_t)>& on_verified) {
+// The CRC-32 of `data` (bytes of a record at archive offset `data_offset`).
+uint32_t CrcOf(absl::Span<const uint8_t> data, uint64_t data_offset,
+               const std::function<void(uint64_t, uint64_t)>& on_verified) {
   PhaseTimer timer(Phase::kInputCrc, static_cast<int64_t>(data.size()));
   uint32_t crc = 0;
   // In pieces, so that a caller can release what was read as it goes; each
@@ -521,6 +520,10 @@ absl::Status CheckRecordCrc(absl::Span<const uint8_t> data, uint64_t data_offset
     }
     if (on_verified) on_verified(data_offset + pos, len);
   }
+  return crc;
+}
+
+absl::Status CrcVerdict(uint32_t crc, uint32_t stored, const std::string& archive, const std::string& record) {
   if (crc != stored) {
     return absl::DataLossError(
         absl::StrFormat("%s: record '%s': CRC-32 mismatch (stored %08x, computed %08x)", archive, record, stored, crc));
@@ -528,11 +531,18 @@ absl::Status CheckRecordCrc(absl::Span<const uint8_t> data, uint64_t data_offset
   return absl::OkStatus();
 }
 
+// The CRC-32 of a record's bytes against the one the archive stores.
+absl::Status CheckRecordCrc(absl::Span<const uint8_t> data, uint64_t data_offset, uint32_t stored,
+                            const std::string& archive, const std::string& record,
+                            const std::function<void(uint64_t, uint64_t)>& on_verified) {
+  return CrcVerdict(CrcOf(data, data_offset, on_verified), stored, archive, record);
+}
+
 thread_local DeferredCrcChecks* current_deferred_checks = nullptr;
 
 }  // namespace
 
-absl::Status ZipReader::VerifyCrc(const ZipRecord& record) const {
+absl::Status ZipReader::VerifyCrc(const ZipRecord& record, bool reading) const {
   const size_t index = IndexOf(record);
   std::atomic<uint8_t>& state = crc_ok_[index];
   const uint8_t now = state.load(std::memory_order_acquire);
@@ -543,12 +553,27 @@ absl::Status ZipReader::VerifyCrc(const ZipRecord& record) const {
     // waited for (DeferredCrcChecks::Wait) before anything is committed.
     uint8_t expected = 0;
     if (state.compare_exchange_strong(expected, 2, std::memory_order_acq_rel)) {
-      deferred->Add([keep = keep_alive_, flags = crc_ok_, index, data = Data(record), offset = record.data_offset,
-                     stored = record.crc32, archive = name_, name = record.name, on_verified = on_verified_]() {
-        absl::Status s = CheckRecordCrc(data, offset, stored, archive, name, on_verified);
-        flags[index].store(s.ok() ? 1 : 3, std::memory_order_release);
-        return s;
-      });
+      if (reading) {
+        // Checked at Wait from the CRCs of the ranges the units read, and
+        // what they did not read.
+        deferred->coverage().Track(
+            Data(record),
+            [keep = keep_alive_, offset = record.data_offset, on_verified = on_verified_](
+                absl::Span<const uint8_t> gap, uint64_t at) { return CrcOf(gap, offset + at, on_verified); },
+            [keep = keep_alive_, flags = crc_ok_, index, stored = record.crc32, archive = name_,
+             name = record.name](uint32_t crc) {
+              absl::Status s = CrcVerdict(crc, stored, archive, name);
+              flags[index].store(s.ok() ? 1 : 3, std::memory_order_release);
+              return s;
+            });
+      } else {
+        deferred->Add([keep = keep_alive_, flags = crc_ok_, index, data = Data(record), offset = record.data_offset,
+                       stored = record.crc32, archive = name_, name = record.name, on_verified = on_verified_]() {
+          absl::Status s = CheckRecordCrc(data, offset, stored, archive, name, on_verified);
+          flags[index].store(s.ok() ? 1 : 3, std::memory_order_release);
+          return s;
+        });
+      }
       return absl::OkStatus();
     }
     if (expected == 1 || expected == 2) return absl::OkStatus();
@@ -571,6 +596,8 @@ struct DeferredCrcChecks::State {
   bool stop = false;
   absl::Status first_error;  // guarded by mu
   std::thread worker;
+  int wait_threads = 1;
+  ReadCoverage coverage;
   PhaseTimes* times = PhaseTimes::Current();  // the creator's (--timings)
 
   void Run() {
@@ -592,7 +619,11 @@ struct DeferredCrcChecks::State {
   }
 };
 
-DeferredCrcChecks::DeferredCrcChecks() : state_(std::make_shared<State>()) {}
+DeferredCrcChecks::DeferredCrcChecks(int wait_threads) : state_(std::make_shared<State>()) {
+  state_->wait_threads = wait_threads;
+}
+
+ReadCoverage& DeferredCrcChecks::coverage() { return state_->coverage; }
 
 DeferredCrcChecks::~DeferredCrcChecks() {
   (void)Wait();
@@ -615,14 +646,17 @@ void DeferredCrcChecks::Add(std::function<absl::Status()> check) {
 }
 
 absl::Status DeferredCrcChecks::Wait() {
+  absl::Status tracked = state_->coverage.CheckAll(state_->wait_threads);
   std::unique_lock<std::mutex> lock(state_->mu);
   state_->cv.wait(lock, [&] { return state_->queue.empty() && !state_->running; });
+  if (!tracked.ok() && state_->first_error.ok()) state_->first_error = tracked;
   return state_->first_error;
 }
 
 DeferredCrcChecks* DeferredCrcChecks::Current() { return current_deferred_checks; }
 
-DeferredCrcChecks::Scope::Scope(DeferredCrcChecks* checks) : previous_(current_deferred_checks) {
+DeferredCrcChecks::Scope::Scope(DeferredCrcChecks* checks)
+    : previous_(current_deferred_checks), coverage_(checks != nullptr ? &checks->coverage() : nullptr) {
   current_deferred_checks = checks;
 }
 
@@ -786,7 +820,11 @@ absl::Status ZipWriter::WriteData(absl::Span<const uint8_t> chunk) {
   }
   {
     PhaseTimer timer(Phase::kOutputCrc, static_cast<int64_t>(chunk.size()));
-    record_crc_ = Crc32(record_crc_, chunk.data(), chunk.size());
+    const uint32_t crc = Crc32(0, chunk.data(), chunk.size());
+    record_crc_ = Crc32Combine(record_crc_, crc, chunk.size());
+    // When these are bytes of an input record checked from what is read
+    // (DeferredCrcChecks), this is their check.
+    ReadCoverage::NoteRead(chunk.data(), chunk.size(), crc);
   }
   record_written_ += chunk.size();
   return Emit(chunk);

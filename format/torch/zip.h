@@ -57,6 +57,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "format/torch/read_coverage.h"
 
 namespace ucp::torch {
 
@@ -100,6 +101,13 @@ struct ZipReadOptions {
 // nothing) until it returns OK. Small records (data.pkl, version) are
 // always checked at once, before they are parsed.
 //
+// A record the caller goes on to read (VerifyCrc's `reading`) is not queued
+// but tracked (ReadCoverage): the readers report the CRC-32 of the ranges
+// they read (the zip writer computes it for its own records anyway), and
+// Wait() reads only what nobody read, on up to `wait_threads` threads. The
+// record is read once instead of twice: once by the units, not also by the
+// check.
+//
 // Example:
 //   DeferredCrcChecks checks;
 //   { DeferredCrcChecks::Scope scope(&checks); ... read and write ... }
@@ -107,14 +115,18 @@ struct ZipReadOptions {
 class DeferredCrcChecks {
  public:
   static constexpr uint64_t kDeferMinBytes = uint64_t{1} << 20;
-  DeferredCrcChecks();
+  explicit DeferredCrcChecks(int wait_threads = 1);
   ~DeferredCrcChecks();  // waits for the queued checks
   DeferredCrcChecks(const DeferredCrcChecks&) = delete;
   DeferredCrcChecks& operator=(const DeferredCrcChecks&) = delete;
 
+  // Every queued check run, and every tracked record checked. Call it once
+  // no thread reads under the scope any more.
   absl::Status Wait();
   // Queues a check (run in queue order on one background thread).
   void Add(std::function<absl::Status()> check);
+  // The records checked from the bytes read (VerifyCrc's `reading`).
+  ReadCoverage& coverage();
   // The checks of the calling thread, or null.
   static DeferredCrcChecks* Current();
 
@@ -127,6 +139,7 @@ class DeferredCrcChecks {
 
    private:
     DeferredCrcChecks* previous_;
+    ReadCoverage::Scope coverage_;
   };
 
  private:
@@ -156,7 +169,10 @@ class ZipReader {
   // The stored bytes of a named record, CRC-verified (once) in lazy mode.
   absl::StatusOr<absl::Span<const uint8_t>> Read(std::string_view record_name) const;
   // kDataLoss on a mismatch. Remembers success, so a record is hashed once.
-  absl::Status VerifyCrc(const ZipRecord& record) const;
+  // `reading`: the caller goes on to read most of the record's bytes; under
+  // a DeferredCrcChecks scope the check is then made from the bytes read
+  // (DeferredCrcChecks: fused checks) rather than queued.
+  absl::Status VerifyCrc(const ZipRecord& record, bool reading = false) const;
   absl::Status VerifyAllCrcs() const;
   // Where the central directory starts (records lie before it).
   uint64_t central_directory_offset() const { return cd_offset_; }

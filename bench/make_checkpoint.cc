@@ -21,27 +21,33 @@ int main(int argc, char** argv) {
   FlagSet f("make_checkpoint", "a large GPT-NeoX-shaped ZeRO-1 checkpoint for bench/run_bench.sh");
   std::string output;
   std::string gb = "3";
-  int tp = 2, pp = 1, dp = 2, threads = 0;
+  int tp = 2, pp = 1, dp = 2, threads = 0, hidden = 1024, vocab = 8192;
   f.String("output_folder", &output, "ROOT/TAG to write", true);
   f.String("gb", &gb, "approximate checkpoint size in GB (10^9 bytes)");
   f.Int32("tp", &tp, "tensor parallel degree");
   f.Int32("pp", &pp, "pipeline parallel degree");
   f.Int32("dp", &dp, "data parallel degree");
   f.Int32("num_threads", &threads, "writer threads (0 = all cores)");
+  f.Int32("hidden", &hidden, "hidden size (attention the same, the MLP 4 times it; smaller for tests)");
+  f.Int32("vocab", &vocab, "vocabulary size");
   auto pos = f.Parse(argc, argv);
   if (!pos.ok() || f.help_requested()) {
     std::cerr << (pos.ok() ? f.Usage() : std::string(pos.status().message())) << "\n";
     return pos.ok() ? 0 : 2;
   }
   ucp::conformance::NeoxShape shape;
-  shape.hidden = 1024;
-  shape.attention = 1024;
-  shape.ffn = 4096;
-  shape.vocab = 8192;
+  if (hidden < 8 || vocab < 8) {
+    std::cerr << "make_checkpoint: --hidden and --vocab must be at least 8\n";
+    return 2;
+  }
+  shape.hidden = hidden;
+  shape.attention = hidden;
+  shape.ffn = 4 * hidden;
+  shape.vocab = vocab;
   shape.make_vocab_size_divisible_by = 128;
   const double params_wanted = std::stod(gb) * 1e9 / 16.0;
-  const double per_layer = 12.0 * 1024 * 1024 + 13.0 * 1024;
-  const double fixed = 2.0 * 8192 * 1024;
+  const double per_layer = 12.0 * hidden * hidden + 13.0 * hidden;
+  const double fixed = 2.0 * vocab * hidden;
   shape.layers = std::max(1, static_cast<int>(std::lround((params_wanted - fixed) / per_layer)));
   ucp::ModelSpec spec = ucp::conformance::NeoxSpec(shape);
   auto state = ucp::conformance::SyntheticModelState::Make(spec, /*seed=*/1, /*zero_stage=*/1,

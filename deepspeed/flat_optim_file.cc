@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "format/torch/zip.h"
 
 namespace ucp::deepspeed {
 
@@ -38,6 +39,9 @@ std::vector<std::string> FlatOptimFile::ScalarNames(int g) const {
 
 absl::Status FlatOptimFile::VerifyPartitionIfChecked(const torch::Tensor& flat, const CheckedInputs& checked,
                                                     const std::string& tensor) const {
+  // Ranks pooling what they read: each tracks every partition it reads, and
+  // one joins them (torch::DeferredCrcChecks::PoolReads).
+  if (torch::DeferredCrcChecks::PoolsReads()) return VerifyPartition(flat, /*reading=*/true);
   if (!checked.Checks(state::InputKey(path, tensor))) return absl::OkStatus();
   return VerifyPartition(flat, /*reading=*/checked.ChecksAll());
 }

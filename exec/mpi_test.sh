@@ -12,6 +12,7 @@ FX=$(readlink -f "$2")   # the deepspeed-0.14.4 fixtures folder
 CONFORMANCE=$(readlink -f "$3")   # ucp_conformance (its `fuzz` writes the random sources)
 AUTOTP_Z3=$(readlink -f "$4")     # testdata/autotp_z3: real AutoTP ZeRO-3 tp 2 saves (master)
 DCP=$(readlink -f "$5")           # testdata/dcp: real FSDP2 DCP saves (torch 2.14)
+MAKE_CKPT=$(readlink -f "$6")     # bench/make_checkpoint: a generated checkpoint with large records
 W=${TEST_TMPDIR:-/tmp}/mpi_test
 rm -rf "$W"; mkdir -p "$W"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1  # CI runs as root
@@ -220,6 +221,67 @@ set -e
 grep -q "$victim.*CRC-32 mismatch" <<<"$out" || { echo "$out"; fail "the error does not name $victim's CRC"; }
 [[ ! -e "$W/failure/flip_out/u" ]] || fail "an output was committed from a damaged input"
 checks=$((checks + 1))
+
+# 5. Records of 1 MiB and more (the fixtures' are smaller) are checked from
+#    the bytes the units read: in one process by the process itself, under
+#    mpirun by rank 0 joining every rank's ranges and reading the rest. The
+#    outputs are the same at 1, 2 and 3 ranks, and a damaged byte anywhere in
+#    an optimizer file read by the units fails every rank count, naming the
+#    file and the record, with nothing committed.
+big=$W/large/src/global_step1
+"$MAKE_CKPT" --gb=0.04 --hidden=256 --vocab=4096 --tp=2 --dp=2 --output_folder="$big" >/dev/null
+"$UCP" convert --input_folder="$big" --output_folder="$W/large/one/u" --progress=never >/dev/null
+"$UCP" reshard --input_folder="$big" --output_folder="$W/large/one/z/global_step1" --tp=1 --dp=1 --progress=never >/dev/null
+for n in 2 3; do
+  mpi "$n" convert --input_folder="$big" --output_folder="$W/large/np$n/u" >/dev/null
+  same "$W/large/one/u" "$W/large/np$n/u"
+  mpi "$n" reshard --input_folder="$big" --output_folder="$W/large/np$n/z/global_step1" --tp=1 --dp=1 >/dev/null
+  same "$W/large/one/z" "$W/large/np$n/z"
+done
+# The ranks check the optimizer files from what they read: the bytes read
+# again for the check ("input CRC" in --timings, all ranks) are well under
+# the optimizer files' (each was read whole once more before).
+optim_mb=$(( $(cat "$big"/*optim_states.pt | wc -c) / 1000000 ))
+for n in 1 2; do
+  out=$(mpi "$n" convert --input_folder="$big" --output_folder="$W/large/timings-np$n/u" --timings 2>&1 >/dev/null)
+  crc_mb=$(awk '/^  input CRC /{s += $NF} END {print s + 0}' <<<"$out")
+  ((crc_mb * 2 < optim_mb)) || { echo "$out"; fail "np $n: $crc_mb MB read again to check $optim_mb MB of optimizer files"; }
+  checks=$((checks + 1))
+done
+victim_name=zero_pp_rank_1_mp_rank_00_optim_states.pt
+size=$(stat -c %s "$big/$victim_name")
+for at in $((size / 3)) $((size / 2)) $((size * 9 / 10)); do
+  dmg=$W/large/damaged-$at/global_step1
+  mkdir -p "$(dirname "$dmg")"
+  cp -r "$big" "$dmg"
+  /usr/bin/python3 - "$dmg/$victim_name" "$at" <<'PY'
+import sys
+path, at = sys.argv[1], int(sys.argv[2])
+with open(path, "r+b") as f:
+    f.seek(at)
+    b = f.read(1)
+    f.seek(at)
+    f.write(bytes([b[0] ^ 0x10]))
+PY
+  for n in 1 2 3; do
+    for op in convert reshard; do
+      outdir=$W/large/damaged-$at/out-$op-np$n
+      if [[ $op == convert ]]; then args=(convert --output_folder="$outdir/u"); else
+        args=(reshard --output_folder="$outdir/z/global_step1" --tp=1 --dp=1); fi
+      set +e
+      out=$(mpi "$n" "${args[@]}" --input_folder="$dmg" 2>&1)
+      rc=$?
+      set -e
+      [[ $rc -ne 0 ]] || fail "np $n $op: a byte damaged at $at of $victim_name went unnoticed"
+      grep -q "$dmg/$victim_name: record '[^']*': CRC-32 mismatch" <<<"$out" ||
+        { echo "$out"; fail "np $n $op: the error does not name $victim_name's damaged record"; }
+      [[ ! -e "$outdir/u" && ! -e "$outdir/z/global_step1" ]] ||
+        fail "np $n $op: an output was committed from a damaged input"
+      ! ls -A "$outdir" "$outdir/z" 2>/dev/null | grep -q "ucp-tmp" || fail "np $n $op: a staging folder was left behind"
+      checks=$((checks + 1))
+    done
+  done
+done
 
 # --timings under mpirun: every rank prints its table, with the time it spent
 # waiting for the other ranks (the plan's broadcast, the results' gather) as

@@ -36,7 +36,7 @@ constexpr int64_t kFlushEveryBytes = int64_t{256} << 20;
 
 absl::Status ExecuteUnits(const Plan& plan, const std::vector<size_t>& subset, const std::string& staging,
                           int threads, const ProgressFn& progress, bool writeback,
-                          std::vector<UnitResult>* results) {
+                          std::vector<UnitResult>* results, std::vector<torch::RecordReads>* pooled) {
   const std::vector<Unit>& units = plan.units();
   results->resize(units.size());
   // Largest first, so that the threads finish together rather than one of
@@ -59,6 +59,7 @@ absl::Status ExecuteUnits(const Plan& plan, const std::vector<size_t>& subset, c
   PhaseTimes* const times = PhaseTimes::Current();  // --timings: bound on the threads that run units
   PhaseTimer wait(Phase::kUnits);
   torch::DeferredCrcChecks checks(threads);
+  if (pooled != nullptr) checks.PoolReads();
   // With writeback (--fsync), the units' files are written back and flushed
   // to disk in steps while the units run (base/flusher.h): the commit's sync
   // then has little left to do.
@@ -99,6 +100,7 @@ absl::Status ExecuteUnits(const Plan& plan, const std::vector<size_t>& subset, c
   // A damaged input explains whatever else went wrong: it comes first.
   UCP_RETURN_IF_ERROR(checks.Wait());
   UCP_RETURN_IF_ERROR(ran_all);
+  if (pooled != nullptr) *pooled = checks.TakePooledReads();
   return flusher.Finish();
 }
 
@@ -305,6 +307,36 @@ absl::StatusOr<JobMessage> Share(Cluster& cluster, const JobMessage& mine) {
   return m;
 }
 
+void ReadsToProto(const torch::RecordReads& r, InputRecordReads* m) {
+  m->set_archive(r.archive);
+  m->set_record(r.record);
+  m->set_path(r.path);
+  m->set_file_offset(r.file_offset);
+  m->set_size(r.size);
+  m->set_stored_crc32(r.stored_crc);
+  for (const torch::ReadPiece& p : r.pieces) {
+    m->add_offset(p.offset);
+    m->add_length(p.length);
+    m->add_crc32(p.crc);
+  }
+}
+
+absl::Status ReadsFromProto(const InputRecordReads& m, int rank, std::vector<torch::RecordReads>* out) {
+  if (m.offset_size() != m.length_size() || m.offset_size() != m.crc32_size()) {
+    return absl::InternalError(absl::StrCat("rank ", rank, " reported ranges of ", m.path(), " that do not pair up"));
+  }
+  torch::RecordReads x;
+  x.archive = m.archive();
+  x.record = m.record();
+  x.path = m.path();
+  x.file_offset = m.file_offset();
+  x.size = m.size();
+  x.stored_crc = m.stored_crc32();
+  for (int k = 0; k < m.offset_size(); ++k) x.pieces.push_back({m.offset(k), m.length(k), m.crc32(k)});
+  out->push_back(std::move(x));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<WriteStats> RunPlanOnCluster(const Plan& plan, const std::string& output_folder,
@@ -327,19 +359,28 @@ absl::StatusOr<WriteStats> RunPlanOnCluster(const Plan& plan, const std::string&
   // 2. Every rank runs its units, CRC-checking the input records it was
   //    given (one rank per record).
   const std::vector<std::vector<size_t>> assignment = AssignUnits(plan.units(), cluster.size());
-  if (plan.source() != nullptr) {
+  // (One rank checks every input, as one process does: from what it reads.)
+  if (plan.source() != nullptr && cluster.size() > 1) {
     plan.source()->SetCheckedInputs(
         std::make_shared<const std::set<std::string>>(AssignCheckers(plan.units(), assignment)[rank]));
   }
   std::vector<UnitResult> results;
+  // Each rank reads part of most large input records (a flat optimizer
+  // partition that every param's unit slices): the ranks pool the CRC-32s
+  // of what they read, and rank 0 joins them and reads only what no rank
+  // read, instead of one rank reading each record whole once more.
+  std::vector<torch::RecordReads> pooled;
+  const bool pool = cluster.size() > 1;
   absl::Status ran = ExecuteUnits(plan, assignment[rank], started.staging(), options.num_threads,
-                                  rank == 0 ? options.progress : ProgressFn(), options.fsync, &results);
+                                  rank == 0 ? options.progress : ProgressFn(), options.fsync, &results,
+                                  pool ? &pooled : nullptr);
   // Every input this rank read is still whole (no file shrank under it).
   if (ran.ok()) ran = torch::MappedFile::CheckAllIntact();
   RankReport report;
   report.set_code(static_cast<int>(ran.code()));
   report.set_message(std::string(ran.message()));
   if (ran.ok()) {
+    for (const torch::RecordReads& r : pooled) ReadsToProto(r, report.add_input_read());
     for (size_t i : assignment[rank]) {
       RankReport::UnitFiles* u = report.add_unit();
       u->set_unit(static_cast<int>(i));
@@ -354,6 +395,7 @@ absl::StatusOr<WriteStats> RunPlanOnCluster(const Plan& plan, const std::string&
   JobMessage verdict;
   if (rank == 0) {
     std::vector<UnitResult> all(plan.units().size());
+    std::vector<torch::RecordReads> reads;
     absl::Status failed;
     for (size_t r = 0; r < reports.size() && failed.ok(); ++r) {
       RankReport rr;
@@ -374,7 +416,13 @@ absl::StatusOr<WriteStats> RunPlanOnCluster(const Plan& plan, const std::string&
         all[u.unit()].pieces.assign(u.piece().begin(), u.piece().end());
         all[u.unit()].items.assign(u.item().begin(), u.item().end());
       }
+      for (const InputRecordReads& m : rr.input_read()) {
+        if (!failed.ok()) break;
+        failed = ReadsFromProto(m, static_cast<int>(r), &reads);
+      }
     }
+    // Every input record the ranks read in part, whole and unchanged.
+    if (failed.ok()) failed = torch::CheckPooledReads(reads, options.num_threads);
     if (failed.ok()) {
       absl::StatusOr<WriteStats> stats = CommitOutput(plan, *staging, all, options);
       if (stats.ok()) {

@@ -32,6 +32,7 @@
 #include "base/cluster.h"
 #include "base/fs.h"
 #include "base/progress.h"
+#include "format/torch/read_coverage.h"
 #include "state/model_state.h"
 #include "proto/ucp.pb.h"
 
@@ -104,9 +105,13 @@ class Plan {
 // the subset. The first failure wins; units not started by then are skipped.
 // `writeback`: start writing each unit's files back to disk as it ends
 // (RunOptions::fsync).
+// `pooled`: the units are some of a job's (a rank's share): what they read of
+// each large input record is handed over here (torch::RecordReads), for
+// CheckPooledReads with the other ranks' before the commit, rather than
+// checked here. Null: checked here, before ExecuteUnits returns.
 absl::Status ExecuteUnits(const Plan& plan, const std::vector<size_t>& subset, const std::string& staging,
                           int threads, const ProgressFn& progress, bool writeback,
-                          std::vector<UnitResult>* results);
+                          std::vector<UnitResult>* results, std::vector<torch::RecordReads>* pooled = nullptr);
 
 // Appends to `units` one unit that checks the source's input files no unit
 // reads (CheckpointState::InputFiles / VerifyInput); Plan::Execute of a

@@ -255,6 +255,18 @@ int FindMapped(const void* p, size_t len, loff_t* offset) {
 
 }  // namespace
 
+bool MappedFile::Locate(const void* p, size_t len, std::string* path, uint64_t* offset) {
+  const uint8_t* b = static_cast<const uint8_t*>(p);
+  std::lock_guard<std::mutex> lock(Registry().mu);
+  for (const MappedFile* f : Registry().live) {
+    if (f->data() == nullptr || b < f->data() || b + len > f->data() + f->size()) continue;
+    *path = f->path();
+    *offset = static_cast<uint64_t>(b - f->data());
+    return true;
+  }
+  return false;
+}
+
 bool MappedFile::ReadMapped(const void* p, size_t len, uint8_t* dst) {
   if (len == 0) return true;
   loff_t off = 0;

@@ -122,6 +122,9 @@ class MappedFile {
   // file they are reading from (that would turn the mapping's pages into
   // SIGBUS and lose the source).
   static bool IsMappedByThisProcess(const std::string& path);
+  // The file (its path as opened) and offset of [p, p + len) when a live
+  // mapping of this process holds those bytes; false otherwise.
+  static bool Locate(const void* p, size_t len, std::string* path, uint64_t* offset);
 
   // kDataLoss when the file shrank (or a page of it could not be read) since
   // Open: a read may have seen zeros instead of its bytes.

@@ -1,14 +1,22 @@
 #include "format/torch/read_coverage.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <map>
 #include <mutex>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "base/parallel.h"
 #include "base/phases.h"
 #include "format/torch/crc32.h"
+#include "format/torch/mapped_file.h"
 
 namespace ucp::torch {
 
@@ -16,11 +24,46 @@ namespace {
 
 thread_local ReadCoverage* current_coverage = nullptr;
 
-struct Piece {
-  uint64_t offset;
-  uint64_t length;
-  uint32_t crc;
-};
+using Piece = ReadPiece;
+
+// The CRC-32 of `size` bytes from their pieces (sorted here) and the gaps
+// between them (gap(offset, length) returns a gap's CRC-32).
+uint32_t JoinCrc(std::vector<Piece>& pieces, uint64_t size, const std::function<uint32_t(uint64_t, uint64_t)>& gap_crc,
+                 uint64_t* covered, uint64_t* gaps) {
+  std::sort(pieces.begin(), pieces.end(), [](const Piece& a, const Piece& b) {
+    return a.offset != b.offset ? a.offset < b.offset : a.length > b.length;
+  });
+  uint32_t crc = 0;
+  uint64_t at = 0;
+  auto gap = [&](uint64_t end) {
+    if (end <= at) return;
+    crc = Crc32Combine(crc, gap_crc(at, end - at), end - at);
+    *gaps += end - at;
+    at = end;
+  };
+  for (const Piece& p : pieces) {
+    if (p.offset < at || p.offset + p.length > size) continue;  // overlaps what is joined: its rest is a gap
+    gap(p.offset);
+    crc = Crc32Combine(crc, p.crc, p.length);
+    *covered += p.length;
+    at += p.length;
+  }
+  gap(size);
+  return crc;
+}
+
+// Every item's status computed (after a failure too); the first error.
+absl::Status ForEachKeepFirstError(size_t n, int threads, const std::function<absl::Status(size_t)>& fn) {
+  std::mutex mu;
+  absl::Status first;  // guarded by mu
+  absl::Status ran = ParallelFor(n, std::max(threads, 0), [&](size_t i) -> absl::Status {
+    absl::Status s = fn(i);
+    std::lock_guard<std::mutex> lock(mu);
+    if (!s.ok() && first.ok()) first = s;
+    return absl::OkStatus();
+  });
+  return first.ok() ? ran : first;
+}
 
 }  // namespace
 
@@ -45,34 +88,25 @@ struct ReadCoverage::Record {
 
   // The record's CRC-32 from its pieces, reading what no piece covers.
   uint32_t Crc(uint64_t* covered, uint64_t* gaps) {
-    std::sort(pieces.begin(), pieces.end(), [](const Piece& a, const Piece& b) {
-      return a.offset != b.offset ? a.offset < b.offset : a.length > b.length;
-    });
-    uint32_t crc = 0;
-    uint64_t at = 0;
-    auto gap = [&](uint64_t end) {
-      if (end <= at) return;
-      crc = Crc32Combine(crc, gap_crc(bytes.subspan(at, end - at), at), end - at);
-      *gaps += end - at;
-      at = end;
-    };
-    for (const Piece& p : pieces) {
-      if (p.offset < at) continue;  // overlaps what is joined already: its rest is read as a gap
-      gap(p.offset);
-      crc = Crc32Combine(crc, p.crc, p.length);
-      *covered += p.length;
-      at += p.length;
-    }
-    gap(bytes.size());
-    return crc;
+    return JoinCrc(
+        pieces, bytes.size(),
+        [&](uint64_t offset, uint64_t length) { return gap_crc(bytes.subspan(offset, length), offset); }, covered,
+        gaps);
   }
+
+  std::string archive, record;
+  uint32_t stored_crc = 0;
 };
 
 ReadCoverage::ReadCoverage() = default;
 ReadCoverage::~ReadCoverage() = default;
 
-void ReadCoverage::Track(absl::Span<const uint8_t> bytes, GapCrc gap_crc, Verdict verdict) {
+void ReadCoverage::Track(absl::Span<const uint8_t> bytes, GapCrc gap_crc, Verdict verdict, std::string archive,
+                         std::string record, uint32_t stored_crc) {
   auto r = std::make_unique<Record>();
+  r->archive = std::move(archive);
+  r->record = std::move(record);
+  r->stored_crc = stored_crc;
   r->bytes = bytes;
   r->gap_crc = std::move(gap_crc);
   r->verdict = std::move(verdict);
@@ -101,21 +135,97 @@ absl::Status ReadCoverage::CheckAll(int threads) {
   // Every record gets its verdict, after a failure too (a record whose
   // verdict never came would stay "being checked" for its reader).
   std::atomic<uint64_t> covered{0}, gaps{0};
-  std::mutex mu;
-  absl::Status first;  // guarded by mu
-  absl::Status ran = ParallelFor(records.size(), std::max(threads, 1), [&](size_t i) -> absl::Status {
+  absl::Status s = ForEachKeepFirstError(records.size(), threads, [&](size_t i) {
     uint64_t c = 0, g = 0;
     const uint32_t crc = records[i]->Crc(&c, &g);
     covered += c;
     gaps += g;
-    absl::Status s = records[i]->verdict(crc);
-    std::lock_guard<std::mutex> lock(mu);
-    if (!s.ok() && first.ok()) first = s;
-    return absl::OkStatus();
+    return records[i]->verdict(crc);
   });
   covered_ += covered.load();
   gaps_ += gaps.load();
-  return first.ok() ? ran : first;
+  return s;
+}
+
+std::vector<RecordReads> ReadCoverage::TakeReads(int threads, absl::Status* checked) {
+  std::vector<RecordReads> out;
+  {
+    std::unique_lock<std::shared_mutex> lock(mu_);
+    for (auto it = records_.begin(); it != records_.end();) {
+      Record& r = *it->second;
+      RecordReads reads;
+      if (!MappedFile::Locate(r.bytes.data(), r.bytes.size(), &reads.path, &reads.file_offset)) {
+        ++it;
+        continue;
+      }
+      reads.archive = r.archive;
+      reads.record = r.record;
+      reads.size = r.bytes.size();
+      reads.stored_crc = r.stored_crc;
+      reads.pieces = std::move(r.pieces);
+      for (const Piece& p : reads.pieces) covered_ += p.length;
+      out.push_back(std::move(reads));
+      it = records_.erase(it);
+    }
+  }
+  *checked = CheckAll(threads);
+  return out;
+}
+
+absl::Status CheckPooledReads(const std::vector<RecordReads>& reads, int threads) {
+  // One entry per record, with every process's pieces.
+  std::map<std::pair<std::string, uint64_t>, RecordReads> joined;
+  for (const RecordReads& r : reads) {
+    auto [it, added] = joined.try_emplace({r.path, r.file_offset}, r);
+    if (added) continue;
+    RecordReads& j = it->second;
+    if (j.size != r.size || j.stored_crc != r.stored_crc || j.record != r.record) {
+      return absl::InternalError(absl::StrCat(r.path, ": the ranks disagree on the record at offset ", r.file_offset,
+                                              ": '", j.record, "' of ", j.size, " bytes with CRC ", j.stored_crc,
+                                              ", and '", r.record, "' of ", r.size, " bytes with CRC ", r.stored_crc));
+    }
+    j.pieces.insert(j.pieces.end(), r.pieces.begin(), r.pieces.end());
+  }
+  std::vector<RecordReads*> all;
+  for (auto& [key, r] : joined) all.push_back(&r);
+  return ForEachKeepFirstError(all.size(), threads, [&](size_t i) -> absl::Status {
+    RecordReads& r = *all[i];
+    const int fd = ::open(r.path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat(r.path, ": open to check record '", r.record, "'"));
+    absl::Status read_error;
+    std::vector<uint8_t> buf;
+    uint64_t covered = 0, gaps = 0;
+    const uint32_t crc = JoinCrc(
+        r.pieces, r.size,
+        [&](uint64_t offset, uint64_t length) -> uint32_t {
+          PhaseTimer timer(Phase::kInputCrc, static_cast<int64_t>(length));
+          constexpr uint64_t kStep = uint64_t{1} << 20;
+          buf.resize(static_cast<size_t>(std::min(length, kStep)));
+          uint32_t c = 0;
+          for (uint64_t done = 0; done < length && read_error.ok();) {
+            const size_t n = static_cast<size_t>(std::min<uint64_t>(kStep, length - done));
+            const ssize_t got = ::pread(fd, buf.data(), n, static_cast<off_t>(r.file_offset + offset + done));
+            if (got < 0 && errno == EINTR) continue;
+            if (got <= 0) {
+              read_error = got < 0 ? absl::ErrnoToStatus(errno, absl::StrCat(r.path, ": read"))
+                                   : absl::DataLossError(absl::StrCat(r.path, ": record '", r.record,
+                                                                      "' ends past the end of the file"));
+              break;
+            }
+            c = Crc32(c, buf.data(), static_cast<size_t>(got));
+            done += static_cast<uint64_t>(got);
+          }
+          return c;
+        },
+        &covered, &gaps);
+    ::close(fd);
+    if (!read_error.ok()) return read_error;
+    if (crc != r.stored_crc) {
+      return absl::DataLossError(absl::StrFormat("%s: record '%s': CRC-32 mismatch (stored %08x, computed %08x)",
+                                                 r.archive, r.record, r.stored_crc, crc));
+    }
+    return absl::OkStatus();
+  });
 }
 
 void ReadCoverage::NoteRead(const uint8_t* p, size_t n, uint32_t crc) {

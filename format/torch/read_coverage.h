@@ -11,7 +11,10 @@
 // bytes used: a piece's CRC is of the bytes as the unit read or copied them.
 //
 // The ranges of one record may come from several threads, in any order and
-// overlapping; pieces that join end to end are merged as they come.
+// overlapping; pieces that join end to end are merged as they come. They may
+// also come from several processes (ranks that split the units): each takes
+// its ranges (TakeReads), one joins them all (CheckPooledReads) and reads
+// the rest from the file.
 //
 // Example:
 //   ReadCoverage coverage;
@@ -27,11 +30,38 @@
 #include <map>
 #include <memory>
 #include <shared_mutex>
+#include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 
 namespace ucp::torch {
+
+// The CRC-32 of bytes [offset, offset + length) of a record.
+struct ReadPiece {
+  uint64_t offset;
+  uint64_t length;
+  uint32_t crc;
+};
+
+// What one process read of one record, for another to join.
+struct RecordReads {
+  std::string archive;  // as messages name it (a file, or a torch file inside one)
+  std::string record;   // the zip record
+  std::string path;     // the file holding it
+  uint64_t file_offset = 0;  // of its first byte in `path`
+  uint64_t size = 0;
+  uint32_t stored_crc = 0;
+  std::vector<ReadPiece> pieces;
+};
+
+// Joins the ranges several processes read of each record (the same record:
+// the same path and offset), reads what none of them read from the file, on
+// up to `threads` threads, and compares with the stored CRC-32: OK, or
+// kDataLoss "ARCHIVE: record 'NAME': CRC-32 mismatch (stored S, computed C)"
+// for the first record that differs (every record is checked).
+absl::Status CheckPooledReads(const std::vector<RecordReads>& reads, int threads);
 
 class ReadCoverage {
  public:
@@ -48,10 +78,18 @@ class ReadCoverage {
   ReadCoverage& operator=(const ReadCoverage&) = delete;
 
   // Tracks the record whose bytes are `bytes` (memory that stays mapped
-  // until CheckAll returns; records must not overlap).
-  void Track(absl::Span<const uint8_t> bytes, GapCrc gap_crc, Verdict verdict);
+  // until CheckAll returns; records must not overlap). `archive`, `record`
+  // and `stored_crc` describe it for TakeReads.
+  void Track(absl::Span<const uint8_t> bytes, GapCrc gap_crc, Verdict verdict, std::string archive = "",
+             std::string record = "", uint32_t stored_crc = 0);
 
-  // Checks every tracked record (on up to `threads` threads) and forgets
+  // Hands over what was read of every tracked record whose bytes are those
+  // of a mapped file (MappedFile::Locate), for CheckPooledReads, and
+  // forgets them; the others are checked here (CheckAll), and `*checked`
+  // is that check's result. No NoteRead may run meanwhile.
+  std::vector<RecordReads> TakeReads(int threads, absl::Status* checked);
+
+  // Checks every tracked record (on up to `threads` threads (0: all cores)) and forgets
   // them: the first error, or OK. No NoteRead may run meanwhile.
   absl::Status CheckAll(int threads);
 

@@ -1,12 +1,14 @@
 #include "format/torch/read_coverage.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "format/torch/crc32.h"
+#include "format/torch/mapped_file.h"
 #include "gtest/gtest.h"
 
 namespace ucp::torch {
@@ -142,6 +144,89 @@ TEST(ReadCoverageTest, OnlyReadsWithinATrackedRecordCount) {
   EXPECT_EQ(coverage.covered_bytes(), 1000u);
   EXPECT_EQ(coverage.gap_bytes(), 1048u);
   EXPECT_EQ(t.gap_calls, 2u);  // [0, 200) and [1200, 2048)
+}
+
+// Ranks that split the units pool what they read of a record of a mapped
+// file: each hands its ranges over (TakeReads), one joins them and reads the
+// rest from the file (CheckPooledReads). A byte changed in the file where no
+// rank read it, or a range whose CRC is not the file's, is a mismatch that
+// names the archive and the record.
+TEST(ReadCoverageTest, PooledReadsOfRanksJoinWithTheFile) {
+  const std::vector<uint8_t> data = RandomBytes(300000, 5);
+  const std::string path = ::testing::TempDir() + "/pooled.bin";
+  {
+    std::FILE* f = std::fopen(path.c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    ASSERT_EQ(std::fwrite(data.data(), 1, data.size(), f), data.size());
+    std::fclose(f);
+  }
+  auto mapped = MappedFile::Open(path);
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  const uint8_t* base = (*mapped)->data();
+  const size_t first = 1000, size = 250000;  // the record: bytes [1000, 251000) of the file
+  const uint32_t stored = Crc32(0, data.data() + first, size);
+  // Rank r reads its ranges [a, b) of the record (a stray CRC for `bad`).
+  auto rank_reads = [&](std::vector<std::pair<size_t, size_t>> ranges, bool bad) {
+    ReadCoverage coverage;
+    coverage.Track(
+        absl::MakeConstSpan(base + first, size),
+        [](absl::Span<const uint8_t>, uint64_t) -> uint32_t { ADD_FAILURE() << "a rank read a gap"; return 0; },
+        [](uint32_t) { return absl::InternalError("a rank checked a pooled record"); }, "arch.pt", "arch/data/0",
+        stored);
+    {
+      ReadCoverage::Scope scope(&coverage);
+      for (const auto& [a, b] : ranges) {
+        ReadCoverage::NoteRead(base + first + a, b - a, Crc32(0, base + first + a, b - a) ^ (bad ? 1 : 0));
+      }
+    }
+    absl::Status checked;
+    std::vector<RecordReads> reads = coverage.TakeReads(1, &checked);
+    EXPECT_TRUE(checked.ok()) << checked;
+    EXPECT_EQ(reads.size(), 1u);
+    if (!reads.empty()) {
+      EXPECT_EQ(reads[0].path, path);
+      EXPECT_EQ(reads[0].file_offset, first);
+      EXPECT_EQ(reads[0].size, size);
+      EXPECT_EQ(reads[0].stored_crc, stored);
+    }
+    return reads;
+  };
+  auto pool = [&](bool bad) {
+    std::vector<RecordReads> all = rank_reads({{0, 50000}, {120000, 200000}}, false);
+    for (RecordReads& r : rank_reads({{50000, 100000}, {150000, 249000}}, bad)) all.push_back(std::move(r));
+    return CheckPooledReads(all, 2);
+  };
+  EXPECT_TRUE(pool(false).ok());
+  absl::Status s = pool(true);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find("arch.pt: record 'arch/data/0': CRC-32 mismatch"), std::string::npos) << s;
+  // A byte no rank read ([100000, 120000) and [249000, 250000)), changed in the file.
+  for (size_t at : {first + 110000, first + 249500}) {
+    SCOPED_TRACE(at);
+    std::vector<RecordReads> all = rank_reads({{0, 50000}, {120000, 200000}}, false);
+    for (RecordReads& r : rank_reads({{50000, 100000}, {150000, 249000}}, false)) all.push_back(std::move(r));
+    std::FILE* f = std::fopen(path.c_str(), "r+b");
+    ASSERT_NE(f, nullptr);
+    std::fseek(f, static_cast<long>(at), SEEK_SET);
+    const uint8_t flipped = data[at] ^ 0x20;
+    std::fwrite(&flipped, 1, 1, f);
+    std::fclose(f);
+    s = CheckPooledReads(all, 1);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+    f = std::fopen(path.c_str(), "r+b");
+    std::fseek(f, static_cast<long>(at), SEEK_SET);
+    std::fwrite(&data[at], 1, 1, f);
+    std::fclose(f);
+  }
+  // Records that are not bytes of a mapped file are checked by the rank.
+  ReadCoverage coverage;
+  Tracked t;
+  TrackInto(coverage, data, &t);
+  absl::Status checked;
+  EXPECT_TRUE(coverage.TakeReads(1, &checked).empty());
+  EXPECT_TRUE(checked.ok()) << checked;
+  EXPECT_TRUE(t.checked);
+  EXPECT_EQ(t.crc, Crc32(0, data.data(), data.size()));
 }
 
 // The first verdict that fails is CheckAll's error.

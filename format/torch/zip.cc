@@ -565,7 +565,8 @@ absl::Status ZipReader::VerifyCrc(const ZipRecord& record, bool reading) const {
               absl::Status s = CrcVerdict(crc, stored, archive, name);
               flags[index].store(s.ok() ? 1 : 3, std::memory_order_release);
               return s;
-            });
+            },
+            name_, record.name, record.crc32);
       } else {
         deferred->Add([keep = keep_alive_, flags = crc_ok_, index, data = Data(record), offset = record.data_offset,
                        stored = record.crc32, archive = name_, name = record.name, on_verified = on_verified_]() {
@@ -598,6 +599,8 @@ struct DeferredCrcChecks::State {
   std::thread worker;
   int wait_threads = 1;
   ReadCoverage coverage;
+  bool pool = false;                  // PoolReads
+  std::vector<RecordReads> pooled;    // TakePooledReads
   PhaseTimes* times = PhaseTimes::Current();  // the creator's (--timings)
 
   void Run() {
@@ -645,8 +648,23 @@ void DeferredCrcChecks::Add(std::function<absl::Status()> check) {
   state_->cv.notify_all();
 }
 
+void DeferredCrcChecks::PoolReads() { state_->pool = true; }
+
+bool DeferredCrcChecks::PoolsReads() {
+  DeferredCrcChecks* c = Current();
+  return c != nullptr && c->state_->pool;
+}
+
+std::vector<RecordReads> DeferredCrcChecks::TakePooledReads() { return std::move(state_->pooled); }
+
 absl::Status DeferredCrcChecks::Wait() {
-  absl::Status tracked = state_->coverage.CheckAll(state_->wait_threads);
+  absl::Status tracked;
+  if (state_->pool) {
+    std::vector<RecordReads> reads = state_->coverage.TakeReads(state_->wait_threads, &tracked);
+    for (RecordReads& r : reads) state_->pooled.push_back(std::move(r));
+  } else {
+    tracked = state_->coverage.CheckAll(state_->wait_threads);
+  }
   std::unique_lock<std::mutex> lock(state_->mu);
   state_->cv.wait(lock, [&] { return state_->queue.empty() && !state_->running; });
   if (!tracked.ok() && state_->first_error.ok()) state_->first_error = tracked;

@@ -127,6 +127,16 @@ class DeferredCrcChecks {
   void Add(std::function<absl::Status()> check);
   // The records checked from the bytes read (VerifyCrc's `reading`).
   ReadCoverage& coverage();
+
+  // Several processes split the units (ranks): each reads part of each
+  // record. With PoolReads, every record a unit reads is tracked (PoolsReads
+  // tells the readers to ask for it), and Wait() checks none of those in a
+  // mapped file: it hands over what was read of them (TakePooledReads) for
+  // one process to join with the others' (CheckPooledReads) before anything
+  // is committed.
+  void PoolReads();
+  static bool PoolsReads();  // of the calling thread's checks
+  std::vector<RecordReads> TakePooledReads();
   // The checks of the calling thread, or null.
   static DeferredCrcChecks* Current();
 

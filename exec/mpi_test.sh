@@ -23,6 +23,17 @@ export OMPI_MCA_plm=isolated OMPI_MCA_btl_base_warn_component_unused=0
 checks=0
 fail() { echo "FAIL: $*" >&2; exit 1; }
 mpi() { local n=$1; shift; mpirun -np "$n" --oversubscribe "$UCP" "$@" --progress=never; }
+flip_byte() {  # flip_byte FILE OFFSET: damages one byte of FILE in place (bit 4 flipped)
+  /usr/bin/python3 - "$1" "$2" <<'PY'
+import sys
+path, at = sys.argv[1], int(sys.argv[2])
+with open(path, "r+b") as f:
+    f.seek(at)
+    b = f.read(1)
+    f.seek(at)
+    f.write(bytes([b[0] ^ 0x10]))
+PY
+}
 same() {  # same DIR_A DIR_B: byte-identical trees
   diff -r "$1" "$2" >/dev/null || { diff -r "$1" "$2" | head -20; fail "$2 differs from $1"; }
   checks=$((checks + 1))
@@ -204,15 +215,7 @@ cp -rL "$FX/neox-tp2-pp1-dp2/global_step4" "$flip"
 victim=$flip/zero_pp_rank_1_mp_rank_01_optim_states.pt
 [[ -f "$victim" && ! -L "$victim" ]] || fail "$victim is not a copy"
 size=$(stat -c %s "$victim")
-/usr/bin/python3 - "$victim" $((size / 2)) <<'PY'
-import sys
-path, at = sys.argv[1], int(sys.argv[2])
-with open(path, "r+b") as f:
-    f.seek(at)
-    b = f.read(1)
-    f.seek(at)
-    f.write(bytes([b[0] ^ 0x10]))
-PY
+flip_byte "$victim" $((size / 2))
 set +e
 out=$(mpi 3 convert --input_folder="$flip" --output_folder="$W/failure/flip_out/u" 2>&1)
 rc=$?
@@ -254,15 +257,7 @@ for at in $((size / 3)) $((size / 2)) $((size * 9 / 10)); do
   dmg=$W/large/damaged-$at/global_step1
   mkdir -p "$(dirname "$dmg")"
   cp -r "$big" "$dmg"
-  /usr/bin/python3 - "$dmg/$victim_name" "$at" <<'PY'
-import sys
-path, at = sys.argv[1], int(sys.argv[2])
-with open(path, "r+b") as f:
-    f.seek(at)
-    b = f.read(1)
-    f.seek(at)
-    f.write(bytes([b[0] ^ 0x10]))
-PY
+  flip_byte "$dmg/$victim_name" "$at"
   for n in 1 2 3; do
     for op in convert reshard; do
       outdir=$W/large/damaged-$at/out-$op-np$n

@@ -250,6 +250,15 @@ for n in 1 2; do
   crc_mb=$(awk '/^  input CRC /{s += $NF} END {print s + 0}' <<<"$out")
   ((crc_mb * 2 < optim_mb)) || { echo "$out"; fail "np $n: $crc_mb MB read again to check $optim_mb MB of optimizer files"; }
   checks=$((checks + 1))
+  # The same when each target file is written whole by record threads
+  # (--piece_bytes=-1): they check what they read for the unit. (One rank
+  # alone runs record threads here; two ranks on two cores run them inline.)
+  out=$(mpi "$n" reshard --input_folder="$big" --output_folder="$W/large/timings-np$n/z/global_step1" --tp=1 --dp=1 \
+    --piece_bytes=-1 --timings 2>&1 >/dev/null)
+  crc_mb=$(awk '/^  input CRC /{s += $NF} END {print s + 0}' <<<"$out")
+  ((crc_mb * 2 < optim_mb)) ||
+    { echo "$out"; fail "np $n reshard --piece_bytes=-1: $crc_mb MB read again to check $optim_mb MB"; }
+  checks=$((checks + 1))
 done
 victim_name=zero_pp_rank_1_mp_rank_00_optim_states.pt
 size=$(stat -c %s "$big/$victim_name")

@@ -13,9 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/flusher.h"
-#include "base/phases.h"
 #include "format/json/json.h"
-#include "format/torch/crc32.h"
 #include "format/torch/read_coverage.h"
 
 namespace ucp::safetensors {
@@ -194,10 +192,7 @@ absl::Status WriteTensor(const std::string& path, const FileLayout& layout, size
       // while their producers run in parallel.
       // The bytes of an input record checked from what is read
       // (torch::DeferredCrcChecks): their CRC-32 is its check.
-      if (torch::ReadCoverage::Tracks(view->data(), n)) {
-        PhaseTimer timer(Phase::kInputCrc, static_cast<int64_t>(n));
-        torch::ReadCoverage::NoteRead(view->data(), n, torch::Crc32(0, view->data(), n));
-      }
+      torch::ReadCoverage::NoteCopy(view->data(), view->data(), n);
       std::lock_guard<std::mutex> turn(FileWriteTurn(path));
       st = torch::MappedFile::WriteAt(fd, path, *view, base + off);
       if (st.ok() && writeback && off + n >= written_back + kWritebackBytes) {

@@ -1,11 +1,7 @@
 #include "format/torch/read_coverage.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
-#include <cerrno>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -15,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "base/parallel.h"
 #include "base/phases.h"
+#include "base/status_macros.h"
 #include "format/torch/crc32.h"
 #include "format/torch/mapped_file.h"
 
@@ -56,7 +53,9 @@ uint32_t JoinCrc(std::vector<Piece>& pieces, uint64_t size, const std::function<
 absl::Status ForEachKeepFirstError(size_t n, int threads, const std::function<absl::Status(size_t)>& fn) {
   std::mutex mu;
   absl::Status first;  // guarded by mu
+  PhaseTimes* const times = PhaseTimes::Current();  // the caller's (--timings): gaps read show as "input CRC"
   absl::Status ran = ParallelFor(n, std::max(threads, 0), [&](size_t i) -> absl::Status {
+    PhaseScope timing(times);
     absl::Status s = fn(i);
     std::lock_guard<std::mutex> lock(mu);
     if (!s.ok() && first.ok()) first = s;
@@ -190,8 +189,7 @@ absl::Status CheckPooledReads(const std::vector<RecordReads>& reads, int threads
   for (auto& [key, r] : joined) all.push_back(&r);
   return ForEachKeepFirstError(all.size(), threads, [&](size_t i) -> absl::Status {
     RecordReads& r = *all[i];
-    const int fd = ::open(r.path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat(r.path, ": open to check record '", r.record, "'"));
+    UCP_ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> file, MappedFile::Open(r.path));
     absl::Status read_error;
     std::vector<uint8_t> buf;
     uint64_t covered = 0, gaps = 0;
@@ -202,23 +200,14 @@ absl::Status CheckPooledReads(const std::vector<RecordReads>& reads, int threads
           constexpr uint64_t kStep = uint64_t{1} << 20;
           buf.resize(static_cast<size_t>(std::min(length, kStep)));
           uint32_t c = 0;
-          for (uint64_t done = 0; done < length && read_error.ok();) {
+          for (uint64_t done = 0; done < length && read_error.ok(); done += kStep) {
             const size_t n = static_cast<size_t>(std::min<uint64_t>(kStep, length - done));
-            const ssize_t got = ::pread(fd, buf.data(), n, static_cast<off_t>(r.file_offset + offset + done));
-            if (got < 0 && errno == EINTR) continue;
-            if (got <= 0) {
-              read_error = got < 0 ? absl::ErrnoToStatus(errno, absl::StrCat(r.path, ": read"))
-                                   : absl::DataLossError(absl::StrCat(r.path, ": record '", r.record,
-                                                                      "' ends past the end of the file"));
-              break;
-            }
-            c = Crc32(c, buf.data(), static_cast<size_t>(got));
-            done += static_cast<uint64_t>(got);
+            read_error = file->ReadAt(r.file_offset + offset + done, absl::MakeSpan(buf.data(), n));
+            if (read_error.ok()) c = Crc32(c, buf.data(), n);
           }
           return c;
         },
         &covered, &gaps);
-    ::close(fd);
     if (!read_error.ok()) return read_error;
     if (crc != r.stored_crc) {
       return absl::DataLossError(absl::StrFormat("%s: record '%s': CRC-32 mismatch (stored %08x, computed %08x)",

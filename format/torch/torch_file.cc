@@ -29,6 +29,7 @@
 #include "format/pickle/writer.h"
 #include "format/torch/crc32.h"
 #include "format/torch/mapped_file.h"
+#include "format/torch/read_coverage.h"
 #include "format/torch/zip.h"
 
 namespace ucp::torch {
@@ -887,7 +888,11 @@ struct TorchWriter::Impl {
       // Bytes of a mapped input are hashed from a buffer this thread reuses
       // (MappedFile::ReadThrough) and written from there (WriteAt).
       const absl::Span<const uint8_t> bytes = MappedFile::ReadThrough(piece);
-      crc = Crc32(crc, bytes.data(), bytes.size());
+      const uint32_t piece_crc = Crc32(0, bytes.data(), bytes.size());
+      crc = Crc32Combine(crc, piece_crc, bytes.size());
+      // When `piece` is bytes of an input record checked from what is read
+      // (DeferredCrcChecks), this is their check.
+      ReadCoverage::NoteRead(piece.data(), piece.size(), piece_crc);
       {
         // Units and record threads filling pieces of one file take turns.
         std::lock_guard<std::mutex> turn(FileWriteTurn(name));
@@ -912,9 +917,11 @@ struct TorchWriter::Impl {
     std::vector<uint32_t> crc(order.size(), 0);
     BackgroundFlusher* const flusher = BackgroundFlusher::Current();
     PhaseTimes* const times = PhaseTimes::Current();
+    ReadCoverage* const coverage = ReadCoverage::Current();
     absl::Status s = ParallelFor(order.size(), options.record_threads, [&](size_t i) -> absl::Status {
       FlusherScope flushing(flusher);
       PhaseScope timing(times);
+      ReadCoverage::Scope reading(coverage);  // the unit's: its input checks take what these threads read
       UCP_ASSIGN_OR_RETURN(crc[i], FillRecord(fd, name, entries[order[i]], data_offset[i], 0, UINT64_MAX));
       return absl::OkStatus();
     });

@@ -287,6 +287,36 @@ for at in $((size / 3)) $((size / 2)) $((size * 9 / 10)); do
   done
 done
 
+# A universal checkpoint as the source (reshard-u): the same output as the
+# ZeRO route at 1 and 2 ranks, and a byte damaged in one of its state files
+# fails 1-3 ranks, at tp 1 and 2, naming the file and the record, with
+# nothing committed.
+uni=$W/large/one/u
+for n in 1 2; do
+  mpi "$n" reshard --input_folder="$uni" --output_folder="$W/large/uni-np$n/z/global_step1" --tp=1 --dp=1 >/dev/null
+  same "$W/large/one/z" "$W/large/uni-np$n/z"
+done
+dmg=$W/large/uni-damaged/u
+mkdir -p "$(dirname "$dmg")"
+cp -r "$uni" "$dmg"
+victim=$dmg/zero/0.word_embeddings.weight/exp_avg.pt
+size=$(stat -c %s "$victim")
+flip_byte "$victim" $((size / 2))
+for n in 1 2 3; do
+  for tp in 1 2; do
+    outdir=$W/large/uni-damaged/out-np$n-tp$tp
+    set +e
+    out=$(mpi "$n" reshard --input_folder="$dmg" --output_folder="$outdir/global_step1" --tp="$tp" --dp=1 2>&1)
+    rc=$?
+    set -e
+    [[ $rc -ne 0 ]] || fail "np $n tp $tp: a byte damaged in $victim went unnoticed"
+    grep -q "$victim: record '[^']*': CRC-32 mismatch" <<<"$out" ||
+      { echo "$out"; fail "np $n tp $tp: the error does not name $victim's damaged record"; }
+    [[ ! -e "$outdir/global_step1" ]] || fail "np $n tp $tp: an output was committed from a damaged input"
+    checks=$((checks + 1))
+  done
+done
+
 # --timings under mpirun: every rank prints its table, with the time it spent
 # waiting for the other ranks (the plan's broadcast, the results' gather) as
 # a phase of its own; one process has no such phase.

@@ -38,6 +38,23 @@ same() {  # same DIR_A DIR_B: byte-identical trees
   diff -r "$1" "$2" >/dev/null || { diff -r "$1" "$2" | head -20; fail "$2 differs from $1"; }
   checks=$((checks + 1))
 }
+# expect_refused WHAT N OUTPUT PATTERN UCP_ARGS...: `mpi N UCP_ARGS...
+# --output_folder=OUTPUT` fails with a message matching PATTERN (grep), and
+# neither OUTPUT nor a staging folder beside it is left.
+expect_refused() {
+  local what=$1 n=$2 output=$3 pattern=$4 out rc
+  shift 4
+  set +e
+  out=$(mpi "$n" "$@" --output_folder="$output" 2>&1)
+  rc=$?
+  set -e
+  [[ $rc -ne 0 ]] || fail "$what: mpirun succeeded"
+  grep -q "$pattern" <<<"$out" || { echo "$out"; fail "$what: no error matching '$pattern'"; }
+  [[ ! -e "$output" ]] || fail "$what: an output was committed"
+  ! ls -A "$(dirname "$output")" 2>/dev/null | grep -q "ucp-tmp" ||
+    fail "$what: a staging folder was left behind: $(ls -A "$(dirname "$output")")"
+  checks=$((checks + 1))
+}
 
 # 1. The fixtures: convert, then reshard the universal checkpoint and the
 #    ZeRO folder, one process vs 1, 2, 3 ranks.
@@ -192,16 +209,8 @@ victim=$(awk '/^rank 1:/{r=1;next} /^rank 2:/{r=0} r && /reads .*exp_avg\.pt$/{p
 [[ -n "$victim" ]] || { echo "$plan"; fail "no exp_avg.pt input in rank 1's units"; }
 grep -q "reads $victim\$" <(awk '/^rank 0:/{r=1;next} /^rank 1:/{r=0} r' <<<"$plan") && fail "$victim is read by rank 0 too"
 rm "$victim"; ln -s "$W/failure/nothing_here" "$victim"
-set +e
-out=$(mpi 3 reshard --input_folder="$bad" --output_folder="$W/failure/out/global_step4" --tp=1 --pp=2 2>&1)
-rc=$?
-set -e
-[[ $rc -ne 0 ]] || fail "mpirun succeeded with an unreadable input"
-grep -q "rank 1: .*$victim" <<<"$out" || { echo "$out"; fail "the error does not name rank 1 and $victim"; }
-[[ ! -e "$W/failure/out/global_step4" ]] || fail "an output was committed"
-leftovers=$(ls -A "$W/failure/out" 2>/dev/null | grep -c "ucp-tmp" || true)
-[[ "$leftovers" == 0 ]] || fail "staging folders left behind: $(ls -A "$W/failure/out")"
-checks=$((checks + 1))
+expect_refused "an unreadable input of rank 1" 3 "$W/failure/out/global_step4" "rank 1: .*$victim" \
+  reshard --input_folder="$bad" --tp=1 --pp=2
 
 # 4. A damaged byte inside an optimizer file's flat partition: each record is
 #    CRC-checked by one rank only (the one reading most of it), and that is
@@ -216,14 +225,8 @@ victim=$flip/zero_pp_rank_1_mp_rank_01_optim_states.pt
 [[ -f "$victim" && ! -L "$victim" ]] || fail "$victim is not a copy"
 size=$(stat -c %s "$victim")
 flip_byte "$victim" $((size / 2))
-set +e
-out=$(mpi 3 convert --input_folder="$flip" --output_folder="$W/failure/flip_out/u" 2>&1)
-rc=$?
-set -e
-[[ $rc -ne 0 ]] || fail "mpirun converted a damaged optimizer file"
-grep -q "$victim.*CRC-32 mismatch" <<<"$out" || { echo "$out"; fail "the error does not name $victim's CRC"; }
-[[ ! -e "$W/failure/flip_out/u" ]] || fail "an output was committed from a damaged input"
-checks=$((checks + 1))
+expect_refused "a damaged optimizer file" 3 "$W/failure/flip_out/u" "$victim.*CRC-32 mismatch" \
+  convert --input_folder="$flip"
 
 # 5. Records of 1 MiB and more (the fixtures' are smaller) are checked from
 #    the bytes the units read: in one process by the process itself, under
@@ -270,19 +273,10 @@ for at in $((size / 3)) $((size / 2)) $((size * 9 / 10)); do
   for n in 1 2 3; do
     for op in convert reshard; do
       outdir=$W/large/damaged-$at/out-$op-np$n
-      if [[ $op == convert ]]; then args=(convert --output_folder="$outdir/u"); else
-        args=(reshard --output_folder="$outdir/z/global_step1" --tp=1 --dp=1); fi
-      set +e
-      out=$(mpi "$n" "${args[@]}" --input_folder="$dmg" 2>&1)
-      rc=$?
-      set -e
-      [[ $rc -ne 0 ]] || fail "np $n $op: a byte damaged at $at of $victim_name went unnoticed"
-      grep -q "$dmg/$victim_name: record '[^']*': CRC-32 mismatch" <<<"$out" ||
-        { echo "$out"; fail "np $n $op: the error does not name $victim_name's damaged record"; }
-      [[ ! -e "$outdir/u" && ! -e "$outdir/z/global_step1" ]] ||
-        fail "np $n $op: an output was committed from a damaged input"
-      ! ls -A "$outdir" "$outdir/z" 2>/dev/null | grep -q "ucp-tmp" || fail "np $n $op: a staging folder was left behind"
-      checks=$((checks + 1))
+      if [[ $op == convert ]]; then output=$outdir/u args=(convert); else
+        output=$outdir/z/global_step1 args=(reshard --tp=1 --dp=1); fi
+      expect_refused "np $n $op, a byte damaged at $at of $victim_name" "$n" "$output" \
+        "$dmg/$victim_name: record '[^']*': CRC-32 mismatch" "${args[@]}" --input_folder="$dmg"
     done
   done
 done
@@ -304,16 +298,8 @@ size=$(stat -c %s "$victim")
 flip_byte "$victim" $((size / 2))
 for n in 1 2 3; do
   for tp in 1 2; do
-    outdir=$W/large/uni-damaged/out-np$n-tp$tp
-    set +e
-    out=$(mpi "$n" reshard --input_folder="$dmg" --output_folder="$outdir/global_step1" --tp="$tp" --dp=1 2>&1)
-    rc=$?
-    set -e
-    [[ $rc -ne 0 ]] || fail "np $n tp $tp: a byte damaged in $victim went unnoticed"
-    grep -q "$victim: record '[^']*': CRC-32 mismatch" <<<"$out" ||
-      { echo "$out"; fail "np $n tp $tp: the error does not name $victim's damaged record"; }
-    [[ ! -e "$outdir/global_step1" ]] || fail "np $n tp $tp: an output was committed from a damaged input"
-    checks=$((checks + 1))
+    expect_refused "np $n tp $tp, a byte damaged in $victim" "$n" "$W/large/uni-damaged/out-np$n-tp$tp/global_step1" \
+      "$victim: record '[^']*': CRC-32 mismatch" reshard --input_folder="$dmg" --tp="$tp" --dp=1
   done
 done
 

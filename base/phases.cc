@@ -24,6 +24,7 @@ const char* PhaseName(Phase p) {
     case Phase::kUnits: return "units (waiting for them)";
     case Phase::kMerge: return "read and merge";
     case Phase::kInputCrc: return "input CRC";
+    case Phase::kInputReread: return "input re-read (CRC)";
     case Phase::kOutputCrc: return "output CRC";
     case Phase::kDigest: return "digest";
     case Phase::kWrite: return "write";

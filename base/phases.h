@@ -23,7 +23,8 @@ enum class Phase {
   kOpen,       // opening the source, parsing its files, resolving rules, planning
   kUnits,      // the units' run (ExecuteUnits, on the calling thread: waiting for them)
   kMerge,      // a unit: reading its inputs, merging, encoding (what no nested phase counts)
-  kInputCrc,   // checking the CRC-32 of input records
+  kInputCrc,   // the CRC-32 of input bytes read anyway (copied or written), for their record's check
+  kInputReread,  // reading input bytes again only to check their record's CRC-32 (what no unit read)
   kOutputCrc,  // computing the CRC-32 of output records (zip)
   kDigest,     // the output files' digests (manifest)
   kWrite,      // write / pwrite system calls

@@ -13,7 +13,7 @@
 # are left out and the report says why.
 # --timings=1 (default): after the timed runs, each operation once more with
 # --timings (warm, not timed), its table of where the time went by phase (open
-# and plan, read and merge, input CRC, output CRC, digest, write, writeback,
+# and plan, read and merge, input CRC, input re-read (CRC), output CRC, digest, write, writeback,
 # fsync, commit, waiting for other ranks) printed under the figures, so a
 # regression names its phase.
 #

@@ -245,12 +245,12 @@ for n in 2 3; do
   same "$W/large/one/z" "$W/large/np$n/z"
 done
 # The ranks check the optimizer files from what they read: the bytes read
-# again for the check ("input CRC" in --timings, all ranks) are well under
-# the optimizer files' (each was read whole once more before).
+# again for the check ("input re-read (CRC)" in --timings, all ranks) are
+# well under the optimizer files' (each was read whole once more before).
 optim_mb=$(( $(cat "$big"/*optim_states.pt | wc -c) / 1000000 ))
 for n in 1 2; do
   out=$(mpi "$n" convert --input_folder="$big" --output_folder="$W/large/timings-np$n/u" --timings 2>&1 >/dev/null)
-  crc_mb=$(awk '/^  input CRC /{s += $NF} END {print s + 0}' <<<"$out")
+  crc_mb=$(awk '/^  input re-read \(CRC\) /{s += $NF} END {print s + 0}' <<<"$out")
   ((crc_mb * 2 < optim_mb)) || { echo "$out"; fail "np $n: $crc_mb MB read again to check $optim_mb MB of optimizer files"; }
   checks=$((checks + 1))
   # The same when each target file is written whole by record threads
@@ -258,7 +258,7 @@ for n in 1 2; do
   # alone runs record threads here; two ranks on two cores run them inline.)
   out=$(mpi "$n" reshard --input_folder="$big" --output_folder="$W/large/timings-np$n/z/global_step1" --tp=1 --dp=1 \
     --piece_bytes=-1 --timings 2>&1 >/dev/null)
-  crc_mb=$(awk '/^  input CRC /{s += $NF} END {print s + 0}' <<<"$out")
+  crc_mb=$(awk '/^  input re-read \(CRC\) /{s += $NF} END {print s + 0}' <<<"$out")
   ((crc_mb * 2 < optim_mb)) ||
     { echo "$out"; fail "np $n reshard --piece_bytes=-1: $crc_mb MB read again to check $optim_mb MB"; }
   checks=$((checks + 1))

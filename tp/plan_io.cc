@@ -18,7 +18,7 @@ torch::StorageViewer PlanViewer(const TensorPlan& plan) {
       return absl::InternalError(
           absl::StrCat("storage chunk [", offset, ", +", len, ") is not aligned to the element size ", isz));
     }
-    return plan.ViewFlat(static_cast<int64_t>(offset / isz), static_cast<int64_t>(len / isz), scratch);
+    return plan.ReadFlat(static_cast<int64_t>(offset / isz), static_cast<int64_t>(len / isz), scratch);
   };
 }
 

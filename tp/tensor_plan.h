@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "format/torch/dtype.h"
@@ -94,6 +95,11 @@ class TensorPlan {
   // lie in one run of one contiguous source (no copy), else copied into
   // `scratch` (count * itemsize bytes) and returned from there.
   absl::StatusOr<absl::Span<const uint8_t>> ViewFlat(int64_t start, int64_t count, uint8_t* scratch) const;
+  // As ViewFlat, for a writer streaming the plan: bytes of a memory-mapped
+  // file are read into `scratch` (pread) rather than viewed, since the first
+  // touch of a mapping's pages costs several times a read on a VM (see
+  // StageSourceRanges); in-memory sources are still viewed.
+  absl::StatusOr<absl::Span<const uint8_t>> ReadFlat(int64_t start, int64_t count, uint8_t* scratch) const;
   // The whole plan as a contiguous tensor on an owned storage.
   absl::StatusOr<torch::Tensor> Materialize() const;
   // Bitwise equality of the elements (shapes must match too), streamed in
@@ -117,9 +123,39 @@ class TensorPlan {
     int64_t length = 0;  // elements
   };
   void AppendRun(const Run& r);
-  // MappedFile::Populate of the source bytes that runs first_run... read for
-  // elements [start, end) (before CopyFlat reads them).
-  void PopulateSourceRanges(size_t first_run, int64_t start, int64_t end) const;
+  absl::StatusOr<absl::Span<const uint8_t>> ViewOrRead(int64_t start, int64_t count, uint8_t* scratch,
+                                                       bool read_mapped) const;
+  // CopyFlat reads its range a window of this many output bytes at a time;
+  // source bytes are read into a buffer (staged) in spans of at least
+  // kStageMinBytes.
+  static constexpr size_t kWindowBytes = size_t{1} << 20;
+  static constexpr size_t kStageMinBytes = size_t{64} << 10;
+  // Elements [start, start + count) into `out`, which lie in one window;
+  // returns how many of them opened (deferred) plans copied.
+  absl::StatusOr<int64_t> CopyWindow(int64_t start, int64_t count, uint8_t* out) const;
+  // Bytes [lo, hi) of a contiguous source that a window reads; `bytes` holds
+  // them when they were staged, else null (read from the source's memory).
+  struct StagedSpan {
+    int source;
+    size_t lo, hi;  // bytes of the source
+    size_t used;    // how many of them the runs read
+    const uint8_t* bytes;
+  };
+  struct StagedSpans {
+    StagedSpans() = default;
+    StagedSpans(StagedSpans&& o) noexcept : spans(std::move(o.spans)), depth(o.depth) { o.depth = -1; }
+    StagedSpans(const StagedSpans&) = delete;
+    StagedSpans& operator=(const StagedSpans&) = delete;
+    ~StagedSpans();  // gives the staging buffer back
+    absl::InlinedVector<StagedSpan, 8> spans;
+    int depth = -1;  // of the staging buffer this thread lent, or -1
+  };
+  // The spans of the sources that runs first_run... read for elements
+  // [start, end): large, dense ones staged, the others faulted in at once
+  // (MappedFile::Populate) before they are copied.
+  StagedSpans StageSourceRanges(size_t first_run, int64_t start, int64_t end) const;
+  // The same spans, none staged.
+  StagedSpans SourceSpans(size_t first_run, int64_t start, int64_t end) const;
   void AppendRange(const TensorPlan& from, int64_t start, int64_t count, int source_base);
   void FinishRuns();
   std::vector<int64_t> ComputeStarts() const;

@@ -3,6 +3,11 @@
 #include <cstring>
 #include <numeric>
 
+#include "base/fs.h"
+#include "format/torch/crc32.h"
+#include "format/torch/mapped_file.h"
+#include "format/torch/read_coverage.h"
+#include "format/torch/test_util.h"
 #include "gtest/gtest.h"
 #include "rapidcheck.h"
 #include "rapidcheck/gtest.h"
@@ -115,6 +120,134 @@ TEST(TensorPlanTest, ViewFlatAvoidsCopiesInsideOneRun) {
   std::vector<int32_t> got(4);
   std::memcpy(got.data(), across->data(), 16);
   EXPECT_EQ(got, (std::vector<int32_t>{2, 3, 100, 101}));
+}
+
+// A file of int32 values base, base + 1, ... mapped, as checkpoint readers map
+// their inputs, and the same values in memory.
+struct MappedInts {
+  std::shared_ptr<const torch::MappedFile> file;
+  std::vector<int32_t> values;
+};
+
+MappedInts MapInts(const std::string& name, int64_t n, int32_t base) {
+  MappedInts m;
+  m.values.resize(static_cast<size_t>(n));
+  std::iota(m.values.begin(), m.values.end(), base);
+  const std::string path = torch::testing::TempPath(name);
+  std::string bytes(m.values.size() * 4, '\0');
+  std::memcpy(bytes.data(), m.values.data(), bytes.size());
+  EXPECT_TRUE(WriteFileAtomic(path, bytes).ok()) << path;
+  m.file = *torch::MappedFile::Open(path);
+  return m;
+}
+
+// Elements [offset, offset + numel(shape)) of the mapping as a tensor.
+Tensor MappedTensor(const MappedInts& m, int64_t offset, std::vector<int64_t> shape) {
+  auto storage = torch::Storage::Borrowed(DType::kInt32, m.file->data(), m.file->size(), m.file);
+  std::vector<int64_t> strides(shape.size(), 1);
+  for (int i = static_cast<int>(shape.size()) - 2; i >= 0; --i) strides[i] = strides[i + 1] * shape[i + 1];
+  return *Tensor::Make(storage, offset, shape, strides);
+}
+
+// The same elements, copied into memory.
+Tensor MemoryTensor(const MappedInts& m, int64_t offset, std::vector<int64_t> shape) {
+  std::string bytes(static_cast<size_t>(Numel(shape)) * 4, '\0');
+  std::memcpy(bytes.data(), m.values.data() + offset, bytes.size());
+  return *Tensor::FromBytes(DType::kInt32, shape, bytes);
+}
+
+// Windows of CopyFlat read large dense spans of a mapped source into a buffer
+// (staged) and copy from there; a deferred source read inside a window stages
+// its own spans in a buffer of its own. Cat along dim 1: each 1 MiB window
+// holds 4 output rows of 256 KiB, alternating 128 KiB of `a` (its rows, one
+// staged span of 512 KiB) and 128 KiB of the deferred `b`, whose plan is
+// itself two mapped halves of 64 KiB per row (staged at the next depth).
+TEST(TensorPlanTest, StagedWindowsCopyTheSourceBytes) {
+  const int64_t rows = 40;
+  const MappedInts m = MapInts("staged.bin", rows * 32768 * 2, 7);
+  auto build = [&](bool mapped) {
+    auto t = [&](int64_t offset, std::vector<int64_t> shape) {
+      return mapped ? MappedTensor(m, offset, shape) : MemoryTensor(m, offset, shape);
+    };
+    TensorPlan a = TensorPlan::FromTensor(t(0, {rows, 32768}));
+    TensorPlan b1 = TensorPlan::FromTensor(t(rows * 32768, {rows, 16384}));
+    TensorPlan b2 = TensorPlan::FromTensor(t(rows * 32768 + rows * 16384, {rows, 16384}));
+    TensorPlan::DeferredSource d;
+    d.dtype = DType::kInt32;
+    d.shape = {rows, 32768};
+    d.label = "b.pt";
+    d.open = [b1, b2]() { return TensorPlan::Cat({b1, b2}, 1); };
+    return *TensorPlan::Cat({a, TensorPlan::Deferred(std::move(d))}, 1);
+  };
+  const TensorPlan mapped = build(true), memory = build(false);
+  ASSERT_EQ(mapped.numel(), rows * 65536);
+  const std::vector<int32_t> want = PlanValues(memory);
+  EXPECT_EQ(PlanValues(mapped), want);
+  // Ranges that start and end inside runs and windows.
+  for (int64_t start : {int64_t{0}, int64_t{1}, int64_t{16383}, int64_t{300001}}) {
+    for (int64_t count : {int64_t{1}, int64_t{16385}, int64_t{262144}, int64_t{700000}}) {
+      std::vector<int32_t> got(static_cast<size_t>(count));
+      ASSERT_TRUE(mapped.CopyFlat(start, count, reinterpret_cast<uint8_t*>(got.data())).ok());
+      EXPECT_TRUE(std::equal(got.begin(), got.end(), want.begin() + start)) << start << " +" << count;
+    }
+  }
+  // Sparse spans (a narrow column of every row: 4 KiB read of each 128 KiB)
+  // are not staged; the bytes are the same.
+  auto narrow = mapped.Narrow(1, 1000, 1024);
+  ASSERT_TRUE(narrow.ok());
+  auto narrow_memory = memory.Narrow(1, 1000, 1024);
+  EXPECT_EQ(PlanValues(*narrow), PlanValues(*narrow_memory));
+}
+
+// ReadFlat reads bytes of a mapped file into the scratch buffer; ViewFlat
+// views them in the mapping. Both view memory that is not mapped.
+TEST(TensorPlanTest, ReadFlatReadsMappedBytesIntoScratch) {
+  const MappedInts m = MapInts("readflat.bin", 100000, 3);
+  const TensorPlan mapped = TensorPlan::FromTensor(MappedTensor(m, 10, {50000}));
+  const Tensor in_memory = MemoryTensor(m, 10, {50000});
+  const TensorPlan memory = TensorPlan::FromTensor(in_memory);
+  std::vector<uint8_t> scratch(4 * 30000);
+  auto read = mapped.ReadFlat(5, 30000, scratch.data());
+  ASSERT_TRUE(read.ok());
+  EXPECT_EQ(read->data(), scratch.data());
+  EXPECT_EQ(std::memcmp(read->data(), m.values.data() + 15, 4 * 30000), 0);
+  auto view = mapped.ViewFlat(5, 30000, scratch.data());
+  ASSERT_TRUE(view.ok());
+  EXPECT_EQ(view->data(), m.file->data() + 4 * 15);
+  auto memory_read = memory.ReadFlat(5, 30000, scratch.data());
+  ASSERT_TRUE(memory_read.ok());
+  EXPECT_EQ(memory_read->data(), in_memory.data() + 4 * 5);
+}
+
+// The input check (ReadCoverage) gets the CRC-32 of every byte a staged or
+// directly read window copied: a record read whole needs no gap read, and
+// its CRC is the file's.
+TEST(TensorPlanTest, StagedCopiesReportTheirCrcs) {
+  const int64_t rows = 262185;  // 3 MiB per tensor: several windows
+  const MappedInts m = MapInts("coverage.bin", 2 * rows * 3, 11);
+  const Tensor a = MappedTensor(m, 0, {rows, 3}), b = MappedTensor(m, rows * 3, {rows, 3});
+  const absl::Span<const uint8_t> record(m.file->data(), static_cast<size_t>(2 * rows * 3) * 4);
+  for (int dim : {0, 1}) {
+    auto plan = TensorPlan::Cat({TensorPlan::FromTensor(a), TensorPlan::FromTensor(b)}, dim);
+    ASSERT_TRUE(plan.ok());
+    torch::ReadCoverage coverage;
+    uint32_t seen = 0;
+    coverage.Track(
+        record, [](absl::Span<const uint8_t> bytes, uint64_t) { return torch::Crc32(0, bytes.data(), bytes.size()); },
+        [&seen](uint32_t crc) {
+          seen = crc;
+          return absl::OkStatus();
+        });
+    std::vector<uint8_t> out(plan->nbytes());
+    {
+      torch::ReadCoverage::Scope scope(&coverage);
+      ASSERT_TRUE(plan->CopyFlat(0, plan->numel(), out.data()).ok());
+    }
+    ASSERT_TRUE(coverage.CheckAll(1).ok());
+    EXPECT_EQ(coverage.gap_bytes(), 0u) << "dim " << dim;
+    EXPECT_EQ(coverage.covered_bytes(), record.size()) << "dim " << dim;
+    EXPECT_EQ(seen, torch::Crc32(0, record.data(), record.size())) << "dim " << dim;
+  }
 }
 
 TEST(TensorPlanTest, PadDim0AddsZeroRows) {

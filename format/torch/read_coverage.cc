@@ -53,7 +53,7 @@ uint32_t JoinCrc(std::vector<Piece>& pieces, uint64_t size, const std::function<
 absl::Status ForEachKeepFirstError(size_t n, int threads, const std::function<absl::Status(size_t)>& fn) {
   std::mutex mu;
   absl::Status first;  // guarded by mu
-  PhaseTimes* const times = PhaseTimes::Current();  // the caller's (--timings): gaps read show as "input CRC"
+  PhaseTimes* const times = PhaseTimes::Current();  // the caller's (--timings): gaps read show as "input re-read (CRC)"
   absl::Status ran = ParallelFor(n, std::max(threads, 0), [&](size_t i) -> absl::Status {
     PhaseScope timing(times);
     absl::Status s = fn(i);
@@ -196,7 +196,7 @@ absl::Status CheckPooledReads(const std::vector<RecordReads>& reads, int threads
     const uint32_t crc = JoinCrc(
         r.pieces, r.size,
         [&](uint64_t offset, uint64_t length) -> uint32_t {
-          PhaseTimer timer(Phase::kInputCrc, static_cast<int64_t>(length));
+          PhaseTimer timer(Phase::kInputReread, static_cast<int64_t>(length));
           constexpr uint64_t kStep = uint64_t{1} << 20;
           buf.resize(static_cast<size_t>(std::min(length, kStep)));
           uint32_t c = 0;

@@ -504,7 +504,7 @@ namespace {
 // The CRC-32 of `data` (bytes of a record at archive offset `data_offset`).
 uint32_t CrcOf(absl::Span<const uint8_t> data, uint64_t data_offset,
                const std::function<void(uint64_t, uint64_t)>& on_verified) {
-  PhaseTimer timer(Phase::kInputCrc, static_cast<int64_t>(data.size()));
+  PhaseTimer timer(Phase::kInputReread, static_cast<int64_t>(data.size()));
   uint32_t crc = 0;
   // In pieces, so that a caller can release what was read as it goes; each
   // piece read through a buffer (MappedFile::ReadThrough) rather than through

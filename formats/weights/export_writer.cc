@@ -90,7 +90,7 @@ safetensors::TensorBytes PlanBytes(const tp::TensorPlan& plan, torch::DType dtyp
     }
     const int64_t start = static_cast<int64_t>(offset / out_isz);
     const int64_t count = static_cast<int64_t>(len / out_isz);
-    if (from == dtype) return plan.ViewFlat(start, count, scratch);
+    if (from == dtype) return plan.ReadFlat(start, count, scratch);
     std::string buf(static_cast<size_t>(count) * in_isz, '\0');
     UCP_RETURN_IF_ERROR(plan.CopyFlat(start, count, reinterpret_cast<uint8_t*>(buf.data())));
     torch::Tensor cast;

@@ -377,6 +377,15 @@ struct StageBuffers {
 };
 thread_local StageBuffers stage_buffers;
 
+// Reads n bytes of a mapped source at `from` into `dst` (pread; see
+// StageSourceRanges) and gives the input check their CRC-32 as read; false
+// when they are not bytes of a live mapping or the read failed.
+bool ReadMappedNoted(const uint8_t* from, size_t n, uint8_t* dst) {
+  if (!torch::MappedFile::ReadMapped(from, n, dst)) return false;
+  torch::ReadCoverage::NoteCopy(from, dst, n);
+  return true;
+}
+
 }  // namespace
 
 absl::StatusOr<int64_t> TensorPlan::CopyWindow(int64_t start, int64_t count, uint8_t* out) const {
@@ -390,10 +399,7 @@ absl::StatusOr<int64_t> TensorPlan::CopyWindow(int64_t start, int64_t count, uin
     if (!s.deferred && s.tensor.is_contiguous()) {
       const uint8_t* from = s.tensor.data() + static_cast<size_t>(r.offset + start - run_starts_[i]) * isz;
       const size_t n = static_cast<size_t>(count) * isz;
-      if (n >= kStageMinBytes && torch::MappedFile::ReadMapped(from, n, out)) {
-        torch::ReadCoverage::NoteCopy(from, out, n);
-        return 0;
-      }
+      if (n >= kStageMinBytes && ReadMappedNoted(from, n, out)) return 0;
     }
   }
   const StagedSpans staged = StageSourceRanges(i, start, end);
@@ -438,7 +444,7 @@ TensorPlan::StagedSpans::~StagedSpans() {
   if (depth >= 0) --stage_buffers.depth;
 }
 
-TensorPlan::StagedSpans TensorPlan::SourceSpans(size_t first_run, int64_t start, int64_t end) const {
+TensorPlan::StagedSpans TensorPlan::StageSourceRanges(size_t first_run, int64_t start, int64_t end) const {
   // Per contiguous source, the span of its bytes that runs first_run... read
   // for [start, end), and how many of them they read: a handful of sources,
   // each read in one span.
@@ -460,11 +466,6 @@ TensorPlan::StagedSpans TensorPlan::SourceSpans(size_t first_run, int64_t start,
       it->used += hi - lo;
     }
   }
-  return out;
-}
-
-TensorPlan::StagedSpans TensorPlan::StageSourceRanges(size_t first_run, int64_t start, int64_t end) const {
-  StagedSpans out = SourceSpans(first_run, start, end);
   // Spans of many bytes, most of them read, are read from the file into a
   // buffer (pread: the kernel copies them from the page cache, reading ahead
   // when they are not there) and copied from there; the first touch of a
@@ -472,9 +473,10 @@ TensorPlan::StagedSpans TensorPlan::StageSourceRanges(size_t first_run, int64_t 
   // reading a populated mapping of cached pages, 6.6 GB/s pread into a 1 MiB
   // buffer). The others are faulted in at once (MappedFile::Populate).
   size_t stage_bytes = 0;
-  for (size_t k = 0; k < out.spans.size(); ++k) {
-    const size_t n = out.spans[k].hi - out.spans[k].lo;
-    if (n >= kStageMinBytes && out.spans[k].used * 2 >= n) stage_bytes += n;
+  for (StagedSpan& x : out.spans) {
+    const size_t n = x.hi - x.lo;
+    x.stage = n >= kStageMinBytes && x.used * 2 >= n;
+    if (x.stage) stage_bytes += n;
   }
   std::vector<uint8_t>* buffer = nullptr;
   if (stage_bytes > 0) {
@@ -484,12 +486,10 @@ TensorPlan::StagedSpans TensorPlan::StageSourceRanges(size_t first_run, int64_t 
     if (buffer->size() < stage_bytes) buffer->resize(stage_bytes);
   }
   size_t filled = 0;
-  for (size_t k = 0; k < out.spans.size(); ++k) {
-    StagedSpan& x = out.spans[k];
+  for (StagedSpan& x : out.spans) {
     const uint8_t* base = (*sources_)[x.source].tensor.data();
     const size_t n = x.hi - x.lo;
-    if (buffer != nullptr && n >= kStageMinBytes && x.used * 2 >= n &&
-        torch::MappedFile::ReadMapped(base + x.lo, n, buffer->data() + filled)) {
+    if (x.stage && torch::MappedFile::ReadMapped(base + x.lo, n, buffer->data() + filled)) {
       x.bytes = buffer->data() + filled;
       filled += n;
     } else {
@@ -525,10 +525,7 @@ absl::StatusOr<absl::Span<const uint8_t>> TensorPlan::ViewOrRead(int64_t start, 
       if (src.is_contiguous()) {
         const uint8_t* from = src.data() + static_cast<size_t>(r.offset + within) * isz;
         const size_t n = static_cast<size_t>(count) * isz;
-        if (read_mapped && torch::MappedFile::ReadMapped(from, n, scratch)) {
-          torch::ReadCoverage::NoteCopy(from, scratch, n);
-          return absl::MakeConstSpan(scratch, n);
-        }
+        if (read_mapped && ReadMappedNoted(from, n, scratch)) return absl::MakeConstSpan(scratch, n);
         torch::MappedFile::NoteBytesConsumed(n);
         torch::MappedFile::Populate(from, n);
         return absl::MakeConstSpan(from, n);

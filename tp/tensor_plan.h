@@ -140,6 +140,7 @@ class TensorPlan {
     size_t lo, hi;  // bytes of the source
     size_t used;    // how many of them the runs read
     const uint8_t* bytes;
+    bool stage = false;  // worth staging: large, and mostly read
   };
   struct StagedSpans {
     StagedSpans() = default;
@@ -154,8 +155,6 @@ class TensorPlan {
   // [start, end): large, dense ones staged, the others faulted in at once
   // (MappedFile::Populate) before they are copied.
   StagedSpans StageSourceRanges(size_t first_run, int64_t start, int64_t end) const;
-  // The same spans, none staged.
-  StagedSpans SourceSpans(size_t first_run, int64_t start, int64_t end) const;
   void AppendRange(const TensorPlan& from, int64_t start, int64_t count, int source_base);
   void FinishRuns();
   std::vector<int64_t> ComputeStarts() const;

@@ -18,7 +18,8 @@
 #
 # --op: convert (ZeRO -> universal), reshard-z (ZeRO -> ZeRO at tp 1 pp 1 dp 1
 # unless EXTRA_UCP_FLAGS set another topology, e.g. -- --dp=8) or export.
-# --ranks=R > 1 runs `mpirun -np R` with the settings of bench/run_bench.sh.
+# --ranks=R > 1 runs `mpirun -np R` with the settings of bench/run_bench.sh
+# (bench/one_node_mpi.sh).
 #
 # Prints each build's seconds per run, their medians and B's median over
 # A's, then compares the two builds' outputs of the first run (every file,
@@ -58,13 +59,8 @@ CAN_DROP=0
 ((CAN_DROP)) || [[ "$CACHE" == warm ]] || die "--cache=cold needs root (writing /proc/sys/vm/drop_caches) and --drop=1"
 case "$WORK" in "$SOURCE" | "$SOURCE"/*) die "--workdir=$WORK is inside the source" ;; esac
 
-launch=()
-if ((RANKS > 1)); then
-  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-  export OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_plm=isolated
-  if [[ -d /dev/shm && -w /dev/shm ]]; then export OMPI_MCA_orte_tmpdir_base=/dev/shm; fi
-  launch=(mpirun -np "$RANKS" --oversubscribe)
-fi
+source bench/one_node_mpi.sh  # Open MPI's settings, as bench/run_bench.sh's
+launcher "$RANKS"
 
 rm -rf "$WORK"
 mkdir -p "$WORK"

@@ -63,11 +63,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# `launch`: the command prefix that runs ucp with $1 ranks (none for 1).
-launcher() {
-  launch=()
-  if (($1 > 1)); then launch=(mpirun -np "$1" --oversubscribe); fi
-}
+# Open MPI's settings for this host and `launcher R` (the mpirun prefix of R ranks).
+source bench/one_node_mpi.sh
 
 GB=3
 RUNS=3
@@ -239,16 +236,6 @@ run() {
   cat "$WORK/time.out" >>"$WORK/$protocol-$name.times"
 }
 
-# Several ranks: mpirun on this host (root allowed: the drop of caches needs it).
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-# One node: shared memory only (ob1 + vader), no UCX device probing (~0.2 s a launch).
-export OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_plm=isolated
-# Open MPI's session folder (PMIx's shared-memory datastore, written by mpirun
-# and the ranks) on tmpfs when there is one: under /tmp on a disk it wrote
-# 8.6 MB more per 2-rank run here (getrusage block outputs of an `mpirun -np 2
-# ucp reshard`: 935,232 blocks with it in /tmp, 918,312 with it in /dev/shm,
-# 918,600 for 1 rank), bytes that are not ucp's.
-if [[ -d /dev/shm && -w /dev/shm ]]; then export OMPI_MCA_orte_tmpdir_base=/dev/shm; fi
 suffix() { if (($1 > 1)); then echo "@$1"; fi; }
 
 OPS="cp cpsync same-convert same-reshard-u same-reshard-z same-export export"

@@ -33,7 +33,17 @@ SHAPES = {
                "ZeRO-3, dp 2"),
     "gpt-moe-z1": ("0.19.5", "gpt", "--hidden 512 --heads 8 --layers 4 --vocab 8192 --moe_layers 1,3 --experts 8", 1,
                    1, 2, 2, 1, "fp32", "native MoE, 8 experts over ep 2, dp 2"),
+    "gpt-dp8-z2": ("0.16.4", "gpt", "--hidden 512 --heads 8 --layers 6 --vocab 8192 --ffn 4", 1, 1, 8, 1, 2, "fp32",
+                   "ZeRO-2 dp 8 (DeepSpeed 0.16.4): eight small optimizer files beside one large module file"),
+    "neox-3d-bf16": ("0.19.5", "neox", "--hidden 1024 --heads 16 --layers 8 --vocab 8192 --seq 8", 2, 2, 2, 1, 1, "bf16",
+                     "tp 2, pp 2, dp 2, bf16 ZeRO-1: every kind of parallelism at once, eight optimizer files"),
 }
+
+
+def global_batch(dp):
+    # 4 samples a step, or the fewest multiple of dp above that (the batch
+    # splits over the data-parallel ranks).
+    return -(-4 // dp) * dp
 
 
 def cache_root():
@@ -48,7 +58,7 @@ def make(name, out):
     try:
         spec = {"family": family, "model_args": args, "seed": 1, "data_seed": 1, "dtype": dtype,
                 "topology": {"tp": tp, "pp": pp, "dp": dp, "ep": ep}, "zero_stage": z, "sub_group_size": None,
-                "global_batch": 4, "config": {}, "universal": False, "losses": None,
+                "global_batch": global_batch(dp), "config": {}, "universal": False, "losses": None,
                 "actions": [{"do": "train", "steps": 1},
                             {"do": "save", "dir": os.path.join(tmp, "ckpt"), "tag": "global_step1"}]}
         r = workers.job(host.default_root(ds), ds, tp * pp * dp, spec, os.path.join(tmp, "job.log"), timeout=3600)

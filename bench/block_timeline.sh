@@ -28,6 +28,8 @@
 # test: it is a tool to look with.
 set -euo pipefail
 
+usage_error() { echo "block_timeline.sh: $*" >&2; exit 2; }  # bad arguments: exit 2
+
 CACHE=warm STEP=0.1 DEVICE="" FROM=""
 while (($#)); do
   case "$1" in
@@ -36,28 +38,28 @@ while (($#)); do
     --device=*) DEVICE="${1#*=}" ;;
     --from_trace=*) FROM="${1#*=}" ;;
     --) shift; break ;;
-    *) echo "block_timeline.sh: unknown option $1 (usage: see the head of $0)" >&2; exit 2 ;;
+    *) usage_error "unknown option $1 (usage: see the head of $0)" ;;
   esac
   shift
 done
-[[ "$CACHE" == warm || "$CACHE" == cold ]] || { echo "block_timeline.sh: --cache must be warm or cold" >&2; exit 2; }
+[[ "$CACHE" == warm || "$CACHE" == cold ]] || usage_error "--cache must be warm or cold"
 [[ "$STEP" =~ ^[0-9]*\.?[0-9]+$ ]] && awk -v s="$STEP" 'BEGIN{exit !(s > 0)}' ||
-  { echo "block_timeline.sh: --step must be a positive number of seconds, not '$STEP'" >&2; exit 2; }
+  usage_error "--step must be a positive number of seconds, not '$STEP'"
 DEVNUM=""
 if [[ "$DEVICE" =~ ^[0-9]+,[0-9]+$ ]]; then
   DEVNUM=$DEVICE
 elif [[ -n "$DEVICE" ]]; then
-  [[ "$DEVICE" != */* && -r /sys/class/block/$DEVICE/dev ]] || { echo "block_timeline.sh: no block device '$DEVICE'" >&2; exit 2; }
+  [[ "$DEVICE" != */* && -r /sys/class/block/$DEVICE/dev ]] || usage_error "no block device '$DEVICE'"
   DEVNUM=$(cat "/sys/class/block/$DEVICE/dev")  # MAJOR:MINOR, as the trace writes MAJOR,MINOR
   DEVNUM=${DEVNUM/:/,}
 fi
 
 if [[ -n "$FROM" ]]; then
-  (($# == 0)) || { echo "block_timeline.sh: --from_trace runs no command" >&2; exit 2; }
-  [[ -r "$FROM" ]] || { echo "block_timeline.sh: cannot read trace '$FROM'" >&2; exit 2; }
+  (($# == 0)) || usage_error "--from_trace runs no command"
+  [[ -r "$FROM" ]] || usage_error "cannot read trace '$FROM'"
   TRACE=$FROM wall="" rc=0
 else
-  (($#)) || { echo "block_timeline.sh: no command (usage: ... -- CMD [ARGS...])" >&2; exit 2; }
+  (($#)) || usage_error "no command (usage: ... -- CMD [ARGS...])"
   [[ $(id -u) == 0 ]] || { echo "block_timeline.sh: needs root (tracefs and drop_caches)" >&2; exit 1; }
   T=/sys/kernel/tracing
   if [[ ! -d $T/events/block ]]; then

@@ -28,24 +28,27 @@ cat >"$W/trace" <<'T'
         jbd2/vda-8-120   [000] ..... 100.370000: block_rq_issue: 254,0 WFS 4096 () 40000 + 8 be,0,4 [jbd2/vda-8]
 T
 
-out=$("$BT" --from_trace="$W/trace")
-expected="  from s    ios   read MB  write MB flushes
+# summarizes WHAT EXPECTED ARGS...: block_timeline.sh ARGS prints EXPECTED, exactly.
+summarizes() {
+  local what=$1 expected=$2 out
+  shift 2
+  out=$("$BT" "$@")
+  [[ "$out" == "$expected" ]] || { diff <(echo "$expected") <(echo "$out") || true; fail "$what"; }
+  checks=$((checks + 1))
+}
+
+summarizes "every device, step 0.1" "  from s    ios   read MB  write MB flushes
     0.00      2       5.2       0.0       0
     0.10      3       0.0       8.4       1
     0.30      2       0.0       1.1       1
-total: 7 requests, 5.2 MB read, 9.4 MB written, 2 flushes"
-[[ "$out" == "$expected" ]] || { diff <(echo "$expected") <(echo "$out") || true; fail "every device, step 0.1"; }
-checks=$((checks + 1))
+total: 7 requests, 5.2 MB read, 9.4 MB written, 2 flushes" --from_trace="$W/trace"
 
-out=$("$BT" --from_trace="$W/trace" --device=254,0 --step=0.05)
-expected="  from s    ios   read MB  write MB flushes
+summarizes "device 254,0, step 0.05" "  from s    ios   read MB  write MB flushes
     0.00      2       5.2       0.0       0
     0.10      1       0.0       4.2       0
     0.15      1       0.0       0.0       1
     0.35      2       0.0       1.1       1
-total: 6 requests, 5.2 MB read, 5.2 MB written, 2 flushes"
-[[ "$out" == "$expected" ]] || { diff <(echo "$expected") <(echo "$out") || true; fail "device 254,0, step 0.05"; }
-checks=$((checks + 1))
+total: 6 requests, 5.2 MB read, 5.2 MB written, 2 flushes" --from_trace="$W/trace" --device=254,0 --step=0.05
 
 # No request of the device: the header and a zero total.
 out=$("$BT" --from_trace="$W/trace" --device=9,9)

@@ -23,8 +23,8 @@
 # totals and the command's wall time and exit status (it exits with the
 # command's status).
 # The command's own output goes to stderr. Needs root and tracefs (mounted
-# at /sys/kernel/tracing if it is not); tracing is switched off and the
-# events disabled again on exit, even on error. Nothing here is timed by a
+# at /sys/kernel/tracing if it is not); tracing is switched off, the event
+# disabled and the trace buffer given back its size on exit, even on error. Nothing here is timed by a
 # test: it is a tool to look with.
 set -euo pipefail
 
@@ -67,10 +67,15 @@ else
   fi
   [[ -d $T/events/block/block_rq_issue ]] || { echo "block_timeline.sh: no block_rq_issue event under $T" >&2; exit 1; }
   TRACE=$(mktemp)
+  # The ring buffer's size per CPU before this run ("1408", or "7 (expanded:
+  # 1408)" before first use), given back on exit: 64 MiB per CPU of kernel
+  # memory is not left behind.
+  buffer_kb=$(awk '{print $1; exit}' "$T/buffer_size_kb")
   restore() {
     echo 0 >"$T/tracing_on" || true
     echo 0 >"$T/events/block/block_rq_issue/enable" || true
     echo >"$T/trace" || true
+    echo "$buffer_kb" >"$T/buffer_size_kb" || true
     rm -f "$TRACE"
   }
   trap restore EXIT

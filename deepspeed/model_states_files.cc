@@ -455,9 +455,13 @@ absl::StatusOr<std::unique_ptr<ModelStatesFiles>> ModelStatesFiles::Open(const s
 // params, then read what else mp_rank_00 says.
 absl::Status ModelStatesFiles::Load(int layer_files_tp) {
   UCP_ASSIGN_OR_RETURN(const int mp, CountMpRankFiles(dir_, read_));
-  // Model states.
+  // Model states. Their tensors' records (the module's weights, often the
+  // largest file but one) are checked by a command that writes beside its
+  // units (torch::OwedCrcChecks), else here.
+  torch::OpenOptions files = read_.Files();
+  files.defer_crc = true;
   for (int r = 0; r < mp; ++r) {
-    UCP_ASSIGN_OR_RETURN(auto f, torch::TorchFile::Open(JoinPath(dir_, deepspeed::MpRankFileName(r)), read_.Files()));
+    UCP_ASSIGN_OR_RETURN(auto f, torch::TorchFile::Open(JoinPath(dir_, deepspeed::MpRankFileName(r)), files));
     files_.push_back(std::move(f));
   }
   UCP_ASSIGN_OR_RETURN(const WorldSizes world, ReadWorldSizes(files_));

@@ -159,11 +159,8 @@ std::string UndecidedNote(const state::ModelInfo& info) {
 }
 
 absl::StatusOr<ConvertResult> Convert(const ConvertOptions& options) {
-  absl::StatusOr<ConvertResult> r = ConvertImpl(options);
-  // An input truncated while it was read (zeros instead of its bytes, a
-  // failed read) is the error to report, not what it caused.
-  if (!r.ok()) UCP_RETURN_IF_ERROR(torch::MappedFile::CheckAllIntact());
-  return r;
+  const bool lead = options.cluster == nullptr || options.cluster->rank() == 0 || options.dry_run_ranks > 0;
+  return RunCheckingInputs<ConvertResult>(lead, [&] { return ConvertImpl(options); });
 }
 
 namespace {

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/fs.h"
 #include "ops/convert.h"
+#include "ops/export.h"
 #include "ops/reshard.h"
 #include "formats/deepspeed_zero/zero_checkpoint.h"
 #include "format/torch/torch_file.h"
@@ -160,6 +161,48 @@ TEST(ConvertErrorsTest, DamagedLayerRecordIsCaughtWhenRead) {
   EXPECT_EQ(damaged.status().code(), absl::StatusCode::kDataLoss) << damaged.status();
   EXPECT_EQ(damaged.status().message().rfind(f, 0), 0u) << damaged.status();
   EXPECT_NE(damaged.status().message().find("CRC-32 mismatch"), std::string::npos) << damaged.status();
+}
+
+// The model-states files' tensor records (the module's weights) are
+// CRC-checked beside the units rather than when the file is opened: a
+// damaged one still stops a convert (which copies the file byte for byte),
+// its dry run, a reshard and an export, naming the file and the record, and
+// nothing is written.
+TEST(ConvertErrorsTest, DamagedModelStatesRecordStopsEveryCommand) {
+  Case c = Prepare("damaged_model_states_record", "gpt-zero2-nopipe-tp2-dp2");
+  const std::string f = JoinPath(c.source, "mp_rank_01_model_states.pt");
+  // A third of the way in: not one of the elements the open compares with
+  // the fp32 masters (each fragment's first, middle and last), so only the
+  // record's CRC check can tell.
+  ASSERT_TRUE(ucp::testing::FlipByteInTensor(
+                  f,
+                  [](const pickle::Value& root) -> const pickle::Value* {
+                    const pickle::Value* module = root.DictGet("module");
+                    return module == nullptr ? nullptr : module->DictGet("sequential.2.attention.dense.weight");
+                  },
+                  1.0 / 3)
+                  .ok());
+  auto expect_damage = [&](const absl::Status& s, const std::string& command) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << command << ": " << s;
+    EXPECT_TRUE(absl::StartsWith(s.message(), absl::StrCat(f, ": record '"))) << command << ": " << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), "CRC-32 mismatch")) << command << ": " << s;
+  };
+  expect_damage(RunConvert(c), "convert");
+  ConvertOptions dry;
+  dry.input_folder = c.source;
+  dry.output_folder = c.output;
+  dry.dry_run_ranks = 2;
+  expect_damage(Convert(dry).status(), "convert --dry_run");
+  ReshardOptions r;
+  r.input_folder = c.source;
+  r.output_folder = JoinPath(c.root, "out/global_step4_tp1");
+  r.write.num_threads = 2;
+  expect_damage(Reshard(r).status(), "reshard to tp 1");
+  ExportOptions e;
+  e.input_folder = c.source;
+  e.output_folder = JoinPath(c.root, "out/weights");
+  expect_damage(Export(e).status(), "export");
+  ExpectNothingWritten(c);
 }
 
 TEST(ConvertErrorsTest, ExistingOutputIsNotReplaced) {

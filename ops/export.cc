@@ -328,11 +328,7 @@ absl::Status AddModelFolderFiles(const std::string& dir, writers::ExportWriteOpt
 }  // namespace
 
 absl::StatusOr<ExportResult> Export(const ExportOptions& options) {
-  absl::StatusOr<ExportResult> r = ExportImpl(options);
-  // An input truncated while it was read (zeros instead of its bytes, a
-  // failed read) is the error to report, not what it caused.
-  if (!r.ok()) UCP_RETURN_IF_ERROR(torch::MappedFile::CheckAllIntact());
-  return r;
+  return RunCheckingInputs<ExportResult>(/*check_unchecked=*/true, [&] { return ExportImpl(options); });
 }
 
 namespace {

@@ -8,11 +8,15 @@
 #ifndef UCP_OPS_OPEN_H_
 #define UCP_OPS_OPEN_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "base/cluster.h"
+#include "base/status_macros.h"
+#include "format/torch/mapped_file.h"
+#include "format/torch/torch_file.h"
 #include "formats/format.h"
 #include "rules/resolve.h"
 #include "state/model_state.h"
@@ -58,6 +62,27 @@ struct OpenRequest {
 // their evidence. Every rank returns the same status.
 absl::StatusOr<OpenedSource> OpenSource(const std::string& path, const SourceOptions& options, Cluster* cluster,
                                         const OpenRequest& request = OpenRequest());
+
+// Runs `op`, a command that opens its source and writes through
+// writers::ExecuteUnits, with a torch::OwedCrcChecks bound to this thread:
+// the records the open leaves unchecked (the model-states files' tensors)
+// are checked beside the units instead of before them. After a failure, an
+// input truncated while it was read or a damaged record is the error
+// returned, not what it caused. `check_unchecked`: this process makes the
+// checks no unit run made (a --dry_run's; false for the ranks > 0 of a job
+// that ran, whose rank 0 made them).
+template <typename R>
+absl::StatusOr<R> RunCheckingInputs(bool check_unchecked, const std::function<absl::StatusOr<R>()>& op) {
+  torch::OwedCrcChecks owed;
+  absl::StatusOr<R> r = op();
+  if (!r.ok()) {
+    UCP_RETURN_IF_ERROR(torch::MappedFile::CheckAllIntact());
+    UCP_RETURN_IF_ERROR(owed.CheckAll());
+    return r;
+  }
+  if (check_unchecked && !owed.checked()) UCP_RETURN_IF_ERROR(owed.CheckAll());
+  return r;
+}
 
 // Notes for a checkpoint written for another tp than it was saved at
 // (`target_tp`; 0 = any, a universal checkpoint): params the model's preset

@@ -92,11 +92,8 @@ absl::StatusOr<ReshardResult> ReshardImpl(const ReshardOptions& options);
 }  // namespace
 
 absl::StatusOr<ReshardResult> Reshard(const ReshardOptions& options) {
-  absl::StatusOr<ReshardResult> r = ReshardImpl(options);
-  // An input truncated while it was read (zeros instead of its bytes, a
-  // failed read) is the error to report, not what it caused.
-  if (!r.ok()) UCP_RETURN_IF_ERROR(torch::MappedFile::CheckAllIntact());
-  return r;
+  const bool lead = options.cluster == nullptr || options.cluster->rank() == 0 || options.dry_run_ranks > 0;
+  return RunCheckingInputs<ReshardResult>(lead, [&] { return ReshardImpl(options); });
 }
 
 namespace {

@@ -14,7 +14,8 @@
 namespace ucp::testing {
 
 absl::Status FlipByteInTensor(const std::string& path,
-                              const std::function<const pickle::Value*(const pickle::Value& root)>& find) {
+                              const std::function<const pickle::Value*(const pickle::Value& root)>& find,
+                              double at) {
   int64_t offset = -1;
   {
     torch::OpenOptions lazy;
@@ -23,7 +24,7 @@ absl::Status FlipByteInTensor(const std::string& path,
     const pickle::Value* v = find(*file->root());
     if (v == nullptr) return absl::NotFoundError(absl::StrCat(path, ": no such tensor"));
     UCP_ASSIGN_OR_RETURN(torch::Tensor t, file->GetTensor(*v));
-    offset = (t.storage()->data() - file->mapped_file()->data()) + static_cast<int64_t>(t.storage()->nbytes() / 2);
+    offset = (t.storage()->data() - file->mapped_file()->data()) + static_cast<int64_t>(static_cast<double>(t.storage()->nbytes()) * at);
   }
   const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
   if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat(path, ": open"));

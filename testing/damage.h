@@ -11,11 +11,12 @@
 
 namespace ucp::testing {
 
-// Flips bit 0x40 of the middle byte of the storage record behind the tensor
-// `find` picks from the file's pickle (the file opened without CRC checks);
-// kNotFound when `find` returns null.
+// Flips bit 0x40 of the byte at fraction `at` (default: the middle byte) of
+// the storage record behind the tensor `find` picks from the file's pickle
+// (the file opened without CRC checks); kNotFound when `find` returns null.
 absl::Status FlipByteInTensor(const std::string& path,
-                              const std::function<const pickle::Value*(const pickle::Value& root)>& find);
+                              const std::function<const pickle::Value*(const pickle::Value& root)>& find,
+                              double at = 0.5);
 
 }  // namespace ucp::testing
 

@@ -18,6 +18,7 @@
 #include "base/phases.h"
 #include "base/status_macros.h"
 #include "format/torch/mapped_file.h"
+#include "format/torch/torch_file.h"
 #include "format/torch/zip.h"
 #include "tp/plan_io.h"
 
@@ -36,7 +37,8 @@ constexpr int64_t kFlushEveryBytes = int64_t{256} << 20;
 
 absl::Status ExecuteUnits(const Plan& plan, const std::vector<size_t>& subset, const std::string& staging,
                           int threads, const ProgressFn& progress, bool writeback,
-                          std::vector<UnitResult>* results, std::vector<torch::RecordReads>* pooled) {
+                          std::vector<UnitResult>* results, std::vector<torch::RecordReads>* pooled,
+                          bool check_owed) {
   const std::vector<Unit>& units = plan.units();
   results->resize(units.size());
   // Largest first, so that the threads finish together rather than one of
@@ -60,6 +62,12 @@ absl::Status ExecuteUnits(const Plan& plan, const std::vector<size_t>& subset, c
   PhaseTimer wait(Phase::kUnits);
   torch::DeferredCrcChecks checks(threads);
   if (pooled != nullptr) checks.PoolReads();
+  // What the source's open did not check (the model-states files' tensors):
+  // queued first, so checked while the units run rather than before them.
+  if (const torch::OwedCrcChecks* owed = torch::OwedCrcChecks::Current(); check_owed && owed != nullptr) {
+    torch::DeferredCrcChecks::Scope scope(&checks);
+    UCP_RETURN_IF_ERROR(owed->CheckAll());
+  }
   // With writeback (--fsync), the units' files are written back and flushed
   // to disk in steps while the units run (base/flusher.h): the commit's sync
   // then has little left to do.
@@ -373,7 +381,7 @@ absl::StatusOr<WriteStats> RunPlanOnCluster(const Plan& plan, const std::string&
   const bool pool = cluster.size() > 1;
   absl::Status ran = ExecuteUnits(plan, assignment[rank], started.staging(), options.num_threads,
                                   rank == 0 ? options.progress : ProgressFn(), options.fsync, &results,
-                                  pool ? &pooled : nullptr);
+                                  pool ? &pooled : nullptr, /*check_owed=*/rank == 0);
   // Every input this rank read is still whole (no file shrank under it).
   if (ran.ok()) ran = torch::MappedFile::CheckAllIntact();
   RankReport report;

@@ -109,9 +109,13 @@ class Plan {
 // each large input record is handed over here (torch::RecordReads), for
 // CheckPooledReads with the other ranks' before the commit, rather than
 // checked here. Null: checked here, before ExecuteUnits returns.
+// `check_owed`: the checks the source's open left to this thread's
+// torch::OwedCrcChecks are made beside the units (one rank of a job makes
+// them: the others opened the same files).
 absl::Status ExecuteUnits(const Plan& plan, const std::vector<size_t>& subset, const std::string& staging,
                           int threads, const ProgressFn& progress, bool writeback,
-                          std::vector<UnitResult>* results, std::vector<torch::RecordReads>* pooled = nullptr);
+                          std::vector<UnitResult>* results, std::vector<torch::RecordReads>* pooled = nullptr,
+                          bool check_owed = true);
 
 // Appends to `units` one unit that checks the source's input files no unit
 // reads (CheckpointState::InputFiles / VerifyInput); Plan::Execute of a

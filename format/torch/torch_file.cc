@@ -438,6 +438,36 @@ absl::Status ParseTorchFile(const std::string& name, absl::Span<const uint8_t> b
 
 }  // namespace
 
+namespace {
+thread_local OwedCrcChecks* current_owed_checks = nullptr;
+}  // namespace
+
+OwedCrcChecks::OwedCrcChecks() : previous_(current_owed_checks) { current_owed_checks = this; }
+OwedCrcChecks::~OwedCrcChecks() { current_owed_checks = previous_; }
+OwedCrcChecks* OwedCrcChecks::Current() { return current_owed_checks; }
+
+void OwedCrcChecks::Add(std::function<absl::Status()> check) {
+  std::lock_guard<std::mutex> lock(mu_);
+  checks_.push_back(std::move(check));
+  checked_ = false;
+}
+
+absl::Status OwedCrcChecks::CheckAll() const {
+  std::vector<std::function<absl::Status()>> checks;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    checks = checks_;
+    checked_ = true;
+  }
+  for (const auto& check : checks) UCP_RETURN_IF_ERROR(check());
+  return absl::OkStatus();
+}
+
+bool OwedCrcChecks::checked() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return checked_;
+}
+
 absl::StatusOr<std::unique_ptr<TorchFile>> TorchFile::Open(const std::string& path, const OpenOptions& options) {
   absl::StatusOr<std::shared_ptr<const MappedFile>> mapped = MappedFile::Open(path);
   if (!mapped.ok()) return mapped.status();
@@ -446,8 +476,15 @@ absl::StatusOr<std::unique_ptr<TorchFile>> TorchFile::Open(const std::string& pa
   file->impl_ = std::make_shared<Impl>();
   file->impl_->mapped = *mapped;
   file->mapping_ = *mapped;
-  absl::Status s = ParseTorchFile(path, (*mapped)->bytes(), *mapped, *mapped, options, file->impl_.get(), &file->stem_,
+  OwedCrcChecks* owed = options.verify_crc && options.defer_crc ? OwedCrcChecks::Current() : nullptr;
+  OpenOptions o = options;
+  if (owed != nullptr) o.verify_crc = false;
+  absl::Status s = ParseTorchFile(path, (*mapped)->bytes(), *mapped, *mapped, o, file->impl_.get(), &file->stem_,
                                   &file->root_, &file->unsafe_globals_);
+  // Owed even when the parse failed: a damaged record is the better error.
+  if (owed != nullptr && file->impl_->zip.has_value()) {
+    owed->Add([impl = file->impl_] { return impl->zip->VerifyAllCrcs(); });
+  }
   if (!s.ok()) return s;
   return file;
 }

@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -60,11 +61,57 @@ struct OpenOptions {
   // ~10 GB/s when cached). When false only data.pkl and version are
   // verified; call VerifyAllCrcs() (or rely on later reads) for the rest.
   bool verify_crc = true;
+  // With verify_crc: when this thread has an OwedCrcChecks (a command that
+  // checks before it commits), leave the records' checks to it instead of
+  // making them in Open (data.pkl and version are still checked here).
+  // Without one, Open checks them as verify_crc says: nothing goes unchecked.
+  bool defer_crc = false;
   // Refuse (kFailedPrecondition) a file whose pickle names a code-execution
   // global (pickle/unsafe.h). `ucp inspect` turns it off to report such
   // files instead; --allow_unsafe_pickle turns it off for a command's
   // source (its readers' options, e.g. deepspeed/read_options.h).
   bool refuse_unsafe_globals = true;
+};
+
+// The CRC checks that files opened on this thread while it lives (with
+// OpenOptions::defer_crc) left undone, which its owner promises to make
+// before anything read from those files is committed. A command that writes
+// makes them beside its units (writers::ExecuteUnits: the records of 1 MiB
+// or more on DeferredCrcChecks' thread, while the units read and write),
+// instead of reading a model-states file whole at open, before any unit
+// starts; and after a failure, so that a damaged input is the error reported
+// rather than what it caused.
+//
+// Example (ops::RunCheckingInputs, around convert, reshard and export):
+//   OwedCrcChecks owed;                          // bound to this thread
+//   absl::StatusOr<R> r = OpenPlanAndRun(...);   // opens with defer_crc; writers::
+//                                                // ExecuteUnits queues owed.CheckAll()
+//   if (!r.ok()) UCP_RETURN_IF_ERROR(owed.CheckAll());  // the damage, not what it caused
+class OwedCrcChecks {
+ public:
+  OwedCrcChecks();
+  ~OwedCrcChecks();  // the previous one bound again
+  OwedCrcChecks(const OwedCrcChecks&) = delete;
+  OwedCrcChecks& operator=(const OwedCrcChecks&) = delete;
+
+  // The checks of this thread's files, or null.
+  static OwedCrcChecks* Current();
+  // Checks every record not yet checked of every file owing them; under a
+  // DeferredCrcChecks scope a record of kDeferMinBytes or more is queued
+  // there instead (its Wait reports it). The first error. The files stay
+  // mapped while this lives.
+  absl::Status CheckAll() const;
+  // Whether CheckAll was called since the last file was added (a dry run
+  // that ran no units has not).
+  bool checked() const;
+
+ private:
+  friend class TorchFile;
+  void Add(std::function<absl::Status()> check);
+  mutable std::mutex mu_;
+  std::vector<std::function<absl::Status()>> checks_;  // guarded by mu_
+  mutable bool checked_ = true;                        // guarded by mu_
+  OwedCrcChecks* previous_;
 };
 
 class TorchFile {

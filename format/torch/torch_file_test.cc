@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/sha256.h"
 #include "format/pickle/writer.h"
@@ -18,6 +19,7 @@
 #include "format/torch/tree_copy.h"
 #include "format/torch/zip.h"
 #include "gtest/gtest.h"
+#include "testing/damage.h"
 
 namespace ucp::torch {
 namespace {
@@ -248,6 +250,64 @@ TEST(TorchFileTest, LazyCrcDefersStorageVerification) {
   auto good = TorchFile::FromBytes(CraftFile(*root, 16), "good.pt", lazy);
   ASSERT_TRUE(good.ok());
   EXPECT_TRUE((*good)->VerifyStorageCrc(*(*good)->Storages()[0]).ok());
+}
+
+// A file opened with defer_crc while this thread has an OwedCrcChecks leaves
+// its records' checks to it: Open takes a damaged record, CheckAll reports it
+// (under a DeferredCrcChecks scope a large record is queued and Wait reports
+// it). With no OwedCrcChecks, Open checks every record as before.
+TEST(TorchFileTest, DeferredCrcChecksAreOwedToTheCommand) {
+  const std::string path = TempPath("owed.pt");
+  {
+    TorchWriter w;
+    auto d = Value::MakeDict();
+    const int64_t n = 300000;  // 1.2 MB: more than DeferredCrcChecks::kDeferMinBytes
+    d->DictSet(Value::Str("big"), w.AddTensor(FloatTensor(std::vector<float>(n, 1.5f), {n})));
+    d->DictSet(Value::Str("small"), w.AddTensor(FloatTensor({1, 2, 3}, {3})));
+    ASSERT_TRUE(w.WriteFile(path, *d).ok());
+  }
+  ASSERT_TRUE(ucp::testing::FlipByteInTensor(path, [](const Value& root) { return root.DictGet("big"); }).ok());
+  OpenOptions deferred;
+  deferred.defer_crc = true;
+  EXPECT_EQ(OwedCrcChecks::Current(), nullptr);
+  EXPECT_EQ(TorchFile::Open(path, deferred).status().code(), absl::StatusCode::kDataLoss);
+  {
+    OwedCrcChecks owed;
+    EXPECT_EQ(OwedCrcChecks::Current(), &owed);
+    EXPECT_TRUE(owed.checked());
+    auto file = TorchFile::Open(path, deferred);
+    ASSERT_TRUE(file.ok()) << file.status();
+    EXPECT_FALSE(owed.checked());
+    {
+      DeferredCrcChecks checks;
+      {
+        DeferredCrcChecks::Scope scope(&checks);
+        EXPECT_TRUE(owed.CheckAll().ok());  // the small record checked here, the big one queued
+      }
+      absl::Status s = checks.Wait();
+      EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+      EXPECT_TRUE(absl::StartsWith(s.message(), path + ": record '")) << s;
+      EXPECT_TRUE(absl::StrContains(s.message(), "CRC-32 mismatch")) << s;
+    }
+    EXPECT_TRUE(owed.checked());
+    file->reset();  // what the checks read stays mapped
+    absl::Status again = owed.CheckAll();
+    EXPECT_EQ(again.code(), absl::StatusCode::kDataLoss) << again;
+    EXPECT_TRUE(absl::StartsWith(again.message(), path + ": record '")) << again;
+    {
+      OwedCrcChecks inner;
+      EXPECT_EQ(OwedCrcChecks::Current(), &inner);
+    }
+    EXPECT_EQ(OwedCrcChecks::Current(), &owed);
+  }
+  EXPECT_EQ(OwedCrcChecks::Current(), nullptr);
+  // Opened without CRC checks: nothing is owed (its reader checks what it uses).
+  OwedCrcChecks owed;
+  OpenOptions lazy = deferred;
+  lazy.verify_crc = false;
+  ASSERT_TRUE(TorchFile::Open(path, lazy).ok());
+  EXPECT_TRUE(owed.checked());
+  EXPECT_TRUE(owed.CheckAll().ok());
 }
 
 // Every truncation and many single-byte corruptions of a real file give a

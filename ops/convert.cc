@@ -159,8 +159,8 @@ std::string UndecidedNote(const state::ModelInfo& info) {
 }
 
 absl::StatusOr<ConvertResult> Convert(const ConvertOptions& options) {
-  const bool lead = options.cluster == nullptr || options.cluster->rank() == 0 || options.dry_run_ranks > 0;
-  return RunCheckingInputs<ConvertResult>(lead, [&] { return ConvertImpl(options); });
+  return RunCheckingInputs<ConvertResult>(options.cluster, /*dry_run=*/options.dry_run_ranks > 0,
+                                 [&] { return ConvertImpl(options); });
 }
 
 namespace {

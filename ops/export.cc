@@ -328,7 +328,7 @@ absl::Status AddModelFolderFiles(const std::string& dir, writers::ExportWriteOpt
 }  // namespace
 
 absl::StatusOr<ExportResult> Export(const ExportOptions& options) {
-  return RunCheckingInputs<ExportResult>(/*check_unchecked=*/true, [&] { return ExportImpl(options); });
+  return RunCheckingInputs<ExportResult>(/*cluster=*/nullptr, /*dry_run=*/false, [&] { return ExportImpl(options); });
 }
 
 namespace {

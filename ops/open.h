@@ -68,11 +68,13 @@ absl::StatusOr<OpenedSource> OpenSource(const std::string& path, const SourceOpt
 // the records the open leaves unchecked (the model-states files' tensors)
 // are checked beside the units instead of before them. After a failure, an
 // input truncated while it was read or a damaged record is the error
-// returned, not what it caused. `check_unchecked`: this process makes the
-// checks no unit run made (a --dry_run's; false for the ranks > 0 of a job
-// that ran, whose rank 0 made them).
+// returned, not what it caused. `cluster`: the job's, or null for one
+// process; its rank 0 makes the checks a run's units made on no rank (the
+// other ranks leave them to it). `dry_run`: no units run (a --dry_run, which
+// makes the checks itself, on every rank).
 template <typename R>
-absl::StatusOr<R> RunCheckingInputs(bool check_unchecked, const std::function<absl::StatusOr<R>()>& op) {
+absl::StatusOr<R> RunCheckingInputs(const Cluster* cluster, bool dry_run,
+                                    const std::function<absl::StatusOr<R>()>& op) {
   torch::OwedCrcChecks owed;
   absl::StatusOr<R> r = op();
   if (!r.ok()) {
@@ -80,7 +82,8 @@ absl::StatusOr<R> RunCheckingInputs(bool check_unchecked, const std::function<ab
     UCP_RETURN_IF_ERROR(owed.CheckAll());
     return r;
   }
-  if (check_unchecked && !owed.checked()) UCP_RETURN_IF_ERROR(owed.CheckAll());
+  const bool lead = cluster == nullptr || cluster->rank() == 0 || dry_run;
+  if (lead && !owed.checked()) UCP_RETURN_IF_ERROR(owed.CheckAll());
   return r;
 }
 

@@ -92,8 +92,8 @@ absl::StatusOr<ReshardResult> ReshardImpl(const ReshardOptions& options);
 }  // namespace
 
 absl::StatusOr<ReshardResult> Reshard(const ReshardOptions& options) {
-  const bool lead = options.cluster == nullptr || options.cluster->rank() == 0 || options.dry_run_ranks > 0;
-  return RunCheckingInputs<ReshardResult>(lead, [&] { return ReshardImpl(options); });
+  return RunCheckingInputs<ReshardResult>(options.cluster, /*dry_run=*/options.dry_run_ranks > 0,
+                                 [&] { return ReshardImpl(options); });
 }
 
 namespace {

@@ -64,7 +64,7 @@ absl::Status ExecuteUnits(const Plan& plan, const std::vector<size_t>& subset, c
   if (pooled != nullptr) checks.PoolReads();
   // What the source's open did not check (the model-states files' tensors):
   // queued first, so checked while the units run rather than before them.
-  if (const torch::OwedCrcChecks* owed = torch::OwedCrcChecks::Current(); check_owed && owed != nullptr) {
+  if (torch::OwedCrcChecks* owed = torch::OwedCrcChecks::Current(); check_owed && owed != nullptr) {
     torch::DeferredCrcChecks::Scope scope(&checks);
     UCP_RETURN_IF_ERROR(owed->CheckAll());
   }

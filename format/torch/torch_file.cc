@@ -452,7 +452,7 @@ void OwedCrcChecks::Add(std::function<absl::Status()> check) {
   checked_ = false;
 }
 
-absl::Status OwedCrcChecks::CheckAll() const {
+absl::Status OwedCrcChecks::CheckAll() {
   std::vector<std::function<absl::Status()>> checks;
   {
     std::lock_guard<std::mutex> lock(mu_);

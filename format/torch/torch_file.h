@@ -100,7 +100,7 @@ class OwedCrcChecks {
   // DeferredCrcChecks scope a record of kDeferMinBytes or more is queued
   // there instead (its Wait reports it). The first error. The files stay
   // mapped while this lives.
-  absl::Status CheckAll() const;
+  absl::Status CheckAll();
   // Whether CheckAll was called since the last file was added (a dry run
   // that ran no units has not).
   bool checked() const;
@@ -110,7 +110,7 @@ class OwedCrcChecks {
   void Add(std::function<absl::Status()> check);
   mutable std::mutex mu_;
   std::vector<std::function<absl::Status()>> checks_;  // guarded by mu_
-  mutable bool checked_ = true;                        // guarded by mu_
+  bool checked_ = true;                                // guarded by mu_
   OwedCrcChecks* previous_;
 };
 

@@ -30,10 +30,10 @@ set -euo pipefail
 
 usage_error() { echo "block_timeline.sh: $*" >&2; exit 2; }  # bad arguments: exit 2
 
-CACHE=warm STEP=0.1 DEVICE="" FROM=""
+CACHE=warm CACHE_SET=0 STEP=0.1 DEVICE="" FROM=""
 while (($#)); do
   case "$1" in
-    --cache=*) CACHE="${1#*=}" ;;
+    --cache=*) CACHE="${1#*=}" CACHE_SET=1 ;;
     --step=*) STEP="${1#*=}" ;;
     --device=*) DEVICE="${1#*=}" ;;
     --from_trace=*) FROM="${1#*=}" ;;
@@ -56,6 +56,7 @@ fi
 
 if [[ -n "$FROM" ]]; then
   (($# == 0)) || usage_error "--from_trace runs no command"
+  ((CACHE_SET == 0)) || usage_error "--cache is for a command it runs; --from_trace summarizes a saved trace"
   [[ -r "$FROM" ]] || usage_error "cannot read trace '$FROM'"
   TRACE=$FROM wall="" rc=0
 else

@@ -71,6 +71,7 @@ refused "no block device 'nope'" --device=nope --from_trace="$W/trace"
 refused "no block device '../x'" --device=../x --from_trace="$W/trace"
 refused "cannot read trace" --from_trace="$W/missing"
 refused "--from_trace runs no command" --from_trace="$W/trace" -- true
+refused "--cache is for a command it runs" --cache=cold --from_trace="$W/trace"
 refused "unknown option --bogus" --bogus
 refused "no command" --step=0.1
 [[ -f "$W/trace" ]] || fail "the trace given was removed"

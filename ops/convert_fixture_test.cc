@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "base/fs.h"
 #include "ops/convert.h"
 #include "ops/inspect.h"
@@ -464,6 +465,32 @@ TEST(ConvertFixtureTest, PerRankPaddingConvertsLikeItsDp1Resave) {
   EXPECT_EQ(compared, 54 * 4);  // 54 params x (fp32, exp_avg, exp_avg_sq, step)
 }
 
+// The --dry_run plan counts the records each rank CRC-checks, the
+// model-states files' included: their records are checked beside the units
+// (torch::OwedCrcChecks) by rank 0, not by the rank whose units read them.
+TEST(ConvertFixtureTest, DryRunCountsTheModelStatesRecords) {
+  const std::string src = FixturePath("gpt-zero2-nopipe-tp2-dp2/global_step4");
+  size_t records = 0;
+  for (const std::string name : {"mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt"}) {
+    auto f = torch::TorchFile::Open(JoinPath(src, name));
+    ASSERT_TRUE(f.ok()) << f.status();
+    records += (*f)->RecordNames().size();
+  }
+  ASSERT_GT(records, 2u);
+  ConvertOptions o = Options(src, JoinPath(FreshTempDir("convert_dry_run_records"), "u"));
+  o.dry_run_ranks = 2;
+  auto r = Convert(o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const std::vector<std::string> lines = absl::StrSplit(r->plan, '\n');
+  ASSERT_GE(lines.size(), 3u) << r->plan;
+  EXPECT_TRUE(absl::StartsWith(lines[1], "rank 0: ")) << r->plan;
+  EXPECT_TRUE(absl::EndsWith(lines[1], absl::StrCat(" input records + the ", records,
+                                                    " records of 2 model-states files beside the units")))
+      << r->plan;
+  EXPECT_TRUE(absl::StartsWith(lines[2], "rank 1: ")) << r->plan;
+  EXPECT_TRUE(absl::EndsWith(lines[2], " input records")) << r->plan;
+  EXPECT_FALSE(PathExists(o.output_folder));
+}
 
 // A tp=1 source converts with no flags (issue 24): the params nothing decides
 // are kept whole and recorded as undecided; their universal files are those

@@ -153,6 +153,7 @@ std::vector<std::vector<size_t>> AssignUnits(const std::vector<Unit>& units, int
 std::string DescribePlan(const Plan& plan, int ranks, bool units) {
   const std::vector<std::vector<size_t>> assignment = AssignUnits(plan.units(), ranks);
   const std::vector<std::set<std::string>> checkers = AssignCheckers(plan.units(), assignment);
+  const torch::OwedCrcChecks* owed = torch::OwedCrcChecks::Current();
   std::string out = absl::StrCat("plan: ", plan.units().size(), " units, ", plan.total_bytes(), " bytes to write, over ",
                                  assignment.size(), " rank(s)\n");
   for (size_t r = 0; r < assignment.size(); ++r) {
@@ -163,7 +164,14 @@ std::string DescribePlan(const Plan& plan, int ranks, bool units) {
       for (const InputRange& in : plan.units()[i].inputs) files.insert(in.path);
     }
     absl::StrAppend(&out, "rank ", r, ": ", assignment[r].size(), " units, ", bytes, " bytes to write, opens ",
-                    files.size(), " input files, CRC-checks ", checkers[r].size(), " input records\n");
+                    files.size(), " input files, CRC-checks ", checkers[r].size(), " input records");
+    // What the source's open left unchecked (torch::OwedCrcChecks: the
+    // model-states files' records), checked by rank 0 beside its units.
+    if (r == 0 && owed != nullptr && owed->files() > 0) {
+      absl::StrAppend(&out, " + the ", owed->records(), " records of ", owed->files(),
+                      owed->files() == 1 ? " model-states file" : " model-states files", " beside the units");
+    }
+    absl::StrAppend(&out, "\n");
     if (!units) continue;
     for (size_t i : assignment[r]) {
       const Unit& u = plan.units()[i];

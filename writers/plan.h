@@ -139,9 +139,11 @@ std::vector<std::set<std::string>> AssignCheckers(const std::vector<Unit>& units
 std::vector<std::vector<size_t>> AssignUnits(const std::vector<Unit>& units, int ranks);
 
 // The plan as text: per rank (units split as AssignUnits splits them over
-// `ranks`), the units it runs, the bytes it writes and the input files it
-// opens; with `units`, every unit with its outputs and inputs. What
-// `--dry_run` prints.
+// `ranks`), the units it runs, the bytes it writes, the input files it
+// opens and the input records it CRC-checks (AssignCheckers; rank 0 also
+// those the source's open owes to this thread's torch::OwedCrcChecks, the
+// model-states files'); with `units`, every unit with its outputs and
+// inputs. What `--dry_run` prints.
 std::string DescribePlan(const Plan& plan, int ranks, bool units);
 
 struct RunOptions {

@@ -446,9 +446,10 @@ OwedCrcChecks::OwedCrcChecks() : previous_(current_owed_checks) { current_owed_c
 OwedCrcChecks::~OwedCrcChecks() { current_owed_checks = previous_; }
 OwedCrcChecks* OwedCrcChecks::Current() { return current_owed_checks; }
 
-void OwedCrcChecks::Add(std::function<absl::Status()> check) {
+void OwedCrcChecks::Add(std::function<absl::Status()> check, size_t records) {
   std::lock_guard<std::mutex> lock(mu_);
   checks_.push_back(std::move(check));
+  records_ += records;
   checked_ = false;
 }
 
@@ -468,6 +469,16 @@ bool OwedCrcChecks::checked() const {
   return checked_;
 }
 
+size_t OwedCrcChecks::files() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return checks_.size();
+}
+
+size_t OwedCrcChecks::records() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return records_;
+}
+
 absl::StatusOr<std::unique_ptr<TorchFile>> TorchFile::Open(const std::string& path, const OpenOptions& options) {
   absl::StatusOr<std::shared_ptr<const MappedFile>> mapped = MappedFile::Open(path);
   if (!mapped.ok()) return mapped.status();
@@ -483,7 +494,7 @@ absl::StatusOr<std::unique_ptr<TorchFile>> TorchFile::Open(const std::string& pa
                                   &file->root_, &file->unsafe_globals_);
   // Owed even when the parse failed: a damaged record is the better error.
   if (owed != nullptr && file->impl_->zip.has_value()) {
-    owed->Add([impl = file->impl_] { return impl->zip->VerifyAllCrcs(); });
+    owed->Add([impl = file->impl_] { return impl->zip->VerifyAllCrcs(); }, file->impl_->zip->records().size());
   }
   if (!s.ok()) return s;
   return file;

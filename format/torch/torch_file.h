@@ -104,12 +104,17 @@ class OwedCrcChecks {
   // Whether CheckAll was called since the last file was added (a dry run
   // that ran no units has not).
   bool checked() const;
+  // How many files owe their checks, and their records in all (what a
+  // --dry_run plan reports).
+  size_t files() const;
+  size_t records() const;
 
  private:
   friend class TorchFile;
-  void Add(std::function<absl::Status()> check);
+  void Add(std::function<absl::Status()> check, size_t records);
   mutable std::mutex mu_;
   std::vector<std::function<absl::Status()>> checks_;  // guarded by mu_
+  size_t records_ = 0;                                 // guarded by mu_
   bool checked_ = true;                                // guarded by mu_
   OwedCrcChecks* previous_;
 };

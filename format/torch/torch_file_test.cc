@@ -287,9 +287,13 @@ TEST(TorchFileTest, DeferredCrcChecksAreOwedToTheCommand) {
     OwedCrcChecks owed;
     EXPECT_EQ(OwedCrcChecks::Current(), &owed);
     EXPECT_TRUE(owed.checked());
+    EXPECT_EQ(owed.files(), 0u);
     auto file = TorchFile::Open(path, deferred);
     ASSERT_TRUE(file.ok()) << file.status();
     EXPECT_FALSE(owed.checked());
+    EXPECT_EQ(owed.files(), 1u);
+    EXPECT_EQ(owed.records(), (*file)->RecordNames().size());
+    EXPECT_GE(owed.records(), 4u);  // data.pkl, the two tensors, version (and what torch adds)
     {
       DeferredCrcChecks checks;
       {
@@ -319,6 +323,8 @@ TEST(TorchFileTest, DeferredCrcChecksAreOwedToTheCommand) {
   lazy.verify_crc = false;
   ASSERT_TRUE(TorchFile::Open(path, lazy).ok());
   EXPECT_TRUE(owed.checked());
+  EXPECT_EQ(owed.files(), 0u);
+  EXPECT_EQ(owed.records(), 0u);
   EXPECT_TRUE(owed.CheckAll().ok());
 }
 

@@ -37,6 +37,8 @@ SHAPES = {
                    "ZeRO-2 dp 8 (DeepSpeed 0.16.4): eight small optimizer files beside one large module file"),
     "neox-3d-bf16": ("0.19.5", "neox", "--hidden 1024 --heads 16 --layers 8 --vocab 8192 --seq 8", 2, 2, 2, 1, 1, "bf16",
                      "tp 2, pp 2, dp 2, bf16 ZeRO-1: every kind of parallelism at once, eight optimizer files"),
+    "gpt-z0": ("0.19.5", "gpt", "--hidden 1024 --heads 16 --layers 8 --vocab 8192 --ffn 4", 1, 1, 1, 1, 0, "fp32",
+               "ZeRO-0 (no ZeRO), fp32: the module and the optimizer in one model-states file"),
 }
 
 

@@ -458,8 +458,7 @@ absl::Status ModelStatesFiles::Load(int layer_files_tp) {
   // Model states. Their tensors' records (the module's weights, often the
   // largest file but one) are checked by a command that writes beside its
   // units (torch::OwedCrcChecks), else here.
-  torch::OpenOptions files = read_.Files();
-  files.defer_crc = true;
+  const torch::OpenOptions files = read_.ModelStates();
   for (int r = 0; r < mp; ++r) {
     UCP_ASSIGN_OR_RETURN(auto f, torch::TorchFile::Open(JoinPath(dir_, deepspeed::MpRankFileName(r)), files));
     files_.push_back(std::move(f));

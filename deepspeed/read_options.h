@@ -26,6 +26,15 @@ struct ReadOptions {
     o.refuse_unsafe_globals = !allow_unsafe_pickles;
     return o;
   }
+  // A file whose tensors are most of a checkpoint's bytes read before any
+  // unit (the model states: the module's weights, or with ZeRO-0 the
+  // optimizer too): every CRC checked, at open, or beside the units when the
+  // command owes them (torch::OwedCrcChecks, OpenOptions::defer_crc).
+  torch::OpenOptions ModelStates() const {
+    torch::OpenOptions o = Files();
+    o.defer_crc = true;
+    return o;
+  }
 };
 
 }  // namespace ucp::deepspeed

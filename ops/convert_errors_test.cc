@@ -10,6 +10,7 @@
 #include "base/fs.h"
 #include "ops/convert.h"
 #include "ops/export.h"
+#include "ops/open.h"
 #include "ops/reshard.h"
 #include "formats/deepspeed_zero/zero_checkpoint.h"
 #include "format/torch/torch_file.h"
@@ -274,6 +275,56 @@ TEST(ConvertErrorsTest, RealMixtureOfExpertsIsRefusedByVersionAndLayout) {
       << s;
   EXPECT_NE(s.message().find("use `ucp reshard"), std::string::npos) << s;
   EXPECT_FALSE(PathExists(JoinPath(root, "u")));
+}
+
+// The real DeepSpeed 0.19.5 MoE checkpoint's mp_rank_00 (the non-expert
+// weights) is checked beside the units as the dense model states are: one
+// damaged byte of a weight stops a reshard and an export, naming the file
+// and the record, and nothing is written.
+TEST(ConvertErrorsTest, DamagedMixtureOfExpertsModelStatesRecordStopsReshardAndExport) {
+  const std::string root = FreshTempDir("moe_damaged_model_states");
+  const std::string src = JoinPath(root, "src/global_step4");
+  ASSERT_TRUE(CopyTree(ucp::testing::VersionFixturePath("0.19.5", "gpt-moe-ep2-zero2-dp2/global_step4"), src).ok());
+  const std::string f = JoinPath(src, "mp_rank_00_model_states.pt");
+  ASSERT_TRUE(ucp::testing::FlipByteInTensor(
+                  f,
+                  [](const pickle::Value& root) -> const pickle::Value* {
+                    const pickle::Value* module = root.DictGet("module");
+                    return module == nullptr ? nullptr : module->DictGet("h.0.mlp_fc.weight");
+                  },
+                  1.0 / 3)
+                  .ok());
+  auto expect_damage = [&](const absl::Status& s, const std::string& command) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << command << ": " << s;
+    EXPECT_TRUE(absl::StartsWith(s.message(), absl::StrCat(f, ": record '"))) << command << ": " << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), "CRC-32 mismatch")) << command << ": " << s;
+  };
+  {
+    // Under a command's checks the open reads only the file's pickle: the
+    // record is owed, not read before the units.
+    torch::OwedCrcChecks owed;
+    auto opened = OpenModelState(src, SourceOptions());
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    EXPECT_EQ(owed.files(), 1u);
+    expect_damage(owed.CheckAll(), "the owed checks");
+  }
+  EXPECT_EQ(OpenModelState(src, SourceOptions()).status().code(), absl::StatusCode::kDataLoss);
+  ReshardOptions r;
+  r.input_folder = src;
+  r.output_folder = JoinPath(root, "out/global_step4");
+  r.write.target = state::Topology{1, 1, 1};
+  r.write.num_threads = 2;
+  expect_damage(Reshard(r).status(), "reshard to dp 1");
+  ExportOptions e;
+  e.input_folder = src;
+  e.output_folder = JoinPath(root, "out/weights");
+  expect_damage(Export(e).status(), "export");
+  // The outputs' parent may have been made; nothing is in it.
+  if (IsDirectory(JoinPath(root, "out"))) {
+    auto names = ListDirectory(JoinPath(root, "out"));
+    ASSERT_TRUE(names.ok());
+    EXPECT_TRUE(names->empty()) << "left behind: " << (*names)[0];
+  }
 }
 
 // ZeRO-3 universal checkpoints for loaders that cannot read them are

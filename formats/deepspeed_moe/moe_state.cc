@@ -502,7 +502,7 @@ absl::Status MoeState::CheckExpertOptimizerFiles(const std::vector<std::string>&
 // num_experts per MoE layer (num_experts_).
 absl::Status MoeState::OpenModelStates(const std::set<int>& optim_dp, const std::string& version) {
   const std::string mp_path = JoinPath(dir_, deepspeed::MpRankFileName(mp_base_));
-  UCP_ASSIGN_OR_RETURN(mp_, torch::TorchFile::Open(mp_path, read_.Files()));
+  UCP_ASSIGN_OR_RETURN(mp_, torch::TorchFile::Open(mp_path, read_.ModelStates()));
   const Value& root = *mp_->root();
   if (!root.is(Kind::kDict)) return InvalidIn(mp_path, "expected a dict of model states");
   {
@@ -562,7 +562,7 @@ absl::Status MoeState::CheckOptimFiles() const {
 absl::Status MoeState::OpenTpModelStates(const std::string& version) {
   for (int t = 1; t < tp_; ++t) {
     const std::string path = JoinPath(dir_, deepspeed::MpRankFileName(mp_base_ + t));
-    UCP_ASSIGN_OR_RETURN(std::unique_ptr<torch::TorchFile> f, torch::TorchFile::Open(path, read_.Files()));
+    UCP_ASSIGN_OR_RETURN(std::unique_ptr<torch::TorchFile> f, torch::TorchFile::Open(path, read_.ModelStates()));
     const Value& root = *f->root();
     if (!root.is(Kind::kDict)) return InvalidIn(path, "expected a dict of model states");
     for (const char* key : {"dp_world_size", "mp_world_size", "num_experts"}) {

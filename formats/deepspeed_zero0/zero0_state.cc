@@ -112,7 +112,7 @@ absl::StatusOr<std::unique_ptr<Zero0State>> Zero0State::OpenStageFile(const std:
   std::unique_ptr<Zero0State> s(new Zero0State());
   s->dir_ = dir;
   s->path_ = JoinPath(dir, file);
-  UCP_ASSIGN_OR_RETURN(s->file_, torch::TorchFile::Open(s->path_, options.read.Files()));
+  UCP_ASSIGN_OR_RETURN(s->file_, torch::TorchFile::Open(s->path_, options.read.ModelStates()));
   const Value& root = *s->file_->root();
   if (!IsZero0Root(root)) {
     return s->Error("not a ZeRO stage 0 model-states file (expected param_shapes None and an optimizer dict)");
@@ -170,7 +170,7 @@ absl::Status Zero0State::LoadPipeline(const std::vector<std::string>& mp_files,
   for (int t = 0; t < tp_; ++t) {
     for (size_t li = 0; li < layers_.size(); ++li) {
       const std::string path = JoinPath(dir_, layer_files.at({layers_[li], t}));
-      UCP_ASSIGN_OR_RETURN(std::unique_ptr<torch::TorchFile> f, torch::TorchFile::Open(path, options.read.Files()));
+      UCP_ASSIGN_OR_RETURN(std::unique_ptr<torch::TorchFile> f, torch::TorchFile::Open(path, options.read.ModelStates()));
       if (!f->root()->is(Kind::kDict)) return absl::InvalidArgumentError(absl::StrCat(path, ": not a state dict"));
       for (const auto& [k, v] : f->root()->dict_items()) {
         if (!k->is(Kind::kStr) || !torch::TorchFile::IsTensor(*v)) {
@@ -294,7 +294,7 @@ absl::StatusOr<std::unique_ptr<Zero0State>> Zero0State::OpenFile(const std::stri
 
 absl::Status Zero0State::LoadFile(const std::string& file, const Zero0Options& options) {
   path_ = JoinPath(dir_, file);
-  UCP_ASSIGN_OR_RETURN(file_, torch::TorchFile::Open(path_, options.read.Files()));
+  UCP_ASSIGN_OR_RETURN(file_, torch::TorchFile::Open(path_, options.read.ModelStates()));
   const Value& root = *file_->root();
   if (!IsZero0Root(root)) {
     return Error("not a ZeRO stage 0 model-states file (expected param_shapes None and an optimizer dict)");

@@ -25,6 +25,7 @@
 #include "gtest/gtest.h"
 #include "writers/plan.h"
 #include "writers/target_options.h"
+#include "testing/damage.h"
 #include "testing/fixtures.h"
 #include "tp/tensor_plan.h"
 
@@ -463,6 +464,46 @@ TEST(Zero0Test, ATruncatedModelStatesFileIsNamed) {
     EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
     EXPECT_NE(std::string(s.message()).find(path), std::string::npos) << s;
   }
+}
+
+// A ZeRO-0 model-states file holds the whole checkpoint (the module and the
+// optimizer). Opened under a command's torch::OwedCrcChecks, its records are
+// checked beside the units instead of read whole before them; a damaged one
+// still stops the write with the file and the record named, and nothing is
+// committed. Opened with no command owing the checks (inspect, verify), the
+// file is refused at open.
+TEST(Zero0Test, ADamagedRecordIsCheckedBesideTheUnits) {
+  const std::string base = testing::FreshTempDir("z0_owed");
+  const std::string dir = JoinPath(base, "global_step3");
+  WriteZero0(Llama(DType::kFloat32), dir);
+  const std::string path = JoinPath(dir, "mp_rank_00_model_states.pt");
+  ASSERT_TRUE(testing::FlipByteInTensor(path, [](const Value& root) -> const Value* {
+                const Value* o = root.DictGet("optimizer");
+                const Value* state = o == nullptr ? nullptr : o->DictGet("state");
+                const Value* first = state == nullptr ? nullptr : state->DictGet(Value::Int(0));
+                return first == nullptr ? nullptr : first->DictGet("exp_avg");
+              }).ok());
+  const absl::Status eager = OpenAny(dir).status();
+  EXPECT_EQ(eager.code(), absl::StatusCode::kDataLoss) << eager;
+  EXPECT_TRUE(absl::StartsWith(eager.message(), path + ": record '")) << eager;
+
+  const std::string out = JoinPath(base, "out/global_step3_universal");
+  torch::OwedCrcChecks owed;
+  auto opened = OpenAny(dir);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  EXPECT_EQ(owed.files(), 1u);
+  EXPECT_FALSE(owed.checked());
+  writers::UniversalWriteOptions uo;
+  auto plan = Formats().FindTarget("deepspeed_universal")->PlanUniversal(*opened->state, uo);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  writers::RunOptions ro;
+  ro.num_threads = 2;
+  const absl::Status written = writers::RunPlan(**plan, out, ro).status();
+  EXPECT_EQ(written.code(), absl::StatusCode::kDataLoss) << written;
+  EXPECT_TRUE(absl::StartsWith(written.message(), path + ": record '")) << written;
+  EXPECT_TRUE(absl::StrContains(written.message(), "CRC-32 mismatch")) << written;
+  EXPECT_TRUE(owed.checked());
+  EXPECT_FALSE(PathExists(out));
 }
 
 // Writes `src` with training-state target `target` at dp into `out`.

@@ -204,10 +204,13 @@ if ((UNIVERSAL)); then
   RU_WRITE=$(bytes_of "$WORK/tp1_from_universal/global_step1")
 fi
 RZ_WRITE=$(bytes_of "$WORK/tp1_from_zero/global_step1")
-# export reads the fp32 partitions (as many bytes as it writes; the optimizer
-# states are not read) and the mp_rank files.
+# export reads the mp_rank files (whole, for their records' CRCs) and the fp32
+# masters: the optimizer files' partitions (as many bytes as it writes; the
+# optimizer states are not read) or, with no optimizer files (ZeRO-0), the
+# masters inside the mp_rank files.
 EXPORT_WRITE=$(bytes_of "$WORK/export_out")
-EXPORT_READ=$((EXPORT_WRITE + $(find "$SRC" -type f -name 'mp_rank_*' -printf '%s\n' | awk '{s+=$1} END {printf "%.0f\n", s}')))
+EXPORT_READ=$(find "$SRC" -type f -name 'mp_rank_*' -printf '%s\n' | awk '{s+=$1} END {printf "%.0f\n", s}')
+if [[ -n $(find "$SRC" -type f -name '*optim_states.pt' -print -quit) ]]; then EXPORT_READ=$((EXPORT_WRITE + EXPORT_READ)); fi
 # Tensor bytes (bench/payload_bytes.py: PAYLOAD FILES FRAMES) of the input and
 # of each output the size check applies to.
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -235,7 +238,11 @@ run() {
   wanted "$name" || return 0
   rm -rf "$out"
   prepare "$protocol" "$input"
-  /usr/bin/time -f "%e %M %O" -o "$WORK/time.out" "$@" >"$WORK/$name.log" 2>&1
+  if ! /usr/bin/time -f "%e %M %O" -o "$WORK/time.out" "$@" >"$WORK/$name.log" 2>&1; then
+    echo "run_bench.sh: $name ($protocol) failed: $*" >&2
+    tail -5 "$WORK/$name.log" >&2
+    exit 1
+  fi
   cat "$WORK/time.out" >>"$WORK/$protocol-$name.times"
 }
 

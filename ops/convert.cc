@@ -160,7 +160,7 @@ std::string UndecidedNote(const state::ModelInfo& info) {
 
 absl::StatusOr<ConvertResult> Convert(const ConvertOptions& options) {
   return RunCheckingInputs<ConvertResult>(options.cluster, /*dry_run=*/options.dry_run_ranks > 0,
-                                 [&] { return ConvertImpl(options); });
+                                         [&] { return ConvertImpl(options); });
 }
 
 namespace {

@@ -93,7 +93,7 @@ absl::StatusOr<ReshardResult> ReshardImpl(const ReshardOptions& options);
 
 absl::StatusOr<ReshardResult> Reshard(const ReshardOptions& options) {
   return RunCheckingInputs<ReshardResult>(options.cluster, /*dry_run=*/options.dry_run_ranks > 0,
-                                 [&] { return ReshardImpl(options); });
+                                         [&] { return ReshardImpl(options); });
 }
 
 namespace {

@@ -50,6 +50,27 @@ absl::Status RunConvert(const Case& c, const std::string& preset = "") {
   return Convert(o).status();
 }
 
+// Flips a byte a third of the way into the module weight `name` of the
+// model-states file `f`: not one of the elements the open compares with the
+// fp32 masters (each fragment's first, middle and last), so only the
+// record's CRC check can tell.
+absl::Status DamageModuleWeight(const std::string& f, const std::string& name) {
+  return ucp::testing::FlipByteInTensor(
+      f,
+      [&name](const pickle::Value& root) -> const pickle::Value* {
+        const pickle::Value* module = root.DictGet("module");
+        return module == nullptr ? nullptr : module->DictGet(name);
+      },
+      1.0 / 3);
+}
+
+// `s`, what `command` returned, is the CRC error of a record of `f`.
+void ExpectDamage(const absl::Status& s, const std::string& f, const std::string& command) {
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << command << ": " << s;
+  EXPECT_TRUE(absl::StartsWith(s.message(), absl::StrCat(f, ": record '"))) << command << ": " << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "CRC-32 mismatch")) << command << ": " << s;
+}
+
 void ExpectNothingWritten(const Case& c) {
   EXPECT_FALSE(PathExists(c.output));
   const std::string out_root = JoinPath(c.root, "out");
@@ -172,22 +193,8 @@ TEST(ConvertErrorsTest, DamagedLayerRecordIsCaughtWhenRead) {
 TEST(ConvertErrorsTest, DamagedModelStatesRecordStopsEveryCommand) {
   Case c = Prepare("damaged_model_states_record", "gpt-zero2-nopipe-tp2-dp2");
   const std::string f = JoinPath(c.source, "mp_rank_01_model_states.pt");
-  // A third of the way in: not one of the elements the open compares with
-  // the fp32 masters (each fragment's first, middle and last), so only the
-  // record's CRC check can tell.
-  ASSERT_TRUE(ucp::testing::FlipByteInTensor(
-                  f,
-                  [](const pickle::Value& root) -> const pickle::Value* {
-                    const pickle::Value* module = root.DictGet("module");
-                    return module == nullptr ? nullptr : module->DictGet("sequential.2.attention.dense.weight");
-                  },
-                  1.0 / 3)
-                  .ok());
-  auto expect_damage = [&](const absl::Status& s, const std::string& command) {
-    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << command << ": " << s;
-    EXPECT_TRUE(absl::StartsWith(s.message(), absl::StrCat(f, ": record '"))) << command << ": " << s;
-    EXPECT_TRUE(absl::StrContains(s.message(), "CRC-32 mismatch")) << command << ": " << s;
-  };
+  ASSERT_TRUE(DamageModuleWeight(f, "sequential.2.attention.dense.weight").ok());
+  auto expect_damage = [&](const absl::Status& s, const std::string& command) { ExpectDamage(s, f, command); };
   expect_damage(RunConvert(c), "convert");
   ConvertOptions dry;
   dry.input_folder = c.source;
@@ -286,19 +293,8 @@ TEST(ConvertErrorsTest, DamagedMixtureOfExpertsModelStatesRecordStopsReshardAndE
   const std::string src = JoinPath(root, "src/global_step4");
   ASSERT_TRUE(CopyTree(ucp::testing::VersionFixturePath("0.19.5", "gpt-moe-ep2-zero2-dp2/global_step4"), src).ok());
   const std::string f = JoinPath(src, "mp_rank_00_model_states.pt");
-  ASSERT_TRUE(ucp::testing::FlipByteInTensor(
-                  f,
-                  [](const pickle::Value& root) -> const pickle::Value* {
-                    const pickle::Value* module = root.DictGet("module");
-                    return module == nullptr ? nullptr : module->DictGet("h.0.mlp_fc.weight");
-                  },
-                  1.0 / 3)
-                  .ok());
-  auto expect_damage = [&](const absl::Status& s, const std::string& command) {
-    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << command << ": " << s;
-    EXPECT_TRUE(absl::StartsWith(s.message(), absl::StrCat(f, ": record '"))) << command << ": " << s;
-    EXPECT_TRUE(absl::StrContains(s.message(), "CRC-32 mismatch")) << command << ": " << s;
-  };
+  ASSERT_TRUE(DamageModuleWeight(f, "h.0.mlp_fc.weight").ok());
+  auto expect_damage = [&](const absl::Status& s, const std::string& command) { ExpectDamage(s, f, command); };
   {
     // Under a command's checks the open reads only the file's pickle: the
     // record is owed, not read before the units.

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Prints the tensor payload of a checkpoint folder: `PAYLOAD FILES FRAMES`.
+"""Prints the tensor payload of checkpoint folders or files (summed over the
+arguments): `PAYLOAD FILES FRAMES`.
 
 PAYLOAD is the bytes of tensor data (the storage records of every torch zip
 file, the data region of every safetensors file), FILES the number of files,
@@ -34,13 +35,18 @@ def payload(path):
 
 def main():
     total = files = tensors = 0
-    for d, _, names in os.walk(sys.argv[1]):
-        for name in names:
-            p = os.path.join(d, name)
-            files += 1
-            total += os.path.getsize(p)
-            if not (name == "optimizer_state.pt" and os.path.basename(d) == "zero"):
-                tensors += payload(p)
+    for path in sys.argv[1:]:
+        if os.path.isfile(path):
+            walked = [(os.path.dirname(path), [], [os.path.basename(path)])]
+        else:
+            walked = os.walk(path)
+        for d, _, names in walked:
+            for name in names:
+                p = os.path.join(d, name)
+                files += 1
+                total += os.path.getsize(p)
+                if not (name == "optimizer_state.pt" and os.path.basename(d) == "zero"):
+                    tensors += payload(p)
     print(tensors, files, total - tensors)
 
 

@@ -52,7 +52,10 @@
 # outputs, equal its final output: no temporary files), and for convert, the
 # ZeRO -> ZeRO reshard and export no more tensor bytes out than in
 # (bench/payload_bytes.py; frames, and the copy of rank 0's optimizer state a ZeRO-3
-# universal folder holds in zero/optimizer_state.pt, are reported beside).
+# universal folder holds in zero/optimizer_state.pt, are reported beside; from a
+# source with no optimizer files, ZeRO-0, convert may add its module's bytes:
+# an fp32 ZeRO-0 checkpoint's masters are its module weights, which the
+# universal format stores again as zero/*/fp32.pt).
 #
 # Page-cache state decides these numbers on a VM (reclaim can add seconds to
 # any run), so every run starts from a known state, in two protocols:
@@ -214,9 +217,16 @@ if [[ -n $(find "$SRC" -type f -name '*optim_states.pt' -print -quit) ]]; then E
 # Tensor bytes (bench/payload_bytes.py: PAYLOAD FILES FRAMES) of the input and
 # of each output the size check applies to.
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-payload() { /usr/bin/python3 "$HERE/payload_bytes.py" "$1" | tr ' ' ':'; }
+payload() { /usr/bin/python3 "$HERE/payload_bytes.py" "$@" | tr ' ' ':'; }
 PAYLOADS="input=$(payload "$SRC"),reshard-z=$(payload "$WORK/tp1_from_zero/global_step1"),export=$(payload "$WORK/export_out")"
 if ((UNIVERSAL)); then PAYLOADS+=",convert=$(payload "$UNI")"; fi
+# A source with no optimizer files (ZeRO-0) keeps its optimizer in the
+# mp_rank files and, in fp32, its masters only as the module's weights; a
+# universal checkpoint stores the masters (zero/*/fp32.pt) beside the module
+# its mp_rank files keep, so convert may add the bytes of that module.
+if ((UNIVERSAL)) && [[ -z $(find "$SRC" -type f -name '*optim_states.pt' -print -quit) ]]; then
+  PAYLOADS+=",convert-module=$(payload "$UNI"/mp_rank_*_model_states.pt)"
+fi
 
 
 # prepare PROTOCOL INPUT: the page-cache state a run starts from.
@@ -417,9 +427,12 @@ for protocol in protocols.split():
         size_ok, size_note = True, ""
         if kind in payloads:
             (t_in, _, _), (t_out, files, frames) = payloads["input"], payloads[kind]
-            size_ok = t_out <= t_in + 8 * files
-            size_note = (f"; tensor bytes {t_out/1e6:.1f} MB out <= {t_in/1e6:.1f} MB in "
-                         f"{'OK' if size_ok else 'MISSED'} (frames {frames/1e3:.0f} kB in {files} files)")
+            allowed = payloads.get(kind + "-module", (0, 0, 0))[0]  # a ZeRO-0 source's masters (above)
+            size_ok = t_out <= t_in + allowed + 8 * files
+            size_note = (f"; tensor bytes {t_out/1e6:.1f} MB out <= {t_in/1e6:.1f} MB in"
+                         + (f" + {allowed/1e6:.1f} MB of module weights (no optimizer files: the masters of an fp32 "
+                            f"ZeRO-0 source, stored again as zero/*/fp32.pt)" if allowed else "")
+                         + f" {'OK' if size_ok else 'MISSED'} (frames {frames/1e3:.0f} kB in {files} files)")
         label = f"{name.split('@')[0]} ({ranks(name)} rank{'s' if ranks(name) > 1 else ''})"
         print(f"  {label:22} throughput {rate:4.0%} of the durable copy of its bytes (target {target:.0%}) "
               f"{'OK' if rate >= target else 'MISSED'} ({whole:.0%} of cp+sync of the checkpoint); "

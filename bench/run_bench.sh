@@ -211,9 +211,11 @@ RZ_WRITE=$(bytes_of "$WORK/tp1_from_zero/global_step1")
 # masters: the optimizer files' partitions (as many bytes as it writes; the
 # optimizer states are not read) or, with no optimizer files (ZeRO-0), the
 # masters inside the mp_rank files.
+HAS_OPTIM=0  # optimizer files beside the mp_rank files (not ZeRO-0)
+if [[ -n $(find "$SRC" -type f -name '*optim_states.pt' -print -quit) ]]; then HAS_OPTIM=1; fi
 EXPORT_WRITE=$(bytes_of "$WORK/export_out")
 EXPORT_READ=$(find "$SRC" -type f -name 'mp_rank_*' -printf '%s\n' | awk '{s+=$1} END {printf "%.0f\n", s}')
-if [[ -n $(find "$SRC" -type f -name '*optim_states.pt' -print -quit) ]]; then EXPORT_READ=$((EXPORT_WRITE + EXPORT_READ)); fi
+if ((HAS_OPTIM)); then EXPORT_READ=$((EXPORT_WRITE + EXPORT_READ)); fi
 # Tensor bytes (bench/payload_bytes.py: PAYLOAD FILES FRAMES) of the input and
 # of each output the size check applies to.
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -224,7 +226,7 @@ if ((UNIVERSAL)); then PAYLOADS+=",convert=$(payload "$UNI")"; fi
 # mp_rank files and, in fp32, its masters only as the module's weights; a
 # universal checkpoint stores the masters (zero/*/fp32.pt) beside the module
 # its mp_rank files keep, so convert may add the bytes of that module.
-if ((UNIVERSAL)) && [[ -z $(find "$SRC" -type f -name '*optim_states.pt' -print -quit) ]]; then
+if ((UNIVERSAL && !HAS_OPTIM)); then
   PAYLOADS+=",convert-module=$(payload "$UNI"/mp_rank_*_model_states.pt)"
 fi
 

@@ -466,6 +466,14 @@ TEST(Zero0Test, ATruncatedModelStatesFileIsNamed) {
   }
 }
 
+// Writes the universal checkpoint of `opened` into `out`.
+absl::Status WriteUniversal(const formats::OpenedSource& opened, const std::string& out) {
+  writers::UniversalWriteOptions uo;
+  auto plan = Formats().FindTarget("deepspeed_universal")->PlanUniversal(*opened.state, uo);
+  if (!plan.ok()) return plan.status();
+  return writers::RunPlan(**plan, out, writers::RunOptions()).status();
+}
+
 // A ZeRO-0 model-states file holds the whole checkpoint (the module and the
 // optimizer). Opened under a command's torch::OwedCrcChecks, its records are
 // checked beside the units instead of read whole before them; a damaged one
@@ -493,12 +501,7 @@ TEST(Zero0Test, ADamagedRecordIsCheckedBesideTheUnits) {
   ASSERT_TRUE(opened.ok()) << opened.status();
   EXPECT_EQ(owed.files(), 1u);
   EXPECT_FALSE(owed.checked());
-  writers::UniversalWriteOptions uo;
-  auto plan = Formats().FindTarget("deepspeed_universal")->PlanUniversal(*opened->state, uo);
-  ASSERT_TRUE(plan.ok()) << plan.status();
-  writers::RunOptions ro;
-  ro.num_threads = 2;
-  const absl::Status written = writers::RunPlan(**plan, out, ro).status();
+  const absl::Status written = WriteUniversal(*opened, out);
   EXPECT_EQ(written.code(), absl::StatusCode::kDataLoss) << written;
   EXPECT_TRUE(absl::StartsWith(written.message(), path + ": record '")) << written;
   EXPECT_TRUE(absl::StrContains(written.message(), "CRC-32 mismatch")) << written;
@@ -542,12 +545,8 @@ void RoundTrip(DType lp, const std::string& name) {
   {
     auto opened = OpenAny(src);
     ASSERT_TRUE(opened.ok()) << opened.status();
-    writers::UniversalWriteOptions uo;
-    auto plan = Formats().FindTarget("deepspeed_universal")->PlanUniversal(*opened->state, uo);
-    ASSERT_TRUE(plan.ok()) << plan.status();
-    writers::RunOptions ro;
-    auto written = writers::RunPlan(**plan, uni, ro);
-    ASSERT_TRUE(written.ok()) << written.status();
+    const absl::Status written = WriteUniversal(*opened, uni);
+    ASSERT_TRUE(written.ok()) << written;
   }
   auto u = WriteTraining(uni, kName, 1, 0, uback);
   ASSERT_TRUE(u.ok()) << u;

@@ -30,10 +30,9 @@ int64_t Plan::total_bytes() const {
   return n;
 }
 
-// How many bytes of written output between two background flushes: large
-// enough that the flushes stay few (each commits the journal), small enough
-// that the last one leaves the commit's sync little to do.
-constexpr int64_t kFlushEveryBytes = int64_t{256} << 20;
+int64_t FlushEveryBytes(int64_t bytes_to_write) {
+  return std::clamp<int64_t>(bytes_to_write / 8, int64_t{32} << 20, int64_t{256} << 20);
+}
 
 absl::Status ExecuteUnits(const Plan& plan, const std::vector<size_t>& subset, const std::string& staging,
                           int threads, const ProgressFn& progress, bool writeback,
@@ -71,7 +70,7 @@ absl::Status ExecuteUnits(const Plan& plan, const std::vector<size_t>& subset, c
   // With writeback (--fsync), the units' files are written back and flushed
   // to disk in steps while the units run (base/flusher.h): the commit's sync
   // then has little left to do.
-  BackgroundFlusher flusher(writeback ? kFlushEveryBytes : 0);
+  BackgroundFlusher flusher(writeback ? FlushEveryBytes(total.bytes_total) : 0);
   absl::Status ran_all = ParallelFor(order.size(), threads, [&](size_t k) -> absl::Status {
     const size_t i = order[k];
     PhaseScope bound(times);

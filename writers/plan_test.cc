@@ -33,6 +33,20 @@ TEST(PlanTest, AssignUnitsLargestFirstToTheLeastLoaded) {
   }
 }
 
+TEST(PlanTest, FlushesAnEighthOfWhatAProcessWritesWithinBounds) {
+  constexpr int64_t kMiB = int64_t{1} << 20;
+  // Each rank of a 2-rank job writing 437 MB: 32 MiB (an eighth is less).
+  EXPECT_EQ(FlushEveryBytes(218 * 1000 * 1000), 32 * kMiB);
+  // One process writing it all: an eighth.
+  EXPECT_EQ(FlushEveryBytes(437 * 1000 * 1000), 437 * 1000 * 1000 / 8);
+  EXPECT_EQ(FlushEveryBytes(1024 * kMiB), 128 * kMiB);
+  // Large jobs flush every 256 MiB, however much they write.
+  EXPECT_EQ(FlushEveryBytes(2048 * kMiB), 256 * kMiB);
+  EXPECT_EQ(FlushEveryBytes(int64_t{64} << 30), 256 * kMiB);
+  // Nothing or little to write: still a positive interval (0 would turn the flusher off).
+  EXPECT_EQ(FlushEveryBytes(0), 32 * kMiB);
+}
+
 TEST(PlanTest, EachRecordIsCheckedByTheRankReadingMostOfIt) {
   const InputRange part0{"/ckpt/zero_pp_rank_0.pt", "single_partition_of_fp32_groups[0]", 0, 100};
   const InputRange part0_more{"/ckpt/zero_pp_rank_0.pt", "single_partition_of_fp32_groups[0]", 100, 300};

@@ -82,7 +82,7 @@ absl::StatusOr<R> RunCheckingInputs(const Cluster* cluster, bool dry_run,
     UCP_RETURN_IF_ERROR(owed.CheckAll());
     return r;
   }
-  const bool lead = cluster == nullptr || cluster->rank() == 0 || dry_run;
+  const bool lead = cluster == nullptr || torch::OwedCrcChecks::MadeByRank(cluster->rank()) || dry_run;
   if (lead && !owed.checked()) UCP_RETURN_IF_ERROR(owed.CheckAll());
   return r;
 }

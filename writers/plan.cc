@@ -165,8 +165,9 @@ std::string DescribePlan(const Plan& plan, int ranks, bool units) {
     absl::StrAppend(&out, "rank ", r, ": ", assignment[r].size(), " units, ", bytes, " bytes to write, opens ",
                     files.size(), " input files, CRC-checks ", checkers[r].size(), " input records");
     // What the source's open left unchecked (torch::OwedCrcChecks: the
-    // model-states files' records), checked by rank 0 beside its units.
-    if (r == 0 && owed != nullptr && owed->files() > 0) {
+    // model-states files' records), checked beside its units by the rank
+    // OwedCrcChecks::MadeByRank names.
+    if (torch::OwedCrcChecks::MadeByRank(static_cast<int>(r)) && owed != nullptr && owed->files() > 0) {
       absl::StrAppend(&out, " + the ", owed->records(), " records of ", owed->files(),
                       owed->files() == 1 ? " model-states file" : " model-states files", " beside the units");
     }
@@ -388,7 +389,7 @@ absl::StatusOr<WriteStats> RunPlanOnCluster(const Plan& plan, const std::string&
   const bool pool = cluster.size() > 1;
   absl::Status ran = ExecuteUnits(plan, assignment[rank], started.staging(), options.num_threads,
                                   rank == 0 ? options.progress : ProgressFn(), options.fsync, &results,
-                                  pool ? &pooled : nullptr, /*check_owed=*/rank == 0);
+                                  pool ? &pooled : nullptr, /*check_owed=*/torch::OwedCrcChecks::MadeByRank(rank));
   // Every input this rank read is still whole (no file shrank under it).
   if (ran.ok()) ran = torch::MappedFile::CheckAllIntact();
   RankReport report;

@@ -108,6 +108,11 @@ class OwedCrcChecks {
   // --dry_run plan reports).
   size_t files() const;
   size_t records() const;
+  // Whether rank `rank` of a job makes the checks (the other ranks opened
+  // the same files): rank 0, which also opened the source first and commits.
+  // ops::RunCheckingInputs, writers::RunPlanOnCluster and writers::DescribePlan
+  // ask here, so that they agree.
+  static bool MadeByRank(int rank) { return rank == 0; }
 
  private:
   friend class TorchFile;

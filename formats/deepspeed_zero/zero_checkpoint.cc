@@ -338,6 +338,7 @@ absl::Status ZeroCheckpoint::Load(const std::vector<ModuleEntry>* module_entries
   UCP_ASSIGN_OR_RETURN(FolderScan scan, ScanTagFolder(dir_));
   files_ = std::move(scan.files);
   layer_paths_ = std::move(scan.layer_paths);
+  for (const auto& [key, path] : layer_paths_) layer_slots_[key] = std::make_unique<LayerSlot>();
   UCP_RETURN_IF_ERROR(CheckIsZero12Folder(dir_, scan, read_));
   bf16_prefix_ = scan.bf16_values.count(1) > 0;
 
@@ -579,6 +580,17 @@ absl::Status ZeroCheckpoint::SetModuleLayout(std::vector<ModuleEntry> entries) {
     std::set<int> layers;
     for (const auto& [key, path] : layer_paths_) layers.insert(key.first);
     layer_files_.assign(layers.begin(), layers.end());
+    // Every layer file is parsed for the layout: on all cores at once (a
+    // pipeline checkpoint holds one per layer and tp rank, 148 small files
+    // for 74 layers at tp 2); an error is reported below, in layer order.
+    {
+      std::vector<std::pair<int, int>> keys;
+      for (const auto& [key, path] : layer_paths_) keys.push_back(key);
+      (void)ParallelFor(keys.size(), /*num_threads=*/0, [&](size_t i) {
+        (void)LayerFile(keys[i].first, keys[i].second);
+        return absl::OkStatus();
+      });
+    }
   }
   for (const ModuleEntry& e : entries) {
     if (static_cast<int>(e.tp_shapes.size()) != topo_.tp) {
@@ -649,6 +661,17 @@ absl::Status ZeroCheckpoint::LoadModuleLayout() {
     std::set<int> layers;
     for (const auto& [key, path] : layer_paths_) layers.insert(key.first);
     layer_files_.assign(layers.begin(), layers.end());
+    // Every layer file is parsed for the layout: on all cores at once (a
+    // pipeline checkpoint holds one per layer and tp rank, 148 small files
+    // for 74 layers at tp 2); an error is reported below, in layer order.
+    {
+      std::vector<std::pair<int, int>> keys;
+      for (const auto& [key, path] : layer_paths_) keys.push_back(key);
+      (void)ParallelFor(keys.size(), /*num_threads=*/0, [&](size_t i) {
+        (void)LayerFile(keys[i].first, keys[i].second);
+        return absl::OkStatus();
+      });
+    }
     for (int layer : layer_files_) {
       for (int t = 0; t < topo_.tp; ++t) {
         if (!layer_paths_.count({layer, t})) {
@@ -1066,21 +1089,26 @@ absl::Status ZeroCheckpoint::VerifyFile(const std::string& path) const {
 }
 
 absl::StatusOr<const torch::TorchFile*> ZeroCheckpoint::LayerFile(int layer, int tp) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = layer_cache_.find({layer, tp});
-  if (it != layer_cache_.end()) return it->second.get();
-  auto path = layer_paths_.find({layer, tp});
-  if (path == layer_paths_.end()) {
+  auto it = layer_slots_.find({layer, tp});
+  if (it == layer_slots_.end()) {
     return absl::NotFoundError(absl::StrCat(JoinPath(dir_, deepspeed::LayerFileName(layer, tp)), ": missing"));
   }
-  // Layer files hold the lp weights, which the fp32 masters in the optimizer
-  // files determine: their records are verified only when a tensor is used
-  // (ModuleTensor), so that a conversion never reads the bytes it ignores.
-  const torch::OpenOptions lazy = read_.Files(/*verify_crc=*/false);
-  UCP_ASSIGN_OR_RETURN(auto f, torch::TorchFile::Open(path->second, lazy));
-  const torch::TorchFile* raw = f.get();
-  layer_cache_[{layer, tp}] = std::move(f);
-  return raw;
+  LayerSlot& slot = *it->second;
+  std::call_once(slot.once, [&] {
+    // Layer files hold the lp weights, which the fp32 masters in the
+    // optimizer files determine: their records are verified only when a
+    // tensor is used (ModuleTensor), so that a conversion never reads the
+    // bytes it ignores.
+    const torch::OpenOptions lazy = read_.Files(/*verify_crc=*/false);
+    absl::StatusOr<std::unique_ptr<torch::TorchFile>> f = torch::TorchFile::Open(layer_paths_.at({layer, tp}), lazy);
+    if (f.ok()) {
+      slot.file = *std::move(f);
+    } else {
+      slot.status = f.status();
+    }
+  });
+  if (!slot.status.ok()) return slot.status;
+  return slot.file.get();
 }
 
 absl::StatusOr<std::vector<torch::Tensor>> ZeroCheckpoint::SlicePieces(const ZeroParam& param, int pp, int tp,

@@ -207,9 +207,16 @@ class ZeroCheckpoint {
   absl::StatusOr<torch::Tensor> ModuleTensorUnchecked(const ModuleEntry& entry, int tp) const;
   std::map<std::string, size_t> lp_entry_;  // trainable param -> first entry in module_entries_
   std::map<std::tuple<int, int, int>, std::unique_ptr<OptimSlot>> optim_slots_;
-  mutable std::mutex mu_;
   mutable deepspeed::CheckedInputs checked_inputs_;
-  mutable std::map<std::pair<int, int>, std::unique_ptr<torch::TorchFile>> layer_cache_;
+  // One per layer file (layer_paths_), created at Load; the file is parsed
+  // by the first LayerFile() call that needs it, so that threads parse
+  // different files at once (LoadModuleLayout parses them all in parallel).
+  struct LayerSlot {
+    std::once_flag once;
+    absl::Status status;
+    std::unique_ptr<torch::TorchFile> file;
+  };
+  std::map<std::pair<int, int>, std::unique_ptr<LayerSlot>> layer_slots_;
 };
 
 }  // namespace ucp::deepspeed_zero

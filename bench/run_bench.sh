@@ -132,6 +132,10 @@ fi
 sync
 
 bytes_of() { find "$1" -type f -printf '%s\n' | awk '{s += $1} END {printf "%.0f\n", s}'; }  # the files' bytes
+# The bytes a folder takes on disk: every file's and folder's blocks (a file's
+# last block is written whole, and each folder is a block of its own: 2977
+# files in 745 folders of a universal checkpoint take 8.4 MB more than their bytes).
+alloc_of() { find "$1" -printf '%b\n' | awk '{s += $1 * 512} END {printf "%.0f\n", s}'; }
 IN_BYTES=$(bytes_of "$SRC")
 LARGEST=$(find "$SRC" -type f -printf '%s\n' | sort -n | tail -1)
 MANIFEST_BYTES=0
@@ -200,13 +204,16 @@ fi
 # files; the layer files hold lp weights the fp32 masters determine) and writes.
 ZERO_READ=$(find "$SRC" -type f \( -name '*optim_states.pt' -o -name 'mp_rank_*' \) -printf '%s\n' |
   awk '{s+=$1} END {printf "%.0f\n", s}')
-CONVERT_WRITE=0 RU_READ=0 RU_WRITE=0
+CONVERT_WRITE=0 RU_READ=0 RU_WRITE=0 CONVERT_DISK=0 RU_DISK=0
 if ((UNIVERSAL)); then
   CONVERT_WRITE=$(bytes_of "$UNI")
+  CONVERT_DISK=$(alloc_of "$UNI")
   RU_READ=$(($(bytes_of "$UNI") - MANIFEST_BYTES))
   RU_WRITE=$(bytes_of "$WORK/tp1_from_universal/global_step1")
+  RU_DISK=$(alloc_of "$WORK/tp1_from_universal/global_step1")
 fi
 RZ_WRITE=$(bytes_of "$WORK/tp1_from_zero/global_step1")
+RZ_DISK=$(alloc_of "$WORK/tp1_from_zero/global_step1")
 # export reads the mp_rank files (whole, for their records' CRCs) and the fp32
 # masters: the optimizer files' partitions (as many bytes as it writes; the
 # optimizer states are not read) or, with no optimizer files (ZeRO-0), the
@@ -214,6 +221,7 @@ RZ_WRITE=$(bytes_of "$WORK/tp1_from_zero/global_step1")
 HAS_OPTIM=0  # optimizer files beside the mp_rank files (not ZeRO-0)
 if [[ -n $(find "$SRC" -type f -name '*optim_states.pt' -print -quit) ]]; then HAS_OPTIM=1; fi
 EXPORT_WRITE=$(bytes_of "$WORK/export_out")
+EXPORT_DISK=$(alloc_of "$WORK/export_out")
 EXPORT_READ=$(find "$SRC" -type f -name 'mp_rank_*' -printf '%s\n' | awk '{s+=$1} END {printf "%.0f\n", s}')
 if ((HAS_OPTIM)); then EXPORT_READ=$((EXPORT_WRITE + EXPORT_READ)); fi
 # Tensor bytes (bench/payload_bytes.py: PAYLOAD FILES FRAMES) of the input and
@@ -347,16 +355,19 @@ keep_wanted() {
 }
 for r in $RANKS; do
   x=$(suffix "$r")
-  OP_ARGS+=("convert$x:$ZERO_READ:$CONVERT_WRITE" "reshard-u$x:$RU_READ:$RU_WRITE" "reshard-z$x:$ZERO_READ:$RZ_WRITE")
+  OP_ARGS+=("convert$x:$ZERO_READ:$CONVERT_WRITE:$CONVERT_DISK" "reshard-u$x:$RU_READ:$RU_WRITE:$RU_DISK"
+    "reshard-z$x:$ZERO_READ:$RZ_WRITE:$RZ_DISK")
 done
-OP_ARGS+=("export:$EXPORT_READ:$EXPORT_WRITE")
+OP_ARGS+=("export:$EXPORT_READ:$EXPORT_WRITE:$EXPORT_DISK")
 if ((NOFSYNC)); then
-  OP_ARGS+=("convert-nf:$ZERO_READ:$CONVERT_WRITE" "reshard-u-nf:$RU_READ:$RU_WRITE" "reshard-z-nf:$ZERO_READ:$RZ_WRITE"
-    "export-nf:$EXPORT_READ:$EXPORT_WRITE")
+  OP_ARGS+=("convert-nf:$ZERO_READ:$CONVERT_WRITE:$CONVERT_DISK" "reshard-u-nf:$RU_READ:$RU_WRITE:$RU_DISK"
+    "reshard-z-nf:$ZERO_READ:$RZ_WRITE:$RZ_DISK"
+    "export-nf:$EXPORT_READ:$EXPORT_WRITE:$EXPORT_DISK")
 fi
 if [[ -n "$BASE" ]]; then
-  OP_ARGS+=("convert~b:$ZERO_READ:$CONVERT_WRITE" "reshard-u~b:$RU_READ:$RU_WRITE" "reshard-z~b:$ZERO_READ:$RZ_WRITE"
-    "export~b:$EXPORT_READ:$EXPORT_WRITE")
+  OP_ARGS+=("convert~b:$ZERO_READ:$CONVERT_WRITE:$CONVERT_DISK" "reshard-u~b:$RU_READ:$RU_WRITE:$RU_DISK"
+    "reshard-z~b:$ZERO_READ:$RZ_WRITE:$RZ_DISK"
+    "export~b:$EXPORT_READ:$EXPORT_WRITE:$EXPORT_DISK")
 fi
 keep_wanted
 /usr/bin/python3 - "$WORK" "$RUNS" "$WHAT" "$LARGEST" "$IN_BYTES" "$PAYLOADS" "$SAME" "$PROTOCOLS" \
@@ -373,12 +384,12 @@ print(f"\n== ucp benchmark: {what} -> universal / tp=1 dp=1, {runs} runs each")
 print(f"input {in_bytes/1e6:.0f} MB, largest input file {largest/2**20:.0f} MiB -> RSS budget {budget/2**20:.0f} MiB")
 for protocol in protocols.split():
     rows = {}
-    for name, rd, wr in ops:
+    for name, rd, wr, *disk in ops:
         t, rss, out = [], [], []
         for line in open(f"{work}/{protocol}-{name}.times"):
             s, kb, blocks = line.split()
             t.append(float(s)); rss.append(int(kb)); out.append(int(blocks) * 512)
-        rows[name] = dict(read=int(rd), write=int(wr), min=min(t), med=statistics.median(t),
+        rows[name] = dict(read=int(rd), write=int(wr), disk=int(disk[0]) if disk else int(wr), min=min(t), med=statistics.median(t),
                           rss=max(rss) * 1024, wrote=max(out))
     cp_rate = (rows["cp"]["read"] + rows["cp"]["write"]) / rows["cp"]["med"]
     durable_rate = (rows["cpsync"]["read"] + rows["cpsync"]["write"]) / rows["cpsync"]["med"]
@@ -421,7 +432,8 @@ for protocol in protocols.split():
         target = 0.9  # issue 28: every row at 90% of the durable copy of the same bytes
         # /usr/bin/time reports the largest RSS of mpirun or one rank.
         rss_ok = r["rss"] <= budget
-        once = r["wrote"] <= r["write"] * 1.01 + 2**20 or protocol == "as-is"
+        # Against what the output takes on disk (whole blocks), not its bytes.
+        once = r["wrote"] <= max(r["write"], r["disk"]) * 1.01 + 2**20 or protocol == "as-is"
         # The output holds no more tensor bytes than the input (room for one
         # 8-byte scalar per file, e.g. each param's step); its frames grow
         # with its file count (a universal checkpoint: one file per state).
@@ -439,7 +451,9 @@ for protocol in protocols.split():
         print(f"  {label:22} throughput {rate:4.0%} of the durable copy of its bytes (target {target:.0%}) "
               f"{'OK' if rate >= target else 'MISSED'} ({whole:.0%} of cp+sync of the checkpoint); "
               f"peak RSS {r['rss']/2**20:.0f} MiB {'OK' if rss_ok else 'MISSED'}; "
-              f"wrote {r['wrote']/1e6:.0f} MB for a {r['write']/1e6:.0f} MB output {'OK' if once else 'MISSED'}"
+              f"wrote {r['wrote']/1e6:.0f} MB for a {r['write']/1e6:.0f} MB output"
+              + (f" ({r['disk']/1e6:.0f} MB on disk)" if r["disk"] > r["write"] * 1.005 else "")
+              + f" {'OK' if once else 'MISSED'}"
               + size_note)
         ok &= rate >= target and rss_ok and once and size_ok
     ex = rows["export"]

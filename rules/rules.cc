@@ -5,6 +5,7 @@
 #include <map>
 #include <sstream>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -101,6 +102,7 @@ absl::StatusOr<RuleSet> RuleSet::Compile(const MergeRules& rules, RuleSource sou
     }
     try {
       set.compiled_.push_back(std::make_shared<const std::regex>(r.pattern(), std::regex::ECMAScript));
+      set.literals_.push_back(RequiredLiteral(r.pattern()));
     } catch (const std::regex_error& e) {
       return absl::InvalidArgumentError(
           absl::StrCat(set.label_, ": rule ", i, ": bad pattern '", r.pattern(), "': ", e.what()));
@@ -111,12 +113,82 @@ absl::StatusOr<RuleSet> RuleSet::Compile(const MergeRules& rules, RuleSource sou
 
 namespace {
 
-bool NameMatches(const std::regex& re, absl::string_view name) {
+bool NameMatches(const std::regex& re, const std::string& literal, absl::string_view name) {
+  if (!literal.empty() && !absl::StrContains(name, literal)) return false;
   std::match_results<absl::string_view::const_iterator> m;
   return std::regex_search(name.begin(), name.end(), m, re, std::regex_constants::match_continuous);
 }
 
 }  // namespace
+
+std::string RequiredLiteral(absl::string_view pattern) {
+  std::string best, run;
+  auto end_run = [&] {
+    if (run.size() > best.size()) best = run;
+    run.clear();
+  };
+  int depth = 0;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    const char c = pattern[i];
+    // The literal character this atom stands for, or none (kNone).
+    constexpr int kNone = -1;
+    int literal = kNone;
+    size_t next = i + 1;
+    if (c == '\\') {
+      if (i + 1 >= pattern.size()) return "";
+      const unsigned char e = static_cast<unsigned char>(pattern[i + 1]);
+      next = i + 2;
+      // An escaped punctuation character is itself; an escaped letter or
+      // digit is a class, an assertion, a code or a back reference.
+      if (!absl::ascii_isalnum(e) && e != '_') literal = e;
+      if (absl::ascii_isalnum(e)) {
+        // \x41, \u0041, \cA: skip their digits so they are not read as literals.
+        while (next < pattern.size() && absl::ascii_isalnum(static_cast<unsigned char>(pattern[next])) &&
+               (e == 'x' || e == 'u' || e == 'c' || absl::ascii_isdigit(e))) {
+          ++next;
+        }
+      }
+    } else if (c == '[') {
+      // A class: up to its closing ']' (a ']' first, or escaped, is a member).
+      size_t j = i + 1;
+      if (j < pattern.size() && pattern[j] == '^') ++j;
+      if (j < pattern.size() && pattern[j] == ']') ++j;
+      for (; j < pattern.size() && pattern[j] != ']'; ++j) {
+        if (pattern[j] == '\\') ++j;
+      }
+      if (j >= pattern.size()) return "";
+      next = j + 1;
+    } else if (c == '{') {
+      // A quantifier's bounds ({3}, {1,4}): none of its digits is in a match.
+      const size_t close = pattern.find('}', i);
+      if (close == absl::string_view::npos) return "";
+      next = close + 1;
+    } else if (c == '(') {
+      ++depth;
+    } else if (c == ')') {
+      if (depth == 0) return "";
+      --depth;
+    } else if (c == '|') {
+      if (depth == 0) return "";  // either side may match
+    } else if (absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == ':' ||
+               c == '/' || c == '=' || c == ',' || c == ' ' || c == '<' || c == '>' || c == '@' || c == '#') {
+      literal = c;
+    }
+    // A quantifier after an atom makes it optional or repeated: it is no
+    // part of a required run (nor is the run broken by what follows).
+    const bool quantified = next < pattern.size() &&
+                            (pattern[next] == '*' || pattern[next] == '+' || pattern[next] == '?' || pattern[next] == '{');
+    if (depth == 0 && literal != kNone && !quantified && c != ')') {
+      run.push_back(static_cast<char>(literal));
+    } else {
+      end_run();
+    }
+    i = next - 1;
+  }
+  if (depth != 0) return "";
+  end_run();
+  return best;
+}
 
 bool ShapeConditionsHold(const MergeRule& rule, const std::vector<int64_t>& shape) {
   if (rule.ndim() > 0 && static_cast<int64_t>(shape.size()) != rule.ndim()) return false;
@@ -153,7 +225,7 @@ std::string GeneralizedPattern(const std::string& name) {
 
 int RuleSet::MatchIndex(absl::string_view name, const std::vector<int64_t>& shape) const {
   for (size_t i = 0; i < compiled_.size(); ++i) {
-    if (ShapeConditionsHold(rules_.rule(static_cast<int>(i)), shape) && NameMatches(*compiled_[i], name)) {
+    if (ShapeConditionsHold(rules_.rule(static_cast<int>(i)), shape) && NameMatches(*compiled_[i], literals_[i], name)) {
       return static_cast<int>(i);
     }
   }
@@ -167,7 +239,7 @@ const MergeRule* RuleSet::Match(absl::string_view name, const std::vector<int64_
 
 int RuleSet::MatchNameIndex(absl::string_view name) const {
   for (size_t i = 0; i < compiled_.size(); ++i) {
-    if (NameMatches(*compiled_[i], name)) return static_cast<int>(i);
+    if (NameMatches(*compiled_[i], literals_[i], name)) return static_cast<int>(i);
   }
   return -1;
 }

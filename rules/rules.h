@@ -65,7 +65,17 @@ class RuleSet {
   RuleSource source_ = RULE_SOURCE_UNSPECIFIED;
   std::string label_;
   std::vector<std::shared_ptr<const std::regex>> compiled_;
+  std::vector<std::string> literals_;  // RequiredLiteral of each pattern: names without it are not searched
 };
+
+// Text every match of the ECMAScript `pattern` contains, or "" when none is
+// certain: its longest run of literal characters outside groups, classes
+// and quantified atoms, in a pattern with no alternation outside groups
+// (".*\\.attention\\.dense\\.(weight|bias)$" -> ".attention.dense.").
+// RuleSet looks for it before running the pattern: std::regex backtracks
+// through every ".*" prefix (preset detection runs 126 patterns on every
+// name of a checkpoint).
+std::string RequiredLiteral(absl::string_view pattern);
 
 // Whether `shape` meets a rule's shape conditions (ndim, dim_size).
 bool ShapeConditionsHold(const MergeRule& rule, const std::vector<int64_t>& shape);

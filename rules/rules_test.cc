@@ -658,5 +658,63 @@ TEST(HfNamesTest, TheCheckpointsOwnConfigNamesAMegatronDeepSpeedLlama) {
   }
 }
 
+
+TEST(RequiredLiteralTest, TheLongestLiteralRunOutsideGroupsClassesAndQuantifiers) {
+  EXPECT_EQ(RequiredLiteral(".*\\.input_layernorm\\.(weight|bias)$"), ".input_layernorm.");
+  EXPECT_EQ(RequiredLiteral("(.*\\.)?norm\\.(weight|bias|scale)$"), "norm.");
+  EXPECT_EQ(RequiredLiteral("\\d+\\.(weight|bias)$"), ".");
+  EXPECT_EQ(RequiredLiteral("ab*cd"), "cd");        // b may be absent: "a" and "cd" are runs
+  EXPECT_EQ(RequiredLiteral("xyz?w"), "xy");         // z is optional
+  EXPECT_EQ(RequiredLiteral("a{3}b"), "b");          // neither 'a' (quantified) nor the '3'
+  EXPECT_EQ(RequiredLiteral("x[abc.]yz"), "yz");     // a class is no literal
+  EXPECT_EQ(RequiredLiteral("(?=abc)def"), "def");   // group contents are not collected
+  EXPECT_EQ(RequiredLiteral("\\x41\\.b"), ".b");     // \x41's digits are not literals
+  EXPECT_EQ(RequiredLiteral("a\\db"), "a");          // \d is a class
+  EXPECT_EQ(RequiredLiteral("layers|blocks"), "");   // either side may match
+  EXPECT_EQ(RequiredLiteral(".*"), "");
+}
+
+// Every built-in preset's rules pick the same rule for every name with the
+// literal prefilter as std::regex alone: names of each model family, and
+// each with one character dropped (names that almost match).
+TEST(RequiredLiteralTest, PresetMatchesAreThoseOfTheRegexAlone) {
+  std::vector<std::string> names = {
+      "0.word_embeddings.weight", "2.input_layernorm.weight", "2.attention.query_key_value.weight",
+      "2.attention.query_key_value.bias", "2.attention.dense.weight", "2.attention.dense.bias",
+      "2.post_attention_layernorm.bias", "2.mlp.dense_h_to_4h.weight", "2.mlp.dense_4h_to_h.bias",
+      "15.norm.weight", "16.final_linear.weight", "sequential.5.mixer.dense.weight", "5.filter.h",
+      "model.embed_tokens.weight", "model.layers.3.self_attn.q_proj.weight", "model.layers.3.self_attn.o_proj.weight",
+      "model.layers.3.mlp.gate_proj.weight", "model.layers.3.mlp.down_proj.weight", "model.norm.weight",
+      "lm_head.weight", "transformer.h.1.attn.c_attn.weight", "transformer.h.1.mlp.c_proj.bias", "transformer.wte.weight",
+      "transformer.ln_f.bias", "h.2.self_attention.query_key_value.weight", "word_embeddings_layernorm.weight",
+      "gpt_neox.layers.0.attention.dense.weight", "embed_out.weight", "language_model.encoder.layers.0.mlp.dense_4h_to_h.weight",
+      "tied_modules.embed.word_embeddings.weight", "3.mlp.deepspeed_moe.experts.deepspeed_experts.0.dense_h_to_4h.weight"};
+  const size_t base = names.size();
+  for (size_t n = 0; n < base; ++n) {
+    for (size_t i = 0; i < names[n].size(); ++i) names.push_back(names[n].substr(0, i) + names[n].substr(i + 1));
+  }
+  int compared = 0, matched = 0;
+  for (const std::string& preset : PresetNames()) {
+    auto rules = PresetRules(preset);
+    ASSERT_TRUE(rules.ok()) << rules.status();
+    auto set = RuleSet::Compile(*rules, PRESET, preset);
+    ASSERT_TRUE(set.ok()) << set.status();
+    std::vector<std::regex> plain;
+    for (const MergeRule& r : rules->rule()) plain.emplace_back(r.pattern(), std::regex::ECMAScript);
+    for (const std::string& name : names) {
+      int want = -1;
+      for (size_t i = 0; i < plain.size() && want < 0; ++i) {
+        std::smatch m;
+        if (std::regex_search(name, m, plain[i], std::regex_constants::match_continuous)) want = static_cast<int>(i);
+      }
+      EXPECT_EQ(set->MatchNameIndex(name), want) << preset << ": " << name;
+      ++compared;
+      matched += want >= 0;
+    }
+  }
+  EXPECT_GT(compared, 5000);
+  EXPECT_GT(matched, 500);  // the names do match: the test compares matches, not only misses
+}
+
 }  // namespace
 }  // namespace ucp::rules

@@ -580,17 +580,7 @@ absl::Status ZeroCheckpoint::SetModuleLayout(std::vector<ModuleEntry> entries) {
     std::set<int> layers;
     for (const auto& [key, path] : layer_paths_) layers.insert(key.first);
     layer_files_.assign(layers.begin(), layers.end());
-    // Every layer file is parsed for the layout: on all cores at once (a
-    // pipeline checkpoint holds one per layer and tp rank, 148 small files
-    // for 74 layers at tp 2); an error is reported below, in layer order.
-    {
-      std::vector<std::pair<int, int>> keys;
-      for (const auto& [key, path] : layer_paths_) keys.push_back(key);
-      (void)ParallelFor(keys.size(), /*num_threads=*/0, [&](size_t i) {
-        (void)LayerFile(keys[i].first, keys[i].second);
-        return absl::OkStatus();
-      });
-    }
+    ParseLayerFiles();
   }
   for (const ModuleEntry& e : entries) {
     if (static_cast<int>(e.tp_shapes.size()) != topo_.tp) {
@@ -636,6 +626,15 @@ std::map<std::string, std::string> SharedAliases(const pickle::Value& root0, con
 
 }  // namespace
 
+void ZeroCheckpoint::ParseLayerFiles() const {
+  std::vector<std::pair<int, int>> keys;
+  for (const auto& [key, slot] : layer_slots_) keys.push_back(key);
+  (void)ParallelFor(keys.size(), /*num_threads=*/0, [&](size_t i) {
+    (void)LayerFile(keys[i].first, keys[i].second);  // an error stays in its slot
+    return absl::OkStatus();
+  });
+}
+
 absl::Status ZeroCheckpoint::LoadModuleLayout() {
   const std::set<std::string>& buffer_names = ms_->buffer_names();
   std::set<std::string> tied_keys;
@@ -661,17 +660,7 @@ absl::Status ZeroCheckpoint::LoadModuleLayout() {
     std::set<int> layers;
     for (const auto& [key, path] : layer_paths_) layers.insert(key.first);
     layer_files_.assign(layers.begin(), layers.end());
-    // Every layer file is parsed for the layout: on all cores at once (a
-    // pipeline checkpoint holds one per layer and tp rank, 148 small files
-    // for 74 layers at tp 2); an error is reported below, in layer order.
-    {
-      std::vector<std::pair<int, int>> keys;
-      for (const auto& [key, path] : layer_paths_) keys.push_back(key);
-      (void)ParallelFor(keys.size(), /*num_threads=*/0, [&](size_t i) {
-        (void)LayerFile(keys[i].first, keys[i].second);
-        return absl::OkStatus();
-      });
-    }
+    ParseLayerFiles();
     for (int layer : layer_files_) {
       for (int t = 0; t < topo_.tp; ++t) {
         if (!layer_paths_.count({layer, t})) {

@@ -217,6 +217,11 @@ class ZeroCheckpoint {
     std::unique_ptr<torch::TorchFile> file;
   };
   std::map<std::pair<int, int>, std::unique_ptr<LayerSlot>> layer_slots_;
+  // Parses every layer file on all cores at once (LoadModuleLayout reads
+  // them all: a pipeline checkpoint holds one per layer and tp rank, 136
+  // small files for 64 layers at tp 2); a file's error stays in its slot,
+  // for LayerFile to report in layer order.
+  void ParseLayerFiles() const;
 };
 
 }  // namespace ucp::deepspeed_zero

@@ -39,6 +39,9 @@ SHAPES = {
                      "tp 2, pp 2, dp 2, bf16 ZeRO-1: every kind of parallelism at once, eight optimizer files"),
     "gpt-z0": ("0.19.5", "gpt", "--hidden 1024 --heads 16 --layers 8 --vocab 8192 --ffn 4", 1, 1, 1, 1, 0, "fp32",
                "ZeRO-0 (no ZeRO), fp32: the module and the optimizer in one model-states file"),
+    "neox-deep-tp2": ("0.19.5", "neox", "--hidden 256 --heads 4 --layers 64 --vocab 8192 --seq 8", 2, 1, 2, 1, 1, "fp32",
+                      "many small params: 64 layers at hidden 256, tp 2, dp 2 (136 layer files, 643 params; "
+                      "a universal checkpoint of about 2600 files)"),
 }
 
 

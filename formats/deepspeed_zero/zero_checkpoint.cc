@@ -580,7 +580,6 @@ absl::Status ZeroCheckpoint::SetModuleLayout(std::vector<ModuleEntry> entries) {
     std::set<int> layers;
     for (const auto& [key, path] : layer_paths_) layers.insert(key.first);
     layer_files_.assign(layers.begin(), layers.end());
-    ParseLayerFiles();
   }
   for (const ModuleEntry& e : entries) {
     if (static_cast<int>(e.tp_shapes.size()) != topo_.tp) {

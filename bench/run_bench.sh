@@ -31,6 +31,12 @@
 #             the like-for-like baseline the targets are checked against;
 #             the ratio to plain cp -r (whose output may still be only in
 #             the page cache when it exits) is printed too.
+#   tree:convert  cp -r of the universal checkpoint, then sync: convert's
+#             output bytes in its own files (one per param state: thousands
+#             for a model of many small params), where copy:convert (the
+#             row's baseline) copies as many bytes as the largest input
+#             files; not a target: convert's ratio to it is printed beside,
+#             the cost of the format's file count told from ucp's own
 #   convert   ucp convert  (ZeRO -> universal)
 #   reshard-u ucp reshard  universal -> tp=1 dp=1
 #   reshard-z ucp reshard  ZeRO -> ZeRO tp=1 dp=1, one pass
@@ -268,12 +274,12 @@ run() {
 
 suffix() { if (($1 > 1)); then echo "@$1"; fi; }
 
-OPS="cp cpsync same-convert same-reshard-u same-reshard-z same-export export"
+OPS="cp cpsync same-convert same-reshard-u same-reshard-z same-export tree-convert export"
 for r in $RANKS; do OPS="$OPS convert$(suffix "$r") reshard-u$(suffix "$r") reshard-z$(suffix "$r")"; done
 if ((NOFSYNC)); then OPS="$OPS convert-nf reshard-u-nf reshard-z-nf export-nf"; fi
 if [[ -n "$BASE" ]]; then OPS="$OPS convert~b reshard-u~b reshard-z~b export~b"; fi
 # wanted OP: whether this source has the operation (no universal checkpoint: no convert, reshard-u)
-wanted() { local o="${1#same-}"; ((UNIVERSAL)) || [[ "$o" != convert* && "$o" != reshard-u* ]]; }
+wanted() { local o="${1#same-}"; o="${o#tree-}"; ((UNIVERSAL)) || [[ "$o" != convert* && "$o" != reshard-u* ]]; }
 OPS=$(for o in $OPS; do if wanted "$o"; then echo "$o"; fi; done | xargs)
 
 PROTOCOLS="warm cold"
@@ -290,6 +296,7 @@ for protocol in $PROTOCOLS; do
     run "$protocol" same-reshard-u "$UNI" "$WORK/same_out" "$COPY" "$UNI" "$WORK/same_out" "$RU_READ" "$RU_WRITE"
     run "$protocol" same-reshard-z "$SRC" "$WORK/same_out" "$COPY" "$SRC" "$WORK/same_out" "$ZERO_READ" "$RZ_WRITE"
     run "$protocol" same-export "$SRC" "$WORK/same_out" "$COPY" "$SRC" "$WORK/same_out" "$EXPORT_READ" "$EXPORT_WRITE"
+    run "$protocol" tree-convert "$UNI" "$WORK/same_out" sh -c 'cp -r "$1" "$2" && sync' _ "$UNI" "$WORK/same_out"
     for r in $RANKS; do
       x=$(suffix "$r")
       launcher "$r"
@@ -347,7 +354,8 @@ else
 fi
 
 OP_ARGS=("cp:$IN_BYTES:$CP_WRITE" "cpsync:$IN_BYTES:$CP_WRITE" "same-convert:$ZERO_READ:$CONVERT_WRITE"
-  "same-reshard-u:$RU_READ:$RU_WRITE" "same-reshard-z:$ZERO_READ:$RZ_WRITE" "same-export:$EXPORT_READ:$EXPORT_WRITE")
+  "same-reshard-u:$RU_READ:$RU_WRITE" "same-reshard-z:$ZERO_READ:$RZ_WRITE" "same-export:$EXPORT_READ:$EXPORT_WRITE"
+  "tree-convert:$CONVERT_WRITE:$CONVERT_WRITE")
 keep_wanted() {
   local out=() a
   for a in "${OP_ARGS[@]}"; do if wanted "${a%%:*}"; then out+=("$a"); fi; done
@@ -410,12 +418,17 @@ for protocol in protocols.split():
         if label.endswith("-nf"): label = label[:-3] + "*"
         if label.endswith("~b"): label = label[:-2] + " (b)"
         if label.startswith("same-"): label = "copy:" + label[5:]
-        vs_same = "" if name.startswith("same-") or same_rate(name) is None else f"{rate / same_rate(name):.0%}"
+        if label.startswith("tree-"): label = "tree:" + label[5:]
+        vs_same = "" if name.startswith(("same-", "tree-")) or same_rate(name) is None else f"{rate / same_rate(name):.0%}"
         print(f"{label:14} {ranks(name):5} {r['min']:7.2f} {r['med']:9.2f} {r['read']/1e6:8.0f} "
               f"{r['write']/1e6:11.0f} {rate/1e6:7.0f} {rate/cp_rate:6.0%} {rate/durable_rate:11.0%} {vs_same:>8} "
               f"{r['rss']/2**20:12.0f}")
     print("  copy:OP = a durable copy of as many bytes as OP reads and writes (bench/durable_copy.cc: copy_file_range, "
           "then sync), OP's baseline: 'vs same' is OP's throughput over it")
+    if "tree-convert" in rows:
+        print("  tree:convert = cp -r of the universal checkpoint convert writes, then sync: its bytes in its own files "
+              "(one per param state), which copy:convert copies as the largest input files; not a target, it tells "
+              "the cost of the format's file count from ucp's own")
     if any(n.endswith("-nf") for n in rows):
         print("  * = with --fsync=false (NOT crash-safe; no target): against plain cp -r, which does not sync either: "
               + ", ".join(f"{n[:-3]} {(rows[n]['read'] + rows[n]['write']) / rows[n]['med'] / cp_rate:.0%}"
@@ -424,7 +437,7 @@ for protocol in protocols.split():
         print("  (b) = the --baseline binary, run right after each of ours; median time ours / baseline's (below 100%: "
               "faster): " + ", ".join(f"{n[:-2]} {rows[n[:-2]]['med'] / rows[n]['med']:.0%}"
                                       for n in rows if n.endswith("~b")))
-    for name in [n for n in rows if n not in ("cp", "cpsync") and not n.startswith("same-")
+    for name in [n for n in rows if n not in ("cp", "cpsync") and not n.startswith(("same-", "tree-"))
                  and not n.endswith("-nf") and not n.endswith("~b")]:
         r = rows[name]
         whole = rate_of(name) / durable_rate
@@ -454,7 +467,9 @@ for protocol in protocols.split():
               f"wrote {r['wrote']/1e6:.0f} MB for a {r['write']/1e6:.0f} MB output"
               + (f" ({r['disk']/1e6:.0f} MB on disk)" if r["disk"] > r["write"] * 1.005 else "")
               + f" {'OK' if once else 'MISSED'}"
-              + size_note)
+              + size_note
+              + (f"; {rate_of(name) / rate_of('tree-convert'):.0%} of a durable cp -r of its output (tree:convert)"
+                 if kind == "convert" and "tree-convert" in rows else ""))
         ok &= rate >= target and rss_ok and once and size_ok
     ex = rows["export"]
     print(f"  export vs zero_to_fp32.py's design: zero_to_fp32 builds the whole fp32 state dict in memory before "

@@ -108,7 +108,7 @@ absl::StatusOr<internal::GroupStates> SplitFlatStates(const torch::TorchFile& fi
 
 void LazyOptimFiles::Reset(int ranks) {
   slots_.clear();
-  for (int d = 0; d < ranks; ++d) slots_.push_back(std::make_unique<Slot>());
+  for (int d = 0; d < ranks; ++d) slots_.push_back(std::make_unique<OnceSlot<FlatOptimFile>>());
 }
 
 }  // namespace ucp::deepspeed

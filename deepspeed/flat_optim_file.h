@@ -27,6 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "base/once_slot.h"
 #include "deepspeed/value_util.h"
 #include "format/pickle/value.h"
 #include "format/torch/tensor.h"
@@ -140,28 +141,13 @@ class LazyOptimFiles {
   // absl::StatusOr<std::unique_ptr<FlatOptimFile>>) on the first call.
   template <typename Parse>
   absl::StatusOr<const FlatOptimFile*> Get(int dp, const Parse& parse) const {
-    Slot& slot = *slots_[dp];
-    std::call_once(slot.once, [&] {
-      absl::StatusOr<std::unique_ptr<FlatOptimFile>> parsed = parse(dp);
-      if (parsed.ok()) {
-        slot.file = *std::move(parsed);
-      } else {
-        slot.status = parsed.status();
-      }
-    });
-    if (!slot.status.ok()) return slot.status;
-    return slot.file.get();
+    return slots_[dp]->Get([&] { return parse(dp); });
   }
   // Rank `dp`'s file when an earlier Get parsed it, else null (never parses).
-  const FlatOptimFile* Parsed(int dp) const { return Has(dp) ? slots_[dp]->file.get() : nullptr; }
+  const FlatOptimFile* Parsed(int dp) const { return Has(dp) ? slots_[dp]->made() : nullptr; }
 
  private:
-  struct Slot {
-    std::once_flag once;
-    absl::Status status;
-    std::unique_ptr<FlatOptimFile> file;
-  };
-  std::vector<std::unique_ptr<Slot>> slots_;
+  std::vector<std::unique_ptr<OnceSlot<FlatOptimFile>>> slots_;
 };
 
 }  // namespace ucp::deepspeed

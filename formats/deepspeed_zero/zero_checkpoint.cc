@@ -338,7 +338,7 @@ absl::Status ZeroCheckpoint::Load(const std::vector<ModuleEntry>* module_entries
   UCP_ASSIGN_OR_RETURN(FolderScan scan, ScanTagFolder(dir_));
   files_ = std::move(scan.files);
   layer_paths_ = std::move(scan.layer_paths);
-  for (const auto& [key, path] : layer_paths_) layer_slots_[key] = std::make_unique<LayerSlot>();
+  for (const auto& [key, path] : layer_paths_) layer_slots_[key] = std::make_unique<OnceSlot<torch::TorchFile>>();
   UCP_RETURN_IF_ERROR(CheckIsZero12Folder(dir_, scan, read_));
   bf16_prefix_ = scan.bf16_values.count(1) > 0;
 
@@ -347,6 +347,11 @@ absl::Status ZeroCheckpoint::Load(const std::vector<ModuleEntry>* module_entries
   UCP_ASSIGN_OR_RETURN(ms_, deepspeed::ModelStatesFiles::Open(dir_, layer_tp.empty() ? 0 : *layer_tp.rbegin() + 1, read_));
   topo_ = ms_->topology();
   pipeline_ = ms_->pipeline();
+  if (pipeline_) {
+    std::set<int> layers;
+    for (const auto& [key, path] : layer_paths_) layers.insert(key.first);
+    layer_files_.assign(layers.begin(), layers.end());
+  }
   num_groups_ = ms_->num_groups();
   if (!layer_tp.empty() && static_cast<int>(layer_tp.size()) != *layer_tp.rbegin() + 1) {
     return absl::NotFoundError(absl::StrCat(dir_, ": layer files exist for tp ranks ", absl::StrJoin(layer_tp, ","),
@@ -362,20 +367,16 @@ absl::Status ZeroCheckpoint::Load(const std::vector<ModuleEntry>* module_entries
   // zero_pp_rank_0_mp_rank_00, which is read now for what every file shares.
   for (int s = 0; s < topo_.pp; ++s) {
     for (int t = 0; t < topo_.tp; ++t) {
-      for (int d = 0; d < topo_.dp; ++d) optim_slots_[{s, t, d}] = std::make_unique<OptimSlot>();
+      for (int d = 0; d < topo_.dp; ++d) optim_slots_[{s, t, d}] = std::make_unique<OnceSlot<OptimFile>>();
     }
   }
-  {
-    const auto& slot = optim_slots_.at({0, 0, 0});
-    slot->status = [&]() -> absl::Status {
-      UCP_ASSIGN_OR_RETURN(slot->file, ParseOptim(0, 0, 0));
-      return absl::OkStatus();
-    }();
-    std::call_once(slot->once, [] {});
-    UCP_RETURN_IF_ERROR(slot->status);
-  }
+  // Its slot is filled now, without Optim()'s checks: it is the file the
+  // others are checked against, and its masters are checked against the lp
+  // weights at the end of Load.
+  UCP_ASSIGN_OR_RETURN(const OptimFile* first_file,
+                       optim_slots_.at({0, 0, 0})->Get([&] { return ParseOptim(0, 0, 0); }));
   // Zero stage from the files or the config.
-  const OptimFile& first = *optim_slots_.at({0, 0, 0})->file;
+  const OptimFile& first = *first_file;
   UCP_ASSIGN_OR_RETURN(const OptimizerStage stage, ReadOptimizerStage(first, *ms_, zero_stage_));
   kind_ = stage.kind;
   zero_stage_ = stage.zero_stage;
@@ -576,11 +577,6 @@ absl::Status ZeroCheckpoint::CheckMastersMatchLp(const OptimFile& file, int pp, 
 }
 
 absl::Status ZeroCheckpoint::SetModuleLayout(std::vector<ModuleEntry> entries) {
-  if (pipeline_) {
-    std::set<int> layers;
-    for (const auto& [key, path] : layer_paths_) layers.insert(key.first);
-    layer_files_.assign(layers.begin(), layers.end());
-  }
   for (const ModuleEntry& e : entries) {
     if (static_cast<int>(e.tp_shapes.size()) != topo_.tp) {
       return absl::InvalidArgumentError(absl::StrCat(dir_, ": module tensor '", e.name, "' given with ",
@@ -656,9 +652,6 @@ absl::Status ZeroCheckpoint::LoadModuleLayout() {
     module_entries_.push_back(std::move(e));
   };
   if (pipeline_) {
-    std::set<int> layers;
-    for (const auto& [key, path] : layer_paths_) layers.insert(key.first);
-    layer_files_.assign(layers.begin(), layers.end());
     ParseLayerFiles();
     for (int layer : layer_files_) {
       for (int t = 0; t < topo_.tp; ++t) {
@@ -1000,21 +993,16 @@ absl::StatusOr<const OptimFile*> ZeroCheckpoint::Optim(int pp, int tp, int dp) c
   if (it == optim_slots_.end()) {
     return absl::NotFoundError(absl::StrCat(OptimPath(pp, tp, dp), ": not part of this checkpoint"));
   }
-  OptimSlot& slot = *it->second;
-  std::call_once(slot.once, [&] {
-    slot.status = [&]() -> absl::Status {
-      UCP_ASSIGN_OR_RETURN(slot.file, ParseOptim(pp, tp, dp));
-      UCP_RETURN_IF_ERROR(CheckLikeFirst(*slot.file));
-      return CheckMastersMatchLp(*slot.file, pp, tp, dp);
-    }();
-    if (!slot.status.ok()) slot.file.reset();
+  return it->second->Get([&]() -> absl::StatusOr<std::unique_ptr<OptimFile>> {
+    UCP_ASSIGN_OR_RETURN(std::unique_ptr<OptimFile> parsed, ParseOptim(pp, tp, dp));
+    UCP_RETURN_IF_ERROR(CheckLikeFirst(*parsed));
+    UCP_RETURN_IF_ERROR(CheckMastersMatchLp(*parsed, pp, tp, dp));
+    return parsed;
   });
-  if (!slot.status.ok()) return slot.status;
-  return slot.file.get();
 }
 
 absl::Status ZeroCheckpoint::CheckLikeFirst(const OptimFile& file) const {
-  const OptimFile& first = *optim_slots_.at({0, 0, 0})->file;
+  const OptimFile& first = *optim_slots_.at({0, 0, 0})->made();
   const bool has_stage = file.osd->DictGet("zero_stage") != nullptr;
   if (has_stage != (kind_ == state::OptimizerKind::kZero)) {
     return FileError(file.path, absl::StatusCode::kInvalidArgument,
@@ -1081,22 +1069,12 @@ absl::StatusOr<const torch::TorchFile*> ZeroCheckpoint::LayerFile(int layer, int
   if (it == layer_slots_.end()) {
     return absl::NotFoundError(absl::StrCat(JoinPath(dir_, deepspeed::LayerFileName(layer, tp)), ": missing"));
   }
-  LayerSlot& slot = *it->second;
-  std::call_once(slot.once, [&] {
-    // Layer files hold the lp weights, which the fp32 masters in the
-    // optimizer files determine: their records are verified only when a
-    // tensor is used (ModuleTensor), so that a conversion never reads the
-    // bytes it ignores.
-    const torch::OpenOptions lazy = read_.Files(/*verify_crc=*/false);
-    absl::StatusOr<std::unique_ptr<torch::TorchFile>> f = torch::TorchFile::Open(layer_paths_.at({layer, tp}), lazy);
-    if (f.ok()) {
-      slot.file = *std::move(f);
-    } else {
-      slot.status = f.status();
-    }
-  });
-  if (!slot.status.ok()) return slot.status;
-  return slot.file.get();
+  // Layer files hold the lp weights, which the fp32 masters in the
+  // optimizer files determine: their records are verified only when a
+  // tensor is used (ModuleTensor), so that a conversion never reads the
+  // bytes it ignores.
+  return it->second->Get(
+      [&] { return torch::TorchFile::Open(layer_paths_.at({layer, tp}), read_.Files(/*verify_crc=*/false)); });
 }
 
 absl::StatusOr<std::vector<torch::Tensor>> ZeroCheckpoint::SlicePieces(const ZeroParam& param, int pp, int tp,

@@ -26,13 +26,13 @@
 
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "base/once_slot.h"
 #include "deepspeed/flat_optim_file.h"
 #include "deepspeed/layout_math.h"
 #include "deepspeed/read_options.h"
@@ -191,32 +191,22 @@ class ZeroCheckpoint {
   std::vector<std::vector<std::vector<deepspeed::ZeroGroupLayout>>> layouts_;
   std::vector<std::string> state_keys_;
   std::vector<ModuleEntry> module_entries_;
-  std::vector<int> layer_files_;
+  std::vector<int> layer_files_;  // the layers with files (pipeline), set at Load
   std::map<std::pair<int, int>, std::string> layer_paths_;  // (layer, tp) -> path
 
-  // One per optimizer file, created at Open; the file is parsed (and its
-  // CRCs verified) by the first Optim() call that needs it.
-  struct OptimSlot {
-    std::once_flag once;
-    absl::Status status;
-    std::unique_ptr<OptimFile> file;
-  };
   absl::Status CheckLikeFirst(const OptimFile& file) const;
   absl::Status CheckMastersMatchLp(const OptimFile& file, int pp, int tp, int dp) const;
   absl::Status CheckLayerFilesPresent() const;
   absl::StatusOr<torch::Tensor> ModuleTensorUnchecked(const ModuleEntry& entry, int tp) const;
   std::map<std::string, size_t> lp_entry_;  // trainable param -> first entry in module_entries_
-  std::map<std::tuple<int, int, int>, std::unique_ptr<OptimSlot>> optim_slots_;
+  // One per optimizer file, created at Load; the file is parsed (and its
+  // CRCs verified) by the first Optim() call that needs it.
+  std::map<std::tuple<int, int, int>, std::unique_ptr<OnceSlot<OptimFile>>> optim_slots_;
   mutable deepspeed::CheckedInputs checked_inputs_;
   // One per layer file (layer_paths_), created at Load; the file is parsed
   // by the first LayerFile() call that needs it, so that threads parse
   // different files at once (LoadModuleLayout parses them all in parallel).
-  struct LayerSlot {
-    std::once_flag once;
-    absl::Status status;
-    std::unique_ptr<torch::TorchFile> file;
-  };
-  std::map<std::pair<int, int>, std::unique_ptr<LayerSlot>> layer_slots_;
+  std::map<std::pair<int, int>, std::unique_ptr<OnceSlot<torch::TorchFile>>> layer_slots_;
   // Parses every layer file on all cores at once (LoadModuleLayout reads
   // them all: a pipeline checkpoint holds one per layer and tp rank, 136
   // small files for 64 layers at tp 2); a file's error stays in its slot,

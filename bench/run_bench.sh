@@ -55,7 +55,9 @@
 # targets: throughput >= 90% of cp+sync (every row); peak RSS <= largest input
 # file + 256 MiB (per process: with R ranks, of mpirun and the ranks together);
 # every byte written once (the bytes the process wrote, getrusage's block
-# outputs, equal its final output: no temporary files), and for convert, the
+# outputs, equal its final output on disk: no temporary files; for convert, or
+# what cp -r of the same files wrote, the filesystem metadata of thousands of
+# files counting as block outputs too), and for convert, the
 # ZeRO -> ZeRO reshard and export no more tensor bytes out than in
 # (bench/payload_bytes.py; frames, and the copy of rank 0's optimizer state a ZeRO-3
 # universal folder holds in zero/optimizer_state.pt, are reported beside; from a
@@ -445,6 +447,7 @@ for protocol in protocols.split():
         target = 0.9  # issue 28: every row at 90% of the durable copy of the same bytes
         # /usr/bin/time reports the largest RSS of mpirun or one rank.
         rss_ok = r["rss"] <= budget
+        kind = name.split("@")[0]
         # Against what the output takes on disk (whole blocks), not its bytes,
         # and for convert against what `cp -r` of the same files wrote
         # (tree:convert, this protocol's largest): creating thousands of files
@@ -452,12 +455,11 @@ for protocol in protocols.split():
         # bitmaps, directories) in the writer's name, which getrusage counts
         # as its block outputs (cp -r of neox-deep-tp2's universal checkpoint,
         # 2577 files in 645 folders taking 669 MB on disk: 671-673 MB).
-        tree_wrote = rows["tree-convert"]["wrote"] if name.split("@")[0] == "convert" and "tree-convert" in rows else 0
+        tree_wrote = rows["tree-convert"]["wrote"] if kind == "convert" and "tree-convert" in rows else 0
         once = r["wrote"] <= max(r["write"], r["disk"], tree_wrote) * 1.01 + 2**20 or protocol == "as-is"
         # The output holds no more tensor bytes than the input (room for one
         # 8-byte scalar per file, e.g. each param's step); its frames grow
         # with its file count (a universal checkpoint: one file per state).
-        kind = name.split("@")[0]
         size_ok, size_note = True, ""
         if kind in payloads:
             (t_in, _, _), (t_out, files, frames) = payloads["input"], payloads[kind]

@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/fs.h"
+#include "base/leftovers.h"
 #include "base/status_macros.h"
 #include "deepspeed/facet.h"
 #include "deepspeed/layout_math.h"
@@ -73,7 +74,7 @@ absl::StatusOr<const formats::TargetFormat*> UniversalTarget(const std::string& 
       absl::StrCat("--to=", to, ": expected one of ", absl::StrJoin(known, ", ")));
 }
 
-absl::StatusOr<ConvertResult> ConvertImpl(const ConvertOptions& options);
+absl::StatusOr<ConvertResult> ConvertImpl(const ConvertOptions& options, Leftovers* left);
 
 // Rules of a --rules file that settle nothing are likely typos: an error
 // under --strict, else a warning.
@@ -159,12 +160,13 @@ std::string UndecidedNote(const state::ModelInfo& info) {
 }
 
 absl::StatusOr<ConvertResult> Convert(const ConvertOptions& options) {
+  Leftovers left;
   return RunCheckingInputs<ConvertResult>(options.cluster, /*dry_run=*/options.dry_run_ranks > 0,
-                                         [&] { return ConvertImpl(options); });
+                                         [&] { return ConvertImpl(options, &left); });
 }
 
 namespace {
-absl::StatusOr<ConvertResult> ConvertImpl(const ConvertOptions& options) {
+absl::StatusOr<ConvertResult> ConvertImpl(const ConvertOptions& options, Leftovers* left) {
   if (options.output_folder.empty() && options.dry_run_ranks == 0) {
     return absl::InvalidArgumentError("--output_folder is empty");
   }
@@ -269,6 +271,8 @@ absl::StatusOr<ConvertResult> ConvertImpl(const ConvertOptions& options) {
   for (const auto& note : result.stats.notes) result.warnings.push_back(note);
   for (std::string& note : target->UniversalNotes(*state, write)) result.warnings.push_back(std::move(note));
   for (std::string& note : TpSummedNotes(*state, src.preset, /*target_tp=*/0)) result.warnings.push_back(std::move(note));
+  left->Keep(std::move(src.state));
+  left->Keep(*std::move(plan));
   return result;
 }
 

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/fs.h"
+#include "base/leftovers.h"
 #include "base/status_macros.h"
 #include "deepspeed/facet.h"
 #include "format/torch/mapped_file.h"
@@ -304,7 +305,7 @@ absl::StatusOr<const formats::TargetFormat*> WeightsTarget(const std::string& na
       absl::StrCat("--format must be ", absl::StrJoin(names, " or "), ", not '", name, "'"));
 }
 
-absl::StatusOr<ExportResult> ExportImpl(const ExportOptions& options);
+absl::StatusOr<ExportResult> ExportImpl(const ExportOptions& options, Leftovers* left);
 
 // The files of a Hugging Face model folder, besides config.json and the
 // weights, that from_pretrained (generation_config.json) and
@@ -328,11 +329,13 @@ absl::Status AddModelFolderFiles(const std::string& dir, writers::ExportWriteOpt
 }  // namespace
 
 absl::StatusOr<ExportResult> Export(const ExportOptions& options) {
-  return RunCheckingInputs<ExportResult>(/*cluster=*/nullptr, /*dry_run=*/false, [&] { return ExportImpl(options); });
+  Leftovers left;
+  return RunCheckingInputs<ExportResult>(/*cluster=*/nullptr, /*dry_run=*/false,
+                                         [&] { return ExportImpl(options, &left); });
 }
 
 namespace {
-absl::StatusOr<ExportResult> ExportImpl(const ExportOptions& options) {
+absl::StatusOr<ExportResult> ExportImpl(const ExportOptions& options, Leftovers* left) {
   if (options.input_folder.empty() || options.output_folder.empty()) {
     return absl::InvalidArgumentError("export needs an input and an output folder");
   }
@@ -371,6 +374,8 @@ absl::StatusOr<ExportResult> ExportImpl(const ExportOptions& options) {
   UCP_ASSIGN_OR_RETURN(std::unique_ptr<writers::Plan> plan, target->PlanWeights(std::move(c.tensors), w));
   UCP_ASSIGN_OR_RETURN(r.stats, writers::RunPlan(*plan, options.output_folder, writers::WeightsRunOptions(w)));
   r.notes.insert(r.notes.end(), r.stats.notes.begin(), r.stats.notes.end());
+  left->Keep(std::move(state));
+  left->Keep(std::move(plan));
   return r;
 }
 

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/fs.h"
+#include "base/leftovers.h"
 #include "base/status_macros.h"
 #include "ops/model_folder.h"
 #include "ops/trainer_folder.h"
@@ -87,17 +88,18 @@ absl::Status ValidateTargetAgainstModel(const state::ModelState& state, const Re
 }
 
 namespace {
-absl::StatusOr<ReshardResult> ReshardImpl(const ReshardOptions& options);
+absl::StatusOr<ReshardResult> ReshardImpl(const ReshardOptions& options, Leftovers* left);
 
 }  // namespace
 
 absl::StatusOr<ReshardResult> Reshard(const ReshardOptions& options) {
+  Leftovers left;
   return RunCheckingInputs<ReshardResult>(options.cluster, /*dry_run=*/options.dry_run_ranks > 0,
-                                         [&] { return ReshardImpl(options); });
+                                         [&] { return ReshardImpl(options, &left); });
 }
 
 namespace {
-absl::StatusOr<ReshardResult> ReshardImpl(const ReshardOptions& options) {
+absl::StatusOr<ReshardResult> ReshardImpl(const ReshardOptions& options, Leftovers* left) {
   UCP_RETURN_IF_ERROR(ValidateReshardFlags(options));
   // A reshard to tp=1 splits nothing: a tp=1 source needs no merge rules.
   SourceOptions source = options.zero_source;
@@ -163,6 +165,8 @@ absl::StatusOr<ReshardResult> ReshardImpl(const ReshardOptions& options) {
     result.notes.insert(result.notes.end(), stats.notes.begin(), stats.notes.end());
     result.write.files = stats.files;
     result.write.bytes = stats.bytes;
+    left->Keep(std::move(src.state));
+    left->Keep(std::move(planned->plan));
     return result;
   }
   // The model's config.json (and what from_pretrained reads beside it) goes
@@ -174,6 +178,8 @@ absl::StatusOr<ReshardResult> ReshardImpl(const ReshardOptions& options) {
   result.notes.insert(result.notes.end(), stats.notes.begin(), stats.notes.end());
   result.write.files = stats.files;
   result.write.bytes = stats.bytes;
+  left->Keep(std::move(src.state));
+  left->Keep(std::move(planned->plan));
   return result;
 }
 

@@ -8,6 +8,7 @@
 
 #include "base/alloc.h"
 #include "base/fs.h"
+#include "base/leftovers.h"
 #include "exec/mpi_cluster.h"
 #include "tools/build_info.h"
 #include "tools/cli.h"
@@ -43,6 +44,9 @@ int main(int argc, char** argv) {
   // Buffers of a few MiB come and go in every unit: reuse their pages
   // (base/alloc.h; about 3x fewer page faults on a real reshard).
   ucp::KeepFreedMemory();
+  // A command's checkpoint structures, once its output is committed, are
+  // freed by the process's exit, not one by one (base/leftovers.h).
+  ucp::LeaveLeftoversToExit();
   // Ctrl-C, kill, a closed terminal: no staging folder left behind. Before
   // any thread starts, so that every thread blocks these signals.
   ucp::InstallStagingCleanupOnSignals();

@@ -17,6 +17,12 @@
 //   ...
 //   left.Keep(std::move(state));  // after the last use; the plan after the state it reads
 //   left.Keep(std::move(plan));
+//
+// Keep only on the way out of a command that succeeded: a failed command's
+// inputs must be freed before its error is made, since a mapped input
+// (torch::MappedFile) records a read cut short by truncation when it is
+// destroyed, and that record (MappedFile::CheckAllIntact) is the error
+// returned (ops::RunCheckingInputs).
 #ifndef UCP_BASE_LEFTOVERS_H_
 #define UCP_BASE_LEFTOVERS_H_
 

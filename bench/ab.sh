@@ -5,7 +5,8 @@
 #
 #   bench/ab.sh --a=OLD_UCP --b=NEW_UCP --source=GLOBAL_STEP_FOLDER
 #               [--op=convert|reshard-z|export] [--ranks=1] [--runs=3]
-#               [--cache=warm|cold] [--drop=1] [--workdir=/tmp/ucp_ab] [-- EXTRA_UCP_FLAGS...]
+#               [--cache=warm|cold] [--drop=1] [--workdir=/tmp/ucp_ab]
+#               [--free_page_reporting=off|keep] [-- EXTRA_UCP_FLAGS...]
 #
 # Each run times A, then B (even runs: B, then A, so neither always goes
 # first), each from the same page-cache state:
@@ -14,7 +15,10 @@
 # Dropping caches needs root: without it (or with --drop=0, which leaves a
 # shared machine's caches alone) `--cache=cold` is refused and warm runs only
 # read the source first (the report says so). The binaries are read
-# before each run (drop_caches evicts them too).
+# before each run (drop_caches evicts them too). When it drops caches, it also
+# turns free page reporting off for its runs and touches the free memory once
+# first, as bench/run_bench.sh does (bench/pin_memory.sh; put back at the end;
+# --free_page_reporting=keep leaves memory as it is).
 #
 # --op: convert (ZeRO -> universal), reshard-z (ZeRO -> ZeRO at tp 1 pp 1 dp 1
 # unless EXTRA_UCP_FLAGS set another topology, e.g. -- --dp=8) or export.
@@ -28,7 +32,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-A="" B="" SOURCE="" OP=convert RANKS=1 RUNS=3 CACHE=warm DROP=1 WORK=/tmp/ucp_ab
+A="" B="" SOURCE="" OP=convert RANKS=1 RUNS=3 CACHE=warm DROP=1 WORK=/tmp/ucp_ab FREE_PAGE_REPORTING=off
 EXTRA=()
 while (($#)); do
   case "$1" in
@@ -41,6 +45,7 @@ while (($#)); do
     --cache=*) CACHE="${1#*=}" ;;
     --drop=*) DROP="${1#*=}" ;;
     --workdir=*) WORK="${1#*=}" ;;
+    --free_page_reporting=*) FREE_PAGE_REPORTING="${1#*=}" ;;
     --) shift; EXTRA=("$@"); break ;;
     *) echo "bench/ab.sh: unknown argument '$1' (see the comment at the top of the script)" >&2; exit 2 ;;
   esac
@@ -54,17 +59,21 @@ die() { echo "bench/ab.sh: $*" >&2; exit 2; }
 [[ "$RANKS" =~ ^[1-9][0-9]*$ ]] || die "--ranks=$RANKS: expected a positive integer"
 [[ "$RUNS" =~ ^[1-9][0-9]*$ ]] || die "--runs=$RUNS: expected a positive integer"
 [[ "$CACHE" =~ ^(warm|cold)$ ]] || die "--cache=$CACHE: expected warm or cold"
+[[ "$FREE_PAGE_REPORTING" =~ ^(off|keep)$ ]] || die "--free_page_reporting=$FREE_PAGE_REPORTING: expected off or keep"
 CAN_DROP=0
 [[ "$DROP" != 0 && -w /proc/sys/vm/drop_caches ]] && CAN_DROP=1
 ((CAN_DROP)) || [[ "$CACHE" == warm ]] || die "--cache=cold needs root (writing /proc/sys/vm/drop_caches) and --drop=1"
 case "$WORK" in "$SOURCE" | "$SOURCE"/*) die "--workdir=$WORK is inside the source" ;; esac
 
 source bench/one_node_mpi.sh  # Open MPI's settings, as bench/run_bench.sh's
+source bench/pin_memory.sh
 launcher "$RANKS"
 
 rm -rf "$WORK"
 mkdir -p "$WORK"
-trap 'rm -rf "$WORK"' EXIT
+trap 'unpin_memory; rm -rf "$WORK"' EXIT
+MEMORY_NOTE="memory: as it is (caches not dropped)"
+if ((CAN_DROP)); then pin_memory "$FREE_PAGE_REPORTING" >/dev/null; fi
 
 # One timed run of build $1 ("a" or "b") into $WORK/$1-$2; prints seconds.
 run_one() {
@@ -110,6 +119,7 @@ med_a=$(median <<<"$times_a")
 med_b=$(median <<<"$times_b")
 echo "== bench/ab.sh: $OP, $RANKS rank(s), $CACHE, $RUNS run(s) each, source $SOURCE ${EXTRA[*]}"
 ((CAN_DROP)) || echo "   (page caches were not dropped between runs: not root, or --drop=0)"
+echo "   $MEMORY_NOTE"
 echo "a $A:$times_a s (median $med_a)"
 echo "b $B:$times_b s (median $med_b)"
 awk -v a="$med_a" -v b="$med_b" 'BEGIN {printf "median b / a: %.0f%%\n", 100 * b / a}'

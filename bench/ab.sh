@@ -59,7 +59,6 @@ die() { echo "bench/ab.sh: $*" >&2; exit 2; }
 [[ "$RANKS" =~ ^[1-9][0-9]*$ ]] || die "--ranks=$RANKS: expected a positive integer"
 [[ "$RUNS" =~ ^[1-9][0-9]*$ ]] || die "--runs=$RUNS: expected a positive integer"
 [[ "$CACHE" =~ ^(warm|cold)$ ]] || die "--cache=$CACHE: expected warm or cold"
-[[ "$FREE_PAGE_REPORTING" =~ ^(off|keep)$ ]] || die "--free_page_reporting=$FREE_PAGE_REPORTING: expected off or keep"
 CAN_DROP=0
 [[ "$DROP" != 0 && -w /proc/sys/vm/drop_caches ]] && CAN_DROP=1
 ((CAN_DROP)) || [[ "$CACHE" == warm ]] || die "--cache=cold needs root (writing /proc/sys/vm/drop_caches) and --drop=1"
@@ -67,6 +66,7 @@ case "$WORK" in "$SOURCE" | "$SOURCE"/*) die "--workdir=$WORK is inside the sour
 
 source bench/one_node_mpi.sh  # Open MPI's settings, as bench/run_bench.sh's
 source bench/pin_memory.sh
+check_free_page_reporting_flag "$FREE_PAGE_REPORTING"
 launcher "$RANKS"
 
 rm -rf "$WORK"

@@ -31,12 +31,15 @@ PAGE_REPORTING_ORDER=/sys/module/page_reporting/parameters/page_reporting_order
 PINNED_FROM=""
 MEMORY_NOTE="memory: as it is (free page reporting not changed)"
 
+# Exits 2 unless $1 is a value of the scripts' --free_page_reporting flag:
+# each script checks it before doing any work.
+check_free_page_reporting_flag() {
+  [[ "$1" =~ ^(off|keep)$ ]] || { echo "--free_page_reporting=$1: expected off or keep" >&2; exit 2; }
+}
+
 pin_memory() {
   local flag="${1:-off}" off current t0 t1 filled
-  case "$flag" in
-    off | keep) ;;
-    *) echo "--free_page_reporting=$flag: expected off or keep" >&2; return 2 ;;
-  esac
+  check_free_page_reporting_flag "$flag"
   if [[ ! -e $PAGE_REPORTING_ORDER ]]; then
     MEMORY_NOTE="memory: this kernel reports no free pages to a host (no /sys/module/page_reporting)"
     echo "== $MEMORY_NOTE"

@@ -118,7 +118,7 @@ for arg in "$@"; do
     *) echo "unknown argument $arg" >&2; exit 2 ;;
   esac
 done
-[[ "$FREE_PAGE_REPORTING" =~ ^(off|keep)$ ]] || { echo "--free_page_reporting=$FREE_PAGE_REPORTING: expected off or keep" >&2; exit 2; }
+check_free_page_reporting_flag "$FREE_PAGE_REPORTING"
 
 TARGETS=(//tools:ucp //bench:make_checkpoint //bench:durable_copy)
 bazel build -c opt "${TARGETS[@]}" >/dev/null 2>&1 || bazel build -c opt "${TARGETS[@]}"

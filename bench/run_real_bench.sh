@@ -29,6 +29,7 @@ for arg in "$@"; do
     *) PASS+=("$arg") ;;
   esac
 done
+check_free_page_reporting_flag "$FREE_PAGE_REPORTING"
 
 mapfile -t NAMES < <(/usr/bin/python3 bench/real_checkpoints.py --shapes="$SHAPES" --list | cut -d: -f1)
 mapfile -t FOLDERS < <(/usr/bin/python3 bench/real_checkpoints.py --shapes="$SHAPES")

@@ -71,6 +71,9 @@ launcher "$RANKS"
 
 rm -rf "$WORK"
 mkdir -p "$WORK"
+# Each run's folder placed as a new top-level folder, away from the inodes
+# earlier runs deleted (bench/run_bench.sh, "Output placement").
+chattr +T "$WORK" 2>/dev/null || true
 trap 'unpin_memory; rm -rf "$WORK"' EXIT
 MEMORY_NOTE="memory: as it is (caches not dropped)"
 if ((CAN_DROP)); then pin_memory "$FREE_PAGE_REPORTING" >/dev/null; fi

@@ -4,7 +4,7 @@
 #
 #   bench/run_bench.sh [--gb=3] [--runs=3] [--workdir=/tmp/ucp_bench] [--threads=0] [--ranks="1 2"] [--nofsync=1]
 #                      [--baseline=OTHER_UCP] [--source=TAG_FOLDER] [--timings=1] [--keep]
-#                      [--free_page_reporting=off|keep]
+#                      [--free_page_reporting=off|keep] [--topdir=1]
 #
 # --source=TAG_FOLDER: a checkpoint real DeepSpeed wrote (a global_stepN folder;
 # bench/real_checkpoints.py makes several shapes, bench/run_real_bench.sh runs
@@ -81,6 +81,26 @@
 # free memory once before the timings, so every run meets backed memory, as on
 # a machine without a balloon; the order is put back when it ends, and the
 # report says what was done. --free_page_reporting=keep leaves memory as it is.
+#
+# Output placement: on ext4 without a journal (this VM's disk), an inode freed
+# less than 60 s ago (300 s while its inode table block is dirty) is not
+# reused, and every new inode is searched for from the start of its block
+# group, past each such inode again (fs/ext4/ialloc.c: find_inode_bit,
+# recently_deleted). Every run deletes the output of the one before (a
+# universal checkpoint is one file per param state: 2577 files for
+# neox-deep-tp2), in the same group, so the next output's files cost more and
+# more kernel time, with the number of files it creates times the number
+# deleted within minutes: measured on neox-deep-tp2, `perf` put 17-25% of
+# convert's samples in recently_deleted, and convert took 0.65-0.72 s after six
+# deleted copies of its output in its folder against 0.51-0.59 s in a fresh
+# one. A conversion into a folder where nothing was just deleted (or any ext4
+# with a journal, which skips the check) does not pay it. So the work folder
+# and every output's parent are marked as tops of directory hierarchies
+# (chattr +T): ext4 places each new folder in them as it places a new
+# top-level folder (the Orlov allocator: a group with few folders, from a
+# start hashed from its name), away from what earlier runs deleted, and the
+# files under it follow it. The same for cp -r and the copies as for ucp.
+# --topdir=0 leaves the folders as they are; the report says which was done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -102,6 +122,7 @@ KEEP=0
 SOURCE=""
 TIMINGS=1
 FREE_PAGE_REPORTING=off
+TOPDIR=1
 for arg in "$@"; do
   case "$arg" in
     --gb=*) GB="${arg#*=}" ;;
@@ -115,10 +136,12 @@ for arg in "$@"; do
     --timings=*) TIMINGS="${arg#*=}" ;;
     --keep) KEEP=1 ;;
     --free_page_reporting=*) FREE_PAGE_REPORTING="${arg#*=}" ;;
+    --topdir=*) TOPDIR="${arg#*=}" ;;
     *) echo "unknown argument $arg" >&2; exit 2 ;;
   esac
 done
 check_free_page_reporting_flag "$FREE_PAGE_REPORTING"
+if [[ "$TOPDIR" != 0 && "$TOPDIR" != 1 ]]; then echo "--topdir must be 0 or 1, not '$TOPDIR'" >&2; exit 2; fi
 
 TARGETS=(//tools:ucp //bench:make_checkpoint //bench:durable_copy)
 bazel build -c opt "${TARGETS[@]}" >/dev/null 2>&1 || bazel build -c opt "${TARGETS[@]}"
@@ -129,6 +152,29 @@ COPY="$BIN/bench/durable_copy"
 
 rm -rf "$WORK"
 mkdir -p "$WORK"
+# place_outputs DIR: marks DIR (created if missing) as a top of a directory
+# hierarchy with --topdir=1 (see "Output placement" above); a filesystem
+# without the flag leaves it as it is, and PLACEMENT_NOTE says so.
+place_outputs() {
+  mkdir -p "$1"
+  if ((TOPDIR)); then chattr +T "$1" 2>/dev/null || true; fi
+}
+place_outputs "$WORK"
+FS_TYPE=$(findmnt -no FSTYPE -T "$WORK" 2>/dev/null || echo unknown)
+FS_DEV=$(basename "$(findmnt -no SOURCE -T "$WORK" 2>/dev/null || echo none)")
+FS_JOURNAL=""
+if [[ "$FS_TYPE" == ext4 && -r "/sys/fs/ext4/$FS_DEV/journal_task" ]]; then
+  if [[ "$(cat "/sys/fs/ext4/$FS_DEV/journal_task")" == "<none>" ]]; then FS_JOURNAL=" without a journal"; else FS_JOURNAL=" with a journal"; fi
+fi
+if ((!TOPDIR)); then
+  PLACEMENT_NOTE="outputs: $FS_TYPE$FS_JOURNAL; folders left as they are (--topdir=0)"
+elif lsattr -d "$WORK" 2>/dev/null | cut -d' ' -f1 | grep -q T; then
+  PLACEMENT_NOTE="outputs: $FS_TYPE$FS_JOURNAL; each output's folder marked chattr +T (placed as a new top-level folder, away from inodes earlier runs deleted)"
+else
+  PLACEMENT_NOTE="outputs: $FS_TYPE$FS_JOURNAL; chattr +T not supported here, folders as they are"
+fi
+echo "== $PLACEMENT_NOTE"
+export PLACEMENT_NOTE
 cleanup() {
   unpin_memory
   if [[ -f $WORK/report.txt ]]; then cp "$WORK/report.txt" "$WORK.report.txt"; fi
@@ -280,6 +326,7 @@ run() {
   shift 4
   wanted "$name" || return 0
   rm -rf "$out"
+  place_outputs "$(dirname "$out")"
   prepare "$protocol" "$input"
   if ! /usr/bin/time -f "%e %M %O" -o "$WORK/time.out" "$@" >"$WORK/$name.log" 2>&1; then
     echo "run_bench.sh: $name ($protocol) failed: $*" >&2
@@ -414,6 +461,7 @@ ok = same != "DIFFERENT"
 print(f"\n== ucp benchmark: {what} -> universal / tp=1 dp=1, {runs} runs each")
 print(f"input {in_bytes/1e6:.0f} MB, largest input file {largest/2**20:.0f} MiB -> RSS budget {budget/2**20:.0f} MiB")
 print(os.environ.get("MEMORY_NOTE", "memory: as it is"))
+print(os.environ.get("PLACEMENT_NOTE", "outputs: as they are"))
 for protocol in protocols.split():
     rows = {}
     for name, rd, wr, *disk in ops:
@@ -522,6 +570,7 @@ if ((TIMINGS)); then
       shift 3
       wanted "$name" || return 0
       rm -rf "$out"
+      place_outputs "$(dirname "$out")"
       prepare warm "$input"
       "$@" --timings --progress=never 2>&1 >/dev/null | grep -v '^ucp: note' || true
     }

@@ -90,7 +90,7 @@
 # universal checkpoint is one file per param state: 2577 files for
 # neox-deep-tp2), in the same group, so the next output's files cost more and
 # more kernel time, with the number of files it creates times the number
-# deleted within minutes: measured on neox-deep-tp2, `perf` put 17-25% of
+# deleted within minutes: measured on neox-deep-tp2, `perf` put 12-26% of
 # convert's samples in recently_deleted, and convert took 0.65-0.72 s after six
 # deleted copies of its output in its folder against 0.51-0.59 s in a fresh
 # one. A conversion into a folder where nothing was just deleted (or any ext4

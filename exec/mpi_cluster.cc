@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/phases.h"
 #include "base/status_macros.h"
+#include "exec/loopback_nodelay.h"
 
 namespace ucp::exec {
 namespace {
@@ -303,6 +304,9 @@ class MpiCluster : public Cluster {
     }
     const bool initialized = s.ok();
     if (s.ok()) {
+      // PMIx's connection to the launcher, made by MPI_Init: without this,
+      // MPI_Finalize waits 40 ms on Nagle's algorithm (loopback_nodelay.h).
+      SetNoDelayOnLoopbackTcp();
       mpi->Comm_rank(mpi->comm_world, &rank_);
       mpi->Comm_size(mpi->comm_world, &size_);
       // Errors come back as codes, not as the default abort.

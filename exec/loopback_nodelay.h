@@ -13,8 +13,8 @@
 // 0.07-0.08 s once it set TCP_NODELAY on those sockets after MPI_Init.
 //
 // Only loopback TCP sockets are touched (both ends on this host: the PMIx
-// connection; Open MPI's own TCP transports already set the option), and
-// the option only changes when small writes go out, never what is sent.
+// connection; sockets to other hosts are left as they are), and the option
+// only changes when small writes go out, never what is sent.
 //
 // Example (exec/mpi_cluster.cc, right after MPI_Init_thread):
 //   SetNoDelayOnLoopbackTcp();

@@ -12,6 +12,7 @@
 #ifndef UCP_BASE_ONCE_SLOT_H_
 #define UCP_BASE_ONCE_SLOT_H_
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <utility>
@@ -37,6 +38,7 @@ class OnceSlot {
       absl::StatusOr<std::unique_ptr<T>> made = make();
       if (made.ok()) {
         value_ = *std::move(made);
+        ready_.store(true, std::memory_order_release);
       } else {
         status_ = made.status();
       }
@@ -48,11 +50,16 @@ class OnceSlot {
   // The value when a Get that has returned made it, else null; never makes
   // it. Only for a caller ordered after every Get (no Get may run at once).
   T* made() const { return value_.get(); }
+  // The value when it has been made, else null; never makes it, never
+  // waits. Safe at any time, from any thread (e.g. for a hint that should
+  // not open what nobody asked for yet).
+  T* IfMade() const { return ready_.load(std::memory_order_acquire) ? value_.get() : nullptr; }
 
  private:
   std::once_flag once_;
   absl::Status status_;
   std::unique_ptr<T> value_;
+  std::atomic<bool> ready_{false};
 };
 
 }  // namespace ucp

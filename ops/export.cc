@@ -140,7 +140,11 @@ class Builder {
     t.name = std::move(name);
     t.shape = p.full_shape;
     t.dtype = OutDType(p);
-    t.inputs = state_.Inputs(p);
+    // What Value reads: the fp32 masters alone, not every state of the
+    // param (an lp export may fall back to the masters: all of them).
+    t.inputs = !p.trainable() ? state_.StateInputs(p, state::kLpState)
+               : lp_          ? state_.Inputs(p)
+                              : state_.StateInputs(p, state::kFp32State);
     const Builder* self = this;
     t.source = [self, index]() { return self->Value(self->info_.params[static_cast<size_t>(index)]); };
     return t;
@@ -362,6 +366,7 @@ absl::StatusOr<ExportResult> ExportImpl(const ExportOptions& options, Leftovers*
   UCP_ASSIGN_OR_RETURN(ExportContents c, PlanExportContents(*state, o));
   writers::ExportWriteOptions w = options.write;
   w.inputs = {source_dir};
+  w.read_ahead = state.get();  // lives until RunPlan returns
   if (!hf_folder.dir.empty()) w.inputs.push_back(hf_folder.dir);
   if (!c.config_json.empty()) w.extra_files.emplace_back("config.json", c.config_json);
   if (o.names == "hf" && !hf_folder.dir.empty()) {

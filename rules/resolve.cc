@@ -525,6 +525,9 @@ class RuleOverlayState : public state::ModelState {
     return base_->StateInputs(BaseParam(param), state);
   }
   std::vector<std::string> InputFiles() const override { return base_->InputFiles(); }
+  std::optional<state::FileExtent> ExtentOf(const state::InputRange& range) const override {
+    return base_->ExtentOf(range);
+  }
   absl::Status VerifyInput(const std::string& path) const override { return base_->VerifyInput(path); }
   void SetCheckedInputs(std::shared_ptr<const std::set<std::string>> keys) const override {
     base_->SetCheckedInputs(std::move(keys));

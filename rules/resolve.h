@@ -71,7 +71,13 @@ class ResolvedState : public state::ModelState {
   std::vector<state::InputRange> Inputs(const state::ParamState& param) const override {
     return source_->Inputs(param);
   }
+  std::vector<state::InputRange> StateInputs(const state::ParamState& param, const std::string& state) const override {
+    return source_->StateInputs(param, state);
+  }
   std::vector<std::string> InputFiles() const override { return source_->InputFiles(); }
+  std::optional<state::FileExtent> ExtentOf(const state::InputRange& range) const override {
+    return source_->ExtentOf(range);
+  }
   absl::Status VerifyInput(const std::string& path) const override { return source_->VerifyInput(path); }
   void SetCheckedInputs(std::shared_ptr<const std::set<std::string>> keys) const override {
     source_->SetCheckedInputs(std::move(keys));

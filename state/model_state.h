@@ -201,6 +201,14 @@ struct InputRange {
   int64_t length = -1;
 };
 
+// Where bytes of an input lie in its file: [offset, offset + length), or to
+// the end of the file when length is -1.
+struct FileExtent {
+  std::string path;
+  int64_t offset = 0;
+  int64_t length = -1;
+};
+
 // The key of an input record in CheckpointState::SetCheckedInputs.
 inline std::string InputKey(const std::string& path, const std::string& tensor) { return path + "|" + tensor; }
 
@@ -235,6 +243,13 @@ class CheckpointState {
   // input goes unnoticed.
   virtual std::vector<std::string> InputFiles() const { return {}; }
   virtual absl::Status VerifyInput(const std::string& path) const { return absl::OkStatus(); }
+  // Where the bytes of `range` (one of Inputs()) lie in its file, when this
+  // state knows it without opening, parsing or reading anything (a file it
+  // has not opened yet: nullopt); nullopt too when the state does not say
+  // (the default). For read-ahead hints (writers/read_ahead.h): a wrong
+  // answer costs time, never correctness. Safe to call from any thread
+  // while units run.
+  virtual std::optional<FileExtent> ExtentOf(const InputRange& range) const { return std::nullopt; }
   // Which input records this process CRC-checks when it reads them, as
   // InputKey(path, tensor) of Inputs(); null (the default): every record it
   // reads. A job of several ranks has each record checked by one rank only

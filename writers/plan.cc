@@ -21,6 +21,7 @@
 #include "format/torch/torch_file.h"
 #include "format/torch/zip.h"
 #include "tp/plan_io.h"
+#include "writers/read_ahead.h"
 
 namespace ucp::writers {
 
@@ -71,8 +72,22 @@ absl::Status ExecuteUnits(const Plan& plan, const std::vector<size_t>& subset, c
   // to disk in steps while the units run (base/flusher.h): the commit's sync
   // then has little left to do.
   BackgroundFlusher flusher(writeback ? FlushEveryBytes(total.bytes_total) : 0);
+  // The next units' input bytes are asked of the kernel while these run
+  // (writers/read_ahead.h): cold, the disk reads them in large requests
+  // while the units compute and write, instead of idling between their
+  // reads.
+  const state::CheckpointState* ahead_of = plan.read_ahead_source();
+  ReadAhead read_ahead(units, order,
+                       ahead_of == nullptr ? ReadAhead::ExtentFn()
+                                           : [ahead_of](const InputRange& r) { return ahead_of->ExtentOf(r); },
+                       kReadAheadBytes);
   absl::Status ran_all = ParallelFor(order.size(), threads, [&](size_t k) -> absl::Status {
     const size_t i = order[k];
+    struct Ended {  // on every return: what was read ahead for it no longer counts
+      ReadAhead& ahead;
+      size_t k;
+      ~Ended() { ahead.Finished(k); }
+    } ended{read_ahead, k};
     PhaseScope bound(times);
     FlusherScope flushing(&flusher);
     absl::Status ran;

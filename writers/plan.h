@@ -95,6 +95,9 @@ class Plan {
   virtual std::string latest_file() const = 0;
   // The state the units read (for SetCheckedInputs), or null.
   virtual const state::CheckpointState* source() const { return nullptr; }
+  // The state whose ExtentOf says where the units' inputs lie, for reading
+  // them ahead (writers/read_ahead.h), or null: source() by default.
+  virtual const state::CheckpointState* read_ahead_source() const { return source(); }
 
  protected:
   std::vector<Unit> units_;
@@ -128,6 +131,13 @@ absl::Status ExecuteUnits(const Plan& plan, const std::vector<size_t>& subset, c
 // no more often than before (each flush commits the journal and flushes the
 // disk's cache).
 int64_t FlushEveryBytes(int64_t bytes_to_write);
+
+// How far ExecuteUnits reads the units' inputs ahead of the units started
+// (writers/read_ahead.h): bytes the page cache holds before a unit asks
+// for them. On neox-tp2-z1 (bench/real_checkpoints.py), cold, one rank,
+// bench/ab.sh against no read-ahead: 256 MiB took 96% of the time, 1 GiB
+// 99% (6 runs each): a few units' worth is enough.
+inline constexpr int64_t kReadAheadBytes = int64_t{256} << 20;
 
 // Appends to `units` one unit that checks the source's input files no unit
 // reads (CheckpointState::InputFiles / VerifyInput); Plan::Execute of a

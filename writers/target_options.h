@@ -189,6 +189,10 @@ struct ExportWriteOptions {
   bool keep_temp_folder = false;
   ProgressFn progress;
   bool fsync = true;  // RunOptions::fsync (--fsync)
+  // The state the tensors' inputs come from, whose ExtentOf says where they
+  // lie, for reading them ahead (writers/read_ahead.h); null: none. Must
+  // outlive the plan's run.
+  const state::CheckpointState* read_ahead = nullptr;
 };
 
 // "5GB" -> 5000000000 as huggingface_hub's parse_size_to_int reads it: an

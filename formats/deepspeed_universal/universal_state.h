@@ -39,6 +39,12 @@ class UniversalModelState : public state::ModelState, public deepspeed::DeepSpee
   std::vector<state::InputRange> Inputs(const state::ParamState& param) const override;
   std::vector<state::InputRange> StateInputs(const state::ParamState& param,
                                                  const std::string& state) const override;
+  // Every input Inputs() lists is a whole file (a param's state file, its
+  // step.pt) that reading the param reads whole.
+  std::optional<state::FileExtent> ExtentOf(const state::InputRange& range) const override {
+    if (!range.tensor.empty()) return std::nullopt;
+    return state::FileExtent{range.path, 0, -1};
+  }
   void SetCheckedInputs(std::shared_ptr<const std::set<std::string>> keys) const override {
     ckpt_->SetCheckedInputs(std::move(keys));
   }

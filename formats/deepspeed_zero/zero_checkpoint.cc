@@ -1089,9 +1089,7 @@ absl::StatusOr<std::vector<torch::Tensor>> ZeroCheckpoint::SlicePieces(const Zer
   for (const auto& [rank, frag] : layout.FragmentsOfParam(index)) {
     UCP_ASSIGN_OR_RETURN(const OptimFile* f, Optim(pp, tp, rank));
     const torch::Tensor* flat = f->Flat(param.group, state);  // "fp32": the partition
-    const std::string tensor_name =
-        state == "fp32" ? absl::StrCat("single_partition_of_fp32_groups[", param.group, "]")
-                        : absl::StrCat("base_optimizer_state.state[", param.group, "].", state);
+    const std::string tensor_name = FlatTensorName(param.group, state);
     if (flat == nullptr) {
       return absl::NotFoundError(absl::StrCat(f->path, ": group ", param.group, " has no optimizer state '", state,
                                               "'"));
@@ -1127,6 +1125,43 @@ absl::StatusOr<torch::Tensor> ZeroCheckpoint::ModuleTensor(const ModuleEntry& en
   const Value* v = m != nullptr && m->is(Kind::kDict) ? m->DictGet(entry.name) : nullptr;
   if (v == nullptr) return absl::NotFoundError(absl::StrCat(f.path(), ": module has no '", entry.name, "'"));
   return f.GetTensor(*v);
+}
+
+std::string FlatTensorName(int group, const std::string& state) {
+  return state == "fp32" ? absl::StrCat("single_partition_of_fp32_groups[", group, "]")
+                         : absl::StrCat("base_optimizer_state.state[", group, "].", state);
+}
+
+std::optional<state::FileExtent> ZeroCheckpoint::OpenedExtent(const state::InputRange& range) const {
+  // Whole files (the units that verify unread inputs list them) are not
+  // read whole by VerifyFile (a layer file's records are read only when a
+  // tensor is): nothing to say about them.
+  if (range.tensor.empty()) return std::nullopt;
+  for (const auto& [key, slot] : optim_slots_) {
+    const auto& [pp, tp, dp] = key;
+    if (OptimPath(pp, tp, dp) != range.path) continue;
+    const OptimFile* f = slot->IfMade();
+    if (f == nullptr) return std::nullopt;
+    for (int g = 0; g < num_groups_; ++g) {
+      const torch::Tensor* flat = nullptr;
+      if (range.tensor == FlatTensorName(g, "fp32")) flat = f->Flat(g, "fp32");
+      for (const std::string& state : state_keys_) {
+        if (range.tensor == FlatTensorName(g, state)) flat = f->Flat(g, state);
+      }
+      if (flat == nullptr) continue;
+      std::string path;
+      uint64_t at = 0;
+      const int64_t length = range.length < 0 ? static_cast<int64_t>(flat->nbytes()) - range.offset : range.length;
+      if (!flat->is_contiguous() || range.offset < 0 || length < 0 ||
+          static_cast<uint64_t>(range.offset + length) > flat->nbytes() ||
+          !torch::MappedFile::Locate(flat->data(), flat->nbytes(), &path, &at)) {
+        return std::nullopt;
+      }
+      return state::FileExtent{path, static_cast<int64_t>(at) + range.offset, length};
+    }
+    return std::nullopt;
+  }
+  return std::nullopt;
 }
 
 }  // namespace ucp::deepspeed_zero

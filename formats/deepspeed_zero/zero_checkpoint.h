@@ -59,6 +59,12 @@ struct ModuleEntry {
   std::vector<std::vector<int64_t>> tp_shapes;  // per tp rank
 };
 
+// How units name a flat partition of an optimizer file (state::InputRange's
+// tensor, CheckpointState::SetCheckedInputs's keys): state "fp32" is
+// single_partition_of_fp32_groups[g], any other
+// base_optimizer_state.state[g].<state>.
+std::string FlatTensorName(int group, const std::string& state);
+
 // OptimFile: one parsed `*_optim_states.pt`: per param group its flat dp
 // partition (single_partition_of_fp32_groups[g]), per-element optimizer
 // states and scalars in the shared FlatOptimFile (deepspeed/flat_optim_file.h,
@@ -144,6 +150,11 @@ class ZeroCheckpoint {
   // would: an optimizer file is opened (Optim); layer and mp_rank files were
   // checked at Open (a layer file's storages when a tensor is read).
   absl::Status VerifyFile(const std::string& path) const;
+  // Where the bytes of `range` (a range of a flat partition of an optimizer
+  // file, as ZeroSlicedState::Inputs lists it) lie in that file, when the
+  // file is open already (never opens one, never waits for one being
+  // opened); nullopt otherwise (state::CheckpointState::ExtentOf).
+  std::optional<state::FileExtent> OpenedExtent(const state::InputRange& range) const;
 
   // The flat pieces (in dp order) whose concatenation is the tp slice of
   // `param` in stage `pp`, tp rank `tp`, for `state` ("fp32" or a state key).

@@ -3,12 +3,17 @@
 // fixture (3 param groups, the last of one element in partitions of 2) and on
 // damaged copies of it,
 // which the reader must refuse naming the file, the group and the state.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "base/fs.h"
 #include "formats/deepspeed_zero/zero_checkpoint.h"
+#include "formats/deepspeed_zero/zero_state.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "testing/fixtures.h"
@@ -105,6 +110,82 @@ TEST(ZeroOptimFileTest, GroupWithoutStatesIsRefused) {
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().message(), absl::StrCat(JoinPath(dir, kOptim0),
                                                ": group 2 has optimizer states [], group 0 has [exp_avg, exp_avg_sq]"));
+}
+
+// Read-ahead (writers/read_ahead.h) asks the state where each unit's input
+// bytes lie: for a flat partition of an optimizer file already open, the
+// file's own bytes at that extent are the range's bytes; for a file not
+// opened yet, nothing (asking must not open one).
+TEST(ZeroOptimFileTest, ExtentsOfOpenedOptimizerFilesHoldTheRangesBytes) {
+  auto c = ZeroCheckpoint::Open(VersionFixturePath("0.19.5", kFixture));
+  ASSERT_TRUE(c.ok()) << c.status();
+  const ZeroCheckpoint& ckpt = **c;
+  const std::string rank1 = ckpt.OptimPath(0, 0, 1);
+  const state::InputRange exp_avg{rank1, "base_optimizer_state.state[1].exp_avg", 8, 16};
+  EXPECT_EQ(ckpt.OpenedExtent(exp_avg), std::nullopt) << "rank 1's file is not open yet";
+  auto f1 = ckpt.Optim(0, 0, 1);
+  ASSERT_TRUE(f1.ok()) << f1.status();
+  const int fd = ::open(rank1.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  struct Case {
+    state::InputRange range;
+    const torch::Tensor* flat;
+  };
+  const std::vector<Case> cases = {
+      {exp_avg, (*f1)->Flat(1, "exp_avg")},
+      {{rank1, "single_partition_of_fp32_groups[0]", 0, 64}, (*f1)->Flat(0, "fp32")},
+      {{rank1, "base_optimizer_state.state[0].exp_avg_sq", 4, 12}, (*f1)->Flat(0, "exp_avg_sq")},
+  };
+  for (const Case& k : cases) {
+    ASSERT_NE(k.flat, nullptr) << k.range.tensor;
+    ASSERT_GE(k.flat->nbytes(), static_cast<size_t>(k.range.offset + k.range.length)) << k.range.tensor;
+    const std::optional<state::FileExtent> e = ckpt.OpenedExtent(k.range);
+    ASSERT_TRUE(e.has_value()) << k.range.tensor;
+    EXPECT_EQ(e->path, rank1);
+    ASSERT_EQ(e->length, k.range.length) << k.range.tensor;
+    std::string in_file(static_cast<size_t>(e->length), '\0');
+    ASSERT_EQ(::pread(fd, in_file.data(), in_file.size(), e->offset), static_cast<ssize_t>(in_file.size()));
+    const std::string parsed(reinterpret_cast<const char*>(k.flat->data()) + k.range.offset,
+                             static_cast<size_t>(k.range.length));
+    EXPECT_EQ(in_file, parsed) << k.range.tensor << " at file offset " << e->offset;
+  }
+  ::close(fd);
+  // Not a flat partition of an optimizer file: nothing to say.
+  EXPECT_EQ(ckpt.OpenedExtent({rank1, "base_optimizer_state.state[7].exp_avg", 0, 4}), std::nullopt);
+  EXPECT_EQ(ckpt.OpenedExtent({rank1, "", 0, -1}), std::nullopt);
+  EXPECT_EQ(ckpt.OpenedExtent({JoinPath(ckpt.dir(), "mp_rank_00_model_states.pt"), "module.x", 0, -1}), std::nullopt);
+}
+
+// Every range the state lists for the optimizer's params resolves, once
+// the files are open: the names Inputs writes are the ones OpenedExtent reads.
+TEST(ZeroOptimFileTest, EveryOptimizerInputOfTheStateHasAnExtent) {
+  auto c = ZeroCheckpoint::Open(VersionFixturePath("0.19.5", kFixture));
+  ASSERT_TRUE(c.ok()) << c.status();
+  std::shared_ptr<const ZeroCheckpoint> ckpt = std::move(*c);
+  for (int dp = 0; dp < 2; ++dp) ASSERT_TRUE(ckpt->Optim(0, 0, dp).ok());
+  auto st = ZeroSlicedState::Make(ckpt, ZeroReadOptions());
+  ASSERT_TRUE(st.ok()) << st.status();
+  int resolved = 0;
+  for (const state::ParamState& p : (*st)->info().params) {
+    for (const state::InputRange& r : (*st)->Inputs(p)) {
+      if (r.path.find("optim_states") == std::string::npos) continue;
+      const std::optional<state::FileExtent> e = (*st)->ExtentOf(r);
+      ASSERT_TRUE(e.has_value()) << p.name << ": " << r.path << " " << r.tensor;
+      EXPECT_EQ(e->length, r.length) << p.name << " " << r.tensor;
+      ++resolved;
+    }
+  }
+  EXPECT_GT(resolved, 0);
+  // An export reads the fp32 masters only: StateInputs lists those ranges alone.
+  for (const state::ParamState& p : (*st)->info().params) {
+    if (!p.trainable()) continue;
+    const std::vector<state::InputRange> fp32 = (*st)->StateInputs(p, state::kFp32State);
+    ASSERT_FALSE(fp32.empty()) << p.name;
+    for (const state::InputRange& r : fp32) {
+      EXPECT_EQ(r.tensor.rfind("single_partition_of_fp32_groups[", 0), 0u) << p.name << ": " << r.tensor;
+    }
+    EXPECT_EQ(fp32.size() * 3, (*st)->Inputs(p).size()) << p.name << ": fp32, exp_avg and exp_avg_sq";
+  }
 }
 
 }  // namespace

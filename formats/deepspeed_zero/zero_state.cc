@@ -220,11 +220,9 @@ std::vector<state::InputRange> ZeroSlicedState::Inputs(const ParamState& param) 
     for (int t = 0; t < tp_degree; ++t) {
       for (const auto& [rank, frag] : ckpt_->Layout(stage, t, zp->group).FragmentsOfParam(index)) {
         const std::string path = ckpt_->OptimPath(stage, t, rank);
-        out.push_back({path, absl::StrCat("single_partition_of_fp32_groups[", zp->group, "]"),
-                       frag.partition_offset * 4, frag.numel * 4});
+        out.push_back({path, FlatTensorName(zp->group, "fp32"), frag.partition_offset * 4, frag.numel * 4});
         for (const std::string& key : info_.state_keys) {
-          out.push_back({path, absl::StrCat("base_optimizer_state.state[", zp->group, "].", key),
-                         frag.partition_offset * 4, frag.numel * 4});
+          out.push_back({path, FlatTensorName(zp->group, key), frag.partition_offset * 4, frag.numel * 4});
         }
       }
     }
@@ -234,6 +232,23 @@ std::vector<state::InputRange> ZeroSlicedState::Inputs(const ParamState& param) 
   for (int t = 0; t < tp_degree; ++t) {
     out.push_back({e.layer >= 0 ? ckpt_->LayerPath(e.layer, t) : ckpt_->MpRankPath(0, t),
                    e.layer >= 0 ? e.local_name : absl::StrCat("module.", e.name), 0, -1});
+  }
+  return out;
+}
+
+std::vector<state::InputRange> ZeroSlicedState::StateInputs(const ParamState& param, const std::string& state) const {
+  std::vector<state::InputRange> all = Inputs(param);
+  const int i = info_.IndexOf(param.name);
+  if (i < 0 || zero_params_[i] == nullptr) return all;
+  const int group = zero_params_[i]->group;
+  if (state != state::kFp32State &&
+      std::find(info_.state_keys.begin(), info_.state_keys.end(), state) == info_.state_keys.end()) {
+    return all;
+  }
+  const std::string tensor = FlatTensorName(group, state);
+  std::vector<state::InputRange> out;
+  for (state::InputRange& r : all) {
+    if (r.tensor == tensor) out.push_back(std::move(r));
   }
   return out;
 }

@@ -52,7 +52,13 @@ class ZeroSlicedState : public state::SlicedState, public deepspeed::DeepSpeedFa
                                                      const std::string& state) const override;
   absl::StatusOr<state::FileValue> GroupScalar(int group, const std::string& key) const override;
   std::vector<state::InputRange> Inputs(const state::ParamState& param) const override;
+  // An optimizer param's fp32 or one optimizer state: the ranges of that
+  // flat partition alone; anything else: Inputs(param).
+  std::vector<state::InputRange> StateInputs(const state::ParamState& param, const std::string& state) const override;
   std::vector<std::string> InputFiles() const override;
+  std::optional<state::FileExtent> ExtentOf(const state::InputRange& range) const override {
+    return ckpt_->OpenedExtent(range);
+  }
   absl::Status VerifyInput(const std::string& path) const override { return ckpt_->VerifyFile(path); }
   void SetCheckedInputs(std::shared_ptr<const std::set<std::string>> keys) const override {
     ckpt_->SetCheckedInputs(std::move(keys));

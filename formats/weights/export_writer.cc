@@ -140,6 +140,8 @@ class ExportPlan : public Plan {
   ExportPlan(std::vector<ExportTensor> tensors, ExportFormat format, const ExportWriteOptions& options)
       : tensors_(std::move(tensors)), format_(format), options_(options) {}
 
+  const state::CheckpointState* read_ahead_source() const override { return options_.read_ahead; }
+
   absl::Status Build() {
     std::map<std::string, int> seen;
     for (const ExportTensor& t : tensors_) {

@@ -5,7 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <map>
+#include <list>
 #include <memory>
 #include <utility>
 
@@ -14,29 +14,40 @@
 namespace ucp::writers {
 namespace {
 
-// posix_fadvise(WILLNEED) on each file, opened once (any descriptor of the
-// file reads into the same page cache); closed with the last copy.
+// ReadAhead::KernelRequests (any descriptor of a file reads into the same
+// page cache).
 class Fadvise {
  public:
   void operator()(const std::string& path, int64_t offset, int64_t length) {
-    auto it = fds_->find(path);
-    if (it == fds_->end()) it = fds_->emplace(path, Fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC))).first;
-    if (it->second.fd < 0) return;
-    (void)::posix_fadvise(it->second.fd, static_cast<off_t>(offset), static_cast<off_t>(length),
-                          POSIX_FADV_WILLNEED);
+    Files& f = *files_;
+    auto it = std::find_if(f.open.begin(), f.open.end(), [&](const Fd& d) { return d.path == path; });
+    if (it == f.open.end()) {
+      if (f.open.size() >= ReadAhead::kOpenFiles) f.open.pop_front();
+      f.open.emplace_back(path, ::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    } else {
+      f.open.splice(f.open.end(), f.open, it);  // most recently used last
+    }
+    const int fd = f.open.back().fd;
+    if (fd < 0) return;
+    (void)::posix_fadvise(fd, static_cast<off_t>(offset), static_cast<off_t>(length), POSIX_FADV_WILLNEED);
   }
 
  private:
   struct Fd {
-    explicit Fd(int f) : fd(f) {}
-    Fd(Fd&& o) noexcept : fd(std::exchange(o.fd, -1)) {}
+    Fd(std::string p, int f) : path(std::move(p)), fd(f) {}
     Fd(const Fd&) = delete;
+    Fd& operator=(const Fd&) = delete;
     ~Fd() {
       if (fd >= 0) ::close(fd);
     }
+    std::string path;
     int fd;
   };
-  std::shared_ptr<std::map<std::string, Fd>> fds_ = std::make_shared<std::map<std::string, Fd>>();
+  struct Files {
+    std::list<Fd> open;
+  };
+  // Shared by the copies std::function makes; closed with the last one.
+  std::shared_ptr<Files> files_ = std::make_shared<Files>();
 };
 
 // The size of `path`, or -1.
@@ -48,11 +59,13 @@ int64_t SizeOf(const std::string& path) {
 
 }  // namespace
 
+ReadAhead::RequestFn ReadAhead::KernelRequests() { return Fadvise(); }
+
 ReadAhead::ReadAhead(const std::vector<Unit>& units, const std::vector<size_t>& order, ExtentFn extent,
                      int64_t budget, RequestFn request)
     : units_(units), order_(order), extent_(std::move(extent)), budget_(budget), request_(std::move(request)),
       asked_(order.size(), 0), ended_(order.size(), false) {
-  if (!request_) request_ = Fadvise();
+  if (!request_) request_ = KernelRequests();
   if (extent_ && budget_ > 0 && !order_.empty()) thread_ = std::thread([this] { Run(); });
 }
 

@@ -47,10 +47,16 @@ class ReadAhead {
   // Where an input range's bytes lie (nullopt: unknown, skipped).
   using ExtentFn = std::function<std::optional<state::FileExtent>(const state::InputRange&)>;
   // Asks for bytes [offset, offset + length) of `path` (length > 0, at most
-  // kStepBytes). The default (null) opens each file once and calls
-  // posix_fadvise(POSIX_FADV_WILLNEED); tests record the calls instead.
+  // kStepBytes). The default (null): KernelRequests(); tests record the
+  // calls instead.
   using RequestFn = std::function<void(const std::string& path, int64_t offset, int64_t length)>;
   static constexpr int64_t kStepBytes = int64_t{8} << 20;
+  // The default RequestFn: posix_fadvise(POSIX_FADV_WILLNEED) through at
+  // most kOpenFiles descriptors kept open (the least recently used closed
+  // first, so that a checkpoint of thousands of files never takes the
+  // units' own descriptors), closed with the last copy of the function.
+  static constexpr size_t kOpenFiles = 16;
+  static RequestFn KernelRequests();
 
   // `order`: the indices of `units` in the order they start. Nothing is
   // asked for when budget <= 0, order is empty or extent is null. The

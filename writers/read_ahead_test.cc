@@ -3,6 +3,8 @@
 // posix_fadvise replaced by a recorder.
 #include "writers/read_ahead.h"
 
+#include <dirent.h>
+
 #include <chrono>
 #include <condition_variable>
 #include <fstream>
@@ -173,6 +175,39 @@ TEST(ReadAheadTest, AsksNothingWithoutExtentsOrBudget) {
     ReadAhead some(units, order, ExtentsOf({{"a", {"/f", 0, 1}}}), 1, rec.Fn());
     EXPECT_EQ(rec.WaitFor(1).size(), 1u);
   }
+}
+
+// The number of descriptors this process has open.
+int OpenDescriptors() {
+  int n = 0;
+  DIR* d = opendir("/proc/self/fd");
+  if (d == nullptr) return -1;
+  while (readdir(d) != nullptr) ++n;
+  closedir(d);
+  return n;
+}
+
+TEST(ReadAheadTest, KernelRequestsKeepFewDescriptorsOpen) {
+  const std::string dir = ucp::testing::FreshTempDir("read_ahead_fds");
+  std::vector<std::string> paths;
+  for (int i = 0; i < 40; ++i) {
+    paths.push_back(JoinPath(dir, "f" + std::to_string(i)));
+    std::ofstream(paths.back(), std::ios::binary) << std::string(4096, 'x');
+  }
+  const int before = OpenDescriptors();
+  ASSERT_GT(before, 0);
+  {
+    ReadAhead::RequestFn request = ReadAhead::KernelRequests();
+    for (int round = 0; round < 2; ++round) {
+      for (const std::string& p : paths) {
+        request(p, 0, 4096);
+        EXPECT_LE(OpenDescriptors(), before + static_cast<int>(ReadAhead::kOpenFiles)) << p;
+      }
+    }
+    EXPECT_EQ(OpenDescriptors(), before + static_cast<int>(ReadAhead::kOpenFiles));
+    request("/nonexistent/file", 0, 1);  // cannot be opened: ignored
+  }
+  EXPECT_EQ(OpenDescriptors(), before) << "descriptors left open";
 }
 
 }  // namespace

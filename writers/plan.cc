@@ -10,6 +10,7 @@
 #include <map>
 #include <set>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "base/flusher.h"
@@ -83,11 +84,8 @@ absl::Status ExecuteUnits(const Plan& plan, const std::vector<size_t>& subset, c
                        kReadAheadBytes);
   absl::Status ran_all = ParallelFor(order.size(), threads, [&](size_t k) -> absl::Status {
     const size_t i = order[k];
-    struct Ended {  // on every return: what was read ahead for it no longer counts
-      ReadAhead& ahead;
-      size_t k;
-      ~Ended() { ahead.Finished(k); }
-    } ended{read_ahead, k};
+    // On every return: what was read ahead for it no longer counts.
+    absl::Cleanup ended = [&read_ahead, k] { read_ahead.Finished(k); };
     PhaseScope bound(times);
     FlusherScope flushing(&flusher);
     absl::Status ran;

@@ -6,6 +6,7 @@
 // ranks), and refuses the same files once ds_config no longer says sp.
 #include <filesystem>
 #include <string>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "base/fs.h"
@@ -33,6 +34,8 @@ void ExpectTp1Dp2(const std::string& name, const std::string& rank1_file) {
     auto f = (*c)->Optim(0, 0, dp);
     ASSERT_TRUE(f.ok()) << f.status();
     EXPECT_EQ((*f)->path, JoinPath((*c)->dir(), dp == 0 ? "zero_pp_rank_0_mp_rank_00_optim_states.pt" : rank1_file));
+    // Its name leads back to its slot (verify, read-ahead).
+    EXPECT_EQ((*c)->OptimKeyOf((*f)->path), std::make_tuple(0, 0, dp)) << (*f)->path;
   }
   for (const std::string& f : {std::string("mp_rank_00_model_states.pt"),
                                std::string("zero_pp_rank_0_mp_rank_00_optim_states.pt"), rank1_file}) {

@@ -1043,6 +1043,15 @@ absl::Status ZeroCheckpoint::CheckLikeFirst(const OptimFile& file) const {
   return absl::OkStatus();
 }
 
+std::optional<std::tuple<int, int, int>> ZeroCheckpoint::OptimKeyOf(const std::string& path) const {
+  auto parsed = deepspeed::ParseCheckpointFileName(Basename(path));
+  if (!parsed || parsed->type != deepspeed::CheckpointFileName::Type::kOptim || Dirname(path) != dir_) {
+    return std::nullopt;
+  }
+  const int mp_rank = ulysses_sp_ > 1 ? 0 : parsed->mp_rank;  // 0.19.5 Ulysses: mp_rank_{d % sp}, one stage
+  return std::make_tuple(mp_rank / topo_.tp, mp_rank % topo_.tp, parsed->dp_rank);
+}
+
 absl::Status ZeroCheckpoint::VerifyFile(const std::string& path) const {
   auto parsed = deepspeed::ParseCheckpointFileName(Basename(path));
   if (!parsed || Dirname(path) != dir_) {
@@ -1050,9 +1059,8 @@ absl::Status ZeroCheckpoint::VerifyFile(const std::string& path) const {
   }
   switch (parsed->type) {
     case deepspeed::CheckpointFileName::Type::kOptim: {
-      const int mp_rank = ulysses_sp_ > 1 ? 0 : parsed->mp_rank;  // 0.19.5 Ulysses: mp_rank_{d % sp}, one stage
-      const int pp = mp_rank / topo_.tp, tp = mp_rank % topo_.tp;
-      UCP_ASSIGN_OR_RETURN(const OptimFile* f, Optim(pp, tp, parsed->dp_rank));
+      const auto [pp, tp, dp] = *OptimKeyOf(path);
+      UCP_ASSIGN_OR_RETURN(const OptimFile* f, Optim(pp, tp, dp));
       return f->VerifyPartitions();
     }
     case deepspeed::CheckpointFileName::Type::kLayer:
@@ -1137,29 +1145,28 @@ std::optional<state::FileExtent> ZeroCheckpoint::OpenedExtent(const state::Input
   // read whole by VerifyFile (a layer file's records are read only when a
   // tensor is): nothing to say about them.
   if (range.tensor.empty()) return std::nullopt;
-  for (const auto& [key, slot] : optim_slots_) {
-    const auto& [pp, tp, dp] = key;
-    if (OptimPath(pp, tp, dp) != range.path) continue;
-    const OptimFile* f = slot->IfMade();
-    if (f == nullptr) return std::nullopt;
-    for (int g = 0; g < num_groups_; ++g) {
-      const torch::Tensor* flat = nullptr;
-      if (range.tensor == FlatTensorName(g, "fp32")) flat = f->Flat(g, "fp32");
-      for (const std::string& state : state_keys_) {
-        if (range.tensor == FlatTensorName(g, state)) flat = f->Flat(g, state);
-      }
-      if (flat == nullptr) continue;
-      std::string path;
-      uint64_t at = 0;
-      const int64_t length = range.length < 0 ? static_cast<int64_t>(flat->nbytes()) - range.offset : range.length;
-      if (!flat->is_contiguous() || range.offset < 0 || length < 0 ||
-          static_cast<uint64_t>(range.offset + length) > flat->nbytes() ||
-          !torch::MappedFile::Locate(flat->data(), flat->nbytes(), &path, &at)) {
-        return std::nullopt;
-      }
-      return state::FileExtent{path, static_cast<int64_t>(at) + range.offset, length};
+  const std::optional<std::tuple<int, int, int>> key = OptimKeyOf(range.path);
+  if (!key) return std::nullopt;
+  auto slot = optim_slots_.find(*key);
+  if (slot == optim_slots_.end()) return std::nullopt;
+  const OptimFile* f = slot->second->IfMade();
+  if (f == nullptr) return std::nullopt;
+  for (int g = 0; g < num_groups_; ++g) {
+    const torch::Tensor* flat = nullptr;
+    if (range.tensor == FlatTensorName(g, "fp32")) flat = f->Flat(g, "fp32");
+    for (const std::string& state : state_keys_) {
+      if (range.tensor == FlatTensorName(g, state)) flat = f->Flat(g, state);
     }
-    return std::nullopt;
+    if (flat == nullptr) continue;
+    std::string path;
+    uint64_t at = 0;
+    const int64_t length = range.length < 0 ? static_cast<int64_t>(flat->nbytes()) - range.offset : range.length;
+    if (!flat->is_contiguous() || range.offset < 0 || length < 0 ||
+        static_cast<uint64_t>(range.offset + length) > flat->nbytes() ||
+        !torch::MappedFile::Locate(flat->data(), flat->nbytes(), &path, &at)) {
+      return std::nullopt;
+    }
+    return state::FileExtent{path, static_cast<int64_t>(at) + range.offset, length};
   }
   return std::nullopt;
 }

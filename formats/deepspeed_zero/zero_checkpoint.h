@@ -26,8 +26,10 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -155,6 +157,9 @@ class ZeroCheckpoint {
   // file is open already (never opens one, never waits for one being
   // opened); nullopt otherwise (state::CheckpointState::ExtentOf).
   std::optional<state::FileExtent> OpenedExtent(const state::InputRange& range) const;
+  // The (pp, tp, dp) of the optimizer file `path` of this checkpoint's
+  // folder (its Optim slot), from its name; nullopt for any other file.
+  std::optional<std::tuple<int, int, int>> OptimKeyOf(const std::string& path) const;
 
   // The flat pieces (in dp order) whose concatenation is the tp slice of
   // `param` in stage `pp`, tp rank `tp`, for `state` ("fp32" or a state key).

@@ -8,6 +8,7 @@
 
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -154,6 +155,11 @@ TEST(ZeroOptimFileTest, ExtentsOfOpenedOptimizerFilesHoldTheRangesBytes) {
   EXPECT_EQ(ckpt.OpenedExtent({rank1, "base_optimizer_state.state[7].exp_avg", 0, 4}), std::nullopt);
   EXPECT_EQ(ckpt.OpenedExtent({rank1, "", 0, -1}), std::nullopt);
   EXPECT_EQ(ckpt.OpenedExtent({JoinPath(ckpt.dir(), "mp_rank_00_model_states.pt"), "module.x", 0, -1}), std::nullopt);
+  EXPECT_EQ(ckpt.OpenedExtent({"/elsewhere/zero_pp_rank_1_mp_rank_00_optim_states.pt", exp_avg.tensor, 8, 16}),
+            std::nullopt)
+      << "a file of the same name in another folder";
+  EXPECT_EQ(ckpt.OptimKeyOf(rank1), std::make_tuple(0, 0, 1));
+  EXPECT_EQ(ckpt.OptimKeyOf(JoinPath(ckpt.dir(), "mp_rank_00_model_states.pt")), std::nullopt);
 }
 
 // Every range the state lists for the optimizer's params resolves, once

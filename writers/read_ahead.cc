@@ -14,6 +14,20 @@
 namespace ucp::writers {
 namespace {
 
+// A descriptor of `path` when it is a regular file, else -1. O_NONBLOCK: a
+// FIFO where an input should be must not block this thread in open() (the
+// job would then wait for it forever at its end); the units refuse it.
+int OpenRegular(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return -1;
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 // ReadAhead::KernelRequests (any descriptor of a file reads into the same
 // page cache).
 class Fadvise {
@@ -23,7 +37,7 @@ class Fadvise {
     auto it = std::find_if(f.open.begin(), f.open.end(), [&](const Fd& d) { return d.path == path; });
     if (it == f.open.end()) {
       if (f.open.size() >= ReadAhead::kOpenFiles) f.open.pop_front();
-      f.open.emplace_back(path, ::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+      f.open.emplace_back(path, OpenRegular(path));
     } else {
       f.open.splice(f.open.end(), f.open, it);  // most recently used last
     }
@@ -53,7 +67,7 @@ class Fadvise {
 // The size of `path`, or -1.
 int64_t SizeOf(const std::string& path) {
   struct stat st;
-  if (::stat(path.c_str(), &st) != 0) return -1;
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return -1;
   return static_cast<int64_t>(st.st_size);
 }
 

@@ -4,6 +4,7 @@
 #include "writers/read_ahead.h"
 
 #include <dirent.h>
+#include <sys/stat.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -206,6 +207,11 @@ TEST(ReadAheadTest, KernelRequestsKeepFewDescriptorsOpen) {
     }
     EXPECT_EQ(OpenDescriptors(), before + static_cast<int>(ReadAhead::kOpenFiles));
     request("/nonexistent/file", 0, 1);  // cannot be opened: ignored
+    // A FIFO where a file should be: not opened, not waited on (a hang
+    // fails the test).
+    const std::string fifo = JoinPath(dir, "fifo");
+    ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+    request(fifo, 0, 1);
   }
   EXPECT_EQ(OpenDescriptors(), before) << "descriptors left open";
 }

@@ -113,6 +113,19 @@ TEST(ReaderIntTest, BinaryInts) {
   EXPECT_EQ(Read(P2("J\x00\x00\x00\x80"s))->int_value(), INT32_MIN);
 }
 
+// Ints on both sides of the range the reader shares one value for, and each
+// int of it read twice in one tree: equal values, whether shared or not.
+TEST(ReaderIntTest, IntsAroundTheSharedRangeReadBack) {
+  for (int64_t i : {-1025, -1024, -1, 0, 1, 1023, 1024, 1025, 65535, 65536, 1000000}) {
+    const std::string one = "J"s + Le32(static_cast<uint32_t>(static_cast<int32_t>(i)));
+    ValuePtr pair = Read(P2(one + one + "\x86"));
+    ASSERT_TRUE(pair->is(Kind::kTuple)) << i;
+    ASSERT_EQ(pair->items().size(), 2u) << i;
+    EXPECT_EQ(pair->items()[0]->int_value(), i);
+    EXPECT_EQ(pair->items()[1]->int_value(), i);
+  }
+}
+
 TEST(ReaderIntTest, Long1AndLong4) {
   EXPECT_EQ(Read(P2("\x8a\x00"s))->int_value(), 0);
   EXPECT_EQ(Read(P2("\x8a\x01\xff"))->int_value(), -1);

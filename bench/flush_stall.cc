@@ -79,7 +79,10 @@ int WriteScratch(const std::string& path, long mb, const std::vector<char>& buf)
 Run OneRun(const std::string& file, const std::string& scratch, long mb, Beside beside, std::vector<char>* buf) {
   const int in = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
   if (in < 0) Die(file);
-  if (::posix_fadvise(in, 0, 0, POSIX_FADV_DONTNEED) != 0) Die(file + ": posix_fadvise");
+  if (const int rc = ::posix_fadvise(in, 0, 0, POSIX_FADV_DONTNEED); rc != 0) {
+    errno = rc;  // posix_fadvise returns the error instead of setting errno
+    Die(file + ": posix_fadvise");
+  }
   const int out = WriteScratch(scratch, mb, *buf);
   Run run;
   double other_start = 0, other_end = 0;

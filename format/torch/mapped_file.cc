@@ -8,7 +8,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 
 #include <mutex>
@@ -361,6 +363,48 @@ void MappedFile::PrefetchRange(uint64_t offset, uint64_t len) const {
   if (fd_ < 0 || offset >= size_ || len == 0) return;
   if (len > size_ - offset) len = size_ - offset;
   (void)::posix_fadvise(fd_, static_cast<off_t>(offset), static_cast<off_t>(len), POSIX_FADV_WILLNEED);
+}
+
+int MappedFile::PrefetchMissing(absl::Span<const uint64_t> offsets, uint64_t len) const {
+  if (fd_ < 0 || data_ == nullptr || len == 0 || offsets.empty()) return 0;
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  std::vector<uint64_t> sorted;
+  sorted.reserve(offsets.size());
+  for (uint64_t o : offsets) {
+    if (o < size_) sorted.push_back(o);
+  }
+  std::sort(sorted.begin(), sorted.end());
+  // One mincore per cluster of ranges at most kGap apart: the kernel looks
+  // up every page of the span it is given, so ranges far apart (samples a
+  // few MB from each other in a large file) each get their own call.
+  constexpr uint64_t kGap = uint64_t{64} << 10;
+  int asked = 0;
+  std::vector<unsigned char> resident;
+  for (size_t first = 0; first < sorted.size();) {
+    size_t last = first;
+    uint64_t end = std::min<uint64_t>(size_, sorted[first] + len);
+    while (last + 1 < sorted.size() && sorted[last + 1] <= end + kGap) {
+      ++last;
+      end = std::max<uint64_t>(end, std::min<uint64_t>(size_, sorted[last] + len));
+    }
+    const uint64_t lo = sorted[first] / page * page;
+    resident.assign((end - lo + page - 1) / page, 0);
+    const bool known = ::mincore(const_cast<uint8_t*>(data_) + lo, end - lo, resident.data()) == 0;
+    for (size_t k = first; k <= last; ++k) {
+      const uint64_t o = sorted[k];
+      if (k > first && o == sorted[k - 1]) continue;
+      const uint64_t range_end = std::min<uint64_t>(size_, o + len);
+      bool cached = known;
+      for (uint64_t p = o / page * page; cached && p < range_end; p += page) {
+        cached = (resident[(p - lo) / page] & 1) != 0;
+      }
+      if (cached) continue;
+      PrefetchRange(o, len);
+      ++asked;
+    }
+    first = last + 1;
+  }
+  return asked;
 }
 
 void MappedFile::Release(uint64_t offset, uint64_t len) const {

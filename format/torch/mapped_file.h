@@ -63,6 +63,13 @@ class MappedFile {
   // before a series of small ReadAt calls, so that the disk serves them
   // together. A hint: failures are ignored.
   void PrefetchRange(uint64_t offset, uint64_t len) const;
+  // PrefetchRange of [offset, offset + len) for each of `offsets` whose pages
+  // are not all in the page cache already (one mincore(2) over the mapping
+  // for them all): a warm file costs no system call per range. Where the
+  // kernel does not report the page cache's state (mincore fails, or tells
+  // only this process's own pages, as for a file the caller may not write),
+  // the ranges are asked for as by PrefetchRange. Returns how many were.
+  int PrefetchMissing(absl::Span<const uint64_t> offsets, uint64_t len) const;
   // Drops the pages wholly inside [offset, offset + len) from this process's
   // RSS (MADV_DONTNEED); a later access reads them again from the file.
   void Release(uint64_t offset, uint64_t len) const;

@@ -1,11 +1,13 @@
 #include "format/torch/mapped_file.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <future>
+#include <thread>
 
 #include <cstring>
 #include <string>
@@ -90,6 +92,56 @@ TEST(MappedFileTest, MapsContentAndReadsAt) {
   f.Release(12345, 1);
   f.Release(f.size() + 10, 10);
   EXPECT_EQ(std::string(reinterpret_cast<const char*>(f.data()), f.size()), content);
+}
+
+// Pages of `path`'s [offset, offset + len) in the page cache (mincore of a
+// mapping of its own, never touched).
+int CachedPages(const std::string& path, uint64_t offset, uint64_t len) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  void* p = ::mmap(nullptr, offset + len, PROT_READ, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) return -1;
+  const long page = ::sysconf(_SC_PAGESIZE);
+  std::vector<unsigned char> v((offset + len + page - 1) / page);
+  int n = -1;
+  if (::mincore(p, offset + len, v.data()) == 0) {
+    n = 0;
+    for (uint64_t i = offset / page; i < v.size(); ++i) n += v[i] & 1;
+  }
+  ::munmap(p, offset + len);
+  return n;
+}
+
+TEST(MappedFileTest, PrefetchMissingAsksOnlyForRangesNotCached) {
+  const long page = ::sysconf(_SC_PAGESIZE);
+  const std::string content(64 * page, 'p');
+  const std::string path = TempPath("prefetch_missing.bin");
+  WriteFile(path, content);
+  auto file = MappedFile::Open(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  const MappedFile& f = **file;
+  // Every page read (cached): nothing is asked for, whatever the offsets
+  // (one far from the others, a duplicate, one past the end).
+  std::vector<uint8_t> all(content.size());
+  ASSERT_TRUE(f.ReadAt(0, absl::MakeSpan(all)).ok());
+  const std::vector<uint64_t> offsets = {0, uint64_t(3 * page + 10), uint64_t(3 * page + 10), uint64_t(40 * page),
+                                         uint64_t(64 * page - 4), uint64_t(64 * page + 100)};
+  EXPECT_EQ(f.PrefetchMissing(offsets, 4), 0);
+  // Dropped from the page cache (clean, and never mapped by a touch): each
+  // distinct range in the file is asked for, and read into the cache.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::fdatasync(fd), 0);
+  ASSERT_EQ(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+  ::close(fd);
+  ASSERT_EQ(CachedPages(path, 0, content.size()), 0) << "the kernel kept the pages: the test needs them dropped";
+  EXPECT_EQ(f.PrefetchMissing(offsets, 4), 4);
+  for (int i = 0; i < 500 && CachedPages(path, 40 * page, 4) == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(CachedPages(path, 40 * page, 4), 1);
+  EXPECT_EQ(CachedPages(path, 20 * page, page), 0);  // no sample there: not read
 }
 
 TEST(MappedFileTest, KnowsWhichFilesAreMapped) {

@@ -532,11 +532,18 @@ absl::Status ZeroCheckpoint::CheckMastersMatchLp(const OptimFile& file, int pp, 
                            LocateSample(lp_tensor, frag.param_offset + k, lp_file)});
       }
     }
+    // Asked for per file, only where not cached already (a warm checkpoint:
+    // no system call per sample but its read).
+    std::map<const torch::MappedFile*, std::pair<std::vector<uint64_t>, uint64_t>> wanted;
     for (const Sample& s : samples) {
       for (const SampleRef* r : {&s.master, &s.weight}) {
-        if (r->file != nullptr) r->file->PrefetchRange(r->offset, torch::ItemSize(r->tensor->dtype()));
+        if (r->file == nullptr) continue;
+        auto& [offsets, len] = wanted[r->file.get()];
+        offsets.push_back(r->offset);
+        len = std::max<uint64_t>(len, torch::ItemSize(r->tensor->dtype()));
       }
     }
+    for (const auto& [file, want] : wanted) (void)file->PrefetchMissing(want.first, want.second);
     int64_t compared = 0, differing = 0;
     std::string example;
     for (const Sample& s : samples) {

@@ -64,8 +64,9 @@ class MappedFile {
   // together. A hint: failures are ignored.
   void PrefetchRange(uint64_t offset, uint64_t len) const;
   // PrefetchRange of [offset, offset + len) for each of `offsets` whose pages
-  // are not all in the page cache already (one mincore(2) over the mapping
-  // for them all): a warm file costs no system call per range. Where the
+  // are not all in the page cache already (mincore(2) over the mapping, one
+  // call per cluster of ranges less than 64 KiB apart): a warm file costs no
+  // fadvise per range. Where the
   // kernel does not report the page cache's state (mincore fails, or tells
   // only this process's own pages, as for a file the caller may not write),
   // the ranges are asked for as by PrefetchRange. Returns how many were.

@@ -9,24 +9,12 @@
 #include <memory>
 #include <utility>
 
+#include "absl/status/statusor.h"
+#include "base/fs.h"
 #include "writers/plan.h"
 
 namespace ucp::writers {
 namespace {
-
-// A descriptor of `path` when it is a regular file, else -1. O_NONBLOCK: a
-// FIFO where an input should be must not block this thread in open() (the
-// job would then wait for it forever at its end); the units refuse it.
-int OpenRegular(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) return -1;
-  struct stat st;
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
 
 // ReadAhead::KernelRequests (any descriptor of a file reads into the same
 // page cache).
@@ -37,7 +25,11 @@ class Fadvise {
     auto it = std::find_if(f.open.begin(), f.open.end(), [&](const Fd& d) { return d.path == path; });
     if (it == f.open.end()) {
       if (f.open.size() >= ReadAhead::kOpenFiles) f.open.pop_front();
-      f.open.emplace_back(path, OpenRegular(path));
+      // A regular file only, opened without blocking (base/fs.h): a FIFO
+      // where an input should be must not block this thread in open() (the
+      // job would wait for it forever at its end); the units refuse it.
+      absl::StatusOr<int> fd = OpenRegularFile(path);
+      f.open.emplace_back(path, fd.ok() ? *fd : -1);
     } else {
       f.open.splice(f.open.end(), f.open, it);  // most recently used last
     }

@@ -66,10 +66,10 @@ class MappedFile {
   // PrefetchRange of [offset, offset + len) for each of `offsets` whose pages
   // are not all in the page cache already (mincore(2) over the mapping, one
   // call per cluster of ranges less than 64 KiB apart): a warm file costs no
-  // fadvise per range. Where the
-  // kernel does not report the page cache's state (mincore fails, or tells
-  // only this process's own pages, as for a file the caller may not write),
-  // the ranges are asked for as by PrefetchRange. Returns how many were.
+  // fadvise per range. Where the kernel does not report the page cache's
+  // state (mincore fails, or tells only this process's own pages, as for a
+  // file the caller may not write), the ranges are asked for as by
+  // PrefetchRange. Returns how many were.
   int PrefetchMissing(absl::Span<const uint64_t> offsets, uint64_t len) const;
   // Drops the pages wholly inside [offset, offset + len) from this process's
   // RSS (MADV_DONTNEED); a later access reads them again from the file.

@@ -364,10 +364,17 @@ std::string MpiLauncherVariable() {
 
 bool LaunchedByMpi() { return !MpiLauncherVariable().empty(); }
 
+bool PreferPmixHashDatastore() {
+  constexpr char kVariable[] = "PMIX_MCA_gds";
+  if (std::getenv(kVariable) != nullptr) return false;  // the user's choice, even empty
+  return ::setenv(kVariable, "hash", /*overwrite=*/0) == 0;
+}
+
 absl::StatusOr<std::unique_ptr<Cluster>> JoinMpiJobIfLaunched(int* argc, char*** argv) {
   (void)argc;  // Open MPI needs neither (MPI_Init_thread(NULL, NULL, ...))
   (void)argv;
   if (!LaunchedByMpi()) return nullptr;
+  (void)PreferPmixHashDatastore();
   if (mpi == nullptr) {
     absl::StatusOr<const OpenMpi*> loaded = LoadOpenMpi();
     if (!loaded.ok()) return loaded.status();

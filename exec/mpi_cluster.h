@@ -33,12 +33,25 @@ bool LaunchedByMpi();
 // The name of the launcher variable that LaunchedByMpi() found, or "".
 std::string MpiLauncherVariable();
 
+// PMIx's datastore of the job's data for this process, unless the user set
+// one (PMIX_MCA_gds, from the environment or mpirun -x): "hash", PMIx's
+// own, over the shared-memory ones (ds21, ds12) that mpirun offers. The
+// ranks' MPI_Init attaching to the shared-memory store cost about 0.03 s
+// of every `mpirun -np 2 ucp ...` on one node here (README "Many nodes");
+// ucp's ranks look up a few of the job's keys, once, at MPI_Init (the
+// shared store pays off for jobs with many ranks per node looking up many).
+// Called by JoinMpiJobIfLaunched before MPI starts, while the
+// process has one thread (setenv is not safe beside other threads' getenv).
+// Returns whether it set the variable.
+bool PreferPmixHashDatastore();
+
 // When LaunchedByMpi(): loads Open MPI and returns a Cluster over
 // MPI_COMM_WORLD, whose own thread starts MPI (MPI_Init_thread) while the
 // caller goes on, makes every MPI call, and calls MPI_Finalize when the
 // Cluster is destroyed; FailedPrecondition when Open MPI cannot be loaded
 // (a failed MPI_Init_thread is the error of the first collective). Alone:
-// null, and MPI is never loaded.
+// null, and MPI is never loaded. Call it before any thread starts
+// (PreferPmixHashDatastore).
 absl::StatusOr<std::unique_ptr<Cluster>> JoinMpiJobIfLaunched(int* argc, char*** argv);
 
 }  // namespace ucp::exec
